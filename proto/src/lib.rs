@@ -1,0 +1,32 @@
+//! Ricochet's wire protocol.
+//!
+//! The `.proto` files under `proto/ricochet/v1/` define three things: value
+//! types ([`v1::MessageId`], [`v1::Message`], [`v1::DeadLetterPolicyConfig`] …),
+//! the data plane ([`v1::broker_server`]: producer and consumer streams) and the
+//! control plane ([`v1::admin_server`]: topics, subscriptions, policies, dead
+//! letters). This crate only holds the generated code and a few helpers on it;
+//! conversions to richer types live with those types.
+
+#![allow(missing_debug_implementations)]
+
+/// Generated protobuf and gRPC code for package `ricochet.v1`.
+pub mod v1 {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("ricochet.v1");
+}
+
+pub use v1::*;
+
+/// Properties Ricochet (like Pulsar) sets on messages that move between tiers.
+pub mod props {
+    /// The topic the message was first published to.
+    pub const REAL_TOPIC: &str = "REAL_TOPIC";
+    /// `topic:entry_id` of the message in its original topic.
+    pub const ORIGIN_MESSAGE_ID: &str = "ORIGIN_MESSAGE_ID";
+    /// How many times the message has been reconsumed (failed attempts).
+    pub const RECONSUME_TIMES: &str = "RECONSUMETIMES";
+    /// The delay applied before this delivery, in milliseconds.
+    pub const DELAY_TIME: &str = "DELAY_TIME";
+    /// Why the message was dead-lettered.
+    pub const DEAD_LETTER_REASON: &str = "DEAD_LETTER_REASON";
+}
