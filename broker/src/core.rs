@@ -1,0 +1,269 @@
+//! The broker's registry of topics and subscriptions, shared by the gRPC
+//! services. It loads everything from storage at start, creates topics and
+//! subscriptions on demand, and hands out subscription actors.
+
+use crate::config::{BrokerConfig, Durability};
+use crate::error::{BrokerError, Result};
+use crate::flusher::Flusher;
+use crate::name::{SubscriptionName, TopicName};
+use crate::scheduler::Scheduler;
+use crate::storage::{Cursor, Storage, SubscriptionRecord, TopicKind, TopicRecord};
+use crate::subscription::{SubscriptionActor, SubscriptionHandle, SubscriptionSettings, TierTopics};
+use crate::topic::Topic;
+use crate::util::now_ms;
+use ricochet_policy::{DeadLetterPolicy, PolicyRegistry, PolicySpec};
+use ricochet_proto::{InitialPosition, SubscriptionType};
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use tokio::sync::Mutex;
+
+/// A topic with its subscriptions.
+#[derive(Debug)]
+pub struct TopicEntry {
+    /// The topic.
+    pub topic: Arc<Topic>,
+    /// Its subscriptions by name.
+    pub subscriptions: std::sync::Mutex<HashMap<String, SubscriptionHandle>>,
+}
+
+impl TopicEntry {
+    /// A snapshot of the subscription handles.
+    pub fn subscriptions(&self) -> Vec<SubscriptionHandle> {
+        self.subscriptions.lock().map(|m| m.values().cloned().collect()).unwrap_or_default()
+    }
+
+    /// One subscription by name.
+    pub fn subscription(&self, name: &str) -> Option<SubscriptionHandle> {
+        self.subscriptions.lock().ok()?.get(name).cloned()
+    }
+}
+
+/// Shared broker state.
+#[derive(Debug)]
+pub struct BrokerCore {
+    /// Configuration.
+    pub config: BrokerConfig,
+    /// Storage engine.
+    pub storage: Arc<dyn Storage>,
+    /// Group-commit flusher.
+    pub flusher: Flusher,
+    /// Retry scheduler.
+    pub scheduler: Scheduler,
+    policies: PolicyRegistry,
+    topics: Mutex<HashMap<TopicName, Arc<TopicEntry>>>,
+    me: Weak<BrokerCore>,
+}
+
+/// Gives subscription actors access to tier topics without a strong cycle.
+#[derive(Debug)]
+struct Tiers(Weak<BrokerCore>);
+
+#[async_trait::async_trait]
+impl TierTopics for Tiers {
+    async fn tier_topic(&self, name: &str, dead_letter: bool) -> Result<Arc<Topic>> {
+        let core = self.0.upgrade().ok_or(BrokerError::ShuttingDown)?;
+        let name = TopicName::parse(name)?;
+        let kind = if dead_letter { TopicKind::DeadLetter } else { TopicKind::Retry };
+        Ok(core.topic_or_create(&name, kind).await?.topic.clone())
+    }
+
+    fn build_policy(&self, spec: &PolicySpec) -> Result<Arc<dyn DeadLetterPolicy>> {
+        let core = self.0.upgrade().ok_or(BrokerError::ShuttingDown)?;
+        Ok(core.policies.build(spec)?)
+    }
+
+    fn configured_policy(&self, topic: &str) -> Option<PolicySpec> {
+        self.0.upgrade()?.config.policy_for(topic).cloned()
+    }
+}
+
+impl BrokerCore {
+    /// Opens storage state: every topic and subscription is loaded and its
+    /// actor started; the scheduler then fires overdue retries.
+    pub async fn open(config: BrokerConfig, storage: Arc<dyn Storage>, policies: PolicyRegistry) -> Result<Arc<Self>> {
+        let flusher = Flusher::start(storage.clone(), config.flush_interval);
+        let scheduler = Scheduler::start(storage.clone(), config.retry_window);
+        let core = Arc::new_cyclic(|me| BrokerCore {
+            config,
+            storage,
+            flusher,
+            scheduler,
+            policies,
+            topics: Mutex::new(HashMap::new()),
+            me: me.clone(),
+        });
+        let records = core.storage.list_topics()?;
+        let mut topics = core.topics.lock().await;
+        for rec in records {
+            let name = TopicName::parse(&rec.name)?;
+            let entry = core.open_topic(name.clone(), rec.kind)?;
+            for sub in core.storage.list_subscriptions(&rec.name)? {
+                let handle = core.spawn_subscription(sub, entry.topic.clone())?;
+                if let Ok(mut subs) = entry.subscriptions.lock() {
+                    subs.insert(handle.name.clone(), handle);
+                }
+            }
+            topics.insert(name, entry);
+        }
+        drop(topics);
+        Ok(core)
+    }
+
+    fn open_topic(&self, name: TopicName, kind: TopicKind) -> Result<Arc<TopicEntry>> {
+        let sync = self.config.durability == Durability::Sync;
+        let topic = Topic::open(name, kind, self.storage.clone(), self.flusher.clone(), sync, self.config.segment_entries)?;
+        Ok(Arc::new(TopicEntry { topic: Arc::new(topic), subscriptions: Default::default() }))
+    }
+
+    fn spawn_subscription(&self, rec: SubscriptionRecord, topic: Arc<Topic>) -> Result<SubscriptionHandle> {
+        let settings = SubscriptionSettings {
+            max_unacked_per_consumer: self.config.max_unacked_per_consumer,
+            sync: self.config.durability == Durability::Sync,
+        };
+        SubscriptionActor::spawn(
+            rec,
+            topic,
+            self.storage.clone(),
+            self.flusher.clone(),
+            self.scheduler.clone(),
+            Arc::new(Tiers(self.me.clone())),
+            settings,
+        )
+    }
+
+    /// An existing topic.
+    pub async fn topic(&self, name: &TopicName) -> Result<Arc<TopicEntry>> {
+        self.topics
+            .lock()
+            .await
+            .get(name)
+            .cloned()
+            .ok_or_else(|| BrokerError::TopicNotFound(name.to_string()))
+    }
+
+    /// An existing topic, or a new one when auto-creation is on.
+    pub async fn topic_for_use(&self, name: &TopicName) -> Result<Arc<TopicEntry>> {
+        if self.config.auto_create_topics {
+            self.topic_or_create(name, TopicKind::Normal).await
+        } else {
+            self.topic(name).await
+        }
+    }
+
+    async fn topic_or_create(&self, name: &TopicName, kind: TopicKind) -> Result<Arc<TopicEntry>> {
+        let mut topics = self.topics.lock().await;
+        if let Some(t) = topics.get(name) {
+            return Ok(t.clone());
+        }
+        self.storage.put_topic(&TopicRecord { name: name.to_string(), created_ms: now_ms(), kind })?;
+        let entry = self.open_topic(name.clone(), kind)?;
+        topics.insert(name.clone(), entry.clone());
+        tracing::info!(topic = %name, ?kind, "topic created");
+        Ok(entry)
+    }
+
+    /// Creates a topic explicitly; fails if it exists.
+    pub async fn create_topic(&self, name: &TopicName) -> Result<Arc<TopicEntry>> {
+        if self.topics.lock().await.contains_key(name) {
+            return Err(BrokerError::TopicExists(name.to_string()));
+        }
+        self.topic_or_create(name, TopicKind::Normal).await
+    }
+
+    /// Every topic name, optionally within `tenant/namespace`.
+    pub async fn list_topics(&self, namespace: Option<&str>) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .topics
+            .lock()
+            .await
+            .keys()
+            .filter(|n| namespace.is_none_or(|ns| n.namespace() == ns))
+            .map(|n| n.to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Deletes a topic; without `force` it must have no subscriptions.
+    pub async fn delete_topic(&self, name: &TopicName, force: bool) -> Result<()> {
+        let mut topics = self.topics.lock().await;
+        let entry = topics.get(name).cloned().ok_or_else(|| BrokerError::TopicNotFound(name.to_string()))?;
+        let subs = entry.subscriptions();
+        if !subs.is_empty() && !force {
+            return Err(BrokerError::Conflict(format!(
+                "topic {name} has {} subscription(s); delete them first or use force",
+                subs.len()
+            )));
+        }
+        for sub in subs {
+            sub.ask(crate::subscription::Command::Delete).await??;
+        }
+        self.storage.delete_topic(name.as_str())?;
+        topics.remove(name);
+        tracing::info!(topic = %name, "topic deleted");
+        Ok(())
+    }
+
+    /// An existing subscription, or a new one positioned per `initial`.
+    pub async fn subscription_or_create(
+        &self,
+        entry: &TopicEntry,
+        name: &SubscriptionName,
+        sub_type: SubscriptionType,
+        initial: InitialPosition,
+    ) -> Result<SubscriptionHandle> {
+        if let Some(h) = entry.subscription(name.as_str()) {
+            return Ok(h);
+        }
+        let (first, next) = entry.topic.entry_range();
+        let start = match initial {
+            InitialPosition::Earliest => first,
+            InitialPosition::Latest => next,
+        };
+        let rec = SubscriptionRecord {
+            id: self.storage.next_id()?,
+            topic: entry.topic.name().to_string(),
+            name: name.to_string(),
+            sub_type: sub_type as i32,
+            main: Cursor::starting_at(start),
+            retry: Cursor::starting_at(0),
+            policy: None,
+            policy_source: None,
+            retry_topic: None,
+            dead_letter_topic: None,
+            created_ms: now_ms(),
+        };
+        self.storage.put_subscription(&rec)?;
+        let handle = self.spawn_subscription(rec, entry.topic.clone())?;
+        let mut subs = entry.subscriptions.lock().map_err(|_| BrokerError::ShuttingDown)?;
+        // Another consumer may have raced us; keep the first.
+        Ok(subs.entry(name.to_string()).or_insert(handle).clone())
+    }
+
+    /// Deletes a subscription (it must have no consumers).
+    pub async fn delete_subscription(&self, topic: &TopicName, name: &SubscriptionName) -> Result<()> {
+        let entry = self.topic(topic).await?;
+        let handle = entry.subscription(name.as_str()).ok_or_else(|| BrokerError::SubscriptionNotFound {
+            topic: topic.to_string(),
+            subscription: name.to_string(),
+        })?;
+        handle.ask(crate::subscription::Command::Delete).await??;
+        if let Ok(mut subs) = entry.subscriptions.lock() {
+            subs.remove(name.as_str());
+        }
+        Ok(())
+    }
+
+    /// An existing subscription.
+    pub async fn subscription(&self, topic: &TopicName, name: &SubscriptionName) -> Result<SubscriptionHandle> {
+        self.topic(topic).await?.subscription(name.as_str()).ok_or_else(|| BrokerError::SubscriptionNotFound {
+            topic: topic.to_string(),
+            subscription: name.to_string(),
+        })
+    }
+
+    /// Whether storage is healthy.
+    pub fn healthy(&self) -> bool {
+        self.flusher.is_healthy()
+    }
+}

@@ -1,0 +1,105 @@
+//! Group commit: many writers, one flush.
+//!
+//! A writer applies its write to storage, then calls [`Flusher::durable`],
+//! which resolves once a flush that *started after* the call has finished. One
+//! background task runs flushes back to back while anybody waits, so N
+//! concurrent producers share one fsync instead of paying N. In interval mode
+//! the same task also flushes on a timer and [`Flusher::durable`] is not used
+//! for receipts.
+//!
+//! After a failed flush the flusher turns unhealthy for good (sled refuses
+//! further work after an I/O error): every later wait fails.
+
+use crate::error::{BrokerError, Result};
+use crate::storage::Storage;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+
+/// Coalesces flush requests onto as few storage flushes as possible.
+#[derive(Debug, Clone)]
+pub struct Flusher {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    requested: AtomicU64,
+    wake: Notify,
+    completed: watch::Receiver<u64>,
+    healthy: AtomicBool,
+    flushes: AtomicU64,
+}
+
+impl Flusher {
+    /// Starts the flush task. `interval` adds a periodic flush.
+    pub fn start(storage: Arc<dyn Storage>, interval: Duration) -> Self {
+        let (done_tx, done_rx) = watch::channel(0u64);
+        let inner = Arc::new(Inner {
+            requested: AtomicU64::new(0),
+            wake: Notify::new(),
+            completed: done_rx,
+            healthy: AtomicBool::new(true),
+            flushes: AtomicU64::new(0),
+        });
+        let task_inner = Arc::downgrade(&inner);
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let Some(inner) = task_inner.upgrade() else { break };
+                tokio::select! {
+                    _ = inner.wake.notified() => {}
+                    _ = ticker.tick() => {}
+                }
+                let target = inner.requested.load(Ordering::Acquire);
+                let ok = storage.flush().await;
+                inner.flushes.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = ok {
+                    tracing::error!(error = %e, "storage flush failed; refusing further writes");
+                    inner.healthy.store(false, Ordering::Release);
+                    // Wake every waiter so it sees the failure.
+                    let _ = done_tx.send(u64::MAX);
+                    break;
+                }
+                if target > *done_tx.borrow() {
+                    let _ = done_tx.send(target);
+                }
+                if inner.requested.load(Ordering::Acquire) > target {
+                    inner.wake.notify_one();
+                }
+            }
+        });
+        Self { inner }
+    }
+
+    /// Resolves once every write made before this call is on disk.
+    pub async fn durable(&self) -> Result<()> {
+        self.check()?;
+        let ticket = self.inner.requested.fetch_add(1, Ordering::AcqRel) + 1;
+        self.inner.wake.notify_one();
+        let mut rx = self.inner.completed.clone();
+        rx.wait_for(|done| *done >= ticket).await.map_err(|_| BrokerError::ShuttingDown)?;
+        self.check()
+    }
+
+    /// Fails if a flush has failed.
+    pub fn check(&self) -> Result<()> {
+        if self.inner.healthy.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(BrokerError::Storage("storage failed to flush; the broker refuses writes".into()))
+        }
+    }
+
+    /// Whether every flush so far succeeded.
+    pub fn is_healthy(&self) -> bool {
+        self.inner.healthy.load(Ordering::Acquire)
+    }
+
+    /// Number of storage flushes run so far.
+    pub fn flush_count(&self) -> u64 {
+        self.inner.flushes.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,92 @@
+//! `ricochet-broker`: the broker binary. Parses flags and the optional TOML
+//! config, sets up logging, and runs [`ricochet_broker::Broker`] until SIGINT
+//! or SIGTERM.
+
+use anyhow::Context;
+use clap::Parser;
+use ricochet_broker::{Broker, BrokerConfig, Durability};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// The Ricochet message broker.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// TOML config file; flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Data directory (default ./data).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// gRPC listen address (default 127.0.0.1:6650).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Prometheus listen address (default 127.0.0.1:9464).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// `sync` (receipt after fsync, the default) or `interval`.
+    #[arg(long, value_parser = parse_durability)]
+    durability: Option<Durability>,
+}
+
+fn parse_durability(s: &str) -> Result<Durability, String> {
+    match s {
+        "sync" => Ok(Durability::Sync),
+        "interval" => Ok(Durability::Interval),
+        other => Err(format!("unknown durability {other:?}: use sync or interval")),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutdown signal received");
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let mut config = match &args.config {
+        Some(path) => BrokerConfig::from_file(path)?,
+        None => BrokerConfig::default(),
+    };
+    if let Some(d) = args.data_dir {
+        config.data_dir = d;
+    }
+    if let Some(l) = args.listen {
+        config.listen = l;
+    }
+    if let Some(m) = args.metrics_listen {
+        config.metrics_listen = Some(m);
+    }
+    if let Some(d) = args.durability {
+        config.durability = d;
+    }
+    let data_dir = config.data_dir.clone();
+    let broker = Broker::builder(config)
+        .open()
+        .await
+        .with_context(|| format!("cannot open the broker's data in {}", data_dir.display()))?;
+    broker.run(shutdown_signal()).await?;
+    Ok(())
+}

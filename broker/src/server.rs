@@ -1,0 +1,164 @@
+//! Starting and stopping a broker: open storage, load state, serve gRPC
+//! (data plane, admin, health) until a shutdown signal, then flush.
+
+use crate::config::BrokerConfig;
+use crate::core::BrokerCore;
+use crate::error::Result;
+use crate::service::{AdminService, BrokerService};
+use crate::storage::Storage;
+use crate::storage::sled_store::SledStorage;
+use ricochet_policy::PolicyRegistry;
+use ricochet_proto::admin_server::AdminServer;
+use ricochet_proto::broker_server::BrokerServer;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+/// Largest gRPC frame accepted: a batch of messages at the size limit.
+const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+
+/// Builds a [`Broker`].
+#[derive(Debug)]
+pub struct BrokerBuilder {
+    config: BrokerConfig,
+    policies: PolicyRegistry,
+}
+
+impl BrokerBuilder {
+    /// Registers policies an embedding application provides by name.
+    pub fn policies(mut self, policies: PolicyRegistry) -> Self {
+        self.policies = policies;
+        self
+    }
+
+    /// Opens storage and loads every topic and subscription.
+    pub async fn open(self) -> Result<Broker> {
+        self.config.validate()?;
+        std::fs::create_dir_all(&self.config.data_dir)?;
+        let storage: Arc<dyn Storage> = Arc::new(SledStorage::open(
+            &self.config.data_dir,
+            self.config.segment_entries,
+            self.config.cache_capacity,
+        )?);
+        let core = BrokerCore::open(self.config, storage, self.policies).await?;
+        Ok(Broker { core })
+    }
+}
+
+/// A broker with its state loaded, ready to serve.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    core: Arc<BrokerCore>,
+}
+
+impl Broker {
+    /// Starts building a broker with `config`.
+    pub fn builder(config: BrokerConfig) -> BrokerBuilder {
+        BrokerBuilder { config, policies: PolicyRegistry::default() }
+    }
+
+    /// Shared state (for embedding and tests).
+    pub fn core(&self) -> &Arc<BrokerCore> {
+        &self.core
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then stops accepting,
+    /// flushes storage and returns.
+    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<BrokerServer<BrokerService>>().await;
+        let broker = BrokerServer::new(BrokerService::new(self.core.clone()))
+            .max_decoding_message_size(MAX_FRAME_BYTES)
+            .max_encoding_message_size(MAX_FRAME_BYTES);
+        let admin = AdminServer::new(AdminService::new(self.core.clone()))
+            .max_decoding_message_size(MAX_FRAME_BYTES)
+            .max_encoding_message_size(MAX_FRAME_BYTES);
+        // Health turns bad for good when storage fails.
+        let core = self.core.clone();
+        let health_task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                if !core.healthy() {
+                    health.set_not_serving::<BrokerServer<BrokerService>>().await;
+                    break;
+                }
+            }
+        });
+        tracing::info!(addr = %listener.local_addr()?, "ricochet broker serving");
+        let result = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(health_service)
+            .add_service(broker)
+            .add_service(admin)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .await;
+        health_task.abort();
+        self.core.storage.flush().await?;
+        tracing::info!("ricochet broker stopped");
+        result.map_err(|e| crate::error::BrokerError::Io(std::io::Error::other(e)))
+    }
+
+    /// Binds the configured address and serves until `shutdown`.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+        let listener = TcpListener::bind(self.core.config.listen).await?;
+        self.serve(listener, shutdown).await
+    }
+}
+
+/// A broker serving in the background on `127.0.0.1:0`, for tests and examples.
+#[derive(Debug)]
+pub struct TestBroker {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its shared state.
+    pub core: Arc<BrokerCore>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<()>>>,
+}
+
+impl TestBroker {
+    /// Starts a broker with `config` (its `listen` is ignored: port 0 is used).
+    pub async fn start(config: BrokerConfig) -> Result<Self> {
+        Self::start_with(Broker::builder(config)).await
+    }
+
+    /// Starts a broker from a builder.
+    pub async fn start_with(builder: BrokerBuilder) -> Result<Self> {
+        let broker = builder.open().await?;
+        let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+        let addr = listener.local_addr()?;
+        let core = broker.core().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(broker.serve(listener, async {
+            let _ = stopped.await;
+        }));
+        Ok(Self { addr, core, stop: Some(stop), task: Some(task) })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Clean shutdown: stop serving and flush.
+    pub async fn shutdown(mut self) -> Result<()> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        match self.task.take() {
+            Some(t) => t.await.map_err(|e| crate::error::BrokerError::Io(std::io::Error::other(e)))?,
+            None => Ok(()),
+        }
+    }
+
+    /// Stops serving without flushing anything (a crash as far as
+    /// un-flushed writes are concerned; the process's page cache survives,
+    /// so real crash tests use a child process and SIGKILL).
+    pub fn abort(mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! The admin service: topics, subscriptions, policies, message lookup and
+//! dead-letter operations (list, replay, purge). Nothing here happens
+//! automatically: replays and purges are operator decisions.
+
+use crate::core::BrokerCore;
+use crate::error::BrokerError;
+use crate::name::{SubscriptionName, TopicName};
+use crate::storage::DeadLetterRecord;
+use crate::subscription::{Command, SubscriptionHandle};
+use prost::Message as _;
+use ricochet_policy::PolicySpec;
+use ricochet_proto::admin_server::Admin;
+use ricochet_proto::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tonic::{Request, Response, Status};
+
+/// Admin RPCs.
+#[derive(Debug, Clone)]
+pub struct AdminService {
+    core: Arc<BrokerCore>,
+}
+
+impl AdminService {
+    /// A service over `core`.
+    pub fn new(core: Arc<BrokerCore>) -> Self {
+        Self { core }
+    }
+
+    async fn sub(&self, topic: &str, sub: &str) -> Result<(TopicName, SubscriptionHandle), BrokerError> {
+        let t = TopicName::parse(topic)?;
+        let s = SubscriptionName::parse(sub)?;
+        let h = self.core.subscription(&t, &s).await?;
+        Ok((t, h))
+    }
+
+    /// Dead letters of a subscription that pass `filter`, with their messages.
+    async fn matching_dead_letters(
+        &self,
+        handle: &SubscriptionHandle,
+        filter: Option<&DeadLetterFilter>,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<(Vec<DeadLetter>, u64), BrokerError> {
+        let info = handle.ask(Command::GetPolicy).await?;
+        let records = self.core.storage.dead_letters(handle.id, after)?;
+        let mut out = Vec::new();
+        let mut total = 0;
+        for (id, rec) in records {
+            if !passes(filter, id, &rec) {
+                continue;
+            }
+            total += 1;
+            if out.len() >= limit {
+                continue;
+            }
+            let Some(bytes) = self.core.storage.read_one(&info.dead_letter_topic, id)? else { continue };
+            let mut msg = Message::decode(bytes.as_slice())?;
+            msg.id = Some(MessageId { topic: info.dead_letter_topic.clone(), entry_id: id });
+            msg.delivery_count = rec.failures.count;
+            out.push(DeadLetter {
+                message: Some(msg),
+                origin: Some(MessageId { topic: rec.origin_topic.clone(), entry_id: rec.origin_entry_id }),
+                reason: rec.reason.clone(),
+                dead_lettered_at_ms: rec.at_ms,
+                attempts: rec.failures.attempts.iter().map(Into::into).collect(),
+            });
+        }
+        Ok((out, total))
+    }
+}
+
+fn passes(filter: Option<&DeadLetterFilter>, id: u64, rec: &DeadLetterRecord) -> bool {
+    let Some(f) = filter else { return true };
+    if !f.entry_ids.is_empty() && !f.entry_ids.contains(&id) {
+        return false;
+    }
+    if !f.reason_contains.is_empty()
+        && !rec.reason.contains(&f.reason_contains)
+        && !rec.failures.attempts.iter().any(|a| a.detail.contains(&f.reason_contains))
+    {
+        return false;
+    }
+    if f.since_ms != 0 && rec.at_ms < f.since_ms {
+        return false;
+    }
+    if f.until_ms != 0 && rec.at_ms >= f.until_ms {
+        return false;
+    }
+    true
+}
+
+fn policy_response(info: crate::subscription::PolicyInfo) -> PolicyResponse {
+    let mut policy: Option<DeadLetterPolicyConfig> = info.spec.as_ref().map(Into::into);
+    if let Some(p) = &mut policy {
+        p.retry_topic = info.retry_topic.clone();
+        p.dead_letter_topic = info.dead_letter_topic.clone();
+    }
+    PolicyResponse { policy, source: info.source }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn list_topics(&self, r: Request<ListTopicsRequest>) -> Result<Response<ListTopicsResponse>, Status> {
+        let ns = r.into_inner().namespace;
+        let ns = (!ns.is_empty()).then_some(ns);
+        Ok(Response::new(ListTopicsResponse { topics: self.core.list_topics(ns.as_deref()).await }))
+    }
+
+    async fn create_topic(&self, r: Request<TopicRequest>) -> Result<Response<TopicInfo>, Status> {
+        let name = TopicName::parse(&r.into_inner().topic)?;
+        self.core.create_topic(&name).await?;
+        Ok(Response::new(TopicInfo { topic: name.to_string(), created: true }))
+    }
+
+    async fn delete_topic(&self, r: Request<DeleteTopicRequest>) -> Result<Response<DeleteTopicResponse>, Status> {
+        let r = r.into_inner();
+        let name = TopicName::parse(&r.topic)?;
+        self.core.delete_topic(&name, r.force).await?;
+        Ok(Response::new(DeleteTopicResponse {}))
+    }
+
+    async fn topic_stats(&self, r: Request<TopicRequest>) -> Result<Response<TopicStatsResponse>, Status> {
+        let name = TopicName::parse(&r.into_inner().topic)?;
+        let entry = self.core.topic(&name).await?;
+        let (first, next) = entry.topic.entry_range();
+        let mut subscriptions = Vec::new();
+        for h in entry.subscriptions() {
+            subscriptions.push(h.ask(Command::Stats).await?);
+        }
+        subscriptions.sort_by(|a, b| a.subscription.cmp(&b.subscription));
+        let c = &entry.topic.counters;
+        Ok(Response::new(TopicStatsResponse {
+            topic: name.to_string(),
+            message_count: next - first,
+            first_entry_id: first,
+            next_entry_id: next,
+            producers: c.producers.load(Ordering::Relaxed),
+            messages_in: c.messages_in.load(Ordering::Relaxed),
+            bytes_in: c.bytes_in.load(Ordering::Relaxed),
+            subscriptions,
+        }))
+    }
+
+    async fn list_subscriptions(&self, r: Request<TopicRequest>) -> Result<Response<ListSubscriptionsResponse>, Status> {
+        let name = TopicName::parse(&r.into_inner().topic)?;
+        let entry = self.core.topic(&name).await?;
+        let mut subscriptions: Vec<String> = entry.subscriptions().into_iter().map(|h| h.name).collect();
+        subscriptions.sort();
+        Ok(Response::new(ListSubscriptionsResponse { subscriptions }))
+    }
+
+    async fn subscription_stats(
+        &self,
+        r: Request<SubscriptionRequest>,
+    ) -> Result<Response<SubscriptionStatsResponse>, Status> {
+        let r = r.into_inner();
+        let (_, h) = self.sub(&r.topic, &r.subscription).await?;
+        Ok(Response::new(h.ask(Command::Stats).await?))
+    }
+
+    async fn delete_subscription(
+        &self,
+        r: Request<SubscriptionRequest>,
+    ) -> Result<Response<DeleteSubscriptionResponse>, Status> {
+        let r = r.into_inner();
+        let t = TopicName::parse(&r.topic)?;
+        let s = SubscriptionName::parse(&r.subscription)?;
+        self.core.delete_subscription(&t, &s).await?;
+        Ok(Response::new(DeleteSubscriptionResponse {}))
+    }
+
+    async fn get_policy(&self, r: Request<SubscriptionRequest>) -> Result<Response<PolicyResponse>, Status> {
+        let r = r.into_inner();
+        let (_, h) = self.sub(&r.topic, &r.subscription).await?;
+        Ok(Response::new(policy_response(h.ask(Command::GetPolicy).await?)))
+    }
+
+    async fn set_policy(&self, r: Request<SetPolicyRequest>) -> Result<Response<PolicyResponse>, Status> {
+        let r = r.into_inner();
+        let spec = match &r.policy {
+            Some(p) if p.kind.is_some() => Some(
+                PolicySpec::try_from(p).map_err(|e| Status::invalid_argument(format!("invalid dead-letter policy: {e}")))?,
+            ),
+            // An empty policy clears the operator's choice.
+            _ => None,
+        };
+        let (_, h) = self.sub(&r.topic, &r.subscription).await?;
+        let info = h.ask(|reply| Command::SetPolicy(spec, reply)).await??;
+        Ok(Response::new(policy_response(info)))
+    }
+
+    async fn get_message(&self, r: Request<GetMessageRequest>) -> Result<Response<GetMessageResponse>, Status> {
+        let id = r.into_inner().id.ok_or_else(|| Status::invalid_argument("id is required"))?;
+        let name = TopicName::parse(&id.topic)?;
+        let entry = self.core.topic(&name).await?;
+        let bytes = self.core.storage.read_one(name.as_str(), id.entry_id).map_err(Status::from)?.ok_or_else(|| {
+            Status::not_found(format!("message {}:{} not found (never written, or removed by retention)", id.topic, id.entry_id))
+        })?;
+        let mut message = Message::decode(bytes.as_slice()).map_err(|e| Status::internal(e.to_string()))?;
+        message.id = Some(id.clone());
+        let mut subscriptions = Vec::new();
+        for h in entry.subscriptions() {
+            let st = h.ask(|reply| Command::MessageState(id.entry_id, reply)).await?;
+            let dead = self
+                .core
+                .storage
+                .dead_letters(h.id, None)?
+                .into_iter()
+                .find(|(_, d)| d.origin_topic == name.as_str() && d.origin_entry_id == id.entry_id);
+            let (state, failures) = match dead {
+                Some((_, d)) => ("dead_lettered".to_owned(), Some(d.failures)),
+                None => (st.state, st.failures),
+            };
+            subscriptions.push(SubscriptionMessageState {
+                subscription: h.name.clone(),
+                state,
+                delivery_count: failures.as_ref().map_or(0, |f| f.count),
+                attempts: failures.map(|f| f.attempts.iter().map(Into::into).collect()).unwrap_or_default(),
+            });
+        }
+        subscriptions.sort_by(|a, b| a.subscription.cmp(&b.subscription));
+        Ok(Response::new(GetMessageResponse { message: Some(message), subscriptions }))
+    }
+
+    async fn list_dead_letters(
+        &self,
+        r: Request<ListDeadLettersRequest>,
+    ) -> Result<Response<ListDeadLettersResponse>, Status> {
+        let r = r.into_inner();
+        let (_, h) = self.sub(&r.topic, &r.subscription).await?;
+        let limit = if r.limit == 0 { 100 } else { r.limit as usize };
+        let (dead_letters, total) = self.matching_dead_letters(&h, r.filter.as_ref(), r.after_entry_id, limit).await?;
+        Ok(Response::new(ListDeadLettersResponse { dead_letters, total }))
+    }
+
+    async fn replay_dead_letters(
+        &self,
+        r: Request<ReplayDeadLettersRequest>,
+    ) -> Result<Response<ReplayDeadLettersResponse>, Status> {
+        let r = r.into_inner();
+        let (_, h) = self.sub(&r.topic, &r.subscription).await?;
+        let rate = if r.rate_per_second == 0 { self.core.config.replay_rate_per_second } else { r.rate_per_second }.max(1);
+        let (letters, _) = self.matching_dead_letters(&h, r.filter.as_ref(), None, usize::MAX).await?;
+        let chunk = (rate as usize).div_ceil(10).max(1);
+        let pause = Duration::from_secs_f64(chunk as f64 / f64::from(rate));
+        let mut new_ids = Vec::new();
+        for (i, part) in letters.chunks(chunk).enumerate() {
+            if i > 0 {
+                tokio::time::sleep(pause).await;
+            }
+            let ids = h
+                .ask(|reply| Command::Replay(part.to_vec(), r.reset_delivery_count, reply))
+                .await??;
+            new_ids.extend(ids);
+        }
+        Ok(Response::new(ReplayDeadLettersResponse { replayed: new_ids.len() as u64, new_ids }))
+    }
+
+    async fn purge_dead_letters(
+        &self,
+        r: Request<PurgeDeadLettersRequest>,
+    ) -> Result<Response<PurgeDeadLettersResponse>, Status> {
+        let r = r.into_inner();
+        let (_, h) = self.sub(&r.topic, &r.subscription).await?;
+        let info = h.ask(Command::GetPolicy).await?;
+        let ids: Vec<u64> = self
+            .core
+            .storage
+            .dead_letters(h.id, None)?
+            .into_iter()
+            .filter(|(id, rec)| passes(r.filter.as_ref(), *id, rec))
+            .map(|(id, _)| id)
+            .collect();
+        self.core.storage.remove_dead_letters(h.id, &ids)?;
+        self.core.storage.remove_entries(&info.dead_letter_topic, &ids)?;
+        self.core.flusher.durable().await?;
+        tracing::warn!(topic = %r.topic, subscription = %r.subscription, purged = ids.len(), "dead letters purged");
+        Ok(Response::new(PurgeDeadLettersResponse { purged: ids.len() as u64 }))
+    }
+}

@@ -1,0 +1,93 @@
+//! The consumer stream: subscribe, then forward flow permits, acks and failure
+//! reports to the subscription actor; messages flow back on the same stream.
+//! When the stream ends for any reason the consumer is removed and its
+//! in-flight messages are redelivered (reason: consumer lost).
+
+use super::BoxStream;
+use crate::core::BrokerCore;
+use crate::name::{SubscriptionName, TopicName};
+use crate::subscription::{Command, ConsumerSpec};
+use ricochet_policy::PolicySpec;
+use ricochet_proto::{
+    ConsumeRequest, ConsumeResponse, InitialPosition, Subscribed, SubscriptionType, consume_request,
+    consume_response,
+};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{Response, Status, Streaming};
+
+pub(super) async fn consume(
+    core: Arc<BrokerCore>,
+    mut inbound: Streaming<ConsumeRequest>,
+) -> Result<Response<BoxStream<ConsumeResponse>>, Status> {
+    let first = inbound
+        .message()
+        .await?
+        .ok_or_else(|| Status::invalid_argument("consumer stream closed before Subscribe"))?;
+    let Some(consume_request::Request::Subscribe(sub)) = first.request else {
+        return Err(Status::invalid_argument("the first consumer frame must be Subscribe"));
+    };
+    let topic = TopicName::parse(&sub.topic)?;
+    let name = SubscriptionName::parse(&sub.subscription)?;
+    let sub_type = SubscriptionType::try_from(sub.subscription_type)
+        .map_err(|_| Status::invalid_argument(format!("unknown subscription type {}", sub.subscription_type)))?;
+    let initial = InitialPosition::try_from(sub.initial_position)
+        .map_err(|_| Status::invalid_argument(format!("unknown initial position {}", sub.initial_position)))?;
+    let policy = match &sub.dead_letter_policy {
+        Some(p) => {
+            let spec = PolicySpec::try_from(p).map_err(|e| Status::invalid_argument(format!("invalid dead-letter policy: {e}")))?;
+            spec.validate().map_err(|e| Status::invalid_argument(format!("invalid dead-letter policy: {e}")))?;
+            Some(spec)
+        }
+        None => None,
+    };
+    let entry = core.topic_for_use(&topic).await?;
+    let handle = core.subscription_or_create(&entry, &name, sub_type, initial).await?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let consumer_name = if sub.consumer_name.is_empty() {
+        format!("consumer-{}", core.storage.next_id()?)
+    } else {
+        sub.consumer_name.clone()
+    };
+    let spec = ConsumerSpec { name: consumer_name.clone(), sub_type, tx: tx.clone(), policy };
+    let (consumer_id, info) = handle.ask(|reply| Command::AddConsumer(spec, reply)).await??;
+    let subscribed = ConsumeResponse {
+        response: Some(consume_response::Response::Subscribed(Subscribed {
+            topic: topic.to_string(),
+            subscription: name.to_string(),
+            consumer_name,
+            dead_letter_policy: info.spec.as_ref().map(Into::into),
+            retry_topic: info.retry_topic,
+            dead_letter_topic: info.dead_letter_topic,
+        })),
+    };
+    // Queued before any message the actor may push.
+    let _ = tx.send(Ok(subscribed));
+    tokio::spawn(async move {
+        while let Some(frame) = inbound.next().await {
+            let req = match frame {
+                Ok(ConsumeRequest { request: Some(r) }) => r,
+                Ok(ConsumeRequest { request: None }) => continue,
+                Err(_) => break,
+            };
+            let cmd = match req {
+                consume_request::Request::Subscribe(_) => {
+                    let _ = tx.send(Err(Status::invalid_argument("already subscribed on this stream")));
+                    break;
+                }
+                consume_request::Request::Flow(f) => Command::Flow(consumer_id, f.permits),
+                consume_request::Request::Ack(a) => Command::Ack(consumer_id, a),
+                consume_request::Request::Redeliver(r) => Command::Redeliver(consumer_id, r),
+                consume_request::Request::ReconsumeLater(r) => Command::ReconsumeLater(consumer_id, r),
+                consume_request::Request::Terminate(t) => Command::Terminate(consumer_id, t),
+            };
+            if handle.send(cmd).is_err() {
+                break;
+            }
+        }
+        let _ = handle.send(Command::RemoveConsumer(consumer_id));
+    });
+    Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+}

@@ -1,0 +1,51 @@
+//! gRPC services: the data plane ([`BrokerService`]: producer and consumer
+//! streams) and the control plane ([`AdminService`]).
+
+mod admin;
+mod consume;
+mod produce;
+
+pub use admin::AdminService;
+
+use crate::core::BrokerCore;
+use futures::Stream;
+use ricochet_proto::broker_server::Broker;
+use ricochet_proto::{ConsumeRequest, ConsumeResponse, ProduceRequest, ProduceResponse};
+use std::pin::Pin;
+use std::sync::Arc;
+use tonic::{Request, Response, Status, Streaming};
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// The producer and consumer streams.
+#[derive(Debug, Clone)]
+pub struct BrokerService {
+    core: Arc<BrokerCore>,
+}
+
+impl BrokerService {
+    /// A service over `core`.
+    pub fn new(core: Arc<BrokerCore>) -> Self {
+        Self { core }
+    }
+}
+
+#[tonic::async_trait]
+impl Broker for BrokerService {
+    type ProduceStream = BoxStream<ProduceResponse>;
+    type ConsumeStream = BoxStream<ConsumeResponse>;
+
+    async fn produce(
+        &self,
+        request: Request<Streaming<ProduceRequest>>,
+    ) -> Result<Response<Self::ProduceStream>, Status> {
+        produce::produce(self.core.clone(), request.into_inner()).await
+    }
+
+    async fn consume(
+        &self,
+        request: Request<Streaming<ConsumeRequest>>,
+    ) -> Result<Response<Self::ConsumeStream>, Status> {
+        consume::consume(self.core.clone(), request.into_inner()).await
+    }
+}

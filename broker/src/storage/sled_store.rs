@@ -1,0 +1,495 @@
+//! [`Storage`] on sled 0.34.
+//!
+//! Layout: a topic's log lives in segment trees named `seg/<topic>/<n>` (entry
+//! id `/ segment_entries`), keyed by big-endian entry id, so consumed data is
+//! dropped a whole tree at a time (per-key deletes make sled's files grow).
+//! Small records live in shared trees: `meta` (topics, subscriptions, id
+//! floors), `prodseq`, `failures`, `schedule` (keyed by big-endian due time)
+//! and `deadletters`. Tier moves are one multi-tree transaction.
+
+use super::*;
+use crate::error::BrokerError;
+use sled::Transactional;
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::{Batch, Db, Tree};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Mutex;
+
+const SEG_PREFIX: &str = "seg/";
+
+/// sled-backed storage.
+pub struct SledStorage {
+    db: Db,
+    meta: Tree,
+    prodseq: Tree,
+    failures: Tree,
+    schedule: Tree,
+    deadletters: Tree,
+    segment_entries: u64,
+    /// Open segment trees per topic, by segment number.
+    segments: Mutex<HashMap<String, BTreeMap<u64, Tree>>>,
+}
+
+impl std::fmt::Debug for SledStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SledStorage").field("segment_entries", &self.segment_entries).finish_non_exhaustive()
+    }
+}
+
+fn json<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serialising plain records (strings, integers, vectors) cannot fail.
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+fn from_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| BrokerError::Corrupt(e.to_string()))
+}
+
+fn be(id: u64) -> [u8; 8] {
+    id.to_be_bytes()
+}
+
+fn read_be(bytes: &[u8]) -> Result<u64> {
+    let arr: [u8; 8] = bytes.try_into().map_err(|_| BrokerError::Corrupt("bad u64 key".into()))?;
+    Ok(u64::from_be_bytes(arr))
+}
+
+fn sub_key(topic: &str, sub: &str) -> Vec<u8> {
+    format!("s:{topic}\0{sub}").into_bytes()
+}
+
+fn seg_tree_name(topic: &str, seg: u64) -> String {
+    format!("{SEG_PREFIX}{topic}/{seg:016x}")
+}
+
+fn parse_seg_tree_name(name: &[u8]) -> Option<(String, u64)> {
+    let name = std::str::from_utf8(name).ok()?.strip_prefix(SEG_PREFIX)?;
+    let (topic, seg) = name.rsplit_once('/')?;
+    Some((topic.to_owned(), u64::from_str_radix(seg, 16).ok()?))
+}
+
+fn dl_key(sub_id: u64, entry: u64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&be(sub_id));
+    k[8..].copy_from_slice(&be(entry));
+    k
+}
+
+impl SledStorage {
+    /// Opens (or creates) the store in `dir`.
+    pub fn open(dir: &Path, segment_entries: u64, cache_capacity: u64) -> Result<Self> {
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(cache_capacity)
+            .flush_every_ms(None)
+            .open()?;
+        let mut segments: HashMap<String, BTreeMap<u64, Tree>> = HashMap::new();
+        for name in db.tree_names() {
+            if let Some((topic, seg)) = parse_seg_tree_name(&name) {
+                segments.entry(topic).or_default().insert(seg, db.open_tree(&name)?);
+            }
+        }
+        Ok(Self {
+            meta: db.open_tree("meta")?,
+            prodseq: db.open_tree("prodseq")?,
+            failures: db.open_tree("failures")?,
+            schedule: db.open_tree("schedule")?,
+            deadletters: db.open_tree("deadletters")?,
+            db,
+            segment_entries,
+            segments: Mutex::new(segments),
+        })
+    }
+
+    fn segment(&self, topic: &str, seg: u64) -> Result<Tree> {
+        let mut map = self.segments.lock().map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
+        let topic_segs = map.entry(topic.to_owned()).or_default();
+        if let Some(t) = topic_segs.get(&seg) {
+            return Ok(t.clone());
+        }
+        let tree = self.db.open_tree(seg_tree_name(topic, seg))?;
+        topic_segs.insert(seg, tree.clone());
+        Ok(tree)
+    }
+
+    fn segments_of(&self, topic: &str) -> Result<Vec<(u64, Tree)>> {
+        let map = self.segments.lock().map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
+        Ok(map.get(topic).map(|m| m.iter().map(|(k, t)| (*k, t.clone())).collect()).unwrap_or_default())
+    }
+
+    fn id_floor(&self, topic: &str) -> Result<u64> {
+        match self.meta.get(format!("n:{topic}"))? {
+            Some(v) => read_be(&v),
+            None => Ok(0),
+        }
+    }
+
+    fn raise_id_floor(&self, topic: &str, next: u64) -> Result<()> {
+        if next > self.id_floor(topic)? {
+            self.meta.insert(format!("n:{topic}"), &be(next))?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Storage for SledStorage {
+    fn list_topics(&self) -> Result<Vec<TopicRecord>> {
+        self.meta.scan_prefix("t:").values().map(|v| from_json(&v?)).collect()
+    }
+
+    fn put_topic(&self, record: &TopicRecord) -> Result<()> {
+        self.meta.insert(format!("t:{}", record.name), json(record))?;
+        Ok(())
+    }
+
+    fn delete_topic(&self, name: &str) -> Result<()> {
+        for sub in self.list_subscriptions(name)? {
+            self.delete_subscription(&sub)?;
+        }
+        let segs = {
+            let mut map = self.segments.lock().map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
+            map.remove(name).unwrap_or_default()
+        };
+        for seg in segs.keys() {
+            self.db.drop_tree(seg_tree_name(name, *seg))?;
+        }
+        let mut batch = Batch::default();
+        for k in self.prodseq.scan_prefix(format!("{name}\0")).keys() {
+            batch.remove(k?);
+        }
+        self.prodseq.apply_batch(batch)?;
+        self.meta.remove(format!("t:{name}"))?;
+        self.meta.remove(format!("n:{name}"))?;
+        Ok(())
+    }
+
+    fn append(&self, topic: &str, first_id: u64, entries: &[Vec<u8>], producer: Option<(&str, u64)>) -> Result<()> {
+        let mut id = first_id;
+        let mut rest = entries;
+        while !rest.is_empty() {
+            let seg = id / self.segment_entries;
+            let room = ((seg + 1) * self.segment_entries - id) as usize;
+            let (now, later) = rest.split_at(room.min(rest.len()));
+            let mut batch = Batch::default();
+            for e in now {
+                batch.insert(&be(id), e.as_slice());
+                id += 1;
+            }
+            self.segment(topic, seg)?.apply_batch(batch)?;
+            rest = later;
+        }
+        if let Some((name, seq)) = producer {
+            self.prodseq.insert(format!("{topic}\0{name}"), &be(seq))?;
+        }
+        Ok(())
+    }
+
+    fn read(&self, topic: &str, from: u64, max: usize, max_bytes: usize) -> Result<Vec<(u64, Vec<u8>)>> {
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        let first_seg = from / self.segment_entries;
+        for (seg, tree) in self.segments_of(topic)? {
+            if seg < first_seg {
+                continue;
+            }
+            for kv in tree.range(be(from)..) {
+                let (k, v) = kv?;
+                bytes += v.len();
+                out.push((read_be(&k)?, v.to_vec()));
+                if out.len() >= max || bytes >= max_bytes {
+                    return Ok(out);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn read_one(&self, topic: &str, id: u64) -> Result<Option<Vec<u8>>> {
+        let seg = id / self.segment_entries;
+        let has = self
+            .segments
+            .lock()
+            .map_err(|_| BrokerError::Storage("segment map poisoned".into()))?
+            .get(topic)
+            .and_then(|m| m.get(&seg).cloned());
+        match has {
+            Some(tree) => Ok(tree.get(be(id))?.map(|v| v.to_vec())),
+            None => Ok(None),
+        }
+    }
+
+    fn entry_range(&self, topic: &str) -> Result<(u64, u64)> {
+        let segs = self.segments_of(topic)?;
+        let mut first = None;
+        let mut last = None;
+        for (_, tree) in &segs {
+            if let Some((k, _)) = tree.first()? {
+                first = Some(read_be(&k)?);
+                break;
+            }
+        }
+        for (_, tree) in segs.iter().rev() {
+            if let Some((k, _)) = tree.last()? {
+                last = Some(read_be(&k)?);
+                break;
+            }
+        }
+        let floor = self.id_floor(topic)?;
+        let next = last.map_or(floor, |l| (l + 1).max(floor));
+        Ok((first.unwrap_or(next).min(next), next))
+    }
+
+    fn trim(&self, topic: &str, below: u64) -> Result<()> {
+        let segs = self.segments_of(topic)?;
+        let Some(highest) = segs.last().map(|(s, _)| *s) else { return Ok(()) };
+        let doomed: Vec<u64> = segs
+            .iter()
+            .map(|(s, _)| *s)
+            .filter(|s| *s != highest && (s + 1) * self.segment_entries <= below)
+            .collect();
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        let (_, next) = self.entry_range(topic)?;
+        self.raise_id_floor(topic, next)?;
+        let mut map = self.segments.lock().map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
+        for seg in doomed {
+            if let Some(m) = map.get_mut(topic) {
+                m.remove(&seg);
+            }
+            self.db.drop_tree(seg_tree_name(topic, seg))?;
+        }
+        Ok(())
+    }
+
+    fn remove_entries(&self, topic: &str, ids: &[u64]) -> Result<()> {
+        let (_, next) = self.entry_range(topic)?;
+        self.raise_id_floor(topic, next)?;
+        for id in ids {
+            if let Some(tree) = self.segments_of(topic)?.into_iter().find(|(s, _)| *s == id / self.segment_entries) {
+                tree.1.remove(be(*id))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn producer_sequences(&self, topic: &str) -> Result<Vec<(String, u64)>> {
+        let prefix = format!("{topic}\0");
+        self.prodseq
+            .scan_prefix(&prefix)
+            .map(|kv| {
+                let (k, v) = kv?;
+                let name = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
+                Ok((name, read_be(&v)?))
+            })
+            .collect()
+    }
+
+    fn list_subscriptions(&self, topic: &str) -> Result<Vec<SubscriptionRecord>> {
+        self.meta.scan_prefix(sub_key(topic, "")).values().map(|v| from_json(&v?)).collect()
+    }
+
+    fn put_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
+        self.meta.insert(sub_key(&record.topic, &record.name), json(record))?;
+        Ok(())
+    }
+
+    fn delete_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
+        let mut batch = Batch::default();
+        for k in self.failures.scan_prefix(be(record.id)).keys() {
+            batch.remove(k?);
+        }
+        self.failures.apply_batch(batch)?;
+        let mut batch = Batch::default();
+        for k in self.deadletters.scan_prefix(be(record.id)).keys() {
+            batch.remove(k?);
+        }
+        self.deadletters.apply_batch(batch)?;
+        let mut batch = Batch::default();
+        for k in self.schedule.iter().keys() {
+            let k = k?;
+            if ScheduleKey::from_key(&k).is_some_and(|s| s.message.sub_id == record.id) {
+                batch.remove(k);
+            }
+        }
+        self.schedule.apply_batch(batch)?;
+        self.meta.remove(sub_key(&record.topic, &record.name))?;
+        Ok(())
+    }
+
+    fn next_id(&self) -> Result<u64> {
+        Ok(self.db.generate_id()?)
+    }
+
+    fn failure(&self, message: SubMessage) -> Result<Option<FailureRecord>> {
+        self.failures.get(message.key())?.map(|v| from_json(&v)).transpose()
+    }
+
+    fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {
+        let mut prefix = be(sub_id).to_vec();
+        prefix.push(tier as u8);
+        self.failures
+            .scan_prefix(prefix)
+            .map(|kv| {
+                let (k, v) = kv?;
+                let m = SubMessage::from_key(&k).ok_or_else(|| BrokerError::Corrupt("bad failure key".into()))?;
+                Ok((m, from_json(&v)?))
+            })
+            .collect()
+    }
+
+    fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()> {
+        let mut batch = Batch::default();
+        for (m, rec) in records {
+            match rec {
+                Some(r) => batch.insert(&m.key(), json(r)),
+                None => batch.remove(&m.key()),
+            }
+        }
+        self.failures.apply_batch(batch)?;
+        Ok(())
+    }
+
+    fn scheduled(&self, after: Option<ScheduleKey>, to_ms: u64, limit: usize) -> Result<Vec<ScheduleKey>> {
+        use std::ops::Bound;
+        let start = match after {
+            Some(a) => Bound::Excluded(a.key().to_vec()),
+            None => Bound::Unbounded,
+        };
+        let mut out = Vec::new();
+        for k in self.schedule.range::<Vec<u8>, _>((start, Bound::Excluded(be(to_ms).to_vec()))).keys() {
+            let k = k?;
+            let key = ScheduleKey::from_key(&k).ok_or_else(|| BrokerError::Corrupt("bad schedule key".into()))?;
+            out.push(key);
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn put_schedule(&self, keys: &[(ScheduleKey, bool)]) -> Result<()> {
+        let mut batch = Batch::default();
+        for (k, add) in keys {
+            if *add {
+                batch.insert(&k.key(), &[]);
+            } else {
+                batch.remove(&k.key());
+            }
+        }
+        self.schedule.apply_batch(batch)?;
+        Ok(())
+    }
+
+    fn move_messages(&self, mv: &TierMove) -> Result<()> {
+        // Everything is encoded before the transaction: its closure may re-run.
+        let sub_key = sub_key(&mv.subscription.topic, &mv.subscription.name);
+        let sub_val = json(&mv.subscription);
+        let mut seg_numbers: Vec<u64> = mv.items.iter().map(|i| i.target_entry_id / self.segment_entries).collect();
+        seg_numbers.dedup();
+        let mut trees = vec![
+            self.meta.clone(),
+            self.failures.clone(),
+            self.schedule.clone(),
+            self.deadletters.clone(),
+        ];
+        for seg in &seg_numbers {
+            trees.push(self.segment(&mv.target_topic, *seg)?);
+        }
+        struct Encoded {
+            from_key: [u8; 17],
+            from_schedule: Option<[u8; 25]>,
+            seg_index: usize,
+            entry_key: [u8; 8],
+            failure: Option<([u8; 17], Vec<u8>)>,
+            schedule: Option<[u8; 25]>,
+            dead_letter: Option<([u8; 16], Vec<u8>)>,
+        }
+        let encoded: Vec<Encoded> = mv
+            .items
+            .iter()
+            .map(|item| {
+                let target = SubMessage {
+                    sub_id: mv.subscription.id,
+                    tier: mv.target_tier.unwrap_or(TierId::Retry),
+                    entry_id: item.target_entry_id,
+                };
+                let seg = item.target_entry_id / self.segment_entries;
+                Encoded {
+                    from_key: item.from.key(),
+                    from_schedule: item.from_schedule.map(|s| s.key()),
+                    seg_index: 4 + seg_numbers.iter().position(|s| *s == seg).unwrap_or(0),
+                    entry_key: be(item.target_entry_id),
+                    failure: mv.target_tier.map(|_| (target.key(), json(&item.failures))),
+                    schedule: item
+                        .due_ms
+                        .filter(|_| mv.target_tier.is_some())
+                        .map(|due| ScheduleKey { due_ms: due, message: target }.key()),
+                    dead_letter: item
+                        .dead_letter
+                        .as_ref()
+                        .map(|d| (dl_key(mv.subscription.id, item.target_entry_id), json(d))),
+                }
+            })
+            .collect();
+        let result = trees.as_slice().transaction(|t| {
+            t[0].insert(sub_key.as_slice(), sub_val.as_slice())?;
+            for (e, item) in encoded.iter().zip(&mv.items) {
+                t[1].remove(&e.from_key)?;
+                if let Some(s) = &e.from_schedule {
+                    t[2].remove(s)?;
+                }
+                t[e.seg_index].insert(&e.entry_key, item.payload.as_slice())?;
+                if let Some((k, v)) = &e.failure {
+                    t[1].insert(k, v.as_slice())?;
+                }
+                if let Some(s) = &e.schedule {
+                    t[2].insert(s, &[])?;
+                }
+                if let Some((k, v)) = &e.dead_letter {
+                    t[3].insert(k, v.as_slice())?;
+                }
+            }
+            Ok::<_, ConflictableTransactionError<BrokerError>>(())
+        });
+        match result {
+            Ok(()) => Ok(()),
+            Err(TransactionError::Abort(e)) => Err(e),
+            Err(TransactionError::Storage(e)) => Err(e.into()),
+        }
+    }
+
+    fn dead_letters(&self, sub_id: u64, after: Option<u64>) -> Result<Vec<(u64, DeadLetterRecord)>> {
+        let start = dl_key(sub_id, after.map_or(0, |a| a.saturating_add(1)));
+        let end = dl_key(sub_id, u64::MAX);
+        let mut out = Vec::new();
+        for kv in self.deadletters.range(start..=end) {
+            let (k, v) = kv?;
+            if after.is_some_and(|a| a == u64::MAX) {
+                break;
+            }
+            out.push((read_be(&k[8..])?, from_json(&v)?));
+        }
+        Ok(out)
+    }
+
+    fn remove_dead_letters(&self, sub_id: u64, ids: &[u64]) -> Result<()> {
+        let mut batch = Batch::default();
+        for id in ids {
+            batch.remove(&dl_key(sub_id, *id));
+        }
+        self.deadletters.apply_batch(batch)?;
+        Ok(())
+    }
+
+    fn size_on_disk(&self) -> Result<u64> {
+        Ok(self.db.size_on_disk()?)
+    }
+
+    async fn flush(&self) -> Result<()> {
+        self.db.flush_async().await?;
+        Ok(())
+    }
+}

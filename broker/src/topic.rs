@@ -1,0 +1,230 @@
+//! A topic at run time: its writer (entry ids, producer de-duplication), the
+//! durable end of its log that subscriptions read up to, and retention.
+
+use crate::error::{BrokerError, Result};
+use crate::flusher::Flusher;
+use crate::name::TopicName;
+use crate::storage::{Storage, TopicKind};
+use crate::util::now_ms;
+use prost::Message as _;
+use ricochet_proto::{Message, MessageId, OutboundMessage, SendReceipt};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+
+/// Per-topic counters for stats and metrics.
+#[derive(Debug, Default)]
+pub struct TopicCounters {
+    /// Messages stored.
+    pub messages_in: AtomicU64,
+    /// Payload bytes stored.
+    pub bytes_in: AtomicU64,
+    /// Connected producers.
+    pub producers: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Writer {
+    next_id: u64,
+    /// Last stored sequence id per producer name.
+    sequences: HashMap<String, u64>,
+}
+
+/// One topic.
+#[derive(Debug)]
+pub struct Topic {
+    name: TopicName,
+    kind: TopicKind,
+    storage: Arc<dyn Storage>,
+    flusher: Flusher,
+    sync: bool,
+    segment_entries: u64,
+    writer: Mutex<Writer>,
+    /// Every entry id below this value is durable and may be dispatched.
+    durable_end: watch::Sender<u64>,
+    /// Mark-delete position per subscription id, for retention.
+    marks: Mutex<HashMap<u64, u64>>,
+    first_entry: AtomicU64,
+    /// Counters.
+    pub counters: TopicCounters,
+}
+
+impl Topic {
+    /// Opens a topic whose record exists in storage.
+    pub fn open(
+        name: TopicName,
+        kind: TopicKind,
+        storage: Arc<dyn Storage>,
+        flusher: Flusher,
+        sync: bool,
+        segment_entries: u64,
+    ) -> Result<Self> {
+        let (first, next) = storage.entry_range(name.as_str())?;
+        let sequences = storage.producer_sequences(name.as_str())?.into_iter().collect();
+        Ok(Self {
+            name,
+            kind,
+            storage,
+            flusher,
+            sync,
+            segment_entries,
+            writer: Mutex::new(Writer { next_id: next, sequences }),
+            durable_end: watch::Sender::new(next),
+            marks: Mutex::new(HashMap::new()),
+            first_entry: AtomicU64::new(first),
+            counters: TopicCounters::default(),
+        })
+    }
+
+    /// The topic's name.
+    pub fn name(&self) -> &TopicName {
+        &self.name
+    }
+
+    /// What the topic is for.
+    pub fn kind(&self) -> TopicKind {
+        self.kind
+    }
+
+    /// Entry ids below this are durable.
+    pub fn durable_end(&self) -> u64 {
+        *self.durable_end.borrow()
+    }
+
+    /// A receiver that changes whenever the durable end moves.
+    pub fn watch_end(&self) -> watch::Receiver<u64> {
+        self.durable_end.subscribe()
+    }
+
+    /// `(first, next)` entry ids held.
+    pub fn entry_range(&self) -> (u64, u64) {
+        (self.first_entry.load(Ordering::Relaxed), self.durable_end())
+    }
+
+    /// The last stored sequence id of `producer`.
+    pub fn last_sequence(&self, producer: &str) -> Option<u64> {
+        self.writer.lock().ok()?.sequences.get(producer).copied()
+    }
+
+    /// Stores a batch from one producer and returns its receipts once durable
+    /// (in sync mode). Messages whose sequence id is not above the producer's
+    /// last stored one are dropped as duplicates; an empty producer name (the
+    /// broker's own replays) skips de-duplication. The batch is stored whole or
+    /// not at all.
+    pub async fn publish(&self, producer: &str, messages: Vec<OutboundMessage>) -> Result<Vec<SendReceipt>> {
+        self.flusher.check()?;
+        let now = now_ms();
+        let (receipts, end) = {
+            let mut w = self.writer.lock().map_err(|_| BrokerError::Storage("topic writer poisoned".into()))?;
+            let dedup = !producer.is_empty();
+            let mut last = if dedup { w.sequences.get(producer).copied() } else { None };
+            let mut receipts = Vec::with_capacity(messages.len());
+            let mut encoded = Vec::with_capacity(messages.len());
+            let mut bytes = 0u64;
+            let first_id = w.next_id;
+            for m in messages {
+                if last.is_some_and(|l| m.sequence_id <= l) {
+                    receipts.push(SendReceipt { sequence_id: m.sequence_id, message_id: None, duplicate: true });
+                    continue;
+                }
+                if dedup {
+                    last = Some(m.sequence_id);
+                }
+                let id = first_id + encoded.len() as u64;
+                bytes += m.payload.len() as u64;
+                receipts.push(SendReceipt {
+                    sequence_id: m.sequence_id,
+                    message_id: Some(MessageId { topic: self.name.to_string(), entry_id: id }),
+                    duplicate: false,
+                });
+                let stored = Message {
+                    id: None,
+                    payload: m.payload,
+                    key: m.key,
+                    properties: m.properties,
+                    publish_time_ms: now,
+                    event_time_ms: m.event_time_ms,
+                    delivery_count: 0,
+                    producer_name: producer.to_owned(),
+                    sequence_id: m.sequence_id,
+                    deliver_at_ms: m.deliver_at_ms,
+                };
+                encoded.push(stored.encode_to_vec());
+            }
+            if !encoded.is_empty() {
+                let seq = last.map(|l| (producer, l));
+                self.storage.append(self.name.as_str(), first_id, &encoded, seq)?;
+                w.next_id += encoded.len() as u64;
+                if let Some(l) = last {
+                    w.sequences.insert(producer.to_owned(), l);
+                }
+                self.counters.messages_in.fetch_add(encoded.len() as u64, Ordering::Relaxed);
+                self.counters.bytes_in.fetch_add(bytes, Ordering::Relaxed);
+            }
+            (receipts, w.next_id)
+        };
+        if self.sync {
+            self.flusher.durable().await?;
+        }
+        self.durable_end.send_if_modified(|v| {
+            if end > *v {
+                *v = end;
+                true
+            } else {
+                false
+            }
+        });
+        Ok(receipts)
+    }
+
+    /// Appends already-encoded entries (tier moves are written by the
+    /// subscription inside its own transaction; this is for replays).
+    pub fn reserve_ids(&self, n: u64) -> Result<u64> {
+        let mut w = self.writer.lock().map_err(|_| BrokerError::Storage("topic writer poisoned".into()))?;
+        let first = w.next_id;
+        w.next_id += n;
+        Ok(first)
+    }
+
+    /// Marks ids below `end` as durable (after a tier move that wrote them).
+    pub fn advance_durable_end(&self, end: u64) {
+        self.durable_end.send_if_modified(|v| {
+            if end > *v {
+                *v = end;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Records a subscription's mark-delete position and drops segments every
+    /// subscription has consumed. Tier topics are trimmed the same way;
+    /// dead-letter topics are never trimmed (they are purged explicitly).
+    pub fn update_mark(&self, sub_id: u64, mark: u64) -> Result<()> {
+        if self.kind == TopicKind::DeadLetter {
+            return Ok(());
+        }
+        let min = {
+            let mut marks = self.marks.lock().map_err(|_| BrokerError::Storage("marks poisoned".into()))?;
+            marks.insert(sub_id, mark);
+            marks.values().copied().min().unwrap_or(0)
+        };
+        // Only whole segments are dropped: skip the work until one is done.
+        let first = self.first_entry.load(Ordering::Relaxed);
+        if min >= (first / self.segment_entries + 1) * self.segment_entries {
+            self.storage.trim(self.name.as_str(), min)?;
+            let (first, _) = self.storage.entry_range(self.name.as_str())?;
+            self.first_entry.store(first, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Forgets a deleted subscription's mark.
+    pub fn remove_mark(&self, sub_id: u64) {
+        if let Ok(mut marks) = self.marks.lock() {
+            marks.remove(&sub_id);
+        }
+    }
+}
