@@ -5,7 +5,9 @@
 //! the data plane ([`v1::broker_server`]: producer and consumer streams) and the
 //! control plane ([`v1::admin_server`]: topics, subscriptions, policies, dead
 //! letters). This crate only holds the generated code and a few helpers on it;
-//! conversions to richer types live with those types.
+//! conversions to richer types live with those types, except those to
+//! `ricochet-policy`'s types, which live in [`convert`] so that the policy
+//! crate stays free of tonic and prost.
 
 #![allow(missing_debug_implementations)]
 
@@ -16,6 +18,8 @@ pub mod v1 {
 }
 
 pub use v1::*;
+
+pub mod convert;
 
 /// Properties Ricochet (like Pulsar) sets on messages that move between tiers.
 pub mod props {
