@@ -40,7 +40,7 @@ use ricochet_policy::{
 use ricochet_proto::{
     Ack, AckType, ActiveChange, CommandResult, ConsumeResponse, ConsumerStats, DeadLetter, FailedDelivery, Message,
     OutboundMessage,
-    MessageBatch, MessageId, ReconsumeLater, Redeliver, SubscriptionStatsResponse, SubscriptionType, Terminate,
+    MessageBatch, MessageId, ReconsumeLater, Redeliver, Subscribed, SubscriptionStatsResponse, SubscriptionType, Terminate,
     consume_response, props, reconsume_later,
 };
 use std::collections::{BTreeMap, HashMap};
@@ -561,6 +561,19 @@ impl SubscriptionActor {
         }
         let id = self.next_consumer;
         self.next_consumer += 1;
+        // The first frame a consumer sees, before any message or active change.
+        let info = self.policy_info();
+        let subscribed = ConsumeResponse {
+            response: Some(consume_response::Response::Subscribed(Subscribed {
+                topic: self.rec.topic.clone(),
+                subscription: self.rec.name.clone(),
+                consumer_name: spec.name.clone(),
+                dead_letter_policy: info.spec.as_ref().map(Into::into),
+                retry_topic: info.retry_topic.clone(),
+                dead_letter_topic: info.dead_letter_topic.clone(),
+            })),
+        };
+        let _ = spec.tx.send(Ok(subscribed));
         self.consumers.push(ConsumerState { id, name: spec.name, tx: spec.tx, permits: 0, unacked: 0 });
         self.update_active();
         Ok((id, self.policy_info()))

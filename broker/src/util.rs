@@ -7,13 +7,28 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// 64-bit FNV-1a: a stable hash (same value across runs and builds), used for
-/// key routing and policy jitter seeds.
+/// A stable 64-bit hash (same value across runs and builds), used for key
+/// routing and policy jitter seeds: FNV-1a followed by the SplitMix64
+/// finaliser, so every output bit depends on every input byte (plain FNV-1a
+/// barely changes its high bits for keys differing in the last byte).
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    h
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn similar_keys_spread_over_high_bits() {
+        let tops: std::collections::HashSet<u64> = (0..10).map(|i| super::fnv1a(format!("k{i}").as_bytes()) >> 60).collect();
+        assert!(tops.len() >= 5, "{tops:?}");
+    }
 }

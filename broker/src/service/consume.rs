@@ -9,8 +9,7 @@ use crate::name::{SubscriptionName, TopicName};
 use crate::subscription::{Command, ConsumerSpec};
 use ricochet_policy::PolicySpec;
 use ricochet_proto::{
-    ConsumeRequest, ConsumeResponse, InitialPosition, Subscribed, SubscriptionType, consume_request,
-    consume_response,
+    ConsumeRequest, ConsumeResponse, InitialPosition, SubscriptionType, consume_request,
 };
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -51,20 +50,9 @@ pub(super) async fn consume(
     } else {
         sub.consumer_name.clone()
     };
-    let spec = ConsumerSpec { name: consumer_name.clone(), sub_type, tx: tx.clone(), policy };
-    let (consumer_id, info) = handle.ask(|reply| Command::AddConsumer(spec, reply)).await??;
-    let subscribed = ConsumeResponse {
-        response: Some(consume_response::Response::Subscribed(Subscribed {
-            topic: topic.to_string(),
-            subscription: name.to_string(),
-            consumer_name,
-            dead_letter_policy: info.spec.as_ref().map(Into::into),
-            retry_topic: info.retry_topic,
-            dead_letter_topic: info.dead_letter_topic,
-        })),
-    };
-    // Queued before any message the actor may push.
-    let _ = tx.send(Ok(subscribed));
+    let spec = ConsumerSpec { name: consumer_name, sub_type, tx: tx.clone(), policy };
+    // The actor queues `Subscribed` as the consumer's first frame.
+    let (consumer_id, _info) = handle.ask(|reply| Command::AddConsumer(spec, reply)).await??;
     tokio::spawn(async move {
         while let Some(frame) = inbound.next().await {
             let req = match frame {
