@@ -51,6 +51,11 @@ impl RawProducer {
 
     /// Sends one batch and waits for its outcome.
     pub async fn send_batch(&mut self, messages: Vec<OutboundMessage>) -> produce_response::Response {
+        self.try_send_batch(messages).await.expect("a response")
+    }
+
+    /// Like `send_batch`, but `None` when the stream broke.
+    pub async fn try_send_batch(&mut self, messages: Vec<OutboundMessage>) -> Option<produce_response::Response> {
         let request_id = self.next_req;
         self.next_req += 1;
         self.tx
@@ -58,8 +63,8 @@ impl RawProducer {
                 request: Some(produce_request::Request::Send(SendBatch { request_id, messages })),
             })
             .await
-            .unwrap();
-        self.rx.message().await.expect("stream ok").and_then(|r| r.response).expect("a response")
+            .ok()?;
+        self.rx.message().await.ok().flatten().and_then(|r| r.response)
     }
 
     pub fn msg(&mut self, payload: impl Into<Vec<u8>>) -> OutboundMessage {
