@@ -125,8 +125,8 @@ impl BrokerConfig {
     pub fn from_file(path: &Path) -> Result<Self, BrokerError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| BrokerError::Config(format!("cannot read {}: {e}", path.display())))?;
-        let config: Self =
-            toml::from_str(&text).map_err(|e| BrokerError::Config(format!("{}: {e}", path.display())))?;
+        let config: Self = toml::from_str(&text)
+            .map_err(|e| BrokerError::Config(format!("{}: {e}", path.display())))?;
         config.validate()?;
         Ok(config)
     }
@@ -147,14 +147,19 @@ impl BrokerConfig {
             return bad("flush_interval must be positive");
         }
         for rule in &self.policies {
-            rule.policy.validate().map_err(|e| BrokerError::Config(format!("policy for {}: {e}", rule.topic)))?;
+            rule.policy
+                .validate()
+                .map_err(|e| BrokerError::Config(format!("policy for {}: {e}", rule.topic)))?;
         }
         Ok(())
     }
 
     /// The configured default policy for `topic`, if a rule matches.
     pub fn policy_for(&self, topic: &str) -> Option<&ricochet_policy::PolicySpec> {
-        self.policies.iter().find(|r| r.matches(topic)).map(|r| &r.policy)
+        self.policies
+            .iter()
+            .find(|r| r.matches(topic))
+            .map(|r| &r.policy)
     }
 }
 
@@ -167,7 +172,8 @@ mod tests {
         let c: BrokerConfig = toml::from_str("").unwrap();
         assert_eq!(c.durability, Durability::Sync);
         assert_eq!(c.max_message_size, 5 * 1024 * 1024);
-        let c: BrokerConfig = toml::from_str("durability = \"interval\"\nflush_interval = \"10ms\"").unwrap();
+        let c: BrokerConfig =
+            toml::from_str("durability = \"interval\"\nflush_interval = \"10ms\"").unwrap();
         assert_eq!(c.durability, Durability::Interval);
         assert_eq!(c.flush_interval, Duration::from_millis(10));
         assert!(toml::from_str::<BrokerConfig>("no_such_key = 1").is_err());

@@ -8,7 +8,9 @@ use crate::flusher::Flusher;
 use crate::name::{SubscriptionName, TopicName};
 use crate::scheduler::Scheduler;
 use crate::storage::{Cursor, Storage, SubscriptionRecord, TopicKind, TopicRecord};
-use crate::subscription::{SubscriptionActor, SubscriptionHandle, SubscriptionSettings, TierTopics};
+use crate::subscription::{
+    SubscriptionActor, SubscriptionHandle, SubscriptionSettings, TierTopics,
+};
 use crate::topic::Topic;
 use crate::util::now_ms;
 use ricochet_policy::{DeadLetterPolicy, PolicyRegistry, PolicySpec};
@@ -29,7 +31,10 @@ pub struct TopicEntry {
 impl TopicEntry {
     /// A snapshot of the subscription handles.
     pub fn subscriptions(&self) -> Vec<SubscriptionHandle> {
-        self.subscriptions.lock().map(|m| m.values().cloned().collect()).unwrap_or_default()
+        self.subscriptions
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// One subscription by name.
@@ -63,7 +68,11 @@ impl TierTopics for Tiers {
     async fn tier_topic(&self, name: &str, dead_letter: bool) -> Result<Arc<Topic>> {
         let core = self.0.upgrade().ok_or(BrokerError::ShuttingDown)?;
         let name = TopicName::parse(name)?;
-        let kind = if dead_letter { TopicKind::DeadLetter } else { TopicKind::Retry };
+        let kind = if dead_letter {
+            TopicKind::DeadLetter
+        } else {
+            TopicKind::Retry
+        };
         Ok(core.topic_or_create(&name, kind).await?.topic.clone())
     }
 
@@ -80,7 +89,11 @@ impl TierTopics for Tiers {
 impl BrokerCore {
     /// Opens storage state: every topic and subscription is loaded and its
     /// actor started; the scheduler then fires overdue retries.
-    pub async fn open(config: BrokerConfig, storage: Arc<dyn Storage>, policies: PolicyRegistry) -> Result<Arc<Self>> {
+    pub async fn open(
+        config: BrokerConfig,
+        storage: Arc<dyn Storage>,
+        policies: PolicyRegistry,
+    ) -> Result<Arc<Self>> {
         let flusher = Flusher::start(storage.clone(), config.flush_interval);
         let scheduler = Scheduler::start(storage.clone(), config.retry_window);
         let core = Arc::new_cyclic(|me| BrokerCore {
@@ -111,11 +124,25 @@ impl BrokerCore {
 
     fn open_topic(&self, name: TopicName, kind: TopicKind) -> Result<Arc<TopicEntry>> {
         let sync = self.config.durability == Durability::Sync;
-        let topic = Topic::open(name, kind, self.storage.clone(), self.flusher.clone(), sync, self.config.segment_entries)?;
-        Ok(Arc::new(TopicEntry { topic: Arc::new(topic), subscriptions: Default::default() }))
+        let topic = Topic::open(
+            name,
+            kind,
+            self.storage.clone(),
+            self.flusher.clone(),
+            sync,
+            self.config.segment_entries,
+        )?;
+        Ok(Arc::new(TopicEntry {
+            topic: Arc::new(topic),
+            subscriptions: Default::default(),
+        }))
     }
 
-    fn spawn_subscription(&self, rec: SubscriptionRecord, topic: Arc<Topic>) -> Result<SubscriptionHandle> {
+    fn spawn_subscription(
+        &self,
+        rec: SubscriptionRecord,
+        topic: Arc<Topic>,
+    ) -> Result<SubscriptionHandle> {
         let settings = SubscriptionSettings {
             max_unacked_per_consumer: self.config.max_unacked_per_consumer,
             sync: self.config.durability == Durability::Sync,
@@ -155,7 +182,11 @@ impl BrokerCore {
         if let Some(t) = topics.get(name) {
             return Ok(t.clone());
         }
-        self.storage.put_topic(&TopicRecord { name: name.to_string(), created_ms: now_ms(), kind })?;
+        self.storage.put_topic(&TopicRecord {
+            name: name.to_string(),
+            created_ms: now_ms(),
+            kind,
+        })?;
         let entry = self.open_topic(name.clone(), kind)?;
         topics.insert(name.clone(), entry.clone());
         tracing::info!(topic = %name, ?kind, "topic created");
@@ -187,7 +218,10 @@ impl BrokerCore {
     /// Deletes a topic; without `force` it must have no subscriptions.
     pub async fn delete_topic(&self, name: &TopicName, force: bool) -> Result<()> {
         let mut topics = self.topics.lock().await;
-        let entry = topics.get(name).cloned().ok_or_else(|| BrokerError::TopicNotFound(name.to_string()))?;
+        let entry = topics
+            .get(name)
+            .cloned()
+            .ok_or_else(|| BrokerError::TopicNotFound(name.to_string()))?;
         let subs = entry.subscriptions();
         if !subs.is_empty() && !force {
             return Err(BrokerError::Conflict(format!(
@@ -235,18 +269,28 @@ impl BrokerCore {
         };
         self.storage.put_subscription(&rec)?;
         let handle = self.spawn_subscription(rec, entry.topic.clone())?;
-        let mut subs = entry.subscriptions.lock().map_err(|_| BrokerError::ShuttingDown)?;
+        let mut subs = entry
+            .subscriptions
+            .lock()
+            .map_err(|_| BrokerError::ShuttingDown)?;
         // Another consumer may have raced us; keep the first.
         Ok(subs.entry(name.to_string()).or_insert(handle).clone())
     }
 
     /// Deletes a subscription (it must have no consumers).
-    pub async fn delete_subscription(&self, topic: &TopicName, name: &SubscriptionName) -> Result<()> {
+    pub async fn delete_subscription(
+        &self,
+        topic: &TopicName,
+        name: &SubscriptionName,
+    ) -> Result<()> {
         let entry = self.topic(topic).await?;
-        let handle = entry.subscription(name.as_str()).ok_or_else(|| BrokerError::SubscriptionNotFound {
-            topic: topic.to_string(),
-            subscription: name.to_string(),
-        })?;
+        let handle =
+            entry
+                .subscription(name.as_str())
+                .ok_or_else(|| BrokerError::SubscriptionNotFound {
+                    topic: topic.to_string(),
+                    subscription: name.to_string(),
+                })?;
         handle.ask(crate::subscription::Command::Delete).await??;
         if let Ok(mut subs) = entry.subscriptions.lock() {
             subs.remove(name.as_str());
@@ -255,11 +299,18 @@ impl BrokerCore {
     }
 
     /// An existing subscription.
-    pub async fn subscription(&self, topic: &TopicName, name: &SubscriptionName) -> Result<SubscriptionHandle> {
-        self.topic(topic).await?.subscription(name.as_str()).ok_or_else(|| BrokerError::SubscriptionNotFound {
-            topic: topic.to_string(),
-            subscription: name.to_string(),
-        })
+    pub async fn subscription(
+        &self,
+        topic: &TopicName,
+        name: &SubscriptionName,
+    ) -> Result<SubscriptionHandle> {
+        self.topic(topic)
+            .await?
+            .subscription(name.as_str())
+            .ok_or_else(|| BrokerError::SubscriptionNotFound {
+                topic: topic.to_string(),
+                subscription: name.to_string(),
+            })
     }
 
     /// Whether storage is healthy.

@@ -65,16 +65,19 @@ impl BrokerError {
     /// The gRPC code this error maps to.
     pub fn code(&self) -> Code {
         match self {
-            BrokerError::InvalidName(_) | BrokerError::InvalidArgument(_) | BrokerError::Policy(_) => {
-                Code::InvalidArgument
+            BrokerError::InvalidName(_)
+            | BrokerError::InvalidArgument(_)
+            | BrokerError::Policy(_) => Code::InvalidArgument,
+            BrokerError::TopicNotFound(_) | BrokerError::SubscriptionNotFound { .. } => {
+                Code::NotFound
             }
-            BrokerError::TopicNotFound(_) | BrokerError::SubscriptionNotFound { .. } => Code::NotFound,
             BrokerError::TopicExists(_) => Code::AlreadyExists,
             BrokerError::Conflict(_) => Code::FailedPrecondition,
             BrokerError::ShuttingDown => Code::Unavailable,
-            BrokerError::Storage(_) | BrokerError::Corrupt(_) | BrokerError::Io(_) | BrokerError::Config(_) => {
-                Code::Internal
-            }
+            BrokerError::Storage(_)
+            | BrokerError::Corrupt(_)
+            | BrokerError::Io(_)
+            | BrokerError::Config(_) => Code::Internal,
         }
     }
 }

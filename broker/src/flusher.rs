@@ -48,7 +48,9 @@ impl Flusher {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                let Some(inner) = task_inner.upgrade() else { break };
+                let Some(inner) = task_inner.upgrade() else {
+                    break;
+                };
                 tokio::select! {
                     _ = inner.wake.notified() => {}
                     _ = ticker.tick() => {}
@@ -80,7 +82,9 @@ impl Flusher {
         let ticket = self.inner.requested.fetch_add(1, Ordering::AcqRel) + 1;
         self.inner.wake.notify_one();
         let mut rx = self.inner.completed.clone();
-        rx.wait_for(|done| *done >= ticket).await.map_err(|_| BrokerError::ShuttingDown)?;
+        rx.wait_for(|done| *done >= ticket)
+            .await
+            .map_err(|_| BrokerError::ShuttingDown)?;
         self.check()
     }
 
@@ -89,7 +93,9 @@ impl Flusher {
         if self.inner.healthy.load(Ordering::Acquire) {
             Ok(())
         } else {
-            Err(BrokerError::Storage("storage failed to flush; the broker refuses writes".into()))
+            Err(BrokerError::Storage(
+                "storage failed to flush; the broker refuses writes".into(),
+            ))
         }
     }
 

@@ -33,7 +33,9 @@ fn parse_durability(s: &str) -> Result<Durability, String> {
     match s {
         "sync" => Ok(Durability::Sync),
         "interval" => Ok(Durability::Interval),
-        other => Err(format!("unknown durability {other:?}: use sync or interval")),
+        other => Err(format!(
+            "unknown durability {other:?}: use sync or interval"
+        )),
     }
 }
 
@@ -41,13 +43,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -26,7 +26,8 @@ fn valid_part(part: &str) -> bool {
 impl TopicName {
     /// Parses and normalises a topic name.
     pub fn parse(input: &str) -> Result<Self, BrokerError> {
-        let bad = |why: &str| BrokerError::InvalidName(format!("invalid topic name {input:?}: {why}"));
+        let bad =
+            |why: &str| BrokerError::InvalidName(format!("invalid topic name {input:?}: {why}"));
         let rest = if let Some(rest) = input.strip_prefix(SCHEME) {
             rest
         } else if input.contains("://") {
@@ -38,7 +39,11 @@ impl TopicName {
         let (tenant, ns, topic) = match parts.as_slice() {
             [topic] if !input.starts_with(SCHEME) => ("public", "default", *topic),
             [tenant, ns, topic] => (*tenant, *ns, *topic),
-            _ => return Err(bad("expected persistent://tenant/namespace/topic or a bare topic")),
+            _ => {
+                return Err(bad(
+                    "expected persistent://tenant/namespace/topic or a bare topic",
+                ));
+            }
         };
         for (what, part) in [("tenant", tenant), ("namespace", ns), ("topic", topic)] {
             if !valid_part(part) {
@@ -125,18 +130,39 @@ mod tests {
 
     #[test]
     fn bare_and_full_names_normalise() {
-        assert_eq!(TopicName::parse("orders").unwrap().as_str(), "persistent://public/default/orders");
-        assert_eq!(TopicName::parse("acme/eu/orders").unwrap().as_str(), "persistent://acme/eu/orders");
+        assert_eq!(
+            TopicName::parse("orders").unwrap().as_str(),
+            "persistent://public/default/orders"
+        );
+        assert_eq!(
+            TopicName::parse("acme/eu/orders").unwrap().as_str(),
+            "persistent://acme/eu/orders"
+        );
         let t = TopicName::parse("persistent://acme/eu/orders").unwrap();
         assert_eq!(t.namespace(), "acme/eu");
         let s = SubscriptionName::parse("billing").unwrap();
-        assert_eq!(t.retry_tier(&s).as_str(), "persistent://acme/eu/orders-billing-RETRY");
-        assert_eq!(t.dead_letter_tier(&s).as_str(), "persistent://acme/eu/orders-billing-DLQ");
+        assert_eq!(
+            t.retry_tier(&s).as_str(),
+            "persistent://acme/eu/orders-billing-RETRY"
+        );
+        assert_eq!(
+            t.dead_letter_tier(&s).as_str(),
+            "persistent://acme/eu/orders-billing-DLQ"
+        );
     }
 
     #[test]
     fn rejects_malformed_names() {
-        for bad in ["", "a/b", "persistent://a/b", "non-persistent://a/b/c", "a b", "persistent:///b/c", "x/y/z/w", "ü"] {
+        for bad in [
+            "",
+            "a/b",
+            "persistent://a/b",
+            "non-persistent://a/b/c",
+            "a b",
+            "persistent:///b/c",
+            "x/y/z/w",
+            "ü",
+        ] {
             assert!(TopicName::parse(bad).is_err(), "{bad:?} accepted");
         }
         assert!(SubscriptionName::parse("").is_err());

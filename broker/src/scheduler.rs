@@ -146,7 +146,9 @@ impl Task {
                     }
                 }
             }
-            self.stats.in_memory.store(self.keys.len() as u64, Ordering::Relaxed);
+            self.stats
+                .in_memory
+                .store(self.keys.len() as u64, Ordering::Relaxed);
         }
     }
 
@@ -197,8 +199,15 @@ impl Task {
                 if more {
                     self.covered = found.last().copied();
                 } else {
-                    let end = SubMessage { sub_id: u64::MAX, tier: TierId::Retry, entry_id: u64::MAX };
-                    self.covered = Some(ScheduleKey { due_ms: to_ms - 1, message: end });
+                    let end = SubMessage {
+                        sub_id: u64::MAX,
+                        tier: TierId::Retry,
+                        entry_id: u64::MAX,
+                    };
+                    self.covered = Some(ScheduleKey {
+                        due_ms: to_ms - 1,
+                        message: end,
+                    });
                     self.covered_until_ms = to_ms;
                 }
                 more
@@ -221,7 +230,9 @@ impl Task {
                 continue;
             }
             self.stats.fired.fetch_add(1, Ordering::Relaxed);
-            self.stats.lateness_us_total.fetch_add((now - k.due_ms) * 1000, Ordering::Relaxed);
+            self.stats
+                .lateness_us_total
+                .fetch_add((now - k.due_ms) * 1000, Ordering::Relaxed);
             by_sub.entry(k.message.sub_id).or_default().push(k);
         }
         for (sub, keys) in by_sub {
@@ -231,7 +242,10 @@ impl Task {
                         self.subs.remove(&sub);
                     }
                 }
-                None => tracing::debug!(sub, "scheduled entries for a subscription that is not loaded"),
+                None => tracing::debug!(
+                    sub,
+                    "scheduled entries for a subscription that is not loaded"
+                ),
             }
         }
     }

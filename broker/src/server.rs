@@ -56,7 +56,10 @@ pub struct Broker {
 impl Broker {
     /// Starts building a broker with `config`.
     pub fn builder(config: BrokerConfig) -> BrokerBuilder {
-        BrokerBuilder { config, policies: PolicyRegistry::default() }
+        BrokerBuilder {
+            config,
+            policies: PolicyRegistry::default(),
+        }
     }
 
     /// Shared state (for embedding and tests).
@@ -66,7 +69,11 @@ impl Broker {
 
     /// Serves on `listener` until `shutdown` resolves, then stops accepting,
     /// flushes storage and returns.
-    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<BrokerServer<BrokerService>>().await;
         let broker = BrokerServer::new(BrokerService::new(self.core.clone()))
@@ -81,7 +88,9 @@ impl Broker {
             loop {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                 if !core.healthy() {
-                    health.set_not_serving::<BrokerServer<BrokerService>>().await;
+                    health
+                        .set_not_serving::<BrokerServer<BrokerService>>()
+                        .await;
                     break;
                 }
             }
@@ -134,7 +143,12 @@ impl TestBroker {
         let task = tokio::spawn(broker.serve(listener, async {
             let _ = stopped.await;
         }));
-        Ok(Self { addr, core, stop: Some(stop), task: Some(task) })
+        Ok(Self {
+            addr,
+            core,
+            stop: Some(stop),
+            task: Some(task),
+        })
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -148,7 +162,9 @@ impl TestBroker {
             let _ = s.send(());
         }
         match self.task.take() {
-            Some(t) => t.await.map_err(|e| crate::error::BrokerError::Io(std::io::Error::other(e)))?,
+            Some(t) => t
+                .await
+                .map_err(|e| crate::error::BrokerError::Io(std::io::Error::other(e)))?,
             None => Ok(()),
         }
     }

@@ -28,20 +28,20 @@ use crate::flusher::Flusher;
 use crate::name::TopicName;
 use crate::scheduler::Scheduler;
 use crate::storage::{
-    AttemptRecord, DeadLetterRecord, FailureRecord, MoveItem, ScheduleKey, Storage, SubMessage, SubscriptionRecord,
-    TierId, TierMove,
+    AttemptRecord, DeadLetterRecord, FailureRecord, MoveItem, ScheduleKey, Storage, SubMessage,
+    SubscriptionRecord, TierId, TierMove,
 };
 use crate::topic::Topic;
 use crate::util::{fnv1a, now_ms};
 use prost::Message as _;
 use ricochet_policy::{
-    AttemptOverride, Decision, DeadLetterPolicy, FailureContext, FailureReason, PolicySpec, Tier,
+    AttemptOverride, DeadLetterPolicy, Decision, FailureContext, FailureReason, PolicySpec, Tier,
 };
 use ricochet_proto::{
-    Ack, AckType, ActiveChange, CommandResult, ConsumeResponse, ConsumerStats, DeadLetter, FailedDelivery, Message,
-    OutboundMessage,
-    MessageBatch, MessageId, ReconsumeLater, Redeliver, Subscribed, SubscriptionStatsResponse, SubscriptionType, Terminate,
-    consume_response, props, reconsume_later,
+    Ack, AckType, ActiveChange, CommandResult, ConsumeResponse, ConsumerStats, DeadLetter,
+    FailedDelivery, Message, MessageBatch, MessageId, OutboundMessage, ReconsumeLater, Redeliver,
+    Subscribed, SubscriptionStatsResponse, SubscriptionType, Terminate, consume_response, props,
+    reconsume_later,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -121,7 +121,11 @@ pub enum Command {
     MessageState(u64, oneshot::Sender<MessageState>),
     /// Publish dead letters again on the topic (keeping or resetting their
     /// delivery counts) and remove them from the dead-letter tier.
-    Replay(Vec<DeadLetter>, bool, oneshot::Sender<Result<Vec<MessageId>>>),
+    Replay(
+        Vec<DeadLetter>,
+        bool,
+        oneshot::Sender<Result<Vec<MessageId>>>,
+    ),
     /// Stop the actor and delete the subscription's state.
     Delete(oneshot::Sender<Result<()>>),
 }
@@ -224,7 +228,10 @@ pub struct SubscriptionActor {
 
 impl std::fmt::Debug for SubscriptionActor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SubscriptionActor").field("topic", &self.rec.topic).field("name", &self.rec.name).finish()
+        f.debug_struct("SubscriptionActor")
+            .field("topic", &self.rec.topic)
+            .field("name", &self.rec.name)
+            .finish()
     }
 }
 
@@ -299,10 +306,14 @@ impl SubscriptionActor {
         scheduler.register(rec.id, fire_tx);
         let topic_name = TopicName::parse(&rec.topic)?;
         let sub_name = crate::name::SubscriptionName::parse(&rec.name)?;
-        let retry_topic_name =
-            rec.retry_topic.clone().unwrap_or_else(|| topic_name.retry_tier(&sub_name).to_string());
-        let dlq_topic_name =
-            rec.dead_letter_topic.clone().unwrap_or_else(|| topic_name.dead_letter_tier(&sub_name).to_string());
+        let retry_topic_name = rec
+            .retry_topic
+            .clone()
+            .unwrap_or_else(|| topic_name.retry_tier(&sub_name).to_string());
+        let dlq_topic_name = rec
+            .dead_letter_topic
+            .clone()
+            .unwrap_or_else(|| topic_name.dead_letter_tier(&sub_name).to_string());
         // Main-tier failure records are few (unacked failed messages): keep them all.
         // Retry-tier ones are read when their retry fires.
         let mut failures = HashMap::new();
@@ -337,14 +348,21 @@ impl SubscriptionActor {
             rec,
         };
         actor.resolve_policy()?;
-        let handle = SubscriptionHandle { id: actor.rec.id, name: actor.rec.name.clone(), tx };
+        let handle = SubscriptionHandle {
+            id: actor.rec.id,
+            name: actor.rec.name.clone(),
+            tx,
+        };
         tokio::spawn(actor.run(rx, fire_rx));
         Ok(handle)
     }
 
     fn resolve_policy(&mut self) -> Result<()> {
         let (spec, source) = match (&self.rec.policy, &self.rec.policy_source) {
-            (Some(p), src) => (Some(p.clone()), src.clone().unwrap_or_else(|| "admin".into())),
+            (Some(p), src) => (
+                Some(p.clone()),
+                src.clone().unwrap_or_else(|| "admin".into()),
+            ),
             (None, _) => match self.tiers.configured_policy(&self.rec.topic) {
                 Some(p) => (Some(p), "config".to_owned()),
                 None => (None, "default".to_owned()),
@@ -360,7 +378,11 @@ impl SubscriptionActor {
 
     fn policy_info(&self) -> PolicyInfo {
         PolicyInfo {
-            spec: self.policy.as_ref().and_then(|p| p.spec()).or_else(|| self.rec.policy.clone()),
+            spec: self
+                .policy
+                .as_ref()
+                .and_then(|p| p.spec())
+                .or_else(|| self.rec.policy.clone()),
             source: self.policy_source.clone(),
             retry_topic: self.retry_topic_name.clone(),
             dead_letter_topic: self.dlq_topic_name.clone(),
@@ -500,14 +522,19 @@ impl SubscriptionActor {
         if !reset {
             let mut writes = Vec::new();
             for (id, rec) in ids.iter().zip(records) {
-                let m = SubMessage { sub_id: self.rec.id, tier: TierId::Main, entry_id: id.entry_id };
+                let m = SubMessage {
+                    sub_id: self.rec.id,
+                    tier: TierId::Main,
+                    entry_id: id.entry_id,
+                };
                 writes.push((m, Some(rec.clone())));
                 self.failures.insert((TierId::Main, id.entry_id), rec);
             }
             self.storage.put_failures(&writes)?;
         }
         self.storage.remove_dead_letters(self.rec.id, &dlq_ids)?;
-        self.storage.remove_entries(&self.dlq_topic_name, &dlq_ids)?;
+        self.storage
+            .remove_entries(&self.dlq_topic_name, &dlq_ids)?;
         if self.settings.sync {
             self.flusher.durable().await?;
         }
@@ -551,7 +578,9 @@ impl SubscriptionActor {
         }
         // A consumer's policy applies unless an operator set one.
         if let Some(p) = spec.policy {
-            if self.rec.policy_source.as_deref() != Some("admin") && self.rec.policy.as_ref() != Some(&p) {
+            if self.rec.policy_source.as_deref() != Some("admin")
+                && self.rec.policy.as_ref() != Some(&p)
+            {
                 self.set_policy(Some(p), "client")?;
             }
         }
@@ -574,7 +603,13 @@ impl SubscriptionActor {
             })),
         };
         let _ = spec.tx.send(Ok(subscribed));
-        self.consumers.push(ConsumerState { id, name: spec.name, tx: spec.tx, permits: 0, unacked: 0 });
+        self.consumers.push(ConsumerState {
+            id,
+            name: spec.name,
+            tx: spec.tx,
+            permits: 0,
+            unacked: 0,
+        });
         self.update_active();
         Ok((id, self.policy_info()))
     }
@@ -584,7 +619,11 @@ impl SubscriptionActor {
             self.active = self.consumers.first().map(|c| c.id);
             return;
         }
-        let new = self.consumers.iter().min_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id))).map(|c| c.id);
+        let new = self
+            .consumers
+            .iter()
+            .min_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id)))
+            .map(|c| c.id);
         if new != self.active {
             for c in &self.consumers {
                 if Some(c.id) == self.active || Some(c.id) == new {
@@ -600,7 +639,9 @@ impl SubscriptionActor {
             if self.active.is_none() {
                 for c in self.consumers.iter().filter(|c| Some(c.id) != new) {
                     let frame = ConsumeResponse {
-                        response: Some(consume_response::Response::ActiveChange(ActiveChange { active: false })),
+                        response: Some(consume_response::Response::ActiveChange(ActiveChange {
+                            active: false,
+                        })),
                     };
                     let _ = c.tx.send(Ok(frame));
                 }
@@ -610,10 +651,16 @@ impl SubscriptionActor {
     }
 
     async fn remove_consumer(&mut self, id: u64) {
-        let Some(pos) = self.consumers.iter().position(|c| c.id == id) else { return };
+        let Some(pos) = self.consumers.iter().position(|c| c.id == id) else {
+            return;
+        };
         let c = self.consumers.remove(pos);
-        let lost: Vec<(TierId, u64)> =
-            self.in_flight.iter().filter(|(_, f)| f.consumer == id).map(|(k, _)| *k).collect();
+        let lost: Vec<(TierId, u64)> = self
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.consumer == id)
+            .map(|(k, _)| *k)
+            .collect();
         let failures = lost
             .into_iter()
             .map(|key| Failure {
@@ -632,7 +679,11 @@ impl SubscriptionActor {
     }
 
     fn consumer_name(&self, id: u64) -> String {
-        self.consumers.iter().find(|c| c.id == id).map(|c| c.name.clone()).unwrap_or_default()
+        self.consumers
+            .iter()
+            .find(|c| c.id == id)
+            .map(|c| c.name.clone())
+            .unwrap_or_default()
     }
 
     fn reply(&self, consumer: u64, frame: ConsumeResponse) {
@@ -678,11 +729,19 @@ impl SubscriptionActor {
                         result_frame(
                             ack.request_id,
                             Code::InvalidArgument,
-                            format!("cannot ack {}:{}: it was never delivered on this subscription", id.topic, id.entry_id),
+                            format!(
+                                "cannot ack {}:{}: it was never delivered on this subscription",
+                                id.topic, id.entry_id
+                            ),
                         ),
                     );
                 }
-                Err(e) => return self.reply(consumer, result_frame(ack.request_id, Code::InvalidArgument, e.to_string())),
+                Err(e) => {
+                    return self.reply(
+                        consumer,
+                        result_frame(ack.request_id, Code::InvalidArgument, e.to_string()),
+                    );
+                }
             }
         }
         let cumulative = ack.ack_type == AckType::Cumulative as i32;
@@ -694,14 +753,21 @@ impl SubscriptionActor {
                     result_frame(
                         ack.request_id,
                         Code::InvalidArgument,
-                        format!("cumulative ack is not allowed on a {} subscription", t.as_str_name()),
+                        format!(
+                            "cumulative ack is not allowed on a {} subscription",
+                            t.as_str_name()
+                        ),
                     ),
                 );
             }
             if keys.iter().any(|(t, _)| *t != TierId::Main) {
                 return self.reply(
                     consumer,
-                    result_frame(ack.request_id, Code::InvalidArgument, "cumulative ack applies to the main topic only"),
+                    result_frame(
+                        ack.request_id,
+                        Code::InvalidArgument,
+                        "cumulative ack applies to the main topic only",
+                    ),
                 );
             }
         }
@@ -720,7 +786,8 @@ impl SubscriptionActor {
                     self.settle(k, &mut cleanup, &mut unschedule);
                 }
                 self.rec.main.ack_through(through);
-                self.ready.retain(|(t, e), _| !(*t == TierId::Main && *e <= through));
+                self.ready
+                    .retain(|(t, e), _| !(*t == TierId::Main && *e <= through));
             } else {
                 self.settle(key, &mut cleanup, &mut unschedule);
                 match key.0 {
@@ -736,9 +803,15 @@ impl SubscriptionActor {
         let r = self
             .storage
             .put_failures(&cleanup.iter().map(|m| (*m, None)).collect::<Vec<_>>())
-            .and_then(|()| self.storage.put_schedule(&unschedule.iter().map(|k| (*k, false)).collect::<Vec<_>>()));
+            .and_then(|()| {
+                self.storage
+                    .put_schedule(&unschedule.iter().map(|k| (*k, false)).collect::<Vec<_>>())
+            });
         if let Err(e) = r {
-            return self.reply(consumer, result_frame(ack.request_id, Code::Internal, e.to_string()));
+            return self.reply(
+                consumer,
+                result_frame(ack.request_id, Code::Internal, e.to_string()),
+            );
         }
         if ack.request_id != 0 {
             self.reply_when_durable(consumer, ack.request_id, Ok(()));
@@ -746,8 +819,17 @@ impl SubscriptionActor {
     }
 
     /// Removes a message from in-flight bookkeeping after it was acked or moved.
-    fn settle(&mut self, key: (TierId, u64), cleanup: &mut Vec<SubMessage>, unschedule: &mut Vec<ScheduleKey>) {
-        let msg = SubMessage { sub_id: self.rec.id, tier: key.0, entry_id: key.1 };
+    fn settle(
+        &mut self,
+        key: (TierId, u64),
+        cleanup: &mut Vec<SubMessage>,
+        unschedule: &mut Vec<ScheduleKey>,
+    ) {
+        let msg = SubMessage {
+            sub_id: self.rec.id,
+            tier: key.0,
+            entry_id: key.1,
+        };
         if let Some(f) = self.in_flight.remove(&key) {
             if let Some(c) = self.consumers.iter_mut().find(|c| c.id == f.consumer) {
                 c.unacked = c.unacked.saturating_sub(1);
@@ -761,7 +843,10 @@ impl SubscriptionActor {
                 }
             }
             if let Some(due) = f.due_ms {
-                unschedule.push(ScheduleKey { due_ms: due, message: msg });
+                unschedule.push(ScheduleKey {
+                    due_ms: due,
+                    message: msg,
+                });
             }
         }
         if self.failures.remove(&key).is_some() || key.0 == TierId::Retry {
@@ -770,7 +855,11 @@ impl SubscriptionActor {
     }
 
     fn reply_when_durable(&self, consumer: u64, request_id: u64, outcome: Result<()>) {
-        let tx = self.consumers.iter().find(|c| c.id == consumer).map(|c| c.tx.clone());
+        let tx = self
+            .consumers
+            .iter()
+            .find(|c| c.id == consumer)
+            .map(|c| c.tx.clone());
         let flusher = self.flusher.clone();
         let sync = self.settings.sync;
         tokio::spawn(async move {
@@ -808,7 +897,9 @@ impl SubscriptionActor {
             req.messages
                 .iter()
                 .map(|FailedDelivery { id, reason, detail }| {
-                    let id = id.as_ref().ok_or_else(|| BrokerError::InvalidArgument("redeliver entry without an id".into()))?;
+                    let id = id.as_ref().ok_or_else(|| {
+                        BrokerError::InvalidArgument("redeliver entry without an id".into())
+                    })?;
                     let key = self.in_flight_key(id)?;
                     Ok(Failure {
                         key,
@@ -850,11 +941,17 @@ impl SubscriptionActor {
 
     async fn reconsume_later(&mut self, consumer: u64, req: ReconsumeLater) {
         let outcome = async {
-            let id = req.id.as_ref().ok_or_else(|| BrokerError::InvalidArgument("reconsume_later without an id".into()))?;
+            let id = req.id.as_ref().ok_or_else(|| {
+                BrokerError::InvalidArgument("reconsume_later without an id".into())
+            })?;
             let key = self.in_flight_key(id)?;
             let overrides = match req.delay {
-                Some(reconsume_later::Delay::DelayMs(ms)) => AttemptOverride::Delay(Duration::from_millis(ms)),
-                Some(reconsume_later::Delay::DelayLevel(l)) => AttemptOverride::from_rocketmq_level(l),
+                Some(reconsume_later::Delay::DelayMs(ms)) => {
+                    AttemptOverride::Delay(Duration::from_millis(ms))
+                }
+                Some(reconsume_later::Delay::DelayLevel(l)) => {
+                    AttemptOverride::from_rocketmq_level(l)
+                }
                 None => AttemptOverride::Policy,
             };
             let f = Failure {
@@ -873,7 +970,10 @@ impl SubscriptionActor {
 
     async fn terminate(&mut self, consumer: u64, req: Terminate) {
         let outcome = async {
-            let id = req.id.as_ref().ok_or_else(|| BrokerError::InvalidArgument("terminate without an id".into()))?;
+            let id = req
+                .id
+                .as_ref()
+                .ok_or_else(|| BrokerError::InvalidArgument("terminate without an id".into()))?;
             let key = self.in_flight_key(id)?;
             let f = Failure {
                 key,
@@ -899,7 +999,11 @@ impl SubscriptionActor {
         let mut to_dlq = Vec::new();
         let retry_policy = default_retry_policy();
         for f in failures {
-            let msg = SubMessage { sub_id: self.rec.id, tier: f.key.0, entry_id: f.key.1 };
+            let msg = SubMessage {
+                sub_id: self.rec.id,
+                tier: f.key.0,
+                entry_id: f.key.1,
+            };
             let mut rec = match self.failures.get(&f.key) {
                 Some(r) => r.clone(),
                 None => self.storage.failure(msg)?.unwrap_or_default(),
@@ -917,7 +1021,11 @@ impl SubscriptionActor {
                 (None, Some(_)) => retry_policy.clone(),
                 (None, None) => None,
             };
-            let tier = if f.key.0 == TierId::Retry { Tier::Retry } else { Tier::Main };
+            let tier = if f.key.0 == TierId::Retry {
+                Tier::Retry
+            } else {
+                Tier::Main
+            };
             let seed = fnv1a(&[msg.key().as_slice(), &attempt.to_be_bytes()].concat());
             let first = UNIX_EPOCH + Duration::from_millis(rec.first_failure_ms);
             let decision = match &policy {
@@ -932,10 +1040,13 @@ impl SubscriptionActor {
                     }
                     p.decide(&ctx)
                 }
-                None if f.reason == FailureReason::Terminate => {
-                    Decision::DeadLetter { reason: format!("terminated: {}", f.detail) }
-                }
-                None => Decision::Redeliver { after: Duration::ZERO, tier: Tier::Main },
+                None if f.reason == FailureReason::Terminate => Decision::DeadLetter {
+                    reason: format!("terminated: {}", f.detail),
+                },
+                None => Decision::Redeliver {
+                    after: Duration::ZERO,
+                    tier: Tier::Main,
+                },
             };
             tracing::info!(
                 sub = %self.rec.name, topic = %self.rec.topic, tier = ?f.key.0, entry = f.key.1,
@@ -968,7 +1079,11 @@ impl SubscriptionActor {
         let mut writes = Vec::with_capacity(items.len());
         let mut keys = Vec::with_capacity(items.len());
         for (f, rec) in items {
-            let msg = SubMessage { sub_id: self.rec.id, tier: f.key.0, entry_id: f.key.1 };
+            let msg = SubMessage {
+                sub_id: self.rec.id,
+                tier: f.key.0,
+                entry_id: f.key.1,
+            };
             writes.push((msg, Some(rec.clone())));
             self.failures.insert(f.key, rec);
             let mut sink = Vec::new();
@@ -996,7 +1111,12 @@ impl SubscriptionActor {
         Ok(())
     }
 
-    fn settle_keep_record(&mut self, key: (TierId, u64), cleanup: &mut Vec<SubMessage>, unschedule: &mut Vec<ScheduleKey>) {
+    fn settle_keep_record(
+        &mut self,
+        key: (TierId, u64),
+        cleanup: &mut Vec<SubMessage>,
+        unschedule: &mut Vec<ScheduleKey>,
+    ) {
         let rec = self.failures.get(&key).cloned();
         self.settle(key, cleanup, unschedule);
         if let Some(r) = rec {
@@ -1016,15 +1136,25 @@ impl SubscriptionActor {
         Ok(Message::decode(bytes.as_slice())?)
     }
 
-    fn tier_copy(&self, key: (TierId, u64), rec: &FailureRecord, extra: &HashMap<String, String>) -> Result<Message> {
+    fn tier_copy(
+        &self,
+        key: (TierId, u64),
+        rec: &FailureRecord,
+        extra: &HashMap<String, String>,
+    ) -> Result<Message> {
         let mut m = self.source_message(key)?;
-        m.properties.entry(props::REAL_TOPIC.into()).or_insert_with(|| self.rec.topic.clone());
+        m.properties
+            .entry(props::REAL_TOPIC.into())
+            .or_insert_with(|| self.rec.topic.clone());
         let origin = match key.0 {
             TierId::Main => format!("{}:{}", self.rec.topic, key.1),
             TierId::Retry => format!("{}:{}", self.retry_topic_name, key.1),
         };
-        m.properties.entry(props::ORIGIN_MESSAGE_ID.into()).or_insert(origin);
-        m.properties.insert(props::RECONSUME_TIMES.into(), rec.count.to_string());
+        m.properties
+            .entry(props::ORIGIN_MESSAGE_ID.into())
+            .or_insert(origin);
+        m.properties
+            .insert(props::RECONSUME_TIMES.into(), rec.count.to_string());
         for (k, v) in extra {
             m.properties.insert(k.clone(), v.clone());
         }
@@ -1032,7 +1162,11 @@ impl SubscriptionActor {
     }
 
     fn origin_of(&self, m: &Message, key: (TierId, u64)) -> (String, u64) {
-        if let Some((t, e)) = m.properties.get(props::ORIGIN_MESSAGE_ID).and_then(|o| o.rsplit_once(':')) {
+        if let Some((t, e)) = m
+            .properties
+            .get(props::ORIGIN_MESSAGE_ID)
+            .and_then(|o| o.rsplit_once(':'))
+        {
             if let Ok(e) = e.parse() {
                 return (t.to_owned(), e);
             }
@@ -1040,7 +1174,11 @@ impl SubscriptionActor {
         (self.rec.topic.clone(), key.1)
     }
 
-    async fn move_to_retry(&mut self, items: Vec<(Failure, FailureRecord, Duration)>, now: u64) -> Result<()> {
+    async fn move_to_retry(
+        &mut self,
+        items: Vec<(Failure, FailureRecord, Duration)>,
+        now: u64,
+    ) -> Result<()> {
         let topic = match &self.retry_topic {
             Some(t) => t.clone(),
             None => {
@@ -1056,19 +1194,34 @@ impl SubscriptionActor {
         for (i, (f, rec, after)) in items.iter().enumerate() {
             let due = now + after.as_millis() as u64;
             let mut m = self.tier_copy(f.key, rec, &f.extra_props)?;
-            m.properties.insert(props::DELAY_TIME.into(), after.as_millis().to_string());
+            m.properties
+                .insert(props::DELAY_TIME.into(), after.as_millis().to_string());
             m.deliver_at_ms = due;
             let target = first_id + i as u64;
-            let from = SubMessage { sub_id: sub.id, tier: f.key.0, entry_id: f.key.1 };
+            let from = SubMessage {
+                sub_id: sub.id,
+                tier: f.key.0,
+                entry_id: f.key.1,
+            };
             match f.key.0 {
                 TierId::Main => sub.main.ack(f.key.1),
                 TierId::Retry => sub.retry.ack(f.key.1),
             };
             let from_schedule =
-                self.in_flight.get(&f.key).and_then(|i| i.due_ms).map(|d| ScheduleKey { due_ms: d, message: from });
+                self.in_flight
+                    .get(&f.key)
+                    .and_then(|i| i.due_ms)
+                    .map(|d| ScheduleKey {
+                        due_ms: d,
+                        message: from,
+                    });
             new_keys.push(ScheduleKey {
                 due_ms: due,
-                message: SubMessage { sub_id: sub.id, tier: TierId::Retry, entry_id: target },
+                message: SubMessage {
+                    sub_id: sub.id,
+                    tier: TierId::Retry,
+                    entry_id: target,
+                },
             });
             move_items.push(MoveItem {
                 from,
@@ -1087,7 +1240,10 @@ impl SubscriptionActor {
             items: move_items,
         };
         self.storage.move_messages(&mv)?;
-        self.after_move(mv.subscription, items.iter().map(|(f, _, _)| f.key).collect());
+        self.after_move(
+            mv.subscription,
+            items.iter().map(|(f, _, _)| f.key).collect(),
+        );
         topic.advance_durable_end(first_id + items.len() as u64);
         let scheduler = self.scheduler.clone();
         let flusher = self.flusher.clone();
@@ -1098,7 +1254,11 @@ impl SubscriptionActor {
         Ok(())
     }
 
-    async fn move_to_dead_letter(&mut self, items: Vec<(Failure, FailureRecord, String)>, now: u64) -> Result<()> {
+    async fn move_to_dead_letter(
+        &mut self,
+        items: Vec<(Failure, FailureRecord, String)>,
+        now: u64,
+    ) -> Result<()> {
         let topic = match &self.dlq_topic {
             Some(t) => t.clone(),
             None => {
@@ -1112,16 +1272,27 @@ impl SubscriptionActor {
         let mut move_items = Vec::with_capacity(items.len());
         for (i, (f, rec, reason)) in items.iter().enumerate() {
             let mut m = self.tier_copy(f.key, rec, &f.extra_props)?;
-            m.properties.insert(props::DEAD_LETTER_REASON.into(), reason.clone());
+            m.properties
+                .insert(props::DEAD_LETTER_REASON.into(), reason.clone());
             m.deliver_at_ms = 0;
             let (origin_topic, origin_entry_id) = self.origin_of(&m, f.key);
-            let from = SubMessage { sub_id: sub.id, tier: f.key.0, entry_id: f.key.1 };
+            let from = SubMessage {
+                sub_id: sub.id,
+                tier: f.key.0,
+                entry_id: f.key.1,
+            };
             match f.key.0 {
                 TierId::Main => sub.main.ack(f.key.1),
                 TierId::Retry => sub.retry.ack(f.key.1),
             };
             let from_schedule =
-                self.in_flight.get(&f.key).and_then(|i| i.due_ms).map(|d| ScheduleKey { due_ms: d, message: from });
+                self.in_flight
+                    .get(&f.key)
+                    .and_then(|i| i.due_ms)
+                    .map(|d| ScheduleKey {
+                        due_ms: d,
+                        message: from,
+                    });
             tracing::warn!(
                 sub = %self.rec.name, topic = %self.rec.topic, origin = %format!("{origin_topic}:{origin_entry_id}"),
                 attempt = rec.count, reason = %reason, "message dead-lettered"
@@ -1142,9 +1313,17 @@ impl SubscriptionActor {
                 }),
             });
         }
-        let mv = TierMove { target_topic: topic.name().to_string(), target_tier: None, subscription: sub, items: move_items };
+        let mv = TierMove {
+            target_topic: topic.name().to_string(),
+            target_tier: None,
+            subscription: sub,
+            items: move_items,
+        };
         self.storage.move_messages(&mv)?;
-        self.after_move(mv.subscription, items.iter().map(|(f, _, _)| f.key).collect());
+        self.after_move(
+            mv.subscription,
+            items.iter().map(|(f, _, _)| f.key).collect(),
+        );
         if self.settings.sync {
             self.flusher.durable().await?;
         }
@@ -1169,7 +1348,11 @@ impl SubscriptionActor {
     /// Reads a message for dispatch; `None` if it is gone or acked.
     fn load(&mut self, key: (TierId, u64), due_ms: Option<u64>) -> Option<Pending> {
         if key.0 == TierId::Retry && !self.failures.contains_key(&key) {
-            let msg = SubMessage { sub_id: self.rec.id, tier: key.0, entry_id: key.1 };
+            let msg = SubMessage {
+                sub_id: self.rec.id,
+                tier: key.0,
+                entry_id: key.1,
+            };
             match self.storage.failure(msg) {
                 Ok(Some(r)) => {
                     self.failures.insert(key, r);
@@ -1189,11 +1372,23 @@ impl SubscriptionActor {
 
     fn load_due(&mut self) {
         while self.ready.len() < READ_AHEAD {
-            let Some((key, due)) = self.due.pop_first() else { break };
+            let Some((key, due)) = self.due.pop_first() else {
+                break;
+            };
             if self.is_acked(key) {
                 // A crash left the schedule entry of an acked message behind.
-                let m = SubMessage { sub_id: self.rec.id, tier: key.0, entry_id: key.1 };
-                let _ = self.storage.put_schedule(&[(ScheduleKey { due_ms: due, message: m }, false)]);
+                let m = SubMessage {
+                    sub_id: self.rec.id,
+                    tier: key.0,
+                    entry_id: key.1,
+                };
+                let _ = self.storage.put_schedule(&[(
+                    ScheduleKey {
+                        due_ms: due,
+                        message: m,
+                    },
+                    false,
+                )]);
                 continue;
             }
             if self.in_flight.contains_key(&key) {
@@ -1211,7 +1406,10 @@ impl SubscriptionActor {
             return;
         }
         let want = READ_AHEAD - self.ready.len();
-        let entries = match self.storage.read(&self.rec.topic, self.read_pos, want, 8 * 1024 * 1024) {
+        let entries = match self
+            .storage
+            .read(&self.rec.topic, self.read_pos, want, 8 * 1024 * 1024)
+        {
             Ok(e) => e,
             Err(e) => {
                 tracing::error!(error = %e, topic = %self.rec.topic, "cannot read topic");
@@ -1240,7 +1438,11 @@ impl SubscriptionActor {
             if msg.deliver_at_ms > now {
                 delayed.push(ScheduleKey {
                     due_ms: msg.deliver_at_ms,
-                    message: SubMessage { sub_id: self.rec.id, tier: TierId::Main, entry_id: id },
+                    message: SubMessage {
+                        sub_id: self.rec.id,
+                        tier: TierId::Main,
+                        entry_id: id,
+                    },
                 });
                 continue;
             }
@@ -1268,7 +1470,16 @@ impl SubscriptionActor {
         self.consumers
             .iter()
             .enumerate()
-            .max_by_key(|(_, c)| fnv1a(&[&bucket.to_be_bytes()[..], c.name.as_bytes(), &c.id.to_be_bytes()].concat()))
+            .max_by_key(|(_, c)| {
+                fnv1a(
+                    &[
+                        &bucket.to_be_bytes()[..],
+                        c.name.as_bytes(),
+                        &c.id.to_be_bytes(),
+                    ]
+                    .concat(),
+                )
+            })
             .map(|(i, _)| i)
     }
 
@@ -1289,7 +1500,13 @@ impl SubscriptionActor {
             for key in keys {
                 let (target, bucket) = match sub_type {
                     SubscriptionType::Exclusive | SubscriptionType::Failover => {
-                        let Some(i) = self.consumers.iter().position(|c| Some(c.id) == self.active) else { break };
+                        let Some(i) = self
+                            .consumers
+                            .iter()
+                            .position(|c| Some(c.id) == self.active)
+                        else {
+                            break;
+                        };
                         if !self.can_take(&self.consumers[i]) {
                             break;
                         }
@@ -1297,7 +1514,9 @@ impl SubscriptionActor {
                     }
                     SubscriptionType::Shared => {
                         let n = self.consumers.len();
-                        let Some(i) = (0..n).map(|k| (self.rr + k) % n).find(|i| self.can_take(&self.consumers[*i]))
+                        let Some(i) = (0..n)
+                            .map(|k| (self.rr + k) % n)
+                            .find(|i| self.can_take(&self.consumers[*i]))
                         else {
                             break;
                         };
@@ -1317,7 +1536,9 @@ impl SubscriptionActor {
                         }
                     }
                 };
-                let Some(p) = self.ready.remove(&key) else { continue };
+                let Some(p) = self.ready.remove(&key) else {
+                    continue;
+                };
                 let c = &mut self.consumers[target];
                 c.permits -= 1;
                 c.unacked += 1;
@@ -1325,13 +1546,23 @@ impl SubscriptionActor {
                 if let Some(b) = bucket {
                     self.buckets.entry(b).or_insert((cid, 0)).1 += 1;
                 }
-                self.in_flight.insert(key, InFlight { consumer: cid, bucket, due_ms: p.due_ms });
+                self.in_flight.insert(
+                    key,
+                    InFlight {
+                        consumer: cid,
+                        bucket,
+                        due_ms: p.due_ms,
+                    },
+                );
                 let mut msg = p.msg;
                 let topic = match key.0 {
                     TierId::Main => self.rec.topic.clone(),
                     TierId::Retry => self.retry_topic_name.clone(),
                 };
-                msg.id = Some(MessageId { topic, entry_id: key.1 });
+                msg.id = Some(MessageId {
+                    topic,
+                    entry_id: key.1,
+                });
                 msg.delivery_count = self.failures.get(&key).map_or(0, |r| r.count);
                 out.entry(target).or_default().push(msg);
                 sent += 1;
@@ -1340,7 +1571,9 @@ impl SubscriptionActor {
                 let tx = &self.consumers[i].tx;
                 for chunk in msgs.chunks(MAX_FRAME) {
                     let frame = ConsumeResponse {
-                        response: Some(consume_response::Response::Messages(MessageBatch { messages: chunk.to_vec() })),
+                        response: Some(consume_response::Response::Messages(MessageBatch {
+                            messages: chunk.to_vec(),
+                        })),
                     };
                     let _ = tx.send(Ok(frame));
                 }
@@ -1360,7 +1593,10 @@ impl SubscriptionActor {
             tracing::error!(error = %e, sub = %self.rec.name, "cannot persist subscription");
             return;
         }
-        if let Err(e) = self.topic.update_mark(self.rec.id, self.rec.main.mark_delete) {
+        if let Err(e) = self
+            .topic
+            .update_mark(self.rec.id, self.rec.main.mark_delete)
+        {
             tracing::warn!(error = %e, "retention trim failed");
         }
         if let Some(t) = &self.retry_topic {
@@ -1375,7 +1611,10 @@ impl SubscriptionActor {
         let start = self.rec.main.mark_delete.min(end);
         let backlog_main = (end - start) - self.rec.main.acked_between(start, end);
         let (scheduled, next_due) = self.schedule_stats();
-        let dead_lettered = self.storage.dead_letters(self.rec.id, None).map_or(0, |d| d.len() as u64);
+        let dead_lettered = self
+            .storage
+            .dead_letters(self.rec.id, None)
+            .map_or(0, |d| d.len() as u64);
         SubscriptionStatsResponse {
             topic: self.rec.topic.clone(),
             subscription: self.rec.name.clone(),
@@ -1390,7 +1629,9 @@ impl SubscriptionActor {
                     unacked: c.unacked as u64,
                     permits: u64::from(c.permits),
                     active: match sub_type_of(self.rec.sub_type) {
-                        SubscriptionType::Failover | SubscriptionType::Exclusive => Some(c.id) == self.active,
+                        SubscriptionType::Failover | SubscriptionType::Exclusive => {
+                            Some(c.id) == self.active
+                        }
                         _ => true,
                     },
                 })
@@ -1410,9 +1651,15 @@ impl SubscriptionActor {
         let mut next = None;
         let mut after = None;
         loop {
-            let Ok(batch) = self.storage.scheduled(after, u64::MAX, 10_000) else { break };
+            let Ok(batch) = self.storage.scheduled(after, u64::MAX, 10_000) else {
+                break;
+            };
             for k in &batch {
-                if k.message.sub_id == self.rec.id && !self.in_flight.contains_key(&(k.message.tier, k.message.entry_id)) {
+                if k.message.sub_id == self.rec.id
+                    && !self
+                        .in_flight
+                        .contains_key(&(k.message.tier, k.message.entry_id))
+                {
                     count += 1;
                     next = Some(next.map_or(k.due_ms, |n: u64| n.min(k.due_ms)));
                 }
@@ -1431,13 +1678,19 @@ impl SubscriptionActor {
             "in_flight"
         } else if self.rec.main.is_acked(entry) {
             "acked"
-        } else if self.ready.contains_key(&key) || entry >= self.read_pos || self.failures.contains_key(&key) {
+        } else if self.ready.contains_key(&key)
+            || entry >= self.read_pos
+            || self.failures.contains_key(&key)
+        {
             "pending"
         } else {
             "scheduled"
         };
         let failures = self.failures.get(&key).cloned();
-        MessageState { state: state.to_owned(), failures }
+        MessageState {
+            state: state.to_owned(),
+            failures,
+        }
     }
 
     fn delete(&mut self) -> Result<()> {
@@ -1453,4 +1706,3 @@ impl SubscriptionActor {
         self.storage.delete_subscription(&self.rec)
     }
 }
-

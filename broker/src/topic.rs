@@ -61,7 +61,10 @@ impl Topic {
         segment_entries: u64,
     ) -> Result<Self> {
         let (first, next) = storage.entry_range(name.as_str())?;
-        let sequences = storage.producer_sequences(name.as_str())?.into_iter().collect();
+        let sequences = storage
+            .producer_sequences(name.as_str())?
+            .into_iter()
+            .collect();
         Ok(Self {
             name,
             kind,
@@ -69,7 +72,10 @@ impl Topic {
             flusher,
             sync,
             segment_entries,
-            writer: Mutex::new(Writer { next_id: next, sequences }),
+            writer: Mutex::new(Writer {
+                next_id: next,
+                sequences,
+            }),
             durable_end: watch::Sender::new(next),
             marks: Mutex::new(HashMap::new()),
             first_entry: AtomicU64::new(first),
@@ -112,20 +118,35 @@ impl Topic {
     /// last stored one are dropped as duplicates; an empty producer name (the
     /// broker's own replays) skips de-duplication. The batch is stored whole or
     /// not at all.
-    pub async fn publish(&self, producer: &str, messages: Vec<OutboundMessage>) -> Result<Vec<SendReceipt>> {
+    pub async fn publish(
+        &self,
+        producer: &str,
+        messages: Vec<OutboundMessage>,
+    ) -> Result<Vec<SendReceipt>> {
         self.flusher.check()?;
         let now = now_ms();
         let (receipts, end) = {
-            let mut w = self.writer.lock().map_err(|_| BrokerError::Storage("topic writer poisoned".into()))?;
+            let mut w = self
+                .writer
+                .lock()
+                .map_err(|_| BrokerError::Storage("topic writer poisoned".into()))?;
             let dedup = !producer.is_empty();
-            let mut last = if dedup { w.sequences.get(producer).copied() } else { None };
+            let mut last = if dedup {
+                w.sequences.get(producer).copied()
+            } else {
+                None
+            };
             let mut receipts = Vec::with_capacity(messages.len());
             let mut encoded = Vec::with_capacity(messages.len());
             let mut bytes = 0u64;
             let first_id = w.next_id;
             for m in messages {
                 if last.is_some_and(|l| m.sequence_id <= l) {
-                    receipts.push(SendReceipt { sequence_id: m.sequence_id, message_id: None, duplicate: true });
+                    receipts.push(SendReceipt {
+                        sequence_id: m.sequence_id,
+                        message_id: None,
+                        duplicate: true,
+                    });
                     continue;
                 }
                 if dedup {
@@ -135,7 +156,10 @@ impl Topic {
                 bytes += m.payload.len() as u64;
                 receipts.push(SendReceipt {
                     sequence_id: m.sequence_id,
-                    message_id: Some(MessageId { topic: self.name.to_string(), entry_id: id }),
+                    message_id: Some(MessageId {
+                        topic: self.name.to_string(),
+                        entry_id: id,
+                    }),
                     duplicate: false,
                 });
                 let stored = Message {
@@ -154,12 +178,15 @@ impl Topic {
             }
             if !encoded.is_empty() {
                 let seq = last.map(|l| (producer, l));
-                self.storage.append(self.name.as_str(), first_id, &encoded, seq)?;
+                self.storage
+                    .append(self.name.as_str(), first_id, &encoded, seq)?;
                 w.next_id += encoded.len() as u64;
                 if let Some(l) = last {
                     w.sequences.insert(producer.to_owned(), l);
                 }
-                self.counters.messages_in.fetch_add(encoded.len() as u64, Ordering::Relaxed);
+                self.counters
+                    .messages_in
+                    .fetch_add(encoded.len() as u64, Ordering::Relaxed);
                 self.counters.bytes_in.fetch_add(bytes, Ordering::Relaxed);
             }
             (receipts, w.next_id)
@@ -181,7 +208,10 @@ impl Topic {
     /// Appends already-encoded entries (tier moves are written by the
     /// subscription inside its own transaction; this is for replays).
     pub fn reserve_ids(&self, n: u64) -> Result<u64> {
-        let mut w = self.writer.lock().map_err(|_| BrokerError::Storage("topic writer poisoned".into()))?;
+        let mut w = self
+            .writer
+            .lock()
+            .map_err(|_| BrokerError::Storage("topic writer poisoned".into()))?;
         let first = w.next_id;
         w.next_id += n;
         Ok(first)
@@ -207,7 +237,10 @@ impl Topic {
             return Ok(());
         }
         let min = {
-            let mut marks = self.marks.lock().map_err(|_| BrokerError::Storage("marks poisoned".into()))?;
+            let mut marks = self
+                .marks
+                .lock()
+                .map_err(|_| BrokerError::Storage("marks poisoned".into()))?;
             marks.insert(sub_id, mark);
             marks.values().copied().min().unwrap_or(0)
         };

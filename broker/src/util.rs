@@ -4,7 +4,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A stable 64-bit hash (same value across runs and builds), used for key
@@ -28,7 +30,9 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 mod tests {
     #[test]
     fn similar_keys_spread_over_high_bits() {
-        let tops: std::collections::HashSet<u64> = (0..10).map(|i| super::fnv1a(format!("k{i}").as_bytes()) >> 60).collect();
+        let tops: std::collections::HashSet<u64> = (0..10)
+            .map(|i| super::fnv1a(format!("k{i}").as_bytes()) >> 60)
+            .collect();
         assert!(tops.len() >= 5, "{tops:?}");
     }
 }

@@ -13,25 +13,53 @@ async fn malformed_names_and_unknown_things_are_rejected() {
     let b = start(dir.path()).await;
     let mut admin = AdminClient::new(channel(&b.url()).await);
     for bad in ["", "a/b", "bad name", "http://x/y/z"] {
-        let e = RawProducer::open(&b.url(), bad, "p").await.err().expect("rejected");
+        let e = RawProducer::open(&b.url(), bad, "p")
+            .await
+            .err()
+            .expect("rejected");
         assert_eq!(e.code(), Code::InvalidArgument, "{bad:?}: {e}");
-        let e = admin.create_topic(TopicRequest { topic: bad.into() }).await.unwrap_err();
+        let e = admin
+            .create_topic(TopicRequest { topic: bad.into() })
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
     }
-    let e = RawConsumer::subscribe(&b.url(), "t", "bad sub", SubOpts::default()).await.err().unwrap();
+    let e = RawConsumer::subscribe(&b.url(), "t", "bad sub", SubOpts::default())
+        .await
+        .err()
+        .unwrap();
     assert_eq!(e.code(), Code::InvalidArgument);
-    let e = admin.topic_stats(TopicRequest { topic: "nope".into() }).await.unwrap_err();
+    let e = admin
+        .topic_stats(TopicRequest {
+            topic: "nope".into(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
-    admin.create_topic(TopicRequest { topic: "t".into() }).await.unwrap();
-    let e = admin.create_topic(TopicRequest { topic: "t".into() }).await.unwrap_err();
+    admin
+        .create_topic(TopicRequest { topic: "t".into() })
+        .await
+        .unwrap();
+    let e = admin
+        .create_topic(TopicRequest { topic: "t".into() })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists);
     let e = admin
-        .subscription_stats(SubscriptionRequest { topic: "t".into(), subscription: "none".into() })
+        .subscription_stats(SubscriptionRequest {
+            topic: "t".into(),
+            subscription: "none".into(),
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
     // Nothing was created by the rejected calls.
-    let topics = admin.list_topics(ListTopicsRequest::default()).await.unwrap().into_inner().topics;
+    let topics = admin
+        .list_topics(ListTopicsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .topics;
     assert_eq!(topics, vec!["persistent://public/default/t".to_string()]);
 }
 
@@ -40,24 +68,39 @@ async fn invalid_policies_are_rejected_on_subscribe_and_set() {
     let dir = tempfile::tempdir().unwrap();
     let b = start(dir.path()).await;
     let zero = DeadLetterPolicyConfig {
-        kind: Some(dead_letter_policy_config::Kind::Backoff(BackoffPolicyConfig {
-            backoff: Some(backoff_policy_config::Backoff::FixedDelayMs(1000)),
-            max_redeliver_count: 0,
-        })),
+        kind: Some(dead_letter_policy_config::Kind::Backoff(
+            BackoffPolicyConfig {
+                backoff: Some(backoff_policy_config::Backoff::FixedDelayMs(1000)),
+                max_redeliver_count: 0,
+            },
+        )),
         ..Default::default()
     };
-    let opts = SubOpts { policy: Some(zero.clone()), ..Default::default() };
-    let e = RawConsumer::subscribe(&b.url(), "pol", "s", opts).await.err().unwrap();
+    let opts = SubOpts {
+        policy: Some(zero.clone()),
+        ..Default::default()
+    };
+    let e = RawConsumer::subscribe(&b.url(), "pol", "s", opts)
+        .await
+        .err()
+        .unwrap();
     assert_eq!(e.code(), Code::InvalidArgument, "{e}");
     let _c = RawConsumer::simple(&b.url(), "pol", "s2", SubscriptionType::Shared).await;
     let mut admin = AdminClient::new(channel(&b.url()).await);
     let e = admin
-        .set_policy(SetPolicyRequest { topic: "pol".into(), subscription: "s2".into(), policy: Some(zero) })
+        .set_policy(SetPolicyRequest {
+            topic: "pol".into(),
+            subscription: "s2".into(),
+            policy: Some(zero),
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     let p = admin
-        .get_policy(SubscriptionRequest { topic: "pol".into(), subscription: "s2".into() })
+        .get_policy(SubscriptionRequest {
+            topic: "pol".into(),
+            subscription: "s2".into(),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -88,8 +131,17 @@ async fn oversize_and_out_of_order_batches_are_rejected_whole() {
         other => panic!("{other:?}"),
     }
     let mut admin = AdminClient::new(channel(&b.url()).await);
-    let stats = admin.topic_stats(TopicRequest { topic: "big".into() }).await.unwrap().into_inner();
-    assert_eq!(stats.message_count, 0, "nothing of a rejected batch is stored");
+    let stats = admin
+        .topic_stats(TopicRequest {
+            topic: "big".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        stats.message_count, 0,
+        "nothing of a rejected batch is stored"
+    );
 }
 
 #[tokio::test]
@@ -104,27 +156,76 @@ async fn acks_and_failures_for_undelivered_ids_are_rejected() {
     let topic = m.id.as_ref().unwrap().topic.clone();
     // Entry 1 was never delivered (no permits); entry 99 does not exist.
     for (entry, rid) in [(1u64, 11u64), (99, 12)] {
-        c.ack(vec![MessageId { topic: topic.clone(), entry_id: entry }], rid).await;
+        c.ack(
+            vec![MessageId {
+                topic: topic.clone(),
+                entry_id: entry,
+            }],
+            rid,
+        )
+        .await;
         let r = c.result(WAIT).await.unwrap();
-        assert_eq!((r.request_id, r.code), (rid, Code::InvalidArgument as i32), "{r:?}");
+        assert_eq!(
+            (r.request_id, r.code),
+            (rid, Code::InvalidArgument as i32),
+            "{r:?}"
+        );
         assert!(r.message.contains("never delivered"), "{}", r.message);
     }
-    c.ack(vec![MessageId { topic: "persistent://public/default/other".into(), entry_id: 0 }], 13).await;
-    assert_eq!(c.result(WAIT).await.unwrap().code, Code::InvalidArgument as i32);
-    c.nack(MessageId { topic: topic.clone(), entry_id: 1 }, "x", 14).await;
-    assert_eq!(c.result(WAIT).await.unwrap().code, Code::InvalidArgument as i32);
+    c.ack(
+        vec![MessageId {
+            topic: "persistent://public/default/other".into(),
+            entry_id: 0,
+        }],
+        13,
+    )
+    .await;
+    assert_eq!(
+        c.result(WAIT).await.unwrap().code,
+        Code::InvalidArgument as i32
+    );
+    c.nack(
+        MessageId {
+            topic: topic.clone(),
+            entry_id: 1,
+        },
+        "x",
+        14,
+    )
+    .await;
+    assert_eq!(
+        c.result(WAIT).await.unwrap().code,
+        Code::InvalidArgument as i32
+    );
     // A mixed batch (one valid id, one not) is rejected whole: the valid one stays unacked.
-    c.ack(vec![m.id.clone().unwrap(), MessageId { topic: topic.clone(), entry_id: 1 }], 15).await;
-    assert_eq!(c.result(WAIT).await.unwrap().code, Code::InvalidArgument as i32);
+    c.ack(
+        vec![
+            m.id.clone().unwrap(),
+            MessageId {
+                topic: topic.clone(),
+                entry_id: 1,
+            },
+        ],
+        15,
+    )
+    .await;
+    assert_eq!(
+        c.result(WAIT).await.unwrap().code,
+        Code::InvalidArgument as i32
+    );
     let mut admin = AdminClient::new(channel(&b.url()).await);
     let s = admin
-        .subscription_stats(SubscriptionRequest { topic: "acks".into(), subscription: "s".into() })
+        .subscription_stats(SubscriptionRequest {
+            topic: "acks".into(),
+            subscription: "s".into(),
+        })
         .await
         .unwrap()
         .into_inner();
     assert_eq!((s.backlog, s.unacked), (2, 1));
     // A second Subscribe frame on the same stream ends it with InvalidArgument.
-    c.request(consume_request::Request::Subscribe(Subscribe::default())).await;
+    c.request(consume_request::Request::Subscribe(Subscribe::default()))
+        .await;
     let mut saw_error = false;
     for _ in 0..5 {
         match tokio::time::timeout(WAIT, async { c.next(QUIET).await }).await {
@@ -144,11 +245,22 @@ async fn auto_create_off_means_unknown_topics_are_not_found() {
     let mut config = BrokerConfig::for_dir(dir.path());
     config.auto_create_topics = false;
     let b = TestBroker::start(config).await.unwrap();
-    let e = RawProducer::open(&b.url(), "ghost", "p").await.err().unwrap();
+    let e = RawProducer::open(&b.url(), "ghost", "p")
+        .await
+        .err()
+        .unwrap();
     assert_eq!(e.code(), Code::NotFound);
-    let e = RawConsumer::subscribe(&b.url(), "ghost", "s", SubOpts::default()).await.err().unwrap();
+    let e = RawConsumer::subscribe(&b.url(), "ghost", "s", SubOpts::default())
+        .await
+        .err()
+        .unwrap();
     assert_eq!(e.code(), Code::NotFound);
     let mut admin = AdminClient::new(channel(&b.url()).await);
-    admin.create_topic(TopicRequest { topic: "real".into() }).await.unwrap();
+    admin
+        .create_topic(TopicRequest {
+            topic: "real".into(),
+        })
+        .await
+        .unwrap();
     assert!(RawProducer::open(&b.url(), "real", "p").await.is_ok());
 }

@@ -24,7 +24,12 @@ impl Drop for Proc {
 
 async fn spawn_broker(dir: &std::path::Path, addr: SocketAddr) -> Proc {
     let child = Command::new(env!("CARGO_BIN_EXE_ricochet-broker"))
-        .args(["--data-dir", dir.to_str().unwrap(), "--listen", &addr.to_string()])
+        .args([
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--listen",
+            &addr.to_string(),
+        ])
         .args(["--metrics-listen", &free_addr().to_string()])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -33,7 +38,12 @@ async fn spawn_broker(dir: &std::path::Path, addr: SocketAddr) -> Proc {
         .expect("spawn broker");
     let url = format!("http://{addr}");
     for _ in 0..200 {
-        if tonic::transport::Channel::from_shared(url.clone()).unwrap().connect().await.is_ok() {
+        if tonic::transport::Channel::from_shared(url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .is_ok()
+        {
             return Proc(child);
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -66,7 +76,11 @@ async fn acknowledged_publishes_and_cursors_survive_kill_9() {
     let mut c = RawConsumer::simple(&url, "durable", "s", SubscriptionType::Shared).await;
     c.flow(102).await;
     let got = c.take(101, WAIT).await;
-    c.ack(got[..100].iter().map(|m| m.id.clone().unwrap()).collect(), 1).await;
+    c.ack(
+        got[..100].iter().map(|m| m.id.clone().unwrap()).collect(),
+        1,
+    )
+    .await;
     assert_eq!(c.result(WAIT).await.unwrap().code, 0);
     c.nack(got[100].id.clone().unwrap(), "boom", 2).await;
     assert_eq!(c.result(WAIT).await.unwrap().code, 0);
@@ -86,11 +100,18 @@ async fn acknowledged_publishes_and_cursors_survive_kill_9() {
     let mut c = RawConsumer::simple(&url, "durable", "s", SubscriptionType::Shared).await;
     c.flow(2000).await;
     let rest = c.take(900, WAIT).await;
-    assert!(c.next(QUIET).await.is_none(), "acked messages are not redelivered");
+    assert!(
+        c.next(QUIET).await.is_none(),
+        "acked messages are not redelivered"
+    );
     let first = &rest[0];
     assert_eq!(first.id.clone().unwrap().entry_id, 100);
     // In flight (count 1) when the broker died; the count never goes back.
-    assert!(first.delivery_count >= 1, "count went backwards: {}", first.delivery_count);
+    assert!(
+        first.delivery_count >= 1,
+        "count went backwards: {}",
+        first.delivery_count
+    );
     let texts: Vec<String> = rest.iter().map(text).collect();
     assert_eq!(texts, expected[100..].to_vec());
     drop(c);
@@ -112,7 +133,8 @@ async fn repeated_kills_during_publish_lose_no_receipted_message() {
             for i in 0..10_000 {
                 let payload = format!("{round}-{i}");
                 let m = p.msg(payload.clone());
-                match tokio::time::timeout(Duration::from_secs(2), p.try_send_batch(vec![m])).await {
+                match tokio::time::timeout(Duration::from_secs(2), p.try_send_batch(vec![m])).await
+                {
                     Ok(Some(produce_response::Response::Receipts(_))) => ok.push(payload),
                     _ => break,
                 }
@@ -133,7 +155,12 @@ async fn repeated_kills_during_publish_lose_no_receipted_message() {
         stored.insert(text(&m));
     }
     let lost: Vec<&String> = receipted.iter().filter(|r| !stored.contains(*r)).collect();
-    assert!(lost.is_empty(), "{} receipted messages lost, e.g. {:?}", lost.len(), lost.first());
+    assert!(
+        lost.is_empty(),
+        "{} receipted messages lost, e.g. {:?}",
+        lost.len(),
+        lost.first()
+    );
     drop(c);
     kill9(broker);
 }

@@ -10,32 +10,41 @@ use ricochet_proto::*;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 fn ms_levels() -> DeadLetterPolicyConfig {
     // RocketMQ's 18-level shape, in milliseconds: level k = 10·k ms.
     DeadLetterPolicyConfig {
-        kind: Some(dead_letter_policy_config::Kind::DelayLevels(DelayLevelPolicyConfig {
-            levels_ms: (1..=18).map(|k| 10 * k).collect(),
-            start_level: 3,
-            max_reconsume_times: 16,
-        })),
+        kind: Some(dead_letter_policy_config::Kind::DelayLevels(
+            DelayLevelPolicyConfig {
+                levels_ms: (1..=18).map(|k| 10 * k).collect(),
+                start_level: 3,
+                max_reconsume_times: 16,
+            },
+        )),
         ..Default::default()
     }
 }
 
 fn multiplier(max_redeliver_count: u32) -> DeadLetterPolicyConfig {
     DeadLetterPolicyConfig {
-        kind: Some(dead_letter_policy_config::Kind::Backoff(BackoffPolicyConfig {
-            backoff: Some(backoff_policy_config::Backoff::Multiplier(MultiplierBackoff {
-                min_delay_ms: 20,
-                max_delay_ms: 200,
-                multiplier: 2.0,
-                jitter: 0.0,
-            })),
-            max_redeliver_count,
-        })),
+        kind: Some(dead_letter_policy_config::Kind::Backoff(
+            BackoffPolicyConfig {
+                backoff: Some(backoff_policy_config::Backoff::Multiplier(
+                    MultiplierBackoff {
+                        min_delay_ms: 20,
+                        max_delay_ms: 200,
+                        multiplier: 2.0,
+                        jitter: 0.0,
+                    },
+                )),
+                max_redeliver_count,
+            },
+        )),
         ..Default::default()
     }
 }
@@ -63,8 +72,14 @@ async fn dead_letters(url: &str, topic: &str, sub: &str) -> Vec<DeadLetter> {
 async fn rocketmq_walkthrough_sixteen_retries_on_the_level_table_then_dlq() {
     let dir = tempfile::tempdir().unwrap();
     let b = start(dir.path()).await;
-    let opts = SubOpts { sub_type: SubscriptionType::Shared, policy: Some(ms_levels()), ..Default::default() };
-    let mut c = RawConsumer::subscribe(&b.url(), "rmq", "group", opts).await.unwrap();
+    let opts = SubOpts {
+        sub_type: SubscriptionType::Shared,
+        policy: Some(ms_levels()),
+        ..Default::default()
+    };
+    let mut c = RawConsumer::subscribe(&b.url(), "rmq", "group", opts)
+        .await
+        .unwrap();
     assert!(c.subscribed.retry_topic.ends_with("rmq-group-RETRY"));
     c.flow(1000).await;
     let mut p = RawProducer::open(&b.url(), "rmq", "p").await.unwrap();
@@ -74,45 +89,96 @@ async fn rocketmq_walkthrough_sixteen_retries_on_the_level_table_then_dlq() {
     assert_eq!(m.delivery_count, 0);
     for attempt in 1..=16u32 {
         let failed_at = Instant::now();
-        c.reconsume_later(m.id.clone().unwrap(), reconsume_later::Delay::DelayLevel(0), 100 + u64::from(attempt)).await;
-        m = c.next(WAIT).await.unwrap_or_else(|| panic!("attempt {attempt} never redelivered"));
+        c.reconsume_later(
+            m.id.clone().unwrap(),
+            reconsume_later::Delay::DelayLevel(0),
+            100 + u64::from(attempt),
+        )
+        .await;
+        m = c
+            .next(WAIT)
+            .await
+            .unwrap_or_else(|| panic!("attempt {attempt} never redelivered"));
         let waited = failed_at.elapsed();
         let level = (2 + attempt).min(18);
         let delay = Duration::from_millis(10 * u64::from(level));
-        assert!(waited >= delay, "attempt {attempt}: redelivered after {waited:?}, before its {delay:?}");
-        assert!(waited < delay + Duration::from_millis(500), "attempt {attempt}: {waited:?} for {delay:?}");
+        assert!(
+            waited >= delay,
+            "attempt {attempt}: redelivered after {waited:?}, before its {delay:?}"
+        );
+        assert!(
+            waited < delay + Duration::from_millis(500),
+            "attempt {attempt}: {waited:?} for {delay:?}"
+        );
         assert_eq!(m.delivery_count, attempt);
         assert!(m.id.as_ref().unwrap().topic.ends_with("-RETRY"));
-        assert_eq!(m.properties.get("RECONSUMETIMES").map(String::as_str), Some(attempt.to_string().as_str()));
-        assert_eq!(m.properties.get("REAL_TOPIC").map(String::as_str), Some("persistent://public/default/rmq"));
-        assert_eq!(m.properties.get("ORIGIN_MESSAGE_ID").map(String::as_str), Some("persistent://public/default/rmq:0"));
+        assert_eq!(
+            m.properties.get("RECONSUMETIMES").map(String::as_str),
+            Some(attempt.to_string().as_str())
+        );
+        assert_eq!(
+            m.properties.get("REAL_TOPIC").map(String::as_str),
+            Some("persistent://public/default/rmq")
+        );
+        assert_eq!(
+            m.properties.get("ORIGIN_MESSAGE_ID").map(String::as_str),
+            Some("persistent://public/default/rmq:0")
+        );
         assert_eq!(text(&m), "order-42");
     }
     // The 17th failure exhausts 16 retries.
-    c.reconsume_later(m.id.clone().unwrap(), reconsume_later::Delay::DelayLevel(0), 999).await;
-    assert!(c.next(Duration::from_millis(500)).await.is_none(), "no more deliveries");
+    c.reconsume_later(
+        m.id.clone().unwrap(),
+        reconsume_later::Delay::DelayLevel(0),
+        999,
+    )
+    .await;
+    assert!(
+        c.next(Duration::from_millis(500)).await.is_none(),
+        "no more deliveries"
+    );
     let dl = dead_letters(&b.url(), "rmq", "group").await;
     assert_eq!(dl.len(), 1);
     let d = &dl[0];
     assert_eq!(text(d.message.as_ref().unwrap()), "order-42");
     assert_eq!(d.origin.as_ref().unwrap().entry_id, 0);
-    assert_eq!(d.attempts.len(), 17, "16 retries plus the failure that exhausted them");
-    assert!(d.attempts.windows(2).all(|w| w[0].delivery_count < w[1].delivery_count));
+    assert_eq!(
+        d.attempts.len(),
+        17,
+        "16 retries plus the failure that exhausted them"
+    );
+    assert!(
+        d.attempts
+            .windows(2)
+            .all(|w| w[0].delivery_count < w[1].delivery_count)
+    );
     let stats = admin(&b.url())
         .await
-        .subscription_stats(SubscriptionRequest { topic: "rmq".into(), subscription: "group".into() })
+        .subscription_stats(SubscriptionRequest {
+            topic: "rmq".into(),
+            subscription: "group".into(),
+        })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((stats.backlog, stats.scheduled_retries, stats.dead_lettered), (0, 0, 1));
+    assert_eq!(
+        (stats.backlog, stats.scheduled_retries, stats.dead_lettered),
+        (0, 0, 1)
+    );
 }
 
 #[tokio::test]
 async fn pulsar_walkthrough_three_redeliveries_then_dlq() {
     let dir = tempfile::tempdir().unwrap();
     let b = start(dir.path()).await;
-    let opts = SubOpts { sub_type: SubscriptionType::Exclusive, policy: Some(multiplier(3)), ..Default::default() };
-    let mut c = RawConsumer::subscribe(&b.url(), "pls", "s", opts).await.unwrap();
+    let opts = SubOpts {
+        sub_type: SubscriptionType::Exclusive,
+        policy: Some(multiplier(3)),
+        ..Default::default()
+    };
+    let mut c = RawConsumer::subscribe(&b.url(), "pls", "s", opts)
+        .await
+        .unwrap();
     c.flow(100).await;
     let mut p = RawProducer::open(&b.url(), "pls", "p").await.unwrap();
     p.send(&["payment"]).await;
@@ -121,7 +187,12 @@ async fn pulsar_walkthrough_three_redeliveries_then_dlq() {
     loop {
         counts.push(m.delivery_count);
         // The client served the backoff already; the broker redelivers in place.
-        c.nack(m.id.clone().unwrap(), &format!("declined #{}", m.delivery_count), 0).await;
+        c.nack(
+            m.id.clone().unwrap(),
+            &format!("declined #{}", m.delivery_count),
+            0,
+        )
+        .await;
         match c.next(Duration::from_millis(700)).await {
             Some(next) => {
                 assert_eq!(next.id, m.id, "nack redelivers the same message in place");
@@ -142,19 +213,32 @@ async fn pulsar_walkthrough_three_redeliveries_then_dlq() {
 async fn retries_fire_and_policies_exhaust_with_no_consumer_connected() {
     let dir = tempfile::tempdir().unwrap();
     let b = start(dir.path()).await;
-    let opts = || SubOpts { sub_type: SubscriptionType::Shared, policy: Some(multiplier(1)), ..Default::default() };
+    let opts = || SubOpts {
+        sub_type: SubscriptionType::Shared,
+        policy: Some(multiplier(1)),
+        ..Default::default()
+    };
     let mut p = RawProducer::open(&b.url(), "alone", "p").await.unwrap();
     p.send(&["later", "doomed"]).await;
-    let mut c = RawConsumer::subscribe(&b.url(), "alone", "s", opts()).await.unwrap();
+    let mut c = RawConsumer::subscribe(&b.url(), "alone", "s", opts())
+        .await
+        .unwrap();
     c.flow(2).await;
     let got = c.take(2, WAIT).await;
     let asked = now_ms();
-    c.reconsume_later(got[0].id.clone().unwrap(), reconsume_later::Delay::DelayMs(400), 1).await;
+    c.reconsume_later(
+        got[0].id.clone().unwrap(),
+        reconsume_later::Delay::DelayMs(400),
+        1,
+    )
+    .await;
     assert_eq!(c.result(WAIT).await.unwrap().code, 0);
     // "doomed" is lost with its consumer twice: the broker alone dead-letters it.
     drop(c);
     tokio::time::sleep(QUIET).await;
-    let mut c = RawConsumer::subscribe(&b.url(), "alone", "s", opts()).await.unwrap();
+    let mut c = RawConsumer::subscribe(&b.url(), "alone", "s", opts())
+        .await
+        .unwrap();
     c.flow(1).await;
     let m = c.next(WAIT).await.unwrap();
     assert_eq!((text(&m).as_str(), m.delivery_count), ("doomed", 1));
@@ -163,20 +247,35 @@ async fn retries_fire_and_policies_exhaust_with_no_consumer_connected() {
     let dl = dead_letters(&b.url(), "alone", "s").await;
     assert_eq!(dl.len(), 1, "dead-lettered with no consumer alive");
     assert_eq!(text(dl[0].message.as_ref().unwrap()), "doomed");
-    assert_eq!(dl[0].attempts.last().unwrap().reason, FailureReason::ConsumerLost as i32);
+    assert_eq!(
+        dl[0].attempts.last().unwrap().reason,
+        FailureReason::ConsumerLost as i32
+    );
     // The retry fired on schedule while nobody was connected: a new consumer gets it at once.
     let stats = admin(&b.url())
         .await
-        .subscription_stats(SubscriptionRequest { topic: "alone".into(), subscription: "s".into() })
+        .subscription_stats(SubscriptionRequest {
+            topic: "alone".into(),
+            subscription: "s".into(),
+        })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(stats.scheduled_retries, 1, "fired but not yet acked: still in the retry tier");
-    let mut c = RawConsumer::subscribe(&b.url(), "alone", "s", opts()).await.unwrap();
+    assert_eq!(
+        stats.scheduled_retries, 1,
+        "fired but not yet acked: still in the retry tier"
+    );
+    let mut c = RawConsumer::subscribe(&b.url(), "alone", "s", opts())
+        .await
+        .unwrap();
     c.flow(10).await;
     let t0 = Instant::now();
     let m = c.next(WAIT).await.unwrap();
-    assert!(t0.elapsed() < Duration::from_millis(300), "already due: {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_millis(300),
+        "already due: {:?}",
+        t0.elapsed()
+    );
     assert_eq!(text(&m), "later");
     assert!(now_ms() >= asked + 400);
     c.ack(vec![m.id.clone().unwrap()], 9).await;
@@ -187,9 +286,14 @@ async fn retries_fire_and_policies_exhaust_with_no_consumer_connected() {
 async fn delayed_delivery_works_on_every_subscription_type() {
     let dir = tempfile::tempdir().unwrap();
     let b = start(dir.path()).await;
-    for (i, t) in [SubscriptionType::Exclusive, SubscriptionType::Failover, SubscriptionType::Shared, SubscriptionType::KeyShared]
-        .into_iter()
-        .enumerate()
+    for (i, t) in [
+        SubscriptionType::Exclusive,
+        SubscriptionType::Failover,
+        SubscriptionType::Shared,
+        SubscriptionType::KeyShared,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let topic = format!("delayed-{i}");
         let mut c = RawConsumer::simple(&b.url(), &topic, "s", t).await;
@@ -203,7 +307,11 @@ async fn delayed_delivery_works_on_every_subscription_type() {
         now.key = "k2".into();
         p.send_messages(vec![late, now]).await;
         let first = c.next(WAIT).await.unwrap();
-        assert_eq!(text(&first), "now", "{t:?}: the undelayed message is not held back");
+        assert_eq!(
+            text(&first),
+            "now",
+            "{t:?}: the undelayed message is not held back"
+        );
         let second = c.next(WAIT).await.unwrap();
         let at = now_ms();
         assert_eq!(text(&second), "late");
@@ -221,7 +329,8 @@ async fn terminated_message_replays_from_the_dlq_onto_the_topic() {
     let mut p = RawProducer::open(&b.url(), "replay", "p").await.unwrap();
     p.send(&["poison"]).await;
     let m = c.next(WAIT).await.unwrap();
-    c.terminate(m.id.clone().unwrap(), "schema mismatch", 4).await;
+    c.terminate(m.id.clone().unwrap(), "schema mismatch", 4)
+        .await;
     assert_eq!(c.result(WAIT).await.unwrap().code, 0);
     let dl = dead_letters(&b.url(), "replay", "s").await;
     assert_eq!(dl.len(), 1);
@@ -240,9 +349,15 @@ async fn terminated_message_replays_from_the_dlq_onto_the_topic() {
         .unwrap()
         .into_inner();
     assert_eq!(r.replayed, 1);
-    let again = c.next(WAIT).await.expect("replayed message delivered again");
+    let again = c
+        .next(WAIT)
+        .await
+        .expect("replayed message delivered again");
     assert_eq!(text(&again), "poison");
-    assert_eq!(again.id.as_ref().unwrap().topic, "persistent://public/default/replay");
+    assert_eq!(
+        again.id.as_ref().unwrap().topic,
+        "persistent://public/default/replay"
+    );
     assert_eq!(again.delivery_count, 1, "count kept");
     assert!(dead_letters(&b.url(), "replay", "s").await.is_empty());
 }

@@ -12,19 +12,29 @@ async fn exclusive_round_trip_and_second_consumer_rejected() {
     let b = start(dir.path()).await;
     let mut p = RawProducer::open(&b.url(), "orders", "p1").await.unwrap();
     let ids = p.send(&["a", "b", "c"]).await;
-    assert_eq!(ids.iter().map(|i| i.entry_id).collect::<Vec<_>>(), vec![0, 1, 2]);
+    assert_eq!(
+        ids.iter().map(|i| i.entry_id).collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
     assert_eq!(ids[0].topic, "persistent://public/default/orders");
 
     let mut c = RawConsumer::simple(&b.url(), "orders", "s", SubscriptionType::Exclusive).await;
     c.flow(10).await;
     let got = c.take(3, WAIT).await;
-    assert_eq!(got.iter().map(text).collect::<Vec<_>>(), vec!["a", "b", "c"]);
+    assert_eq!(
+        got.iter().map(text).collect::<Vec<_>>(),
+        vec!["a", "b", "c"]
+    );
     assert!(got.iter().all(|m| m.delivery_count == 0));
-    c.ack(got.iter().map(|m| m.id.clone().unwrap()).collect(), 7).await;
+    c.ack(got.iter().map(|m| m.id.clone().unwrap()).collect(), 7)
+        .await;
     let r = c.result(WAIT).await.expect("ack result");
     assert_eq!((r.request_id, r.code), (7, 0));
 
-    let err = RawConsumer::subscribe(&b.url(), "orders", "s", SubOpts::default()).await.err().expect("rejected");
+    let err = RawConsumer::subscribe(&b.url(), "orders", "s", SubOpts::default())
+        .await
+        .err()
+        .expect("rejected");
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
     assert!(err.message().contains("Exclusive"), "{err}");
 
@@ -64,7 +74,14 @@ async fn shared_round_robins_between_consumers() {
     }
     assert_eq!(per, [10, 10], "round robin splits evenly");
     // Cumulative ack is refused on Shared.
-    c1.ack_cumulative(MessageId { topic: "persistent://public/default/jobs".into(), entry_id: 0 }, 3).await;
+    c1.ack_cumulative(
+        MessageId {
+            topic: "persistent://public/default/jobs".into(),
+            entry_id: 0,
+        },
+        3,
+    )
+    .await;
     let r = c1.result(WAIT).await.unwrap();
     assert_eq!(r.code, tonic::Code::InvalidArgument as i32, "{r:?}");
 }
@@ -73,9 +90,17 @@ async fn shared_round_robins_between_consumers() {
 async fn failover_switches_to_standby_when_active_leaves() {
     let dir = tempfile::tempdir().unwrap();
     let b = start(dir.path()).await;
-    let opts = |name: &str| SubOpts { sub_type: SubscriptionType::Failover, name: name.into(), ..Default::default() };
-    let mut a = RawConsumer::subscribe(&b.url(), "fo", "s", opts("a")).await.unwrap();
-    let mut z = RawConsumer::subscribe(&b.url(), "fo", "s", opts("z")).await.unwrap();
+    let opts = |name: &str| SubOpts {
+        sub_type: SubscriptionType::Failover,
+        name: name.into(),
+        ..Default::default()
+    };
+    let mut a = RawConsumer::subscribe(&b.url(), "fo", "s", opts("a"))
+        .await
+        .unwrap();
+    let mut z = RawConsumer::subscribe(&b.url(), "fo", "s", opts("z"))
+        .await
+        .unwrap();
     a.flow(100).await;
     z.flow(100).await;
     let mut p = RawProducer::open(&b.url(), "fo", "p").await.unwrap();
@@ -86,7 +111,10 @@ async fn failover_switches_to_standby_when_active_leaves() {
     a.ack(vec![got[0].id.clone().unwrap()], 0).await;
     tokio::time::sleep(QUIET).await;
     drop(a);
-    let m = z.next(WAIT).await.expect("standby takes over with the unacked message");
+    let m = z
+        .next(WAIT)
+        .await
+        .expect("standby takes over with the unacked message");
     assert_eq!(text(&m), "2");
     assert_eq!(m.delivery_count, 1, "consumer loss counts as an attempt");
     p.send(&["3"]).await;
@@ -118,14 +146,27 @@ async fn key_shared_keeps_each_key_on_one_consumer_in_order() {
             while let Some(m) = c.next(std::time::Duration::from_millis(100)).await {
                 count += 1;
                 let n: i32 = text(&m).parse().unwrap();
-                assert_eq!(*owner.entry(m.key.clone()).or_insert(i), i, "key {} moved", m.key);
-                assert!(last.get(&m.key).is_none_or(|l| *l < n), "key {} out of order", m.key);
+                assert_eq!(
+                    *owner.entry(m.key.clone()).or_insert(i),
+                    i,
+                    "key {} moved",
+                    m.key
+                );
+                assert!(
+                    last.get(&m.key).is_none_or(|l| *l < n),
+                    "key {} out of order",
+                    m.key
+                );
                 last.insert(m.key.clone(), n);
             }
         }
     }
     let used: HashSet<usize> = owner.values().copied().collect();
-    assert_eq!(used.len(), 2, "10 keys spread over both consumers: {owner:?}");
+    assert_eq!(
+        used.len(),
+        2,
+        "10 keys spread over both consumers: {owner:?}"
+    );
 }
 
 #[tokio::test]
@@ -176,13 +217,18 @@ async fn cumulative_ack_on_exclusive_acks_everything_before() {
 async fn latest_position_skips_old_messages_and_dedup_drops_resends() {
     let dir = tempfile::tempdir().unwrap();
     let b = start(dir.path()).await;
-    let mut p = RawProducer::open(&b.url(), "pos", "fixed-name").await.unwrap();
+    let mut p = RawProducer::open(&b.url(), "pos", "fixed-name")
+        .await
+        .unwrap();
     p.send(&["old"]).await;
     let mut c = RawConsumer::subscribe(
         &b.url(),
         "pos",
         "late",
-        SubOpts { initial: InitialPosition::Latest, ..Default::default() },
+        SubOpts {
+            initial: InitialPosition::Latest,
+            ..Default::default()
+        },
     )
     .await
     .unwrap();
@@ -190,13 +236,19 @@ async fn latest_position_skips_old_messages_and_dedup_drops_resends() {
     p.send(&["new"]).await;
     assert_eq!(text(&c.next(WAIT).await.unwrap()), "new");
     // A resend with an old sequence id is a duplicate, not a new message.
-    let dup = OutboundMessage { payload: b"again".to_vec(), sequence_id: 0, ..Default::default() };
+    let dup = OutboundMessage {
+        payload: b"again".to_vec(),
+        sequence_id: 0,
+        ..Default::default()
+    };
     match p.send_batch(vec![dup]).await {
         produce_response::Response::Receipts(r) => assert!(r.receipts[0].duplicate),
         other => panic!("{other:?}"),
     }
     // A reopened producer with the same name learns its last sequence id.
-    let p2 = RawProducer::open(&b.url(), "pos", "fixed-name").await.unwrap();
+    let p2 = RawProducer::open(&b.url(), "pos", "fixed-name")
+        .await
+        .unwrap();
     assert_eq!(p2.next_seq, 2);
     assert!(c.next(QUIET).await.is_none());
 }

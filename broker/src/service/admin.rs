@@ -28,7 +28,11 @@ impl AdminService {
         Self { core }
     }
 
-    async fn sub(&self, topic: &str, sub: &str) -> Result<(TopicName, SubscriptionHandle), BrokerError> {
+    async fn sub(
+        &self,
+        topic: &str,
+        sub: &str,
+    ) -> Result<(TopicName, SubscriptionHandle), BrokerError> {
         let t = TopicName::parse(topic)?;
         let s = SubscriptionName::parse(sub)?;
         let h = self.core.subscription(&t, &s).await?;
@@ -55,13 +59,21 @@ impl AdminService {
             if out.len() >= limit {
                 continue;
             }
-            let Some(bytes) = self.core.storage.read_one(&info.dead_letter_topic, id)? else { continue };
+            let Some(bytes) = self.core.storage.read_one(&info.dead_letter_topic, id)? else {
+                continue;
+            };
             let mut msg = Message::decode(bytes.as_slice())?;
-            msg.id = Some(MessageId { topic: info.dead_letter_topic.clone(), entry_id: id });
+            msg.id = Some(MessageId {
+                topic: info.dead_letter_topic.clone(),
+                entry_id: id,
+            });
             msg.delivery_count = rec.failures.count;
             out.push(DeadLetter {
                 message: Some(msg),
-                origin: Some(MessageId { topic: rec.origin_topic.clone(), entry_id: rec.origin_entry_id }),
+                origin: Some(MessageId {
+                    topic: rec.origin_topic.clone(),
+                    entry_id: rec.origin_entry_id,
+                }),
                 reason: rec.reason.clone(),
                 dead_lettered_at_ms: rec.at_ms,
                 attempts: rec.failures.attempts.iter().map(Into::into).collect(),
@@ -78,7 +90,11 @@ fn passes(filter: Option<&DeadLetterFilter>, id: u64, rec: &DeadLetterRecord) ->
     }
     if !f.reason_contains.is_empty()
         && !rec.reason.contains(&f.reason_contains)
-        && !rec.failures.attempts.iter().any(|a| a.detail.contains(&f.reason_contains))
+        && !rec
+            .failures
+            .attempts
+            .iter()
+            .any(|a| a.detail.contains(&f.reason_contains))
     {
         return false;
     }
@@ -97,31 +113,48 @@ fn policy_response(info: crate::subscription::PolicyInfo) -> PolicyResponse {
         p.retry_topic = info.retry_topic.clone();
         p.dead_letter_topic = info.dead_letter_topic.clone();
     }
-    PolicyResponse { policy, source: info.source }
+    PolicyResponse {
+        policy,
+        source: info.source,
+    }
 }
 
 #[tonic::async_trait]
 impl Admin for AdminService {
-    async fn list_topics(&self, r: Request<ListTopicsRequest>) -> Result<Response<ListTopicsResponse>, Status> {
+    async fn list_topics(
+        &self,
+        r: Request<ListTopicsRequest>,
+    ) -> Result<Response<ListTopicsResponse>, Status> {
         let ns = r.into_inner().namespace;
         let ns = (!ns.is_empty()).then_some(ns);
-        Ok(Response::new(ListTopicsResponse { topics: self.core.list_topics(ns.as_deref()).await }))
+        Ok(Response::new(ListTopicsResponse {
+            topics: self.core.list_topics(ns.as_deref()).await,
+        }))
     }
 
     async fn create_topic(&self, r: Request<TopicRequest>) -> Result<Response<TopicInfo>, Status> {
         let name = TopicName::parse(&r.into_inner().topic)?;
         self.core.create_topic(&name).await?;
-        Ok(Response::new(TopicInfo { topic: name.to_string(), created: true }))
+        Ok(Response::new(TopicInfo {
+            topic: name.to_string(),
+            created: true,
+        }))
     }
 
-    async fn delete_topic(&self, r: Request<DeleteTopicRequest>) -> Result<Response<DeleteTopicResponse>, Status> {
+    async fn delete_topic(
+        &self,
+        r: Request<DeleteTopicRequest>,
+    ) -> Result<Response<DeleteTopicResponse>, Status> {
         let r = r.into_inner();
         let name = TopicName::parse(&r.topic)?;
         self.core.delete_topic(&name, r.force).await?;
         Ok(Response::new(DeleteTopicResponse {}))
     }
 
-    async fn topic_stats(&self, r: Request<TopicRequest>) -> Result<Response<TopicStatsResponse>, Status> {
+    async fn topic_stats(
+        &self,
+        r: Request<TopicRequest>,
+    ) -> Result<Response<TopicStatsResponse>, Status> {
         let name = TopicName::parse(&r.into_inner().topic)?;
         let entry = self.core.topic(&name).await?;
         let (first, next) = entry.topic.entry_range();
@@ -143,10 +176,14 @@ impl Admin for AdminService {
         }))
     }
 
-    async fn list_subscriptions(&self, r: Request<TopicRequest>) -> Result<Response<ListSubscriptionsResponse>, Status> {
+    async fn list_subscriptions(
+        &self,
+        r: Request<TopicRequest>,
+    ) -> Result<Response<ListSubscriptionsResponse>, Status> {
         let name = TopicName::parse(&r.into_inner().topic)?;
         let entry = self.core.topic(&name).await?;
-        let mut subscriptions: Vec<String> = entry.subscriptions().into_iter().map(|h| h.name).collect();
+        let mut subscriptions: Vec<String> =
+            entry.subscriptions().into_iter().map(|h| h.name).collect();
         subscriptions.sort();
         Ok(Response::new(ListSubscriptionsResponse { subscriptions }))
     }
@@ -171,18 +208,26 @@ impl Admin for AdminService {
         Ok(Response::new(DeleteSubscriptionResponse {}))
     }
 
-    async fn get_policy(&self, r: Request<SubscriptionRequest>) -> Result<Response<PolicyResponse>, Status> {
+    async fn get_policy(
+        &self,
+        r: Request<SubscriptionRequest>,
+    ) -> Result<Response<PolicyResponse>, Status> {
         let r = r.into_inner();
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
-        Ok(Response::new(policy_response(h.ask(Command::GetPolicy).await?)))
+        Ok(Response::new(policy_response(
+            h.ask(Command::GetPolicy).await?,
+        )))
     }
 
-    async fn set_policy(&self, r: Request<SetPolicyRequest>) -> Result<Response<PolicyResponse>, Status> {
+    async fn set_policy(
+        &self,
+        r: Request<SetPolicyRequest>,
+    ) -> Result<Response<PolicyResponse>, Status> {
         let r = r.into_inner();
         let spec = match &r.policy {
-            Some(p) if p.kind.is_some() => Some(
-                PolicySpec::try_from(p).map_err(|e| Status::invalid_argument(format!("invalid dead-letter policy: {e}")))?,
-            ),
+            Some(p) if p.kind.is_some() => Some(PolicySpec::try_from(p).map_err(|e| {
+                Status::invalid_argument(format!("invalid dead-letter policy: {e}"))
+            })?),
             // An empty policy clears the operator's choice.
             _ => None,
         };
@@ -191,18 +236,35 @@ impl Admin for AdminService {
         Ok(Response::new(policy_response(info)))
     }
 
-    async fn get_message(&self, r: Request<GetMessageRequest>) -> Result<Response<GetMessageResponse>, Status> {
-        let id = r.into_inner().id.ok_or_else(|| Status::invalid_argument("id is required"))?;
+    async fn get_message(
+        &self,
+        r: Request<GetMessageRequest>,
+    ) -> Result<Response<GetMessageResponse>, Status> {
+        let id = r
+            .into_inner()
+            .id
+            .ok_or_else(|| Status::invalid_argument("id is required"))?;
         let name = TopicName::parse(&id.topic)?;
         let entry = self.core.topic(&name).await?;
-        let bytes = self.core.storage.read_one(name.as_str(), id.entry_id).map_err(Status::from)?.ok_or_else(|| {
-            Status::not_found(format!("message {}:{} not found (never written, or removed by retention)", id.topic, id.entry_id))
-        })?;
-        let mut message = Message::decode(bytes.as_slice()).map_err(|e| Status::internal(e.to_string()))?;
+        let bytes = self
+            .core
+            .storage
+            .read_one(name.as_str(), id.entry_id)
+            .map_err(Status::from)?
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "message {}:{} not found (never written, or removed by retention)",
+                    id.topic, id.entry_id
+                ))
+            })?;
+        let mut message =
+            Message::decode(bytes.as_slice()).map_err(|e| Status::internal(e.to_string()))?;
         message.id = Some(id.clone());
         let mut subscriptions = Vec::new();
         for h in entry.subscriptions() {
-            let st = h.ask(|reply| Command::MessageState(id.entry_id, reply)).await?;
+            let st = h
+                .ask(|reply| Command::MessageState(id.entry_id, reply))
+                .await?;
             let dead = self
                 .core
                 .storage
@@ -217,11 +279,16 @@ impl Admin for AdminService {
                 subscription: h.name.clone(),
                 state,
                 delivery_count: failures.as_ref().map_or(0, |f| f.count),
-                attempts: failures.map(|f| f.attempts.iter().map(Into::into).collect()).unwrap_or_default(),
+                attempts: failures
+                    .map(|f| f.attempts.iter().map(Into::into).collect())
+                    .unwrap_or_default(),
             });
         }
         subscriptions.sort_by(|a, b| a.subscription.cmp(&b.subscription));
-        Ok(Response::new(GetMessageResponse { message: Some(message), subscriptions }))
+        Ok(Response::new(GetMessageResponse {
+            message: Some(message),
+            subscriptions,
+        }))
     }
 
     async fn list_dead_letters(
@@ -231,8 +298,13 @@ impl Admin for AdminService {
         let r = r.into_inner();
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         let limit = if r.limit == 0 { 100 } else { r.limit as usize };
-        let (dead_letters, total) = self.matching_dead_letters(&h, r.filter.as_ref(), r.after_entry_id, limit).await?;
-        Ok(Response::new(ListDeadLettersResponse { dead_letters, total }))
+        let (dead_letters, total) = self
+            .matching_dead_letters(&h, r.filter.as_ref(), r.after_entry_id, limit)
+            .await?;
+        Ok(Response::new(ListDeadLettersResponse {
+            dead_letters,
+            total,
+        }))
     }
 
     async fn replay_dead_letters(
@@ -241,8 +313,15 @@ impl Admin for AdminService {
     ) -> Result<Response<ReplayDeadLettersResponse>, Status> {
         let r = r.into_inner();
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
-        let rate = if r.rate_per_second == 0 { self.core.config.replay_rate_per_second } else { r.rate_per_second }.max(1);
-        let (letters, _) = self.matching_dead_letters(&h, r.filter.as_ref(), None, usize::MAX).await?;
+        let rate = if r.rate_per_second == 0 {
+            self.core.config.replay_rate_per_second
+        } else {
+            r.rate_per_second
+        }
+        .max(1);
+        let (letters, _) = self
+            .matching_dead_letters(&h, r.filter.as_ref(), None, usize::MAX)
+            .await?;
         let chunk = (rate as usize).div_ceil(10).max(1);
         let pause = Duration::from_secs_f64(chunk as f64 / f64::from(rate));
         let mut new_ids = Vec::new();
@@ -255,7 +334,10 @@ impl Admin for AdminService {
                 .await??;
             new_ids.extend(ids);
         }
-        Ok(Response::new(ReplayDeadLettersResponse { replayed: new_ids.len() as u64, new_ids }))
+        Ok(Response::new(ReplayDeadLettersResponse {
+            replayed: new_ids.len() as u64,
+            new_ids,
+        }))
     }
 
     async fn purge_dead_letters(
@@ -274,9 +356,13 @@ impl Admin for AdminService {
             .map(|(id, _)| id)
             .collect();
         self.core.storage.remove_dead_letters(h.id, &ids)?;
-        self.core.storage.remove_entries(&info.dead_letter_topic, &ids)?;
+        self.core
+            .storage
+            .remove_entries(&info.dead_letter_topic, &ids)?;
         self.core.flusher.durable().await?;
         tracing::warn!(topic = %r.topic, subscription = %r.subscription, purged = ids.len(), "dead letters purged");
-        Ok(Response::new(PurgeDeadLettersResponse { purged: ids.len() as u64 }))
+        Ok(Response::new(PurgeDeadLettersResponse {
+            purged: ids.len() as u64,
+        }))
     }
 }

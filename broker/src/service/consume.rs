@@ -26,33 +26,53 @@ pub(super) async fn consume(
         .await?
         .ok_or_else(|| Status::invalid_argument("consumer stream closed before Subscribe"))?;
     let Some(consume_request::Request::Subscribe(sub)) = first.request else {
-        return Err(Status::invalid_argument("the first consumer frame must be Subscribe"));
+        return Err(Status::invalid_argument(
+            "the first consumer frame must be Subscribe",
+        ));
     };
     let topic = TopicName::parse(&sub.topic)?;
     let name = SubscriptionName::parse(&sub.subscription)?;
-    let sub_type = SubscriptionType::try_from(sub.subscription_type)
-        .map_err(|_| Status::invalid_argument(format!("unknown subscription type {}", sub.subscription_type)))?;
-    let initial = InitialPosition::try_from(sub.initial_position)
-        .map_err(|_| Status::invalid_argument(format!("unknown initial position {}", sub.initial_position)))?;
+    let sub_type = SubscriptionType::try_from(sub.subscription_type).map_err(|_| {
+        Status::invalid_argument(format!(
+            "unknown subscription type {}",
+            sub.subscription_type
+        ))
+    })?;
+    let initial = InitialPosition::try_from(sub.initial_position).map_err(|_| {
+        Status::invalid_argument(format!("unknown initial position {}", sub.initial_position))
+    })?;
     let policy = match &sub.dead_letter_policy {
         Some(p) => {
-            let spec = PolicySpec::try_from(p).map_err(|e| Status::invalid_argument(format!("invalid dead-letter policy: {e}")))?;
-            spec.validate().map_err(|e| Status::invalid_argument(format!("invalid dead-letter policy: {e}")))?;
+            let spec = PolicySpec::try_from(p).map_err(|e| {
+                Status::invalid_argument(format!("invalid dead-letter policy: {e}"))
+            })?;
+            spec.validate().map_err(|e| {
+                Status::invalid_argument(format!("invalid dead-letter policy: {e}"))
+            })?;
             Some(spec)
         }
         None => None,
     };
     let entry = core.topic_for_use(&topic).await?;
-    let handle = core.subscription_or_create(&entry, &name, sub_type, initial).await?;
+    let handle = core
+        .subscription_or_create(&entry, &name, sub_type, initial)
+        .await?;
     let (tx, rx) = mpsc::unbounded_channel();
     let consumer_name = if sub.consumer_name.is_empty() {
         format!("consumer-{}", core.storage.next_id()?)
     } else {
         sub.consumer_name.clone()
     };
-    let spec = ConsumerSpec { name: consumer_name, sub_type, tx: tx.clone(), policy };
+    let spec = ConsumerSpec {
+        name: consumer_name,
+        sub_type,
+        tx: tx.clone(),
+        policy,
+    };
     // The actor queues `Subscribed` as the consumer's first frame.
-    let (consumer_id, _info) = handle.ask(|reply| Command::AddConsumer(spec, reply)).await??;
+    let (consumer_id, _info) = handle
+        .ask(|reply| Command::AddConsumer(spec, reply))
+        .await??;
     tokio::spawn(async move {
         while let Some(frame) = inbound.next().await {
             let req = match frame {
@@ -62,13 +82,17 @@ pub(super) async fn consume(
             };
             let cmd = match req {
                 consume_request::Request::Subscribe(_) => {
-                    let _ = tx.send(Err(Status::invalid_argument("already subscribed on this stream")));
+                    let _ = tx.send(Err(Status::invalid_argument(
+                        "already subscribed on this stream",
+                    )));
                     break;
                 }
                 consume_request::Request::Flow(f) => Command::Flow(consumer_id, f.permits),
                 consume_request::Request::Ack(a) => Command::Ack(consumer_id, a),
                 consume_request::Request::Redeliver(r) => Command::Redeliver(consumer_id, r),
-                consume_request::Request::ReconsumeLater(r) => Command::ReconsumeLater(consumer_id, r),
+                consume_request::Request::ReconsumeLater(r) => {
+                    Command::ReconsumeLater(consumer_id, r)
+                }
                 consume_request::Request::Terminate(t) => Command::Terminate(consumer_id, t),
             };
             if handle.send(cmd).is_err() {

@@ -8,8 +8,8 @@ use crate::error::BrokerError;
 use crate::name::TopicName;
 use crate::storage::TopicKind;
 use ricochet_proto::{
-    ProduceRequest, ProduceResponse, ProducerOpened, SendBatch, SendError, SendReceipts, produce_request,
-    produce_response,
+    ProduceRequest, ProduceResponse, ProducerOpened, SendBatch, SendError, SendReceipts,
+    produce_request, produce_response,
 };
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -30,7 +30,9 @@ pub(super) async fn produce(
         .await?
         .ok_or_else(|| Status::invalid_argument("producer stream closed before ProducerOpen"))?;
     let Some(produce_request::Request::Open(open)) = first.request else {
-        return Err(Status::invalid_argument("the first producer frame must be ProducerOpen"));
+        return Err(Status::invalid_argument(
+            "the first producer frame must be ProducerOpen",
+        ));
     };
     let name = TopicName::parse(&open.topic)?;
     let entry = core.topic_for_use(&name).await?;
@@ -57,11 +59,14 @@ pub(super) async fn produce(
             max_message_size: max_size as u64,
         })),
     };
-    tx.send(Ok(opened)).await.map_err(|_| Status::cancelled("producer went away"))?;
+    tx.send(Ok(opened))
+        .await
+        .map_err(|_| Status::cancelled("producer went away"))?;
     topic.counters.producers.fetch_add(1, Ordering::Relaxed);
 
     // Receipts are sent in batch order by one task awaiting each batch's write.
-    let (pending_tx, mut pending_rx) = mpsc::channel::<tokio::task::JoinHandle<ProduceResponse>>(PIPELINE_DEPTH);
+    let (pending_tx, mut pending_rx) =
+        mpsc::channel::<tokio::task::JoinHandle<ProduceResponse>>(PIPELINE_DEPTH);
     let out = tx.clone();
     tokio::spawn(async move {
         while let Some(h) = pending_rx.recv().await {
@@ -77,9 +82,15 @@ pub(super) async fn produce(
     tokio::spawn(async move {
         while let Some(frame) = inbound.next().await {
             let batch = match frame {
-                Ok(ProduceRequest { request: Some(produce_request::Request::Send(b)) }) => b,
+                Ok(ProduceRequest {
+                    request: Some(produce_request::Request::Send(b)),
+                }) => b,
                 Ok(_) => {
-                    let _ = tx.send(Err(Status::invalid_argument("expected SendBatch after ProducerOpen"))).await;
+                    let _ = tx
+                        .send(Err(Status::invalid_argument(
+                            "expected SendBatch after ProducerOpen",
+                        )))
+                        .await;
                     break;
                 }
                 Err(_) => break,
@@ -112,7 +123,10 @@ pub(super) async fn produce(
                 };
                 match result {
                     Ok(receipts) => ProduceResponse {
-                        response: Some(produce_response::Response::Receipts(SendReceipts { request_id, receipts })),
+                        response: Some(produce_response::Response::Receipts(SendReceipts {
+                            request_id,
+                            receipts,
+                        })),
                     },
                     Err(e) => ProduceResponse {
                         response: Some(produce_response::Response::Error(SendError {

@@ -17,7 +17,10 @@ pub struct Cursor {
 impl Cursor {
     /// A cursor with nothing acked at or after `start`.
     pub fn starting_at(start: u64) -> Self {
-        Self { mark_delete: start, acked: RangeSet::new() }
+        Self {
+            mark_delete: start,
+            acked: RangeSet::new(),
+        }
     }
 
     /// Whether `id` is acknowledged.

@@ -214,7 +214,10 @@ impl ScheduleKey {
         if k.len() != 25 {
             return None;
         }
-        Some(Self { due_ms: u64::from_be_bytes(k[..8].try_into().ok()?), message: SubMessage::from_key(&k[8..])? })
+        Some(Self {
+            due_ms: u64::from_be_bytes(k[..8].try_into().ok()?),
+            message: SubMessage::from_key(&k[8..])?,
+        })
     }
 }
 
@@ -264,10 +267,22 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
 
     /// Writes entries `first_id..first_id + len` (not durable until flushed),
     /// and records `producer`'s last sequence id with them.
-    fn append(&self, topic: &str, first_id: u64, entries: &[Vec<u8>], producer: Option<(&str, u64)>) -> Result<()>;
+    fn append(
+        &self,
+        topic: &str,
+        first_id: u64,
+        entries: &[Vec<u8>],
+        producer: Option<(&str, u64)>,
+    ) -> Result<()>;
     /// Up to `max` entries with id `>= from`, in order, stopping early once
     /// `max_bytes` is exceeded.
-    fn read(&self, topic: &str, from: u64, max: usize, max_bytes: usize) -> Result<Vec<(u64, Vec<u8>)>>;
+    fn read(
+        &self,
+        topic: &str,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>>;
     /// One entry.
     fn read_one(&self, topic: &str, id: u64) -> Result<Option<Vec<u8>>>;
     /// `(first, next)` entry ids stored for a topic (`first == next` when empty).
@@ -297,14 +312,20 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
 
     /// Schedule entries after `after` (exclusive; `None` = from the start) with
     /// `due < to_ms`, in key order, at most `limit`.
-    fn scheduled(&self, after: Option<ScheduleKey>, to_ms: u64, limit: usize) -> Result<Vec<ScheduleKey>>;
+    fn scheduled(
+        &self,
+        after: Option<ScheduleKey>,
+        to_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<ScheduleKey>>;
     /// Adds (`true`) or removes (`false`) schedule entries.
     fn put_schedule(&self, keys: &[(ScheduleKey, bool)]) -> Result<()>;
 
     /// Applies a batch of tier moves in one transaction.
     fn move_messages(&self, mv: &TierMove) -> Result<()>;
     /// Dead letters of a subscription, in DLQ entry order, from `after` exclusive.
-    fn dead_letters(&self, sub_id: u64, after: Option<u64>) -> Result<Vec<(u64, DeadLetterRecord)>>;
+    fn dead_letters(&self, sub_id: u64, after: Option<u64>)
+    -> Result<Vec<(u64, DeadLetterRecord)>>;
     /// Removes dead-letter records.
     fn remove_dead_letters(&self, sub_id: u64, ids: &[u64]) -> Result<()>;
 

@@ -33,7 +33,9 @@ pub struct SledStorage {
 
 impl std::fmt::Debug for SledStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SledStorage").field("segment_entries", &self.segment_entries).finish_non_exhaustive()
+        f.debug_struct("SledStorage")
+            .field("segment_entries", &self.segment_entries)
+            .finish_non_exhaustive()
     }
 }
 
@@ -51,7 +53,9 @@ fn be(id: u64) -> [u8; 8] {
 }
 
 fn read_be(bytes: &[u8]) -> Result<u64> {
-    let arr: [u8; 8] = bytes.try_into().map_err(|_| BrokerError::Corrupt("bad u64 key".into()))?;
+    let arr: [u8; 8] = bytes
+        .try_into()
+        .map_err(|_| BrokerError::Corrupt("bad u64 key".into()))?;
     Ok(u64::from_be_bytes(arr))
 }
 
@@ -87,7 +91,10 @@ impl SledStorage {
         let mut segments: HashMap<String, BTreeMap<u64, Tree>> = HashMap::new();
         for name in db.tree_names() {
             if let Some((topic, seg)) = parse_seg_tree_name(&name) {
-                segments.entry(topic).or_default().insert(seg, db.open_tree(&name)?);
+                segments
+                    .entry(topic)
+                    .or_default()
+                    .insert(seg, db.open_tree(&name)?);
             }
         }
         Ok(Self {
@@ -103,7 +110,10 @@ impl SledStorage {
     }
 
     fn segment(&self, topic: &str, seg: u64) -> Result<Tree> {
-        let mut map = self.segments.lock().map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
+        let mut map = self
+            .segments
+            .lock()
+            .map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
         let topic_segs = map.entry(topic.to_owned()).or_default();
         if let Some(t) = topic_segs.get(&seg) {
             return Ok(t.clone());
@@ -114,8 +124,14 @@ impl SledStorage {
     }
 
     fn segments_of(&self, topic: &str) -> Result<Vec<(u64, Tree)>> {
-        let map = self.segments.lock().map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
-        Ok(map.get(topic).map(|m| m.iter().map(|(k, t)| (*k, t.clone())).collect()).unwrap_or_default())
+        let map = self
+            .segments
+            .lock()
+            .map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
+        Ok(map
+            .get(topic)
+            .map(|m| m.iter().map(|(k, t)| (*k, t.clone())).collect())
+            .unwrap_or_default())
     }
 
     fn id_floor(&self, topic: &str) -> Result<u64> {
@@ -136,11 +152,16 @@ impl SledStorage {
 #[async_trait::async_trait]
 impl Storage for SledStorage {
     fn list_topics(&self) -> Result<Vec<TopicRecord>> {
-        self.meta.scan_prefix("t:").values().map(|v| from_json(&v?)).collect()
+        self.meta
+            .scan_prefix("t:")
+            .values()
+            .map(|v| from_json(&v?))
+            .collect()
     }
 
     fn put_topic(&self, record: &TopicRecord) -> Result<()> {
-        self.meta.insert(format!("t:{}", record.name), json(record))?;
+        self.meta
+            .insert(format!("t:{}", record.name), json(record))?;
         Ok(())
     }
 
@@ -149,7 +170,10 @@ impl Storage for SledStorage {
             self.delete_subscription(&sub)?;
         }
         let segs = {
-            let mut map = self.segments.lock().map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
+            let mut map = self
+                .segments
+                .lock()
+                .map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
             map.remove(name).unwrap_or_default()
         };
         for seg in segs.keys() {
@@ -165,7 +189,13 @@ impl Storage for SledStorage {
         Ok(())
     }
 
-    fn append(&self, topic: &str, first_id: u64, entries: &[Vec<u8>], producer: Option<(&str, u64)>) -> Result<()> {
+    fn append(
+        &self,
+        topic: &str,
+        first_id: u64,
+        entries: &[Vec<u8>],
+        producer: Option<(&str, u64)>,
+    ) -> Result<()> {
         let mut id = first_id;
         let mut rest = entries;
         while !rest.is_empty() {
@@ -186,7 +216,13 @@ impl Storage for SledStorage {
         Ok(())
     }
 
-    fn read(&self, topic: &str, from: u64, max: usize, max_bytes: usize) -> Result<Vec<(u64, Vec<u8>)>> {
+    fn read(
+        &self,
+        topic: &str,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>> {
         let mut out = Vec::new();
         let mut bytes = 0usize;
         let first_seg = from / self.segment_entries;
@@ -243,7 +279,9 @@ impl Storage for SledStorage {
 
     fn trim(&self, topic: &str, below: u64) -> Result<()> {
         let segs = self.segments_of(topic)?;
-        let Some(highest) = segs.last().map(|(s, _)| *s) else { return Ok(()) };
+        let Some(highest) = segs.last().map(|(s, _)| *s) else {
+            return Ok(());
+        };
         let doomed: Vec<u64> = segs
             .iter()
             .map(|(s, _)| *s)
@@ -254,7 +292,10 @@ impl Storage for SledStorage {
         }
         let (_, next) = self.entry_range(topic)?;
         self.raise_id_floor(topic, next)?;
-        let mut map = self.segments.lock().map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
+        let mut map = self
+            .segments
+            .lock()
+            .map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
         for seg in doomed {
             if let Some(m) = map.get_mut(topic) {
                 m.remove(&seg);
@@ -268,7 +309,11 @@ impl Storage for SledStorage {
         let (_, next) = self.entry_range(topic)?;
         self.raise_id_floor(topic, next)?;
         for id in ids {
-            if let Some(tree) = self.segments_of(topic)?.into_iter().find(|(s, _)| *s == id / self.segment_entries) {
+            if let Some(tree) = self
+                .segments_of(topic)?
+                .into_iter()
+                .find(|(s, _)| *s == id / self.segment_entries)
+            {
                 tree.1.remove(be(*id))?;
             }
         }
@@ -288,11 +333,16 @@ impl Storage for SledStorage {
     }
 
     fn list_subscriptions(&self, topic: &str) -> Result<Vec<SubscriptionRecord>> {
-        self.meta.scan_prefix(sub_key(topic, "")).values().map(|v| from_json(&v?)).collect()
+        self.meta
+            .scan_prefix(sub_key(topic, ""))
+            .values()
+            .map(|v| from_json(&v?))
+            .collect()
     }
 
     fn put_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
-        self.meta.insert(sub_key(&record.topic, &record.name), json(record))?;
+        self.meta
+            .insert(sub_key(&record.topic, &record.name), json(record))?;
         Ok(())
     }
 
@@ -324,7 +374,10 @@ impl Storage for SledStorage {
     }
 
     fn failure(&self, message: SubMessage) -> Result<Option<FailureRecord>> {
-        self.failures.get(message.key())?.map(|v| from_json(&v)).transpose()
+        self.failures
+            .get(message.key())?
+            .map(|v| from_json(&v))
+            .transpose()
     }
 
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {
@@ -334,7 +387,8 @@ impl Storage for SledStorage {
             .scan_prefix(prefix)
             .map(|kv| {
                 let (k, v) = kv?;
-                let m = SubMessage::from_key(&k).ok_or_else(|| BrokerError::Corrupt("bad failure key".into()))?;
+                let m = SubMessage::from_key(&k)
+                    .ok_or_else(|| BrokerError::Corrupt("bad failure key".into()))?;
                 Ok((m, from_json(&v)?))
             })
             .collect()
@@ -352,16 +406,26 @@ impl Storage for SledStorage {
         Ok(())
     }
 
-    fn scheduled(&self, after: Option<ScheduleKey>, to_ms: u64, limit: usize) -> Result<Vec<ScheduleKey>> {
+    fn scheduled(
+        &self,
+        after: Option<ScheduleKey>,
+        to_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<ScheduleKey>> {
         use std::ops::Bound;
         let start = match after {
             Some(a) => Bound::Excluded(a.key().to_vec()),
             None => Bound::Unbounded,
         };
         let mut out = Vec::new();
-        for k in self.schedule.range::<Vec<u8>, _>((start, Bound::Excluded(be(to_ms).to_vec()))).keys() {
+        for k in self
+            .schedule
+            .range::<Vec<u8>, _>((start, Bound::Excluded(be(to_ms).to_vec())))
+            .keys()
+        {
             let k = k?;
-            let key = ScheduleKey::from_key(&k).ok_or_else(|| BrokerError::Corrupt("bad schedule key".into()))?;
+            let key = ScheduleKey::from_key(&k)
+                .ok_or_else(|| BrokerError::Corrupt("bad schedule key".into()))?;
             out.push(key);
             if out.len() >= limit {
                 break;
@@ -387,7 +451,11 @@ impl Storage for SledStorage {
         // Everything is encoded before the transaction: its closure may re-run.
         let sub_key = sub_key(&mv.subscription.topic, &mv.subscription.name);
         let sub_val = json(&mv.subscription);
-        let mut seg_numbers: Vec<u64> = mv.items.iter().map(|i| i.target_entry_id / self.segment_entries).collect();
+        let mut seg_numbers: Vec<u64> = mv
+            .items
+            .iter()
+            .map(|i| i.target_entry_id / self.segment_entries)
+            .collect();
         seg_numbers.dedup();
         let mut trees = vec![
             self.meta.clone(),
@@ -423,10 +491,13 @@ impl Storage for SledStorage {
                     seg_index: 4 + seg_numbers.iter().position(|s| *s == seg).unwrap_or(0),
                     entry_key: be(item.target_entry_id),
                     failure: mv.target_tier.map(|_| (target.key(), json(&item.failures))),
-                    schedule: item
-                        .due_ms
-                        .filter(|_| mv.target_tier.is_some())
-                        .map(|due| ScheduleKey { due_ms: due, message: target }.key()),
+                    schedule: item.due_ms.filter(|_| mv.target_tier.is_some()).map(|due| {
+                        ScheduleKey {
+                            due_ms: due,
+                            message: target,
+                        }
+                        .key()
+                    }),
                     dead_letter: item
                         .dead_letter
                         .as_ref()
@@ -461,7 +532,11 @@ impl Storage for SledStorage {
         }
     }
 
-    fn dead_letters(&self, sub_id: u64, after: Option<u64>) -> Result<Vec<(u64, DeadLetterRecord)>> {
+    fn dead_letters(
+        &self,
+        sub_id: u64,
+        after: Option<u64>,
+    ) -> Result<Vec<(u64, DeadLetterRecord)>> {
         let start = dl_key(sub_id, after.map_or(0, |a| a.saturating_add(1)));
         let end = dl_key(sub_id, u64::MAX);
         let mut out = Vec::new();

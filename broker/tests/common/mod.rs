@@ -13,11 +13,17 @@ use tonic::transport::Channel;
 use tonic::{Status, Streaming};
 
 pub async fn start(dir: &std::path::Path) -> TestBroker {
-    TestBroker::start(BrokerConfig::for_dir(dir)).await.expect("broker starts")
+    TestBroker::start(BrokerConfig::for_dir(dir))
+        .await
+        .expect("broker starts")
 }
 
 pub async fn channel(url: &str) -> Channel {
-    Channel::from_shared(url.to_owned()).unwrap().connect().await.expect("connect")
+    Channel::from_shared(url.to_owned())
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect")
 }
 
 pub struct RawProducer {
@@ -46,42 +52,73 @@ impl RawProducer {
             other => panic!("expected ProducerOpened, got {other:?}"),
         };
         let next_seq = opened.last_sequence_id.map_or(0, |s| s + 1);
-        Ok(Self { tx, rx, name: opened.producer_name, next_seq, next_req: 1 })
+        Ok(Self {
+            tx,
+            rx,
+            name: opened.producer_name,
+            next_seq,
+            next_req: 1,
+        })
     }
 
     /// Sends one batch and waits for its outcome.
-    pub async fn send_batch(&mut self, messages: Vec<OutboundMessage>) -> produce_response::Response {
+    pub async fn send_batch(
+        &mut self,
+        messages: Vec<OutboundMessage>,
+    ) -> produce_response::Response {
         self.try_send_batch(messages).await.expect("a response")
     }
 
     /// Like `send_batch`, but `None` when the stream broke.
-    pub async fn try_send_batch(&mut self, messages: Vec<OutboundMessage>) -> Option<produce_response::Response> {
+    pub async fn try_send_batch(
+        &mut self,
+        messages: Vec<OutboundMessage>,
+    ) -> Option<produce_response::Response> {
         let request_id = self.next_req;
         self.next_req += 1;
         self.tx
             .send(ProduceRequest {
-                request: Some(produce_request::Request::Send(SendBatch { request_id, messages })),
+                request: Some(produce_request::Request::Send(SendBatch {
+                    request_id,
+                    messages,
+                })),
             })
             .await
             .ok()?;
-        self.rx.message().await.ok().flatten().and_then(|r| r.response)
+        self.rx
+            .message()
+            .await
+            .ok()
+            .flatten()
+            .and_then(|r| r.response)
     }
 
     pub fn msg(&mut self, payload: impl Into<Vec<u8>>) -> OutboundMessage {
-        let m = OutboundMessage { payload: payload.into(), sequence_id: self.next_seq, ..Default::default() };
+        let m = OutboundMessage {
+            payload: payload.into(),
+            sequence_id: self.next_seq,
+            ..Default::default()
+        };
         self.next_seq += 1;
         m
     }
 
     /// Sends payloads as one batch, returns their ids.
     pub async fn send(&mut self, payloads: &[&str]) -> Vec<MessageId> {
-        let msgs = payloads.iter().map(|p| self.msg(p.as_bytes().to_vec())).collect();
+        let msgs = payloads
+            .iter()
+            .map(|p| self.msg(p.as_bytes().to_vec()))
+            .collect();
         self.send_messages(msgs).await
     }
 
     pub async fn send_messages(&mut self, msgs: Vec<OutboundMessage>) -> Vec<MessageId> {
         match self.send_batch(msgs).await {
-            produce_response::Response::Receipts(r) => r.receipts.into_iter().map(|r| r.message_id.unwrap()).collect(),
+            produce_response::Response::Receipts(r) => r
+                .receipts
+                .into_iter()
+                .map(|r| r.message_id.unwrap())
+                .collect(),
             other => panic!("send failed: {other:?}"),
         }
     }
@@ -115,7 +152,12 @@ impl Default for SubOpts {
 }
 
 impl RawConsumer {
-    pub async fn subscribe(url: &str, topic: &str, sub: &str, opts: SubOpts) -> Result<Self, Status> {
+    pub async fn subscribe(
+        url: &str,
+        topic: &str,
+        sub: &str,
+        opts: SubOpts,
+    ) -> Result<Self, Status> {
         let mut client = BrokerClient::new(channel(url).await);
         let (tx, rx) = mpsc::channel(64);
         tx.send(ConsumeRequest {
@@ -136,19 +178,40 @@ impl RawConsumer {
             Some(consume_response::Response::Subscribed(s)) => s,
             other => panic!("expected Subscribed, got {other:?}"),
         };
-        Ok(Self { tx, rx, buffered: VecDeque::new(), results: VecDeque::new(), active_changes: vec![], subscribed })
+        Ok(Self {
+            tx,
+            rx,
+            buffered: VecDeque::new(),
+            results: VecDeque::new(),
+            active_changes: vec![],
+            subscribed,
+        })
     }
 
     pub async fn simple(url: &str, topic: &str, sub: &str, sub_type: SubscriptionType) -> Self {
-        Self::subscribe(url, topic, sub, SubOpts { sub_type, ..Default::default() }).await.expect("subscribe")
+        Self::subscribe(
+            url,
+            topic,
+            sub,
+            SubOpts {
+                sub_type,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("subscribe")
     }
 
     pub async fn request(&self, r: consume_request::Request) {
-        self.tx.send(ConsumeRequest { request: Some(r) }).await.expect("stream open");
+        self.tx
+            .send(ConsumeRequest { request: Some(r) })
+            .await
+            .expect("stream open");
     }
 
     pub async fn flow(&self, permits: u32) {
-        self.request(consume_request::Request::Flow(Flow { permits })).await;
+        self.request(consume_request::Request::Flow(Flow { permits }))
+            .await;
     }
 
     async fn pump(&mut self, wait: Duration) -> bool {
@@ -157,7 +220,9 @@ impl RawConsumer {
                 match r {
                     consume_response::Response::Messages(b) => self.buffered.extend(b.messages),
                     consume_response::Response::Result(r) => self.results.push_back(r),
-                    consume_response::Response::ActiveChange(a) => self.active_changes.push(a.active),
+                    consume_response::Response::ActiveChange(a) => {
+                        self.active_changes.push(a.active)
+                    }
                     consume_response::Response::Subscribed(_) => {}
                 }
                 true
@@ -206,8 +271,12 @@ impl RawConsumer {
     }
 
     pub async fn ack(&self, ids: Vec<MessageId>, request_id: u64) {
-        self.request(consume_request::Request::Ack(Ack { request_id, ack_type: AckType::Individual as i32, ids }))
-            .await;
+        self.request(consume_request::Request::Ack(Ack {
+            request_id,
+            ack_type: AckType::Individual as i32,
+            ids,
+        }))
+        .await;
     }
 
     pub async fn ack_cumulative(&self, id: MessageId, request_id: u64) {
@@ -231,7 +300,12 @@ impl RawConsumer {
         .await;
     }
 
-    pub async fn reconsume_later(&self, id: MessageId, delay: reconsume_later::Delay, request_id: u64) {
+    pub async fn reconsume_later(
+        &self,
+        id: MessageId,
+        delay: reconsume_later::Delay,
+        request_id: u64,
+    ) {
         self.request(consume_request::Request::ReconsumeLater(ReconsumeLater {
             request_id,
             id: Some(id),
@@ -243,8 +317,12 @@ impl RawConsumer {
     }
 
     pub async fn terminate(&self, id: MessageId, detail: &str, request_id: u64) {
-        self.request(consume_request::Request::Terminate(Terminate { request_id, id: Some(id), detail: detail.into() }))
-            .await;
+        self.request(consume_request::Request::Terminate(Terminate {
+            request_id,
+            id: Some(id),
+            detail: detail.into(),
+        }))
+        .await;
     }
 }
 
