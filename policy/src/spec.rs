@@ -249,6 +249,14 @@ impl PolicySpec {
     }
 }
 
+impl Default for PolicySpec {
+    /// RocketMQ's delay levels at their defaults (16 retries, 10 s … 2 h,
+    /// then the DLQ): the policy of a subscription nobody configured.
+    fn default() -> Self {
+        PolicySpec::delay_levels_default()
+    }
+}
+
 impl fmt::Display for PolicySpec {
     /// The canonical compact form (see the [module docs](self)).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -910,6 +918,15 @@ mod tests {
             p.decide(&crate::FailureContext::new(1, crate::FailureReason::Nack))
                 .delay(),
             Some(secs(60))
+        );
+    }
+
+    #[test]
+    fn default_is_rocketmq() {
+        assert_eq!(PolicySpec::default(), PolicySpec::delay_levels_default());
+        assert_eq!(
+            PolicySpec::default().to_string(),
+            "delay-levels:start=3,max=16"
         );
     }
 
