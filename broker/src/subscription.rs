@@ -577,12 +577,11 @@ impl SubscriptionActor {
             }
         }
         // A consumer's policy applies unless an operator set one.
-        if let Some(p) = spec.policy {
-            if self.rec.policy_source.as_deref() != Some("admin")
-                && self.rec.policy.as_ref() != Some(&p)
-            {
-                self.set_policy(Some(p), "client")?;
-            }
+        if let Some(p) = spec.policy
+            && self.rec.policy_source.as_deref() != Some("admin")
+            && self.rec.policy.as_ref() != Some(&p)
+        {
+            self.set_policy(Some(p), "client")?;
         }
         if self.rec.sub_type != spec.sub_type as i32 {
             self.rec.sub_type = spec.sub_type as i32;
@@ -834,12 +833,12 @@ impl SubscriptionActor {
             if let Some(c) = self.consumers.iter_mut().find(|c| c.id == f.consumer) {
                 c.unacked = c.unacked.saturating_sub(1);
             }
-            if let Some(b) = f.bucket {
-                if let Some(entry) = self.buckets.get_mut(&b) {
-                    entry.1 -= 1;
-                    if entry.1 == 0 {
-                        self.buckets.remove(&b);
-                    }
+            if let Some(b) = f.bucket
+                && let Some(entry) = self.buckets.get_mut(&b)
+            {
+                entry.1 -= 1;
+                if entry.1 == 0 {
+                    self.buckets.remove(&b);
                 }
             }
             if let Some(due) = f.due_ms {
@@ -1166,10 +1165,9 @@ impl SubscriptionActor {
             .properties
             .get(props::ORIGIN_MESSAGE_ID)
             .and_then(|o| o.rsplit_once(':'))
+            && let Ok(e) = e.parse()
         {
-            if let Ok(e) = e.parse() {
-                return (t.to_owned(), e);
-            }
+            return (t.to_owned(), e);
         }
         (self.rec.topic.clone(), key.1)
     }
@@ -1599,10 +1597,10 @@ impl SubscriptionActor {
         {
             tracing::warn!(error = %e, "retention trim failed");
         }
-        if let Some(t) = &self.retry_topic {
-            if let Err(e) = t.update_mark(self.rec.id, self.rec.retry.mark_delete) {
-                tracing::warn!(error = %e, "retry tier trim failed");
-            }
+        if let Some(t) = &self.retry_topic
+            && let Err(e) = t.update_mark(self.rec.id, self.rec.retry.mark_delete)
+        {
+            tracing::warn!(error = %e, "retry tier trim failed");
         }
     }
 
@@ -1650,10 +1648,7 @@ impl SubscriptionActor {
         let mut count = 0;
         let mut next = None;
         let mut after = None;
-        loop {
-            let Ok(batch) = self.storage.scheduled(after, u64::MAX, 10_000) else {
-                break;
-            };
+        while let Ok(batch) = self.storage.scheduled(after, u64::MAX, 10_000) {
             for k in &batch {
                 if k.message.sub_id == self.rec.id
                     && !self

@@ -36,6 +36,8 @@ async fn spawn_broker(dir: &std::path::Path, addr: SocketAddr) -> Proc {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn broker");
+    // Owned by the guard from here on, so it is killed and reaped on any panic.
+    let proc = Proc(child);
     let url = format!("http://{addr}");
     for _ in 0..200 {
         if tonic::transport::Channel::from_shared(url.clone())
@@ -44,7 +46,7 @@ async fn spawn_broker(dir: &std::path::Path, addr: SocketAddr) -> Proc {
             .await
             .is_ok()
         {
-            return Proc(child);
+            return proc;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }

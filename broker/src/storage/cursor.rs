@@ -64,11 +64,11 @@ impl Cursor {
     }
 
     fn compact(&mut self) {
-        if let Some(first) = self.acked.iter().next().cloned() {
-            if first.start <= self.mark_delete {
-                self.mark_delete = self.mark_delete.max(first.end);
-                self.acked.remove(first);
-            }
+        if let Some(first) = self.acked.iter().next().cloned()
+            && first.start <= self.mark_delete
+        {
+            self.mark_delete = self.mark_delete.max(first.end);
+            self.acked.remove(first);
         }
     }
 }
