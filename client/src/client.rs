@@ -1,0 +1,235 @@
+//! [`Client`]: one HTTP/2 connection to a broker, shared by every producer
+//! and consumer made from it, and [`ClientBuilder`] for its timeouts and
+//! reconnect backoff.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ricochet_proto::admin_client::AdminClient;
+use ricochet_proto::broker_client::BrokerClient;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::consumer::ConsumerBuilder;
+use crate::error::{Error, Result};
+use crate::producer::ProducerBuilder;
+
+/// Largest gRPC frame accepted or sent (the broker's limit too).
+pub(crate) const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+
+/// Connection settings shared by a client's producers and consumers.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// How long to wait for the TCP + HTTP/2 connection (also on reconnects).
+    pub connect_timeout: Duration,
+    /// How long to wait for the broker to answer a request: opening a
+    /// producer or a consumer, a `reconsume_later`/`terminate`
+    /// confirmation, the final acks of `close`.
+    pub request_timeout: Duration,
+    /// First delay between reconnect attempts of a broken stream.
+    pub reconnect_min: Duration,
+    /// Largest delay between reconnect attempts (the delay doubles, with
+    /// ±20 % jitter, up to this).
+    pub reconnect_max: Duration,
+    /// HTTP/2 keep-alive ping interval, so a silently dead connection is
+    /// noticed (and the streams on it reconnected).
+    pub keep_alive_interval: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            reconnect_min: Duration::from_millis(100),
+            reconnect_max: Duration::from_secs(30),
+            keep_alive_interval: Duration::from_secs(15),
+        }
+    }
+}
+
+/// Builds a [`Client`].
+///
+/// ```no_run
+/// # async fn run() -> ricochet_client::Result<()> {
+/// use std::time::Duration;
+/// let client = ricochet_client::Client::builder("http://127.0.0.1:6650")
+///     .connect_timeout(Duration::from_secs(5))
+///     .request_timeout(Duration::from_secs(10))
+///     .reconnect_backoff(Duration::from_millis(50), Duration::from_secs(5))
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    url: String,
+    config: ClientConfig,
+}
+
+impl ClientBuilder {
+    /// Connection timeout (default 10 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.config.connect_timeout = d;
+        self
+    }
+
+    /// Request timeout (default 30 s), see [`ClientConfig::request_timeout`].
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.config.request_timeout = d;
+        self
+    }
+
+    /// Reconnect backoff bounds (default 100 ms to 30 s).
+    pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.config.reconnect_min = min.max(Duration::from_millis(1));
+        self.config.reconnect_max = max.max(self.config.reconnect_min);
+        self
+    }
+
+    /// HTTP/2 keep-alive interval (default 15 s).
+    pub fn keep_alive_interval(mut self, d: Duration) -> Self {
+        self.config.keep_alive_interval = d;
+        self
+    }
+
+    fn endpoint(&self) -> Result<Endpoint> {
+        let ep = Endpoint::from_shared(self.url.clone())
+            .map_err(|e| Error::InvalidArgument(format!("bad broker URL {:?}: {e}", self.url)))?;
+        Ok(ep
+            .connect_timeout(self.config.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(self.config.keep_alive_interval)
+            .keep_alive_timeout(self.config.keep_alive_interval.max(Duration::from_secs(1)))
+            .keep_alive_while_idle(true))
+    }
+
+    /// Connects now; fails if the broker cannot be reached within the
+    /// connect timeout.
+    pub async fn connect(self) -> Result<Client> {
+        let ep = self.endpoint()?;
+        let channel = match tokio::time::timeout(self.config.connect_timeout, ep.connect()).await {
+            Ok(r) => r?,
+            Err(_) => return Err(Error::Timeout(format!("connecting to {}", self.url))),
+        };
+        Ok(Client::from_parts(channel, self.url, self.config))
+    }
+
+    /// A client that connects on first use (and never fails here, except
+    /// for a malformed URL).
+    pub fn connect_lazy(self) -> Result<Client> {
+        let channel = self.endpoint()?.connect_lazy();
+        Ok(Client::from_parts(channel, self.url, self.config))
+    }
+}
+
+/// A connection to a Ricochet broker.
+///
+/// Cheap to clone: clones share one `tonic` [`Channel`] (one HTTP/2
+/// connection, re-established on its own after a failure), which every
+/// producer and consumer made from the client multiplexes its stream over.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+#[derive(Debug)]
+struct ClientInner {
+    channel: Channel,
+    url: String,
+    config: ClientConfig,
+}
+
+impl Client {
+    /// Connects with default settings.
+    pub async fn connect(url: impl Into<String>) -> Result<Client> {
+        Self::builder(url).connect().await
+    }
+
+    /// Starts configuring a client.
+    pub fn builder(url: impl Into<String>) -> ClientBuilder {
+        ClientBuilder {
+            url: url.into(),
+            config: ClientConfig::default(),
+        }
+    }
+
+    fn from_parts(channel: Channel, url: String, config: ClientConfig) -> Self {
+        Self {
+            inner: Arc::new(ClientInner {
+                channel,
+                url,
+                config,
+            }),
+        }
+    }
+
+    /// Starts building a producer on `topic` (`orders` means
+    /// `persistent://public/default/orders`).
+    pub fn producer(&self, topic: impl Into<String>) -> ProducerBuilder {
+        ProducerBuilder::new(self.clone(), topic.into())
+    }
+
+    /// Starts building a consumer on `topic`.
+    pub fn consumer(&self, topic: impl Into<String>) -> ConsumerBuilder {
+        ConsumerBuilder::new(self.clone(), topic.into())
+    }
+
+    /// The generated admin client (topics, subscriptions, policies, dead
+    /// letters) on this client's connection.
+    pub fn admin(&self) -> AdminClient<Channel> {
+        AdminClient::new(self.inner.channel.clone())
+            .max_decoding_message_size(MAX_FRAME_BYTES)
+            .max_encoding_message_size(MAX_FRAME_BYTES)
+    }
+
+    /// The underlying channel, for other generated clients.
+    pub fn channel(&self) -> Channel {
+        self.inner.channel.clone()
+    }
+
+    /// The broker URL.
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    pub(crate) fn broker(&self) -> BrokerClient<Channel> {
+        BrokerClient::new(self.inner.channel.clone())
+            .max_decoding_message_size(MAX_FRAME_BYTES)
+            .max_encoding_message_size(MAX_FRAME_BYTES)
+    }
+}
+
+/// Exponential reconnect delays with jitter.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    next: Duration,
+    min: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(config: &ClientConfig) -> Self {
+        Self {
+            next: config.reconnect_min,
+            min: config.reconnect_min,
+            max: config.reconnect_max,
+        }
+    }
+
+    /// The delay before the next attempt.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        let factor = 0.8 + rand::random::<f64>() * 0.4;
+        d.mul_f64(factor).min(self.max)
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.next = self.min;
+    }
+}

@@ -1,0 +1,126 @@
+//! The client's one error type, [`Error`], and its [`Result`] alias.
+//!
+//! Every fallible call of the client returns [`Error`]. It is `Clone`, so
+//! one broker answer (say a rejected batch) can be handed to every message of
+//! the batch. Errors the broker sends as gRPC statuses or as `google.rpc`
+//! codes in `SendError`/`CommandResult` frames become [`Error::Rejected`];
+//! broken or unreachable connections become [`Error::Connection`].
+
+use ricochet_policy::PolicyError;
+
+/// Result alias used throughout the client.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the client.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The broker cannot be reached, or the stream broke (the client
+    /// reconnects on its own; this is returned when an operation cannot
+    /// wait for that, or when a connect attempt fails).
+    #[error("connection error: {0}")]
+    Connection(String),
+    /// An operation did not complete within its deadline (connect timeout,
+    /// request timeout, send timeout).
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// The broker refused the request.
+    #[error("rejected by the broker ({code:?}): {message}")]
+    Rejected {
+        /// The gRPC status code the broker answered with.
+        code: tonic::Code,
+        /// The broker's explanation.
+        message: String,
+    },
+    /// The caller asked for something that cannot work (bad URL, oversize
+    /// payload, cumulative ack on a Shared subscription, ...). Nothing was sent.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The producer or consumer was closed.
+    #[error("closed")]
+    Closed,
+    /// A dead-letter policy that does not validate or cannot be built.
+    #[error("policy: {0}")]
+    Policy(#[from] PolicyError),
+}
+
+impl Error {
+    /// A [`Error::Rejected`] from a raw `google.rpc.Code` value as carried in
+    /// `SendError` and `CommandResult` frames.
+    pub(crate) fn from_code(code: i32, message: impl Into<String>) -> Self {
+        Error::Rejected {
+            code: tonic::Code::from_i32(code),
+            message: message.into(),
+        }
+    }
+
+    /// The gRPC code when the broker rejected the request.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            Error::Rejected { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// Whether retrying the same operation later may succeed (a broken
+    /// connection, a timeout, or a broker that is unavailable or busy).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Connection(_) | Error::Timeout(_) => true,
+            Error::Rejected { code, .. } => is_transient(*code),
+            Error::InvalidArgument(_) | Error::Closed | Error::Policy(_) => false,
+        }
+    }
+}
+
+/// gRPC codes worth retrying on a reconnect.
+pub(crate) fn is_transient(code: tonic::Code) -> bool {
+    use tonic::Code::*;
+    matches!(
+        code,
+        Unavailable
+            | Unknown
+            | Internal
+            | Cancelled
+            | DeadlineExceeded
+            | ResourceExhausted
+            | Aborted
+    )
+}
+
+impl From<tonic::Status> for Error {
+    fn from(s: tonic::Status) -> Self {
+        match s.code() {
+            // Transport failures surface as Unavailable/Unknown with a
+            // transport source; present them as connection errors.
+            tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown
+                if std::error::Error::source(&s).is_some() || s.message().contains("transport") =>
+            {
+                Error::Connection(s.to_string())
+            }
+            tonic::Code::DeadlineExceeded => Error::Timeout(s.message().to_owned()),
+            code => Error::Rejected {
+                code,
+                message: s.message().to_owned(),
+            },
+        }
+    }
+}
+
+impl From<tonic::transport::Error> for Error {
+    fn from(e: tonic::transport::Error) -> Self {
+        Error::Connection(error_chain(&e))
+    }
+}
+
+/// `e` and its sources, joined with `: `.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

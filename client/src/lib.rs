@@ -1,0 +1,95 @@
+//! The async Rust client for Ricochet, a Pulsar-style message broker built
+//! around failure handling.
+//!
+//! * [`Client`]: one HTTP/2 connection, cheap to clone, shared by every
+//!   producer and consumer made from it; [`Client::admin`] gives the admin API.
+//! * [`Producer`]: batched, pipelined sends with per-message receipts and
+//!   transparent, de-duplicated resends after a reconnect.
+//! * [`Consumer`]: flow-controlled delivery, grouped acks, an ack-timeout
+//!   tracker, a negative-ack tracker driven by the subscription's
+//!   [`DeadLetterPolicy`](ricochet_policy::DeadLetterPolicy),
+//!   `reconsume_later` (broker-side retry tier) and `terminate` (straight to
+//!   the dead-letter tier), and transparent resubscription.
+//!
+//! # Quickstart
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ricochet_client::{Client, InitialPosition, OutgoingMessage, SubscriptionType};
+//! use ricochet_policy::{MultiplierBackoff, PolicySpec};
+//!
+//! # async fn run() -> ricochet_client::Result<()> {
+//! let client = Client::connect("http://127.0.0.1:6650").await?;
+//!
+//! let producer = client.producer("orders").create().await?;
+//! let id = producer.send("hello").await?;                  // waits for the receipt
+//! let pending: Vec<_> = (0..100).map(|i| producer.send_async(format!("order {i}"))).collect();
+//! for p in pending {
+//!     p.await?;                                            // pipelined
+//! }
+//! producer.send(OutgoingMessage::builder("later").key("k1").deliver_after(Duration::from_secs(5))).await?;
+//!
+//! let mut consumer = client
+//!     .consumer("orders")
+//!     .subscription("billing")
+//!     .subscription_type(SubscriptionType::Shared)
+//!     .initial_position(InitialPosition::Earliest)
+//!     .ack_timeout(Duration::from_secs(30))
+//!     // 1 s, 2 s, 4 s ... (capped at 1 min), then the dead-letter topic after 5 failures.
+//!     .policy_spec(PolicySpec::multiplier_backoff(
+//!         MultiplierBackoff { min: Duration::from_secs(1), max: Duration::from_secs(60), ..Default::default() },
+//!         5,
+//!     ))
+//!     .subscribe()
+//!     .await?;
+//! loop {
+//!     let msg = consumer.receive().await?;
+//!     if msg.payload().starts_with(b"order") {
+//!         consumer.ack(&msg).await?;
+//!     } else {
+//!         consumer.nack_with_reason(&msg, "not an order").await?;
+//!     }
+//!     # break;
+//! }
+//! consumer.close().await?;
+//! # let _ = id;
+//! # Ok(()) }
+//! ```
+//!
+//! # Failure handling, in one paragraph
+//!
+//! A [`nack`](Consumer::nack) is held by the client for the delay the policy
+//! gives the message's next attempt, then sent back; the broker counts the
+//! attempt (persistently) and redelivers at once or dead-letters. A
+//! [`reconsume_later`](Consumer::reconsume_later) is sent at once; the broker
+//! moves the message into the subscription's retry tier and delivers it when
+//! due. An unacked message past the [ack timeout](ConsumerBuilder::ack_timeout)
+//! is sent back like a nack. [`terminate`](Consumer::terminate) dead-letters.
+
+mod client;
+mod consumer;
+mod error;
+mod message;
+mod producer;
+pub mod tracker;
+
+pub use client::{Client, ClientBuilder, ClientConfig};
+pub use consumer::{
+    Acker, Consumer, ConsumerBuilder, ConsumerConfig, InitialPosition, SubscriptionType,
+};
+pub use error::{Error, Result};
+pub use message::{Message, MessageBuilder, MessageId, OutgoingMessage};
+pub use producer::{Producer, ProducerBuilder, ProducerConfig};
+
+/// Re-exported for convenience: the policy vocabulary the consumer takes.
+pub use ricochet_policy::{DeadLetterPolicy, PolicySpec};
+/// Re-exported: the generated protocol types (for [`Client::admin`]).
+pub use ricochet_proto as proto;
+
+/// A process-unique, hard-to-collide suffix for generated names.
+pub(crate) fn unique_suffix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{:016x}-{n}", rand::random::<u64>())
+}

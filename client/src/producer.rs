@@ -1,0 +1,794 @@
+//! Producers: [`ProducerBuilder`] and [`Producer`].
+//!
+//! A producer is one gRPC stream driven by a background task. Messages are
+//! numbered with strictly increasing sequence ids in the order
+//! [`Producer::send_async`] is called, gathered into batches (by count,
+//! bytes and linger time), and pipelined: many batches are in flight at
+//! once, and the broker answers each with receipts, in order, once the batch
+//! is durable.
+//!
+//! **Reconnects are transparent.** When the stream breaks the task
+//! reconnects with backoff, reopens under the *same producer name*, and
+//! resends every message not yet receipted with its *same sequence id*; the
+//! broker drops what it had already stored (de-duplication by producer name
+//! and sequence id), so a message is stored once. Messages the broker reports
+//! as already stored (their sequence id is at or below the
+//! `last_sequence_id` it returns on reopen) resolve to an id whose
+//! [`MessageId::is_unknown`] is true, as Pulsar answers `-1:-1`. The default
+//! producer name is generated and unique per producer, so de-duplication
+//! works across reconnects without configuration; give a stable
+//! [`name`](ProducerBuilder::name) to de-duplicate across process restarts
+//! too (sequence ids then continue from the broker's last one).
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use ricochet_proto::{
+    ProduceRequest, ProduceResponse, ProducerOpen, ProducerOpened, SendBatch, SendReceipts,
+    produce_request, produce_response,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::Streaming;
+
+use crate::client::{Backoff, Client};
+use crate::error::{Error, Result};
+use crate::message::{MessageId, OutgoingMessage};
+
+/// Batches assigned a request id and not yet answered, per producer.
+const MAX_INFLIGHT_BATCHES: usize = 128;
+
+/// Producer settings.
+#[derive(Debug, Clone)]
+pub struct ProducerConfig {
+    /// Producer name; `None` generates a unique one.
+    pub name: Option<String>,
+    /// Gather messages into batches (default true). When false every
+    /// message is its own `SendBatch`.
+    pub batching: bool,
+    /// Most messages per batch (default 1000).
+    pub batch_max_messages: usize,
+    /// Most bytes per batch (default 128 KiB); a larger message goes alone.
+    pub batch_max_bytes: usize,
+    /// How long the first message of a batch waits for company (default 1 ms).
+    pub batch_linger: Duration,
+    /// A message not receipted within this fails with [`Error::Timeout`]
+    /// (and is not resent after a reconnect). Default 30 s; zero disables.
+    pub send_timeout: Duration,
+}
+
+impl Default for ProducerConfig {
+    fn default() -> Self {
+        Self {
+            name: None,
+            batching: true,
+            batch_max_messages: 1000,
+            batch_max_bytes: 128 * 1024,
+            batch_linger: Duration::from_millis(1),
+            send_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Builds a [`Producer`]; see [`Client::producer`].
+#[derive(Debug)]
+pub struct ProducerBuilder {
+    client: Client,
+    topic: String,
+    config: ProducerConfig,
+}
+
+impl ProducerBuilder {
+    pub(crate) fn new(client: Client, topic: String) -> Self {
+        Self {
+            client,
+            topic,
+            config: ProducerConfig::default(),
+        }
+    }
+
+    /// A stable producer name: de-duplication then also spans process
+    /// restarts. Two live producers must not share a name.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.config.name = Some(name.into());
+        self
+    }
+
+    /// Turns batching on or off (on by default).
+    pub fn batching(mut self, on: bool) -> Self {
+        self.config.batching = on;
+        self
+    }
+
+    /// Most messages per batch (default 1000).
+    pub fn batch_max_messages(mut self, n: usize) -> Self {
+        self.config.batch_max_messages = n.max(1);
+        self
+    }
+
+    /// Most bytes per batch (default 128 KiB).
+    pub fn batch_max_bytes(mut self, n: usize) -> Self {
+        self.config.batch_max_bytes = n.max(1);
+        self
+    }
+
+    /// Linger time of a batch (default 1 ms).
+    pub fn batch_linger(mut self, d: Duration) -> Self {
+        self.config.batch_linger = d;
+        self
+    }
+
+    /// Send timeout (default 30 s; zero disables).
+    pub fn send_timeout(mut self, d: Duration) -> Self {
+        self.config.send_timeout = d;
+        self
+    }
+
+    /// All settings at once.
+    pub fn config(mut self, config: ProducerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Opens the producer. Transient failures (broker unreachable) are
+    /// retried with backoff until the client's request timeout; a rejection
+    /// (bad topic name, a tier topic, ...) is returned at once.
+    pub async fn create(self) -> Result<Producer> {
+        let name = self
+            .config
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("producer-{}", crate::unique_suffix()));
+        if name.is_empty() {
+            return Err(Error::InvalidArgument(
+                "producer name must not be empty".into(),
+            ));
+        }
+        let deadline = Instant::now() + self.client.config().request_timeout;
+        let mut backoff = Backoff::new(self.client.config());
+        let (conn, opened) = loop {
+            match open(&self.client, &self.topic, &name).await {
+                Ok(r) => break r,
+                Err(e) if e.is_retryable() => {
+                    let wait = backoff.next_delay();
+                    if Instant::now() + wait >= deadline {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, topic = %self.topic, "producer open failed; retrying");
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            topic: opened.topic.clone(),
+            name: opened.producer_name.clone(),
+            max_message_size: AtomicU64::new(opened.max_message_size),
+            last_sequence_id: AtomicU64::new(opened.last_sequence_id.unwrap_or(0)),
+            closed: AtomicBool::new(false),
+        });
+        let next_seq = opened.last_sequence_id.map_or(0, |l| l.saturating_add(1));
+        let driver = Driver {
+            client: self.client,
+            config: self.config,
+            shared: shared.clone(),
+            topic_arc: Arc::from(opened.topic.as_str()),
+            rx,
+            conn: Some(conn),
+            backoff,
+            reconnect_at: None,
+            next_seq,
+            next_request: 1,
+            batch: Vec::new(),
+            batch_bytes: 0,
+            batch_deadline: None,
+            inflight: VecDeque::new(),
+            waiters: Vec::new(),
+            fatal: None,
+            closing: None,
+        };
+        tokio::spawn(driver.run());
+        Ok(Producer { tx, shared })
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    topic: String,
+    name: String,
+    max_message_size: AtomicU64,
+    last_sequence_id: AtomicU64,
+    closed: AtomicBool,
+}
+
+enum Cmd {
+    Send(OutgoingMessage, oneshot::Sender<Result<MessageId>>),
+    Flush(oneshot::Sender<Result<()>>),
+    Close(oneshot::Sender<Result<()>>),
+}
+
+/// Sends messages to one topic; see the [module docs](self).
+///
+/// Cheap to clone: clones share the producer (one stream, one sequence).
+/// The producer is closed by [`close`](Self::close) or when the last clone
+/// is dropped (pending messages are then still sent, best effort).
+#[derive(Debug, Clone)]
+pub struct Producer {
+    tx: mpsc::UnboundedSender<Cmd>,
+    shared: Arc<Shared>,
+}
+
+impl Producer {
+    /// The topic, fully qualified.
+    pub fn topic(&self) -> &str {
+        &self.shared.topic
+    }
+
+    /// The producer name (generated unless set).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The highest sequence id the broker had stored for this producer
+    /// name when the stream was last (re)opened (0 when none).
+    pub fn last_sequence_id(&self) -> u64 {
+        self.shared.last_sequence_id.load(Ordering::Relaxed)
+    }
+
+    /// Sends a message and waits for its receipt (the broker has stored it,
+    /// durably in the broker's sync mode).
+    pub async fn send(&self, msg: impl Into<OutgoingMessage>) -> Result<MessageId> {
+        self.send_async(msg).await
+    }
+
+    /// Queues a message and returns a future of its receipt, without
+    /// waiting: call it many times to pipeline. Sequence ids (and so the
+    /// order on the topic) follow the order of the calls, not of awaiting
+    /// the futures. The futures need not be awaited for the messages to be
+    /// sent. Nothing bounds how many are queued: keep a window of futures
+    /// (or call [`flush`](Self::flush)) to bound memory.
+    pub fn send_async(
+        &self,
+        msg: impl Into<OutgoingMessage>,
+    ) -> impl Future<Output = Result<MessageId>> + Send + 'static {
+        let msg = msg.into();
+        let (tx, rx) = oneshot::channel();
+        let max = self.shared.max_message_size.load(Ordering::Relaxed);
+        let early = if self.shared.closed.load(Ordering::Acquire) {
+            Some(Error::Closed)
+        } else if max > 0 && msg.payload.len() as u64 > max {
+            Some(Error::InvalidArgument(format!(
+                "payload of {} bytes exceeds the broker's limit of {max} bytes",
+                msg.payload.len()
+            )))
+        } else if self.tx.send(Cmd::Send(msg, tx)).is_err() {
+            Some(Error::Closed)
+        } else {
+            None
+        };
+        async move {
+            if let Some(e) = early {
+                return Err(e);
+            }
+            rx.await.unwrap_or(Err(Error::Closed))
+        }
+    }
+
+    /// Sends the current batch now and waits until every message queued
+    /// before this call is receipted (or failed).
+    pub async fn flush(&self) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Cmd::Flush(tx)).map_err(|_| Error::Closed)?;
+        rx.await.unwrap_or(Err(Error::Closed))
+    }
+
+    /// Flushes, waits for the outstanding receipts (up to the client's
+    /// request timeout), then closes the stream. Later sends fail with
+    /// [`Error::Closed`]; so do messages still unreceipted at the deadline.
+    pub async fn close(&self) -> Result<()> {
+        self.shared.closed.store(true, Ordering::Release);
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Cmd::Close(tx)).is_err() {
+            return Ok(());
+        }
+        rx.await.unwrap_or(Ok(()))
+    }
+}
+
+struct Conn {
+    tx: mpsc::UnboundedSender<ProduceRequest>,
+    inbound: Streaming<ProduceResponse>,
+}
+
+/// Opens a producer stream: `ProducerOpen`, then the broker's `ProducerOpened`.
+async fn open(client: &Client, topic: &str, name: &str) -> Result<(Conn, ProducerOpened)> {
+    let timeout = client.config().request_timeout;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let open = ProduceRequest {
+        request: Some(produce_request::Request::Open(ProducerOpen {
+            topic: topic.to_owned(),
+            producer_name: name.to_owned(),
+        })),
+    };
+    tx.send(open).map_err(|_| Error::Closed)?;
+    let handshake = async {
+        let mut inbound = client
+            .broker()
+            .produce(UnboundedReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        match inbound.message().await? {
+            Some(ProduceResponse {
+                response: Some(produce_response::Response::Opened(o)),
+            }) => Ok((inbound, o)),
+            Some(ProduceResponse {
+                response: Some(produce_response::Response::Error(e)),
+            }) => Err(Error::from_code(e.code, e.message)),
+            Some(_) => Err(Error::Connection(
+                "the broker answered ProducerOpen with an unexpected frame".into(),
+            )),
+            None => Err(Error::Connection(
+                "the broker closed the producer stream during the handshake".into(),
+            )),
+        }
+    };
+    match tokio::time::timeout(timeout, handshake).await {
+        Ok(Ok((inbound, opened))) => Ok((Conn { tx, inbound }, opened)),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(Error::Timeout(format!("opening a producer on {topic}"))),
+    }
+}
+
+struct PendingMsg {
+    seq: u64,
+    msg: ricochet_proto::OutboundMessage,
+    reply: Option<oneshot::Sender<Result<MessageId>>>,
+    deadline: Option<Instant>,
+}
+
+struct Batch {
+    request_id: u64,
+    msgs: Vec<PendingMsg>,
+}
+
+enum Event {
+    Response(Result<Option<ProduceResponse>, tonic::Status>),
+    Cmd(Option<Cmd>),
+    Linger,
+    Reconnect,
+    Expire,
+    CloseDeadline,
+}
+
+struct Driver {
+    client: Client,
+    config: ProducerConfig,
+    shared: Arc<Shared>,
+    topic_arc: Arc<str>,
+    rx: mpsc::UnboundedReceiver<Cmd>,
+    conn: Option<Conn>,
+    backoff: Backoff,
+    reconnect_at: Option<Instant>,
+    next_seq: u64,
+    next_request: u64,
+    batch: Vec<PendingMsg>,
+    batch_bytes: usize,
+    batch_deadline: Option<Instant>,
+    inflight: VecDeque<Batch>,
+    /// `flush` and `close` callers waiting for every seq up to theirs.
+    waiters: Vec<(u64, oneshot::Sender<Result<()>>)>,
+    fatal: Option<Error>,
+    /// Set by `close`: the deadline, and whether the command channel is done.
+    closing: Option<Instant>,
+}
+
+async fn next_response(conn: Option<&mut Conn>) -> Result<Option<ProduceResponse>, tonic::Status> {
+    match conn {
+        Some(c) => c.inbound.message().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Driver {
+    async fn run(mut self) {
+        let mut rx_open = true;
+        loop {
+            if self.closing.is_some() || !rx_open {
+                self.flush_batch();
+                if self.all_done() {
+                    break;
+                }
+            }
+            let accepting = rx_open && self.inflight.len() < MAX_INFLIGHT_BATCHES;
+            let linger = if self.batch.is_empty() || self.inflight.len() >= MAX_INFLIGHT_BATCHES {
+                None
+            } else {
+                self.batch_deadline
+            };
+            let expire = self.next_expiry();
+            let reconnect = if self.conn.is_none() && self.fatal.is_none() {
+                self.reconnect_at
+            } else {
+                None
+            };
+            let close_at = self.closing;
+            let event = tokio::select! {
+                biased;
+                r = next_response(self.conn.as_mut()) => Event::Response(r),
+                c = self.rx.recv(), if accepting => Event::Cmd(c),
+                _ = sleep_opt(linger) => Event::Linger,
+                _ = sleep_opt(reconnect) => Event::Reconnect,
+                _ = sleep_opt(expire) => Event::Expire,
+                _ = sleep_opt(close_at) => Event::CloseDeadline,
+            };
+            match event {
+                Event::Response(Ok(Some(resp))) => self.on_response(resp),
+                Event::Response(Ok(None)) => {
+                    self.lost("the broker ended the producer stream".into())
+                }
+                Event::Response(Err(status)) => self.lost(Error::from(status).to_string()),
+                Event::Cmd(Some(cmd)) => {
+                    self.on_cmd(cmd);
+                    // Take whatever else is queued before deciding to send.
+                    while self.inflight.len() < MAX_INFLIGHT_BATCHES {
+                        match self.rx.try_recv() {
+                            Ok(cmd) => self.on_cmd(cmd),
+                            Err(_) => break,
+                        }
+                    }
+                    if !self.config.batching {
+                        self.flush_batch();
+                    }
+                }
+                Event::Cmd(None) => {
+                    // Every handle is gone: send what is queued, then stop.
+                    rx_open = false;
+                    if self.closing.is_none() {
+                        self.closing = Some(Instant::now() + self.client.config().request_timeout);
+                    }
+                }
+                Event::Linger => self.flush_batch(),
+                Event::Reconnect => self.reconnect().await,
+                Event::Expire => self.expire(Instant::now()),
+                Event::CloseDeadline => {
+                    let left: usize = self.inflight.iter().map(|b| b.msgs.len()).sum::<usize>()
+                        + self.batch.len();
+                    self.fail_all(&Error::Closed);
+                    for (_, w) in self.waiters.drain(..) {
+                        let _ = w.send(Err(Error::Timeout(format!(
+                            "closing: {left} message(s) not receipted in time"
+                        ))));
+                    }
+                    break;
+                }
+            }
+            self.check_waiters();
+        }
+        self.shared.closed.store(true, Ordering::Release);
+        self.fail_all(&Error::Closed);
+        for (_, w) in self.waiters.drain(..) {
+            let _ = w.send(Ok(()));
+        }
+        // Dropping the connection ends the request stream: the broker sees a
+        // clean close.
+    }
+
+    fn on_cmd(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Send(msg, reply) => {
+                if let Some(e) = &self.fatal {
+                    let _ = reply.send(Err(e.clone()));
+                    return;
+                }
+                if self.closing.is_some() {
+                    let _ = reply.send(Err(Error::Closed));
+                    return;
+                }
+                let size = msg.size();
+                if !self.batch.is_empty()
+                    && (self.batch.len() >= self.config.batch_max_messages
+                        || self.batch_bytes + size > self.config.batch_max_bytes)
+                {
+                    self.flush_batch();
+                }
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                let now = Instant::now();
+                let deadline =
+                    (!self.config.send_timeout.is_zero()).then(|| now + self.config.send_timeout);
+                if self.batch.is_empty() {
+                    self.batch_deadline = Some(now + self.config.batch_linger);
+                }
+                self.batch.push(PendingMsg {
+                    seq,
+                    msg: msg.into_proto(seq),
+                    reply: Some(reply),
+                    deadline,
+                });
+                self.batch_bytes += size;
+                if self.batch.len() >= self.config.batch_max_messages
+                    || self.batch_bytes >= self.config.batch_max_bytes
+                {
+                    self.flush_batch();
+                }
+            }
+            Cmd::Flush(reply) => {
+                self.flush_batch();
+                self.waiters.push((self.next_seq.saturating_sub(1), reply));
+            }
+            Cmd::Close(reply) => {
+                if self.closing.is_none() {
+                    self.closing = Some(Instant::now() + self.client.config().request_timeout);
+                }
+                self.flush_batch();
+                self.waiters.push((self.next_seq.saturating_sub(1), reply));
+            }
+        }
+    }
+
+    /// Assigns the open batch a request id and sends it (or keeps it for the
+    /// next connection).
+    fn flush_batch(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let msgs = std::mem::take(&mut self.batch);
+        self.batch_bytes = 0;
+        self.batch_deadline = None;
+        let batch = Batch {
+            request_id: self.next_request,
+            msgs,
+        };
+        self.next_request += 1;
+        if let Some(conn) = &self.conn {
+            if conn.tx.send(send_frame(&batch)).is_err() {
+                // The stream is gone; the response side will report it.
+                tracing::debug!("producer stream closed while sending");
+            }
+        }
+        self.inflight.push_back(batch);
+    }
+
+    fn on_response(&mut self, resp: ProduceResponse) {
+        match resp.response {
+            Some(produce_response::Response::Receipts(r)) => self.on_receipts(r),
+            Some(produce_response::Response::Error(e)) => {
+                let Some(batch) = self.take_batch(e.request_id) else {
+                    tracing::warn!(request_id = e.request_id, "send error for an unknown batch");
+                    return;
+                };
+                let err = Error::from_code(e.code, e.message);
+                for m in batch.msgs {
+                    if let Some(r) = m.reply {
+                        let _ = r.send(Err(err.clone()));
+                    }
+                }
+            }
+            Some(produce_response::Response::Opened(_)) | None => {
+                tracing::debug!("ignoring an unexpected producer frame");
+            }
+        }
+    }
+
+    fn take_batch(&mut self, request_id: u64) -> Option<Batch> {
+        if self
+            .inflight
+            .front()
+            .is_some_and(|b| b.request_id == request_id)
+        {
+            return self.inflight.pop_front();
+        }
+        let pos = self
+            .inflight
+            .iter()
+            .position(|b| b.request_id == request_id)?;
+        self.inflight.remove(pos)
+    }
+
+    fn on_receipts(&mut self, r: SendReceipts) {
+        let Some(batch) = self.take_batch(r.request_id) else {
+            tracing::warn!(request_id = r.request_id, "receipts for an unknown batch");
+            return;
+        };
+        let mut receipts = r.receipts.into_iter().peekable();
+        for m in batch.msgs {
+            // Receipts come in batch order; skip any the broker added.
+            while receipts.peek().is_some_and(|x| x.sequence_id < m.seq) {
+                receipts.next();
+            }
+            let outcome = match receipts.peek() {
+                Some(x) if x.sequence_id == m.seq => {
+                    let x = receipts.next();
+                    match x.and_then(|x| x.message_id) {
+                        Some(id) if id.topic == *self.topic_arc => {
+                            Ok(MessageId::new(self.topic_arc.clone(), id.entry_id))
+                        }
+                        Some(id) => Ok(MessageId::new(id.topic, id.entry_id)),
+                        None => Ok(MessageId::new(
+                            self.topic_arc.clone(),
+                            MessageId::UNKNOWN_ENTRY,
+                        )),
+                    }
+                }
+                _ => Err(Error::Connection(format!(
+                    "the broker sent no receipt for sequence id {}",
+                    m.seq
+                ))),
+            };
+            if let Some(reply) = m.reply {
+                let _ = reply.send(outcome);
+            }
+        }
+    }
+
+    fn lost(&mut self, why: String) {
+        if self.conn.take().is_none() {
+            return;
+        }
+        tracing::warn!(topic = %self.shared.topic, producer = %self.shared.name, reason = %why, "producer stream lost; reconnecting");
+        // First attempt right away, then back off.
+        self.reconnect_at = Some(Instant::now());
+    }
+
+    async fn reconnect(&mut self) {
+        match open(&self.client, &self.shared.topic, &self.shared.name).await {
+            Ok((conn, opened)) => {
+                self.backoff.reset();
+                self.reconnect_at = None;
+                self.shared
+                    .max_message_size
+                    .store(opened.max_message_size, Ordering::Relaxed);
+                let last = opened.last_sequence_id;
+                self.shared
+                    .last_sequence_id
+                    .store(last.unwrap_or(0), Ordering::Relaxed);
+                if let Some(l) = last {
+                    self.next_seq = self.next_seq.max(l.saturating_add(1));
+                }
+                // Stored before the break (receipt lost): resolve without resending.
+                let stored = |seq: u64| last.is_some_and(|l| seq <= l);
+                let mut resent = 0usize;
+                for batch in &mut self.inflight {
+                    batch.msgs.retain_mut(|m| {
+                        if m.reply.is_none() {
+                            return false;
+                        }
+                        if stored(m.seq) {
+                            if let Some(r) = m.reply.take() {
+                                let _ = r.send(Ok(MessageId::new(
+                                    self.topic_arc.clone(),
+                                    MessageId::UNKNOWN_ENTRY,
+                                )));
+                            }
+                            return false;
+                        }
+                        true
+                    });
+                }
+                self.inflight.retain(|b| !b.msgs.is_empty());
+                for batch in &self.inflight {
+                    resent += batch.msgs.len();
+                    let _ = conn.tx.send(send_frame(batch));
+                }
+                tracing::info!(topic = %self.shared.topic, producer = %self.shared.name, resent, "producer reconnected");
+                self.conn = Some(conn);
+            }
+            Err(e) if e.is_retryable() => {
+                let wait = self.backoff.next_delay();
+                tracing::debug!(error = %e, retry_in = ?wait, "producer reconnect failed");
+                self.reconnect_at = Some(Instant::now() + wait);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, topic = %self.shared.topic, "producer cannot reconnect; failing its messages");
+                self.fail_all(&e);
+                self.fatal = Some(e);
+                self.shared.closed.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// The earliest send-timeout deadline of a message still waiting.
+    fn next_expiry(&self) -> Option<Instant> {
+        if self.config.send_timeout.is_zero() {
+            return None;
+        }
+        self.inflight
+            .iter()
+            .flat_map(|b| b.msgs.iter())
+            .chain(self.batch.iter())
+            .find(|m| m.reply.is_some())
+            .and_then(|m| m.deadline)
+    }
+
+    fn expire(&mut self, now: Instant) {
+        let timeout = self.config.send_timeout;
+        let fail = |m: &mut PendingMsg| {
+            if m.deadline.is_some_and(|d| d <= now) {
+                if let Some(r) = m.reply.take() {
+                    let _ = r.send(Err(Error::Timeout(format!(
+                        "no receipt within the send timeout of {timeout:?}"
+                    ))));
+                }
+            }
+        };
+        for b in &mut self.inflight {
+            b.msgs.iter_mut().for_each(fail);
+        }
+        self.batch.iter_mut().for_each(fail);
+        self.batch.retain(|m| m.reply.is_some());
+        if self.conn.is_none() {
+            // Nothing will answer them on this connection: forget them now.
+            for b in &mut self.inflight {
+                b.msgs.retain(|m| m.reply.is_some());
+            }
+            self.inflight.retain(|b| !b.msgs.is_empty());
+        }
+    }
+
+    fn fail_all(&mut self, e: &Error) {
+        for m in self
+            .inflight
+            .drain(..)
+            .flat_map(|b| b.msgs)
+            .chain(self.batch.drain(..))
+        {
+            if let Some(r) = m.reply {
+                let _ = r.send(Err(e.clone()));
+            }
+        }
+    }
+
+    /// Whether every message up to `seq` is answered.
+    fn done_through(&self, seq: u64) -> bool {
+        let first_pending = self
+            .inflight
+            .iter()
+            .flat_map(|b| b.msgs.first())
+            .chain(self.batch.first())
+            .map(|m| m.seq)
+            .next();
+        first_pending.is_none_or(|s| s > seq)
+    }
+
+    fn all_done(&self) -> bool {
+        self.inflight.is_empty() && self.batch.is_empty()
+    }
+
+    fn check_waiters(&mut self) {
+        if self.waiters.is_empty() {
+            return;
+        }
+        let waiters = std::mem::take(&mut self.waiters);
+        for (seq, w) in waiters {
+            if self.done_through(seq) || self.fatal.is_some() {
+                let _ = w.send(match &self.fatal {
+                    Some(e) => Err(e.clone()),
+                    None => Ok(()),
+                });
+            } else {
+                self.waiters.push((seq, w));
+            }
+        }
+    }
+}
+
+fn send_frame(batch: &Batch) -> ProduceRequest {
+    ProduceRequest {
+        request: Some(produce_request::Request::Send(SendBatch {
+            request_id: batch.request_id,
+            messages: batch.msgs.iter().map(|m| m.msg.clone()).collect(),
+        })),
+    }
+}

@@ -1,0 +1,63 @@
+//! Shared test helpers: a broker on a temp dir, a client, unique names.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use ricochet_broker::{BrokerConfig, TestBroker};
+use ricochet_client::{Client, Consumer, Message};
+
+pub struct Env {
+    pub broker: TestBroker,
+    pub client: Client,
+    pub dir: tempfile::TempDir,
+}
+
+pub async fn start() -> Env {
+    start_with(|_| {}).await
+}
+
+pub async fn start_with(f: impl FnOnce(&mut BrokerConfig)) -> Env {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = BrokerConfig::for_dir(dir.path());
+    f(&mut config);
+    let broker = TestBroker::start(config).await.expect("broker starts");
+    let client = Client::builder(broker.url())
+        .request_timeout(Duration::from_secs(5))
+        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200))
+        .connect()
+        .await
+        .expect("client connects");
+    Env {
+        broker,
+        client,
+        dir,
+    }
+}
+
+pub fn topic(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}-{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Receives one message or panics after `within`.
+pub async fn recv(c: &mut Consumer, within: Duration) -> Message {
+    tokio::time::timeout(within, c.receive())
+        .await
+        .expect("a message in time")
+        .expect("receive ok")
+}
+
+/// Asserts nothing arrives for `d`.
+pub async fn assert_quiet(c: &mut Consumer, d: Duration) {
+    if let Ok(r) = tokio::time::timeout(d, c.receive()).await {
+        panic!(
+            "unexpected delivery: {:?}",
+            r.map(|m| (m.id().clone(), m.delivery_count()))
+        );
+    }
+}
+
+pub fn text(m: &Message) -> String {
+    String::from_utf8_lossy(m.payload()).into_owned()
+}
