@@ -552,11 +552,11 @@ impl Driver {
             msgs,
         };
         self.next_request += 1;
-        if let Some(conn) = &self.conn {
-            if conn.tx.send(send_frame(&batch)).is_err() {
-                // The stream is gone; the response side will report it.
-                tracing::debug!("producer stream closed while sending");
-            }
+        if let Some(conn) = &self.conn
+            && conn.tx.send(send_frame(&batch)).is_err()
+        {
+            // The stream is gone; the response side will report it.
+            tracing::debug!("producer stream closed while sending");
         }
         self.inflight.push_back(batch);
     }
@@ -715,12 +715,12 @@ impl Driver {
     fn expire(&mut self, now: Instant) {
         let timeout = self.config.send_timeout;
         let fail = |m: &mut PendingMsg| {
-            if m.deadline.is_some_and(|d| d <= now) {
-                if let Some(r) = m.reply.take() {
-                    let _ = r.send(Err(Error::Timeout(format!(
-                        "no receipt within the send timeout of {timeout:?}"
-                    ))));
-                }
+            if m.deadline.is_some_and(|d| d <= now)
+                && let Some(r) = m.reply.take()
+            {
+                let _ = r.send(Err(Error::Timeout(format!(
+                    "no receipt within the send timeout of {timeout:?}"
+                ))));
             }
         };
         for b in &mut self.inflight {

@@ -96,7 +96,7 @@ async fn shared_spreads_and_rejects_cumulative_ack() {
     let mut b = sub("b").await.unwrap();
     let producer = env.client.producer(&t).create().await.unwrap();
     for i in 0..100 {
-        let _ = producer.send_async(format!("m{i}"));
+        drop(producer.send_async(format!("m{i}")));
     }
     producer.flush().await.unwrap();
     let mut seen = HashSet::new();
@@ -178,8 +178,9 @@ async fn key_shared_keeps_each_key_on_one_consumer() {
     let producer = env.client.producer(&t).create().await.unwrap();
     let keys = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
     for i in 0..80 {
-        let _ =
-            producer.send_async(OutgoingMessage::builder(format!("{i}")).key(keys[i % keys.len()]));
+        drop(
+            producer.send_async(OutgoingMessage::builder(format!("{i}")).key(keys[i % keys.len()])),
+        );
     }
     producer.flush().await.unwrap();
     let mut owner: HashMap<String, &str> = HashMap::new();
