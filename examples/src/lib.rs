@@ -3,6 +3,10 @@
 //!
 //! - `policy_schedule`: the retry schedules of the built-in dead-letter
 //!   policies at their defaults.
+//! - `quickstart`: produce ten messages, consume and ack them (needs a
+//!   broker at `RICOCHET_URL`, default `http://127.0.0.1:6650`).
+//! - `nack_backoff`: a consumer failing one message three times under a
+//!   multiplier backoff, printing each redelivery's delay and count.
 //!
 //! This library is empty; it holds helpers shared by the examples when they
 //! need any.
