@@ -11,9 +11,11 @@
 //!   comes first, and flushed (and confirmed durable) by
 //!   [`close`](Consumer::close);
 //! * tracks **unacked** messages when an ack timeout is set: a message not
-//!   acked within it is sent back with reason `ACK_TIMEOUT`; the deadline is
-//!   rounded up to the tick, so it fires between `ack_timeout` and
-//!   `ack_timeout + tick` after receipt;
+//!   acked within it of the application taking it (`receive`, or the
+//!   stream) is sent back with reason `ACK_TIMEOUT`, as in Pulsar, so a
+//!   message still waiting in the prefetch queue never times out; the
+//!   deadline is rounded up to the tick, so it fires between `ack_timeout`
+//!   and `ack_timeout + tick` after it was taken;
 //! * tracks **negative acks**: a nacked message is held for the delay the
 //!   dead-letter policy gives for its next attempt (or the fixed
 //!   `negative_ack_delay`), then all due ids go back in one `Redeliver`
@@ -358,6 +360,7 @@ impl ConsumerBuilder {
             refill_threshold: (cfg.receiver_queue_size / 2).max(1),
             active: AtomicU8::new(ACTIVE_UNKNOWN),
             closed: AtomicBool::new(false),
+            track_taken: cfg.ack_timeout.is_some(),
             request_timeout: client.config().request_timeout,
         });
         let mut topics = TopicInterner::default();
@@ -421,6 +424,8 @@ struct Shared {
     refill_threshold: u32,
     active: AtomicU8,
     closed: AtomicBool,
+    /// Whether taking a message starts its ack timeout.
+    track_taken: bool,
     request_timeout: Duration,
 }
 
@@ -452,6 +457,12 @@ enum Cmd {
         epoch: u64,
         detail: String,
         reply: oneshot::Sender<Result<()>>,
+    },
+    /// The application took a message from the queue (ack timeout on).
+    Taken {
+        id: MessageId,
+        epoch: u64,
+        at: Instant,
     },
     Flow(u32),
     Close(oneshot::Sender<Result<()>>),
@@ -634,6 +645,15 @@ impl Acker {
                     return None;
                 }
                 self.consumed(1);
+                if self.shared.track_taken {
+                    // The ack timeout runs from here (Pulsar's rule): a
+                    // message waiting in the prefetch queue cannot time out.
+                    let _ = self.tx.send(Cmd::Taken {
+                        id: m.id.clone(),
+                        epoch: d.epoch,
+                        at: Instant::now(),
+                    });
+                }
                 Some(Ok(m))
             }
             Err(e) => Some(Err(e)),
@@ -1118,7 +1138,6 @@ impl Driver {
     fn on_response(&mut self, r: ConsumeResponse) {
         match r.response {
             Some(consume_response::Response::Messages(batch)) => {
-                let now = Instant::now();
                 let mut auto_acked = 0u32;
                 for m in batch.messages {
                     let Some(msg) = Message::from_proto(m, self.epoch, &mut self.topics) else {
@@ -1137,9 +1156,6 @@ impl Driver {
                     }
                     self.outstanding.insert(key);
                     self.nacks.remove(&key);
-                    if let (Some(t), Some(timeout)) = (&mut self.unacked, self.cfg.ack_timeout) {
-                        t.insert_after(key, timeout, now);
-                    }
                     if self
                         .out
                         .send(Delivery {
@@ -1310,6 +1326,19 @@ impl Driver {
                     detail,
                 });
                 self.command(key, epoch, request, reply);
+            }
+            Cmd::Taken { id, epoch, at } => {
+                if epoch != self.epoch {
+                    return;
+                }
+                let Some(key) = self.table.key(&id) else {
+                    return;
+                };
+                if self.outstanding.contains(&key)
+                    && let (Some(t), Some(timeout)) = (&mut self.unacked, self.cfg.ack_timeout)
+                {
+                    t.insert_after(key, timeout, at);
+                }
             }
             Cmd::Flow(n) => {
                 if let Some(c) = &self.conn {
