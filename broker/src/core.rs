@@ -18,6 +18,7 @@ use ricochet_proto::{InitialPosition, SubscriptionType};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 /// A topic with its subscriptions.
 #[derive(Debug)]
@@ -54,6 +55,8 @@ pub struct BrokerCore {
     pub flusher: Flusher,
     /// Retry scheduler.
     pub scheduler: Scheduler,
+    /// Cancelled when the broker starts shutting down: open streams end.
+    pub shutdown: CancellationToken,
     policies: PolicyRegistry,
     topics: Mutex<HashMap<TopicName, Arc<TopicEntry>>>,
     me: Weak<BrokerCore>,
@@ -94,13 +97,15 @@ impl BrokerCore {
         storage: Arc<dyn Storage>,
         policies: PolicyRegistry,
     ) -> Result<Arc<Self>> {
-        let flusher = Flusher::start(storage.clone(), config.flush_interval);
-        let scheduler = Scheduler::start(storage.clone(), config.retry_window);
+        let shutdown = CancellationToken::new();
+        let flusher = Flusher::start(storage.clone(), config.flush_interval, shutdown.clone());
+        let scheduler = Scheduler::start(storage.clone(), config.retry_window, shutdown.clone());
         let core = Arc::new_cyclic(|me| BrokerCore {
             config,
             storage,
             flusher,
             scheduler,
+            shutdown,
             policies,
             topics: Mutex::new(HashMap::new()),
             me: me.clone(),
@@ -146,6 +151,7 @@ impl BrokerCore {
         let settings = SubscriptionSettings {
             max_unacked_per_consumer: self.config.max_unacked_per_consumer,
             sync: self.config.durability == Durability::Sync,
+            shutdown: self.shutdown.clone(),
         };
         SubscriptionActor::spawn(
             rec,

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
 
 /// Coalesces flush requests onto as few storage flushes as possible.
 #[derive(Debug, Clone)]
@@ -33,8 +34,9 @@ struct Inner {
 }
 
 impl Flusher {
-    /// Starts the flush task. `interval` adds a periodic flush.
-    pub fn start(storage: Arc<dyn Storage>, interval: Duration) -> Self {
+    /// Starts the flush task. `interval` adds a periodic flush; the task ends
+    /// (releasing storage) when `stop` is cancelled.
+    pub fn start(storage: Arc<dyn Storage>, interval: Duration, stop: CancellationToken) -> Self {
         let (done_tx, done_rx) = watch::channel(0u64);
         let inner = Arc::new(Inner {
             requested: AtomicU64::new(0),
@@ -54,6 +56,7 @@ impl Flusher {
                 tokio::select! {
                     _ = inner.wake.notified() => {}
                     _ = ticker.tick() => {}
+                    _ = stop.cancelled() => break,
                 }
                 let target = inner.requested.load(Ordering::Acquire);
                 let ok = storage.flush().await;

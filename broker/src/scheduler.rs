@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 /// Largest number of index entries loaded per refill step.
@@ -59,8 +60,8 @@ impl std::fmt::Debug for Cmd {
 
 impl Scheduler {
     /// Starts the task. Entries already in storage (overdue ones included)
-    /// are loaded by the first refill.
-    pub fn start(storage: Arc<dyn Storage>, window: Duration) -> Self {
+    /// are loaded by the first refill. The task ends when `stop` is cancelled.
+    pub fn start(storage: Arc<dyn Storage>, window: Duration, stop: CancellationToken) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(SchedulerStats::default());
         let task = Task {
@@ -73,7 +74,12 @@ impl Scheduler {
             subs: HashMap::new(),
             stats: stats.clone(),
         };
-        tokio::spawn(task.run(rx));
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = task.run(rx) => {}
+                _ = stop.cancelled() => {}
+            }
+        });
         Self { tx, stats }
     }
 

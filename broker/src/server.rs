@@ -96,6 +96,12 @@ impl Broker {
             }
         });
         tracing::info!(addr = %listener.local_addr()?, "ricochet broker serving");
+        let token = self.core.shutdown.clone();
+        let shutdown = async move {
+            shutdown.await;
+            tracing::info!("shutting down: ending open streams");
+            token.cancel();
+        };
         let result = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(health_service)
@@ -156,17 +162,28 @@ impl TestBroker {
         format!("http://{}", self.addr)
     }
 
-    /// Clean shutdown: stop serving and flush.
+    /// Clean shutdown: stop serving, flush, and wait until storage is closed
+    /// (so the same directory can be opened again in this process).
     pub async fn shutdown(mut self) -> Result<()> {
+        let storage = Arc::downgrade(&self.core.storage);
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
-        match self.task.take() {
+        let served = match self.task.take() {
             Some(t) => t
                 .await
                 .map_err(|e| crate::error::BrokerError::Io(std::io::Error::other(e)))?,
             None => Ok(()),
+        };
+        drop(self);
+        for _ in 0..500 {
+            if storage.upgrade().is_none() {
+                return served;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+        tracing::warn!("storage still referenced 5 s after shutdown");
+        served
     }
 
     /// Stops serving without flushing anything (a crash as far as

@@ -51,8 +51,37 @@ use tonic::{Code, Status};
 
 /// Messages buffered ahead of dispatch.
 const READ_AHEAD: usize = 1_000;
-/// Largest batch of messages sent to a consumer in one frame.
+/// Most messages sent to a consumer in one frame.
 const MAX_FRAME: usize = 500;
+/// Frames stop growing past this many payload bytes (one message always fits:
+/// the gRPC frame limit is far above the largest allowed message).
+const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
+
+/// Sends messages in frames bounded by count and bytes.
+fn send_frames(tx: &ConsumerTx, msgs: Vec<Message>) {
+    let mut frame = Vec::new();
+    let mut bytes = 0;
+    let flush = |frame: &mut Vec<Message>| {
+        let batch = MessageBatch {
+            messages: std::mem::take(frame),
+        };
+        let _ = tx.send(Ok(ConsumeResponse {
+            response: Some(consume_response::Response::Messages(batch)),
+        }));
+    };
+    for m in msgs {
+        let size = m.payload.len();
+        if !frame.is_empty() && (frame.len() >= MAX_FRAME || bytes + size > MAX_FRAME_BYTES) {
+            flush(&mut frame);
+            bytes = 0;
+        }
+        bytes += size;
+        frame.push(m);
+    }
+    if !frame.is_empty() {
+        flush(&mut frame);
+    }
+}
 
 /// Where a consumer's frames go.
 pub type ConsumerTx = mpsc::UnboundedSender<Result<ConsumeResponse, Status>>;
@@ -68,6 +97,8 @@ pub struct ConsumerSpec {
     pub tx: ConsumerTx,
     /// The consumer's dead-letter policy, if it sent one.
     pub policy: Option<PolicySpec>,
+    /// Whether it receives messages from the retry tier (Pulsar's `enableRetry`).
+    pub retry_enabled: bool,
 }
 
 /// The subscription's policy and where it came from.
@@ -172,6 +203,9 @@ pub struct SubscriptionSettings {
     pub max_unacked_per_consumer: usize,
     /// Whether writes must be flushed before they are acknowledged.
     pub sync: bool,
+    /// Cancelled when the broker shuts down: consumers leaving then are not
+    /// charged an attempt (the broker, not the message, ended the delivery).
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 struct ConsumerState {
@@ -180,6 +214,8 @@ struct ConsumerState {
     tx: ConsumerTx,
     permits: u32,
     unacked: usize,
+    /// Whether it receives messages from the retry tier.
+    retry: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -427,6 +463,11 @@ impl SubscriptionActor {
                 changed = end.changed() => {
                     if changed.is_err() { break; }
                 }
+                _ = self.settings.shutdown.cancelled() => {
+                    // Consumers are gone with their streams; persist and stop.
+                    self.persist();
+                    break;
+                }
             }
             self.dispatch();
             self.persist();
@@ -608,12 +649,15 @@ impl SubscriptionActor {
             tx: spec.tx,
             permits: 0,
             unacked: 0,
+            retry: spec.retry_enabled,
         });
-        self.update_active();
+        self.update_active(Some(id));
         Ok((id, self.policy_info()))
     }
 
-    fn update_active(&mut self) {
+    /// Picks the active consumer (Failover: lowest name, then earliest) and
+    /// tells consumers whose role changed; `joined` is told its role either way.
+    fn update_active(&mut self, joined: Option<u64>) {
         if sub_type_of(self.rec.sub_type) != SubscriptionType::Failover {
             self.active = self.consumers.first().map(|c| c.id);
             return;
@@ -623,29 +667,17 @@ impl SubscriptionActor {
             .iter()
             .min_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id)))
             .map(|c| c.id);
-        if new != self.active {
-            for c in &self.consumers {
-                if Some(c.id) == self.active || Some(c.id) == new {
-                    let frame = ConsumeResponse {
-                        response: Some(consume_response::Response::ActiveChange(ActiveChange {
-                            active: Some(c.id) == new,
-                        })),
-                    };
-                    let _ = c.tx.send(Ok(frame));
-                }
+        let old = std::mem::replace(&mut self.active, new);
+        for c in &self.consumers {
+            let changed = old != new && (Some(c.id) == old || Some(c.id) == new);
+            if changed || Some(c.id) == joined {
+                let frame = ConsumeResponse {
+                    response: Some(consume_response::Response::ActiveChange(ActiveChange {
+                        active: Some(c.id) == new,
+                    })),
+                };
+                let _ = c.tx.send(Ok(frame));
             }
-            // Standbys learn they are not active.
-            if self.active.is_none() {
-                for c in self.consumers.iter().filter(|c| Some(c.id) != new) {
-                    let frame = ConsumeResponse {
-                        response: Some(consume_response::Response::ActiveChange(ActiveChange {
-                            active: false,
-                        })),
-                    };
-                    let _ = c.tx.send(Ok(frame));
-                }
-            }
-            self.active = new;
         }
     }
 
@@ -654,6 +686,9 @@ impl SubscriptionActor {
             return;
         };
         let c = self.consumers.remove(pos);
+        if self.settings.shutdown.is_cancelled() {
+            return;
+        }
         let lost: Vec<(TierId, u64)> = self
             .in_flight
             .iter()
@@ -674,7 +709,7 @@ impl SubscriptionActor {
         if let Err(e) = self.fail(failures, None).await {
             tracing::error!(error = %e, sub = %self.rec.name, "cannot record lost consumer's messages");
         }
-        self.update_active();
+        self.update_active(None);
     }
 
     fn consumer_name(&self, id: u64) -> String {
@@ -688,6 +723,14 @@ impl SubscriptionActor {
     fn reply(&self, consumer: u64, frame: ConsumeResponse) {
         if let Some(c) = self.consumers.iter().find(|c| c.id == consumer) {
             let _ = c.tx.send(Ok(frame));
+        }
+    }
+
+    /// `topic:entry` of a message, as carried in `ORIGIN_MESSAGE_ID`.
+    fn wire_id(&self, (tier, entry): (TierId, u64)) -> String {
+        match tier {
+            TierId::Main => format!("{}:{entry}", self.rec.topic),
+            TierId::Retry => format!("{}:{entry}", self.retry_topic_name),
         }
     }
 
@@ -1025,7 +1068,7 @@ impl SubscriptionActor {
             } else {
                 Tier::Main
             };
-            let seed = fnv1a(&[msg.key().as_slice(), &attempt.to_be_bytes()].concat());
+            let seed = ricochet_policy::jitter_seed(self.wire_id(f.key).as_bytes(), attempt);
             let first = UNIX_EPOCH + Duration::from_millis(rec.first_failure_ms);
             let decision = match &policy {
                 Some(p) => {
@@ -1145,10 +1188,7 @@ impl SubscriptionActor {
         m.properties
             .entry(props::REAL_TOPIC.into())
             .or_insert_with(|| self.rec.topic.clone());
-        let origin = match key.0 {
-            TierId::Main => format!("{}:{}", self.rec.topic, key.1),
-            TierId::Retry => format!("{}:{}", self.retry_topic_name, key.1),
-        };
+        let origin = self.wire_id(key);
         m.properties
             .entry(props::ORIGIN_MESSAGE_ID.into())
             .or_insert(origin);
@@ -1496,6 +1536,8 @@ impl SubscriptionActor {
             let keys: Vec<(TierId, u64)> = self.ready.keys().copied().collect();
             let mut sent = 0usize;
             for key in keys {
+                let retry = key.0 == TierId::Retry;
+                let takes = |c: &ConsumerState| self.can_take(c) && (c.retry || !retry);
                 let (target, bucket) = match sub_type {
                     SubscriptionType::Exclusive | SubscriptionType::Failover => {
                         let Some(i) = self
@@ -1508,14 +1550,20 @@ impl SubscriptionActor {
                         if !self.can_take(&self.consumers[i]) {
                             break;
                         }
+                        if !takes(&self.consumers[i]) {
+                            continue;
+                        }
                         (i, None)
                     }
                     SubscriptionType::Shared => {
                         let n = self.consumers.len();
                         let Some(i) = (0..n)
                             .map(|k| (self.rr + k) % n)
-                            .find(|i| self.can_take(&self.consumers[*i]))
+                            .find(|i| takes(&self.consumers[*i]))
                         else {
+                            if retry {
+                                continue;
+                            }
                             break;
                         };
                         self.rr = (i + 1) % n;
@@ -1529,7 +1577,7 @@ impl SubscriptionActor {
                             None => self.key_owner(b),
                         };
                         match owner {
-                            Some(i) if self.can_take(&self.consumers[i]) => (i, Some(b)),
+                            Some(i) if takes(&self.consumers[i]) => (i, Some(b)),
                             _ => continue,
                         }
                     }
@@ -1566,15 +1614,7 @@ impl SubscriptionActor {
                 sent += 1;
             }
             for (i, msgs) in out {
-                let tx = &self.consumers[i].tx;
-                for chunk in msgs.chunks(MAX_FRAME) {
-                    let frame = ConsumeResponse {
-                        response: Some(consume_response::Response::Messages(MessageBatch {
-                            messages: chunk.to_vec(),
-                        })),
-                    };
-                    let _ = tx.send(Ok(frame));
-                }
+                send_frames(&self.consumers[i].tx, msgs);
             }
             if sent == 0 {
                 return;

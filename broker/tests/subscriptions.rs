@@ -252,3 +252,53 @@ async fn latest_position_skips_old_messages_and_dedup_drops_resends() {
     assert_eq!(p2.next_seq, 2);
     assert!(c.next(QUIET).await.is_none());
 }
+
+#[tokio::test]
+async fn graceful_shutdown_ends_open_streams_without_charging_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start(dir.path()).await;
+    let mut p = RawProducer::open(&b.url(), "bye", "p").await.unwrap();
+    p.send(&["in-flight"]).await;
+    let mut c = RawConsumer::simple(&b.url(), "bye", "s", SubscriptionType::Shared).await;
+    c.flow(10).await;
+    assert_eq!(c.next(WAIT).await.unwrap().delivery_count, 0);
+    // Clients stay connected: shutdown must not wait for them.
+    tokio::time::timeout(WAIT, b.shutdown())
+        .await
+        .expect("shutdown completes with clients connected")
+        .unwrap();
+    assert!(c.next(QUIET).await.is_none(), "the consumer stream ended");
+    drop((c, p));
+    let b = start(dir.path()).await;
+    let mut c = RawConsumer::simple(&b.url(), "bye", "s", SubscriptionType::Shared).await;
+    c.flow(10).await;
+    let m = c
+        .next(WAIT)
+        .await
+        .expect("unacked message redelivered after restart");
+    assert_eq!(
+        m.delivery_count, 0,
+        "a broker shutdown is not the message's failure"
+    );
+}
+
+#[tokio::test]
+async fn failover_standby_is_told_it_is_not_active() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start(dir.path()).await;
+    let opts = |name: &str| SubOpts {
+        sub_type: SubscriptionType::Failover,
+        name: name.into(),
+        ..Default::default()
+    };
+    let mut a = RawConsumer::subscribe(&b.url(), "fo2", "s", opts("a"))
+        .await
+        .unwrap();
+    let mut z = RawConsumer::subscribe(&b.url(), "fo2", "s", opts("z"))
+        .await
+        .unwrap();
+    assert!(a.next(QUIET).await.is_none());
+    assert!(z.next(QUIET).await.is_none());
+    assert_eq!(a.active_changes, vec![true]);
+    assert_eq!(z.active_changes, vec![false]);
+}

@@ -68,13 +68,21 @@ pub(super) async fn consume(
         sub_type,
         tx: tx.clone(),
         policy,
+        retry_enabled: sub.retry_enabled.unwrap_or(true),
     };
     // The actor queues `Subscribed` as the consumer's first frame.
     let (consumer_id, _info) = handle
         .ask(|reply| Command::AddConsumer(spec, reply))
         .await??;
+    let stop = core.shutdown.clone();
     tokio::spawn(async move {
-        while let Some(frame) = inbound.next().await {
+        // Dropping `inbound` on shutdown resets the request stream, so the
+        // connection can close.
+        while let Some(frame) = tokio::select! {
+            biased;
+            _ = stop.cancelled() => None,
+            f = inbound.next() => f,
+        } {
             let req = match frame {
                 Ok(ConsumeRequest { request: Some(r) }) => r,
                 Ok(ConsumeRequest { request: None }) => continue,
@@ -101,5 +109,8 @@ pub(super) async fn consume(
         }
         let _ = handle.send(Command::RemoveConsumer(consumer_id));
     });
-    Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+    Ok(Response::new(super::until_shutdown(
+        UnboundedReceiverStream::new(rx),
+        core.shutdown.clone(),
+    )))
 }

@@ -17,6 +17,28 @@ use tonic::{Request, Response, Status, Streaming};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
+/// Ends `stream` with `UNAVAILABLE` once the broker starts shutting down, so
+/// graceful shutdown does not wait for clients to hang up.
+fn until_shutdown<T: Send + 'static>(
+    stream: impl Stream<Item = Result<T, Status>> + Unpin + Send + 'static,
+    token: tokio_util::sync::CancellationToken,
+) -> BoxStream<T> {
+    use futures::StreamExt;
+    Box::pin(futures::stream::unfold(
+        (stream, token, false),
+        |(mut s, token, done)| async move {
+            if done {
+                return None;
+            }
+            tokio::select! {
+                biased;
+                _ = token.cancelled() => Some((Err(Status::unavailable("broker is shutting down")), (s, token, true))),
+                item = s.next() => item.map(|i| (i, (s, token, false))),
+            }
+        },
+    ))
+}
+
 /// The producer and consumer streams.
 #[derive(Debug, Clone)]
 pub struct BrokerService {

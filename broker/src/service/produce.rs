@@ -79,8 +79,15 @@ pub(super) async fn produce(
             }
         }
     });
+    let stop = core.shutdown.clone();
     tokio::spawn(async move {
-        while let Some(frame) = inbound.next().await {
+        // Dropping `inbound` on shutdown resets the request stream, so the
+        // connection can close.
+        while let Some(frame) = tokio::select! {
+            biased;
+            _ = stop.cancelled() => None,
+            f = inbound.next() => f,
+        } {
             let batch = match frame {
                 Ok(ProduceRequest {
                     request: Some(produce_request::Request::Send(b)),
@@ -144,7 +151,10 @@ pub(super) async fn produce(
         }
         topic.counters.producers.fetch_sub(1, Ordering::Relaxed);
     });
-    Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    Ok(Response::new(super::until_shutdown(
+        ReceiverStream::new(rx),
+        core.shutdown.clone(),
+    )))
 }
 
 fn validate(batch: &SendBatch, max_size: usize) -> Result<(), BrokerError> {
