@@ -51,6 +51,9 @@ use tonic::{Code, Status};
 
 /// Messages buffered ahead of dispatch.
 const READ_AHEAD: usize = 1_000;
+/// Commands handled before the actor dispatches again, so a burst of acks or
+/// nacks does not hold back deliveries.
+const COMMANDS_PER_ROUND: usize = 64;
 /// Most messages sent to a consumer in one frame.
 const MAX_FRAME: usize = 500;
 /// Frames stop growing past this many payload bytes (one message always fits:
@@ -258,6 +261,8 @@ pub struct SubscriptionActor {
     /// Key_Shared: which consumer holds unacked messages of a key bucket, and how many.
     buckets: HashMap<u16, (u64, u32)>,
     active: Option<u64>,
+    /// Used by `reconsume_later` when the subscription has no policy.
+    fallback_retry_policy: Option<Arc<dyn DeadLetterPolicy>>,
     dirty: bool,
     self_tx: mpsc::UnboundedSender<Command>,
 }
@@ -378,6 +383,7 @@ impl SubscriptionActor {
             failures,
             buckets: HashMap::new(),
             active: None,
+            fallback_retry_policy: default_retry_policy(),
             dirty: false,
             self_tx: tx.clone(),
             topic,
@@ -435,7 +441,8 @@ impl SubscriptionActor {
             tokio::select! {
                 cmd = rx.recv() => {
                     let Some(mut cmd) = cmd else { break };
-                    // Handle whatever else is queued before dispatching once.
+                    // Handle what else is queued (up to a bound) before dispatching once.
+                    let mut handled = 0;
                     loop {
                         if let Command::Delete(reply) = cmd {
                             let r = self.delete();
@@ -446,6 +453,10 @@ impl SubscriptionActor {
                             }
                         } else {
                             self.handle(cmd).await;
+                        }
+                        handled += 1;
+                        if handled >= COMMANDS_PER_ROUND {
+                            break;
                         }
                         match rx.try_recv() {
                             Ok(next) => cmd = next,
@@ -755,9 +766,11 @@ impl SubscriptionActor {
         }
     }
 
-    /// Whether a message was ever handed out (so an ack or failure for it makes sense).
+    /// Whether a message was ever handed out (so an ack or failure for it
+    /// makes sense): in flight, acked, or failed before (it then has a
+    /// failure record and may be waiting for redelivery).
     fn was_delivered(&self, key: (TierId, u64)) -> bool {
-        self.in_flight.contains_key(&key) || self.is_acked(key)
+        self.in_flight.contains_key(&key) || self.is_acked(key) || self.failures.contains_key(&key)
     }
 
     fn ack(&mut self, consumer: u64, ack: Ack) {
@@ -832,6 +845,23 @@ impl SubscriptionActor {
                     .retain(|(t, e), _| !(*t == TierId::Main && *e <= through));
             } else {
                 self.settle(key, &mut cleanup, &mut unschedule);
+                // Acked while waiting for its redelivery: it will not be sent.
+                let msg = SubMessage {
+                    sub_id: self.rec.id,
+                    tier: key.0,
+                    entry_id: key.1,
+                };
+                let waiting = self
+                    .ready
+                    .remove(&key)
+                    .and_then(|p| p.due_ms)
+                    .or(self.due.remove(&key));
+                if let Some(due_ms) = waiting {
+                    unschedule.push(ScheduleKey {
+                        due_ms,
+                        message: msg,
+                    });
+                }
                 match key.0 {
                     TierId::Main => self.rec.main.ack(key.1),
                     TierId::Retry => self.rec.retry.ack(key.1),
@@ -936,23 +966,51 @@ impl SubscriptionActor {
                 })
                 .collect())
         } else {
-            req.messages
-                .iter()
-                .map(|FailedDelivery { id, reason, detail }| {
-                    let id = id.as_ref().ok_or_else(|| {
-                        BrokerError::InvalidArgument("redeliver entry without an id".into())
-                    })?;
-                    let key = self.in_flight_key(id)?;
-                    Ok(Failure {
-                        key,
-                        reason: reason_of(*reason),
-                        detail: detail.clone(),
-                        consumer: name.clone(),
-                        overrides: AttemptOverride::Policy,
-                        extra_props: HashMap::new(),
-                    })
-                })
-                .collect()
+            let mut out = Vec::with_capacity(req.messages.len());
+            let mut bad = None;
+            for FailedDelivery { id, reason, detail } in &req.messages {
+                let Some(id) = id.as_ref() else {
+                    bad = Some(BrokerError::InvalidArgument(
+                        "redeliver entry without an id".into(),
+                    ));
+                    break;
+                };
+                let key = match self.locate(id) {
+                    Ok(k) if self.was_delivered(k) => k,
+                    Ok(_) => {
+                        bad = Some(BrokerError::InvalidArgument(format!(
+                            "cannot redeliver {}:{}: it was never delivered on this subscription",
+                            id.topic, id.entry_id
+                        )));
+                        break;
+                    }
+                    Err(e) => {
+                        bad = Some(e);
+                        break;
+                    }
+                };
+                // Already acked, or already given back (a race the client cannot
+                // avoid, e.g. an ack timeout and a nack crossing): nothing to do.
+                if self
+                    .in_flight
+                    .get(&key)
+                    .is_none_or(|f| f.consumer != consumer)
+                {
+                    continue;
+                }
+                out.push(Failure {
+                    key,
+                    reason: reason_of(*reason),
+                    detail: detail.clone(),
+                    consumer: name.clone(),
+                    overrides: AttemptOverride::Policy,
+                    extra_props: HashMap::new(),
+                });
+            }
+            match bad {
+                Some(e) => Err(e),
+                None => Ok(out),
+            }
         };
         let outcome = match failures {
             Ok(f) => self.fail(f, None).await,
@@ -1039,7 +1097,6 @@ impl SubscriptionActor {
         let mut in_place = Vec::new();
         let mut to_retry = Vec::new();
         let mut to_dlq = Vec::new();
-        let retry_policy = default_retry_policy();
         for f in failures {
             let msg = SubMessage {
                 sub_id: self.rec.id,
@@ -1060,7 +1117,7 @@ impl SubscriptionActor {
             });
             let policy = match (&self.policy, force_tier) {
                 (Some(p), _) => Some(p.clone()),
-                (None, Some(_)) => retry_policy.clone(),
+                (None, Some(_)) => self.fallback_retry_policy.clone(),
                 (None, None) => None,
             };
             let tier = if f.key.0 == TierId::Retry {
@@ -1090,9 +1147,9 @@ impl SubscriptionActor {
                     tier: Tier::Main,
                 },
             };
-            tracing::info!(
-                sub = %self.rec.name, topic = %self.rec.topic, tier = ?f.key.0, entry = f.key.1,
-                attempt, reason = ?f.reason, detail = %f.detail, decision = ?decision,
+            tracing::debug!(
+                sub = %self.rec.name, message = %self.wire_id(f.key), attempt,
+                reason = %f.reason, detail = %f.detail, decision = ?decision,
                 "delivery failed"
             );
             match decision {
@@ -1253,6 +1310,16 @@ impl SubscriptionActor {
                         due_ms: d,
                         message: from,
                     });
+            tracing::info!(
+                sub = %self.rec.name,
+                message = %format!("{}:{target}", topic.name()),
+                origin = %m.properties.get(props::ORIGIN_MESSAGE_ID).map_or("", String::as_str),
+                attempt = rec.count,
+                delay_ms = after.as_millis() as u64,
+                reason = %f.reason,
+                detail = %f.detail,
+                "retry scheduled"
+            );
             new_keys.push(ScheduleKey {
                 due_ms: due,
                 message: SubMessage {
