@@ -12,6 +12,7 @@
 //! * [`scheduler`]: persisted due times with a near-term timer window;
 //! * [`storage`]: the storage trait and its sled implementation;
 //! * [`flusher`]: group commit; [`service`]: the gRPC services;
+//! * [`metrics`]: the Prometheus series;
 //! * [`config`], [`name`], [`error`], [`util`].
 //!
 //! ```no_run
@@ -26,6 +27,7 @@ pub mod config;
 pub mod core;
 pub mod error;
 pub mod flusher;
+pub mod metrics;
 pub mod name;
 pub mod scheduler;
 pub mod server;

@@ -115,8 +115,12 @@ impl Broker {
         result.map_err(|e| crate::error::BrokerError::Io(std::io::Error::other(e)))
     }
 
-    /// Binds the configured address and serves until `shutdown`.
+    /// Binds the configured address (and the metrics address, if set) and
+    /// serves until `shutdown`.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+        if let Some(addr) = self.core.config.metrics_listen {
+            crate::metrics::install_prometheus(addr)?;
+        }
         let listener = TcpListener::bind(self.core.config.listen).await?;
         self.serve(listener, shutdown).await
     }

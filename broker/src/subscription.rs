@@ -25,6 +25,7 @@
 
 use crate::error::{BrokerError, Result};
 use crate::flusher::Flusher;
+use crate::metrics::SubscriptionMetrics;
 use crate::name::TopicName;
 use crate::scheduler::Scheduler;
 use crate::storage::{
@@ -160,6 +161,8 @@ pub enum Command {
         bool,
         oneshot::Sender<Result<Vec<MessageId>>>,
     ),
+    /// Dead letters were purged by an operator (for the DLQ size gauge).
+    DeadLettersPurged(u64),
     /// Stop the actor and delete the subscription's state.
     Delete(oneshot::Sender<Result<()>>),
 }
@@ -263,6 +266,14 @@ pub struct SubscriptionActor {
     active: Option<u64>,
     /// Used by `reconsume_later` when the subscription has no policy.
     fallback_retry_policy: Option<Arc<dyn DeadLetterPolicy>>,
+    metrics: SubscriptionMetrics,
+    /// Messages in the retry tier not yet acked.
+    retry_queue: u64,
+    /// Messages in the dead-letter tier.
+    dlq_size: u64,
+    /// Since start: moves into the retry tier, and retry-tier acks.
+    retries_scheduled: u64,
+    retries_succeeded: u64,
     dirty: bool,
     self_tx: mpsc::UnboundedSender<Command>,
 }
@@ -341,7 +352,10 @@ impl SubscriptionActor {
         scheduler: Scheduler,
         tiers: Arc<dyn TierTopics>,
         settings: SubscriptionSettings,
+        retry_queue: u64,
     ) -> Result<SubscriptionHandle> {
+        let dlq_size = storage.dead_letters(rec.id, None)?.len() as u64;
+        let metrics = SubscriptionMetrics::new(&rec.topic, &rec.name);
         let (tx, rx) = mpsc::unbounded_channel();
         let (fire_tx, fire_rx) = mpsc::unbounded_channel();
         scheduler.register(rec.id, fire_tx);
@@ -384,6 +398,11 @@ impl SubscriptionActor {
             buckets: HashMap::new(),
             active: None,
             fallback_retry_policy: default_retry_policy(),
+            metrics,
+            retry_queue,
+            dlq_size,
+            retries_scheduled: 0,
+            retries_succeeded: 0,
             dirty: false,
             self_tx: tx.clone(),
             topic,
@@ -466,7 +485,13 @@ impl SubscriptionActor {
                 }
                 keys = fired.recv() => {
                     if let Some(keys) = keys {
+                        let now = now_ms();
                         for k in keys {
+                            if k.message.tier == TierId::Retry {
+                                self.metrics.retries_fired.increment(1);
+                            }
+                            let late = now.saturating_sub(k.due_ms) as f64 / 1000.0;
+                            self.metrics.retry_lateness.record(late);
                             self.due.insert((k.message.tier, k.message.entry_id), k.due_ms);
                         }
                     }
@@ -529,6 +554,10 @@ impl SubscriptionActor {
                 let r = self.replay(letters, reset).await;
                 let _ = reply.send(r);
             }
+            Command::DeadLettersPurged(n) => {
+                self.dlq_size = self.dlq_size.saturating_sub(n);
+                self.dirty = true;
+            }
             Command::Delete(_) => {}
         }
     }
@@ -570,6 +599,7 @@ impl SubscriptionActor {
             return Ok(Vec::new());
         }
         let receipts = self.topic.publish("", out).await?;
+        self.dlq_size = self.dlq_size.saturating_sub(dlq_ids.len() as u64);
         let ids: Vec<MessageId> = receipts.into_iter().filter_map(|r| r.message_id).collect();
         if !reset {
             let mut writes = Vec::new();
@@ -837,6 +867,7 @@ impl SubscriptionActor {
                     .filter(|(t, e)| *t == TierId::Main && *e <= through)
                     .copied()
                     .collect();
+                self.metrics.acked.increment(done.len() as u64);
                 for k in done {
                     self.settle(k, &mut cleanup, &mut unschedule);
                 }
@@ -862,10 +893,18 @@ impl SubscriptionActor {
                         message: msg,
                     });
                 }
-                match key.0 {
+                let newly = match key.0 {
                     TierId::Main => self.rec.main.ack(key.1),
                     TierId::Retry => self.rec.retry.ack(key.1),
                 };
+                if newly {
+                    self.metrics.acked.increment(1);
+                    if key.0 == TierId::Retry {
+                        self.retry_queue = self.retry_queue.saturating_sub(1);
+                        self.retries_succeeded += 1;
+                        self.metrics.retry_succeeded.increment(1);
+                    }
+                }
             }
             self.dirty = true;
         }
@@ -1108,6 +1147,7 @@ impl SubscriptionActor {
                 None => self.storage.failure(msg)?.unwrap_or_default(),
             };
             let attempt = rec.count + 1;
+            self.metrics.redelivery(f.reason.as_str());
             rec.push(AttemptRecord {
                 time_ms: now,
                 delivery_count: attempt,
@@ -1345,6 +1385,17 @@ impl SubscriptionActor {
             items: move_items,
         };
         self.storage.move_messages(&mv)?;
+        // Bookkeeping for metrics: what entered and left the retry tier.
+        let from_retry = items
+            .iter()
+            .filter(|(f, _, _)| f.key.0 == TierId::Retry)
+            .count() as u64;
+        self.retry_queue = self.retry_queue.saturating_sub(from_retry) + items.len() as u64;
+        self.retries_scheduled += items.len() as u64;
+        self.metrics.retries_scheduled.increment(items.len() as u64);
+        for (_, _, after) in &items {
+            self.metrics.retry_delay.record(after.as_secs_f64());
+        }
         self.after_move(
             mv.subscription,
             items.iter().map(|(f, _, _)| f.key).collect(),
@@ -1425,6 +1476,15 @@ impl SubscriptionActor {
             items: move_items,
         };
         self.storage.move_messages(&mv)?;
+        let from_retry = items
+            .iter()
+            .filter(|(f, _, _)| f.key.0 == TierId::Retry)
+            .count() as u64;
+        self.retry_queue = self.retry_queue.saturating_sub(from_retry);
+        self.dlq_size += items.len() as u64;
+        for (f, _, _) in &items {
+            self.metrics.dead_lettered(f.reason.as_str(), 1);
+        }
         self.after_move(
             mv.subscription,
             items.iter().map(|(f, _, _)| f.key).collect(),
@@ -1677,6 +1737,13 @@ impl SubscriptionActor {
                     entry_id: key.1,
                 });
                 msg.delivery_count = self.failures.get(&key).map_or(0, |r| r.count);
+                self.metrics.dispatched.increment(1);
+                self.metrics
+                    .dispatched_bytes
+                    .increment(msg.payload.len() as u64);
+                self.metrics
+                    .delivery_count
+                    .record(f64::from(msg.delivery_count));
                 out.entry(target).or_default().push(msg);
                 sent += 1;
             }
@@ -1690,6 +1757,7 @@ impl SubscriptionActor {
     }
 
     fn persist(&mut self) {
+        self.update_gauges();
         if !self.dirty {
             return;
         }
@@ -1711,15 +1779,28 @@ impl SubscriptionActor {
         }
     }
 
-    fn stats(&self) -> SubscriptionStatsResponse {
+    fn main_backlog(&self) -> u64 {
         let (_, end) = self.topic.entry_range();
         let start = self.rec.main.mark_delete.min(end);
-        let backlog_main = (end - start) - self.rec.main.acked_between(start, end);
+        (end - start) - self.rec.main.acked_between(start, end)
+    }
+
+    fn update_gauges(&self) {
+        let m = &self.metrics;
+        m.backlog.set(self.main_backlog() as f64);
+        m.unacked.set(self.in_flight.len() as f64);
+        m.retry_queue.set(self.retry_queue as f64);
+        m.dlq_size.set(self.dlq_size as f64);
+        if self.retries_scheduled > 0 {
+            m.retry_success_ratio
+                .set(self.retries_succeeded as f64 / self.retries_scheduled as f64);
+        }
+    }
+
+    fn stats(&self) -> SubscriptionStatsResponse {
+        let backlog_main = self.main_backlog();
         let (scheduled, next_due) = self.schedule_stats();
-        let dead_lettered = self
-            .storage
-            .dead_letters(self.rec.id, None)
-            .map_or(0, |d| d.len() as u64);
+        let dead_lettered = self.dlq_size;
         SubscriptionStatsResponse {
             topic: self.rec.topic.clone(),
             subscription: self.rec.name.clone(),

@@ -48,6 +48,7 @@ pub struct Topic {
     first_entry: AtomicU64,
     /// Counters.
     pub counters: TopicCounters,
+    metrics: crate::metrics::TopicMetrics,
 }
 
 impl Topic {
@@ -65,6 +66,7 @@ impl Topic {
             .producer_sequences(name.as_str())?
             .into_iter()
             .collect();
+        let metrics = crate::metrics::TopicMetrics::new(name.as_str());
         Ok(Self {
             name,
             kind,
@@ -80,6 +82,7 @@ impl Topic {
             marks: Mutex::new(HashMap::new()),
             first_entry: AtomicU64::new(first),
             counters: TopicCounters::default(),
+            metrics,
         })
     }
 
@@ -188,6 +191,8 @@ impl Topic {
                     .messages_in
                     .fetch_add(encoded.len() as u64, Ordering::Relaxed);
                 self.counters.bytes_in.fetch_add(bytes, Ordering::Relaxed);
+                self.metrics.published.increment(encoded.len() as u64);
+                self.metrics.published_bytes.increment(bytes);
             }
             (receipts, w.next_id)
         };

@@ -360,6 +360,7 @@ impl Admin for AdminService {
             .storage
             .remove_entries(&info.dead_letter_topic, &ids)?;
         self.core.flusher.durable().await?;
+        h.send(Command::DeadLettersPurged(ids.len() as u64))?;
         tracing::warn!(topic = %r.topic, subscription = %r.subscription, purged = ids.len(), "dead letters purged");
         Ok(Response::new(PurgeDeadLettersResponse {
             purged: ids.len() as u64,

@@ -6,6 +6,8 @@ use ricochet_broker::{BrokerConfig, TestBroker};
 use ricochet_proto::broker_client::BrokerClient;
 use ricochet_proto::*;
 use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -332,3 +334,77 @@ pub fn text(m: &Message) -> String {
 
 pub const WAIT: Duration = Duration::from_secs(5);
 pub const QUIET: Duration = Duration::from_millis(300);
+
+// Child-process brokers for crash tests: killed with SIGKILL, no clean shutdown.
+
+/// A free loopback port, never the same one twice in this process (the OS
+/// may hand a just-released port out again, and a broker needs two).
+pub fn free_addr() -> SocketAddr {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut given = GIVEN.lock().unwrap();
+        if !given.contains(&addr.port()) {
+            given.push(addr.port());
+            return addr;
+        }
+    }
+}
+
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the broker binary on `addr` with data in `dir` and waits until it
+/// accepts connections.
+pub async fn spawn_broker(dir: &std::path::Path, addr: SocketAddr) -> Proc {
+    spawn_broker_with(dir, addr, free_addr()).await
+}
+
+/// Like [`spawn_broker`], serving metrics on `metrics`.
+pub async fn spawn_broker_with(
+    dir: &std::path::Path,
+    addr: SocketAddr,
+    metrics: SocketAddr,
+) -> Proc {
+    let child = Command::new(env!("CARGO_BIN_EXE_ricochet-broker"))
+        .args([
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--listen",
+            &addr.to_string(),
+        ])
+        .args(["--metrics-listen", &metrics.to_string()])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn broker");
+    // Owned by the guard from here on, so it is killed and reaped on any panic.
+    let proc = Proc(child);
+    let url = format!("http://{addr}");
+    for _ in 0..200 {
+        if tonic::transport::Channel::from_shared(url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .is_ok()
+        {
+            return proc;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("broker did not come up on {addr}");
+}
+
+pub fn kill9(mut p: Proc) {
+    // SIGKILL: no signal handler runs, nothing is flushed on the way out.
+    p.0.kill().expect("kill");
+    p.0.wait().expect("wait");
+}

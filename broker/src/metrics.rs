@@ -1,0 +1,251 @@
+//! Prometheus metrics: the series the broker exports and the handles the
+//! topic and subscription code update.
+//!
+//! Recording goes through the `metrics` facade; [`install_prometheus`] puts
+//! the `metrics-exporter-prometheus` recorder behind it and serves
+//! `/metrics` (the binary does this for `--metrics-listen`). Without an
+//! installed recorder every update is a no-op, so embedded and test brokers pay
+//! nothing. Handles are built once per topic or subscription; labels are the
+//! topic, the subscription and, for dead letters, the failure reason (one of a
+//! fixed set, never free text).
+
+use crate::error::{BrokerError, Result};
+use metrics::{
+    Counter, Gauge, Histogram, counter, describe_counter, describe_gauge, describe_histogram,
+    gauge, histogram,
+};
+use metrics_exporter_prometheus::PrometheusBuilder;
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+
+static INSTALLED: OnceLock<SocketAddr> = OnceLock::new();
+
+/// Buckets (seconds) for retry delay and lateness histograms.
+const DELAY_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0,
+    7200.0,
+];
+/// Buckets for delivery counts.
+const COUNT_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0];
+
+/// Installs the Prometheus recorder and serves `/metrics` on `addr` (once
+/// per process; a second call with another address fails).
+pub fn install_prometheus(addr: SocketAddr) -> Result<()> {
+    if let Some(existing) = INSTALLED.get() {
+        return if *existing == addr {
+            Ok(())
+        } else {
+            Err(BrokerError::Config(format!(
+                "metrics are already served on {existing}"
+            )))
+        };
+    }
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
+            DELAY_BUCKETS,
+        )
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full("ricochet_delivery_attempts".into()),
+                COUNT_BUCKETS,
+            )
+        })
+        .map_err(|e| BrokerError::Config(format!("metrics buckets: {e}")))?
+        .install()
+        .map_err(|e| BrokerError::Config(format!("cannot serve metrics on {addr}: {e}")))?;
+    let _ = INSTALLED.set(addr);
+    describe();
+    tracing::info!(%addr, "serving Prometheus metrics on /metrics");
+    Ok(())
+}
+
+fn describe() {
+    describe_counter!(
+        "ricochet_messages_published_total",
+        "Messages stored on a topic."
+    );
+    describe_counter!(
+        "ricochet_bytes_published_total",
+        "Payload bytes stored on a topic."
+    );
+    describe_counter!(
+        "ricochet_messages_dispatched_total",
+        "Messages sent to consumers (first deliveries and redeliveries)."
+    );
+    describe_counter!(
+        "ricochet_bytes_dispatched_total",
+        "Payload bytes sent to consumers."
+    );
+    describe_counter!("ricochet_messages_acked_total", "Messages acknowledged.");
+    describe_gauge!(
+        "ricochet_backlog_messages",
+        "Messages of the main topic not yet acknowledged by the subscription."
+    );
+    describe_gauge!(
+        "ricochet_unacked_messages",
+        "Messages delivered and not yet acknowledged."
+    );
+    describe_gauge!(
+        "ricochet_retry_queue_size",
+        "Messages in the subscription's retry tier, not yet acknowledged."
+    );
+    describe_counter!(
+        "ricochet_retries_scheduled_total",
+        "Messages moved into the retry tier."
+    );
+    describe_counter!(
+        "ricochet_retries_fired_total",
+        "Scheduled retries that became due."
+    );
+    describe_counter!(
+        "ricochet_retry_succeeded_total",
+        "Retry-tier messages acknowledged (acked after at least one retry)."
+    );
+    describe_gauge!(
+        "ricochet_retry_success_ratio",
+        "ricochet_retry_succeeded_total / ricochet_retries_scheduled_total since the broker started."
+    );
+    describe_histogram!(
+        "ricochet_retry_delay_seconds",
+        "Delay chosen for each scheduled retry."
+    );
+    describe_histogram!(
+        "ricochet_retry_lateness_seconds",
+        "How late each scheduled retry became due, against its due time."
+    );
+    describe_counter!(
+        "ricochet_redeliveries_total",
+        "Failed deliveries, by reason."
+    );
+    describe_counter!(
+        "ricochet_dead_lettered_total",
+        "Messages moved to the dead-letter tier, by the reason of the last failure."
+    );
+    describe_gauge!(
+        "ricochet_dlq_size",
+        "Messages in the subscription's dead-letter tier."
+    );
+    describe_histogram!(
+        "ricochet_delivery_attempts",
+        "Delivery count of each dispatched message."
+    );
+    describe_gauge!(
+        "ricochet_storage_bytes",
+        "Bytes the storage engine uses on disk."
+    );
+    describe_gauge!(
+        "ricochet_storage_healthy",
+        "1 while every storage flush has succeeded."
+    );
+}
+
+/// Per-topic handles.
+#[derive(Debug, Clone)]
+pub struct TopicMetrics {
+    /// Messages stored.
+    pub published: Counter,
+    /// Payload bytes stored.
+    pub published_bytes: Counter,
+}
+
+impl TopicMetrics {
+    /// Handles for `topic`.
+    pub fn new(topic: &str) -> Self {
+        let t = topic.to_owned();
+        Self {
+            published: counter!("ricochet_messages_published_total", "topic" => t.clone()),
+            published_bytes: counter!("ricochet_bytes_published_total", "topic" => t),
+        }
+    }
+}
+
+/// Per-subscription handles.
+#[derive(Debug, Clone)]
+pub struct SubscriptionMetrics {
+    topic: String,
+    subscription: String,
+    /// Messages dispatched.
+    pub dispatched: Counter,
+    /// Bytes dispatched.
+    pub dispatched_bytes: Counter,
+    /// Messages acked.
+    pub acked: Counter,
+    /// Main-topic backlog.
+    pub backlog: Gauge,
+    /// Unacked messages.
+    pub unacked: Gauge,
+    /// Retry tier size.
+    pub retry_queue: Gauge,
+    /// Moves into the retry tier.
+    pub retries_scheduled: Counter,
+    /// Retries that became due.
+    pub retries_fired: Counter,
+    /// Retry-tier messages acked.
+    pub retry_succeeded: Counter,
+    /// Succeeded / scheduled.
+    pub retry_success_ratio: Gauge,
+    /// Chosen retry delays.
+    pub retry_delay: Histogram,
+    /// Lateness of due retries.
+    pub retry_lateness: Histogram,
+    /// Dead-letter tier size.
+    pub dlq_size: Gauge,
+    /// Delivery counts at dispatch.
+    pub delivery_count: Histogram,
+}
+
+impl SubscriptionMetrics {
+    /// Handles for one subscription.
+    pub fn new(topic: &str, subscription: &str) -> Self {
+        let l = || {
+            [
+                ("topic", topic.to_owned()),
+                ("subscription", subscription.to_owned()),
+            ]
+        };
+        Self {
+            topic: topic.to_owned(),
+            subscription: subscription.to_owned(),
+            dispatched: counter!("ricochet_messages_dispatched_total", &l()),
+            dispatched_bytes: counter!("ricochet_bytes_dispatched_total", &l()),
+            acked: counter!("ricochet_messages_acked_total", &l()),
+            backlog: gauge!("ricochet_backlog_messages", &l()),
+            unacked: gauge!("ricochet_unacked_messages", &l()),
+            retry_queue: gauge!("ricochet_retry_queue_size", &l()),
+            retries_scheduled: counter!("ricochet_retries_scheduled_total", &l()),
+            retries_fired: counter!("ricochet_retries_fired_total", &l()),
+            retry_succeeded: counter!("ricochet_retry_succeeded_total", &l()),
+            retry_success_ratio: gauge!("ricochet_retry_success_ratio", &l()),
+            retry_delay: histogram!("ricochet_retry_delay_seconds", &l()),
+            retry_lateness: histogram!("ricochet_retry_lateness_seconds", &l()),
+            dlq_size: gauge!("ricochet_dlq_size", &l()),
+            delivery_count: histogram!("ricochet_delivery_attempts", &l()),
+        }
+    }
+
+    /// Counts a failed delivery by reason.
+    pub fn redelivery(&self, reason: &str) {
+        counter!(
+            "ricochet_redeliveries_total",
+            "topic" => self.topic.clone(), "subscription" => self.subscription.clone(), "reason" => reason.to_owned()
+        )
+        .increment(1);
+    }
+
+    /// Counts dead-lettered messages by the reason of their last failure.
+    pub fn dead_lettered(&self, reason: &str, n: u64) {
+        counter!(
+            "ricochet_dead_lettered_total",
+            "topic" => self.topic.clone(), "subscription" => self.subscription.clone(), "reason" => reason.to_owned()
+        )
+        .increment(n);
+    }
+}
+
+/// Broker-wide gauges, refreshed periodically.
+pub fn record_storage(bytes: u64, healthy: bool) {
+    gauge!("ricochet_storage_bytes").set(bytes as f64);
+    gauge!("ricochet_storage_healthy").set(if healthy { 1.0 } else { 0.0 });
+}

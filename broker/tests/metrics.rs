@@ -1,0 +1,191 @@
+//! The Prometheus endpoint: scraped from a broker child process while a
+//! scripted failure scenario runs; the text must parse and the retry and DLQ
+//! series must move.
+
+mod common;
+use common::*;
+use ricochet_proto::*;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn scrape(addr: SocketAddr) -> String {
+    // The exporter binds its listener in the background: give it a moment.
+    let mut tries = 0;
+    let mut s = loop {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(s) => break s,
+            Err(e) if tries < 100 => {
+                tries += 1;
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("metrics listener on {addr}: {e}"),
+        }
+    };
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    assert!(
+        body.starts_with("HTTP/1.1 200"),
+        "{}",
+        body.lines().next().unwrap_or("")
+    );
+    body.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default()
+}
+
+/// Parses Prometheus text exposition: `name{labels} value` lines and `#` comments.
+/// Returns `"name{labels}" -> value`; panics on a malformed line.
+fn parse(text: &str) -> HashMap<String, f64> {
+    let mut out = HashMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("no value: {line}"));
+        let name_end = series.find('{').unwrap_or(series.len());
+        let name = &series[..name_end];
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+                && !name.starts_with(|c: char| c.is_ascii_digit()),
+            "bad metric name in {line}"
+        );
+        if name_end < series.len() {
+            assert!(series.ends_with('}'), "unterminated labels in {line}");
+        }
+        let v: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("bad value in {line}")),
+        };
+        out.insert(series.to_owned(), v);
+    }
+    out
+}
+
+/// Sum of every series of `name` whose labels contain all of `labels`.
+fn value(m: &HashMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
+    m.iter()
+        .filter(|(k, _)| k.split('{').next() == Some(name) && labels.iter().all(|l| k.contains(l)))
+        .map(|(_, v)| *v)
+        .sum()
+}
+
+#[tokio::test]
+async fn retry_and_dead_letter_series_move_with_a_scripted_scenario() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_addr();
+    let metrics = free_addr();
+    let url = format!("http://{addr}");
+    let broker = spawn_broker_with(dir.path(), addr, metrics).await;
+
+    let policy = DeadLetterPolicyConfig {
+        kind: Some(dead_letter_policy_config::Kind::Backoff(
+            BackoffPolicyConfig {
+                backoff: Some(backoff_policy_config::Backoff::FixedDelayMs(100)),
+                max_redeliver_count: 1,
+            },
+        )),
+        ..Default::default()
+    };
+    let opts = SubOpts {
+        sub_type: SubscriptionType::Shared,
+        policy: Some(policy),
+        ..Default::default()
+    };
+    let mut c = RawConsumer::subscribe(&url, "metered", "s", opts)
+        .await
+        .unwrap();
+    c.flow(100).await;
+    let mut p = RawProducer::open(&url, "metered", "p").await.unwrap();
+    p.send(&["retry-me", "kill-me"]).await;
+    let got = c.take(2, WAIT).await;
+    let before = parse(&scrape(metrics).await);
+    let sub = "subscription=\"s\"";
+    assert_eq!(
+        value(&before, "ricochet_messages_published_total", &["metered"]),
+        2.0
+    );
+    assert_eq!(
+        value(&before, "ricochet_retries_scheduled_total", &[sub]),
+        0.0
+    );
+
+    // One retry through the retry tier, then acked: a success.
+    c.reconsume_later(
+        got[0].id.clone().unwrap(),
+        reconsume_later::Delay::DelayMs(50),
+        1,
+    )
+    .await;
+    // Two nacks exhaust max_redeliver_count = 1.
+    c.nack(got[1].id.clone().unwrap(), "bad", 2).await;
+    let again = loop {
+        let m = c.next(WAIT).await.expect("redelivery");
+        if text(&m) == "kill-me" {
+            break m;
+        }
+        c.ack(vec![m.id.clone().unwrap()], 3).await;
+    };
+    c.nack(again.id.clone().unwrap(), "still bad", 4).await;
+    if let Some(m) = c.next(Duration::from_millis(500)).await {
+        c.ack(vec![m.id.clone().unwrap()], 5).await;
+    }
+    // Gauges are refreshed when the subscription persists its state.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = parse(&scrape(metrics).await);
+    assert_eq!(
+        value(&after, "ricochet_retries_scheduled_total", &[sub]),
+        1.0
+    );
+    assert_eq!(value(&after, "ricochet_retries_fired_total", &[sub]), 1.0);
+    assert_eq!(value(&after, "ricochet_retry_succeeded_total", &[sub]), 1.0);
+    assert_eq!(value(&after, "ricochet_retry_success_ratio", &[sub]), 1.0);
+    assert_eq!(value(&after, "ricochet_retry_queue_size", &[sub]), 0.0);
+    assert_eq!(
+        value(
+            &after,
+            "ricochet_dead_lettered_total",
+            &[sub, "reason=\"nack\""]
+        ),
+        1.0
+    );
+    assert_eq!(value(&after, "ricochet_dlq_size", &[sub]), 1.0);
+    assert_eq!(
+        value(
+            &after,
+            "ricochet_redeliveries_total",
+            &[sub, "reason=\"nack\""]
+        ),
+        2.0
+    );
+    assert_eq!(
+        value(
+            &after,
+            "ricochet_redeliveries_total",
+            &[sub, "reason=\"reconsume_later\""]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(&after, "ricochet_retry_delay_seconds_count", &[sub]),
+        1.0
+    );
+    assert!(value(&after, "ricochet_retry_lateness_seconds_count", &[sub]) >= 1.0);
+    assert!(value(&after, "ricochet_messages_dispatched_total", &[sub]) >= 4.0);
+    assert_eq!(value(&after, "ricochet_backlog_messages", &[sub]), 0.0);
+    // Every dispatch records its delivery count: 0 twice, then 1 (retry) and 1 (nack).
+    assert!(value(&after, "ricochet_delivery_attempts_count", &[sub]) >= 4.0);
+    assert!(value(&after, "ricochet_delivery_attempts_sum", &[sub]) >= 2.0);
+    kill9(broker);
+}
