@@ -1,0 +1,484 @@
+//! The control-plane commands on the admin API: `topics`, `subscriptions`,
+//! `message get` and `policy`. Each one is a single unary RPC (two for
+//! `policy get`'s schedule, which is computed locally); the answer is turned
+//! into a [`crate::view`] and rendered as a table or JSON.
+
+use std::io::Write;
+
+use ricochet_policy::{
+    DeadLetterPolicy, FailureReason, Outcome, PolicySpec, Tier, explain, explain_table,
+};
+use ricochet_proto as pb;
+use serde::Serialize;
+
+use crate::Ctx;
+use crate::args::{MessageCommand, PolicyCommand, SubscriptionsCommand, TopicsCommand};
+use crate::confirm::confirm;
+use crate::error::{CliError, Result};
+use crate::output::{Block, Table, write_json};
+use crate::view::{MessageInfoView, SubscriptionStatsView, write_attempts};
+
+#[derive(Debug, Serialize)]
+struct TopicList {
+    topics: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct TopicDone {
+    topic: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    created: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deleted: Option<bool>,
+}
+
+/// `topics stats`.
+#[derive(Debug, Serialize)]
+struct TopicStatsView {
+    topic: String,
+    message_count: u64,
+    first_entry_id: u64,
+    next_entry_id: u64,
+    producers: u64,
+    messages_in: u64,
+    bytes_in: u64,
+    subscriptions: Vec<SubscriptionStatsView>,
+}
+
+pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
+    let mut admin = ctx.client().await?.admin();
+    match c {
+        TopicsCommand::List { namespace } => {
+            let r = admin
+                .list_topics(pb::ListTopicsRequest {
+                    namespace: namespace.unwrap_or_default(),
+                })
+                .await?
+                .into_inner();
+            let mut topics = r.topics;
+            topics.sort();
+            if ctx.json() {
+                return write_json(ctx.out, &TopicList { topics });
+            }
+            let mut t = Table::new(&["topic"]);
+            for topic in topics {
+                t.row(vec![topic]);
+            }
+            t.write(ctx.out)
+        }
+        TopicsCommand::Create { topic } => {
+            let r = admin
+                .create_topic(pb::TopicRequest { topic })
+                .await?
+                .into_inner();
+            if ctx.json() {
+                return write_json(
+                    ctx.out,
+                    &TopicDone {
+                        topic: r.topic,
+                        created: Some(r.created),
+                        deleted: None,
+                    },
+                );
+            }
+            writeln!(ctx.out, "created {}", r.topic)?;
+            Ok(())
+        }
+        TopicsCommand::Delete { topic, force, yes } => {
+            confirm(&format!("delete topic {topic} and all its messages"), yes)?;
+            admin
+                .delete_topic(pb::DeleteTopicRequest {
+                    topic: topic.clone(),
+                    force,
+                })
+                .await?;
+            if ctx.json() {
+                return write_json(
+                    ctx.out,
+                    &TopicDone {
+                        topic,
+                        created: None,
+                        deleted: Some(true),
+                    },
+                );
+            }
+            writeln!(ctx.out, "deleted {topic}")?;
+            Ok(())
+        }
+        TopicsCommand::Stats { topic } => {
+            let r = admin
+                .topic_stats(pb::TopicRequest { topic })
+                .await?
+                .into_inner();
+            let view = TopicStatsView {
+                topic: r.topic,
+                message_count: r.message_count,
+                first_entry_id: r.first_entry_id,
+                next_entry_id: r.next_entry_id,
+                producers: r.producers,
+                messages_in: r.messages_in,
+                bytes_in: r.bytes_in,
+                subscriptions: r
+                    .subscriptions
+                    .iter()
+                    .map(SubscriptionStatsView::from_proto)
+                    .collect(),
+            };
+            if ctx.json() {
+                return write_json(ctx.out, &view);
+            }
+            let mut b = Block::new();
+            b.kv("topic", &view.topic)
+                .kv("messages stored", view.message_count)
+                .kv(
+                    "entry ids",
+                    format!("{} .. {}", view.first_entry_id, view.next_entry_id),
+                )
+                .kv("producers", view.producers)
+                .kv("messages in", view.messages_in)
+                .kv("bytes in", view.bytes_in)
+                .kv("subscriptions", view.subscriptions.len());
+            b.write(ctx.out, 0)?;
+            if !view.subscriptions.is_empty() {
+                writeln!(ctx.out)?;
+                subscription_table(&view.subscriptions).write(ctx.out)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// One row per subscription: the `mqadmin consumerProgress` view.
+fn subscription_table(subs: &[SubscriptionStatsView]) -> Table {
+    let mut t = Table::new(&[
+        "subscription",
+        "type",
+        ">backlog",
+        ">unacked",
+        ">scheduled",
+        "next retry",
+        ">dead-lettered",
+        ">consumers",
+    ]);
+    for s in subs {
+        t.row(vec![
+            s.subscription.clone(),
+            s.sub_type.clone(),
+            s.backlog.to_string(),
+            s.unacked.to_string(),
+            s.scheduled_retries.to_string(),
+            if s.next_retry_due_ms == 0 {
+                "-".to_owned()
+            } else {
+                crate::timearg::fmt_relative(s.next_retry_due_ms)
+            },
+            s.dead_lettered.to_string(),
+            s.consumers.len().to_string(),
+        ]);
+    }
+    t
+}
+
+#[derive(Debug, Serialize)]
+struct SubscriptionList {
+    topic: String,
+    subscriptions: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct SubscriptionDeleted {
+    topic: String,
+    subscription: String,
+    deleted: bool,
+}
+
+pub(crate) async fn subscriptions(ctx: &mut Ctx<'_>, c: SubscriptionsCommand) -> Result<()> {
+    let mut admin = ctx.client().await?.admin();
+    match c {
+        SubscriptionsCommand::List { topic } => {
+            let r = admin
+                .list_subscriptions(pb::TopicRequest {
+                    topic: topic.clone(),
+                })
+                .await?
+                .into_inner();
+            if ctx.json() {
+                return write_json(
+                    ctx.out,
+                    &SubscriptionList {
+                        topic,
+                        subscriptions: r.subscriptions,
+                    },
+                );
+            }
+            let mut t = Table::new(&["subscription"]);
+            for s in r.subscriptions {
+                t.row(vec![s]);
+            }
+            t.write(ctx.out)
+        }
+        SubscriptionsCommand::Stats {
+            topic,
+            subscription,
+        } => {
+            let r = admin
+                .subscription_stats(pb::SubscriptionRequest {
+                    topic,
+                    subscription,
+                })
+                .await?
+                .into_inner();
+            let view = SubscriptionStatsView::from_proto(&r);
+            if ctx.json() {
+                return write_json(ctx.out, &view);
+            }
+            view.write_table(ctx.out)
+        }
+        SubscriptionsCommand::Delete {
+            topic,
+            subscription,
+            yes,
+        } => {
+            confirm(
+                &format!(
+                    "delete subscription {subscription} of {topic} with its retry schedule and dead letters"
+                ),
+                yes,
+            )?;
+            admin
+                .delete_subscription(pb::SubscriptionRequest {
+                    topic: topic.clone(),
+                    subscription: subscription.clone(),
+                })
+                .await?;
+            if ctx.json() {
+                return write_json(
+                    ctx.out,
+                    &SubscriptionDeleted {
+                        topic,
+                        subscription,
+                        deleted: true,
+                    },
+                );
+            }
+            writeln!(ctx.out, "deleted subscription {subscription} of {topic}")?;
+            Ok(())
+        }
+    }
+}
+
+pub(crate) async fn message(ctx: &mut Ctx<'_>, c: MessageCommand) -> Result<()> {
+    let MessageCommand::Get { topic, id } = c;
+    let mut admin = ctx.client().await?.admin();
+    let r = admin
+        .get_message(pb::GetMessageRequest {
+            id: Some(pb::MessageId {
+                topic,
+                entry_id: id,
+            }),
+        })
+        .await?
+        .into_inner();
+    let view = MessageInfoView::from_proto(&r);
+    if ctx.json() {
+        return write_json(ctx.out, &view);
+    }
+    view.message.block().write(ctx.out, 0)?;
+    if view.subscriptions.is_empty() {
+        writeln!(ctx.out, "\n(no subscription on this topic)")?;
+    }
+    for s in &view.subscriptions {
+        writeln!(
+            ctx.out,
+            "\nsubscription {}: {} (delivery count {})",
+            s.subscription, s.state, s.delivery_count
+        )?;
+        write_attempts(ctx.out, &s.attempts, 2)?;
+    }
+    Ok(())
+}
+
+/// A subscription's policy (`policy get` / `policy set`).
+#[derive(Debug, Serialize)]
+struct PolicyView {
+    topic: String,
+    subscription: String,
+    /// `admin`, `client`, `config` or `default`.
+    source: String,
+    /// The compact form, `None` when no policy is in force.
+    spec: Option<String>,
+    /// The policy as structured JSON (the broker's config format).
+    policy: Option<PolicySpec>,
+    retry_topic: String,
+    dead_letter_topic: String,
+}
+
+impl PolicyView {
+    fn new(topic: String, subscription: String, r: pb::PolicyResponse) -> Result<Self> {
+        let cfg = r.policy.unwrap_or_default();
+        let policy = match &cfg.kind {
+            Some(_) => Some(PolicySpec::try_from(&cfg).map_err(|e| {
+                CliError::Other(format!(
+                    "the broker sent a policy this CLI cannot read: {e}"
+                ))
+            })?),
+            None => None,
+        };
+        Ok(Self {
+            topic,
+            subscription,
+            source: if r.source.is_empty() {
+                "default".to_owned()
+            } else {
+                r.source
+            },
+            spec: policy.as_ref().map(ToString::to_string),
+            policy,
+            retry_topic: cfg.retry_topic,
+            dead_letter_topic: cfg.dead_letter_topic,
+        })
+    }
+
+    fn write_table(&self, out: &mut dyn Write) -> Result<()> {
+        let mut b = Block::new();
+        b.kv("topic", &self.topic)
+            .kv("subscription", &self.subscription)
+            .kv(
+                "policy",
+                self.spec
+                    .as_deref()
+                    .unwrap_or("none (nacks redeliver forever)"),
+            )
+            .kv("source", &self.source);
+        if !self.retry_topic.is_empty() {
+            b.kv("retry topic", &self.retry_topic);
+        }
+        if !self.dead_letter_topic.is_empty() {
+            b.kv("dead-letter topic", &self.dead_letter_topic);
+        }
+        b.write(out, 0)?;
+        if let Some(p) = self.policy.as_ref().and_then(|p| p.build().ok()) {
+            writeln!(out)?;
+            write!(out, "{}", explain_table(&*p, default_reason(&*p)))?;
+        }
+        Ok(())
+    }
+}
+
+/// The failure a schedule is explained for by default: `reconsume_later`
+/// for policies that use the retry tier (delay levels), `nack` otherwise.
+fn default_reason(p: &dyn DeadLetterPolicy) -> FailureReason {
+    match p.spec() {
+        Some(PolicySpec::DelayLevels { .. }) => FailureReason::ReconsumeLater,
+        _ => FailureReason::Nack,
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct ExplainRowView {
+    attempt: u32,
+    /// `None` for the dead letter.
+    delay_ms: Option<u64>,
+    cumulative_ms: u64,
+    /// `redeliver` or `dead_letter`.
+    outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tier: Option<Tier>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dead_letter_reason: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct ExplainView {
+    policy: String,
+    reason: FailureReason,
+    rows: Vec<ExplainRowView>,
+    /// True when the schedule was cut before a dead letter.
+    truncated: bool,
+}
+
+fn ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
+    match c {
+        PolicyCommand::Explain { spec, reason } => {
+            let p = spec.build().map_err(|e| {
+                CliError::Usage(format!(
+                    "cannot explain {spec}: {e} (named policies are only known to the broker that registers them)"
+                ))
+            })?;
+            let reason = reason.unwrap_or_else(|| default_reason(&*p));
+            if !ctx.json() {
+                write!(ctx.out, "{}", explain_table(&*p, reason))?;
+                return Ok(());
+            }
+            let rows = explain(&*p, reason);
+            let truncated = rows.last().is_some_and(|r| r.delay.is_some());
+            let view = ExplainView {
+                policy: spec.to_string(),
+                reason,
+                truncated,
+                rows: rows
+                    .into_iter()
+                    .map(|r| {
+                        let (outcome, tier, dead_letter_reason) = match r.outcome {
+                            Outcome::Redeliver(t) => ("redeliver", Some(t), None),
+                            Outcome::DeadLetter { reason } => ("dead_letter", None, Some(reason)),
+                        };
+                        ExplainRowView {
+                            attempt: r.attempt,
+                            delay_ms: r.delay.map(ms),
+                            cumulative_ms: ms(r.cumulative),
+                            outcome,
+                            tier,
+                            dead_letter_reason,
+                        }
+                    })
+                    .collect(),
+            };
+            write_json(ctx.out, &view)
+        }
+        PolicyCommand::Get { target } => {
+            let mut admin = ctx.client().await?.admin();
+            let r = admin
+                .get_policy(pb::SubscriptionRequest {
+                    topic: target.topic.clone(),
+                    subscription: target.subscription.clone(),
+                })
+                .await?
+                .into_inner();
+            let view = PolicyView::new(target.topic, target.subscription, r)?;
+            if ctx.json() {
+                return write_json(ctx.out, &view);
+            }
+            view.write_table(ctx.out)
+        }
+        PolicyCommand::Set {
+            target,
+            spec,
+            clear,
+        } => {
+            let policy = match (spec, clear) {
+                (Some(s), false) => Some(pb::DeadLetterPolicyConfig::from(&s)),
+                (None, true) => None,
+                _ => return Err(CliError::Usage("give a SPEC or --clear".into())),
+            };
+            let mut admin = ctx.client().await?.admin();
+            let r = admin
+                .set_policy(pb::SetPolicyRequest {
+                    topic: target.topic.clone(),
+                    subscription: target.subscription.clone(),
+                    policy,
+                })
+                .await?
+                .into_inner();
+            let view = PolicyView::new(target.topic, target.subscription, r)?;
+            if ctx.json() {
+                return write_json(ctx.out, &view);
+            }
+            view.write_table(ctx.out)
+        }
+    }
+}

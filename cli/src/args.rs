@@ -1,0 +1,484 @@
+//! The command-line grammar: every command, flag and default of `ricochet`,
+//! as clap derive types. Values are parsed and checked here (durations,
+//! `k=v` pairs, policy specs, times), so a malformed argument is a usage
+//! error (exit code 2) reported by clap before anything is sent.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use ricochet_policy::{FailureReason, PolicySpec};
+
+use crate::output::OutputFormat;
+use crate::timearg::TimeArg;
+
+/// Operate a Ricochet broker: produce and consume, inspect topics and
+/// subscriptions, handle dead letters, explain and set dead-letter
+/// policies, and measure throughput.
+#[derive(Debug, Parser)]
+#[command(name = "ricochet", version, propagate_version = true)]
+pub struct Cli {
+    /// Broker URL.
+    #[arg(
+        long,
+        global = true,
+        env = "RICOCHET_URL",
+        default_value = "http://127.0.0.1:6650"
+    )]
+    pub url: String,
+    /// Output format: `table` for people, `json` for scripts (one JSON
+    /// document, or one JSON object per line for `consume`).
+    #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Publish messages to a topic.
+    Produce(ProduceArgs),
+    /// Subscribe and print messages; ack them, or fail them with `--nack`.
+    Consume(ConsumeArgs),
+    /// List, create, delete topics and show their statistics.
+    #[command(subcommand, visible_alias = "topic")]
+    Topics(TopicsCommand),
+    /// List subscriptions, show a subscription's progress, delete one.
+    #[command(subcommand, visible_alias = "subscription")]
+    Subscriptions(SubscriptionsCommand),
+    /// Look a message up by id, with its state in every subscription.
+    #[command(subcommand)]
+    Message(MessageCommand),
+    /// Inspect, replay and purge a subscription's dead letters.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+    /// Explain a policy's schedule; read or change a subscription's policy.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Load generators: publish, consume and nack→redelivery throughput and latency.
+    #[command(subcommand)]
+    Perf(PerfCommand),
+}
+
+/// `produce TOPIC`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("payload").required(true).multiple(true).args(["messages", "files"])))]
+pub struct ProduceArgs {
+    /// Topic (`orders` means `persistent://public/default/orders`).
+    pub topic: String,
+    /// A message payload (repeatable).
+    #[arg(short = 'm', long = "message", value_name = "TEXT")]
+    pub messages: Vec<String>,
+    /// A file whose whole content is one message (repeatable).
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+    /// Send each message this many times.
+    #[arg(
+        short = 'n',
+        long = "num-produce",
+        value_name = "COUNT",
+        default_value_t = 1
+    )]
+    pub count: u64,
+    /// Routing key (Key_Shared) of every message.
+    #[arg(short = 'k', long)]
+    pub key: Option<String>,
+    /// A property `name=value` (repeatable).
+    #[arg(short = 'p', long = "property", value_name = "K=V", value_parser = parse_key_value)]
+    pub properties: Vec<(String, String)>,
+    /// Deliver no earlier than this long from now (`30s`, `5m`).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub deliver_after: Option<Duration>,
+}
+
+/// Subscription types, as on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SubType {
+    /// One consumer at a time.
+    Exclusive,
+    /// Many consumers, messages spread round-robin.
+    Shared,
+    /// Many consumers, one active.
+    Failover,
+    /// Many consumers, one key to one consumer.
+    KeyShared,
+}
+
+/// Where a new subscription starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Position {
+    /// Everything still stored.
+    Earliest,
+    /// Only messages published from now on.
+    Latest,
+}
+
+/// `consume TOPIC -s SUB`.
+#[derive(Debug, Args)]
+pub struct ConsumeArgs {
+    /// Topic.
+    pub topic: String,
+    /// Subscription name.
+    #[arg(short = 's', long)]
+    pub subscription: String,
+    /// Subscription type.
+    #[arg(short = 't', long = "type", value_enum, default_value_t = SubType::Exclusive)]
+    pub sub_type: SubType,
+    /// Stop after this many messages (redeliveries count); 0 means no limit.
+    #[arg(
+        short = 'n',
+        long = "num-messages",
+        value_name = "COUNT",
+        default_value_t = 1
+    )]
+    pub count: u64,
+    /// Fail every message (negative ack) instead of acking it.
+    #[arg(long)]
+    pub nack: bool,
+    /// The failure detail recorded with each `--nack`.
+    #[arg(long, value_name = "TEXT", default_value = "ricochet consume --nack")]
+    pub nack_reason: String,
+    /// The subscription's dead-letter policy, sent when subscribing (an
+    /// operator's `policy set` takes precedence), e.g. `backoff:fixed=1s,max=3`
+    /// or `delay-levels:levels=1s 2s 4s,start=1,max=3`.
+    #[arg(long, value_name = "SPEC", value_parser = parse_policy)]
+    pub policy: Option<PolicySpec>,
+    /// Nack delay when no policy is in force (the client's default is 60s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub nack_delay: Option<Duration>,
+    /// Stop when no message has arrived for this long (default: wait forever).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Where a new subscription starts.
+    #[arg(long, value_enum, default_value_t = Position::Earliest)]
+    pub position: Position,
+    /// Consumer name (default: generated).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+/// `topics …`.
+#[derive(Debug, Subcommand)]
+pub enum TopicsCommand {
+    /// List topics (retry and dead-letter tiers included).
+    List {
+        /// Only topics of this `tenant/namespace`.
+        #[arg(long)]
+        namespace: Option<String>,
+    },
+    /// Create a topic.
+    Create {
+        /// Topic.
+        topic: String,
+    },
+    /// Delete a topic and its messages.
+    Delete {
+        /// Topic.
+        topic: String,
+        /// Delete even if it has subscriptions or connected clients.
+        #[arg(long)]
+        force: bool,
+        /// Do not ask for confirmation.
+        #[arg(short = 'y', long)]
+        yes: bool,
+    },
+    /// A topic's counters and its subscriptions' progress.
+    Stats {
+        /// Topic.
+        topic: String,
+    },
+}
+
+/// `subscriptions …`.
+#[derive(Debug, Subcommand)]
+pub enum SubscriptionsCommand {
+    /// A topic's subscriptions.
+    List {
+        /// Topic.
+        topic: String,
+    },
+    /// One subscription's progress: backlog, unacked, scheduled retries,
+    /// dead letters, consumers.
+    Stats {
+        /// Topic.
+        topic: String,
+        /// Subscription.
+        subscription: String,
+    },
+    /// Delete a subscription with its retry schedule.
+    Delete {
+        /// Topic.
+        topic: String,
+        /// Subscription.
+        subscription: String,
+        /// Do not ask for confirmation.
+        #[arg(short = 'y', long)]
+        yes: bool,
+    },
+}
+
+/// `message …`.
+#[derive(Debug, Subcommand)]
+pub enum MessageCommand {
+    /// A message, its properties, and per subscription its state, delivery
+    /// count and attempt history.
+    Get {
+        /// Topic the message is stored in (a main topic, a retry or a
+        /// dead-letter tier).
+        topic: String,
+        /// Entry id (the number after the last `:` of a message id).
+        id: u64,
+    },
+}
+
+/// Filters shared by the `dlq` commands.
+#[derive(Debug, Clone, Default, Args)]
+pub struct DlqFilterArgs {
+    /// Only this dead-letter entry id (repeatable).
+    #[arg(long = "id", value_name = "ID")]
+    pub ids: Vec<u64>,
+    /// Only dead letters whose reason or any attempt's detail contains TEXT.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+    /// Only those dead-lettered at or after TIME (RFC 3339, or a duration
+    /// ago such as `1h`).
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<TimeArg>,
+    /// Only those dead-lettered before TIME (RFC 3339, or a duration ago).
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<TimeArg>,
+}
+
+/// A subscription named by topic and name.
+#[derive(Debug, Clone, Args)]
+pub struct SubscriptionArgs {
+    /// Topic.
+    pub topic: String,
+    /// Subscription.
+    pub subscription: String,
+}
+
+/// `dlq …`.
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// One line per dead letter: id, origin, reason, time, failures.
+    List {
+        #[command(flatten)]
+        target: SubscriptionArgs,
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Start after this dead-letter entry id (paging).
+        #[arg(long, value_name = "ID")]
+        after: Option<u64>,
+    },
+    /// Dead letters in full: payload, properties and every failed attempt.
+    Peek {
+        #[command(flatten)]
+        target: SubscriptionArgs,
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+        /// How many.
+        #[arg(short = 'n', long = "count", default_value_t = 1)]
+        count: u32,
+    },
+    /// Publish dead letters back onto the original topic and remove them
+    /// from the dead-letter tier.
+    Replay {
+        #[command(flatten)]
+        target: SubscriptionArgs,
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+        /// At most this many messages per second (default: the broker's,
+        /// 1000).
+        #[arg(long, value_name = "PER_SECOND")]
+        rate: Option<u32>,
+        /// Start the replayed messages' delivery count from 0 again.
+        #[arg(long)]
+        reset_count: bool,
+        /// Do not ask for confirmation.
+        #[arg(short = 'y', long)]
+        yes: bool,
+    },
+    /// Delete dead letters for good.
+    Purge {
+        #[command(flatten)]
+        target: SubscriptionArgs,
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+        /// Do not ask for confirmation.
+        #[arg(short = 'y', long)]
+        yes: bool,
+    },
+}
+
+/// `policy …`.
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// A policy's schedule: each attempt's delay, cumulative time, tier,
+    /// and when it dead-letters.
+    Explain {
+        /// Compact spec (`delay-levels`, `backoff:min=1s,max-delay=1m,max=5`,
+        /// `delay-levels:levels=10ms 20ms,start=1,max=2`) or JSON.
+        #[arg(value_parser = parse_policy)]
+        spec: PolicySpec,
+        /// The failure to explain (`nack`, `ack-timeout`, `consumer-lost`,
+        /// `reconsume-later`, `terminate`); default `reconsume-later` for
+        /// delay levels, `nack` otherwise.
+        #[arg(long, value_parser = parse_reason)]
+        reason: Option<FailureReason>,
+    },
+    /// The policy in force on a subscription and where it came from.
+    Get {
+        #[command(flatten)]
+        target: SubscriptionArgs,
+    },
+    /// Set a subscription's policy at runtime (overrides client and config
+    /// policies), or `--clear` the operator's choice.
+    Set {
+        #[command(flatten)]
+        target: SubscriptionArgs,
+        /// The policy spec.
+        #[arg(value_parser = parse_policy, required_unless_present = "clear")]
+        spec: Option<PolicySpec>,
+        /// Remove the operator's policy (the client's or config's applies again).
+        #[arg(long, conflicts_with = "spec")]
+        clear: bool,
+    },
+}
+
+/// `perf …`.
+#[derive(Debug, Subcommand)]
+pub enum PerfCommand {
+    /// Publish as fast as allowed; measures publish latency (send → receipt).
+    Produce(PerfProduceArgs),
+    /// Consume and ack; measures end-to-end latency (publish → receive)
+    /// from the timestamp `perf produce` puts in each payload.
+    Consume(PerfConsumeArgs),
+    /// Producers feed a topic, consumers nack every message once and ack its
+    /// redelivery; measures the nack → redelivery loop.
+    Redeliver(PerfRedeliverArgs),
+}
+
+/// Options every perf mode shares.
+#[derive(Debug, Clone, Args)]
+pub struct PerfCommon {
+    /// Topic.
+    #[arg(long, default_value = "perf")]
+    pub topic: String,
+    /// Stop after this long (`0s`: run until Ctrl-C).
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub duration: Duration,
+}
+
+/// `perf produce`.
+#[derive(Debug, Clone, Args)]
+pub struct PerfProduceArgs {
+    #[command(flatten)]
+    pub common: PerfCommon,
+    /// Total messages per second over all producers; 0 means as fast as possible.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// Payload size in bytes (at least 24: the timestamp header).
+    #[arg(long, default_value_t = 1024)]
+    pub size: usize,
+    /// Concurrent producers.
+    #[arg(long, default_value_t = 1)]
+    pub producers: usize,
+    /// Unreceipted sends allowed per producer.
+    #[arg(long, default_value_t = 1000)]
+    pub max_pending: usize,
+    /// Stop after this many messages (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    pub messages: u64,
+}
+
+/// `perf consume`.
+#[derive(Debug, Clone, Args)]
+pub struct PerfConsumeArgs {
+    #[command(flatten)]
+    pub common: PerfCommon,
+    /// Subscription.
+    #[arg(short = 's', long, default_value = "perf-sub")]
+    pub subscription: String,
+    /// Subscription type.
+    #[arg(short = 't', long = "type", value_enum, default_value_t = SubType::Shared)]
+    pub sub_type: SubType,
+    /// Concurrent consumers.
+    #[arg(long, default_value_t = 1)]
+    pub consumers: usize,
+    /// Messages prefetched per consumer.
+    #[arg(long, default_value_t = 1000)]
+    pub receiver_queue_size: u32,
+}
+
+/// `perf redeliver`.
+#[derive(Debug, Clone, Args)]
+pub struct PerfRedeliverArgs {
+    #[command(flatten)]
+    pub common: PerfCommon,
+    /// Subscription.
+    #[arg(short = 's', long, default_value = "perf-redeliver")]
+    pub subscription: String,
+    /// The subscription's policy; its first delay is part of every
+    /// nack → redelivery time.
+    #[arg(long, value_parser = parse_policy, default_value = "backoff:fixed=100ms,max=3")]
+    pub policy: PolicySpec,
+    /// Total messages per second fed by the producers; 0 means as fast as possible.
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u64,
+    /// Payload size in bytes (at least 24).
+    #[arg(long, default_value_t = 128)]
+    pub size: usize,
+    /// Concurrent producers.
+    #[arg(long, default_value_t = 1)]
+    pub producers: usize,
+    /// Concurrent consumers (one Shared subscription).
+    #[arg(long, default_value_t = 1)]
+    pub consumers: usize,
+}
+
+/// A humantime duration (`100ms`, `30s`, `1h 30m`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("bad duration {s:?}: {e}"))
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected NAME=VALUE, got {s:?}")),
+    }
+}
+
+fn parse_policy(s: &str) -> Result<PolicySpec, String> {
+    s.parse::<PolicySpec>().map_err(|e| e.to_string())
+}
+
+fn parse_reason(s: &str) -> Result<FailureReason, String> {
+    s.parse::<FailureReason>().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn grammar_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn key_values() {
+        assert_eq!(
+            parse_key_value("a=b=c"),
+            Ok(("a".to_owned(), "b=c".to_owned()))
+        );
+        assert!(parse_key_value("=x").is_err());
+        assert!(parse_key_value("x").is_err());
+    }
+}

@@ -1,0 +1,100 @@
+//! The `ricochet` command line, as a library: [`Cli`] is the grammar (clap
+//! derive) and [`run`] executes one parsed command against a broker,
+//! writing its result to the given output. The binary (`src/main.rs`) only
+//! parses the arguments, runs this on a tokio runtime and turns a
+//! [`CliError`] into `error: …` on stderr and an exit code.
+//!
+//! | command | what it does | Pulsar / RocketMQ analogue |
+//! |---|---|---|
+//! | `produce`, `consume` | publish; subscribe, print, ack or `--nack` | `pulsar-client produce/consume` |
+//! | `topics list/create/delete/stats` | topics and their counters | `pulsar-admin topics` |
+//! | `subscriptions list/stats/delete` | progress of a subscription: backlog, unacked, scheduled retries, dead letters, consumers | `mqadmin consumerProgress` |
+//! | `message get` | a message and its state, delivery count and history per subscription | `mqadmin queryMsgById` |
+//! | `dlq list/peek/replay/purge` | dead letters, filtered by id, reason text and time | — (a human decision, never a loop) |
+//! | `policy explain/get/set` | a policy's schedule; a subscription's policy at runtime | — |
+//! | `perf produce/consume/redeliver` | throughput and HDR latency percentiles | `pulsar-perf` |
+
+use std::io::Write;
+use std::time::Duration;
+
+use ricochet_client::Client;
+
+mod admin;
+pub mod args;
+mod confirm;
+mod dlq;
+mod error;
+pub mod output;
+mod perf;
+mod pubsub;
+pub mod timearg;
+pub mod view;
+
+pub use args::Cli;
+pub use error::{CliError, Result};
+pub use output::OutputFormat;
+
+use args::Command;
+
+/// Where a command runs: the broker URL, the output format, and where
+/// results go (progress and prompts go to stderr).
+pub struct Ctx<'a> {
+    /// Broker URL.
+    pub url: String,
+    /// `--output`.
+    pub output: OutputFormat,
+    /// Results.
+    pub out: &'a mut (dyn Write + Send),
+}
+
+impl std::fmt::Debug for Ctx<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx")
+            .field("url", &self.url)
+            .field("output", &self.output)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ctx<'_> {
+    /// Whether `--output json` was given.
+    pub fn json(&self) -> bool {
+        self.output == OutputFormat::Json
+    }
+
+    /// Connects to the broker (5 s connect timeout).
+    pub async fn client(&self) -> Result<Client> {
+        Client::builder(self.url.clone())
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .map_err(|e| match CliError::from(e) {
+                CliError::Status { code, message } => CliError::Status {
+                    code,
+                    message: format!("cannot reach the broker at {}: {message}", self.url),
+                },
+                other => other,
+            })
+    }
+}
+
+/// Runs one command, writing its result to `out`.
+pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> Result<()> {
+    let mut ctx = Ctx {
+        url: cli.url,
+        output: cli.output,
+        out,
+    };
+    let r = match cli.command {
+        Command::Produce(a) => pubsub::produce(&mut ctx, a).await,
+        Command::Consume(a) => pubsub::consume(&mut ctx, a).await,
+        Command::Topics(c) => admin::topics(&mut ctx, c).await,
+        Command::Subscriptions(c) => admin::subscriptions(&mut ctx, c).await,
+        Command::Message(c) => admin::message(&mut ctx, c).await,
+        Command::Policy(c) => admin::policy(&mut ctx, c).await,
+        Command::Dlq(c) => dlq::run(&mut ctx, c).await,
+        Command::Perf(c) => perf::run(&mut ctx, c).await,
+    };
+    ctx.out.flush()?;
+    r
+}
