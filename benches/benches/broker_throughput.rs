@@ -18,6 +18,10 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
+// The same allocator as the broker binary.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const PRODUCERS: usize = 4;
 const BATCH: usize = 100;
 const IN_FLIGHT: usize = 16;

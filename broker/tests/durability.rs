@@ -9,9 +9,7 @@ use std::time::Duration;
 #[tokio::test]
 async fn acknowledged_publishes_and_cursors_survive_kill_9() {
     let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
-    let url = format!("http://{addr}");
-    let broker = spawn_broker(dir.path(), addr).await;
+    let (broker, url) = spawn_broker(dir.path()).await;
 
     let mut p = RawProducer::open(&url, "durable", "p").await.unwrap();
     let mut expected = Vec::new();
@@ -46,7 +44,7 @@ async fn acknowledged_publishes_and_cursors_survive_kill_9() {
     drop(p);
     kill9(broker);
 
-    let broker = spawn_broker(dir.path(), addr).await;
+    let (broker, url) = spawn_broker(dir.path()).await;
     let mut c = RawConsumer::simple(&url, "durable", "s", SubscriptionType::Shared).await;
     c.flow(2000).await;
     let rest = c.take(900, WAIT).await;
@@ -71,11 +69,9 @@ async fn acknowledged_publishes_and_cursors_survive_kill_9() {
 #[tokio::test]
 async fn repeated_kills_during_publish_lose_no_receipted_message() {
     let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
-    let url = format!("http://{addr}");
     let mut receipted: Vec<String> = Vec::new();
     for round in 0..4 {
-        let broker = spawn_broker(dir.path(), addr).await;
+        let (broker, url) = spawn_broker(dir.path()).await;
         let mut p = RawProducer::open(&url, "kills", "p").await.unwrap();
         // Publish in the background; kill mid-stream.
         let task = tokio::spawn(async move {
@@ -97,7 +93,7 @@ async fn repeated_kills_during_publish_lose_no_receipted_message() {
         assert!(!ok.is_empty(), "round {round} published nothing");
         receipted.extend(ok);
     }
-    let broker = spawn_broker(dir.path(), addr).await;
+    let (broker, url) = spawn_broker(dir.path()).await;
     let mut c = RawConsumer::simple(&url, "kills", "s", SubscriptionType::Exclusive).await;
     c.flow(100_000).await;
     let mut stored = std::collections::HashSet::new();

@@ -16,7 +16,7 @@ async fn scrape(addr: SocketAddr) -> String {
     let mut s = loop {
         match tokio::net::TcpStream::connect(addr).await {
             Ok(s) => break s,
-            Err(e) if tries < 100 => {
+            Err(e) if tries < 500 => {
                 tries += 1;
                 let _ = e;
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -84,10 +84,8 @@ fn value(m: &HashMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
 #[tokio::test]
 async fn retry_and_dead_letter_series_move_with_a_scripted_scenario() {
     let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
     let metrics = free_addr();
-    let url = format!("http://{addr}");
-    let broker = spawn_broker_with(dir.path(), addr, metrics).await;
+    let (broker, url) = spawn_broker_with(dir.path(), metrics).await;
 
     let policy = DeadLetterPolicyConfig {
         kind: Some(dead_letter_policy_config::Kind::Backoff(

@@ -18,6 +18,118 @@ use std::sync::Mutex;
 
 const SEG_PREFIX: &str = "seg/";
 
+/// A log value: the consecutive entries of one producer batch (or one moved
+/// message), keyed by the first entry's id, so a batch costs one sled insert.
+/// Layout: `u32 count`, then per entry `u32 len` and its bytes; a removed
+/// entry (dead-letter purge) keeps its slot with the length `u32::MAX`.
+mod frame {
+    use crate::error::{BrokerError, Result};
+
+    const GONE: u32 = u32::MAX;
+
+    fn corrupt() -> BrokerError {
+        BrokerError::Corrupt("truncated log frame".into())
+    }
+
+    pub fn encode(entries: &[Vec<u8>]) -> Vec<u8> {
+        let size = 4 + entries.iter().map(|e| 4 + e.len()).sum::<usize>();
+        let mut out = Vec::with_capacity(size);
+        out.extend_from_slice(&(entries.len() as u32).to_be_bytes());
+        for e in entries {
+            out.extend_from_slice(&(e.len() as u32).to_be_bytes());
+            out.extend_from_slice(e);
+        }
+        out
+    }
+
+    fn u32_at(b: &[u8], at: usize) -> Result<u32> {
+        let bytes: [u8; 4] = b
+            .get(at..at + 4)
+            .ok_or_else(corrupt)?
+            .try_into()
+            .map_err(|_| corrupt())?;
+        Ok(u32::from_be_bytes(bytes))
+    }
+
+    /// Entries in the frame (ids from `first`), as `(id, Some(bytes))`, or
+    /// `None` for a removed slot.
+    fn slots(first: u64, b: &[u8]) -> Result<Vec<(u64, Option<&[u8]>)>> {
+        let n = u32_at(b, 0)? as usize;
+        let mut at = 4;
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let len = u32_at(b, at)?;
+            at += 4;
+            if len == GONE {
+                out.push((first + i as u64, None));
+            } else {
+                let e = b.get(at..at + len as usize).ok_or_else(corrupt)?;
+                at += len as usize;
+                out.push((first + i as u64, Some(e)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The live entries of a frame whose first id is `first`.
+    pub fn entries(first: u64, b: &[u8]) -> Result<impl Iterator<Item = (u64, &[u8])>> {
+        Ok(slots(first, b)?
+            .into_iter()
+            .filter_map(|(id, e)| e.map(|e| (id, e))))
+    }
+
+    /// Number of slots (live or removed): the ids the frame covers.
+    pub fn count(b: &[u8]) -> Result<u32> {
+        u32_at(b, 0)
+    }
+
+    /// Number of live entries.
+    pub fn live(b: &[u8]) -> Result<u32> {
+        Ok(slots(0, b)?.iter().filter(|(_, e)| e.is_some()).count() as u32)
+    }
+
+    /// The frame with entry `id` removed, or `None` if it does not hold it.
+    pub fn without(first: u64, b: &[u8], id: u64) -> Result<Option<Vec<u8>>> {
+        let slots = slots(first, b)?;
+        if !slots.iter().any(|(i, e)| *i == id && e.is_some()) {
+            return Ok(None);
+        }
+        let mut out = Vec::with_capacity(b.len());
+        out.extend_from_slice(&(slots.len() as u32).to_be_bytes());
+        for (i, e) in slots {
+            match e {
+                Some(e) if i != id => {
+                    out.extend_from_slice(&(e.len() as u32).to_be_bytes());
+                    out.extend_from_slice(e);
+                }
+                _ => out.extend_from_slice(&GONE.to_be_bytes()),
+            }
+        }
+        Ok(Some(out))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn frames_round_trip_and_remove() {
+            let f = super::encode(&[b"a".to_vec(), b"".to_vec(), b"ccc".to_vec()]);
+            let got: Vec<_> = super::entries(10, &f)
+                .unwrap()
+                .map(|(i, e)| (i, e.to_vec()))
+                .collect();
+            assert_eq!(
+                got,
+                vec![(10, b"a".to_vec()), (11, vec![]), (12, b"ccc".to_vec())]
+            );
+            let g = super::without(10, &f, 11).unwrap().unwrap();
+            assert_eq!(super::count(&g).unwrap(), 3);
+            assert_eq!(super::live(&g).unwrap(), 2);
+            assert!(super::without(10, &g, 11).unwrap().is_none());
+            assert!(super::entries(0, &f[..5]).is_err());
+        }
+    }
+}
+
 /// sled-backed storage.
 pub struct SledStorage {
     db: Db,
@@ -134,6 +246,15 @@ impl SledStorage {
             .unwrap_or_default())
     }
 
+    fn segment_if_open(&self, topic: &str, seg: u64) -> Result<Option<Tree>> {
+        Ok(self
+            .segments
+            .lock()
+            .map_err(|_| BrokerError::Storage("segment map poisoned".into()))?
+            .get(topic)
+            .and_then(|m| m.get(&seg).cloned()))
+    }
+
     fn id_floor(&self, topic: &str) -> Result<u64> {
         match self.meta.get(format!("n:{topic}"))? {
             Some(v) => read_be(&v),
@@ -199,15 +320,13 @@ impl Storage for SledStorage {
         let mut id = first_id;
         let mut rest = entries;
         while !rest.is_empty() {
+            // One frame per batch and segment: a batch never spans two trees.
             let seg = id / self.segment_entries;
             let room = ((seg + 1) * self.segment_entries - id) as usize;
             let (now, later) = rest.split_at(room.min(rest.len()));
-            let mut batch = Batch::default();
-            for e in now {
-                batch.insert(&be(id), e.as_slice());
-                id += 1;
-            }
-            self.segment(topic, seg)?.apply_batch(batch)?;
+            self.segment(topic, seg)?
+                .insert(be(id), frame::encode(now))?;
+            id += now.len() as u64;
             rest = later;
         }
         if let Some((name, seq)) = producer {
@@ -230,12 +349,22 @@ impl Storage for SledStorage {
             if seg < first_seg {
                 continue;
             }
-            for kv in tree.range(be(from)..) {
+            // The frame holding `from` may start before it.
+            let start = match tree.range(..=be(from)).next_back() {
+                Some(kv) => kv?.0,
+                None => be(from).to_vec().into(),
+            };
+            for kv in tree.range(start..) {
                 let (k, v) = kv?;
-                bytes += v.len();
-                out.push((read_be(&k)?, v.to_vec()));
-                if out.len() >= max || bytes >= max_bytes {
-                    return Ok(out);
+                for (id, entry) in frame::entries(read_be(&k)?, &v)? {
+                    if id < from {
+                        continue;
+                    }
+                    bytes += entry.len();
+                    out.push((id, entry.to_vec()));
+                    if out.len() >= max || bytes >= max_bytes {
+                        return Ok(out);
+                    }
                 }
             }
         }
@@ -243,17 +372,16 @@ impl Storage for SledStorage {
     }
 
     fn read_one(&self, topic: &str, id: u64) -> Result<Option<Vec<u8>>> {
-        let seg = id / self.segment_entries;
-        let has = self
-            .segments
-            .lock()
-            .map_err(|_| BrokerError::Storage("segment map poisoned".into()))?
-            .get(topic)
-            .and_then(|m| m.get(&seg).cloned());
-        match has {
-            Some(tree) => Ok(tree.get(be(id))?.map(|v| v.to_vec())),
-            None => Ok(None),
-        }
+        let Some(tree) = self.segment_if_open(topic, id / self.segment_entries)? else {
+            return Ok(None);
+        };
+        let Some(kv) = tree.range(..=be(id)).next_back() else {
+            return Ok(None);
+        };
+        let (k, v) = kv?;
+        Ok(frame::entries(read_be(&k)?, &v)?
+            .find(|(i, _)| *i == id)
+            .map(|(_, e)| e.to_vec()))
     }
 
     fn entry_range(&self, topic: &str) -> Result<(u64, u64)> {
@@ -267,13 +395,13 @@ impl Storage for SledStorage {
             }
         }
         for (_, tree) in segs.iter().rev() {
-            if let Some((k, _)) = tree.last()? {
-                last = Some(read_be(&k)?);
+            if let Some((k, v)) = tree.last()? {
+                last = Some(read_be(&k)? + frame::count(&v)? as u64);
                 break;
             }
         }
         let floor = self.id_floor(topic)?;
-        let next = last.map_or(floor, |l| (l + 1).max(floor));
+        let next = last.map_or(floor, |l| l.max(floor));
         Ok((first.unwrap_or(next).min(next), next))
     }
 
@@ -309,12 +437,22 @@ impl Storage for SledStorage {
         let (_, next) = self.entry_range(topic)?;
         self.raise_id_floor(topic, next)?;
         for id in ids {
-            if let Some(tree) = self
-                .segments_of(topic)?
-                .into_iter()
-                .find(|(s, _)| *s == id / self.segment_entries)
-            {
-                tree.1.remove(be(*id))?;
+            let Some(tree) = self.segment_if_open(topic, id / self.segment_entries)? else {
+                continue;
+            };
+            let Some(kv) = tree.range(..=be(*id)).next_back() else {
+                continue;
+            };
+            let (k, v) = kv?;
+            let first = read_be(&k)?;
+            match frame::without(first, &v, *id)? {
+                Some(rest) if frame::live(&rest)? == 0 => {
+                    tree.remove(k)?;
+                }
+                Some(rest) => {
+                    tree.insert(k, rest)?;
+                }
+                None => {}
             }
         }
         Ok(())
@@ -471,6 +609,7 @@ impl Storage for SledStorage {
             from_schedule: Option<[u8; 25]>,
             seg_index: usize,
             entry_key: [u8; 8],
+            frame: Vec<u8>,
             failure: Option<([u8; 17], Vec<u8>)>,
             schedule: Option<[u8; 25]>,
             dead_letter: Option<([u8; 16], Vec<u8>)>,
@@ -490,6 +629,7 @@ impl Storage for SledStorage {
                     from_schedule: item.from_schedule.map(|s| s.key()),
                     seg_index: 4 + seg_numbers.iter().position(|s| *s == seg).unwrap_or(0),
                     entry_key: be(item.target_entry_id),
+                    frame: frame::encode(std::slice::from_ref(&item.payload)),
                     failure: mv.target_tier.map(|_| (target.key(), json(&item.failures))),
                     schedule: item.due_ms.filter(|_| mv.target_tier.is_some()).map(|due| {
                         ScheduleKey {
@@ -507,12 +647,12 @@ impl Storage for SledStorage {
             .collect();
         let result = trees.as_slice().transaction(|t| {
             t[0].insert(sub_key.as_slice(), sub_val.as_slice())?;
-            for (e, item) in encoded.iter().zip(&mv.items) {
+            for e in &encoded {
                 t[1].remove(&e.from_key)?;
                 if let Some(s) = &e.from_schedule {
                     t[2].remove(s)?;
                 }
-                t[e.seg_index].insert(&e.entry_key, item.payload.as_slice())?;
+                t[e.seg_index].insert(&e.entry_key, e.frame.as_slice())?;
                 if let Some((k, v)) = &e.failure {
                     t[1].insert(k, v.as_slice())?;
                 }

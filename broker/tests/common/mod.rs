@@ -361,46 +361,46 @@ impl Drop for Proc {
     }
 }
 
-/// Starts the broker binary on `addr` with data in `dir` and waits until it
-/// accepts connections.
-pub async fn spawn_broker(dir: &std::path::Path, addr: SocketAddr) -> Proc {
-    spawn_broker_with(dir, addr, free_addr()).await
+/// Starts the broker binary on a port of its own choosing (so no other
+/// process can take it between choosing and binding) with data in `dir`;
+/// returns it with its URL once it listens.
+pub async fn spawn_broker(dir: &std::path::Path) -> (Proc, String) {
+    spawn_broker_with(dir, free_addr()).await
 }
 
 /// Like [`spawn_broker`], serving metrics on `metrics`.
-pub async fn spawn_broker_with(
-    dir: &std::path::Path,
-    addr: SocketAddr,
-    metrics: SocketAddr,
-) -> Proc {
-    let child = Command::new(env!("CARGO_BIN_EXE_ricochet-broker"))
+pub async fn spawn_broker_with(dir: &std::path::Path, metrics: SocketAddr) -> (Proc, String) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ricochet-broker"))
         .args([
             "--data-dir",
             dir.to_str().unwrap(),
             "--listen",
-            &addr.to_string(),
+            "127.0.0.1:0",
         ])
         .args(["--metrics-listen", &metrics.to_string()])
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn broker");
+    let stdout = child.stdout.take().expect("piped stdout");
     // Owned by the guard from here on, so it is killed and reaped on any panic.
     let proc = Proc(child);
-    let url = format!("http://{addr}");
-    for _ in 0..200 {
-        if tonic::transport::Channel::from_shared(url.clone())
-            .unwrap()
-            .connect()
-            .await
-            .is_ok()
-        {
-            return proc;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("broker did not come up on {addr}");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .map(|_| line)
+    })
+    .await
+    .unwrap()
+    .expect("broker stdout");
+    let addr = line
+        .trim()
+        .strip_prefix("ricochet-broker listening on ")
+        .unwrap_or_else(|| panic!("broker did not start: {line:?}"));
+    (proc, format!("http://{addr}"))
 }
 
 pub fn kill9(mut p: Proc) {
