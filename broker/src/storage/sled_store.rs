@@ -53,7 +53,10 @@ mod frame {
 
     /// Entries in the frame (ids from `first`), as `(id, Some(bytes))`, or
     /// `None` for a removed slot.
-    fn slots(first: u64, b: &[u8]) -> Result<Vec<(u64, Option<&[u8]>)>> {
+    /// An entry id and its bytes (`None` once removed).
+    type Slot<'a> = (u64, Option<&'a [u8]>);
+
+    fn slots(first: u64, b: &[u8]) -> Result<Vec<Slot<'_>>> {
         let n = u32_at(b, 0)? as usize;
         let mut at = 4;
         let mut out = Vec::with_capacity(n);
