@@ -588,6 +588,11 @@ impl Consumer {
         self.acker.terminate(msg, reason).await
     }
 
+    /// See [`Acker::extend_ack_deadline`].
+    pub async fn extend_ack_deadline(&self, msg: &Message) -> Result<()> {
+        self.acker.extend_ack_deadline(msg).await
+    }
+
     /// Flushes pending acks and waits until the broker has made them
     /// durable (up to the client's request timeout), then closes the
     /// stream. Messages received but not acked are redelivered by the
@@ -714,6 +719,21 @@ impl Acker {
         self.send(Cmd::AckCumulative {
             id: msg.id.clone(),
             epoch: Some(msg.epoch),
+        })
+    }
+
+    /// Tells the consumer the application is still working on `msg`: its ack
+    /// timeout starts again from now, and no attempt is counted (NATS's
+    /// `InProgress`, RocketMQ's `changeInvisibleTime`). Without an ack
+    /// timeout there is no deadline to extend and this does nothing.
+    pub async fn extend_ack_deadline(&self, msg: &Message) -> Result<()> {
+        if !self.shared.track_taken {
+            return Ok(());
+        }
+        self.send(Cmd::Taken {
+            id: msg.id.clone(),
+            epoch: msg.epoch,
+            at: Instant::now(),
         })
     }
 

@@ -88,6 +88,41 @@ async fn ack_timeout_redelivers_exactly_the_unacked() {
     assert_quiet(&mut c, timeout + tick * 2).await;
 }
 
+#[tokio::test]
+async fn extending_the_ack_deadline_holds_off_the_timeout_without_counting_an_attempt() {
+    let env = start().await;
+    let t = topic("f-extend");
+    let timeout = Duration::from_millis(300);
+    let tick = Duration::from_millis(20);
+    let mut c = env
+        .client
+        .consumer(&t)
+        .subscription("s")
+        .ack_timeout(timeout)
+        .ack_timeout_tick(tick)
+        .subscribe()
+        .await
+        .unwrap();
+    produce(&env, &t, 1).await;
+    let m = recv(&mut c, T).await;
+    let taken = Instant::now();
+    // Keep working for three timeouts, extending each time it would expire.
+    for _ in 0..3 {
+        tokio::time::sleep(timeout / 2).await;
+        c.extend_ack_deadline(&m).await.unwrap();
+        tokio::time::sleep(timeout / 2).await;
+        c.extend_ack_deadline(&m).await.unwrap();
+    }
+    assert!(taken.elapsed() >= timeout * 3);
+    assert_quiet(&mut c, timeout / 2).await;
+    // Stop extending: the timeout fires once, and the count shows no attempt
+    // was charged for the extensions.
+    let again = recv(&mut c, T).await;
+    assert_eq!(again.id(), m.id());
+    assert_eq!(again.delivery_count(), 1);
+    c.ack(&again).await.unwrap();
+}
+
 async fn nack_consumer(env: &Env, t: &str, spec: Option<PolicySpec>) -> Consumer {
     let b = env
         .client
