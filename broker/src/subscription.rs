@@ -1309,19 +1309,55 @@ impl SubscriptionActor {
         (self.rec.topic.clone(), key.1)
     }
 
+    /// The retry (or dead-letter) tier's topic, created on first use.
+    async fn tier_topic(&mut self, dead_letter: bool) -> Result<Arc<Topic>> {
+        let (slot, name) = if dead_letter {
+            (&mut self.dlq_topic, &self.dlq_topic_name)
+        } else {
+            (&mut self.retry_topic, &self.retry_topic_name)
+        };
+        if let Some(t) = slot {
+            return Ok(t.clone());
+        }
+        let t = self.tiers.tier_topic(name, dead_letter).await?;
+        *slot = Some(t.clone());
+        Ok(t)
+    }
+
+    /// Marks `key` acked in `sub` (a copy of the record that a move will
+    /// write) and returns its storage key and, in the retry tier, its
+    /// schedule entry (both removed by the move).
+    fn leave(
+        &self,
+        sub: &mut SubscriptionRecord,
+        key: (TierId, u64),
+    ) -> (SubMessage, Option<ScheduleKey>) {
+        let from = SubMessage {
+            sub_id: sub.id,
+            tier: key.0,
+            entry_id: key.1,
+        };
+        match key.0 {
+            TierId::Main => sub.main.ack(key.1),
+            TierId::Retry => sub.retry.ack(key.1),
+        };
+        let schedule = self
+            .in_flight
+            .get(&key)
+            .and_then(|i| i.due_ms)
+            .map(|due_ms| ScheduleKey {
+                due_ms,
+                message: from,
+            });
+        (from, schedule)
+    }
+
     async fn move_to_retry(
         &mut self,
         items: Vec<(Failure, FailureRecord, Duration)>,
         now: u64,
     ) -> Result<()> {
-        let topic = match &self.retry_topic {
-            Some(t) => t.clone(),
-            None => {
-                let t = self.tiers.tier_topic(&self.retry_topic_name, false).await?;
-                self.retry_topic = Some(t.clone());
-                t
-            }
-        };
+        let topic = self.tier_topic(false).await?;
         let first_id = topic.reserve_ids(items.len() as u64)?;
         let mut sub = self.rec.clone();
         let mut move_items = Vec::with_capacity(items.len());
@@ -1333,23 +1369,7 @@ impl SubscriptionActor {
                 .insert(props::DELAY_TIME.into(), after.as_millis().to_string());
             m.deliver_at_ms = due;
             let target = first_id + i as u64;
-            let from = SubMessage {
-                sub_id: sub.id,
-                tier: f.key.0,
-                entry_id: f.key.1,
-            };
-            match f.key.0 {
-                TierId::Main => sub.main.ack(f.key.1),
-                TierId::Retry => sub.retry.ack(f.key.1),
-            };
-            let from_schedule =
-                self.in_flight
-                    .get(&f.key)
-                    .and_then(|i| i.due_ms)
-                    .map(|d| ScheduleKey {
-                        due_ms: d,
-                        message: from,
-                    });
+            let (from, from_schedule) = self.leave(&mut sub, f.key);
             tracing::info!(
                 sub = %self.rec.name,
                 message = %format!("{}:{target}", topic.name()),
@@ -1415,14 +1435,7 @@ impl SubscriptionActor {
         items: Vec<(Failure, FailureRecord, String)>,
         now: u64,
     ) -> Result<()> {
-        let topic = match &self.dlq_topic {
-            Some(t) => t.clone(),
-            None => {
-                let t = self.tiers.tier_topic(&self.dlq_topic_name, true).await?;
-                self.dlq_topic = Some(t.clone());
-                t
-            }
-        };
+        let topic = self.tier_topic(true).await?;
         let first_id = topic.reserve_ids(items.len() as u64)?;
         let mut sub = self.rec.clone();
         let mut move_items = Vec::with_capacity(items.len());
@@ -1432,23 +1445,7 @@ impl SubscriptionActor {
                 .insert(props::DEAD_LETTER_REASON.into(), reason.clone());
             m.deliver_at_ms = 0;
             let (origin_topic, origin_entry_id) = self.origin_of(&m, f.key);
-            let from = SubMessage {
-                sub_id: sub.id,
-                tier: f.key.0,
-                entry_id: f.key.1,
-            };
-            match f.key.0 {
-                TierId::Main => sub.main.ack(f.key.1),
-                TierId::Retry => sub.retry.ack(f.key.1),
-            };
-            let from_schedule =
-                self.in_flight
-                    .get(&f.key)
-                    .and_then(|i| i.due_ms)
-                    .map(|d| ScheduleKey {
-                        due_ms: d,
-                        message: from,
-                    });
+            let (from, from_schedule) = self.leave(&mut sub, f.key);
             tracing::warn!(
                 sub = %self.rec.name, topic = %self.rec.topic, origin = %format!("{origin_topic}:{origin_entry_id}"),
                 attempt = rec.count, reason = %reason, "message dead-lettered"
