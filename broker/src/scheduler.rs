@@ -72,6 +72,7 @@ impl Scheduler {
             covered: None,
             covered_until_ms: 0,
             subs: HashMap::new(),
+            orphans: HashMap::new(),
             stats: stats.clone(),
         };
         tokio::spawn(async move {
@@ -118,6 +119,8 @@ struct Task {
     /// `covered`'s due time once a refill reached the end of its window.
     covered_until_ms: u64,
     subs: HashMap<u64, FireSender>,
+    /// Fired entries of subscriptions not registered (yet).
+    orphans: HashMap<u64, Vec<ScheduleKey>>,
     stats: Arc<SchedulerStats>,
 }
 
@@ -175,10 +178,15 @@ impl Task {
                 }
             }
             Cmd::Register(id, tx) => {
+                // Entries that fired before the subscription was loaded.
+                if let Some(keys) = self.orphans.remove(&id) {
+                    let _ = tx.send(keys);
+                }
                 self.subs.insert(id, tx);
             }
             Cmd::Unregister(id) => {
                 self.subs.remove(&id);
+                self.orphans.remove(&id);
             }
         }
     }
@@ -248,11 +256,92 @@ impl Task {
                         self.subs.remove(&sub);
                     }
                 }
-                None => tracing::debug!(
-                    sub,
-                    "scheduled entries for a subscription that is not loaded"
-                ),
+                // At start-up the first refill can fire overdue entries before
+                // every subscription has registered: hold them until it does.
+                None => self.orphans.entry(sub).or_default().extend(keys),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::sled_store::SledStorage;
+
+    fn key(due_ms: u64, sub_id: u64, entry_id: u64) -> ScheduleKey {
+        ScheduleKey {
+            due_ms,
+            message: SubMessage {
+                sub_id,
+                tier: TierId::Retry,
+                entry_id,
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn overdue_entries_wait_for_their_subscription_to_register() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage: Arc<dyn Storage> =
+            Arc::new(SledStorage::open(dir.path(), 1024, 1 << 20).unwrap());
+        let overdue = key(now_ms() - 1_000, 7, 1);
+        storage.put_schedule(&[(overdue, true)]).unwrap();
+        let stop = CancellationToken::new();
+        let scheduler = Scheduler::start(storage, Duration::from_secs(60), stop.clone());
+        // Let the first refill fire it while nobody is registered.
+        for _ in 0..100 {
+            if scheduler.stats.fired.load(Ordering::Relaxed) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(scheduler.stats.fired.load(Ordering::Relaxed), 1);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        scheduler.register(7, tx);
+        let got = tokio::time::timeout(Duration::from_secs(2), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, vec![overdue]);
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn entries_fire_in_due_order_and_never_early() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage: Arc<dyn Storage> =
+            Arc::new(SledStorage::open(dir.path(), 1024, 1 << 20).unwrap());
+        let stop = CancellationToken::new();
+        let scheduler = Scheduler::start(storage.clone(), Duration::from_secs(60), stop.clone());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        scheduler.register(1, tx);
+        let now = now_ms();
+        let keys: Vec<_> = (0..20)
+            .map(|i| key(now + 50 + (19 - i) * 10, 1, i))
+            .collect();
+        storage
+            .put_schedule(&keys.iter().map(|k| (*k, true)).collect::<Vec<_>>())
+            .unwrap();
+        // Wait for the first refill to cover the window, then announce them.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        scheduler.add(keys.clone());
+        let mut fired = Vec::new();
+        while fired.len() < 20 {
+            let batch = tokio::time::timeout(Duration::from_secs(2), rx.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            let at = now_ms();
+            for k in batch {
+                assert!(at >= k.due_ms, "fired {} ms early", k.due_ms - at);
+                fired.push(k);
+            }
+        }
+        let dues: Vec<u64> = fired.iter().map(|k| k.due_ms).collect();
+        assert!(dues.windows(2).all(|w| w[0] <= w[1]), "{dues:?}");
+        let unique: std::collections::HashSet<_> = fired.iter().collect();
+        assert_eq!(unique.len(), 20, "each entry fires once");
+        stop.cancel();
     }
 }
