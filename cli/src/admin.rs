@@ -16,7 +16,7 @@ use crate::args::{MessageCommand, PolicyCommand, SubscriptionsCommand, TopicsCom
 use crate::confirm::confirm;
 use crate::error::{CliError, Result};
 use crate::output::{Block, Table, write_json};
-use crate::view::{MessageInfoView, SubscriptionStatsView, write_attempts};
+use crate::view::{MessageInfoView, SubscriptionStatsView, full_topic_name, write_attempts};
 
 #[derive(Debug, Serialize)]
 struct TopicList {
@@ -206,7 +206,7 @@ pub(crate) async fn subscriptions(ctx: &mut Ctx<'_>, c: SubscriptionsCommand) ->
                 return write_json(
                     ctx.out,
                     &SubscriptionList {
-                        topic,
+                        topic: full_topic_name(&topic),
                         subscriptions: r.subscriptions,
                     },
                 );
@@ -279,7 +279,9 @@ pub(crate) async fn message(ctx: &mut Ctx<'_>, c: MessageCommand) -> Result<()> 
         })
         .await?
         .into_inner();
-    let view = MessageInfoView::from_proto(&r);
+    let mut view = MessageInfoView::from_proto(&r);
+    // The broker echoes the id as asked; show the full topic name.
+    view.message.id.topic = full_topic_name(&view.message.id.topic);
     if ctx.json() {
         return write_json(ctx.out, &view);
     }
@@ -325,7 +327,7 @@ impl PolicyView {
             None => None,
         };
         Ok(Self {
-            topic,
+            topic: full_topic_name(&topic),
             subscription,
             source: if r.source.is_empty() {
                 "default".to_owned()

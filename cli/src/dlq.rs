@@ -14,7 +14,7 @@ use crate::confirm::confirm;
 use crate::error::{CliError, Result};
 use crate::output::{Block, Table, write_json};
 use crate::timearg::{Ms, fmt_ms, now_ms};
-use crate::view::{DeadLetterView, IdView, write_attempts};
+use crate::view::{DeadLetterView, IdView, full_topic_name, write_attempts};
 
 #[derive(Debug, Serialize)]
 struct DeadLetters {
@@ -83,7 +83,7 @@ async fn list(
         .await?
         .into_inner();
     Ok(DeadLetters {
-        topic: target.topic.clone(),
+        topic: full_topic_name(&target.topic),
         subscription: target.subscription.clone(),
         total: r.total,
         dead_letters: r

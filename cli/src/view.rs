@@ -14,6 +14,22 @@ use crate::error::Result;
 use crate::output::{Block, Table};
 use crate::timearg::{Ms, fmt_ms, fmt_relative};
 
+/// The full name of a topic as given on the command line, by the naming
+/// rule of Ricochet (and Pulsar): `orders` is
+/// `persistent://public/default/orders` and `tenant/ns/orders` is
+/// `persistent://tenant/ns/orders`. Anything else is returned unchanged
+/// (the broker judges it).
+pub fn full_topic_name(topic: &str) -> String {
+    if topic.contains("://") {
+        return topic.to_owned();
+    }
+    match topic.split('/').count() {
+        1 => format!("persistent://public/default/{topic}"),
+        3 => format!("persistent://{topic}"),
+        _ => topic.to_owned(),
+    }
+}
+
 /// Where a message is stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct IdView {
@@ -459,6 +475,17 @@ impl MessageInfoView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn topic_names() {
+        assert_eq!(
+            full_topic_name("orders"),
+            "persistent://public/default/orders"
+        );
+        assert_eq!(full_topic_name("a/b/c"), "persistent://a/b/c");
+        assert_eq!(full_topic_name("persistent://a/b/c"), "persistent://a/b/c");
+        assert_eq!(full_topic_name("a/b"), "a/b");
+    }
 
     #[test]
     fn payloads() {
