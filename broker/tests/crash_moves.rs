@@ -30,8 +30,7 @@ use common::*;
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const TOPIC: &str = "moves";
@@ -55,55 +54,52 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn spawn_broker(dir: &std::path::Path, addr: SocketAddr) -> Proc {
-    let log = std::env::var("CRASH_MOVES_LOG").unwrap_or_else(|_| "error".into());
-    let child = Command::new(env!("CARGO_BIN_EXE_ricochet-broker"))
+/// Like `common::spawn_broker` (the broker picks its port and prints it),
+/// with `RUST_LOG` from `CRASH_MOVES_LOG`: the broker's log (on stdout) is
+/// copied to stderr when a level is given, and discarded otherwise (by
+/// default only errors are logged: every dead letter is a warning).
+async fn spawn_broker(dir: &std::path::Path) -> (Proc, String) {
+    use std::io::{BufRead, Write};
+    let log = std::env::var("CRASH_MOVES_LOG").ok();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ricochet-broker"))
         .args([
             "--data-dir",
             dir.to_str().unwrap(),
             "--listen",
-            &addr.to_string(),
+            "127.0.0.1:0",
         ])
         .args(["--metrics-listen", &free_addr().to_string()])
-        .env("RUST_LOG", log)
-        .stdout(Stdio::null())
+        .env("RUST_LOG", log.as_deref().unwrap_or("error"))
+        .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn broker");
+    let stdout = child.stdout.take().expect("piped stdout");
+    // Owned by the guard from here on, so it is killed and reaped on any panic.
     let proc = Proc(child);
-    let url = format!("http://{addr}");
-    for _ in 0..400 {
-        if tonic::transport::Channel::from_shared(url.clone())
-            .unwrap()
-            .connect()
-            .await
-            .is_ok()
-        {
-            return proc;
+    let show = log.is_some();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    // Reads stdout until the broker exits: the address line, then its log.
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            match line.strip_prefix("ricochet-broker listening on ") {
+                Some(addr) if tx.is_some() => {
+                    let _ = tx.take().unwrap().send(addr.to_owned());
+                }
+                _ if show => {
+                    let _ = writeln!(std::io::stderr(), "{line}");
+                }
+                _ => {}
+            }
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("broker did not come up on {addr}");
-}
-
-fn kill9(mut p: Proc) {
-    // SIGKILL: no signal handler runs, nothing is flushed on the way out.
-    p.0.kill().expect("kill");
-    p.0.wait().expect("wait");
+    });
+    let addr = tokio::time::timeout(Duration::from_secs(10), rx)
+        .await
+        .expect("broker listening within 10 s")
+        .expect("broker did not start");
+    (proc, format!("http://{addr}"))
 }
 
 /// A small deterministic generator for the kill schedule and failure kinds.
@@ -385,9 +381,12 @@ async fn kill_9_during_scheduled_retries_and_tier_moves_loses_and_duplicates_not
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x5eed_2024);
     eprintln!("crash_moves: seed {seed}");
-    let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
-    let url = format!("http://{addr}");
+    // CRASH_MOVES_DIR keeps the data for inspection; by default a temporary dir.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = match std::env::var_os("CRASH_MOVES_DIR") {
+        Some(d) => std::path::PathBuf::from(d),
+        None => tmp.path().to_owned(),
+    };
     let started = Instant::now();
     let mut st = State {
         tracks: Vec::new(),
@@ -400,7 +399,7 @@ async fn kill_9_during_scheduled_retries_and_tier_moves_loses_and_duplicates_not
     };
 
     for round in 0..=ROUNDS {
-        let broker = spawn_broker(dir.path(), addr).await;
+        let (broker, url) = spawn_broker(&dir).await;
         let mut c = subscribe(&url).await;
         if round < ROUNDS {
             let mut p = RawProducer::open(&url, TOPIC, "p").await.unwrap();
@@ -563,4 +562,57 @@ async fn kill_9_during_scheduled_retries_and_tier_moves_loses_and_duplicates_not
             st.fired_after_restart
         );
     }
+}
+
+/// At start-up the scheduler's first refill fires every overdue entry at once;
+/// a subscription whose actor starts later (here: behind a thousand topics
+/// that load first) must still get its overdue retries, not only after the
+/// next restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overdue_retries_fire_after_a_restart_that_loads_many_topics() {
+    use ricochet_broker::storage::{TopicKind, TopicRecord};
+    let dir = tempfile::tempdir().unwrap();
+    let b = start(dir.path()).await;
+    // Topics are loaded in name order: these come before "zz".
+    for i in 0..1000 {
+        b.core
+            .storage
+            .put_topic(&TopicRecord {
+                name: format!("persistent://public/default/a-{i:04}"),
+                created_ms: 0,
+                kind: TopicKind::Normal,
+            })
+            .unwrap();
+    }
+    let mut c = RawConsumer::simple(&b.url(), "zz", "s", SubscriptionType::Shared).await;
+    c.flow(10).await;
+    let mut p = RawProducer::open(&b.url(), "zz", "p").await.unwrap();
+    p.send(&["later"]).await;
+    let m = c.next(WAIT).await.unwrap();
+    let due = now_ms() + 200;
+    c.reconsume_later(
+        m.id.clone().unwrap(),
+        reconsume_later::Delay::DelayMs(200),
+        1,
+    )
+    .await;
+    assert_eq!(c.result(WAIT).await.unwrap().code, 0);
+    drop(c);
+    drop(p);
+    b.shutdown().await.unwrap();
+    // Overdue by the time the broker is back.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let b = start(dir.path()).await;
+    let mut c = RawConsumer::simple(&b.url(), "zz", "s", SubscriptionType::Shared).await;
+    c.flow(10).await;
+    let m = c
+        .next(WAIT)
+        .await
+        .expect("the overdue retry is delivered after the restart");
+    assert_eq!(text(&m), "later");
+    assert_eq!(m.delivery_count, 1);
+    assert!(m.id.as_ref().unwrap().topic.ends_with("-RETRY"));
+    assert!(now_ms() >= due);
+    b.shutdown().await.unwrap();
 }
