@@ -328,7 +328,7 @@ async fn message_get_shows_state_and_history() {
         "--policy",
         "backoff:fixed=100ms,max=1",
         "--timeout",
-        "1s",
+        "3s",
     ])
     .await;
     let info = env.json(&["message", "get", "hist", "1"]).await;
@@ -466,7 +466,7 @@ async fn dlq_peek_replay_purge_round_trip() {
             "--policy",
             "backoff:fixed=100ms,max=1",
             "--timeout",
-            "2s",
+            "3s",
         ])
         .await;
     assert_eq!(seen.len(), 6, "each message delivered twice: {seen:?}");
