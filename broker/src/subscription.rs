@@ -571,6 +571,12 @@ impl SubscriptionActor {
             dlq_ids.push(m.id.as_ref().map_or(0, |id| id.entry_id));
             let mut properties = m.properties.clone();
             properties.remove(props::DEAD_LETTER_REASON);
+            if reset {
+                // A fresh start: no reconsume history on the message either.
+                // ORIGIN_MESSAGE_ID and REAL_TOPIC stay, as provenance.
+                properties.remove(props::RECONSUME_TIMES);
+                properties.remove(props::DELAY_TIME);
+            }
             out.push(OutboundMessage {
                 payload: m.payload.clone(),
                 key: m.key.clone(),

@@ -360,4 +360,24 @@ async fn terminated_message_replays_from_the_dlq_onto_the_topic() {
     );
     assert_eq!(again.delivery_count, 1, "count kept");
     assert!(dead_letters(&b.url(), "replay", "s").await.is_empty());
+
+    // Dead-letter it again and replay with the count reset: a fresh start.
+    c.terminate(again.id.clone().unwrap(), "still broken", 5).await;
+    assert_eq!(c.result(WAIT).await.unwrap().code, 0);
+    a.replay_dead_letters(ReplayDeadLettersRequest {
+        topic: "replay".into(),
+        subscription: "s".into(),
+        reset_delivery_count: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let fresh = c.next(WAIT).await.expect("replayed again");
+    assert_eq!(fresh.delivery_count, 0, "count reset");
+    assert!(!fresh.properties.contains_key("RECONSUMETIMES"));
+    assert_eq!(
+        fresh.properties.get("ORIGIN_MESSAGE_ID").map(String::as_str),
+        Some("persistent://public/default/replay:0"),
+        "provenance kept"
+    );
 }
