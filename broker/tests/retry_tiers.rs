@@ -362,7 +362,8 @@ async fn terminated_message_replays_from_the_dlq_onto_the_topic() {
     assert!(dead_letters(&b.url(), "replay", "s").await.is_empty());
 
     // Dead-letter it again and replay with the count reset: a fresh start.
-    c.terminate(again.id.clone().unwrap(), "still broken", 5).await;
+    c.terminate(again.id.clone().unwrap(), "still broken", 5)
+        .await;
     assert_eq!(c.result(WAIT).await.unwrap().code, 0);
     a.replay_dead_letters(ReplayDeadLettersRequest {
         topic: "replay".into(),
@@ -376,7 +377,10 @@ async fn terminated_message_replays_from_the_dlq_onto_the_topic() {
     assert_eq!(fresh.delivery_count, 0, "count reset");
     assert!(!fresh.properties.contains_key("RECONSUMETIMES"));
     assert_eq!(
-        fresh.properties.get("ORIGIN_MESSAGE_ID").map(String::as_str),
+        fresh
+            .properties
+            .get("ORIGIN_MESSAGE_ID")
+            .map(String::as_str),
         Some("persistent://public/default/replay:0"),
         "provenance kept"
     );

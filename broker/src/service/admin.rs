@@ -259,7 +259,10 @@ impl Admin for AdminService {
             })?;
         let mut message =
             Message::decode(bytes.as_slice()).map_err(|e| Status::internal(e.to_string()))?;
-        message.id = Some(MessageId { topic: name.to_string(), entry_id: id.entry_id });
+        message.id = Some(MessageId {
+            topic: name.to_string(),
+            entry_id: id.entry_id,
+        });
         let mut subscriptions = Vec::new();
         for h in entry.subscriptions() {
             let st = h
