@@ -144,6 +144,8 @@ pub enum Command {
     ReconsumeLater(u64, ReconsumeLater),
     /// Move to the dead-letter tier.
     Terminate(u64, Terminate),
+    /// A consumer closes cleanly: its messages go back uncounted.
+    CloseConsumer(u64),
     /// Messages whose new delivery counts are durable: dispatch them.
     Ready(Vec<(TierId, u64)>),
     /// Stats snapshot.
@@ -527,6 +529,7 @@ impl SubscriptionActor {
             Command::Redeliver(id, req) => self.redeliver(id, req).await,
             Command::ReconsumeLater(id, req) => self.reconsume_later(id, req).await,
             Command::Terminate(id, req) => self.terminate(id, req).await,
+            Command::CloseConsumer(id) => self.close_consumer(id),
             Command::Ready(keys) => {
                 for k in keys {
                     if self.is_acked(k) || self.in_flight.contains_key(&k) {
@@ -1062,6 +1065,37 @@ impl SubscriptionActor {
             Err(e) => Err(e),
         };
         self.finish_request(consumer, req.request_id, outcome);
+    }
+
+    /// A clean close: the consumer gets nothing more, and its in-flight
+    /// messages are dispatched again with their delivery counts unchanged.
+    fn close_consumer(&mut self, consumer: u64) {
+        let Some(pos) = self.consumers.iter().position(|c| c.id == consumer) else {
+            return;
+        };
+        let mine: Vec<((TierId, u64), InFlight)> = self
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.consumer == consumer)
+            .map(|(k, f)| (*k, *f))
+            .collect();
+        for (key, f) in mine {
+            let mut cleanup = Vec::new();
+            let mut unschedule = Vec::new();
+            self.settle_keep_record(key, &mut cleanup, &mut unschedule);
+            match f.due_ms {
+                Some(d) => {
+                    self.due.insert(key, d);
+                }
+                None => {
+                    if let Some(p) = self.load(key, None) {
+                        self.ready.insert(key, p);
+                    }
+                }
+            }
+        }
+        self.consumers.remove(pos);
+        self.update_active(None);
     }
 
     fn in_flight_key(&self, id: &MessageId) -> Result<(TierId, u64)> {

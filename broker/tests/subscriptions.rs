@@ -302,3 +302,24 @@ async fn failover_standby_is_told_it_is_not_active() {
     assert_eq!(a.active_changes, vec![true]);
     assert_eq!(z.active_changes, vec![false]);
 }
+
+#[tokio::test]
+async fn clean_close_gives_messages_back_without_charging_an_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start(dir.path()).await;
+    let mut p = RawProducer::open(&b.url(), "closing", "p").await.unwrap();
+    p.send(&["a", "b"]).await;
+    let mut c = RawConsumer::simple(&b.url(), "closing", "s", SubscriptionType::Shared).await;
+    c.flow(10).await;
+    c.take(2, WAIT).await;
+    c.request(consume_request::Request::Close(CloseConsumer {}))
+        .await;
+    let mut c2 = RawConsumer::simple(&b.url(), "closing", "s", SubscriptionType::Shared).await;
+    c2.flow(10).await;
+    let again = c2.take(2, WAIT).await;
+    assert!(again.iter().all(|m| m.delivery_count == 0), "{again:?}");
+    // The closed consumer gets nothing more, even with permits left.
+    p.send(&["c"]).await;
+    assert_eq!(text(&c2.next(WAIT).await.unwrap()), "c");
+    assert!(c.next(QUIET).await.is_none());
+}

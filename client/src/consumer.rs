@@ -51,9 +51,9 @@ use ricochet_policy::{
     DeadLetterPolicy, Decision, FailureContext, FailureReason, PolicySpec, Tier, jitter_seed,
 };
 use ricochet_proto::{
-    Ack, AckType, ConsumeRequest, ConsumeResponse, DeadLetterPolicyConfig, FailedDelivery, Flow,
-    ReconsumeLater, Redeliver, Subscribe, Subscribed, Terminate, consume_request, consume_response,
-    reconsume_later,
+    Ack, AckType, CloseConsumer, ConsumeRequest, ConsumeResponse, DeadLetterPolicyConfig,
+    FailedDelivery, Flow, ReconsumeLater, Redeliver, Subscribe, Subscribed, Terminate,
+    consume_request, consume_response, reconsume_later,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -63,7 +63,7 @@ use tonic::Streaming;
 use crate::client::{Backoff, Client};
 use crate::error::{Error, Result};
 use crate::message::{Message, MessageId, TopicInterner};
-use crate::tracker::DelayTracker;
+use crate::tracker::{DelayTracker, far_future};
 
 /// How a subscription shares messages between its consumers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -593,12 +593,14 @@ impl Consumer {
         self.acker.extend_ack_deadline(msg).await
     }
 
-    /// Flushes pending acks and waits until the broker has made them
-    /// durable (up to the client's request timeout), then closes the
-    /// stream. Messages received but not acked are redelivered by the
-    /// broker (to another consumer, or to this subscription's next one)
-    /// with their delivery count incremented; nacks still held are
-    /// redelivered at once rather than after their delay.
+    /// Reports nacks still held at once (reason NACK, with their reasons,
+    /// rather than after their delay), flushes pending acks and waits until
+    /// the broker has made them durable (up to the client's request
+    /// timeout), then closes cleanly: messages received but not acked
+    /// (taken or still prefetched) go to other consumers, or this
+    /// subscription's next one, with their delivery count unchanged. A
+    /// consumer that is dropped without `close` is charged an attempt for
+    /// each (reason CONSUMER_LOST).
     pub async fn close(&self) -> Result<()> {
         self.acker.shared.closed.store(true, Ordering::Release);
         let (tx, rx) = oneshot::channel();
@@ -1666,9 +1668,32 @@ impl Driver {
             }
             return;
         }
+        // Held nacks are real failures: report them now, with their reasons,
+        // rather than let the broker see them as lost with the consumer.
+        let mut held = Vec::new();
+        self.nacks.pop_due(far_future(), &mut held);
+        for k in held {
+            let detail = self.nack_details.remove(&k).unwrap_or_default();
+            if self.covered_by_cumulative(k) {
+                continue;
+            }
+            if let Some(id) = self.table.id(k) {
+                self.redeliver_now.push(FailedDelivery {
+                    id: Some(id.to_proto()),
+                    reason: ricochet_proto::FailureReason::Nack as i32,
+                    detail,
+                });
+            }
+        }
+        self.send_redeliveries();
         let rid = self.next_request;
         self.next_request += 1;
         self.flush_acks(rid);
+        // A clean close: what this consumer still holds (taken or only
+        // prefetched) goes to other consumers without an attempt charged.
+        if let Some(c) = &self.conn {
+            c.send(consume_request::Request::Close(CloseConsumer {}));
+        }
         self.close_request = Some(rid);
         self.close_reply = reply;
     }

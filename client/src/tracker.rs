@@ -226,7 +226,7 @@ impl<K: Hash + Eq + Clone> DelayTracker<K> {
     }
 }
 
-fn far_future() -> Instant {
+pub(crate) fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400 * 365 * 30)
 }
 

@@ -317,3 +317,65 @@ async fn grouped_acks_are_flushed_on_close() {
     let mut c = sub().await.unwrap();
     assert_quiet(&mut c, Duration::from_millis(500)).await;
 }
+
+#[tokio::test]
+async fn close_reports_held_nacks_and_gives_back_the_rest_uncounted() {
+    let env = start().await;
+    let t = topic("f-close-release");
+    let c = |env: &Env| {
+        env.client
+            .consumer(&t)
+            .subscription("s")
+            .subscription_type(SubscriptionType::Shared)
+            .initial_position(InitialPosition::Earliest)
+            // Held far longer than the test: only close can report it.
+            .negative_ack_delay(Duration::from_secs(60))
+            .subscribe()
+    };
+    let mut first = c(&env).await.unwrap();
+    produce(&env, &t, 3).await;
+    let m = recv(&mut first, T).await;
+    // Give the other two time to arrive in the prefetch queue.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.nack_with_reason(&m, "boom").await.unwrap();
+    first.close().await.unwrap();
+
+    let mut second = c(&env).await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(recv(&mut second, T).await);
+    }
+    // Before acking: the nacked message's history says NACK with its reason.
+    let state = env
+        .client
+        .admin()
+        .get_message(ricochet_client::proto::GetMessageRequest {
+            id: Some(ricochet_client::proto::MessageId {
+                topic: m.id().topic().to_string(),
+                entry_id: m.id().entry_id(),
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let attempts = &state.subscriptions[0].attempts;
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(
+        attempts[0].reason,
+        ricochet_client::proto::FailureReason::Nack as i32
+    );
+    assert_eq!(attempts[0].detail, "boom");
+    let mut counts = std::collections::HashMap::new();
+    for g in &got {
+        counts.insert(text(g), g.delivery_count());
+        second.ack(g).await.unwrap();
+    }
+    assert_eq!(counts[&text(&m)], 1, "the held nack counted as one attempt");
+    let others: Vec<u32> = counts
+        .iter()
+        .filter(|(k, _)| **k != text(&m))
+        .map(|(_, v)| *v)
+        .collect();
+    assert_eq!(others, vec![0, 0], "never-seen messages were not charged");
+    second.close().await.unwrap();
+}

@@ -102,6 +102,7 @@ pub(super) async fn consume(
                     Command::ReconsumeLater(consumer_id, r)
                 }
                 consume_request::Request::Terminate(t) => Command::Terminate(consumer_id, t),
+                consume_request::Request::Close(_) => Command::CloseConsumer(consumer_id),
             };
             if handle.send(cmd).is_err() {
                 break;
