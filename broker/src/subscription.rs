@@ -40,9 +40,9 @@ use ricochet_policy::{
 };
 use ricochet_proto::{
     Ack, AckType, ActiveChange, CommandResult, ConsumeResponse, ConsumerStats, DeadLetter,
-    FailedDelivery, Message, MessageBatch, MessageId, OutboundMessage, ReconsumeLater, Redeliver,
-    Subscribed, SubscriptionStatsResponse, SubscriptionType, Terminate, consume_response, props,
-    reconsume_later,
+    DueBucket, FailedDelivery, Message, MessageBatch, MessageId, OutboundMessage, ReconsumeLater,
+    Redeliver, Subscribed, SubscriptionStatsResponse, SubscriptionType, Terminate,
+    consume_response, props, reconsume_later,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -1836,7 +1836,7 @@ impl SubscriptionActor {
 
     fn stats(&self) -> SubscriptionStatsResponse {
         let backlog_main = self.main_backlog();
-        let (scheduled, next_due) = self.schedule_stats();
+        let (scheduled, next_due, scheduled_by_due) = self.schedule_stats();
         let dead_lettered = self.dlq_size;
         SubscriptionStatsResponse {
             topic: self.rec.topic.clone(),
@@ -1865,11 +1865,35 @@ impl SubscriptionActor {
             next_retry_due_ms: next_due.unwrap_or(0),
             retry_topic: self.retry_topic_name.clone(),
             dead_letter_topic: self.dlq_topic_name.clone(),
+            scheduled_by_due,
         }
     }
 
-    /// Scheduled (not yet acked) retry-tier and delayed messages of this subscription.
-    fn schedule_stats(&self) -> (u64, Option<u64>) {
+    /// Scheduled (not yet acked, not in flight) retry-tier and delayed
+    /// messages of this subscription: count, earliest due time, and counts by
+    /// due-time bucket. Scans the schedule index (an admin call, not a hot path).
+    fn schedule_stats(&self) -> (u64, Option<u64>, Vec<DueBucket>) {
+        const BUCKETS: [(&str, u64); 5] = [
+            ("overdue", 0),
+            ("1m", 60_000),
+            ("10m", 600_000),
+            ("1h", 3_600_000),
+            ("2h", 7_200_000),
+        ];
+        let now = now_ms();
+        let mut buckets: Vec<DueBucket> = BUCKETS
+            .iter()
+            .map(|(label, ahead)| DueBucket {
+                label: (*label).to_owned(),
+                until_ms: now + ahead,
+                count: 0,
+            })
+            .chain(std::iter::once(DueBucket {
+                label: "later".into(),
+                until_ms: 0,
+                count: 0,
+            }))
+            .collect();
         let mut count = 0;
         let mut next = None;
         let mut after = None;
@@ -1882,6 +1906,11 @@ impl SubscriptionActor {
                 {
                     count += 1;
                     next = Some(next.map_or(k.due_ms, |n: u64| n.min(k.due_ms)));
+                    let i = buckets
+                        .iter()
+                        .position(|b| b.until_ms == 0 || k.due_ms < b.until_ms)
+                        .unwrap_or(buckets.len() - 1);
+                    buckets[i].count += 1;
                 }
             }
             if batch.len() < 10_000 {
@@ -1889,7 +1918,7 @@ impl SubscriptionActor {
             }
             after = batch.last().copied();
         }
-        (count, next)
+        (count, next, buckets)
     }
 
     fn message_state(&self, entry: u64) -> MessageState {

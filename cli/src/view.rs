@@ -303,6 +303,9 @@ pub struct SubscriptionStatsView {
     pub scheduled_retries: u64,
     /// Due time of the next scheduled retry (0: none).
     pub next_retry_due_ms: u64,
+    /// Scheduled messages by due time, buckets `overdue`, `1m`, `10m`, `1h`,
+    /// `2h` (due within that much from now) and `later`.
+    pub scheduled_by_due: Vec<DueBucketView>,
     /// Messages in the dead-letter tier.
     pub dead_lettered: u64,
     /// Every entry before this one is acked.
@@ -313,6 +316,15 @@ pub struct SubscriptionStatsView {
     pub dead_letter_topic: String,
     /// Connected consumers.
     pub consumers: Vec<ConsumerView>,
+}
+
+/// One due-time bucket of scheduled messages.
+#[derive(Debug, Clone, Serialize)]
+pub struct DueBucketView {
+    /// `overdue`, `1m`, `10m`, `1h`, `2h` or `later`.
+    pub due: String,
+    /// Messages in it.
+    pub count: u64,
 }
 
 impl SubscriptionStatsView {
@@ -329,6 +341,14 @@ impl SubscriptionStatsView {
             unacked: s.unacked,
             scheduled_retries: s.scheduled_retries,
             next_retry_due_ms: s.next_retry_due_ms,
+            scheduled_by_due: s
+                .scheduled_by_due
+                .iter()
+                .map(|b| DueBucketView {
+                    due: b.label.clone(),
+                    count: b.count,
+                })
+                .collect(),
             dead_lettered: s.dead_lettered,
             mark_delete_position: s.mark_delete_position,
             retry_topic: s.retry_topic.clone(),
@@ -359,6 +379,24 @@ impl SubscriptionStatsView {
         }
     }
 
+    /// `overdue 0, 1m 3, 10m 0, ...` for the buckets that hold anything.
+    pub fn due_text(&self) -> String {
+        let parts: Vec<String> = self
+            .scheduled_by_due
+            .iter()
+            .filter(|b| b.count > 0)
+            .map(|b| match b.due.as_str() {
+                "overdue" | "later" => format!("{}: {}", b.due, b.count),
+                within => format!("within {within}: {}", b.count),
+            })
+            .collect();
+        if parts.is_empty() {
+            "-".to_owned()
+        } else {
+            parts.join(", ")
+        }
+    }
+
     /// Human form: a block, then the consumers.
     pub fn write_table(&self, out: &mut dyn Write) -> Result<()> {
         let mut b = Block::new();
@@ -369,6 +407,7 @@ impl SubscriptionStatsView {
             .kv("unacked", self.unacked)
             .kv("scheduled retries", self.scheduled_retries)
             .kv("next retry due", self.next_retry_text())
+            .kv("scheduled by due", self.due_text())
             .kv("dead-lettered", self.dead_lettered)
             .kv("mark-delete position", self.mark_delete_position)
             .kv("retry topic", &self.retry_topic)

@@ -259,6 +259,12 @@ async fn subscription_stats_show_scheduled_retries() {
     let stats = env.json(&["subscription", "stats", "sched", "slow"]).await;
     assert_eq!(stats["type"], "shared");
     assert_eq!(u(&stats["scheduled_retries"]), 1, "{stats}");
+    let buckets = stats["scheduled_by_due"].as_array().expect("buckets");
+    let total: u64 = buckets.iter().map(|b| u(&b["count"])).sum();
+    assert_eq!(total, 1, "{stats}");
+    // Scheduled 10 minutes out when asked a moment later: "within 10m".
+    let ten = buckets.iter().find(|b| b["due"] == "10m").expect("10m bucket");
+    assert_eq!(u(&ten["count"]), 1, "{stats}");
     assert_eq!(u(&stats["backlog"]), 1, "{stats}");
     assert_eq!(u(&stats["dead_lettered"]), 0, "{stats}");
     let due = u(&stats["next_retry_due_ms"]);
