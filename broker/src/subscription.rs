@@ -1460,13 +1460,18 @@ impl SubscriptionActor {
             mv.subscription,
             items.iter().map(|(f, _, _)| f.key).collect(),
         );
-        topic.advance_durable_end(first_id + items.len() as u64);
+        // The timer learns of them once they are durable; the actor does not
+        // wait for that flush (the request's reply does).
         let scheduler = self.scheduler.clone();
         let flusher = self.flusher.clone();
-        if self.settings.sync {
-            flusher.durable().await?;
-        }
-        scheduler.add(new_keys);
+        let sync = self.settings.sync;
+        let end = first_id + items.len() as u64;
+        tokio::spawn(async move {
+            if !sync || flusher.durable().await.is_ok() {
+                topic.advance_durable_end(end);
+                scheduler.add(new_keys);
+            }
+        });
         Ok(())
     }
 
@@ -1526,10 +1531,16 @@ impl SubscriptionActor {
             mv.subscription,
             items.iter().map(|(f, _, _)| f.key).collect(),
         );
-        if self.settings.sync {
-            self.flusher.durable().await?;
-        }
-        topic.advance_durable_end(first_id + items.len() as u64);
+        // Readable by dead-letter consumers once durable, without holding
+        // up the actor for the flush.
+        let flusher = self.flusher.clone();
+        let sync = self.settings.sync;
+        let end = first_id + items.len() as u64;
+        tokio::spawn(async move {
+            if !sync || flusher.durable().await.is_ok() {
+                topic.advance_durable_end(end);
+            }
+        });
         Ok(())
     }
 
