@@ -263,7 +263,10 @@ async fn subscription_stats_show_scheduled_retries() {
     let total: u64 = buckets.iter().map(|b| u(&b["count"])).sum();
     assert_eq!(total, 1, "{stats}");
     // Scheduled 10 minutes out when asked a moment later: "within 10m".
-    let ten = buckets.iter().find(|b| b["due"] == "10m").expect("10m bucket");
+    let ten = buckets
+        .iter()
+        .find(|b| b["due"] == "10m")
+        .expect("10m bucket");
     assert_eq!(u(&ten["count"]), 1, "{stats}");
     assert_eq!(u(&stats["backlog"]), 1, "{stats}");
     assert_eq!(u(&stats["dead_lettered"]), 0, "{stats}");
