@@ -14,7 +14,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 
 /// Largest gRPC frame accepted: a batch of messages at the size limit.
 const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
@@ -102,12 +102,15 @@ impl Broker {
             tracing::info!("shutting down: ending open streams");
             token.cancel();
         };
+        // `Server::tcp_nodelay` only reaches listeners tonic binds itself; a
+        // listener handed in must set it on each accepted socket, or small
+        // frames (a lone redelivery) wait up to 40 ms for the peer's delayed ACK.
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let result = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
             .add_service(health_service)
             .add_service(broker)
             .add_service(admin)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         health_task.abort();
         self.core.storage.flush().await?;
