@@ -111,14 +111,12 @@ impl BrokerCore {
             me: me.clone(),
         });
         let records = core.storage.list_topics()?;
-        let retry_queues = core.retry_queue_sizes()?;
         let mut topics = core.topics.lock().await;
         for rec in records {
             let name = TopicName::parse(&rec.name)?;
             let entry = core.open_topic(name.clone(), rec.kind)?;
             for sub in core.storage.list_subscriptions(&rec.name)? {
-                let queued = retry_queues.get(&sub.id).copied().unwrap_or(0);
-                let handle = core.spawn_subscription(sub, entry.topic.clone(), queued)?;
+                let handle = core.spawn_subscription(sub, entry.topic.clone())?;
                 if let Ok(mut subs) = entry.subscriptions.lock() {
                     subs.insert(handle.name.clone(), handle);
                 }
@@ -145,29 +143,10 @@ impl BrokerCore {
         }))
     }
 
-    /// Retry-tier messages per subscription id, from one scan of the schedule.
-    fn retry_queue_sizes(&self) -> Result<HashMap<u64, u64>> {
-        let mut sizes = HashMap::new();
-        let mut after = None;
-        loop {
-            let batch = self.storage.scheduled(after, u64::MAX, 100_000)?;
-            for k in &batch {
-                if k.message.tier == crate::storage::TierId::Retry {
-                    *sizes.entry(k.message.sub_id).or_insert(0) += 1;
-                }
-            }
-            if batch.len() < 100_000 {
-                return Ok(sizes);
-            }
-            after = batch.last().copied();
-        }
-    }
-
     fn spawn_subscription(
         &self,
         rec: SubscriptionRecord,
         topic: Arc<Topic>,
-        retry_queue: u64,
     ) -> Result<SubscriptionHandle> {
         let settings = SubscriptionSettings {
             max_unacked_per_consumer: self.config.max_unacked_per_consumer,
@@ -182,7 +161,6 @@ impl BrokerCore {
             self.scheduler.clone(),
             Arc::new(Tiers(self.me.clone())),
             settings,
-            retry_queue,
         )
     }
 
@@ -296,7 +274,7 @@ impl BrokerCore {
             created_ms: now_ms(),
         };
         self.storage.put_subscription(&rec)?;
-        let handle = self.spawn_subscription(rec, entry.topic.clone(), 0)?;
+        let handle = self.spawn_subscription(rec, entry.topic.clone())?;
         let mut subs = entry
             .subscriptions
             .lock()

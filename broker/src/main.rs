@@ -92,13 +92,15 @@ async fn main() -> anyhow::Result<()> {
     }
     let data_dir = config.data_dir.clone();
     let (listen, metrics) = (config.listen, config.metrics_listen);
+    // The recorder goes in first: metric handles taken before it exists are
+    // no-ops, and opening the broker starts the stored subscriptions.
+    if let Some(addr) = metrics {
+        ricochet_broker::metrics::install_prometheus(addr)?;
+    }
     let broker = Broker::builder(config)
         .open()
         .await
         .with_context(|| format!("cannot open the broker's data in {}", data_dir.display()))?;
-    if let Some(addr) = metrics {
-        ricochet_broker::metrics::install_prometheus(addr)?;
-    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;

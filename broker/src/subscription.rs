@@ -44,7 +44,7 @@ use ricochet_proto::{
     Redeliver, Subscribed, SubscriptionStatsResponse, SubscriptionType, Terminate,
     consume_response, props, reconsume_later,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
@@ -354,9 +354,8 @@ impl SubscriptionActor {
         scheduler: Scheduler,
         tiers: Arc<dyn TierTopics>,
         settings: SubscriptionSettings,
-        retry_queue: u64,
     ) -> Result<SubscriptionHandle> {
-        let dlq_size = storage.dead_letters(rec.id, None)?.len() as u64;
+        let dlq_size = storage.count_dead_letters(rec.id)?;
         let metrics = SubscriptionMetrics::new(&rec.topic, &rec.name);
         let (tx, rx) = mpsc::unbounded_channel();
         let (fire_tx, fire_rx) = mpsc::unbounded_channel();
@@ -371,6 +370,12 @@ impl SubscriptionActor {
             .dead_letter_topic
             .clone()
             .unwrap_or_else(|| topic_name.dead_letter_tier(&sub_name).to_string());
+        // Every retry-tier entry the cursor has not acked is still queued
+        // there (a message leaving the tier acks its entry), so the queue size
+        // comes from the cursor, not from a scan of the schedule.
+        let (_, retry_end) = storage.entry_range(&retry_topic_name)?;
+        let mark = rec.retry.mark_delete.min(retry_end);
+        let retry_queue = (retry_end - mark) - rec.retry.acked_between(mark, retry_end);
         // Main-tier failure records are few (unacked failed messages): keep them all.
         // Retry-tier ones are read when their retry fires.
         let mut failures = HashMap::new();
@@ -464,16 +469,28 @@ impl SubscriptionActor {
                     let Some(mut cmd) = cmd else { break };
                     // Handle what else is queued (up to a bound) before dispatching once.
                     let mut handled = 0;
+                    // Consecutive `reconsume_later`s are gathered and moved
+                    // in one transaction; any other command first applies
+                    // them, so commands still take effect in arrival order.
+                    let mut reconsumes = Vec::new();
                     loop {
-                        if let Command::Delete(reply) = cmd {
-                            let r = self.delete();
-                            let deleted = r.is_ok();
-                            let _ = reply.send(r);
-                            if deleted {
-                                return;
+                        match cmd {
+                            Command::ReconsumeLater(consumer, req) => {
+                                reconsumes.push((consumer, req));
                             }
-                        } else {
-                            self.handle(cmd).await;
+                            Command::Delete(reply) => {
+                                self.reconsume_later(std::mem::take(&mut reconsumes)).await;
+                                let r = self.delete();
+                                let deleted = r.is_ok();
+                                let _ = reply.send(r);
+                                if deleted {
+                                    return;
+                                }
+                            }
+                            other => {
+                                self.reconsume_later(std::mem::take(&mut reconsumes)).await;
+                                self.handle(other).await;
+                            }
                         }
                         handled += 1;
                         if handled >= COMMANDS_PER_ROUND {
@@ -484,6 +501,7 @@ impl SubscriptionActor {
                             Err(_) => break,
                         }
                     }
+                    self.reconsume_later(reconsumes).await;
                 }
                 keys = fired.recv() => {
                     if let Some(keys) = keys {
@@ -527,7 +545,7 @@ impl SubscriptionActor {
             }
             Command::Ack(id, ack) => self.ack(id, ack),
             Command::Redeliver(id, req) => self.redeliver(id, req).await,
-            Command::ReconsumeLater(id, req) => self.reconsume_later(id, req).await,
+            Command::ReconsumeLater(id, req) => self.reconsume_later(vec![(id, req)]).await,
             Command::Terminate(id, req) => self.terminate(id, req).await,
             Command::CloseConsumer(id) => self.close_consumer(id),
             Command::Ready(keys) => {
@@ -1118,33 +1136,71 @@ impl SubscriptionActor {
         }
     }
 
-    async fn reconsume_later(&mut self, consumer: u64, req: ReconsumeLater) {
-        let outcome = async {
-            let id = req.id.as_ref().ok_or_else(|| {
-                BrokerError::InvalidArgument("reconsume_later without an id".into())
-            })?;
-            let key = self.in_flight_key(id)?;
-            let overrides = match req.delay {
-                Some(reconsume_later::Delay::DelayMs(ms)) => {
-                    AttemptOverride::Delay(Duration::from_millis(ms))
-                }
-                Some(reconsume_later::Delay::DelayLevel(l)) => {
-                    AttemptOverride::from_rocketmq_level(l)
-                }
-                None => AttemptOverride::Policy,
-            };
-            let f = Failure {
-                key,
-                reason: FailureReason::ReconsumeLater,
-                detail: req.detail.clone(),
-                consumer: self.consumer_name(consumer),
-                overrides,
-                extra_props: req.properties.clone(),
-            };
-            self.fail(vec![f], Some(Tier::Retry)).await
+    /// `reconsume_later` requests, moved into the retry tier together.
+    async fn reconsume_later(&mut self, reqs: Vec<(u64, ReconsumeLater)>) {
+        if reqs.is_empty() {
+            return;
         }
-        .await;
-        self.finish_request(consumer, req.request_id, outcome);
+        let mut failures = Vec::with_capacity(reqs.len());
+        let mut accepted = Vec::with_capacity(reqs.len());
+        let mut seen = HashSet::with_capacity(reqs.len());
+        for (consumer, req) in reqs {
+            match self.reconsume_failure(consumer, &req) {
+                // The same message twice in one batch: the second finds it
+                // gone, as it would have one request at a time.
+                Ok(f) if !seen.insert(f.key) => {
+                    let id = req.id.unwrap_or_default();
+                    let e = BrokerError::InvalidArgument(format!(
+                        "message {}:{} is not in flight on subscription {} (already acked, or never delivered)",
+                        id.topic, id.entry_id, self.rec.name
+                    ));
+                    self.finish_request(consumer, req.request_id, Err(e));
+                }
+                Ok(f) => {
+                    failures.push(f);
+                    accepted.push((consumer, req.request_id));
+                }
+                Err(e) => self.finish_request(consumer, req.request_id, Err(e)),
+            }
+        }
+        if failures.is_empty() {
+            return;
+        }
+        match self.fail(failures, Some(Tier::Retry)).await {
+            Ok(()) => {
+                for (consumer, request_id) in accepted {
+                    self.finish_request(consumer, request_id, Ok(()));
+                }
+            }
+            Err(e) => {
+                for (consumer, request_id) in accepted {
+                    self.reply(consumer, result_frame(request_id, e.code(), e.to_string()));
+                }
+            }
+        }
+    }
+
+    fn reconsume_failure(&self, consumer: u64, req: &ReconsumeLater) -> Result<Failure> {
+        let id = req
+            .id
+            .as_ref()
+            .ok_or_else(|| BrokerError::InvalidArgument("reconsume_later without an id".into()))?;
+        let key = self.in_flight_key(id)?;
+        let overrides = match req.delay {
+            Some(reconsume_later::Delay::DelayMs(ms)) => {
+                AttemptOverride::Delay(Duration::from_millis(ms))
+            }
+            Some(reconsume_later::Delay::DelayLevel(l)) => AttemptOverride::from_rocketmq_level(l),
+            None => AttemptOverride::Policy,
+        };
+        Ok(Failure {
+            key,
+            reason: FailureReason::ReconsumeLater,
+            detail: req.detail.clone(),
+            consumer: self.consumer_name(consumer),
+            overrides,
+            extra_props: req.properties.clone(),
+        })
     }
 
     async fn terminate(&mut self, consumer: u64, req: Terminate) {

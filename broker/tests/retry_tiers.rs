@@ -385,3 +385,59 @@ async fn terminated_message_replays_from_the_dlq_onto_the_topic() {
         "provenance kept"
     );
 }
+
+/// `reconsume_later` requests that arrive together are moved in one
+/// transaction; each still gets its own answer, a repeated id gets the error
+/// it would get one request at a time, and every message is retried once.
+#[tokio::test]
+async fn a_burst_of_reconsume_later_moves_each_message_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start(dir.path()).await;
+    let mut c = RawConsumer::simple(&b.url(), "burst", "s", SubscriptionType::Shared).await;
+    c.flow(1000).await;
+    let mut p = RawProducer::open(&b.url(), "burst", "p").await.unwrap();
+    let texts: Vec<String> = (0..200).map(|i| format!("m{i}")).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    p.send(&refs).await;
+    let got = c.take(200, WAIT).await;
+    // Back to back, without waiting for answers; the first id twice.
+    for (i, m) in got.iter().enumerate() {
+        c.reconsume_later(
+            m.id.clone().unwrap(),
+            reconsume_later::Delay::DelayMs(100),
+            i as u64 + 1,
+        )
+        .await;
+    }
+    c.reconsume_later(
+        got[0].id.clone().unwrap(),
+        reconsume_later::Delay::DelayMs(100),
+        1_000,
+    )
+    .await;
+    let mut ok = 0;
+    let mut refused = Vec::new();
+    for _ in 0..201 {
+        let r = c.result(WAIT).await.expect("an answer per request");
+        if r.code == 0 {
+            ok += 1;
+        } else {
+            refused.push(r);
+        }
+    }
+    assert_eq!(ok, 200);
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].request_id, 1_000);
+    assert_eq!(refused[0].code, tonic::Code::InvalidArgument as i32);
+    let again = c.take(200, WAIT).await;
+    let mut seen: Vec<String> = again.iter().map(text).collect();
+    seen.sort();
+    let mut want = texts.clone();
+    want.sort();
+    assert_eq!(seen, want, "each message comes back once");
+    for m in &again {
+        assert!(m.id.as_ref().unwrap().topic.ends_with("-RETRY"));
+        assert_eq!(m.delivery_count, 1);
+    }
+    assert!(c.next(Duration::from_millis(300)).await.is_none());
+}

@@ -326,6 +326,8 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// Dead letters of a subscription, in DLQ entry order, from `after` exclusive.
     fn dead_letters(&self, sub_id: u64, after: Option<u64>)
     -> Result<Vec<(u64, DeadLetterRecord)>>;
+    /// Number of dead letters a subscription holds (without decoding them).
+    fn count_dead_letters(&self, sub_id: u64) -> Result<u64>;
     /// Removes dead-letter records.
     fn remove_dead_letters(&self, sub_id: u64, ids: &[u64]) -> Result<()>;
 

@@ -693,6 +693,19 @@ impl Storage for SledStorage {
         Ok(out)
     }
 
+    fn count_dead_letters(&self, sub_id: u64) -> Result<u64> {
+        let mut n = 0;
+        for k in self
+            .deadletters
+            .range(dl_key(sub_id, 0)..=dl_key(sub_id, u64::MAX))
+            .keys()
+        {
+            k?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     fn remove_dead_letters(&self, sub_id: u64, ids: &[u64]) -> Result<()> {
         let mut batch = Batch::default();
         for id in ids {
