@@ -1240,7 +1240,10 @@ impl SubscriptionActor {
             };
             let mut rec = match self.failures.get(&f.key) {
                 Some(r) => r.clone(),
-                None => self.storage.failure(msg)?.unwrap_or_default(),
+                None => {
+                    let due = self.in_flight.get(&f.key).and_then(|i| i.due_ms);
+                    self.storage.failure(msg, due)?.unwrap_or_default()
+                }
             };
             let attempt = rec.count + 1;
             self.metrics.redelivery(f.reason.as_str());
@@ -1622,7 +1625,7 @@ impl SubscriptionActor {
                 tier: key.0,
                 entry_id: key.1,
             };
-            match self.storage.failure(msg) {
+            match self.storage.failure(msg, due_ms) {
                 Ok(Some(r)) => {
                     self.failures.insert(key, r);
                 }

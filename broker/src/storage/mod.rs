@@ -233,7 +233,8 @@ pub struct MoveItem {
     pub payload: Vec<u8>,
     /// The target tier's entry id for it.
     pub target_entry_id: u64,
-    /// Its failure record after this move (kept under the target key).
+    /// Its failure record after this move (kept with the target's schedule
+    /// entry for a retry move, see [`Storage::failure`]).
     pub failures: FailureRecord,
     /// For a retry move: when it is due.
     pub due_ms: Option<u64>,
@@ -303,8 +304,11 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// A fresh broker-unique id.
     fn next_id(&self) -> Result<u64>;
 
-    /// A message's failure record.
-    fn failure(&self, message: SubMessage) -> Result<Option<FailureRecord>>;
+    /// A message's failure record. A tier move into the retry tier keeps the
+    /// record in the message's schedule entry (one stored key fewer per
+    /// scheduled retry), so a retry-tier lookup needs its due time;
+    /// records written by [`Storage::put_failures`] take precedence.
+    fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>>;
     /// All failure records of one tier of a subscription.
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>>;
     /// Writes (or with `None`, deletes) failure records.
@@ -318,7 +322,7 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
         to_ms: u64,
         limit: usize,
     ) -> Result<Vec<ScheduleKey>>;
-    /// Adds (`true`) or removes (`false`) schedule entries.
+    /// Adds (`true`, with no failure record) or removes (`false`) schedule entries.
     fn put_schedule(&self, keys: &[(ScheduleKey, bool)]) -> Result<()>;
 
     /// Applies a batch of tier moves in one transaction.

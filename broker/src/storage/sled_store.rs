@@ -514,11 +514,17 @@ impl Storage for SledStorage {
         Ok(self.db.generate_id()?)
     }
 
-    fn failure(&self, message: SubMessage) -> Result<Option<FailureRecord>> {
-        self.failures
-            .get(message.key())?
-            .map(|v| from_json(&v))
-            .transpose()
+    fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>> {
+        if let Some(v) = self.failures.get(message.key())? {
+            return from_json(&v).map(Some);
+        }
+        let Some(due_ms) = due_ms.filter(|_| message.tier == TierId::Retry) else {
+            return Ok(None);
+        };
+        match self.schedule.get(ScheduleKey { due_ms, message }.key())? {
+            Some(v) if !v.is_empty() => from_json(&v).map(Some),
+            _ => Ok(None),
+        }
     }
 
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {
@@ -614,7 +620,7 @@ impl Storage for SledStorage {
             entry_key: [u8; 8],
             frame: Vec<u8>,
             failure: Option<([u8; 17], Vec<u8>)>,
-            schedule: Option<[u8; 25]>,
+            schedule: Option<([u8; 25], Vec<u8>)>,
             dead_letter: Option<([u8; 16], Vec<u8>)>,
         }
         let encoded: Vec<Encoded> = mv
@@ -627,20 +633,27 @@ impl Storage for SledStorage {
                     entry_id: item.target_entry_id,
                 };
                 let seg = item.target_entry_id / self.segment_entries;
+                // A retry move keeps the record in the schedule entry: sled
+                // holds some 45 bytes of page metadata in memory per stored
+                // key, and millions of scheduled retries are the case to size for.
+                let schedule = item.due_ms.filter(|_| mv.target_tier.is_some()).map(|due| {
+                    let key = ScheduleKey {
+                        due_ms: due,
+                        message: target,
+                    };
+                    (key.key(), json(&item.failures))
+                });
                 Encoded {
                     from_key: item.from.key(),
                     from_schedule: item.from_schedule.map(|s| s.key()),
                     seg_index: 4 + seg_numbers.iter().position(|s| *s == seg).unwrap_or(0),
                     entry_key: be(item.target_entry_id),
                     frame: frame::encode(std::slice::from_ref(&item.payload)),
-                    failure: mv.target_tier.map(|_| (target.key(), json(&item.failures))),
-                    schedule: item.due_ms.filter(|_| mv.target_tier.is_some()).map(|due| {
-                        ScheduleKey {
-                            due_ms: due,
-                            message: target,
-                        }
-                        .key()
-                    }),
+                    failure: mv
+                        .target_tier
+                        .filter(|_| schedule.is_none())
+                        .map(|_| (target.key(), json(&item.failures))),
+                    schedule,
                     dead_letter: item
                         .dead_letter
                         .as_ref()
@@ -659,8 +672,8 @@ impl Storage for SledStorage {
                 if let Some((k, v)) = &e.failure {
                     t[1].insert(k, v.as_slice())?;
                 }
-                if let Some(s) = &e.schedule {
-                    t[2].insert(s, &[])?;
+                if let Some((k, v)) = &e.schedule {
+                    t[2].insert(k, v.as_slice())?;
                 }
                 if let Some((k, v)) = &e.dead_letter {
                     t[3].insert(k, v.as_slice())?;
@@ -722,5 +735,110 @@ impl Storage for SledStorage {
     async fn flush(&self) -> Result<()> {
         self.db.flush_async().await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(count: u32) -> FailureRecord {
+        let mut r = FailureRecord::default();
+        for n in 1..=count {
+            r.push(AttemptRecord {
+                time_ms: 1_000 + u64::from(n),
+                delivery_count: n,
+                consumer: "c".into(),
+                reason: 1,
+                detail: format!("failure {n}"),
+            });
+        }
+        r
+    }
+
+    /// A move into the retry tier writes three keys, not four: the failure
+    /// record rides in the schedule entry, found with the due time; a later
+    /// `put_failures` overrides it; leaving the tier removes both.
+    #[test]
+    fn retry_moves_keep_the_failure_record_in_the_schedule_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledStorage::open(dir.path(), 16, 8 << 20).unwrap();
+        let sub = SubscriptionRecord {
+            id: 7,
+            topic: "persistent://public/default/t".into(),
+            name: "s".into(),
+            sub_type: 0,
+            main: Cursor::starting_at(0),
+            retry: Cursor::starting_at(0),
+            policy: None,
+            policy_source: None,
+            retry_topic: None,
+            dead_letter_topic: None,
+            created_ms: 0,
+        };
+        let from = SubMessage {
+            sub_id: 7,
+            tier: TierId::Main,
+            entry_id: 3,
+        };
+        s.put_failures(&[(from, Some(record(1)))]).unwrap();
+        let retry_topic = "persistent://public/default/t-s-RETRY";
+        let mv = |from: SubMessage, from_schedule, target_entry_id, due_ms, count| TierMove {
+            target_topic: retry_topic.into(),
+            target_tier: Some(TierId::Retry),
+            subscription: sub.clone(),
+            items: vec![MoveItem {
+                from,
+                from_schedule,
+                payload: b"m".to_vec(),
+                target_entry_id,
+                failures: record(count),
+                due_ms: Some(due_ms),
+                dead_letter: None,
+            }],
+        };
+        s.move_messages(&mv(from, None, 0, 5_000, 2)).unwrap();
+        let first = SubMessage {
+            sub_id: 7,
+            tier: TierId::Retry,
+            entry_id: 0,
+        };
+        assert_eq!(
+            s.failure(from, None).unwrap(),
+            None,
+            "the source's record is gone"
+        );
+        assert_eq!(
+            s.failure(first, None).unwrap(),
+            None,
+            "not in the failures tree"
+        );
+        assert_eq!(
+            s.failure(first, Some(4_999)).unwrap(),
+            None,
+            "wrong due time"
+        );
+        assert_eq!(s.failure(first, Some(5_000)).unwrap(), Some(record(2)));
+        assert!(s.failures_of(7, TierId::Retry).unwrap().is_empty());
+        let due = s.scheduled(None, u64::MAX, 10).unwrap();
+        assert_eq!(due.len(), 1);
+        assert_eq!((due[0].due_ms, due[0].message), (5_000, first));
+
+        // An in-place redelivery writes the record the ordinary way: it wins.
+        s.put_failures(&[(first, Some(record(3)))]).unwrap();
+        assert_eq!(s.failure(first, Some(5_000)).unwrap(), Some(record(3)));
+
+        // Moving on to a second retry entry drops the first's entry and record.
+        let schedule = Some(due[0]);
+        s.move_messages(&mv(first, schedule, 1, 9_000, 4)).unwrap();
+        let second = SubMessage {
+            entry_id: 1,
+            ..first
+        };
+        assert_eq!(s.failure(first, Some(5_000)).unwrap(), None);
+        assert_eq!(s.failure(second, Some(9_000)).unwrap(), Some(record(4)));
+        let due = s.scheduled(None, u64::MAX, 10).unwrap();
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].message, second);
     }
 }
