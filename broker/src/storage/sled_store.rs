@@ -5,7 +5,10 @@
 //! dropped a whole tree at a time (per-key deletes make sled's files grow).
 //! Small records live in shared trees: `meta` (topics, subscriptions, id
 //! floors), `prodseq`, `failures`, `schedule` (keyed by big-endian due time)
-//! and `deadletters`. Tier moves are one multi-tree transaction.
+//! and `deadletters`. Tier moves are one multi-tree transaction; a move into
+//! the retry tier stores the failure record as the schedule entry's value
+//! rather than under its own key, because sled holds page metadata in memory
+//! per stored key and scheduled retries are the records that pile up.
 
 use super::*;
 use crate::error::BrokerError;
