@@ -148,8 +148,8 @@ pub enum Command {
     CloseConsumer(u64),
     /// Messages whose new delivery counts are durable: dispatch them.
     Ready(Vec<(TierId, u64)>),
-    /// Stats snapshot.
-    Stats(oneshot::Sender<SubscriptionStatsResponse>),
+    /// Stats snapshot, without the schedule part (see [`SubscriptionHandle::stats`]).
+    Stats(oneshot::Sender<StatsSnapshot>),
     /// The policy in force.
     GetPolicy(oneshot::Sender<PolicyInfo>),
     /// Replace (or clear) the operator-set policy.
@@ -179,7 +179,36 @@ pub struct SubscriptionHandle {
     tx: mpsc::UnboundedSender<Command>,
 }
 
+/// What the actor knows for its stats; the schedule part is added from
+/// storage outside the actor.
+#[derive(Debug)]
+pub struct StatsSnapshot {
+    stats: SubscriptionStatsResponse,
+    /// Messages out with consumers: their schedule entries are not waiting.
+    in_flight: HashSet<(TierId, u64)>,
+}
+
 impl SubscriptionHandle {
+    /// The subscription's stats. The scheduled part scans the schedule index
+    /// on a blocking thread, so a stats call never stalls dispatch.
+    pub async fn stats(&self, storage: Arc<dyn Storage>) -> Result<SubscriptionStatsResponse> {
+        let StatsSnapshot {
+            mut stats,
+            in_flight,
+        } = self.ask(Command::Stats).await?;
+        let sub_id = self.id;
+        let (scheduled, next_due, by_due) = tokio::task::spawn_blocking(move || {
+            schedule_stats(storage.as_ref(), sub_id, &in_flight, now_ms())
+        })
+        .await
+        .map_err(|e| BrokerError::Storage(format!("stats task failed: {e}")))??;
+        stats.backlog += scheduled;
+        stats.scheduled_retries = scheduled;
+        stats.next_retry_due_ms = next_due.unwrap_or(0);
+        stats.scheduled_by_due = by_due;
+        Ok(stats)
+    }
+
     /// Sends a command; fails if the actor is gone.
     pub fn send(&self, cmd: Command) -> Result<()> {
         self.tx.send(cmd).map_err(|_| BrokerError::ShuttingDown)
@@ -559,7 +588,10 @@ impl SubscriptionActor {
                 }
             }
             Command::Stats(reply) => {
-                let _ = reply.send(self.stats());
+                let _ = reply.send(StatsSnapshot {
+                    stats: self.stats(),
+                    in_flight: self.in_flight.keys().copied().collect(),
+                });
             }
             Command::GetPolicy(reply) => {
                 let _ = reply.send(self.policy_info());
@@ -1906,13 +1938,13 @@ impl SubscriptionActor {
 
     fn stats(&self) -> SubscriptionStatsResponse {
         let backlog_main = self.main_backlog();
-        let (scheduled, next_due, scheduled_by_due) = self.schedule_stats();
         let dead_lettered = self.dlq_size;
         SubscriptionStatsResponse {
             topic: self.rec.topic.clone(),
             subscription: self.rec.name.clone(),
             subscription_type: sub_type_of(self.rec.sub_type).as_str_name().to_owned(),
-            backlog: backlog_main + scheduled,
+            // Scheduled messages are added by `SubscriptionHandle::stats`.
+            backlog: backlog_main,
             unacked: self.in_flight.len() as u64,
             consumers: self
                 .consumers
@@ -1930,65 +1962,13 @@ impl SubscriptionActor {
                 })
                 .collect(),
             mark_delete_position: self.rec.main.mark_delete,
-            scheduled_retries: scheduled,
+            scheduled_retries: 0,
             dead_lettered,
-            next_retry_due_ms: next_due.unwrap_or(0),
+            next_retry_due_ms: 0,
             retry_topic: self.retry_topic_name.clone(),
             dead_letter_topic: self.dlq_topic_name.clone(),
-            scheduled_by_due,
+            scheduled_by_due: Vec::new(),
         }
-    }
-
-    /// Scheduled (not yet acked, not in flight) retry-tier and delayed
-    /// messages of this subscription: count, earliest due time, and counts by
-    /// due-time bucket. Scans the schedule index (an admin call, not a hot path).
-    fn schedule_stats(&self) -> (u64, Option<u64>, Vec<DueBucket>) {
-        const BUCKETS: [(&str, u64); 5] = [
-            ("overdue", 0),
-            ("1m", 60_000),
-            ("10m", 600_000),
-            ("1h", 3_600_000),
-            ("2h", 7_200_000),
-        ];
-        let now = now_ms();
-        let mut buckets: Vec<DueBucket> = BUCKETS
-            .iter()
-            .map(|(label, ahead)| DueBucket {
-                label: (*label).to_owned(),
-                until_ms: now + ahead,
-                count: 0,
-            })
-            .chain(std::iter::once(DueBucket {
-                label: "later".into(),
-                until_ms: 0,
-                count: 0,
-            }))
-            .collect();
-        let mut count = 0;
-        let mut next = None;
-        let mut after = None;
-        while let Ok(batch) = self.storage.scheduled(after, u64::MAX, 10_000) {
-            for k in &batch {
-                if k.message.sub_id == self.rec.id
-                    && !self
-                        .in_flight
-                        .contains_key(&(k.message.tier, k.message.entry_id))
-                {
-                    count += 1;
-                    next = Some(next.map_or(k.due_ms, |n: u64| n.min(k.due_ms)));
-                    let i = buckets
-                        .iter()
-                        .position(|b| b.until_ms == 0 || k.due_ms < b.until_ms)
-                        .unwrap_or(buckets.len() - 1);
-                    buckets[i].count += 1;
-                }
-            }
-            if batch.len() < 10_000 {
-                break;
-            }
-            after = batch.last().copied();
-        }
-        (count, next, buckets)
     }
 
     fn message_state(&self, entry: u64) -> MessageState {
@@ -2024,4 +2004,60 @@ impl SubscriptionActor {
         self.topic.remove_mark(self.rec.id);
         self.storage.delete_subscription(&self.rec)
     }
+}
+
+/// Scheduled (not yet acked, not in flight) retry-tier and delayed
+/// messages of this subscription: count, earliest due time, and counts by
+/// due-time bucket. Scans the schedule index: O(all scheduled messages), an
+/// admin call run off the actor.
+fn schedule_stats(
+    storage: &dyn Storage,
+    sub_id: u64,
+    in_flight: &HashSet<(TierId, u64)>,
+    now: u64,
+) -> Result<(u64, Option<u64>, Vec<DueBucket>)> {
+    const BUCKETS: [(&str, u64); 5] = [
+        ("overdue", 0),
+        ("1m", 60_000),
+        ("10m", 600_000),
+        ("1h", 3_600_000),
+        ("2h", 7_200_000),
+    ];
+    let mut buckets: Vec<DueBucket> = BUCKETS
+        .iter()
+        .map(|(label, ahead)| DueBucket {
+            label: (*label).to_owned(),
+            until_ms: now + ahead,
+            count: 0,
+        })
+        .chain(std::iter::once(DueBucket {
+            label: "later".into(),
+            until_ms: 0,
+            count: 0,
+        }))
+        .collect();
+    let mut count = 0;
+    let mut next = None;
+    let mut after = None;
+    loop {
+        let batch = storage.scheduled(after, u64::MAX, 10_000)?;
+        for k in &batch {
+            if k.message.sub_id == sub_id
+                && !in_flight.contains(&(k.message.tier, k.message.entry_id))
+            {
+                count += 1;
+                next = Some(next.map_or(k.due_ms, |n: u64| n.min(k.due_ms)));
+                let i = buckets
+                    .iter()
+                    .position(|b| b.until_ms == 0 || k.due_ms < b.until_ms)
+                    .unwrap_or(buckets.len() - 1);
+                buckets[i].count += 1;
+            }
+        }
+        if batch.len() < 10_000 {
+            break;
+        }
+        after = batch.last().copied();
+    }
+    Ok((count, next, buckets))
 }

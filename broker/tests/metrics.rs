@@ -234,5 +234,34 @@ async fn queue_gauges_are_rebuilt_after_a_kill() {
     let sub = "subscription=\"s\"";
     assert_eq!(value(&m, "ricochet_retry_queue_size", &[sub]), 3.0);
     assert_eq!(value(&m, "ricochet_dlq_size", &[sub]), 1.0);
+    // The admin view agrees, with the three due within the hour.
+    let stats = ricochet_proto::admin_client::AdminClient::new(channel(&url).await)
+        .subscription_stats(SubscriptionRequest {
+            topic: "gauged".into(),
+            subscription: "s".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (stats.scheduled_retries, stats.dead_lettered, stats.backlog),
+        (3, 1, 3)
+    );
+    let by_due: Vec<(&str, u64)> = stats
+        .scheduled_by_due
+        .iter()
+        .map(|b| (b.label.as_str(), b.count))
+        .collect();
+    assert_eq!(
+        by_due,
+        [
+            ("overdue", 0),
+            ("1m", 0),
+            ("10m", 0),
+            ("1h", 3),
+            ("2h", 0),
+            ("later", 0)
+        ]
+    );
     kill9(broker);
 }

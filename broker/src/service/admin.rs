@@ -160,7 +160,7 @@ impl Admin for AdminService {
         let (first, next) = entry.topic.entry_range();
         let mut subscriptions = Vec::new();
         for h in entry.subscriptions() {
-            subscriptions.push(h.ask(Command::Stats).await?);
+            subscriptions.push(h.stats(self.core.storage.clone()).await?);
         }
         subscriptions.sort_by(|a, b| a.subscription.cmp(&b.subscription));
         let c = &entry.topic.counters;
@@ -194,7 +194,7 @@ impl Admin for AdminService {
     ) -> Result<Response<SubscriptionStatsResponse>, Status> {
         let r = r.into_inner();
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
-        Ok(Response::new(h.ask(Command::Stats).await?))
+        Ok(Response::new(h.stats(self.core.storage.clone()).await?))
     }
 
     async fn delete_subscription(
