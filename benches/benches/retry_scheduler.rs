@@ -33,7 +33,7 @@
 //! * sizes: `RS_QUICK=1` (10 000 only, 100 000 retries for part 3, 2 s
 //!   loops), `RS_SIZES=10000,100000`, `RS_SPREAD_MS=3000`, `RS_LOOP_SECS=5`,
 //!   `RS_LOOP_WORKING_SET=2000`, `RS_MEM_RETRIES=1000000`;
-//! * `RS_ONLY=scheduler|e2e|loop|memory` runs one part;
+//! * `RS_ONLY=scheduler|e2e|short|loop|memory` runs one part;
 //! * part 1: `RS_SCHED_GROUP=k` gives k entries the same due time (as one
 //!   tier move's batch has), `RS_E2E_FRAMES=k` nack frames (default: frames
 //!   of 100 ids),
@@ -172,6 +172,14 @@ fn main() -> Result<(), BoxError> {
             for durability in [Durability::Sync, Durability::Interval] {
                 for &n in &sizes {
                     e2e_lateness(durability, n, spread_ms).await?;
+                }
+            }
+        }
+        if part("short") {
+            println!("\n1c. short delays end to end: 2 000 messages nacked 10 per frame every 5 ms, one delay level; lateness = receive − deliver_at_ms");
+            for durability in [Durability::Sync, Durability::Interval] {
+                for delay_ms in [10, 50] {
+                    short_delay_lateness(durability, delay_ms).await?;
                 }
             }
         }
@@ -563,6 +571,69 @@ async fn e2e_lateness(durability: Durability, n: usize, spread_ms: u64) -> Resul
     }
     c.confirmed(before + chunks, Duration::from_secs(60))
         .await?;
+    drop(c);
+    broker.stop().await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------- part 1c
+
+/// Retries due sooner than a flush takes: the timer must not wait for the
+/// move's fsync before it starts counting.
+async fn short_delay_lateness(durability: Durability, delay_ms: u64) -> Result<(), BoxError> {
+    const N: usize = 2_000;
+    let dir = tempfile::tempdir()?;
+    let broker = Broker::start(dir.path(), durability, N + 1_000).await?;
+    let url = broker.url.clone();
+    let topic = "short";
+    let mut c = RawConsumer::subscribe(&url, topic, Some(delay_levels(vec![delay_ms], 16))).await?;
+    c.flow(2 * N).await?;
+    publish(&url, topic, N).await?;
+    let mut ids = Vec::with_capacity(N);
+    while ids.len() < N {
+        let Some(msgs) = c.messages(Duration::from_secs(30)).await? else {
+            return Err(format!("only {} of {N} first deliveries", ids.len()).into());
+        };
+        ids.extend(msgs.into_iter().filter_map(|m| m.id));
+    }
+    let mut late = Lateness::new();
+    let mut redelivered = Vec::with_capacity(N);
+    let mut chunks = ids.chunks(10);
+    let mut next_nack = tokio::time::Instant::now();
+    let mut nacking = true;
+    while redelivered.len() < N {
+        // Interleave: nack the next frame when its time comes, read meanwhile.
+        if nacking && tokio::time::Instant::now() >= next_nack {
+            match chunks.next() {
+                Some(chunk) => c.nack(chunk.to_vec(), 0).await?,
+                None => nacking = false,
+            }
+            next_nack += Duration::from_millis(5);
+            continue;
+        }
+        let wait = if nacking {
+            next_nack.saturating_duration_since(tokio::time::Instant::now())
+        } else {
+            Duration::from_secs(30)
+        };
+        let Some(msgs) = c.messages(wait).await? else {
+            if nacking {
+                continue;
+            }
+            break;
+        };
+        let at = wall_us();
+        for m in msgs {
+            if m.id.as_ref().is_some_and(|id| id.topic.ends_with("-RETRY")) {
+                late.record(at, m.deliver_at_ms);
+                redelivered.extend(m.id);
+            }
+        }
+    }
+    late.print(&format!("{durability:?}, {delay_ms} ms delay"));
+    for chunk in redelivered.chunks(1_000) {
+        c.ack(chunk.to_vec(), 0).await?;
+    }
     drop(c);
     broker.stop().await?;
     Ok(())
