@@ -40,7 +40,8 @@
 //!   `RS_E2E_CHILD=1` runs the broker binary in a child process instead,
 //!   `RS_DEBUG=1` shows the latest deliveries;
 //! * part 3: `RS_BROKER_BIN=path`, `RS_MEM_DIR=dir` keeps (and reuses) the
-//!   data directories, `RS_MEM_CONFIG=file.toml` is passed to the broker as
+//!   data directories, `RS_MEM_MOVE=k` moves k retries per transaction
+//!   (default 1 000), `RS_MEM_CONFIG=file.toml` is passed to the broker as
 //!   `--config`.
 
 use hdrhistogram::Histogram;
@@ -777,7 +778,8 @@ const MEM_RETRY: &str = "persistent://public/default/mem-s-RETRY";
 /// Writes a data directory as a broker holding `n` scheduled retries due in
 /// 1–2 h leaves it: topic and retry-tier records, one subscription, and the
 /// retries themselves written by `Storage::move_messages` (the broker's own
-/// tier move) from main-tier entries that failed once, 1 000 per move; the
+/// tier move) from main-tier entries that failed once, 1 000 per move
+/// (`RS_MEM_MOVE`); the
 /// main-tier segments are then trimmed as consumed.
 async fn write_scheduled(dir: &Path, n: usize) -> Result<(u64, Duration), BoxError> {
     let t = Instant::now();
@@ -808,6 +810,8 @@ async fn write_scheduled(dir: &Path, n: usize) -> Result<(u64, Duration), BoxErr
     };
     storage.put_subscription(&sub)?;
     let hour = 3_600_000u64;
+    // RS_MEM_MOVE=k: messages per tier move (1 = every retry moved alone).
+    let move_size: usize = env_or("RS_MEM_MOVE", 1_000usize).clamp(1, 1_000);
     for start in (0..n).step_by(1_000) {
         let end = (start + 1_000).min(n);
         let mut items = Vec::with_capacity(end - start);
@@ -870,12 +874,14 @@ async fn write_scheduled(dir: &Path, n: usize) -> Result<(u64, Duration), BoxErr
             })
             .collect();
         storage.append(MEM_TOPIC, start as u64, &originals, None)?;
-        storage.move_messages(&TierMove {
-            target_topic: MEM_RETRY.into(),
-            target_tier: Some(TierId::Retry),
-            subscription: sub.clone(),
-            items,
-        })?;
+        for part in items.chunks(move_size) {
+            storage.move_messages(&TierMove {
+                target_topic: MEM_RETRY.into(),
+                target_tier: Some(TierId::Retry),
+                subscription: sub.clone(),
+                items: part.to_vec(),
+            })?;
+        }
     }
     // Every original was acked by its move: its segments go, as the broker's
     // retention does once all subscriptions are past them.
@@ -1013,7 +1019,10 @@ async fn memory_and_restart(n: usize) -> Result<(), BoxError> {
     let tmp = tempfile::tempdir()?;
     let root = std::env::var_os("RS_MEM_DIR").map_or_else(|| tmp.path().to_owned(), PathBuf::from);
     let base_dir = root.join("base");
-    let full_dir = root.join(format!("full-{n}"));
+    let full_dir = root.join(format!(
+        "full-{n}-move-{}",
+        env_or("RS_MEM_MOVE", 1_000usize)
+    ));
     for (dir, count) in [(&base_dir, 0), (&full_dir, n)] {
         if dir.exists() {
             println!("  setup: reusing {}", dir.display());
