@@ -234,7 +234,8 @@ impl Task {
     }
 
     fn fire(&mut self, keys: Vec<ScheduleKey>) {
-        let now = now_ms();
+        let now_us = crate::util::now_us();
+        let now = now_us / 1000;
         let mut by_sub: HashMap<u64, Vec<ScheduleKey>> = HashMap::new();
         for k in keys {
             self.keys.remove(&k);
@@ -246,7 +247,7 @@ impl Task {
             self.stats.fired.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .lateness_us_total
-                .fetch_add((now - k.due_ms) * 1000, Ordering::Relaxed);
+                .fetch_add(now_us - k.due_ms * 1000, Ordering::Relaxed);
             by_sub.entry(k.message.sub_id).or_default().push(k);
         }
         for (sub, keys) in by_sub {

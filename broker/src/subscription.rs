@@ -534,12 +534,12 @@ impl SubscriptionActor {
                 }
                 keys = fired.recv() => {
                     if let Some(keys) = keys {
-                        let now = now_ms();
+                        let now_us = crate::util::now_us();
                         for k in keys {
                             if k.message.tier == TierId::Retry {
                                 self.metrics.retries_fired.increment(1);
                             }
-                            let late = now.saturating_sub(k.due_ms) as f64 / 1000.0;
+                            let late = now_us.saturating_sub(k.due_ms * 1000) as f64 / 1e6;
                             self.metrics.retry_lateness.record(late);
                             self.due.insert((k.message.tier, k.message.entry_id), k.due_ms);
                         }

@@ -9,6 +9,13 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Microseconds since the Unix epoch (for lateness figures finer than 1 ms).
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 /// A stable 64-bit hash (same value across runs and builds), used for key
 /// routing and policy jitter seeds: FNV-1a followed by the SplitMix64
 /// finaliser, so every output bit depends on every input byte (plain FNV-1a
