@@ -204,6 +204,25 @@ impl Client {
     }
 }
 
+/// The next frame of a driver's stream; never resolves while disconnected,
+/// so it can sit in a `select!` next to the driver's timers.
+pub(crate) async fn next_frame<T>(
+    inbound: Option<&mut tonic::Streaming<T>>,
+) -> std::result::Result<Option<T>, tonic::Status> {
+    match inbound {
+        Some(s) => s.message().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `at`; never resolves for `None` (a timer that is not armed).
+pub(crate) async fn sleep_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Exponential reconnect delays with jitter.
 #[derive(Debug)]
 pub(crate) struct Backoff {

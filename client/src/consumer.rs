@@ -60,7 +60,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Streaming;
 
-use crate::client::{Backoff, Client};
+use crate::client::{Backoff, Client, next_frame, sleep_opt};
 use crate::error::{Error, Result};
 use crate::message::{Message, MessageId, TopicInterner};
 use crate::tracker::{DelayTracker, far_future};
@@ -1042,20 +1042,6 @@ struct Driver {
     close_request: Option<u64>,
 }
 
-async fn next_response(conn: Option<&mut Conn>) -> Result<Option<ConsumeResponse>, tonic::Status> {
-    match conn {
-        Some(c) => c.inbound.message().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 impl Driver {
     async fn run(mut self) {
         let mut rx_open = true;
@@ -1069,7 +1055,7 @@ impl Driver {
             };
             let event = tokio::select! {
                 biased;
-                r = next_response(self.conn.as_mut()) => Event::Response(r),
+                r = next_frame(self.conn.as_mut().map(|c| &mut c.inbound)) => Event::Response(r),
                 c = self.rx.recv(), if rx_open => Event::Cmd(c),
                 _ = sleep_opt(self.ack_deadline) => Event::AckFlush,
                 _ = sleep_opt(nack_due) => Event::NackDue,

@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Streaming;
 
-use crate::client::{Backoff, Client};
+use crate::client::{Backoff, Client, next_frame, sleep_opt};
 use crate::error::{Error, Result};
 use crate::message::{MessageId, OutgoingMessage};
 
@@ -387,20 +387,6 @@ struct Driver {
     closing: Option<Instant>,
 }
 
-async fn next_response(conn: Option<&mut Conn>) -> Result<Option<ProduceResponse>, tonic::Status> {
-    match conn {
-        Some(c) => c.inbound.message().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 impl Driver {
     async fn run(mut self) {
         let mut rx_open = true;
@@ -426,7 +412,7 @@ impl Driver {
             let close_at = self.closing;
             let event = tokio::select! {
                 biased;
-                r = next_response(self.conn.as_mut()) => Event::Response(r),
+                r = next_frame(self.conn.as_mut().map(|c| &mut c.inbound)) => Event::Response(r),
                 c = self.rx.recv(), if accepting => Event::Cmd(c),
                 _ = sleep_opt(linger) => Event::Linger,
                 _ = sleep_opt(reconnect) => Event::Reconnect,
