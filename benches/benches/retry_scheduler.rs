@@ -350,6 +350,7 @@ impl RawConsumer {
                 consumer_name: "bench".into(),
                 dead_letter_policy: policy,
                 retry_enabled: None,
+                dead_letter_reader: false,
             })),
         })
         .await?;

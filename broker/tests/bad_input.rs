@@ -264,3 +264,69 @@ async fn auto_create_off_means_unknown_topics_are_not_found() {
         .unwrap();
     assert!(RawProducer::open(&b.url(), "real", "p").await.is_ok());
 }
+
+/// Tier topics are the broker's: a retry tier cannot be subscribed to, and a
+/// dead-letter tier only by a consumer that says it is a dead-letter reader.
+/// A refused subscription creates nothing.
+#[tokio::test]
+async fn tier_topics_refuse_ordinary_subscriptions() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start(dir.path()).await;
+    let mut c = RawConsumer::simple(&b.url(), "orders", "s", SubscriptionType::Shared).await;
+    c.flow(10).await;
+    let mut p = RawProducer::open(&b.url(), "orders", "p").await.unwrap();
+    p.send(&["retry me", "kill me"]).await;
+    let got = c.take(2, WAIT).await;
+    c.reconsume_later(
+        got[0].id.clone().unwrap(),
+        reconsume_later::Delay::DelayMs(3_600_000),
+        1,
+    )
+    .await;
+    c.terminate(got[1].id.clone().unwrap(), "poison", 2).await;
+    for _ in 0..2 {
+        assert_eq!(c.result(WAIT).await.unwrap().code, 0);
+    }
+    let retry = "persistent://public/default/orders-s-RETRY";
+    let dlq = "persistent://public/default/orders-s-DLQ";
+
+    let e = RawConsumer::subscribe(&b.url(), retry, "peek", SubOpts::default())
+        .await
+        .err()
+        .expect("a retry tier is not for consumers");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    assert!(e.message().contains("retry tier"), "{e}");
+    let e = RawConsumer::subscribe(&b.url(), dlq, "peek", SubOpts::default())
+        .await
+        .err()
+        .expect("a DLQ needs an explicit reader");
+    assert_eq!(e.code(), Code::PermissionDenied, "{e}");
+    assert!(e.message().contains("dead_letter_reader"), "{e}");
+    let mut admin = AdminClient::new(channel(&b.url()).await);
+    for topic in [retry, dlq] {
+        let subs = admin
+            .list_subscriptions(TopicRequest {
+                topic: topic.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .subscriptions;
+        assert!(
+            !subs.contains(&"peek".to_owned()),
+            "{topic}: the refused subscription was created: {subs:?}"
+        );
+    }
+
+    // An explicit reader gets the dead letter.
+    let opts = SubOpts {
+        dead_letter_reader: true,
+        ..Default::default()
+    };
+    let mut reader = RawConsumer::subscribe(&b.url(), dlq, "ops", opts)
+        .await
+        .unwrap();
+    reader.flow(10).await;
+    let m = reader.next(WAIT).await.expect("the dead letter");
+    assert_eq!(text(&m), "kill me");
+}

@@ -157,6 +157,10 @@ pub struct ConsumeArgs {
     /// Consumer name (default: generated).
     #[arg(long)]
     pub name: Option<String>,
+    /// Read a dead-letter tier topic (`…-DLQ`); the broker refuses it
+    /// otherwise. `dlq list|peek` shows dead letters without consuming them.
+    #[arg(long)]
+    pub dead_letter_reader: bool,
 }
 
 /// `topics …`.

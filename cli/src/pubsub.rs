@@ -117,7 +117,8 @@ pub(crate) async fn consume(ctx: &mut Ctx<'_>, a: ConsumeArgs) -> Result<()> {
         // be redelivered with an attempt counted when the consumer closes:
         // with a message limit, prefetch as little as possible.
         .receiver_queue_size(if a.count > 0 { 1 } else { 1000 })
-        .ack_group_time(Duration::ZERO);
+        .ack_group_time(Duration::ZERO)
+        .dead_letter_reader(a.dead_letter_reader);
     if let Some(p) = a.policy {
         b = b.policy_spec(p);
     }

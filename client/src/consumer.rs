@@ -140,6 +140,9 @@ pub struct ConsumerConfig {
     pub dead_letter_topic: Option<String>,
     /// Whether to also receive from the retry tier (broker default).
     pub retry_enabled: Option<bool>,
+    /// This consumer reads a dead-letter tier topic on purpose (the broker
+    /// refuses subscriptions to `…-DLQ` topics otherwise).
+    pub dead_letter_reader: bool,
     /// Ack grouping window (default 100 ms; zero sends every ack at once).
     pub ack_group_time: Duration,
     /// Ack grouping size (default 1000 ids).
@@ -160,6 +163,7 @@ impl std::fmt::Debug for ConsumerConfig {
             .field("policy", &self.policy.as_ref().map(|p| p.name().to_owned()))
             .field("policy_spec", &self.policy_spec)
             .field("retry_enabled", &self.retry_enabled)
+            .field("dead_letter_reader", &self.dead_letter_reader)
             .field("ack_group_time", &self.ack_group_time)
             .field("ack_group_max", &self.ack_group_max)
             .finish()
@@ -182,6 +186,7 @@ impl Default for ConsumerConfig {
             retry_topic: None,
             dead_letter_topic: None,
             retry_enabled: None,
+            dead_letter_reader: false,
             ack_group_time: Duration::from_millis(100),
             ack_group_max: 1000,
         }
@@ -283,6 +288,16 @@ impl ConsumerBuilder {
     /// Whether to receive from the retry tier too.
     pub fn retry_enabled(mut self, on: bool) -> Self {
         self.config.retry_enabled = Some(on);
+        self
+    }
+
+    /// Declares this consumer a dead-letter reader: required to subscribe to
+    /// a dead-letter tier topic (`<topic>-<subscription>-DLQ`), which the
+    /// broker otherwise refuses with [`Error::Rejected`] (PERMISSION_DENIED).
+    /// Dead letters can also be listed, replayed and purged with
+    /// [`Client::admin`].
+    pub fn dead_letter_reader(mut self, on: bool) -> Self {
+        self.config.dead_letter_reader = on;
         self
     }
 
@@ -949,6 +964,7 @@ async fn subscribe(
         consumer_name: cfg.consumer_name.clone().unwrap_or_default(),
         dead_letter_policy: policy_config(cfg),
         retry_enabled: cfg.retry_enabled,
+        dead_letter_reader: cfg.dead_letter_reader,
     };
     tx.send(ConsumeRequest {
         request: Some(consume_request::Request::Subscribe(sub)),

@@ -6,6 +6,7 @@
 use super::BoxStream;
 use crate::core::BrokerCore;
 use crate::name::{SubscriptionName, TopicName};
+use crate::storage::TopicKind;
 use crate::subscription::{Command, ConsumerSpec};
 use ricochet_policy::PolicySpec;
 use ricochet_proto::{
@@ -54,6 +55,20 @@ pub(super) async fn consume(
         None => None,
     };
     let entry = core.topic_for_use(&topic).await?;
+    match entry.topic.kind() {
+        TopicKind::Normal => {}
+        TopicKind::Retry => {
+            return Err(Status::failed_precondition(format!(
+                "{topic} is a retry tier: the subscription that owns it receives its messages; subscribe to the original topic"
+            )));
+        }
+        TopicKind::DeadLetter if !sub.dead_letter_reader => {
+            return Err(Status::permission_denied(format!(
+                "{topic} is a dead-letter tier: read it with an explicit dead-letter reader (Subscribe.dead_letter_reader) or the admin API"
+            )));
+        }
+        TopicKind::DeadLetter => {}
+    }
     let handle = core
         .subscription_or_create(&entry, &name, sub_type, initial)
         .await?;

@@ -140,6 +140,7 @@ pub struct SubOpts {
     pub initial: InitialPosition,
     pub name: String,
     pub policy: Option<DeadLetterPolicyConfig>,
+    pub dead_letter_reader: bool,
 }
 
 impl Default for SubOpts {
@@ -149,6 +150,7 @@ impl Default for SubOpts {
             initial: InitialPosition::Earliest,
             name: String::new(),
             policy: None,
+            dead_letter_reader: false,
         }
     }
 }
@@ -171,6 +173,7 @@ impl RawConsumer {
                 consumer_name: opts.name,
                 dead_letter_policy: opts.policy,
                 retry_enabled: None,
+                dead_letter_reader: opts.dead_letter_reader,
             })),
         })
         .await
