@@ -76,7 +76,17 @@ impl TierTopics for Tiers {
         } else {
             TopicKind::Retry
         };
-        Ok(core.topic_or_create(&name, kind).await?.topic.clone())
+        let topic = core.topic_or_create(&name, kind).await?.topic.clone();
+        // A topic of that name created by a producer or consumer first (or
+        // named as an override) is not a tier: its data could be trimmed and
+        // read by anyone. Refuse rather than mix dead letters into it.
+        if topic.kind() != kind {
+            return Err(BrokerError::Conflict(format!(
+                "{name} exists as a {:?} topic and cannot serve as a {kind:?} tier; delete it or override the tier's name",
+                topic.kind()
+            )));
+        }
+        Ok(topic)
     }
 
     fn build_policy(&self, spec: &PolicySpec) -> Result<Arc<dyn DeadLetterPolicy>> {

@@ -330,3 +330,37 @@ async fn tier_topics_refuse_ordinary_subscriptions() {
     let m = reader.next(WAIT).await.expect("the dead letter");
     assert_eq!(text(&m), "kill me");
 }
+
+/// A topic that merely has a tier's name is not used as the tier: the move
+/// is refused with FAILED_PRECONDITION and the message stays where it was.
+#[tokio::test]
+async fn a_normal_topic_with_a_tier_name_is_not_used_as_the_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start(dir.path()).await;
+    let squatter = "persistent://public/default/pay-s-DLQ";
+    let mut p = RawProducer::open(&b.url(), squatter, "p").await.unwrap();
+    p.send(&["not a dead letter"]).await;
+    let mut c = RawConsumer::simple(&b.url(), "pay", "s", SubscriptionType::Shared).await;
+    c.flow(10).await;
+    let mut p = RawProducer::open(&b.url(), "pay", "p").await.unwrap();
+    p.send(&["poison"]).await;
+    let m = c.next(WAIT).await.unwrap();
+    c.terminate(m.id.clone().unwrap(), "bad", 1).await;
+    let r = c.result(WAIT).await.unwrap();
+    assert_eq!(r.code, Code::FailedPrecondition as i32, "{r:?}");
+    assert!(
+        r.message.contains("cannot serve as a DeadLetter tier"),
+        "{r:?}"
+    );
+    // Still in flight here: acking it works, and nothing moved.
+    c.ack(vec![m.id.clone().unwrap()], 2).await;
+    assert_eq!(c.result(WAIT).await.unwrap().code, 0);
+    let stats = AdminClient::new(channel(&b.url()).await)
+        .topic_stats(TopicRequest {
+            topic: squatter.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.message_count, 1);
+}
