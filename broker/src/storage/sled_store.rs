@@ -166,6 +166,63 @@ fn from_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T> {
     serde_json::from_slice(bytes).map_err(|e| BrokerError::Corrupt(e.to_string()))
 }
 
+/// Failure records are written on every failed delivery, so they use a
+/// compact binary form (protobuf, after a format byte) rather than JSON;
+/// records an older broker wrote as JSON still read.
+mod failure_codec {
+    use super::{AttemptRecord, BrokerError, FailureRecord, Result};
+    use prost::Message as _;
+
+    const PROTOBUF_V1: u8 = 1;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Stored {
+        #[prost(uint32, tag = "1")]
+        count: u32,
+        #[prost(uint64, tag = "2")]
+        first_failure_ms: u64,
+        #[prost(message, repeated, tag = "3")]
+        attempts: Vec<ricochet_proto::Attempt>,
+    }
+
+    pub(super) fn encode(r: &FailureRecord) -> Vec<u8> {
+        let stored = Stored {
+            count: r.count,
+            first_failure_ms: r.first_failure_ms,
+            attempts: r.attempts.iter().map(Into::into).collect(),
+        };
+        let mut out = Vec::with_capacity(1 + stored.encoded_len());
+        out.push(PROTOBUF_V1);
+        stored.encode_raw(&mut out);
+        out
+    }
+
+    pub(super) fn decode(bytes: &[u8]) -> Result<FailureRecord> {
+        match bytes.split_first() {
+            Some((&PROTOBUF_V1, rest)) => {
+                let s = Stored::decode(rest).map_err(|e| BrokerError::Corrupt(e.to_string()))?;
+                Ok(FailureRecord {
+                    count: s.count,
+                    first_failure_ms: s.first_failure_ms,
+                    attempts: s
+                        .attempts
+                        .into_iter()
+                        .map(|a| AttemptRecord {
+                            time_ms: a.time_ms,
+                            delivery_count: a.delivery_count,
+                            consumer: a.consumer,
+                            reason: a.reason,
+                            detail: a.detail,
+                        })
+                        .collect(),
+                })
+            }
+            Some((b'{', _)) => super::from_json(bytes),
+            _ => Err(BrokerError::Corrupt("unknown failure record format".into())),
+        }
+    }
+}
+
 fn be(id: u64) -> [u8; 8] {
     id.to_be_bytes()
 }
@@ -519,13 +576,13 @@ impl Storage for SledStorage {
 
     fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>> {
         if let Some(v) = self.failures.get(message.key())? {
-            return from_json(&v).map(Some);
+            return failure_codec::decode(&v).map(Some);
         }
         let Some(due_ms) = due_ms.filter(|_| message.tier == TierId::Retry) else {
             return Ok(None);
         };
         match self.schedule.get(ScheduleKey { due_ms, message }.key())? {
-            Some(v) if !v.is_empty() => from_json(&v).map(Some),
+            Some(v) if !v.is_empty() => failure_codec::decode(&v).map(Some),
             _ => Ok(None),
         }
     }
@@ -539,7 +596,7 @@ impl Storage for SledStorage {
                 let (k, v) = kv?;
                 let m = SubMessage::from_key(&k)
                     .ok_or_else(|| BrokerError::Corrupt("bad failure key".into()))?;
-                Ok((m, from_json(&v)?))
+                Ok((m, failure_codec::decode(&v)?))
             })
             .collect()
     }
@@ -548,7 +605,7 @@ impl Storage for SledStorage {
         let mut batch = Batch::default();
         for (m, rec) in records {
             match rec {
-                Some(r) => batch.insert(&m.key(), json(r)),
+                Some(r) => batch.insert(&m.key(), failure_codec::encode(r)),
                 None => batch.remove(&m.key()),
             }
         }
@@ -644,7 +701,7 @@ impl Storage for SledStorage {
                         due_ms: due,
                         message: target,
                     };
-                    (key.key(), json(&item.failures))
+                    (key.key(), failure_codec::encode(&item.failures))
                 });
                 Encoded {
                     from_key: item.from.key(),
@@ -655,7 +712,7 @@ impl Storage for SledStorage {
                     failure: mv
                         .target_tier
                         .filter(|_| schedule.is_none())
-                        .map(|_| (target.key(), json(&item.failures))),
+                        .map(|_| (target.key(), failure_codec::encode(&item.failures))),
                     schedule,
                     dead_letter: item
                         .dead_letter
@@ -757,6 +814,28 @@ mod tests {
             });
         }
         r
+    }
+
+    #[test]
+    fn failure_records_round_trip_and_legacy_json_still_reads() {
+        let r = record(3);
+        let bytes = failure_codec::encode(&r);
+        assert_eq!(bytes[0], 1);
+        assert_eq!(failure_codec::decode(&bytes).unwrap(), r);
+        assert!(bytes.len() < json(&r).len() / 2, "{} bytes", bytes.len());
+        assert_eq!(failure_codec::decode(&json(&r)).unwrap(), r);
+        assert_eq!(
+            failure_codec::decode(&failure_codec::encode(&FailureRecord::default())).unwrap(),
+            FailureRecord::default()
+        );
+        assert!(matches!(
+            failure_codec::decode(b"\x07junk"),
+            Err(BrokerError::Corrupt(_))
+        ));
+        assert!(matches!(
+            failure_codec::decode(&[1, 0xff]),
+            Err(BrokerError::Corrupt(_))
+        ));
     }
 
     /// A move into the retry tier writes three keys, not four: the failure
