@@ -124,9 +124,13 @@ struct Task {
     stats: Arc<SchedulerStats>,
 }
 
+/// The timer instant for a wall-clock due time, computed in microseconds: in
+/// whole milliseconds the truncated "now" would add up to 1 ms on top of the
+/// timer's own 1 ms rounding. `fire` re-checks against the wall clock, so
+/// nothing fires early even if the two clocks drift apart.
 fn deadline(due_ms: u64) -> Instant {
-    let now = now_ms();
-    Instant::now() + Duration::from_millis(due_ms.saturating_sub(now))
+    let now_us = crate::util::now_us();
+    Instant::now() + Duration::from_micros((due_ms * 1000).saturating_sub(now_us))
 }
 
 impl Task {
