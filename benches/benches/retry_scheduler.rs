@@ -600,6 +600,7 @@ async fn short_delay_lateness(durability: Durability, delay_ms: u64) -> Result<(
     }
     let mut late = Lateness::new();
     let mut redelivered = Vec::with_capacity(N);
+    let mut very_late = Vec::new();
     let mut chunks = ids.chunks(10);
     let mut next_nack = tokio::time::Instant::now();
     let mut nacking = true;
@@ -628,11 +629,22 @@ async fn short_delay_lateness(durability: Durability, delay_ms: u64) -> Result<(
         for m in msgs {
             if m.id.as_ref().is_some_and(|id| id.topic.ends_with("-RETRY")) {
                 late.record(at, m.deliver_at_ms);
+                if debug() && at > m.deliver_at_ms * 1000 + 20_000 {
+                    very_late.push((redelivered.len(), (at - m.deliver_at_ms * 1000) / 1000));
+                }
                 redelivered.extend(m.id);
             }
         }
     }
     late.print(&format!("{durability:?}, {delay_ms} ms delay"));
+    if !very_late.is_empty() {
+        println!(
+            "    {} more than 20 ms late (redelivery index, ms late): first {:?}, last {:?}",
+            very_late.len(),
+            very_late.first(),
+            very_late.last()
+        );
+    }
     for chunk in redelivered.chunks(1_000) {
         c.ack(chunk.to_vec(), 0).await?;
     }
