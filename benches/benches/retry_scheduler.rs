@@ -453,6 +453,27 @@ impl RawConsumer {
     }
 }
 
+/// A consumer on a one-level delay policy, with `n` freshly published
+/// messages delivered to it once (their ids returned, ready to fail).
+async fn failing_consumer(
+    url: &str,
+    topic: &str,
+    delay_ms: u64,
+    n: usize,
+) -> Result<(RawConsumer, Vec<MessageId>), BoxError> {
+    let mut c = RawConsumer::subscribe(url, topic, Some(delay_levels(vec![delay_ms], 16))).await?;
+    c.flow(2 * n).await?;
+    publish(url, topic, n).await?;
+    let mut ids = Vec::with_capacity(n);
+    while ids.len() < n {
+        let Some(msgs) = c.messages(Duration::from_secs(30)).await? else {
+            return Err(format!("only {} of {n} first deliveries", ids.len()).into());
+        };
+        ids.extend(msgs.into_iter().filter_map(|m| m.id));
+    }
+    Ok((c, ids))
+}
+
 fn delay_levels(levels_ms: Vec<u64>, max_reconsume_times: u32) -> DeadLetterPolicyConfig {
     DeadLetterPolicyConfig {
         kind: Some(dead_letter_policy_config::Kind::DelayLevels(
@@ -478,16 +499,7 @@ async fn e2e_lateness(durability: Durability, n: usize, spread_ms: u64) -> Resul
     // is due (it moves about 20 000 messages a second here).
     let lead_ms = 1_000 + n as u64 / 15;
     let delay_ms = spread_ms + lead_ms;
-    let mut c = RawConsumer::subscribe(&url, topic, Some(delay_levels(vec![delay_ms], 16))).await?;
-    c.flow(2 * n).await?;
-    publish(&url, topic, n).await?;
-    let mut ids = Vec::with_capacity(n);
-    while ids.len() < n {
-        let Some(msgs) = c.messages(Duration::from_secs(30)).await? else {
-            return Err(format!("only {} of {n} first deliveries", ids.len()).into());
-        };
-        ids.extend(msgs.into_iter().filter_map(|m| m.id));
-    }
+    let (mut c, ids) = failing_consumer(&url, topic, delay_ms, n).await?;
     // Nack in paced frames over the spread.
     // Frames of 100 ids by default, as a client's grouped nacks; all ids of a
     // frame share one due time, so a frame is a burst due at one instant.
@@ -588,16 +600,7 @@ async fn short_delay_lateness(durability: Durability, delay_ms: u64) -> Result<(
     let broker = Broker::start(dir.path(), durability, N + 1_000).await?;
     let url = broker.url.clone();
     let topic = "short";
-    let mut c = RawConsumer::subscribe(&url, topic, Some(delay_levels(vec![delay_ms], 16))).await?;
-    c.flow(2 * N).await?;
-    publish(&url, topic, N).await?;
-    let mut ids = Vec::with_capacity(N);
-    while ids.len() < N {
-        let Some(msgs) = c.messages(Duration::from_secs(30)).await? else {
-            return Err(format!("only {} of {N} first deliveries", ids.len()).into());
-        };
-        ids.extend(msgs.into_iter().filter_map(|m| m.id));
-    }
+    let (mut c, ids) = failing_consumer(&url, topic, delay_ms, N).await?;
     let mut late = Lateness::new();
     let mut redelivered = Vec::with_capacity(N);
     let mut very_late = Vec::new();

@@ -1153,11 +1153,15 @@ impl SubscriptionActor {
         if self.in_flight.contains_key(&key) {
             Ok(key)
         } else {
-            Err(BrokerError::InvalidArgument(format!(
-                "message {}:{} is not in flight on subscription {} (already acked, or never delivered)",
-                id.topic, id.entry_id, self.rec.name
-            )))
+            Err(self.not_in_flight(id))
         }
+    }
+
+    fn not_in_flight(&self, id: &MessageId) -> BrokerError {
+        BrokerError::InvalidArgument(format!(
+            "message {}:{} is not in flight on subscription {} (already acked, or never delivered)",
+            id.topic, id.entry_id, self.rec.name
+        ))
     }
 
     fn finish_request(&self, consumer: u64, request_id: u64, outcome: Result<()>) {
@@ -1181,11 +1185,7 @@ impl SubscriptionActor {
                 // The same message twice in one batch: the second finds it
                 // gone, as it would have one request at a time.
                 Ok(f) if !seen.insert(f.key) => {
-                    let id = req.id.unwrap_or_default();
-                    let e = BrokerError::InvalidArgument(format!(
-                        "message {}:{} is not in flight on subscription {} (already acked, or never delivered)",
-                        id.topic, id.entry_id, self.rec.name
-                    ));
+                    let e = self.not_in_flight(&req.id.unwrap_or_default());
                     self.finish_request(consumer, req.request_id, Err(e));
                 }
                 Ok(f) => {
@@ -1551,17 +1551,10 @@ impl SubscriptionActor {
             mv.subscription,
             items.iter().map(|(f, _, _)| f.key).collect(),
         );
-        // The timer learns of them once they are durable; the actor does not
-        // wait for that flush (the request's reply does).
+        // The timer learns of them once they are durable.
         let scheduler = self.scheduler.clone();
-        let flusher = self.flusher.clone();
-        let sync = self.settings.sync;
-        let end = first_id + items.len() as u64;
-        tokio::spawn(async move {
-            if !sync || flusher.durable().await.is_ok() {
-                topic.advance_durable_end(end);
-                scheduler.add(new_keys);
-            }
+        self.when_durable(topic, first_id + items.len() as u64, move || {
+            scheduler.add(new_keys)
         });
         Ok(())
     }
@@ -1622,17 +1615,23 @@ impl SubscriptionActor {
             mv.subscription,
             items.iter().map(|(f, _, _)| f.key).collect(),
         );
-        // Readable by dead-letter consumers once durable, without holding
-        // up the actor for the flush.
+        // Readable by dead-letter consumers once durable.
+        self.when_durable(topic, first_id + items.len() as u64, || {});
+        Ok(())
+    }
+
+    /// After a tier move wrote `topic`'s ids below `end`: once they are
+    /// durable (at once in `interval` mode), makes them readable and runs
+    /// `then`. The actor does not wait for the flush; the request's reply does.
+    fn when_durable(&self, topic: Arc<Topic>, end: u64, then: impl FnOnce() + Send + 'static) {
         let flusher = self.flusher.clone();
         let sync = self.settings.sync;
-        let end = first_id + items.len() as u64;
         tokio::spawn(async move {
             if !sync || flusher.durable().await.is_ok() {
                 topic.advance_durable_end(end);
+                then();
             }
         });
-        Ok(())
     }
 
     fn after_move(&mut self, sub: SubscriptionRecord, keys: Vec<(TierId, u64)>) {

@@ -1100,7 +1100,7 @@ impl Driver {
                     self.start_close(None);
                 }
                 Event::AckFlush => self.flush_acks(0),
-                Event::NackDue => self.fire_nacks(),
+                Event::NackDue => self.fire_nacks(Instant::now()),
                 Event::AckTimeout => self.fire_ack_timeouts(),
                 Event::Reconnect => self.reconnect().await,
                 Event::CloseDeadline => {
@@ -1523,9 +1523,10 @@ impl Driver {
         }
     }
 
-    fn fire_nacks(&mut self) {
+    /// Queues for redelivery every held nack due by `until`, with its reason.
+    fn fire_nacks(&mut self, until: Instant) {
         let mut due = Vec::new();
-        self.nacks.pop_due(Instant::now(), &mut due);
+        self.nacks.pop_due(until, &mut due);
         for k in due {
             let detail = self.nack_details.remove(&k).unwrap_or_default();
             if self.covered_by_cumulative(k) {
@@ -1672,21 +1673,7 @@ impl Driver {
         }
         // Held nacks are real failures: report them now, with their reasons,
         // rather than let the broker see them as lost with the consumer.
-        let mut held = Vec::new();
-        self.nacks.pop_due(far_future(), &mut held);
-        for k in held {
-            let detail = self.nack_details.remove(&k).unwrap_or_default();
-            if self.covered_by_cumulative(k) {
-                continue;
-            }
-            if let Some(id) = self.table.id(k) {
-                self.redeliver_now.push(FailedDelivery {
-                    id: Some(id.to_proto()),
-                    reason: ricochet_proto::FailureReason::Nack as i32,
-                    detail,
-                });
-            }
-        }
+        self.fire_nacks(far_future());
         self.send_redeliveries();
         let rid = self.next_request;
         self.next_request += 1;
