@@ -32,15 +32,15 @@ pub struct TopicEntry {
 impl TopicEntry {
     /// A snapshot of the subscription handles.
     pub fn subscriptions(&self) -> Vec<SubscriptionHandle> {
-        self.subscriptions
-            .lock()
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default()
+        crate::util::lock(&self.subscriptions)
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// One subscription by name.
     pub fn subscription(&self, name: &str) -> Option<SubscriptionHandle> {
-        self.subscriptions.lock().ok()?.get(name).cloned()
+        crate::util::lock(&self.subscriptions).get(name).cloned()
     }
 }
 
@@ -127,7 +127,8 @@ impl BrokerCore {
             let entry = core.open_topic(name.clone(), rec.kind)?;
             for sub in core.storage.list_subscriptions(&rec.name)? {
                 let handle = core.spawn_subscription(sub, entry.topic.clone())?;
-                if let Ok(mut subs) = entry.subscriptions.lock() {
+                {
+                    let mut subs = crate::util::lock(&entry.subscriptions);
                     subs.insert(handle.name.clone(), handle);
                 }
             }
@@ -285,10 +286,7 @@ impl BrokerCore {
         };
         self.storage.put_subscription(&rec)?;
         let handle = self.spawn_subscription(rec, entry.topic.clone())?;
-        let mut subs = entry
-            .subscriptions
-            .lock()
-            .map_err(|_| BrokerError::ShuttingDown)?;
+        let mut subs = crate::util::lock(&entry.subscriptions);
         // Another consumer may have raced us; keep the first.
         Ok(subs.entry(name.to_string()).or_insert(handle).clone())
     }
@@ -308,7 +306,8 @@ impl BrokerCore {
                     subscription: name.to_string(),
                 })?;
         handle.ask(crate::subscription::Command::Delete).await??;
-        if let Ok(mut subs) = entry.subscriptions.lock() {
+        {
+            let mut subs = crate::util::lock(&entry.subscriptions);
             subs.remove(name.as_str());
         }
         Ok(())

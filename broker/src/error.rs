@@ -1,6 +1,7 @@
-//! The broker's one error type and its mapping to gRPC statuses.
+//! The broker's error type. What a client is told for each (its gRPC status)
+//! is decided in one place, [`crate::service`].
 
-use tonic::{Code, Status};
+use crate::storage::StorageError;
 
 /// Everything that can go wrong inside the broker.
 #[derive(Debug, thiserror::Error)]
@@ -32,12 +33,9 @@ pub enum BrokerError {
     /// A dead-letter policy that does not validate.
     #[error("invalid dead-letter policy: {0}")]
     Policy(#[from] ricochet_policy::PolicyError),
-    /// The storage engine failed; the broker stops accepting writes.
-    #[error("storage error: {0}")]
-    Storage(String),
-    /// A persisted record that cannot be decoded.
-    #[error("corrupt record: {0}")]
-    Corrupt(String),
+    /// Storage failed, or holds something it cannot read back.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
     /// The broker is shutting down or a component it needs is gone.
     #[error("broker is shutting down")]
     ShuttingDown,
@@ -47,45 +45,6 @@ pub enum BrokerError {
     /// A configuration file that does not parse.
     #[error("invalid configuration: {0}")]
     Config(String),
-}
-
-impl From<sled::Error> for BrokerError {
-    fn from(e: sled::Error) -> Self {
-        BrokerError::Storage(e.to_string())
-    }
-}
-
-impl From<prost::DecodeError> for BrokerError {
-    fn from(e: prost::DecodeError) -> Self {
-        BrokerError::Corrupt(e.to_string())
-    }
-}
-
-impl BrokerError {
-    /// The gRPC code this error maps to.
-    pub fn code(&self) -> Code {
-        match self {
-            BrokerError::InvalidName(_)
-            | BrokerError::InvalidArgument(_)
-            | BrokerError::Policy(_) => Code::InvalidArgument,
-            BrokerError::TopicNotFound(_) | BrokerError::SubscriptionNotFound { .. } => {
-                Code::NotFound
-            }
-            BrokerError::TopicExists(_) => Code::AlreadyExists,
-            BrokerError::Conflict(_) => Code::FailedPrecondition,
-            BrokerError::ShuttingDown => Code::Unavailable,
-            BrokerError::Storage(_)
-            | BrokerError::Corrupt(_)
-            | BrokerError::Io(_)
-            | BrokerError::Config(_) => Code::Internal,
-        }
-    }
-}
-
-impl From<BrokerError> for Status {
-    fn from(e: BrokerError) -> Self {
-        Status::new(e.code(), e.to_string())
-    }
 }
 
 /// Result alias for the broker.

@@ -11,7 +11,7 @@
 //! further work after an I/O error): every later wait fails.
 
 use crate::error::{BrokerError, Result};
-use crate::storage::Storage;
+use crate::storage::{Storage, StorageError};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -96,9 +96,7 @@ impl Flusher {
         if self.inner.healthy.load(Ordering::Acquire) {
             Ok(())
         } else {
-            Err(BrokerError::Storage(
-                "storage failed to flush; the broker refuses writes".into(),
-            ))
+            Err(StorageError::Unhealthy.into())
         }
     }
 

@@ -29,8 +29,8 @@ use crate::metrics::SubscriptionMetrics;
 use crate::name::TopicName;
 use crate::scheduler::Scheduler;
 use crate::storage::{
-    AttemptRecord, DeadLetterRecord, FailureRecord, MoveItem, ScheduleKey, Storage, SubMessage,
-    SubscriptionRecord, TierId, TierMove,
+    AttemptRecord, DeadLetterRecord, FailureRecord, MoveItem, ScheduleKey, Storage, StorageError,
+    SubMessage, SubscriptionRecord, TierId, TierMove,
 };
 use crate::topic::Topic;
 use crate::util::{fnv1a, now_ms};
@@ -201,7 +201,7 @@ impl SubscriptionHandle {
             schedule_stats(storage.as_ref(), sub_id, &in_flight, now_ms())
         })
         .await
-        .map_err(|e| BrokerError::Storage(format!("stats task failed: {e}")))??;
+        .map_err(|_| BrokerError::ShuttingDown)??;
         stats.backlog += scheduled;
         stats.scheduled_retries = scheduled;
         stats.next_retry_due_ms = next_due.unwrap_or(0);
@@ -1039,7 +1039,7 @@ impl SubscriptionActor {
             };
             let frame = match outcome {
                 Ok(()) => result_frame(request_id, Code::Ok, ""),
-                Err(e) => result_frame(request_id, e.code(), e.to_string()),
+                Err(e) => result_frame(request_id, crate::service::code_of(&e), e.to_string()),
             };
             if let Some(tx) = tx {
                 let _ = tx.send(Ok(frame));
@@ -1168,7 +1168,10 @@ impl SubscriptionActor {
         match outcome {
             Ok(()) if request_id == 0 => {}
             Ok(()) => self.reply_when_durable(consumer, request_id, Ok(())),
-            Err(e) => self.reply(consumer, result_frame(request_id, e.code(), e.to_string())),
+            Err(e) => self.reply(
+                consumer,
+                result_frame(request_id, crate::service::code_of(&e), e.to_string()),
+            ),
         }
     }
 
@@ -1206,7 +1209,10 @@ impl SubscriptionActor {
             }
             Err(e) => {
                 for (consumer, request_id) in accepted {
-                    self.reply(consumer, result_frame(request_id, e.code(), e.to_string()));
+                    self.reply(
+                        consumer,
+                        result_frame(request_id, crate::service::code_of(&e), e.to_string()),
+                    );
                 }
             }
         }
@@ -1402,8 +1408,8 @@ impl SubscriptionActor {
         let bytes = self
             .storage
             .read_one(topic, key.1)?
-            .ok_or_else(|| BrokerError::Storage(format!("entry {}:{} is missing", topic, key.1)))?;
-        Ok(Message::decode(bytes.as_slice())?)
+            .ok_or_else(|| StorageError::Missing(format!("entry {}:{}", topic, key.1)))?;
+        Ok(Message::decode(bytes.as_slice()).map_err(StorageError::from)?)
     }
 
     fn tier_copy(
@@ -2001,7 +2007,7 @@ impl SubscriptionActor {
         }
         self.scheduler.unregister(self.rec.id);
         self.topic.remove_mark(self.rec.id);
-        self.storage.delete_subscription(&self.rec)
+        Ok(self.storage.delete_subscription(&self.rec)?)
     }
 }
 

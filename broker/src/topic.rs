@@ -1,7 +1,7 @@
 //! A topic at run time: its writer (entry ids, producer de-duplication), the
 //! durable end of its log that subscriptions read up to, and retention.
 
-use crate::error::{BrokerError, Result};
+use crate::error::Result;
 use crate::flusher::Flusher;
 use crate::name::TopicName;
 use crate::storage::{Storage, TopicKind};
@@ -113,7 +113,10 @@ impl Topic {
 
     /// The last stored sequence id of `producer`.
     pub fn last_sequence(&self, producer: &str) -> Option<u64> {
-        self.writer.lock().ok()?.sequences.get(producer).copied()
+        crate::util::lock(&self.writer)
+            .sequences
+            .get(producer)
+            .copied()
     }
 
     /// Stores a batch from one producer and returns its receipts once durable
@@ -129,10 +132,7 @@ impl Topic {
         self.flusher.check()?;
         let now = now_ms();
         let (receipts, end) = {
-            let mut w = self
-                .writer
-                .lock()
-                .map_err(|_| BrokerError::Storage("topic writer poisoned".into()))?;
+            let mut w = crate::util::lock(&self.writer);
             let dedup = !producer.is_empty();
             let mut last = if dedup {
                 w.sequences.get(producer).copied()
@@ -213,10 +213,7 @@ impl Topic {
     /// Appends already-encoded entries (tier moves are written by the
     /// subscription inside its own transaction; this is for replays).
     pub fn reserve_ids(&self, n: u64) -> Result<u64> {
-        let mut w = self
-            .writer
-            .lock()
-            .map_err(|_| BrokerError::Storage("topic writer poisoned".into()))?;
+        let mut w = crate::util::lock(&self.writer);
         let first = w.next_id;
         w.next_id += n;
         Ok(first)
@@ -242,10 +239,7 @@ impl Topic {
             return Ok(());
         }
         let min = {
-            let mut marks = self
-                .marks
-                .lock()
-                .map_err(|_| BrokerError::Storage("marks poisoned".into()))?;
+            let mut marks = crate::util::lock(&self.marks);
             marks.insert(sub_id, mark);
             marks.values().copied().min().unwrap_or(0)
         };
@@ -261,7 +255,8 @@ impl Topic {
 
     /// Forgets a deleted subscription's mark.
     pub fn remove_mark(&self, sub_id: u64) {
-        if let Ok(mut marks) = self.marks.lock() {
+        {
+            let mut marks = crate::util::lock(&self.marks);
             marks.remove(&sub_id);
         }
     }

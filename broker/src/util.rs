@@ -1,6 +1,14 @@
 //! Small helpers shared across the broker: wall-clock time and stable hashing.
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Locks a mutex, recovering the guard if a panicking thread poisoned it: the
+/// broker's short critical sections leave consistent state behind, and
+/// refusing service for ever after one panic would be worse.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {

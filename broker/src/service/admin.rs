@@ -5,7 +5,7 @@
 use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
-use crate::storage::DeadLetterRecord;
+use crate::storage::{DeadLetterRecord, StorageError};
 use crate::subscription::{Command, SubscriptionHandle};
 use prost::Message as _;
 use ricochet_policy::PolicySpec;
@@ -62,7 +62,7 @@ impl AdminService {
             let Some(bytes) = self.core.storage.read_one(&info.dead_letter_topic, id)? else {
                 continue;
             };
-            let mut msg = Message::decode(bytes.as_slice())?;
+            let mut msg = Message::decode(bytes.as_slice()).map_err(StorageError::from)?;
             msg.id = Some(MessageId {
                 topic: info.dead_letter_topic.clone(),
                 entry_id: id,

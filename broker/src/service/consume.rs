@@ -74,7 +74,12 @@ pub(super) async fn consume(
         .await?;
     let (tx, rx) = mpsc::unbounded_channel();
     let consumer_name = if sub.consumer_name.is_empty() {
-        format!("consumer-{}", core.storage.next_id()?)
+        format!(
+            "consumer-{}",
+            core.storage
+                .next_id()
+                .map_err(crate::error::BrokerError::from)?
+        )
     } else {
         sub.consumer_name.clone()
     };

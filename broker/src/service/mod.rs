@@ -4,8 +4,10 @@
 mod admin;
 mod consume;
 mod produce;
+mod status;
 
 pub use admin::AdminService;
+pub(crate) use status::code_of;
 
 use crate::core::BrokerCore;
 use futures::Stream;

@@ -44,7 +44,10 @@ pub(super) async fn produce(
         .into());
     }
     let producer_name = if open.producer_name.is_empty() {
-        format!("producer-{}", core.storage.next_id()?)
+        format!(
+            "producer-{}",
+            core.storage.next_id().map_err(BrokerError::from)?
+        )
     } else {
         open.producer_name.clone()
     };
@@ -138,7 +141,7 @@ pub(super) async fn produce(
                     Err(e) => ProduceResponse {
                         response: Some(produce_response::Response::Error(SendError {
                             request_id,
-                            code: e.code() as i32,
+                            code: super::code_of(&e) as i32,
                             message: e.to_string(),
                         })),
                     },

@@ -11,10 +11,12 @@
 //! [`crate::flusher::Flusher`] groups concurrent writers onto one flush.
 
 pub mod cursor;
+mod error;
 pub mod sled_store;
 
-use crate::error::Result;
 pub use cursor::Cursor;
+use error::StorageResult as Result;
+pub use error::{StorageError, StorageResult};
 use ricochet_proto::Attempt;
 use serde::{Deserialize, Serialize};
 

@@ -11,7 +11,6 @@
 //! per stored key and scheduled retries are the records that pile up.
 
 use super::*;
-use crate::error::BrokerError;
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::{Batch, Db, Tree};
@@ -26,12 +25,12 @@ const SEG_PREFIX: &str = "seg/";
 /// Layout: `u32 count`, then per entry `u32 len` and its bytes; a removed
 /// entry (dead-letter purge) keeps its slot with the length `u32::MAX`.
 mod frame {
-    use crate::error::{BrokerError, Result};
+    use crate::storage::{StorageError, StorageResult as Result};
 
     const GONE: u32 = u32::MAX;
 
-    fn corrupt() -> BrokerError {
-        BrokerError::Corrupt("truncated log frame".into())
+    fn corrupt() -> StorageError {
+        StorageError::Corrupt("truncated log frame".into())
     }
 
     pub fn encode(entries: &[Vec<u8>]) -> Vec<u8> {
@@ -163,14 +162,14 @@ fn json<T: Serialize>(v: &T) -> Vec<u8> {
 }
 
 fn from_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T> {
-    serde_json::from_slice(bytes).map_err(|e| BrokerError::Corrupt(e.to_string()))
+    serde_json::from_slice(bytes).map_err(|e| StorageError::Corrupt(e.to_string()))
 }
 
 /// Failure records are written on every failed delivery, so they use a
 /// compact binary form (protobuf, after a format byte) rather than JSON;
 /// records an older broker wrote as JSON still read.
 mod failure_codec {
-    use super::{AttemptRecord, BrokerError, FailureRecord, Result};
+    use super::{AttemptRecord, FailureRecord, StorageError, StorageResult as Result};
     use prost::Message as _;
 
     const PROTOBUF_V1: u8 = 1;
@@ -200,7 +199,7 @@ mod failure_codec {
     pub(super) fn decode(bytes: &[u8]) -> Result<FailureRecord> {
         match bytes.split_first() {
             Some((&PROTOBUF_V1, rest)) => {
-                let s = Stored::decode(rest).map_err(|e| BrokerError::Corrupt(e.to_string()))?;
+                let s = Stored::decode(rest).map_err(|e| StorageError::Corrupt(e.to_string()))?;
                 Ok(FailureRecord {
                     count: s.count,
                     first_failure_ms: s.first_failure_ms,
@@ -218,7 +217,9 @@ mod failure_codec {
                 })
             }
             Some((b'{', _)) => super::from_json(bytes),
-            _ => Err(BrokerError::Corrupt("unknown failure record format".into())),
+            _ => Err(StorageError::Corrupt(
+                "unknown failure record format".into(),
+            )),
         }
     }
 }
@@ -230,7 +231,7 @@ fn be(id: u64) -> [u8; 8] {
 fn read_be(bytes: &[u8]) -> Result<u64> {
     let arr: [u8; 8] = bytes
         .try_into()
-        .map_err(|_| BrokerError::Corrupt("bad u64 key".into()))?;
+        .map_err(|_| StorageError::Corrupt("bad u64 key".into()))?;
     Ok(u64::from_be_bytes(arr))
 }
 
@@ -285,10 +286,7 @@ impl SledStorage {
     }
 
     fn segment(&self, topic: &str, seg: u64) -> Result<Tree> {
-        let mut map = self
-            .segments
-            .lock()
-            .map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
+        let mut map = crate::util::lock(&self.segments);
         let topic_segs = map.entry(topic.to_owned()).or_default();
         if let Some(t) = topic_segs.get(&seg) {
             return Ok(t.clone());
@@ -299,10 +297,7 @@ impl SledStorage {
     }
 
     fn segments_of(&self, topic: &str) -> Result<Vec<(u64, Tree)>> {
-        let map = self
-            .segments
-            .lock()
-            .map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
+        let map = crate::util::lock(&self.segments);
         Ok(map
             .get(topic)
             .map(|m| m.iter().map(|(k, t)| (*k, t.clone())).collect())
@@ -310,10 +305,7 @@ impl SledStorage {
     }
 
     fn segment_if_open(&self, topic: &str, seg: u64) -> Result<Option<Tree>> {
-        Ok(self
-            .segments
-            .lock()
-            .map_err(|_| BrokerError::Storage("segment map poisoned".into()))?
+        Ok(crate::util::lock(&self.segments)
             .get(topic)
             .and_then(|m| m.get(&seg).cloned()))
     }
@@ -354,10 +346,7 @@ impl Storage for SledStorage {
             self.delete_subscription(&sub)?;
         }
         let segs = {
-            let mut map = self
-                .segments
-                .lock()
-                .map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
+            let mut map = crate::util::lock(&self.segments);
             map.remove(name).unwrap_or_default()
         };
         for seg in segs.keys() {
@@ -483,10 +472,7 @@ impl Storage for SledStorage {
         }
         let (_, next) = self.entry_range(topic)?;
         self.raise_id_floor(topic, next)?;
-        let mut map = self
-            .segments
-            .lock()
-            .map_err(|_| BrokerError::Storage("segment map poisoned".into()))?;
+        let mut map = crate::util::lock(&self.segments);
         for seg in doomed {
             if let Some(m) = map.get_mut(topic) {
                 m.remove(&seg);
@@ -595,7 +581,7 @@ impl Storage for SledStorage {
             .map(|kv| {
                 let (k, v) = kv?;
                 let m = SubMessage::from_key(&k)
-                    .ok_or_else(|| BrokerError::Corrupt("bad failure key".into()))?;
+                    .ok_or_else(|| StorageError::Corrupt("bad failure key".into()))?;
                 Ok((m, failure_codec::decode(&v)?))
             })
             .collect()
@@ -632,7 +618,7 @@ impl Storage for SledStorage {
         {
             let k = k?;
             let key = ScheduleKey::from_key(&k)
-                .ok_or_else(|| BrokerError::Corrupt("bad schedule key".into()))?;
+                .ok_or_else(|| StorageError::Corrupt("bad schedule key".into()))?;
             out.push(key);
             if out.len() >= limit {
                 break;
@@ -739,7 +725,7 @@ impl Storage for SledStorage {
                     t[3].insert(k, v.as_slice())?;
                 }
             }
-            Ok::<_, ConflictableTransactionError<BrokerError>>(())
+            Ok::<_, ConflictableTransactionError<StorageError>>(())
         });
         match result {
             Ok(()) => Ok(()),
@@ -830,11 +816,11 @@ mod tests {
         );
         assert!(matches!(
             failure_codec::decode(b"\x07junk"),
-            Err(BrokerError::Corrupt(_))
+            Err(StorageError::Corrupt(_))
         ));
         assert!(matches!(
             failure_codec::decode(&[1, 0xff]),
-            Err(BrokerError::Corrupt(_))
+            Err(StorageError::Corrupt(_))
         ));
     }
 

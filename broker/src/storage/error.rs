@@ -1,0 +1,31 @@
+//! What can go wrong below the [`Storage`](super::Storage) trait.
+//!
+//! Kept apart from [`BrokerError`](crate::BrokerError) so the storage
+//! interface carries no gRPC notion: the engine's own error stays the
+//! `source`, and the service layer alone decides what a client is told.
+
+/// A storage failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The engine (sled) failed; after an I/O error it refuses further work.
+    #[error("storage engine error: {0}")]
+    Engine(#[from] sled::Error),
+    /// A stored record or frame that does not decode.
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+    /// Something that must exist is not there (an entry a cursor points at).
+    #[error("missing from storage: {0}")]
+    Missing(String),
+    /// A flush failed earlier: the store refuses writes for good.
+    #[error("storage failed to flush; the broker refuses writes")]
+    Unhealthy,
+}
+
+impl From<prost::DecodeError> for StorageError {
+    fn from(e: prost::DecodeError) -> Self {
+        StorageError::Corrupt(e.to_string())
+    }
+}
+
+/// Result alias for storage operations.
+pub type StorageResult<T> = std::result::Result<T, StorageError>;
