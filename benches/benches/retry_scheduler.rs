@@ -46,10 +46,10 @@
 
 use hdrhistogram::Histogram;
 use prost::Message as _;
-use ricochet_broker::scheduler::Scheduler;
-use ricochet_broker::storage::sled_store::SledStorage;
+use ricochet_broker::Scheduler;
+use ricochet_broker::clock::SystemClock;
 use ricochet_broker::storage::{
-    AttemptRecord, Cursor, FailureRecord, MoveItem, ScheduleKey, Storage, SubMessage,
+    Arrival, AttemptRecord, FailureRecord, MoveItem, ScheduleKey, SledStorage, Storage, SubMessage,
     SubscriptionRecord, TierId, TierMove, TopicKind, TopicRecord,
 };
 use ricochet_broker::{BrokerConfig, Durability, TestBroker};
@@ -210,7 +210,12 @@ async fn scheduler_lateness(n: usize, spread_ms: u64) -> Result<(), BoxError> {
     let storage: Arc<dyn Storage> =
         Arc::new(SledStorage::open(dir.path(), 16_384, 256 * 1024 * 1024)?);
     let stop = CancellationToken::new();
-    let scheduler = Scheduler::start(storage.clone(), Duration::from_secs(60), stop.clone());
+    let scheduler = Scheduler::start(
+        storage.clone(),
+        Duration::from_secs(60),
+        Arc::new(SystemClock),
+        stop.clone(),
+    );
     let (tx, mut fired) = mpsc::unbounded_channel();
     scheduler.register(1, tx);
     // Let the first refill run (an empty index).
@@ -811,19 +816,14 @@ async fn write_scheduled(dir: &Path, n: usize) -> Result<(u64, Duration), BoxErr
             kind,
         })?;
     }
-    let mut sub = SubscriptionRecord {
-        id: storage.next_id()?,
-        topic: MEM_TOPIC.into(),
-        name: "s".into(),
-        sub_type: SubscriptionType::Shared as i32,
-        main: Cursor::starting_at(0),
-        retry: Cursor::starting_at(0),
-        policy: None,
-        policy_source: None,
-        retry_topic: None,
-        dead_letter_topic: None,
-        created_ms: now,
-    };
+    let mut sub = SubscriptionRecord::new(
+        storage.next_id()?,
+        MEM_TOPIC,
+        "s",
+        SubscriptionType::Shared,
+        0,
+    );
+    sub.created_ms = now;
     storage.put_subscription(&sub)?;
     let hour = 3_600_000u64;
     // RS_MEM_MOVE=k: messages per tier move (1 = every retry moved alone).
@@ -868,12 +868,11 @@ async fn write_scheduled(dir: &Path, n: usize) -> Result<(u64, Duration), BoxErr
                         time_ms: now,
                         delivery_count: 1,
                         consumer: "bench".into(),
-                        reason: ricochet_proto::FailureReason::ReconsumeLater as i32,
+                        reason: ricochet_policy::FailureReason::ReconsumeLater,
                         detail: String::new(),
                     }],
                 },
-                due_ms: Some(due),
-                dead_letter: None,
+                arrival: Arrival::Retry { due_ms: due },
             });
         }
         // The failed originals, published as one batch (one stored frame).
@@ -893,7 +892,6 @@ async fn write_scheduled(dir: &Path, n: usize) -> Result<(u64, Duration), BoxErr
         for part in items.chunks(move_size) {
             storage.move_messages(&TierMove {
                 target_topic: MEM_RETRY.into(),
-                target_tier: Some(TierId::Retry),
                 subscription: sub.clone(),
                 items: part.to_vec(),
             })?;

@@ -2,17 +2,16 @@
 //! services. It loads everything from storage at start, creates topics and
 //! subscriptions on demand, and hands out subscription actors.
 
+use crate::clock::SharedClock;
 use crate::config::{BrokerConfig, Durability};
 use crate::error::{BrokerError, Result};
 use crate::flusher::Flusher;
 use crate::name::{SubscriptionName, TopicName};
 use crate::scheduler::Scheduler;
-use crate::storage::{Cursor, Storage, SubscriptionRecord, TopicKind, TopicRecord};
-use crate::subscription::{
-    SubscriptionActor, SubscriptionHandle, SubscriptionSettings, TierTopics,
-};
+use crate::storage::{Storage, SubscriptionRecord, TopicKind, TopicRecord};
+use crate::subscription::{BrokerLink, SubscriptionActor, SubscriptionDeps, SubscriptionHandle};
 use crate::topic::Topic;
-use crate::util::now_ms;
+use crate::util::lock;
 use ricochet_policy::{DeadLetterPolicy, PolicyRegistry, PolicySpec};
 use ricochet_proto::{InitialPosition, SubscriptionType};
 use std::collections::HashMap;
@@ -32,15 +31,12 @@ pub struct TopicEntry {
 impl TopicEntry {
     /// A snapshot of the subscription handles.
     pub fn subscriptions(&self) -> Vec<SubscriptionHandle> {
-        crate::util::lock(&self.subscriptions)
-            .values()
-            .cloned()
-            .collect()
+        lock(&self.subscriptions).values().cloned().collect()
     }
 
     /// One subscription by name.
     pub fn subscription(&self, name: &str) -> Option<SubscriptionHandle> {
-        crate::util::lock(&self.subscriptions).get(name).cloned()
+        lock(&self.subscriptions).get(name).cloned()
     }
 }
 
@@ -57,6 +53,8 @@ pub struct BrokerCore {
     pub scheduler: Scheduler,
     /// Cancelled when the broker starts shutting down: open streams end.
     pub shutdown: CancellationToken,
+    /// Wall-clock time.
+    pub clock: SharedClock,
     policies: PolicyRegistry,
     topics: Mutex<HashMap<TopicName, Arc<TopicEntry>>>,
     me: Weak<BrokerCore>,
@@ -64,18 +62,13 @@ pub struct BrokerCore {
 
 /// Gives subscription actors access to tier topics without a strong cycle.
 #[derive(Debug)]
-struct Tiers(Weak<BrokerCore>);
+struct Link(Weak<BrokerCore>);
 
 #[async_trait::async_trait]
-impl TierTopics for Tiers {
-    async fn tier_topic(&self, name: &str, dead_letter: bool) -> Result<Arc<Topic>> {
+impl BrokerLink for Link {
+    async fn tier_topic(&self, name: &str, kind: TopicKind) -> Result<Arc<Topic>> {
         let core = self.0.upgrade().ok_or(BrokerError::ShuttingDown)?;
         let name = TopicName::parse(name)?;
-        let kind = if dead_letter {
-            TopicKind::DeadLetter
-        } else {
-            TopicKind::Retry
-        };
         let topic = core.topic_or_create(&name, kind).await?.topic.clone();
         // A topic of that name created by a producer or consumer first (or
         // named as an override) is not a tier: its data could be trimmed and
@@ -106,16 +99,23 @@ impl BrokerCore {
         config: BrokerConfig,
         storage: Arc<dyn Storage>,
         policies: PolicyRegistry,
+        clock: SharedClock,
     ) -> Result<Arc<Self>> {
         let shutdown = CancellationToken::new();
         let flusher = Flusher::start(storage.clone(), config.flush_interval, shutdown.clone());
-        let scheduler = Scheduler::start(storage.clone(), config.retry_window, shutdown.clone());
+        let scheduler = Scheduler::start(
+            storage.clone(),
+            config.retry_window,
+            clock.clone(),
+            shutdown.clone(),
+        );
         let core = Arc::new_cyclic(|me| BrokerCore {
             config,
             storage,
             flusher,
             scheduler,
             shutdown,
+            clock,
             policies,
             topics: Mutex::new(HashMap::new()),
             me: me.clone(),
@@ -127,10 +127,7 @@ impl BrokerCore {
             let entry = core.open_topic(name.clone(), rec.kind)?;
             for sub in core.storage.list_subscriptions(&rec.name)? {
                 let handle = core.spawn_subscription(sub, entry.topic.clone())?;
-                {
-                    let mut subs = crate::util::lock(&entry.subscriptions);
-                    subs.insert(handle.name.clone(), handle);
-                }
+                lock(&entry.subscriptions).insert(handle.name().to_owned(), handle);
             }
             topics.insert(name, entry);
         }
@@ -147,6 +144,7 @@ impl BrokerCore {
             self.flusher.clone(),
             sync,
             self.config.segment_entries,
+            self.clock.clone(),
         )?;
         Ok(Arc::new(TopicEntry {
             topic: Arc::new(topic),
@@ -159,20 +157,17 @@ impl BrokerCore {
         rec: SubscriptionRecord,
         topic: Arc<Topic>,
     ) -> Result<SubscriptionHandle> {
-        let settings = SubscriptionSettings {
+        let deps = SubscriptionDeps {
+            storage: self.storage.clone(),
+            flusher: self.flusher.clone(),
+            scheduler: self.scheduler.clone(),
+            link: Arc::new(Link(self.me.clone())),
+            clock: self.clock.clone(),
             max_unacked_per_consumer: self.config.max_unacked_per_consumer,
             sync: self.config.durability == Durability::Sync,
             shutdown: self.shutdown.clone(),
         };
-        SubscriptionActor::spawn(
-            rec,
-            topic,
-            self.storage.clone(),
-            self.flusher.clone(),
-            self.scheduler.clone(),
-            Arc::new(Tiers(self.me.clone())),
-            settings,
-        )
+        SubscriptionActor::spawn(rec, topic, deps)
     }
 
     /// An existing topic.
@@ -201,7 +196,7 @@ impl BrokerCore {
         }
         self.storage.put_topic(&TopicRecord {
             name: name.to_string(),
-            created_ms: now_ms(),
+            created_ms: self.clock.now_ms(),
             kind,
         })?;
         let entry = self.open_topic(name.clone(), kind)?;
@@ -247,7 +242,7 @@ impl BrokerCore {
             )));
         }
         for sub in subs {
-            sub.ask(crate::subscription::Command::Delete).await??;
+            sub.delete().await?;
         }
         self.storage.delete_topic(name.as_str())?;
         topics.remove(name);
@@ -256,39 +251,36 @@ impl BrokerCore {
     }
 
     /// An existing subscription, or a new one positioned per `initial`.
-    pub async fn subscription_or_create(
+    /// Creation happens under the topic's subscription lock, so two consumers
+    /// racing to create one get the same subscription (and one record).
+    pub fn subscription_or_create(
         &self,
         entry: &TopicEntry,
         name: &SubscriptionName,
         sub_type: SubscriptionType,
         initial: InitialPosition,
     ) -> Result<SubscriptionHandle> {
-        if let Some(h) = entry.subscription(name.as_str()) {
-            return Ok(h);
+        let mut subs = lock(&entry.subscriptions);
+        if let Some(h) = subs.get(name.as_str()) {
+            return Ok(h.clone());
         }
         let (first, next) = entry.topic.entry_range();
         let start = match initial {
             InitialPosition::Earliest => first,
             InitialPosition::Latest => next,
         };
-        let rec = SubscriptionRecord {
-            id: self.storage.next_id()?,
-            topic: entry.topic.name().to_string(),
-            name: name.to_string(),
-            sub_type: sub_type as i32,
-            main: Cursor::starting_at(start),
-            retry: Cursor::starting_at(0),
-            policy: None,
-            policy_source: None,
-            retry_topic: None,
-            dead_letter_topic: None,
-            created_ms: now_ms(),
-        };
+        let mut rec = SubscriptionRecord::new(
+            self.storage.next_id()?,
+            entry.topic.name().as_str(),
+            name.as_str(),
+            sub_type,
+            start,
+        );
+        rec.created_ms = self.clock.now_ms();
         self.storage.put_subscription(&rec)?;
         let handle = self.spawn_subscription(rec, entry.topic.clone())?;
-        let mut subs = crate::util::lock(&entry.subscriptions);
-        // Another consumer may have raced us; keep the first.
-        Ok(subs.entry(name.to_string()).or_insert(handle).clone())
+        subs.insert(name.to_string(), handle.clone());
+        Ok(handle)
     }
 
     /// Deletes a subscription (it must have no consumers).
@@ -305,11 +297,8 @@ impl BrokerCore {
                     topic: topic.to_string(),
                     subscription: name.to_string(),
                 })?;
-        handle.ask(crate::subscription::Command::Delete).await??;
-        {
-            let mut subs = crate::util::lock(&entry.subscriptions);
-            subs.remove(name.as_str());
-        }
+        handle.delete().await?;
+        lock(&entry.subscriptions).remove(name.as_str());
         Ok(())
     }
 

@@ -4,16 +4,19 @@
 //! failure handling: persisted delivery counts, and broker-owned retry and
 //! dead-letter tiers driven by a [`ricochet_policy::DeadLetterPolicy`].
 //!
-//! Map of the crate:
-//! * [`server`]: [`Broker`] (open, serve, shut down) and [`TestBroker`];
-//! * [`core`]: the registry of topics and subscriptions;
-//! * [`topic`]: a topic's writer and retention; [`subscription`]: the actor that
-//!   dispatches, acks, counts failures and moves messages between tiers;
-//! * [`scheduler`]: persisted due times with a near-term timer window;
-//! * [`storage`]: the storage trait and its sled implementation;
-//! * [`flusher`]: group commit; [`service`]: the gRPC services;
-//! * [`metrics`]: the Prometheus series;
-//! * [`config`], [`name`], [`error`], [`util`].
+//! Map of the crate (see `ARCHITECTURE.md` at the top of the repository for
+//! the path of a publish, a delivery and a failure):
+//! * `server`: [`Broker`] (open, serve, shut down) and [`TestBroker`];
+//! * `core`: [`BrokerCore`], the registry of topics and subscriptions;
+//! * `topic`: a topic's writer and retention;
+//! * `subscription`: the actor that dispatches, acks, counts failures and
+//!   moves messages between tiers, split by concern;
+//! * `scheduler`: persisted due times with a near-term timer window;
+//! * [`storage`]: the storage trait, its records, sled and in-memory engines;
+//! * `flusher`: group commit; `service`: the gRPC services (the only place
+//!   that knows protobuf requests and gRPC statuses);
+//! * `metrics`: the Prometheus series; [`clock`]: injected wall time;
+//! * `config`, `name`, `error`, `util`.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), ricochet_broker::BrokerError> {
@@ -23,20 +26,33 @@
 //! # Ok(()) }
 //! ```
 
-pub mod config;
-pub mod core;
-pub mod error;
-pub mod flusher;
-pub mod metrics;
-pub mod name;
-pub mod scheduler;
-pub mod server;
-pub mod service;
+pub mod clock;
+mod config;
+mod core;
+mod error;
+mod flusher;
+mod metrics;
+mod name;
+mod scheduler;
+mod server;
+mod service;
 pub mod storage;
-pub mod subscription;
-pub mod topic;
-pub mod util;
+mod subscription;
+mod topic;
+mod util;
 
-pub use config::{BrokerConfig, Durability};
-pub use error::BrokerError;
+pub use config::{BrokerConfig, Durability, PolicyRule};
+pub use core::{BrokerCore, TopicEntry};
+pub use error::{BrokerError, Result};
+pub use flusher::Flusher;
+pub use metrics::install_prometheus;
+pub use name::{SubscriptionName, TopicName};
+pub use scheduler::{FireSender, Scheduler, SchedulerStats};
 pub use server::{Broker, BrokerBuilder, TestBroker};
+pub use service::{AdminService, BrokerService};
+pub use subscription::{
+    BrokerLink, ConsumerEvent, ConsumerId, ConsumerRequest, ConsumerSpec, ConsumerStats,
+    ConsumerTx, DueBucket, FailedItem, MessageRef, MessageState, MessageStatus, Outcome,
+    PolicyInfo, SubscriptionDeps, SubscriptionHandle, SubscriptionStats,
+};
+pub use topic::{Topic, TopicCounters};

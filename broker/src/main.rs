@@ -95,7 +95,7 @@ async fn main() -> anyhow::Result<()> {
     // The recorder goes in first: metric handles taken before it exists are
     // no-ops, and opening the broker starts the stored subscriptions.
     if let Some(addr) = metrics {
-        ricochet_broker::metrics::install_prometheus(addr)?;
+        ricochet_broker::install_prometheus(addr)?;
     }
     let broker = Broker::builder(config)
         .open()

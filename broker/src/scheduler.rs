@@ -9,8 +9,8 @@
 //! fires it again on restart (at-least-once, never lost). An entry never fires
 //! before its wall-clock due time.
 
+use crate::clock::SharedClock;
 use crate::storage::{ScheduleKey, Storage, SubMessage, TierId};
-use crate::util::now_ms;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,7 +61,12 @@ impl std::fmt::Debug for Cmd {
 impl Scheduler {
     /// Starts the task. Entries already in storage (overdue ones included)
     /// are loaded by the first refill. The task ends when `stop` is cancelled.
-    pub fn start(storage: Arc<dyn Storage>, window: Duration, stop: CancellationToken) -> Self {
+    pub fn start(
+        storage: Arc<dyn Storage>,
+        window: Duration,
+        clock: SharedClock,
+        stop: CancellationToken,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(SchedulerStats::default());
         let task = Task {
@@ -74,6 +79,7 @@ impl Scheduler {
             subs: HashMap::new(),
             orphans: HashMap::new(),
             stats: stats.clone(),
+            clock,
         };
         tokio::spawn(async move {
             tokio::select! {
@@ -122,15 +128,15 @@ struct Task {
     /// Fired entries of subscriptions not registered (yet).
     orphans: HashMap<u64, Vec<ScheduleKey>>,
     stats: Arc<SchedulerStats>,
+    clock: SharedClock,
 }
 
 /// The timer instant for a wall-clock due time, computed in microseconds: in
 /// whole milliseconds the truncated "now" would add up to 1 ms on top of the
 /// timer's own 1 ms rounding. `fire` re-checks against the wall clock, so
 /// nothing fires early even if the two clocks drift apart.
-fn deadline(due_ms: u64) -> Instant {
-    let now_us = crate::util::now_us();
-    Instant::now() + Duration::from_micros((due_ms * 1000).saturating_sub(now_us))
+fn deadline(due_ms: u64, now_us: u64) -> Instant {
+    Instant::now() + Duration::from_micros(due_ms.saturating_mul(1000).saturating_sub(now_us))
 }
 
 impl Task {
@@ -197,14 +203,16 @@ impl Task {
 
     fn insert(&mut self, k: ScheduleKey) {
         if !self.keys.contains_key(&k) {
-            let dk = self.queue.insert_at(k, deadline(k.due_ms));
+            let dk = self
+                .queue
+                .insert_at(k, deadline(k.due_ms, self.clock.now_us()));
             self.keys.insert(k, dk);
         }
     }
 
     /// Loads the next slice of the window; true when more remains.
     fn refill(&mut self) -> bool {
-        let to_ms = now_ms() + self.window.as_millis() as u64;
+        let to_ms = self.clock.now_ms() + self.window.as_millis() as u64;
         if self.covered_until_ms >= to_ms {
             return false;
         }
@@ -238,7 +246,7 @@ impl Task {
     }
 
     fn fire(&mut self, keys: Vec<ScheduleKey>) {
-        let now_us = crate::util::now_us();
+        let now_us = self.clock.now_us();
         let now = now_us / 1000;
         let mut by_sub: HashMap<u64, Vec<ScheduleKey>> = HashMap::new();
         for k in keys {
@@ -249,9 +257,10 @@ impl Task {
                 continue;
             }
             self.stats.fired.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .lateness_us_total
-                .fetch_add(now_us - k.due_ms * 1000, Ordering::Relaxed);
+            self.stats.lateness_us_total.fetch_add(
+                now_us.saturating_sub(k.due_ms.saturating_mul(1000)),
+                Ordering::Relaxed,
+            );
             by_sub.entry(k.message.sub_id).or_default().push(k);
         }
         for (sub, keys) in by_sub {
@@ -272,7 +281,10 @@ impl Task {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::sled_store::SledStorage;
+    use crate::clock::{Clock, TokioClock};
+    use crate::storage::MemoryStorage;
+
+    const WINDOW: Duration = Duration::from_secs(60);
 
     fn key(due_ms: u64, sub_id: u64, entry_id: u64) -> ScheduleKey {
         ScheduleKey {
@@ -285,61 +297,68 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn overdue_entries_wait_for_their_subscription_to_register() {
-        let dir = tempfile::tempdir().unwrap();
-        let storage: Arc<dyn Storage> =
-            Arc::new(SledStorage::open(dir.path(), 1024, 1 << 20).unwrap());
-        let overdue = key(now_ms() - 1_000, 7, 1);
-        storage.put_schedule(&[(overdue, true)]).unwrap();
+    /// A scheduler over an in-memory store, on tokio's (paused) clock.
+    fn start() -> (
+        Scheduler,
+        Arc<MemoryStorage>,
+        Arc<TokioClock>,
+        CancellationToken,
+    ) {
+        let storage = Arc::new(MemoryStorage::new());
+        let clock = Arc::new(TokioClock::starting_at_us(1_700_000_000_000_000));
         let stop = CancellationToken::new();
-        let scheduler = Scheduler::start(storage, Duration::from_secs(60), stop.clone());
-        // Let the first refill fire it while nobody is registered.
-        for _ in 0..100 {
-            if scheduler.stats.fired.load(Ordering::Relaxed) == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(scheduler.stats.fired.load(Ordering::Relaxed), 1);
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        scheduler.register(7, tx);
-        let got = tokio::time::timeout(Duration::from_secs(2), rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(got, vec![overdue]);
-        stop.cancel();
+        let s = Scheduler::start(storage.clone(), WINDOW, clock.clone(), stop.clone());
+        (s, storage, clock, stop)
     }
 
-    #[tokio::test]
-    async fn entries_fire_in_due_order_and_never_early() {
-        let dir = tempfile::tempdir().unwrap();
-        let storage: Arc<dyn Storage> =
-            Arc::new(SledStorage::open(dir.path(), 1024, 1 << 20).unwrap());
-        let stop = CancellationToken::new();
-        let scheduler = Scheduler::start(storage.clone(), Duration::from_secs(60), stop.clone());
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        scheduler.register(1, tx);
-        let now = now_ms();
-        let keys: Vec<_> = (0..20)
-            .map(|i| key(now + 50 + (19 - i) * 10, 1, i))
-            .collect();
+    fn persist(storage: &MemoryStorage, keys: &[ScheduleKey]) {
         storage
             .put_schedule(&keys.iter().map(|k| (*k, true)).collect::<Vec<_>>())
             .unwrap();
-        // Wait for the first refill to cover the window, then announce them.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn overdue_entries_wait_for_their_subscription_to_register() {
+        let (scheduler, storage, clock, stop) = start();
+        let overdue = key(clock.now_ms() - 1_000, 7, 1);
+        persist(&storage, &[overdue]);
+        // Let the first refill fire it while nobody is registered.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(scheduler.stats.fired.load(Ordering::Relaxed), 1);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        scheduler.register(7, tx);
+        assert_eq!(rx.recv().await.unwrap(), vec![overdue]);
+        stop.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn entries_fire_in_due_order_at_their_due_time_never_early() {
+        let (scheduler, storage, clock, stop) = start();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        scheduler.register(1, tx);
+        let now = clock.now_ms();
+        let keys: Vec<_> = (0..20)
+            .map(|i| key(now + 50 + (19 - i) * 10, 1, i))
+            .collect();
+        persist(&storage, &keys);
+        // Announced after the first refill covered the window.
+        tokio::time::sleep(Duration::from_millis(1)).await;
         scheduler.add(keys.clone());
         let mut fired = Vec::new();
         while fired.len() < 20 {
-            let batch = tokio::time::timeout(Duration::from_secs(2), rx.recv())
-                .await
-                .unwrap()
-                .unwrap();
-            let at = now_ms();
+            let batch = rx.recv().await.unwrap();
+            let at = clock.now_us();
             for k in batch {
-                assert!(at >= k.due_ms, "fired {} ms early", k.due_ms - at);
+                assert!(
+                    at >= k.due_ms * 1000,
+                    "fired {} us early",
+                    k.due_ms * 1000 - at
+                );
+                assert!(
+                    at - k.due_ms * 1000 <= 1_000,
+                    "fired {} us late",
+                    at - k.due_ms * 1000
+                );
                 fired.push(k);
             }
         }
@@ -347,6 +366,59 @@ mod tests {
         assert!(dues.windows(2).all(|w| w[0] <= w[1]), "{dues:?}");
         let unique: std::collections::HashSet<_> = fired.iter().collect();
         assert_eq!(unique.len(), 20, "each entry fires once");
+        stop.cancel();
+    }
+
+    /// Only the next `WINDOW` of the schedule is held in memory; an entry
+    /// hours away is loaded when its window comes, and fires on time.
+    #[tokio::test(start_paused = true)]
+    async fn far_entries_stay_in_storage_until_their_window() {
+        let (scheduler, storage, clock, stop) = start();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        scheduler.register(3, tx);
+        let now = clock.now_ms();
+        let near = key(now + 5_000, 3, 1);
+        let hours: Vec<_> = (0..1_000)
+            .map(|i| key(now + 2 * 3_600_000 + i, 3, 100 + i))
+            .collect();
+        persist(&storage, &[near]);
+        persist(&storage, &hours);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            scheduler.stats.in_memory.load(Ordering::Relaxed),
+            1,
+            "only the near entry"
+        );
+        assert_eq!(rx.recv().await.unwrap(), vec![near]);
+        assert_eq!(
+            clock.now_ms(),
+            near.due_ms,
+            "fired at its due time on the virtual clock"
+        );
+        let mut got = 0;
+        while got < hours.len() {
+            let batch = rx.recv().await.unwrap();
+            for k in &batch {
+                assert!(clock.now_ms() >= k.due_ms);
+            }
+            got += batch.len();
+        }
+        assert!(clock.now_ms() >= now + 2 * 3_600_000 + 999);
+        stop.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn removed_entries_do_not_fire() {
+        let (scheduler, storage, clock, stop) = start();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        scheduler.register(4, tx);
+        let now = clock.now_ms();
+        let (gone, kept) = (key(now + 100, 4, 1), key(now + 200, 4, 2));
+        persist(&storage, &[gone, kept]);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        storage.put_schedule(&[(gone, false)]).unwrap();
+        scheduler.remove(vec![gone]);
+        assert_eq!(rx.recv().await.unwrap(), vec![kept]);
         stop.cancel();
     }
 }

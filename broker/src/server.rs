@@ -1,12 +1,13 @@
 //! Starting and stopping a broker: open storage, load state, serve gRPC
 //! (data plane, admin, health) until a shutdown signal, then flush.
 
+use crate::clock::{SharedClock, SystemClock};
 use crate::config::BrokerConfig;
 use crate::core::BrokerCore;
 use crate::error::Result;
 use crate::service::{AdminService, BrokerService};
+use crate::storage::SledStorage;
 use crate::storage::Storage;
-use crate::storage::sled_store::SledStorage;
 use ricochet_policy::PolicyRegistry;
 use ricochet_proto::admin_server::AdminServer;
 use ricochet_proto::broker_server::BrokerServer;
@@ -24,12 +25,20 @@ const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 pub struct BrokerBuilder {
     config: BrokerConfig,
     policies: PolicyRegistry,
+    clock: SharedClock,
 }
 
 impl BrokerBuilder {
     /// Registers policies an embedding application provides by name.
     pub fn policies(mut self, policies: PolicyRegistry) -> Self {
         self.policies = policies;
+        self
+    }
+
+    /// The wall clock (default: the system's); tests pass a
+    /// [`TokioClock`](crate::clock::TokioClock) to run on virtual time.
+    pub fn clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
         self
     }
 
@@ -42,7 +51,7 @@ impl BrokerBuilder {
             self.config.segment_entries,
             self.config.cache_capacity,
         )?);
-        let core = BrokerCore::open(self.config, storage, self.policies).await?;
+        let core = BrokerCore::open(self.config, storage, self.policies, self.clock).await?;
         Ok(Broker { core })
     }
 }
@@ -59,6 +68,7 @@ impl Broker {
         BrokerBuilder {
             config,
             policies: PolicyRegistry::default(),
+            clock: Arc::new(SystemClock),
         }
     }
 
@@ -82,16 +92,21 @@ impl Broker {
         let admin = AdminServer::new(AdminService::new(self.core.clone()))
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES);
-        // Health turns bad for good when storage fails.
+        // Health turns bad for good when storage fails; the storage gauges
+        // follow every half second.
         let core = self.core.clone();
         let health_task = tokio::spawn(async move {
+            let mut reported_bad = false;
             loop {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                if !core.healthy() {
+                let healthy = core.healthy();
+                let bytes = core.storage.size_on_disk().unwrap_or(0);
+                crate::metrics::record_storage(bytes, healthy);
+                if !healthy && !reported_bad {
+                    reported_bad = true;
                     health
                         .set_not_serving::<BrokerServer<BrokerService>>()
                         .await;
-                    break;
                 }
             }
         });

@@ -1,11 +1,11 @@
 //! A topic at run time: its writer (entry ids, producer de-duplication), the
 //! durable end of its log that subscriptions read up to, and retention.
 
+use crate::clock::SharedClock;
 use crate::error::Result;
 use crate::flusher::Flusher;
 use crate::name::TopicName;
 use crate::storage::{Storage, TopicKind};
-use crate::util::now_ms;
 use prost::Message as _;
 use ricochet_proto::{Message, MessageId, OutboundMessage, SendReceipt};
 use std::collections::HashMap;
@@ -49,6 +49,7 @@ pub struct Topic {
     /// Counters.
     pub counters: TopicCounters,
     metrics: crate::metrics::TopicMetrics,
+    clock: SharedClock,
 }
 
 impl Topic {
@@ -60,6 +61,7 @@ impl Topic {
         flusher: Flusher,
         sync: bool,
         segment_entries: u64,
+        clock: SharedClock,
     ) -> Result<Self> {
         let (first, next) = storage.entry_range(name.as_str())?;
         let sequences = storage
@@ -83,6 +85,7 @@ impl Topic {
             first_entry: AtomicU64::new(first),
             counters: TopicCounters::default(),
             metrics,
+            clock,
         })
     }
 
@@ -130,7 +133,7 @@ impl Topic {
         messages: Vec<OutboundMessage>,
     ) -> Result<Vec<SendReceipt>> {
         self.flusher.check()?;
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let (receipts, end) = {
             let mut w = crate::util::lock(&self.writer);
             let dedup = !producer.is_empty();

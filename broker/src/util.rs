@@ -1,7 +1,6 @@
-//! Small helpers shared across the broker: wall-clock time and stable hashing.
+//! Small helpers shared across the broker: poison-free locking and stable hashing.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Locks a mutex, recovering the guard if a panicking thread poisoned it: the
 /// broker's short critical sections leave consistent state behind, and
@@ -10,25 +9,11 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Microseconds since the Unix epoch (for lateness figures finer than 1 ms).
-pub fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
 /// A stable 64-bit hash (same value across runs and builds), used for key
 /// routing and policy jitter seeds: FNV-1a followed by the SplitMix64
 /// finaliser, so every output bit depends on every input byte (plain FNV-1a
 /// barely changes its high bits for keys differing in the last byte).
-pub fn fnv1a(bytes: &[u8]) -> u64 {
+pub fn stable_hash(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);
@@ -46,7 +31,7 @@ mod tests {
     #[test]
     fn similar_keys_spread_over_high_bits() {
         let tops: std::collections::HashSet<u64> = (0..10)
-            .map(|i| super::fnv1a(format!("k{i}").as_bytes()) >> 60)
+            .map(|i| super::stable_hash(format!("k{i}").as_bytes()) >> 60)
             .collect();
         assert!(tops.len() >= 5, "{tops:?}");
     }

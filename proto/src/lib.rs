@@ -17,9 +17,11 @@ pub mod v1 {
     tonic::include_proto!("ricochet.v1");
 }
 
+pub use names::{MAX_GRPC_MESSAGE_BYTES, UnknownName};
 pub use v1::*;
 
 pub mod convert;
+mod names;
 
 /// Properties Ricochet (like Pulsar) sets on messages that move between tiers.
 pub mod props {

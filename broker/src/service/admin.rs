@@ -2,11 +2,12 @@
 //! dead-letter operations (list, replay, purge). Nothing here happens
 //! automatically: replays and purges are operator decisions.
 
+use super::wire;
 use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
 use crate::storage::{DeadLetterRecord, StorageError};
-use crate::subscription::{Command, SubscriptionHandle};
+use crate::subscription::SubscriptionHandle;
 use prost::Message as _;
 use ricochet_policy::PolicySpec;
 use ricochet_proto::admin_server::Admin;
@@ -39,32 +40,37 @@ impl AdminService {
         Ok((t, h))
     }
 
-    /// Dead letters of a subscription that pass `filter`, with their messages.
-    async fn matching_dead_letters(
+    /// Dead letters of a subscription that pass `filter` (ids and records),
+    /// after `after`, and how many there are.
+    fn matching_records(
         &self,
         handle: &SubscriptionHandle,
         filter: Option<&DeadLetterFilter>,
         after: Option<u64>,
-        limit: usize,
-    ) -> Result<(Vec<DeadLetter>, u64), BrokerError> {
-        let info = handle.ask(Command::GetPolicy).await?;
-        let records = self.core.storage.dead_letters(handle.id, after)?;
-        let mut out = Vec::new();
-        let mut total = 0;
+    ) -> Result<Vec<(u64, DeadLetterRecord)>, BrokerError> {
+        Ok(self
+            .core
+            .storage
+            .dead_letters(handle.id(), after)?
+            .into_iter()
+            .filter(|(id, rec)| passes(filter, *id, rec))
+            .collect())
+    }
+
+    /// Dead letters with their messages, as the wire shows them.
+    fn dead_letters_with_messages(
+        &self,
+        dlq_topic: &str,
+        records: Vec<(u64, DeadLetterRecord)>,
+    ) -> Result<Vec<DeadLetter>, BrokerError> {
+        let mut out = Vec::with_capacity(records.len());
         for (id, rec) in records {
-            if !passes(filter, id, &rec) {
-                continue;
-            }
-            total += 1;
-            if out.len() >= limit {
-                continue;
-            }
-            let Some(bytes) = self.core.storage.read_one(&info.dead_letter_topic, id)? else {
+            let Some(bytes) = self.core.storage.read_one(dlq_topic, id)? else {
                 continue;
             };
             let mut msg = Message::decode(bytes.as_slice()).map_err(StorageError::from)?;
             msg.id = Some(MessageId {
-                topic: info.dead_letter_topic.clone(),
+                topic: dlq_topic.to_owned(),
                 entry_id: id,
             });
             msg.delivery_count = rec.failures.count;
@@ -76,10 +82,10 @@ impl AdminService {
                 }),
                 reason: rec.reason.clone(),
                 dead_lettered_at_ms: rec.at_ms,
-                attempts: rec.failures.attempts.iter().map(Into::into).collect(),
+                attempts: wire::attempts(&rec.failures),
             });
         }
-        Ok((out, total))
+        Ok(out)
     }
 }
 
@@ -105,18 +111,6 @@ fn passes(filter: Option<&DeadLetterFilter>, id: u64, rec: &DeadLetterRecord) ->
         return false;
     }
     true
-}
-
-fn policy_response(info: crate::subscription::PolicyInfo) -> PolicyResponse {
-    let mut policy: Option<DeadLetterPolicyConfig> = info.spec.as_ref().map(Into::into);
-    if let Some(p) = &mut policy {
-        p.retry_topic = info.retry_topic.clone();
-        p.dead_letter_topic = info.dead_letter_topic.clone();
-    }
-    PolicyResponse {
-        policy,
-        source: info.source,
-    }
 }
 
 #[tonic::async_trait]
@@ -160,7 +154,9 @@ impl Admin for AdminService {
         let (first, next) = entry.topic.entry_range();
         let mut subscriptions = Vec::new();
         for h in entry.subscriptions() {
-            subscriptions.push(h.stats(self.core.storage.clone()).await?);
+            subscriptions.push(wire::subscription_stats(
+                h.stats(self.core.storage.clone()).await?,
+            ));
         }
         subscriptions.sort_by(|a, b| a.subscription.cmp(&b.subscription));
         let c = &entry.topic.counters;
@@ -182,8 +178,11 @@ impl Admin for AdminService {
     ) -> Result<Response<ListSubscriptionsResponse>, Status> {
         let name = TopicName::parse(&r.into_inner().topic)?;
         let entry = self.core.topic(&name).await?;
-        let mut subscriptions: Vec<String> =
-            entry.subscriptions().into_iter().map(|h| h.name).collect();
+        let mut subscriptions: Vec<String> = entry
+            .subscriptions()
+            .iter()
+            .map(|h| h.name().to_owned())
+            .collect();
         subscriptions.sort();
         Ok(Response::new(ListSubscriptionsResponse { subscriptions }))
     }
@@ -194,7 +193,9 @@ impl Admin for AdminService {
     ) -> Result<Response<SubscriptionStatsResponse>, Status> {
         let r = r.into_inner();
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
-        Ok(Response::new(h.stats(self.core.storage.clone()).await?))
+        Ok(Response::new(wire::subscription_stats(
+            h.stats(self.core.storage.clone()).await?,
+        )))
     }
 
     async fn delete_subscription(
@@ -214,9 +215,7 @@ impl Admin for AdminService {
     ) -> Result<Response<PolicyResponse>, Status> {
         let r = r.into_inner();
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
-        Ok(Response::new(policy_response(
-            h.ask(Command::GetPolicy).await?,
-        )))
+        Ok(Response::new(wire::policy_response(h.policy().await?)))
     }
 
     async fn set_policy(
@@ -232,8 +231,8 @@ impl Admin for AdminService {
             _ => None,
         };
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
-        let info = h.ask(|reply| Command::SetPolicy(spec, reply)).await??;
-        Ok(Response::new(policy_response(info)))
+        let info = h.set_policy(spec).await?;
+        Ok(Response::new(wire::policy_response(info)))
     }
 
     async fn get_message(
@@ -265,26 +264,22 @@ impl Admin for AdminService {
         });
         let mut subscriptions = Vec::new();
         for h in entry.subscriptions() {
-            let st = h
-                .ask(|reply| Command::MessageState(id.entry_id, reply))
-                .await?;
+            let st = h.message_status(id.entry_id).await?;
             let dead = self
                 .core
                 .storage
-                .dead_letters(h.id, None)?
+                .dead_letters(h.id(), None)?
                 .into_iter()
                 .find(|(_, d)| d.origin_topic == name.as_str() && d.origin_entry_id == id.entry_id);
             let (state, failures) = match dead {
                 Some((_, d)) => ("dead_lettered".to_owned(), Some(d.failures)),
-                None => (st.state, st.failures),
+                None => (st.state.as_str().to_owned(), st.failures),
             };
             subscriptions.push(SubscriptionMessageState {
-                subscription: h.name.clone(),
+                subscription: h.name().to_owned(),
                 state,
                 delivery_count: failures.as_ref().map_or(0, |f| f.count),
-                attempts: failures
-                    .map(|f| f.attempts.iter().map(Into::into).collect())
-                    .unwrap_or_default(),
+                attempts: failures.as_ref().map(wire::attempts).unwrap_or_default(),
             });
         }
         subscriptions.sort_by(|a, b| a.subscription.cmp(&b.subscription));
@@ -301,9 +296,11 @@ impl Admin for AdminService {
         let r = r.into_inner();
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         let limit = if r.limit == 0 { 100 } else { r.limit as usize };
-        let (dead_letters, total) = self
-            .matching_dead_letters(&h, r.filter.as_ref(), r.after_entry_id, limit)
-            .await?;
+        let mut records = self.matching_records(&h, r.filter.as_ref(), r.after_entry_id)?;
+        let total = records.len() as u64;
+        records.truncate(limit);
+        let dlq_topic = h.policy().await?.dead_letter_topic;
+        let dead_letters = self.dead_letters_with_messages(&dlq_topic, records)?;
         Ok(Response::new(ListDeadLettersResponse {
             dead_letters,
             total,
@@ -322,9 +319,7 @@ impl Admin for AdminService {
             r.rate_per_second
         }
         .max(1);
-        let (letters, _) = self
-            .matching_dead_letters(&h, r.filter.as_ref(), None, usize::MAX)
-            .await?;
+        let letters = self.matching_records(&h, r.filter.as_ref(), None)?;
         let chunk = (rate as usize).div_ceil(10).max(1);
         let pause = Duration::from_secs_f64(chunk as f64 / f64::from(rate));
         let mut new_ids = Vec::new();
@@ -332,10 +327,11 @@ impl Admin for AdminService {
             if i > 0 {
                 tokio::time::sleep(pause).await;
             }
-            let ids = h
-                .ask(|reply| Command::Replay(part.to_vec(), r.reset_delivery_count, reply))
-                .await??;
-            new_ids.extend(ids);
+            let ids = h.replay(part.to_vec(), r.reset_delivery_count).await?;
+            new_ids.extend(ids.into_iter().map(|id| MessageId {
+                topic: id.topic,
+                entry_id: id.entry_id,
+            }));
         }
         Ok(Response::new(ReplayDeadLettersResponse {
             replayed: new_ids.len() as u64,
@@ -349,21 +345,18 @@ impl Admin for AdminService {
     ) -> Result<Response<PurgeDeadLettersResponse>, Status> {
         let r = r.into_inner();
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
-        let info = h.ask(Command::GetPolicy).await?;
+        let info = h.policy().await?;
         let ids: Vec<u64> = self
-            .core
-            .storage
-            .dead_letters(h.id, None)?
+            .matching_records(&h, r.filter.as_ref(), None)?
             .into_iter()
-            .filter(|(id, rec)| passes(r.filter.as_ref(), *id, rec))
             .map(|(id, _)| id)
             .collect();
-        self.core.storage.remove_dead_letters(h.id, &ids)?;
+        self.core.storage.remove_dead_letters(h.id(), &ids)?;
         self.core
             .storage
             .remove_entries(&info.dead_letter_topic, &ids)?;
         self.core.flusher.durable().await?;
-        h.send(Command::DeadLettersPurged(ids.len() as u64))?;
+        h.dead_letters_purged(ids.len() as u64)?;
         tracing::warn!(topic = %r.topic, subscription = %r.subscription, purged = ids.len(), "dead letters purged");
         Ok(Response::new(PurgeDeadLettersResponse {
             purged: ids.len() as u64,

@@ -1,22 +1,30 @@
-//! The consumer stream: subscribe, then forward flow permits, acks and failure
-//! reports to the subscription actor; messages flow back on the same stream.
-//! When the stream ends for any reason the consumer is removed and its
-//! in-flight messages are redelivered (reason: consumer lost).
+//! The consumer stream: subscribe, then parse each frame into a domain
+//! request for the subscription actor; the actor's events go back as
+//! frames. When the stream ends for any reason the consumer is removed and
+//! its in-flight messages are redelivered (reason: consumer lost).
 
-use super::BoxStream;
+use super::{BoxStream, status_of};
 use crate::core::BrokerCore;
+use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
 use crate::storage::TopicKind;
-use crate::subscription::{Command, ConsumerSpec};
-use ricochet_policy::PolicySpec;
+use crate::subscription::{ConsumerEvent, ConsumerRequest, ConsumerSpec, FailedItem, MessageRef};
+use futures::StreamExt as _;
+use ricochet_policy::{AttemptOverride, FailureReason, PolicySpec};
 use ricochet_proto::{
-    ConsumeRequest, ConsumeResponse, InitialPosition, SubscriptionType, consume_request,
+    AckType, CommandResult, ConsumeRequest, ConsumeResponse, InitialPosition, Message,
+    MessageBatch, Subscribe, Subscribed, SubscriptionType, consume_request, consume_response,
 };
 use std::sync::Arc;
 use tokio::sync::mpsc;
-use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Response, Status, Streaming};
+
+/// Most messages sent to a consumer in one frame.
+const MESSAGES_PER_FRAME: usize = 500;
+/// A frame stops growing past this many payload bytes (one message always
+/// fits: the gRPC limit is far above the largest allowed message).
+const FRAME_SOFT_BYTES: usize = 4 * 1024 * 1024;
 
 pub(super) async fn consume(
     core: Arc<BrokerCore>,
@@ -31,6 +39,48 @@ pub(super) async fn consume(
             "the first consumer frame must be Subscribe",
         ));
     };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (handle, consumer_id) = subscribe(&core, sub, tx.clone()).await?;
+    let stop = core.shutdown.clone();
+    tokio::spawn(async move {
+        // Dropping `inbound` on shutdown resets the request stream, so the
+        // connection can close.
+        while let Some(frame) = tokio::select! {
+            biased;
+            _ = stop.cancelled() => None,
+            f = inbound.next() => f,
+        } {
+            let req = match frame {
+                Ok(ConsumeRequest { request: Some(r) }) => r,
+                Ok(ConsumeRequest { request: None }) => continue,
+                Err(_) => break,
+            };
+            let Some(req) = parse(req) else {
+                let again =
+                    BrokerError::InvalidArgument("already subscribed on this stream".into());
+                let _ = tx.send(ConsumerEvent::End(again));
+                break;
+            };
+            if handle.request(consumer_id, req).is_err() {
+                break;
+            }
+        }
+        let _ = handle.remove_consumer(consumer_id);
+    });
+    let frames =
+        UnboundedReceiverStream::new(rx).flat_map(|event| futures::stream::iter(frames_of(event)));
+    Ok(Response::new(super::until_shutdown(
+        frames,
+        core.shutdown.clone(),
+    )))
+}
+
+/// Checks a `Subscribe`, finds or creates the subscription and joins it.
+async fn subscribe(
+    core: &BrokerCore,
+    sub: Subscribe,
+    tx: mpsc::UnboundedSender<ConsumerEvent>,
+) -> Result<(crate::subscription::SubscriptionHandle, u64), Status> {
     let topic = TopicName::parse(&sub.topic)?;
     let name = SubscriptionName::parse(&sub.subscription)?;
     let sub_type = SubscriptionType::try_from(sub.subscription_type).map_err(|_| {
@@ -69,69 +119,181 @@ pub(super) async fn consume(
         }
         TopicKind::DeadLetter => {}
     }
-    let handle = core
-        .subscription_or_create(&entry, &name, sub_type, initial)
-        .await?;
-    let (tx, rx) = mpsc::unbounded_channel();
+    let handle = core.subscription_or_create(&entry, &name, sub_type, initial)?;
     let consumer_name = if sub.consumer_name.is_empty() {
         format!(
             "consumer-{}",
-            core.storage
-                .next_id()
-                .map_err(crate::error::BrokerError::from)?
+            core.storage.next_id().map_err(BrokerError::from)?
         )
     } else {
-        sub.consumer_name.clone()
+        sub.consumer_name
     };
     let spec = ConsumerSpec {
         name: consumer_name,
         sub_type,
-        tx: tx.clone(),
+        tx,
         policy,
         retry_enabled: sub.retry_enabled.unwrap_or(true),
     };
-    // The actor queues `Subscribed` as the consumer's first frame.
-    let (consumer_id, _info) = handle
-        .ask(|reply| Command::AddConsumer(spec, reply))
-        .await??;
-    let stop = core.shutdown.clone();
-    tokio::spawn(async move {
-        // Dropping `inbound` on shutdown resets the request stream, so the
-        // connection can close.
-        while let Some(frame) = tokio::select! {
-            biased;
-            _ = stop.cancelled() => None,
-            f = inbound.next() => f,
-        } {
-            let req = match frame {
-                Ok(ConsumeRequest { request: Some(r) }) => r,
-                Ok(ConsumeRequest { request: None }) => continue,
-                Err(_) => break,
-            };
-            let cmd = match req {
-                consume_request::Request::Subscribe(_) => {
-                    let _ = tx.send(Err(Status::invalid_argument(
-                        "already subscribed on this stream",
-                    )));
-                    break;
+    // The actor queues `Subscribed` as the consumer's first event.
+    let (consumer_id, _info) = handle.add_consumer(spec).await?;
+    Ok((handle, consumer_id))
+}
+
+fn message_ref(id: ricochet_proto::MessageId) -> MessageRef {
+    MessageRef {
+        topic: id.topic,
+        entry_id: id.entry_id,
+    }
+}
+
+/// A consumer frame as a domain request; `None` ends the stream (a second
+/// `Subscribe`).
+fn parse(req: consume_request::Request) -> Option<ConsumerRequest> {
+    use consume_request::Request as R;
+    Some(match req {
+        R::Subscribe(_) => return None,
+        R::Flow(f) => ConsumerRequest::Flow(f.permits),
+        R::Ack(a) => ConsumerRequest::Ack {
+            request_id: a.request_id,
+            cumulative: a.ack_type == AckType::Cumulative as i32,
+            ids: a.ids.into_iter().map(message_ref).collect(),
+        },
+        R::Redeliver(r) => ConsumerRequest::Redeliver {
+            request_id: r.request_id,
+            items: r
+                .messages
+                .into_iter()
+                .map(|m| FailedItem {
+                    id: message_ref(m.id.unwrap_or_default()),
+                    // An unspecified reason reads as a nack.
+                    reason: ricochet_proto::convert::failure_reason_from_i32(m.reason)
+                        .unwrap_or(FailureReason::Nack),
+                    detail: m.detail,
+                })
+                .collect(),
+        },
+        R::ReconsumeLater(r) => ConsumerRequest::ReconsumeLater {
+            request_id: r.request_id,
+            id: message_ref(r.id.unwrap_or_default()),
+            delay: r
+                .delay
+                .map_or(AttemptOverride::Policy, AttemptOverride::from),
+            properties: r.properties,
+            detail: r.detail,
+        },
+        R::Terminate(t) => ConsumerRequest::Terminate {
+            request_id: t.request_id,
+            id: message_ref(t.id.unwrap_or_default()),
+            detail: t.detail,
+        },
+        R::Close(_) => ConsumerRequest::Close,
+    })
+}
+
+fn response(r: consume_response::Response) -> Result<ConsumeResponse, Status> {
+    Ok(ConsumeResponse { response: Some(r) })
+}
+
+/// The frames an event becomes: messages are split into frames bounded by
+/// count and bytes.
+fn frames_of(event: ConsumerEvent) -> Vec<Result<ConsumeResponse, Status>> {
+    use consume_response::Response as R;
+    match event {
+        ConsumerEvent::Subscribed {
+            topic,
+            subscription,
+            consumer_name,
+            policy,
+        } => vec![response(R::Subscribed(Subscribed {
+            topic,
+            subscription,
+            consumer_name,
+            dead_letter_policy: policy.spec.as_ref().map(Into::into),
+            retry_topic: policy.retry_topic,
+            dead_letter_topic: policy.dead_letter_topic,
+        }))],
+        ConsumerEvent::Messages(msgs) => message_frames(msgs)
+            .into_iter()
+            .map(|messages| response(R::Messages(MessageBatch { messages })))
+            .collect(),
+        ConsumerEvent::Done {
+            request_id,
+            outcome,
+        } => {
+            let (code, message) = match outcome {
+                Ok(()) => (tonic::Code::Ok, String::new()),
+                Err(e) => {
+                    let s = status_of(&e);
+                    (s.code(), s.message().to_owned())
                 }
-                consume_request::Request::Flow(f) => Command::Flow(consumer_id, f.permits),
-                consume_request::Request::Ack(a) => Command::Ack(consumer_id, a),
-                consume_request::Request::Redeliver(r) => Command::Redeliver(consumer_id, r),
-                consume_request::Request::ReconsumeLater(r) => {
-                    Command::ReconsumeLater(consumer_id, r)
-                }
-                consume_request::Request::Terminate(t) => Command::Terminate(consumer_id, t),
-                consume_request::Request::Close(_) => Command::CloseConsumer(consumer_id),
             };
-            if handle.send(cmd).is_err() {
-                break;
-            }
+            vec![response(R::Result(CommandResult {
+                request_id,
+                code: code as i32,
+                message,
+            }))]
         }
-        let _ = handle.send(Command::RemoveConsumer(consumer_id));
-    });
-    Ok(Response::new(super::until_shutdown(
-        UnboundedReceiverStream::new(rx),
-        core.shutdown.clone(),
-    )))
+        ConsumerEvent::Active(active) => {
+            vec![response(R::ActiveChange(ricochet_proto::ActiveChange {
+                active,
+            }))]
+        }
+        ConsumerEvent::End(e) => vec![Err(status_of(&e))],
+    }
+}
+
+fn message_frames(msgs: Vec<Message>) -> Vec<Vec<Message>> {
+    let mut frames = Vec::new();
+    let mut frame = Vec::new();
+    let mut bytes = 0;
+    for m in msgs {
+        let size = m.payload.len();
+        if !frame.is_empty()
+            && (frame.len() >= MESSAGES_PER_FRAME || bytes + size > FRAME_SOFT_BYTES)
+        {
+            frames.push(std::mem::take(&mut frame));
+            bytes = 0;
+        }
+        bytes += size;
+        frame.push(m);
+    }
+    if !frame.is_empty() {
+        frames.push(frame);
+    }
+    frames
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_framed_by_count_and_bytes() {
+        let small = |n: usize| {
+            vec![
+                Message {
+                    payload: vec![0; 10],
+                    ..Default::default()
+                };
+                n
+            ]
+        };
+        let sizes: Vec<usize> = message_frames(small(1201)).iter().map(Vec::len).collect();
+        assert_eq!(sizes, vec![500, 500, 201]);
+        let big = vec![
+            Message {
+                payload: vec![0; 3 << 20],
+                ..Default::default()
+            };
+            3
+        ];
+        let sizes: Vec<usize> = message_frames(big).iter().map(Vec::len).collect();
+        assert_eq!(
+            sizes,
+            vec![1, 1, 1],
+            "a frame holds one message past the soft byte bound"
+        );
+        assert!(message_frames(Vec::new()).is_empty());
+    }
 }

@@ -5,9 +5,10 @@ mod admin;
 mod consume;
 mod produce;
 mod status;
+mod wire;
 
 pub use admin::AdminService;
-pub(crate) use status::code_of;
+pub(crate) use status::{code_of, status_of};
 
 use crate::core::BrokerCore;
 use futures::Stream;

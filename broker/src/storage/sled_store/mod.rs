@@ -10,7 +10,11 @@
 //! rather than under its own key, because sled holds page metadata in memory
 //! per stored key and scheduled retries are the records that pile up.
 
+mod codec;
+mod frame;
+
 use super::*;
+use codec::{be, decode_failures, encode_failures, from_json, json, read_be};
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::{Batch, Db, Tree};
@@ -19,121 +23,6 @@ use std::path::Path;
 use std::sync::Mutex;
 
 const SEG_PREFIX: &str = "seg/";
-
-/// A log value: the consecutive entries of one producer batch (or one moved
-/// message), keyed by the first entry's id, so a batch costs one sled insert.
-/// Layout: `u32 count`, then per entry `u32 len` and its bytes; a removed
-/// entry (dead-letter purge) keeps its slot with the length `u32::MAX`.
-mod frame {
-    use crate::storage::{StorageError, StorageResult as Result};
-
-    const GONE: u32 = u32::MAX;
-
-    fn corrupt() -> StorageError {
-        StorageError::Corrupt("truncated log frame".into())
-    }
-
-    pub fn encode(entries: &[Vec<u8>]) -> Vec<u8> {
-        let size = 4 + entries.iter().map(|e| 4 + e.len()).sum::<usize>();
-        let mut out = Vec::with_capacity(size);
-        out.extend_from_slice(&(entries.len() as u32).to_be_bytes());
-        for e in entries {
-            out.extend_from_slice(&(e.len() as u32).to_be_bytes());
-            out.extend_from_slice(e);
-        }
-        out
-    }
-
-    fn u32_at(b: &[u8], at: usize) -> Result<u32> {
-        let bytes: [u8; 4] = b
-            .get(at..at + 4)
-            .ok_or_else(corrupt)?
-            .try_into()
-            .map_err(|_| corrupt())?;
-        Ok(u32::from_be_bytes(bytes))
-    }
-
-    /// Entries in the frame (ids from `first`), as `(id, Some(bytes))`, or
-    /// `None` for a removed slot.
-    /// An entry id and its bytes (`None` once removed).
-    type Slot<'a> = (u64, Option<&'a [u8]>);
-
-    fn slots(first: u64, b: &[u8]) -> Result<Vec<Slot<'_>>> {
-        let n = u32_at(b, 0)? as usize;
-        let mut at = 4;
-        let mut out = Vec::with_capacity(n);
-        for i in 0..n {
-            let len = u32_at(b, at)?;
-            at += 4;
-            if len == GONE {
-                out.push((first + i as u64, None));
-            } else {
-                let e = b.get(at..at + len as usize).ok_or_else(corrupt)?;
-                at += len as usize;
-                out.push((first + i as u64, Some(e)));
-            }
-        }
-        Ok(out)
-    }
-
-    /// The live entries of a frame whose first id is `first`.
-    pub fn entries(first: u64, b: &[u8]) -> Result<impl Iterator<Item = (u64, &[u8])>> {
-        Ok(slots(first, b)?
-            .into_iter()
-            .filter_map(|(id, e)| e.map(|e| (id, e))))
-    }
-
-    /// Number of slots (live or removed): the ids the frame covers.
-    pub fn count(b: &[u8]) -> Result<u32> {
-        u32_at(b, 0)
-    }
-
-    /// Number of live entries.
-    pub fn live(b: &[u8]) -> Result<u32> {
-        Ok(slots(0, b)?.iter().filter(|(_, e)| e.is_some()).count() as u32)
-    }
-
-    /// The frame with entry `id` removed, or `None` if it does not hold it.
-    pub fn without(first: u64, b: &[u8], id: u64) -> Result<Option<Vec<u8>>> {
-        let slots = slots(first, b)?;
-        if !slots.iter().any(|(i, e)| *i == id && e.is_some()) {
-            return Ok(None);
-        }
-        let mut out = Vec::with_capacity(b.len());
-        out.extend_from_slice(&(slots.len() as u32).to_be_bytes());
-        for (i, e) in slots {
-            match e {
-                Some(e) if i != id => {
-                    out.extend_from_slice(&(e.len() as u32).to_be_bytes());
-                    out.extend_from_slice(e);
-                }
-                _ => out.extend_from_slice(&GONE.to_be_bytes()),
-            }
-        }
-        Ok(Some(out))
-    }
-
-    #[cfg(test)]
-    mod tests {
-        #[test]
-        fn frames_round_trip_and_remove() {
-            let f = super::encode(&[b"a".to_vec(), b"".to_vec(), b"ccc".to_vec()]);
-            let got: Vec<_> = super::entries(10, &f)
-                .unwrap()
-                .map(|(i, e)| (i, e.to_vec()))
-                .collect();
-            assert_eq!(
-                got,
-                vec![(10, b"a".to_vec()), (11, vec![]), (12, b"ccc".to_vec())]
-            );
-            let g = super::without(10, &f, 11).unwrap().unwrap();
-            assert_eq!(super::count(&g).unwrap(), 3);
-            assert_eq!(super::live(&g).unwrap(), 2);
-            assert!(super::without(10, &g, 11).unwrap().is_none());
-            assert!(super::entries(0, &f[..5]).is_err());
-        }
-    }
-}
 
 /// sled-backed storage.
 pub struct SledStorage {
@@ -154,85 +43,6 @@ impl std::fmt::Debug for SledStorage {
             .field("segment_entries", &self.segment_entries)
             .finish_non_exhaustive()
     }
-}
-
-fn json<T: Serialize>(v: &T) -> Vec<u8> {
-    // Serialising plain records (strings, integers, vectors) cannot fail.
-    serde_json::to_vec(v).unwrap_or_default()
-}
-
-fn from_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T> {
-    serde_json::from_slice(bytes).map_err(|e| StorageError::Corrupt(e.to_string()))
-}
-
-/// Failure records are written on every failed delivery, so they use a
-/// compact binary form (protobuf, after a format byte) rather than JSON;
-/// records an older broker wrote as JSON still read.
-mod failure_codec {
-    use super::{AttemptRecord, FailureRecord, StorageError, StorageResult as Result};
-    use prost::Message as _;
-
-    const PROTOBUF_V1: u8 = 1;
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    struct Stored {
-        #[prost(uint32, tag = "1")]
-        count: u32,
-        #[prost(uint64, tag = "2")]
-        first_failure_ms: u64,
-        #[prost(message, repeated, tag = "3")]
-        attempts: Vec<ricochet_proto::Attempt>,
-    }
-
-    pub(super) fn encode(r: &FailureRecord) -> Vec<u8> {
-        let stored = Stored {
-            count: r.count,
-            first_failure_ms: r.first_failure_ms,
-            attempts: r.attempts.iter().map(Into::into).collect(),
-        };
-        let mut out = Vec::with_capacity(1 + stored.encoded_len());
-        out.push(PROTOBUF_V1);
-        stored.encode_raw(&mut out);
-        out
-    }
-
-    pub(super) fn decode(bytes: &[u8]) -> Result<FailureRecord> {
-        match bytes.split_first() {
-            Some((&PROTOBUF_V1, rest)) => {
-                let s = Stored::decode(rest).map_err(|e| StorageError::Corrupt(e.to_string()))?;
-                Ok(FailureRecord {
-                    count: s.count,
-                    first_failure_ms: s.first_failure_ms,
-                    attempts: s
-                        .attempts
-                        .into_iter()
-                        .map(|a| AttemptRecord {
-                            time_ms: a.time_ms,
-                            delivery_count: a.delivery_count,
-                            consumer: a.consumer,
-                            reason: a.reason,
-                            detail: a.detail,
-                        })
-                        .collect(),
-                })
-            }
-            Some((b'{', _)) => super::from_json(bytes),
-            _ => Err(StorageError::Corrupt(
-                "unknown failure record format".into(),
-            )),
-        }
-    }
-}
-
-fn be(id: u64) -> [u8; 8] {
-    id.to_be_bytes()
-}
-
-fn read_be(bytes: &[u8]) -> Result<u64> {
-    let arr: [u8; 8] = bytes
-        .try_into()
-        .map_err(|_| StorageError::Corrupt("bad u64 key".into()))?;
-    Ok(u64::from_be_bytes(arr))
 }
 
 fn sub_key(topic: &str, sub: &str) -> Vec<u8> {
@@ -562,13 +372,13 @@ impl Storage for SledStorage {
 
     fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>> {
         if let Some(v) = self.failures.get(message.key())? {
-            return failure_codec::decode(&v).map(Some);
+            return decode_failures(&v).map(Some);
         }
         let Some(due_ms) = due_ms.filter(|_| message.tier == TierId::Retry) else {
             return Ok(None);
         };
         match self.schedule.get(ScheduleKey { due_ms, message }.key())? {
-            Some(v) if !v.is_empty() => failure_codec::decode(&v).map(Some),
+            Some(v) if !v.is_empty() => decode_failures(&v).map(Some),
             _ => Ok(None),
         }
     }
@@ -582,7 +392,7 @@ impl Storage for SledStorage {
                 let (k, v) = kv?;
                 let m = SubMessage::from_key(&k)
                     .ok_or_else(|| StorageError::Corrupt("bad failure key".into()))?;
-                Ok((m, failure_codec::decode(&v)?))
+                Ok((m, decode_failures(&v)?))
             })
             .collect()
     }
@@ -591,7 +401,7 @@ impl Storage for SledStorage {
         let mut batch = Batch::default();
         for (m, rec) in records {
             match rec {
-                Some(r) => batch.insert(&m.key(), failure_codec::encode(r)),
+                Some(r) => batch.insert(&m.key(), encode_failures(r)),
                 None => batch.remove(&m.key()),
             }
         }
@@ -649,6 +459,7 @@ impl Storage for SledStorage {
             .iter()
             .map(|i| i.target_entry_id / self.segment_entries)
             .collect();
+        seg_numbers.sort_unstable();
         seg_numbers.dedup();
         let mut trees = vec![
             self.meta.clone(),
@@ -656,74 +467,70 @@ impl Storage for SledStorage {
             self.schedule.clone(),
             self.deadletters.clone(),
         ];
+        const SHARED_TREES: usize = 4;
         for seg in &seg_numbers {
             trees.push(self.segment(&mv.target_topic, *seg)?);
+        }
+        /// Where an item's record goes: with its schedule entry (a retry)
+        /// or under its dead-letter key.
+        enum Landing {
+            Schedule([u8; 25], Vec<u8>),
+            DeadLetter([u8; 16], Vec<u8>),
         }
         struct Encoded {
             from_key: [u8; 17],
             from_schedule: Option<[u8; 25]>,
-            seg_index: usize,
+            segment: usize,
             entry_key: [u8; 8],
             frame: Vec<u8>,
-            failure: Option<([u8; 17], Vec<u8>)>,
-            schedule: Option<([u8; 25], Vec<u8>)>,
-            dead_letter: Option<([u8; 16], Vec<u8>)>,
+            landing: Landing,
         }
         let encoded: Vec<Encoded> = mv
             .items
             .iter()
             .map(|item| {
-                let target = SubMessage {
-                    sub_id: mv.subscription.id,
-                    tier: mv.target_tier.unwrap_or(TierId::Retry),
-                    entry_id: item.target_entry_id,
-                };
                 let seg = item.target_entry_id / self.segment_entries;
-                // A retry move keeps the record in the schedule entry: sled
-                // holds some 45 bytes of page metadata in memory per stored
-                // key, and millions of scheduled retries are the case to size for.
-                let schedule = item.due_ms.filter(|_| mv.target_tier.is_some()).map(|due| {
-                    let key = ScheduleKey {
-                        due_ms: due,
-                        message: target,
-                    };
-                    (key.key(), failure_codec::encode(&item.failures))
-                });
+                let landing = match &item.arrival {
+                    // A retry keeps its failure record in its schedule entry:
+                    // sled holds some 45 bytes of page metadata in memory per
+                    // stored key, and millions of scheduled retries are the
+                    // case to size for.
+                    Arrival::Retry { due_ms } => {
+                        let key = ScheduleKey {
+                            due_ms: *due_ms,
+                            message: TierEntry::retry(item.target_entry_id).of(mv.subscription.id),
+                        };
+                        Landing::Schedule(key.key(), encode_failures(&item.failures))
+                    }
+                    Arrival::DeadLetter(d) => Landing::DeadLetter(
+                        dl_key(mv.subscription.id, item.target_entry_id),
+                        json(d),
+                    ),
+                };
                 Encoded {
                     from_key: item.from.key(),
                     from_schedule: item.from_schedule.map(|s| s.key()),
-                    seg_index: 4 + seg_numbers.iter().position(|s| *s == seg).unwrap_or(0),
+                    segment: seg_numbers.binary_search(&seg).unwrap_or(0),
                     entry_key: be(item.target_entry_id),
                     frame: frame::encode(std::slice::from_ref(&item.payload)),
-                    failure: mv
-                        .target_tier
-                        .filter(|_| schedule.is_none())
-                        .map(|_| (target.key(), failure_codec::encode(&item.failures))),
-                    schedule,
-                    dead_letter: item
-                        .dead_letter
-                        .as_ref()
-                        .map(|d| (dl_key(mv.subscription.id, item.target_entry_id), json(d))),
+                    landing,
                 }
             })
             .collect();
         let result = trees.as_slice().transaction(|t| {
-            t[0].insert(sub_key.as_slice(), sub_val.as_slice())?;
+            let (meta, failures, schedule, deadletters) = (&t[0], &t[1], &t[2], &t[3]);
+            let segments = &t[SHARED_TREES..];
+            meta.insert(sub_key.as_slice(), sub_val.as_slice())?;
             for e in &encoded {
-                t[1].remove(&e.from_key)?;
+                failures.remove(&e.from_key)?;
                 if let Some(s) = &e.from_schedule {
-                    t[2].remove(s)?;
+                    schedule.remove(s)?;
                 }
-                t[e.seg_index].insert(&e.entry_key, e.frame.as_slice())?;
-                if let Some((k, v)) = &e.failure {
-                    t[1].insert(k, v.as_slice())?;
-                }
-                if let Some((k, v)) = &e.schedule {
-                    t[2].insert(k, v.as_slice())?;
-                }
-                if let Some((k, v)) = &e.dead_letter {
-                    t[3].insert(k, v.as_slice())?;
-                }
+                segments[e.segment].insert(&e.entry_key, e.frame.as_slice())?;
+                match &e.landing {
+                    Landing::Schedule(k, v) => schedule.insert(k, v.as_slice())?,
+                    Landing::DeadLetter(k, v) => deadletters.insert(k, v.as_slice())?,
+                };
             }
             Ok::<_, ConflictableTransactionError<StorageError>>(())
         });
@@ -781,132 +588,5 @@ impl Storage for SledStorage {
     async fn flush(&self) -> Result<()> {
         self.db.flush_async().await?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn record(count: u32) -> FailureRecord {
-        let mut r = FailureRecord::default();
-        for n in 1..=count {
-            r.push(AttemptRecord {
-                time_ms: 1_000 + u64::from(n),
-                delivery_count: n,
-                consumer: "c".into(),
-                reason: 1,
-                detail: format!("failure {n}"),
-            });
-        }
-        r
-    }
-
-    #[test]
-    fn failure_records_round_trip_and_legacy_json_still_reads() {
-        let r = record(3);
-        let bytes = failure_codec::encode(&r);
-        assert_eq!(bytes[0], 1);
-        assert_eq!(failure_codec::decode(&bytes).unwrap(), r);
-        assert!(bytes.len() < json(&r).len() / 2, "{} bytes", bytes.len());
-        assert_eq!(failure_codec::decode(&json(&r)).unwrap(), r);
-        assert_eq!(
-            failure_codec::decode(&failure_codec::encode(&FailureRecord::default())).unwrap(),
-            FailureRecord::default()
-        );
-        assert!(matches!(
-            failure_codec::decode(b"\x07junk"),
-            Err(StorageError::Corrupt(_))
-        ));
-        assert!(matches!(
-            failure_codec::decode(&[1, 0xff]),
-            Err(StorageError::Corrupt(_))
-        ));
-    }
-
-    /// A move into the retry tier writes three keys, not four: the failure
-    /// record rides in the schedule entry, found with the due time; a later
-    /// `put_failures` overrides it; leaving the tier removes both.
-    #[test]
-    fn retry_moves_keep_the_failure_record_in_the_schedule_entry() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = SledStorage::open(dir.path(), 16, 8 << 20).unwrap();
-        let sub = SubscriptionRecord {
-            id: 7,
-            topic: "persistent://public/default/t".into(),
-            name: "s".into(),
-            sub_type: 0,
-            main: Cursor::starting_at(0),
-            retry: Cursor::starting_at(0),
-            policy: None,
-            policy_source: None,
-            retry_topic: None,
-            dead_letter_topic: None,
-            created_ms: 0,
-        };
-        let from = SubMessage {
-            sub_id: 7,
-            tier: TierId::Main,
-            entry_id: 3,
-        };
-        s.put_failures(&[(from, Some(record(1)))]).unwrap();
-        let retry_topic = "persistent://public/default/t-s-RETRY";
-        let mv = |from: SubMessage, from_schedule, target_entry_id, due_ms, count| TierMove {
-            target_topic: retry_topic.into(),
-            target_tier: Some(TierId::Retry),
-            subscription: sub.clone(),
-            items: vec![MoveItem {
-                from,
-                from_schedule,
-                payload: b"m".to_vec(),
-                target_entry_id,
-                failures: record(count),
-                due_ms: Some(due_ms),
-                dead_letter: None,
-            }],
-        };
-        s.move_messages(&mv(from, None, 0, 5_000, 2)).unwrap();
-        let first = SubMessage {
-            sub_id: 7,
-            tier: TierId::Retry,
-            entry_id: 0,
-        };
-        assert_eq!(
-            s.failure(from, None).unwrap(),
-            None,
-            "the source's record is gone"
-        );
-        assert_eq!(
-            s.failure(first, None).unwrap(),
-            None,
-            "not in the failures tree"
-        );
-        assert_eq!(
-            s.failure(first, Some(4_999)).unwrap(),
-            None,
-            "wrong due time"
-        );
-        assert_eq!(s.failure(first, Some(5_000)).unwrap(), Some(record(2)));
-        assert!(s.failures_of(7, TierId::Retry).unwrap().is_empty());
-        let due = s.scheduled(None, u64::MAX, 10).unwrap();
-        assert_eq!(due.len(), 1);
-        assert_eq!((due[0].due_ms, due[0].message), (5_000, first));
-
-        // An in-place redelivery writes the record the ordinary way: it wins.
-        s.put_failures(&[(first, Some(record(3)))]).unwrap();
-        assert_eq!(s.failure(first, Some(5_000)).unwrap(), Some(record(3)));
-
-        // Moving on to a second retry entry drops the first's entry and record.
-        let schedule = Some(due[0]);
-        s.move_messages(&mv(first, schedule, 1, 9_000, 4)).unwrap();
-        let second = SubMessage {
-            entry_id: 1,
-            ..first
-        };
-        assert_eq!(s.failure(first, Some(5_000)).unwrap(), None);
-        assert_eq!(s.failure(second, Some(9_000)).unwrap(), Some(record(4)));
-        let due = s.scheduled(None, u64::MAX, 10).unwrap();
-        assert_eq!(due.len(), 1);
-        assert_eq!(due[0].message, second);
     }
 }

@@ -1,0 +1,338 @@
+//! [`MemoryStorage`]: the [`Storage`] contract in plain maps, for tests of
+//! dispatch, the failure path and the scheduler that need no disk (and run
+//! on virtual time). Nothing survives the process; `flush` only counts.
+
+use super::*;
+use crate::util::lock;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+struct Log {
+    /// Entry id → bytes; `None` once removed (a purged dead letter).
+    entries: BTreeMap<u64, Option<Vec<u8>>>,
+    /// Ids below this were handed out, even if their entries are gone.
+    floor: u64,
+}
+
+impl Log {
+    fn next(&self) -> u64 {
+        self.entries
+            .last_key_value()
+            .map_or(self.floor, |(k, _)| (k + 1).max(self.floor))
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    topics: BTreeMap<String, TopicRecord>,
+    logs: HashMap<String, Log>,
+    sequences: BTreeMap<(String, String), u64>,
+    subscriptions: BTreeMap<(String, String), SubscriptionRecord>,
+    failures: BTreeMap<SubMessage, FailureRecord>,
+    /// A retry's failure record rides in its schedule entry, as in sled.
+    schedule: BTreeMap<ScheduleKey, Option<FailureRecord>>,
+    dead_letters: BTreeMap<(u64, u64), DeadLetterRecord>,
+    next_id: u64,
+}
+
+/// Storage in memory.
+#[derive(Debug, Default)]
+pub struct MemoryStorage {
+    state: Mutex<State>,
+    flushes: AtomicU64,
+}
+
+impl MemoryStorage {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many times `flush` was called.
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Relaxed)
+    }
+}
+
+#[async_trait::async_trait]
+impl Storage for MemoryStorage {
+    fn list_topics(&self) -> Result<Vec<TopicRecord>> {
+        Ok(lock(&self.state).topics.values().cloned().collect())
+    }
+
+    fn put_topic(&self, record: &TopicRecord) -> Result<()> {
+        lock(&self.state)
+            .topics
+            .insert(record.name.clone(), record.clone());
+        Ok(())
+    }
+
+    fn delete_topic(&self, name: &str) -> Result<()> {
+        for sub in self.list_subscriptions(name)? {
+            self.delete_subscription(&sub)?;
+        }
+        let mut s = lock(&self.state);
+        s.topics.remove(name);
+        s.logs.remove(name);
+        s.sequences.retain(|(t, _), _| t != name);
+        Ok(())
+    }
+
+    fn append(
+        &self,
+        topic: &str,
+        first_id: u64,
+        entries: &[Vec<u8>],
+        producer: Option<(&str, u64)>,
+    ) -> Result<()> {
+        let mut s = lock(&self.state);
+        let log = s.logs.entry(topic.to_owned()).or_default();
+        for (i, e) in entries.iter().enumerate() {
+            log.entries.insert(first_id + i as u64, Some(e.clone()));
+        }
+        if let Some((name, seq)) = producer {
+            s.sequences.insert((topic.to_owned(), name.to_owned()), seq);
+        }
+        Ok(())
+    }
+
+    fn read(
+        &self,
+        topic: &str,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>> {
+        let s = lock(&self.state);
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        let Some(log) = s.logs.get(topic) else {
+            return Ok(out);
+        };
+        for (id, e) in log.entries.range(from..) {
+            let Some(e) = e else { continue };
+            bytes += e.len();
+            out.push((*id, e.clone()));
+            if out.len() >= max || bytes >= max_bytes {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn read_one(&self, topic: &str, id: u64) -> Result<Option<Vec<u8>>> {
+        Ok(lock(&self.state)
+            .logs
+            .get(topic)
+            .and_then(|l| l.entries.get(&id).cloned().flatten()))
+    }
+
+    fn entry_range(&self, topic: &str) -> Result<(u64, u64)> {
+        let s = lock(&self.state);
+        let Some(log) = s.logs.get(topic) else {
+            return Ok((0, 0));
+        };
+        let next = log.next();
+        let first = log.entries.first_key_value().map_or(next, |(k, _)| *k);
+        Ok((first.min(next), next))
+    }
+
+    fn trim(&self, topic: &str, below: u64) -> Result<()> {
+        if let Some(log) = lock(&self.state).logs.get_mut(topic) {
+            log.floor = log.next();
+            log.entries = log.entries.split_off(&below);
+        }
+        Ok(())
+    }
+
+    fn remove_entries(&self, topic: &str, ids: &[u64]) -> Result<()> {
+        if let Some(log) = lock(&self.state).logs.get_mut(topic) {
+            log.floor = log.next();
+            for id in ids {
+                if let Some(e) = log.entries.get_mut(id) {
+                    *e = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn producer_sequences(&self, topic: &str) -> Result<Vec<(String, u64)>> {
+        Ok(lock(&self.state)
+            .sequences
+            .iter()
+            .filter(|((t, _), _)| t == topic)
+            .map(|((_, p), s)| (p.clone(), *s))
+            .collect())
+    }
+
+    fn list_subscriptions(&self, topic: &str) -> Result<Vec<SubscriptionRecord>> {
+        Ok(lock(&self.state)
+            .subscriptions
+            .iter()
+            .filter(|((t, _), _)| t == topic)
+            .map(|(_, r)| r.clone())
+            .collect())
+    }
+
+    fn put_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
+        lock(&self.state)
+            .subscriptions
+            .insert((record.topic.clone(), record.name.clone()), record.clone());
+        Ok(())
+    }
+
+    fn delete_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
+        let mut s = lock(&self.state);
+        let id = record.id;
+        s.failures.retain(|m, _| m.sub_id != id);
+        s.schedule.retain(|k, _| k.message.sub_id != id);
+        s.dead_letters.retain(|(sub, _), _| *sub != id);
+        s.subscriptions
+            .remove(&(record.topic.clone(), record.name.clone()));
+        Ok(())
+    }
+
+    fn next_id(&self) -> Result<u64> {
+        let mut s = lock(&self.state);
+        s.next_id += 1;
+        Ok(s.next_id)
+    }
+
+    fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>> {
+        let s = lock(&self.state);
+        if let Some(r) = s.failures.get(&message) {
+            return Ok(Some(r.clone()));
+        }
+        let Some(due_ms) = due_ms.filter(|_| message.tier == TierId::Retry) else {
+            return Ok(None);
+        };
+        Ok(s.schedule
+            .get(&ScheduleKey { due_ms, message })
+            .cloned()
+            .flatten())
+    }
+
+    fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {
+        Ok(lock(&self.state)
+            .failures
+            .iter()
+            .filter(|(m, _)| m.sub_id == sub_id && m.tier == tier)
+            .map(|(m, r)| (*m, r.clone()))
+            .collect())
+    }
+
+    fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()> {
+        let mut s = lock(&self.state);
+        for (m, r) in records {
+            match r {
+                Some(r) => s.failures.insert(*m, r.clone()),
+                None => s.failures.remove(m),
+            };
+        }
+        Ok(())
+    }
+
+    fn scheduled(
+        &self,
+        after: Option<ScheduleKey>,
+        to_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<ScheduleKey>> {
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        Ok(lock(&self.state)
+            .schedule
+            .range((start, Bound::Unbounded))
+            .map(|(k, _)| *k)
+            .take_while(|k| k.due_ms < to_ms)
+            .take(limit)
+            .collect())
+    }
+
+    fn put_schedule(&self, keys: &[(ScheduleKey, bool)]) -> Result<()> {
+        let mut s = lock(&self.state);
+        for (k, add) in keys {
+            if *add {
+                s.schedule.insert(*k, None);
+            } else {
+                s.schedule.remove(k);
+            }
+        }
+        Ok(())
+    }
+
+    fn move_messages(&self, mv: &TierMove) -> Result<()> {
+        // One lock for the whole batch: all or nothing, as a transaction.
+        let mut s = lock(&self.state);
+        let sub_id = mv.subscription.id;
+        s.subscriptions.insert(
+            (mv.subscription.topic.clone(), mv.subscription.name.clone()),
+            mv.subscription.clone(),
+        );
+        for item in &mv.items {
+            s.failures.remove(&item.from);
+            if let Some(k) = &item.from_schedule {
+                s.schedule.remove(k);
+            }
+            s.logs
+                .entry(mv.target_topic.clone())
+                .or_default()
+                .entries
+                .insert(item.target_entry_id, Some(item.payload.clone()));
+            match &item.arrival {
+                Arrival::Retry { due_ms } => {
+                    let key = ScheduleKey {
+                        due_ms: *due_ms,
+                        message: TierEntry::retry(item.target_entry_id).of(sub_id),
+                    };
+                    s.schedule.insert(key, Some(item.failures.clone()));
+                }
+                Arrival::DeadLetter(d) => {
+                    s.dead_letters
+                        .insert((sub_id, item.target_entry_id), d.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn dead_letters(
+        &self,
+        sub_id: u64,
+        after: Option<u64>,
+    ) -> Result<Vec<(u64, DeadLetterRecord)>> {
+        let start = match after {
+            Some(a) => Bound::Excluded((sub_id, a)),
+            None => Bound::Included((sub_id, 0)),
+        };
+        Ok(lock(&self.state)
+            .dead_letters
+            .range((start, Bound::Included((sub_id, u64::MAX))))
+            .map(|((_, id), r)| (*id, r.clone()))
+            .collect())
+    }
+
+    fn count_dead_letters(&self, sub_id: u64) -> Result<u64> {
+        Ok(self.dead_letters(sub_id, None)?.len() as u64)
+    }
+
+    fn remove_dead_letters(&self, sub_id: u64, ids: &[u64]) -> Result<()> {
+        let mut s = lock(&self.state);
+        for id in ids {
+            s.dead_letters.remove(&(sub_id, *id));
+        }
+        Ok(())
+    }
+
+    fn size_on_disk(&self) -> Result<u64> {
+        Ok(0)
+    }
+
+    async fn flush(&self) -> Result<()> {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}

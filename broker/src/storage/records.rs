@@ -1,0 +1,390 @@
+//! The records the broker persists, as plain Rust values: topics,
+//! subscriptions (with their cursors), failure histories, dead letters,
+//! schedule entries, and the description of a tier move. How each is encoded
+//! is the storage engine's business.
+
+use super::Cursor;
+use ricochet_policy::{FailureReason, PolicySpec};
+use ricochet_proto::SubscriptionType;
+use serde::{Deserialize, Serialize};
+
+/// What a topic is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TopicKind {
+    /// A topic producers publish to.
+    Normal,
+    /// A subscription's retry tier.
+    Retry,
+    /// A subscription's dead-letter tier.
+    DeadLetter,
+}
+
+/// A topic's persisted metadata.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TopicRecord {
+    /// Fully qualified name.
+    pub name: String,
+    /// Creation time, ms since the epoch.
+    pub created_ms: u64,
+    /// What the topic is for.
+    pub kind: TopicKind,
+}
+
+/// Who chose a subscription's dead-letter policy. Precedence, highest
+/// first: an operator (admin `SetPolicy`), the subscribing client, the
+/// broker's config for the topic, none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicySource {
+    /// Set through the admin API.
+    Admin,
+    /// Sent by a subscribing consumer.
+    Client,
+    /// A `[[policies]]` rule of the broker config.
+    Config,
+    /// No policy.
+    Default,
+}
+
+impl PolicySource {
+    /// `admin`, `client`, `config` or `default` (the admin API's wording).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicySource::Admin => "admin",
+            PolicySource::Client => "client",
+            PolicySource::Config => "config",
+            PolicySource::Default => "default",
+        }
+    }
+}
+
+/// A subscription's persisted state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubscriptionRecord {
+    /// Broker-unique numeric id, used in compact keys.
+    pub id: u64,
+    /// Topic name.
+    pub topic: String,
+    /// Subscription name.
+    pub name: String,
+    /// The type of its consumers (the last one that joined).
+    #[serde(with = "sub_type_code")]
+    pub sub_type: SubscriptionType,
+    /// Ack state on the main topic.
+    pub main: Cursor,
+    /// Ack state on the retry tier.
+    pub retry: Cursor,
+    /// Dead-letter policy set on this subscription, if any.
+    pub policy: Option<PolicySpec>,
+    /// Who set `policy` (admin or client).
+    pub policy_source: Option<PolicySource>,
+    /// Overridden retry tier topic, if any.
+    pub retry_topic: Option<String>,
+    /// Overridden dead-letter tier topic, if any.
+    pub dead_letter_topic: Option<String>,
+    /// Creation time, ms since the epoch.
+    pub created_ms: u64,
+}
+
+impl SubscriptionRecord {
+    /// A new subscription whose main cursor starts at `start`.
+    pub fn new(id: u64, topic: &str, name: &str, sub_type: SubscriptionType, start: u64) -> Self {
+        Self {
+            id,
+            topic: topic.to_owned(),
+            name: name.to_owned(),
+            sub_type,
+            main: Cursor::starting_at(start),
+            retry: Cursor::starting_at(0),
+            policy: None,
+            policy_source: None,
+            retry_topic: None,
+            dead_letter_topic: None,
+            created_ms: 0,
+        }
+    }
+
+    /// The ack state of one tier.
+    pub fn cursor(&self, tier: TierId) -> &Cursor {
+        match tier {
+            TierId::Main => &self.main,
+            TierId::Retry => &self.retry,
+        }
+    }
+
+    /// The ack state of one tier, to change.
+    pub fn cursor_mut(&mut self, tier: TierId) -> &mut Cursor {
+        match tier {
+            TierId::Main => &mut self.main,
+            TierId::Retry => &mut self.retry,
+        }
+    }
+
+    /// Whether `entry` is acknowledged in its tier.
+    pub fn is_acked(&self, entry: TierEntry) -> bool {
+        self.cursor(entry.tier).is_acked(entry.entry_id)
+    }
+}
+
+/// Subscription types are stored as their protocol number (records written
+/// before the type was typed hold the same number).
+mod sub_type_code {
+    use ricochet_proto::SubscriptionType;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &SubscriptionType, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_i32(*t as i32)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SubscriptionType, D::Error> {
+        let v = i32::deserialize(d)?;
+        SubscriptionType::try_from(v)
+            .map_err(|_| serde::de::Error::custom(format!("unknown subscription type {v}")))
+    }
+}
+
+/// Which of a subscription's tiers a message sits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum TierId {
+    /// The subscription's topic.
+    Main = 0,
+    /// The subscription's retry tier.
+    Retry = 1,
+}
+
+impl TierId {
+    pub(crate) fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            0 => Some(TierId::Main),
+            1 => Some(TierId::Retry),
+            _ => None,
+        }
+    }
+}
+
+/// One message of a subscription: an entry of its main topic or of its
+/// retry tier. Ordered by tier, then entry id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TierEntry {
+    /// The tier.
+    pub tier: TierId,
+    /// The entry id in that tier's topic.
+    pub entry_id: u64,
+}
+
+impl TierEntry {
+    /// An entry of the main topic.
+    pub fn main(entry_id: u64) -> Self {
+        Self {
+            tier: TierId::Main,
+            entry_id,
+        }
+    }
+
+    /// An entry of the retry tier.
+    pub fn retry(entry_id: u64) -> Self {
+        Self {
+            tier: TierId::Retry,
+            entry_id,
+        }
+    }
+
+    /// The same entry within subscription `sub_id`, as storage keys it.
+    pub fn of(self, sub_id: u64) -> SubMessage {
+        SubMessage {
+            sub_id,
+            tier: self.tier,
+            entry_id: self.entry_id,
+        }
+    }
+}
+
+/// Identifies a message within a subscription: its tier and entry id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SubMessage {
+    /// The subscription's numeric id.
+    pub sub_id: u64,
+    /// The tier.
+    pub tier: TierId,
+    /// The entry id in that tier's topic.
+    pub entry_id: u64,
+}
+
+impl SubMessage {
+    /// The message without its subscription.
+    pub fn entry(&self) -> TierEntry {
+        TierEntry {
+            tier: self.tier,
+            entry_id: self.entry_id,
+        }
+    }
+
+    /// 17-byte big-endian key: sub id, tier, entry id.
+    pub fn key(&self) -> [u8; 17] {
+        let mut k = [0u8; 17];
+        k[..8].copy_from_slice(&self.sub_id.to_be_bytes());
+        k[8] = self.tier as u8;
+        k[9..].copy_from_slice(&self.entry_id.to_be_bytes());
+        k
+    }
+
+    /// Inverse of [`SubMessage::key`].
+    pub fn from_key(k: &[u8]) -> Option<Self> {
+        if k.len() != 17 {
+            return None;
+        }
+        Some(Self {
+            sub_id: u64::from_be_bytes(k[..8].try_into().ok()?),
+            tier: TierId::from_byte(k[8])?,
+            entry_id: u64::from_be_bytes(k[9..].try_into().ok()?),
+        })
+    }
+}
+
+/// The failure history of one message in one subscription.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct FailureRecord {
+    /// Failed deliveries so far (the delivery count sent with the next delivery).
+    pub count: u32,
+    /// Time of the first failure, ms since the epoch.
+    pub first_failure_ms: u64,
+    /// Every failed attempt, oldest first (bounded to the last 64).
+    pub attempts: Vec<AttemptRecord>,
+}
+
+/// One failed attempt.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AttemptRecord {
+    /// When, ms since the epoch.
+    pub time_ms: u64,
+    /// The delivery count after this failure.
+    pub delivery_count: u32,
+    /// The consumer that failed it.
+    pub consumer: String,
+    /// Why the delivery failed.
+    #[serde(with = "reason_code")]
+    pub reason: FailureReason,
+    /// The nack reason text.
+    pub detail: String,
+}
+
+/// Failure reasons are stored as their protocol number.
+pub(crate) mod reason_code {
+    use ricochet_policy::FailureReason;
+    use ricochet_proto::convert::{failure_reason_from_i32, failure_reason_to_i32};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(r: &FailureReason, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_i32(failure_reason_to_i32(*r))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<FailureReason, D::Error> {
+        failure_reason_from_i32(i32::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Most attempts kept per failure record.
+pub const MAX_ATTEMPTS_KEPT: usize = 64;
+
+impl FailureRecord {
+    /// Records one more failure.
+    pub fn push(&mut self, attempt: AttemptRecord) {
+        if self.first_failure_ms == 0 {
+            self.first_failure_ms = attempt.time_ms;
+        }
+        self.count = attempt.delivery_count;
+        if self.attempts.len() == MAX_ATTEMPTS_KEPT {
+            self.attempts.remove(0);
+        }
+        self.attempts.push(attempt);
+    }
+}
+
+/// A dead-lettered message's record, keyed by (subscription, DLQ entry id).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeadLetterRecord {
+    /// Where it came from: (topic, entry id) in the subscription's main topic.
+    pub origin_topic: String,
+    /// Origin entry id.
+    pub origin_entry_id: u64,
+    /// Why it was dead-lettered.
+    pub reason: String,
+    /// When, ms since the epoch.
+    pub at_ms: u64,
+    /// Its failure history.
+    pub failures: FailureRecord,
+}
+
+/// A schedule entry: `message` becomes deliverable at `due_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ScheduleKey {
+    /// Due time, ms since the epoch.
+    pub due_ms: u64,
+    /// The scheduled message.
+    pub message: SubMessage,
+}
+
+impl ScheduleKey {
+    /// 25-byte big-endian key: due time first, so a range scan is a time window.
+    pub fn key(&self) -> [u8; 25] {
+        let mut k = [0u8; 25];
+        k[..8].copy_from_slice(&self.due_ms.to_be_bytes());
+        k[8..].copy_from_slice(&self.message.key());
+        k
+    }
+
+    /// Inverse of [`ScheduleKey::key`].
+    pub fn from_key(k: &[u8]) -> Option<Self> {
+        if k.len() != 25 {
+            return None;
+        }
+        Some(Self {
+            due_ms: u64::from_be_bytes(k[..8].try_into().ok()?),
+            message: SubMessage::from_key(&k[8..])?,
+        })
+    }
+}
+
+/// Where a moved message lands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Arrival {
+    /// In the subscription's retry tier, due at `due_ms` (a schedule entry
+    /// that also keeps its failure record, see [`super::Storage::failure`]).
+    Retry {
+        /// When it is redelivered, ms since the epoch.
+        due_ms: u64,
+    },
+    /// In the subscription's dead-letter tier, with this record.
+    DeadLetter(DeadLetterRecord),
+}
+
+/// One message moving between tiers, applied atomically with others in a
+/// [`TierMove`].
+#[derive(Debug, Clone)]
+pub struct MoveItem {
+    /// The message leaving its tier (acked there).
+    pub from: SubMessage,
+    /// Its schedule entry, dropped by the move (a scheduled message only).
+    pub from_schedule: Option<ScheduleKey>,
+    /// The encoded message appended to the target tier.
+    pub payload: Vec<u8>,
+    /// The target tier's entry id for it.
+    pub target_entry_id: u64,
+    /// Its failure record after this move.
+    pub failures: FailureRecord,
+    /// Where it lands.
+    pub arrival: Arrival,
+}
+
+/// A batch of moves from one subscription into one tier topic, together
+/// with the subscription's new cursor state: all or nothing.
+#[derive(Debug, Clone)]
+pub struct TierMove {
+    /// The target tier topic.
+    pub target_topic: String,
+    /// The subscription record with the sources marked acked.
+    pub subscription: SubscriptionRecord,
+    /// The messages.
+    pub items: Vec<MoveItem>,
+}

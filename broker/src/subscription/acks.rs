@@ -1,0 +1,154 @@
+//! Settling messages: individual and cumulative acks, and the bookkeeping
+//! every way out of flight shares — [`release`](SubscriptionActor::release)
+//! (given back, record and schedule entry kept) and
+//! [`settle`](SubscriptionActor::settle) (done with in this tier).
+
+use super::SubscriptionActor;
+use super::requests::{ConsumerId, MessageRef};
+use crate::error::BrokerError;
+use crate::storage::{ScheduleKey, SubMessage, TierEntry, TierId};
+use ricochet_proto::SubscriptionType;
+
+/// Storage clean-up gathered while settling messages.
+#[derive(Debug, Default)]
+pub(super) struct Cleanup {
+    /// Failure records to delete.
+    pub records: Vec<SubMessage>,
+    /// Schedule entries to delete.
+    pub unschedule: Vec<ScheduleKey>,
+}
+
+impl SubscriptionActor {
+    /// Takes `entry` out of flight, keeping its failure record and schedule
+    /// entry: the holder's unacked count and key bucket are released. Returns
+    /// the schedule due time it was delivered with, if any.
+    pub(super) fn release(&mut self, entry: TierEntry) -> Option<Option<u64>> {
+        let f = self.deliveries.in_flight.remove(&entry)?;
+        if let Some(c) = self.consumers.get_mut(f.consumer) {
+            c.unacked = c.unacked.saturating_sub(1);
+        }
+        if let Some(b) = f.bucket {
+            self.dispatcher.release(b);
+        }
+        Some(f.due_ms)
+    }
+
+    /// Done with `entry` in its tier (acked, or moved to another tier):
+    /// out of flight, and its failure record and schedule entry go.
+    pub(super) fn settle(&mut self, entry: TierEntry, cleanup: &mut Cleanup) {
+        let msg = entry.of(self.rec.id);
+        if let Some(Some(due_ms)) = self.release(entry) {
+            cleanup.unschedule.push(ScheduleKey {
+                due_ms,
+                message: msg,
+            });
+        }
+        if self.deliveries.failures.remove(&entry).is_some() || entry.tier == TierId::Retry {
+            cleanup.records.push(msg);
+        }
+    }
+
+    /// Applies an ack request. Every id must have been delivered on this
+    /// subscription; otherwise nothing is acked and the consumer is told.
+    pub(super) fn ack(
+        &mut self,
+        consumer: ConsumerId,
+        request_id: u64,
+        ids: &[MessageRef],
+        cumulative: bool,
+    ) {
+        let entries = match self.ack_targets(ids, cumulative) {
+            Ok(e) => e,
+            Err(e) => return self.reply(consumer, request_id, Err(e.into())),
+        };
+        let mut cleanup = Cleanup::default();
+        for entry in entries {
+            if cumulative {
+                self.ack_through(entry.entry_id, &mut cleanup);
+            } else {
+                self.ack_one(entry, &mut cleanup);
+            }
+            self.dirty = true;
+        }
+        // The cursor is written first; stale failure or schedule records left
+        // by a crash in between are recognised as acked and dropped later.
+        self.persist();
+        let storage = &self.deps.storage;
+        let records: Vec<_> = cleanup.records.iter().map(|m| (*m, None)).collect();
+        let unschedule: Vec<_> = cleanup.unschedule.iter().map(|k| (*k, false)).collect();
+        let written = storage
+            .put_failures(&records)
+            .and_then(|()| storage.put_schedule(&unschedule));
+        if let Err(e) = written {
+            return self.reply(consumer, request_id, Err(BrokerError::from(e).into()));
+        }
+        self.finish_request(consumer, request_id, Ok(()));
+    }
+
+    /// The entries an ack names, checked.
+    fn ack_targets(
+        &self,
+        ids: &[MessageRef],
+        cumulative: bool,
+    ) -> Result<Vec<TierEntry>, BrokerError> {
+        let mut entries = Vec::with_capacity(ids.len());
+        for id in ids {
+            let entry = self.locate(id)?;
+            if !self
+                .deliveries
+                .was_delivered(entry, self.rec.is_acked(entry))
+            {
+                return Err(BrokerError::InvalidArgument(format!(
+                    "cannot ack {id}: it was never delivered on this subscription"
+                )));
+            }
+            entries.push(entry);
+        }
+        if cumulative {
+            let t = self.rec.sub_type;
+            if matches!(t, SubscriptionType::Shared | SubscriptionType::KeyShared) {
+                return Err(BrokerError::InvalidArgument(format!(
+                    "cumulative ack is not allowed on a {} subscription",
+                    t.as_str_name()
+                )));
+            }
+            if entries.iter().any(|e| e.tier != TierId::Main) {
+                return Err(BrokerError::InvalidArgument(
+                    "cumulative ack applies to the main topic only".into(),
+                ));
+            }
+        }
+        Ok(entries)
+    }
+
+    fn ack_through(&mut self, through: u64, cleanup: &mut Cleanup) {
+        let done = self.deliveries.in_flight_through(through);
+        self.metrics.acked.increment(done.len() as u64);
+        for e in done {
+            self.settle(e, cleanup);
+        }
+        self.rec.main.ack_through(through);
+        self.deliveries
+            .ready
+            .retain(|e, _| !(e.tier == TierId::Main && e.entry_id <= through));
+    }
+
+    fn ack_one(&mut self, entry: TierEntry, cleanup: &mut Cleanup) {
+        self.settle(entry, cleanup);
+        // Acked while waiting for its redelivery: it will not be sent.
+        if let Some(due_ms) = self.deliveries.unqueue(entry) {
+            cleanup.unschedule.push(ScheduleKey {
+                due_ms,
+                message: entry.of(self.rec.id),
+            });
+        }
+        if self.rec.cursor_mut(entry.tier).ack(entry.entry_id) {
+            self.metrics.acked.increment(1);
+            if entry.tier == TierId::Retry {
+                self.counters.retry_queue = self.counters.retry_queue.saturating_sub(1);
+                self.counters.retries_succeeded += 1;
+                self.metrics.retry_succeeded.increment(1);
+            }
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! Where each of a subscription's messages stands, in memory: ready to be
+//! dispatched, fired by the scheduler but not yet loaded, in flight with a
+//! consumer, and the failure records of messages that failed before.
+//!
+//! The persisted truth is the cursors, the failure records and the schedule
+//! in storage; this is the working set the actor dispatches from.
+
+use super::requests::{ConsumerId, MessageState};
+use crate::storage::{FailureRecord, TierEntry, TierId};
+use ricochet_proto::Message;
+use std::collections::{BTreeMap, HashMap};
+
+/// Messages buffered ahead of dispatch.
+pub(super) const READ_AHEAD: usize = 1_000;
+
+/// A message ready to be dispatched.
+#[derive(Debug)]
+pub(super) struct Pending {
+    pub msg: Message,
+    /// Its schedule entry's due time, if it came from the schedule.
+    pub due_ms: Option<u64>,
+}
+
+/// A message out with a consumer.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct InFlight {
+    pub consumer: ConsumerId,
+    /// Key_Shared: the key bucket it counts against.
+    pub bucket: Option<u16>,
+    /// Its schedule entry's due time (kept until it is acked or moved).
+    pub due_ms: Option<u64>,
+}
+
+/// The in-memory working set of one subscription.
+#[derive(Debug, Default)]
+pub(super) struct Deliveries {
+    /// Loaded and ready, in dispatch order (main tier first, then by id).
+    pub ready: BTreeMap<TierEntry, Pending>,
+    /// Fired schedule entries not yet loaded into `ready`, with due times.
+    pub due: BTreeMap<TierEntry, u64>,
+    pub in_flight: HashMap<TierEntry, InFlight>,
+    /// Failure records of main-tier messages (all of them) and of
+    /// retry-tier ones loaded for dispatch.
+    pub failures: HashMap<TierEntry, FailureRecord>,
+}
+
+impl Deliveries {
+    /// Whether a message was ever handed out, so an ack or a failure for it
+    /// makes sense: in flight, acked, or failed before (it then has a
+    /// failure record and may be waiting for its redelivery).
+    pub fn was_delivered(&self, entry: TierEntry, acked: bool) -> bool {
+        acked || self.in_flight.contains_key(&entry) || self.failures.contains_key(&entry)
+    }
+
+    /// Whether `entry` is in flight with `consumer`.
+    pub fn held_by(&self, entry: TierEntry, consumer: ConsumerId) -> bool {
+        self.in_flight
+            .get(&entry)
+            .is_some_and(|f| f.consumer == consumer)
+    }
+
+    /// The entries `consumer` holds.
+    pub fn held(&self, consumer: ConsumerId) -> Vec<(TierEntry, InFlight)> {
+        self.in_flight
+            .iter()
+            .filter(|(_, f)| f.consumer == consumer)
+            .map(|(k, f)| (*k, *f))
+            .collect()
+    }
+
+    /// The delivery count a message goes out with: its failures so far.
+    pub fn delivery_count(&self, entry: TierEntry) -> u32 {
+        self.failures.get(&entry).map_or(0, |r| r.count)
+    }
+
+    /// Forgets a message waiting for (re)delivery; its schedule due time if
+    /// it was waiting for one.
+    pub fn unqueue(&mut self, entry: TierEntry) -> Option<u64> {
+        let from_ready = self.ready.remove(&entry).and_then(|p| p.due_ms);
+        let from_due = self.due.remove(&entry);
+        from_ready.or(from_due)
+    }
+
+    /// Where main-topic entry `entry_id` stands, given its cursor state and
+    /// how far the read-ahead has read.
+    pub fn state_of(&self, entry_id: u64, acked: bool, read_pos: u64) -> MessageState {
+        let entry = TierEntry::main(entry_id);
+        if self.in_flight.contains_key(&entry) {
+            MessageState::InFlight
+        } else if acked {
+            MessageState::Acked
+        } else if self.ready.contains_key(&entry)
+            || entry_id >= read_pos
+            || self.failures.contains_key(&entry)
+        {
+            MessageState::Pending
+        } else {
+            MessageState::Scheduled
+        }
+    }
+
+    /// In-flight main-tier entries up to and including `through`.
+    pub fn in_flight_through(&self, through: u64) -> Vec<TierEntry> {
+        self.in_flight
+            .keys()
+            .filter(|e| e.tier == TierId::Main && e.entry_id <= through)
+            .copied()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_of_main_topic_messages() {
+        let mut d = Deliveries::default();
+        d.in_flight.insert(
+            TierEntry::main(1),
+            InFlight {
+                consumer: 1,
+                bucket: None,
+                due_ms: None,
+            },
+        );
+        d.ready.insert(
+            TierEntry::main(2),
+            Pending {
+                msg: Message::default(),
+                due_ms: None,
+            },
+        );
+        d.failures
+            .insert(TierEntry::main(3), FailureRecord::default());
+        let read_pos = 10;
+        assert_eq!(d.state_of(1, false, read_pos), MessageState::InFlight);
+        assert_eq!(d.state_of(2, false, read_pos), MessageState::Pending);
+        assert_eq!(
+            d.state_of(3, false, read_pos),
+            MessageState::Pending,
+            "awaiting redelivery"
+        );
+        assert_eq!(d.state_of(4, true, read_pos), MessageState::Acked);
+        assert_eq!(
+            d.state_of(5, false, read_pos),
+            MessageState::Scheduled,
+            "read past, not ready: delayed"
+        );
+        assert_eq!(
+            d.state_of(12, false, read_pos),
+            MessageState::Pending,
+            "not read yet"
+        );
+    }
+
+    #[test]
+    fn unqueue_reports_a_schedule_entry_from_either_queue() {
+        let mut d = Deliveries::default();
+        d.ready.insert(
+            TierEntry::retry(1),
+            Pending {
+                msg: Message::default(),
+                due_ms: Some(50),
+            },
+        );
+        d.due.insert(TierEntry::retry(2), 60);
+        d.ready.insert(
+            TierEntry::main(3),
+            Pending {
+                msg: Message::default(),
+                due_ms: None,
+            },
+        );
+        assert_eq!(d.unqueue(TierEntry::retry(1)), Some(50));
+        assert_eq!(d.unqueue(TierEntry::retry(2)), Some(60));
+        assert_eq!(d.unqueue(TierEntry::main(3)), None);
+        assert!(d.ready.is_empty() && d.due.is_empty());
+    }
+}

@@ -1,0 +1,141 @@
+//! [`SubscriptionHandle`]: the typed, async API the rest of the broker uses
+//! to talk to a subscription actor. Every call becomes one private
+//! [`Command`] on the actor's channel; those that need an answer carry a
+//! reply channel. The actor stops once every handle is gone.
+
+use super::requests::{
+    ConsumerId, ConsumerRequest, ConsumerSpec, MessageRef, MessageStatus, PolicyInfo,
+};
+use super::stats::{StatsSnapshot, SubscriptionStats};
+use crate::error::{BrokerError, Result};
+use crate::storage::{DeadLetterRecord, Storage, TierEntry};
+use ricochet_policy::PolicySpec;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Requests handled by the subscription actor.
+#[derive(Debug)]
+pub(super) enum Command {
+    /// A consumer joins; replies with its id and the policy in force.
+    AddConsumer(
+        ConsumerSpec,
+        oneshot::Sender<Result<(ConsumerId, PolicyInfo)>>,
+    ),
+    /// A consumer's stream ended.
+    RemoveConsumer(ConsumerId),
+    /// A request from a consumer's stream.
+    Request(ConsumerId, ConsumerRequest),
+    /// Messages whose new delivery counts are durable: dispatch them.
+    Ready(Vec<TierEntry>),
+    /// Stats, without the schedule part (see [`SubscriptionHandle::stats`]).
+    Stats(oneshot::Sender<StatsSnapshot>),
+    /// The policy in force.
+    GetPolicy(oneshot::Sender<PolicyInfo>),
+    /// Replace (or clear) the operator-set policy.
+    SetPolicy(Option<PolicySpec>, oneshot::Sender<Result<PolicyInfo>>),
+    /// State of one main-topic entry.
+    MessageStatus(u64, oneshot::Sender<MessageStatus>),
+    /// Publish dead letters (by DLQ entry id) again on the topic, keeping or
+    /// resetting their delivery counts, and remove them from the DLQ.
+    Replay(
+        Vec<(u64, DeadLetterRecord)>,
+        bool,
+        oneshot::Sender<Result<Vec<MessageRef>>>,
+    ),
+    /// Dead letters were purged by an operator (for the DLQ size gauge).
+    DeadLettersPurged(u64),
+    /// Stop the actor and delete the subscription's state.
+    Delete(oneshot::Sender<Result<()>>),
+}
+
+/// Handle to a running subscription; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SubscriptionHandle {
+    id: u64,
+    name: String,
+    tx: mpsc::UnboundedSender<Command>,
+}
+
+impl SubscriptionHandle {
+    pub(super) fn new(id: u64, name: String, tx: mpsc::UnboundedSender<Command>) -> Self {
+        Self { id, name, tx }
+    }
+
+    /// Broker-unique id (the key of its records in storage).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Subscription name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn send(&self, cmd: Command) -> Result<()> {
+        self.tx.send(cmd).map_err(|_| BrokerError::ShuttingDown)
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T> {
+        let (tx, rx) = oneshot::channel();
+        self.send(make(tx))?;
+        rx.await.map_err(|_| BrokerError::ShuttingDown)
+    }
+
+    /// Adds a consumer; the actor sends it `Subscribed` first.
+    pub async fn add_consumer(&self, spec: ConsumerSpec) -> Result<(ConsumerId, PolicyInfo)> {
+        self.ask(|r| Command::AddConsumer(spec, r)).await?
+    }
+
+    /// Queues a consumer's request (answered on its stream, if at all).
+    pub fn request(&self, consumer: ConsumerId, request: ConsumerRequest) -> Result<()> {
+        self.send(Command::Request(consumer, request))
+    }
+
+    /// The consumer's stream ended: what it held is redelivered, an attempt
+    /// charged (unless it closed cleanly first).
+    pub fn remove_consumer(&self, consumer: ConsumerId) -> Result<()> {
+        self.send(Command::RemoveConsumer(consumer))
+    }
+
+    /// The subscription's stats. The scheduled part scans the schedule index
+    /// on a blocking thread, so a stats call never stalls dispatch.
+    pub async fn stats(&self, storage: Arc<dyn Storage>) -> Result<SubscriptionStats> {
+        let snapshot = self.ask(Command::Stats).await?;
+        snapshot.complete(storage, self.id).await
+    }
+
+    /// The policy in force.
+    pub async fn policy(&self) -> Result<PolicyInfo> {
+        self.ask(Command::GetPolicy).await
+    }
+
+    /// Sets (or with `None` clears) the operator's policy.
+    pub async fn set_policy(&self, spec: Option<PolicySpec>) -> Result<PolicyInfo> {
+        self.ask(|r| Command::SetPolicy(spec, r)).await?
+    }
+
+    /// Where main-topic entry `entry_id` stands in this subscription.
+    pub async fn message_status(&self, entry_id: u64) -> Result<MessageStatus> {
+        self.ask(|r| Command::MessageStatus(entry_id, r)).await
+    }
+
+    /// Replays dead letters; returns their new ids.
+    pub async fn replay(
+        &self,
+        letters: Vec<(u64, DeadLetterRecord)>,
+        reset_count: bool,
+    ) -> Result<Vec<MessageRef>> {
+        self.ask(|r| Command::Replay(letters, reset_count, r))
+            .await?
+    }
+
+    /// Tells the actor that `n` dead letters were purged.
+    pub fn dead_letters_purged(&self, n: u64) -> Result<()> {
+        self.send(Command::DeadLettersPurged(n))
+    }
+
+    /// Deletes the subscription (it must have no consumers) and stops it.
+    pub async fn delete(&self) -> Result<()> {
+        self.ask(Command::Delete).await?
+    }
+}

@@ -1,0 +1,303 @@
+//! Failure intake: turning a consumer's failure reports (redeliver after a
+//! nack or an ack timeout, `reconsume_later`, terminate, a lost stream) into
+//! [`Failure`]s, checking them against what is in flight, and carrying out
+//! what the planner decides: redeliver in place, or move to a tier. A clean
+//! close gives messages back with no attempt charged.
+
+use super::SubscriptionActor;
+use super::failure::{self, Failure, Rules, Step};
+use super::requests::{ConsumerId, ConsumerRequest, FailedItem, MessageRef};
+use crate::error::{BrokerError, Result};
+use crate::storage::{FailureRecord, TierEntry};
+use ricochet_policy::FailureReason;
+use std::collections::HashSet;
+use std::time::Duration;
+
+impl SubscriptionActor {
+    fn not_in_flight(&self, id: &MessageRef) -> BrokerError {
+        BrokerError::InvalidArgument(format!(
+            "message {id} is not in flight on subscription {} (already acked, or never delivered)",
+            self.rec.name
+        ))
+    }
+
+    fn in_flight_entry(&self, id: &MessageRef) -> Result<TierEntry> {
+        let entry = self.locate(id)?;
+        if self.deliveries.in_flight.contains_key(&entry) {
+            Ok(entry)
+        } else {
+            Err(self.not_in_flight(id))
+        }
+    }
+
+    /// The consumer's stream ended without a clean close: what it held is
+    /// redelivered, an attempt charged for each (reason: consumer lost) —
+    /// unless the broker itself is shutting down.
+    pub(super) async fn consumer_lost(&mut self, consumer: ConsumerId) {
+        let Some(c) = self.consumers.remove(consumer) else {
+            return;
+        };
+        if self.deps.shutdown.is_cancelled() {
+            return;
+        }
+        let failures = self
+            .deliveries
+            .held(consumer)
+            .into_iter()
+            .map(|(entry, _)| Failure::new(entry, FailureReason::ConsumerLost, c.name.clone()))
+            .collect();
+        if let Err(e) = self.fail(failures, false).await {
+            tracing::error!(error = %e, sub = %self.rec.name, "cannot record lost consumer's messages");
+        }
+        self.consumers.elect(self.rec.sub_type, None);
+    }
+
+    /// A clean close: the consumer gets nothing more, and its in-flight
+    /// messages are dispatched again with their delivery counts unchanged.
+    pub(super) fn close_consumer(&mut self, consumer: ConsumerId) {
+        if self.consumers.get(consumer).is_none() {
+            return;
+        }
+        for (entry, _) in self.deliveries.held(consumer) {
+            match self.release(entry).flatten() {
+                Some(due) => {
+                    self.deliveries.due.insert(entry, due);
+                }
+                None => {
+                    if let Some(p) = self.load(entry, None) {
+                        self.deliveries.ready.insert(entry, p);
+                    }
+                }
+            }
+        }
+        self.consumers.remove(consumer);
+        self.consumers.elect(self.rec.sub_type, None);
+    }
+
+    /// Redeliver now: after a nack's client-held delay, or an ack timeout.
+    pub(super) async fn redeliver(
+        &mut self,
+        consumer: ConsumerId,
+        request_id: u64,
+        items: Vec<FailedItem>,
+    ) {
+        let outcome = match self.redeliver_failures(consumer, items) {
+            Ok(f) => self.fail(f, false).await,
+            Err(e) => Err(e),
+        };
+        self.finish_request(consumer, request_id, outcome);
+    }
+
+    fn redeliver_failures(
+        &self,
+        consumer: ConsumerId,
+        items: Vec<FailedItem>,
+    ) -> Result<Vec<Failure>> {
+        let name = self.consumers.name_of(consumer);
+        if items.is_empty() {
+            return Ok(self
+                .deliveries
+                .held(consumer)
+                .into_iter()
+                .map(|(entry, _)| Failure::new(entry, FailureReason::Nack, name.clone()))
+                .collect());
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for FailedItem { id, reason, detail } in items {
+            let entry = self.locate(&id)?;
+            if !self
+                .deliveries
+                .was_delivered(entry, self.rec.is_acked(entry))
+            {
+                return Err(BrokerError::InvalidArgument(format!(
+                    "cannot redeliver {id}: it was never delivered on this subscription"
+                )));
+            }
+            // Already acked, or already given back (a race the client cannot
+            // avoid, e.g. an ack timeout and a nack crossing): nothing to do.
+            if !self.deliveries.held_by(entry, consumer) {
+                continue;
+            }
+            out.push(Failure {
+                detail,
+                ..Failure::new(entry, reason, name.clone())
+            });
+        }
+        Ok(out)
+    }
+
+    /// `reconsume_later` requests, moved into the retry tier together.
+    pub(super) async fn reconsume_later(&mut self, reqs: Vec<(ConsumerId, ConsumerRequest)>) {
+        if reqs.is_empty() {
+            return;
+        }
+        let mut failures = Vec::with_capacity(reqs.len());
+        let mut accepted = Vec::with_capacity(reqs.len());
+        let mut seen = HashSet::with_capacity(reqs.len());
+        for (consumer, req) in reqs {
+            let ConsumerRequest::ReconsumeLater {
+                request_id,
+                id,
+                delay,
+                properties,
+                detail,
+            } = req
+            else {
+                continue;
+            };
+            match self.in_flight_entry(&id) {
+                // The same message twice in one batch: the second finds it
+                // gone, as it would have one request at a time.
+                Ok(entry) if !seen.insert(entry) => {
+                    self.reply(consumer, request_id, Err(self.not_in_flight(&id).into()));
+                }
+                Ok(entry) => {
+                    failures.push(Failure {
+                        detail,
+                        overrides: delay,
+                        extra_props: properties,
+                        ..Failure::new(
+                            entry,
+                            FailureReason::ReconsumeLater,
+                            self.consumers.name_of(consumer),
+                        )
+                    });
+                    accepted.push((consumer, request_id));
+                }
+                Err(e) => self.reply(consumer, request_id, Err(e.into())),
+            }
+        }
+        if failures.is_empty() {
+            return;
+        }
+        match self.fail(failures, true).await {
+            Ok(()) => {
+                for (consumer, request_id) in accepted {
+                    self.finish_request(consumer, request_id, Ok(()));
+                }
+            }
+            Err(e) => {
+                let e = std::sync::Arc::new(e);
+                for (consumer, request_id) in accepted {
+                    self.reply(consumer, request_id, Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    /// Straight to the dead-letter tier.
+    pub(super) async fn terminate(
+        &mut self,
+        consumer: ConsumerId,
+        request_id: u64,
+        id: &MessageRef,
+        detail: String,
+    ) {
+        let outcome = match self.in_flight_entry(id) {
+            Ok(entry) => {
+                let f = Failure {
+                    detail,
+                    overrides: ricochet_policy::AttemptOverride::DeadLetter,
+                    ..Failure::new(
+                        entry,
+                        FailureReason::Terminate,
+                        self.consumers.name_of(consumer),
+                    )
+                };
+                self.fail(vec![f], false).await
+            }
+            Err(e) => Err(e),
+        };
+        self.finish_request(consumer, request_id, outcome);
+    }
+
+    /// Counts each failure, asks the planner, then redelivers or moves.
+    /// `reconsume` sends redeliveries through the retry tier.
+    pub(super) async fn fail(&mut self, failures: Vec<Failure>, reconsume: bool) -> Result<()> {
+        let now = self.deps.clock.now_ms();
+        let mut in_place = Vec::new();
+        let mut to_retry = Vec::new();
+        let mut to_dlq = Vec::new();
+        for f in failures {
+            let mut record = match self.deliveries.failures.get(&f.entry) {
+                Some(r) => r.clone(),
+                None => {
+                    let due = self
+                        .deliveries
+                        .in_flight
+                        .get(&f.entry)
+                        .and_then(|i| i.due_ms);
+                    self.deps
+                        .storage
+                        .failure(f.entry.of(self.rec.id), due)?
+                        .unwrap_or_default()
+                }
+            };
+            self.metrics.redelivery(f.reason.as_str());
+            let rules = Rules {
+                policy: self.policy.policy.as_deref(),
+                fallback: self.policy.fallback.as_deref(),
+                now_ms: now,
+            };
+            let origin = self.wire_id(f.entry);
+            let step = failure::plan(rules, &f, &mut record, &origin, reconsume);
+            tracing::debug!(
+                sub = %self.rec.name, message = %origin, attempt = record.count,
+                reason = %f.reason, detail = %f.detail, step = ?step,
+                "delivery failed"
+            );
+            match step {
+                Step::InPlace => in_place.push((f, record)),
+                Step::Retry(after) => to_retry.push((f, record, after)),
+                Step::DeadLetter(reason) => to_dlq.push((f, record, reason)),
+            }
+        }
+        if !in_place.is_empty() {
+            self.redeliver_in_place(in_place)?;
+        }
+        if !to_retry.is_empty() {
+            self.move_to_retry(to_retry, now).await?;
+        }
+        if !to_dlq.is_empty() {
+            self.move_to_dead_letter(to_dlq, now).await?;
+        }
+        Ok(())
+    }
+
+    /// Persists the new counts, then (once durable) makes the messages
+    /// dispatchable again in their current tier.
+    fn redeliver_in_place(&mut self, items: Vec<(Failure, FailureRecord)>) -> Result<()> {
+        let mut writes = Vec::with_capacity(items.len());
+        let mut ready = Vec::with_capacity(items.len());
+        for (f, rec) in items {
+            writes.push((f.entry.of(self.rec.id), Some(rec.clone())));
+            self.deliveries.failures.insert(f.entry, rec);
+            // A scheduled message keeps its schedule entry until it is
+            // finally acked, and is loaded again from `due`.
+            match self.release(f.entry).flatten() {
+                Some(due) => {
+                    self.deliveries.due.insert(f.entry, due);
+                }
+                None => ready.push(f.entry),
+            }
+        }
+        self.deps.storage.put_failures(&writes)?;
+        let tx = self.self_tx.clone();
+        let flusher = self.deps.flusher.clone();
+        let sync = self.deps.sync;
+        tokio::spawn(async move {
+            if sync && flusher.durable().await.is_err() {
+                return;
+            }
+            if let Some(tx) = tx.upgrade() {
+                let _ = tx.send(super::handle::Command::Ready(ready));
+            }
+        });
+        Ok(())
+    }
+}
+
+/// How long a retry waits, for logs and metrics.
+pub(super) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,536 @@
+//! A subscription at run time: one task (an actor) that owns its cursors,
+//! consumers, in-flight messages, failure records and tier moves.
+//!
+//! Everything that changes a subscription arrives as a command on one
+//! channel (see [`SubscriptionHandle`]), so no state is shared and no lock is
+//! held across an await. The actor reads the topic log from its cursor into
+//! a small read-ahead buffer, dispatches by subscription type within each
+//! consumer's flow permits and unacked cap, and handles acks and failures:
+//!
+//! * a failure (nack, ack timeout, consumer lost, `reconsume_later`,
+//!   terminate) bumps the message's persisted delivery count and asks the
+//!   subscription's policy what to do ([`failure`]);
+//! * redelivering in place happens at once (for nacks and ack timeouts the
+//!   client already served the delay), once the new count is durable;
+//! * a retry or a dead-letter moves the message, in one storage
+//!   transaction, into the subscription's retry tier (with a due time in the
+//!   schedule index) or its dead-letter tier (with its failure history).
+//!
+//! Order: on Exclusive and Failover subscriptions a failed message is
+//! redelivered on its own, after messages already dispatched; the rest of the
+//! stream is not rewound. Applications that need strict order should not nack
+//! but retry in place. Key_Shared never hands a key to a second consumer
+//! while the first still holds unacked messages of that key.
+//!
+//! Map: [`handle`] (the API), [`requests`] (the consumer boundary),
+//! [`consumers`], [`dispatch`], [`delivery`], [`acks`], [`intake`] (failure
+//! requests), [`failure`] (the planner), [`tiers`] (moves), [`read_ahead`],
+//! [`replay`], [`policy`], [`stats`].
+
+mod acks;
+mod consumers;
+mod delivery;
+mod dispatch;
+mod failure;
+mod handle;
+mod intake;
+mod policy;
+mod read_ahead;
+mod replay;
+mod requests;
+mod stats;
+mod tiers;
+
+pub use handle::SubscriptionHandle;
+pub use requests::{
+    ConsumerEvent, ConsumerId, ConsumerRequest, ConsumerSpec, ConsumerTx, FailedItem, MessageRef,
+    MessageState, MessageStatus, Outcome, PolicyInfo,
+};
+pub use stats::{ConsumerStats, DueBucket, SubscriptionStats};
+pub use tiers::BrokerLink;
+
+use crate::clock::SharedClock;
+use crate::error::Result;
+use crate::flusher::Flusher;
+use crate::metrics::SubscriptionMetrics;
+use crate::scheduler::Scheduler;
+use crate::storage::{ScheduleKey, Storage, SubscriptionRecord, TierEntry, TierId};
+use crate::topic::Topic;
+use consumers::Consumers;
+use delivery::Deliveries;
+use dispatch::{Dispatcher, Offer};
+use handle::Command;
+use policy::PolicyState;
+use ricochet_proto::Message;
+use stats::Counters;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tiers::Tiers;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Commands handled before the actor dispatches again, so a burst of acks or
+/// nacks does not hold back deliveries.
+const COMMANDS_PER_ROUND: usize = 64;
+
+/// What every subscription actor shares with the rest of the broker.
+#[derive(Debug, Clone)]
+pub struct SubscriptionDeps {
+    /// Storage.
+    pub storage: Arc<dyn Storage>,
+    /// Group commit.
+    pub flusher: Flusher,
+    /// The retry scheduler.
+    pub scheduler: Scheduler,
+    /// Tier topics and policy building.
+    pub link: Arc<dyn BrokerLink>,
+    /// Wall-clock time.
+    pub clock: SharedClock,
+    /// Dispatch pauses at this many unacked messages per consumer.
+    pub max_unacked_per_consumer: usize,
+    /// Whether writes must be flushed before they are acknowledged.
+    pub sync: bool,
+    /// Cancelled when the broker shuts down: consumers leaving then are not
+    /// charged an attempt (the broker, not the message, ended the delivery).
+    pub shutdown: CancellationToken,
+}
+
+/// The running state of one subscription.
+pub(crate) struct SubscriptionActor {
+    rec: SubscriptionRecord,
+    topic: Arc<Topic>,
+    tiers: Tiers,
+    deps: SubscriptionDeps,
+    policy: PolicyState,
+    consumers: Consumers,
+    dispatcher: Dispatcher,
+    deliveries: Deliveries,
+    /// The next main-topic entry the read-ahead reads.
+    read_pos: u64,
+    counters: Counters,
+    metrics: SubscriptionMetrics,
+    /// The record changed since it was last written.
+    dirty: bool,
+    /// For messages the actor sends itself once a write is durable; weak, so
+    /// the actor stops once every handle is gone.
+    self_tx: mpsc::WeakUnboundedSender<Command>,
+}
+
+impl std::fmt::Debug for SubscriptionActor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubscriptionActor")
+            .field("topic", &self.rec.topic)
+            .field("name", &self.rec.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SubscriptionActor {
+    /// Spawns the actor for a loaded or newly created subscription.
+    pub(crate) fn spawn(
+        rec: SubscriptionRecord,
+        topic: Arc<Topic>,
+        deps: SubscriptionDeps,
+    ) -> Result<SubscriptionHandle> {
+        let storage = deps.storage.clone();
+        let tiers = Tiers::for_subscription(&rec)?;
+        let counters = Counters {
+            retry_queue: tiers.queued_retries(storage.as_ref(), &rec)?,
+            dlq_size: storage.count_dead_letters(rec.id)?,
+            ..Counters::default()
+        };
+        // Main-tier failure records are few (unacked failed messages): keep
+        // them all. Retry-tier ones are read when their retry fires.
+        let mut deliveries = Deliveries::default();
+        for (m, f) in storage.failures_of(rec.id, TierId::Main)? {
+            deliveries.failures.insert(m.entry(), f);
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (fire_tx, fire_rx) = mpsc::unbounded_channel();
+        deps.scheduler.register(rec.id, fire_tx);
+        let mut actor = SubscriptionActor {
+            read_pos: rec.main.mark_delete,
+            metrics: SubscriptionMetrics::new(&rec.topic, &rec.name),
+            policy: PolicyState::default(),
+            consumers: Consumers::default(),
+            dispatcher: Dispatcher::default(),
+            deliveries,
+            counters,
+            tiers,
+            deps,
+            dirty: false,
+            self_tx: tx.downgrade(),
+            topic,
+            rec,
+        };
+        actor.resolve_policy()?;
+        let handle = SubscriptionHandle::new(actor.rec.id, actor.rec.name.clone(), tx);
+        tokio::spawn(actor.run(rx, fire_rx));
+        Ok(handle)
+    }
+
+    async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<Command>,
+        mut fired: mpsc::UnboundedReceiver<Vec<ScheduleKey>>,
+    ) {
+        let mut end = self.topic.watch_end();
+        loop {
+            tokio::select! {
+                cmd = rx.recv() => {
+                    // `None`: every handle is gone.
+                    let Some(cmd) = cmd else { break };
+                    if self.round(cmd, &mut rx).await {
+                        return;
+                    }
+                }
+                keys = fired.recv() => {
+                    if let Some(keys) = keys {
+                        self.on_fired(keys);
+                    }
+                }
+                changed = end.changed() => {
+                    if changed.is_err() { break; }
+                }
+                _ = self.deps.shutdown.cancelled() => {
+                    // Consumers are gone with their streams; persist and stop.
+                    self.persist();
+                    break;
+                }
+            }
+            self.dispatch();
+            self.persist();
+        }
+        self.deps.scheduler.unregister(self.rec.id);
+    }
+
+    /// Handles `first` and whatever else is queued, up to a bound; true when
+    /// the subscription was deleted. Consecutive `reconsume_later`s are
+    /// gathered and moved in one transaction; any other command first
+    /// applies them, so commands still take effect in arrival order.
+    async fn round(&mut self, first: Command, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
+        let mut cmd = first;
+        let mut reconsumes = Vec::new();
+        for _ in 0..COMMANDS_PER_ROUND {
+            match cmd {
+                Command::Request(
+                    consumer,
+                    req @ requests::ConsumerRequest::ReconsumeLater { .. },
+                ) => {
+                    reconsumes.push((consumer, req));
+                }
+                Command::Delete(reply) => {
+                    self.reconsume_later(std::mem::take(&mut reconsumes)).await;
+                    let r = self.delete();
+                    let deleted = r.is_ok();
+                    let _ = reply.send(r);
+                    if deleted {
+                        return true;
+                    }
+                }
+                other => {
+                    self.reconsume_later(std::mem::take(&mut reconsumes)).await;
+                    self.handle(other).await;
+                }
+            }
+            match rx.try_recv() {
+                Ok(next) => cmd = next,
+                Err(_) => break,
+            }
+        }
+        self.reconsume_later(reconsumes).await;
+        false
+    }
+
+    async fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::AddConsumer(spec, reply) => {
+                let _ = reply.send(self.add_consumer(spec));
+            }
+            Command::RemoveConsumer(id) => self.consumer_lost(id).await,
+            Command::Request(consumer, req) => self.request(consumer, req).await,
+            Command::Ready(entries) => {
+                for e in entries {
+                    if self.rec.is_acked(e) || self.deliveries.in_flight.contains_key(&e) {
+                        continue;
+                    }
+                    if let Some(p) = self.load(e, None) {
+                        self.deliveries.ready.insert(e, p);
+                    }
+                }
+            }
+            Command::Stats(reply) => {
+                let _ = reply.send(self.stats_snapshot());
+            }
+            Command::GetPolicy(reply) => {
+                let _ = reply.send(self.policy_info());
+            }
+            Command::SetPolicy(spec, reply) => {
+                let r = self.set_policy(spec, crate::storage::PolicySource::Admin);
+                let _ = reply.send(r);
+            }
+            Command::MessageStatus(entry_id, reply) => {
+                let _ = reply.send(self.message_status(entry_id));
+            }
+            Command::Replay(letters, reset, reply) => {
+                let _ = reply.send(self.replay(letters, reset).await);
+            }
+            Command::DeadLettersPurged(n) => {
+                self.counters.dlq_size = self.counters.dlq_size.saturating_sub(n);
+                self.dirty = true;
+            }
+            // Handled by `round`.
+            Command::Delete(reply) => {
+                let _ = reply.send(Ok(()));
+            }
+        }
+    }
+
+    async fn request(&mut self, consumer: ConsumerId, req: ConsumerRequest) {
+        match req {
+            ConsumerRequest::Flow(permits) => {
+                if let Some(c) = self.consumers.get_mut(consumer) {
+                    c.permits = c.permits.saturating_add(permits);
+                }
+            }
+            ConsumerRequest::Ack {
+                request_id,
+                ids,
+                cumulative,
+            } => self.ack(consumer, request_id, &ids, cumulative),
+            ConsumerRequest::Redeliver { request_id, items } => {
+                self.redeliver(consumer, request_id, items).await
+            }
+            req @ ConsumerRequest::ReconsumeLater { .. } => {
+                self.reconsume_later(vec![(consumer, req)]).await
+            }
+            ConsumerRequest::Terminate {
+                request_id,
+                id,
+                detail,
+            } => self.terminate(consumer, request_id, &id, detail).await,
+            ConsumerRequest::Close => self.close_consumer(consumer),
+        }
+    }
+
+    fn on_fired(&mut self, keys: Vec<ScheduleKey>) {
+        let now_us = self.deps.clock.now_us();
+        for k in keys {
+            if k.message.tier == TierId::Retry {
+                self.metrics.retries_fired.increment(1);
+            }
+            let late = now_us.saturating_sub(k.due_ms.saturating_mul(1000)) as f64 / 1e6;
+            self.metrics.retry_lateness.record(late);
+            self.deliveries.due.insert(k.message.entry(), k.due_ms);
+        }
+    }
+
+    fn add_consumer(&mut self, spec: ConsumerSpec) -> Result<(ConsumerId, PolicyInfo)> {
+        self.consumers
+            .admit(&self.rec.name, self.rec.sub_type, spec.sub_type)?;
+        // A consumer's policy applies unless an operator set one.
+        if let Some(p) = spec.policy
+            && self.rec.policy_source != Some(crate::storage::PolicySource::Admin)
+            && self.rec.policy.as_ref() != Some(&p)
+        {
+            self.set_policy(Some(p), crate::storage::PolicySource::Client)?;
+        }
+        if self.rec.sub_type != spec.sub_type {
+            self.rec.sub_type = spec.sub_type;
+            self.dirty = true;
+        }
+        let info = self.policy_info();
+        // The first event a consumer sees, before any message or active change.
+        let _ = spec.tx.send(ConsumerEvent::Subscribed {
+            topic: self.rec.topic.clone(),
+            subscription: self.rec.name.clone(),
+            consumer_name: spec.name.clone(),
+            policy: info.clone(),
+        });
+        let id = self.consumers.add(spec.name, spec.tx, spec.retry_enabled);
+        self.consumers.elect(self.rec.sub_type, Some(id));
+        Ok((id, info))
+    }
+
+    /// The topic and entry id a consumer knows `entry` by.
+    fn wire_ref(&self, entry: TierEntry) -> MessageRef {
+        MessageRef {
+            topic: self.tiers.topic_of(&self.rec, entry.tier).to_owned(),
+            entry_id: entry.entry_id,
+        }
+    }
+
+    /// `topic:entry` of a message, as carried in `ORIGIN_MESSAGE_ID`.
+    fn wire_id(&self, entry: TierEntry) -> String {
+        format!(
+            "{}:{}",
+            self.tiers.topic_of(&self.rec, entry.tier),
+            entry.entry_id
+        )
+    }
+
+    fn dispatch(&mut self) {
+        if self.consumers.is_empty() {
+            return;
+        }
+        let max_unacked = self.deps.max_unacked_per_consumer;
+        loop {
+            self.load_due();
+            self.fill();
+            if self.deliveries.ready.is_empty()
+                || !self.consumers.iter().any(|c| c.can_take(max_unacked))
+            {
+                return;
+            }
+            let active = self.consumers.active();
+            let offers = self.deliveries.ready.iter().map(|(entry, p)| Offer {
+                entry: *entry,
+                key: &p.msg.key,
+            });
+            let assigned = self.dispatcher.assign(
+                self.rec.sub_type,
+                self.consumers.as_mut_slice(),
+                active,
+                max_unacked,
+                offers,
+            );
+            if assigned.is_empty() {
+                return;
+            }
+            let mut out: HashMap<ConsumerId, Vec<Message>> = HashMap::new();
+            for a in assigned {
+                let Some(p) = self.deliveries.ready.remove(&a.entry) else {
+                    continue;
+                };
+                self.deliveries.in_flight.insert(
+                    a.entry,
+                    delivery::InFlight {
+                        consumer: a.consumer,
+                        bucket: a.bucket,
+                        due_ms: p.due_ms,
+                    },
+                );
+                let mut msg = p.msg;
+                let id = self.wire_ref(a.entry);
+                msg.id = Some(ricochet_proto::MessageId {
+                    topic: id.topic,
+                    entry_id: id.entry_id,
+                });
+                msg.delivery_count = self.deliveries.delivery_count(a.entry);
+                self.metrics.dispatched.increment(1);
+                self.metrics
+                    .dispatched_bytes
+                    .increment(msg.payload.len() as u64);
+                self.metrics
+                    .delivery_count
+                    .record(f64::from(msg.delivery_count));
+                out.entry(a.consumer).or_default().push(msg);
+            }
+            for (consumer, msgs) in out {
+                self.consumers.send(consumer, ConsumerEvent::Messages(msgs));
+            }
+        }
+    }
+
+    fn persist(&mut self) {
+        self.update_gauges();
+        if !self.dirty {
+            return;
+        }
+        self.dirty = false;
+        if let Err(e) = self.deps.storage.put_subscription(&self.rec) {
+            tracing::error!(error = %e, sub = %self.rec.name, "cannot persist subscription");
+            return;
+        }
+        if let Err(e) = self
+            .topic
+            .update_mark(self.rec.id, self.rec.main.mark_delete)
+        {
+            tracing::warn!(error = %e, "retention trim failed");
+        }
+        if let Some(t) = &self.tiers.retry
+            && let Err(e) = t.update_mark(self.rec.id, self.rec.retry.mark_delete)
+        {
+            tracing::warn!(error = %e, "retry tier trim failed");
+        }
+    }
+
+    fn message_status(&self, entry_id: u64) -> MessageStatus {
+        let entry = TierEntry::main(entry_id);
+        MessageStatus {
+            state: self.deliveries.state_of(
+                entry_id,
+                self.rec.main.is_acked(entry_id),
+                self.read_pos,
+            ),
+            failures: self.deliveries.failures.get(&entry).cloned(),
+        }
+    }
+
+    fn delete(&mut self) -> Result<()> {
+        if !self.consumers.is_empty() {
+            return Err(crate::error::BrokerError::Conflict(format!(
+                "subscription {} has {} connected consumer(s)",
+                self.rec.name,
+                self.consumers.len()
+            )));
+        }
+        self.deps.scheduler.unregister(self.rec.id);
+        self.topic.remove_mark(self.rec.id);
+        Ok(self.deps.storage.delete_subscription(&self.rec)?)
+    }
+}
+
+/// Answers to consumer requests.
+impl SubscriptionActor {
+    /// Answers request `request_id` now: an error always (so a client that
+    /// asked for no reply still logs it), success only when it asked.
+    fn reply(&self, consumer: ConsumerId, request_id: u64, outcome: Outcome) {
+        if request_id != 0 || outcome.is_err() {
+            self.consumers.send(
+                consumer,
+                ConsumerEvent::Done {
+                    request_id,
+                    outcome,
+                },
+            );
+        }
+    }
+
+    /// Answers a successful request once what it wrote is durable (at once
+    /// in `interval` mode), or with the flush's error; errors go at once.
+    fn finish_request(&self, consumer: ConsumerId, request_id: u64, outcome: Result<()>) {
+        if outcome.is_err() || request_id == 0 {
+            return self.reply(consumer, request_id, outcome.map_err(Arc::new));
+        }
+        let Some(tx) = self.consumers.get(consumer).map(|c| c.tx.clone()) else {
+            return;
+        };
+        let flusher = self.deps.flusher.clone();
+        let sync = self.deps.sync;
+        tokio::spawn(async move {
+            let outcome = if sync {
+                flusher.durable().await
+            } else {
+                Ok(())
+            };
+            let _ = tx.send(ConsumerEvent::Done {
+                request_id,
+                outcome: outcome.map_err(Arc::new),
+            });
+        });
+    }
+
+    /// Maps a consumer's id to this subscription's tier and entry.
+    fn locate(&self, id: &MessageRef) -> Result<TierEntry> {
+        self.tiers.locate(&self.rec, id).ok_or_else(|| {
+            crate::error::BrokerError::InvalidArgument(format!(
+                "message id {id} does not belong to subscription {} on {}",
+                self.rec.name, self.rec.topic
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,136 @@
+//! Reading ahead of dispatch: up to [`READ_AHEAD`] messages are loaded from
+//! the topic log (from the read position, up to the topic's durable end)
+//! and from the fired schedule (retries and delayed messages now due). A
+//! message published with a future `deliver_at` is put in the schedule
+//! instead of the read-ahead.
+
+use super::SubscriptionActor;
+use super::delivery::{Pending, READ_AHEAD};
+use crate::error::Result;
+use crate::storage::{ScheduleKey, StorageError, TierEntry, TierId};
+use prost::Message as _;
+use ricochet_proto::Message;
+
+/// Most bytes read from the log in one read-ahead step.
+const READ_AHEAD_BYTES: usize = 8 * 1024 * 1024;
+
+impl SubscriptionActor {
+    /// The stored message behind `entry`.
+    pub(super) fn source_message(&self, entry: TierEntry) -> Result<Message> {
+        let topic = self.tiers.topic_of(&self.rec, entry.tier);
+        let bytes = self
+            .deps
+            .storage
+            .read_one(topic, entry.entry_id)?
+            .ok_or_else(|| StorageError::Missing(format!("entry {topic}:{}", entry.entry_id)))?;
+        Ok(Message::decode(bytes.as_slice()).map_err(StorageError::from)?)
+    }
+
+    /// Reads a message for dispatch (with its failure record, for a retry);
+    /// `None` if it cannot be read.
+    pub(super) fn load(&mut self, entry: TierEntry, due_ms: Option<u64>) -> Option<Pending> {
+        if entry.tier == TierId::Retry && !self.deliveries.failures.contains_key(&entry) {
+            match self.deps.storage.failure(entry.of(self.rec.id), due_ms) {
+                Ok(Some(r)) => {
+                    self.deliveries.failures.insert(entry, r);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::error!(error = %e, "cannot read a failure record"),
+            }
+        }
+        match self.source_message(entry) {
+            Ok(msg) => Some(Pending { msg, due_ms }),
+            Err(e) => {
+                tracing::warn!(error = %e, "dropping a message that cannot be read");
+                None
+            }
+        }
+    }
+
+    /// Loads fired schedule entries into the read-ahead.
+    pub(super) fn load_due(&mut self) {
+        while self.deliveries.ready.len() < READ_AHEAD {
+            let Some((entry, due)) = self.deliveries.due.pop_first() else {
+                break;
+            };
+            if self.rec.is_acked(entry) {
+                // A crash left the schedule entry of an acked message behind.
+                let stale = ScheduleKey {
+                    due_ms: due,
+                    message: entry.of(self.rec.id),
+                };
+                let _ = self.deps.storage.put_schedule(&[(stale, false)]);
+                continue;
+            }
+            if self.deliveries.in_flight.contains_key(&entry) {
+                continue;
+            }
+            if let Some(p) = self.load(entry, Some(due)) {
+                self.deliveries.ready.insert(entry, p);
+            }
+        }
+    }
+
+    /// Reads the main topic from the read position into the read-ahead.
+    pub(super) fn fill(&mut self) {
+        let end = self.topic.durable_end();
+        let ready = self.deliveries.ready.len();
+        if ready >= READ_AHEAD || self.read_pos >= end {
+            return;
+        }
+        let entries = match self.deps.storage.read(
+            &self.rec.topic,
+            self.read_pos,
+            READ_AHEAD - ready,
+            READ_AHEAD_BYTES,
+        ) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(error = %e, topic = %self.rec.topic, "cannot read topic");
+                return;
+            }
+        };
+        let now = self.deps.clock.now_ms();
+        let mut delayed = Vec::new();
+        let mut last = None;
+        for (id, bytes) in entries {
+            if id >= end {
+                break;
+            }
+            last = Some(id);
+            let entry = TierEntry::main(id);
+            if self.rec.main.is_acked(id) || self.deliveries.in_flight.contains_key(&entry) {
+                continue;
+            }
+            let msg = match Message::decode(bytes.as_slice()) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::error!(error = %e, id, "skipping an undecodable entry");
+                    continue;
+                }
+            };
+            if msg.deliver_at_ms > now {
+                delayed.push(ScheduleKey {
+                    due_ms: msg.deliver_at_ms,
+                    message: entry.of(self.rec.id),
+                });
+                continue;
+            }
+            self.deliveries
+                .ready
+                .insert(entry, Pending { msg, due_ms: None });
+        }
+        self.read_pos = match last {
+            Some(l) => l + 1,
+            // Nothing left below `end` (trimmed or a gap): jump to it.
+            None => end,
+        };
+        if !delayed.is_empty() {
+            let writes: Vec<_> = delayed.iter().map(|k| (*k, true)).collect();
+            match self.deps.storage.put_schedule(&writes) {
+                Ok(()) => self.deps.scheduler.add(delayed),
+                Err(e) => tracing::error!(error = %e, "cannot schedule delayed messages"),
+            }
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! What crosses the boundary between a consumer's gRPC stream and the
+//! subscription actor, as domain values: the requests a consumer makes
+//! ([`ConsumerRequest`], parsed from protobuf in `service/consume.rs`) and
+//! the events sent back to it ([`ConsumerEvent`], turned into frames there).
+//!
+//! Messages themselves travel as [`ricochet_proto::Message`]: topic logs
+//! store each message in that encoding, so a delivery is the stored entry
+//! with its id and delivery count filled in, never re-encoded.
+
+use crate::error::BrokerError;
+use crate::storage::{FailureRecord, PolicySource};
+use ricochet_policy::{AttemptOverride, FailureReason, PolicySpec};
+use ricochet_proto::{Message, SubscriptionType};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// A consumer within its subscription (unique per subscription actor).
+pub type ConsumerId = u64;
+
+/// A message as a consumer names it: the topic it was delivered from (the
+/// subscription's topic or its retry tier) and its entry id there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MessageRef {
+    /// Full topic name.
+    pub topic: String,
+    /// Entry id in that topic.
+    pub entry_id: u64,
+}
+
+impl std::fmt::Display for MessageRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.topic, self.entry_id)
+    }
+}
+
+/// One failed delivery in a redelivery request.
+#[derive(Debug, Clone)]
+pub struct FailedItem {
+    /// The message.
+    pub id: MessageRef,
+    /// Why it failed.
+    pub reason: FailureReason,
+    /// The consumer's reason text.
+    pub detail: String,
+}
+
+/// A consumer's request. `request_id` 0 asks for no reply; any other value
+/// is answered by one [`ConsumerEvent::Done`].
+#[derive(Debug, Clone)]
+pub enum ConsumerRequest {
+    /// More permits.
+    Flow(u32),
+    /// Acknowledgements.
+    Ack {
+        /// Correlation id.
+        request_id: u64,
+        /// The messages.
+        ids: Vec<MessageRef>,
+        /// Acknowledge every main-topic message up to and including the id.
+        cumulative: bool,
+    },
+    /// Redeliver now (a nack after the client-held delay, or an ack
+    /// timeout); empty `items` means everything this consumer holds.
+    Redeliver {
+        /// Correlation id.
+        request_id: u64,
+        /// The failed deliveries.
+        items: Vec<FailedItem>,
+    },
+    /// Move to the retry tier.
+    ReconsumeLater {
+        /// Correlation id.
+        request_id: u64,
+        /// The message.
+        id: MessageRef,
+        /// The delay asked for (explicit, a level, or the policy's).
+        delay: AttemptOverride,
+        /// Properties added to the retried message.
+        properties: HashMap<String, String>,
+        /// The consumer's reason text.
+        detail: String,
+    },
+    /// Move to the dead-letter tier.
+    Terminate {
+        /// Correlation id.
+        request_id: u64,
+        /// The message.
+        id: MessageRef,
+        /// The consumer's reason text.
+        detail: String,
+    },
+    /// A clean close: what the consumer holds goes back uncounted.
+    Close,
+}
+
+/// The outcome of a consumer's request; an error may answer several
+/// requests at once (a batch of moves that failed together).
+pub type Outcome = Result<(), Arc<BrokerError>>;
+
+/// The policy in force for a subscription, and where it came from.
+#[derive(Debug, Clone)]
+pub struct PolicyInfo {
+    /// The spec in force, if any.
+    pub spec: Option<PolicySpec>,
+    /// Who chose it.
+    pub source: PolicySource,
+    /// Retry tier topic.
+    pub retry_topic: String,
+    /// Dead-letter tier topic.
+    pub dead_letter_topic: String,
+}
+
+/// Sent to a consumer.
+#[derive(Debug)]
+pub enum ConsumerEvent {
+    /// The first event: the subscription it joined and its policy.
+    Subscribed {
+        /// Full topic name.
+        topic: String,
+        /// Subscription name.
+        subscription: String,
+        /// The consumer's name.
+        consumer_name: String,
+        /// The policy in force.
+        policy: PolicyInfo,
+    },
+    /// Messages, in dispatch order.
+    Messages(Vec<Message>),
+    /// The outcome of a request that carried a request id.
+    Done {
+        /// The request's correlation id.
+        request_id: u64,
+        /// Its outcome.
+        outcome: Outcome,
+    },
+    /// Failover: whether this consumer is now the active one.
+    Active(bool),
+    /// The stream ends with this error (a protocol violation).
+    End(BrokerError),
+}
+
+/// Where a consumer's events go.
+pub type ConsumerTx = mpsc::UnboundedSender<ConsumerEvent>;
+
+/// A consumer asking to join.
+#[derive(Debug)]
+pub struct ConsumerSpec {
+    /// Consumer name (not required to be unique).
+    pub name: String,
+    /// Requested subscription type.
+    pub sub_type: SubscriptionType,
+    /// The consumer's events.
+    pub tx: ConsumerTx,
+    /// The consumer's dead-letter policy, if it sent one.
+    pub policy: Option<PolicySpec>,
+    /// Whether it receives messages from the retry tier (Pulsar's `enableRetry`).
+    pub retry_enabled: bool,
+}
+
+/// Where a message of the main topic stands in one subscription.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageState {
+    /// Not yet delivered, or waiting for its redelivery.
+    Pending,
+    /// Delivered and not yet settled.
+    InFlight,
+    /// Acknowledged.
+    Acked,
+    /// Waiting for a due time (a delayed message, or a retry).
+    Scheduled,
+    /// Moved to the dead-letter tier.
+    DeadLettered,
+}
+
+impl MessageState {
+    /// `pending`, `in_flight`, `acked`, `scheduled` or `dead_lettered`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageState::Pending => "pending",
+            MessageState::InFlight => "in_flight",
+            MessageState::Acked => "acked",
+            MessageState::Scheduled => "scheduled",
+            MessageState::DeadLettered => "dead_lettered",
+        }
+    }
+}
+
+/// A message's state in one subscription, with its failure history.
+#[derive(Debug, Clone)]
+pub struct MessageStatus {
+    /// Where it stands.
+    pub state: MessageState,
+    /// Its persisted failure record, if it failed before.
+    pub failures: Option<FailureRecord>,
+}

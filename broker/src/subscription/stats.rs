@@ -1,0 +1,223 @@
+//! What a subscription reports: its stats (for the admin API) and its
+//! Prometheus gauges. The actor knows everything but the schedule; the
+//! schedule part is a scan of the storage index, run off the actor on a
+//! blocking thread so a stats call never stalls dispatch.
+
+use super::SubscriptionActor;
+use crate::error::{BrokerError, Result};
+use crate::storage::{Storage, TierEntry};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// One consumer in the stats.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerStats {
+    /// Its name.
+    pub name: String,
+    /// Messages it holds unacked.
+    pub unacked: u64,
+    /// Permits left.
+    pub permits: u64,
+    /// Whether it receives messages (Failover standbys do not).
+    pub active: bool,
+}
+
+/// Scheduled messages due before `until_ms` (0: later than every other bucket).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueBucket {
+    /// `overdue`, `1m`, `10m`, `1h`, `2h` or `later`.
+    pub label: String,
+    /// Upper bound of the bucket, ms since the epoch (0 for `later`).
+    pub until_ms: u64,
+    /// Messages in it.
+    pub count: u64,
+}
+
+/// A subscription's stats.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionStats {
+    /// Full topic name.
+    pub topic: String,
+    /// Subscription name.
+    pub subscription: String,
+    /// Its type.
+    pub subscription_type: ricochet_proto::SubscriptionType,
+    /// Messages not yet acked: main-topic backlog plus scheduled messages.
+    pub backlog: u64,
+    /// Delivered and not yet acked.
+    pub unacked: u64,
+    /// Connected consumers.
+    pub consumers: Vec<ConsumerStats>,
+    /// Every main-topic entry below this is acked.
+    pub mark_delete_position: u64,
+    /// Scheduled retries and delayed messages.
+    pub scheduled_retries: u64,
+    /// Messages in the dead-letter tier.
+    pub dead_lettered: u64,
+    /// Due time of the next scheduled message, ms since the epoch.
+    pub next_retry_due_ms: Option<u64>,
+    /// Retry tier topic.
+    pub retry_topic: String,
+    /// Dead-letter tier topic.
+    pub dead_letter_topic: String,
+    /// Scheduled messages by due time.
+    pub scheduled_by_due: Vec<DueBucket>,
+}
+
+/// What the actor knows for its stats; [`StatsSnapshot::complete`] adds the
+/// schedule outside it.
+#[derive(Debug)]
+pub(super) struct StatsSnapshot {
+    stats: SubscriptionStats,
+    /// Messages out with consumers: their schedule entries are not waiting.
+    in_flight: HashSet<TierEntry>,
+    now_ms: u64,
+}
+
+impl StatsSnapshot {
+    pub(super) async fn complete(
+        self,
+        storage: Arc<dyn Storage>,
+        sub_id: u64,
+    ) -> Result<SubscriptionStats> {
+        let StatsSnapshot {
+            mut stats,
+            in_flight,
+            now_ms,
+        } = self;
+        let (scheduled, next_due, by_due) = tokio::task::spawn_blocking(move || {
+            schedule_stats(storage.as_ref(), sub_id, &in_flight, now_ms)
+        })
+        .await
+        .map_err(|_| BrokerError::ShuttingDown)??;
+        stats.backlog += scheduled;
+        stats.scheduled_retries = scheduled;
+        stats.next_retry_due_ms = next_due;
+        stats.scheduled_by_due = by_due;
+        Ok(stats)
+    }
+}
+
+/// Counters the actor keeps since it started (and the retry queue and DLQ
+/// sizes, rebuilt at start from storage).
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    /// Messages in the retry tier not yet acked.
+    pub retry_queue: u64,
+    /// Messages in the dead-letter tier.
+    pub dlq_size: u64,
+    /// Moves into the retry tier since start.
+    pub retries_scheduled: u64,
+    /// Retry-tier messages acked since start.
+    pub retries_succeeded: u64,
+}
+
+impl SubscriptionActor {
+    /// Main-topic messages not yet acked.
+    pub(super) fn main_backlog(&self) -> u64 {
+        let (_, end) = self.topic.entry_range();
+        let start = self.rec.main.mark_delete.min(end);
+        (end - start) - self.rec.main.acked_between(start, end)
+    }
+
+    pub(super) fn update_gauges(&self) {
+        let m = &self.metrics;
+        let c = &self.counters;
+        m.backlog.set(self.main_backlog() as f64);
+        m.unacked.set(self.deliveries.in_flight.len() as f64);
+        m.retry_queue.set(c.retry_queue as f64);
+        m.dlq_size.set(c.dlq_size as f64);
+        if c.retries_scheduled > 0 {
+            m.retry_success_ratio
+                .set(c.retries_succeeded as f64 / c.retries_scheduled as f64);
+        }
+    }
+
+    pub(super) fn stats_snapshot(&self) -> StatsSnapshot {
+        let sub_type = self.rec.sub_type;
+        let stats = SubscriptionStats {
+            topic: self.rec.topic.clone(),
+            subscription: self.rec.name.clone(),
+            subscription_type: sub_type,
+            // Scheduled messages are added by `StatsSnapshot::complete`.
+            backlog: self.main_backlog(),
+            unacked: self.deliveries.in_flight.len() as u64,
+            consumers: self
+                .consumers
+                .iter()
+                .map(|c| ConsumerStats {
+                    name: c.name.clone(),
+                    unacked: c.unacked as u64,
+                    permits: u64::from(c.permits),
+                    active: self.consumers.is_active(sub_type, c),
+                })
+                .collect(),
+            mark_delete_position: self.rec.main.mark_delete,
+            scheduled_retries: 0,
+            dead_lettered: self.counters.dlq_size,
+            next_retry_due_ms: None,
+            retry_topic: self.tiers.retry_name.clone(),
+            dead_letter_topic: self.tiers.dead_letter_name.clone(),
+            scheduled_by_due: Vec::new(),
+        };
+        StatsSnapshot {
+            stats,
+            in_flight: self.deliveries.in_flight.keys().copied().collect(),
+            now_ms: self.deps.clock.now_ms(),
+        }
+    }
+}
+
+/// Scheduled (not yet acked, not in flight) retry-tier and delayed
+/// messages of this subscription: count, earliest due time, and counts by
+/// due-time bucket. Scans the schedule index: O(all scheduled messages).
+fn schedule_stats(
+    storage: &dyn Storage,
+    sub_id: u64,
+    in_flight: &HashSet<TierEntry>,
+    now: u64,
+) -> Result<(u64, Option<u64>, Vec<DueBucket>)> {
+    const BUCKETS: [(&str, u64); 5] = [
+        ("overdue", 0),
+        ("1m", 60_000),
+        ("10m", 600_000),
+        ("1h", 3_600_000),
+        ("2h", 7_200_000),
+    ];
+    let mut buckets: Vec<DueBucket> = BUCKETS
+        .iter()
+        .map(|(label, ahead)| DueBucket {
+            label: (*label).to_owned(),
+            until_ms: now + ahead,
+            count: 0,
+        })
+        .chain(std::iter::once(DueBucket {
+            label: "later".into(),
+            until_ms: 0,
+            count: 0,
+        }))
+        .collect();
+    let mut count = 0;
+    let mut next = None;
+    let mut after = None;
+    const PAGE: usize = 10_000;
+    loop {
+        let batch = storage.scheduled(after, u64::MAX, PAGE)?;
+        for k in &batch {
+            if k.message.sub_id == sub_id && !in_flight.contains(&k.message.entry()) {
+                count += 1;
+                next = Some(next.map_or(k.due_ms, |n: u64| n.min(k.due_ms)));
+                let i = buckets
+                    .iter()
+                    .position(|b| b.until_ms == 0 || k.due_ms < b.until_ms)
+                    .unwrap_or(buckets.len() - 1);
+                buckets[i].count += 1;
+            }
+        }
+        if batch.len() < PAGE {
+            break;
+        }
+        after = batch.last().copied();
+    }
+    Ok((count, next, buckets))
+}

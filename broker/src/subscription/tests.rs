@@ -1,0 +1,336 @@
+//! The subscription actor on virtual time: a broker core over
+//! [`MemoryStorage`](crate::storage::MemoryStorage) and a
+//! [`TokioClock`](crate::clock::TokioClock), driven through the same
+//! handle API the gRPC service uses. An hour-long retry takes an hour of
+//! virtual time and no real time.
+
+use super::*;
+use crate::clock::{Clock, TokioClock};
+use crate::config::BrokerConfig;
+use crate::core::{BrokerCore, TopicEntry};
+use crate::name::{SubscriptionName, TopicName};
+use crate::storage::MemoryStorage;
+use ricochet_policy::{AttemptOverride, PolicyRegistry, PolicySpec};
+use ricochet_proto::{InitialPosition, OutboundMessage, SubscriptionType, props};
+use std::time::Duration;
+
+struct Harness {
+    core: Arc<BrokerCore>,
+    storage: Arc<MemoryStorage>,
+    clock: Arc<TokioClock>,
+    entry: Arc<TopicEntry>,
+}
+
+const TOPIC: &str = "persistent://public/default/orders";
+const RETRY: &str = "persistent://public/default/orders-billing-RETRY";
+
+async fn harness() -> Harness {
+    let storage = Arc::new(MemoryStorage::new());
+    let clock = Arc::new(TokioClock::starting_at_us(1_700_000_000_000_000));
+    // Sync durability; the periodic flush would only add virtual-time ticks.
+    let config = BrokerConfig {
+        flush_interval: Duration::from_secs(3600),
+        ..BrokerConfig::for_dir("unused")
+    };
+    let core = BrokerCore::open(
+        config,
+        storage.clone(),
+        PolicyRegistry::default(),
+        clock.clone(),
+    )
+    .await
+    .unwrap();
+    let entry = core
+        .topic_for_use(&TopicName::parse(TOPIC).unwrap())
+        .await
+        .unwrap();
+    Harness {
+        core,
+        storage,
+        clock,
+        entry,
+    }
+}
+
+struct TestConsumer {
+    id: ConsumerId,
+    handle: SubscriptionHandle,
+    rx: mpsc::UnboundedReceiver<ConsumerEvent>,
+    next_request: u64,
+}
+
+impl Harness {
+    async fn publish(&self, payloads: &[&str]) {
+        let msgs = payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| OutboundMessage {
+                payload: p.as_bytes().to_vec(),
+                key: format!("k{i}"),
+                sequence_id: i as u64,
+                ..Default::default()
+            })
+            .collect();
+        self.entry.topic.publish("", msgs).await.unwrap();
+    }
+
+    async fn consumer(&self, sub_type: SubscriptionType, policy: Option<&str>) -> TestConsumer {
+        let handle = self
+            .core
+            .subscription_or_create(
+                &self.entry,
+                &SubscriptionName::parse("billing").unwrap(),
+                sub_type,
+                InitialPosition::Earliest,
+            )
+            .unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let spec = ConsumerSpec {
+            name: "c1".into(),
+            sub_type,
+            tx,
+            policy: policy.map(|p| p.parse::<PolicySpec>().unwrap()),
+            retry_enabled: true,
+        };
+        let (id, _) = handle.add_consumer(spec).await.unwrap();
+        assert!(matches!(
+            rx.recv().await,
+            Some(ConsumerEvent::Subscribed { .. })
+        ));
+        handle.request(id, ConsumerRequest::Flow(100)).unwrap();
+        TestConsumer {
+            id,
+            handle,
+            rx,
+            next_request: 1,
+        }
+    }
+}
+
+impl TestConsumer {
+    /// The next messages, skipping other events.
+    async fn messages(&mut self) -> Vec<ricochet_proto::Message> {
+        loop {
+            match self.rx.recv().await.expect("consumer stream open") {
+                ConsumerEvent::Messages(m) => return m,
+                ConsumerEvent::Done {
+                    outcome: Err(e), ..
+                } => panic!("request failed: {e}"),
+                _ => {}
+            }
+        }
+    }
+
+    /// Messages arriving within `wait` of virtual time, if any.
+    async fn messages_within(&mut self, wait: Duration) -> Option<Vec<ricochet_proto::Message>> {
+        tokio::time::timeout(wait, self.messages()).await.ok()
+    }
+
+    fn send(&mut self, make: impl FnOnce(u64) -> ConsumerRequest) -> u64 {
+        let rid = self.next_request;
+        self.next_request += 1;
+        self.handle.request(self.id, make(rid)).unwrap();
+        rid
+    }
+
+    /// Waits for the outcome of request `rid`.
+    async fn done(&mut self, rid: u64) -> Outcome {
+        loop {
+            if let ConsumerEvent::Done {
+                request_id,
+                outcome,
+            } = self.rx.recv().await.expect("consumer stream open")
+                && request_id == rid
+            {
+                return outcome;
+            }
+        }
+    }
+
+    fn nack(&mut self, m: &ricochet_proto::Message) -> u64 {
+        let id = wire(m);
+        self.send(|request_id| ConsumerRequest::Redeliver {
+            request_id,
+            items: vec![FailedItem {
+                id,
+                reason: ricochet_policy::FailureReason::Nack,
+                detail: "nope".into(),
+            }],
+        })
+    }
+
+    fn reconsume(&mut self, m: &ricochet_proto::Message, delay: Duration) -> u64 {
+        let id = wire(m);
+        self.send(|request_id| ConsumerRequest::ReconsumeLater {
+            request_id,
+            id,
+            delay: AttemptOverride::Delay(delay),
+            properties: Default::default(),
+            detail: "later".into(),
+        })
+    }
+
+    fn ack(&mut self, m: &ricochet_proto::Message) -> u64 {
+        let id = wire(m);
+        self.send(|request_id| ConsumerRequest::Ack {
+            request_id,
+            ids: vec![id],
+            cumulative: false,
+        })
+    }
+}
+
+fn wire(m: &ricochet_proto::Message) -> MessageRef {
+    let id = m.id.clone().unwrap();
+    MessageRef {
+        topic: id.topic,
+        entry_id: id.entry_id,
+    }
+}
+
+fn text(m: &ricochet_proto::Message) -> &str {
+    std::str::from_utf8(&m.payload).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_nack_without_policy_redelivers_in_place_with_a_persisted_count() {
+    let h = harness().await;
+    h.publish(&["a", "b"]).await;
+    let mut c = h.consumer(SubscriptionType::Exclusive, None).await;
+    let first = c.messages().await;
+    assert_eq!(first.iter().map(text).collect::<Vec<_>>(), ["a", "b"]);
+    assert!(first.iter().all(|m| m.delivery_count == 0));
+    let rid = c.nack(&first[0]);
+    assert!(c.done(rid).await.is_ok());
+    let again = c.messages().await;
+    assert_eq!(again.len(), 1);
+    assert_eq!((text(&again[0]), again[0].delivery_count), ("a", 1));
+    assert_eq!(
+        again[0].id.as_ref().unwrap().topic,
+        TOPIC,
+        "redelivered in place"
+    );
+    let stored = h
+        .storage
+        .failure(TierEntry::main(0).of(c.handle.id()), None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.count, 1);
+    assert_eq!(stored.attempts[0].detail, "nope");
+    // Acking settles it: the record goes.
+    let rid = c.ack(&again[0]);
+    assert!(c.done(rid).await.is_ok());
+    assert_eq!(
+        h.storage
+            .failure(TierEntry::main(0).of(c.handle.id()), None)
+            .unwrap(),
+        None
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_hour_long_retry_waits_an_hour_of_virtual_time() {
+    let h = harness().await;
+    h.publish(&["order"]).await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    let m = c.messages().await.remove(0);
+    let rid = c.reconsume(&m, Duration::from_secs(3600));
+    assert!(c.done(rid).await.is_ok());
+    let asked = h.clock.now_ms();
+    assert!(
+        c.messages_within(Duration::from_secs(3599)).await.is_none(),
+        "nothing before the hour is up"
+    );
+    let retry = c.messages().await.remove(0);
+    let late = h.clock.now_ms() - (asked + 3_600_000);
+    assert!(late <= 5, "{late} ms late");
+    assert_eq!(retry.id.as_ref().unwrap().topic, RETRY);
+    assert_eq!(retry.delivery_count, 1);
+    let p = &retry.properties;
+    assert_eq!(p[props::RECONSUME_TIMES], "1");
+    assert_eq!(p[props::DELAY_TIME], "3600000");
+    assert_eq!(p[props::ORIGIN_MESSAGE_ID], format!("{TOPIC}:0"));
+    assert_eq!(p[props::REAL_TOPIC], TOPIC);
+    let stats = c.handle.stats(h.storage.clone()).await.unwrap();
+    assert_eq!(stats.unacked, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn delay_levels_walk_a_message_into_the_dead_letter_tier() {
+    let h = harness().await;
+    h.publish(&["poison"]).await;
+    let policy = "delay-levels:levels=1m 10m,start=1,max=2";
+    let mut c = h.consumer(SubscriptionType::Failover, Some(policy)).await;
+    let mut m = c.messages().await.remove(0);
+    for (attempt, wait) in [(1, 60_000), (2, 600_000)] {
+        let before = h.clock.now_ms();
+        let rid = c.nack(&m);
+        assert!(c.done(rid).await.is_ok());
+        m = c.messages().await.remove(0);
+        let waited = h.clock.now_ms() - before;
+        assert!(
+            (wait..wait + 10).contains(&waited),
+            "attempt {attempt}: waited {waited} ms"
+        );
+        assert_eq!(m.delivery_count, attempt);
+        assert_eq!(m.id.as_ref().unwrap().topic, RETRY);
+    }
+    let rid = c.nack(&m);
+    assert!(c.done(rid).await.is_ok());
+    assert!(
+        c.messages_within(Duration::from_secs(24 * 3600))
+            .await
+            .is_none()
+    );
+    let sub = c.handle.id();
+    let dead = h.storage.dead_letters(sub, None).unwrap();
+    assert_eq!(dead.len(), 1);
+    let (_, record) = &dead[0];
+    assert_eq!(record.reason, "attempt 3 exceeds max_reconsume_times 2");
+    assert_eq!(
+        (record.origin_topic.as_str(), record.origin_entry_id),
+        (TOPIC, 0)
+    );
+    assert_eq!(record.failures.attempts.len(), 3);
+    let stats = c.handle.stats(h.storage.clone()).await.unwrap();
+    assert_eq!(
+        (stats.dead_lettered, stats.unacked, stats.scheduled_retries),
+        (1, 0, 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_consumer_is_charged_an_attempt_a_closed_one_is_not() {
+    let h = harness().await;
+    h.publish(&["x"]).await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    let m = c.messages().await.remove(0);
+    assert_eq!(m.delivery_count, 0);
+    c.handle.request(c.id, ConsumerRequest::Close).unwrap();
+    let mut c2 = h.consumer(SubscriptionType::Shared, None).await;
+    let m = c2.messages().await.remove(0);
+    assert_eq!(m.delivery_count, 0, "a clean close gives it back uncounted");
+    c2.handle.remove_consumer(c2.id).unwrap();
+    let mut c3 = h.consumer(SubscriptionType::Shared, None).await;
+    let m = c3.messages().await.remove(0);
+    assert_eq!(m.delivery_count, 1, "a lost consumer costs an attempt");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_actor_stops_once_every_handle_is_gone() {
+    let h = harness().await;
+    let c = h.consumer(SubscriptionType::Shared, None).await;
+    crate::util::lock(&h.entry.subscriptions).remove("billing");
+    assert!(
+        c.handle.policy().await.is_ok(),
+        "alive while a handle remains"
+    );
+    let TestConsumer { handle, mut rx, .. } = c;
+    drop(handle);
+    // The actor held the consumer's sender: once it stops, the stream ends.
+    let ended = tokio::time::timeout(Duration::from_secs(1), async {
+        while rx.recv().await.is_some() {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the actor kept running without handles");
+}

@@ -1,0 +1,324 @@
+//! A subscription's retry and dead-letter tiers, and moving messages into
+//! them: each batch of moves is one storage transaction (append the copy to
+//! the tier + ack the source + carry the failure record), so a message is
+//! never lost and never in two tiers. The moved copies become readable (and
+//! a retry enters the timer) only once the move is durable; the actor does
+//! not wait for that flush, the request's reply does.
+
+use super::SubscriptionActor;
+use super::acks::Cleanup;
+use super::failure::Failure;
+use super::intake::millis;
+use super::requests::MessageRef;
+use crate::error::Result;
+use crate::name::{SubscriptionName, TopicName};
+use crate::storage::{
+    Arrival, DeadLetterRecord, FailureRecord, MoveItem, ScheduleKey, Storage, SubMessage,
+    SubscriptionRecord, TierEntry, TierId, TierMove, TopicKind,
+};
+use crate::topic::Topic;
+use prost::Message as _;
+use ricochet_policy::{DeadLetterPolicy, PolicySpec};
+use ricochet_proto::{Message, props};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a subscription needs from the rest of the broker.
+#[async_trait::async_trait]
+pub trait BrokerLink: Send + Sync + std::fmt::Debug {
+    /// The topic of a retry or dead-letter tier, created on first use.
+    async fn tier_topic(&self, name: &str, kind: TopicKind) -> Result<Arc<Topic>>;
+    /// Builds a policy from its spec (resolving named, registered policies).
+    fn build_policy(&self, spec: &PolicySpec) -> Result<Arc<dyn DeadLetterPolicy>>;
+    /// The configured default policy for a topic.
+    fn configured_policy(&self, topic: &str) -> Option<PolicySpec>;
+}
+
+/// The names of a subscription's tiers and, once used, their topics.
+#[derive(Debug)]
+pub(super) struct Tiers {
+    pub retry_name: String,
+    pub dead_letter_name: String,
+    pub retry: Option<Arc<Topic>>,
+    pub dead_letter: Option<Arc<Topic>>,
+}
+
+impl Tiers {
+    /// The tiers of `rec`: its overrides, or `<topic>-<sub>-RETRY` / `-DLQ`.
+    pub fn for_subscription(rec: &SubscriptionRecord) -> Result<Self> {
+        let topic = TopicName::parse(&rec.topic)?;
+        let sub = SubscriptionName::parse(&rec.name)?;
+        Ok(Self {
+            retry_name: rec
+                .retry_topic
+                .clone()
+                .unwrap_or_else(|| topic.retry_tier(&sub).to_string()),
+            dead_letter_name: rec
+                .dead_letter_topic
+                .clone()
+                .unwrap_or_else(|| topic.dead_letter_tier(&sub).to_string()),
+            retry: None,
+            dead_letter: None,
+        })
+    }
+
+    /// Messages queued in the retry tier: every entry the retry cursor has
+    /// not acked (a message leaving the tier acks its entry), so the count
+    /// comes from the cursor, not from a scan of the schedule.
+    pub fn queued_retries(&self, storage: &dyn Storage, rec: &SubscriptionRecord) -> Result<u64> {
+        let (_, end) = storage.entry_range(&self.retry_name)?;
+        let mark = rec.retry.mark_delete.min(end);
+        Ok((end - mark) - rec.retry.acked_between(mark, end))
+    }
+
+    /// The topic holding a tier's entries.
+    pub fn topic_of<'a>(&'a self, rec: &'a SubscriptionRecord, tier: TierId) -> &'a str {
+        match tier {
+            TierId::Main => &rec.topic,
+            TierId::Retry => &self.retry_name,
+        }
+    }
+
+    /// The tier and entry a consumer's message id names, if it is ours.
+    pub fn locate(&self, rec: &SubscriptionRecord, id: &MessageRef) -> Option<TierEntry> {
+        if id.topic == rec.topic {
+            Some(TierEntry::main(id.entry_id))
+        } else if id.topic == self.retry_name {
+            Some(TierEntry::retry(id.entry_id))
+        } else {
+            None
+        }
+    }
+}
+
+impl SubscriptionActor {
+    /// The retry or dead-letter tier's topic, created on first use.
+    async fn tier_topic(&mut self, kind: TopicKind) -> Result<Arc<Topic>> {
+        let (slot, name) = match kind {
+            TopicKind::DeadLetter => (&mut self.tiers.dead_letter, &self.tiers.dead_letter_name),
+            _ => (&mut self.tiers.retry, &self.tiers.retry_name),
+        };
+        if let Some(t) = slot {
+            return Ok(t.clone());
+        }
+        let t = self.deps.link.tier_topic(name, kind).await?;
+        *slot = Some(t.clone());
+        Ok(t)
+    }
+
+    /// The copy of `entry` a tier receives: Pulsar's properties added
+    /// (`REAL_TOPIC`, `ORIGIN_MESSAGE_ID` once, `RECONSUMETIMES` updated),
+    /// and the consumer's extra properties.
+    fn tier_copy(
+        &self,
+        entry: TierEntry,
+        rec: &FailureRecord,
+        extra: &HashMap<String, String>,
+    ) -> Result<Message> {
+        let mut m = self.source_message(entry)?;
+        m.properties
+            .entry(props::REAL_TOPIC.into())
+            .or_insert_with(|| self.rec.topic.clone());
+        let origin = self.wire_id(entry);
+        m.properties
+            .entry(props::ORIGIN_MESSAGE_ID.into())
+            .or_insert(origin);
+        m.properties
+            .insert(props::RECONSUME_TIMES.into(), rec.count.to_string());
+        for (k, v) in extra {
+            m.properties.insert(k.clone(), v.clone());
+        }
+        Ok(m)
+    }
+
+    /// Where a message first came from: its `ORIGIN_MESSAGE_ID`, or itself.
+    fn origin_of(&self, m: &Message, entry: TierEntry) -> (String, u64) {
+        if let Some((t, e)) = m
+            .properties
+            .get(props::ORIGIN_MESSAGE_ID)
+            .and_then(|o| o.rsplit_once(':'))
+            && let Ok(e) = e.parse()
+        {
+            return (t.to_owned(), e);
+        }
+        (self.rec.topic.clone(), entry.entry_id)
+    }
+
+    /// Marks `entry` acked in `sub` (the copy of the record a move writes)
+    /// and returns its storage key and, if it was scheduled, its schedule
+    /// entry (both removed by the move).
+    fn leave(
+        &self,
+        sub: &mut SubscriptionRecord,
+        entry: TierEntry,
+    ) -> (SubMessage, Option<ScheduleKey>) {
+        let from = entry.of(sub.id);
+        sub.cursor_mut(entry.tier).ack(entry.entry_id);
+        let schedule = self
+            .deliveries
+            .in_flight
+            .get(&entry)
+            .and_then(|i| i.due_ms)
+            .map(|due_ms| ScheduleKey {
+                due_ms,
+                message: from,
+            });
+        (from, schedule)
+    }
+
+    /// Moves failed messages into the retry tier, each due after its delay.
+    pub(super) async fn move_to_retry(
+        &mut self,
+        items: Vec<(Failure, FailureRecord, Duration)>,
+        now: u64,
+    ) -> Result<()> {
+        let topic = self.tier_topic(TopicKind::Retry).await?;
+        let first_id = topic.reserve_ids(items.len() as u64)?;
+        let mut sub = self.rec.clone();
+        let mut move_items = Vec::with_capacity(items.len());
+        let mut new_keys = Vec::with_capacity(items.len());
+        for (i, (f, rec, after)) in items.iter().enumerate() {
+            let due_ms = now.saturating_add(millis(*after));
+            let mut m = self.tier_copy(f.entry, rec, &f.extra_props)?;
+            m.properties
+                .insert(props::DELAY_TIME.into(), millis(*after).to_string());
+            m.deliver_at_ms = due_ms;
+            let target = first_id + i as u64;
+            let (from, from_schedule) = self.leave(&mut sub, f.entry);
+            tracing::info!(
+                sub = %self.rec.name,
+                message = %format!("{}:{target}", topic.name()),
+                origin = %m.properties.get(props::ORIGIN_MESSAGE_ID).map_or("", String::as_str),
+                attempt = rec.count,
+                delay_ms = millis(*after),
+                reason = %f.reason,
+                detail = %f.detail,
+                "retry scheduled"
+            );
+            new_keys.push(ScheduleKey {
+                due_ms,
+                message: TierEntry::retry(target).of(sub.id),
+            });
+            move_items.push(MoveItem {
+                from,
+                from_schedule,
+                payload: m.encode_to_vec(),
+                target_entry_id: target,
+                failures: rec.clone(),
+                arrival: Arrival::Retry { due_ms },
+            });
+        }
+        let mv = TierMove {
+            target_topic: topic.name().to_string(),
+            subscription: sub,
+            items: move_items,
+        };
+        self.deps.storage.move_messages(&mv)?;
+        // Bookkeeping for metrics: what entered and left the retry tier.
+        let from_retry = items
+            .iter()
+            .filter(|(f, _, _)| f.entry.tier == TierId::Retry)
+            .count() as u64;
+        let c = &mut self.counters;
+        c.retry_queue = c.retry_queue.saturating_sub(from_retry) + items.len() as u64;
+        c.retries_scheduled += items.len() as u64;
+        self.metrics.retries_scheduled.increment(items.len() as u64);
+        for (_, _, after) in &items {
+            self.metrics.retry_delay.record(after.as_secs_f64());
+        }
+        self.after_move(mv.subscription, items.iter().map(|(f, _, _)| f.entry));
+        // The timer learns of them once they are durable.
+        let scheduler = self.deps.scheduler.clone();
+        self.when_durable(topic, first_id + items.len() as u64, move || {
+            scheduler.add(new_keys)
+        });
+        Ok(())
+    }
+
+    /// Moves failed messages into the dead-letter tier with their history.
+    pub(super) async fn move_to_dead_letter(
+        &mut self,
+        items: Vec<(Failure, FailureRecord, String)>,
+        now: u64,
+    ) -> Result<()> {
+        let topic = self.tier_topic(TopicKind::DeadLetter).await?;
+        let first_id = topic.reserve_ids(items.len() as u64)?;
+        let mut sub = self.rec.clone();
+        let mut move_items = Vec::with_capacity(items.len());
+        for (i, (f, rec, reason)) in items.iter().enumerate() {
+            let mut m = self.tier_copy(f.entry, rec, &f.extra_props)?;
+            m.properties
+                .insert(props::DEAD_LETTER_REASON.into(), reason.clone());
+            m.deliver_at_ms = 0;
+            let (origin_topic, origin_entry_id) = self.origin_of(&m, f.entry);
+            let (from, from_schedule) = self.leave(&mut sub, f.entry);
+            tracing::warn!(
+                sub = %self.rec.name, topic = %self.rec.topic, origin = %format!("{origin_topic}:{origin_entry_id}"),
+                attempt = rec.count, reason = %reason, "message dead-lettered"
+            );
+            move_items.push(MoveItem {
+                from,
+                from_schedule,
+                payload: m.encode_to_vec(),
+                target_entry_id: first_id + i as u64,
+                failures: rec.clone(),
+                arrival: Arrival::DeadLetter(DeadLetterRecord {
+                    origin_topic,
+                    origin_entry_id,
+                    reason: reason.clone(),
+                    at_ms: now,
+                    failures: rec.clone(),
+                }),
+            });
+        }
+        let mv = TierMove {
+            target_topic: topic.name().to_string(),
+            subscription: sub,
+            items: move_items,
+        };
+        self.deps.storage.move_messages(&mv)?;
+        let from_retry = items
+            .iter()
+            .filter(|(f, _, _)| f.entry.tier == TierId::Retry)
+            .count() as u64;
+        self.counters.retry_queue = self.counters.retry_queue.saturating_sub(from_retry);
+        self.counters.dlq_size += items.len() as u64;
+        for (f, _, _) in &items {
+            self.metrics.dead_lettered(f.reason.as_str(), 1);
+        }
+        self.after_move(mv.subscription, items.iter().map(|(f, _, _)| f.entry));
+        // Readable by dead-letter consumers once durable.
+        self.when_durable(topic, first_id + items.len() as u64, || {});
+        Ok(())
+    }
+
+    /// After a tier move wrote `topic`'s ids below `end`: once they are
+    /// durable (at once in `interval` mode), makes them readable and runs
+    /// `then`. The actor does not wait for the flush; the request's reply does.
+    fn when_durable(&self, topic: Arc<Topic>, end: u64, then: impl FnOnce() + Send + 'static) {
+        let flusher = self.deps.flusher.clone();
+        let sync = self.deps.sync;
+        tokio::spawn(async move {
+            if !sync || flusher.durable().await.is_ok() {
+                topic.advance_durable_end(end);
+                then();
+            }
+        });
+    }
+
+    /// The move is stored: adopt the record it wrote and forget the sources.
+    fn after_move(&mut self, sub: SubscriptionRecord, entries: impl Iterator<Item = TierEntry>) {
+        self.rec = sub;
+        let mut done = Cleanup::default();
+        for e in entries {
+            self.settle(e, &mut done);
+            self.deliveries.ready.remove(&e);
+            self.deliveries.due.remove(&e);
+        }
+        // The transaction already removed the records and schedule entries;
+        // only the timer still holds some.
+        self.deps.scheduler.remove(done.unschedule);
+        self.dirty = true;
+    }
+}
