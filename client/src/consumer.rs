@@ -60,9 +60,10 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Streaming;
 
-use crate::client::{Backoff, Client, next_frame, sleep_opt};
+use crate::client::{Client, next_frame, sleep_opt};
 use crate::error::{Error, Result};
 use crate::message::{Message, MessageId, TopicInterner};
+use crate::reconnect::{Reconnector, Reopen, open_with_retry};
 use crate::tracker::{DelayTracker, far_future};
 
 /// How a subscription shares messages between its consumers.
@@ -346,22 +347,11 @@ impl ConsumerBuilder {
         }
         let client = self.client;
         let topic = self.topic;
-        let deadline = Instant::now() + client.config().request_timeout;
-        let mut backoff = Backoff::new(client.config());
-        let (conn, subscribed) = loop {
-            match subscribe(&client, &topic, &cfg).await {
-                Ok(r) => break r,
-                Err(e) if e.is_retryable() => {
-                    let wait = backoff.next_delay();
-                    if Instant::now() + wait >= deadline {
-                        return Err(e);
-                    }
-                    tracing::debug!(error = %e, topic = %topic, "subscribe failed; retrying");
-                    tokio::time::sleep(wait).await;
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let ((conn, subscribed), reconnect) =
+            open_with_retry(client.config(), "subscribe", &topic, || {
+                subscribe(&client, &topic, &cfg)
+            })
+            .await?;
         let cfg = Arc::new(cfg);
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
         let (out_tx, out_rx) = mpsc::unbounded_channel();
@@ -409,8 +399,7 @@ impl ConsumerBuilder {
             next_request: 1,
             stale_acks: StaleAcks::default(),
             redeliver_now: Vec::new(),
-            backoff,
-            reconnect_at: None,
+            reconnect,
             closing: None,
             close_reply: None,
             close_request: None,
@@ -1051,8 +1040,7 @@ struct Driver {
     next_request: u64,
     stale_acks: StaleAcks,
     redeliver_now: Vec<FailedDelivery>,
-    backoff: Backoff,
-    reconnect_at: Option<Instant>,
+    reconnect: Reconnector,
     closing: Option<Instant>,
     close_reply: Option<oneshot::Sender<Result<()>>>,
     close_request: Option<u64>,
@@ -1065,7 +1053,7 @@ impl Driver {
             let nack_due = self.nacks.next_deadline();
             let ack_timeout_due = self.unacked.as_ref().and_then(DelayTracker::next_deadline);
             let reconnect = if self.conn.is_none() {
-                self.reconnect_at
+                self.reconnect.due()
             } else {
                 None
             };
@@ -1137,8 +1125,7 @@ impl Driver {
             permits: self.cfg.receiver_queue_size,
         }));
         self.conn = Some(conn);
-        self.backoff.reset();
-        self.reconnect_at = None;
+        self.reconnect.connected();
     }
 
     /// The policy used for nack delays: the application's own object, else
@@ -1619,28 +1606,26 @@ impl Driver {
                 "the stream broke before the broker confirmed; the message is redelivered if the request was lost: {why}"
             ))));
         }
-        self.reconnect_at = Some(Instant::now());
+        self.reconnect.lost(Instant::now());
     }
 
     async fn reconnect(&mut self) {
-        match subscribe(&self.client, &self.topic, &self.cfg).await {
-            Ok((conn, s)) => {
+        let open = subscribe(&self.client, &self.topic, &self.cfg);
+        // The broker may still hold the old stream's Exclusive slot.
+        let retry =
+            |e: &Error| e.is_retryable() || e.code() == Some(tonic::Code::FailedPrecondition);
+        match self.reconnect.attempt(open, retry, "consumer").await {
+            Reopen::Open((conn, s)) => {
                 tracing::info!(topic = %self.shared.topic, sub = %self.shared.subscription, "consumer reconnected");
                 self.connected(conn, &s);
             }
-            // The broker may still hold the old stream's Exclusive slot.
-            Err(e) if e.is_retryable() || e.code() == Some(tonic::Code::FailedPrecondition) => {
-                let wait = self.backoff.next_delay();
-                tracing::debug!(error = %e, retry_in = ?wait, "consumer reconnect failed");
-                self.reconnect_at = Some(Instant::now() + wait);
-            }
-            Err(e) => {
+            Reopen::Later => {}
+            Reopen::Failed(e) => {
                 tracing::error!(error = %e, topic = %self.shared.topic, "consumer cannot resubscribe; closing");
                 let _ = self.out.send(Delivery {
                     epoch: self.epoch,
                     item: Err(e),
                 });
-                self.reconnect_at = None;
                 self.closing = Some(Instant::now());
             }
         }

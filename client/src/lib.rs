@@ -71,6 +71,7 @@ mod consumer;
 mod error;
 mod message;
 mod producer;
+mod reconnect;
 pub mod tracker;
 
 pub use client::{Client, ClientBuilder, ClientConfig};

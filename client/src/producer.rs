@@ -35,9 +35,10 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Streaming;
 
-use crate::client::{Backoff, Client, next_frame, sleep_opt};
+use crate::client::{Client, next_frame, sleep_opt};
 use crate::error::{Error, Result};
 use crate::message::{MessageId, OutgoingMessage};
+use crate::reconnect::{Reconnector, Reopen, open_with_retry};
 
 /// Batches assigned a request id and not yet answered, per producer.
 const MAX_INFLIGHT_BATCHES: usize = 128;
@@ -148,22 +149,11 @@ impl ProducerBuilder {
                 "producer name must not be empty".into(),
             ));
         }
-        let deadline = Instant::now() + self.client.config().request_timeout;
-        let mut backoff = Backoff::new(self.client.config());
-        let (conn, opened) = loop {
-            match open(&self.client, &self.topic, &name).await {
-                Ok(r) => break r,
-                Err(e) if e.is_retryable() => {
-                    let wait = backoff.next_delay();
-                    if Instant::now() + wait >= deadline {
-                        return Err(e);
-                    }
-                    tracing::debug!(error = %e, topic = %self.topic, "producer open failed; retrying");
-                    tokio::time::sleep(wait).await;
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let ((conn, opened), reconnect) =
+            open_with_retry(self.client.config(), "producer open", &self.topic, || {
+                open(&self.client, &self.topic, &name)
+            })
+            .await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             topic: opened.topic.clone(),
@@ -180,8 +170,7 @@ impl ProducerBuilder {
             topic_arc: Arc::from(opened.topic.as_str()),
             rx,
             conn: Some(conn),
-            backoff,
-            reconnect_at: None,
+            reconnect,
             next_seq,
             next_request: 1,
             batch: Vec::new(),
@@ -372,8 +361,7 @@ struct Driver {
     topic_arc: Arc<str>,
     rx: mpsc::UnboundedReceiver<Cmd>,
     conn: Option<Conn>,
-    backoff: Backoff,
-    reconnect_at: Option<Instant>,
+    reconnect: Reconnector,
     next_seq: u64,
     next_request: u64,
     batch: Vec<PendingMsg>,
@@ -405,7 +393,7 @@ impl Driver {
             };
             let expire = self.next_expiry();
             let reconnect = if self.conn.is_none() && self.fatal.is_none() {
-                self.reconnect_at
+                self.reconnect.due()
             } else {
                 None
             };
@@ -625,14 +613,17 @@ impl Driver {
         }
         tracing::warn!(topic = %self.shared.topic, producer = %self.shared.name, reason = %why, "producer stream lost; reconnecting");
         // First attempt right away, then back off.
-        self.reconnect_at = Some(Instant::now());
+        self.reconnect.lost(Instant::now());
     }
 
     async fn reconnect(&mut self) {
-        match open(&self.client, &self.shared.topic, &self.shared.name).await {
-            Ok((conn, opened)) => {
-                self.backoff.reset();
-                self.reconnect_at = None;
+        let open = open(&self.client, &self.shared.topic, &self.shared.name);
+        match self
+            .reconnect
+            .attempt(open, Error::is_retryable, "producer")
+            .await
+        {
+            Reopen::Open((conn, opened)) => {
                 self.shared
                     .max_message_size
                     .store(opened.max_message_size, Ordering::Relaxed);
@@ -671,12 +662,8 @@ impl Driver {
                 tracing::info!(topic = %self.shared.topic, producer = %self.shared.name, resent, "producer reconnected");
                 self.conn = Some(conn);
             }
-            Err(e) if e.is_retryable() => {
-                let wait = self.backoff.next_delay();
-                tracing::debug!(error = %e, retry_in = ?wait, "producer reconnect failed");
-                self.reconnect_at = Some(Instant::now() + wait);
-            }
-            Err(e) => {
+            Reopen::Later => {}
+            Reopen::Failed(e) => {
                 tracing::error!(error = %e, topic = %self.shared.topic, "producer cannot reconnect; failing its messages");
                 self.fail_all(&e);
                 self.fatal = Some(e);
