@@ -153,7 +153,7 @@ impl Message {
         })
     }
 
-    /// Where the message is stored; pass it to [`Consumer::ack_id`](crate::Consumer::ack_id).
+    /// Where the message is stored; pass it to [`Acker::ack_id`](crate::Acker::ack_id).
     pub fn id(&self) -> &MessageId {
         &self.id
     }

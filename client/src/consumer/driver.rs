@@ -1,0 +1,847 @@
+//! The consumer's background task: one event loop per consumer that reads
+//! the broker's frames and the handles' commands, fires the ack-flush,
+//! nack and ack-timeout timers, and handles the stream's life: connected,
+//! lost, reconnect, close.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use ricochet_policy::{
+    DeadLetterPolicy, Decision, FailureContext, FailureReason, PolicySpec, Tier, jitter_seed,
+};
+use ricochet_proto::{
+    Ack, AckType, CloseConsumer, ConsumeResponse, FailedDelivery, Flow, ReconsumeLater, Redeliver,
+    Subscribed, Terminate, consume_request, consume_response,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::builder::{Conn, open_stream};
+use super::shared::{ACTIVE_NO, ACTIVE_UNKNOWN, ACTIVE_YES, Cmd, Delivery, Shared};
+use super::{Acker, Consumer, ConsumerConfig};
+use crate::client::{Client, next_frame, sleep_opt};
+use crate::error::{Error, Result};
+use crate::message::{Message, MessageId, TopicInterner};
+use crate::reconnect::{Reconnector, Reopen};
+use crate::tracker::{DelayTracker, far_future};
+
+/// Starts the driver task on a freshly opened stream and returns the
+/// application's handle.
+pub(super) fn spawn(
+    client: Client,
+    topic: String,
+    cfg: ConsumerConfig,
+    conn: Conn,
+    subscribed: &Subscribed,
+    reconnect: Reconnector,
+) -> Consumer {
+    let cfg = Arc::new(cfg);
+    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared {
+        topic: subscribed.topic.clone(),
+        subscription: subscribed.subscription.clone(),
+        consumer_name: subscribed.consumer_name.clone(),
+        subscription_type: cfg.subscription_type,
+        epoch: AtomicU64::new(1),
+        consumed: AtomicU32::new(0),
+        refill_threshold: (cfg.receiver_queue_size / 2).max(1),
+        active: AtomicU8::new(ACTIVE_UNKNOWN),
+        closed: AtomicBool::new(false),
+        track_taken: cfg.ack_timeout.is_some(),
+        request_timeout: client.config().request_timeout,
+    });
+    let mut topics = TopicInterner::default();
+    let mut table = TopicTable::default();
+    let main = topics.get(&subscribed.topic);
+    table.index(&main);
+    let unacked = cfg.ack_timeout_tick.map(DelayTracker::new);
+    let mut driver = Driver {
+        client,
+        topic,
+        cfg,
+        shared: shared.clone(),
+        rx: cmd_rx,
+        out: out_tx,
+        conn: None,
+        epoch: 1,
+        topics,
+        table,
+        main_topic: main,
+        policy: None,
+        outstanding: HashSet::new(),
+        unacked,
+        nacks: DelayTracker::new(Duration::from_millis(1)),
+        nack_details: HashMap::new(),
+        acks: Vec::new(),
+        loose_acks: Vec::new(),
+        ack_deadline: None,
+        cumulative: None,
+        cumulative_mark: None,
+        requests: HashMap::new(),
+        next_request: 1,
+        stale_acks: StaleAcks::default(),
+        redeliver_now: Vec::new(),
+        reconnect,
+        closing: None,
+        close_reply: None,
+        close_request: None,
+    };
+    driver.connected(conn, subscribed);
+    tokio::spawn(driver.run());
+    Consumer::new(out_rx, Acker { tx: cmd_tx, shared })
+}
+
+/// A compact id: (index of the topic in the consumer's table, entry id).
+type Key = (u32, u64);
+
+/// The topics a consumer sees ids from (its main topic, its retry tier).
+#[derive(Debug, Default)]
+struct TopicTable {
+    names: Vec<Arc<str>>,
+}
+
+impl TopicTable {
+    /// The index of `topic`, added if new; `None` past a small bound.
+    fn index(&mut self, topic: &Arc<str>) -> Option<u32> {
+        if let Some(i) = self
+            .names
+            .iter()
+            .position(|t| Arc::ptr_eq(t, topic) || **t == **topic)
+        {
+            return u32::try_from(i).ok();
+        }
+        if self.names.len() >= 64 {
+            return None;
+        }
+        self.names.push(topic.clone());
+        u32::try_from(self.names.len() - 1).ok()
+    }
+
+    fn key(&mut self, id: &MessageId) -> Option<Key> {
+        self.index(id.topic_arc()).map(|t| (t, id.entry_id()))
+    }
+
+    fn id(&self, key: Key) -> Option<MessageId> {
+        let t = self.names.get(key.0 as usize)?;
+        Some(MessageId::new(t.clone(), key.1))
+    }
+}
+
+/// Ids acked after the stream they came on broke, applied when the broker
+/// redelivers them. Bounded (oldest forgotten first).
+#[derive(Debug, Default)]
+struct StaleAcks {
+    set: HashSet<Key>,
+    order: VecDeque<Key>,
+}
+
+impl StaleAcks {
+    const CAP: usize = 100_000;
+
+    fn insert(&mut self, k: Key) {
+        if self.set.insert(k) {
+            self.order.push_back(k);
+            while self.order.len() > Self::CAP {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn take(&mut self, k: &Key) -> bool {
+        // The order queue keeps the key until it ages out; harmless.
+        self.set.remove(k)
+    }
+}
+
+enum Event {
+    Response(Result<Option<ConsumeResponse>, tonic::Status>),
+    Cmd(Option<Cmd>),
+    AckFlush,
+    NackDue,
+    AckTimeout,
+    Reconnect,
+    CloseDeadline,
+}
+
+struct PendingRequest {
+    reply: oneshot::Sender<Result<()>>,
+    key: Option<Key>,
+    epoch: u64,
+}
+
+struct Driver {
+    client: Client,
+    topic: String,
+    cfg: Arc<ConsumerConfig>,
+    shared: Arc<Shared>,
+    rx: mpsc::UnboundedReceiver<Cmd>,
+    out: mpsc::UnboundedSender<Delivery>,
+    conn: Option<Conn>,
+    epoch: u64,
+    topics: TopicInterner,
+    table: TopicTable,
+    main_topic: Arc<str>,
+    policy: Option<Arc<dyn DeadLetterPolicy>>,
+    /// Received on this stream and not yet settled by the application.
+    outstanding: HashSet<Key>,
+    unacked: Option<DelayTracker<Key>>,
+    nacks: DelayTracker<Key>,
+    nack_details: HashMap<Key, String>,
+    /// Grouped acks of outstanding messages.
+    acks: Vec<ricochet_proto::MessageId>,
+    /// Acks of ids this stream did not deliver (sent in their own frame so
+    /// that a rejection cannot take the others with it).
+    loose_acks: Vec<ricochet_proto::MessageId>,
+    ack_deadline: Option<Instant>,
+    cumulative: Option<MessageId>,
+    cumulative_mark: Option<u64>,
+    requests: HashMap<u64, PendingRequest>,
+    next_request: u64,
+    stale_acks: StaleAcks,
+    redeliver_now: Vec<FailedDelivery>,
+    reconnect: Reconnector,
+    closing: Option<Instant>,
+    close_reply: Option<oneshot::Sender<Result<()>>>,
+    close_request: Option<u64>,
+}
+
+impl Driver {
+    async fn run(mut self) {
+        let mut rx_open = true;
+        loop {
+            let nack_due = self.nacks.next_deadline();
+            let ack_timeout_due = self.unacked.as_ref().and_then(DelayTracker::next_deadline);
+            let reconnect = if self.conn.is_none() {
+                self.reconnect.due()
+            } else {
+                None
+            };
+            let event = tokio::select! {
+                biased;
+                r = next_frame(self.conn.as_mut().map(|c| &mut c.inbound)) => Event::Response(r),
+                c = self.rx.recv(), if rx_open => Event::Cmd(c),
+                _ = sleep_opt(self.ack_deadline) => Event::AckFlush,
+                _ = sleep_opt(nack_due) => Event::NackDue,
+                _ = sleep_opt(ack_timeout_due) => Event::AckTimeout,
+                _ = sleep_opt(reconnect) => Event::Reconnect,
+                _ = sleep_opt(self.closing) => Event::CloseDeadline,
+            };
+            match event {
+                Event::Response(Ok(Some(r))) => self.on_response(r),
+                Event::Response(Ok(None)) => {
+                    self.lost("the broker ended the consumer stream".into())
+                }
+                Event::Response(Err(s)) => self.lost(Error::from(s).to_string()),
+                Event::Cmd(Some(cmd)) => {
+                    self.on_cmd(cmd);
+                    for _ in 0..1024 {
+                        match self.rx.try_recv() {
+                            Ok(cmd) => self.on_cmd(cmd),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                Event::Cmd(None) => {
+                    // Every handle is gone: flush acks and stop.
+                    rx_open = false;
+                    self.start_close(None);
+                }
+                Event::AckFlush => self.flush_acks(0),
+                Event::NackDue => self.fire_nacks(Instant::now()),
+                Event::AckTimeout => self.fire_ack_timeouts(),
+                Event::Reconnect => self.reconnect().await,
+                Event::CloseDeadline => {
+                    self.finish_close(Err(Error::Timeout(
+                        "waiting for the broker to confirm the final acks".into(),
+                    )));
+                }
+            }
+            self.send_redeliveries();
+            if self.closing.is_some() && self.close_reply.is_none() && self.close_request.is_none()
+            {
+                break;
+            }
+            if self.out.is_closed() && self.closing.is_none() {
+                // The Consumer was dropped (only ackers remain): close.
+                self.start_close(None);
+            }
+        }
+        self.shared.closed.store(true, Ordering::Release);
+        for (_, r) in self.requests.drain() {
+            let _ = r.reply.send(Err(Error::Closed));
+        }
+    }
+
+    /// A fresh stream is up: reset per-stream state, grant permits.
+    fn connected(&mut self, conn: Conn, s: &Subscribed) {
+        self.policy = self.effective_policy(s);
+        if !s.retry_topic.is_empty() {
+            let retry = self.topics.get(&s.retry_topic);
+            self.table.index(&retry);
+        }
+        self.shared.consumed.store(0, Ordering::Release);
+        conn.send(consume_request::Request::Flow(Flow {
+            permits: self.cfg.receiver_queue_size,
+        }));
+        self.conn = Some(conn);
+        self.reconnect.connected();
+    }
+
+    /// The policy used for nack delays: the application's own object, else
+    /// the one the broker says is in force (when it can be built here), else
+    /// the application's spec.
+    fn effective_policy(&self, s: &Subscribed) -> Option<Arc<dyn DeadLetterPolicy>> {
+        if let Some(p) = &self.cfg.policy {
+            return Some(p.clone());
+        }
+        if let Some(p) = s
+            .dead_letter_policy
+            .as_ref()
+            .and_then(|c| PolicySpec::try_from(c).ok())
+            .and_then(|spec| spec.build().ok())
+        {
+            return Some(p);
+        }
+        self.cfg.policy_spec.as_ref().and_then(|s| s.build().ok())
+    }
+
+    fn on_response(&mut self, r: ConsumeResponse) {
+        match r.response {
+            Some(consume_response::Response::Messages(batch)) => {
+                let mut auto_acked = 0u32;
+                for m in batch.messages {
+                    let Some(msg) = Message::from_proto(m, self.epoch, &mut self.topics) else {
+                        tracing::warn!("dropping a message without an id");
+                        continue;
+                    };
+                    let Some(key) = self.table.key(&msg.id) else {
+                        tracing::warn!(id = %msg.id, "dropping a message from an unexpected topic");
+                        continue;
+                    };
+                    if self.stale_acks.take(&key) {
+                        // Acked by the application before the reconnect.
+                        self.acks.push(msg.id.to_proto());
+                        auto_acked += 1;
+                        continue;
+                    }
+                    self.outstanding.insert(key);
+                    self.nacks.remove(&key);
+                    if self
+                        .out
+                        .send(Delivery {
+                            epoch: self.epoch,
+                            item: Ok(msg),
+                        })
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+                if auto_acked > 0 {
+                    self.schedule_ack_flush();
+                    // Those never reach the application: return their permits.
+                    if let Some(c) = &self.conn {
+                        c.send(consume_request::Request::Flow(Flow {
+                            permits: auto_acked,
+                        }));
+                    }
+                }
+            }
+            Some(consume_response::Response::Result(r)) => {
+                self.on_result(r.request_id, r.code, r.message)
+            }
+            Some(consume_response::Response::ActiveChange(a)) => {
+                self.shared.active.store(
+                    if a.active { ACTIVE_YES } else { ACTIVE_NO },
+                    Ordering::Relaxed,
+                );
+            }
+            Some(consume_response::Response::Subscribed(_)) | None => {
+                tracing::debug!("ignoring an unexpected consumer frame");
+            }
+        }
+    }
+
+    fn on_result(&mut self, request_id: u64, code: i32, message: String) {
+        if request_id == 0 {
+            if code != 0 {
+                tracing::warn!(code, %message, sub = %self.shared.subscription, "the broker rejected a consumer request");
+            }
+            return;
+        }
+        if self.close_request == Some(request_id) {
+            self.close_request = None;
+            let r = if code == 0 {
+                Ok(())
+            } else {
+                Err(Error::from_code(code, message))
+            };
+            self.finish_close(r);
+            return;
+        }
+        let Some(req) = self.requests.remove(&request_id) else {
+            return;
+        };
+        if code == 0 {
+            let _ = req.reply.send(Ok(()));
+        } else {
+            // Still in flight on the broker: track it again.
+            if let Some(k) = req.key.filter(|_| req.epoch == self.epoch) {
+                self.track(k, Instant::now());
+            }
+            let _ = req.reply.send(Err(Error::from_code(code, message)));
+        }
+    }
+
+    fn track(&mut self, key: Key, now: Instant) {
+        self.outstanding.insert(key);
+        if let (Some(t), Some(timeout)) = (&mut self.unacked, self.cfg.ack_timeout) {
+            t.insert_after(key, timeout, now);
+        }
+    }
+
+    /// Stops tracking a message the application settled; whether it was
+    /// outstanding on this stream.
+    fn settle(&mut self, key: &Key) -> bool {
+        if let Some(t) = &mut self.unacked {
+            t.remove(key);
+        }
+        if self.nacks.remove(key) {
+            self.nack_details.remove(key);
+        }
+        self.outstanding.remove(key)
+    }
+
+    fn is_stale(&self, epoch: Option<u64>) -> bool {
+        epoch.is_some_and(|e| e != self.epoch)
+    }
+
+    fn on_cmd(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Ack { id, epoch } => {
+                let Some(key) = self.table.key(&id) else {
+                    self.loose_acks.push(id.to_proto());
+                    self.schedule_ack_flush();
+                    return;
+                };
+                if self.is_stale(epoch) {
+                    self.stale_acks.insert(key);
+                    return;
+                }
+                if self.settle(&key) {
+                    self.acks.push(id.to_proto());
+                } else {
+                    self.loose_acks.push(id.to_proto());
+                }
+                self.schedule_ack_flush();
+            }
+            Cmd::AckCumulative { id, epoch } => {
+                if self.is_stale(epoch) {
+                    return;
+                }
+                if self
+                    .cumulative
+                    .as_ref()
+                    .is_none_or(|c| c.entry_id() < id.entry_id())
+                {
+                    self.cumulative_mark = Some(id.entry_id());
+                    self.cumulative = Some(id);
+                }
+                self.schedule_ack_flush();
+            }
+            Cmd::Nack {
+                id,
+                epoch,
+                delivery_count,
+                detail,
+            } => {
+                let Some(key) = self.table.key(&id) else {
+                    return;
+                };
+                if self.is_stale(Some(epoch)) || !self.settle(&key) {
+                    // Already settled, or from a broken stream (the broker
+                    // redelivers those anyway).
+                    return;
+                }
+                self.nack(key, &id, delivery_count, detail);
+            }
+            Cmd::ReconsumeLater {
+                id,
+                epoch,
+                delay,
+                properties,
+                detail,
+                reply,
+            } => {
+                let key = self.table.key(&id);
+                let request = consume_request::Request::ReconsumeLater(ReconsumeLater {
+                    request_id: 0,
+                    id: Some(id.to_proto()),
+                    delay: Some(delay),
+                    properties,
+                    detail,
+                });
+                self.command(key, epoch, request, reply);
+            }
+            Cmd::Terminate {
+                id,
+                epoch,
+                detail,
+                reply,
+            } => {
+                let key = self.table.key(&id);
+                let request = consume_request::Request::Terminate(Terminate {
+                    request_id: 0,
+                    id: Some(id.to_proto()),
+                    detail,
+                });
+                self.command(key, epoch, request, reply);
+            }
+            Cmd::Taken { id, epoch, at } => {
+                if epoch != self.epoch {
+                    return;
+                }
+                let Some(key) = self.table.key(&id) else {
+                    return;
+                };
+                if self.outstanding.contains(&key)
+                    && let (Some(t), Some(timeout)) = (&mut self.unacked, self.cfg.ack_timeout)
+                {
+                    t.insert_after(key, timeout, at);
+                }
+            }
+            Cmd::Flow(n) => {
+                if let Some(c) = &self.conn {
+                    c.send(consume_request::Request::Flow(Flow { permits: n }));
+                }
+            }
+            Cmd::Close(reply) => self.start_close(Some(reply)),
+        }
+    }
+
+    fn nack(&mut self, key: Key, id: &MessageId, delivery_count: u32, detail: Option<String>) {
+        let now = Instant::now();
+        let delay = match &self.policy {
+            Some(policy) => {
+                let attempt = delivery_count.saturating_add(1);
+                let tier = if id.topic() == &*self.main_topic {
+                    Tier::Main
+                } else {
+                    Tier::Retry
+                };
+                let seed_key = id.to_string();
+                let mut ctx = FailureContext::new(attempt, FailureReason::Nack)
+                    .with_tier(tier)
+                    .with_jitter_seed(jitter_seed(seed_key.as_bytes(), attempt));
+                if let Some(d) = &detail {
+                    ctx = ctx.with_detail(d);
+                }
+                match policy.decide(&ctx) {
+                    Decision::Redeliver {
+                        after,
+                        tier: Tier::Main,
+                    } => Some(after),
+                    // The broker schedules the retry tier or dead-letters:
+                    // tell it now, so the delay is not served twice.
+                    Decision::Redeliver {
+                        tier: Tier::Retry, ..
+                    }
+                    | Decision::DeadLetter { .. } => None,
+                }
+            }
+            None => Some(self.cfg.negative_ack_delay),
+        };
+        match delay {
+            Some(after) => {
+                self.nacks.insert_after(key, after, now);
+                if let Some(d) = detail {
+                    self.nack_details.insert(key, d);
+                }
+            }
+            None => self.redeliver_now.push(FailedDelivery {
+                id: Some(id.to_proto()),
+                reason: ricochet_proto::FailureReason::Nack as i32,
+                detail: detail.unwrap_or_default(),
+            }),
+        }
+    }
+
+    fn command(
+        &mut self,
+        key: Option<Key>,
+        epoch: u64,
+        mut request: consume_request::Request,
+        reply: oneshot::Sender<Result<()>>,
+    ) {
+        if epoch != self.epoch {
+            let _ = reply.send(Err(Error::Connection(
+                "the consumer reconnected since this message was received; the broker redelivers it".into(),
+            )));
+            return;
+        }
+        let Some(conn) = &self.conn else {
+            let _ = reply.send(Err(Error::Connection(
+                "the consumer is reconnecting".into(),
+            )));
+            return;
+        };
+        let rid = self.next_request;
+        self.next_request += 1;
+        match &mut request {
+            consume_request::Request::ReconsumeLater(r) => r.request_id = rid,
+            consume_request::Request::Terminate(t) => t.request_id = rid,
+            _ => {}
+        }
+        conn.send(request);
+        if let Some(k) = &key {
+            if let Some(t) = &mut self.unacked {
+                t.remove(k);
+            }
+            if self.nacks.remove(k) {
+                self.nack_details.remove(k);
+            }
+            self.outstanding.remove(k);
+        }
+        self.requests
+            .insert(rid, PendingRequest { reply, key, epoch });
+    }
+
+    fn schedule_ack_flush(&mut self) {
+        if self.cfg.ack_group_time.is_zero()
+            || self.acks.len() + self.loose_acks.len() >= self.cfg.ack_group_max
+        {
+            self.flush_acks(0);
+        } else if self.ack_deadline.is_none() {
+            self.ack_deadline = Some(Instant::now() + self.cfg.ack_group_time);
+        }
+    }
+
+    /// Sends grouped acks; the last frame carries `request_id`.
+    fn flush_acks(&mut self, request_id: u64) {
+        self.ack_deadline = None;
+        if self.conn.is_none() {
+            return;
+        }
+        let individual = std::mem::take(&mut self.acks);
+        let loose = std::mem::take(&mut self.loose_acks);
+        let cumulative = self.cumulative.take();
+        let mut frames = Vec::new();
+        if !loose.is_empty() {
+            frames.push(Ack {
+                request_id: 0,
+                ack_type: AckType::Individual as i32,
+                ids: loose,
+            });
+        }
+        if let Some(c) = cumulative {
+            // Drop what the cumulative ack covers from the trackers.
+            if let Some(main) = self.table.index(&self.main_topic) {
+                let through = c.entry_id();
+                let covered: Vec<Key> = self
+                    .outstanding
+                    .iter()
+                    .filter(|k| k.0 == main && k.1 <= through)
+                    .copied()
+                    .collect();
+                for k in covered {
+                    self.settle(&k);
+                }
+            }
+            frames.push(Ack {
+                request_id: 0,
+                ack_type: AckType::Cumulative as i32,
+                ids: vec![c.to_proto()],
+            });
+        }
+        if !individual.is_empty() || request_id != 0 {
+            frames.push(Ack {
+                request_id: 0,
+                ack_type: AckType::Individual as i32,
+                ids: individual,
+            });
+        }
+        if let Some(last) = frames.last_mut() {
+            last.request_id = request_id;
+        }
+        let Some(conn) = &self.conn else { return };
+        for f in frames {
+            conn.send(consume_request::Request::Ack(f));
+        }
+    }
+
+    /// Queues for redelivery every held nack due by `until`, with its reason.
+    fn fire_nacks(&mut self, until: Instant) {
+        let mut due = Vec::new();
+        self.nacks.pop_due(until, &mut due);
+        for k in due {
+            let detail = self.nack_details.remove(&k).unwrap_or_default();
+            if self.covered_by_cumulative(k) {
+                continue;
+            }
+            if let Some(id) = self.table.id(k) {
+                self.redeliver_now.push(FailedDelivery {
+                    id: Some(id.to_proto()),
+                    reason: ricochet_proto::FailureReason::Nack as i32,
+                    detail,
+                });
+            }
+        }
+    }
+
+    fn fire_ack_timeouts(&mut self) {
+        let Some(t) = &mut self.unacked else { return };
+        let mut due = Vec::new();
+        t.pop_due(Instant::now(), &mut due);
+        for k in due {
+            if !self.outstanding.remove(&k) || self.covered_by_cumulative(k) {
+                continue;
+            }
+            if let Some(id) = self.table.id(k) {
+                self.redeliver_now.push(FailedDelivery {
+                    id: Some(id.to_proto()),
+                    reason: ricochet_proto::FailureReason::AckTimeout as i32,
+                    detail: String::new(),
+                });
+            }
+        }
+    }
+
+    fn covered_by_cumulative(&self, k: Key) -> bool {
+        k.0 == 0 && self.cumulative_mark.is_some_and(|m| k.1 <= m)
+    }
+
+    /// Sends the failures gathered this turn in one `Redeliver` request.
+    fn send_redeliveries(&mut self) {
+        if self.redeliver_now.is_empty() {
+            return;
+        }
+        let messages = std::mem::take(&mut self.redeliver_now);
+        if let Some(c) = &self.conn {
+            c.send(consume_request::Request::Redeliver(Redeliver {
+                request_id: 0,
+                messages,
+            }));
+        }
+    }
+
+    fn lost(&mut self, why: String) {
+        if self.conn.take().is_none() {
+            return;
+        }
+        if self.closing.is_some() {
+            self.close_request = None;
+            let pending = !self.acks.is_empty() || self.cumulative.is_some();
+            self.finish_close(if pending {
+                Err(Error::Connection(format!(
+                    "the stream broke before the final acks were confirmed: {why}"
+                )))
+            } else {
+                Ok(())
+            });
+            return;
+        }
+        tracing::warn!(topic = %self.shared.topic, sub = %self.shared.subscription, reason = %why, "consumer stream lost; reconnecting");
+        // A new generation: the broker redelivers what was in flight.
+        self.epoch += 1;
+        self.shared.epoch.store(self.epoch, Ordering::Release);
+        for a in self.acks.drain(..).chain(self.loose_acks.drain(..)) {
+            let id = MessageId::from_proto(&a, &mut self.topics);
+            if let Some(k) = self.table.key(&id) {
+                self.stale_acks.insert(k);
+            }
+        }
+        self.ack_deadline = None;
+        self.cumulative = None;
+        self.cumulative_mark = None;
+        self.outstanding = HashSet::new();
+        if let Some(t) = &mut self.unacked {
+            t.clear();
+        }
+        self.nacks.clear();
+        self.nack_details = HashMap::new();
+        self.redeliver_now.clear();
+        for (_, r) in self.requests.drain() {
+            let _ = r.reply.send(Err(Error::Connection(format!(
+                "the stream broke before the broker confirmed; the message is redelivered if the request was lost: {why}"
+            ))));
+        }
+        self.reconnect.lost(Instant::now());
+    }
+
+    async fn reconnect(&mut self) {
+        let open = open_stream(&self.client, &self.topic, &self.cfg);
+        // The broker may still hold the old stream's Exclusive slot.
+        let retry =
+            |e: &Error| e.is_retryable() || e.code() == Some(tonic::Code::FailedPrecondition);
+        match self.reconnect.attempt(open, retry, "consumer").await {
+            Reopen::Open((conn, s)) => {
+                tracing::info!(topic = %self.shared.topic, sub = %self.shared.subscription, "consumer reconnected");
+                self.connected(conn, &s);
+            }
+            Reopen::Later => {}
+            Reopen::Failed(e) => {
+                tracing::error!(error = %e, topic = %self.shared.topic, "consumer cannot resubscribe; closing");
+                let _ = self.out.send(Delivery {
+                    epoch: self.epoch,
+                    item: Err(e),
+                });
+                self.closing = Some(Instant::now());
+            }
+        }
+    }
+
+    fn start_close(&mut self, reply: Option<oneshot::Sender<Result<()>>>) {
+        if self.closing.is_some() {
+            if let Some(r) = reply {
+                // A second close: answer when the first finishes is not
+                // tracked; answer now.
+                let _ = r.send(Ok(()));
+            }
+            return;
+        }
+        self.shared.closed.store(true, Ordering::Release);
+        self.closing = Some(Instant::now() + self.shared.request_timeout);
+        if self.conn.is_none() {
+            let lost = self.acks.len() + self.loose_acks.len();
+            let r = if lost == 0 {
+                Ok(())
+            } else {
+                Err(Error::Connection(format!(
+                    "closed while disconnected; {lost} ack(s) not delivered"
+                )))
+            };
+            if let Some(reply) = reply {
+                let _ = reply.send(r);
+            }
+            return;
+        }
+        // Held nacks are real failures: report them now, with their reasons,
+        // rather than let the broker see them as lost with the consumer.
+        self.fire_nacks(far_future());
+        self.send_redeliveries();
+        let rid = self.next_request;
+        self.next_request += 1;
+        self.flush_acks(rid);
+        // A clean close: what this consumer still holds (taken or only
+        // prefetched) goes to other consumers without an attempt charged.
+        if let Some(c) = &self.conn {
+            c.send(consume_request::Request::Close(CloseConsumer {}));
+        }
+        self.close_request = Some(rid);
+        self.close_reply = reply;
+    }
+
+    fn finish_close(&mut self, r: Result<()>) {
+        self.close_request = None;
+        if let Some(reply) = self.close_reply.take() {
+            let _ = reply.send(r);
+        }
+        // Leaving the loop drops the stream; make sure it happens now.
+        self.closing = Some(Instant::now());
+    }
+}
