@@ -19,11 +19,12 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::builder::{Conn, open_stream};
+use super::ids::{Key, TopicIds};
 use super::shared::{ACTIVE_NO, ACTIVE_UNKNOWN, ACTIVE_YES, Cmd, Delivery, Shared};
 use super::{Acker, Consumer, ConsumerConfig};
 use crate::client::{Client, next_frame, sleep_opt};
 use crate::error::{Error, Result};
-use crate::message::{Message, MessageId, TopicInterner};
+use crate::message::{Message, MessageId};
 use crate::reconnect::{Reconnector, Reopen};
 use crate::tracker::{DelayTracker, far_future};
 
@@ -53,10 +54,7 @@ pub(super) fn spawn(
         track_taken: cfg.ack_timeout.is_some(),
         request_timeout: client.config().request_timeout,
     });
-    let mut topics = TopicInterner::default();
-    let mut table = TopicTable::default();
-    let main = topics.get(&subscribed.topic);
-    table.index(&main);
+    let ids = TopicIds::new(&subscribed.topic);
     let unacked = cfg.ack_timeout_tick.map(DelayTracker::new);
     let mut driver = Driver {
         client,
@@ -67,9 +65,7 @@ pub(super) fn spawn(
         out: out_tx,
         conn: None,
         epoch: 1,
-        topics,
-        table,
-        main_topic: main,
+        ids,
         policy: None,
         outstanding: HashSet::new(),
         unacked,
@@ -92,42 +88,6 @@ pub(super) fn spawn(
     driver.connected(conn, subscribed);
     tokio::spawn(driver.run());
     Consumer::new(out_rx, Acker { tx: cmd_tx, shared })
-}
-
-/// A compact id: (index of the topic in the consumer's table, entry id).
-type Key = (u32, u64);
-
-/// The topics a consumer sees ids from (its main topic, its retry tier).
-#[derive(Debug, Default)]
-struct TopicTable {
-    names: Vec<Arc<str>>,
-}
-
-impl TopicTable {
-    /// The index of `topic`, added if new; `None` past a small bound.
-    fn index(&mut self, topic: &Arc<str>) -> Option<u32> {
-        if let Some(i) = self
-            .names
-            .iter()
-            .position(|t| Arc::ptr_eq(t, topic) || **t == **topic)
-        {
-            return u32::try_from(i).ok();
-        }
-        if self.names.len() >= 64 {
-            return None;
-        }
-        self.names.push(topic.clone());
-        u32::try_from(self.names.len() - 1).ok()
-    }
-
-    fn key(&mut self, id: &MessageId) -> Option<Key> {
-        self.index(id.topic_arc()).map(|t| (t, id.entry_id()))
-    }
-
-    fn id(&self, key: Key) -> Option<MessageId> {
-        let t = self.names.get(key.0 as usize)?;
-        Some(MessageId::new(t.clone(), key.1))
-    }
 }
 
 /// Ids acked after the stream they came on broke, applied when the broker
@@ -183,9 +143,7 @@ struct Driver {
     out: mpsc::UnboundedSender<Delivery>,
     conn: Option<Conn>,
     epoch: u64,
-    topics: TopicInterner,
-    table: TopicTable,
-    main_topic: Arc<str>,
+    ids: TopicIds,
     policy: Option<Arc<dyn DeadLetterPolicy>>,
     /// Received on this stream and not yet settled by the application.
     outstanding: HashSet<Key>,
@@ -281,8 +239,7 @@ impl Driver {
     fn connected(&mut self, conn: Conn, s: &Subscribed) {
         self.policy = self.effective_policy(s);
         if !s.retry_topic.is_empty() {
-            let retry = self.topics.get(&s.retry_topic);
-            self.table.index(&retry);
+            self.ids.intern(&s.retry_topic);
         }
         self.shared.consumed.store(0, Ordering::Release);
         conn.send(consume_request::Request::Flow(Flow {
@@ -315,11 +272,11 @@ impl Driver {
             Some(consume_response::Response::Messages(batch)) => {
                 let mut auto_acked = 0u32;
                 for m in batch.messages {
-                    let Some(msg) = Message::from_proto(m, self.epoch, &mut self.topics) else {
+                    let Some(msg) = Message::from_proto(m, self.epoch, &mut self.ids) else {
                         tracing::warn!("dropping a message without an id");
                         continue;
                     };
-                    let Some(key) = self.table.key(&msg.id) else {
+                    let Some(key) = self.ids.key(&msg.id) else {
                         tracing::warn!(id = %msg.id, "dropping a message from an unexpected topic");
                         continue;
                     };
@@ -424,7 +381,7 @@ impl Driver {
     fn on_cmd(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Ack { id, epoch } => {
-                let Some(key) = self.table.key(&id) else {
+                let Some(key) = self.ids.key(&id) else {
                     self.loose_acks.push(id.to_proto());
                     self.schedule_ack_flush();
                     return;
@@ -460,7 +417,7 @@ impl Driver {
                 delivery_count,
                 detail,
             } => {
-                let Some(key) = self.table.key(&id) else {
+                let Some(key) = self.ids.key(&id) else {
                     return;
                 };
                 if self.is_stale(Some(epoch)) || !self.settle(&key) {
@@ -478,7 +435,7 @@ impl Driver {
                 detail,
                 reply,
             } => {
-                let key = self.table.key(&id);
+                let key = self.ids.key(&id);
                 let request = consume_request::Request::ReconsumeLater(ReconsumeLater {
                     request_id: 0,
                     id: Some(id.to_proto()),
@@ -494,7 +451,7 @@ impl Driver {
                 detail,
                 reply,
             } => {
-                let key = self.table.key(&id);
+                let key = self.ids.key(&id);
                 let request = consume_request::Request::Terminate(Terminate {
                     request_id: 0,
                     id: Some(id.to_proto()),
@@ -506,7 +463,7 @@ impl Driver {
                 if epoch != self.epoch {
                     return;
                 }
-                let Some(key) = self.table.key(&id) else {
+                let Some(key) = self.ids.key(&id) else {
                     return;
                 };
                 if self.outstanding.contains(&key)
@@ -529,7 +486,7 @@ impl Driver {
         let delay = match &self.policy {
             Some(policy) => {
                 let attempt = delivery_count.saturating_add(1);
-                let tier = if id.topic() == &*self.main_topic {
+                let tier = if self.ids.is_main(key) {
                     Tier::Main
                 } else {
                     Tier::Retry
@@ -640,17 +597,15 @@ impl Driver {
         }
         if let Some(c) = cumulative {
             // Drop what the cumulative ack covers from the trackers.
-            if let Some(main) = self.table.index(&self.main_topic) {
-                let through = c.entry_id();
-                let covered: Vec<Key> = self
-                    .outstanding
-                    .iter()
-                    .filter(|k| k.0 == main && k.1 <= through)
-                    .copied()
-                    .collect();
-                for k in covered {
-                    self.settle(&k);
-                }
+            let through = c.entry_id();
+            let covered: Vec<Key> = self
+                .outstanding
+                .iter()
+                .filter(|k| self.ids.is_main(**k) && k.1 <= through)
+                .copied()
+                .collect();
+            for k in covered {
+                self.settle(&k);
             }
             frames.push(Ack {
                 request_id: 0,
@@ -683,7 +638,7 @@ impl Driver {
             if self.covered_by_cumulative(k) {
                 continue;
             }
-            if let Some(id) = self.table.id(k) {
+            if let Some(id) = self.ids.id(k) {
                 self.redeliver_now.push(FailedDelivery {
                     id: Some(id.to_proto()),
                     reason: ricochet_proto::FailureReason::Nack as i32,
@@ -701,7 +656,7 @@ impl Driver {
             if !self.outstanding.remove(&k) || self.covered_by_cumulative(k) {
                 continue;
             }
-            if let Some(id) = self.table.id(k) {
+            if let Some(id) = self.ids.id(k) {
                 self.redeliver_now.push(FailedDelivery {
                     id: Some(id.to_proto()),
                     reason: ricochet_proto::FailureReason::AckTimeout as i32,
@@ -712,7 +667,7 @@ impl Driver {
     }
 
     fn covered_by_cumulative(&self, k: Key) -> bool {
-        k.0 == 0 && self.cumulative_mark.is_some_and(|m| k.1 <= m)
+        self.ids.is_main(k) && self.cumulative_mark.is_some_and(|m| k.1 <= m)
     }
 
     /// Sends the failures gathered this turn in one `Redeliver` request.
@@ -750,8 +705,8 @@ impl Driver {
         self.epoch += 1;
         self.shared.epoch.store(self.epoch, Ordering::Release);
         for a in self.acks.drain(..).chain(self.loose_acks.drain(..)) {
-            let id = MessageId::from_proto(&a, &mut self.topics);
-            if let Some(k) = self.table.key(&id) {
+            let id = MessageId::from_proto(&a, &mut self.ids);
+            if let Some(k) = self.ids.key(&id) {
                 self.stale_acks.insert(k);
             }
         }

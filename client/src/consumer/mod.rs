@@ -43,6 +43,7 @@ mod acker;
 mod builder;
 mod config;
 mod driver;
+mod ids;
 mod shared;
 
 use std::ops::Deref;
@@ -57,6 +58,7 @@ use tokio::time::Instant;
 pub use acker::Acker;
 pub use builder::ConsumerBuilder;
 pub use config::{ConsumerConfig, InitialPosition};
+pub(crate) use ids::TopicIds;
 
 use crate::error::{Error, Result};
 use crate::message::Message;
