@@ -64,13 +64,6 @@ impl MessageId {
             entry_id: self.entry_id,
         }
     }
-
-    pub(crate) fn from_proto(id: &ricochet_proto::MessageId, ids: &mut TopicIds) -> Self {
-        Self {
-            topic: ids.intern(&id.topic),
-            entry_id: id.entry_id,
-        }
-    }
 }
 
 impl fmt::Display for MessageId {
@@ -118,7 +111,8 @@ impl Message {
         epoch: u64,
         ids: &mut TopicIds,
     ) -> Option<Self> {
-        let id = MessageId::from_proto(m.id.as_ref()?, ids);
+        let id = m.id.as_ref()?;
+        let id = MessageId::new(ids.intern(&id.topic), id.entry_id);
         Some(Self {
             id,
             payload: Bytes::from(m.payload),

@@ -3,7 +3,7 @@
 //! nack and ack-timeout timers, and handles the stream's life: connected,
 //! lost, reconnect, close.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -12,12 +12,13 @@ use ricochet_policy::{
     DeadLetterPolicy, Decision, FailureContext, FailureReason, PolicySpec, Tier, jitter_seed,
 };
 use ricochet_proto::{
-    Ack, AckType, CloseConsumer, ConsumeResponse, FailedDelivery, Flow, ReconsumeLater, Redeliver,
-    Subscribed, Terminate, consume_request, consume_response,
+    CloseConsumer, ConsumeResponse, FailedDelivery, Flow, ReconsumeLater, Redeliver, Subscribed,
+    Terminate, consume_request, consume_response,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::acks::{AckGroup, StaleAcks};
 use super::builder::{Conn, open_stream};
 use super::ids::{Key, TopicIds};
 use super::shared::{ACTIVE_NO, ACTIVE_UNKNOWN, ACTIVE_YES, Cmd, Delivery, Shared};
@@ -55,6 +56,7 @@ pub(super) fn spawn(
         request_timeout: client.config().request_timeout,
     });
     let ids = TopicIds::new(&subscribed.topic);
+    let acks = AckGroup::new(cfg.ack_group_time, cfg.ack_group_max);
     let unacked = cfg.ack_timeout_tick.map(DelayTracker::new);
     let mut driver = Driver {
         client,
@@ -71,11 +73,7 @@ pub(super) fn spawn(
         unacked,
         nacks: DelayTracker::new(Duration::from_millis(1)),
         nack_details: HashMap::new(),
-        acks: Vec::new(),
-        loose_acks: Vec::new(),
-        ack_deadline: None,
-        cumulative: None,
-        cumulative_mark: None,
+        acks,
         requests: HashMap::new(),
         next_request: 1,
         stale_acks: StaleAcks::default(),
@@ -88,34 +86,6 @@ pub(super) fn spawn(
     driver.connected(conn, subscribed);
     tokio::spawn(driver.run());
     Consumer::new(out_rx, Acker { tx: cmd_tx, shared })
-}
-
-/// Ids acked after the stream they came on broke, applied when the broker
-/// redelivers them. Bounded (oldest forgotten first).
-#[derive(Debug, Default)]
-struct StaleAcks {
-    set: HashSet<Key>,
-    order: VecDeque<Key>,
-}
-
-impl StaleAcks {
-    const CAP: usize = 100_000;
-
-    fn insert(&mut self, k: Key) {
-        if self.set.insert(k) {
-            self.order.push_back(k);
-            while self.order.len() > Self::CAP {
-                if let Some(old) = self.order.pop_front() {
-                    self.set.remove(&old);
-                }
-            }
-        }
-    }
-
-    fn take(&mut self, k: &Key) -> bool {
-        // The order queue keeps the key until it ages out; harmless.
-        self.set.remove(k)
-    }
 }
 
 enum Event {
@@ -150,14 +120,7 @@ struct Driver {
     unacked: Option<DelayTracker<Key>>,
     nacks: DelayTracker<Key>,
     nack_details: HashMap<Key, String>,
-    /// Grouped acks of outstanding messages.
-    acks: Vec<ricochet_proto::MessageId>,
-    /// Acks of ids this stream did not deliver (sent in their own frame so
-    /// that a rejection cannot take the others with it).
-    loose_acks: Vec<ricochet_proto::MessageId>,
-    ack_deadline: Option<Instant>,
-    cumulative: Option<MessageId>,
-    cumulative_mark: Option<u64>,
+    acks: AckGroup,
     requests: HashMap<u64, PendingRequest>,
     next_request: u64,
     stale_acks: StaleAcks,
@@ -183,7 +146,7 @@ impl Driver {
                 biased;
                 r = next_frame(self.conn.as_mut().map(|c| &mut c.inbound)) => Event::Response(r),
                 c = self.rx.recv(), if rx_open => Event::Cmd(c),
-                _ = sleep_opt(self.ack_deadline) => Event::AckFlush,
+                _ = sleep_opt(self.acks.deadline()) => Event::AckFlush,
                 _ = sleep_opt(nack_due) => Event::NackDue,
                 _ = sleep_opt(ack_timeout_due) => Event::AckTimeout,
                 _ = sleep_opt(reconnect) => Event::Reconnect,
@@ -282,7 +245,7 @@ impl Driver {
                     };
                     if self.stale_acks.take(&key) {
                         // Acked by the application before the reconnect.
-                        self.acks.push(msg.id.to_proto());
+                        self.acks.add(msg.id);
                         auto_acked += 1;
                         continue;
                     }
@@ -382,7 +345,7 @@ impl Driver {
         match cmd {
             Cmd::Ack { id, epoch } => {
                 let Some(key) = self.ids.key(&id) else {
-                    self.loose_acks.push(id.to_proto());
+                    self.acks.add_loose(id);
                     self.schedule_ack_flush();
                     return;
                 };
@@ -391,9 +354,9 @@ impl Driver {
                     return;
                 }
                 if self.settle(&key) {
-                    self.acks.push(id.to_proto());
+                    self.acks.add(id);
                 } else {
-                    self.loose_acks.push(id.to_proto());
+                    self.acks.add_loose(id);
                 }
                 self.schedule_ack_flush();
             }
@@ -401,14 +364,7 @@ impl Driver {
                 if self.is_stale(epoch) {
                     return;
                 }
-                if self
-                    .cumulative
-                    .as_ref()
-                    .is_none_or(|c| c.entry_id() < id.entry_id())
-                {
-                    self.cumulative_mark = Some(id.entry_id());
-                    self.cumulative = Some(id);
-                }
+                self.acks.add_cumulative(id);
                 self.schedule_ack_flush();
             }
             Cmd::Nack {
@@ -569,35 +525,20 @@ impl Driver {
     }
 
     fn schedule_ack_flush(&mut self) {
-        if self.cfg.ack_group_time.is_zero()
-            || self.acks.len() + self.loose_acks.len() >= self.cfg.ack_group_max
-        {
+        if self.acks.due_now(Instant::now()) {
             self.flush_acks(0);
-        } else if self.ack_deadline.is_none() {
-            self.ack_deadline = Some(Instant::now() + self.cfg.ack_group_time);
         }
     }
 
     /// Sends grouped acks; the last frame carries `request_id`.
     fn flush_acks(&mut self, request_id: u64) {
-        self.ack_deadline = None;
         if self.conn.is_none() {
+            self.acks.disarm();
             return;
         }
-        let individual = std::mem::take(&mut self.acks);
-        let loose = std::mem::take(&mut self.loose_acks);
-        let cumulative = self.cumulative.take();
-        let mut frames = Vec::new();
-        if !loose.is_empty() {
-            frames.push(Ack {
-                request_id: 0,
-                ack_type: AckType::Individual as i32,
-                ids: loose,
-            });
-        }
-        if let Some(c) = cumulative {
+        let flush = self.acks.take(request_id);
+        if let Some(through) = flush.cumulative_through {
             // Drop what the cumulative ack covers from the trackers.
-            let through = c.entry_id();
             let covered: Vec<Key> = self
                 .outstanding
                 .iter()
@@ -607,24 +548,9 @@ impl Driver {
             for k in covered {
                 self.settle(&k);
             }
-            frames.push(Ack {
-                request_id: 0,
-                ack_type: AckType::Cumulative as i32,
-                ids: vec![c.to_proto()],
-            });
-        }
-        if !individual.is_empty() || request_id != 0 {
-            frames.push(Ack {
-                request_id: 0,
-                ack_type: AckType::Individual as i32,
-                ids: individual,
-            });
-        }
-        if let Some(last) = frames.last_mut() {
-            last.request_id = request_id;
         }
         let Some(conn) = &self.conn else { return };
-        for f in frames {
+        for f in flush.frames {
             conn.send(consume_request::Request::Ack(f));
         }
     }
@@ -667,7 +593,7 @@ impl Driver {
     }
 
     fn covered_by_cumulative(&self, k: Key) -> bool {
-        self.ids.is_main(k) && self.cumulative_mark.is_some_and(|m| k.1 <= m)
+        self.ids.is_main(k) && self.acks.covers(k.1)
     }
 
     /// Sends the failures gathered this turn in one `Redeliver` request.
@@ -690,7 +616,7 @@ impl Driver {
         }
         if self.closing.is_some() {
             self.close_request = None;
-            let pending = !self.acks.is_empty() || self.cumulative.is_some();
+            let pending = self.acks.holds_delivered();
             self.finish_close(if pending {
                 Err(Error::Connection(format!(
                     "the stream broke before the final acks were confirmed: {why}"
@@ -704,15 +630,11 @@ impl Driver {
         // A new generation: the broker redelivers what was in flight.
         self.epoch += 1;
         self.shared.epoch.store(self.epoch, Ordering::Release);
-        for a in self.acks.drain(..).chain(self.loose_acks.drain(..)) {
-            let id = MessageId::from_proto(&a, &mut self.ids);
+        for id in self.acks.reset() {
             if let Some(k) = self.ids.key(&id) {
                 self.stale_acks.insert(k);
             }
         }
-        self.ack_deadline = None;
-        self.cumulative = None;
-        self.cumulative_mark = None;
         self.outstanding = HashSet::new();
         if let Some(t) = &mut self.unacked {
             t.clear();
@@ -762,7 +684,7 @@ impl Driver {
         self.shared.closed.store(true, Ordering::Release);
         self.closing = Some(Instant::now() + self.shared.request_timeout);
         if self.conn.is_none() {
-            let lost = self.acks.len() + self.loose_acks.len();
+            let lost = self.acks.unsent();
             let r = if lost == 0 {
                 Ok(())
             } else {

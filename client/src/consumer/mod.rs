@@ -40,6 +40,7 @@
 //! consumer while it holds unacked messages of that key.
 
 mod acker;
+mod acks;
 mod builder;
 mod config;
 mod driver;
