@@ -3,17 +3,14 @@
 //! nack and ack-timeout timers, and handles the stream's life: connected,
 //! lost, reconnect, close.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
 
-use ricochet_policy::{
-    DeadLetterPolicy, Decision, FailureContext, FailureReason, PolicySpec, Tier, jitter_seed,
-};
+use ricochet_policy::{DeadLetterPolicy, PolicySpec, Tier};
 use ricochet_proto::{
-    CloseConsumer, ConsumeResponse, FailedDelivery, Flow, ReconsumeLater, Redeliver, Subscribed,
-    Terminate, consume_request, consume_response,
+    CloseConsumer, ConsumeResponse, Flow, ReconsumeLater, Redeliver, Subscribed, Terminate,
+    consume_request, consume_response,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -21,13 +18,14 @@ use tokio::time::Instant;
 use super::acks::{AckGroup, StaleAcks};
 use super::builder::{Conn, open_stream};
 use super::ids::{Key, TopicIds};
+use super::redelivery::{InFlight, plan_nack};
 use super::shared::{ACTIVE_NO, ACTIVE_UNKNOWN, ACTIVE_YES, Cmd, Delivery, Shared};
 use super::{Acker, Consumer, ConsumerConfig};
 use crate::client::{Client, next_frame, sleep_opt};
 use crate::error::{Error, Result};
 use crate::message::{Message, MessageId};
 use crate::reconnect::{Reconnector, Reopen};
-use crate::tracker::{DelayTracker, far_future};
+use crate::tracker::far_future;
 
 /// Starts the driver task on a freshly opened stream and returns the
 /// application's handle.
@@ -57,7 +55,7 @@ pub(super) fn spawn(
     });
     let ids = TopicIds::new(&subscribed.topic);
     let acks = AckGroup::new(cfg.ack_group_time, cfg.ack_group_max);
-    let unacked = cfg.ack_timeout_tick.map(DelayTracker::new);
+    let inflight = InFlight::new(cfg.ack_timeout, cfg.ack_timeout_tick);
     let mut driver = Driver {
         client,
         topic,
@@ -69,15 +67,11 @@ pub(super) fn spawn(
         epoch: 1,
         ids,
         policy: None,
-        outstanding: HashSet::new(),
-        unacked,
-        nacks: DelayTracker::new(Duration::from_millis(1)),
-        nack_details: HashMap::new(),
+        inflight,
         acks,
         requests: HashMap::new(),
         next_request: 1,
         stale_acks: StaleAcks::default(),
-        redeliver_now: Vec::new(),
         reconnect,
         closing: None,
         close_reply: None,
@@ -115,16 +109,11 @@ struct Driver {
     epoch: u64,
     ids: TopicIds,
     policy: Option<Arc<dyn DeadLetterPolicy>>,
-    /// Received on this stream and not yet settled by the application.
-    outstanding: HashSet<Key>,
-    unacked: Option<DelayTracker<Key>>,
-    nacks: DelayTracker<Key>,
-    nack_details: HashMap<Key, String>,
+    inflight: InFlight,
     acks: AckGroup,
     requests: HashMap<u64, PendingRequest>,
     next_request: u64,
     stale_acks: StaleAcks,
-    redeliver_now: Vec<FailedDelivery>,
     reconnect: Reconnector,
     closing: Option<Instant>,
     close_reply: Option<oneshot::Sender<Result<()>>>,
@@ -135,8 +124,8 @@ impl Driver {
     async fn run(mut self) {
         let mut rx_open = true;
         loop {
-            let nack_due = self.nacks.next_deadline();
-            let ack_timeout_due = self.unacked.as_ref().and_then(DelayTracker::next_deadline);
+            let nack_due = self.inflight.nack_deadline();
+            let ack_timeout_due = self.inflight.ack_timeout_deadline();
             let reconnect = if self.conn.is_none() {
                 self.reconnect.due()
             } else {
@@ -249,8 +238,7 @@ impl Driver {
                         auto_acked += 1;
                         continue;
                     }
-                    self.outstanding.insert(key);
-                    self.nacks.remove(&key);
+                    self.inflight.delivered(key);
                     if self
                         .out
                         .send(Delivery {
@@ -312,29 +300,10 @@ impl Driver {
         } else {
             // Still in flight on the broker: track it again.
             if let Some(k) = req.key.filter(|_| req.epoch == self.epoch) {
-                self.track(k, Instant::now());
+                self.inflight.track(k, Instant::now());
             }
             let _ = req.reply.send(Err(Error::from_code(code, message)));
         }
-    }
-
-    fn track(&mut self, key: Key, now: Instant) {
-        self.outstanding.insert(key);
-        if let (Some(t), Some(timeout)) = (&mut self.unacked, self.cfg.ack_timeout) {
-            t.insert_after(key, timeout, now);
-        }
-    }
-
-    /// Stops tracking a message the application settled; whether it was
-    /// outstanding on this stream.
-    fn settle(&mut self, key: &Key) -> bool {
-        if let Some(t) = &mut self.unacked {
-            t.remove(key);
-        }
-        if self.nacks.remove(key) {
-            self.nack_details.remove(key);
-        }
-        self.outstanding.remove(key)
     }
 
     fn is_stale(&self, epoch: Option<u64>) -> bool {
@@ -353,7 +322,7 @@ impl Driver {
                     self.stale_acks.insert(key);
                     return;
                 }
-                if self.settle(&key) {
+                if self.inflight.settle(&key) {
                     self.acks.add(id);
                 } else {
                     self.acks.add_loose(id);
@@ -376,7 +345,7 @@ impl Driver {
                 let Some(key) = self.ids.key(&id) else {
                     return;
                 };
-                if self.is_stale(Some(epoch)) || !self.settle(&key) {
+                if self.is_stale(Some(epoch)) || !self.inflight.settle(&key) {
                     // Already settled, or from a broken stream (the broker
                     // redelivers those anyway).
                     return;
@@ -422,11 +391,7 @@ impl Driver {
                 let Some(key) = self.ids.key(&id) else {
                     return;
                 };
-                if self.outstanding.contains(&key)
-                    && let (Some(t), Some(timeout)) = (&mut self.unacked, self.cfg.ack_timeout)
-                {
-                    t.insert_after(key, timeout, at);
-                }
+                self.inflight.taken(key, at);
             }
             Cmd::Flow(n) => {
                 if let Some(c) = &self.conn {
@@ -439,49 +404,20 @@ impl Driver {
 
     fn nack(&mut self, key: Key, id: &MessageId, delivery_count: u32, detail: Option<String>) {
         let now = Instant::now();
-        let delay = match &self.policy {
-            Some(policy) => {
-                let attempt = delivery_count.saturating_add(1);
-                let tier = if self.ids.is_main(key) {
-                    Tier::Main
-                } else {
-                    Tier::Retry
-                };
-                let seed_key = id.to_string();
-                let mut ctx = FailureContext::new(attempt, FailureReason::Nack)
-                    .with_tier(tier)
-                    .with_jitter_seed(jitter_seed(seed_key.as_bytes(), attempt));
-                if let Some(d) = &detail {
-                    ctx = ctx.with_detail(d);
-                }
-                match policy.decide(&ctx) {
-                    Decision::Redeliver {
-                        after,
-                        tier: Tier::Main,
-                    } => Some(after),
-                    // The broker schedules the retry tier or dead-letters:
-                    // tell it now, so the delay is not served twice.
-                    Decision::Redeliver {
-                        tier: Tier::Retry, ..
-                    }
-                    | Decision::DeadLetter { .. } => None,
-                }
-            }
-            None => Some(self.cfg.negative_ack_delay),
+        let tier = if self.ids.is_main(key) {
+            Tier::Main
+        } else {
+            Tier::Retry
         };
-        match delay {
-            Some(after) => {
-                self.nacks.insert_after(key, after, now);
-                if let Some(d) = detail {
-                    self.nack_details.insert(key, d);
-                }
-            }
-            None => self.redeliver_now.push(FailedDelivery {
-                id: Some(id.to_proto()),
-                reason: ricochet_proto::FailureReason::Nack as i32,
-                detail: detail.unwrap_or_default(),
-            }),
-        }
+        let plan = plan_nack(
+            self.policy.as_deref(),
+            self.cfg.negative_ack_delay,
+            id,
+            tier,
+            delivery_count,
+            detail.as_deref(),
+        );
+        self.inflight.nack(key, id, plan, detail, now);
     }
 
     fn command(
@@ -512,13 +448,7 @@ impl Driver {
         }
         conn.send(request);
         if let Some(k) = &key {
-            if let Some(t) = &mut self.unacked {
-                t.remove(k);
-            }
-            if self.nacks.remove(k) {
-                self.nack_details.remove(k);
-            }
-            self.outstanding.remove(k);
+            self.inflight.settle(k);
         }
         self.requests
             .insert(rid, PendingRequest { reply, key, epoch });
@@ -539,15 +469,8 @@ impl Driver {
         let flush = self.acks.take(request_id);
         if let Some(through) = flush.cumulative_through {
             // Drop what the cumulative ack covers from the trackers.
-            let covered: Vec<Key> = self
-                .outstanding
-                .iter()
-                .filter(|k| self.ids.is_main(**k) && k.1 <= through)
-                .copied()
-                .collect();
-            for k in covered {
-                self.settle(&k);
-            }
+            let ids = &self.ids;
+            self.inflight.settle_through(through, |k| ids.is_main(k));
         }
         let Some(conn) = &self.conn else { return };
         for f in flush.frames {
@@ -555,53 +478,25 @@ impl Driver {
         }
     }
 
-    /// Queues for redelivery every held nack due by `until`, with its reason.
+    /// Readies for redelivery every held nack due by `until`, with its reason.
     fn fire_nacks(&mut self, until: Instant) {
-        let mut due = Vec::new();
-        self.nacks.pop_due(until, &mut due);
-        for k in due {
-            let detail = self.nack_details.remove(&k).unwrap_or_default();
-            if self.covered_by_cumulative(k) {
-                continue;
-            }
-            if let Some(id) = self.ids.id(k) {
-                self.redeliver_now.push(FailedDelivery {
-                    id: Some(id.to_proto()),
-                    reason: ricochet_proto::FailureReason::Nack as i32,
-                    detail,
-                });
-            }
-        }
+        let (ids, acks) = (&self.ids, &self.acks);
+        self.inflight
+            .fire_nacks(until, ids, |k| ids.is_main(k) && acks.covers(k.1));
     }
 
     fn fire_ack_timeouts(&mut self) {
-        let Some(t) = &mut self.unacked else { return };
-        let mut due = Vec::new();
-        t.pop_due(Instant::now(), &mut due);
-        for k in due {
-            if !self.outstanding.remove(&k) || self.covered_by_cumulative(k) {
-                continue;
-            }
-            if let Some(id) = self.ids.id(k) {
-                self.redeliver_now.push(FailedDelivery {
-                    id: Some(id.to_proto()),
-                    reason: ricochet_proto::FailureReason::AckTimeout as i32,
-                    detail: String::new(),
-                });
-            }
-        }
-    }
-
-    fn covered_by_cumulative(&self, k: Key) -> bool {
-        self.ids.is_main(k) && self.acks.covers(k.1)
+        let (ids, acks) = (&self.ids, &self.acks);
+        self.inflight
+            .fire_ack_timeouts(Instant::now(), ids, |k| ids.is_main(k) && acks.covers(k.1));
     }
 
     /// Sends the failures gathered this turn in one `Redeliver` request.
     fn send_redeliveries(&mut self) {
-        if self.redeliver_now.is_empty() {
+        let messages = self.inflight.take_ready();
+        if messages.is_empty() {
             return;
         }
-        let messages = std::mem::take(&mut self.redeliver_now);
         if let Some(c) = &self.conn {
             c.send(consume_request::Request::Redeliver(Redeliver {
                 request_id: 0,
@@ -635,13 +530,7 @@ impl Driver {
                 self.stale_acks.insert(k);
             }
         }
-        self.outstanding = HashSet::new();
-        if let Some(t) = &mut self.unacked {
-            t.clear();
-        }
-        self.nacks.clear();
-        self.nack_details = HashMap::new();
-        self.redeliver_now.clear();
+        self.inflight.clear();
         for (_, r) in self.requests.drain() {
             let _ = r.reply.send(Err(Error::Connection(format!(
                 "the stream broke before the broker confirmed; the message is redelivered if the request was lost: {why}"

@@ -45,6 +45,7 @@ mod builder;
 mod config;
 mod driver;
 mod ids;
+mod redelivery;
 mod shared;
 
 use std::ops::Deref;
