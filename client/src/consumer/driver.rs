@@ -3,7 +3,6 @@
 //! nack and ack-timeout timers, and handles the stream's life: connected,
 //! lost, reconnect, close.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
@@ -19,6 +18,7 @@ use super::acks::{AckGroup, StaleAcks};
 use super::builder::{Conn, open_stream};
 use super::ids::{Key, TopicIds};
 use super::redelivery::{InFlight, plan_nack};
+use super::requests::{Answer, PendingMove, Requests};
 use super::shared::{ACTIVE_NO, ACTIVE_UNKNOWN, ACTIVE_YES, Cmd, Delivery, Shared};
 use super::{Acker, Consumer, ConsumerConfig};
 use crate::client::{Client, next_frame, sleep_opt};
@@ -69,13 +69,11 @@ pub(super) fn spawn(
         policy: None,
         inflight,
         acks,
-        requests: HashMap::new(),
-        next_request: 1,
+        requests: Requests::new(),
         stale_acks: StaleAcks::default(),
         reconnect,
         closing: None,
         close_reply: None,
-        close_request: None,
     };
     driver.connected(conn, subscribed);
     tokio::spawn(driver.run());
@@ -92,12 +90,6 @@ enum Event {
     CloseDeadline,
 }
 
-struct PendingRequest {
-    reply: oneshot::Sender<Result<()>>,
-    key: Option<Key>,
-    epoch: u64,
-}
-
 struct Driver {
     client: Client,
     topic: String,
@@ -111,13 +103,11 @@ struct Driver {
     policy: Option<Arc<dyn DeadLetterPolicy>>,
     inflight: InFlight,
     acks: AckGroup,
-    requests: HashMap<u64, PendingRequest>,
-    next_request: u64,
+    requests: Requests,
     stale_acks: StaleAcks,
     reconnect: Reconnector,
     closing: Option<Instant>,
     close_reply: Option<oneshot::Sender<Result<()>>>,
-    close_request: Option<u64>,
 }
 
 impl Driver {
@@ -172,7 +162,9 @@ impl Driver {
                 }
             }
             self.send_redeliveries();
-            if self.closing.is_some() && self.close_reply.is_none() && self.close_request.is_none()
+            if self.closing.is_some()
+                && self.close_reply.is_none()
+                && !self.requests.close_pending()
             {
                 break;
             }
@@ -182,9 +174,7 @@ impl Driver {
             }
         }
         self.shared.closed.store(true, Ordering::Release);
-        for (_, r) in self.requests.drain() {
-            let _ = r.reply.send(Err(Error::Closed));
-        }
+        self.requests.fail_moves(|| Error::Closed);
     }
 
     /// A fresh stream is up: reset per-stream state, grant permits.
@@ -282,27 +272,18 @@ impl Driver {
             }
             return;
         }
-        if self.close_request == Some(request_id) {
-            self.close_request = None;
-            let r = if code == 0 {
-                Ok(())
-            } else {
-                Err(Error::from_code(code, message))
-            };
-            self.finish_close(r);
-            return;
-        }
-        let Some(req) = self.requests.remove(&request_id) else {
-            return;
-        };
-        if code == 0 {
-            let _ = req.reply.send(Ok(()));
-        } else {
-            // Still in flight on the broker: track it again.
-            if let Some(k) = req.key.filter(|_| req.epoch == self.epoch) {
-                self.inflight.track(k, Instant::now());
+        match self.requests.answer(request_id, code, message) {
+            Some(Answer::Close(r)) => self.finish_close(r),
+            Some(Answer::Move(m, r)) => {
+                if r.is_err()
+                    && let Some(k) = m.key.filter(|_| m.epoch == self.epoch)
+                {
+                    // Still in flight on the broker: track it again.
+                    self.inflight.track(k, Instant::now());
+                }
+                let _ = m.reply.send(r);
             }
-            let _ = req.reply.send(Err(Error::from_code(code, message)));
+            None => {}
         }
     }
 
@@ -361,14 +342,15 @@ impl Driver {
                 reply,
             } => {
                 let key = self.ids.key(&id);
-                let request = consume_request::Request::ReconsumeLater(ReconsumeLater {
-                    request_id: 0,
-                    id: Some(id.to_proto()),
-                    delay: Some(delay),
-                    properties,
-                    detail,
+                self.command(key, epoch, reply, |request_id| {
+                    consume_request::Request::ReconsumeLater(ReconsumeLater {
+                        request_id,
+                        id: Some(id.to_proto()),
+                        delay: Some(delay),
+                        properties,
+                        detail,
+                    })
                 });
-                self.command(key, epoch, request, reply);
             }
             Cmd::Terminate {
                 id,
@@ -377,12 +359,13 @@ impl Driver {
                 reply,
             } => {
                 let key = self.ids.key(&id);
-                let request = consume_request::Request::Terminate(Terminate {
-                    request_id: 0,
-                    id: Some(id.to_proto()),
-                    detail,
+                self.command(key, epoch, reply, |request_id| {
+                    consume_request::Request::Terminate(Terminate {
+                        request_id,
+                        id: Some(id.to_proto()),
+                        detail,
+                    })
                 });
-                self.command(key, epoch, request, reply);
             }
             Cmd::Taken { id, epoch, at } => {
                 if epoch != self.epoch {
@@ -420,12 +403,14 @@ impl Driver {
         self.inflight.nack(key, id, plan, detail, now);
     }
 
+    /// Sends a move request (built by `request` from its id) for the
+    /// message `key` of stream `epoch`; `reply` gets the broker's answer.
     fn command(
         &mut self,
         key: Option<Key>,
         epoch: u64,
-        mut request: consume_request::Request,
         reply: oneshot::Sender<Result<()>>,
+        request: impl FnOnce(u64) -> consume_request::Request,
     ) {
         if epoch != self.epoch {
             let _ = reply.send(Err(Error::Connection(
@@ -439,19 +424,11 @@ impl Driver {
             )));
             return;
         };
-        let rid = self.next_request;
-        self.next_request += 1;
-        match &mut request {
-            consume_request::Request::ReconsumeLater(r) => r.request_id = rid,
-            consume_request::Request::Terminate(t) => t.request_id = rid,
-            _ => {}
-        }
-        conn.send(request);
+        let rid = self.requests.start_move(PendingMove { reply, key, epoch });
+        conn.send(request(rid));
         if let Some(k) = &key {
             self.inflight.settle(k);
         }
-        self.requests
-            .insert(rid, PendingRequest { reply, key, epoch });
     }
 
     fn schedule_ack_flush(&mut self) {
@@ -510,7 +487,7 @@ impl Driver {
             return;
         }
         if self.closing.is_some() {
-            self.close_request = None;
+            self.requests.forget_close();
             let pending = self.acks.holds_delivered();
             self.finish_close(if pending {
                 Err(Error::Connection(format!(
@@ -531,11 +508,11 @@ impl Driver {
             }
         }
         self.inflight.clear();
-        for (_, r) in self.requests.drain() {
-            let _ = r.reply.send(Err(Error::Connection(format!(
+        self.requests.fail_moves(|| {
+            Error::Connection(format!(
                 "the stream broke before the broker confirmed; the message is redelivered if the request was lost: {why}"
-            ))));
-        }
+            ))
+        });
         self.reconnect.lost(Instant::now());
     }
 
@@ -590,20 +567,18 @@ impl Driver {
         // rather than let the broker see them as lost with the consumer.
         self.fire_nacks(far_future());
         self.send_redeliveries();
-        let rid = self.next_request;
-        self.next_request += 1;
+        let rid = self.requests.start_close();
         self.flush_acks(rid);
         // A clean close: what this consumer still holds (taken or only
         // prefetched) goes to other consumers without an attempt charged.
         if let Some(c) = &self.conn {
             c.send(consume_request::Request::Close(CloseConsumer {}));
         }
-        self.close_request = Some(rid);
         self.close_reply = reply;
     }
 
     fn finish_close(&mut self, r: Result<()>) {
-        self.close_request = None;
+        self.requests.forget_close();
         if let Some(reply) = self.close_reply.take() {
             let _ = reply.send(r);
         }

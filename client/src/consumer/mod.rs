@@ -46,6 +46,7 @@ mod config;
 mod driver;
 mod ids;
 mod redelivery;
+mod requests;
 mod shared;
 
 use std::ops::Deref;
