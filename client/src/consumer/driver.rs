@@ -457,15 +457,15 @@ impl Driver {
 
     /// Readies for redelivery every held nack due by `until`, with its reason.
     fn fire_nacks(&mut self, until: Instant) {
-        let (ids, acks) = (&self.ids, &self.acks);
-        self.inflight
-            .fire_nacks(until, ids, |k| ids.is_main(k) && acks.covers(k.1));
+        let covered = cumulative_covers(&self.ids, &self.acks);
+        self.inflight.fire_nacks(until, &self.ids, covered);
     }
 
+    /// Readies for redelivery every outstanding id past its ack timeout.
     fn fire_ack_timeouts(&mut self) {
-        let (ids, acks) = (&self.ids, &self.acks);
+        let covered = cumulative_covers(&self.ids, &self.acks);
         self.inflight
-            .fire_ack_timeouts(Instant::now(), ids, |k| ids.is_main(k) && acks.covers(k.1));
+            .fire_ack_timeouts(Instant::now(), &self.ids, covered);
     }
 
     /// Sends the failures gathered this turn in one `Redeliver` request.
@@ -585,4 +585,10 @@ impl Driver {
         // Leaving the loop drops the stream; make sure it happens now.
         self.closing = Some(Instant::now());
     }
+}
+
+/// Whether a cumulative ack on this stream covers a key: main-topic ids
+/// through its entry.
+fn cumulative_covers<'a>(ids: &'a TopicIds, acks: &'a AckGroup) -> impl Fn(Key) -> bool + 'a {
+    move |k| ids.is_main(k) && acks.covers(k.1)
 }
