@@ -39,6 +39,16 @@
 //! should retry in place rather than nack. Key_Shared keeps a key on one
 //! consumer while it holds unacked messages of that key.
 
+// The parts, from the application inwards:
+// - acker: Acker, the settle API (ack, nack, reconsume_later, terminate, ...)
+// - builder: ConsumerBuilder and the Subscribe handshake
+// - config: ConsumerConfig, InitialPosition, the Subscribe frame
+// - shared: commands, deliveries and state shared by handles and driver
+// - driver: the background task (event loop, connected/lost/reconnect/close)
+// - acks: ack grouping, what to send when (plain data, unit-tested)
+// - redelivery: nack and ack-timeout decisions (plain data, unit-tested)
+// - requests: request ids and the answers they wait for
+// - ids: topic numbers and compact keys for the trackers
 mod acker;
 mod acks;
 mod builder;

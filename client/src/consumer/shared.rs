@@ -19,6 +19,8 @@ pub(super) const ACTIVE_UNKNOWN: u8 = 0;
 pub(super) const ACTIVE_YES: u8 = 1;
 pub(super) const ACTIVE_NO: u8 = 2;
 
+/// One consumer's identity and the counters its handles and driver both
+/// touch.
 #[derive(Debug)]
 pub(super) struct Shared {
     pub(super) topic: String,
