@@ -222,33 +222,3 @@ pub(crate) async fn sleep_opt(at: Option<tokio::time::Instant>) {
         None => std::future::pending().await,
     }
 }
-
-/// Exponential reconnect delays with jitter.
-#[derive(Debug)]
-pub(crate) struct Backoff {
-    next: Duration,
-    min: Duration,
-    max: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn new(config: &ClientConfig) -> Self {
-        Self {
-            next: config.reconnect_min,
-            min: config.reconnect_min,
-            max: config.reconnect_max,
-        }
-    }
-
-    /// The delay before the next attempt.
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        let factor = 0.8 + rand::random::<f64>() * 0.4;
-        d.mul_f64(factor).min(self.max)
-    }
-
-    pub(crate) fn reset(&mut self) {
-        self.next = self.min;
-    }
-}

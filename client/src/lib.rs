@@ -58,19 +58,20 @@
 //!
 //! # Failure handling, in one paragraph
 //!
-//! A [`nack`](Consumer::nack) is held by the client for the delay the policy
+//! A [`nack`](Acker::nack) is held by the client for the delay the policy
 //! gives the message's next attempt, then sent back; the broker counts the
 //! attempt (persistently) and redelivers at once or dead-letters. A
-//! [`reconsume_later`](Consumer::reconsume_later) is sent at once; the broker
+//! [`reconsume_later`](Acker::reconsume_later) is sent at once; the broker
 //! moves the message into the subscription's retry tier and delivers it when
 //! due. An unacked message past the [ack timeout](ConsumerBuilder::ack_timeout)
-//! is sent back like a nack. [`terminate`](Consumer::terminate) dead-letters.
+//! is sent back like a nack. [`terminate`](Acker::terminate) dead-letters.
 
 mod client;
 mod consumer;
 mod error;
 mod message;
 mod producer;
+mod reconnect;
 pub mod tracker;
 
 pub use client::{Client, ClientBuilder, ClientConfig};

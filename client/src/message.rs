@@ -10,6 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use ricochet_proto::props;
 
+use crate::consumer::TopicIds;
+
 /// Identifies one stored message: its topic (a main topic, or a
 /// subscription's retry or dead-letter tier) and its per-topic entry id.
 ///
@@ -62,39 +64,11 @@ impl MessageId {
             entry_id: self.entry_id,
         }
     }
-
-    pub(crate) fn from_proto(id: &ricochet_proto::MessageId, intern: &mut TopicInterner) -> Self {
-        Self {
-            topic: intern.get(&id.topic),
-            entry_id: id.entry_id,
-        }
-    }
 }
 
 impl fmt::Display for MessageId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.topic, self.entry_id)
-    }
-}
-
-/// Shares topic-name allocations between the ids of one producer or consumer.
-#[derive(Debug, Default)]
-pub(crate) struct TopicInterner {
-    names: Vec<Arc<str>>,
-}
-
-impl TopicInterner {
-    pub(crate) fn get(&mut self, topic: &str) -> Arc<str> {
-        if let Some(t) = self.names.iter().find(|t| &***t == topic) {
-            return t.clone();
-        }
-        let t: Arc<str> = Arc::from(topic);
-        // A consumer sees its main topic and its retry tier; keep the list short
-        // even if a broker sends odd names.
-        if self.names.len() < 16 {
-            self.names.push(t.clone());
-        }
-        t
     }
 }
 
@@ -135,9 +109,10 @@ impl Message {
     pub(crate) fn from_proto(
         m: ricochet_proto::Message,
         epoch: u64,
-        intern: &mut TopicInterner,
+        ids: &mut TopicIds,
     ) -> Option<Self> {
-        let id = MessageId::from_proto(m.id.as_ref()?, intern);
+        let id = m.id.as_ref()?;
+        let id = MessageId::new(ids.intern(&id.topic), id.entry_id);
         Some(Self {
             id,
             payload: Bytes::from(m.payload),
@@ -153,7 +128,7 @@ impl Message {
         })
     }
 
-    /// Where the message is stored; pass it to [`Consumer::ack_id`](crate::Consumer::ack_id).
+    /// Where the message is stored; pass it to [`Acker::ack_id`](crate::Acker::ack_id).
     pub fn id(&self) -> &MessageId {
         &self.id
     }

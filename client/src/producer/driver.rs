@@ -1,30 +1,11 @@
-//! Producers: [`ProducerBuilder`] and [`Producer`].
-//!
-//! A producer is one gRPC stream driven by a background task. Messages are
-//! numbered with strictly increasing sequence ids in the order
-//! [`Producer::send_async`] is called, gathered into batches (by count,
-//! bytes and linger time), and pipelined: many batches are in flight at
-//! once, and the broker answers each with receipts, in order, once the batch
-//! is durable.
-//!
-//! **Reconnects are transparent.** When the stream breaks the task
-//! reconnects with backoff, reopens under the *same producer name*, and
-//! resends every message not yet receipted with its *same sequence id*; the
-//! broker drops what it had already stored (de-duplication by producer name
-//! and sequence id), so a message is stored once. Messages the broker reports
-//! as already stored (their sequence id is at or below the
-//! `last_sequence_id` it returns on reopen) resolve to an id whose
-//! [`MessageId::is_unknown`] is true, as Pulsar answers `-1:-1`. The default
-//! producer name is generated and unique per producer, so de-duplication
-//! works across reconnects without configuration; give a stable
-//! [`name`](ProducerBuilder::name) to de-duplicate across process restarts
-//! too (sequence ids then continue from the broker's last one).
+//! The producer's background task: batches the handle's messages, sends
+//! them, matches the broker's receipts to their callers, expires sends past
+//! their timeout, and reopens the stream (resending what is not receipted)
+//! when it breaks.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
 
 use ricochet_proto::{
     ProduceRequest, ProduceResponse, ProducerOpen, ProducerOpened, SendBatch, SendReceipts,
@@ -35,278 +16,66 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Streaming;
 
-use crate::client::{Backoff, Client, next_frame, sleep_opt};
+use super::{Cmd, Producer, ProducerConfig, Shared};
+use crate::client::{Client, next_frame, sleep_opt};
 use crate::error::{Error, Result};
-use crate::message::{MessageId, OutgoingMessage};
+use crate::message::MessageId;
+use crate::reconnect::{Reconnector, Reopen};
 
 /// Batches assigned a request id and not yet answered, per producer.
 const MAX_INFLIGHT_BATCHES: usize = 128;
 
-/// Producer settings.
-#[derive(Debug, Clone)]
-pub struct ProducerConfig {
-    /// Producer name; `None` generates a unique one.
-    pub name: Option<String>,
-    /// Gather messages into batches (default true). When false every
-    /// message is its own `SendBatch`.
-    pub batching: bool,
-    /// Most messages per batch (default 1000).
-    pub batch_max_messages: usize,
-    /// Most bytes per batch (default 128 KiB); a larger message goes alone.
-    pub batch_max_bytes: usize,
-    /// How long the first message of a batch waits for company (default 1 ms).
-    pub batch_linger: Duration,
-    /// A message not receipted within this fails with [`Error::Timeout`]
-    /// (and is not resent after a reconnect). Default 30 s; zero disables.
-    pub send_timeout: Duration,
-}
-
-impl Default for ProducerConfig {
-    fn default() -> Self {
-        Self {
-            name: None,
-            batching: true,
-            batch_max_messages: 1000,
-            batch_max_bytes: 128 * 1024,
-            batch_linger: Duration::from_millis(1),
-            send_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-/// Builds a [`Producer`]; see [`Client::producer`].
-#[derive(Debug)]
-pub struct ProducerBuilder {
+/// Starts the driver task on a freshly opened stream and returns the
+/// application's handle.
+pub(super) fn spawn(
     client: Client,
-    topic: String,
     config: ProducerConfig,
+    conn: Conn,
+    opened: &ProducerOpened,
+    reconnect: Reconnector,
+) -> Producer {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared {
+        topic: opened.topic.clone(),
+        name: opened.producer_name.clone(),
+        max_message_size: AtomicU64::new(opened.max_message_size),
+        last_sequence_id: AtomicU64::new(opened.last_sequence_id.unwrap_or(0)),
+        closed: AtomicBool::new(false),
+    });
+    let next_seq = opened.last_sequence_id.map_or(0, |l| l.saturating_add(1));
+    let driver = Driver {
+        client,
+        config,
+        shared: shared.clone(),
+        topic_arc: Arc::from(opened.topic.as_str()),
+        rx,
+        conn: Some(conn),
+        reconnect,
+        next_seq,
+        next_request: 1,
+        batch: Vec::new(),
+        batch_bytes: 0,
+        batch_deadline: None,
+        inflight: VecDeque::new(),
+        waiters: Vec::new(),
+        fatal: None,
+        closing: None,
+    };
+    tokio::spawn(driver.run());
+    Producer { tx, shared }
 }
 
-impl ProducerBuilder {
-    pub(crate) fn new(client: Client, topic: String) -> Self {
-        Self {
-            client,
-            topic,
-            config: ProducerConfig::default(),
-        }
-    }
-
-    /// A stable producer name: de-duplication then also spans process
-    /// restarts. Two live producers must not share a name.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.config.name = Some(name.into());
-        self
-    }
-
-    /// Turns batching on or off (on by default).
-    pub fn batching(mut self, on: bool) -> Self {
-        self.config.batching = on;
-        self
-    }
-
-    /// Most messages per batch (default 1000).
-    pub fn batch_max_messages(mut self, n: usize) -> Self {
-        self.config.batch_max_messages = n.max(1);
-        self
-    }
-
-    /// Most bytes per batch (default 128 KiB).
-    pub fn batch_max_bytes(mut self, n: usize) -> Self {
-        self.config.batch_max_bytes = n.max(1);
-        self
-    }
-
-    /// Linger time of a batch (default 1 ms).
-    pub fn batch_linger(mut self, d: Duration) -> Self {
-        self.config.batch_linger = d;
-        self
-    }
-
-    /// Send timeout (default 30 s; zero disables).
-    pub fn send_timeout(mut self, d: Duration) -> Self {
-        self.config.send_timeout = d;
-        self
-    }
-
-    /// All settings at once.
-    pub fn config(mut self, config: ProducerConfig) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// Opens the producer. Transient failures (broker unreachable) are
-    /// retried with backoff until the client's request timeout; a rejection
-    /// (bad topic name, a tier topic, ...) is returned at once.
-    pub async fn create(self) -> Result<Producer> {
-        let name = self
-            .config
-            .name
-            .clone()
-            .unwrap_or_else(|| format!("producer-{}", crate::unique_suffix()));
-        if name.is_empty() {
-            return Err(Error::InvalidArgument(
-                "producer name must not be empty".into(),
-            ));
-        }
-        let deadline = Instant::now() + self.client.config().request_timeout;
-        let mut backoff = Backoff::new(self.client.config());
-        let (conn, opened) = loop {
-            match open(&self.client, &self.topic, &name).await {
-                Ok(r) => break r,
-                Err(e) if e.is_retryable() => {
-                    let wait = backoff.next_delay();
-                    if Instant::now() + wait >= deadline {
-                        return Err(e);
-                    }
-                    tracing::debug!(error = %e, topic = %self.topic, "producer open failed; retrying");
-                    tokio::time::sleep(wait).await;
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared {
-            topic: opened.topic.clone(),
-            name: opened.producer_name.clone(),
-            max_message_size: AtomicU64::new(opened.max_message_size),
-            last_sequence_id: AtomicU64::new(opened.last_sequence_id.unwrap_or(0)),
-            closed: AtomicBool::new(false),
-        });
-        let next_seq = opened.last_sequence_id.map_or(0, |l| l.saturating_add(1));
-        let driver = Driver {
-            client: self.client,
-            config: self.config,
-            shared: shared.clone(),
-            topic_arc: Arc::from(opened.topic.as_str()),
-            rx,
-            conn: Some(conn),
-            backoff,
-            reconnect_at: None,
-            next_seq,
-            next_request: 1,
-            batch: Vec::new(),
-            batch_bytes: 0,
-            batch_deadline: None,
-            inflight: VecDeque::new(),
-            waiters: Vec::new(),
-            fatal: None,
-            closing: None,
-        };
-        tokio::spawn(driver.run());
-        Ok(Producer { tx, shared })
-    }
-}
-
-#[derive(Debug)]
-struct Shared {
-    topic: String,
-    name: String,
-    max_message_size: AtomicU64,
-    last_sequence_id: AtomicU64,
-    closed: AtomicBool,
-}
-
-enum Cmd {
-    Send(OutgoingMessage, oneshot::Sender<Result<MessageId>>),
-    Flush(oneshot::Sender<Result<()>>),
-    Close(oneshot::Sender<Result<()>>),
-}
-
-/// Sends messages to one topic; see the [module docs](self).
-///
-/// Cheap to clone: clones share the producer (one stream, one sequence).
-/// The producer is closed by [`close`](Self::close) or when the last clone
-/// is dropped (pending messages are then still sent, best effort).
-#[derive(Debug, Clone)]
-pub struct Producer {
-    tx: mpsc::UnboundedSender<Cmd>,
-    shared: Arc<Shared>,
-}
-
-impl Producer {
-    /// The topic, fully qualified.
-    pub fn topic(&self) -> &str {
-        &self.shared.topic
-    }
-
-    /// The producer name (generated unless set).
-    pub fn name(&self) -> &str {
-        &self.shared.name
-    }
-
-    /// The highest sequence id the broker had stored for this producer
-    /// name when the stream was last (re)opened (0 when none).
-    pub fn last_sequence_id(&self) -> u64 {
-        self.shared.last_sequence_id.load(Ordering::Relaxed)
-    }
-
-    /// Sends a message and waits for its receipt (the broker has stored it,
-    /// durably in the broker's sync mode).
-    pub async fn send(&self, msg: impl Into<OutgoingMessage>) -> Result<MessageId> {
-        self.send_async(msg).await
-    }
-
-    /// Queues a message and returns a future of its receipt, without
-    /// waiting: call it many times to pipeline. Sequence ids (and so the
-    /// order on the topic) follow the order of the calls, not of awaiting
-    /// the futures. The futures need not be awaited for the messages to be
-    /// sent. Nothing bounds how many are queued: keep a window of futures
-    /// (or call [`flush`](Self::flush)) to bound memory.
-    pub fn send_async(
-        &self,
-        msg: impl Into<OutgoingMessage>,
-    ) -> impl Future<Output = Result<MessageId>> + Send + 'static {
-        let msg = msg.into();
-        let (tx, rx) = oneshot::channel();
-        let max = self.shared.max_message_size.load(Ordering::Relaxed);
-        let early = if self.shared.closed.load(Ordering::Acquire) {
-            Some(Error::Closed)
-        } else if max > 0 && msg.payload.len() as u64 > max {
-            Some(Error::InvalidArgument(format!(
-                "payload of {} bytes exceeds the broker's limit of {max} bytes",
-                msg.payload.len()
-            )))
-        } else if self.tx.send(Cmd::Send(msg, tx)).is_err() {
-            Some(Error::Closed)
-        } else {
-            None
-        };
-        async move {
-            if let Some(e) = early {
-                return Err(e);
-            }
-            rx.await.unwrap_or(Err(Error::Closed))
-        }
-    }
-
-    /// Sends the current batch now and waits until every message queued
-    /// before this call is receipted (or failed).
-    pub async fn flush(&self) -> Result<()> {
-        let (tx, rx) = oneshot::channel();
-        self.tx.send(Cmd::Flush(tx)).map_err(|_| Error::Closed)?;
-        rx.await.unwrap_or(Err(Error::Closed))
-    }
-
-    /// Flushes, waits for the outstanding receipts (up to the client's
-    /// request timeout), then closes the stream. Later sends fail with
-    /// [`Error::Closed`]; so do messages still unreceipted at the deadline.
-    pub async fn close(&self) -> Result<()> {
-        self.shared.closed.store(true, Ordering::Release);
-        let (tx, rx) = oneshot::channel();
-        if self.tx.send(Cmd::Close(tx)).is_err() {
-            return Ok(());
-        }
-        rx.await.unwrap_or(Ok(()))
-    }
-}
-
-struct Conn {
+pub(super) struct Conn {
     tx: mpsc::UnboundedSender<ProduceRequest>,
     inbound: Streaming<ProduceResponse>,
 }
 
 /// Opens a producer stream: `ProducerOpen`, then the broker's `ProducerOpened`.
-async fn open(client: &Client, topic: &str, name: &str) -> Result<(Conn, ProducerOpened)> {
+pub(super) async fn open(
+    client: &Client,
+    topic: &str,
+    name: &str,
+) -> Result<(Conn, ProducerOpened)> {
     let timeout = client.config().request_timeout;
     let (tx, rx) = mpsc::unbounded_channel();
     let open = ProduceRequest {
@@ -372,8 +141,7 @@ struct Driver {
     topic_arc: Arc<str>,
     rx: mpsc::UnboundedReceiver<Cmd>,
     conn: Option<Conn>,
-    backoff: Backoff,
-    reconnect_at: Option<Instant>,
+    reconnect: Reconnector,
     next_seq: u64,
     next_request: u64,
     batch: Vec<PendingMsg>,
@@ -405,7 +173,7 @@ impl Driver {
             };
             let expire = self.next_expiry();
             let reconnect = if self.conn.is_none() && self.fatal.is_none() {
-                self.reconnect_at
+                self.reconnect.due()
             } else {
                 None
             };
@@ -625,14 +393,17 @@ impl Driver {
         }
         tracing::warn!(topic = %self.shared.topic, producer = %self.shared.name, reason = %why, "producer stream lost; reconnecting");
         // First attempt right away, then back off.
-        self.reconnect_at = Some(Instant::now());
+        self.reconnect.lost(Instant::now());
     }
 
     async fn reconnect(&mut self) {
-        match open(&self.client, &self.shared.topic, &self.shared.name).await {
-            Ok((conn, opened)) => {
-                self.backoff.reset();
-                self.reconnect_at = None;
+        let open = open(&self.client, &self.shared.topic, &self.shared.name);
+        match self
+            .reconnect
+            .attempt(open, Error::is_retryable, "producer")
+            .await
+        {
+            Reopen::Open((conn, opened)) => {
                 self.shared
                     .max_message_size
                     .store(opened.max_message_size, Ordering::Relaxed);
@@ -671,12 +442,8 @@ impl Driver {
                 tracing::info!(topic = %self.shared.topic, producer = %self.shared.name, resent, "producer reconnected");
                 self.conn = Some(conn);
             }
-            Err(e) if e.is_retryable() => {
-                let wait = self.backoff.next_delay();
-                tracing::debug!(error = %e, retry_in = ?wait, "producer reconnect failed");
-                self.reconnect_at = Some(Instant::now() + wait);
-            }
-            Err(e) => {
+            Reopen::Later => {}
+            Reopen::Failed(e) => {
                 tracing::error!(error = %e, topic = %self.shared.topic, "producer cannot reconnect; failing its messages");
                 self.fail_all(&e);
                 self.fatal = Some(e);

@@ -1,0 +1,202 @@
+//! [`Acker`]: the one API that settles messages (ack, cumulative ack,
+//! nack, reconsume later, terminate, extend the ack deadline). Each call
+//! becomes a command for the driver task; [`Consumer`](super::Consumer)
+//! offers the same methods by dereferencing to its `Acker`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ricochet_proto::reconsume_later;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::shared::{Cmd, Shared};
+use crate::error::{Error, Result};
+use crate::message::{Message, MessageId};
+
+/// Settles messages of one consumer; cheap to clone and `Send`, so
+/// processing tasks can ack on their own.
+///
+/// All methods return once the request is queued, except
+/// [`reconsume_later`](Self::reconsume_later) and
+/// [`terminate`](Self::terminate), which wait until the broker has moved the
+/// message (durably).
+///
+/// A [`Consumer`](super::Consumer) dereferences to its `Acker`, so
+/// `consumer.ack(&msg)` works on the consumer itself; take a clone with
+/// [`Consumer::acker`](super::Consumer::acker) for other tasks.
+#[derive(Debug, Clone)]
+pub struct Acker {
+    pub(super) tx: mpsc::UnboundedSender<Cmd>,
+    pub(super) shared: Arc<Shared>,
+}
+
+impl Acker {
+    fn send(&self, cmd: Cmd) -> Result<()> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        self.tx.send(cmd).map_err(|_| Error::Closed)
+    }
+
+    /// Acknowledges one message (grouped; see the [module docs](super)).
+    pub async fn ack(&self, msg: &Message) -> Result<()> {
+        self.send(Cmd::Ack {
+            id: msg.id.clone(),
+            epoch: Some(msg.epoch),
+        })
+    }
+
+    /// Acknowledges by id (for ids kept apart from their message).
+    pub async fn ack_id(&self, id: &MessageId) -> Result<()> {
+        self.send(Cmd::Ack {
+            id: id.clone(),
+            epoch: None,
+        })
+    }
+
+    /// Acknowledges this message and every earlier one of the main topic.
+    /// Only on Exclusive and Failover subscriptions, and only for
+    /// main-topic messages (not retry-tier ones): otherwise
+    /// [`Error::InvalidArgument`], and nothing is sent.
+    pub async fn ack_cumulative(&self, msg: &Message) -> Result<()> {
+        let t = self.shared.subscription_type;
+        if !t.allows_cumulative_ack() {
+            return Err(Error::InvalidArgument(format!(
+                "cumulative ack is not allowed on a {t:?} subscription"
+            )));
+        }
+        if msg.id.topic() != self.shared.topic {
+            return Err(Error::InvalidArgument(format!(
+                "cumulative ack applies to main-topic messages only; {} is from {}",
+                msg.id,
+                msg.id.topic()
+            )));
+        }
+        self.send(Cmd::AckCumulative {
+            id: msg.id.clone(),
+            epoch: Some(msg.epoch),
+        })
+    }
+
+    /// Tells the consumer the application is still working on `msg`: its ack
+    /// timeout starts again from now, and no attempt is counted (NATS's
+    /// `InProgress`, RocketMQ's `changeInvisibleTime`). Without an ack
+    /// timeout there is no deadline to extend and this does nothing.
+    pub async fn extend_ack_deadline(&self, msg: &Message) -> Result<()> {
+        if !self.shared.track_taken {
+            return Ok(());
+        }
+        self.send(Cmd::Taken {
+            id: msg.id.clone(),
+            epoch: msg.epoch,
+            at: Instant::now(),
+        })
+    }
+
+    /// Negatively acknowledges: the message comes back after the delay the
+    /// policy gives its next attempt (or the fixed nack delay), or is
+    /// dead-lettered once the policy says so.
+    pub async fn nack(&self, msg: &Message) -> Result<()> {
+        self.nack_inner(msg, None)
+    }
+
+    /// [`nack`](Self::nack) with a reason, recorded in the message's failure
+    /// history (and its dead letter) and passed to the policy.
+    pub async fn nack_with_reason(&self, msg: &Message, reason: impl Into<String>) -> Result<()> {
+        self.nack_inner(msg, Some(reason.into()))
+    }
+
+    fn nack_inner(&self, msg: &Message, detail: Option<String>) -> Result<()> {
+        self.send(Cmd::Nack {
+            id: msg.id.clone(),
+            epoch: msg.epoch,
+            delivery_count: msg.delivery_count(),
+            detail,
+        })
+    }
+
+    async fn request(&self, make: impl FnOnce(oneshot::Sender<Result<()>>) -> Cmd) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.send(make(tx))?;
+        match tokio::time::timeout(self.shared.request_timeout, rx).await {
+            Ok(r) => r.unwrap_or(Err(Error::Closed)),
+            Err(_) => Err(Error::Timeout("waiting for the broker to confirm".into())),
+        }
+    }
+
+    /// Sends the message to the subscription's retry tier, to be delivered
+    /// again after `delay` (by the broker, whether or not a consumer is
+    /// connected then). Returns once the move is durable.
+    pub async fn reconsume_later(&self, msg: &Message, delay: Duration) -> Result<()> {
+        self.reconsume(
+            msg,
+            reconsume_later::Delay::DelayMs(duration_ms(delay)),
+            HashMap::new(),
+        )
+        .await
+    }
+
+    /// RocketMQ's `delayLevelWhenNextConsume`: `-1` dead-letters now, `0`
+    /// lets the policy decide, `k > 0` uses delay level `k`.
+    pub async fn reconsume_later_level(&self, msg: &Message, level: i32) -> Result<()> {
+        self.reconsume(
+            msg,
+            reconsume_later::Delay::DelayLevel(level),
+            HashMap::new(),
+        )
+        .await
+    }
+
+    /// [`reconsume_later`](Self::reconsume_later), adding `properties` to
+    /// the retried message.
+    pub async fn reconsume_later_with(
+        &self,
+        msg: &Message,
+        delay: Duration,
+        properties: HashMap<String, String>,
+    ) -> Result<()> {
+        self.reconsume(
+            msg,
+            reconsume_later::Delay::DelayMs(duration_ms(delay)),
+            properties,
+        )
+        .await
+    }
+
+    async fn reconsume(
+        &self,
+        msg: &Message,
+        delay: reconsume_later::Delay,
+        properties: HashMap<String, String>,
+    ) -> Result<()> {
+        self.request(|reply| Cmd::ReconsumeLater {
+            id: msg.id.clone(),
+            epoch: msg.epoch,
+            delay,
+            properties,
+            detail: String::new(),
+            reply,
+        })
+        .await
+    }
+
+    /// Gives up on the message: straight to the dead-letter tier with
+    /// `reason`. Returns once the move is durable.
+    pub async fn terminate(&self, msg: &Message, reason: impl Into<String>) -> Result<()> {
+        let detail = reason.into();
+        self.request(|reply| Cmd::Terminate {
+            id: msg.id.clone(),
+            epoch: msg.epoch,
+            detail,
+            reply,
+        })
+        .await
+    }
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,230 @@
+//! [`ConsumerBuilder`], and opening a consumer stream: the `Subscribe`
+//! handshake, retried on transient failures, then the driver task started
+//! on the open stream. The driver reopens streams with the same handshake.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ricochet_policy::{DeadLetterPolicy, PolicySpec};
+use ricochet_proto::{
+    ConsumeRequest, ConsumeResponse, Subscribed, consume_request, consume_response,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::Streaming;
+
+use super::driver;
+use super::{Consumer, ConsumerConfig, InitialPosition, SubscriptionType};
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::reconnect::open_with_retry;
+
+/// Builds a [`Consumer`]; see [`Client::consumer`].
+#[derive(Debug)]
+pub struct ConsumerBuilder {
+    client: Client,
+    topic: String,
+    config: ConsumerConfig,
+}
+
+impl ConsumerBuilder {
+    pub(crate) fn new(client: Client, topic: String) -> Self {
+        Self {
+            client,
+            topic,
+            config: ConsumerConfig::default(),
+        }
+    }
+
+    /// The subscription name (required).
+    pub fn subscription(mut self, name: impl Into<String>) -> Self {
+        self.config.subscription = name.into();
+        self
+    }
+
+    /// The subscription type (default Exclusive).
+    pub fn subscription_type(mut self, t: SubscriptionType) -> Self {
+        self.config.subscription_type = t;
+        self
+    }
+
+    /// Where a new subscription starts (default Latest).
+    pub fn initial_position(mut self, p: InitialPosition) -> Self {
+        self.config.initial_position = p;
+        self
+    }
+
+    /// The consumer name (default: generated, stable across reconnects).
+    pub fn consumer_name(mut self, name: impl Into<String>) -> Self {
+        self.config.consumer_name = Some(name.into());
+        self
+    }
+
+    /// Messages prefetched ahead of the application (default 1000, at least 1).
+    pub fn receiver_queue_size(mut self, n: u32) -> Self {
+        self.config.receiver_queue_size = n.max(1);
+        self
+    }
+
+    /// Redeliver a message not acked within `d` (disabled by default).
+    pub fn ack_timeout(mut self, d: Duration) -> Self {
+        self.config.ack_timeout = (!d.is_zero()).then_some(d);
+        self
+    }
+
+    /// Precision of the ack timeout (default `min(1 s, ack_timeout)`).
+    pub fn ack_timeout_tick(mut self, d: Duration) -> Self {
+        self.config.ack_timeout_tick = Some(d);
+        self
+    }
+
+    /// Nack delay used when no policy is in force (default 60 s).
+    pub fn negative_ack_delay(mut self, d: Duration) -> Self {
+        self.config.negative_ack_delay = d;
+        self
+    }
+
+    /// The policy consulted for nacks. Its [`spec`](DeadLetterPolicy::spec),
+    /// if it has one, is also sent to the broker as the subscription's
+    /// policy (unless [`policy_spec`](Self::policy_spec) is given too).
+    pub fn dead_letter_policy(mut self, policy: Arc<dyn DeadLetterPolicy>) -> Self {
+        self.config.policy = Some(policy);
+        self
+    }
+
+    /// A policy spec: sent to the broker in `Subscribe` (it applies unless
+    /// an operator set one) and built locally for nack delays.
+    pub fn policy_spec(mut self, spec: PolicySpec) -> Self {
+        self.config.policy_spec = Some(spec);
+        self
+    }
+
+    /// Overrides the retry tier topic `<topic>-<subscription>-RETRY`.
+    pub fn retry_topic(mut self, topic: impl Into<String>) -> Self {
+        self.config.retry_topic = Some(topic.into());
+        self
+    }
+
+    /// Overrides the dead-letter topic `<topic>-<subscription>-DLQ`.
+    pub fn dead_letter_topic(mut self, topic: impl Into<String>) -> Self {
+        self.config.dead_letter_topic = Some(topic.into());
+        self
+    }
+
+    /// Whether to receive from the retry tier too.
+    pub fn retry_enabled(mut self, on: bool) -> Self {
+        self.config.retry_enabled = Some(on);
+        self
+    }
+
+    /// Declares this consumer a dead-letter reader: required to subscribe to
+    /// a dead-letter tier topic (`<topic>-<subscription>-DLQ`), which the
+    /// broker otherwise refuses with [`Error::Rejected`] (PERMISSION_DENIED).
+    /// Dead letters can also be listed, replayed and purged with
+    /// [`Client::admin`].
+    pub fn dead_letter_reader(mut self, on: bool) -> Self {
+        self.config.dead_letter_reader = on;
+        self
+    }
+
+    /// Ack grouping window (default 100 ms; zero disables grouping).
+    pub fn ack_group_time(mut self, d: Duration) -> Self {
+        self.config.ack_group_time = d;
+        self
+    }
+
+    /// Ack grouping size (default 1000).
+    pub fn ack_group_max(mut self, n: usize) -> Self {
+        self.config.ack_group_max = n.max(1);
+        self
+    }
+
+    /// All settings at once.
+    pub fn config(mut self, config: ConsumerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Subscribes. Transient failures are retried until the client's request
+    /// timeout; a rejection (bad name, type conflict, invalid policy) is
+    /// returned at once.
+    pub async fn subscribe(self) -> Result<Consumer> {
+        let cfg = self.config.resolve()?;
+        let client = self.client;
+        let topic = self.topic;
+        let ((conn, subscribed), reconnect) =
+            open_with_retry(client.config(), "subscribe", &topic, || {
+                open_stream(&client, &topic, &cfg)
+            })
+            .await?;
+        Ok(driver::spawn(
+            client,
+            topic,
+            cfg,
+            conn,
+            &subscribed,
+            reconnect,
+        ))
+    }
+}
+
+/// An open consumer stream: where requests go, and the broker's frames.
+pub(super) struct Conn {
+    tx: mpsc::UnboundedSender<ConsumeRequest>,
+    pub(super) inbound: Streaming<ConsumeResponse>,
+}
+
+impl Conn {
+    pub(super) fn send(&self, r: consume_request::Request) {
+        // A failure means the stream is gone; the response side reports it.
+        let _ = self.tx.send(ConsumeRequest { request: Some(r) });
+    }
+}
+
+/// Opens a consumer stream: `Subscribe`, then the broker's `Subscribed`.
+pub(super) async fn open_stream(
+    client: &Client,
+    topic: &str,
+    cfg: &ConsumerConfig,
+) -> Result<(Conn, Subscribed)> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tx.send(ConsumeRequest {
+        request: Some(consume_request::Request::Subscribe(
+            cfg.subscribe_request(topic),
+        )),
+    })
+    .map_err(|_| Error::Closed)?;
+    let handshake = async {
+        let mut inbound = client
+            .broker()
+            .consume(UnboundedReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        loop {
+            match inbound.message().await? {
+                Some(ConsumeResponse {
+                    response: Some(consume_response::Response::Subscribed(s)),
+                }) => {
+                    return Ok((inbound, s));
+                }
+                Some(ConsumeResponse {
+                    response: Some(consume_response::Response::Result(r)),
+                }) if r.code != 0 => {
+                    return Err(Error::from_code(r.code, r.message));
+                }
+                // Nothing else may come first; skip rather than fail.
+                Some(_) => continue,
+                None => {
+                    return Err(Error::Connection(
+                        "the broker closed the consumer stream during the handshake".into(),
+                    ));
+                }
+            }
+        }
+    };
+    match tokio::time::timeout(client.config().request_timeout, handshake).await {
+        Ok(Ok((inbound, s))) => Ok((Conn { tx, inbound }, s)),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(Error::Timeout(format!("subscribing to {topic}"))),
+    }
+}

@@ -1,0 +1,594 @@
+//! The consumer's background task: one event loop per consumer that reads
+//! the broker's frames and the handles' commands, fires the ack-flush,
+//! nack and ack-timeout timers, and handles the stream's life: connected,
+//! lost, reconnect, close.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+
+use ricochet_policy::{DeadLetterPolicy, PolicySpec, Tier};
+use ricochet_proto::{
+    CloseConsumer, ConsumeResponse, Flow, ReconsumeLater, Redeliver, Subscribed, Terminate,
+    consume_request, consume_response,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::acks::{AckGroup, StaleAcks};
+use super::builder::{Conn, open_stream};
+use super::ids::{Key, TopicIds};
+use super::redelivery::{InFlight, plan_nack};
+use super::requests::{Answer, PendingMove, Requests};
+use super::shared::{ACTIVE_NO, ACTIVE_UNKNOWN, ACTIVE_YES, Cmd, Delivery, Shared};
+use super::{Acker, Consumer, ConsumerConfig};
+use crate::client::{Client, next_frame, sleep_opt};
+use crate::error::{Error, Result};
+use crate::message::{Message, MessageId};
+use crate::reconnect::{Reconnector, Reopen};
+use crate::tracker::far_future;
+
+/// Starts the driver task on a freshly opened stream and returns the
+/// application's handle.
+pub(super) fn spawn(
+    client: Client,
+    topic: String,
+    cfg: ConsumerConfig,
+    conn: Conn,
+    subscribed: &Subscribed,
+    reconnect: Reconnector,
+) -> Consumer {
+    let cfg = Arc::new(cfg);
+    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared {
+        topic: subscribed.topic.clone(),
+        subscription: subscribed.subscription.clone(),
+        consumer_name: subscribed.consumer_name.clone(),
+        subscription_type: cfg.subscription_type,
+        epoch: AtomicU64::new(1),
+        consumed: AtomicU32::new(0),
+        refill_threshold: (cfg.receiver_queue_size / 2).max(1),
+        active: AtomicU8::new(ACTIVE_UNKNOWN),
+        closed: AtomicBool::new(false),
+        track_taken: cfg.ack_timeout.is_some(),
+        request_timeout: client.config().request_timeout,
+    });
+    let ids = TopicIds::new(&subscribed.topic);
+    let acks = AckGroup::new(cfg.ack_group_time, cfg.ack_group_max);
+    let inflight = InFlight::new(cfg.ack_timeout, cfg.ack_timeout_tick);
+    let mut driver = Driver {
+        client,
+        topic,
+        cfg,
+        shared: shared.clone(),
+        rx: cmd_rx,
+        out: out_tx,
+        conn: None,
+        epoch: 1,
+        ids,
+        policy: None,
+        inflight,
+        acks,
+        requests: Requests::new(),
+        stale_acks: StaleAcks::default(),
+        reconnect,
+        closing: None,
+        close_reply: None,
+    };
+    driver.connected(conn, subscribed);
+    tokio::spawn(driver.run());
+    Consumer::new(out_rx, Acker { tx: cmd_tx, shared })
+}
+
+enum Event {
+    Response(Result<Option<ConsumeResponse>, tonic::Status>),
+    Cmd(Option<Cmd>),
+    AckFlush,
+    NackDue,
+    AckTimeout,
+    Reconnect,
+    CloseDeadline,
+}
+
+struct Driver {
+    client: Client,
+    topic: String,
+    cfg: Arc<ConsumerConfig>,
+    shared: Arc<Shared>,
+    rx: mpsc::UnboundedReceiver<Cmd>,
+    out: mpsc::UnboundedSender<Delivery>,
+    conn: Option<Conn>,
+    epoch: u64,
+    ids: TopicIds,
+    policy: Option<Arc<dyn DeadLetterPolicy>>,
+    inflight: InFlight,
+    acks: AckGroup,
+    requests: Requests,
+    stale_acks: StaleAcks,
+    reconnect: Reconnector,
+    closing: Option<Instant>,
+    close_reply: Option<oneshot::Sender<Result<()>>>,
+}
+
+impl Driver {
+    async fn run(mut self) {
+        let mut rx_open = true;
+        loop {
+            let nack_due = self.inflight.nack_deadline();
+            let ack_timeout_due = self.inflight.ack_timeout_deadline();
+            let reconnect = if self.conn.is_none() {
+                self.reconnect.due()
+            } else {
+                None
+            };
+            let event = tokio::select! {
+                biased;
+                r = next_frame(self.conn.as_mut().map(|c| &mut c.inbound)) => Event::Response(r),
+                c = self.rx.recv(), if rx_open => Event::Cmd(c),
+                _ = sleep_opt(self.acks.deadline()) => Event::AckFlush,
+                _ = sleep_opt(nack_due) => Event::NackDue,
+                _ = sleep_opt(ack_timeout_due) => Event::AckTimeout,
+                _ = sleep_opt(reconnect) => Event::Reconnect,
+                _ = sleep_opt(self.closing) => Event::CloseDeadline,
+            };
+            match event {
+                Event::Response(Ok(Some(r))) => self.on_response(r),
+                Event::Response(Ok(None)) => {
+                    self.lost("the broker ended the consumer stream".into())
+                }
+                Event::Response(Err(s)) => self.lost(Error::from(s).to_string()),
+                Event::Cmd(Some(cmd)) => {
+                    self.on_cmd(cmd);
+                    for _ in 0..1024 {
+                        match self.rx.try_recv() {
+                            Ok(cmd) => self.on_cmd(cmd),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                Event::Cmd(None) => {
+                    // Every handle is gone: flush acks and stop.
+                    rx_open = false;
+                    self.start_close(None);
+                }
+                Event::AckFlush => self.flush_acks(0),
+                Event::NackDue => self.fire_nacks(Instant::now()),
+                Event::AckTimeout => self.fire_ack_timeouts(),
+                Event::Reconnect => self.reconnect().await,
+                Event::CloseDeadline => {
+                    self.finish_close(Err(Error::Timeout(
+                        "waiting for the broker to confirm the final acks".into(),
+                    )));
+                }
+            }
+            self.send_redeliveries();
+            if self.closing.is_some()
+                && self.close_reply.is_none()
+                && !self.requests.close_pending()
+            {
+                break;
+            }
+            if self.out.is_closed() && self.closing.is_none() {
+                // The Consumer was dropped (only ackers remain): close.
+                self.start_close(None);
+            }
+        }
+        self.shared.closed.store(true, Ordering::Release);
+        self.requests.fail_moves(|| Error::Closed);
+    }
+
+    /// A fresh stream is up: reset per-stream state, grant permits.
+    fn connected(&mut self, conn: Conn, s: &Subscribed) {
+        self.policy = self.effective_policy(s);
+        if !s.retry_topic.is_empty() {
+            self.ids.intern(&s.retry_topic);
+        }
+        self.shared.consumed.store(0, Ordering::Release);
+        conn.send(consume_request::Request::Flow(Flow {
+            permits: self.cfg.receiver_queue_size,
+        }));
+        self.conn = Some(conn);
+        self.reconnect.connected();
+    }
+
+    /// The policy used for nack delays: the application's own object, else
+    /// the one the broker says is in force (when it can be built here), else
+    /// the application's spec.
+    fn effective_policy(&self, s: &Subscribed) -> Option<Arc<dyn DeadLetterPolicy>> {
+        if let Some(p) = &self.cfg.policy {
+            return Some(p.clone());
+        }
+        if let Some(p) = s
+            .dead_letter_policy
+            .as_ref()
+            .and_then(|c| PolicySpec::try_from(c).ok())
+            .and_then(|spec| spec.build().ok())
+        {
+            return Some(p);
+        }
+        self.cfg.policy_spec.as_ref().and_then(|s| s.build().ok())
+    }
+
+    fn on_response(&mut self, r: ConsumeResponse) {
+        match r.response {
+            Some(consume_response::Response::Messages(batch)) => {
+                let mut auto_acked = 0u32;
+                for m in batch.messages {
+                    let Some(msg) = Message::from_proto(m, self.epoch, &mut self.ids) else {
+                        tracing::warn!("dropping a message without an id");
+                        continue;
+                    };
+                    let Some(key) = self.ids.key(&msg.id) else {
+                        tracing::warn!(id = %msg.id, "dropping a message from an unexpected topic");
+                        continue;
+                    };
+                    if self.stale_acks.take(&key) {
+                        // Acked by the application before the reconnect.
+                        self.acks.add(msg.id);
+                        auto_acked += 1;
+                        continue;
+                    }
+                    self.inflight.delivered(key);
+                    if self
+                        .out
+                        .send(Delivery {
+                            epoch: self.epoch,
+                            item: Ok(msg),
+                        })
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+                if auto_acked > 0 {
+                    self.schedule_ack_flush();
+                    // Those never reach the application: return their permits.
+                    if let Some(c) = &self.conn {
+                        c.send(consume_request::Request::Flow(Flow {
+                            permits: auto_acked,
+                        }));
+                    }
+                }
+            }
+            Some(consume_response::Response::Result(r)) => {
+                self.on_result(r.request_id, r.code, r.message)
+            }
+            Some(consume_response::Response::ActiveChange(a)) => {
+                self.shared.active.store(
+                    if a.active { ACTIVE_YES } else { ACTIVE_NO },
+                    Ordering::Relaxed,
+                );
+            }
+            Some(consume_response::Response::Subscribed(_)) | None => {
+                tracing::debug!("ignoring an unexpected consumer frame");
+            }
+        }
+    }
+
+    fn on_result(&mut self, request_id: u64, code: i32, message: String) {
+        if request_id == 0 {
+            if code != 0 {
+                tracing::warn!(code, %message, sub = %self.shared.subscription, "the broker rejected a consumer request");
+            }
+            return;
+        }
+        match self.requests.answer(request_id, code, message) {
+            Some(Answer::Close(r)) => self.finish_close(r),
+            Some(Answer::Move(m, r)) => {
+                if r.is_err()
+                    && let Some(k) = m.key.filter(|_| m.epoch == self.epoch)
+                {
+                    // Still in flight on the broker: track it again.
+                    self.inflight.track(k, Instant::now());
+                }
+                let _ = m.reply.send(r);
+            }
+            None => {}
+        }
+    }
+
+    fn is_stale(&self, epoch: Option<u64>) -> bool {
+        epoch.is_some_and(|e| e != self.epoch)
+    }
+
+    fn on_cmd(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Ack { id, epoch } => {
+                let Some(key) = self.ids.key(&id) else {
+                    self.acks.add_loose(id);
+                    self.schedule_ack_flush();
+                    return;
+                };
+                if self.is_stale(epoch) {
+                    self.stale_acks.insert(key);
+                    return;
+                }
+                if self.inflight.settle(&key) {
+                    self.acks.add(id);
+                } else {
+                    self.acks.add_loose(id);
+                }
+                self.schedule_ack_flush();
+            }
+            Cmd::AckCumulative { id, epoch } => {
+                if self.is_stale(epoch) {
+                    return;
+                }
+                self.acks.add_cumulative(id);
+                self.schedule_ack_flush();
+            }
+            Cmd::Nack {
+                id,
+                epoch,
+                delivery_count,
+                detail,
+            } => {
+                let Some(key) = self.ids.key(&id) else {
+                    return;
+                };
+                if self.is_stale(Some(epoch)) || !self.inflight.settle(&key) {
+                    // Already settled, or from a broken stream (the broker
+                    // redelivers those anyway).
+                    return;
+                }
+                self.nack(key, &id, delivery_count, detail);
+            }
+            Cmd::ReconsumeLater {
+                id,
+                epoch,
+                delay,
+                properties,
+                detail,
+                reply,
+            } => {
+                let key = self.ids.key(&id);
+                self.command(key, epoch, reply, |request_id| {
+                    consume_request::Request::ReconsumeLater(ReconsumeLater {
+                        request_id,
+                        id: Some(id.to_proto()),
+                        delay: Some(delay),
+                        properties,
+                        detail,
+                    })
+                });
+            }
+            Cmd::Terminate {
+                id,
+                epoch,
+                detail,
+                reply,
+            } => {
+                let key = self.ids.key(&id);
+                self.command(key, epoch, reply, |request_id| {
+                    consume_request::Request::Terminate(Terminate {
+                        request_id,
+                        id: Some(id.to_proto()),
+                        detail,
+                    })
+                });
+            }
+            Cmd::Taken { id, epoch, at } => {
+                if epoch != self.epoch {
+                    return;
+                }
+                let Some(key) = self.ids.key(&id) else {
+                    return;
+                };
+                self.inflight.taken(key, at);
+            }
+            Cmd::Flow(n) => {
+                if let Some(c) = &self.conn {
+                    c.send(consume_request::Request::Flow(Flow { permits: n }));
+                }
+            }
+            Cmd::Close(reply) => self.start_close(Some(reply)),
+        }
+    }
+
+    fn nack(&mut self, key: Key, id: &MessageId, delivery_count: u32, detail: Option<String>) {
+        let now = Instant::now();
+        let tier = if self.ids.is_main(key) {
+            Tier::Main
+        } else {
+            Tier::Retry
+        };
+        let plan = plan_nack(
+            self.policy.as_deref(),
+            self.cfg.negative_ack_delay,
+            id,
+            tier,
+            delivery_count,
+            detail.as_deref(),
+        );
+        self.inflight.nack(key, id, plan, detail, now);
+    }
+
+    /// Sends a move request (built by `request` from its id) for the
+    /// message `key` of stream `epoch`; `reply` gets the broker's answer.
+    fn command(
+        &mut self,
+        key: Option<Key>,
+        epoch: u64,
+        reply: oneshot::Sender<Result<()>>,
+        request: impl FnOnce(u64) -> consume_request::Request,
+    ) {
+        if epoch != self.epoch {
+            let _ = reply.send(Err(Error::Connection(
+                "the consumer reconnected since this message was received; the broker redelivers it".into(),
+            )));
+            return;
+        }
+        let Some(conn) = &self.conn else {
+            let _ = reply.send(Err(Error::Connection(
+                "the consumer is reconnecting".into(),
+            )));
+            return;
+        };
+        let rid = self.requests.start_move(PendingMove { reply, key, epoch });
+        conn.send(request(rid));
+        if let Some(k) = &key {
+            self.inflight.settle(k);
+        }
+    }
+
+    fn schedule_ack_flush(&mut self) {
+        if self.acks.due_now(Instant::now()) {
+            self.flush_acks(0);
+        }
+    }
+
+    /// Sends grouped acks; the last frame carries `request_id`.
+    fn flush_acks(&mut self, request_id: u64) {
+        if self.conn.is_none() {
+            self.acks.disarm();
+            return;
+        }
+        let flush = self.acks.take(request_id);
+        if let Some(through) = flush.cumulative_through {
+            // Drop what the cumulative ack covers from the trackers.
+            let ids = &self.ids;
+            self.inflight.settle_through(through, |k| ids.is_main(k));
+        }
+        let Some(conn) = &self.conn else { return };
+        for f in flush.frames {
+            conn.send(consume_request::Request::Ack(f));
+        }
+    }
+
+    /// Readies for redelivery every held nack due by `until`, with its reason.
+    fn fire_nacks(&mut self, until: Instant) {
+        let covered = cumulative_covers(&self.ids, &self.acks);
+        self.inflight.fire_nacks(until, &self.ids, covered);
+    }
+
+    /// Readies for redelivery every outstanding id past its ack timeout.
+    fn fire_ack_timeouts(&mut self) {
+        let covered = cumulative_covers(&self.ids, &self.acks);
+        self.inflight
+            .fire_ack_timeouts(Instant::now(), &self.ids, covered);
+    }
+
+    /// Sends the failures gathered this turn in one `Redeliver` request.
+    fn send_redeliveries(&mut self) {
+        let messages = self.inflight.take_ready();
+        if messages.is_empty() {
+            return;
+        }
+        if let Some(c) = &self.conn {
+            c.send(consume_request::Request::Redeliver(Redeliver {
+                request_id: 0,
+                messages,
+            }));
+        }
+    }
+
+    fn lost(&mut self, why: String) {
+        if self.conn.take().is_none() {
+            return;
+        }
+        if self.closing.is_some() {
+            self.requests.forget_close();
+            let pending = self.acks.holds_delivered();
+            self.finish_close(if pending {
+                Err(Error::Connection(format!(
+                    "the stream broke before the final acks were confirmed: {why}"
+                )))
+            } else {
+                Ok(())
+            });
+            return;
+        }
+        tracing::warn!(topic = %self.shared.topic, sub = %self.shared.subscription, reason = %why, "consumer stream lost; reconnecting");
+        // A new generation: the broker redelivers what was in flight.
+        self.epoch += 1;
+        self.shared.epoch.store(self.epoch, Ordering::Release);
+        for id in self.acks.reset() {
+            if let Some(k) = self.ids.key(&id) {
+                self.stale_acks.insert(k);
+            }
+        }
+        self.inflight.clear();
+        self.requests.fail_moves(|| {
+            Error::Connection(format!(
+                "the stream broke before the broker confirmed; the message is redelivered if the request was lost: {why}"
+            ))
+        });
+        self.reconnect.lost(Instant::now());
+    }
+
+    async fn reconnect(&mut self) {
+        let open = open_stream(&self.client, &self.topic, &self.cfg);
+        // The broker may still hold the old stream's Exclusive slot.
+        let retry =
+            |e: &Error| e.is_retryable() || e.code() == Some(tonic::Code::FailedPrecondition);
+        match self.reconnect.attempt(open, retry, "consumer").await {
+            Reopen::Open((conn, s)) => {
+                tracing::info!(topic = %self.shared.topic, sub = %self.shared.subscription, "consumer reconnected");
+                self.connected(conn, &s);
+            }
+            Reopen::Later => {}
+            Reopen::Failed(e) => {
+                tracing::error!(error = %e, topic = %self.shared.topic, "consumer cannot resubscribe; closing");
+                let _ = self.out.send(Delivery {
+                    epoch: self.epoch,
+                    item: Err(e),
+                });
+                self.closing = Some(Instant::now());
+            }
+        }
+    }
+
+    fn start_close(&mut self, reply: Option<oneshot::Sender<Result<()>>>) {
+        if self.closing.is_some() {
+            if let Some(r) = reply {
+                // A second close: answer when the first finishes is not
+                // tracked; answer now.
+                let _ = r.send(Ok(()));
+            }
+            return;
+        }
+        self.shared.closed.store(true, Ordering::Release);
+        self.closing = Some(Instant::now() + self.shared.request_timeout);
+        if self.conn.is_none() {
+            let lost = self.acks.unsent();
+            let r = if lost == 0 {
+                Ok(())
+            } else {
+                Err(Error::Connection(format!(
+                    "closed while disconnected; {lost} ack(s) not delivered"
+                )))
+            };
+            if let Some(reply) = reply {
+                let _ = reply.send(r);
+            }
+            return;
+        }
+        // Held nacks are real failures: report them now, with their reasons,
+        // rather than let the broker see them as lost with the consumer.
+        self.fire_nacks(far_future());
+        self.send_redeliveries();
+        let rid = self.requests.start_close();
+        self.flush_acks(rid);
+        // A clean close: what this consumer still holds (taken or only
+        // prefetched) goes to other consumers without an attempt charged.
+        if let Some(c) = &self.conn {
+            c.send(consume_request::Request::Close(CloseConsumer {}));
+        }
+        self.close_reply = reply;
+    }
+
+    fn finish_close(&mut self, r: Result<()>) {
+        self.requests.forget_close();
+        if let Some(reply) = self.close_reply.take() {
+            let _ = reply.send(r);
+        }
+        // Leaving the loop drops the stream; make sure it happens now.
+        self.closing = Some(Instant::now());
+    }
+}
+
+/// Whether a cumulative ack on this stream covers a key: main-topic ids
+/// through its entry.
+fn cumulative_covers<'a>(ids: &'a TopicIds, acks: &'a AckGroup) -> impl Fn(Key) -> bool + 'a {
+    move |k| ids.is_main(k) && acks.covers(k.1)
+}

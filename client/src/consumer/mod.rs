@@ -1,0 +1,251 @@
+//! Consumers: [`ConsumerBuilder`], [`Consumer`] and its cloneable
+//! [`Acker`].
+//!
+//! A consumer is one gRPC stream driven by a background task, which:
+//!
+//! * grants the broker **flow permits**: `receiver_queue_size` at first,
+//!   then, as the application takes messages, a refill each time half the
+//!   queue has been consumed (Pulsar's rule);
+//! * **groups acks**: individual acks are sent together every
+//!   `ack_group_time` (100 ms) or `ack_group_max` (1000) ids, whichever
+//!   comes first, and flushed (and confirmed durable) by
+//!   [`close`](Consumer::close);
+//! * tracks **unacked** messages when an ack timeout is set: a message not
+//!   acked within it of the application taking it (`receive`, or the
+//!   stream) is sent back with reason `ACK_TIMEOUT`, as in Pulsar, so a
+//!   message still waiting in the prefetch queue never times out; the
+//!   deadline is rounded up to the tick, so it fires between `ack_timeout`
+//!   and `ack_timeout + tick` after it was taken;
+//! * tracks **negative acks**: a nacked message is held for the delay the
+//!   dead-letter policy gives for its next attempt (or the fixed
+//!   `negative_ack_delay`), then all due ids go back in one `Redeliver`
+//!   request. The broker counts the attempt, persists it, and redelivers at
+//!   once or dead-letters. When the policy routes the attempt to the retry
+//!   tier or the DLQ, the client sends it at once instead and the broker
+//!   schedules it (the delay is never served twice);
+//! * **reconnects** with backoff when the stream breaks, resubscribes with
+//!   the same consumer name and settings, and starts clean: messages
+//!   received on the old stream but not yet taken by the application are
+//!   dropped, and both trackers are cleared, because the broker redelivers
+//!   everything that was in flight (its delivery count incremented). An ack
+//!   of such an old message is remembered and applied when the broker
+//!   redelivers it, so the application does not see it again.
+//!
+//! # Order
+//!
+//! On Exclusive and Failover subscriptions a nacked or timed-out message is
+//! redelivered on its own, after the messages already dispatched: a nack
+//! breaks the order of that message. Applications needing strict order
+//! should retry in place rather than nack. Key_Shared keeps a key on one
+//! consumer while it holds unacked messages of that key.
+
+// The parts, from the application inwards:
+// - acker: Acker, the settle API (ack, nack, reconsume_later, terminate, ...)
+// - builder: ConsumerBuilder and the Subscribe handshake
+// - config: ConsumerConfig, InitialPosition, the Subscribe frame
+// - shared: commands, deliveries and state shared by handles and driver
+// - driver: the background task (event loop, connected/lost/reconnect/close)
+// - acks: ack grouping, what to send when (plain data, unit-tested)
+// - redelivery: nack and ack-timeout decisions (plain data, unit-tested)
+// - requests: request ids and the answers they wait for
+// - ids: topic numbers and compact keys for the trackers
+mod acker;
+mod acks;
+mod builder;
+mod config;
+mod driver;
+mod ids;
+mod redelivery;
+mod requests;
+mod shared;
+
+use std::ops::Deref;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+pub use acker::Acker;
+pub use builder::ConsumerBuilder;
+pub use config::{ConsumerConfig, InitialPosition};
+pub(crate) use ids::TopicIds;
+
+use crate::error::{Error, Result};
+use crate::message::Message;
+use shared::{ACTIVE_NO, ACTIVE_YES, Cmd, Delivery};
+
+/// How a subscription shares messages between its consumers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SubscriptionType {
+    /// One consumer at a time (the default).
+    #[default]
+    Exclusive,
+    /// Many consumers, one of them active (the lowest name); the others
+    /// take over when it leaves.
+    Failover,
+    /// Many consumers, messages spread round-robin.
+    Shared,
+    /// Many consumers, messages of one key go to one consumer.
+    KeyShared,
+}
+
+impl SubscriptionType {
+    fn to_proto(self) -> ricochet_proto::SubscriptionType {
+        match self {
+            SubscriptionType::Exclusive => ricochet_proto::SubscriptionType::Exclusive,
+            SubscriptionType::Failover => ricochet_proto::SubscriptionType::Failover,
+            SubscriptionType::Shared => ricochet_proto::SubscriptionType::Shared,
+            SubscriptionType::KeyShared => ricochet_proto::SubscriptionType::KeyShared,
+        }
+    }
+
+    /// Whether cumulative acks are allowed (Exclusive and Failover).
+    pub fn allows_cumulative_ack(self) -> bool {
+        matches!(
+            self,
+            SubscriptionType::Exclusive | SubscriptionType::Failover
+        )
+    }
+}
+
+/// Receives messages from one subscription; see the [module docs](self).
+///
+/// Use [`receive`](Self::receive) or the [`Stream`] impl to take messages.
+/// Settle them with the [`Acker`] methods, which the consumer offers
+/// directly (it dereferences to its `Acker`): `consumer.ack(&msg)`,
+/// `consumer.nack(&msg)`, ... For processing in other tasks, take a
+/// cloneable [`acker`](Self::acker).
+#[derive(Debug)]
+pub struct Consumer {
+    rx: mpsc::UnboundedReceiver<Delivery>,
+    acker: Acker,
+}
+
+impl Deref for Consumer {
+    type Target = Acker;
+
+    fn deref(&self) -> &Acker {
+        &self.acker
+    }
+}
+
+impl Consumer {
+    fn new(rx: mpsc::UnboundedReceiver<Delivery>, acker: Acker) -> Self {
+        Self { rx, acker }
+    }
+
+    /// The next message. Fails with [`Error::Closed`] once the consumer is
+    /// closed, or once with the cause if it could not reconnect.
+    pub async fn receive(&mut self) -> Result<Message> {
+        loop {
+            let Some(d) = self.rx.recv().await else {
+                return Err(Error::Closed);
+            };
+            if let Some(item) = self.accept(d) {
+                return item;
+            }
+        }
+    }
+
+    /// Filters a delivery taken from the queue: drops messages of an old
+    /// stream, counts consumption for flow permits.
+    fn accept(&self, d: Delivery) -> Option<Result<Message>> {
+        match d.item {
+            Ok(m) => {
+                if d.epoch != self.acker.shared.epoch.load(Ordering::Acquire) {
+                    return None;
+                }
+                self.consumed(1);
+                if self.acker.shared.track_taken {
+                    // The ack timeout runs from here (Pulsar's rule): a
+                    // message waiting in the prefetch queue cannot time out.
+                    let _ = self.acker.tx.send(Cmd::Taken {
+                        id: m.id.clone(),
+                        epoch: d.epoch,
+                        at: Instant::now(),
+                    });
+                }
+                Some(Ok(m))
+            }
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    fn consumed(&self, n: u32) {
+        let now = self.acker.shared.consumed.fetch_add(n, Ordering::AcqRel) + n;
+        if now >= self.acker.shared.refill_threshold {
+            let taken = self.acker.shared.consumed.swap(0, Ordering::AcqRel);
+            if taken > 0 {
+                let _ = self.acker.tx.send(Cmd::Flow(taken));
+            }
+        }
+    }
+
+    /// A handle for acking from other tasks.
+    pub fn acker(&self) -> Acker {
+        self.acker.clone()
+    }
+
+    /// The topic, fully qualified.
+    pub fn topic(&self) -> &str {
+        &self.acker.shared.topic
+    }
+
+    /// The subscription name.
+    pub fn subscription(&self) -> &str {
+        &self.acker.shared.subscription
+    }
+
+    /// The consumer name.
+    pub fn consumer_name(&self) -> &str {
+        &self.acker.shared.consumer_name
+    }
+
+    /// For Failover subscriptions: whether this consumer is the active one
+    /// (`None` until the broker said).
+    pub fn is_active(&self) -> Option<bool> {
+        match self.acker.shared.active.load(Ordering::Relaxed) {
+            ACTIVE_YES => Some(true),
+            ACTIVE_NO => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Reports nacks still held at once (reason NACK, with their reasons,
+    /// rather than after their delay), flushes pending acks and waits until
+    /// the broker has made them durable (up to the client's request
+    /// timeout), then closes cleanly: messages received but not acked
+    /// (taken or still prefetched) go to other consumers, or this
+    /// subscription's next one, with their delivery count unchanged. A
+    /// consumer that is dropped without `close` is charged an attempt for
+    /// each (reason CONSUMER_LOST).
+    pub async fn close(&self) -> Result<()> {
+        self.acker.shared.closed.store(true, Ordering::Release);
+        let (tx, rx) = oneshot::channel();
+        if self.acker.tx.send(Cmd::Close(tx)).is_err() {
+            return Ok(());
+        }
+        rx.await.unwrap_or(Ok(()))
+    }
+}
+
+impl Stream for Consumer {
+    type Item = Result<Message>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(d)) => {
+                    if let Some(item) = self.accept(d) {
+                        return Poll::Ready(Some(item));
+                    }
+                }
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}

@@ -1,0 +1,557 @@
+//! What one stream delivered and the application has not settled, and
+//! when it goes back to the broker. [`plan_nack`] turns the policy's
+//! decision for a nack into "hold it for a delay" or "send it now";
+//! [`InFlight`] keeps the outstanding ids, the ack-timeout and nack
+//! trackers, and gathers the failures due into the `FailedDelivery` list of
+//! the next `Redeliver` request.
+//!
+//! Nothing here sends or sleeps: the driver passes the time in, sleeps
+//! until the deadlines it reads, and sends what [`InFlight::take_ready`]
+//! returns.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use ricochet_policy::{
+    DeadLetterPolicy, Decision, FailureContext, FailureReason, Tier, jitter_seed,
+};
+use ricochet_proto::FailedDelivery;
+use tokio::time::Instant;
+
+use super::ids::{Key, TopicIds};
+use crate::message::MessageId;
+use crate::tracker::DelayTracker;
+
+/// What to do with a nacked message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NackPlan {
+    /// Hold it in the client for this long, then send it back (the broker
+    /// redelivers it at once, or dead-letters it).
+    HoldFor(Duration),
+    /// Send it back now: the broker schedules it in the retry tier or
+    /// dead-letters it (so the delay is not served twice).
+    SendNow,
+}
+
+/// The plan for a nack of `id` (in `tier`, delivered `delivery_count`
+/// times before) with the application's `detail`: the policy's decision
+/// for the next attempt, or `fallback` (the fixed nack delay) without one.
+pub(super) fn plan_nack(
+    policy: Option<&dyn DeadLetterPolicy>,
+    fallback: Duration,
+    id: &MessageId,
+    tier: Tier,
+    delivery_count: u32,
+    detail: Option<&str>,
+) -> NackPlan {
+    let Some(policy) = policy else {
+        return NackPlan::HoldFor(fallback);
+    };
+    let attempt = delivery_count.saturating_add(1);
+    let seed_key = id.to_string();
+    let mut ctx = FailureContext::new(attempt, FailureReason::Nack)
+        .with_tier(tier)
+        .with_jitter_seed(jitter_seed(seed_key.as_bytes(), attempt));
+    if let Some(d) = detail {
+        ctx = ctx.with_detail(d);
+    }
+    match policy.decide(&ctx) {
+        Decision::Redeliver {
+            after,
+            tier: Tier::Main,
+        } => NackPlan::HoldFor(after),
+        Decision::Redeliver {
+            tier: Tier::Retry, ..
+        }
+        | Decision::DeadLetter { .. } => NackPlan::SendNow,
+    }
+}
+
+/// One entry of a `Redeliver` request.
+fn failure(
+    id: &MessageId,
+    reason: ricochet_proto::FailureReason,
+    detail: String,
+) -> FailedDelivery {
+    FailedDelivery {
+        id: Some(id.to_proto()),
+        reason: reason as i32,
+        detail,
+    }
+}
+
+/// The ack-timeout tracker: deadlines `timeout` after a message is taken.
+#[derive(Debug)]
+struct AckTimeouts {
+    timeout: Duration,
+    tracker: DelayTracker<Key>,
+}
+
+/// The messages of one stream between delivery and settlement.
+#[derive(Debug)]
+pub(super) struct InFlight {
+    /// Received on this stream and not yet settled by the application.
+    outstanding: HashSet<Key>,
+    /// With an ack timeout only.
+    ack_timeouts: Option<AckTimeouts>,
+    /// Nacks held for their delay.
+    nacks: DelayTracker<Key>,
+    /// The reasons given with held nacks.
+    nack_details: HashMap<Key, String>,
+    /// Failures to send in the next `Redeliver` request.
+    ready: Vec<FailedDelivery>,
+}
+
+impl InFlight {
+    /// Tracks ack timeouts of `ack_timeout` (rounded up to `tick`) when
+    /// both are given.
+    pub(super) fn new(ack_timeout: Option<Duration>, tick: Option<Duration>) -> Self {
+        Self {
+            outstanding: HashSet::new(),
+            ack_timeouts: ack_timeout.zip(tick).map(|(timeout, tick)| AckTimeouts {
+                timeout,
+                tracker: DelayTracker::new(tick),
+            }),
+            nacks: DelayTracker::new(Duration::from_millis(1)),
+            nack_details: HashMap::new(),
+            ready: Vec::new(),
+        }
+    }
+
+    /// The stream delivered `key`: outstanding until settled. (A nack still
+    /// held for it is dropped; its reason is kept until a later nack of the
+    /// key or the stream's end.)
+    pub(super) fn delivered(&mut self, key: Key) {
+        self.outstanding.insert(key);
+        self.nacks.remove(&key);
+    }
+
+    /// The application took `key` at `at` (or asked for more time): its
+    /// ack timeout runs from then, if it is still outstanding.
+    pub(super) fn taken(&mut self, key: Key, at: Instant) {
+        if self.outstanding.contains(&key)
+            && let Some(t) = &mut self.ack_timeouts
+        {
+            t.tracker.insert_after(key, t.timeout, at);
+        }
+    }
+
+    /// `key` is in flight again (the broker refused to move it): outstanding,
+    /// its ack timeout running from `now`.
+    pub(super) fn track(&mut self, key: Key, now: Instant) {
+        self.outstanding.insert(key);
+        if let Some(t) = &mut self.ack_timeouts {
+            t.tracker.insert_after(key, t.timeout, now);
+        }
+    }
+
+    /// Stops tracking a message the application settled; whether it was
+    /// outstanding on this stream.
+    pub(super) fn settle(&mut self, key: &Key) -> bool {
+        if let Some(t) = &mut self.ack_timeouts {
+            t.tracker.remove(key);
+        }
+        if self.nacks.remove(key) {
+            self.nack_details.remove(key);
+        }
+        self.outstanding.remove(key)
+    }
+
+    /// Settles every outstanding main-topic id through entry `through` (a
+    /// cumulative ack was sent).
+    pub(super) fn settle_through(&mut self, through: u64, is_main: impl Fn(Key) -> bool) {
+        let covered: Vec<Key> = self
+            .outstanding
+            .iter()
+            .filter(|k| is_main(**k) && k.1 <= through)
+            .copied()
+            .collect();
+        for k in covered {
+            self.settle(&k);
+        }
+    }
+
+    /// Acts on a nack of `key` (already settled) as `plan` says.
+    pub(super) fn nack(
+        &mut self,
+        key: Key,
+        id: &MessageId,
+        plan: NackPlan,
+        detail: Option<String>,
+        now: Instant,
+    ) {
+        match plan {
+            NackPlan::HoldFor(after) => {
+                self.nacks.insert_after(key, after, now);
+                if let Some(d) = detail {
+                    self.nack_details.insert(key, d);
+                }
+            }
+            NackPlan::SendNow => self.ready.push(failure(
+                id,
+                ricochet_proto::FailureReason::Nack,
+                detail.unwrap_or_default(),
+            )),
+        }
+    }
+
+    /// When the next held nack is due.
+    pub(super) fn nack_deadline(&self) -> Option<Instant> {
+        self.nacks.next_deadline()
+    }
+
+    /// When the next ack timeout is due.
+    pub(super) fn ack_timeout_deadline(&self) -> Option<Instant> {
+        self.ack_timeouts
+            .as_ref()
+            .and_then(|t| t.tracker.next_deadline())
+    }
+
+    /// Readies every held nack due by `until`, with its reason, except ids
+    /// a cumulative ack `covered`.
+    pub(super) fn fire_nacks(
+        &mut self,
+        until: Instant,
+        ids: &TopicIds,
+        covered: impl Fn(Key) -> bool,
+    ) {
+        let mut due = Vec::new();
+        self.nacks.pop_due(until, &mut due);
+        for k in due {
+            let detail = self.nack_details.remove(&k).unwrap_or_default();
+            if covered(k) {
+                continue;
+            }
+            if let Some(id) = ids.id(k) {
+                self.ready
+                    .push(failure(&id, ricochet_proto::FailureReason::Nack, detail));
+            }
+        }
+    }
+
+    /// Readies every outstanding id whose ack timeout is due by `now`,
+    /// except ids a cumulative ack `covered`; none of them stays
+    /// outstanding.
+    pub(super) fn fire_ack_timeouts(
+        &mut self,
+        now: Instant,
+        ids: &TopicIds,
+        covered: impl Fn(Key) -> bool,
+    ) {
+        let Some(t) = &mut self.ack_timeouts else {
+            return;
+        };
+        let mut due = Vec::new();
+        t.tracker.pop_due(now, &mut due);
+        for k in due {
+            if !self.outstanding.remove(&k) || covered(k) {
+                continue;
+            }
+            if let Some(id) = ids.id(k) {
+                self.ready.push(failure(
+                    &id,
+                    ricochet_proto::FailureReason::AckTimeout,
+                    String::new(),
+                ));
+            }
+        }
+    }
+
+    /// The failures readied since the last call.
+    pub(super) fn take_ready(&mut self) -> Vec<FailedDelivery> {
+        std::mem::take(&mut self.ready)
+    }
+
+    /// The stream broke: the broker redelivers everything, forget it all.
+    pub(super) fn clear(&mut self) {
+        self.outstanding = HashSet::new();
+        if let Some(t) = &mut self.ack_timeouts {
+            t.tracker.clear();
+        }
+        self.nacks.clear();
+        self.nack_details = HashMap::new();
+        self.ready.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use ricochet_policy::PolicySpec;
+
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    // Tests that read deadlines run on tokio's paused clock, so that the
+    // trackers' base instant and the test's `now` are the same instant and
+    // deadlines land exactly; nothing sleeps.
+
+    /// What a policy was told: attempt, tier, detail, jitter seed.
+    type Told = (u32, Tier, Option<String>, u64);
+
+    /// Decides by the nack's detail, and records what it was told.
+    #[derive(Debug, Default)]
+    struct ByDetail {
+        seen: Mutex<Vec<Told>>,
+    }
+
+    impl DeadLetterPolicy for ByDetail {
+        fn decide(&self, ctx: &FailureContext<'_>) -> Decision {
+            self.seen.lock().unwrap().push((
+                ctx.attempt,
+                ctx.tier,
+                ctx.detail.map(str::to_owned),
+                ctx.jitter_seed,
+            ));
+            match ctx.detail {
+                Some("retry") => Decision::Redeliver {
+                    after: MS * 500,
+                    tier: Tier::Retry,
+                },
+                Some("dead") => Decision::DeadLetter {
+                    reason: "said so".into(),
+                },
+                _ => Decision::Redeliver {
+                    after: MS * 100 * ctx.attempt,
+                    tier: Tier::Main,
+                },
+            }
+        }
+        fn max_attempts(&self) -> Option<u32> {
+            None
+        }
+        fn name(&self) -> &str {
+            "by-detail"
+        }
+    }
+
+    fn setup() -> (TopicIds, MessageId, MessageId, Key, Key) {
+        let mut ids = TopicIds::new("main");
+        let a = MessageId::new(ids.intern("main"), 1);
+        let b = MessageId::new(ids.intern("main-s-RETRY"), 2);
+        let (ka, kb) = (ids.key(&a).unwrap(), ids.key(&b).unwrap());
+        (ids, a, b, ka, kb)
+    }
+
+    fn entries(list: &[FailedDelivery]) -> Vec<(u64, i32, &str)> {
+        list.iter()
+            .map(|f| (f.id.as_ref().unwrap().entry_id, f.reason, f.detail.as_str()))
+            .collect()
+    }
+
+    const NACK: i32 = ricochet_proto::FailureReason::Nack as i32;
+    const TIMEOUT: i32 = ricochet_proto::FailureReason::AckTimeout as i32;
+
+    #[test]
+    fn without_a_policy_a_nack_waits_the_fixed_delay() {
+        let id = MessageId::new("main", 1);
+        let plan = plan_nack(None, MS * 60_000, &id, Tier::Main, 4, Some("x"));
+        assert_eq!(plan, NackPlan::HoldFor(MS * 60_000));
+    }
+
+    #[test]
+    fn the_policy_decides_hold_or_send_now() {
+        let p = ByDetail::default();
+        let id = MessageId::new("main", 1);
+        let plan = |tier, count, detail| plan_nack(Some(&p), MS, &id, tier, count, detail);
+        assert_eq!(plan(Tier::Main, 0, None), NackPlan::HoldFor(MS * 100));
+        assert_eq!(
+            plan(Tier::Retry, 2, Some("slow")),
+            NackPlan::HoldFor(MS * 300)
+        );
+        assert_eq!(plan(Tier::Main, 0, Some("retry")), NackPlan::SendNow);
+        assert_eq!(plan(Tier::Main, 0, Some("dead")), NackPlan::SendNow);
+        let seen = p.seen.lock().unwrap();
+        assert_eq!(
+            seen[1],
+            (
+                3,
+                Tier::Retry,
+                Some("slow".to_owned()),
+                jitter_seed(b"main:1", 3)
+            ),
+            "the next attempt, the tier, the detail and the id's seed"
+        );
+        assert_eq!(seen[0].0, 1);
+        assert_eq!(seen[0].2, None);
+
+        // A built-in policy: held for its delay, then dead-lettered.
+        let fixed = PolicySpec::fixed_backoff(MS * 200, 3).build().unwrap();
+        let plan = |count| plan_nack(Some(&*fixed), MS, &id, Tier::Main, count, None);
+        assert_eq!(plan(0), NackPlan::HoldFor(MS * 200));
+        assert_eq!(plan(2), NackPlan::HoldFor(MS * 200));
+        assert_eq!(
+            plan(3),
+            NackPlan::SendNow,
+            "a 4th attempt is over the limit"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn held_nacks_come_due_with_their_reasons() {
+        let (ids, a, b, ka, kb) = setup();
+        let mut f = InFlight::new(None, None);
+        let now = Instant::now();
+        f.delivered(ka);
+        f.delivered(kb);
+        assert!(f.settle(&ka));
+        f.nack(
+            ka,
+            &a,
+            NackPlan::HoldFor(MS * 100),
+            Some("boom".into()),
+            now,
+        );
+        assert!(f.settle(&kb));
+        f.nack(kb, &b, NackPlan::HoldFor(MS * 300), None, now);
+        assert_eq!(f.nack_deadline(), Some(now + MS * 100));
+
+        f.fire_nacks(now + MS * 99, &ids, |_| false);
+        assert!(f.take_ready().is_empty(), "never early");
+        f.fire_nacks(now + MS * 100, &ids, |_| false);
+        assert_eq!(entries(&f.take_ready()), vec![(1, NACK, "boom")]);
+        assert_eq!(f.nack_deadline(), Some(now + MS * 300));
+        f.fire_nacks(now + MS * 300, &ids, |_| false);
+        let ready = f.take_ready();
+        assert_eq!(entries(&ready), vec![(2, NACK, "")]);
+        assert_eq!(ready[0].id.as_ref().unwrap().topic, "main-s-RETRY");
+        assert_eq!(f.nack_deadline(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn send_now_readies_at_once_and_covered_nacks_are_dropped() {
+        let (ids, a, b, ka, kb) = setup();
+        let mut f = InFlight::new(None, None);
+        let now = Instant::now();
+        f.nack(ka, &a, NackPlan::SendNow, Some("dead".into()), now);
+        assert_eq!(entries(&f.take_ready()), vec![(1, NACK, "dead")]);
+        assert!(f.take_ready().is_empty(), "taken once");
+
+        f.nack(ka, &a, NackPlan::HoldFor(MS), Some("x".into()), now);
+        f.nack(kb, &b, NackPlan::HoldFor(MS), None, now);
+        f.fire_nacks(now + MS, &ids, |k| k == ka);
+        assert_eq!(entries(&f.take_ready()), vec![(2, NACK, "")]);
+        // The covered nack's reason went with it.
+        f.nack(ka, &a, NackPlan::HoldFor(MS), None, now);
+        f.fire_nacks(now + MS, &ids, |_| false);
+        assert_eq!(entries(&f.take_ready()), vec![(1, NACK, "")]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settling_cancels_a_held_nack() {
+        let (ids, a, _, ka, _) = setup();
+        let mut f = InFlight::new(None, None);
+        let now = Instant::now();
+        f.nack(ka, &a, NackPlan::HoldFor(MS * 10), Some("x".into()), now);
+        assert!(!f.settle(&ka), "not outstanding any more");
+        f.fire_nacks(now + MS * 10, &ids, |_| false);
+        assert!(f.take_ready().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ack_timeouts_run_from_taking_and_fire_once() {
+        let (ids, _, _, ka, kb) = setup();
+        let mut f = InFlight::new(Some(MS * 400), Some(MS * 50));
+        let now = Instant::now();
+        f.delivered(ka);
+        f.delivered(kb);
+        assert_eq!(f.ack_timeout_deadline(), None, "not taken yet");
+        f.taken(ka, now);
+        f.taken(kb, now + MS * 100);
+        f.taken((7, 7), now); // never delivered: ignored
+        let first = f.ack_timeout_deadline().unwrap();
+        assert!(
+            first >= now + MS * 400 && first <= now + MS * 450,
+            "{:?}",
+            first - now
+        );
+
+        f.fire_ack_timeouts(now + MS * 399, &ids, |_| false);
+        assert!(f.take_ready().is_empty(), "never early");
+        f.fire_ack_timeouts(now + MS * 450, &ids, |_| false);
+        assert_eq!(entries(&f.take_ready()), vec![(1, TIMEOUT, "")]);
+        assert!(!f.settle(&ka), "a timed-out id is no longer outstanding");
+
+        // Extending (taking again) moves the deadline.
+        f.taken(kb, now + MS * 300);
+        f.fire_ack_timeouts(now + MS * 600, &ids, |_| false);
+        assert!(f.take_ready().is_empty());
+        f.fire_ack_timeouts(now + MS * 750, &ids, |_| false);
+        assert_eq!(entries(&f.take_ready()), vec![(2, TIMEOUT, "")]);
+        assert_eq!(f.ack_timeout_deadline(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn covered_or_settled_ids_do_not_time_out() {
+        let (ids, _, _, ka, kb) = setup();
+        let mut f = InFlight::new(Some(MS * 10), Some(MS));
+        let now = Instant::now();
+        f.delivered(ka);
+        f.delivered(kb);
+        f.taken(ka, now);
+        f.taken(kb, now);
+        f.fire_ack_timeouts(now + MS * 10, &ids, |k| k == ka);
+        assert_eq!(entries(&f.take_ready()), vec![(2, TIMEOUT, "")]);
+        assert!(
+            !f.settle(&ka),
+            "covered: dropped from the outstanding set too"
+        );
+
+        f.track(kb, now);
+        assert!(f.settle(&kb));
+        f.fire_ack_timeouts(now + MS * 20, &ids, |_| false);
+        assert!(f.take_ready().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_an_ack_timeout_nothing_times_out() {
+        let (ids, _, _, ka, _) = setup();
+        let mut f = InFlight::new(None, Some(MS));
+        let now = Instant::now();
+        f.delivered(ka);
+        f.taken(ka, now);
+        f.track(ka, now);
+        assert_eq!(f.ack_timeout_deadline(), None);
+        f.fire_ack_timeouts(now + MS * 1000, &ids, |_| false);
+        assert!(f.take_ready().is_empty());
+        assert!(f.settle(&ka));
+    }
+
+    #[test]
+    fn a_cumulative_ack_settles_main_topic_ids_through_its_entry() {
+        let mut ids = TopicIds::new("main");
+        let main = |e| MessageId::new("main", e);
+        let keys: Vec<Key> = [main(1), main(2), main(3), MessageId::new("retry", 1)]
+            .iter()
+            .map(|id| ids.key(id).unwrap())
+            .collect();
+        let mut f = InFlight::new(None, None);
+        for k in &keys {
+            f.delivered(*k);
+        }
+        f.settle_through(2, |k| ids.is_main(k));
+        let left: Vec<bool> = keys.iter().map(|k| f.settle(k)).collect();
+        assert_eq!(left, vec![false, false, true, true]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn clear_forgets_everything() {
+        let (ids, a, _, ka, kb) = setup();
+        let mut f = InFlight::new(Some(MS * 10), Some(MS));
+        let now = Instant::now();
+        f.delivered(kb);
+        f.taken(kb, now);
+        f.nack(ka, &a, NackPlan::HoldFor(MS), Some("x".into()), now);
+        f.nack(ka, &a, NackPlan::SendNow, None, now);
+        f.clear();
+        assert!(f.take_ready().is_empty());
+        assert_eq!(f.nack_deadline(), None);
+        assert_eq!(f.ack_timeout_deadline(), None);
+        assert!(!f.settle(&kb));
+        f.fire_nacks(now + MS * 100, &ids, |_| false);
+        f.fire_ack_timeouts(now + MS * 100, &ids, |_| false);
+        assert!(f.take_ready().is_empty());
+    }
+}

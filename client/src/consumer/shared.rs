@@ -1,0 +1,98 @@
+//! What the application's handles ([`Consumer`](super::Consumer),
+//! [`Acker`](super::Acker)) and the driver task share: the commands the
+//! handles send ([`Cmd`]), the deliveries the driver sends back
+//! ([`Delivery`]), and the state both read ([`Shared`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64};
+use std::time::Duration;
+
+use ricochet_proto::reconsume_later;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::SubscriptionType;
+use crate::error::Result;
+use crate::message::{Message, MessageId};
+
+pub(super) const ACTIVE_UNKNOWN: u8 = 0;
+pub(super) const ACTIVE_YES: u8 = 1;
+pub(super) const ACTIVE_NO: u8 = 2;
+
+/// One consumer's identity and the counters its handles and driver both
+/// touch.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) topic: String,
+    pub(super) subscription: String,
+    pub(super) consumer_name: String,
+    pub(super) subscription_type: SubscriptionType,
+    /// The stream generation; messages of older ones are dropped.
+    pub(super) epoch: AtomicU64,
+    /// Messages taken by the application since the last permit refill.
+    pub(super) consumed: AtomicU32,
+    pub(super) refill_threshold: u32,
+    /// Whether this consumer is the active one (`ACTIVE_*`).
+    pub(super) active: AtomicU8,
+    pub(super) closed: AtomicBool,
+    /// Whether taking a message starts its ack timeout.
+    pub(super) track_taken: bool,
+    pub(super) request_timeout: Duration,
+}
+
+/// What the handles ask of the driver. `epoch` is the stream generation
+/// the message arrived on (`None`: an id the application kept apart from
+/// its message).
+pub(super) enum Cmd {
+    Ack {
+        id: MessageId,
+        epoch: Option<u64>,
+    },
+    AckCumulative {
+        id: MessageId,
+        epoch: Option<u64>,
+    },
+    Nack {
+        id: MessageId,
+        epoch: u64,
+        delivery_count: u32,
+        detail: Option<String>,
+    },
+    ReconsumeLater {
+        id: MessageId,
+        epoch: u64,
+        delay: reconsume_later::Delay,
+        properties: HashMap<String, String>,
+        detail: String,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Terminate {
+        id: MessageId,
+        epoch: u64,
+        detail: String,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    /// The application took a message from the queue (ack timeout on).
+    Taken {
+        id: MessageId,
+        epoch: u64,
+        at: Instant,
+    },
+    Flow(u32),
+    Close(oneshot::Sender<Result<()>>),
+}
+
+/// A message (or the error that ended the consumer) for the application,
+/// tagged with the stream generation it arrived on.
+pub(super) struct Delivery {
+    pub(super) epoch: u64,
+    pub(super) item: Result<Message>,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("epoch", &self.epoch)
+            .finish_non_exhaustive()
+    }
+}
