@@ -251,16 +251,7 @@ impl RawConsumer {
 
     /// The next message, or None after `wait` without one.
     pub async fn next(&mut self, wait: Duration) -> Option<Message> {
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            if let Some(m) = self.buffered.pop_front() {
-                return Some(m);
-            }
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left.is_zero() || !self.pump(left).await {
-                return None;
-            }
-        }
+        self.first(wait, |c| c.buffered.pop_front()).await
     }
 
     /// Exactly `n` messages (panics on timeout).
@@ -277,10 +268,20 @@ impl RawConsumer {
 
     /// The next command result, or None after `wait` without one.
     pub async fn result(&mut self, wait: Duration) -> Option<CommandResult> {
+        self.first(wait, |c| c.results.pop_front()).await
+    }
+
+    /// What `pop` takes from the buffers, reading frames until it takes
+    /// something or `wait` has passed.
+    async fn first<T>(
+        &mut self,
+        wait: Duration,
+        mut pop: impl FnMut(&mut Self) -> Option<T>,
+    ) -> Option<T> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            if let Some(r) = self.results.pop_front() {
-                return Some(r);
+            if let Some(t) = pop(self) {
+                return Some(t);
             }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() || !self.pump(left).await {
