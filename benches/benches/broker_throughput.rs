@@ -9,9 +9,10 @@
 //! `cargo bench -p ricochet-benches --bench broker_throughput`
 //! (`RICOCHET_BENCH_MESSAGES` overrides the message count.)
 
-use ricochet_broker::{BrokerConfig, Durability, TestBroker};
+use ricochet_broker::Durability;
 use ricochet_proto::broker_client::BrokerClient;
 use ricochet_proto::*;
+use ricochet_testkit::InProcessBroker;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc};
@@ -148,10 +149,7 @@ async fn consume_all(url: &str, topic: &str, total: usize) {
 }
 
 async fn run(mode: Durability, messages: usize) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = BrokerConfig::for_dir(dir.path());
-    config.durability = mode;
-    let broker = TestBroker::start(config).await.unwrap();
+    let broker = InProcessBroker::start_with(|c| c.durability = mode).await;
     let url = broker.url();
     let per = messages / PRODUCERS;
     let t0 = Instant::now();
@@ -177,7 +175,7 @@ async fn run(mode: Durability, messages: usize) {
         published as f64 * PAYLOAD as f64 / publish_secs / 1e6,
         published as f64 / consume_secs,
     );
-    broker.shutdown().await.unwrap();
+    broker.shutdown().await;
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 

@@ -19,9 +19,10 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use ricochet_broker::{BrokerConfig, Durability, TestBroker};
+use ricochet_broker::Durability;
 use ricochet_client::tracker::DelayTracker;
 use ricochet_client::{Client, InitialPosition, SubscriptionType};
+use ricochet_testkit::InProcessBroker;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -72,21 +73,19 @@ fn main() -> Result<(), BoxError> {
     Ok(())
 }
 
-async fn broker(
-    durability: Durability,
-) -> Result<(TestBroker, tempfile::TempDir, Client), BoxError> {
-    let dir = tempfile::tempdir()?;
-    let mut config = BrokerConfig::for_dir(dir.path());
-    config.durability = durability;
-    config.flush_interval = Duration::from_millis(50);
-    let broker = TestBroker::start(config).await?;
+async fn broker(durability: Durability) -> Result<(InProcessBroker, Client), BoxError> {
+    let broker = InProcessBroker::start_with(|c| {
+        c.durability = durability;
+        c.flush_interval = Duration::from_millis(50);
+    })
+    .await;
     let client = Client::connect(broker.url()).await?;
-    Ok((broker, dir, client))
+    Ok((broker, client))
 }
 
 async fn throughput(durability: Durability) -> Result<(), BoxError> {
     let n: usize = if quick() { 20_000 } else { 200_000 };
-    let (broker, _dir, client) = broker(durability).await?;
+    let (broker, client) = broker(durability).await?;
     let topic = format!("tput-{durability:?}");
     let mut consumer = client
         .consumer(&topic)
@@ -129,7 +128,7 @@ async fn throughput(durability: Durability) -> Result<(), BoxError> {
         consumed
     );
     drop(client);
-    broker.shutdown().await?;
+    broker.shutdown().await;
     Ok(())
 }
 
@@ -137,7 +136,7 @@ async fn publish_latency() -> Result<(), BoxError> {
     let rate = 2_000u64; // msg/s
     let secs = if quick() { 2 } else { 5 };
     for durability in [Durability::Sync, Durability::Interval] {
-        let (broker, _dir, client) = broker(durability).await?;
+        let (broker, client) = broker(durability).await?;
         let producer = client.producer("latency").create().await?;
         let payload = vec![b'x'; 100];
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -178,7 +177,7 @@ async fn publish_latency() -> Result<(), BoxError> {
         );
         producer.close().await?;
         drop(client);
-        broker.shutdown().await?;
+        broker.shutdown().await;
     }
     Ok(())
 }
@@ -299,7 +298,7 @@ async fn timer_lateness() {
 /// lateness = time the redelivery is received - (time of its nack + 1 s).
 async fn redelivery_lateness(durability: Durability, n: usize) -> Result<(), BoxError> {
     let delay = Duration::from_secs(1);
-    let (broker, _dir, client) = broker(durability).await?;
+    let (broker, client) = broker(durability).await?;
     let topic = format!("lateness-{n}");
     let producer = client.producer(&topic).create().await?;
     for _ in 0..n {
@@ -358,6 +357,6 @@ async fn redelivery_lateness(durability: Durability, n: usize) -> Result<(), Box
     consumer.close().await?;
     producer.close().await?;
     drop(client);
-    broker.shutdown().await?;
+    broker.shutdown().await;
     Ok(())
 }

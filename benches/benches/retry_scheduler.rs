@@ -27,7 +27,8 @@
 //!    → listening, and spawn → a consumer receives a freshly published
 //!    message; memory = the broker process's VmRSS (from /proc) once idle.
 //!    Needs the release binary: `cargo build --release -p ricochet-broker`
-//!    (or `RS_BROKER_BIN=path`); skipped with a note otherwise.
+//!    (or `RS_BROKER_BIN=path`, or `RICOCHET_BROKER_BIN=path`); skipped with
+//!    a note otherwise.
 //!
 //! `cargo bench -p ricochet-benches --bench retry_scheduler`. Environment:
 //! * sizes: `RS_QUICK=1` (10 000 only, 100 000 retries for part 3, 2 s
@@ -46,20 +47,21 @@
 
 use hdrhistogram::Histogram;
 use prost::Message as _;
-use ricochet_broker::Scheduler;
 use ricochet_broker::clock::SystemClock;
 use ricochet_broker::storage::{
     Arrival, AttemptRecord, FailureRecord, MoveItem, ScheduleKey, SledStorage, Storage, SubMessage,
     SubscriptionRecord, TierId, TierMove, TopicKind, TopicRecord,
 };
-use ricochet_broker::{BrokerConfig, Durability, TestBroker};
+use ricochet_broker::{Durability, Scheduler};
 use ricochet_proto::broker_client::BrokerClient;
 use ricochet_proto::*;
-use std::io::BufRead;
+use ricochet_testkit::{
+    BrokerBinNotFound, BrokerProcess, InProcessBroker, SpawnOptions, find_broker_bin, now_ms,
+    now_us,
+};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -85,17 +87,6 @@ fn debug() -> bool {
 
 fn quick() -> bool {
     std::env::var_os("RS_QUICK").is_some()
-}
-
-fn wall_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_micros() as u64
-}
-
-fn now_ms() -> u64 {
-    wall_us() / 1000
 }
 
 /// Lateness in microseconds, with the count of early (negative) ones.
@@ -253,7 +244,7 @@ async fn scheduler_lateness(n: usize, spread_ms: u64) -> Result<(), BoxError> {
         let Ok(Some(batch)) = tokio::time::timeout_at(deadline, fired.recv()).await else {
             break;
         };
-        let at = wall_us();
+        let at = now_us();
         for k in batch {
             late.record(at, k.due_ms);
             got += 1;
@@ -495,8 +486,7 @@ fn delay_levels(levels_ms: Vec<u64>, max_reconsume_times: u32) -> DeadLetterPoli
 // ---------------------------------------------------------------- part 1b
 
 async fn e2e_lateness(durability: Durability, n: usize, spread_ms: u64) -> Result<(), BoxError> {
-    let dir = tempfile::tempdir()?;
-    let broker = Broker::start(dir.path(), durability, n + 1_000).await?;
+    let broker = Broker::start(durability, n + 1_000).await?;
     let url = broker.url.clone();
     let topic = "late";
     // Every nack waits the one level: the spread plus a lead long enough for
@@ -529,7 +519,7 @@ async fn e2e_lateness(durability: Durability, n: usize, spread_ms: u64) -> Resul
         let Some(msgs) = c.messages(Duration::from_millis(delay_ms + 30_000)).await? else {
             break;
         };
-        let at = wall_us();
+        let at = now_us();
         for m in msgs {
             if !m.id.as_ref().is_some_and(|id| id.topic.ends_with("-RETRY")) {
                 continue;
@@ -601,8 +591,7 @@ async fn e2e_lateness(durability: Durability, n: usize, spread_ms: u64) -> Resul
 /// move's fsync before it starts counting.
 async fn short_delay_lateness(durability: Durability, delay_ms: u64) -> Result<(), BoxError> {
     const N: usize = 2_000;
-    let dir = tempfile::tempdir()?;
-    let broker = Broker::start(dir.path(), durability, N + 1_000).await?;
+    let broker = Broker::start(durability, N + 1_000).await?;
     let url = broker.url.clone();
     let topic = "short";
     let (mut c, ids) = failing_consumer(&url, topic, delay_ms, N).await?;
@@ -633,7 +622,7 @@ async fn short_delay_lateness(durability: Durability, delay_ms: u64) -> Result<(
             }
             break;
         };
-        let at = wall_us();
+        let at = now_us();
         for m in msgs {
             if m.id.as_ref().is_some_and(|id| id.topic.ends_with("-RETRY")) {
                 late.record(at, m.deliver_at_ms);
@@ -661,24 +650,21 @@ async fn short_delay_lateness(durability: Durability, delay_ms: u64) -> Result<(
     Ok(())
 }
 
-/// The broker under test: in this process, or (`RS_E2E_CHILD=1`) the release
-/// binary in a child process.
+/// The broker under test, on a temporary directory: in this process, or
+/// (`RS_E2E_CHILD=1`) the release binary in a child process.
 struct Broker {
     url: String,
     kind: &'static str,
-    in_process: Option<TestBroker>,
-    _child: Option<Killed>,
+    in_process: Option<InProcessBroker>,
+    _child: Option<(BrokerProcess, tempfile::TempDir)>,
 }
 
 impl Broker {
-    async fn start(
-        dir: &Path,
-        durability: Durability,
-        max_unacked: usize,
-    ) -> Result<Self, BoxError> {
+    async fn start(durability: Durability, max_unacked: usize) -> Result<Self, BoxError> {
         if std::env::var_os("RS_E2E_CHILD").is_some() {
-            let bin = broker_bin().ok_or("RS_E2E_CHILD needs the ricochet-broker binary")?;
-            let config = dir.join("broker.toml");
+            let bin = broker_bin().map_err(|e| format!("RS_E2E_CHILD: {e}"))?;
+            let dir = tempfile::tempdir()?;
+            let config = dir.path().join("broker.toml");
             let mode = match durability {
                 Durability::Sync => "sync",
                 Durability::Interval => "interval",
@@ -687,18 +673,19 @@ impl Broker {
                 &config,
                 format!("durability = \"{mode}\"\nmax_unacked_per_consumer = {max_unacked}\n"),
             )?;
-            let (child, url) = spawn_broker(&bin, &dir.join("data"), Some(&config)).await?;
+            let child = spawn_broker(&bin, &dir.path().join("data"), Some(&config)).await;
             return Ok(Self {
-                url,
+                url: child.url().to_owned(),
                 kind: "child process",
                 in_process: None,
-                _child: Some(child),
+                _child: Some((child, dir)),
             });
         }
-        let mut config = BrokerConfig::for_dir(dir);
-        config.durability = durability;
-        config.max_unacked_per_consumer = max_unacked;
-        let broker = TestBroker::start(config).await?;
+        let broker = InProcessBroker::start_with(|c| {
+            c.durability = durability;
+            c.max_unacked_per_consumer = max_unacked;
+        })
+        .await;
         Ok(Self {
             url: broker.url(),
             kind: "in process",
@@ -710,7 +697,7 @@ impl Broker {
     async fn stop(self) -> Result<(), BoxError> {
         if let Some(b) = self.in_process {
             let storage = Arc::downgrade(&b.core.storage);
-            b.shutdown().await?;
+            b.shutdown().await;
             // The next broker in this process must not start while this one's
             // sled database is still closing: sled 0.34's transaction lock is
             // process-wide (a hang was seen otherwise).
@@ -742,8 +729,7 @@ async fn redeliver_loop(
     working_set: usize,
     secs: u64,
 ) -> Result<(), BoxError> {
-    let dir = tempfile::tempdir()?;
-    let broker = Broker::start(dir.path(), durability, 50_000).await?;
+    let broker = Broker::start(durability, 50_000).await?;
     let url = broker.url.clone();
     let topic = "loop";
     let mut c = RawConsumer::subscribe(&url, topic, Some(delay_levels(vec![1], 1_000_000))).await?;
@@ -906,14 +892,14 @@ async fn write_scheduled(dir: &Path, n: usize) -> Result<(u64, Duration), BoxErr
     Ok((size, t.elapsed()))
 }
 
-fn broker_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("RS_BROKER_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    // target/release/deps/retry_scheduler-HASH → target/release/ricochet-broker
-    let exe = std::env::current_exe().ok()?;
-    let p = exe.parent()?.parent()?.join("ricochet-broker");
-    p.exists().then_some(p)
+/// `RS_BROKER_BIN`, else the testkit's search: `RICOCHET_BROKER_BIN`, then
+/// `target/release/ricochet-broker` next to this bench.
+fn broker_bin() -> Result<PathBuf, BrokerBinNotFound> {
+    find_broker_bin(
+        std::env::var_os("RS_BROKER_BIN")
+            .map(PathBuf::from)
+            .as_deref(),
+    )
 }
 
 /// `VmRSS` and `VmHWM` of a process, in bytes.
@@ -929,15 +915,6 @@ fn rss(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 struct Run {
     listening: Duration,
     dispatched: Duration,
@@ -945,40 +922,17 @@ struct Run {
     hwm: u64,
 }
 
-/// Starts the broker binary on `dir` (port chosen by the broker) and returns
-/// it with its URL once it listens.
-async fn spawn_broker(
-    bin: &Path,
-    dir: &Path,
-    config: Option<&Path>,
-) -> Result<(Killed, String), BoxError> {
-    let mut cmd = Command::new(bin);
-    cmd.args(["--data-dir", dir.to_str().ok_or("non-UTF-8 path")?])
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]);
+/// The broker binary `bin` on `dir`, with `--config` when given; returns
+/// once it listens (on a port of its own choosing).
+async fn spawn_broker(bin: &Path, dir: &Path, config: Option<&Path>) -> BrokerProcess {
+    let mut options = SpawnOptions::new()
+        .bin(bin)
+        .rust_log("error")
+        .start_timeout(Duration::from_secs(60));
     if let Some(c) = config {
-        cmd.arg("--config").arg(c);
+        options = options.args([Path::new("--config"), c]);
     }
-    let mut child = cmd
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let child = Killed(child);
-    let addr = tokio::task::spawn_blocking(move || {
-        let mut lines = std::io::BufReader::new(stdout).lines();
-        let addr = lines.by_ref().find_map(|l| {
-            l.ok()?
-                .strip_prefix("ricochet-broker listening on ")
-                .map(str::to_owned)
-        });
-        // Keep draining so the broker never writes into a closed pipe.
-        std::thread::spawn(move || for _ in lines {});
-        addr
-    })
-    .await?
-    .ok_or("the broker exited before listening")?;
-    Ok((child, format!("http://{addr}")))
+    BrokerProcess::spawn(dir, &options).await
 }
 
 /// Starts the broker on `dir`, then publishes and receives one fresh message.
@@ -988,11 +942,12 @@ async fn start_and_dispatch(
     config: Option<&Path>,
 ) -> Result<Run, BoxError> {
     let t = Instant::now();
-    let (child, url) = spawn_broker(bin, dir, config).await?;
+    let child = spawn_broker(bin, dir, config).await;
     let listening = t.elapsed();
-    let mut c = RawConsumer::subscribe(&url, "mem", None).await?;
+    let url = child.url();
+    let mut c = RawConsumer::subscribe(url, "mem", None).await?;
     c.flow(10).await?;
-    publish(&url, "mem", 1).await?;
+    publish(url, "mem", 1).await?;
     let got = c.messages(Duration::from_secs(30)).await?;
     let dispatched = t.elapsed();
     let Some(ids) = got.map(|m| m.into_iter().filter_map(|m| m.id).collect::<Vec<_>>()) else {
@@ -1007,7 +962,7 @@ async fn start_and_dispatch(
     .await?;
     // Idle for a while: the scheduler's refills and sled's flusher settle.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (rss, hwm) = rss(child.0.id());
+    let (rss, hwm) = rss(child.pid());
     drop(c);
     drop(child);
     Ok(Run {
@@ -1022,11 +977,12 @@ async fn memory_and_restart(n: usize) -> Result<(), BoxError> {
     println!(
         "\n3. memory and restart with {n} scheduled retries due in 1-2 h (data written by Storage::move_messages; the release ricochet-broker binary started on it)"
     );
-    let Some(bin) = broker_bin() else {
-        println!(
-            "  skipped: no ricochet-broker binary next to this bench; run `cargo build --release -p ricochet-broker` or set RS_BROKER_BIN"
-        );
-        return Ok(());
+    let bin = match broker_bin() {
+        Ok(bin) => bin,
+        Err(e) => {
+            println!("  skipped: {e}");
+            return Ok(());
+        }
     };
     println!("  broker binary: {}", bin.display());
     // RS_MEM_DIR keeps the data directories (and reuses them when present).

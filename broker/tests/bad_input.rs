@@ -2,21 +2,19 @@
 
 mod common;
 use common::*;
-use ricochet_broker::{BrokerConfig, TestBroker};
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::*;
+use ricochet_testkit::InProcessBroker;
 use tonic::Code;
 
 #[tokio::test]
 async fn malformed_names_and_unknown_things_are_rejected() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let mut admin = AdminClient::new(channel(&b.url()).await);
     for bad in ["", "a/b", "bad name", "http://x/y/z"] {
         let e = RawProducer::open(&b.url(), bad, "p")
             .await
-            .err()
-            .expect("rejected");
+            .expect_err("rejected");
         assert_eq!(e.code(), Code::InvalidArgument, "{bad:?}: {e}");
         let e = admin
             .create_topic(TopicRequest { topic: bad.into() })
@@ -65,8 +63,7 @@ async fn malformed_names_and_unknown_things_are_rejected() {
 
 #[tokio::test]
 async fn invalid_policies_are_rejected_on_subscribe_and_set() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let zero = DeadLetterPolicyConfig {
         kind: Some(dead_letter_policy_config::Kind::Backoff(
             BackoffPolicyConfig {
@@ -109,10 +106,7 @@ async fn invalid_policies_are_rejected_on_subscribe_and_set() {
 
 #[tokio::test]
 async fn oversize_and_out_of_order_batches_are_rejected_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = BrokerConfig::for_dir(dir.path());
-    config.max_message_size = 1024;
-    let b = TestBroker::start(config).await.unwrap();
+    let b = InProcessBroker::start_with(|c| c.max_message_size = 1024).await;
     let mut p = RawProducer::open(&b.url(), "big", "p").await.unwrap();
     let ok = p.msg(vec![0u8; 10]);
     let big = p.msg(vec![0u8; 2048]);
@@ -146,8 +140,7 @@ async fn oversize_and_out_of_order_batches_are_rejected_whole() {
 
 #[tokio::test]
 async fn acks_and_failures_for_undelivered_ids_are_rejected() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let mut p = RawProducer::open(&b.url(), "acks", "p").await.unwrap();
     p.send(&["one", "two"]).await;
     let mut c = RawConsumer::simple(&b.url(), "acks", "s", SubscriptionType::Shared).await;
@@ -241,10 +234,7 @@ async fn acks_and_failures_for_undelivered_ids_are_rejected() {
 
 #[tokio::test]
 async fn auto_create_off_means_unknown_topics_are_not_found() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = BrokerConfig::for_dir(dir.path());
-    config.auto_create_topics = false;
-    let b = TestBroker::start(config).await.unwrap();
+    let b = InProcessBroker::start_with(|c| c.auto_create_topics = false).await;
     let e = RawProducer::open(&b.url(), "ghost", "p")
         .await
         .err()
@@ -270,8 +260,7 @@ async fn auto_create_off_means_unknown_topics_are_not_found() {
 /// A refused subscription creates nothing.
 #[tokio::test]
 async fn tier_topics_refuse_ordinary_subscriptions() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let mut c = RawConsumer::simple(&b.url(), "orders", "s", SubscriptionType::Shared).await;
     c.flow(10).await;
     let mut p = RawProducer::open(&b.url(), "orders", "p").await.unwrap();
@@ -292,14 +281,12 @@ async fn tier_topics_refuse_ordinary_subscriptions() {
 
     let e = RawConsumer::subscribe(&b.url(), retry, "peek", SubOpts::default())
         .await
-        .err()
-        .expect("a retry tier is not for consumers");
+        .expect_err("a retry tier is not for consumers");
     assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
     assert!(e.message().contains("retry tier"), "{e}");
     let e = RawConsumer::subscribe(&b.url(), dlq, "peek", SubOpts::default())
         .await
-        .err()
-        .expect("a DLQ needs an explicit reader");
+        .expect_err("a DLQ needs an explicit reader");
     assert_eq!(e.code(), Code::PermissionDenied, "{e}");
     assert!(e.message().contains("dead_letter_reader"), "{e}");
     let mut admin = AdminClient::new(channel(&b.url()).await);
@@ -335,8 +322,7 @@ async fn tier_topics_refuse_ordinary_subscriptions() {
 /// is refused with FAILED_PRECONDITION and the message stays where it was.
 #[tokio::test]
 async fn a_normal_topic_with_a_tier_name_is_not_used_as_the_tier() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let squatter = "persistent://public/default/pay-s-DLQ";
     let mut p = RawProducer::open(&b.url(), squatter, "p").await.unwrap();
     p.send(&["not a dead letter"]).await;

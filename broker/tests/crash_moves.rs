@@ -29,9 +29,9 @@ mod common;
 use common::*;
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::*;
+use ricochet_testkit::{BrokerProcess, InProcessBroker, now_ms};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const TOPIC: &str = "moves";
 const FULL_TOPIC: &str = "persistent://public/default/moves";
@@ -47,59 +47,15 @@ const MAX_RETRIES: u32 = 3;
 const ACK_EVERY: usize = 10;
 const ACK_AT: u32 = 2;
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-/// Like `common::spawn_broker` (the broker picks its port and prints it),
-/// with `RUST_LOG` from `CRASH_MOVES_LOG`: the broker's log (on stdout) is
-/// copied to stderr when a level is given, and discarded otherwise (by
+/// The broker with `RUST_LOG` from `CRASH_MOVES_LOG`: its log (on stdout)
+/// is copied to stderr when a level is given, and discarded otherwise (by
 /// default only errors are logged: every dead letter is a warning).
-async fn spawn_broker(dir: &std::path::Path) -> (Proc, String) {
-    use std::io::{BufRead, Write};
+async fn spawn_broker(dir: &std::path::Path) -> BrokerProcess {
     let log = std::env::var("CRASH_MOVES_LOG").ok();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ricochet-broker"))
-        .args([
-            "--data-dir",
-            dir.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args(["--metrics-listen", &free_addr().to_string()])
-        .env("RUST_LOG", log.as_deref().unwrap_or("error"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn broker");
-    let stdout = child.stdout.take().expect("piped stdout");
-    // Owned by the guard from here on, so it is killed and reaped on any panic.
-    let proc = Proc(child);
-    let show = log.is_some();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    // Reads stdout until the broker exits: the address line, then its log.
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in std::io::BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            match line.strip_prefix("ricochet-broker listening on ") {
-                Some(addr) if tx.is_some() => {
-                    let _ = tx.take().unwrap().send(addr.to_owned());
-                }
-                _ if show => {
-                    let _ = writeln!(std::io::stderr(), "{line}");
-                }
-                _ => {}
-            }
-        }
-    });
-    let addr = tokio::time::timeout(Duration::from_secs(10), rx)
-        .await
-        .expect("broker listening within 10 s")
-        .expect("broker did not start");
-    (proc, format!("http://{addr}"))
+    let options = options()
+        .rust_log(log.as_deref().unwrap_or("error"))
+        .echo_log(log.is_some());
+    BrokerProcess::spawn(dir, &options).await
 }
 
 /// A small deterministic generator for the kill schedule and failure kinds.
@@ -399,10 +355,11 @@ async fn kill_9_during_scheduled_retries_and_tier_moves_loses_and_duplicates_not
     };
 
     for round in 0..=ROUNDS {
-        let (broker, url) = spawn_broker(&dir).await;
-        let mut c = subscribe(&url).await;
+        let broker = spawn_broker(&dir).await;
+        let url = broker.url();
+        let mut c = subscribe(url).await;
         if round < ROUNDS {
-            let mut p = RawProducer::open(&url, TOPIC, "p").await.unwrap();
+            let mut p = RawProducer::open(url, TOPIC, "p").await.unwrap();
             let payloads: Vec<String> = (0..PER_ROUND)
                 .map(|i| format!("msg-{:03}", round * PER_ROUND + i))
                 .collect();
@@ -418,7 +375,7 @@ async fn kill_9_during_scheduled_retries_and_tier_moves_loses_and_duplicates_not
             // Run for a random-ish while, then kill mid-flight.
             let run = Duration::from_millis(150 + st.rng.below(550));
             st.consume(&mut c, round, Instant::now() + run).await;
-            let s = stats(&url).await;
+            let s = stats(url).await;
             eprintln!(
                 "round {round}: killed after {run:?} with {} scheduled, {} unacked, {} dead-lettered, {} requests unanswered",
                 s.scheduled_retries,
@@ -427,7 +384,7 @@ async fn kill_9_during_scheduled_retries_and_tier_moves_loses_and_duplicates_not
                 st.requests.len()
             );
             drop(c);
-            kill9(broker);
+            broker.kill9();
             // Answers that never came: the broker died first.
             st.requests.clear();
             continue;
@@ -436,11 +393,11 @@ async fn kill_9_during_scheduled_retries_and_tier_moves_loses_and_duplicates_not
         // Final round: no kill; run until every message is settled.
         let expected_dlq = (0..MESSAGES).filter(|n| n % ACK_EVERY != 0).count() as u64;
         let deadline = Instant::now() + Duration::from_secs(15);
-        let mut last = stats(&url).await;
+        let mut last = stats(url).await;
         while Instant::now() < deadline {
             st.consume(&mut c, round, Instant::now() + Duration::from_millis(200))
                 .await;
-            last = stats(&url).await;
+            last = stats(url).await;
             if last.dead_lettered >= expected_dlq
                 && last.backlog == 0
                 && last.unacked == 0
@@ -452,10 +409,10 @@ async fn kill_9_during_scheduled_retries_and_tier_moves_loses_and_duplicates_not
         // Quiet period: nothing else may arrive.
         st.consume(&mut c, round, Instant::now() + Duration::from_millis(500))
             .await;
-        let after = stats(&url).await;
-        let dead = all_dead_letters(&url).await;
+        let after = stats(url).await;
+        let dead = all_dead_letters(url).await;
         drop(c);
-        kill9(broker);
+        broker.kill9();
 
         eprintln!(
             "crash_moves: {} rounds in {:?}; retries fired after restart per round: {:?}",
@@ -571,8 +528,7 @@ async fn kill_9_during_scheduled_retries_and_tier_moves_loses_and_duplicates_not
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overdue_retries_fire_after_a_restart_that_loads_many_topics() {
     use ricochet_broker::storage::{TopicKind, TopicRecord};
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     // Topics are loaded in name order: these come before "zz".
     for i in 0..1000 {
         b.core
@@ -599,11 +555,11 @@ async fn overdue_retries_fire_after_a_restart_that_loads_many_topics() {
     assert_eq!(c.result(WAIT).await.unwrap().code, 0);
     drop(c);
     drop(p);
-    b.shutdown().await.unwrap();
+    let dir = b.shutdown().await;
     // Overdue by the time the broker is back.
     tokio::time::sleep(Duration::from_millis(400)).await;
 
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start_in(dir, |_| {}).await;
     let mut c = RawConsumer::simple(&b.url(), "zz", "s", SubscriptionType::Shared).await;
     c.flow(10).await;
     let m = c
@@ -614,5 +570,5 @@ async fn overdue_retries_fire_after_a_restart_that_loads_many_topics() {
     assert_eq!(m.delivery_count, 1);
     assert!(m.id.as_ref().unwrap().topic.ends_with("-RETRY"));
     assert!(now_ms() >= due);
-    b.shutdown().await.unwrap();
+    b.shutdown().await;
 }

@@ -9,9 +9,10 @@ use std::time::Duration;
 #[tokio::test]
 async fn acknowledged_publishes_and_cursors_survive_kill_9() {
     let dir = tempfile::tempdir().unwrap();
-    let (broker, url) = spawn_broker(dir.path()).await;
+    let broker = spawn(dir.path()).await;
+    let url = broker.url();
 
-    let mut p = RawProducer::open(&url, "durable", "p").await.unwrap();
+    let mut p = RawProducer::open(url, "durable", "p").await.unwrap();
     let mut expected = Vec::new();
     for batch in 0..20 {
         let payloads: Vec<String> = (0..50).map(|i| format!("{batch}-{i}")).collect();
@@ -20,7 +21,7 @@ async fn acknowledged_publishes_and_cursors_survive_kill_9() {
         expected.extend(payloads);
     }
     // Consume and ack the first 100 (acks awaited: durable), fail 1 via nack.
-    let mut c = RawConsumer::simple(&url, "durable", "s", SubscriptionType::Shared).await;
+    let mut c = RawConsumer::simple(url, "durable", "s", SubscriptionType::Shared).await;
     c.flow(102).await;
     let got = c.take(101, WAIT).await;
     c.ack(
@@ -42,10 +43,11 @@ async fn acknowledged_publishes_and_cursors_survive_kill_9() {
     assert_eq!(again.delivery_count, 1);
     drop(c);
     drop(p);
-    kill9(broker);
+    broker.kill9();
 
-    let (broker, url) = spawn_broker(dir.path()).await;
-    let mut c = RawConsumer::simple(&url, "durable", "s", SubscriptionType::Shared).await;
+    let broker = spawn(dir.path()).await;
+    let url = broker.url();
+    let mut c = RawConsumer::simple(url, "durable", "s", SubscriptionType::Shared).await;
     c.flow(2000).await;
     let rest = c.take(900, WAIT).await;
     assert!(
@@ -63,7 +65,7 @@ async fn acknowledged_publishes_and_cursors_survive_kill_9() {
     let texts: Vec<String> = rest.iter().map(text).collect();
     assert_eq!(texts, expected[100..].to_vec());
     drop(c);
-    kill9(broker);
+    broker.kill9();
 }
 
 #[tokio::test]
@@ -71,8 +73,9 @@ async fn repeated_kills_during_publish_lose_no_receipted_message() {
     let dir = tempfile::tempdir().unwrap();
     let mut receipted: Vec<String> = Vec::new();
     for round in 0..4 {
-        let (broker, url) = spawn_broker(dir.path()).await;
-        let mut p = RawProducer::open(&url, "kills", "p").await.unwrap();
+        let broker = spawn(dir.path()).await;
+        let url = broker.url();
+        let mut p = RawProducer::open(url, "kills", "p").await.unwrap();
         // Publish in the background; kill mid-stream.
         let task = tokio::spawn(async move {
             let mut ok = Vec::new();
@@ -88,13 +91,14 @@ async fn repeated_kills_during_publish_lose_no_receipted_message() {
             ok
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
-        kill9(broker);
+        broker.kill9();
         let ok = task.await.unwrap_or_default();
         assert!(!ok.is_empty(), "round {round} published nothing");
         receipted.extend(ok);
     }
-    let (broker, url) = spawn_broker(dir.path()).await;
-    let mut c = RawConsumer::simple(&url, "kills", "s", SubscriptionType::Exclusive).await;
+    let broker = spawn(dir.path()).await;
+    let url = broker.url();
+    let mut c = RawConsumer::simple(url, "kills", "s", SubscriptionType::Exclusive).await;
     c.flow(100_000).await;
     let mut stored = std::collections::HashSet::new();
     while let Some(m) = c.next(Duration::from_millis(500)).await {
@@ -108,5 +112,5 @@ async fn repeated_kills_during_publish_lose_no_receipted_message() {
         lost.first()
     );
     drop(c);
-    kill9(broker);
+    broker.kill9();
 }

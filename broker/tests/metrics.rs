@@ -5,6 +5,7 @@
 mod common;
 use common::*;
 use ricochet_proto::*;
+use ricochet_testkit::{BrokerProcess, free_addr};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -85,7 +86,8 @@ fn value(m: &HashMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
 async fn retry_and_dead_letter_series_move_with_a_scripted_scenario() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = free_addr();
-    let (broker, url) = spawn_broker_with(dir.path(), metrics).await;
+    let broker = BrokerProcess::spawn(dir.path(), &options().metrics_listen(metrics)).await;
+    let url = broker.url();
 
     let policy = DeadLetterPolicyConfig {
         kind: Some(dead_letter_policy_config::Kind::Backoff(
@@ -101,11 +103,11 @@ async fn retry_and_dead_letter_series_move_with_a_scripted_scenario() {
         policy: Some(policy),
         ..Default::default()
     };
-    let mut c = RawConsumer::subscribe(&url, "metered", "s", opts)
+    let mut c = RawConsumer::subscribe(url, "metered", "s", opts)
         .await
         .unwrap();
     c.flow(100).await;
-    let mut p = RawProducer::open(&url, "metered", "p").await.unwrap();
+    let mut p = RawProducer::open(url, "metered", "p").await.unwrap();
     p.send(&["retry-me", "kill-me"]).await;
     let got = c.take(2, WAIT).await;
     let before = parse(&scrape(metrics).await);
@@ -185,7 +187,7 @@ async fn retry_and_dead_letter_series_move_with_a_scripted_scenario() {
     // Every dispatch records its delivery count: 0 twice, then 1 (retry) and 1 (nack).
     assert!(value(&after, "ricochet_delivery_attempts_count", &[sub]) >= 4.0);
     assert!(value(&after, "ricochet_delivery_attempts_sum", &[sub]) >= 2.0);
-    kill9(broker);
+    broker.kill9();
 }
 
 /// The retry-queue and DLQ gauges come back after a crash: they are derived
@@ -194,16 +196,17 @@ async fn retry_and_dead_letter_series_move_with_a_scripted_scenario() {
 async fn queue_gauges_are_rebuilt_after_a_kill() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = free_addr();
-    let (broker, url) = spawn_broker_with(dir.path(), metrics).await;
+    let broker = BrokerProcess::spawn(dir.path(), &options().metrics_listen(metrics)).await;
+    let url = broker.url();
     let opts = || SubOpts {
         sub_type: SubscriptionType::Shared,
         ..Default::default()
     };
-    let mut c = RawConsumer::subscribe(&url, "gauged", "s", opts())
+    let mut c = RawConsumer::subscribe(url, "gauged", "s", opts())
         .await
         .unwrap();
     c.flow(100).await;
-    let mut p = RawProducer::open(&url, "gauged", "p").await.unwrap();
+    let mut p = RawProducer::open(url, "gauged", "p").await.unwrap();
     p.send(&["a", "b", "c", "d"]).await;
     let got = c.take(4, WAIT).await;
     // Three wait an hour in the retry tier; one is terminated into the DLQ.
@@ -220,12 +223,13 @@ async fn queue_gauges_are_rebuilt_after_a_kill() {
         let r = c.result(WAIT).await.expect("confirmation");
         assert_eq!(r.code, 0, "{r:?}");
     }
-    kill9(broker);
+    broker.kill9();
 
-    let (broker, url) = spawn_broker_with(dir.path(), metrics).await;
+    let broker = BrokerProcess::spawn(dir.path(), &options().metrics_listen(metrics)).await;
+    let url = broker.url();
     // The subscription's actors start with the broker; a consumer makes sure
     // this one has persisted and refreshed its gauges at least once.
-    let mut c = RawConsumer::subscribe(&url, "gauged", "s", opts())
+    let mut c = RawConsumer::subscribe(url, "gauged", "s", opts())
         .await
         .unwrap();
     c.flow(100).await;
@@ -235,7 +239,7 @@ async fn queue_gauges_are_rebuilt_after_a_kill() {
     assert_eq!(value(&m, "ricochet_retry_queue_size", &[sub]), 3.0);
     assert_eq!(value(&m, "ricochet_dlq_size", &[sub]), 1.0);
     // The admin view agrees, with the three due within the hour.
-    let stats = ricochet_proto::admin_client::AdminClient::new(channel(&url).await)
+    let stats = ricochet_proto::admin_client::AdminClient::new(channel(url).await)
         .subscription_stats(SubscriptionRequest {
             topic: "gauged".into(),
             subscription: "s".into(),
@@ -263,5 +267,5 @@ async fn queue_gauges_are_rebuilt_after_a_kill() {
             ("later", 0)
         ]
     );
-    kill9(broker);
+    broker.kill9();
 }

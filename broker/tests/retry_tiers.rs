@@ -7,14 +7,8 @@ mod common;
 use common::*;
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::*;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
+use ricochet_testkit::{InProcessBroker, now_ms};
+use std::time::{Duration, Instant};
 
 fn ms_levels() -> DeadLetterPolicyConfig {
     // RocketMQ's 18-level shape, in milliseconds: level k = 10·k ms.
@@ -70,8 +64,7 @@ async fn dead_letters(url: &str, topic: &str, sub: &str) -> Vec<DeadLetter> {
 
 #[tokio::test]
 async fn rocketmq_walkthrough_sixteen_retries_on_the_level_table_then_dlq() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let opts = SubOpts {
         sub_type: SubscriptionType::Shared,
         policy: Some(ms_levels()),
@@ -169,8 +162,7 @@ async fn rocketmq_walkthrough_sixteen_retries_on_the_level_table_then_dlq() {
 
 #[tokio::test]
 async fn pulsar_walkthrough_three_redeliveries_then_dlq() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let opts = SubOpts {
         sub_type: SubscriptionType::Exclusive,
         policy: Some(multiplier(3)),
@@ -211,8 +203,7 @@ async fn pulsar_walkthrough_three_redeliveries_then_dlq() {
 
 #[tokio::test]
 async fn retries_fire_and_policies_exhaust_with_no_consumer_connected() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let opts = || SubOpts {
         sub_type: SubscriptionType::Shared,
         policy: Some(multiplier(1)),
@@ -284,8 +275,7 @@ async fn retries_fire_and_policies_exhaust_with_no_consumer_connected() {
 
 #[tokio::test]
 async fn delayed_delivery_works_on_every_subscription_type() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     for (i, t) in [
         SubscriptionType::Exclusive,
         SubscriptionType::Failover,
@@ -322,8 +312,7 @@ async fn delayed_delivery_works_on_every_subscription_type() {
 
 #[tokio::test]
 async fn terminated_message_replays_from_the_dlq_onto_the_topic() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let mut c = RawConsumer::simple(&b.url(), "replay", "s", SubscriptionType::Shared).await;
     c.flow(10).await;
     let mut p = RawProducer::open(&b.url(), "replay", "p").await.unwrap();
@@ -391,8 +380,7 @@ async fn terminated_message_replays_from_the_dlq_onto_the_topic() {
 /// it would get one request at a time, and every message is retried once.
 #[tokio::test]
 async fn a_burst_of_reconsume_later_moves_each_message_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let mut c = RawConsumer::simple(&b.url(), "burst", "s", SubscriptionType::Shared).await;
     c.flow(1000).await;
     let mut p = RawProducer::open(&b.url(), "burst", "p").await.unwrap();

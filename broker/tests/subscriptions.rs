@@ -4,12 +4,12 @@
 mod common;
 use common::*;
 use ricochet_proto::*;
+use ricochet_testkit::InProcessBroker;
 use std::collections::{HashMap, HashSet};
 
 #[tokio::test]
 async fn exclusive_round_trip_and_second_consumer_rejected() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let mut p = RawProducer::open(&b.url(), "orders", "p1").await.unwrap();
     let ids = p.send(&["a", "b", "c"]).await;
     assert_eq!(
@@ -33,8 +33,7 @@ async fn exclusive_round_trip_and_second_consumer_rejected() {
 
     let err = RawConsumer::subscribe(&b.url(), "orders", "s", SubOpts::default())
         .await
-        .err()
-        .expect("rejected");
+        .expect_err("rejected");
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
     assert!(err.message().contains("Exclusive"), "{err}");
 
@@ -50,8 +49,7 @@ async fn exclusive_round_trip_and_second_consumer_rejected() {
 
 #[tokio::test]
 async fn shared_round_robins_between_consumers() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let mut c1 = RawConsumer::simple(&b.url(), "jobs", "workers", SubscriptionType::Shared).await;
     let mut c2 = RawConsumer::simple(&b.url(), "jobs", "workers", SubscriptionType::Shared).await;
     c1.flow(100).await;
@@ -88,8 +86,7 @@ async fn shared_round_robins_between_consumers() {
 
 #[tokio::test]
 async fn failover_switches_to_standby_when_active_leaves() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let opts = |name: &str| SubOpts {
         sub_type: SubscriptionType::Failover,
         name: name.into(),
@@ -124,8 +121,7 @@ async fn failover_switches_to_standby_when_active_leaves() {
 
 #[tokio::test]
 async fn key_shared_keeps_each_key_on_one_consumer_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let mut c1 = RawConsumer::simple(&b.url(), "ks", "s", SubscriptionType::KeyShared).await;
     let mut c2 = RawConsumer::simple(&b.url(), "ks", "s", SubscriptionType::KeyShared).await;
     c1.flow(1000).await;
@@ -171,8 +167,7 @@ async fn key_shared_keeps_each_key_on_one_consumer_in_order() {
 
 #[tokio::test]
 async fn lost_consumer_messages_are_redelivered_with_count_plus_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let mut p = RawProducer::open(&b.url(), "lost", "p").await.unwrap();
     p.send(&["x", "y"]).await;
     let mut c1 = RawConsumer::simple(&b.url(), "lost", "s", SubscriptionType::Shared).await;
@@ -195,8 +190,7 @@ async fn lost_consumer_messages_are_redelivered_with_count_plus_one() {
 
 #[tokio::test]
 async fn cumulative_ack_on_exclusive_acks_everything_before() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let mut p = RawProducer::open(&b.url(), "cum", "p").await.unwrap();
     p.send(&["1", "2", "3", "4"]).await;
     let mut c = RawConsumer::simple(&b.url(), "cum", "s", SubscriptionType::Exclusive).await;
@@ -215,8 +209,7 @@ async fn cumulative_ack_on_exclusive_acks_everything_before() {
 
 #[tokio::test]
 async fn latest_position_skips_old_messages_and_dedup_drops_resends() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let mut p = RawProducer::open(&b.url(), "pos", "fixed-name")
         .await
         .unwrap();
@@ -255,21 +248,19 @@ async fn latest_position_skips_old_messages_and_dedup_drops_resends() {
 
 #[tokio::test]
 async fn graceful_shutdown_ends_open_streams_without_charging_attempts() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let mut p = RawProducer::open(&b.url(), "bye", "p").await.unwrap();
     p.send(&["in-flight"]).await;
     let mut c = RawConsumer::simple(&b.url(), "bye", "s", SubscriptionType::Shared).await;
     c.flow(10).await;
     assert_eq!(c.next(WAIT).await.unwrap().delivery_count, 0);
     // Clients stay connected: shutdown must not wait for them.
-    tokio::time::timeout(WAIT, b.shutdown())
+    let dir = tokio::time::timeout(WAIT, b.shutdown())
         .await
-        .expect("shutdown completes with clients connected")
-        .unwrap();
+        .expect("shutdown completes with clients connected");
     assert!(c.next(QUIET).await.is_none(), "the consumer stream ended");
     drop((c, p));
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start_in(dir, |_| {}).await;
     let mut c = RawConsumer::simple(&b.url(), "bye", "s", SubscriptionType::Shared).await;
     c.flow(10).await;
     let m = c
@@ -284,8 +275,7 @@ async fn graceful_shutdown_ends_open_streams_without_charging_attempts() {
 
 #[tokio::test]
 async fn failover_standby_is_told_it_is_not_active() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let opts = |name: &str| SubOpts {
         sub_type: SubscriptionType::Failover,
         name: name.into(),
@@ -305,8 +295,7 @@ async fn failover_standby_is_told_it_is_not_active() {
 
 #[tokio::test]
 async fn clean_close_gives_messages_back_without_charging_an_attempt() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = start(dir.path()).await;
+    let b = InProcessBroker::start().await;
     let mut p = RawProducer::open(&b.url(), "closing", "p").await.unwrap();
     p.send(&["a", "b"]).await;
     let mut c = RawConsumer::simple(&b.url(), "closing", "s", SubscriptionType::Shared).await;

@@ -6,25 +6,20 @@
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use ricochet_broker::{BrokerConfig, TestBroker};
+use ricochet_testkit::InProcessBroker;
 use serde_json::Value;
 
 struct Env {
     url: String,
-    broker: Option<TestBroker>,
-    _dir: tempfile::TempDir,
+    broker: Option<InProcessBroker>,
 }
 
 impl Env {
     async fn start() -> Env {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let broker = TestBroker::start(BrokerConfig::for_dir(dir.path()))
-            .await
-            .expect("broker starts");
+        let broker = InProcessBroker::start().await;
         Env {
             url: broker.url(),
             broker: Some(broker),
-            _dir: dir,
         }
     }
 

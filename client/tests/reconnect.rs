@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::{assert_quiet, recv, text};
 use ricochet_broker::{Broker, BrokerConfig};
 use ricochet_client::{Client, InitialPosition};
+use ricochet_testkit::free_addr;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -78,15 +79,10 @@ impl Running {
     }
 }
 
-async fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    l.local_addr().unwrap()
-}
-
 #[tokio::test]
 async fn producer_and_consumer_survive_a_broker_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr().await;
+    let addr = free_addr();
     let broker = start_at(dir.path(), addr).await;
     let client = Client::builder(format!("http://{addr}"))
         .request_timeout(Duration::from_secs(5))
@@ -163,7 +159,7 @@ async fn a_producer_resend_is_deduplicated() {
     // after the write: the resend carries the same sequence ids and the
     // broker keeps one copy.
     let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr().await;
+    let addr = free_addr();
     let broker = start_at(dir.path(), addr).await;
     let client = Client::builder(format!("http://{addr}"))
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200))

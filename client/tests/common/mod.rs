@@ -4,13 +4,13 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use ricochet_broker::{BrokerConfig, TestBroker};
+use ricochet_broker::BrokerConfig;
 use ricochet_client::{Client, Consumer, Message};
+use ricochet_testkit::InProcessBroker;
 
 pub struct Env {
-    pub broker: TestBroker,
+    pub broker: InProcessBroker,
     pub client: Client,
-    pub dir: tempfile::TempDir,
 }
 
 pub async fn start() -> Env {
@@ -18,21 +18,14 @@ pub async fn start() -> Env {
 }
 
 pub async fn start_with(f: impl FnOnce(&mut BrokerConfig)) -> Env {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = BrokerConfig::for_dir(dir.path());
-    f(&mut config);
-    let broker = TestBroker::start(config).await.expect("broker starts");
+    let broker = InProcessBroker::start_with(f).await;
     let client = Client::builder(broker.url())
         .request_timeout(Duration::from_secs(5))
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200))
         .connect()
         .await
         .expect("client connects");
-    Env {
-        broker,
-        client,
-        dir,
-    }
+    Env { broker, client }
 }
 
 pub fn topic(prefix: &str) -> String {

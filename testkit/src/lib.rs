@@ -1,0 +1,20 @@
+//! Helpers that Ricochet's tests and benches share, so that no crate
+//! rebuilds its own: a broker in this process ([`InProcessBroker`]) or as a
+//! child process ([`BrokerProcess`], with SIGKILL, SIGTERM, SIGSTOP and
+//! SIGCONT), the broker binary's location from any crate ([`broker_bin`]),
+//! loopback ports ([`free_addr`]), wall clocks ([`now_ms`], [`now_us`]), and a
+//! producer and consumer speaking the gRPC protocol directly ([`raw`]).
+//!
+//! A dev-dependency only: everything here panics on failure, as a test
+//! wants, unless its name says otherwise (`find_broker_bin`).
+
+pub mod clock;
+pub mod in_process;
+pub mod net;
+pub mod process;
+pub mod raw;
+
+pub use clock::{now_ms, now_us};
+pub use in_process::InProcessBroker;
+pub use net::free_addr;
+pub use process::{BrokerBinNotFound, BrokerProcess, SpawnOptions, broker_bin, find_broker_bin};
