@@ -17,8 +17,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
-/// Largest gRPC frame accepted: a batch of messages at the size limit.
-const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+use ricochet_proto::MAX_GRPC_MESSAGE_BYTES as MAX_FRAME_BYTES;
 
 /// Builds a [`Broker`].
 #[derive(Debug)]

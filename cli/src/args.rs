@@ -6,8 +6,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use ricochet_policy::{FailureReason, PolicySpec};
+use ricochet_proto::{InitialPosition, SubscriptionType};
 
 use crate::output::OutputFormat;
 use crate::timearg::TimeArg;
@@ -93,28 +94,6 @@ pub struct ProduceArgs {
     pub deliver_after: Option<Duration>,
 }
 
-/// Subscription types, as on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum SubType {
-    /// One consumer at a time.
-    Exclusive,
-    /// Many consumers, messages spread round-robin.
-    Shared,
-    /// Many consumers, one active.
-    Failover,
-    /// Many consumers, one key to one consumer.
-    KeyShared,
-}
-
-/// Where a new subscription starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Position {
-    /// Everything still stored.
-    Earliest,
-    /// Only messages published from now on.
-    Latest,
-}
-
 /// `consume TOPIC -s SUB`.
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
@@ -123,9 +102,9 @@ pub struct ConsumeArgs {
     /// Subscription name.
     #[arg(short = 's', long)]
     pub subscription: String,
-    /// Subscription type.
-    #[arg(short = 't', long = "type", value_enum, default_value_t = SubType::Exclusive)]
-    pub sub_type: SubType,
+    /// Subscription type: exclusive, shared, failover or key_shared.
+    #[arg(short = 't', long = "type", default_value = "exclusive")]
+    pub sub_type: SubscriptionType,
     /// Stop after this many messages (redeliveries count); 0 means no limit.
     #[arg(
         short = 'n',
@@ -151,9 +130,9 @@ pub struct ConsumeArgs {
     /// Stop when no message has arrived for this long (default: wait forever).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub timeout: Option<Duration>,
-    /// Where a new subscription starts.
-    #[arg(long, value_enum, default_value_t = Position::Earliest)]
-    pub position: Position,
+    /// Where a new subscription starts: earliest or latest.
+    #[arg(long, default_value = "earliest")]
+    pub position: InitialPosition,
     /// Consumer name (default: generated).
     #[arg(long)]
     pub name: Option<String>,
@@ -409,9 +388,9 @@ pub struct PerfConsumeArgs {
     /// Subscription.
     #[arg(short = 's', long, default_value = "perf-sub")]
     pub subscription: String,
-    /// Subscription type.
-    #[arg(short = 't', long = "type", value_enum, default_value_t = SubType::Shared)]
-    pub sub_type: SubType,
+    /// Subscription type: exclusive, shared, failover or key_shared.
+    #[arg(short = 't', long = "type", default_value = "shared")]
+    pub sub_type: SubscriptionType,
     /// Concurrent consumers.
     #[arg(long, default_value_t = 1)]
     pub consumers: usize,

@@ -350,12 +350,6 @@ fn spawn_stopper(duration: Duration, stop: watch::Sender<bool>) -> tokio::task::
     })
 }
 
-fn sub_type_name(t: crate::args::SubType) -> String {
-    use clap::ValueEnum;
-    t.to_possible_value()
-        .map_or_else(String::new, |v| v.get_name().to_owned())
-}
-
 fn check_size(size: usize) -> Result<()> {
     if size < HEADER {
         return Err(CliError::Usage(format!(
@@ -542,7 +536,7 @@ async fn consume(ctx: &mut Ctx<'_>, a: PerfConsumeArgs) -> Result<Summary> {
         let mut consumer = client
             .consumer(&a.common.topic)
             .subscription(&a.subscription)
-            .subscription_type(a.sub_type.to_client())
+            .subscription_type(a.sub_type)
             .initial_position(InitialPosition::Latest)
             .consumer_name(format!("perf-{}-{i}", std::process::id()))
             .receiver_queue_size(a.receiver_queue_size)
@@ -594,7 +588,7 @@ async fn consume(ctx: &mut Ctx<'_>, a: PerfConsumeArgs) -> Result<Summary> {
     );
     s.set("consumers", a.consumers)
         .set("subscription", a.subscription.clone())
-        .set("type", sub_type_name(a.sub_type))
+        .set("type", a.sub_type.to_string())
         .set("receiver_queue_size", a.receiver_queue_size);
     Ok(s)
 }

@@ -8,29 +8,17 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use ricochet_client::{InitialPosition, OutgoingMessage, SubscriptionType};
+use ricochet_client::OutgoingMessage;
 use serde::Serialize;
 
 use crate::Ctx;
-use crate::args::{ConsumeArgs, Position, ProduceArgs, SubType};
+use crate::args::{ConsumeArgs, ProduceArgs};
 use crate::error::{CliError, Result};
 use crate::output::{write_json, write_json_line};
 use crate::view::{IdView, MessageView};
 
 /// Unreceipted sends `produce` keeps in flight.
 const SEND_WINDOW: usize = 1000;
-
-impl SubType {
-    /// The client's subscription type.
-    pub fn to_client(self) -> SubscriptionType {
-        match self {
-            SubType::Exclusive => SubscriptionType::Exclusive,
-            SubType::Shared => SubscriptionType::Shared,
-            SubType::Failover => SubscriptionType::Failover,
-            SubType::KeyShared => SubscriptionType::KeyShared,
-        }
-    }
-}
 
 #[derive(Debug, Serialize)]
 struct Produced {
@@ -108,11 +96,8 @@ pub(crate) async fn consume(ctx: &mut Ctx<'_>, a: ConsumeArgs) -> Result<()> {
     let mut b = client
         .consumer(&a.topic)
         .subscription(&a.subscription)
-        .subscription_type(a.sub_type.to_client())
-        .initial_position(match a.position {
-            Position::Earliest => InitialPosition::Earliest,
-            Position::Latest => InitialPosition::Latest,
-        })
+        .subscription_type(a.sub_type)
+        .initial_position(a.position)
         // A message the broker pushed ahead and the command never took would
         // be redelivered with an attempt counted when the consumer closes:
         // with a message limit, prefetch as little as possible.

@@ -13,8 +13,7 @@ use crate::consumer::ConsumerBuilder;
 use crate::error::{Error, Result};
 use crate::producer::ProducerBuilder;
 
-/// Largest gRPC frame accepted or sent (the broker's limit too).
-pub(crate) const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+use ricochet_proto::MAX_GRPC_MESSAGE_BYTES as MAX_FRAME_BYTES;
 
 /// Connection settings shared by a client's producers and consumers.
 #[derive(Debug, Clone)]

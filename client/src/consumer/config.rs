@@ -1,4 +1,4 @@
-//! Consumer settings: [`ConsumerConfig`] and [`InitialPosition`], how they
+//! Consumer settings: [`ConsumerConfig`], how they
 //! are checked and completed before subscribing, and the `Subscribe`
 //! frame they become.
 
@@ -8,27 +8,8 @@ use std::time::Duration;
 use ricochet_policy::{DeadLetterPolicy, PolicySpec};
 use ricochet_proto::{DeadLetterPolicyConfig, Subscribe};
 
-use super::SubscriptionType;
+use super::{InitialPosition, SubscriptionType};
 use crate::error::{Error, Result};
-
-/// Where a new subscription starts reading.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum InitialPosition {
-    /// Only messages published after the subscription is created (the default).
-    #[default]
-    Latest,
-    /// Everything still stored.
-    Earliest,
-}
-
-impl InitialPosition {
-    fn to_proto(self) -> ricochet_proto::InitialPosition {
-        match self {
-            InitialPosition::Latest => ricochet_proto::InitialPosition::Latest,
-            InitialPosition::Earliest => ricochet_proto::InitialPosition::Earliest,
-        }
-    }
-}
 
 /// Consumer settings; see the builder methods for each.
 #[derive(Clone)]
@@ -159,8 +140,8 @@ impl ConsumerConfig {
         Subscribe {
             topic: topic.to_owned(),
             subscription: self.subscription.clone(),
-            subscription_type: self.subscription_type.to_proto() as i32,
-            initial_position: self.initial_position.to_proto() as i32,
+            subscription_type: self.subscription_type as i32,
+            initial_position: self.initial_position as i32,
             consumer_name: self.consumer_name.clone().unwrap_or_default(),
             dead_letter_policy: self.wire_policy(),
             retry_enabled: self.retry_enabled,

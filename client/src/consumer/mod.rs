@@ -70,46 +70,15 @@ use tokio::time::Instant;
 
 pub use acker::Acker;
 pub use builder::ConsumerBuilder;
-pub use config::{ConsumerConfig, InitialPosition};
+pub use config::ConsumerConfig;
 pub(crate) use ids::TopicIds;
+/// How a subscription shares messages between its consumers, and where a
+/// new one starts: the protocol's own enums, shared with the broker and CLI.
+pub use ricochet_proto::{InitialPosition, SubscriptionType};
 
 use crate::error::{Error, Result};
 use crate::message::Message;
 use shared::{ACTIVE_NO, ACTIVE_YES, Cmd, Delivery};
-
-/// How a subscription shares messages between its consumers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum SubscriptionType {
-    /// One consumer at a time (the default).
-    #[default]
-    Exclusive,
-    /// Many consumers, one of them active (the lowest name); the others
-    /// take over when it leaves.
-    Failover,
-    /// Many consumers, messages spread round-robin.
-    Shared,
-    /// Many consumers, messages of one key go to one consumer.
-    KeyShared,
-}
-
-impl SubscriptionType {
-    fn to_proto(self) -> ricochet_proto::SubscriptionType {
-        match self {
-            SubscriptionType::Exclusive => ricochet_proto::SubscriptionType::Exclusive,
-            SubscriptionType::Failover => ricochet_proto::SubscriptionType::Failover,
-            SubscriptionType::Shared => ricochet_proto::SubscriptionType::Shared,
-            SubscriptionType::KeyShared => ricochet_proto::SubscriptionType::KeyShared,
-        }
-    }
-
-    /// Whether cumulative acks are allowed (Exclusive and Failover).
-    pub fn allows_cumulative_ack(self) -> bool {
-        matches!(
-            self,
-            SubscriptionType::Exclusive | SubscriptionType::Failover
-        )
-    }
-}
 
 /// Receives messages from one subscription; see the [module docs](self).
 ///
