@@ -43,13 +43,7 @@ pub(super) async fn consume(
     let (handle, consumer_id) = subscribe(&core, sub, tx.clone()).await?;
     let stop = core.shutdown.clone();
     tokio::spawn(async move {
-        // Dropping `inbound` on shutdown resets the request stream, so the
-        // connection can close.
-        while let Some(frame) = tokio::select! {
-            biased;
-            _ = stop.cancelled() => None,
-            f = inbound.next() => f,
-        } {
+        while let Some(frame) = super::next_frame(&mut inbound, &stop).await {
             let req = match frame {
                 Ok(ConsumeRequest { request: Some(r) }) => r,
                 Ok(ConsumeRequest { request: None }) => continue,

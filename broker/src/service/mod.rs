@@ -42,6 +42,21 @@ fn until_shutdown<T: Send + 'static>(
     ))
 }
 
+/// The next frame of a client's stream; `None` once it ends, or once the
+/// broker starts shutting down (dropping the stream then resets it, so the
+/// connection can close).
+async fn next_frame<T>(
+    inbound: &mut Streaming<T>,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Option<Result<T, Status>> {
+    use futures::StreamExt;
+    tokio::select! {
+        biased;
+        _ = stop.cancelled() => None,
+        f = inbound.next() => f,
+    }
+}
+
 /// The producer and consumer streams.
 #[derive(Debug, Clone)]
 pub struct BrokerService {

@@ -14,7 +14,6 @@ use ricochet_proto::{
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::sync::mpsc;
-use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Response, Status, Streaming};
 
@@ -84,13 +83,7 @@ pub(super) async fn produce(
     });
     let stop = core.shutdown.clone();
     tokio::spawn(async move {
-        // Dropping `inbound` on shutdown resets the request stream, so the
-        // connection can close.
-        while let Some(frame) = tokio::select! {
-            biased;
-            _ = stop.cancelled() => None,
-            f = inbound.next() => f,
-        } {
+        while let Some(frame) = super::next_frame(&mut inbound, &stop).await {
             let batch = match frame {
                 Ok(ProduceRequest {
                     request: Some(produce_request::Request::Send(b)),

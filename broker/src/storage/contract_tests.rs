@@ -2,7 +2,7 @@
 //! relies on must hold for sled and for the in-memory store alike.
 
 use super::*;
-use ricochet_policy::FailureReason;
+use records::sample_history as record;
 
 const T: &str = "persistent://public/default/t";
 const RETRY: &str = "persistent://public/default/t-s-RETRY";
@@ -15,20 +15,6 @@ fn engines() -> Vec<(&'static str, Box<dyn Storage>, Option<tempfile::TempDir>)>
         ("sled", Box::new(sled), Some(dir)),
         ("memory", Box::new(MemoryStorage::new()), None),
     ]
-}
-
-fn record(count: u32) -> FailureRecord {
-    let mut r = FailureRecord::default();
-    for n in 1..=count {
-        r.push(AttemptRecord {
-            time_ms: 1_000 + u64::from(n),
-            delivery_count: n,
-            consumer: "c".into(),
-            reason: FailureReason::Nack,
-            detail: format!("failure {n}"),
-        });
-    }
-    r
 }
 
 fn sub() -> SubscriptionRecord {

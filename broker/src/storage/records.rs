@@ -301,6 +301,23 @@ impl FailureRecord {
     }
 }
 
+/// A history of `count` nack failures by consumer `c` (times 1 001, 1 002, …),
+/// for tests.
+#[cfg(test)]
+pub(crate) fn sample_history(count: u32) -> FailureRecord {
+    let mut r = FailureRecord::default();
+    for n in 1..=count {
+        r.push(AttemptRecord {
+            time_ms: 1_000 + u64::from(n),
+            delivery_count: n,
+            consumer: "c".into(),
+            reason: FailureReason::Nack,
+            detail: format!("failure {n}"),
+        });
+    }
+    r
+}
+
 /// A dead-lettered message's record, keyed by (subscription, DLQ entry id).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DeadLetterRecord {

@@ -209,17 +209,9 @@ impl SubscriptionActor {
                 arrival: Arrival::Retry { due_ms },
             });
         }
-        let mv = TierMove {
-            target_topic: topic.name().to_string(),
-            subscription: sub,
-            items: move_items,
-        };
-        self.deps.storage.move_messages(&mv)?;
+        let sources: Vec<TierEntry> = items.iter().map(|(f, _, _)| f.entry).collect();
+        let from_retry = self.store_move(&topic, sub, move_items, &sources)?;
         // Bookkeeping for metrics: what entered and left the retry tier.
-        let from_retry = items
-            .iter()
-            .filter(|(f, _, _)| f.entry.tier == TierId::Retry)
-            .count() as u64;
         let c = &mut self.counters;
         c.retry_queue = c.retry_queue.saturating_sub(from_retry) + items.len() as u64;
         c.retries_scheduled += items.len() as u64;
@@ -227,7 +219,6 @@ impl SubscriptionActor {
         for (_, _, after) in &items {
             self.metrics.retry_delay.record(after.as_secs_f64());
         }
-        self.after_move(mv.subscription, items.iter().map(|(f, _, _)| f.entry));
         // The timer learns of them once they are durable.
         let scheduler = self.deps.scheduler.clone();
         self.when_durable(topic, first_id + items.len() as u64, move || {
@@ -272,22 +263,13 @@ impl SubscriptionActor {
                 }),
             });
         }
-        let mv = TierMove {
-            target_topic: topic.name().to_string(),
-            subscription: sub,
-            items: move_items,
-        };
-        self.deps.storage.move_messages(&mv)?;
-        let from_retry = items
-            .iter()
-            .filter(|(f, _, _)| f.entry.tier == TierId::Retry)
-            .count() as u64;
+        let sources: Vec<TierEntry> = items.iter().map(|(f, _, _)| f.entry).collect();
+        let from_retry = self.store_move(&topic, sub, move_items, &sources)?;
         self.counters.retry_queue = self.counters.retry_queue.saturating_sub(from_retry);
         self.counters.dlq_size += items.len() as u64;
         for (f, _, _) in &items {
             self.metrics.dead_lettered(f.reason.as_str(), 1);
         }
-        self.after_move(mv.subscription, items.iter().map(|(f, _, _)| f.entry));
         // Readable by dead-letter consumers once durable.
         self.when_durable(topic, first_id + items.len() as u64, || {});
         Ok(())
@@ -307,11 +289,25 @@ impl SubscriptionActor {
         });
     }
 
-    /// The move is stored: adopt the record it wrote and forget the sources.
-    fn after_move(&mut self, sub: SubscriptionRecord, entries: impl Iterator<Item = TierEntry>) {
-        self.rec = sub;
+    /// Stores one batch of moves into `topic` in one transaction (the
+    /// sources acked in `sub`), then adopts the record it wrote and forgets
+    /// the sources. Returns how many of them left the retry tier.
+    fn store_move(
+        &mut self,
+        topic: &Topic,
+        sub: SubscriptionRecord,
+        items: Vec<MoveItem>,
+        sources: &[TierEntry],
+    ) -> Result<u64> {
+        let mv = TierMove {
+            target_topic: topic.name().to_string(),
+            subscription: sub,
+            items,
+        };
+        self.deps.storage.move_messages(&mv)?;
+        self.rec = mv.subscription;
         let mut done = Cleanup::default();
-        for e in entries {
+        for &e in sources {
             self.settle(e, &mut done);
             self.deliveries.ready.remove(&e);
             self.deliveries.due.remove(&e);
@@ -320,5 +316,6 @@ impl SubscriptionActor {
         // only the timer still holds some.
         self.deps.scheduler.remove(done.unschedule);
         self.dirty = true;
+        Ok(sources.iter().filter(|e| e.tier == TierId::Retry).count() as u64)
     }
 }

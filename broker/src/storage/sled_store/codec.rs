@@ -118,21 +118,8 @@ pub fn read_be(bytes: &[u8]) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::records::sample_history as record;
     use ricochet_policy::FailureReason;
-
-    pub(crate) fn record(count: u32) -> FailureRecord {
-        let mut r = FailureRecord::default();
-        for n in 1..=count {
-            r.push(AttemptRecord {
-                time_ms: 1_000 + u64::from(n),
-                delivery_count: n,
-                consumer: "c".into(),
-                reason: FailureReason::Nack,
-                detail: format!("failure {n}"),
-            });
-        }
-        r
-    }
 
     #[test]
     fn failure_records_round_trip_and_legacy_json_still_reads() {
