@@ -57,7 +57,7 @@ impl SubscriptionActor {
         ids: &[MessageRef],
         cumulative: bool,
     ) {
-        let entries = match self.ack_targets(ids, cumulative) {
+        let entries = match self.ack_targets(consumer, ids, cumulative) {
             Ok(e) => e,
             Err(e) => return self.reply(consumer, request_id, Err(e.into())),
         };
@@ -88,19 +88,22 @@ impl SubscriptionActor {
     /// The entries an ack names, checked.
     fn ack_targets(
         &self,
+        consumer: ConsumerId,
         ids: &[MessageRef],
         cumulative: bool,
     ) -> Result<Vec<TierEntry>, BrokerError> {
         let mut entries = Vec::with_capacity(ids.len());
         for id in ids {
             let entry = self.locate(id)?;
-            if !self
-                .deliveries
-                .was_delivered(entry, self.rec.is_acked(entry))
-            {
-                return Err(BrokerError::InvalidArgument(format!(
-                    "cannot ack {id}: it was never delivered on this subscription"
-                )));
+            // Acking an acked message again changes nothing; anything else
+            // must be in flight with this consumer.
+            if !self.rec.is_acked(entry) {
+                self.held_entry(consumer, id).map_err(|e| match e {
+                    BrokerError::InvalidArgument(_) => BrokerError::InvalidArgument(format!(
+                        "cannot ack {id}: it is not in flight with this consumer (never delivered, given back, or waiting for its redelivery)"
+                    )),
+                    other => other,
+                })?;
             }
             entries.push(entry);
         }

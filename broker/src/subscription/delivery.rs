@@ -52,13 +52,6 @@ impl Deliveries {
         acked || self.in_flight.contains_key(&entry) || self.failures.contains_key(&entry)
     }
 
-    /// Whether `entry` is in flight with `consumer`.
-    pub fn held_by(&self, entry: TierEntry, consumer: ConsumerId) -> bool {
-        self.in_flight
-            .get(&entry)
-            .is_some_and(|f| f.consumer == consumer)
-    }
-
     /// The entries `consumer` holds.
     pub fn held(&self, consumer: ConsumerId) -> Vec<(TierEntry, InFlight)> {
         self.in_flight

@@ -21,13 +21,22 @@ impl SubscriptionActor {
         ))
     }
 
-    fn in_flight_entry(&self, id: &MessageRef) -> Result<TierEntry> {
+    /// The entry `id` names, checked to be in flight with `consumer`: only
+    /// the consumer a delivery went to may settle it.
+    pub(super) fn held_entry(&self, consumer: ConsumerId, id: &MessageRef) -> Result<TierEntry> {
         let entry = self.locate(id)?;
-        if self.deliveries.in_flight.contains_key(&entry) {
-            Ok(entry)
-        } else {
-            Err(self.not_in_flight(id))
+        match self.deliveries.in_flight.get(&entry) {
+            Some(f) if f.consumer == consumer => Ok(entry),
+            Some(_) => Err(self.not_yours(id)),
+            None => Err(self.not_in_flight(id)),
         }
+    }
+
+    fn not_yours(&self, id: &MessageRef) -> BrokerError {
+        BrokerError::Conflict(format!(
+            "message {id} is in flight with another consumer of subscription {}; only the consumer it was delivered to may settle it",
+            self.rec.name
+        ))
     }
 
     /// The consumer's stream ended without a clean close: what it held is
@@ -113,10 +122,13 @@ impl SubscriptionActor {
                     "cannot redeliver {id}: it was never delivered on this subscription"
                 )));
             }
-            // Already acked, or already given back (a race the client cannot
-            // avoid, e.g. an ack timeout and a nack crossing): nothing to do.
-            if !self.deliveries.held_by(entry, consumer) {
-                continue;
+            match self.deliveries.in_flight.get(&entry) {
+                Some(f) if f.consumer == consumer => {}
+                // Delivered again since, to another consumer: not ours to fail.
+                Some(_) => return Err(self.not_yours(&id)),
+                // Already acked, or already given back (a race the client
+                // cannot avoid, e.g. an ack timeout and a nack crossing).
+                None => continue,
             }
             out.push(Failure {
                 detail,
@@ -145,7 +157,7 @@ impl SubscriptionActor {
             else {
                 continue;
             };
-            match self.in_flight_entry(&id) {
+            match self.held_entry(consumer, &id) {
                 // The same message twice in one batch: the second finds it
                 // gone, as it would have one request at a time.
                 Ok(entry) if !seen.insert(entry) => {
@@ -193,7 +205,7 @@ impl SubscriptionActor {
         id: &MessageRef,
         detail: String,
     ) {
-        let outcome = match self.in_flight_entry(id) {
+        let outcome = match self.held_entry(consumer, id) {
             Ok(entry) => {
                 let f = Failure {
                     detail,
