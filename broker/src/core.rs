@@ -227,13 +227,21 @@ impl BrokerCore {
         names
     }
 
-    /// Deletes a topic; without `force` it must have no subscriptions.
+    /// Deletes a topic. Without `force` it must have no subscriptions; with
+    /// it, connected clients are disconnected and every subscription is
+    /// deleted with its tiers. A subscription's retry or dead-letter tier
+    /// is refused even with `force`: its records belong to the subscription
+    /// (delete or purge through it), and deleting the topic alone would
+    /// leave them pointing at nothing.
     pub async fn delete_topic(&self, name: &TopicName, force: bool) -> Result<()> {
-        let mut topics = self.topics.lock().await;
-        let entry = topics
-            .get(name)
-            .cloned()
-            .ok_or_else(|| BrokerError::TopicNotFound(name.to_string()))?;
+        let entry = self.topic(name).await?;
+        if entry.topic.kind() != TopicKind::Normal
+            && let Some((topic, sub)) = self.tier_owner(name).await
+        {
+            return Err(BrokerError::Conflict(format!(
+                "{name} is a tier of subscription {sub} on {topic}; delete that subscription, or purge its dead letters, instead"
+            )));
+        }
         let subs = entry.subscriptions();
         if !subs.is_empty() && !force {
             return Err(BrokerError::Conflict(format!(
@@ -242,11 +250,54 @@ impl BrokerCore {
             )));
         }
         for sub in subs {
-            sub.delete().await?;
+            self.remove_subscription(&entry, &sub, true).await?;
+        }
+        self.drop_topic(name).await
+    }
+
+    /// Removes a topic from the registry and storage; its producers are told
+    /// it is gone.
+    async fn drop_topic(&self, name: &TopicName) -> Result<()> {
+        let mut topics = self.topics.lock().await;
+        if let Some(entry) = topics.remove(name) {
+            entry.topic.close();
         }
         self.storage.delete_topic(name.as_str())?;
-        topics.remove(name);
         tracing::info!(topic = %name, "topic deleted");
+        Ok(())
+    }
+
+    /// The subscription (topic, name) whose retry or dead-letter tier is
+    /// `tier`, if any.
+    async fn tier_owner(&self, tier: &TopicName) -> Option<(String, String)> {
+        let entries: Vec<Arc<TopicEntry>> = self.topics.lock().await.values().cloned().collect();
+        for entry in entries {
+            for h in entry.subscriptions() {
+                let Ok(info) = h.policy().await else { continue };
+                if info.retry_topic == tier.as_str() || info.dead_letter_topic == tier.as_str() {
+                    return Some((entry.topic.name().to_string(), h.name().to_owned()));
+                }
+            }
+        }
+        None
+    }
+
+    /// Deletes one subscription (see [`SubscriptionHandle::delete`]) and its
+    /// tier topics, and forgets it.
+    async fn remove_subscription(
+        &self,
+        entry: &TopicEntry,
+        handle: &SubscriptionHandle,
+        force: bool,
+    ) -> Result<()> {
+        let tiers = handle.delete(force).await?;
+        lock(&entry.subscriptions).remove(handle.name());
+        for tier in tiers {
+            let tier = TopicName::parse(&tier)?;
+            if self.topics.lock().await.contains_key(&tier) {
+                self.drop_topic(&tier).await?;
+            }
+        }
         Ok(())
     }
 
@@ -283,23 +334,18 @@ impl BrokerCore {
         Ok(handle)
     }
 
-    /// Deletes a subscription (it must have no consumers).
+    /// Deletes a subscription with its retry and dead-letter tiers.
+    /// Without `force` it must have no consumers, no dead letters and no
+    /// scheduled retries.
     pub async fn delete_subscription(
         &self,
         topic: &TopicName,
         name: &SubscriptionName,
+        force: bool,
     ) -> Result<()> {
         let entry = self.topic(topic).await?;
-        let handle =
-            entry
-                .subscription(name.as_str())
-                .ok_or_else(|| BrokerError::SubscriptionNotFound {
-                    topic: topic.to_string(),
-                    subscription: name.to_string(),
-                })?;
-        handle.delete().await?;
-        lock(&entry.subscriptions).remove(name.as_str());
-        Ok(())
+        let handle = self.subscription(topic, name).await?;
+        self.remove_subscription(&entry, &handle, force).await
     }
 
     /// An existing subscription.

@@ -234,6 +234,19 @@ impl SubscriptionMetrics {
         .increment(1);
     }
 
+    /// The subscription was deleted: its gauges read zero from now on (the
+    /// exporter keeps a series once written; zero is what is left).
+    pub fn clear(&self) {
+        for g in [
+            &self.backlog,
+            &self.unacked,
+            &self.retry_queue,
+            &self.dlq_size,
+        ] {
+            g.set(0.0);
+        }
+    }
+
     /// Counts dead-lettered messages by the reason of their last failure.
     pub fn dead_lettered(&self, reason: &str, n: u64) {
         counter!(

@@ -2,7 +2,7 @@
 //! durable end of its log that subscriptions read up to, and retention.
 
 use crate::clock::SharedClock;
-use crate::error::Result;
+use crate::error::{BrokerError, Result};
 use crate::flusher::Flusher;
 use crate::name::TopicName;
 use crate::storage::{Storage, TopicKind};
@@ -50,6 +50,8 @@ pub struct Topic {
     pub counters: TopicCounters,
     metrics: crate::metrics::TopicMetrics,
     clock: SharedClock,
+    /// Set once the topic is deleted: publishes fail from then on.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Topic {
@@ -86,7 +88,13 @@ impl Topic {
             counters: TopicCounters::default(),
             metrics,
             clock,
+            closed: Default::default(),
         })
+    }
+
+    /// Marks the topic deleted: later publishes fail with NOT_FOUND.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
     }
 
     /// The topic's name.
@@ -133,6 +141,12 @@ impl Topic {
         messages: Vec<OutboundMessage>,
     ) -> Result<Vec<SendReceipt>> {
         self.flusher.check()?;
+        if self.closed.load(Ordering::Acquire) {
+            return Err(BrokerError::TopicNotFound(format!(
+                "{} (deleted while this producer was connected)",
+                self.name
+            )));
+        }
         let now = self.clock.now_ms();
         let (receipts, end) = {
             let mut w = crate::util::lock(&self.writer);

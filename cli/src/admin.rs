@@ -237,6 +237,7 @@ pub(crate) async fn subscriptions(ctx: &mut Ctx<'_>, c: SubscriptionsCommand) ->
         SubscriptionsCommand::Delete {
             topic,
             subscription,
+            force,
             yes,
         } => {
             confirm(
@@ -246,9 +247,10 @@ pub(crate) async fn subscriptions(ctx: &mut Ctx<'_>, c: SubscriptionsCommand) ->
                 yes,
             )?;
             admin
-                .delete_subscription(pb::SubscriptionRequest {
+                .delete_subscription(pb::DeleteSubscriptionRequest {
                     topic: topic.clone(),
                     subscription: subscription.clone(),
+                    force,
                 })
                 .await?;
             if ctx.json() {

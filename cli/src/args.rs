@@ -190,12 +190,16 @@ pub enum SubscriptionsCommand {
         /// Subscription.
         subscription: String,
     },
-    /// Delete a subscription with its retry schedule.
+    /// Delete a subscription with its retry and dead-letter tiers.
     Delete {
         /// Topic.
         topic: String,
         /// Subscription.
         subscription: String,
+        /// Delete even if consumers are connected (they are disconnected) or
+        /// it holds dead letters or scheduled retries (they are dropped).
+        #[arg(long)]
+        force: bool,
         /// Do not ask for confirmation.
         #[arg(short = 'y', long)]
         yes: bool,

@@ -200,12 +200,12 @@ impl Admin for AdminService {
 
     async fn delete_subscription(
         &self,
-        r: Request<SubscriptionRequest>,
+        r: Request<DeleteSubscriptionRequest>,
     ) -> Result<Response<DeleteSubscriptionResponse>, Status> {
         let r = r.into_inner();
         let t = TopicName::parse(&r.topic)?;
         let s = SubscriptionName::parse(&r.subscription)?;
-        self.core.delete_subscription(&t, &s).await?;
+        self.core.delete_subscription(&t, &s, r.force).await?;
         Ok(Response::new(DeleteSubscriptionResponse {}))
     }
 
@@ -296,9 +296,14 @@ impl Admin for AdminService {
         let r = r.into_inner();
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         let limit = if r.limit == 0 { 100 } else { r.limit as usize };
-        let mut records = self.matching_records(&h, r.filter.as_ref(), r.after_entry_id)?;
-        let total = records.len() as u64;
-        records.truncate(limit);
+        // `total` counts every match of the filter, whatever page this is.
+        let matching = self.matching_records(&h, r.filter.as_ref(), None)?;
+        let total = matching.len() as u64;
+        let records: Vec<_> = matching
+            .into_iter()
+            .filter(|(id, _)| r.after_entry_id.is_none_or(|after| *id > after))
+            .take(limit)
+            .collect();
         let dlq_topic = h.policy().await?.dead_letter_topic;
         let dead_letters = self.dead_letters_with_messages(&dlq_topic, records)?;
         Ok(Response::new(ListDeadLettersResponse {

@@ -44,8 +44,10 @@ pub(super) enum Command {
     ),
     /// Dead letters were purged by an operator (for the DLQ size gauge).
     DeadLettersPurged(u64),
-    /// Stop the actor and delete the subscription's state.
-    Delete(oneshot::Sender<Result<()>>),
+    /// Stop the actor and delete the subscription's state (`true`: even
+    /// with consumers, dead letters or scheduled retries); replies with its
+    /// tier topics, for the caller to drop.
+    Delete(bool, oneshot::Sender<Result<Vec<String>>>),
 }
 
 /// Handle to a running subscription; cheap to clone.
@@ -134,8 +136,11 @@ impl SubscriptionHandle {
         self.send(Command::DeadLettersPurged(n))
     }
 
-    /// Deletes the subscription (it must have no consumers) and stops it.
-    pub async fn delete(&self) -> Result<()> {
-        self.ask(Command::Delete).await?
+    /// Deletes the subscription's state and stops it; returns its retry and
+    /// dead-letter tier topics (the caller drops them). Without `force` a
+    /// subscription with consumers, dead letters or scheduled retries is
+    /// refused; with it, consumers are disconnected and the rest dropped.
+    pub async fn delete(&self, force: bool) -> Result<Vec<String>> {
+        self.ask(|r| Command::Delete(force, r)).await?
     }
 }

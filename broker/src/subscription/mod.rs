@@ -219,9 +219,9 @@ impl SubscriptionActor {
                 ) => {
                     reconsumes.push((consumer, req));
                 }
-                Command::Delete(reply) => {
+                Command::Delete(force, reply) => {
                     self.reconsume_later(std::mem::take(&mut reconsumes)).await;
-                    let r = self.delete();
+                    let r = self.delete(force);
                     let deleted = r.is_ok();
                     let _ = reply.send(r);
                     if deleted {
@@ -280,9 +280,7 @@ impl SubscriptionActor {
                 self.dirty = true;
             }
             // Handled by `round`.
-            Command::Delete(reply) => {
-                let _ = reply.send(Ok(()));
-            }
+            Command::Delete(..) => {}
         }
     }
 
@@ -467,17 +465,36 @@ impl SubscriptionActor {
         }
     }
 
-    fn delete(&mut self) -> Result<()> {
-        if !self.consumers.is_empty() {
+    /// Deletes the subscription's state; returns its tier topics.
+    fn delete(&mut self, force: bool) -> Result<Vec<String>> {
+        let held = [
+            (self.consumers.len() as u64, "connected consumer(s)"),
+            (self.counters.dlq_size, "dead letter(s)"),
+            (self.counters.retry_queue, "scheduled retr(ies)"),
+        ];
+        if !force && let Some((n, what)) = held.iter().find(|(n, _)| *n > 0) {
             return Err(crate::error::BrokerError::Conflict(format!(
-                "subscription {} has {} connected consumer(s)",
-                self.rec.name,
-                self.consumers.len()
+                "subscription {} has {n} {what}; use force to delete it with everything it holds",
+                self.rec.name
             )));
+        }
+        for c in self.consumers.iter() {
+            let _ = c.tx.send(ConsumerEvent::End(
+                crate::error::BrokerError::SubscriptionNotFound {
+                    topic: self.rec.topic.clone(),
+                    subscription: format!("{} (deleted by an operator)", self.rec.name),
+                },
+            ));
         }
         self.deps.scheduler.unregister(self.rec.id);
         self.topic.remove_mark(self.rec.id);
-        Ok(self.deps.storage.delete_subscription(&self.rec)?)
+        self.deps.storage.delete_subscription(&self.rec)?;
+        self.metrics.clear();
+        tracing::info!(topic = %self.rec.topic, sub = %self.rec.name, force, "subscription deleted");
+        Ok(vec![
+            self.tiers.retry_name.clone(),
+            self.tiers.dead_letter_name.clone(),
+        ])
     }
 }
 
