@@ -187,7 +187,45 @@ async fn retry_and_dead_letter_series_move_with_a_scripted_scenario() {
     // Every dispatch records its delivery count: 0 twice, then 1 (retry) and 1 (nack).
     assert!(value(&after, "ricochet_delivery_attempts_count", &[sub]) >= 4.0);
     assert!(value(&after, "ricochet_delivery_attempts_sum", &[sub]) >= 2.0);
+    // The storage gauges are refreshed every half second.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let after = parse(&scrape(metrics).await);
+    assert_eq!(value(&after, "ricochet_storage_healthy", &[]), 1.0);
+    assert!(value(&after, "ricochet_storage_bytes", &[]) > 0.0);
+    // Every series the README documents is in the scrape.
+    let missing: Vec<String> = documented_metrics()
+        .into_iter()
+        .filter(|name| {
+            !after.keys().any(|k| {
+                let series = k.split('{').next().unwrap_or("");
+                series == name || series == format!("{name}_count")
+            })
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "documented but never emitted: {missing:?}"
+    );
     broker.kill9();
+}
+
+/// The metric names the README's "Metrics" paragraph lists.
+fn documented_metrics() -> Vec<String> {
+    let readme = include_str!("../../README.md");
+    let start = readme
+        .find("- **Metrics.**")
+        .expect("the README documents its metrics");
+    let rest = &readme[start + 2..];
+    let paragraph = &rest[..rest.find("\n- **").unwrap_or(rest.len())];
+    let mut names: Vec<String> = paragraph
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("ricochet_"))
+        .map(str::to_owned)
+        .collect();
+    names.sort();
+    names.dedup();
+    assert!(names.len() >= 15, "parsed {names:?}");
+    names
 }
 
 /// The retry-queue and DLQ gauges come back after a crash: they are derived
