@@ -384,6 +384,7 @@ impl RawConsumer {
                 id: Some(id),
                 reason: FailureReason::Nack as i32,
                 detail: String::new(),
+                delay_ms: 0,
             })
             .collect();
         self.send(consume_request::Request::Redeliver(Redeliver {
@@ -857,6 +858,7 @@ async fn write_scheduled(dir: &Path, n: usize) -> Result<(u64, Duration), BoxErr
                         reason: ricochet_policy::FailureReason::ReconsumeLater,
                         detail: String::new(),
                     }],
+                    hold_until_ms: 0,
                 },
                 arrival: Arrival::Retry { due_ms: due },
             });

@@ -10,6 +10,7 @@
 //! max_unacked_per_consumer = 50000
 //! segment_entries = 16384
 //! retry_window = "60s"
+//! max_delay = "7days"            # longest retry, held nack or deliver_at accepted
 //! replay_rate_per_second = 1000
 //!
 //! [[policies]]                   # default dead-letter policies by topic pattern
@@ -35,6 +36,10 @@ pub enum Durability {
     /// interval of acknowledged writes.
     Interval,
 }
+
+/// The largest `max_delay` a config may set: far beyond any use, and far
+/// below the point where a due time in milliseconds could overflow.
+pub const MAX_DELAY_CEILING: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// A default dead-letter policy for topics matching a pattern.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -82,6 +87,12 @@ pub struct BrokerConfig {
     /// How far ahead the retry scheduler loads due times into memory.
     #[serde(with = "humantime_serde")]
     pub retry_window: Duration,
+    /// The longest delay the broker accepts or schedules: a
+    /// `reconsume_later` delay, a nack the broker holds, a `deliver_at`, or a
+    /// policy's longest step. Longer requests are refused (INVALID_ARGUMENT,
+    /// naming this limit), like RocketMQ 5's `timerMaxDelaySec`.
+    #[serde(with = "humantime_serde")]
+    pub max_delay: Duration,
     /// Default dead-letter replay rate (messages per second).
     pub replay_rate_per_second: u32,
     /// sled page cache size in bytes.
@@ -103,6 +114,7 @@ impl Default for BrokerConfig {
             max_unacked_per_consumer: 50_000,
             segment_entries: 16_384,
             retry_window: Duration::from_secs(60),
+            max_delay: Duration::from_secs(7 * 24 * 3600),
             replay_rate_per_second: 1_000,
             cache_capacity: 256 * 1024 * 1024,
             policies: Vec::new(),
@@ -145,6 +157,9 @@ impl BrokerConfig {
         }
         if self.flush_interval.is_zero() {
             return bad("flush_interval must be positive");
+        }
+        if self.max_delay.is_zero() || self.max_delay > MAX_DELAY_CEILING {
+            return bad("max_delay must be between 1 ms and 100 years");
         }
         for rule in &self.policies {
             rule.policy

@@ -164,6 +164,7 @@ impl BrokerCore {
             link: Arc::new(Link(self.me.clone())),
             clock: self.clock.clone(),
             max_unacked_per_consumer: self.config.max_unacked_per_consumer,
+            max_delay: self.config.max_delay,
             sync: self.config.durability == Durability::Sync,
             shutdown: self.shutdown.clone(),
         };

@@ -310,14 +310,20 @@ impl RawConsumer {
         .await;
     }
 
-    /// Fails one delivery with a negative ack.
+    /// Fails one delivery with a negative ack (redelivered at once).
     pub async fn nack(&self, id: MessageId, detail: &str, request_id: u64) {
+        self.nack_after(id, detail, 0, request_id).await;
+    }
+
+    /// Fails one delivery with a negative ack whose delay the broker holds.
+    pub async fn nack_after(&self, id: MessageId, detail: &str, delay_ms: u64, request_id: u64) {
         self.request(consume_request::Request::Redeliver(Redeliver {
             request_id,
             messages: vec![FailedDelivery {
                 id: Some(id),
                 reason: FailureReason::Nack as i32,
                 detail: detail.into(),
+                delay_ms,
             }],
         }))
         .await;

@@ -14,8 +14,10 @@ use ricochet_policy::{AttemptOverride, FailureReason, PolicySpec};
 use ricochet_proto::{
     AckType, CommandResult, ConsumeRequest, ConsumeResponse, InitialPosition, Message,
     MessageBatch, Subscribe, Subscribed, SubscriptionType, consume_request, consume_response,
+    reconsume_later,
 };
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Response, Status, Streaming};
@@ -42,6 +44,7 @@ pub(super) async fn consume(
     let (tx, rx) = mpsc::unbounded_channel();
     let (handle, consumer_id) = subscribe(&core, sub, tx.clone()).await?;
     let stop = core.shutdown.clone();
+    let max_delay = core.config.max_delay;
     tokio::spawn(async move {
         while let Some(frame) = super::next_frame(&mut inbound, &stop).await {
             let req = match frame {
@@ -49,14 +52,24 @@ pub(super) async fn consume(
                 Ok(ConsumeRequest { request: None }) => continue,
                 Err(_) => break,
             };
-            let Some(req) = parse(req) else {
-                let again =
-                    BrokerError::InvalidArgument("already subscribed on this stream".into());
-                let _ = tx.send(ConsumerEvent::End(again));
-                break;
-            };
-            if handle.request(consumer_id, req).is_err() {
-                break;
+            match parse(req, max_delay) {
+                Parsed::Request(req) => {
+                    if handle.request(consumer_id, req).is_err() {
+                        break;
+                    }
+                }
+                Parsed::Refused(request_id, e) => {
+                    let _ = tx.send(ConsumerEvent::Done {
+                        request_id,
+                        outcome: Err(Arc::new(e)),
+                    });
+                }
+                Parsed::Resubscribe => {
+                    let again =
+                        BrokerError::InvalidArgument("already subscribed on this stream".into());
+                    let _ = tx.send(ConsumerEvent::End(again));
+                    break;
+                }
             }
         }
         let _ = handle.remove_consumer(consumer_id);
@@ -141,48 +154,85 @@ fn message_ref(id: ricochet_proto::MessageId) -> MessageRef {
     }
 }
 
-/// A consumer frame as a domain request; `None` ends the stream (a second
-/// `Subscribe`).
-fn parse(req: consume_request::Request) -> Option<ConsumerRequest> {
+/// What a consumer frame is, parsed.
+enum Parsed {
+    /// A request for the subscription.
+    Request(ConsumerRequest),
+    /// A request refused at the edge: answer its id with the error.
+    Refused(u64, BrokerError),
+    /// A second `Subscribe`: the stream ends.
+    Resubscribe,
+}
+
+/// A delay asked for in milliseconds, checked against the broker's limit.
+fn checked_delay(ms: u64, max: Duration, what: &str) -> Result<Duration, BrokerError> {
+    let d = Duration::from_millis(ms);
+    if d > max {
+        return Err(BrokerError::InvalidArgument(format!(
+            "{what} of {ms} ms exceeds the broker's max_delay of {} ms",
+            max.as_millis()
+        )));
+    }
+    Ok(d)
+}
+
+/// A consumer frame as a domain request.
+fn parse(req: consume_request::Request, max_delay: Duration) -> Parsed {
     use consume_request::Request as R;
-    Some(match req {
-        R::Subscribe(_) => return None,
+    let request = match req {
+        R::Subscribe(_) => return Parsed::Resubscribe,
         R::Flow(f) => ConsumerRequest::Flow(f.permits),
         R::Ack(a) => ConsumerRequest::Ack {
             request_id: a.request_id,
             cumulative: a.ack_type == AckType::Cumulative as i32,
             ids: a.ids.into_iter().map(message_ref).collect(),
         },
-        R::Redeliver(r) => ConsumerRequest::Redeliver {
-            request_id: r.request_id,
-            items: r
-                .messages
-                .into_iter()
-                .map(|m| FailedItem {
+        R::Redeliver(r) => {
+            let items = r.messages.into_iter().map(|m| {
+                Ok(FailedItem {
                     id: message_ref(m.id.unwrap_or_default()),
                     // An unspecified reason reads as a nack.
                     reason: ricochet_proto::convert::failure_reason_from_i32(m.reason)
                         .unwrap_or(FailureReason::Nack),
                     detail: m.detail,
+                    hold: checked_delay(m.delay_ms, max_delay, "a nack delay")?,
                 })
-                .collect(),
-        },
-        R::ReconsumeLater(r) => ConsumerRequest::ReconsumeLater {
-            request_id: r.request_id,
-            id: message_ref(r.id.unwrap_or_default()),
-            delay: r
-                .delay
-                .map_or(AttemptOverride::Policy, AttemptOverride::from),
-            properties: r.properties,
-            detail: r.detail,
-        },
+            });
+            match items.collect::<Result<_, BrokerError>>() {
+                Ok(items) => ConsumerRequest::Redeliver {
+                    request_id: r.request_id,
+                    items,
+                },
+                Err(e) => return Parsed::Refused(r.request_id, e),
+            }
+        }
+        R::ReconsumeLater(r) => {
+            let delay = match r.delay {
+                Some(reconsume_later::Delay::DelayMs(ms)) => {
+                    match checked_delay(ms, max_delay, "a reconsume_later delay") {
+                        Ok(d) => AttemptOverride::Delay(d),
+                        Err(e) => return Parsed::Refused(r.request_id, e),
+                    }
+                }
+                Some(d) => AttemptOverride::from(d),
+                None => AttemptOverride::Policy,
+            };
+            ConsumerRequest::ReconsumeLater {
+                request_id: r.request_id,
+                id: message_ref(r.id.unwrap_or_default()),
+                delay,
+                properties: r.properties,
+                detail: r.detail,
+            }
+        }
         R::Terminate(t) => ConsumerRequest::Terminate {
             request_id: t.request_id,
             id: message_ref(t.id.unwrap_or_default()),
             detail: t.detail,
         },
         R::Close(_) => ConsumerRequest::Close,
-    })
+    };
+    Parsed::Request(request)
 }
 
 fn response(r: consume_response::Response) -> Result<ConsumeResponse, Status> {

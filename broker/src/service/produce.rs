@@ -52,6 +52,8 @@ pub(super) async fn produce(
     };
     let topic = entry.topic.clone();
     let max_size = core.config.max_message_size;
+    let max_delay_ms = u64::try_from(core.config.max_delay.as_millis()).unwrap_or(u64::MAX);
+    let clock = core.clock.clone();
     let (tx, rx) = mpsc::channel::<Result<ProduceResponse, Status>>(PIPELINE_DEPTH * 2);
     let opened = ProduceResponse {
         response: Some(produce_response::Response::Opened(ProducerOpened {
@@ -100,13 +102,16 @@ pub(super) async fn produce(
             };
             let topic = topic.clone();
             let name = producer_name.clone();
+            let latest_deliver_at = clock.now_ms().saturating_add(max_delay_ms);
             // Spawned so the next batch is written while this one awaits its flush;
             // ids are assigned in arrival order because writes take the topic's
             // writer lock before the first await.
             let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
             let handle = tokio::spawn(async move {
                 let request_id = batch.request_id;
-                let result = match validate(&batch, max_size) {
+                let checked = validate(&batch, max_size)
+                    .and_then(|()| check_deliver_at(&batch, latest_deliver_at));
+                let result = match checked {
                     Ok(()) => {
                         let fut = topic.publish(&name, batch.messages);
                         tokio::pin!(fut);
@@ -151,6 +156,22 @@ pub(super) async fn produce(
         ReceiverStream::new(rx),
         core.shutdown.clone(),
     )))
+}
+
+/// A `deliver_at` beyond the broker's `max_delay` from now is refused.
+fn check_deliver_at(batch: &SendBatch, latest_ms: u64) -> Result<(), BrokerError> {
+    match batch
+        .messages
+        .iter()
+        .enumerate()
+        .find(|(_, m)| m.deliver_at_ms > latest_ms)
+    {
+        Some((i, m)) => Err(BrokerError::InvalidArgument(format!(
+            "message {i} (sequence id {}) asks for delivery at {} ms, past the broker's max_delay from now (latest {latest_ms} ms)",
+            m.sequence_id, m.deliver_at_ms
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn validate(batch: &SendBatch, max_size: usize) -> Result<(), BrokerError> {

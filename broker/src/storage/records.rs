@@ -251,6 +251,10 @@ pub struct FailureRecord {
     pub first_failure_ms: u64,
     /// Every failed attempt, oldest first (bounded to the last 64).
     pub attempts: Vec<AttemptRecord>,
+    /// Not to be redelivered in place before this time, ms since the epoch
+    /// (a nack whose delay the broker serves); 0 when not held.
+    #[serde(default)]
+    pub hold_until_ms: u64,
 }
 
 /// One failed attempt.

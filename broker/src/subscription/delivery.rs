@@ -74,14 +74,20 @@ impl Deliveries {
         from_ready.or(from_due)
     }
 
-    /// Where main-topic entry `entry_id` stands, given its cursor state and
-    /// how far the read-ahead has read.
-    pub fn state_of(&self, entry_id: u64, acked: bool, read_pos: u64) -> MessageState {
+    /// Where main-topic entry `entry_id` stands at `now_ms`, given its
+    /// cursor state and how far the read-ahead has read.
+    pub fn state_of(&self, entry_id: u64, acked: bool, read_pos: u64, now_ms: u64) -> MessageState {
         let entry = TierEntry::main(entry_id);
+        let held = self
+            .failures
+            .get(&entry)
+            .is_some_and(|r| r.hold_until_ms > now_ms);
         if self.in_flight.contains_key(&entry) {
             MessageState::InFlight
         } else if acked {
             MessageState::Acked
+        } else if held {
+            MessageState::Scheduled
         } else if self.ready.contains_key(&entry)
             || entry_id >= read_pos
             || self.failures.contains_key(&entry)
@@ -106,6 +112,12 @@ impl Deliveries {
 mod tests {
     use super::*;
 
+    impl Deliveries {
+        fn state_of_at(&self, entry_id: u64, acked: bool, read_pos: u64) -> MessageState {
+            self.state_of(entry_id, acked, read_pos, 0)
+        }
+    }
+
     #[test]
     fn states_of_main_topic_messages() {
         let mut d = Deliveries::default();
@@ -127,21 +139,21 @@ mod tests {
         d.failures
             .insert(TierEntry::main(3), FailureRecord::default());
         let read_pos = 10;
-        assert_eq!(d.state_of(1, false, read_pos), MessageState::InFlight);
-        assert_eq!(d.state_of(2, false, read_pos), MessageState::Pending);
+        assert_eq!(d.state_of_at(1, false, read_pos), MessageState::InFlight);
+        assert_eq!(d.state_of_at(2, false, read_pos), MessageState::Pending);
         assert_eq!(
-            d.state_of(3, false, read_pos),
+            d.state_of_at(3, false, read_pos),
             MessageState::Pending,
             "awaiting redelivery"
         );
-        assert_eq!(d.state_of(4, true, read_pos), MessageState::Acked);
+        assert_eq!(d.state_of_at(4, true, read_pos), MessageState::Acked);
         assert_eq!(
-            d.state_of(5, false, read_pos),
+            d.state_of_at(5, false, read_pos),
             MessageState::Scheduled,
             "read past, not ready: delayed"
         );
         assert_eq!(
-            d.state_of(12, false, read_pos),
+            d.state_of_at(12, false, read_pos),
             MessageState::Pending,
             "not read yet"
         );

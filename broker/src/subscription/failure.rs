@@ -29,6 +29,9 @@ pub(super) struct Failure {
     pub overrides: AttemptOverride,
     /// Properties to add to the message if it moves to another tier.
     pub extra_props: HashMap<String, String>,
+    /// How long the broker holds it before redelivering it in place (a
+    /// nack's delay the broker serves); zero: at once.
+    pub hold: Duration,
 }
 
 impl Failure {
@@ -41,6 +44,7 @@ impl Failure {
             consumer,
             overrides: AttemptOverride::Policy,
             extra_props: HashMap::new(),
+            hold: Duration::ZERO,
         }
     }
 }
@@ -48,8 +52,8 @@ impl Failure {
 /// What happens next to a failed message.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Step {
-    /// Dispatch again at once, in the tier it is in.
-    InPlace,
+    /// Dispatch again in the tier it is in, after this hold (zero: at once).
+    InPlace(Duration),
     /// Move into the retry tier, due after this delay.
     Retry(Duration),
     /// Move into the dead-letter tier, with this reason.
@@ -65,6 +69,9 @@ pub(super) struct Rules<'a> {
     pub fallback: Option<&'a dyn DeadLetterPolicy>,
     /// Now, ms since the epoch.
     pub now_ms: u64,
+    /// The longest delay scheduled: a longer one a policy asks for is
+    /// shortened to it (requests asking for more are refused before this).
+    pub max_delay: Duration,
 }
 
 /// Records the attempt on `record` (its count goes up by one) and decides
@@ -114,7 +121,7 @@ pub(super) fn plan(
             tier: Tier::Main,
         },
     };
-    match decision {
+    let step = match decision {
         Decision::DeadLetter { reason } => Step::DeadLetter(reason),
         Decision::Redeliver { after, .. } if reconsume => Step::Retry(after),
         Decision::Redeliver {
@@ -123,7 +130,15 @@ pub(super) fn plan(
         } => Step::Retry(after),
         Decision::Redeliver {
             tier: Tier::Main, ..
-        } => Step::InPlace,
+        } => Step::InPlace(failure.hold),
+    };
+    match step {
+        Step::Retry(d) if d > rules.max_delay => {
+            tracing::warn!(delay = ?d, max_delay = ?rules.max_delay, "a policy asked for a delay above max_delay; shortened");
+            Step::Retry(rules.max_delay)
+        }
+        Step::InPlace(d) => Step::InPlace(d.min(rules.max_delay)),
+        other => other,
     }
 }
 
@@ -134,6 +149,7 @@ mod tests {
     use std::sync::Arc;
 
     const NOW: u64 = 1_700_000_000_000;
+    const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
@@ -189,7 +205,7 @@ mod tests {
                 overrides: O::Policy,
                 failed_before: 500,
                 reconsume: false,
-                expect: Step::InPlace,
+                expect: Step::InPlace(Duration::ZERO),
             },
             Case {
                 name: "no policy: terminate dead-letters with the consumer's text",
@@ -270,7 +286,7 @@ mod tests {
                 overrides: O::Policy,
                 failed_before: 0,
                 reconsume: false,
-                expect: Step::InPlace,
+                expect: Step::InPlace(Duration::ZERO),
             },
             Case {
                 name: "backoff: reconsume_later still goes through the retry tier",
@@ -307,6 +323,7 @@ mod tests {
                 policy: policy.as_deref(),
                 fallback: Some(fallback.as_ref()),
                 now_ms: NOW,
+                max_delay: WEEK,
             };
             let mut record = failed(case.failed_before);
             let step = plan(
@@ -345,6 +362,7 @@ mod tests {
             policy: Some(policy.as_ref()),
             fallback: None,
             now_ms: NOW,
+            max_delay: WEEK,
         };
         let f = failure(FailureReason::ReconsumeLater, AttemptOverride::Policy);
         let mut delays = Vec::new();
@@ -367,11 +385,57 @@ mod tests {
     }
 
     #[test]
+    fn holds_and_policy_delays_never_exceed_max_delay() {
+        let rules = Rules {
+            policy: None,
+            fallback: None,
+            now_ms: NOW,
+            max_delay: secs(3600),
+        };
+        let held = Failure {
+            hold: secs(60),
+            ..failure(FailureReason::Nack, AttemptOverride::Policy)
+        };
+        assert_eq!(
+            plan(rules, &held, &mut FailureRecord::default(), "t:7", false),
+            Step::InPlace(secs(60)),
+            "a nack the broker holds stays in place, after its delay"
+        );
+        let long = Failure {
+            hold: secs(7200),
+            ..held.clone()
+        };
+        assert_eq!(
+            plan(rules, &long, &mut FailureRecord::default(), "t:7", false),
+            Step::InPlace(secs(3600))
+        );
+        // A policy step above the limit (only a custom policy can have one:
+        // built-in ones are checked when set) is shortened to it.
+        let two_hours = build("delay-levels:levels=2h,start=1,max=3");
+        let rules = Rules {
+            policy: Some(two_hours.as_ref()),
+            ..rules
+        };
+        let f = failure(FailureReason::Nack, AttemptOverride::Policy);
+        assert_eq!(
+            plan(rules, &f, &mut FailureRecord::default(), "t:7", false),
+            Step::Retry(secs(3600))
+        );
+        // A hold means nothing when the policy moves the message.
+        let held = Failure { hold: secs(5), ..f };
+        assert_eq!(
+            plan(rules, &held, &mut FailureRecord::default(), "t:7", false),
+            Step::Retry(secs(3600))
+        );
+    }
+
+    #[test]
     fn the_history_keeps_the_first_failure_time_and_only_the_last_64_attempts() {
         let rules = Rules {
             policy: None,
             fallback: None,
             now_ms: NOW,
+            max_delay: WEEK,
         };
         let f = failure(FailureReason::Nack, AttemptOverride::Policy);
         let mut record = FailureRecord::default();

@@ -8,7 +8,7 @@ use super::SubscriptionActor;
 use super::failure::{self, Failure, Rules, Step};
 use super::requests::{ConsumerId, ConsumerRequest, FailedItem, MessageRef};
 use crate::error::{BrokerError, Result};
-use crate::storage::{FailureRecord, TierEntry};
+use crate::storage::{FailureRecord, ScheduleKey, TierEntry};
 use ricochet_policy::FailureReason;
 use std::collections::HashSet;
 use std::time::Duration;
@@ -112,7 +112,13 @@ impl SubscriptionActor {
                 .collect());
         }
         let mut out = Vec::with_capacity(items.len());
-        for FailedItem { id, reason, detail } in items {
+        for FailedItem {
+            id,
+            reason,
+            detail,
+            hold,
+        } in items
+        {
             let entry = self.locate(&id)?;
             if !self
                 .deliveries
@@ -132,6 +138,7 @@ impl SubscriptionActor {
             }
             out.push(Failure {
                 detail,
+                hold,
                 ..Failure::new(entry, reason, name.clone())
             });
         }
@@ -250,6 +257,7 @@ impl SubscriptionActor {
                 policy: self.policy.policy.as_deref(),
                 fallback: self.policy.fallback.as_deref(),
                 now_ms: now,
+                max_delay: self.deps.max_delay,
             };
             let origin = self.wire_id(f.entry);
             let step = failure::plan(rules, &f, &mut record, &origin, reconsume);
@@ -259,13 +267,13 @@ impl SubscriptionActor {
                 "delivery failed"
             );
             match step {
-                Step::InPlace => in_place.push((f, record)),
+                Step::InPlace(hold) => in_place.push((f, record, hold)),
                 Step::Retry(after) => to_retry.push((f, record, after)),
                 Step::DeadLetter(reason) => to_dlq.push((f, record, reason)),
             }
         }
         if !in_place.is_empty() {
-            self.redeliver_in_place(in_place)?;
+            self.redeliver_in_place(in_place, now)?;
         }
         if !to_retry.is_empty() {
             self.move_to_retry(to_retry, now).await?;
@@ -277,30 +285,62 @@ impl SubscriptionActor {
     }
 
     /// Persists the new counts, then (once durable) makes the messages
-    /// dispatchable again in their current tier.
-    fn redeliver_in_place(&mut self, items: Vec<(Failure, FailureRecord)>) -> Result<()> {
-        let mut writes = Vec::with_capacity(items.len());
+    /// dispatchable again in their current tier: at once, or when their
+    /// hold ends (a schedule entry, so the hold survives a restart).
+    fn redeliver_in_place(
+        &mut self,
+        items: Vec<(Failure, FailureRecord, Duration)>,
+        now: u64,
+    ) -> Result<()> {
+        let mut records = Vec::with_capacity(items.len());
+        let mut schedule = Vec::new();
         let mut ready = Vec::with_capacity(items.len());
-        for (f, rec) in items {
-            writes.push((f.entry.of(self.rec.id), Some(rec.clone())));
+        let mut held = Vec::new();
+        let mut unheld = Vec::new();
+        for (f, mut rec, hold) in items {
+            let msg = f.entry.of(self.rec.id);
+            let hold_until = (!hold.is_zero()).then(|| now.saturating_add(millis(hold)));
+            rec.hold_until_ms = hold_until.unwrap_or(0);
+            records.push((msg, Some(rec.clone())));
             self.deliveries.failures.insert(f.entry, rec);
-            // A scheduled message keeps its schedule entry until it is
-            // finally acked, and is loaded again from `due`.
-            match self.release(f.entry).flatten() {
-                Some(due) => {
+            let scheduled = self.release(f.entry).flatten();
+            match (hold_until, scheduled) {
+                // A scheduled message keeps its schedule entry until it is
+                // finally acked, and is loaded again from `due`.
+                (None, Some(due)) => {
                     self.deliveries.due.insert(f.entry, due);
                 }
-                None => ready.push(f.entry),
+                (None, None) => ready.push(f.entry),
+                (Some(until), old) => {
+                    if let Some(due_ms) = old {
+                        let old = ScheduleKey {
+                            due_ms,
+                            message: msg,
+                        };
+                        schedule.push((old, false));
+                        unheld.push(old);
+                    }
+                    let key = ScheduleKey {
+                        due_ms: until,
+                        message: msg,
+                    };
+                    schedule.push((key, true));
+                    held.push(key);
+                }
             }
         }
-        self.deps.storage.put_failures(&writes)?;
+        self.deps.storage.put_failures(&records)?;
+        self.deps.storage.put_schedule(&schedule)?;
+        self.deps.scheduler.remove(unheld);
         let tx = self.self_tx.clone();
         let flusher = self.deps.flusher.clone();
+        let scheduler = self.deps.scheduler.clone();
         let sync = self.deps.sync;
         tokio::spawn(async move {
             if sync && flusher.durable().await.is_err() {
                 return;
             }
+            scheduler.add(held);
             if let Some(tx) = tx.upgrade() {
                 let _ = tx.send(super::handle::Command::Ready(ready));
             }

@@ -88,6 +88,8 @@ pub struct SubscriptionDeps {
     pub clock: SharedClock,
     /// Dispatch pauses at this many unacked messages per consumer.
     pub max_unacked_per_consumer: usize,
+    /// The longest delay scheduled (see [`BrokerConfig::max_delay`](crate::BrokerConfig::max_delay)).
+    pub max_delay: std::time::Duration,
     /// Whether writes must be flushed before they are acknowledged.
     pub sync: bool,
     /// Cancelled when the broker shuts down: consumers leaving then are not
@@ -460,6 +462,7 @@ impl SubscriptionActor {
                 entry_id,
                 self.rec.main.is_acked(entry_id),
                 self.read_pos,
+                self.deps.clock.now_ms(),
             ),
             failures: self.deliveries.failures.get(&entry).cloned(),
         }
@@ -514,8 +517,9 @@ impl SubscriptionActor {
         }
     }
 
-    /// Answers a successful request once what it wrote is durable (at once
-    /// in `interval` mode), or with the flush's error; errors go at once.
+    /// Answers a successful request once everything it (and every earlier
+    /// request of the stream) wrote is durable, in either durability mode:
+    /// a confirmation is a promise. Errors go at once.
     fn finish_request(&self, consumer: ConsumerId, request_id: u64, outcome: Result<()>) {
         if outcome.is_err() || request_id == 0 {
             return self.reply(consumer, request_id, outcome.map_err(Arc::new));
@@ -524,13 +528,8 @@ impl SubscriptionActor {
             return;
         };
         let flusher = self.deps.flusher.clone();
-        let sync = self.deps.sync;
         tokio::spawn(async move {
-            let outcome = if sync {
-                flusher.durable().await
-            } else {
-                Ok(())
-            };
+            let outcome = flusher.durable().await;
             let _ = tx.send(ConsumerEvent::Done {
                 request_id,
                 outcome: outcome.map_err(Arc::new),

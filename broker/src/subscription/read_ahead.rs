@@ -99,7 +99,12 @@ impl SubscriptionActor {
             }
             last = Some(id);
             let entry = TierEntry::main(id);
-            if self.rec.main.is_acked(id) || self.deliveries.in_flight.contains_key(&entry) {
+            let held = |r: &crate::storage::FailureRecord| r.hold_until_ms > now;
+            if self.rec.main.is_acked(id)
+                || self.deliveries.in_flight.contains_key(&entry)
+                // A held nack comes back through the schedule.
+                || self.deliveries.failures.get(&entry).is_some_and(held)
+            {
                 continue;
             }
             let msg = match Message::decode(bytes.as_slice()) {

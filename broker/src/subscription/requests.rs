@@ -43,6 +43,8 @@ pub struct FailedItem {
     pub reason: FailureReason,
     /// The consumer's reason text.
     pub detail: String,
+    /// Hold it this long before redelivering it in place (zero: at once).
+    pub hold: std::time::Duration,
 }
 
 /// A consumer's request. `request_id` 0 asks for no reply; any other value

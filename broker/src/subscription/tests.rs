@@ -148,6 +148,11 @@ impl TestConsumer {
     }
 
     fn nack(&mut self, m: &ricochet_proto::Message) -> u64 {
+        self.nack_held(m, Duration::ZERO)
+    }
+
+    /// A nack whose delay the broker serves.
+    fn nack_held(&mut self, m: &ricochet_proto::Message, hold: Duration) -> u64 {
         let id = wire(m);
         self.send(|request_id| ConsumerRequest::Redeliver {
             request_id,
@@ -155,6 +160,7 @@ impl TestConsumer {
                 id,
                 reason: ricochet_policy::FailureReason::Nack,
                 detail: "nope".into(),
+                hold,
             }],
         })
     }
@@ -226,6 +232,45 @@ async fn a_nack_without_policy_redelivers_in_place_with_a_persisted_count() {
             .unwrap(),
         None
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_nack_the_broker_holds_comes_back_in_place_after_its_delay() {
+    let h = harness().await;
+    h.publish(&["a", "b"]).await;
+    let mut c = h.consumer(SubscriptionType::Exclusive, None).await;
+    let first = c.messages().await;
+    let rid = c.nack_held(&first[0], Duration::from_secs(600));
+    let asked = h.clock.now_ms();
+    assert!(
+        c.done(rid).await.is_ok(),
+        "confirmed once the count is durable"
+    );
+    let sub = c.handle.id();
+    let stored = h
+        .storage
+        .failure(TierEntry::main(0).of(sub), None)
+        .unwrap()
+        .unwrap();
+    assert_eq!((stored.count, stored.hold_until_ms), (1, asked + 600_000));
+    let status = c.handle.message_status(0).await.unwrap();
+    assert_eq!(status.state, MessageState::Scheduled);
+    assert!(
+        c.messages_within(Duration::from_secs(599)).await.is_none(),
+        "held for its delay"
+    );
+    let again = c.messages().await.remove(0);
+    assert_eq!((text(&again), again.delivery_count), ("a", 1));
+    assert_eq!(
+        again.id.as_ref().unwrap().topic,
+        TOPIC,
+        "in place, not in the retry tier"
+    );
+    assert!(h.clock.now_ms() - (asked + 600_000) <= 5);
+    // Acking it removes its schedule entry too.
+    let rid = c.ack(&again);
+    assert!(c.done(rid).await.is_ok());
+    assert!(h.storage.scheduled(None, u64::MAX, 10).unwrap().is_empty());
 }
 
 #[tokio::test(start_paused = true)]

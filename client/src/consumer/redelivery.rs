@@ -77,6 +77,7 @@ fn failure(
         id: Some(id.to_proto()),
         reason: reason as i32,
         detail,
+        delay_ms: 0,
     }
 }
 

@@ -30,6 +30,8 @@ struct StoredFailures {
     first_failure_ms: u64,
     #[prost(message, repeated, tag = "3")]
     attempts: Vec<StoredAttempt>,
+    #[prost(uint64, tag = "4")]
+    hold_until_ms: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -52,6 +54,7 @@ pub fn encode_failures(r: &FailureRecord) -> Vec<u8> {
     let stored = StoredFailures {
         count: r.count,
         first_failure_ms: r.first_failure_ms,
+        hold_until_ms: r.hold_until_ms,
         attempts: r
             .attempts
             .iter()
@@ -93,6 +96,7 @@ pub fn decode_failures(bytes: &[u8]) -> Result<FailureRecord> {
                 count: s.count,
                 first_failure_ms: s.first_failure_ms,
                 attempts,
+                hold_until_ms: s.hold_until_ms,
             })
         }
         Some((b'{', _)) => from_json(bytes),
