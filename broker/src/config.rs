@@ -165,6 +165,14 @@ impl BrokerConfig {
             rule.policy
                 .validate()
                 .map_err(|e| BrokerError::Config(format!("policy for {}: {e}", rule.topic)))?;
+            if let Some(d) = rule.policy.max_delay().filter(|d| *d > self.max_delay) {
+                return Err(BrokerError::Config(format!(
+                    "policy for {} waits up to {}, more than max_delay ({})",
+                    rule.topic,
+                    humantime::format_duration(d),
+                    humantime::format_duration(self.max_delay)
+                )));
+            }
         }
         Ok(())
     }

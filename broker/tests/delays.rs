@@ -113,3 +113,61 @@ async fn delays_beyond_max_delay_are_refused_and_change_nothing() {
         .into_inner();
     assert_eq!(topic.next_entry_id, 1, "only the first message was stored");
 }
+
+fn levels(levels_ms: Vec<u64>, start_level: u32) -> DeadLetterPolicyConfig {
+    DeadLetterPolicyConfig {
+        kind: Some(dead_letter_policy_config::Kind::DelayLevels(
+            DelayLevelPolicyConfig {
+                levels_ms,
+                start_level,
+                max_reconsume_times: 3,
+            },
+        )),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn absurd_or_too_long_policies_are_refused() {
+    let b = InProcessBroker::start_with(|c| c.max_delay = Duration::from_secs(3600)).await;
+    let subscribe = |policy| {
+        let url = b.url();
+        async move {
+            RawConsumer::subscribe(
+                &url,
+                TOPIC,
+                "s",
+                SubOpts {
+                    policy: Some(policy),
+                    ..Default::default()
+                },
+            )
+            .await
+        }
+    };
+    for (policy, needle) in [
+        (levels(vec![1_000, u64::MAX], 1), "365 days"),
+        (levels(vec![1_000, 2_000], 3), "past the end"),
+        (levels(vec![1_000, 7_200_000], 1), "max_delay of 3600000 ms"),
+    ] {
+        let err = subscribe(policy).await.expect_err("refused");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+        assert!(err.message().contains(needle), "{err}");
+    }
+    // Within bounds it is accepted; an operator cannot set a longer one.
+    let c = subscribe(levels(vec![1_000, 3_600_000], 1)).await.unwrap();
+    let err = AdminClient::new(channel(&b.url()).await)
+        .set_policy(SetPolicyRequest {
+            topic: TOPIC.into(),
+            subscription: "s".into(),
+            policy: Some(levels(vec![86_400_000], 1)),
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    assert!(err.message().contains("max_delay"), "{err}");
+    assert_eq!(
+        c.subscribed.dead_letter_policy.unwrap().kind,
+        levels(vec![1_000, 3_600_000], 1).kind
+    );
+}

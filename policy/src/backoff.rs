@@ -76,6 +76,13 @@ impl MultiplierBackoff {
         if !(0.0..=1.0).contains(&self.jitter) {
             return Err(PolicyError::InvalidJitter(self.jitter));
         }
+        if self.max > crate::MAX_POLICY_DELAY {
+            return Err(PolicyError::DelayTooLong {
+                what: "backoff max delay",
+                delay: self.max,
+                max: crate::MAX_POLICY_DELAY,
+            });
+        }
         Ok(())
     }
 
@@ -138,6 +145,11 @@ impl Backoff {
             Backoff::Fixed(d) if *d < MIN_FIXED_DELAY => Err(PolicyError::FixedDelayTooShort {
                 delay: *d,
                 min: MIN_FIXED_DELAY,
+            }),
+            Backoff::Fixed(d) if *d > crate::MAX_POLICY_DELAY => Err(PolicyError::DelayTooLong {
+                what: "fixed delay",
+                delay: *d,
+                max: crate::MAX_POLICY_DELAY,
             }),
             Backoff::Fixed(_) => Ok(()),
             Backoff::Multiplier(m) => m.validate(),
@@ -330,14 +342,33 @@ mod tests {
     fn huge_attempts_do_not_overflow() {
         let m = MultiplierBackoff {
             min: Duration::from_millis(1),
-            max: Duration::MAX,
+            max: crate::MAX_POLICY_DELAY,
             multiplier: 10.0,
             jitter: 1.0,
         };
         m.validate().expect("valid");
-        assert_eq!(m.nominal_delay(u32::MAX), Duration::MAX);
-        assert!(m.delay(u32::MAX, 42) <= Duration::MAX);
+        assert_eq!(m.nominal_delay(u32::MAX), crate::MAX_POLICY_DELAY);
+        assert!(m.delay(u32::MAX, 42) <= crate::MAX_POLICY_DELAY);
         assert_eq!(m.nominal_delay(2), Duration::from_millis(10));
+        // An absurd cap is refused rather than computed with.
+        let absurd = MultiplierBackoff {
+            max: Duration::MAX,
+            ..m
+        };
+        assert!(matches!(
+            absurd.validate(),
+            Err(PolicyError::DelayTooLong {
+                what: "backoff max delay",
+                ..
+            })
+        ));
+        assert!(matches!(
+            BackoffPolicy::fixed(Duration::from_millis(u64::MAX), 3),
+            Err(PolicyError::DelayTooLong {
+                what: "fixed delay",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -52,11 +52,19 @@ impl LevelTable {
         if levels.is_empty() {
             return Err(PolicyError::EmptyLevelTable);
         }
+        if levels.len() > crate::MAX_LEVELS {
+            return Err(PolicyError::TooManyLevels {
+                count: levels.len(),
+                max: crate::MAX_LEVELS,
+            });
+        }
         for (i, d) in levels.iter().enumerate() {
             let reason = if d.is_zero() {
                 "a delay level must be longer than zero"
             } else if d.subsec_nanos() % 1_000_000 != 0 {
                 "a delay level must be a whole number of milliseconds"
+            } else if *d > crate::MAX_POLICY_DELAY {
+                "a delay level must be at most 365 days"
             } else {
                 continue;
             };
@@ -253,8 +261,8 @@ impl<'de> Deserialize<'de> for LevelTable {
 /// Overrides: [`AttemptOverride::Level(k)`](crate::AttemptOverride::Level)
 /// uses level `k` clamped to `1 ..= len`;
 /// [`AttemptOverride::Delay(d)`](crate::AttemptOverride::Delay) uses `d`.
-/// Neither lifts the retry limit. A `start_level` beyond the table is allowed
-/// and means "always the last level".
+/// Neither lifts the retry limit. A `start_level` must name a level of the
+/// table; attempts past the table's end use its last level.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DelayLevelPolicy {
     levels: LevelTable,
@@ -272,6 +280,12 @@ impl DelayLevelPolicy {
     ) -> Result<Self, PolicyError> {
         if start_level == 0 {
             return Err(PolicyError::ZeroStartLevel);
+        }
+        if start_level > levels.last_level() {
+            return Err(PolicyError::StartLevelBeyondTable {
+                start_level,
+                levels: levels.last_level() as usize,
+            });
         }
         if max_reconsume_times == 0 {
             return Err(PolicyError::ZeroMaxAttempts {
@@ -469,8 +483,15 @@ mod tests {
         assert_eq!(p.delay_for_attempt(3), secs(3));
         assert_eq!(p.delay_for_attempt(4), secs(3));
         assert_eq!(p.delay_for_attempt(u32::MAX), secs(3));
-        // A start level past the end means "always the last level".
-        let p = p.with_start_level(50).expect("valid");
+        // A start level must name a level of the table.
+        assert_eq!(
+            p.clone().with_start_level(4),
+            Err(PolicyError::StartLevelBeyondTable {
+                start_level: 4,
+                levels: 3
+            })
+        );
+        let p = p.with_start_level(3).expect("valid");
         assert_eq!(p.delay_for_attempt(1), secs(3));
         assert_eq!(p.level_for_attempt(u32::MAX), 3);
     }
@@ -547,6 +568,19 @@ mod tests {
             LevelTable::new(vec![Duration::from_micros(1500)]),
             Err(PolicyError::InvalidLevel { index: 1, .. })
         ));
+        // Absurd tables: a level of u64::MAX ms, or a million levels.
+        assert!(matches!(
+            LevelTable::new(vec![secs(1), Duration::from_millis(u64::MAX)]),
+            Err(PolicyError::InvalidLevel { index: 2, .. })
+        ));
+        assert!(LevelTable::new(vec![crate::MAX_POLICY_DELAY]).is_ok());
+        assert_eq!(
+            LevelTable::new(vec![secs(1); 1_000_000]),
+            Err(PolicyError::TooManyLevels {
+                count: 1_000_000,
+                max: crate::MAX_LEVELS
+            })
+        );
     }
 
     #[test]

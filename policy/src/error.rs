@@ -31,6 +31,35 @@ pub enum PolicyError {
         reason: String,
     },
 
+    /// A delay-level table with more levels than [`MAX_LEVELS`](crate::MAX_LEVELS).
+    #[error("the delay-level table has {count} levels; at most {max} are allowed")]
+    TooManyLevels {
+        /// Levels given.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+
+    /// `start_level` past the end of the level table.
+    #[error("start_level {start_level} is past the end of the {levels}-level table")]
+    StartLevelBeyondTable {
+        /// The start level asked for.
+        start_level: u32,
+        /// Levels in the table.
+        levels: usize,
+    },
+
+    /// A delay longer than [`MAX_POLICY_DELAY`](crate::MAX_POLICY_DELAY).
+    #[error("{what} {} is longer than the {} a policy may wait", fmt_duration(.delay), fmt_duration(.max))]
+    DelayTooLong {
+        /// Which delay (`fixed delay`, `backoff max delay`, ...).
+        what: &'static str,
+        /// The delay asked for.
+        delay: Duration,
+        /// The limit.
+        max: Duration,
+    },
+
     /// `start_level` of a delay-level policy was 0.
     #[error("start_level must be at least 1 (level 1 is the first entry of the table), got 0")]
     ZeroStartLevel,

@@ -137,3 +137,12 @@ pub use explain::{
 pub use policy::DeadLetterPolicy;
 pub use registry::{PolicyFactory, PolicyRegistry};
 pub use spec::PolicySpec;
+
+/// The longest delay any built-in policy may wait (a level, a fixed delay, a
+/// backoff's max): far beyond real use, so that no due time computed from a
+/// policy can overflow. A broker bounds delays further with its own
+/// `max_delay`.
+pub const MAX_POLICY_DELAY: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+
+/// The most levels a delay-level table may have (RocketMQ's has 18).
+pub const MAX_LEVELS: usize = 1_000;

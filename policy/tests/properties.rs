@@ -32,8 +32,16 @@ fn level_table() -> impl Strategy<Value = LevelTable> {
     })
 }
 
+/// A table with a start level that names one of its levels.
+fn table_and_start() -> impl Strategy<Value = (LevelTable, u32)> {
+    level_table().prop_flat_map(|t| {
+        let n = t.len() as u32;
+        (Just(t), 1u32..=n)
+    })
+}
+
 fn delay_level_policy() -> impl Strategy<Value = DelayLevelPolicy> {
-    (level_table(), 1u32..50, 1u32..100).prop_map(|(t, start, max)| {
+    (table_and_start(), 1u32..100).prop_map(|((t, start), max)| {
         DelayLevelPolicy::new(t, start, max).expect("generated policy is valid")
     })
 }
@@ -41,7 +49,7 @@ fn delay_level_policy() -> impl Strategy<Value = DelayLevelPolicy> {
 /// A policy on a non-decreasing table (RocketMQ's and any sensible one; a
 /// custom table may go down, and then so do its delays).
 fn sorted_delay_level_policy() -> impl Strategy<Value = DelayLevelPolicy> {
-    (level_table(), 1u32..50, 1u32..100).prop_map(|(t, start, max)| {
+    (table_and_start(), 1u32..100).prop_map(|((t, start), max)| {
         let mut levels = t.as_slice().to_vec();
         levels.sort();
         let t = LevelTable::new(levels).expect("still valid");
@@ -74,13 +82,21 @@ fn backoff_policy(jitter: bool) -> impl Strategy<Value = BackoffPolicy> {
 }
 
 fn spec() -> impl Strategy<Value = PolicySpec> {
-    let levels = (prop::option::of(level_table()), 1u32..50, 1u32..100).prop_map(
-        |(levels, start_level, max_reconsume_times)| PolicySpec::DelayLevels {
-            levels,
+    let own_table = (table_and_start(), 1u32..100).prop_map(|((t, start_level), max)| {
+        PolicySpec::DelayLevels {
+            levels: Some(t),
+            start_level,
+            max_reconsume_times: max,
+        }
+    });
+    let default_table = (1u32..=18, 1u32..100).prop_map(|(start_level, max_reconsume_times)| {
+        PolicySpec::DelayLevels {
+            levels: None,
             start_level,
             max_reconsume_times,
-        },
-    );
+        }
+    });
+    let levels = prop_oneof![own_table, default_table];
     let backoff = backoff_policy(true).prop_map(|p| p.spec().expect("built-in"));
     let named = ("[a-z][a-z0-9_-]{0,15}", prop::option::of("[ -~]{0,20}"))
         .prop_map(|(name, params)| PolicySpec::named(name, params));
@@ -92,6 +108,16 @@ fn ctx(attempt: u32, reason: FailureReason, seed: u64) -> FailureContext<'static
 }
 
 proptest! {
+    #[test]
+    fn max_delay_bounds_every_decision(spec in spec(), reason in retry_reason(), n in 0u32..200, seed: u64) {
+        if let (Ok(p), Some(max)) = (spec.build(), spec.max_delay()) {
+            prop_assert!(max <= ricochet_policy::MAX_POLICY_DELAY);
+            if let Some(d) = p.decide(&ctx(n, reason, seed)).delay() {
+                prop_assert!(d <= max, "{spec}: {d:?} > {max:?}");
+            }
+        }
+    }
+
     #[test]
     fn delay_levels_bounded(p in delay_level_policy(), reason in retry_reason(), n in 0u32..=u32::MAX, level: u32) {
         if let Some(d) = p.decide(&ctx(n, reason, 0)).delay() {

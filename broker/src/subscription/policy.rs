@@ -31,6 +31,18 @@ impl Default for PolicyState {
     }
 }
 
+/// Refuses a policy whose longest delay exceeds the broker's `max_delay`.
+pub(crate) fn check_max_delay(spec: &PolicySpec, max_delay: std::time::Duration) -> Result<()> {
+    match spec.max_delay() {
+        Some(d) if d > max_delay => Err(crate::error::BrokerError::InvalidArgument(format!(
+            "policy {spec} waits up to {} ms, more than the broker's max_delay of {} ms",
+            d.as_millis(),
+            max_delay.as_millis()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 impl SubscriptionActor {
     /// Builds the policy the record and the config call for.
     pub(super) fn resolve_policy(&mut self) -> Result<()> {
@@ -72,6 +84,7 @@ impl SubscriptionActor {
     ) -> Result<PolicyInfo> {
         if let Some(s) = &spec {
             s.validate()?;
+            check_max_delay(s, self.deps.max_delay)?;
             self.deps.link.build_policy(s)?;
         }
         let old = (self.rec.policy.clone(), self.rec.policy_source);

@@ -44,6 +44,26 @@ impl PolicySpec {
         }
     }
 
+    /// The longest delay the policy can ask for (its longest level, its
+    /// fixed delay or its backoff's max); `None` for a `Named` policy, whose
+    /// delays only it knows. A broker refuses a policy longer than its own
+    /// `max_delay`.
+    pub fn max_delay(&self) -> Option<std::time::Duration> {
+        match self {
+            PolicySpec::DelayLevels { levels, .. } => {
+                Some(levels.clone().unwrap_or_default().max_delay())
+            }
+            PolicySpec::Backoff {
+                fixed, multiplier, ..
+            } => Some(match (fixed, multiplier) {
+                (Some(d), _) => *d,
+                (None, Some(m)) => m.max,
+                (None, None) => Backoff::default().max_delay(),
+            }),
+            PolicySpec::Named { .. } => None,
+        }
+    }
+
     /// Builds a built-in policy; `Ok(None)` for a (syntactically valid) `Named`.
     pub(crate) fn build_builtin(&self) -> Result<Option<Arc<dyn DeadLetterPolicy>>, PolicyError> {
         match self {
