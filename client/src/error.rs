@@ -39,6 +39,23 @@ pub enum Error {
     /// The producer or consumer was closed.
     #[error("closed")]
     Closed,
+    /// The message arrived on a stream that has since broken (the consumer
+    /// reconnected): the broker redelivers it, so settle that delivery
+    /// instead. Nothing was sent.
+    #[error(
+        "stale delivery: {0} arrived before the consumer reconnected; the broker redelivers it"
+    )]
+    StaleDelivery(String),
+    /// Acks the broker never confirmed as durable (`close`, `flush`): lost
+    /// with a broken stream, or unanswered in time. The broker redelivers
+    /// those messages.
+    #[error("{count} ack(s) not confirmed by the broker: {reason}")]
+    Unconfirmed {
+        /// How many acks.
+        count: u64,
+        /// Why they are not confirmed.
+        reason: String,
+    },
     /// A dead-letter policy that does not validate or cannot be built.
     #[error("policy: {0}")]
     Policy(#[from] PolicyError),
@@ -68,7 +85,11 @@ impl Error {
         match self {
             Error::Connection(_) | Error::Timeout(_) => true,
             Error::Rejected { code, .. } => is_transient(*code),
-            Error::InvalidArgument(_) | Error::Closed | Error::Policy(_) => false,
+            Error::InvalidArgument(_)
+            | Error::Closed
+            | Error::Policy(_)
+            | Error::StaleDelivery(_)
+            | Error::Unconfirmed { .. } => false,
         }
     }
 }

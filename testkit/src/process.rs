@@ -101,6 +101,7 @@ fn next_to(exe: &Path) -> (PathBuf, String) {
 pub struct SpawnOptions {
     bin: Option<PathBuf>,
     args: Vec<OsString>,
+    listen: SocketAddr,
     metrics_listen: SocketAddr,
     rust_log: String,
     echo_log: bool,
@@ -112,6 +113,7 @@ impl Default for SpawnOptions {
         Self {
             bin: None,
             args: Vec::new(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             rust_log: "warn".to_owned(),
             echo_log: false,
@@ -141,6 +143,13 @@ impl SpawnOptions {
         S: Into<OsString>,
     {
         self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Serves gRPC on `addr` (default: a port the broker picks); to come
+    /// back on the port of a broker that was killed, so clients reconnect.
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = addr;
         self
     }
 
@@ -179,16 +188,17 @@ pub struct BrokerProcess {
 }
 
 impl BrokerProcess {
-    /// Starts the broker with data in `dir` on a port of its own choosing (so
-    /// no other process can take it between choosing and binding); returns
-    /// once it listens. Panics if it cannot be started or does not listen in
+    /// Starts the broker with data in `dir`, by default on a port of its own
+    /// choosing (so no other process can take it between choosing and
+    /// binding); returns once it listens. Panics if it cannot be started or does not listen in
     /// time.
     pub async fn spawn(dir: &Path, options: &SpawnOptions) -> Self {
         let bin = broker_bin(options.bin.as_deref());
         let mut child = Command::new(&bin)
             .arg("--data-dir")
             .arg(dir)
-            .args(["--listen", "127.0.0.1:0"])
+            .arg("--listen")
+            .arg(options.listen.to_string())
             .arg("--metrics-listen")
             .arg(options.metrics_listen.to_string())
             .args(&options.args)

@@ -241,7 +241,8 @@ impl RawConsumer {
                     consume_response::Response::ActiveChange(a) => {
                         self.active_changes.push(a.active)
                     }
-                    consume_response::Response::Subscribed(_) => {}
+                    consume_response::Response::Subscribed(_)
+                    | consume_response::Response::AckedIds(_) => {}
                 }
                 true
             }

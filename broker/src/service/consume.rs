@@ -12,7 +12,7 @@ use crate::subscription::{ConsumerEvent, ConsumerRequest, ConsumerSpec, FailedIt
 use futures::StreamExt as _;
 use ricochet_policy::{AttemptOverride, FailureReason, PolicySpec};
 use ricochet_proto::{
-    AckType, CommandResult, ConsumeRequest, ConsumeResponse, InitialPosition, Message,
+    AckType, AckedIds, CommandResult, ConsumeRequest, ConsumeResponse, InitialPosition, Message,
     MessageBatch, Subscribe, Subscribed, SubscriptionType, consume_request, consume_response,
     reconsume_later,
 };
@@ -231,6 +231,10 @@ fn parse(req: consume_request::Request, max_delay: Duration) -> Parsed {
             detail: t.detail,
         },
         R::Close(_) => ConsumerRequest::Close,
+        R::CheckAcks(c) => ConsumerRequest::CheckAcks {
+            request_id: c.request_id,
+            ids: c.ids.into_iter().map(message_ref).collect(),
+        },
     };
     Parsed::Request(request)
 }
@@ -284,6 +288,16 @@ fn frames_of(event: ConsumerEvent) -> Vec<Result<ConsumeResponse, Status>> {
             }))]
         }
         ConsumerEvent::End(e) => vec![Err(status_of(&e))],
+        ConsumerEvent::Acked { request_id, ids } => vec![response(R::AckedIds(AckedIds {
+            request_id,
+            ids: ids
+                .into_iter()
+                .map(|id| ricochet_proto::MessageId {
+                    topic: id.topic,
+                    entry_id: id.entry_id,
+                })
+                .collect(),
+        }))],
     }
 }
 

@@ -310,6 +310,19 @@ impl SubscriptionActor {
                 detail,
             } => self.terminate(consumer, request_id, &id, detail).await,
             ConsumerRequest::Close => self.close_consumer(consumer),
+            ConsumerRequest::CheckAcks { request_id, ids } => {
+                let acked = ids
+                    .into_iter()
+                    .filter(|id| self.locate(id).is_ok_and(|e| self.rec.is_acked(e)))
+                    .collect();
+                self.consumers.send(
+                    consumer,
+                    ConsumerEvent::Acked {
+                        request_id,
+                        ids: acked,
+                    },
+                );
+            }
         }
     }
 

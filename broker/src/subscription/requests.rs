@@ -94,6 +94,14 @@ pub enum ConsumerRequest {
     },
     /// A clean close: what the consumer holds goes back uncounted.
     Close,
+    /// Which of these messages are acked (answered at once by
+    /// [`ConsumerEvent::Acked`]).
+    CheckAcks {
+        /// Correlation id.
+        request_id: u64,
+        /// The messages asked about.
+        ids: Vec<MessageRef>,
+    },
 }
 
 /// The outcome of a consumer's request; an error may answer several
@@ -138,6 +146,13 @@ pub enum ConsumerEvent {
     },
     /// Failover: whether this consumer is now the active one.
     Active(bool),
+    /// The answer to a `CheckAcks`: the ids asked about that are acked.
+    Acked {
+        /// The request's correlation id.
+        request_id: u64,
+        /// The acked ones.
+        ids: Vec<MessageRef>,
+    },
     /// The stream ends with this error (a protocol violation).
     End(BrokerError),
 }

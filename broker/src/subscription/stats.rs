@@ -85,13 +85,16 @@ impl StatsSnapshot {
             in_flight,
             now_ms,
         } = self;
-        let (scheduled, next_due, by_due) = tokio::task::spawn_blocking(move || {
+        let s = tokio::task::spawn_blocking(move || {
             schedule_stats(storage.as_ref(), sub_id, &in_flight, now_ms)
         })
         .await
         .map_err(|_| BrokerError::ShuttingDown)??;
-        stats.backlog += scheduled;
-        stats.scheduled_retries = scheduled;
+        // Scheduled main-topic messages (delayed, or a held nack) are in the
+        // main backlog already; retry-tier ones are not.
+        stats.backlog += s.retry_tier;
+        stats.scheduled_retries = s.count;
+        let (next_due, by_due) = (s.next_due, s.by_due);
         stats.next_retry_due_ms = next_due;
         stats.scheduled_by_due = by_due;
         Ok(stats)
@@ -168,15 +171,25 @@ impl SubscriptionActor {
     }
 }
 
+/// What the schedule index holds for one subscription.
+struct ScheduleStats {
+    /// Scheduled messages, in either tier.
+    count: u64,
+    /// Of those, in the retry tier.
+    retry_tier: u64,
+    next_due: Option<u64>,
+    by_due: Vec<DueBucket>,
+}
+
 /// Scheduled (not yet acked, not in flight) retry-tier and delayed
-/// messages of this subscription: count, earliest due time, and counts by
+/// messages of this subscription: counts, earliest due time, and counts by
 /// due-time bucket. Scans the schedule index: O(all scheduled messages).
 fn schedule_stats(
     storage: &dyn Storage,
     sub_id: u64,
     in_flight: &HashSet<TierEntry>,
     now: u64,
-) -> Result<(u64, Option<u64>, Vec<DueBucket>)> {
+) -> Result<ScheduleStats> {
     const BUCKETS: [(&str, u64); 5] = [
         ("overdue", 0),
         ("1m", 60_000),
@@ -198,6 +211,7 @@ fn schedule_stats(
         }))
         .collect();
     let mut count = 0;
+    let mut retry_tier = 0;
     let mut next = None;
     let mut after = None;
     const PAGE: usize = 10_000;
@@ -206,6 +220,9 @@ fn schedule_stats(
         for k in &batch {
             if k.message.sub_id == sub_id && !in_flight.contains(&k.message.entry()) {
                 count += 1;
+                if k.message.tier == crate::storage::TierId::Retry {
+                    retry_tier += 1;
+                }
                 next = Some(next.map_or(k.due_ms, |n: u64| n.min(k.due_ms)));
                 let i = buckets
                     .iter()
@@ -219,5 +236,10 @@ fn schedule_stats(
         }
         after = batch.last().copied();
     }
-    Ok((count, next, buckets))
+    Ok(ScheduleStats {
+        count,
+        retry_tier,
+        next_due: next,
+        by_due: buckets,
+    })
 }

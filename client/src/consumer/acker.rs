@@ -12,17 +12,23 @@ use ricochet_proto::reconsume_later;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::shared::{Cmd, Shared};
+use super::shared::{Cmd, Reply, Shared};
 use crate::error::{Error, Result};
 use crate::message::{Message, MessageId};
 
 /// Settles messages of one consumer; cheap to clone and `Send`, so
 /// processing tasks can ack on their own.
 ///
-/// All methods return once the request is queued, except
-/// [`reconsume_later`](Self::reconsume_later) and
-/// [`terminate`](Self::terminate), which wait until the broker has moved the
-/// message (durably).
+/// [`reconsume_later`](Self::reconsume_later),
+/// [`terminate`](Self::terminate) and [`flush`](Self::flush) wait until the
+/// broker has made what they did durable. `ack`, `ack_cumulative` and
+/// `nack` return once queued, or with
+/// [ack receipts](super::ConsumerBuilder::ack_receipts) once durable.
+///
+/// A message that arrived before the consumer reconnected cannot be settled
+/// any more ([`Error::StaleDelivery`]): the broker redelivers it, and only
+/// that new delivery can be settled (an ack never applies to a message
+/// delivered after it was made).
 ///
 /// A [`Consumer`](super::Consumer) dereferences to its `Acker`, so
 /// `consumer.ack(&msg)` works on the consumer itself; take a clone with
@@ -41,20 +47,52 @@ impl Acker {
         self.tx.send(cmd).map_err(|_| Error::Closed)
     }
 
-    /// Acknowledges one message (grouped; see the [module docs](super)).
-    pub async fn ack(&self, msg: &Message) -> Result<()> {
-        self.send(Cmd::Ack {
-            id: msg.id.clone(),
-            epoch: Some(msg.epoch),
-        })
+    /// Fails for a message of an earlier stream.
+    fn current(&self, msg: &Message) -> Result<()> {
+        if msg.epoch == self.shared.epoch.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(Error::StaleDelivery(msg.id.to_string()))
+        }
     }
 
-    /// Acknowledges by id (for ids kept apart from their message).
+    /// Sends a settle command; with ack receipts, waits for the broker.
+    async fn settle(&self, make: impl FnOnce(Option<Reply>) -> Cmd) -> Result<()> {
+        if self.shared.receipts {
+            self.request(|reply| make(Some(reply))).await
+        } else {
+            self.send(make(None))
+        }
+    }
+
+    /// Acknowledges one message (grouped; see the [module docs](super)).
+    pub async fn ack(&self, msg: &Message) -> Result<()> {
+        self.current(msg)?;
+        self.settle(|reply| Cmd::Ack {
+            id: msg.id.clone(),
+            epoch: Some(msg.epoch),
+            reply,
+        })
+        .await
+    }
+
+    /// Acknowledges by id (for ids kept apart from their message; the
+    /// broker refuses it unless the message is in flight with this consumer).
     pub async fn ack_id(&self, id: &MessageId) -> Result<()> {
-        self.send(Cmd::Ack {
+        self.settle(|reply| Cmd::Ack {
             id: id.clone(),
             epoch: None,
+            reply,
         })
+        .await
+    }
+
+    /// Sends every held ack now and waits until the broker has made every
+    /// ack of this consumer so far durable. Fails with
+    /// [`Error::Unconfirmed`] naming how many acks were lost (with a broken
+    /// stream: the broker redelivers those messages) or unconfirmed.
+    pub async fn flush(&self) -> Result<()> {
+        self.request(Cmd::Flush).await
     }
 
     /// Acknowledges this message and every earlier one of the main topic.
@@ -75,10 +113,13 @@ impl Acker {
                 msg.id.topic()
             )));
         }
-        self.send(Cmd::AckCumulative {
+        self.current(msg)?;
+        self.settle(|reply| Cmd::AckCumulative {
             id: msg.id.clone(),
             epoch: Some(msg.epoch),
+            reply,
         })
+        .await
     }
 
     /// Tells the consumer the application is still working on `msg`: its ack
@@ -98,24 +139,30 @@ impl Acker {
 
     /// Negatively acknowledges: the message comes back after the delay the
     /// policy gives its next attempt (or the fixed nack delay), or is
-    /// dead-lettered once the policy says so.
+    /// dead-lettered once the policy says so. Short delays are held here;
+    /// delays of at least the
+    /// [broker nack threshold](super::ConsumerBuilder::broker_nack_threshold)
+    /// (and every nack with ack receipts) are held by the broker.
     pub async fn nack(&self, msg: &Message) -> Result<()> {
-        self.nack_inner(msg, None)
+        self.nack_inner(msg, None).await
     }
 
     /// [`nack`](Self::nack) with a reason, recorded in the message's failure
     /// history (and its dead letter) and passed to the policy.
     pub async fn nack_with_reason(&self, msg: &Message, reason: impl Into<String>) -> Result<()> {
-        self.nack_inner(msg, Some(reason.into()))
+        self.nack_inner(msg, Some(reason.into())).await
     }
 
-    fn nack_inner(&self, msg: &Message, detail: Option<String>) -> Result<()> {
-        self.send(Cmd::Nack {
+    async fn nack_inner(&self, msg: &Message, detail: Option<String>) -> Result<()> {
+        self.current(msg)?;
+        self.settle(|reply| Cmd::Nack {
             id: msg.id.clone(),
             epoch: msg.epoch,
             delivery_count: msg.delivery_count(),
             detail,
+            reply,
         })
+        .await
     }
 
     async fn request(&self, make: impl FnOnce(oneshot::Sender<Result<()>>) -> Cmd) -> Result<()> {

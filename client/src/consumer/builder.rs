@@ -139,6 +139,23 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Ack receipts (Pulsar's `isAckReceiptEnabled`): `ack`,
+    /// `ack_cumulative` and `nack` complete only once the broker has made
+    /// them durable, and fail if it refuses or the stream breaks first.
+    /// Acks are still grouped (`ack_group_time`); nacks go to the broker at
+    /// once, which holds their delay. Default off.
+    pub fn ack_receipts(mut self, on: bool) -> Self {
+        self.config.ack_receipts = on;
+        self
+    }
+
+    /// Nacks delayed at least this long are held by the broker (persisted,
+    /// surviving this client) instead of here (default 10 s).
+    pub fn broker_nack_threshold(mut self, d: Duration) -> Self {
+        self.config.broker_nack_threshold = d;
+        self
+    }
+
     /// All settings at once.
     pub fn config(mut self, config: ConsumerConfig) -> Self {
         self.config = config;

@@ -49,6 +49,15 @@ pub struct ConsumerConfig {
     pub ack_group_time: Duration,
     /// Ack grouping size (default 1000 ids).
     pub ack_group_max: usize,
+    /// Ack receipts (Pulsar's `isAckReceiptEnabled`, NATS's `AckSync`): each
+    /// ack, cumulative ack and nack completes only once the broker has made
+    /// it durable (default off: they complete once queued).
+    pub ack_receipts: bool,
+    /// A nack whose delay is at least this long is handed to the broker at
+    /// once, which holds it (persisted, surviving this client) and
+    /// redelivers it when due; shorter ones are held here (default 10 s).
+    /// With ack receipts every nack goes to the broker.
+    pub broker_nack_threshold: Duration,
 }
 
 impl std::fmt::Debug for ConsumerConfig {
@@ -68,6 +77,8 @@ impl std::fmt::Debug for ConsumerConfig {
             .field("dead_letter_reader", &self.dead_letter_reader)
             .field("ack_group_time", &self.ack_group_time)
             .field("ack_group_max", &self.ack_group_max)
+            .field("ack_receipts", &self.ack_receipts)
+            .field("broker_nack_threshold", &self.broker_nack_threshold)
             .finish()
     }
 }
@@ -91,6 +102,8 @@ impl Default for ConsumerConfig {
             dead_letter_reader: false,
             ack_group_time: Duration::from_millis(100),
             ack_group_max: 1000,
+            ack_receipts: false,
+            broker_nack_threshold: Duration::from_secs(10),
         }
     }
 }

@@ -8,24 +8,23 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use ricochet_policy::{DeadLetterPolicy, PolicySpec, Tier};
 use ricochet_proto::{
-    CloseConsumer, ConsumeResponse, Flow, ReconsumeLater, Redeliver, Subscribed, Terminate,
-    consume_request, consume_response,
+    Ack, AckType, CheckAcks, CloseConsumer, ConsumeResponse, Flow, ReconsumeLater, Redeliver,
+    Subscribed, Terminate, consume_request, consume_response,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::acks::{AckGroup, StaleAcks};
+use super::acks::AckGroup;
 use super::builder::{Conn, open_stream};
 use super::ids::{Key, TopicIds};
 use super::redelivery::{InFlight, plan_nack};
-use super::requests::{Answer, PendingMove, Requests};
-use super::shared::{ACTIVE_NO, ACTIVE_UNKNOWN, ACTIVE_YES, Cmd, Delivery, Shared};
+use super::requests::{Pending, PendingMove, Requests};
+use super::shared::{ACTIVE_NO, ACTIVE_UNKNOWN, ACTIVE_YES, Cmd, Delivery, Reply, Shared};
 use super::{Acker, Consumer, ConsumerConfig};
 use crate::client::{Client, next_frame, sleep_opt};
 use crate::error::{Error, Result};
 use crate::message::{Message, MessageId};
 use crate::reconnect::{Reconnector, Reopen};
-use crate::tracker::far_future;
 
 /// Starts the driver task on a freshly opened stream and returns the
 /// application's handle.
@@ -51,6 +50,7 @@ pub(super) fn spawn(
         active: AtomicU8::new(ACTIVE_UNKNOWN),
         closed: AtomicBool::new(false),
         track_taken: cfg.ack_timeout.is_some(),
+        receipts: cfg.ack_receipts,
         request_timeout: client.config().request_timeout,
     });
     let ids = TopicIds::new(&subscribed.topic);
@@ -70,7 +70,8 @@ pub(super) fn spawn(
         inflight,
         acks,
         requests: Requests::new(),
-        stale_acks: StaleAcks::default(),
+        to_check: Vec::new(),
+        acks_lost: 0,
         reconnect,
         closing: None,
         close_reply: None,
@@ -104,7 +105,12 @@ struct Driver {
     inflight: InFlight,
     acks: AckGroup,
     requests: Requests,
-    stale_acks: StaleAcks,
+    /// Acks made before the stream broke and never confirmed: the new
+    /// stream asks the broker which of them were applied.
+    to_check: Vec<MessageId>,
+    /// Acks lost (with broken streams, or refused) since a `flush` or
+    /// `close` last reported them.
+    acks_lost: u64,
     reconnect: Reconnector,
     closing: Option<Instant>,
     close_reply: Option<oneshot::Sender<Result<()>>>,
@@ -151,14 +157,13 @@ impl Driver {
                     rx_open = false;
                     self.start_close(None);
                 }
-                Event::AckFlush => self.flush_acks(0),
+                Event::AckFlush => self.flush_acks(),
                 Event::NackDue => self.fire_nacks(Instant::now()),
                 Event::AckTimeout => self.fire_ack_timeouts(),
                 Event::Reconnect => self.reconnect().await,
                 Event::CloseDeadline => {
-                    self.finish_close(Err(Error::Timeout(
-                        "waiting for the broker to confirm the final acks".into(),
-                    )));
+                    let r = self.confirmed("the broker did not confirm them in time");
+                    self.finish_close(r);
                 }
             }
             self.send_redeliveries();
@@ -174,7 +179,7 @@ impl Driver {
             }
         }
         self.shared.closed.store(true, Ordering::Release);
-        self.requests.fail_moves(|| Error::Closed);
+        let _ = self.fail_waiting(|| Error::Closed);
     }
 
     /// A fresh stream is up: reset per-stream state, grant permits.
@@ -189,6 +194,14 @@ impl Driver {
         }));
         self.conn = Some(conn);
         self.reconnect.connected();
+        if !self.to_check.is_empty() {
+            let ids = std::mem::take(&mut self.to_check);
+            let request_id = self.requests.start(Pending::Check { asked: ids.len() });
+            self.send(consume_request::Request::CheckAcks(CheckAcks {
+                request_id,
+                ids: ids.iter().map(MessageId::to_proto).collect(),
+            }));
+        }
     }
 
     /// The policy used for nack delays: the application's own object, else
@@ -212,7 +225,6 @@ impl Driver {
     fn on_response(&mut self, r: ConsumeResponse) {
         match r.response {
             Some(consume_response::Response::Messages(batch)) => {
-                let mut auto_acked = 0u32;
                 for m in batch.messages {
                     let Some(msg) = Message::from_proto(m, self.epoch, &mut self.ids) else {
                         tracing::warn!("dropping a message without an id");
@@ -222,12 +234,6 @@ impl Driver {
                         tracing::warn!(id = %msg.id, "dropping a message from an unexpected topic");
                         continue;
                     };
-                    if self.stale_acks.take(&key) {
-                        // Acked by the application before the reconnect.
-                        self.acks.add(msg.id);
-                        auto_acked += 1;
-                        continue;
-                    }
                     self.inflight.delivered(key);
                     if self
                         .out
@@ -240,15 +246,6 @@ impl Driver {
                         break;
                     }
                 }
-                if auto_acked > 0 {
-                    self.schedule_ack_flush();
-                    // Those never reach the application: return their permits.
-                    if let Some(c) = &self.conn {
-                        c.send(consume_request::Request::Flow(Flow {
-                            permits: auto_acked,
-                        }));
-                    }
-                }
             }
             Some(consume_response::Response::Result(r)) => {
                 self.on_result(r.request_id, r.code, r.message)
@@ -259,6 +256,7 @@ impl Driver {
                     Ordering::Relaxed,
                 );
             }
+            Some(consume_response::Response::AckedIds(a)) => self.on_acked_ids(a),
             Some(consume_response::Response::Subscribed(_)) | None => {
                 tracing::debug!("ignoring an unexpected consumer frame");
             }
@@ -272,19 +270,131 @@ impl Driver {
             }
             return;
         }
-        match self.requests.answer(request_id, code, message) {
-            Some(Answer::Close(r)) => self.finish_close(r),
-            Some(Answer::Move(m, r)) => {
-                if r.is_err()
+        let Some((pending, result)) = self.requests.answer(request_id, code, message) else {
+            return;
+        };
+        if result.is_ok() {
+            // Everything sent before it is durable too.
+            for w in self.requests.confirm_before(request_id) {
+                let _ = w.send(Ok(()));
+            }
+        }
+        match pending {
+            Pending::Move(m) => {
+                if result.is_err()
                     && let Some(k) = m.key.filter(|_| m.epoch == self.epoch)
                 {
                     // Still in flight on the broker: track it again.
                     self.inflight.track(k, Instant::now());
                 }
-                let _ = m.reply.send(r);
+                let _ = m.reply.send(result);
             }
-            None => {}
+            Pending::Settled { waiters, ids } => {
+                if let Err(e) = &result {
+                    // Refused: those acks did not apply.
+                    self.acks_lost += ids.len() as u64;
+                    tracing::warn!(error = %e, acks = ids.len(), sub = %self.shared.subscription, "the broker refused acks");
+                }
+                for w in waiters {
+                    let _ = w.send(result.clone());
+                }
+            }
+            Pending::Flush(reply) => {
+                let r = result.and_then(|()| self.confirmed(""));
+                let _ = reply.send(r);
+            }
+            Pending::Close => {
+                let r = result.and_then(|()| self.confirmed(""));
+                self.finish_close(r);
+            }
+            // Answered by `AckedIds`, not a `CommandResult`.
+            Pending::Check { .. } => {}
         }
+    }
+
+    /// Which acks from a broken stream the broker had applied: the others
+    /// are lost (their messages are redelivered); the applied ones become
+    /// durable with the next confirmed request.
+    fn on_acked_ids(&mut self, a: ricochet_proto::AckedIds) {
+        let Some((Pending::Check { asked }, _)) =
+            self.requests.answer(a.request_id, 0, String::new())
+        else {
+            return;
+        };
+        self.acks_lost += asked.saturating_sub(a.ids.len()) as u64;
+        if !a.ids.is_empty() {
+            let ids = a
+                .ids
+                .iter()
+                .map(|id| MessageId::new(self.ids.intern(&id.topic), id.entry_id))
+                .collect();
+            self.requests.start(Pending::Settled {
+                waiters: Vec::new(),
+                ids,
+            });
+        }
+    }
+
+    /// Acks not yet confirmed: sent and unanswered, held, or being checked.
+    fn unconfirmed(&self) -> u64 {
+        (self.requests.unconfirmed_acks() + self.acks.unsent() + self.to_check.len()) as u64
+    }
+
+    /// `Ok` when no ack is unconfirmed or lost, else
+    /// [`Error::Unconfirmed`] explaining with `why` (lost acks are reported
+    /// once).
+    fn confirmed(&mut self, why: &str) -> Result<()> {
+        let pending = self.unconfirmed();
+        let lost = std::mem::take(&mut self.acks_lost);
+        if pending + lost == 0 {
+            return Ok(());
+        }
+        let mut reasons = Vec::new();
+        if lost > 0 {
+            reasons.push(format!(
+                "{lost} lost with a broken stream or refused (the broker redelivers those messages)"
+            ));
+        }
+        if pending > 0 {
+            reasons.push(format!(
+                "{pending} unanswered{}{why}",
+                if why.is_empty() { "" } else { ": " }
+            ));
+        }
+        Err(Error::Unconfirmed {
+            count: pending + lost,
+            reason: reasons.join("; "),
+        })
+    }
+
+    /// Answers everything still waiting on this stream with `error()`;
+    /// returns the acks made and never confirmed, to check on the next one.
+    fn fail_waiting(&mut self, error: impl Fn() -> Error) -> Vec<MessageId> {
+        let (mut unconfirmed, held) = self.acks.reset();
+        for w in held {
+            let _ = w.send(Err(error()));
+        }
+        for w in self.inflight.clear() {
+            let _ = w.send(Err(error()));
+        }
+        for p in self.requests.drain() {
+            match p {
+                Pending::Move(m) => {
+                    let _ = m.reply.send(Err(error()));
+                }
+                Pending::Settled { waiters, ids } => {
+                    unconfirmed.extend(ids);
+                    for w in waiters {
+                        let _ = w.send(Err(error()));
+                    }
+                }
+                Pending::Flush(reply) => {
+                    let _ = reply.send(Err(error()));
+                }
+                Pending::Close | Pending::Check { .. } => {}
+            }
+        }
+        unconfirmed
     }
 
     fn is_stale(&self, epoch: Option<u64>) -> bool {
@@ -293,28 +403,23 @@ impl Driver {
 
     fn on_cmd(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Ack { id, epoch } => {
-                let Some(key) = self.ids.key(&id) else {
-                    self.acks.add_loose(id);
-                    self.schedule_ack_flush();
+            Cmd::Ack { id, epoch, reply } => {
+                // An ack taken before a reconnect never applies to a message
+                // delivered after it.
+                let Some(reply) = self.refuse_stale(&id, epoch, reply) else {
                     return;
                 };
-                if self.is_stale(epoch) {
-                    self.stale_acks.insert(key);
-                    return;
-                }
-                if self.inflight.settle(&key) {
-                    self.acks.add(id);
-                } else {
-                    self.acks.add_loose(id);
+                match self.ids.key(&id) {
+                    Some(key) if self.inflight.settle(&key) => self.acks.add(id, reply),
+                    _ => self.acks.add_loose(id, reply),
                 }
                 self.schedule_ack_flush();
             }
-            Cmd::AckCumulative { id, epoch } => {
-                if self.is_stale(epoch) {
+            Cmd::AckCumulative { id, epoch, reply } => {
+                let Some(reply) = self.refuse_stale(&id, epoch, reply) else {
                     return;
-                }
-                self.acks.add_cumulative(id);
+                };
+                self.acks.add_cumulative(id, reply);
                 self.schedule_ack_flush();
             }
             Cmd::Nack {
@@ -322,16 +427,20 @@ impl Driver {
                 epoch,
                 delivery_count,
                 detail,
+                reply,
             } => {
-                let Some(key) = self.ids.key(&id) else {
+                let Some(reply) = self.refuse_stale(&id, Some(epoch), reply) else {
                     return;
                 };
-                if self.is_stale(Some(epoch)) || !self.inflight.settle(&key) {
-                    // Already settled, or from a broken stream (the broker
-                    // redelivers those anyway).
+                let Some(key) = self.ids.key(&id).filter(|k| self.inflight.settle(k)) else {
+                    if let Some(r) = reply {
+                        let _ = r.send(Err(Error::InvalidArgument(format!(
+                            "{id} is not outstanding on this consumer (already settled)"
+                        ))));
+                    }
                     return;
-                }
-                self.nack(key, &id, delivery_count, detail);
+                };
+                self.nack(key, &id, delivery_count, detail, reply);
             }
             Cmd::ReconsumeLater {
                 id,
@@ -381,11 +490,50 @@ impl Driver {
                     c.send(consume_request::Request::Flow(Flow { permits: n }));
                 }
             }
+            Cmd::Flush(reply) => self.flush(reply),
             Cmd::Close(reply) => self.start_close(Some(reply)),
         }
     }
 
-    fn nack(&mut self, key: Key, id: &MessageId, delivery_count: u32, detail: Option<String>) {
+    /// `Some(reply)` to go on with a command of stream `epoch`; `None` when
+    /// the message came on an earlier stream (its caller is told).
+    fn refuse_stale(
+        &self,
+        id: &MessageId,
+        epoch: Option<u64>,
+        reply: Option<Reply>,
+    ) -> Option<Option<Reply>> {
+        if !self.is_stale(epoch) {
+            return Some(reply);
+        }
+        if let Some(r) = reply {
+            let _ = r.send(Err(Error::StaleDelivery(id.to_string())));
+        }
+        None
+    }
+
+    /// Sends the held acks and a barrier whose answer confirms every ack so far.
+    fn flush(&mut self, reply: Reply) {
+        if self.closing.is_some() {
+            let _ = reply.send(Err(Error::Closed));
+            return;
+        }
+        if self.conn.is_none() {
+            let _ = reply.send(self.confirmed("the consumer is reconnecting"));
+            return;
+        }
+        self.flush_acks();
+        self.barrier(Pending::Flush(reply));
+    }
+
+    fn nack(
+        &mut self,
+        key: Key,
+        id: &MessageId,
+        delivery_count: u32,
+        detail: Option<String>,
+        reply: Option<Reply>,
+    ) {
         let now = Instant::now();
         let tier = if self.ids.is_main(key) {
             Tier::Main
@@ -399,8 +547,9 @@ impl Driver {
             tier,
             delivery_count,
             detail.as_deref(),
-        );
-        self.inflight.nack(key, id, plan, detail, now);
+        )
+        .holder(self.cfg.broker_nack_threshold, self.cfg.ack_receipts);
+        self.inflight.nack(key, id, plan, detail, now, reply);
     }
 
     /// Sends a move request (built by `request` from its id) for the
@@ -413,9 +562,8 @@ impl Driver {
         request: impl FnOnce(u64) -> consume_request::Request,
     ) {
         if epoch != self.epoch {
-            let _ = reply.send(Err(Error::Connection(
-                "the consumer reconnected since this message was received; the broker redelivers it".into(),
-            )));
+            let id = request(0);
+            let _ = reply.send(Err(Error::StaleDelivery(format!("{id:?}"))));
             return;
         }
         let Some(conn) = &self.conn else {
@@ -424,7 +572,9 @@ impl Driver {
             )));
             return;
         };
-        let rid = self.requests.start_move(PendingMove { reply, key, epoch });
+        let rid = self
+            .requests
+            .start(Pending::Move(PendingMove { reply, key, epoch }));
         conn.send(request(rid));
         if let Some(k) = &key {
             self.inflight.settle(k);
@@ -433,25 +583,47 @@ impl Driver {
 
     fn schedule_ack_flush(&mut self) {
         if self.acks.due_now(Instant::now()) {
-            self.flush_acks(0);
+            self.flush_acks();
         }
     }
 
-    /// Sends grouped acks; the last frame carries `request_id`.
-    fn flush_acks(&mut self, request_id: u64) {
+    /// Sends the held acks, each frame with a request id: its answer
+    /// confirms it (and, under ack receipts, answers its callers).
+    fn flush_acks(&mut self) {
         if self.conn.is_none() {
             self.acks.disarm();
             return;
         }
-        let flush = self.acks.take(request_id);
+        let flush = self.acks.take();
         if let Some(through) = flush.cumulative_through {
             // Drop what the cumulative ack covers from the trackers.
             let ids = &self.ids;
             self.inflight.settle_through(through, |k| ids.is_main(k));
         }
-        let Some(conn) = &self.conn else { return };
-        for f in flush.frames {
-            conn.send(consume_request::Request::Ack(f));
+        for frame in flush.frames {
+            let mut ack = frame.ack;
+            ack.request_id = self.requests.start(Pending::Settled {
+                waiters: frame.waiters,
+                ids: frame.ids,
+            });
+            self.send(consume_request::Request::Ack(ack));
+        }
+    }
+
+    /// Sends an empty ack frame whose answer (the broker answers once
+    /// everything before it is durable) goes to `pending`.
+    fn barrier(&mut self, pending: Pending) {
+        let request_id = self.requests.start(pending);
+        self.send(consume_request::Request::Ack(Ack {
+            request_id,
+            ack_type: AckType::Individual as i32,
+            ids: Vec::new(),
+        }));
+    }
+
+    fn send(&self, request: consume_request::Request) {
+        if let Some(conn) = &self.conn {
+            conn.send(request);
         }
     }
 
@@ -468,51 +640,56 @@ impl Driver {
             .fire_ack_timeouts(Instant::now(), &self.ids, covered);
     }
 
-    /// Sends the failures gathered this turn in one `Redeliver` request.
+    /// Sends the failures gathered this turn in one `Redeliver` request
+    /// (with a request id when some caller waits for its confirmation).
     fn send_redeliveries(&mut self) {
-        let messages = self.inflight.take_ready();
-        if messages.is_empty() {
+        let ready = self.inflight.take_ready();
+        if ready.is_empty() {
             return;
         }
-        if let Some(c) = &self.conn {
-            c.send(consume_request::Request::Redeliver(Redeliver {
-                request_id: 0,
-                messages,
-            }));
+        let (messages, waiters): (Vec<_>, Vec<_>) = ready.into_iter().unzip();
+        let waiters: Vec<Reply> = waiters.into_iter().flatten().collect();
+        if self.conn.is_none() {
+            for w in waiters {
+                let _ = w.send(Err(Error::Connection(
+                    "the consumer is reconnecting".into(),
+                )));
+            }
+            return;
         }
+        let request_id = if waiters.is_empty() {
+            0
+        } else {
+            self.requests.start(Pending::Settled {
+                waiters,
+                ids: Vec::new(),
+            })
+        };
+        self.send(consume_request::Request::Redeliver(Redeliver {
+            request_id,
+            messages,
+        }));
     }
 
     fn lost(&mut self, why: String) {
         if self.conn.take().is_none() {
             return;
         }
+        let broke = format!("the stream broke before the broker confirmed: {why}");
+        let unconfirmed = self.fail_waiting(|| Error::Connection(broke.clone()));
         if self.closing.is_some() {
-            self.requests.forget_close();
-            let pending = self.acks.holds_delivered();
-            self.finish_close(if pending {
-                Err(Error::Connection(format!(
-                    "the stream broke before the final acks were confirmed: {why}"
-                )))
-            } else {
-                Ok(())
-            });
+            // No next stream to ask on: every unconfirmed ack counts.
+            self.acks_lost += unconfirmed.len() as u64;
+            let r = self.confirmed(&format!("the stream broke: {why}"));
+            self.finish_close(r);
             return;
         }
-        tracing::warn!(topic = %self.shared.topic, sub = %self.shared.subscription, reason = %why, "consumer stream lost; reconnecting");
+        tracing::warn!(topic = %self.shared.topic, sub = %self.shared.subscription, reason = %why, unconfirmed_acks = unconfirmed.len(), "consumer stream lost; reconnecting");
+        // Asked about on the next stream.
+        self.to_check.extend(unconfirmed);
         // A new generation: the broker redelivers what was in flight.
         self.epoch += 1;
         self.shared.epoch.store(self.epoch, Ordering::Release);
-        for id in self.acks.reset() {
-            if let Some(k) = self.ids.key(&id) {
-                self.stale_acks.insert(k);
-            }
-        }
-        self.inflight.clear();
-        self.requests.fail_moves(|| {
-            Error::Connection(format!(
-                "the stream broke before the broker confirmed; the message is redelivered if the request was lost: {why}"
-            ))
-        });
         self.reconnect.lost(Instant::now());
     }
 
@@ -550,30 +727,24 @@ impl Driver {
         self.shared.closed.store(true, Ordering::Release);
         self.closing = Some(Instant::now() + self.shared.request_timeout);
         if self.conn.is_none() {
-            let lost = self.acks.unsent();
-            let r = if lost == 0 {
-                Ok(())
-            } else {
-                Err(Error::Connection(format!(
-                    "closed while disconnected; {lost} ack(s) not delivered"
-                )))
-            };
+            let r = self.confirmed("closed while disconnected");
             if let Some(reply) = reply {
                 let _ = reply.send(r);
             }
             return;
         }
-        // Held nacks are real failures: report them now, with their reasons,
-        // rather than let the broker see them as lost with the consumer.
-        self.fire_nacks(far_future());
+        // Held nacks are real failures: hand them to the broker with what is
+        // left of their delays, rather than let it see them as lost with
+        // the consumer.
+        let covered = cumulative_covers(&self.ids, &self.acks);
+        self.inflight
+            .hand_over_nacks(Instant::now(), &self.ids, covered);
         self.send_redeliveries();
-        let rid = self.requests.start_close();
-        self.flush_acks(rid);
+        self.flush_acks();
+        self.barrier(Pending::Close);
         // A clean close: what this consumer still holds (taken or only
         // prefetched) goes to other consumers without an attempt charged.
-        if let Some(c) = &self.conn {
-            c.send(consume_request::Request::Close(CloseConsumer {}));
-        }
+        self.send(consume_request::Request::Close(CloseConsumer {}));
         self.close_reply = reply;
     }
 

@@ -8,8 +8,12 @@
 //!   queue has been consumed (Pulsar's rule);
 //! * **groups acks**: individual acks are sent together every
 //!   `ack_group_time` (100 ms) or `ack_group_max` (1000) ids, whichever
-//!   comes first, and flushed (and confirmed durable) by
-//!   [`close`](Consumer::close);
+//!   comes first. By default `ack` returns once queued;
+//!   [`flush`](Acker::flush) and [`close`](Consumer::close) confirm that
+//!   every ack so far is durable (or fail naming how many are not). With
+//!   [ack receipts](ConsumerBuilder::ack_receipts) each `ack`,
+//!   `ack_cumulative` and `nack` completes only once the broker made it
+//!   durable (Pulsar's `isAckReceiptEnabled`);
 //! * tracks **unacked** messages when an ack timeout is set: a message not
 //!   acked within it of the application taking it (`receive`, or the
 //!   stream) is sent back with reason `ACK_TIMEOUT`, as in Pulsar, so a
@@ -20,16 +24,22 @@
 //!   dead-letter policy gives for its next attempt (or the fixed
 //!   `negative_ack_delay`), then all due ids go back in one `Redeliver`
 //!   request. The broker counts the attempt, persists it, and redelivers at
-//!   once or dead-letters. When the policy routes the attempt to the retry
-//!   tier or the DLQ, the client sends it at once instead and the broker
+//!   once or dead-letters. A delay of at least `broker_nack_threshold`
+//!   (10 s; every delay with ack receipts) is sent at once instead, for the
+//!   broker to hold, persisted (NATS's `NakWithDelay`): it costs this client
+//!   nothing and survives it. When the policy routes the attempt to the
+//!   retry tier or the DLQ, the client sends it at once and the broker
 //!   schedules it (the delay is never served twice);
 //! * **reconnects** with backoff when the stream breaks, resubscribes with
 //!   the same consumer name and settings, and starts clean: messages
 //!   received on the old stream but not yet taken by the application are
 //!   dropped, and both trackers are cleared, because the broker redelivers
-//!   everything that was in flight (its delivery count incremented). An ack
-//!   of such an old message is remembered and applied when the broker
-//!   redelivers it, so the application does not see it again.
+//!   everything that was in flight (its delivery count incremented). A
+//!   message of the old stream can no longer be settled
+//!   ([`Error::StaleDelivery`](crate::Error::StaleDelivery)): an ack never
+//!   applies to a message delivered after it was made; settle the
+//!   redelivery instead. Acks that were sent and not confirmed when the
+//!   stream broke are counted, and the next `flush` or `close` reports them.
 //!
 //! # Order
 //!
@@ -183,14 +193,19 @@ impl Consumer {
         }
     }
 
-    /// Reports nacks still held at once (reason NACK, with their reasons,
-    /// rather than after their delay), flushes pending acks and waits until
-    /// the broker has made them durable (up to the client's request
-    /// timeout), then closes cleanly: messages received but not acked
-    /// (taken or still prefetched) go to other consumers, or this
-    /// subscription's next one, with their delivery count unchanged. A
-    /// consumer that is dropped without `close` is charged an attempt for
-    /// each (reason CONSUMER_LOST).
+    /// Hands nacks still held here to the broker (reason NACK, with their
+    /// reasons and what is left of their delays), sends pending acks and
+    /// waits until the broker has made every ack of this consumer durable
+    /// (up to the client's request timeout), then closes cleanly: messages
+    /// received but not acked (taken or still prefetched) go to other
+    /// consumers, or this subscription's next one, with their delivery
+    /// count unchanged. A consumer that is dropped without `close` is
+    /// charged an attempt for each (reason CONSUMER_LOST).
+    ///
+    /// `Ok` means every ack was confirmed durable. Otherwise
+    /// [`Error::Unconfirmed`](crate::Error::Unconfirmed) names how many
+    /// were not (lost with a broken stream, or unanswered in time): the
+    /// broker redelivers those messages.
     pub async fn close(&self) -> Result<()> {
         self.acker.shared.closed.store(true, Ordering::Release);
         let (tx, rx) = oneshot::channel();

@@ -1,6 +1,7 @@
 //! What one stream delivered and the application has not settled, and
 //! when it goes back to the broker. [`plan_nack`] turns the policy's
-//! decision for a nack into "hold it for a delay" or "send it now";
+//! decision for a nack into "hold it here for a delay", "send it now for
+//! the broker to hold for a delay", or "send it now";
 //! [`InFlight`] keeps the outstanding ids, the ack-timeout and nack
 //! trackers, and gathers the failures due into the `FailedDelivery` list of
 //! the next `Redeliver` request.
@@ -19,6 +20,7 @@ use ricochet_proto::FailedDelivery;
 use tokio::time::Instant;
 
 use super::ids::{Key, TopicIds};
+use super::shared::Reply;
 use crate::message::MessageId;
 use crate::tracker::DelayTracker;
 
@@ -28,9 +30,23 @@ pub(super) enum NackPlan {
     /// Hold it in the client for this long, then send it back (the broker
     /// redelivers it at once, or dead-letters it).
     HoldFor(Duration),
+    /// Send it back now, for the broker to hold this long (persisted) and
+    /// then redeliver in place.
+    BrokerHold(Duration),
     /// Send it back now: the broker schedules it in the retry tier or
     /// dead-letters it (so the delay is not served twice).
     SendNow,
+}
+
+impl NackPlan {
+    /// Who holds the delay: delays of at least `threshold` (any delay when
+    /// `always`) go to the broker, which persists them.
+    pub(super) fn holder(self, threshold: Duration, always: bool) -> NackPlan {
+        match self {
+            NackPlan::HoldFor(d) if always || d >= threshold => NackPlan::BrokerHold(d),
+            other => other,
+        }
+    }
 }
 
 /// The plan for a nack of `id` (in `tier`, delivered `delivery_count`
@@ -67,17 +83,18 @@ pub(super) fn plan_nack(
     }
 }
 
-/// One entry of a `Redeliver` request.
+/// One entry of a `Redeliver` request (`hold`: for the broker to serve).
 fn failure(
     id: &MessageId,
     reason: ricochet_proto::FailureReason,
     detail: String,
+    hold: Duration,
 ) -> FailedDelivery {
     FailedDelivery {
         id: Some(id.to_proto()),
         reason: reason as i32,
         detail,
-        delay_ms: 0,
+        delay_ms: u64::try_from(hold.as_millis()).unwrap_or(u64::MAX),
     }
 }
 
@@ -99,8 +116,9 @@ pub(super) struct InFlight {
     nacks: DelayTracker<Key>,
     /// The reasons given with held nacks.
     nack_details: HashMap<Key, String>,
-    /// Failures to send in the next `Redeliver` request.
-    ready: Vec<FailedDelivery>,
+    /// Failures to send in the next `Redeliver` request, with who waits
+    /// for the broker's confirmation (ack receipts).
+    ready: Vec<(FailedDelivery, Option<Reply>)>,
 }
 
 impl InFlight {
@@ -172,7 +190,9 @@ impl InFlight {
         }
     }
 
-    /// Acts on a nack of `key` (already settled) as `plan` says.
+    /// Acts on a nack of `key` (already settled) as `plan` says; `reply`
+    /// waits for the broker (a nack held here has none: it is only sent
+    /// later).
     pub(super) fn nack(
         &mut self,
         key: Key,
@@ -180,19 +200,57 @@ impl InFlight {
         plan: NackPlan,
         detail: Option<String>,
         now: Instant,
+        reply: Option<Reply>,
     ) {
+        let nack = |hold| {
+            failure(
+                id,
+                ricochet_proto::FailureReason::Nack,
+                detail.clone().unwrap_or_default(),
+                hold,
+            )
+        };
         match plan {
             NackPlan::HoldFor(after) => {
                 self.nacks.insert_after(key, after, now);
                 if let Some(d) = detail {
                     self.nack_details.insert(key, d);
                 }
+                if let Some(r) = reply {
+                    let _ = r.send(Ok(()));
+                }
             }
-            NackPlan::SendNow => self.ready.push(failure(
-                id,
-                ricochet_proto::FailureReason::Nack,
-                detail.unwrap_or_default(),
-            )),
+            NackPlan::BrokerHold(hold) => self.ready.push((nack(hold), reply)),
+            NackPlan::SendNow => self.ready.push((nack(Duration::ZERO), reply)),
+        }
+    }
+
+    /// Hands every nack held here to the broker with what is left of its
+    /// delay (a clean close: the delay is still served, by the broker).
+    pub(super) fn hand_over_nacks(
+        &mut self,
+        now: Instant,
+        ids: &TopicIds,
+        covered: impl Fn(Key) -> bool,
+    ) {
+        let held: Vec<(Key, Instant)> = self
+            .nacks
+            .keys()
+            .filter_map(|k| self.nacks.deadline(k).map(|d| (*k, d)))
+            .collect();
+        self.nacks.clear();
+        for (k, deadline) in held {
+            let detail = self.nack_details.remove(&k).unwrap_or_default();
+            if covered(k) {
+                continue;
+            }
+            if let Some(id) = ids.id(k) {
+                let left = deadline.saturating_duration_since(now);
+                self.ready.push((
+                    failure(&id, ricochet_proto::FailureReason::Nack, detail, left),
+                    None,
+                ));
+            }
         }
     }
 
@@ -224,8 +282,15 @@ impl InFlight {
                 continue;
             }
             if let Some(id) = ids.id(k) {
-                self.ready
-                    .push(failure(&id, ricochet_proto::FailureReason::Nack, detail));
+                self.ready.push((
+                    failure(
+                        &id,
+                        ricochet_proto::FailureReason::Nack,
+                        detail,
+                        Duration::ZERO,
+                    ),
+                    None,
+                ));
             }
         }
     }
@@ -249,29 +314,34 @@ impl InFlight {
                 continue;
             }
             if let Some(id) = ids.id(k) {
-                self.ready.push(failure(
-                    &id,
-                    ricochet_proto::FailureReason::AckTimeout,
-                    String::new(),
+                self.ready.push((
+                    failure(
+                        &id,
+                        ricochet_proto::FailureReason::AckTimeout,
+                        String::new(),
+                        Duration::ZERO,
+                    ),
+                    None,
                 ));
             }
         }
     }
 
-    /// The failures readied since the last call.
-    pub(super) fn take_ready(&mut self) -> Vec<FailedDelivery> {
+    /// The failures readied since the last call, with their waiters.
+    pub(super) fn take_ready(&mut self) -> Vec<(FailedDelivery, Option<Reply>)> {
         std::mem::take(&mut self.ready)
     }
 
     /// The stream broke: the broker redelivers everything, forget it all.
-    pub(super) fn clear(&mut self) {
+    /// Returns who waited for nacks that were not sent.
+    pub(super) fn clear(&mut self) -> Vec<Reply> {
         self.outstanding = HashSet::new();
         if let Some(t) = &mut self.ack_timeouts {
             t.tracker.clear();
         }
         self.nacks.clear();
         self.nack_details = HashMap::new();
-        self.ready.clear();
+        self.ready.drain(..).filter_map(|(_, r)| r).collect()
     }
 }
 
@@ -336,9 +406,9 @@ mod tests {
         (ids, a, b, ka, kb)
     }
 
-    fn entries(list: &[FailedDelivery]) -> Vec<(u64, i32, &str)> {
+    fn entries(list: &[(FailedDelivery, Option<Reply>)]) -> Vec<(u64, i32, &str)> {
         list.iter()
-            .map(|f| (f.id.as_ref().unwrap().entry_id, f.reason, f.detail.as_str()))
+            .map(|(f, _)| (f.id.as_ref().unwrap().entry_id, f.reason, f.detail.as_str()))
             .collect()
     }
 
@@ -404,9 +474,10 @@ mod tests {
             NackPlan::HoldFor(MS * 100),
             Some("boom".into()),
             now,
+            None,
         );
         assert!(f.settle(&kb));
-        f.nack(kb, &b, NackPlan::HoldFor(MS * 300), None, now);
+        f.nack(kb, &b, NackPlan::HoldFor(MS * 300), None, now, None);
         assert_eq!(f.nack_deadline(), Some(now + MS * 100));
 
         f.fire_nacks(now + MS * 99, &ids, |_| false);
@@ -417,7 +488,7 @@ mod tests {
         f.fire_nacks(now + MS * 300, &ids, |_| false);
         let ready = f.take_ready();
         assert_eq!(entries(&ready), vec![(2, NACK, "")]);
-        assert_eq!(ready[0].id.as_ref().unwrap().topic, "main-s-RETRY");
+        assert_eq!(ready[0].0.id.as_ref().unwrap().topic, "main-s-RETRY");
         assert_eq!(f.nack_deadline(), None);
     }
 
@@ -426,18 +497,79 @@ mod tests {
         let (ids, a, b, ka, kb) = setup();
         let mut f = InFlight::new(None, None);
         let now = Instant::now();
-        f.nack(ka, &a, NackPlan::SendNow, Some("dead".into()), now);
+        f.nack(ka, &a, NackPlan::SendNow, Some("dead".into()), now, None);
         assert_eq!(entries(&f.take_ready()), vec![(1, NACK, "dead")]);
         assert!(f.take_ready().is_empty(), "taken once");
 
-        f.nack(ka, &a, NackPlan::HoldFor(MS), Some("x".into()), now);
-        f.nack(kb, &b, NackPlan::HoldFor(MS), None, now);
+        f.nack(ka, &a, NackPlan::HoldFor(MS), Some("x".into()), now, None);
+        f.nack(kb, &b, NackPlan::HoldFor(MS), None, now, None);
         f.fire_nacks(now + MS, &ids, |k| k == ka);
         assert_eq!(entries(&f.take_ready()), vec![(2, NACK, "")]);
         // The covered nack's reason went with it.
-        f.nack(ka, &a, NackPlan::HoldFor(MS), None, now);
+        f.nack(ka, &a, NackPlan::HoldFor(MS), None, now, None);
         f.fire_nacks(now + MS, &ids, |_| false);
         assert_eq!(entries(&f.take_ready()), vec![(1, NACK, "")]);
+    }
+
+    #[test]
+    fn long_delays_and_receipts_go_to_the_broker() {
+        let hold = |d| NackPlan::HoldFor(MS * d);
+        assert_eq!(hold(100).holder(MS * 10_000, false), hold(100));
+        assert_eq!(
+            hold(10_000).holder(MS * 10_000, false),
+            NackPlan::BrokerHold(MS * 10_000)
+        );
+        assert_eq!(
+            hold(100).holder(MS * 10_000, true),
+            NackPlan::BrokerHold(MS * 100)
+        );
+        assert_eq!(NackPlan::SendNow.holder(MS, true), NackPlan::SendNow);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_broker_held_nack_goes_at_once_with_its_delay_and_waiter() {
+        let (_, a, _, ka, _) = setup();
+        let mut f = InFlight::new(None, None);
+        let (tx, _rx) = tokio::sync::oneshot::channel();
+        f.nack(
+            ka,
+            &a,
+            NackPlan::BrokerHold(MS * 60_000),
+            Some("later".into()),
+            Instant::now(),
+            Some(tx),
+        );
+        assert_eq!(f.nack_deadline(), None, "not held here");
+        let ready = f.take_ready();
+        assert_eq!(entries(&ready), vec![(1, NACK, "later")]);
+        assert_eq!(ready[0].0.delay_ms, 60_000);
+        assert!(ready[0].1.is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn close_hands_held_nacks_over_with_what_is_left_of_their_delay() {
+        let (ids, a, b, ka, kb) = setup();
+        let mut f = InFlight::new(None, None);
+        let now = Instant::now();
+        f.nack(
+            ka,
+            &a,
+            NackPlan::HoldFor(MS * 1_000),
+            Some("x".into()),
+            now,
+            None,
+        );
+        f.nack(kb, &b, NackPlan::HoldFor(MS * 5_000), None, now, None);
+        f.hand_over_nacks(now + MS * 400, &ids, |_| false);
+        let mut ready = f.take_ready();
+        ready.sort_by_key(|(d, _)| d.delay_ms);
+        let left: Vec<(u64, u64)> = ready
+            .iter()
+            .map(|(d, _)| (d.id.as_ref().unwrap().entry_id, d.delay_ms))
+            .collect();
+        assert_eq!(left, vec![(1, 600), (2, 4_600)]);
+        assert_eq!(ready[0].0.detail, "x");
+        assert_eq!(f.nack_deadline(), None);
     }
 
     #[tokio::test(start_paused = true)]
@@ -445,7 +577,14 @@ mod tests {
         let (ids, a, _, ka, _) = setup();
         let mut f = InFlight::new(None, None);
         let now = Instant::now();
-        f.nack(ka, &a, NackPlan::HoldFor(MS * 10), Some("x".into()), now);
+        f.nack(
+            ka,
+            &a,
+            NackPlan::HoldFor(MS * 10),
+            Some("x".into()),
+            now,
+            None,
+        );
         assert!(!f.settle(&ka), "not outstanding any more");
         f.fire_nacks(now + MS * 10, &ids, |_| false);
         assert!(f.take_ready().is_empty());
@@ -544,8 +683,8 @@ mod tests {
         let now = Instant::now();
         f.delivered(kb);
         f.taken(kb, now);
-        f.nack(ka, &a, NackPlan::HoldFor(MS), Some("x".into()), now);
-        f.nack(ka, &a, NackPlan::SendNow, None, now);
+        f.nack(ka, &a, NackPlan::HoldFor(MS), Some("x".into()), now, None);
+        f.nack(ka, &a, NackPlan::SendNow, None, now, None);
         f.clear();
         assert!(f.take_ready().is_empty());
         assert_eq!(f.nack_deadline(), None);

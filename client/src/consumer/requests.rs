@@ -1,15 +1,25 @@
-//! Request ids of one consumer, and what waits for the broker's answer to
-//! each (a `CommandResult` carrying the id): the caller of a
-//! `reconsume_later` or `terminate` (with the message's key and stream
-//! generation, to track it again if the broker refuses the move), and the
-//! final ack flush of `close`. Id 0 is never used: it asks for no answer.
+//! Request ids of one consumer stream, and what waits for the broker's
+//! answer to each: a `reconsume_later` or `terminate` (with the message's
+//! key and stream generation, to track it again if the broker refuses the
+//! move), an ack frame (its ids, and its callers under ack receipts), a
+//! nack sent with receipts, a `flush` or the final barrier of `close`, and
+//! the check of which acks survived a broken stream. Id 0 is never used: it
+//! asks for no answer.
+//!
+//! Ids increase in the order requests are sent. The broker handles a
+//! stream's frames in order and confirms a request only once everything
+//! written before it is durable, so a successful answer to request `r` also
+//! confirms every ack frame sent before `r` ([`Requests::confirm_before`]):
+//! that is how `flush` and `close` know that every ack so far is durable.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use tokio::sync::oneshot;
 
 use super::ids::Key;
+use super::shared::Reply;
 use crate::error::{Error, Result};
+use crate::message::MessageId;
 
 /// A `reconsume_later` or `terminate` waiting for the broker.
 #[derive(Debug)]
@@ -21,85 +31,108 @@ pub(super) struct PendingMove {
     pub(super) epoch: u64,
 }
 
-/// What a broker answer completes.
+/// What waits for one request's answer.
 #[derive(Debug)]
-pub(super) enum Answer {
-    /// The final ack flush of `close`.
-    Close(Result<()>),
+pub(super) enum Pending {
     /// A move; the result is for its caller.
-    Move(PendingMove, Result<()>),
+    Move(PendingMove),
+    /// An ack frame (its `ids`) or a nack request (no ids): every caller
+    /// waiting under ack receipts gets the result.
+    Settled {
+        waiters: Vec<Reply>,
+        ids: Vec<MessageId>,
+    },
+    /// A `flush`: the caller learns whether every ack so far is confirmed.
+    Flush(Reply),
+    /// The final barrier of `close`.
+    Close,
+    /// Which of `asked` acks, sent on a stream that broke, were applied.
+    Check { asked: usize },
 }
 
-/// The requests of one consumer awaiting an answer.
+/// The requests of one consumer awaiting an answer, by id (send order).
 #[derive(Debug)]
 pub(super) struct Requests {
     next: u64,
-    moves: HashMap<u64, PendingMove>,
-    close: Option<u64>,
+    waiting: BTreeMap<u64, Pending>,
 }
 
 impl Requests {
     pub(super) fn new() -> Self {
         Self {
             next: 1,
-            moves: HashMap::new(),
-            close: None,
+            waiting: BTreeMap::new(),
         }
     }
 
-    fn next_id(&mut self) -> u64 {
+    /// The id for a request whose answer goes to `pending`.
+    pub(super) fn start(&mut self, pending: Pending) -> u64 {
         let id = self.next;
         self.next += 1;
+        self.waiting.insert(id, pending);
         id
     }
 
-    /// The id for a move request; its answer goes to `pending`.
-    pub(super) fn start_move(&mut self, pending: PendingMove) -> u64 {
-        let id = self.next_id();
-        self.moves.insert(id, pending);
-        id
-    }
-
-    /// The id for the final ack flush of `close`.
-    pub(super) fn start_close(&mut self) -> u64 {
-        let id = self.next_id();
-        self.close = Some(id);
-        id
-    }
-
-    /// Whether the final ack flush is still unanswered.
+    /// Whether the final barrier of `close` is still unanswered.
     pub(super) fn close_pending(&self) -> bool {
-        self.close.is_some()
+        self.waiting.values().any(|p| matches!(p, Pending::Close))
     }
 
-    /// Stops waiting for the final ack flush.
+    /// Stops waiting for the final barrier.
     pub(super) fn forget_close(&mut self) {
-        self.close = None;
+        self.waiting.retain(|_, p| !matches!(p, Pending::Close));
     }
 
     /// Matches the broker's answer (`code` 0 for success) to its request;
     /// `None` when nothing waits for `request_id`.
-    pub(super) fn answer(&mut self, request_id: u64, code: i32, message: String) -> Option<Answer> {
-        let result = || {
-            if code == 0 {
-                Ok(())
-            } else {
-                Err(Error::from_code(code, message))
-            }
+    pub(super) fn answer(
+        &mut self,
+        request_id: u64,
+        code: i32,
+        message: String,
+    ) -> Option<(Pending, Result<()>)> {
+        let pending = self.waiting.remove(&request_id)?;
+        let result = if code == 0 {
+            Ok(())
+        } else {
+            Err(Error::from_code(code, message))
         };
-        if self.close == Some(request_id) {
-            self.close = None;
-            return Some(Answer::Close(result()));
-        }
-        let pending = self.moves.remove(&request_id)?;
-        Some(Answer::Move(pending, result()))
+        Some((pending, result))
     }
 
-    /// Fails every move still waiting with `error()`.
-    pub(super) fn fail_moves(&mut self, error: impl Fn() -> Error) {
-        for (_, m) in self.moves.drain() {
-            let _ = m.reply.send(Err(error()));
+    /// Request `request_id` succeeded: the ack frames and nacks sent before
+    /// it are durable too. Returns their callers, to be told.
+    pub(super) fn confirm_before(&mut self, request_id: u64) -> Vec<Reply> {
+        let earlier: Vec<u64> = self
+            .waiting
+            .range(..request_id)
+            .filter(|(_, p)| matches!(p, Pending::Settled { .. }))
+            .map(|(id, _)| *id)
+            .collect();
+        let mut waiters = Vec::new();
+        for id in earlier {
+            if let Some(Pending::Settled { waiters: w, .. }) = self.waiting.remove(&id) {
+                waiters.extend(w);
+            }
         }
+        waiters
+    }
+
+    /// Acks sent and not yet confirmed.
+    pub(super) fn unconfirmed_acks(&self) -> usize {
+        self.waiting
+            .values()
+            .map(|p| match p {
+                Pending::Settled { ids, .. } => ids.len(),
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// The stream broke: every request still waiting, to be answered by
+    /// the caller (the close barrier included; it is forgotten).
+    pub(super) fn drain(&mut self) -> Vec<Pending> {
+        std::mem::take(&mut self.waiting).into_values().collect()
     }
 }
 
@@ -107,7 +140,7 @@ impl Requests {
 mod tests {
     use super::*;
 
-    fn pending(key: Option<Key>) -> (PendingMove, oneshot::Receiver<Result<()>>) {
+    fn pending_move(key: Option<Key>) -> (PendingMove, oneshot::Receiver<Result<()>>) {
         let (reply, rx) = oneshot::channel();
         (
             PendingMove {
@@ -119,19 +152,26 @@ mod tests {
         )
     }
 
+    fn acks(n: u64) -> Pending {
+        Pending::Settled {
+            waiters: Vec::new(),
+            ids: (0..n).map(|e| MessageId::new("t", e)).collect(),
+        }
+    }
+
     #[test]
     fn answers_go_to_their_request_once() {
         let mut r = Requests::new();
-        let (a, _rx_a) = pending(Some((0, 1)));
-        let (b, _rx_b) = pending(None);
-        let ia = r.start_move(a);
-        let ic = r.start_close();
-        let ib = r.start_move(b);
+        let (a, _rx_a) = pending_move(Some((0, 1)));
+        let (b, _rx_b) = pending_move(None);
+        let ia = r.start(Pending::Move(a));
+        let ic = r.start(Pending::Close);
+        let ib = r.start(Pending::Move(b));
         assert_eq!((ia, ic, ib), (1, 2, 3), "increasing, never 0");
         assert!(r.close_pending());
 
         match r.answer(ib, 3, "bad id".into()) {
-            Some(Answer::Move(m, Err(e))) => {
+            Some((Pending::Move(m), Err(e))) => {
                 assert_eq!(m.key, None);
                 assert_eq!(m.epoch, 3);
                 assert_eq!(e.code(), Some(tonic::Code::InvalidArgument));
@@ -140,47 +180,57 @@ mod tests {
         }
         assert!(matches!(
             r.answer(ic, 0, String::new()),
-            Some(Answer::Close(Ok(())))
+            Some((Pending::Close, Ok(())))
         ));
         assert!(!r.close_pending());
-        assert!(
-            matches!(r.answer(ia, 0, String::new()), Some(Answer::Move(m, Ok(()))) if m.key == Some((0, 1)))
-        );
+        assert!(matches!(
+            r.answer(ia, 0, String::new()),
+            Some((Pending::Move(m), Ok(()))) if m.key == Some((0, 1))
+        ));
         assert!(r.answer(ia, 0, String::new()).is_none(), "answered once");
-        assert!(r.answer(ic, 0, String::new()).is_none());
         assert!(r.answer(99, 0, String::new()).is_none());
     }
 
     #[test]
-    fn a_failed_close_and_a_forgotten_one() {
+    fn a_confirmed_request_confirms_the_ack_frames_sent_before_it() {
         let mut r = Requests::new();
-        let id = r.start_close();
-        match r.answer(id, 14, "busy".into()) {
-            Some(Answer::Close(Err(e))) => assert_eq!(e.code(), Some(tonic::Code::Unavailable)),
-            other => panic!("{other:?}"),
+        let (w, mut wrx) = oneshot::channel();
+        let first = r.start(Pending::Settled {
+            waiters: vec![w],
+            ids: vec![MessageId::new("t", 1)],
+        });
+        r.start(acks(2));
+        let barrier = r.start(Pending::Flush(oneshot::channel().0));
+        let after = r.start(acks(4));
+        assert_eq!(r.unconfirmed_acks(), 7);
+        let (pending, result) = r.answer(barrier, 0, String::new()).unwrap();
+        assert!(matches!(pending, Pending::Flush(_)) && result.is_ok());
+        let confirmed = r.confirm_before(barrier);
+        assert_eq!(confirmed.len(), 1, "the waiting caller of the first frame");
+        for c in confirmed {
+            c.send(Ok(())).unwrap();
         }
-        let id = r.start_close();
-        r.forget_close();
-        assert!(!r.close_pending());
-        assert!(r.answer(id, 0, String::new()).is_none());
+        assert!(matches!(wrx.try_recv(), Ok(Ok(()))));
+        assert_eq!(r.unconfirmed_acks(), 4, "only the frame sent after it");
+        assert!(
+            r.answer(first, 0, String::new()).is_none(),
+            "already settled"
+        );
+        assert!(r.answer(after, 0, String::new()).is_some());
     }
 
     #[test]
-    fn failing_moves_answers_every_caller() {
+    fn a_broken_stream_drains_everything_waiting() {
         let mut r = Requests::new();
-        let (a, mut rx_a) = pending(None);
-        let (b, mut rx_b) = pending(None);
-        let id = r.start_move(a);
-        r.start_move(b);
-        let close = r.start_close();
-        r.fail_moves(|| Error::Closed);
-        assert!(matches!(rx_a.try_recv(), Ok(Err(Error::Closed))));
-        assert!(matches!(rx_b.try_recv(), Ok(Err(Error::Closed))));
+        let (a, _rx) = pending_move(None);
+        let id = r.start(Pending::Move(a));
+        r.start(acks(3));
+        r.start(Pending::Close);
+        r.start(Pending::Check { asked: 2 });
+        let drained = r.drain();
+        assert_eq!(drained.len(), 4);
+        assert!(!r.close_pending());
+        assert_eq!(r.unconfirmed_acks(), 0);
         assert!(r.answer(id, 0, String::new()).is_none());
-        assert!(r.close_pending(), "the close is not a move");
-        assert!(matches!(
-            r.answer(close, 0, String::new()),
-            Some(Answer::Close(Ok(())))
-        ));
     }
 }

@@ -37,26 +37,34 @@ pub(super) struct Shared {
     pub(super) closed: AtomicBool,
     /// Whether taking a message starts its ack timeout.
     pub(super) track_taken: bool,
+    /// Whether settling waits for the broker's durable confirmation.
+    pub(super) receipts: bool,
     pub(super) request_timeout: Duration,
 }
 
+/// Where the broker's confirmation of one request goes.
+pub(super) type Reply = oneshot::Sender<Result<()>>;
+
 /// What the handles ask of the driver. `epoch` is the stream generation
 /// the message arrived on (`None`: an id the application kept apart from
-/// its message).
+/// its message); `reply`, with ack receipts, waits for the broker.
 pub(super) enum Cmd {
     Ack {
         id: MessageId,
         epoch: Option<u64>,
+        reply: Option<Reply>,
     },
     AckCumulative {
         id: MessageId,
         epoch: Option<u64>,
+        reply: Option<Reply>,
     },
     Nack {
         id: MessageId,
         epoch: u64,
         delivery_count: u32,
         detail: Option<String>,
+        reply: Option<Reply>,
     },
     ReconsumeLater {
         id: MessageId,
@@ -79,7 +87,9 @@ pub(super) enum Cmd {
         at: Instant,
     },
     Flow(u32),
-    Close(oneshot::Sender<Result<()>>),
+    /// Send every held ack now and confirm every ack so far.
+    Flush(Reply),
+    Close(Reply),
 }
 
 /// A message (or the error that ended the consumer) for the application,
