@@ -8,11 +8,14 @@
 //!    and the cost of an insert and of an expiry;
 //! 4. redelivery lateness for 10 000 concurrent nacks: how long after its
 //!    delay each nacked message is delivered again (and that none is early),
-//!    for the timer alone and end to end through the broker.
+//!    for the timer alone and end to end through the broker;
+//! 5. the cost of ack receipts: consume + ack of a stored backlog with
+//!    receipts off and on (acks pipelined, up to 10 000 awaiting their
+//!    receipt), in both durability modes.
 //!
 //! `cargo bench -p ricochet-benches --bench client_e2e`. Environment:
 //! `CLIENT_E2E_QUICK=1` for a short run, `CLIENT_E2E_ONLY=lateness` (or
-//! `tracker`) for part 4 (or 3) only, `CLIENT_E2E_NACKS=N` for another burst size,
+//! `tracker`, `receipts`) for part 4 (or 3, 5) only, `CLIENT_E2E_NACKS=N` for another burst size,
 //! `CLIENT_E2E_DEBUG=1` to print when nacks and redeliveries happened.
 
 use std::collections::HashMap;
@@ -53,6 +56,19 @@ fn main() -> Result<(), BoxError> {
     if only == "tracker" {
         tracker_at_scale();
         return Ok(());
+    }
+    if only.is_empty() || only == "receipts" {
+        rt.block_on(async {
+            for durability in [Durability::Sync, Durability::Interval] {
+                for (receipts, group) in [(false, 100), (true, 100), (true, 5)] {
+                    ack_receipts(durability, receipts, Duration::from_millis(group)).await?;
+                }
+            }
+            Ok::<_, BoxError>(())
+        })?;
+        if only == "receipts" {
+            return Ok(());
+        }
     }
     rt.block_on(async {
         timer_lateness().await;
@@ -127,6 +143,64 @@ async fn throughput(durability: Durability) -> Result<(), BoxError> {
         n as f64 / consumed.as_secs_f64(),
         consumed
     );
+    drop(client);
+    broker.shutdown().await;
+    Ok(())
+}
+
+/// Consume + ack of a stored backlog of 100-byte messages: every message is
+/// acked as it arrives, the ack futures pipelined (at most 10 000 awaiting
+/// their receipt), then `flush` confirms the last ones.
+async fn ack_receipts(
+    durability: Durability,
+    receipts: bool,
+    group: Duration,
+) -> Result<(), BoxError> {
+    use futures::StreamExt;
+    let n: usize = if quick() { 20_000 } else { 200_000 };
+    let (broker, client) = broker(durability).await?;
+    let topic = format!("receipts-{durability:?}-{receipts}-{}", group.as_millis());
+    let producer = client.producer(&topic).create().await?;
+    let payload = vec![b'x'; 100];
+    let mut sends = Vec::with_capacity(n);
+    for _ in 0..n {
+        sends.push(producer.send_async(payload.clone()));
+    }
+    for f in sends {
+        f.await?;
+    }
+    let mut consumer = client
+        .consumer(&topic)
+        .subscription("bench")
+        .initial_position(InitialPosition::Earliest)
+        .ack_receipts(receipts)
+        .ack_group_time(group)
+        .subscribe()
+        .await?;
+    let start = Instant::now();
+    let mut pending = futures::stream::FuturesUnordered::new();
+    for _ in 0..n {
+        let m = consumer.receive().await?;
+        let acker = consumer.acker();
+        pending.push(async move { acker.ack(&m).await });
+        while pending.len() >= 10_000 {
+            if let Some(r) = pending.next().await {
+                r?;
+            }
+        }
+    }
+    while let Some(r) = pending.next().await {
+        r?;
+    }
+    consumer.flush().await?;
+    let took = start.elapsed();
+    consumer.close().await?;
+    println!(
+        "consume + ack {durability:?}, receipts {}, ack group {group:?}: {n} x 100 B in {took:.2?}, {:.0} msg/s",
+        if receipts { "on " } else { "off" },
+        n as f64 / took.as_secs_f64()
+    );
+    producer.close().await?;
     drop(client);
     broker.shutdown().await;
     Ok(())
