@@ -11,11 +11,13 @@
 //!    for the timer alone and end to end through the broker;
 //! 5. the cost of ack receipts: consume + ack of a stored backlog with
 //!    receipts off and on (acks pipelined, up to 10 000 awaiting their
-//!    receipt), in both durability modes.
+//!    receipt), in both durability modes;
+//! 6. one producer, many in flight: 200 000 messages (100 B, then 1 KiB) on
+//!    a fresh topic, at most 256 sends awaiting their receipt, both modes.
 //!
 //! `cargo bench -p ricochet-benches --bench client_e2e`. Environment:
 //! `CLIENT_E2E_QUICK=1` for a short run, `CLIENT_E2E_ONLY=lateness` (or
-//! `tracker`, `receipts`) for part 4 (or 3, 5) only, `CLIENT_E2E_NACKS=N` for another burst size,
+//! `tracker`, `receipts`, `window`) for part 4 (or 3, 5, 6) only, `CLIENT_E2E_NACKS=N` for another burst size,
 //! `CLIENT_E2E_DEBUG=1` to print when nacks and redeliveries happened.
 
 use std::collections::HashMap;
@@ -56,6 +58,19 @@ fn main() -> Result<(), BoxError> {
     if only == "tracker" {
         tracker_at_scale();
         return Ok(());
+    }
+    if only.is_empty() || only == "window" {
+        rt.block_on(async {
+            for durability in [Durability::Sync, Durability::Interval] {
+                for size in [100, 1024] {
+                    single_producer(durability, size, 256).await?;
+                }
+            }
+            Ok::<_, BoxError>(())
+        })?;
+        if only == "window" {
+            return Ok(());
+        }
     }
     if only.is_empty() || only == "receipts" {
         rt.block_on(async {
@@ -143,6 +158,41 @@ async fn throughput(durability: Durability) -> Result<(), BoxError> {
         n as f64 / consumed.as_secs_f64(),
         consumed
     );
+    drop(client);
+    broker.shutdown().await;
+    Ok(())
+}
+
+/// One producer on one connection, `n` messages of `size` bytes, at most
+/// `window` sends awaiting their receipt: the usual "async publish with a
+/// window" shape.
+async fn single_producer(durability: Durability, size: usize, window: usize) -> Result<(), BoxError> {
+    let n: usize = if quick() { 20_000 } else { 200_000 };
+    let (broker, client) = broker(durability).await?;
+    let producer = client
+        .producer(format!("window-{durability:?}-{size}"))
+        .create()
+        .await?;
+    let payload = vec![b'x'; size];
+    let start = Instant::now();
+    let mut pending = std::collections::VecDeque::with_capacity(window);
+    for _ in 0..n {
+        if pending.len() >= window
+            && let Some(f) = pending.pop_front()
+        {
+            f.await?;
+        }
+        pending.push_back(producer.send_async(payload.clone()));
+    }
+    for f in pending {
+        f.await?;
+    }
+    let took = start.elapsed();
+    println!(
+        "one producer, window {window}, {durability:?}, {n} x {size} B: {:.0} msg/s ({took:.2?})",
+        n as f64 / took.as_secs_f64()
+    );
+    producer.close().await?;
     drop(client);
     broker.shutdown().await;
     Ok(())
