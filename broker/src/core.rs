@@ -68,7 +68,7 @@ struct Link(Weak<BrokerCore>);
 impl BrokerLink for Link {
     async fn tier_topic(&self, name: &str, kind: TopicKind) -> Result<Arc<Topic>> {
         let core = self.0.upgrade().ok_or(BrokerError::ShuttingDown)?;
-        let name = TopicName::parse(name)?;
+        let name = TopicName::parse_stored(name)?;
         let topic = core.topic_or_create(&name, kind).await?.topic.clone();
         // A topic of that name created by a producer or consumer first (or
         // named as an override) is not a tier: its data could be trimmed and
@@ -123,7 +123,7 @@ impl BrokerCore {
         let records = core.storage.list_topics()?;
         let mut topics = core.topics.lock().await;
         for rec in records {
-            let name = TopicName::parse(&rec.name)?;
+            let name = TopicName::parse_stored(&rec.name)?;
             let entry = core.open_topic(name.clone(), rec.kind)?;
             for sub in core.storage.list_subscriptions(&rec.name)? {
                 let handle = core.spawn_subscription(sub, entry.topic.clone())?;

@@ -8,7 +8,7 @@ mod status;
 mod wire;
 
 pub use admin::AdminService;
-pub(crate) use status::{code_of, status_of};
+pub(crate) use status::{code_of, message_of, status_of};
 
 use crate::core::BrokerCore;
 use futures::Stream;

@@ -135,7 +135,7 @@ pub(super) async fn produce(
                         response: Some(produce_response::Response::Error(SendError {
                             request_id,
                             code: super::code_of(&e) as i32,
-                            message: e.to_string(),
+                            message: super::message_of(&e),
                         })),
                     },
                 }

@@ -47,8 +47,8 @@ pub(super) struct Tiers {
 impl Tiers {
     /// The tiers of `rec`: its overrides, or `<topic>-<sub>-RETRY` / `-DLQ`.
     pub fn for_subscription(rec: &SubscriptionRecord) -> Result<Self> {
-        let topic = TopicName::parse(&rec.topic)?;
-        let sub = SubscriptionName::parse(&rec.name)?;
+        let topic = TopicName::parse_stored(&rec.topic)?;
+        let sub = SubscriptionName::parse_stored(&rec.name)?;
         Ok(Self {
             retry_name: rec
                 .retry_topic
