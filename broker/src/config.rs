@@ -6,7 +6,9 @@
 //! durability = "sync"            # or "interval"
 //! flush_interval = "50ms"        # interval mode only
 //! auto_create_topics = true
-//! max_message_size = 5242880
+//! max_message_size = 5242880   # payload + key + property names and values
+//! max_key_size = 4096
+//! max_properties = 256
 //! max_unacked_per_consumer = 50000
 //! segment_entries = 16384
 //! retry_window = "60s"
@@ -72,8 +74,14 @@ pub struct BrokerConfig {
     pub flush_interval: Duration,
     /// Create topics on first use.
     pub auto_create_topics: bool,
-    /// Largest accepted payload in bytes.
+    /// Largest accepted message in bytes: payload, key, and every property
+    /// name and value counted together.
     pub max_message_size: usize,
+    /// Longest accepted message key in bytes.
+    pub max_key_size: usize,
+    /// Most properties a message may carry (also for the properties a
+    /// consumer adds in `ReconsumeLater`).
+    pub max_properties: usize,
     /// Dispatch to a consumer pauses while it holds this many unacked messages.
     pub max_unacked_per_consumer: usize,
     /// Entries per storage segment; a segment is dropped once every
@@ -100,6 +108,8 @@ impl Default for BrokerConfig {
             flush_interval: Duration::from_millis(50),
             auto_create_topics: true,
             max_message_size: 5 * 1024 * 1024,
+            max_key_size: 4096,
+            max_properties: 256,
             max_unacked_per_consumer: 50_000,
             segment_entries: 16_384,
             retry_window: Duration::from_secs(60),
@@ -136,6 +146,9 @@ impl BrokerConfig {
         let bad = |m: &str| Err(BrokerError::Config(m.to_owned()));
         if self.max_message_size == 0 {
             return bad("max_message_size must be positive");
+        }
+        if self.max_key_size == 0 {
+            return bad("max_key_size must be positive");
         }
         if self.segment_entries == 0 {
             return bad("segment_entries must be positive");

@@ -107,6 +107,22 @@ impl TopicName {
     }
 }
 
+/// Checks a `tenant/namespace` a client sent (to filter topics by).
+pub fn parse_namespace(input: &str) -> Result<&str, BrokerError> {
+    let ok = match input.split('/').collect::<Vec<_>>().as_slice() {
+        [tenant, ns] => valid_part(tenant, Rules::Strict) && valid_part(ns, Rules::Strict),
+        _ => false,
+    };
+    if ok {
+        Ok(input)
+    } else {
+        Err(BrokerError::InvalidName(format!(
+            "invalid namespace {}: expected tenant/namespace, each {RULE}",
+            echo(input)
+        )))
+    }
+}
+
 impl fmt::Display for TopicName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -221,6 +237,10 @@ mod tests {
         // Dots inside a name are fine.
         assert!(TopicName::parse("a.b/c.d/e..f").is_ok());
         assert!(SubscriptionName::parse("s.1").is_ok());
+        assert_eq!(parse_namespace("acme/eu").unwrap(), "acme/eu");
+        for bad in ["acme", "a/b/c", "../eu", "a/", "/b"] {
+            assert!(parse_namespace(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

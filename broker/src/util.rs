@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Characters of client input an error message repeats at most.
-const ECHO_CHARS: usize = 100;
+pub(crate) const ECHO_CHARS: usize = 100;
 
 /// `s` cut to `max` characters, with `…` when something was cut.
 pub(crate) fn truncate(s: &str, max: usize) -> Cow<'_, str> {

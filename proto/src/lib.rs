@@ -17,7 +17,7 @@ pub mod v1 {
     tonic::include_proto!("ricochet.v1");
 }
 
-pub use names::{MAX_GRPC_MESSAGE_BYTES, UnknownName};
+pub use names::{MAX_GRPC_MESSAGE_BYTES, UnknownName, counted_size};
 pub use v1::*;
 
 pub mod convert;

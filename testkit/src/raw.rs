@@ -226,6 +226,35 @@ impl RawConsumer {
             .expect("stream open");
     }
 
+    /// Sends one frame as it is (its request may be unset).
+    pub async fn send_frame(&self, frame: ConsumeRequest) {
+        self.tx.send(frame).await.expect("stream open");
+    }
+
+    /// Reads (buffering what comes) until the broker ends the stream, and
+    /// returns how it ended (`Ok` for a clean end). Panics if the stream is
+    /// still open after `wait`.
+    pub async fn end(&mut self, wait: Duration) -> Status {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match tokio::time::timeout(left, self.rx.message()).await {
+                Err(_) => panic!("the consumer stream is still open after {wait:?}"),
+                Ok(Err(status)) => return status,
+                Ok(Ok(None)) => return Status::ok(""),
+                Ok(Ok(Some(ConsumeResponse { response: Some(r) }))) => match r {
+                    consume_response::Response::Messages(b) => self.buffered.extend(b.messages),
+                    consume_response::Response::Result(r) => self.results.push_back(r),
+                    consume_response::Response::ActiveChange(a) => {
+                        self.active_changes.push(a.active)
+                    }
+                    consume_response::Response::Subscribed(_) => {}
+                },
+                Ok(Ok(Some(_))) => {}
+            }
+        }
+    }
+
     /// Grants `permits` more messages.
     pub async fn flow(&self, permits: u32) {
         self.request(consume_request::Request::Flow(Flow { permits }))

@@ -120,9 +120,12 @@ impl Admin for AdminService {
         r: Request<ListTopicsRequest>,
     ) -> Result<Response<ListTopicsResponse>, Status> {
         let ns = r.into_inner().namespace;
-        let ns = (!ns.is_empty()).then_some(ns);
+        let ns = match ns.as_str() {
+            "" => None,
+            given => Some(crate::name::parse_namespace(given)?),
+        };
         Ok(Response::new(ListTopicsResponse {
-            topics: self.core.list_topics(ns.as_deref()).await,
+            topics: self.core.list_topics(ns).await,
         }))
     }
 

@@ -4,6 +4,7 @@
 //! its in-flight messages are redelivered (reason: consumer lost).
 
 use super::{BoxStream, status_of};
+use crate::config::BrokerConfig;
 use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
@@ -42,21 +43,38 @@ pub(super) async fn consume(
     let (tx, rx) = mpsc::unbounded_channel();
     let (handle, consumer_id) = subscribe(&core, sub, tx.clone()).await?;
     let stop = core.shutdown.clone();
+    let config = core.config.clone();
     tokio::spawn(async move {
         while let Some(frame) = super::next_frame(&mut inbound, &stop).await {
             let req = match frame {
                 Ok(ConsumeRequest { request: Some(r) }) => r,
-                Ok(ConsumeRequest { request: None }) => continue,
+                Ok(ConsumeRequest { request: None }) => {
+                    let empty = BrokerError::InvalidArgument(
+                        "empty ConsumeRequest (no request set, or one this broker does not know)"
+                            .into(),
+                    );
+                    let _ = tx.send(ConsumerEvent::End(empty));
+                    break;
+                }
                 Err(_) => break,
             };
-            let Some(req) = parse(req) else {
-                let again =
-                    BrokerError::InvalidArgument("already subscribed on this stream".into());
-                let _ = tx.send(ConsumerEvent::End(again));
-                break;
-            };
-            if handle.request(consumer_id, req).is_err() {
-                break;
+            match parse(req, &config) {
+                Parsed::Request(req) => {
+                    if handle.request(consumer_id, req).is_err() {
+                        break;
+                    }
+                }
+                Parsed::Refused { request_id, error } => {
+                    let outcome = Err(Arc::new(error));
+                    let _ = tx.send(ConsumerEvent::Done {
+                        request_id,
+                        outcome,
+                    });
+                }
+                Parsed::End(e) => {
+                    let _ = tx.send(ConsumerEvent::End(e));
+                    break;
+                }
             }
         }
         let _ = handle.remove_consumer(consumer_id);
@@ -77,6 +95,7 @@ async fn subscribe(
 ) -> Result<(crate::subscription::SubscriptionHandle, u64), Status> {
     let topic = TopicName::parse(&sub.topic)?;
     let name = SubscriptionName::parse(&sub.subscription)?;
+    super::input::check_label("consumer name", &sub.consumer_name)?;
     let sub_type = SubscriptionType::try_from(sub.subscription_type).map_err(|_| {
         Status::invalid_argument(format!(
             "unknown subscription type {}",
@@ -141,46 +160,97 @@ fn message_ref(id: ricochet_proto::MessageId) -> MessageRef {
     }
 }
 
-/// A consumer frame as a domain request; `None` ends the stream (a second
-/// `Subscribe`).
-fn parse(req: consume_request::Request) -> Option<ConsumerRequest> {
+/// What a consumer frame comes to.
+enum Parsed {
+    /// A request for the subscription.
+    Request(ConsumerRequest),
+    /// A request refused before it reached the subscription: its reply.
+    Refused { request_id: u64, error: BrokerError },
+    /// A protocol violation (a second `Subscribe`): the stream ends.
+    End(BrokerError),
+}
+
+/// A consumer frame as a domain request, after the checks on its free-text
+/// and property fields.
+fn parse(req: consume_request::Request, config: &BrokerConfig) -> Parsed {
+    use super::input::{check_detail, check_extra_properties};
     use consume_request::Request as R;
-    Some(match req {
-        R::Subscribe(_) => return None,
+    let refused = |request_id, error| Parsed::Refused { request_id, error };
+    Parsed::Request(match req {
+        R::Subscribe(_) => {
+            return Parsed::End(BrokerError::InvalidArgument(
+                "already subscribed on this stream".into(),
+            ));
+        }
         R::Flow(f) => ConsumerRequest::Flow(f.permits),
-        R::Ack(a) => ConsumerRequest::Ack {
-            request_id: a.request_id,
-            cumulative: a.ack_type == AckType::Cumulative as i32,
-            ids: a.ids.into_iter().map(message_ref).collect(),
-        },
-        R::Redeliver(r) => ConsumerRequest::Redeliver {
-            request_id: r.request_id,
-            items: r
-                .messages
-                .into_iter()
-                .map(|m| FailedItem {
+        R::Ack(a) => {
+            let cumulative = match AckType::try_from(a.ack_type) {
+                Ok(t) => t == AckType::Cumulative,
+                Err(_) => {
+                    let e = format!("unknown ack type {}", a.ack_type);
+                    return refused(a.request_id, BrokerError::InvalidArgument(e));
+                }
+            };
+            ConsumerRequest::Ack {
+                request_id: a.request_id,
+                cumulative,
+                ids: a.ids.into_iter().map(message_ref).collect(),
+            }
+        }
+        R::Redeliver(r) => {
+            let mut items = Vec::with_capacity(r.messages.len());
+            for m in r.messages {
+                if let Err(e) = check_detail(&m.detail) {
+                    return refused(r.request_id, e);
+                }
+                // An unspecified reason reads as a nack; an unknown one is refused.
+                let reason = match m.reason {
+                    0 => FailureReason::Nack,
+                    n => match ricochet_proto::convert::failure_reason_from_i32(n) {
+                        Ok(reason) => reason,
+                        Err(_) => {
+                            let e = format!("unknown failure reason {n}");
+                            return refused(r.request_id, BrokerError::InvalidArgument(e));
+                        }
+                    },
+                };
+                items.push(FailedItem {
                     id: message_ref(m.id.unwrap_or_default()),
-                    // An unspecified reason reads as a nack.
-                    reason: ricochet_proto::convert::failure_reason_from_i32(m.reason)
-                        .unwrap_or(FailureReason::Nack),
+                    reason,
                     detail: m.detail,
-                })
-                .collect(),
-        },
-        R::ReconsumeLater(r) => ConsumerRequest::ReconsumeLater {
-            request_id: r.request_id,
-            id: message_ref(r.id.unwrap_or_default()),
-            delay: r
-                .delay
-                .map_or(AttemptOverride::Policy, AttemptOverride::from),
-            properties: r.properties,
-            detail: r.detail,
-        },
-        R::Terminate(t) => ConsumerRequest::Terminate {
-            request_id: t.request_id,
-            id: message_ref(t.id.unwrap_or_default()),
-            detail: t.detail,
-        },
+                });
+            }
+            ConsumerRequest::Redeliver {
+                request_id: r.request_id,
+                items,
+            }
+        }
+        R::ReconsumeLater(r) => {
+            if let Err(e) =
+                check_detail(&r.detail).and_then(|()| check_extra_properties(&r.properties, config))
+            {
+                return refused(r.request_id, e);
+            }
+            ConsumerRequest::ReconsumeLater {
+                request_id: r.request_id,
+                id: message_ref(r.id.unwrap_or_default()),
+                delay: r
+                    .delay
+                    .map_or(AttemptOverride::Policy, AttemptOverride::from),
+                properties: r.properties,
+                detail: r.detail,
+            }
+        }
+        R::Terminate(t) => {
+            if let Err(e) = check_detail(&t.detail) {
+                return refused(t.request_id, e);
+            }
+            ConsumerRequest::Terminate {
+                request_id: t.request_id,
+                id: message_ref(t.id.unwrap_or_default()),
+                detail: t.detail,
+            }
+        }
         R::Close(_) => ConsumerRequest::Close,
     })
 }

@@ -3,6 +3,7 @@
 
 mod admin;
 mod consume;
+mod input;
 mod produce;
 mod status;
 mod wire;

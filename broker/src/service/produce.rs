@@ -3,6 +3,7 @@
 //! commit, so many batches share one flush.
 
 use super::BoxStream;
+use crate::config::BrokerConfig;
 use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::TopicName;
@@ -34,6 +35,7 @@ pub(super) async fn produce(
         ));
     };
     let name = TopicName::parse(&open.topic)?;
+    super::input::check_label("producer name", &open.producer_name)?;
     let entry = core.topic_for_use(&name).await?;
     if entry.topic.kind() != TopicKind::Normal {
         return Err(BrokerError::Conflict(format!(
@@ -52,6 +54,7 @@ pub(super) async fn produce(
     };
     let topic = entry.topic.clone();
     let max_size = core.config.max_message_size;
+    let config = core.config.clone();
     let (tx, rx) = mpsc::channel::<Result<ProduceResponse, Status>>(PIPELINE_DEPTH * 2);
     let opened = ProduceResponse {
         response: Some(produce_response::Response::Opened(ProducerOpened {
@@ -100,13 +103,14 @@ pub(super) async fn produce(
             };
             let topic = topic.clone();
             let name = producer_name.clone();
+            let checked = validate(&batch, &config);
             // Spawned so the next batch is written while this one awaits its flush;
             // ids are assigned in arrival order because writes take the topic's
             // writer lock before the first await.
             let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
             let handle = tokio::spawn(async move {
                 let request_id = batch.request_id;
-                let result = match validate(&batch, max_size) {
+                let result = match checked {
                     Ok(()) => {
                         let fut = topic.publish(&name, batch.messages);
                         tokio::pin!(fut);
@@ -153,18 +157,14 @@ pub(super) async fn produce(
     )))
 }
 
-fn validate(batch: &SendBatch, max_size: usize) -> Result<(), BrokerError> {
+/// A batch is stored whole or not at all: one message over a limit refuses
+/// all of it.
+fn validate(batch: &SendBatch, config: &BrokerConfig) -> Result<(), BrokerError> {
     if batch.messages.is_empty() {
         return Err(BrokerError::InvalidArgument("empty SendBatch".into()));
     }
     for (i, m) in batch.messages.iter().enumerate() {
-        if m.payload.len() > max_size {
-            return Err(BrokerError::InvalidArgument(format!(
-                "message {i} (sequence id {}) is {} bytes; the limit is {max_size}",
-                m.sequence_id,
-                m.payload.len()
-            )));
-        }
+        super::input::check_message(i, m, config)?;
     }
     for w in batch.messages.windows(2) {
         if w[1].sequence_id <= w[0].sequence_id {
