@@ -2,6 +2,7 @@
 //! services. It loads everything from storage at start, creates topics and
 //! subscriptions on demand, and hands out subscription actors.
 
+use crate::claims::{TierClaims, TierOverrides};
 use crate::clock::SharedClock;
 use crate::config::{BrokerConfig, Durability};
 use crate::error::{BrokerError, Result};
@@ -57,6 +58,9 @@ pub struct BrokerCore {
     pub clock: SharedClock,
     policies: PolicyRegistry,
     topics: Mutex<HashMap<TopicName, Arc<TopicEntry>>>,
+    /// Every live subscription's tier names. Lock order: `topics`, then a
+    /// topic's `subscriptions`, then this (held briefly, never across an await).
+    claims: std::sync::Mutex<TierClaims>,
     me: Weak<BrokerCore>,
 }
 
@@ -118,6 +122,7 @@ impl BrokerCore {
             clock,
             policies,
             topics: Mutex::new(HashMap::new()),
+            claims: Default::default(),
             me: me.clone(),
         });
         let records = core.storage.list_topics()?;
@@ -126,6 +131,7 @@ impl BrokerCore {
             let name = TopicName::parse_stored(&rec.name)?;
             let entry = core.open_topic(name.clone(), rec.kind)?;
             for sub in core.storage.list_subscriptions(&rec.name)? {
+                lock(&core.claims).claim(&sub)?;
                 let handle = core.spawn_subscription(sub, entry.topic.clone())?;
                 lock(&entry.subscriptions).insert(handle.name().to_owned(), handle);
             }
@@ -189,11 +195,19 @@ impl BrokerCore {
         }
     }
 
+    /// The topic `name`, created as `kind` if it does not exist. A name a
+    /// subscription claims as a tier is created as that tier whatever the
+    /// caller asked for (a producer is then refused, a dead-letter reader
+    /// may subscribe before the first dead letter).
     async fn topic_or_create(&self, name: &TopicName, kind: TopicKind) -> Result<Arc<TopicEntry>> {
         let mut topics = self.topics.lock().await;
         if let Some(t) = topics.get(name) {
             return Ok(t.clone());
         }
+        let kind = match kind {
+            TopicKind::Normal => lock(&self.claims).kind_of(name.as_str()),
+            tier => tier,
+        };
         self.storage.put_topic(&TopicRecord {
             name: name.to_string(),
             created_ms: self.clock.now_ms(),
@@ -243,6 +257,7 @@ impl BrokerCore {
         }
         for sub in subs {
             sub.delete().await?;
+            lock(&self.claims).release(name.as_str(), sub.name());
         }
         self.storage.delete_topic(name.as_str())?;
         topics.remove(name);
@@ -250,20 +265,30 @@ impl BrokerCore {
         Ok(())
     }
 
-    /// An existing subscription, or a new one positioned per `initial`.
+    /// An existing subscription, or a new one positioned per `initial`
+    /// whose tiers are `tiers` (each one left out: the default name).
     /// Creation happens under the topic's subscription lock, so two consumers
-    /// racing to create one get the same subscription (and one record).
-    pub fn subscription_or_create(
+    /// racing to create one get the same subscription (and one record); an
+    /// existing one must have the tiers asked for.
+    pub async fn subscription_or_create(
         &self,
         entry: &TopicEntry,
         name: &SubscriptionName,
         sub_type: SubscriptionType,
         initial: InitialPosition,
+        tiers: &TierOverrides,
     ) -> Result<SubscriptionHandle> {
+        // Held so no topic appears under a tier name while it is checked.
+        let topics = self.topics.lock().await;
         let mut subs = lock(&entry.subscriptions);
+        let topic = entry.topic.name();
         if let Some(h) = subs.get(name.as_str()) {
+            lock(&self.claims).check_existing(topic, name, tiers)?;
             return Ok(h.clone());
         }
+        lock(&self.claims).check_new(topic, name, tiers, |n| {
+            topics.get(n).map(|e| e.topic.kind())
+        })?;
         let (first, next) = entry.topic.entry_range();
         let start = match initial {
             InitialPosition::Earliest => first,
@@ -277,10 +302,32 @@ impl BrokerCore {
             start,
         );
         rec.created_ms = self.clock.now_ms();
+        rec.retry_topic = tiers.retry.as_ref().map(ToString::to_string);
+        rec.dead_letter_topic = tiers.dead_letter.as_ref().map(ToString::to_string);
         self.storage.put_subscription(&rec)?;
-        let handle = self.spawn_subscription(rec, entry.topic.clone())?;
+        lock(&self.claims).claim(&rec)?;
+        let handle = match self.spawn_subscription(rec, entry.topic.clone()) {
+            Ok(h) => h,
+            Err(e) => {
+                lock(&self.claims).release(topic.as_str(), name.as_str());
+                return Err(e);
+            }
+        };
         subs.insert(name.to_string(), handle.clone());
+        drop(subs);
+        drop(topics);
         Ok(handle)
+    }
+
+    /// Refuses tier names other than those the existing subscription has
+    /// (tiers are chosen when a subscription is created).
+    pub fn check_tiers(
+        &self,
+        topic: &TopicName,
+        sub: &SubscriptionName,
+        wanted: &TierOverrides,
+    ) -> Result<()> {
+        lock(&self.claims).check_existing(topic, sub, wanted)
     }
 
     /// Deletes a subscription (it must have no consumers).
@@ -299,6 +346,7 @@ impl BrokerCore {
                 })?;
         handle.delete().await?;
         lock(&entry.subscriptions).remove(name.as_str());
+        lock(&self.claims).release(topic.as_str(), name.as_str());
         Ok(())
     }
 

@@ -16,6 +16,7 @@
 //! * `flusher`: group commit; `service`: the gRPC services (the only place
 //!   that knows protobuf requests and gRPC statuses);
 //! * `metrics`: the Prometheus series; [`clock`]: injected wall time;
+//! * `claims`: which subscription owns each tier name;
 //! * `config`, `name`, `error`, `util`.
 //!
 //! ```no_run
@@ -26,6 +27,7 @@
 //! # Ok(()) }
 //! ```
 
+mod claims;
 pub mod clock;
 mod config;
 mod core;
@@ -41,6 +43,7 @@ mod subscription;
 mod topic;
 mod util;
 
+pub use claims::TierOverrides;
 pub use config::{BrokerConfig, Durability, PolicyRule};
 pub use core::{BrokerCore, TopicEntry};
 pub use error::{BrokerError, Result};

@@ -4,6 +4,7 @@
 //! its in-flight messages are redelivered (reason: consumer lost).
 
 use super::{BoxStream, status_of};
+use crate::claims::TierOverrides;
 use crate::config::BrokerConfig;
 use crate::core::BrokerCore;
 use crate::error::BrokerError;
@@ -105,7 +106,7 @@ async fn subscribe(
     let initial = InitialPosition::try_from(sub.initial_position).map_err(|_| {
         Status::invalid_argument(format!("unknown initial position {}", sub.initial_position))
     })?;
-    let policy = match &sub.dead_letter_policy {
+    let (policy, tiers) = match &sub.dead_letter_policy {
         Some(p) => {
             let spec = PolicySpec::try_from(p).map_err(|e| {
                 Status::invalid_argument(format!("invalid dead-letter policy: {e}"))
@@ -113,9 +114,9 @@ async fn subscribe(
             spec.validate().map_err(|e| {
                 Status::invalid_argument(format!("invalid dead-letter policy: {e}"))
             })?;
-            Some(spec)
+            (Some(spec), super::tier_overrides(p)?)
         }
-        None => None,
+        None => (None, TierOverrides::default()),
     };
     let entry = core.topic_for_use(&topic).await?;
     match entry.topic.kind() {
@@ -132,7 +133,9 @@ async fn subscribe(
         }
         TopicKind::DeadLetter => {}
     }
-    let handle = core.subscription_or_create(&entry, &name, sub_type, initial)?;
+    let handle = core
+        .subscription_or_create(&entry, &name, sub_type, initial, &tiers)
+        .await?;
     let consumer_name = if sub.consumer_name.is_empty() {
         format!(
             "consumer-{}",

@@ -82,7 +82,9 @@ impl Harness {
                 &SubscriptionName::parse("billing").unwrap(),
                 sub_type,
                 InitialPosition::Earliest,
+                &Default::default(),
             )
+            .await
             .unwrap();
         let (tx, mut rx) = mpsc::unbounded_channel();
         let spec = ConsumerSpec {

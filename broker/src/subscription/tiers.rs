@@ -11,7 +11,6 @@ use super::failure::Failure;
 use super::intake::millis;
 use super::requests::MessageRef;
 use crate::error::Result;
-use crate::name::{SubscriptionName, TopicName};
 use crate::storage::{
     Arrival, DeadLetterRecord, FailureRecord, MoveItem, ScheduleKey, Storage, SubMessage,
     SubscriptionRecord, TierEntry, TierId, TierMove, TopicKind,
@@ -47,17 +46,10 @@ pub(super) struct Tiers {
 impl Tiers {
     /// The tiers of `rec`: its overrides, or `<topic>-<sub>-RETRY` / `-DLQ`.
     pub fn for_subscription(rec: &SubscriptionRecord) -> Result<Self> {
-        let topic = TopicName::parse_stored(&rec.topic)?;
-        let sub = SubscriptionName::parse_stored(&rec.name)?;
+        let (retry_name, dead_letter_name) = crate::claims::tier_names(rec)?;
         Ok(Self {
-            retry_name: rec
-                .retry_topic
-                .clone()
-                .unwrap_or_else(|| topic.retry_tier(&sub).to_string()),
-            dead_letter_name: rec
-                .dead_letter_topic
-                .clone()
-                .unwrap_or_else(|| topic.dead_letter_tier(&sub).to_string()),
+            retry_name,
+            dead_letter_name,
             retry: None,
             dead_letter: None,
         })

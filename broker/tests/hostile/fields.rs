@@ -496,3 +496,88 @@ async fn subscribe_enums_out_of_range_and_empty_frames() {
     })
     .await;
 }
+
+/// Tier names a subscribing client asks for that cannot be honoured: bad
+/// names are INVALID_ARGUMENT, names that clash with existing topics,
+/// other subscriptions' tiers or the subscription's own tiers are
+/// FAILED_PRECONDITION; none creates anything.
+#[tokio::test]
+async fn tier_overrides_that_cannot_be_honoured() {
+    let b = InProcessBroker::start().await;
+    let mut p = RawProducer::open(&b.url(), "busy", "p").await.unwrap();
+    p.send(&["an ordinary topic"]).await;
+    let _owner = RawConsumer::simple(&b.url(), "orders", "a", SubscriptionType::Shared).await;
+    let policy = |retry: &str, dlq: &str| DeadLetterPolicyConfig {
+        kind: Some(dead_letter_policy_config::Kind::DelayLevels(
+            DelayLevelPolicyConfig::default(),
+        )),
+        retry_topic: retry.into(),
+        dead_letter_topic: dlq.into(),
+    };
+    let huge = "t".repeat(MIB);
+    let cases: Vec<(&str, &str, DeadLetterPolicyConfig, Code)> = vec![
+        ("dot-dot", "b", policy("..", ""), Code::InvalidArgument),
+        (
+            "path-like",
+            "b",
+            policy("", "../../x"),
+            Code::InvalidArgument,
+        ),
+        ("huge", "b", policy(&huge, ""), Code::InvalidArgument),
+        (
+            "own topic",
+            "b",
+            policy("orders", ""),
+            Code::InvalidArgument,
+        ),
+        (
+            "retry = dlq",
+            "b",
+            policy("same", "same"),
+            Code::InvalidArgument,
+        ),
+        (
+            "dlq = default retry",
+            "b",
+            policy("", "orders-b-RETRY"),
+            Code::InvalidArgument,
+        ),
+        (
+            "an ordinary topic",
+            "b",
+            policy("busy", ""),
+            Code::FailedPrecondition,
+        ),
+        (
+            "another subscription's tier",
+            "b",
+            policy("", "orders-a-DLQ"),
+            Code::FailedPrecondition,
+        ),
+        (
+            "other tiers for an existing subscription",
+            "a",
+            policy("", "elsewhere"),
+            Code::FailedPrecondition,
+        ),
+    ];
+    for (what, sub, policy, code) in cases {
+        unchanged(&b.url(), what, async {
+            let opts = SubOpts {
+                sub_type: SubscriptionType::Shared,
+                policy: Some(policy),
+                ..Default::default()
+            };
+            let e = RawConsumer::subscribe(&b.url(), "orders", sub, opts)
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), code, "{what}: {e}");
+            assert!(
+                e.message().len() < 400,
+                "{what}: {} bytes",
+                e.message().len()
+            );
+        })
+        .await;
+    }
+}
