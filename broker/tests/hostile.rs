@@ -8,5 +8,7 @@
 mod common;
 #[path = "hostile/fields.rs"]
 mod fields;
+#[path = "hostile/frames.rs"]
+mod frames;
 #[path = "hostile/support.rs"]
 mod support;

@@ -45,7 +45,11 @@ pub(super) async fn consume(
     let (handle, consumer_id) = subscribe(&core, sub, tx.clone()).await?;
     let stop = core.shutdown.clone();
     let config = core.config.clone();
+    // A frame that does not decode (or is over the size limit) ends the
+    // stream with its status, after the events queued before it.
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<Status>();
     tokio::spawn(async move {
+        let mut failed_tx = Some(failed_tx);
         while let Some(frame) = super::next_frame(&mut inbound, &stop).await {
             let req = match frame {
                 Ok(ConsumeRequest { request: Some(r) }) => r,
@@ -57,7 +61,12 @@ pub(super) async fn consume(
                     let _ = tx.send(ConsumerEvent::End(empty));
                     break;
                 }
-                Err(_) => break,
+                Err(status) => {
+                    if let Some(f) = failed_tx.take() {
+                        let _ = f.send(status);
+                    }
+                    break;
+                }
             };
             match parse(req, &config) {
                 Parsed::Request(req) => {
@@ -80,8 +89,11 @@ pub(super) async fn consume(
         }
         let _ = handle.remove_consumer(consumer_id);
     });
-    let frames =
-        UnboundedReceiverStream::new(rx).flat_map(|event| futures::stream::iter(frames_of(event)));
+    let failed =
+        futures::stream::once(failed_rx).filter_map(|r| std::future::ready(r.ok().map(Err)));
+    let frames = UnboundedReceiverStream::new(rx)
+        .flat_map(|event| futures::stream::iter(frames_of(event)))
+        .chain(failed);
     Ok(Response::new(super::until_shutdown(
         frames,
         core.shutdown.clone(),

@@ -69,17 +69,19 @@ pub(super) async fn produce(
         .map_err(|_| Status::cancelled("producer went away"))?;
     topic.counters.producers.fetch_add(1, Ordering::Relaxed);
 
-    // Receipts are sent in batch order by one task awaiting each batch's write.
+    // Receipts are sent in batch order by one task awaiting each batch's
+    // write; a status that ends the stream (a frame that is not a batch)
+    // takes its place in that order, so every batch before it gets its receipt.
     let (pending_tx, mut pending_rx) =
-        mpsc::channel::<tokio::task::JoinHandle<ProduceResponse>>(PIPELINE_DEPTH);
-    let out = tx.clone();
+        mpsc::channel::<tokio::task::JoinHandle<Result<ProduceResponse, Status>>>(PIPELINE_DEPTH);
     tokio::spawn(async move {
         while let Some(h) = pending_rx.recv().await {
             let resp = match h.await {
-                Ok(r) => Ok(r),
+                Ok(r) => r,
                 Err(e) => Err(Status::internal(format!("publish task failed: {e}"))),
             };
-            if out.send(resp).await.is_err() {
+            let end = resp.is_err();
+            if tx.send(resp).await.is_err() || end {
                 break;
             }
         }
@@ -91,15 +93,23 @@ pub(super) async fn produce(
                 Ok(ProduceRequest {
                     request: Some(produce_request::Request::Send(b)),
                 }) => b,
-                Ok(_) => {
-                    let _ = tx
-                        .send(Err(Status::invalid_argument(
-                            "expected SendBatch after ProducerOpen",
-                        )))
-                        .await;
+                Ok(other) => {
+                    let what = match other.request {
+                        Some(produce_request::Request::Open(_)) => "a second ProducerOpen",
+                        _ => "an empty ProduceRequest",
+                    };
+                    let end = Status::invalid_argument(format!(
+                        "expected SendBatch after ProducerOpen, got {what}"
+                    ));
+                    let _ = pending_tx.send(tokio::spawn(async { Err(end) })).await;
                     break;
                 }
-                Err(_) => break,
+                // A frame that does not decode, or one over the size limit:
+                // the client is told why the stream ends.
+                Err(status) => {
+                    let _ = pending_tx.send(tokio::spawn(async { Err(status) })).await;
+                    break;
+                }
             };
             let topic = topic.clone();
             let name = producer_name.clone();
@@ -128,7 +138,7 @@ pub(super) async fn produce(
                         Err(e)
                     }
                 };
-                match result {
+                Ok(match result {
                     Ok(receipts) => ProduceResponse {
                         response: Some(produce_response::Response::Receipts(SendReceipts {
                             request_id,
@@ -142,7 +152,7 @@ pub(super) async fn produce(
                             message: super::message_of(&e),
                         })),
                     },
-                }
+                })
             });
             let _ = ready_rx.await;
             if pending_tx.send(handle).await.is_err() {
