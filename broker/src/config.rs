@@ -14,6 +14,12 @@
 //! retry_window = "60s"
 //! replay_rate_per_second = 1000
 //!
+//! # Limits on what clients create or hold open (0 = unlimited); over one, a
+//! # request gets RESOURCE_EXHAUSTED naming the setting.
+//! max_topics = 10000                 # ordinary topics, broker-wide
+//! max_topics_per_namespace = 1000
+//! max_subscriptions_per_topic = 100
+//!
 //! [[policies]]                   # default dead-letter policies by topic pattern
 //! topic = "persistent://public/default/orders*"
 //! policy = { type = "delay_levels" }
@@ -94,6 +100,13 @@ pub struct BrokerConfig {
     pub replay_rate_per_second: u32,
     /// sled page cache size in bytes.
     pub cache_capacity: u64,
+    /// Most ordinary topics (not retry or dead-letter tiers) in the broker;
+    /// 0 means unlimited.
+    pub max_topics: usize,
+    /// Most ordinary topics in one `tenant/namespace`; 0 means unlimited.
+    pub max_topics_per_namespace: usize,
+    /// Most subscriptions on one topic; 0 means unlimited.
+    pub max_subscriptions_per_topic: usize,
     /// Default dead-letter policies by topic pattern (first match wins).
     pub policies: Vec<PolicyRule>,
 }
@@ -115,6 +128,9 @@ impl Default for BrokerConfig {
             retry_window: Duration::from_secs(60),
             replay_rate_per_second: 1_000,
             cache_capacity: 256 * 1024 * 1024,
+            max_topics: 10_000,
+            max_topics_per_namespace: 1_000,
+            max_subscriptions_per_topic: 100,
             policies: Vec::new(),
         }
     }

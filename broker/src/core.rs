@@ -7,6 +7,7 @@ use crate::clock::SharedClock;
 use crate::config::{BrokerConfig, Durability};
 use crate::error::{BrokerError, Result};
 use crate::flusher::Flusher;
+use crate::limits::{Limit, TopicCounts};
 use crate::name::{SubscriptionName, TopicName};
 use crate::scheduler::Scheduler;
 use crate::storage::{Storage, SubscriptionRecord, TopicKind, TopicRecord};
@@ -61,6 +62,9 @@ pub struct BrokerCore {
     /// Every live subscription's tier names. Lock order: `topics`, then a
     /// topic's `subscriptions`, then this (held briefly, never across an await).
     claims: std::sync::Mutex<TierClaims>,
+    /// Ordinary topics, for `max_topics` and `max_topics_per_namespace`;
+    /// changed under the `topics` lock.
+    counts: std::sync::Mutex<TopicCounts>,
     me: Weak<BrokerCore>,
 }
 
@@ -123,6 +127,7 @@ impl BrokerCore {
             policies,
             topics: Mutex::new(HashMap::new()),
             claims: Default::default(),
+            counts: Default::default(),
             me: me.clone(),
         });
         let records = core.storage.list_topics()?;
@@ -130,6 +135,9 @@ impl BrokerCore {
         for rec in records {
             let name = TopicName::parse_stored(&rec.name)?;
             let entry = core.open_topic(name.clone(), rec.kind)?;
+            if rec.kind == TopicKind::Normal {
+                lock(&core.counts).add(&name);
+            }
             for sub in core.storage.list_subscriptions(&rec.name)? {
                 lock(&core.claims).claim(&sub)?;
                 let handle = core.spawn_subscription(sub, entry.topic.clone())?;
@@ -208,12 +216,19 @@ impl BrokerCore {
             TopicKind::Normal => lock(&self.claims).kind_of(name.as_str()),
             tier => tier,
         };
+        if kind == TopicKind::Normal {
+            let c = &self.config;
+            lock(&self.counts).check(name, c.max_topics, c.max_topics_per_namespace)?;
+        }
         self.storage.put_topic(&TopicRecord {
             name: name.to_string(),
             created_ms: self.clock.now_ms(),
             kind,
         })?;
         let entry = self.open_topic(name.clone(), kind)?;
+        if kind == TopicKind::Normal {
+            lock(&self.counts).add(name);
+        }
         topics.insert(name.clone(), entry.clone());
         tracing::info!(topic = %name, ?kind, "topic created");
         Ok(entry)
@@ -261,6 +276,9 @@ impl BrokerCore {
         }
         self.storage.delete_topic(name.as_str())?;
         topics.remove(name);
+        if entry.topic.kind() == TopicKind::Normal {
+            lock(&self.counts).remove(name);
+        }
         tracing::info!(topic = %name, "topic deleted");
         Ok(())
     }
@@ -285,6 +303,16 @@ impl BrokerCore {
         if let Some(h) = subs.get(name.as_str()) {
             lock(&self.claims).check_existing(topic, name, tiers)?;
             return Ok(h.clone());
+        }
+        let max = self.config.max_subscriptions_per_topic;
+        if Limit::reached(subs.len(), max) {
+            return Err(Limit::SubscriptionsPerTopic.refuse(
+                format!(
+                    "cannot create subscription {name}: {topic} has {} subscriptions",
+                    subs.len()
+                ),
+                max,
+            ));
         }
         lock(&self.claims).check_new(topic, name, tiers, |n| {
             topics.get(n).map(|e| e.topic.kind())

@@ -36,6 +36,10 @@ pub enum BrokerError {
     /// Storage failed, or holds something it cannot read back.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// A configured limit would be exceeded (topics, subscriptions,
+    /// connections, streams); the message names the setting.
+    #[error("{0}")]
+    LimitReached(String),
     /// The broker is shutting down or a component it needs is gone.
     #[error("broker is shutting down")]
     ShuttingDown,

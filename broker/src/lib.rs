@@ -16,7 +16,8 @@
 //! * `flusher`: group commit; `service`: the gRPC services (the only place
 //!   that knows protobuf requests and gRPC statuses);
 //! * `metrics`: the Prometheus series; [`clock`]: injected wall time;
-//! * `claims`: which subscription owns each tier name;
+//! * `claims`: which subscription owns each tier name; `limits`: what
+//!   clients may create or hold open;
 //! * `config`, `name`, `error`, `util`.
 //!
 //! ```no_run
@@ -33,6 +34,7 @@ mod config;
 mod core;
 mod error;
 mod flusher;
+mod limits;
 mod metrics;
 mod name;
 mod scheduler;

@@ -8,6 +8,8 @@
 mod common;
 #[path = "hostile/fields.rs"]
 mod fields;
+#[path = "hostile/floods.rs"]
+mod floods;
 #[path = "hostile/frames.rs"]
 mod frames;
 #[path = "hostile/support.rs"]

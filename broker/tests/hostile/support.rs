@@ -41,7 +41,6 @@ pub struct TopicState {
 #[derive(Debug, PartialEq)]
 pub struct Snapshot(pub Vec<TopicState>);
 
-#[allow(dead_code)]
 impl Snapshot {
     /// The topic names.
     pub fn topics(&self) -> Vec<&str> {
