@@ -19,6 +19,11 @@
 //! max_topics = 10000                 # ordinary topics, broker-wide
 //! max_topics_per_namespace = 1000
 //! max_subscriptions_per_topic = 100
+//! max_connections = 1024
+//! max_streams_per_connection = 1000  # calls (streams and unary) open at once
+//! idle_timeout = "5m"                # close a connection with no call open this long ("0s": never)
+//! keepalive_interval = "30s"         # HTTP/2 pings on every connection ("0s": none) ...
+//! keepalive_timeout = "20s"          # ... and a connection whose ping is not answered in time closes
 //!
 //! [[policies]]                   # default dead-letter policies by topic pattern
 //! topic = "persistent://public/default/orders*"
@@ -107,6 +112,23 @@ pub struct BrokerConfig {
     pub max_topics_per_namespace: usize,
     /// Most subscriptions on one topic; 0 means unlimited.
     pub max_subscriptions_per_topic: usize,
+    /// Most client connections served at once; 0 means unlimited. An
+    /// extra connection is answered RESOURCE_EXHAUSTED, then closed.
+    pub max_connections: usize,
+    /// Most calls (producer and consumer streams, admin calls) open at once
+    /// on one connection; 0 means unlimited.
+    pub max_streams_per_connection: usize,
+    /// A connection with no call open for this long is closed; zero never.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// How often the broker pings each connection over HTTP/2 (so a peer
+    /// that vanished is noticed and its consumers' messages redelivered);
+    /// zero sends no pings.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// How long a ping may go unanswered before the connection is closed.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
     /// Default dead-letter policies by topic pattern (first match wins).
     pub policies: Vec<PolicyRule>,
 }
@@ -131,6 +153,11 @@ impl Default for BrokerConfig {
             max_topics: 10_000,
             max_topics_per_namespace: 1_000,
             max_subscriptions_per_topic: 100,
+            max_connections: 1024,
+            max_streams_per_connection: 1000,
+            idle_timeout: Duration::from_secs(300),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(20),
             policies: Vec::new(),
         }
     }
@@ -174,6 +201,9 @@ impl BrokerConfig {
         }
         if self.flush_interval.is_zero() {
             return bad("flush_interval must be positive");
+        }
+        if !self.keepalive_interval.is_zero() && self.keepalive_timeout.is_zero() {
+            return bad("keepalive_timeout must be positive when keepalive_interval is set");
         }
         for rule in &self.policies {
             rule.policy

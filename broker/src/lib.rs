@@ -7,6 +7,7 @@
 //! Map of the crate (see `ARCHITECTURE.md` at the top of the repository for
 //! the path of a publish, a delivery and a failure):
 //! * `server`: [`Broker`] (open, serve, shut down) and [`TestBroker`];
+//!   `connections`: connection and per-connection call limits, idle timeout;
 //! * `core`: [`BrokerCore`], the registry of topics and subscriptions;
 //! * `topic`: a topic's writer and retention;
 //! * `subscription`: the actor that dispatches, acks, counts failures and
@@ -31,6 +32,7 @@
 mod claims;
 pub mod clock;
 mod config;
+mod connections;
 mod core;
 mod error;
 mod flusher;

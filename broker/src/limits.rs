@@ -1,6 +1,7 @@
 //! Limits on what clients can create or hold open, so that no client can
 //! grow the broker without bound: ordinary topics (broker-wide and per
-//! namespace) and subscriptions per topic. A request
+//! namespace), subscriptions per topic, connections and calls open per
+//! connection (the last two enforced in `connections`). A request
 //! over a limit is refused with RESOURCE_EXHAUSTED naming the setting, and
 //! counted in `ricochet_limit_rejections_total{limit=...}`. Every limit is a
 //! config setting where 0 means unlimited; tier topics are not counted
@@ -20,6 +21,10 @@ pub enum Limit {
     TopicsPerNamespace,
     /// `max_subscriptions_per_topic`.
     SubscriptionsPerTopic,
+    /// `max_connections`.
+    Connections,
+    /// `max_streams_per_connection`.
+    StreamsPerConnection,
 }
 
 impl Limit {
@@ -29,6 +34,8 @@ impl Limit {
             Limit::Topics => "topics",
             Limit::TopicsPerNamespace => "topics_per_namespace",
             Limit::SubscriptionsPerTopic => "subscriptions_per_topic",
+            Limit::Connections => "connections",
+            Limit::StreamsPerConnection => "streams_per_connection",
         }
     }
 
@@ -38,6 +45,8 @@ impl Limit {
             Limit::Topics => "max_topics",
             Limit::TopicsPerNamespace => "max_topics_per_namespace",
             Limit::SubscriptionsPerTopic => "max_subscriptions_per_topic",
+            Limit::Connections => "max_connections",
+            Limit::StreamsPerConnection => "max_streams_per_connection",
         }
     }
 

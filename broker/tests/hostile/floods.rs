@@ -142,3 +142,174 @@ async fn subscriptions_beyond_the_limit() {
     let more = RawConsumer::simple(&url, "subs", "s0", SubscriptionType::Shared).await;
     drop((held, more));
 }
+
+/// A health check on `ch`.
+async fn health(ch: &tonic::transport::Channel) -> Result<(), tonic::Status> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    HealthClient::new(ch.clone())
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .map(drop)
+}
+
+/// Retries `f` until it succeeds (connections released by a client are
+/// noticed by the broker a moment later).
+async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !f().await {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Whether the broker closed `s` within `wait` (a read ends or fails).
+async fn closed_within(s: &mut tokio::net::TcpStream, wait: std::time::Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            // HTTP/2 settings or a GOAWAY: keep reading.
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// Connections beyond `max_connections`: the next ones are answered
+/// RESOURCE_EXHAUSTED, then closed; past the refusal window, closed on
+/// accept. A released slot serves again.
+#[tokio::test]
+async fn connections_beyond_the_limit() {
+    let b = InProcessBroker::start_with(|c| c.max_connections = 4).await;
+    let url = b.url();
+    unchanged(&url, "a connection flood", async {
+        // `unchanged` holds one connection for its snapshots: three more
+        // reach the limit.
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let ch = channel(&url).await;
+            health(&ch).await.expect("within the limit");
+            held.push(ch);
+        }
+        let extra = channel(&url).await;
+        let e = health(&extra).await.unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+        assert!(e.message().contains("max_connections"), "{e}");
+        let e = RawProducer::open(&url, "over", "p").await.unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+        // A flood of raw sockets: those past the refusal window are closed
+        // at once, the rest after the grace; none is served.
+        let mut flood = Vec::new();
+        for _ in 0..100 {
+            flood.push(tokio::net::TcpStream::connect(b.addr).await.unwrap());
+        }
+        let mut closed_at_once = 0;
+        for s in &mut flood {
+            if closed_within(s, std::time::Duration::from_millis(50)).await {
+                closed_at_once += 1;
+            }
+        }
+        assert!(closed_at_once >= 30, "{closed_at_once} closed on accept");
+        for s in &mut flood {
+            assert!(
+                closed_within(s, std::time::Duration::from_secs(4)).await,
+                "a refused connection stays open"
+            );
+        }
+        drop((held, extra, flood));
+        eventually("a released slot serves again", || async {
+            health(&channel(&url).await).await.is_ok()
+        })
+        .await;
+    })
+    .await;
+}
+
+/// Calls open on one connection beyond `max_streams_per_connection`:
+/// RESOURCE_EXHAUSTED for streams and unary calls alike, until one ends.
+#[tokio::test]
+async fn streams_beyond_the_limit_per_connection() {
+    let b = InProcessBroker::start_with(|c| c.max_streams_per_connection = 3).await;
+    let url = b.url();
+    let ch = channel(&url).await;
+    let mut client = ricochet_proto::broker_client::BrokerClient::new(ch.clone());
+    let subscribe = |sub: &str| {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.try_send(ConsumeRequest {
+            request: Some(consume_request::Request::Subscribe(Subscribe {
+                topic: "streams".into(),
+                subscription: sub.into(),
+                subscription_type: SubscriptionType::Shared as i32,
+                ..Default::default()
+            })),
+        })
+        .unwrap();
+        (tx, tokio_stream::wrappers::ReceiverStream::new(rx))
+    };
+    let mut open = Vec::new();
+    for i in 0..3 {
+        let (tx, rx) = subscribe(&format!("s{i}"));
+        let mut inbound = client
+            .consume(rx)
+            .await
+            .expect("within the limit")
+            .into_inner();
+        inbound.message().await.unwrap().expect("Subscribed");
+        open.push((tx, inbound));
+    }
+    unchanged(&url, "calls beyond the limit", async {
+        for i in 3..20 {
+            let (_tx, rx) = subscribe(&format!("s{i}"));
+            let e = client.consume(rx).await.unwrap_err();
+            assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+            assert!(e.message().contains("max_streams_per_connection"), "{e}");
+        }
+        let e = health(&ch).await.unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    })
+    .await;
+    // One ends: the connection serves one more call.
+    drop(open.pop());
+    eventually("a call slot frees", || async { health(&ch).await.is_ok() }).await;
+}
+
+/// A connection with no call open for `idle_timeout` is closed; one with a
+/// quiet consumer stream open is not, and a channel reconnects after.
+#[tokio::test]
+async fn idle_connections_are_closed() {
+    let idle = std::time::Duration::from_millis(300);
+    let b = InProcessBroker::start_with(|c| c.idle_timeout = idle).await;
+    let url = b.url();
+    // A socket that never speaks.
+    let mut silent = tokio::net::TcpStream::connect(b.addr).await.unwrap();
+    assert!(
+        closed_within(&mut silent, idle * 5).await,
+        "silent socket kept"
+    );
+    // A consumer whose stream stays quiet for several timeouts.
+    let mut c = RawConsumer::simple(&url, "idle", "s", SubscriptionType::Shared).await;
+    c.flow(1).await;
+    tokio::time::sleep(idle * 4).await;
+    let mut p = RawProducer::open(&url, "idle", "p").await.unwrap();
+    p.send(&["after a quiet spell"]).await;
+    let m = c.next(WAIT).await.expect("the quiet stream was kept");
+    assert_eq!(text(&m), "after a quiet spell");
+    // A channel used once, then idle: closed by the broker, reconnected on use.
+    let ch = channel(&url).await;
+    health(&ch).await.unwrap();
+    tokio::time::sleep(idle * 4).await;
+    eventually("the channel reconnects", || async {
+        health(&ch).await.is_ok()
+    })
+    .await;
+    assert_serving(&url).await;
+}
