@@ -209,9 +209,10 @@ impl SubscriptionActor {
     /// gathered and moved in one transaction; any other command first
     /// applies them, so commands still take effect in arrival order.
     async fn round(&mut self, first: Command, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
-        let mut cmd = first;
+        let mut next = Some(first);
         let mut reconsumes = Vec::new();
-        for _ in 0..COMMANDS_PER_ROUND {
+        let mut handled = 0;
+        while let Some(cmd) = next.take() {
             match cmd {
                 Command::Request(
                     consumer,
@@ -233,9 +234,11 @@ impl SubscriptionActor {
                     self.handle(other).await;
                 }
             }
-            match rx.try_recv() {
-                Ok(next) => cmd = next,
-                Err(_) => break,
+            handled += 1;
+            // The bound lets dispatch and persistence run between rounds; a
+            // command is only taken off the queue when it will be handled.
+            if handled < COMMANDS_PER_ROUND {
+                next = rx.try_recv().ok();
             }
         }
         self.reconsume_later(reconsumes).await;
