@@ -13,6 +13,8 @@
 //! segment_entries = 16384
 //! retry_window = "60s"
 //! replay_rate_per_second = 1000
+//! log_format = "text"            # or "json" (one JSON object per line)
+//! failure_summary_interval = "10s"  # INFO summary of retries and dead letters ("0s": none)
 //!
 //! # Limits on what clients create or hold open (0 = unlimited); over one, a
 //! # request gets RESOURCE_EXHAUSTED naming the setting.
@@ -47,6 +49,29 @@ pub enum Durability {
     /// Writes are flushed every `flush_interval`; a crash may lose the last
     /// interval of acknowledged writes.
     Interval,
+}
+
+/// The log's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per event.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("unknown log format {other:?}: use text or json")),
+        }
+    }
 }
 
 /// A default dead-letter policy for topics matching a pattern.
@@ -103,6 +128,12 @@ pub struct BrokerConfig {
     pub retry_window: Duration,
     /// Default dead-letter replay rate (messages per second).
     pub replay_rate_per_second: u32,
+    /// How the binary writes its log (to stdout; colours only on a terminal).
+    pub log_format: LogFormat,
+    /// Each retry and dead-lettering is a DEBUG event; at INFO, one line per
+    /// subscription with failures sums them up this often. Zero: no summary.
+    #[serde(with = "humantime_serde")]
+    pub failure_summary_interval: Duration,
     /// sled page cache size in bytes.
     pub cache_capacity: u64,
     /// Most ordinary topics (not retry or dead-letter tiers) in the broker;
@@ -149,6 +180,8 @@ impl Default for BrokerConfig {
             segment_entries: 16_384,
             retry_window: Duration::from_secs(60),
             replay_rate_per_second: 1_000,
+            log_format: LogFormat::Text,
+            failure_summary_interval: Duration::from_secs(10),
             cache_capacity: 256 * 1024 * 1024,
             max_topics: 10_000,
             max_topics_per_namespace: 1_000,

@@ -6,6 +6,7 @@ use crate::claims::{TierClaims, TierOverrides};
 use crate::clock::SharedClock;
 use crate::config::{BrokerConfig, Durability};
 use crate::error::{BrokerError, Result};
+use crate::failure_log::FailureLog;
 use crate::flusher::Flusher;
 use crate::limits::{Limit, TopicCounts};
 use crate::name::{SubscriptionName, TopicName};
@@ -57,6 +58,8 @@ pub struct BrokerCore {
     pub shutdown: CancellationToken,
     /// Wall-clock time.
     pub clock: SharedClock,
+    /// Retries and dead letters counted for the periodic log summary.
+    pub failure_log: Arc<FailureLog>,
     policies: PolicyRegistry,
     topics: Mutex<HashMap<TopicName, Arc<TopicEntry>>>,
     /// Every live subscription's tier names. Lock order: `topics`, then a
@@ -117,6 +120,12 @@ impl BrokerCore {
             clock.clone(),
             shutdown.clone(),
         );
+        let failure_log = Arc::new(FailureLog::default());
+        if !config.failure_summary_interval.is_zero() {
+            failure_log
+                .clone()
+                .spawn(config.failure_summary_interval, shutdown.clone());
+        }
         let core = Arc::new_cyclic(|me| BrokerCore {
             config,
             storage,
@@ -124,6 +133,7 @@ impl BrokerCore {
             scheduler,
             shutdown,
             clock,
+            failure_log,
             policies,
             topics: Mutex::new(HashMap::new()),
             claims: Default::default(),
@@ -180,6 +190,7 @@ impl BrokerCore {
             max_unacked_per_consumer: self.config.max_unacked_per_consumer,
             sync: self.config.durability == Durability::Sync,
             shutdown: self.shutdown.clone(),
+            failure_log: self.failure_log.clone(),
         };
         SubscriptionActor::spawn(rec, topic, deps)
     }

@@ -16,7 +16,8 @@
 //! * [`storage`]: the storage trait, its records, sled and in-memory engines;
 //! * `flusher`: group commit; `service`: the gRPC services (the only place
 //!   that knows protobuf requests and gRPC statuses);
-//! * `metrics`: the Prometheus series; [`clock`]: injected wall time;
+//! * `metrics`: the Prometheus series; `failure_log`: the periodic summary
+//!   of retries and dead letters in the log; [`clock`]: injected wall time;
 //! * `claims`: which subscription owns each tier name; `limits`: what
 //!   clients may create or hold open;
 //! * `config`, `name`, `error`, `util`.
@@ -35,6 +36,7 @@ mod config;
 mod connections;
 mod core;
 mod error;
+mod failure_log;
 mod flusher;
 mod limits;
 mod metrics;
@@ -48,7 +50,7 @@ mod topic;
 mod util;
 
 pub use claims::TierOverrides;
-pub use config::{BrokerConfig, Durability, PolicyRule};
+pub use config::{BrokerConfig, Durability, LogFormat, PolicyRule};
 pub use core::{BrokerCore, TopicEntry};
 pub use error::{BrokerError, Result};
 pub use flusher::Flusher;

@@ -93,6 +93,8 @@ pub struct SubscriptionDeps {
     /// Cancelled when the broker shuts down: consumers leaving then are not
     /// charged an attempt (the broker, not the message, ended the delivery).
     pub shutdown: CancellationToken,
+    /// Where retries and dead letters are counted for the log summary.
+    pub failure_log: Arc<crate::failure_log::FailureLog>,
 }
 
 /// The running state of one subscription.
@@ -109,6 +111,8 @@ pub(crate) struct SubscriptionActor {
     read_pos: u64,
     counters: Counters,
     metrics: SubscriptionMetrics,
+    /// Retries and dead letters for the periodic log summary.
+    failures: Arc<crate::failure_log::FailureTally>,
     /// The record changed since it was last written.
     dirty: bool,
     /// For messages the actor sends itself once a write is durable; weak, so
@@ -151,6 +155,7 @@ impl SubscriptionActor {
         let mut actor = SubscriptionActor {
             read_pos: rec.main.mark_delete,
             metrics: SubscriptionMetrics::new(&rec.topic, &rec.name),
+            failures: deps.failure_log.register(&rec.topic, &rec.name),
             policy: PolicyState::default(),
             consumers: Consumers::default(),
             dispatcher: Dispatcher::default(),

@@ -360,7 +360,10 @@ async fn every_queued_request_is_answered_across_rounds() {
     let mut answered = std::collections::BTreeSet::new();
     while answered.len() < n as usize {
         match tokio::time::timeout(Duration::from_secs(5), c.rx.recv()).await {
-            Ok(Some(ConsumerEvent::Done { request_id, outcome })) => {
+            Ok(Some(ConsumerEvent::Done {
+                request_id,
+                outcome,
+            })) => {
                 assert!(outcome.is_err(), "an ack of an undelivered id");
                 assert!(answered.insert(request_id), "{request_id} twice");
             }
