@@ -6,6 +6,8 @@
 //! did not change where it must not. No case may panic the broker.
 
 mod common;
+#[path = "hostile/extremes.rs"]
+mod extremes;
 #[path = "hostile/fields.rs"]
 mod fields;
 #[path = "hostile/floods.rs"]

@@ -33,6 +33,8 @@ pub struct RawProducer {
     rx: Streaming<ProduceResponse>,
     pub name: String,
     pub next_seq: u64,
+    /// The last sequence id the broker had stored for this name at open.
+    pub last_sequence_id: Option<u64>,
     next_req: u64,
 }
 
@@ -55,12 +57,13 @@ impl RawProducer {
             Some(produce_response::Response::Opened(o)) => o,
             other => panic!("expected ProducerOpened, got {other:?}"),
         };
-        let next_seq = opened.last_sequence_id.map_or(0, |s| s + 1);
+        let next_seq = opened.last_sequence_id.map_or(0, |s| s.wrapping_add(1));
         Ok(Self {
             tx,
             rx,
             name: opened.producer_name,
             next_seq,
+            last_sequence_id: opened.last_sequence_id,
             next_req: 1,
         })
     }

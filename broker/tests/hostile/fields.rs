@@ -581,3 +581,87 @@ async fn tier_overrides_that_cannot_be_honoured() {
         .await;
     }
 }
+
+/// The naming rule, written independently of the broker: a part is 1-200
+/// characters of `[A-Za-z0-9-_.=:]` not starting with a dot; a topic is
+/// `persistent://t/n/x`, `t/n/x` or a bare `x`. Returns the full name.
+fn model_topic(s: &str) -> Option<String> {
+    let part = |p: &str| {
+        (1..=200).contains(&p.len())
+            && !p.starts_with('.')
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.=:".contains(c))
+    };
+    let (rest, full) = match s.strip_prefix("persistent://") {
+        Some(rest) => (rest, true),
+        None if s.contains("://") => return None,
+        None => (s, false),
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    match parts.as_slice() {
+        [x] if !full && part(x) => Some(format!("persistent://public/default/{x}")),
+        [t, n, x] if part(t) && part(n) && part(x) => Some(format!("persistent://{t}/{n}/{x}")),
+        _ => None,
+    }
+}
+
+/// Arbitrary names on CreateTopic: created exactly when the rule allows
+/// (ALREADY_EXISTS the second time), INVALID_ARGUMENT otherwise, and the
+/// topic list always what the rule predicts.
+#[test]
+fn arbitrary_topic_names_follow_the_rule() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let b = rt.block_on(InProcessBroker::start());
+    let admin = rt.block_on(async { AdminClient::new(channel(&b.url()).await) });
+    let names = prop_oneof![
+        "[a-c./:%=_-]{0,6}",
+        "(persistent://)?[a-c.%]{0,3}(/[a-c.]{0,3}){0,3}",
+        "\\PC{0,12}",
+        "[a-z]{195,205}",
+    ];
+    let created = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut runner = TestRunner::new(Config {
+        cases: 512,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&names, |name| {
+            let mut admin = admin.clone();
+            let mut created = created.lock().unwrap();
+            rt.block_on(async {
+                let r = admin
+                    .create_topic(TopicRequest {
+                        topic: name.clone(),
+                    })
+                    .await;
+                match model_topic(&name) {
+                    Some(full) if created.contains(&full) => {
+                        assert_eq!(r.unwrap_err().code(), Code::AlreadyExists, "{name:?}")
+                    }
+                    Some(full) => {
+                        assert_eq!(r.expect(&name).into_inner().topic, full);
+                        created.insert(full);
+                    }
+                    None => assert_eq!(r.unwrap_err().code(), Code::InvalidArgument, "{name:?}"),
+                }
+                let listed: std::collections::BTreeSet<String> = admin
+                    .list_topics(ListTopicsRequest::default())
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .topics
+                    .into_iter()
+                    .collect();
+                assert_eq!(listed, *created, "after {name:?}");
+            });
+            Ok(())
+        })
+        .unwrap();
+}

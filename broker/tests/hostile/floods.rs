@@ -313,3 +313,43 @@ async fn idle_connections_are_closed() {
     .await;
     assert_serving(&url).await;
 }
+
+/// A flood of requests on one consumer stream: thousands of acks of ids
+/// never delivered, each answered INVALID_ARGUMENT (none dropped), permits
+/// piled past `u32::MAX`; the stream and the subscription still work.
+#[tokio::test]
+async fn request_flood_on_one_stream() {
+    let b = InProcessBroker::start().await;
+    let url = b.url();
+    let mut p = RawProducer::open(&url, "reqs", "p").await.unwrap();
+    p.send(&["real"]).await;
+    let mut c = RawConsumer::simple(&url, "reqs", "s", SubscriptionType::Shared).await;
+    let topic = "persistent://public/default/reqs".to_owned();
+    const N: u64 = 5_000;
+    unchanged(&url, "a request flood", async {
+        for rid in 1..=N {
+            let id = MessageId {
+                topic: topic.clone(),
+                entry_id: 1_000 + rid,
+            };
+            c.ack(vec![id], rid).await;
+        }
+        let mut answered = std::collections::BTreeSet::new();
+        while answered.len() < N as usize {
+            let r = c
+                .result(WAIT)
+                .await
+                .unwrap_or_else(|| panic!("{} of {N} answered", answered.len()));
+            assert_eq!(r.code, Code::InvalidArgument as i32, "{r:?}");
+            assert!(answered.insert(r.request_id), "{r:?} twice");
+        }
+    })
+    .await;
+    for _ in 0..3 {
+        c.flow(u32::MAX).await;
+    }
+    let m = c.next(WAIT).await.expect("delivered");
+    c.ack(vec![m.id.unwrap()], N + 1).await;
+    let r = c.result(WAIT).await.unwrap();
+    assert_eq!((r.request_id, r.code), (N + 1, 0));
+}
