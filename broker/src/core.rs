@@ -80,7 +80,11 @@ impl BrokerLink for Link {
     async fn tier_topic(&self, name: &str, kind: TopicKind) -> Result<Arc<Topic>> {
         let core = self.0.upgrade().ok_or(BrokerError::ShuttingDown)?;
         let name = TopicName::parse_stored(name)?;
-        let topic = core.topic_or_create(&name, kind).await?.topic.clone();
+        let topic = core
+            .topic_or_create(&name, kind, &|_| Ok(()))
+            .await?
+            .topic
+            .clone();
         // A topic of that name created by a producer or consumer first (or
         // named as an override) is not a tier: its data could be trimmed and
         // read by anyone. Refuse rather than mix dead letters into it.
@@ -205,12 +209,22 @@ impl BrokerCore {
             .ok_or_else(|| BrokerError::TopicNotFound(name.to_string()))
     }
 
-    /// An existing topic, or a new one when auto-creation is on.
-    pub async fn topic_for_use(&self, name: &TopicName) -> Result<Arc<TopicEntry>> {
+    /// An existing topic, or a new one when auto-creation is on, for a
+    /// caller that may use a topic of the kinds `allowed` accepts. The kind
+    /// a new topic would have is checked before it is created, so a refused
+    /// caller creates nothing.
+    pub async fn topic_for_use(
+        &self,
+        name: &TopicName,
+        allowed: impl Fn(TopicKind) -> Result<()> + Sync,
+    ) -> Result<Arc<TopicEntry>> {
         if self.config.auto_create_topics {
-            self.topic_or_create(name, TopicKind::Normal).await
+            self.topic_or_create(name, TopicKind::Normal, &allowed)
+                .await
         } else {
-            self.topic(name).await
+            let entry = self.topic(name).await?;
+            allowed(entry.topic.kind())?;
+            Ok(entry)
         }
     }
 
@@ -218,15 +232,22 @@ impl BrokerCore {
     /// subscription claims as a tier is created as that tier whatever the
     /// caller asked for (a producer is then refused, a dead-letter reader
     /// may subscribe before the first dead letter).
-    async fn topic_or_create(&self, name: &TopicName, kind: TopicKind) -> Result<Arc<TopicEntry>> {
+    async fn topic_or_create(
+        &self,
+        name: &TopicName,
+        kind: TopicKind,
+        allowed: &(dyn Fn(TopicKind) -> Result<()> + Sync),
+    ) -> Result<Arc<TopicEntry>> {
         let mut topics = self.topics.lock().await;
         if let Some(t) = topics.get(name) {
+            allowed(t.topic.kind())?;
             return Ok(t.clone());
         }
         let kind = match kind {
             TopicKind::Normal => lock(&self.claims).kind_of(name.as_str()),
             tier => tier,
         };
+        allowed(kind)?;
         if kind == TopicKind::Normal {
             let c = &self.config;
             lock(&self.counts).check(name, c.max_topics, c.max_topics_per_namespace)?;
@@ -250,7 +271,8 @@ impl BrokerCore {
         if self.topics.lock().await.contains_key(name) {
             return Err(BrokerError::TopicExists(name.to_string()));
         }
-        self.topic_or_create(name, TopicKind::Normal).await
+        self.topic_or_create(name, TopicKind::Normal, &|_| Ok(()))
+            .await
     }
 
     /// Every topic name, optionally within `tenant/namespace`.
@@ -311,23 +333,10 @@ impl BrokerCore {
         let topics = self.topics.lock().await;
         let mut subs = lock(&entry.subscriptions);
         let topic = entry.topic.name();
+        self.check_subscription_in(&topics, &subs, topic, name, tiers)?;
         if let Some(h) = subs.get(name.as_str()) {
-            lock(&self.claims).check_existing(topic, name, tiers)?;
             return Ok(h.clone());
         }
-        let max = self.config.max_subscriptions_per_topic;
-        if Limit::reached(subs.len(), max) {
-            return Err(Limit::SubscriptionsPerTopic.refuse(
-                format!(
-                    "cannot create subscription {name}: {topic} has {} subscriptions",
-                    subs.len()
-                ),
-                max,
-            ));
-        }
-        lock(&self.claims).check_new(topic, name, tiers, |n| {
-            topics.get(n).map(|e| e.topic.kind())
-        })?;
         let (first, next) = entry.topic.entry_range();
         let start = match initial {
             InitialPosition::Earliest => first,
@@ -356,6 +365,54 @@ impl BrokerCore {
         drop(subs);
         drop(topics);
         Ok(handle)
+    }
+
+    /// Whether subscription `sub` on `topic` may be joined (it exists with
+    /// the tiers asked for) or created (room under the limit, tier names
+    /// free): checked before a Subscribe creates its topic, so a refused
+    /// one creates nothing. [`subscription_or_create`] checks again.
+    ///
+    /// [`subscription_or_create`]: Self::subscription_or_create
+    pub async fn check_subscription(
+        &self,
+        topic: &TopicName,
+        sub: &SubscriptionName,
+        tiers: &TierOverrides,
+    ) -> Result<()> {
+        let topics = self.topics.lock().await;
+        match topics.get(topic) {
+            Some(entry) => {
+                let subs = lock(&entry.subscriptions);
+                self.check_subscription_in(&topics, &subs, topic, sub, tiers)
+            }
+            None => self.check_subscription_in(&topics, &HashMap::new(), topic, sub, tiers),
+        }
+    }
+
+    /// [`check_subscription`](Self::check_subscription) with the registry
+    /// and the topic's subscriptions locked by the caller.
+    fn check_subscription_in(
+        &self,
+        topics: &HashMap<TopicName, Arc<TopicEntry>>,
+        subs: &HashMap<String, SubscriptionHandle>,
+        topic: &TopicName,
+        sub: &SubscriptionName,
+        tiers: &TierOverrides,
+    ) -> Result<()> {
+        if subs.contains_key(sub.as_str()) {
+            return lock(&self.claims).check_existing(topic, sub, tiers);
+        }
+        let max = self.config.max_subscriptions_per_topic;
+        if Limit::reached(subs.len(), max) {
+            return Err(Limit::SubscriptionsPerTopic.refuse(
+                format!(
+                    "cannot create subscription {sub}: {topic} has {} subscriptions",
+                    subs.len()
+                ),
+                max,
+            ));
+        }
+        lock(&self.claims).check_new(topic, sub, tiers, |n| topics.get(n).map(|e| e.topic.kind()))
     }
 
     /// Refuses tier names other than those the existing subscription has

@@ -130,21 +130,19 @@ async fn subscribe(
         }
         None => (None, TierOverrides::default()),
     };
-    let entry = core.topic_for_use(&topic).await?;
-    match entry.topic.kind() {
-        TopicKind::Normal => {}
-        TopicKind::Retry => {
-            return Err(Status::failed_precondition(format!(
+    core.check_subscription(&topic, &name, &tiers).await?;
+    let entry = core
+        .topic_for_use(&topic, |kind| match kind {
+            TopicKind::Normal => Ok(()),
+            TopicKind::Retry => Err(BrokerError::Conflict(format!(
                 "{topic} is a retry tier: the subscription that owns it receives its messages; subscribe to the original topic"
-            )));
-        }
-        TopicKind::DeadLetter if !sub.dead_letter_reader => {
-            return Err(Status::permission_denied(format!(
+            ))),
+            TopicKind::DeadLetter if !sub.dead_letter_reader => Err(BrokerError::PermissionDenied(format!(
                 "{topic} is a dead-letter tier: read it with an explicit dead-letter reader (Subscribe.dead_letter_reader) or the admin API"
-            )));
-        }
-        TopicKind::DeadLetter => {}
-    }
+            ))),
+            TopicKind::DeadLetter => Ok(()),
+        })
+        .await?;
     let handle = core
         .subscription_or_create(&entry, &name, sub_type, initial, &tiers)
         .await?;

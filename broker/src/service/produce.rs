@@ -36,14 +36,14 @@ pub(super) async fn produce(
     };
     let name = TopicName::parse(&open.topic)?;
     super::input::check_label("producer name", &open.producer_name)?;
-    let entry = core.topic_for_use(&name).await?;
-    if entry.topic.kind() != TopicKind::Normal {
-        return Err(BrokerError::Conflict(format!(
-            "{name} is a {:?} tier topic; only the broker writes to it",
-            entry.topic.kind()
-        ))
-        .into());
-    }
+    let entry = core
+        .topic_for_use(&name, |kind| match kind {
+            TopicKind::Normal => Ok(()),
+            tier => Err(BrokerError::Conflict(format!(
+                "{name} is a {tier:?} tier topic; only the broker writes to it"
+            ))),
+        })
+        .await?;
     let producer_name = if open.producer_name.is_empty() {
         format!(
             "producer-{}",

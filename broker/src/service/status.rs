@@ -14,6 +14,7 @@ pub fn code_of(e: &BrokerError) -> Code {
         BrokerError::TopicExists(_) => Code::AlreadyExists,
         BrokerError::Conflict(_) => Code::FailedPrecondition,
         BrokerError::LimitReached(_) => Code::ResourceExhausted,
+        BrokerError::PermissionDenied(_) => Code::PermissionDenied,
         BrokerError::ShuttingDown => Code::Unavailable,
         BrokerError::Storage(StorageError::Corrupt(_) | StorageError::Missing(_)) => Code::DataLoss,
         BrokerError::Storage(StorageError::Engine(_) | StorageError::Unhealthy)

@@ -41,7 +41,7 @@ async fn harness() -> Harness {
     .await
     .unwrap();
     let entry = core
-        .topic_for_use(&TopicName::parse(TOPIC).unwrap())
+        .topic_for_use(&TopicName::parse(TOPIC).unwrap(), |_| Ok(()))
         .await
         .unwrap();
     Harness {

@@ -515,68 +515,89 @@ async fn tier_overrides_that_cannot_be_honoured() {
         dead_letter_topic: dlq.into(),
     };
     let huge = "t".repeat(MIB);
-    let cases: Vec<(&str, &str, DeadLetterPolicyConfig, Code)> = vec![
-        ("dot-dot", "b", policy("..", ""), Code::InvalidArgument),
-        (
-            "path-like",
-            "b",
-            policy("", "../../x"),
-            Code::InvalidArgument,
-        ),
-        ("huge", "b", policy(&huge, ""), Code::InvalidArgument),
-        (
-            "own topic",
-            "b",
-            policy("orders", ""),
-            Code::InvalidArgument,
-        ),
-        (
-            "retry = dlq",
-            "b",
-            policy("same", "same"),
-            Code::InvalidArgument,
-        ),
-        (
-            "dlq = default retry",
-            "b",
-            policy("", "orders-b-RETRY"),
-            Code::InvalidArgument,
-        ),
-        (
-            "an ordinary topic",
-            "b",
-            policy("busy", ""),
-            Code::FailedPrecondition,
-        ),
-        (
-            "another subscription's tier",
-            "b",
-            policy("", "orders-a-DLQ"),
-            Code::FailedPrecondition,
-        ),
-        (
-            "other tiers for an existing subscription",
-            "a",
-            policy("", "elsewhere"),
-            Code::FailedPrecondition,
-        ),
-    ];
-    for (what, sub, policy, code) in cases {
-        unchanged(&b.url(), what, async {
-            let opts = SubOpts {
-                sub_type: SubscriptionType::Shared,
-                policy: Some(policy),
-                ..Default::default()
-            };
-            let e = RawConsumer::subscribe(&b.url(), "orders", sub, opts)
+    // Subscription `b` on `topic` (the existing `orders`, or a topic the
+    // refused Subscribe must not create), or the existing `a` on `orders`.
+    let cases = |topic: &str| -> Vec<(&'static str, &'static str, DeadLetterPolicyConfig, Code)> {
+        let own_retry = format!("{topic}-b-RETRY");
+        let mut v = vec![
+            ("dot-dot", "b", policy("..", ""), Code::InvalidArgument),
+            (
+                "path-like",
+                "b",
+                policy("", "../../x"),
+                Code::InvalidArgument,
+            ),
+            ("huge", "b", policy(&huge, ""), Code::InvalidArgument),
+            ("own topic", "b", policy(topic, ""), Code::InvalidArgument),
+            (
+                "retry = dlq",
+                "b",
+                policy("same", "same"),
+                Code::InvalidArgument,
+            ),
+            (
+                "dlq = default retry",
+                "b",
+                policy("", &own_retry),
+                Code::InvalidArgument,
+            ),
+            (
+                "an ordinary topic",
+                "b",
+                policy("busy", ""),
+                Code::FailedPrecondition,
+            ),
+            (
+                "another subscription's tier",
+                "b",
+                policy("", "orders-a-DLQ"),
+                Code::FailedPrecondition,
+            ),
+        ];
+        if topic == "orders" {
+            v.push((
+                "other tiers for an existing subscription",
+                "a",
+                policy("", "elsewhere"),
+                Code::FailedPrecondition,
+            ));
+        }
+        v
+    };
+    for topic in ["orders", "fresh"] {
+        for (what, sub, policy, code) in cases(topic) {
+            unchanged(&b.url(), what, async {
+                let opts = SubOpts {
+                    sub_type: SubscriptionType::Shared,
+                    policy: Some(policy),
+                    ..Default::default()
+                };
+                let e = RawConsumer::subscribe(&b.url(), topic, sub, opts)
+                    .await
+                    .unwrap_err();
+                assert_eq!(e.code(), code, "{what} on {topic}: {e}");
+                assert!(
+                    e.message().len() < 400,
+                    "{what}: {} bytes",
+                    e.message().len()
+                );
+            })
+            .await;
+        }
+    }
+    // A tier that exists only as a name (nothing moved there yet) is not
+    // created by a producer or an ordinary consumer that is refused.
+    for (tier, consumer_code) in [
+        ("orders-a-RETRY", Code::FailedPrecondition),
+        ("orders-a-DLQ", Code::PermissionDenied),
+    ] {
+        unchanged(&b.url(), tier, async {
+            let e = RawProducer::open(&b.url(), tier, "p").await.unwrap_err();
+            assert_eq!(e.code(), Code::FailedPrecondition, "{tier}: {e}");
+            let e = RawConsumer::subscribe(&b.url(), tier, "peek", SubOpts::default())
                 .await
                 .unwrap_err();
-            assert_eq!(e.code(), code, "{what}: {e}");
-            assert!(
-                e.message().len() < 400,
-                "{what}: {} bytes",
-                e.message().len()
-            );
+            assert_eq!(e.code(), consumer_code, "{tier}: {e}");
         })
         .await;
     }
