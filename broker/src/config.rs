@@ -271,6 +271,44 @@ mod tests {
         assert!(toml::from_str::<BrokerConfig>("no_such_key = 1").is_err());
     }
 
+    /// The TOML example in this module's documentation parses, and every
+    /// value it shows is the default.
+    #[test]
+    fn the_documented_example_shows_the_defaults() {
+        let source = include_str!("config.rs");
+        let example: String = source
+            .lines()
+            .map_while(|l| l.strip_prefix("//!"))
+            .skip_while(|l| !l.contains("```toml"))
+            .skip(1)
+            .take_while(|l| !l.contains("```"))
+            .map(|l| format!("{}\n", l.strip_prefix(' ').unwrap_or(l)))
+            .collect();
+        assert!(example.contains("max_connections = "), "{example}");
+        let parsed: BrokerConfig = toml::from_str(&example).expect("the example parses");
+        assert_eq!(parsed.policies.len(), 1);
+        parsed.validate().unwrap();
+        let defaults = BrokerConfig::default();
+        let shown = toml::to_string(&BrokerConfig {
+            policies: Vec::new(),
+            ..parsed
+        })
+        .unwrap();
+        let expected = toml::to_string(&defaults).unwrap();
+        assert_eq!(shown, expected);
+        let c: BrokerConfig = toml::from_str(
+            "idle_timeout = \"0s\"\nkeepalive_interval = \"0s\"\nlog_format = \"json\"\nmax_connections = 0",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            (c.idle_timeout, c.log_format),
+            (Duration::ZERO, LogFormat::Json)
+        );
+        let bad: BrokerConfig = toml::from_str("keepalive_timeout = \"0s\"").unwrap();
+        assert!(bad.validate().is_err());
+    }
+
     #[test]
     fn policy_rules_match_prefixes() {
         let rule = PolicyRule {
