@@ -185,8 +185,8 @@ impl ConnState {
         if self.refusing {
             return Err(status_of(&crate::error::BrokerError::LimitReached(
                 format!(
-                    "the broker serves at most {} connections: the limit is {} (max_connections in the broker's config); retry later",
-                    limits.max_connections, limits.max_connections
+                    "the broker is serving as many connections as it may; retry later: the limit is {} (max_connections in the broker's config)",
+                    limits.max_connections
                 ),
             )));
         }
