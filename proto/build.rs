@@ -1,5 +1,10 @@
 //! Compiles `proto/ricochet/v1/*.proto` with `protox` (a pure-Rust protobuf
 //! compiler), so building needs no system `protoc`.
+//!
+//! Two passes over the same descriptors: the messages and the servers, whose
+//! codec is `ricochet_proto::codec::RequestCodec` (an undecodable request is
+//! INVALID_ARGUMENT); then the clients alone, into `OUT_DIR/client`, with
+//! tonic's codec and the messages of the first pass.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
@@ -13,7 +18,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(files, ["proto"])?;
     tonic_prost_build::configure()
         .build_server(true)
+        .build_client(false)
+        .codec_path("crate::codec::RequestCodec")
+        .compile_fds(fds.clone())?;
+    let client_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("client");
+    std::fs::create_dir_all(&client_dir)?;
+    tonic_prost_build::configure()
+        .build_server(false)
         .build_client(true)
+        .extern_path(".ricochet.v1", "crate::v1")
+        .out_dir(client_dir)
         .compile_fds(fds)?;
     Ok(())
 }

@@ -166,7 +166,11 @@ async fn throughput(durability: Durability) -> Result<(), BoxError> {
 /// One producer on one connection, `n` messages of `size` bytes, at most
 /// `window` sends awaiting their receipt: the usual "async publish with a
 /// window" shape.
-async fn single_producer(durability: Durability, size: usize, window: usize) -> Result<(), BoxError> {
+async fn single_producer(
+    durability: Durability,
+    size: usize,
+    window: usize,
+) -> Result<(), BoxError> {
     let n: usize = if quick() { 20_000 } else { 200_000 };
     let (broker, client) = broker(durability).await?;
     let producer = client

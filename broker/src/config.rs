@@ -6,12 +6,27 @@
 //! durability = "sync"            # or "interval"
 //! flush_interval = "50ms"        # interval mode only
 //! auto_create_topics = true
-//! max_message_size = 5242880
+//! max_message_size = 5242880   # payload + key + property names and values
+//! max_key_size = 4096
+//! max_properties = 256
 //! max_unacked_per_consumer = 50000
 //! segment_entries = 16384
 //! retry_window = "60s"
 //! max_delay = "7days"            # longest retry, held nack or deliver_at accepted
 //! replay_rate_per_second = 1000
+//! log_format = "text"            # or "json" (one JSON object per line)
+//! failure_summary_interval = "10s"  # INFO summary of retries and dead letters ("0s": none)
+//!
+//! # Limits on what clients create or hold open (0 = unlimited); over one, a
+//! # request gets RESOURCE_EXHAUSTED naming the setting.
+//! max_topics = 10000                 # ordinary topics, broker-wide
+//! max_topics_per_namespace = 1000
+//! max_subscriptions_per_topic = 100
+//! max_connections = 1024
+//! max_streams_per_connection = 1000  # calls (streams and unary) open at once
+//! idle_timeout = "5m"                # close a connection with no call open this long ("0s": never)
+//! keepalive_interval = "30s"         # HTTP/2 pings on every connection ("0s": none) ...
+//! keepalive_timeout = "20s"          # ... and a connection whose ping is not answered in time closes
 //!
 //! [[policies]]                   # default dead-letter policies by topic pattern
 //! topic = "persistent://public/default/orders*"
@@ -40,6 +55,29 @@ pub enum Durability {
 /// The largest `max_delay` a config may set: far beyond any use, and far
 /// below the point where a due time in milliseconds could overflow.
 pub const MAX_DELAY_CEILING: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The log's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per event.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("unknown log format {other:?}: use text or json")),
+        }
+    }
+}
 
 /// A default dead-letter policy for topics matching a pattern.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -77,8 +115,14 @@ pub struct BrokerConfig {
     pub flush_interval: Duration,
     /// Create topics on first use.
     pub auto_create_topics: bool,
-    /// Largest accepted payload in bytes.
+    /// Largest accepted message in bytes: payload, key, and every property
+    /// name and value counted together.
     pub max_message_size: usize,
+    /// Longest accepted message key in bytes.
+    pub max_key_size: usize,
+    /// Most properties a message may carry (also for the properties a
+    /// consumer adds in `ReconsumeLater`).
+    pub max_properties: usize,
     /// Dispatch to a consumer pauses while it holds this many unacked messages.
     pub max_unacked_per_consumer: usize,
     /// Entries per storage segment; a segment is dropped once every
@@ -95,8 +139,38 @@ pub struct BrokerConfig {
     pub max_delay: Duration,
     /// Default dead-letter replay rate (messages per second).
     pub replay_rate_per_second: u32,
+    /// How the binary writes its log (to stdout; colours only on a terminal).
+    pub log_format: LogFormat,
+    /// Each retry and dead-lettering is a DEBUG event; at INFO, one line per
+    /// subscription with failures sums them up this often. Zero: no summary.
+    #[serde(with = "humantime_serde")]
+    pub failure_summary_interval: Duration,
     /// sled page cache size in bytes.
     pub cache_capacity: u64,
+    /// Most ordinary topics (not retry or dead-letter tiers) in the broker;
+    /// 0 means unlimited.
+    pub max_topics: usize,
+    /// Most ordinary topics in one `tenant/namespace`; 0 means unlimited.
+    pub max_topics_per_namespace: usize,
+    /// Most subscriptions on one topic; 0 means unlimited.
+    pub max_subscriptions_per_topic: usize,
+    /// Most client connections served at once; 0 means unlimited. An
+    /// extra connection is answered RESOURCE_EXHAUSTED, then closed.
+    pub max_connections: usize,
+    /// Most calls (producer and consumer streams, admin calls) open at once
+    /// on one connection; 0 means unlimited.
+    pub max_streams_per_connection: usize,
+    /// A connection with no call open for this long is closed; zero never.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// How often the broker pings each connection over HTTP/2 (so a peer
+    /// that vanished is noticed and its consumers' messages redelivered);
+    /// zero sends no pings.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// How long a ping may go unanswered before the connection is closed.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
     /// Default dead-letter policies by topic pattern (first match wins).
     pub policies: Vec<PolicyRule>,
 }
@@ -111,12 +185,24 @@ impl Default for BrokerConfig {
             flush_interval: Duration::from_millis(50),
             auto_create_topics: true,
             max_message_size: 5 * 1024 * 1024,
+            max_key_size: 4096,
+            max_properties: 256,
             max_unacked_per_consumer: 50_000,
             segment_entries: 16_384,
             retry_window: Duration::from_secs(60),
             max_delay: Duration::from_secs(7 * 24 * 3600),
             replay_rate_per_second: 1_000,
+            log_format: LogFormat::Text,
+            failure_summary_interval: Duration::from_secs(10),
             cache_capacity: 256 * 1024 * 1024,
+            max_topics: 10_000,
+            max_topics_per_namespace: 1_000,
+            max_subscriptions_per_topic: 100,
+            max_connections: 1024,
+            max_streams_per_connection: 1000,
+            idle_timeout: Duration::from_secs(300),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(20),
             policies: Vec::new(),
         }
     }
@@ -149,6 +235,9 @@ impl BrokerConfig {
         if self.max_message_size == 0 {
             return bad("max_message_size must be positive");
         }
+        if self.max_key_size == 0 {
+            return bad("max_key_size must be positive");
+        }
         if self.segment_entries == 0 {
             return bad("segment_entries must be positive");
         }
@@ -160,6 +249,9 @@ impl BrokerConfig {
         }
         if self.max_delay.is_zero() || self.max_delay > MAX_DELAY_CEILING {
             return bad("max_delay must be between 1 ms and 100 years");
+        }
+        if !self.keepalive_interval.is_zero() && self.keepalive_timeout.is_zero() {
+            return bad("keepalive_timeout must be positive when keepalive_interval is set");
         }
         for rule in &self.policies {
             rule.policy
@@ -200,6 +292,44 @@ mod tests {
         assert_eq!(c.durability, Durability::Interval);
         assert_eq!(c.flush_interval, Duration::from_millis(10));
         assert!(toml::from_str::<BrokerConfig>("no_such_key = 1").is_err());
+    }
+
+    /// The TOML example in this module's documentation parses, and every
+    /// value it shows is the default.
+    #[test]
+    fn the_documented_example_shows_the_defaults() {
+        let source = include_str!("config.rs");
+        let example: String = source
+            .lines()
+            .map_while(|l| l.strip_prefix("//!"))
+            .skip_while(|l| !l.contains("```toml"))
+            .skip(1)
+            .take_while(|l| !l.contains("```"))
+            .map(|l| format!("{}\n", l.strip_prefix(' ').unwrap_or(l)))
+            .collect();
+        assert!(example.contains("max_connections = "), "{example}");
+        let parsed: BrokerConfig = toml::from_str(&example).expect("the example parses");
+        assert_eq!(parsed.policies.len(), 1);
+        parsed.validate().unwrap();
+        let defaults = BrokerConfig::default();
+        let shown = toml::to_string(&BrokerConfig {
+            policies: Vec::new(),
+            ..parsed
+        })
+        .unwrap();
+        let expected = toml::to_string(&defaults).unwrap();
+        assert_eq!(shown, expected);
+        let c: BrokerConfig = toml::from_str(
+            "idle_timeout = \"0s\"\nkeepalive_interval = \"0s\"\nlog_format = \"json\"\nmax_connections = 0",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            (c.idle_timeout, c.log_format),
+            (Duration::ZERO, LogFormat::Json)
+        );
+        let bad: BrokerConfig = toml::from_str("keepalive_timeout = \"0s\"").unwrap();
+        assert!(bad.validate().is_err());
     }
 
     #[test]

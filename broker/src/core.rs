@@ -2,10 +2,13 @@
 //! services. It loads everything from storage at start, creates topics and
 //! subscriptions on demand, and hands out subscription actors.
 
+use crate::claims::{TierClaims, TierOverrides};
 use crate::clock::SharedClock;
 use crate::config::{BrokerConfig, Durability};
 use crate::error::{BrokerError, Result};
+use crate::failure_log::FailureLog;
 use crate::flusher::Flusher;
+use crate::limits::{Limit, TopicCounts};
 use crate::name::{SubscriptionName, TopicName};
 use crate::scheduler::Scheduler;
 use crate::storage::{Storage, SubscriptionRecord, TopicKind, TopicRecord};
@@ -55,8 +58,16 @@ pub struct BrokerCore {
     pub shutdown: CancellationToken,
     /// Wall-clock time.
     pub clock: SharedClock,
+    /// Retries and dead letters counted for the periodic log summary.
+    pub failure_log: Arc<FailureLog>,
     policies: PolicyRegistry,
     topics: Mutex<HashMap<TopicName, Arc<TopicEntry>>>,
+    /// Every live subscription's tier names. Lock order: `topics`, then a
+    /// topic's `subscriptions`, then this (held briefly, never across an await).
+    claims: std::sync::Mutex<TierClaims>,
+    /// Ordinary topics, for `max_topics` and `max_topics_per_namespace`;
+    /// changed under the `topics` lock.
+    counts: std::sync::Mutex<TopicCounts>,
     me: Weak<BrokerCore>,
 }
 
@@ -68,8 +79,12 @@ struct Link(Weak<BrokerCore>);
 impl BrokerLink for Link {
     async fn tier_topic(&self, name: &str, kind: TopicKind) -> Result<Arc<Topic>> {
         let core = self.0.upgrade().ok_or(BrokerError::ShuttingDown)?;
-        let name = TopicName::parse(name)?;
-        let topic = core.topic_or_create(&name, kind).await?.topic.clone();
+        let name = TopicName::parse_stored(name)?;
+        let topic = core
+            .topic_or_create(&name, kind, &|_| Ok(()))
+            .await?
+            .topic
+            .clone();
         // A topic of that name created by a producer or consumer first (or
         // named as an override) is not a tier: its data could be trimmed and
         // read by anyone. Refuse rather than mix dead letters into it.
@@ -109,6 +124,12 @@ impl BrokerCore {
             clock.clone(),
             shutdown.clone(),
         );
+        let failure_log = Arc::new(FailureLog::default());
+        if !config.failure_summary_interval.is_zero() {
+            failure_log
+                .clone()
+                .spawn(config.failure_summary_interval, shutdown.clone());
+        }
         let core = Arc::new_cyclic(|me| BrokerCore {
             config,
             storage,
@@ -116,16 +137,23 @@ impl BrokerCore {
             scheduler,
             shutdown,
             clock,
+            failure_log,
             policies,
             topics: Mutex::new(HashMap::new()),
+            claims: Default::default(),
+            counts: Default::default(),
             me: me.clone(),
         });
         let records = core.storage.list_topics()?;
         let mut topics = core.topics.lock().await;
         for rec in records {
-            let name = TopicName::parse(&rec.name)?;
+            let name = TopicName::parse_stored(&rec.name)?;
             let entry = core.open_topic(name.clone(), rec.kind)?;
+            if rec.kind == TopicKind::Normal {
+                lock(&core.counts).add(&name);
+            }
             for sub in core.storage.list_subscriptions(&rec.name)? {
+                lock(&core.claims).claim(&sub)?;
                 let handle = core.spawn_subscription(sub, entry.topic.clone())?;
                 lock(&entry.subscriptions).insert(handle.name().to_owned(), handle);
             }
@@ -167,6 +195,7 @@ impl BrokerCore {
             max_delay: self.config.max_delay,
             sync: self.config.durability == Durability::Sync,
             shutdown: self.shutdown.clone(),
+            failure_log: self.failure_log.clone(),
         };
         SubscriptionActor::spawn(rec, topic, deps)
     }
@@ -181,19 +210,48 @@ impl BrokerCore {
             .ok_or_else(|| BrokerError::TopicNotFound(name.to_string()))
     }
 
-    /// An existing topic, or a new one when auto-creation is on.
-    pub async fn topic_for_use(&self, name: &TopicName) -> Result<Arc<TopicEntry>> {
+    /// An existing topic, or a new one when auto-creation is on, for a
+    /// caller that may use a topic of the kinds `allowed` accepts. The kind
+    /// a new topic would have is checked before it is created, so a refused
+    /// caller creates nothing.
+    pub async fn topic_for_use(
+        &self,
+        name: &TopicName,
+        allowed: impl Fn(TopicKind) -> Result<()> + Sync,
+    ) -> Result<Arc<TopicEntry>> {
         if self.config.auto_create_topics {
-            self.topic_or_create(name, TopicKind::Normal).await
+            self.topic_or_create(name, TopicKind::Normal, &allowed)
+                .await
         } else {
-            self.topic(name).await
+            let entry = self.topic(name).await?;
+            allowed(entry.topic.kind())?;
+            Ok(entry)
         }
     }
 
-    async fn topic_or_create(&self, name: &TopicName, kind: TopicKind) -> Result<Arc<TopicEntry>> {
+    /// The topic `name`, created as `kind` if it does not exist. A name a
+    /// subscription claims as a tier is created as that tier whatever the
+    /// caller asked for (a producer is then refused, a dead-letter reader
+    /// may subscribe before the first dead letter).
+    async fn topic_or_create(
+        &self,
+        name: &TopicName,
+        kind: TopicKind,
+        allowed: &(dyn Fn(TopicKind) -> Result<()> + Sync),
+    ) -> Result<Arc<TopicEntry>> {
         let mut topics = self.topics.lock().await;
         if let Some(t) = topics.get(name) {
+            allowed(t.topic.kind())?;
             return Ok(t.clone());
+        }
+        let kind = match kind {
+            TopicKind::Normal => lock(&self.claims).kind_of(name.as_str()),
+            tier => tier,
+        };
+        allowed(kind)?;
+        if kind == TopicKind::Normal {
+            let c = &self.config;
+            lock(&self.counts).check(name, c.max_topics, c.max_topics_per_namespace)?;
         }
         self.storage.put_topic(&TopicRecord {
             name: name.to_string(),
@@ -201,6 +259,9 @@ impl BrokerCore {
             kind,
         })?;
         let entry = self.open_topic(name.clone(), kind)?;
+        if kind == TopicKind::Normal {
+            lock(&self.counts).add(name);
+        }
         topics.insert(name.clone(), entry.clone());
         tracing::info!(topic = %name, ?kind, "topic created");
         Ok(entry)
@@ -211,7 +272,8 @@ impl BrokerCore {
         if self.topics.lock().await.contains_key(name) {
             return Err(BrokerError::TopicExists(name.to_string()));
         }
-        self.topic_or_create(name, TopicKind::Normal).await
+        self.topic_or_create(name, TopicKind::Normal, &|_| Ok(()))
+            .await
     }
 
     /// Every topic name, optionally within `tenant/namespace`.
@@ -236,9 +298,7 @@ impl BrokerCore {
     /// leave them pointing at nothing.
     pub async fn delete_topic(&self, name: &TopicName, force: bool) -> Result<()> {
         let entry = self.topic(name).await?;
-        if entry.topic.kind() != TopicKind::Normal
-            && let Some((topic, sub)) = self.tier_owner(name).await
-        {
+        if let Some((topic, sub)) = lock(&self.claims).owner_of(name.as_str()) {
             return Err(BrokerError::Conflict(format!(
                 "{name} is a tier of subscription {sub} on {topic}; delete that subscription, or purge its dead letters, instead"
             )));
@@ -262,25 +322,13 @@ impl BrokerCore {
         let mut topics = self.topics.lock().await;
         if let Some(entry) = topics.remove(name) {
             entry.topic.close();
+            if entry.topic.kind() == TopicKind::Normal {
+                lock(&self.counts).remove(name);
+            }
         }
         self.storage.delete_topic(name.as_str())?;
         tracing::info!(topic = %name, "topic deleted");
         Ok(())
-    }
-
-    /// The subscription (topic, name) whose retry or dead-letter tier is
-    /// `tier`, if any.
-    async fn tier_owner(&self, tier: &TopicName) -> Option<(String, String)> {
-        let entries: Vec<Arc<TopicEntry>> = self.topics.lock().await.values().cloned().collect();
-        for entry in entries {
-            for h in entry.subscriptions() {
-                let Ok(info) = h.policy().await else { continue };
-                if info.retry_topic == tier.as_str() || info.dead_letter_topic == tier.as_str() {
-                    return Some((entry.topic.name().to_string(), h.name().to_owned()));
-                }
-            }
-        }
-        None
     }
 
     /// Deletes one subscription (see [`SubscriptionHandle::delete`]) and its
@@ -293,8 +341,9 @@ impl BrokerCore {
     ) -> Result<()> {
         let tiers = handle.delete(force).await?;
         lock(&entry.subscriptions).remove(handle.name());
+        lock(&self.claims).release(entry.topic.name().as_str(), handle.name());
         for tier in tiers {
-            let tier = TopicName::parse(&tier)?;
+            let tier = TopicName::parse_stored(&tier)?;
             if self.topics.lock().await.contains_key(&tier) {
                 self.drop_topic(&tier).await?;
             }
@@ -302,17 +351,24 @@ impl BrokerCore {
         Ok(())
     }
 
-    /// An existing subscription, or a new one positioned per `initial`.
+    /// An existing subscription, or a new one positioned per `initial`
+    /// whose tiers are `tiers` (each one left out: the default name).
     /// Creation happens under the topic's subscription lock, so two consumers
-    /// racing to create one get the same subscription (and one record).
-    pub fn subscription_or_create(
+    /// racing to create one get the same subscription (and one record); an
+    /// existing one must have the tiers asked for.
+    pub async fn subscription_or_create(
         &self,
         entry: &TopicEntry,
         name: &SubscriptionName,
         sub_type: SubscriptionType,
         initial: InitialPosition,
+        tiers: &TierOverrides,
     ) -> Result<SubscriptionHandle> {
+        // Held so no topic appears under a tier name while it is checked.
+        let topics = self.topics.lock().await;
         let mut subs = lock(&entry.subscriptions);
+        let topic = entry.topic.name();
+        self.check_subscription_in(&topics, &subs, topic, name, tiers)?;
         if let Some(h) = subs.get(name.as_str()) {
             return Ok(h.clone());
         }
@@ -329,10 +385,80 @@ impl BrokerCore {
             start,
         );
         rec.created_ms = self.clock.now_ms();
+        rec.retry_topic = tiers.retry.as_ref().map(ToString::to_string);
+        rec.dead_letter_topic = tiers.dead_letter.as_ref().map(ToString::to_string);
         self.storage.put_subscription(&rec)?;
-        let handle = self.spawn_subscription(rec, entry.topic.clone())?;
+        lock(&self.claims).claim(&rec)?;
+        let handle = match self.spawn_subscription(rec, entry.topic.clone()) {
+            Ok(h) => h,
+            Err(e) => {
+                lock(&self.claims).release(topic.as_str(), name.as_str());
+                return Err(e);
+            }
+        };
         subs.insert(name.to_string(), handle.clone());
+        drop(subs);
+        drop(topics);
         Ok(handle)
+    }
+
+    /// Whether subscription `sub` on `topic` may be joined (it exists with
+    /// the tiers asked for) or created (room under the limit, tier names
+    /// free): checked before a Subscribe creates its topic, so a refused
+    /// one creates nothing. [`subscription_or_create`] checks again.
+    ///
+    /// [`subscription_or_create`]: Self::subscription_or_create
+    pub async fn check_subscription(
+        &self,
+        topic: &TopicName,
+        sub: &SubscriptionName,
+        tiers: &TierOverrides,
+    ) -> Result<()> {
+        let topics = self.topics.lock().await;
+        match topics.get(topic) {
+            Some(entry) => {
+                let subs = lock(&entry.subscriptions);
+                self.check_subscription_in(&topics, &subs, topic, sub, tiers)
+            }
+            None => self.check_subscription_in(&topics, &HashMap::new(), topic, sub, tiers),
+        }
+    }
+
+    /// [`check_subscription`](Self::check_subscription) with the registry
+    /// and the topic's subscriptions locked by the caller.
+    fn check_subscription_in(
+        &self,
+        topics: &HashMap<TopicName, Arc<TopicEntry>>,
+        subs: &HashMap<String, SubscriptionHandle>,
+        topic: &TopicName,
+        sub: &SubscriptionName,
+        tiers: &TierOverrides,
+    ) -> Result<()> {
+        if subs.contains_key(sub.as_str()) {
+            return lock(&self.claims).check_existing(topic, sub, tiers);
+        }
+        let max = self.config.max_subscriptions_per_topic;
+        if Limit::reached(subs.len(), max) {
+            return Err(Limit::SubscriptionsPerTopic.refuse(
+                format!(
+                    "cannot create subscription {sub}: {topic} has {} subscriptions",
+                    subs.len()
+                ),
+                max,
+            ));
+        }
+        lock(&self.claims).check_new(topic, sub, tiers, |n| topics.get(n).map(|e| e.topic.kind()))
+    }
+
+    /// Refuses tier names other than those the existing subscription has
+    /// (tiers are chosen when a subscription is created).
+    pub fn check_tiers(
+        &self,
+        topic: &TopicName,
+        sub: &SubscriptionName,
+        wanted: &TierOverrides,
+    ) -> Result<()> {
+        lock(&self.claims).check_existing(topic, sub, wanted)
     }
 
     /// Deletes a subscription with its retry and dead-letter tiers.

@@ -36,6 +36,13 @@ pub enum BrokerError {
     /// Storage failed, or holds something it cannot read back.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The caller may not do this (a dead-letter tier read without saying so).
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// A configured limit would be exceeded (topics, subscriptions,
+    /// connections, streams); the message names the setting.
+    #[error("{0}")]
+    LimitReached(String),
     /// The broker is shutting down or a component it needs is gone.
     #[error("broker is shutting down")]
     ShuttingDown,

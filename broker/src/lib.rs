@@ -7,6 +7,7 @@
 //! Map of the crate (see `ARCHITECTURE.md` at the top of the repository for
 //! the path of a publish, a delivery and a failure):
 //! * `server`: [`Broker`] (open, serve, shut down) and [`TestBroker`];
+//!   `connections`: connection and per-connection call limits, idle timeout;
 //! * `core`: [`BrokerCore`], the registry of topics and subscriptions;
 //! * `topic`: a topic's writer and retention;
 //! * `subscription`: the actor that dispatches, acks, counts failures and
@@ -15,7 +16,10 @@
 //! * [`storage`]: the storage trait, its records, sled and in-memory engines;
 //! * `flusher`: group commit; `service`: the gRPC services (the only place
 //!   that knows protobuf requests and gRPC statuses);
-//! * `metrics`: the Prometheus series; [`clock`]: injected wall time;
+//! * `metrics`: the Prometheus series; `failure_log`: the periodic summary
+//!   of retries and dead letters in the log; [`clock`]: injected wall time;
+//! * `claims`: which subscription owns each tier name; `limits`: what
+//!   clients may create or hold open;
 //! * `config`, `name`, `error`, `util`.
 //!
 //! ```no_run
@@ -26,11 +30,15 @@
 //! # Ok(()) }
 //! ```
 
+mod claims;
 pub mod clock;
 mod config;
+mod connections;
 mod core;
 mod error;
+mod failure_log;
 mod flusher;
+mod limits;
 mod metrics;
 mod name;
 mod scheduler;
@@ -41,7 +49,8 @@ mod subscription;
 mod topic;
 mod util;
 
-pub use config::{BrokerConfig, Durability, PolicyRule};
+pub use claims::TierOverrides;
+pub use config::{BrokerConfig, Durability, LogFormat, PolicyRule};
 pub use core::{BrokerCore, TopicEntry};
 pub use error::{BrokerError, Result};
 pub use flusher::Flusher;

@@ -1,10 +1,12 @@
 //! `ricochet-broker`: the broker binary. Parses flags and the optional TOML
-//! config, sets up logging, and runs [`ricochet_broker::Broker`] until SIGINT
-//! or SIGTERM.
+//! config, sets up logging (text or JSON on stdout, filtered by `RUST_LOG`,
+//! coloured only when stdout is a terminal), and runs
+//! [`ricochet_broker::Broker`] until SIGINT or SIGTERM.
 
 use anyhow::Context;
 use clap::Parser;
-use ricochet_broker::{Broker, BrokerConfig, Durability};
+use ricochet_broker::{Broker, BrokerConfig, Durability, LogFormat};
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -32,6 +34,21 @@ struct Args {
     /// `sync` (receipt after fsync, the default) or `interval`.
     #[arg(long, value_parser = parse_durability)]
     durability: Option<Durability>,
+    /// `text` (the default) or `json` (one object per line).
+    #[arg(long)]
+    log_format: Option<LogFormat>,
+}
+
+/// Logs to stdout in `format`, at `RUST_LOG` (default `info`); colours only
+/// when stdout is a terminal, so files and collectors get plain text.
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stdout().is_terminal()).init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
 }
 
 fn parse_durability(s: &str) -> Result<Durability, String> {
@@ -68,16 +85,15 @@ async fn shutdown_signal() {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     let args = Args::parse();
     let mut config = match &args.config {
         Some(path) => BrokerConfig::from_file(path)?,
         None => BrokerConfig::default(),
     };
+    if let Some(f) = args.log_format {
+        config.log_format = f;
+    }
+    init_logging(config.log_format);
     if let Some(d) = args.data_dir {
         config.data_dir = d;
     }

@@ -139,6 +139,16 @@ fn describe() {
         "ricochet_storage_healthy",
         "1 while every storage flush has succeeded."
     );
+    describe_counter!(
+        "ricochet_limit_rejections_total",
+        "Requests and connections refused because a configured limit was reached, by limit."
+    );
+    describe_gauge!("ricochet_connections", "Client connections being served.");
+}
+
+/// Counts one refusal by a configured limit (`limit` is one of a fixed set).
+pub fn limit_rejected(limit: &'static str) {
+    counter!("ricochet_limit_rejections_total", "limit" => limit).increment(1);
 }
 
 /// Per-topic handles.

@@ -4,30 +4,61 @@
 //! A topic is `persistent://tenant/namespace/topic`; a bare `orders` means
 //! `persistent://public/default/orders` and `tenant/ns/orders` means
 //! `persistent://tenant/ns/orders`, as in Pulsar.
+//!
+//! Every part (tenant, namespace, topic, subscription) is 1 to 200 characters
+//! of `[A-Za-z0-9-_.=:]` and does not start with a dot, so nothing a client
+//! names looks like a path (`.`, `..`, `.hidden`) or an escape (`%2F`).
+//! Names an earlier version stored under looser rules (`%` was allowed, a
+//! leading dot was not refused) still load: [`TopicName::parse_stored`].
 
 use crate::error::BrokerError;
+use crate::util::echo;
 use std::fmt;
 
 const SCHEME: &str = "persistent://";
 const MAX_PART_LEN: usize = 200;
+const RULE: &str = "1-200 characters of [A-Za-z0-9-_.=:], not starting with '.'";
 
 /// A validated, fully qualified topic name.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TopicName(String);
 
-fn valid_part(part: &str) -> bool {
+/// Which rules a name is held to: today's for anything a client names, the
+/// looser ones of earlier versions for names read back from storage.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rules {
+    Strict,
+    Stored,
+}
+
+fn valid_part(part: &str, rules: Rules) -> bool {
+    let char_ok = |c: char| {
+        c.is_ascii_alphanumeric()
+            || matches!(c, '-' | '_' | '.' | '=' | ':')
+            || (rules == Rules::Stored && c == '%')
+    };
     !part.is_empty()
         && part.len() <= MAX_PART_LEN
-        && part
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '=' | ':' | '%'))
+        && part.chars().all(char_ok)
+        && (rules == Rules::Stored || !part.starts_with('.'))
 }
 
 impl TopicName {
-    /// Parses and normalises a topic name.
+    /// Parses and normalises a topic name a client sent.
     pub fn parse(input: &str) -> Result<Self, BrokerError> {
-        let bad =
-            |why: &str| BrokerError::InvalidName(format!("invalid topic name {input:?}: {why}"));
+        Self::parse_with(input, Rules::Strict)
+    }
+
+    /// Parses a topic name read back from storage: an earlier version may
+    /// have stored one that today's rules refuse, and it must still load.
+    pub fn parse_stored(input: &str) -> Result<Self, BrokerError> {
+        Self::parse_with(input, Rules::Stored)
+    }
+
+    fn parse_with(input: &str, rules: Rules) -> Result<Self, BrokerError> {
+        let bad = |why: &str| {
+            BrokerError::InvalidName(format!("invalid topic name {}: {why}", echo(input)))
+        };
         let rest = if let Some(rest) = input.strip_prefix(SCHEME) {
             rest
         } else if input.contains("://") {
@@ -46,10 +77,8 @@ impl TopicName {
             }
         };
         for (what, part) in [("tenant", tenant), ("namespace", ns), ("topic", topic)] {
-            if !valid_part(part) {
-                return Err(bad(&format!(
-                    "{what} must be 1-{MAX_PART_LEN} characters of [A-Za-z0-9-_.=:%]"
-                )));
+            if !valid_part(part, rules) {
+                return Err(bad(&format!("{what} must be {RULE}")));
             }
         }
         Ok(Self(format!("{SCHEME}{tenant}/{ns}/{topic}")))
@@ -78,6 +107,22 @@ impl TopicName {
     }
 }
 
+/// Checks a `tenant/namespace` a client sent (to filter topics by).
+pub fn parse_namespace(input: &str) -> Result<&str, BrokerError> {
+    let ok = match input.split('/').collect::<Vec<_>>().as_slice() {
+        [tenant, ns] => valid_part(tenant, Rules::Strict) && valid_part(ns, Rules::Strict),
+        _ => false,
+    };
+    if ok {
+        Ok(input)
+    } else {
+        Err(BrokerError::InvalidName(format!(
+            "invalid namespace {}: expected tenant/namespace, each {RULE}",
+            echo(input)
+        )))
+    }
+}
+
 impl fmt::Display for TopicName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -95,13 +140,24 @@ impl fmt::Debug for TopicName {
 pub struct SubscriptionName(String);
 
 impl SubscriptionName {
-    /// Validates a subscription name (same character set as topic parts).
+    /// Validates a subscription name a client sent (the rules of topic parts).
     pub fn parse(input: &str) -> Result<Self, BrokerError> {
-        if valid_part(input) {
+        Self::parse_with(input, Rules::Strict)
+    }
+
+    /// Validates a subscription name read back from storage (see
+    /// [`TopicName::parse_stored`]).
+    pub fn parse_stored(input: &str) -> Result<Self, BrokerError> {
+        Self::parse_with(input, Rules::Stored)
+    }
+
+    fn parse_with(input: &str, rules: Rules) -> Result<Self, BrokerError> {
+        if valid_part(input, rules) {
             Ok(Self(input.to_owned()))
         } else {
             Err(BrokerError::InvalidName(format!(
-                "invalid subscription name {input:?}: must be 1-{MAX_PART_LEN} characters of [A-Za-z0-9-_.=:%]"
+                "invalid subscription name {}: must be {RULE}",
+                echo(input)
             )))
         }
     }
@@ -162,11 +218,45 @@ mod tests {
             "persistent:///b/c",
             "x/y/z/w",
             "ü",
+            "..",
+            ".",
+            "../../etc",
+            "persistent://../default/t",
+            "a/./t",
+            ".hidden",
+            "a%2Fb",
+            "tab\there",
+            "nul\0",
         ] {
             assert!(TopicName::parse(bad).is_err(), "{bad:?} accepted");
         }
-        assert!(SubscriptionName::parse("").is_err());
-        assert!(SubscriptionName::parse("has space").is_err());
+        for bad in ["", "has space", "..", ".", ".x", "50%", "a\nb"] {
+            assert!(SubscriptionName::parse(bad).is_err(), "{bad:?} accepted");
+        }
         assert!(SubscriptionName::parse(&"x".repeat(201)).is_err());
+        // Dots inside a name are fine.
+        assert!(TopicName::parse("a.b/c.d/e..f").is_ok());
+        assert!(SubscriptionName::parse("s.1").is_ok());
+        assert_eq!(parse_namespace("acme/eu").unwrap(), "acme/eu");
+        for bad in ["acme", "a/b/c", "../eu", "a/", "/b"] {
+            assert!(parse_namespace(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn stored_names_load_under_the_old_rules() {
+        assert!(TopicName::parse_stored("persistent://../default/a%2F").is_ok());
+        assert!(SubscriptionName::parse_stored("..").is_ok());
+        assert!(TopicName::parse_stored("a b").is_err());
+    }
+
+    #[test]
+    fn errors_echo_a_short_prefix_of_huge_input() {
+        let huge = "x".repeat(1 << 20);
+        let e = TopicName::parse(&huge).unwrap_err().to_string();
+        assert!(e.len() < 400, "{} bytes", e.len());
+        assert!(e.contains("(1048576 bytes)"), "{e}");
+        let e = SubscriptionName::parse(&huge).unwrap_err().to_string();
+        assert!(e.len() < 400, "{} bytes", e.len());
     }
 }

@@ -120,7 +120,26 @@ impl Broker {
         // listener handed in must set it on each accepted socket, or small
         // frames (a lone redelivery) wait up to 40 ms for the peer's delayed ACK.
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let config = &self.core.config;
+        let registry = crate::connections::Registry::new(crate::connections::ConnLimits {
+            max_connections: config.max_connections,
+            max_streams: config.max_streams_per_connection,
+            idle_timeout: config.idle_timeout,
+        });
+        let incoming = crate::connections::admit_all(incoming, registry);
+        let nonzero = |d: std::time::Duration| (!d.is_zero()).then_some(d);
+        // HTTP/2 lets a client open twice the calls the broker serves, so the
+        // extra ones reach it and are told RESOURCE_EXHAUSTED rather than
+        // wait for a slot.
+        let h2_streams = match config.max_streams_per_connection {
+            0 => None,
+            n => Some(u32::try_from(n.saturating_mul(2)).unwrap_or(u32::MAX)),
+        };
         let result = tonic::transport::Server::builder()
+            .http2_keepalive_interval(nonzero(config.keepalive_interval))
+            .http2_keepalive_timeout(nonzero(config.keepalive_timeout))
+            .max_concurrent_streams(h2_streams)
+            .layer(crate::connections::StreamLimitLayer)
             .add_service(health_service)
             .add_service(broker)
             .add_service(admin)

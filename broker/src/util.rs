@@ -1,6 +1,30 @@
-//! Small helpers shared across the broker: poison-free locking and stable hashing.
+//! Small helpers shared across the broker: poison-free locking, stable
+//! hashing, and quoting client input in error messages.
 
+use std::borrow::Cow;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Characters of client input an error message repeats at most.
+pub(crate) const ECHO_CHARS: usize = 100;
+
+/// `s` cut to `max` characters, with `…` when something was cut.
+pub(crate) fn truncate(s: &str, max: usize) -> Cow<'_, str> {
+    match s.char_indices().nth(max) {
+        None => Cow::Borrowed(s),
+        Some((end, _)) => Cow::Owned(format!("{}…", &s[..end])),
+    }
+}
+
+/// Client input quoted for an error message: escaped like `{:?}` (control
+/// characters stay visible), cut to [`ECHO_CHARS`] characters, and followed
+/// by its size when cut. A client that sends a megabyte of name gets a
+/// short message back, not a megabyte of `grpc-message` header.
+pub(crate) fn echo(input: &str) -> String {
+    match input.char_indices().nth(ECHO_CHARS) {
+        None => format!("{input:?}"),
+        Some((end, _)) => format!("{:?}… ({} bytes)", &input[..end], input.len()),
+    }
+}
 
 /// Locks a mutex, recovering the guard if a panicking thread poisoned it: the
 /// broker's short critical sections leave consistent state behind, and
@@ -28,6 +52,17 @@ pub fn stable_hash(bytes: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn echoed_input_is_quoted_and_cut() {
+        assert_eq!(super::echo("a\u{1}b"), "\"a\\u{1}b\"");
+        let long = "é".repeat(1000);
+        let e = super::echo(&long);
+        assert!(e.starts_with(&format!("\"{}", "é".repeat(100))), "{e}");
+        assert!(e.ends_with("\"… (2000 bytes)"), "{e}");
+        assert_eq!(super::truncate("abc", 3), "abc");
+        assert_eq!(super::truncate("abcd", 3), "abc…");
+    }
+
     #[test]
     fn similar_keys_spread_over_high_bits() {
         let tops: std::collections::HashSet<u64> = (0..10)

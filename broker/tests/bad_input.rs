@@ -350,3 +350,40 @@ async fn a_normal_topic_with_a_tier_name_is_not_used_as_the_tier() {
         .into_inner();
     assert_eq!(stats.message_count, 1);
 }
+
+/// Path-like names are refused, and an error about a huge name quotes a
+/// short prefix of it (the whole name in `grpc-message` would break HTTP/2).
+#[tokio::test]
+async fn path_like_and_huge_names_get_short_invalid_argument() {
+    let b = InProcessBroker::start().await;
+    let mut admin = AdminClient::new(channel(&b.url()).await);
+    let huge = "n".repeat(1 << 20);
+    for bad in [
+        "..",
+        ".",
+        "../../x",
+        "a/../x",
+        ".hidden",
+        "a%2Fb",
+        huge.as_str(),
+    ] {
+        let e = admin
+            .create_topic(TopicRequest { topic: bad.into() })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+        assert!(e.message().len() < 400, "{} bytes", e.message().len());
+        let e = RawConsumer::subscribe(&b.url(), "t", bad, SubOpts::default())
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    }
+    let topics = admin
+        .list_topics(ListTopicsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .topics;
+    assert!(topics.is_empty(), "{topics:?}");
+}

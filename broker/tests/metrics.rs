@@ -307,3 +307,79 @@ async fn queue_gauges_are_rebuilt_after_a_kill() {
     );
     broker.kill9();
 }
+
+/// Limits are visible: each refusal counts in
+/// `ricochet_limit_rejections_total{limit}`, and `ricochet_connections`
+/// follows the connections served.
+#[tokio::test]
+async fn limit_rejections_and_connections_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("broker.toml");
+    std::fs::write(
+        &config,
+        "max_connections = 3\nmax_topics_per_namespace = 1\nmax_subscriptions_per_topic = 1\n",
+    )
+    .unwrap();
+    let metrics = free_addr();
+    let opts = options()
+        .metrics_listen(metrics)
+        .args(["--config".into(), config.into_os_string()]);
+    let data = dir.path().join("data");
+    let broker = BrokerProcess::spawn(&data, &opts).await;
+    let url = broker.url();
+    let _c = RawConsumer::simple(url, "only", "s", SubscriptionType::Shared).await;
+    let e = RawConsumer::subscribe(url, "only", "s2", SubOpts::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+    let e = RawProducer::open(url, "second", "p").await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+    let m = parse(&scrape(metrics).await);
+    let rejected = |limit: &str| {
+        value(
+            &m,
+            "ricochet_limit_rejections_total",
+            &[&format!("limit=\"{limit}\"")],
+        )
+    };
+    assert_eq!(rejected("subscriptions_per_topic"), 1.0);
+    assert_eq!(rejected("topics_per_namespace"), 1.0);
+    // The refused calls' connections close a moment after their refusal.
+    let connections = || async {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let n = value(&parse(&scrape(metrics).await), "ricochet_connections", &[]);
+            if n <= 1.0 || tokio::time::Instant::now() > deadline {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    assert_eq!(connections().await, 1.0, "the consumer's");
+    // Three more connections: two fit, the third is refused.
+    let held = [channel(url).await, channel(url).await];
+    let extra = channel(url).await;
+    let admin = ricochet_proto::admin_client::AdminClient::new;
+    for ch in &held {
+        admin(ch.clone())
+            .list_topics(ListTopicsRequest::default())
+            .await
+            .unwrap();
+    }
+    let e = admin(extra)
+        .list_topics(ListTopicsRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+    let m = parse(&scrape(metrics).await);
+    assert_eq!(value(&m, "ricochet_connections", &[]), 3.0);
+    assert_eq!(
+        value(
+            &m,
+            "ricochet_limit_rejections_total",
+            &["limit=\"connections\""]
+        ),
+        1.0
+    );
+    drop(held);
+}

@@ -429,3 +429,125 @@ async fn a_burst_of_reconsume_later_moves_each_message_once() {
     }
     assert!(c.next(Duration::from_millis(300)).await.is_none());
 }
+
+/// Tier names a subscribing client chooses (Pulsar's `retryLetterTopic` and
+/// `deadLetterTopic`) are where its retries and dead letters go, across a
+/// restart; a producer cannot write to them, a dead-letter reader can wait
+/// on one before the first dead letter, and the choice is fixed once the
+/// subscription exists.
+#[tokio::test]
+async fn tier_names_chosen_at_subscription_are_honoured() {
+    let b = InProcessBroker::start().await;
+    let retry = "persistent://ops/tiers/orders-retries";
+    let dlq = "persistent://ops/tiers/orders-poison";
+    let policy = DeadLetterPolicyConfig {
+        retry_topic: retry.into(),
+        dead_letter_topic: dlq.into(),
+        ..ms_levels()
+    };
+    let opts = |policy: DeadLetterPolicyConfig| SubOpts {
+        sub_type: SubscriptionType::Shared,
+        policy: Some(policy),
+        ..Default::default()
+    };
+    let mut c = RawConsumer::subscribe(&b.url(), "orders", "billing", opts(policy.clone()))
+        .await
+        .unwrap();
+    assert_eq!(c.subscribed.retry_topic, retry);
+    assert_eq!(c.subscribed.dead_letter_topic, dlq);
+    // A dead-letter reader may subscribe before anything is dead-lettered.
+    let reader_opts = SubOpts {
+        dead_letter_reader: true,
+        ..Default::default()
+    };
+    let mut reader = RawConsumer::subscribe(&b.url(), dlq, "ops", reader_opts)
+        .await
+        .expect("the chosen DLQ is a dead-letter tier");
+    reader.flow(10).await;
+    // Producers are refused on both.
+    for tier in [retry, dlq] {
+        let e = RawProducer::open(&b.url(), tier, "p").await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{tier}: {e}");
+    }
+
+    c.flow(10).await;
+    let mut p = RawProducer::open(&b.url(), "orders", "p").await.unwrap();
+    p.send(&["retry me", "kill me"]).await;
+    let got = c.take(2, WAIT).await;
+    c.reconsume_later(
+        got[0].id.clone().unwrap(),
+        reconsume_later::Delay::DelayMs(20),
+        1,
+    )
+    .await;
+    c.terminate(got[1].id.clone().unwrap(), "poison", 2).await;
+    for _ in 0..2 {
+        assert_eq!(c.result(WAIT).await.unwrap().code, 0);
+    }
+    let again = c.next(WAIT).await.expect("the retry");
+    assert_eq!(again.id.as_ref().unwrap().topic, retry);
+    assert_eq!(text(&again), "retry me");
+    let dead = reader.next(WAIT).await.expect("the dead letter");
+    assert_eq!(text(&dead), "kill me");
+    assert_eq!(dead.id.as_ref().unwrap().topic, dlq);
+
+    // Fixed once created: a different name is refused, the same is fine.
+    let other = DeadLetterPolicyConfig {
+        dead_letter_topic: "persistent://ops/tiers/elsewhere".into(),
+        ..policy.clone()
+    };
+    let e = RawConsumer::subscribe(&b.url(), "orders", "billing", opts(other.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+    let mut admin = AdminClient::new(channel(&b.url()).await);
+    let e = admin
+        .set_policy(SetPolicyRequest {
+            topic: "orders".into(),
+            subscription: "billing".into(),
+            policy: Some(other),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+    let read_back = admin
+        .get_policy(SubscriptionRequest {
+            topic: "orders".into(),
+            subscription: "billing".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .policy
+        .unwrap();
+    admin
+        .set_policy(SetPolicyRequest {
+            topic: "orders".into(),
+            subscription: "billing".into(),
+            policy: Some(read_back),
+        })
+        .await
+        .expect("the policy as read back, tiers included, can be set again");
+    drop((c, reader));
+
+    // Across a restart.
+    let dir = b.shutdown().await;
+    let b = InProcessBroker::start_in(dir, |_| {}).await;
+    let c = RawConsumer::subscribe(&b.url(), "orders", "billing", opts(policy))
+        .await
+        .unwrap();
+    assert_eq!(c.subscribed.dead_letter_topic, dlq);
+    let stats = AdminClient::new(channel(&b.url()).await)
+        .subscription_stats(SubscriptionRequest {
+            topic: "orders".into(),
+            subscription: "billing".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (stats.retry_topic.as_str(), stats.dead_letter_topic.as_str()),
+        (retry, dlq)
+    );
+    assert_eq!(stats.dead_lettered, 1);
+}

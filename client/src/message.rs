@@ -260,6 +260,12 @@ impl OutgoingMessage {
         }
     }
 
+    /// Its size as the broker's message size limit counts it: payload,
+    /// key, and every property name and value.
+    pub fn counted_size(&self) -> usize {
+        ricochet_proto::counted_size(&self.payload, &self.key, &self.properties)
+    }
+
     /// The payload.
     pub fn payload(&self) -> &[u8] {
         &self.payload

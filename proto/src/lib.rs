@@ -7,19 +7,24 @@
 //! letters). This crate only holds the generated code and a few helpers on it;
 //! conversions to richer types live with those types, except those to
 //! `ricochet-policy`'s types, which live in [`convert`] so that the policy
-//! crate stays free of tonic and prost.
+//! crate stays free of tonic and prost. The servers decode requests with
+//! [`codec::RequestCodec`]: a request that is not valid protobuf is
+//! `INVALID_ARGUMENT`.
 
 #![allow(missing_debug_implementations)]
 
-/// Generated protobuf and gRPC code for package `ricochet.v1`.
+/// Generated protobuf and gRPC code for package `ricochet.v1`: messages and
+/// servers (whose codec is [`codec::RequestCodec`]), then clients.
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]
-    tonic::include_proto!("ricochet.v1");
+    include!(concat!(env!("OUT_DIR"), "/ricochet.v1.rs"));
+    include!(concat!(env!("OUT_DIR"), "/client/ricochet.v1.rs"));
 }
 
-pub use names::{MAX_GRPC_MESSAGE_BYTES, UnknownName};
+pub use names::{MAX_GRPC_MESSAGE_BYTES, UnknownName, counted_size};
 pub use v1::*;
 
+pub mod codec;
 pub mod convert;
 mod names;
 

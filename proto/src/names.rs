@@ -1,6 +1,7 @@
 //! The vocabulary shared by broker, client and CLI on top of the generated
 //! enums: [`SubscriptionType`] and [`InitialPosition`] with their
-//! command-line names, and the largest gRPC message either side accepts.
+//! command-line names, the largest gRPC message either side accepts, and
+//! how a message's size is counted against the broker's limit.
 
 use std::fmt;
 use std::str::FromStr;
@@ -10,6 +11,26 @@ use crate::v1::{InitialPosition, SubscriptionType};
 /// Largest gRPC message the broker and the client accept or send: a batch of
 /// messages at the size limit, with room to spare.
 pub const MAX_GRPC_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// The size of a message as the broker's `max_message_size` counts it:
+/// payload, key, and every property name and value, in bytes. Producers
+/// check it before sending; the broker refuses a batch holding a larger one.
+pub fn counted_size<'a>(
+    payload: &[u8],
+    key: &str,
+    properties: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> usize {
+    properties
+        .into_iter()
+        .fold(payload.len() + key.len(), |n, (k, v)| n + k.len() + v.len())
+}
+
+impl crate::v1::OutboundMessage {
+    /// [`counted_size`] of this message.
+    pub fn counted_size(&self) -> usize {
+        counted_size(&self.payload, &self.key, &self.properties)
+    }
+}
 
 impl SubscriptionType {
     /// Every type, in protocol order.

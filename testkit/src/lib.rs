@@ -2,8 +2,9 @@
 //! rebuilds its own: a broker in this process ([`InProcessBroker`]) or as a
 //! child process ([`BrokerProcess`], with SIGKILL, SIGTERM, SIGSTOP and
 //! SIGCONT), the broker binary's location from any crate ([`broker_bin`]),
-//! loopback ports ([`free_addr`]), wall clocks ([`now_ms`], [`now_us`]), and a
-//! producer and consumer speaking the gRPC protocol directly ([`raw`]).
+//! loopback ports ([`free_addr`]), wall clocks ([`now_ms`], [`now_us`]), a
+//! producer and consumer speaking the gRPC protocol directly ([`raw`]), and
+//! calls carrying any bytes at all ([`wire`]).
 //!
 //! A dev-dependency only: everything here panics on failure, as a test
 //! wants, unless its name says otherwise (`find_broker_bin`).
@@ -13,6 +14,7 @@ pub mod in_process;
 pub mod net;
 pub mod process;
 pub mod raw;
+pub mod wire;
 
 pub use clock::{now_ms, now_us};
 pub use in_process::InProcessBroker;

@@ -33,6 +33,8 @@ pub struct RawProducer {
     rx: Streaming<ProduceResponse>,
     pub name: String,
     pub next_seq: u64,
+    /// The last sequence id the broker had stored for this name at open.
+    pub last_sequence_id: Option<u64>,
     next_req: u64,
 }
 
@@ -55,12 +57,13 @@ impl RawProducer {
             Some(produce_response::Response::Opened(o)) => o,
             other => panic!("expected ProducerOpened, got {other:?}"),
         };
-        let next_seq = opened.last_sequence_id.map_or(0, |s| s + 1);
+        let next_seq = opened.last_sequence_id.map_or(0, |s| s.wrapping_add(1));
         Ok(Self {
             tx,
             rx,
             name: opened.producer_name,
             next_seq,
+            last_sequence_id: opened.last_sequence_id,
             next_req: 1,
         })
     }
@@ -226,6 +229,39 @@ impl RawConsumer {
             .expect("stream open");
     }
 
+    /// Sends one frame as it is (its request may be unset).
+    pub async fn send_frame(&self, frame: ConsumeRequest) {
+        self.tx.send(frame).await.expect("stream open");
+    }
+
+    /// Reads (buffering what comes) until the broker ends the stream, and
+    /// returns how it ended (`Ok` for a clean end). Panics if the stream is
+    /// still open after `wait`.
+    pub async fn end(&mut self, wait: Duration) -> Status {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match tokio::time::timeout(left, self.rx.message()).await {
+                Err(_) => panic!("the consumer stream is still open after {wait:?}"),
+                Ok(Err(status)) => return status,
+                Ok(Ok(None)) => return Status::ok(""),
+                Ok(Ok(Some(ConsumeResponse { response: Some(r) }))) => self.absorb(r),
+                Ok(Ok(Some(_))) => {}
+            }
+        }
+    }
+
+    /// Keeps a frame from the broker where the test can look at it.
+    fn absorb(&mut self, r: consume_response::Response) {
+        match r {
+            consume_response::Response::Messages(b) => self.buffered.extend(b.messages),
+            consume_response::Response::Result(r) => self.results.push_back(r),
+            consume_response::Response::ActiveChange(a) => self.active_changes.push(a.active),
+            consume_response::Response::Subscribed(_) | consume_response::Response::AckedIds(_) => {
+            }
+        }
+    }
+
     /// Grants `permits` more messages.
     pub async fn flow(&self, permits: u32) {
         self.request(consume_request::Request::Flow(Flow { permits }))
@@ -235,15 +271,7 @@ impl RawConsumer {
     async fn pump(&mut self, wait: Duration) -> bool {
         match tokio::time::timeout(wait, self.rx.message()).await {
             Ok(Ok(Some(ConsumeResponse { response: Some(r) }))) => {
-                match r {
-                    consume_response::Response::Messages(b) => self.buffered.extend(b.messages),
-                    consume_response::Response::Result(r) => self.results.push_back(r),
-                    consume_response::Response::ActiveChange(a) => {
-                        self.active_changes.push(a.active)
-                    }
-                    consume_response::Response::Subscribed(_)
-                    | consume_response::Response::AckedIds(_) => {}
-                }
+                self.absorb(r);
                 true
             }
             _ => false,

@@ -120,9 +120,12 @@ impl Admin for AdminService {
         r: Request<ListTopicsRequest>,
     ) -> Result<Response<ListTopicsResponse>, Status> {
         let ns = r.into_inner().namespace;
-        let ns = (!ns.is_empty()).then_some(ns);
+        let ns = match ns.as_str() {
+            "" => None,
+            given => Some(crate::name::parse_namespace(given)?),
+        };
         Ok(Response::new(ListTopicsResponse {
-            topics: self.core.list_topics(ns.as_deref()).await,
+            topics: self.core.list_topics(ns).await,
         }))
     }
 
@@ -230,7 +233,15 @@ impl Admin for AdminService {
             // An empty policy clears the operator's choice.
             _ => None,
         };
-        let (_, h) = self.sub(&r.topic, &r.subscription).await?;
+        let tiers = match &r.policy {
+            Some(p) => super::tier_overrides(p)?,
+            None => Default::default(),
+        };
+        let (t, h) = self.sub(&r.topic, &r.subscription).await?;
+        // A policy read back with GetPolicy names the tiers in force: fine.
+        // Other names would be ignored, so they are refused.
+        let s = SubscriptionName::parse(&r.subscription)?;
+        self.core.check_tiers(&t, &s, &tiers)?;
         let info = h.set_policy(spec).await?;
         Ok(Response::new(wire::policy_response(info)))
     }

@@ -4,6 +4,8 @@
 //! its in-flight messages are redelivered (reason: consumer lost).
 
 use super::{BoxStream, status_of};
+use crate::claims::TierOverrides;
+use crate::config::BrokerConfig;
 use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
@@ -44,38 +46,56 @@ pub(super) async fn consume(
     let (tx, rx) = mpsc::unbounded_channel();
     let (handle, consumer_id) = subscribe(&core, sub, tx.clone()).await?;
     let stop = core.shutdown.clone();
-    let max_delay = core.config.max_delay;
+    let config = core.config.clone();
+    // A frame that does not decode (or is over the size limit) ends the
+    // stream with its status, after the events queued before it.
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<Status>();
     tokio::spawn(async move {
+        let mut failed_tx = Some(failed_tx);
         while let Some(frame) = super::next_frame(&mut inbound, &stop).await {
             let req = match frame {
                 Ok(ConsumeRequest { request: Some(r) }) => r,
-                Ok(ConsumeRequest { request: None }) => continue,
-                Err(_) => break,
+                Ok(ConsumeRequest { request: None }) => {
+                    let empty = BrokerError::InvalidArgument(
+                        "empty ConsumeRequest (no request set, or one this broker does not know)"
+                            .into(),
+                    );
+                    let _ = tx.send(ConsumerEvent::End(empty));
+                    break;
+                }
+                Err(status) => {
+                    if let Some(f) = failed_tx.take() {
+                        let _ = f.send(status);
+                    }
+                    break;
+                }
             };
-            match parse(req, max_delay) {
+            match parse(req, &config) {
                 Parsed::Request(req) => {
                     if handle.request(consumer_id, req).is_err() {
                         break;
                     }
                 }
-                Parsed::Refused(request_id, e) => {
+                Parsed::Refused { request_id, error } => {
+                    let outcome = Err(Arc::new(error));
                     let _ = tx.send(ConsumerEvent::Done {
                         request_id,
-                        outcome: Err(Arc::new(e)),
+                        outcome,
                     });
                 }
-                Parsed::Resubscribe => {
-                    let again =
-                        BrokerError::InvalidArgument("already subscribed on this stream".into());
-                    let _ = tx.send(ConsumerEvent::End(again));
+                Parsed::End(e) => {
+                    let _ = tx.send(ConsumerEvent::End(e));
                     break;
                 }
             }
         }
         let _ = handle.remove_consumer(consumer_id);
     });
-    let frames =
-        UnboundedReceiverStream::new(rx).flat_map(|event| futures::stream::iter(frames_of(event)));
+    let failed =
+        futures::stream::once(failed_rx).filter_map(|r| std::future::ready(r.ok().map(Err)));
+    let frames = UnboundedReceiverStream::new(rx)
+        .flat_map(|event| futures::stream::iter(frames_of(event)))
+        .chain(failed);
     Ok(Response::new(super::until_shutdown(
         frames,
         core.shutdown.clone(),
@@ -90,6 +110,7 @@ async fn subscribe(
 ) -> Result<(crate::subscription::SubscriptionHandle, u64), Status> {
     let topic = TopicName::parse(&sub.topic)?;
     let name = SubscriptionName::parse(&sub.subscription)?;
+    super::input::check_label("consumer name", &sub.consumer_name)?;
     let sub_type = SubscriptionType::try_from(sub.subscription_type).map_err(|_| {
         Status::invalid_argument(format!(
             "unknown subscription type {}",
@@ -99,7 +120,7 @@ async fn subscribe(
     let initial = InitialPosition::try_from(sub.initial_position).map_err(|_| {
         Status::invalid_argument(format!("unknown initial position {}", sub.initial_position))
     })?;
-    let policy = match &sub.dead_letter_policy {
+    let (policy, tiers) = match &sub.dead_letter_policy {
         Some(p) => {
             let spec = PolicySpec::try_from(p).map_err(|e| {
                 Status::invalid_argument(format!("invalid dead-letter policy: {e}"))
@@ -107,26 +128,26 @@ async fn subscribe(
             spec.validate().map_err(|e| {
                 Status::invalid_argument(format!("invalid dead-letter policy: {e}"))
             })?;
-            Some(spec)
+            (Some(spec), super::tier_overrides(p)?)
         }
-        None => None,
+        None => (None, TierOverrides::default()),
     };
-    let entry = core.topic_for_use(&topic).await?;
-    match entry.topic.kind() {
-        TopicKind::Normal => {}
-        TopicKind::Retry => {
-            return Err(Status::failed_precondition(format!(
+    core.check_subscription(&topic, &name, &tiers).await?;
+    let entry = core
+        .topic_for_use(&topic, |kind| match kind {
+            TopicKind::Normal => Ok(()),
+            TopicKind::Retry => Err(BrokerError::Conflict(format!(
                 "{topic} is a retry tier: the subscription that owns it receives its messages; subscribe to the original topic"
-            )));
-        }
-        TopicKind::DeadLetter if !sub.dead_letter_reader => {
-            return Err(Status::permission_denied(format!(
+            ))),
+            TopicKind::DeadLetter if !sub.dead_letter_reader => Err(BrokerError::PermissionDenied(format!(
                 "{topic} is a dead-letter tier: read it with an explicit dead-letter reader (Subscribe.dead_letter_reader) or the admin API"
-            )));
-        }
-        TopicKind::DeadLetter => {}
-    }
-    let handle = core.subscription_or_create(&entry, &name, sub_type, initial)?;
+            ))),
+            TopicKind::DeadLetter => Ok(()),
+        })
+        .await?;
+    let handle = core
+        .subscription_or_create(&entry, &name, sub_type, initial, &tiers)
+        .await?;
     let consumer_name = if sub.consumer_name.is_empty() {
         format!(
             "consumer-{}",
@@ -154,64 +175,87 @@ fn message_ref(id: ricochet_proto::MessageId) -> MessageRef {
     }
 }
 
-/// What a consumer frame is, parsed.
+/// What a consumer frame comes to.
 enum Parsed {
     /// A request for the subscription.
     Request(ConsumerRequest),
-    /// A request refused at the edge: answer its id with the error.
-    Refused(u64, BrokerError),
-    /// A second `Subscribe`: the stream ends.
-    Resubscribe,
+    /// A request refused before it reached the subscription: its reply.
+    Refused { request_id: u64, error: BrokerError },
+    /// A protocol violation (a second `Subscribe`): the stream ends.
+    End(BrokerError),
 }
 
-/// A delay asked for in milliseconds, checked against the broker's limit.
-fn checked_delay(ms: u64, max: Duration, what: &str) -> Result<Duration, BrokerError> {
-    let d = Duration::from_millis(ms);
-    if d > max {
-        return Err(BrokerError::InvalidArgument(format!(
-            "{what} of {ms} ms exceeds the broker's max_delay of {} ms",
-            max.as_millis()
-        )));
-    }
-    Ok(d)
-}
-
-/// A consumer frame as a domain request.
-fn parse(req: consume_request::Request, max_delay: Duration) -> Parsed {
+/// A consumer frame as a domain request, after the checks on its free-text
+/// and property fields.
+fn parse(req: consume_request::Request, config: &BrokerConfig) -> Parsed {
+    use super::input::{check_detail, check_extra_properties};
     use consume_request::Request as R;
-    let request = match req {
-        R::Subscribe(_) => return Parsed::Resubscribe,
+    let refused = |request_id, error| Parsed::Refused { request_id, error };
+    Parsed::Request(match req {
+        R::Subscribe(_) => {
+            return Parsed::End(BrokerError::InvalidArgument(
+                "already subscribed on this stream".into(),
+            ));
+        }
         R::Flow(f) => ConsumerRequest::Flow(f.permits),
-        R::Ack(a) => ConsumerRequest::Ack {
-            request_id: a.request_id,
-            cumulative: a.ack_type == AckType::Cumulative as i32,
-            ids: a.ids.into_iter().map(message_ref).collect(),
-        },
+        R::Ack(a) => {
+            let cumulative = match AckType::try_from(a.ack_type) {
+                Ok(t) => t == AckType::Cumulative,
+                Err(_) => {
+                    let e = format!("unknown ack type {}", a.ack_type);
+                    return refused(a.request_id, BrokerError::InvalidArgument(e));
+                }
+            };
+            ConsumerRequest::Ack {
+                request_id: a.request_id,
+                cumulative,
+                ids: a.ids.into_iter().map(message_ref).collect(),
+            }
+        }
         R::Redeliver(r) => {
-            let items = r.messages.into_iter().map(|m| {
-                Ok(FailedItem {
+            let mut items = Vec::with_capacity(r.messages.len());
+            for m in r.messages {
+                if let Err(e) = check_detail(&m.detail) {
+                    return refused(r.request_id, e);
+                }
+                // An unspecified reason reads as a nack; an unknown one is refused.
+                let reason = match m.reason {
+                    0 => FailureReason::Nack,
+                    n => match ricochet_proto::convert::failure_reason_from_i32(n) {
+                        Ok(reason) => reason,
+                        Err(_) => {
+                            let e = format!("unknown failure reason {n}");
+                            return refused(r.request_id, BrokerError::InvalidArgument(e));
+                        }
+                    },
+                };
+                let hold = match checked_delay(m.delay_ms, config.max_delay, "a nack delay") {
+                    Ok(d) => d,
+                    Err(e) => return refused(r.request_id, e),
+                };
+                items.push(FailedItem {
                     id: message_ref(m.id.unwrap_or_default()),
-                    // An unspecified reason reads as a nack.
-                    reason: ricochet_proto::convert::failure_reason_from_i32(m.reason)
-                        .unwrap_or(FailureReason::Nack),
+                    reason,
                     detail: m.detail,
-                    hold: checked_delay(m.delay_ms, max_delay, "a nack delay")?,
-                })
-            });
-            match items.collect::<Result<_, BrokerError>>() {
-                Ok(items) => ConsumerRequest::Redeliver {
-                    request_id: r.request_id,
-                    items,
-                },
-                Err(e) => return Parsed::Refused(r.request_id, e),
+                    hold,
+                });
+            }
+            ConsumerRequest::Redeliver {
+                request_id: r.request_id,
+                items,
             }
         }
         R::ReconsumeLater(r) => {
+            if let Err(e) =
+                check_detail(&r.detail).and_then(|()| check_extra_properties(&r.properties, config))
+            {
+                return refused(r.request_id, e);
+            }
             let delay = match r.delay {
                 Some(reconsume_later::Delay::DelayMs(ms)) => {
-                    match checked_delay(ms, max_delay, "a reconsume_later delay") {
+                    match checked_delay(ms, config.max_delay, "a reconsume_later delay") {
                         Ok(d) => AttemptOverride::Delay(d),
-                        Err(e) => return Parsed::Refused(r.request_id, e),
+                        Err(e) => return refused(r.request_id, e),
                     }
                 }
                 Some(d) => AttemptOverride::from(d),
@@ -225,18 +269,34 @@ fn parse(req: consume_request::Request, max_delay: Duration) -> Parsed {
                 detail: r.detail,
             }
         }
-        R::Terminate(t) => ConsumerRequest::Terminate {
-            request_id: t.request_id,
-            id: message_ref(t.id.unwrap_or_default()),
-            detail: t.detail,
-        },
+        R::Terminate(t) => {
+            if let Err(e) = check_detail(&t.detail) {
+                return refused(t.request_id, e);
+            }
+            ConsumerRequest::Terminate {
+                request_id: t.request_id,
+                id: message_ref(t.id.unwrap_or_default()),
+                detail: t.detail,
+            }
+        }
         R::Close(_) => ConsumerRequest::Close,
         R::CheckAcks(c) => ConsumerRequest::CheckAcks {
             request_id: c.request_id,
             ids: c.ids.into_iter().map(message_ref).collect(),
         },
-    };
-    Parsed::Request(request)
+    })
+}
+
+/// A delay asked for in milliseconds, checked against the broker's limit.
+fn checked_delay(ms: u64, max: Duration, what: &str) -> Result<Duration, BrokerError> {
+    let d = Duration::from_millis(ms);
+    if d > max {
+        return Err(BrokerError::InvalidArgument(format!(
+            "{what} of {ms} ms exceeds the broker's max_delay of {} ms",
+            max.as_millis()
+        )));
+    }
+    Ok(d)
 }
 
 fn response(r: consume_response::Response) -> Result<ConsumeResponse, Status> {

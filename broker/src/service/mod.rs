@@ -3,14 +3,17 @@
 
 mod admin;
 mod consume;
+mod input;
 mod produce;
 mod status;
 mod wire;
 
 pub use admin::AdminService;
-pub(crate) use status::{code_of, status_of};
+pub(crate) use status::{code_of, message_of, status_of};
 
+use crate::claims::TierOverrides;
 use crate::core::BrokerCore;
+use crate::name::TopicName;
 use futures::Stream;
 use ricochet_proto::broker_server::Broker;
 use ricochet_proto::{ConsumeRequest, ConsumeResponse, ProduceRequest, ProduceResponse};
@@ -55,6 +58,23 @@ async fn next_frame<T>(
         _ = stop.cancelled() => None,
         f = inbound.next() => f,
     }
+}
+
+/// The tier topics a policy on the wire names (`retry_topic`,
+/// `dead_letter_topic`; empty means the default).
+fn tier_overrides(p: &ricochet_proto::DeadLetterPolicyConfig) -> Result<TierOverrides, Status> {
+    let parse = |what: &str, name: &str| -> Result<Option<TopicName>, Status> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        TopicName::parse(name)
+            .map(Some)
+            .map_err(|e| Status::invalid_argument(format!("{what}: {}", message_of(&e))))
+    };
+    Ok(TierOverrides {
+        retry: parse("retry_topic", &p.retry_topic)?,
+        dead_letter: parse("dead_letter_topic", &p.dead_letter_topic)?,
+    })
 }
 
 /// The producer and consumer streams.

@@ -3,6 +3,7 @@
 //! commit, so many batches share one flush.
 
 use super::BoxStream;
+use crate::config::BrokerConfig;
 use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::TopicName;
@@ -34,14 +35,15 @@ pub(super) async fn produce(
         ));
     };
     let name = TopicName::parse(&open.topic)?;
-    let entry = core.topic_for_use(&name).await?;
-    if entry.topic.kind() != TopicKind::Normal {
-        return Err(BrokerError::Conflict(format!(
-            "{name} is a {:?} tier topic; only the broker writes to it",
-            entry.topic.kind()
-        ))
-        .into());
-    }
+    super::input::check_label("producer name", &open.producer_name)?;
+    let entry = core
+        .topic_for_use(&name, |kind| match kind {
+            TopicKind::Normal => Ok(()),
+            tier => Err(BrokerError::Conflict(format!(
+                "{name} is a {tier:?} tier topic; only the broker writes to it"
+            ))),
+        })
+        .await?;
     let producer_name = if open.producer_name.is_empty() {
         format!(
             "producer-{}",
@@ -52,6 +54,7 @@ pub(super) async fn produce(
     };
     let topic = entry.topic.clone();
     let max_size = core.config.max_message_size;
+    let config = core.config.clone();
     let max_delay_ms = u64::try_from(core.config.max_delay.as_millis()).unwrap_or(u64::MAX);
     let clock = core.clock.clone();
     let (tx, rx) = mpsc::channel::<Result<ProduceResponse, Status>>(PIPELINE_DEPTH * 2);
@@ -68,17 +71,19 @@ pub(super) async fn produce(
         .map_err(|_| Status::cancelled("producer went away"))?;
     topic.counters.producers.fetch_add(1, Ordering::Relaxed);
 
-    // Receipts are sent in batch order by one task awaiting each batch's write.
+    // Receipts are sent in batch order by one task awaiting each batch's
+    // write; a status that ends the stream (a frame that is not a batch)
+    // takes its place in that order, so every batch before it gets its receipt.
     let (pending_tx, mut pending_rx) =
-        mpsc::channel::<tokio::task::JoinHandle<ProduceResponse>>(PIPELINE_DEPTH);
-    let out = tx.clone();
+        mpsc::channel::<tokio::task::JoinHandle<Result<ProduceResponse, Status>>>(PIPELINE_DEPTH);
     tokio::spawn(async move {
         while let Some(h) = pending_rx.recv().await {
             let resp = match h.await {
-                Ok(r) => Ok(r),
+                Ok(r) => r,
                 Err(e) => Err(Status::internal(format!("publish task failed: {e}"))),
             };
-            if out.send(resp).await.is_err() {
+            let end = resp.is_err();
+            if tx.send(resp).await.is_err() || end {
                 break;
             }
         }
@@ -90,27 +95,35 @@ pub(super) async fn produce(
                 Ok(ProduceRequest {
                     request: Some(produce_request::Request::Send(b)),
                 }) => b,
-                Ok(_) => {
-                    let _ = tx
-                        .send(Err(Status::invalid_argument(
-                            "expected SendBatch after ProducerOpen",
-                        )))
-                        .await;
+                Ok(other) => {
+                    let what = match other.request {
+                        Some(produce_request::Request::Open(_)) => "a second ProducerOpen",
+                        _ => "an empty ProduceRequest",
+                    };
+                    let end = Status::invalid_argument(format!(
+                        "expected SendBatch after ProducerOpen, got {what}"
+                    ));
+                    let _ = pending_tx.send(tokio::spawn(async { Err(end) })).await;
                     break;
                 }
-                Err(_) => break,
+                // A frame that does not decode, or one over the size limit:
+                // the client is told why the stream ends.
+                Err(status) => {
+                    let _ = pending_tx.send(tokio::spawn(async { Err(status) })).await;
+                    break;
+                }
             };
             let topic = topic.clone();
             let name = producer_name.clone();
             let latest_deliver_at = clock.now_ms().saturating_add(max_delay_ms);
+            let checked = validate(&batch, &config)
+                .and_then(|()| check_deliver_at(&batch, latest_deliver_at));
             // Spawned so the next batch is written while this one awaits its flush;
             // ids are assigned in arrival order because writes take the topic's
             // writer lock before the first await.
             let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
             let handle = tokio::spawn(async move {
                 let request_id = batch.request_id;
-                let checked = validate(&batch, max_size)
-                    .and_then(|()| check_deliver_at(&batch, latest_deliver_at));
                 let result = match checked {
                     Ok(()) => {
                         let fut = topic.publish(&name, batch.messages);
@@ -129,7 +142,7 @@ pub(super) async fn produce(
                         Err(e)
                     }
                 };
-                match result {
+                Ok(match result {
                     Ok(receipts) => ProduceResponse {
                         response: Some(produce_response::Response::Receipts(SendReceipts {
                             request_id,
@@ -140,10 +153,10 @@ pub(super) async fn produce(
                         response: Some(produce_response::Response::Error(SendError {
                             request_id,
                             code: super::code_of(&e) as i32,
-                            message: e.to_string(),
+                            message: super::message_of(&e),
                         })),
                     },
-                }
+                })
             });
             let _ = ready_rx.await;
             if pending_tx.send(handle).await.is_err() {
@@ -174,18 +187,14 @@ fn check_deliver_at(batch: &SendBatch, latest_ms: u64) -> Result<(), BrokerError
     }
 }
 
-fn validate(batch: &SendBatch, max_size: usize) -> Result<(), BrokerError> {
+/// A batch is stored whole or not at all: one message over a limit refuses
+/// all of it.
+fn validate(batch: &SendBatch, config: &BrokerConfig) -> Result<(), BrokerError> {
     if batch.messages.is_empty() {
         return Err(BrokerError::InvalidArgument("empty SendBatch".into()));
     }
     for (i, m) in batch.messages.iter().enumerate() {
-        if m.payload.len() > max_size {
-            return Err(BrokerError::InvalidArgument(format!(
-                "message {i} (sequence id {}) is {} bytes; the limit is {max_size}",
-                m.sequence_id,
-                m.payload.len()
-            )));
-        }
+        super::input::check_message(i, m, config)?;
     }
     for w in batch.messages.windows(2) {
         if w[1].sequence_id <= w[0].sequence_id {

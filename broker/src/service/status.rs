@@ -13,6 +13,8 @@ pub fn code_of(e: &BrokerError) -> Code {
         BrokerError::TopicNotFound(_) | BrokerError::SubscriptionNotFound { .. } => Code::NotFound,
         BrokerError::TopicExists(_) => Code::AlreadyExists,
         BrokerError::Conflict(_) => Code::FailedPrecondition,
+        BrokerError::LimitReached(_) => Code::ResourceExhausted,
+        BrokerError::PermissionDenied(_) => Code::PermissionDenied,
         BrokerError::ShuttingDown => Code::Unavailable,
         BrokerError::Storage(StorageError::Corrupt(_) | StorageError::Missing(_)) => Code::DataLoss,
         BrokerError::Storage(StorageError::Engine(_) | StorageError::Unhealthy)
@@ -21,9 +23,20 @@ pub fn code_of(e: &BrokerError) -> Code {
     }
 }
 
+/// Characters of an error message a client is sent at most. Messages quote
+/// client input already cut short (`util::echo`); this bounds the rest, so
+/// no message can outgrow the peer's header limit (it travels in the
+/// `grpc-message` header).
+const MAX_MESSAGE_CHARS: usize = 1024;
+
+/// The message a client is told for `e`.
+pub fn message_of(e: &BrokerError) -> String {
+    crate::util::truncate(&e.to_string(), MAX_MESSAGE_CHARS).into_owned()
+}
+
 /// The status for `e`: its code and its message.
 pub fn status_of(e: &BrokerError) -> Status {
-    Status::new(code_of(e), e.to_string())
+    Status::new(code_of(e), message_of(e))
 }
 
 impl From<BrokerError> for Status {

@@ -95,6 +95,8 @@ pub struct SubscriptionDeps {
     /// Cancelled when the broker shuts down: consumers leaving then are not
     /// charged an attempt (the broker, not the message, ended the delivery).
     pub shutdown: CancellationToken,
+    /// Where retries and dead letters are counted for the log summary.
+    pub failure_log: Arc<crate::failure_log::FailureLog>,
 }
 
 /// The running state of one subscription.
@@ -111,6 +113,8 @@ pub(crate) struct SubscriptionActor {
     read_pos: u64,
     counters: Counters,
     metrics: SubscriptionMetrics,
+    /// Retries and dead letters for the periodic log summary.
+    failures: Arc<crate::failure_log::FailureTally>,
     /// The record changed since it was last written.
     dirty: bool,
     /// For messages the actor sends itself once a write is durable; weak, so
@@ -153,6 +157,7 @@ impl SubscriptionActor {
         let mut actor = SubscriptionActor {
             read_pos: rec.main.mark_delete,
             metrics: SubscriptionMetrics::new(&rec.topic, &rec.name),
+            failures: deps.failure_log.register(&rec.topic, &rec.name),
             policy: PolicyState::default(),
             consumers: Consumers::default(),
             dispatcher: Dispatcher::default(),
@@ -211,9 +216,10 @@ impl SubscriptionActor {
     /// gathered and moved in one transaction; any other command first
     /// applies them, so commands still take effect in arrival order.
     async fn round(&mut self, first: Command, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
-        let mut cmd = first;
+        let mut next = Some(first);
         let mut reconsumes = Vec::new();
-        for _ in 0..COMMANDS_PER_ROUND {
+        let mut handled = 0;
+        while let Some(cmd) = next.take() {
             match cmd {
                 Command::Request(
                     consumer,
@@ -235,9 +241,11 @@ impl SubscriptionActor {
                     self.handle(other).await;
                 }
             }
-            match rx.try_recv() {
-                Ok(next) => cmd = next,
-                Err(_) => break,
+            handled += 1;
+            // The bound lets dispatch and persistence run between rounds; a
+            // command is only taken off the queue when it will be handled.
+            if handled < COMMANDS_PER_ROUND {
+                next = rx.try_recv().ok();
             }
         }
         self.reconsume_later(reconsumes).await;

@@ -28,9 +28,14 @@ pub struct MessageRef {
     pub entry_id: u64,
 }
 
+/// `topic:entry_id`; a topic a client made longer than [`ECHO_CHARS`]
+/// characters is cut short (the id may be anything a client sent).
+///
+/// [`ECHO_CHARS`]: crate::util::ECHO_CHARS
 impl std::fmt::Display for MessageRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.topic, self.entry_id)
+        let topic = crate::util::truncate(&self.topic, crate::util::ECHO_CHARS);
+        write!(f, "{topic}:{}", self.entry_id)
     }
 }
 

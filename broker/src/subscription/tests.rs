@@ -41,7 +41,7 @@ async fn harness() -> Harness {
     .await
     .unwrap();
     let entry = core
-        .topic_for_use(&TopicName::parse(TOPIC).unwrap())
+        .topic_for_use(&TopicName::parse(TOPIC).unwrap(), |_| Ok(()))
         .await
         .unwrap();
     Harness {
@@ -82,7 +82,9 @@ impl Harness {
                 &SubscriptionName::parse("billing").unwrap(),
                 sub_type,
                 InitialPosition::Earliest,
+                &Default::default(),
             )
+            .await
             .unwrap();
         let (tx, mut rx) = mpsc::unbounded_channel();
         let spec = ConsumerSpec {
@@ -378,4 +380,40 @@ async fn the_actor_stops_once_every_handle_is_gone() {
     })
     .await;
     assert!(ended.is_ok(), "the actor kept running without handles");
+}
+
+/// Requests queued faster than the actor takes them are handled in
+/// bounded rounds, and every one is answered (none is dropped between
+/// rounds).
+#[tokio::test(start_paused = true)]
+async fn every_queued_request_is_answered_across_rounds() {
+    let h = harness().await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    let never = MessageRef {
+        topic: h.entry.topic.name().to_string(),
+        entry_id: 99,
+    };
+    let n = 3 * super::COMMANDS_PER_ROUND as u64 + 1;
+    for _ in 0..n {
+        let id = never.clone();
+        c.send(|request_id| ConsumerRequest::Ack {
+            request_id,
+            ids: vec![id],
+            cumulative: false,
+        });
+    }
+    let mut answered = std::collections::BTreeSet::new();
+    while answered.len() < n as usize {
+        match tokio::time::timeout(Duration::from_secs(5), c.rx.recv()).await {
+            Ok(Some(ConsumerEvent::Done {
+                request_id,
+                outcome,
+            })) => {
+                assert!(outcome.is_err(), "an ack of an undelivered id");
+                assert!(answered.insert(request_id), "{request_id} twice");
+            }
+            Ok(Some(_)) => {}
+            other => panic!("{} of {n} answered, then {other:?}", answered.len()),
+        }
+    }
 }

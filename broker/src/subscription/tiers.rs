@@ -11,7 +11,6 @@ use super::failure::Failure;
 use super::intake::millis;
 use super::requests::MessageRef;
 use crate::error::Result;
-use crate::name::{SubscriptionName, TopicName};
 use crate::storage::{
     Arrival, DeadLetterRecord, FailureRecord, MoveItem, ScheduleKey, Storage, SubMessage,
     SubscriptionRecord, TierEntry, TierId, TierMove, TopicKind,
@@ -47,17 +46,10 @@ pub(super) struct Tiers {
 impl Tiers {
     /// The tiers of `rec`: its overrides, or `<topic>-<sub>-RETRY` / `-DLQ`.
     pub fn for_subscription(rec: &SubscriptionRecord) -> Result<Self> {
-        let topic = TopicName::parse(&rec.topic)?;
-        let sub = SubscriptionName::parse(&rec.name)?;
+        let (retry_name, dead_letter_name) = crate::claims::tier_names(rec)?;
         Ok(Self {
-            retry_name: rec
-                .retry_topic
-                .clone()
-                .unwrap_or_else(|| topic.retry_tier(&sub).to_string()),
-            dead_letter_name: rec
-                .dead_letter_topic
-                .clone()
-                .unwrap_or_else(|| topic.dead_letter_tier(&sub).to_string()),
+            retry_name,
+            dead_letter_name,
             retry: None,
             dead_letter: None,
         })
@@ -186,7 +178,7 @@ impl SubscriptionActor {
             m.deliver_at_ms = due_ms;
             let target = first_id + i as u64;
             let (from, from_schedule) = self.leave(&mut sub, f.entry);
-            tracing::info!(
+            tracing::debug!(
                 sub = %self.rec.name,
                 message = %format!("{}:{target}", topic.name()),
                 origin = %m.properties.get(props::ORIGIN_MESSAGE_ID).map_or("", String::as_str),
@@ -216,8 +208,9 @@ impl SubscriptionActor {
         c.retry_queue = c.retry_queue.saturating_sub(from_retry) + items.len() as u64;
         c.retries_scheduled += items.len() as u64;
         self.metrics.retries_scheduled.increment(items.len() as u64);
-        for (_, _, after) in &items {
+        for (f, _, after) in &items {
             self.metrics.retry_delay.record(after.as_secs_f64());
+            self.failures.retried(f.reason, 1);
         }
         // The timer learns of them once they are durable.
         let scheduler = self.deps.scheduler.clone();
@@ -244,7 +237,7 @@ impl SubscriptionActor {
             m.deliver_at_ms = 0;
             let (origin_topic, origin_entry_id) = self.origin_of(&m, f.entry);
             let (from, from_schedule) = self.leave(&mut sub, f.entry);
-            tracing::warn!(
+            tracing::debug!(
                 sub = %self.rec.name, topic = %self.rec.topic, origin = %format!("{origin_topic}:{origin_entry_id}"),
                 attempt = rec.count, reason = %reason, "message dead-lettered"
             );
@@ -269,6 +262,7 @@ impl SubscriptionActor {
         self.counters.dlq_size += items.len() as u64;
         for (f, _, _) in &items {
             self.metrics.dead_lettered(f.reason.as_str(), 1);
+            self.failures.dead_lettered(f.reason, 1);
         }
         // Readable by dead-letter consumers once durable.
         self.when_durable(topic, first_id + items.len() as u64, || {});

@@ -99,13 +99,18 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Overrides the retry tier topic `<topic>-<subscription>-RETRY`.
+    /// Overrides the retry tier topic `<topic>-<subscription>-RETRY` (sent
+    /// with the policy, so it needs one). Tiers are chosen when the
+    /// subscription is created: the broker refuses a name another
+    /// subscription or an ordinary topic already has, and a different name
+    /// for an existing subscription (FAILED_PRECONDITION).
     pub fn retry_topic(mut self, topic: impl Into<String>) -> Self {
         self.config.retry_topic = Some(topic.into());
         self
     }
 
-    /// Overrides the dead-letter topic `<topic>-<subscription>-DLQ`.
+    /// Overrides the dead-letter topic `<topic>-<subscription>-DLQ`, under
+    /// the rules of [`retry_topic`](Self::retry_topic).
     pub fn dead_letter_topic(mut self, topic: impl Into<String>) -> Self {
         self.config.dead_letter_topic = Some(topic.into());
         self

@@ -219,10 +219,10 @@ impl Producer {
         let max = self.shared.max_message_size.load(Ordering::Relaxed);
         let early = if self.shared.closed.load(Ordering::Acquire) {
             Some(Error::Closed)
-        } else if max > 0 && msg.payload.len() as u64 > max {
+        } else if max > 0 && msg.counted_size() as u64 > max {
             Some(Error::InvalidArgument(format!(
-                "payload of {} bytes exceeds the broker's limit of {max} bytes",
-                msg.payload.len()
+                "message of {} bytes (payload, key and properties) exceeds the broker's limit of {max} bytes",
+                msg.counted_size()
             )))
         } else if self.tx.send(Cmd::Send(msg, tx)).is_err() {
             Some(Error::Closed)

@@ -1,0 +1,181 @@
+//! The log fits production: a poison storm writes a few summary lines at
+//! INFO, not one per message; the binary writes JSON when asked, and plain
+//! text without colour codes when its output is not a terminal.
+
+mod common;
+use common::*;
+use ricochet_proto::*;
+use ricochet_testkit::InProcessBroker;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// Everything the test's log subscriber wrote.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// The number after `key=` in a text log line.
+fn field(line: &str, key: &str) -> u64 {
+    let at = line
+        .find(&format!("{key}="))
+        .unwrap_or_else(|| panic!("{key} in {line}"));
+    line[at + key.len() + 1..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{key} in {line}"))
+}
+
+#[tokio::test]
+async fn a_poison_storm_writes_a_few_summary_lines() {
+    let log = Captured::default();
+    let writer = log.clone();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .init();
+    let b =
+        InProcessBroker::start_with(|c| c.failure_summary_interval = Duration::from_millis(300))
+            .await;
+    let mut c = RawConsumer::simple(&b.url(), "storm", "s", SubscriptionType::Shared).await;
+    c.flow(1200).await;
+    let mut p = RawProducer::open(&b.url(), "storm", "p").await.unwrap();
+    for _ in 0..12 {
+        let batch: Vec<_> = (0..100).map(|i| p.msg(format!("poison {i}"))).collect();
+        p.send_messages(batch).await;
+    }
+    let got = c.take(1200, WAIT).await;
+    // 700 go to the retry tier (for an hour), 500 straight to the DLQ.
+    for (i, m) in got.into_iter().enumerate() {
+        let id = m.id.unwrap();
+        let rid = i as u64 + 1;
+        if i < 700 {
+            c.reconsume_later(id, reconsume_later::Delay::DelayMs(3_600_000), rid)
+                .await;
+        } else {
+            c.terminate(id, "poison", rid).await;
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..1200 {
+        let Some(r) = c.result(WAIT).await else {
+            let missing: Vec<u64> = (1..=1200).filter(|r| !seen.contains(r)).collect();
+            panic!("result {i}: missing {missing:?}");
+        };
+        assert_eq!(r.code, 0, "{r:?}");
+        assert!(seen.insert(r.request_id), "twice: {r:?}");
+    }
+    // Two summary intervals pass.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let lines = log.lines();
+    let per_message: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("retry scheduled") || l.contains("message dead-lettered"))
+        .collect();
+    assert!(
+        per_message.is_empty(),
+        "{} per-message lines",
+        per_message.len()
+    );
+    let summaries: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("failures since the last summary"))
+        .collect();
+    assert!(
+        (1..=4).contains(&summaries.len()),
+        "{} summary lines: {summaries:#?}",
+        summaries.len()
+    );
+    let retried: u64 = summaries.iter().map(|l| field(l, "retried")).sum();
+    let dead: u64 = summaries.iter().map(|l| field(l, "dead_lettered")).sum();
+    assert_eq!((retried, dead), (700, 500), "{summaries:#?}");
+    assert!(
+        summaries
+            .iter()
+            .all(|l| l.contains("INFO") && l.contains("sub=s"))
+    );
+    assert!(
+        lines.len() < 40,
+        "{} lines at INFO for a storm of 1200: {lines:#?}",
+        lines.len()
+    );
+}
+
+/// Runs the broker binary with `args` until it logs that it serves;
+/// returns its stdout up to there.
+async fn broker_output(args: &[&str]) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ricochet-broker"))
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut lines = Vec::new();
+    tokio::time::timeout(WAIT, async {
+        while let Some(line) = out.next_line().await.unwrap() {
+            let done = line.contains("ricochet broker serving");
+            lines.push(line);
+            if done {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("the broker logs that it serves");
+    child.kill().await.unwrap();
+    lines
+}
+
+#[tokio::test]
+async fn the_binary_logs_json_or_plain_text() {
+    let text = broker_output(&[]).await;
+    assert!(
+        text.iter().all(|l| !l.contains('\u{1b}')),
+        "colour codes in a piped log: {text:#?}"
+    );
+    assert!(
+        text.iter()
+            .any(|l| l.contains("INFO") && l.contains("ricochet broker serving")),
+        "{text:#?}"
+    );
+    let json = broker_output(&["--log-format", "json"]).await;
+    let events: Vec<serde_json::Value> = json
+        .iter()
+        .filter(|l| !l.starts_with("ricochet-broker listening on"))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let serving = events
+        .iter()
+        .find(|e| e["fields"]["message"] == "ricochet broker serving")
+        .unwrap_or_else(|| panic!("{json:#?}"));
+    assert_eq!(serving["level"], "INFO");
+    assert!(serving["fields"]["addr"].is_string(), "{serving}");
+}
