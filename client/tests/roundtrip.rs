@@ -266,3 +266,25 @@ async fn bad_input_is_a_typed_error() {
 async fn start_small() -> common::Env {
     common::start_with(|c| c.max_message_size = 1024).await
 }
+
+/// A send on an idle connection goes at once: the linger only gathers
+/// messages while earlier batches are in flight (a sender waiting on each
+/// receipt would otherwise pay the linger every time).
+#[tokio::test]
+async fn a_send_on_an_idle_producer_does_not_wait_out_the_linger() {
+    let env = start().await;
+    let producer = env
+        .client
+        .producer(topic("rt-linger"))
+        .batch_linger(Duration::from_secs(30))
+        .create()
+        .await
+        .unwrap();
+    for i in 0..3 {
+        tokio::time::timeout(Duration::from_secs(10), producer.send(format!("m{i}")))
+            .await
+            .expect("sent long before the 30 s linger")
+            .unwrap();
+    }
+    producer.close().await.unwrap();
+}

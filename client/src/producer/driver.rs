@@ -202,7 +202,13 @@ impl Driver {
                             Err(_) => break,
                         }
                     }
-                    if !self.config.batching {
+                    // Nothing more is queued: with batching off, or when no
+                    // batch is in flight (the connection is idle), send now
+                    // rather than wait out the linger. A sender bounded by a
+                    // window of receipts would otherwise pay the linger on
+                    // every round trip; under load, batches still fill while
+                    // earlier ones are in flight.
+                    if !self.config.batching || self.inflight.is_empty() {
                         self.flush_batch();
                     }
                 }

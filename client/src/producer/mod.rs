@@ -46,7 +46,9 @@ pub struct ProducerConfig {
     pub batch_max_messages: usize,
     /// Most bytes per batch (default 128 KiB); a larger message goes alone.
     pub batch_max_bytes: usize,
-    /// How long the first message of a batch waits for company (default 1 ms).
+    /// How long the first message of a batch waits for company while
+    /// earlier batches are in flight (default 1 ms). On an idle connection a
+    /// batch goes as soon as the queued sends are gathered.
     pub batch_linger: Duration,
     /// A message not receipted within this fails with [`Error::Timeout`]
     /// (and is not resent after a reconnect). Default 30 s; zero disables.
