@@ -211,7 +211,7 @@ impl SubscriptionActor {
     async fn round(&mut self, first: Command, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
         let mut cmd = first;
         let mut reconsumes = Vec::new();
-        for _ in 0..COMMANDS_PER_ROUND {
+        for n in 0..COMMANDS_PER_ROUND {
             match cmd {
                 Command::Request(
                     consumer,
@@ -232,6 +232,11 @@ impl SubscriptionActor {
                     self.reconsume_later(std::mem::take(&mut reconsumes)).await;
                     self.handle(other).await;
                 }
+            }
+            // The last command of a full round is taken by the next one:
+            // taking it here would drop it.
+            if n + 1 == COMMANDS_PER_ROUND {
+                break;
             }
             match rx.try_recv() {
                 Ok(next) => cmd = next,
