@@ -11,6 +11,7 @@
 //! segment_entries = 16384
 //! retry_window = "60s"
 //! replay_rate_per_second = 1000
+//! accept_data_loss = false       # start on a store that lacks what its manifest records
 //!
 //! [[policies]]                   # default dead-letter policies by topic pattern
 //! topic = "persistent://public/default/orders*"
@@ -88,6 +89,10 @@ pub struct BrokerConfig {
     pub cache_capacity: u64,
     /// Default dead-letter policies by topic pattern (first match wins).
     pub policies: Vec<PolicyRule>,
+    /// Start even when the store lacks what its manifest records (each
+    /// loss is logged, and what is left becomes the record). Off by default:
+    /// a damaged store is refused.
+    pub accept_data_loss: bool,
 }
 
 impl Default for BrokerConfig {
@@ -106,6 +111,7 @@ impl Default for BrokerConfig {
             replay_rate_per_second: 1_000,
             cache_capacity: 256 * 1024 * 1024,
             policies: Vec::new(),
+            accept_data_loss: false,
         }
     }
 }

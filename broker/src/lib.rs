@@ -13,9 +13,11 @@
 //!   moves messages between tiers, split by concern;
 //! * `scheduler`: persisted due times with a near-term timer window;
 //! * [`storage`]: the storage trait, its records, sled and in-memory engines;
+//! * `keeper`: the manifest (id reservations, what the store must hold);
 //! * `flusher`: group commit; `service`: the gRPC services (the only place
 //!   that knows protobuf requests and gRPC statuses);
 //! * `metrics`: the Prometheus series; [`clock`]: injected wall time;
+//! * [`check`]: `ricochet-broker check`, verifying a stopped store;
 //! * `config`, `name`, `error`, `util`.
 //!
 //! ```no_run
@@ -26,11 +28,13 @@
 //! # Ok(()) }
 //! ```
 
+pub mod check;
 pub mod clock;
 mod config;
 mod core;
 mod error;
 mod flusher;
+mod keeper;
 mod metrics;
 mod name;
 mod scheduler;

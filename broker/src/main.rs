@@ -1,12 +1,14 @@
 //! `ricochet-broker`: the broker binary. Parses flags and the optional TOML
 //! config, sets up logging, and runs [`ricochet_broker::Broker`] until SIGINT
-//! or SIGTERM.
+//! or SIGTERM; `ricochet-broker check --data-dir D` verifies a stopped store
+//! instead. A broker that cannot start says why in one line on stderr.
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use ricochet_broker::{Broker, BrokerConfig, Durability};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 // sled copies tree nodes on every write; glibc's allocator was a third of the
 // broker's profile, mimalloc makes that churn cheap.
@@ -17,6 +19,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
+    /// Something other than serving (none: serve).
+    #[command(subcommand)]
+    command: Option<Command>,
     /// TOML config file; flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -32,6 +37,24 @@ struct Args {
     /// `sync` (receipt after fsync, the default) or `interval`.
     #[arg(long, value_parser = parse_durability)]
     durability: Option<Durability>,
+    /// Start even when the store lacks what its manifest records (each loss
+    /// is logged, and what is left becomes the record).
+    #[arg(long)]
+    accept_data_loss: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Verify a stopped store: the manifest, and every stored value's
+    /// checksum; print what it holds; exit 1 on any problem.
+    Check {
+        /// Data directory (default: the config file's, else ./data).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// TOML config file (for its data directory and segment size).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
 }
 
 fn parse_durability(s: &str) -> Result<Durability, String> {
@@ -66,14 +89,48 @@ async fn shutdown_signal() {
     tracing::info!("shutdown signal received");
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
     let args = Args::parse();
+    let result = match args.command {
+        Some(Command::Check { data_dir, config }) => check(data_dir, config),
+        None => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")
+            .and_then(|rt| rt.block_on(serve(args)))
+            .map(|()| ExitCode::SUCCESS),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("ricochet-broker: {e:#}");
+        ExitCode::FAILURE
+    })
+}
+
+fn check(data_dir: Option<PathBuf>, config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let mut config = match &config {
+        Some(path) => BrokerConfig::from_file(path)?,
+        None => BrokerConfig::default(),
+    };
+    if let Some(d) = data_dir {
+        config.data_dir = d;
+    }
+    let report = ricochet_broker::check::check_store(&config.data_dir, config.segment_entries)
+        .with_context(|| format!("cannot check {}", config.data_dir.display()))?;
+    println!("data directory:    {}", config.data_dir.display());
+    print!("{report}");
+    Ok(if report.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
     let mut config = match &args.config {
         Some(path) => BrokerConfig::from_file(path)?,
         None => BrokerConfig::default(),
@@ -89,6 +146,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(d) = args.durability {
         config.durability = d;
+    }
+    if args.accept_data_loss {
+        config.accept_data_loss = true;
     }
     let data_dir = config.data_dir.clone();
     let (listen, metrics) = (config.listen, config.metrics_listen);

@@ -127,7 +127,7 @@ impl Broker {
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         health_task.abort();
-        self.core.storage.flush().await?;
+        self.core.stop_clean().await?;
         tracing::info!("ricochet broker stopped");
         result.map_err(|e| crate::error::BrokerError::Io(std::io::Error::other(e)))
     }

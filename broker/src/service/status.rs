@@ -14,8 +14,11 @@ pub fn code_of(e: &BrokerError) -> Code {
         BrokerError::TopicExists(_) => Code::AlreadyExists,
         BrokerError::Conflict(_) => Code::FailedPrecondition,
         BrokerError::ShuttingDown => Code::Unavailable,
-        BrokerError::Storage(StorageError::Corrupt(_) | StorageError::Missing(_)) => Code::DataLoss,
-        BrokerError::Storage(StorageError::Engine(_) | StorageError::Unhealthy)
+        BrokerError::Storage(StorageError::Corrupt(_) | StorageError::Missing(_))
+        | BrokerError::DataLoss(_) => Code::DataLoss,
+        BrokerError::Storage(
+            StorageError::Engine(_) | StorageError::Io(_) | StorageError::Unhealthy,
+        )
         | BrokerError::Io(_)
         | BrokerError::Config(_) => Code::Internal,
     }

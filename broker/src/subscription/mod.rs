@@ -93,6 +93,13 @@ pub struct SubscriptionDeps {
     /// Cancelled when the broker shuts down: consumers leaving then are not
     /// charged an attempt (the broker, not the message, ended the delivery).
     pub shutdown: CancellationToken,
+    /// Held while the actor runs (a clean stop waits for every actor).
+    pub running: Arc<()>,
+}
+
+/// The name of a subscription's retry tier topic.
+pub(crate) fn retry_tier_name(rec: &SubscriptionRecord) -> Result<String> {
+    Tiers::retry_name_of(rec)
 }
 
 /// The running state of one subscription.
