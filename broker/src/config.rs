@@ -12,6 +12,7 @@
 //! retry_window = "60s"
 //! replay_rate_per_second = 1000
 //! accept_data_loss = false       # start on a store that lacks what its manifest records
+//! verify_on_start = true         # read every stored value at start (refuse damage early)
 //!
 //! [[policies]]                   # default dead-letter policies by topic pattern
 //! topic = "persistent://public/default/orders*"
@@ -93,6 +94,10 @@ pub struct BrokerConfig {
     /// loss is logged, and what is left becomes the record). Off by default:
     /// a damaged store is refused.
     pub accept_data_loss: bool,
+    /// Read and check every stored value at start, so damage is refused
+    /// before serving rather than found by a read later (costs one pass over
+    /// the store; the backlog, since consumed segments are dropped).
+    pub verify_on_start: bool,
 }
 
 impl Default for BrokerConfig {
@@ -112,6 +117,7 @@ impl Default for BrokerConfig {
             cache_capacity: 256 * 1024 * 1024,
             policies: Vec::new(),
             accept_data_loss: false,
+            verify_on_start: true,
         }
     }
 }

@@ -32,6 +32,10 @@ impl From<sled::Error> for StorageError {
                 Some(at) => format!("sled found damaged data at {at:?}"),
                 None => "sled found damaged data".to_owned(),
             }),
+            // A file sled expects is gone (a blob): damage too.
+            sled::Error::Io(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                StorageError::Corrupt(format!("a file of the store is missing ({e})"))
+            }
             other => StorageError::Engine(other),
         }
     }
