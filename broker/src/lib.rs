@@ -59,4 +59,4 @@ pub use subscription::{
     ConsumerTx, DueBucket, FailedItem, MessageRef, MessageState, MessageStatus, Outcome,
     PolicyInfo, SubscriptionDeps, SubscriptionHandle, SubscriptionStats,
 };
-pub use topic::{Topic, TopicCounters};
+pub use topic::{Topic, TopicCounters, Written};

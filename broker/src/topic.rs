@@ -73,6 +73,13 @@ impl Ceiling {
     }
 }
 
+/// A batch [`Topic::write`] stored, for [`Topic::settle`].
+#[derive(Debug)]
+pub struct Written {
+    receipts: Vec<SendReceipt>,
+    end: u64,
+}
+
 /// One topic.
 #[derive(Debug)]
 pub struct Topic {
@@ -243,15 +250,23 @@ impl Topic {
     }
 
     /// Stores a batch from one producer and returns its receipts once durable
-    /// (in sync mode). Messages whose sequence id is not above the producer's
-    /// last stored one are dropped as duplicates; an empty producer name (the
-    /// broker's own replays) skips de-duplication. The batch is stored whole or
-    /// not at all.
+    /// (in sync mode): [`Topic::write`], then [`Topic::settle`].
     pub async fn publish(
         &self,
         producer: &str,
         messages: Vec<OutboundMessage>,
     ) -> Result<Vec<SendReceipt>> {
+        let written = self.write(producer, messages).await?;
+        self.settle(written).await
+    }
+
+    /// Writes a batch from one producer (not yet durable). Messages whose
+    /// sequence id is not above the producer's last stored one are dropped
+    /// as duplicates; an empty producer name (the broker's own replays)
+    /// skips de-duplication. The batch is stored whole or not at all. It may
+    /// wait for an id reservation: a producer's next batch must not start
+    /// before this returns, or its ids could come first.
+    pub async fn write(&self, producer: &str, messages: Vec<OutboundMessage>) -> Result<Written> {
         self.flusher.check()?;
         let now = self.clock.now_ms();
         let (receipts, end) = {
@@ -321,6 +336,13 @@ impl Topic {
         };
         self.reserve_ahead(end);
         self.ceiling.keeper.changed();
+        Ok(Written { receipts, end })
+    }
+
+    /// Waits until a written batch is durable (sync mode), makes it readable
+    /// and returns its receipts.
+    pub async fn settle(&self, written: Written) -> Result<Vec<SendReceipt>> {
+        let Written { receipts, end } = written;
         if self.sync {
             self.flusher.durable().await?;
         }

@@ -160,3 +160,94 @@ async fn interval_mode_never_hands_out_a_retry_or_dead_letter_id_twice_across_ki
         );
     }
 }
+
+/// Publishes `batches` batches of `per_batch` messages as producer `name`,
+/// pipelined (all sent without waiting); returns the receipted ids in
+/// batch order.
+async fn pipeline(url: String, name: String, batches: u64, per_batch: u64) -> Vec<u64> {
+    use ricochet_proto::broker_client::BrokerClient;
+    use tokio_stream::wrappers::ReceiverStream;
+    let mut client = BrokerClient::new(channel(&url).await);
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let send = |r| ProduceRequest { request: Some(r) };
+    tx.send(send(produce_request::Request::Open(ProducerOpen {
+        topic: "pipelined".into(),
+        producer_name: name,
+    })))
+    .await
+    .unwrap();
+    let mut inbound = client
+        .produce(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    inbound.message().await.unwrap();
+    let reader = tokio::spawn(async move {
+        let mut ids = Vec::new();
+        for _ in 0..batches {
+            match inbound.message().await.unwrap().and_then(|r| r.response) {
+                Some(produce_response::Response::Receipts(r)) => {
+                    for receipt in r.receipts {
+                        assert!(
+                            !receipt.duplicate,
+                            "batch {} taken for a duplicate",
+                            r.request_id
+                        );
+                        ids.push(receipt.message_id.unwrap().entry_id);
+                    }
+                }
+                other => panic!("publish failed: {other:?}"),
+            }
+        }
+        ids
+    });
+    for b in 0..batches {
+        let messages = (0..per_batch)
+            .map(|i| OutboundMessage {
+                payload: vec![1; 10],
+                sequence_id: b * per_batch + i,
+                ..Default::default()
+            })
+            .collect();
+        let batch = send(produce_request::Request::Send(SendBatch {
+            request_id: b,
+            messages,
+        }));
+        // A reader that failed stops taking responses: stop sending then.
+        let sent = tokio::time::timeout(std::time::Duration::from_secs(10), tx.send(batch)).await;
+        if !matches!(sent, Ok(Ok(()))) {
+            break;
+        }
+    }
+    reader.await.unwrap()
+}
+
+/// Producers' pipelined batches get ids in the order they were sent, also
+/// while batches wait for id reservations (the topic's first, and whenever
+/// the producers outrun the reservation ahead of use).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_batches_get_ids_in_order_while_ids_are_reserved() {
+    const PRODUCERS: usize = 4;
+    const BATCHES: u64 = 100;
+    const PER_BATCH: u64 = 500;
+    let b = ricochet_testkit::InProcessBroker::start_with(|c| {
+        c.durability = ricochet_broker::Durability::Interval;
+    })
+    .await;
+    let tasks: Vec<_> = (0..PRODUCERS)
+        .map(|p| tokio::spawn(pipeline(b.url(), format!("p{p}"), BATCHES, PER_BATCH)))
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        let ids = t.await.unwrap();
+        assert_eq!(ids.len() as u64, BATCHES * PER_BATCH);
+        assert!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            "a producer's ids out of order"
+        );
+        all.extend(ids);
+    }
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len() as u64, PRODUCERS as u64 * BATCHES * PER_BATCH);
+}
