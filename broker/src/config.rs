@@ -27,6 +27,8 @@
 //! idle_timeout = "5m"                # close a connection with no call open this long ("0s": never)
 //! keepalive_interval = "30s"         # HTTP/2 pings on every connection ("0s": none) ...
 //! keepalive_timeout = "20s"          # ... and a connection whose ping is not answered in time closes
+//! accept_data_loss = false       # start on a store that lacks what its manifest records
+//! verify_on_start = true         # read every stored value at start (refuse damage early)
 //!
 //! [[policies]]                   # default dead-letter policies by topic pattern
 //! topic = "persistent://public/default/orders*"
@@ -173,6 +175,14 @@ pub struct BrokerConfig {
     pub keepalive_timeout: Duration,
     /// Default dead-letter policies by topic pattern (first match wins).
     pub policies: Vec<PolicyRule>,
+    /// Start even when the store lacks what its manifest records (each
+    /// loss is logged, and what is left becomes the record). Off by default:
+    /// a damaged store is refused.
+    pub accept_data_loss: bool,
+    /// Read and check every stored value at start, so damage is refused
+    /// before serving rather than found by a read later (costs one pass over
+    /// the store; the backlog, since consumed segments are dropped).
+    pub verify_on_start: bool,
 }
 
 impl Default for BrokerConfig {
@@ -204,6 +214,8 @@ impl Default for BrokerConfig {
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
             policies: Vec::new(),
+            accept_data_loss: false,
+            verify_on_start: true,
         }
     }
 }

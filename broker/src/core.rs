@@ -1,6 +1,7 @@
 //! The broker's registry of topics and subscriptions, shared by the gRPC
-//! services. It loads everything from storage at start, creates topics and
-//! subscriptions on demand, and hands out subscription actors.
+//! services. It checks the store against its manifest and loads everything
+//! from it at start, creates topics and subscriptions on demand, hands out
+//! subscription actors, and writes the manifest of a clean stop.
 
 use crate::claims::{TierClaims, TierOverrides};
 use crate::clock::SharedClock;
@@ -8,10 +9,11 @@ use crate::config::{BrokerConfig, Durability};
 use crate::error::{BrokerError, Result};
 use crate::failure_log::FailureLog;
 use crate::flusher::Flusher;
+use crate::keeper::ManifestKeeper;
 use crate::limits::{Limit, TopicCounts};
 use crate::name::{SubscriptionName, TopicName};
 use crate::scheduler::Scheduler;
-use crate::storage::{Storage, SubscriptionRecord, TopicKind, TopicRecord};
+use crate::storage::{Storage, SubscriptionRecord, TopicKind, TopicRecord, Watched};
 use crate::subscription::{BrokerLink, SubscriptionActor, SubscriptionDeps, SubscriptionHandle};
 use crate::topic::Topic;
 use crate::util::lock;
@@ -19,6 +21,7 @@ use ricochet_policy::{DeadLetterPolicy, PolicyRegistry, PolicySpec};
 use ricochet_proto::{InitialPosition, SubscriptionType};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -43,6 +46,11 @@ impl TopicEntry {
     }
 }
 
+/// How often the manifest records what is durable (when anything changed).
+const SNAPSHOT_EVERY: Duration = Duration::from_secs(2);
+/// How long a clean stop waits for subscription actors to end.
+const ACTORS_STOP_WAIT: Duration = Duration::from_secs(5);
+
 /// Shared broker state.
 #[derive(Debug)]
 pub struct BrokerCore {
@@ -60,8 +68,12 @@ pub struct BrokerCore {
     pub clock: SharedClock,
     /// Retries and dead letters counted for the periodic log summary.
     pub failure_log: Arc<FailureLog>,
+    /// The manifest: id reservations and what the store must hold.
+    pub keeper: Arc<ManifestKeeper>,
     policies: PolicyRegistry,
     topics: Mutex<HashMap<TopicName, Arc<TopicEntry>>>,
+    /// Held by every subscription actor while it runs.
+    actors: Arc<()>,
     /// Every live subscription's tier names. Lock order: `topics`, then a
     /// topic's `subscriptions`, then this (held briefly, never across an await).
     claims: std::sync::Mutex<TierClaims>,
@@ -108,14 +120,21 @@ impl BrokerLink for Link {
 }
 
 impl BrokerCore {
-    /// Opens storage state: every topic and subscription is loaded and its
-    /// actor started; the scheduler then fires overdue retries.
+    /// Opens storage state: the store is checked against its manifest
+    /// (refused with [`BrokerError::DataLoss`] when it lacks something the
+    /// manifest records, unless `config.accept_data_loss`), every topic and
+    /// subscription is loaded and its actor started; the scheduler then
+    /// fires overdue retries.
     pub async fn open(
         config: BrokerConfig,
         storage: Arc<dyn Storage>,
         policies: PolicyRegistry,
         clock: SharedClock,
     ) -> Result<Arc<Self>> {
+        let storage: Arc<dyn Storage> = Arc::new(Watched::new(storage));
+        let keeper = Arc::new(
+            ManifestKeeper::open(storage.clone(), config.accept_data_loss, clock.clone()).await?,
+        );
         let shutdown = CancellationToken::new();
         let flusher = Flusher::start(storage.clone(), config.flush_interval, shutdown.clone());
         let scheduler = Scheduler::start(
@@ -138,21 +157,44 @@ impl BrokerCore {
             shutdown,
             clock,
             failure_log,
+            keeper,
             policies,
             topics: Mutex::new(HashMap::new()),
+            actors: Arc::new(()),
             claims: Default::default(),
             counts: Default::default(),
             me: me.clone(),
         });
-        let records = core.storage.list_topics()?;
-        let mut topics = core.topics.lock().await;
-        for rec in records {
+        let mut opened = Vec::new();
+        for rec in core.storage.list_topics()? {
             let name = TopicName::parse_stored(&rec.name)?;
             let entry = core.open_topic(name.clone(), rec.kind)?;
             if rec.kind == TopicKind::Normal {
                 lock(&core.counts).add(&name);
             }
-            for sub in core.storage.list_subscriptions(&rec.name)? {
+            opened.push((name, entry));
+        }
+        // Ids handed out before a crash and never stored are acked in every
+        // cursor over them, durably before anything new is written.
+        let voids: HashMap<String, std::ops::Range<u64>> = opened
+            .iter()
+            .filter_map(|(n, e)| Some((n.to_string(), e.topic.void()?)))
+            .collect();
+        let mut acked_voids = false;
+        let mut topics = core.topics.lock().await;
+        for (name, entry) in opened {
+            for mut sub in core.storage.list_subscriptions(name.as_str())? {
+                let mut changed = false;
+                if let Some(v) = voids.get(&sub.topic) {
+                    changed |= sub.main.ack_range(v.clone());
+                }
+                if let Some(v) = voids.get(&crate::subscription::retry_tier_name(&sub)?) {
+                    changed |= sub.retry.ack_range(v.clone());
+                }
+                if changed {
+                    core.storage.put_subscription(&sub)?;
+                    acked_voids = true;
+                }
                 lock(&core.claims).claim(&sub)?;
                 let handle = core.spawn_subscription(sub, entry.topic.clone())?;
                 lock(&entry.subscriptions).insert(handle.name().to_owned(), handle);
@@ -160,7 +202,51 @@ impl BrokerCore {
             topics.insert(name, entry);
         }
         drop(topics);
+        if acked_voids {
+            core.storage.flush().await?;
+        }
+        core.start_snapshots();
         Ok(core)
+    }
+
+    /// Records what is durable in the manifest every [`SNAPSHOT_EVERY`].
+    fn start_snapshots(&self) {
+        let me = self.me.clone();
+        let stop = self.shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SNAPSHOT_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.cancelled() => break,
+                }
+                let Some(core) = me.upgrade() else { break };
+                if let Err(e) = core.keeper.snapshot(&core.flusher).await {
+                    tracing::warn!(error = %e, "cannot record a manifest snapshot");
+                }
+            }
+        });
+    }
+
+    /// The end of a clean stop (streams closed): no more ids are handed
+    /// out, subscription actors are given time to stop, storage is flushed,
+    /// and the manifest records exactly what the store holds.
+    pub async fn stop_clean(&self) -> Result<()> {
+        self.keeper.close();
+        let entries: Vec<Arc<TopicEntry>> = self.topics.lock().await.values().cloned().collect();
+        let handed_out: Vec<(String, u64)> = entries
+            .iter()
+            .map(|e| (e.topic.name().to_string(), e.topic.seal()))
+            .collect();
+        let deadline = tokio::time::Instant::now() + ACTORS_STOP_WAIT;
+        while Arc::strong_count(&self.actors) > 1 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.storage.flush().await?;
+        let inventory = self.storage.inventory(true)?;
+        self.keeper.stop_clean(&handed_out, &inventory).await
     }
 
     fn open_topic(&self, name: TopicName, kind: TopicKind) -> Result<Arc<TopicEntry>> {
@@ -173,6 +259,7 @@ impl BrokerCore {
             sync,
             self.config.segment_entries,
             self.clock.clone(),
+            self.keeper.clone(),
         )?;
         Ok(Arc::new(TopicEntry {
             topic: Arc::new(topic),
@@ -196,6 +283,7 @@ impl BrokerCore {
             sync: self.config.durability == Durability::Sync,
             shutdown: self.shutdown.clone(),
             failure_log: self.failure_log.clone(),
+            running: self.actors.clone(),
         };
         SubscriptionActor::spawn(rec, topic, deps)
     }
@@ -263,6 +351,7 @@ impl BrokerCore {
             lock(&self.counts).add(name);
         }
         topics.insert(name.clone(), entry.clone());
+        self.keeper.changed();
         tracing::info!(topic = %name, ?kind, "topic created");
         Ok(entry)
     }
@@ -319,6 +408,10 @@ impl BrokerCore {
     /// Removes a topic from the registry and storage; its producers are told
     /// it is gone.
     async fn drop_topic(&self, name: &TopicName) -> Result<()> {
+        // The manifest forgets the topic first: a crash in between leaves a
+        // topic the manifest does not require, never the reverse.
+        let forgetting = self.keeper.forgetting().await;
+        forgetting.topic(name.as_str()).await?;
         let mut topics = self.topics.lock().await;
         if let Some(entry) = topics.remove(name) {
             entry.topic.close();
@@ -327,6 +420,7 @@ impl BrokerCore {
             }
         }
         self.storage.delete_topic(name.as_str())?;
+        drop(forgetting);
         tracing::info!(topic = %name, "topic deleted");
         Ok(())
     }
@@ -339,7 +433,11 @@ impl BrokerCore {
         handle: &SubscriptionHandle,
         force: bool,
     ) -> Result<()> {
+        let topic = entry.topic.name().as_str();
+        let forgetting = self.keeper.forgetting().await;
+        forgetting.subscription(topic, handle.name()).await?;
         let tiers = handle.delete(force).await?;
+        drop(forgetting);
         lock(&entry.subscriptions).remove(handle.name());
         lock(&self.claims).release(entry.topic.name().as_str(), handle.name());
         for tier in tiers {
@@ -388,6 +486,7 @@ impl BrokerCore {
         rec.retry_topic = tiers.retry.as_ref().map(ToString::to_string);
         rec.dead_letter_topic = tiers.dead_letter.as_ref().map(ToString::to_string);
         self.storage.put_subscription(&rec)?;
+        self.keeper.changed();
         lock(&self.claims).claim(&rec)?;
         let handle = match self.spawn_subscription(rec, entry.topic.clone()) {
             Ok(h) => h,
@@ -490,8 +589,9 @@ impl BrokerCore {
             })
     }
 
-    /// Whether storage is healthy.
+    /// Whether storage is healthy: every flush succeeded and no read
+    /// found damaged data.
     pub fn healthy(&self) -> bool {
-        self.flusher.is_healthy()
+        self.flusher.is_healthy() && self.storage.intact()
     }
 }

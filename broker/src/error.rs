@@ -52,6 +52,10 @@ pub enum BrokerError {
     /// A configuration file that does not parse.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The store lacks what its manifest says it must hold (or cannot be
+    /// verified): the broker refuses to start on it.
+    #[error("refusing to start: the store is damaged or incomplete: {0}")]
+    DataLoss(String),
 }
 
 /// Result alias for the broker.

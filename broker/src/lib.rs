@@ -14,12 +14,15 @@
 //!   moves messages between tiers, split by concern;
 //! * `scheduler`: persisted due times with a near-term timer window;
 //! * [`storage`]: the storage trait, its records, sled and in-memory engines;
+//! * `keeper`: the manifest (id reservations, what the store must hold);
 //! * `flusher`: group commit; `service`: the gRPC services (the only place
 //!   that knows protobuf requests and gRPC statuses);
 //! * `metrics`: the Prometheus series; `failure_log`: the periodic summary
 //!   of retries and dead letters in the log; [`clock`]: injected wall time;
 //! * `claims`: which subscription owns each tier name; `limits`: what
 //!   clients may create or hold open;
+//! * `metrics`: the Prometheus series; [`clock`]: injected wall time;
+//! * [`check`]: `ricochet-broker check`, verifying a stopped store;
 //! * `config`, `name`, `error`, `util`.
 //!
 //! ```no_run
@@ -30,6 +33,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod check;
 mod claims;
 pub mod clock;
 mod config;
@@ -38,6 +42,7 @@ mod core;
 mod error;
 mod failure_log;
 mod flusher;
+mod keeper;
 mod limits;
 mod metrics;
 mod name;
@@ -64,4 +69,4 @@ pub use subscription::{
     ConsumerTx, DueBucket, FailedItem, MessageRef, MessageState, MessageStatus, Outcome,
     PolicyInfo, SubscriptionDeps, SubscriptionHandle, SubscriptionStats,
 };
-pub use topic::{Topic, TopicCounters};
+pub use topic::{Topic, TopicCounters, Written};

@@ -1,14 +1,17 @@
 //! `ricochet-broker`: the broker binary. Parses flags and the optional TOML
 //! config, sets up logging (text or JSON on stdout, filtered by `RUST_LOG`,
 //! coloured only when stdout is a terminal), and runs
-//! [`ricochet_broker::Broker`] until SIGINT or SIGTERM.
+//! [`ricochet_broker::Broker`] until SIGINT or SIGTERM;
+//! `ricochet-broker check --data-dir D` verifies a stopped store instead. A
+//! broker that cannot start says why in one line on stderr.
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use ricochet_broker::{Broker, BrokerConfig, Durability, LogFormat};
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 // sled copies tree nodes on every write; glibc's allocator was a third of the
 // broker's profile, mimalloc makes that churn cheap.
@@ -19,6 +22,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
+    /// Something other than serving (none: serve).
+    #[command(subcommand)]
+    command: Option<Command>,
     /// TOML config file; flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -34,6 +40,10 @@ struct Args {
     /// `sync` (receipt after fsync, the default) or `interval`.
     #[arg(long, value_parser = parse_durability)]
     durability: Option<Durability>,
+    /// Start even when the store lacks what its manifest records (each loss
+    /// is logged, and what is left becomes the record).
+    #[arg(long)]
+    accept_data_loss: bool,
     /// `text` (the default) or `json` (one object per line).
     #[arg(long)]
     log_format: Option<LogFormat>,
@@ -49,6 +59,20 @@ fn init_logging(format: LogFormat) {
         LogFormat::Text => builder.with_ansi(std::io::stdout().is_terminal()).init(),
         LogFormat::Json => builder.json().with_ansi(false).init(),
     }
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Verify a stopped store: the manifest, and every stored value's
+    /// checksum; print what it holds; exit 1 on any problem.
+    Check {
+        /// Data directory (default: the config file's, else ./data).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// TOML config file (for its data directory and segment size).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
 }
 
 fn parse_durability(s: &str) -> Result<Durability, String> {
@@ -83,9 +107,46 @@ async fn shutdown_signal() {
     tracing::info!("shutdown signal received");
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let args = Args::parse();
+    let result = match args.command {
+        Some(Command::Check { data_dir, config }) => {
+            init_logging(LogFormat::Text);
+            check(data_dir, config)
+        }
+        None => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")
+            .and_then(|rt| rt.block_on(serve(args)))
+            .map(|()| ExitCode::SUCCESS),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("ricochet-broker: {e:#}");
+        ExitCode::FAILURE
+    })
+}
+
+fn check(data_dir: Option<PathBuf>, config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let mut config = match &config {
+        Some(path) => BrokerConfig::from_file(path)?,
+        None => BrokerConfig::default(),
+    };
+    if let Some(d) = data_dir {
+        config.data_dir = d;
+    }
+    let report = ricochet_broker::check::check_store(&config.data_dir, config.segment_entries)
+        .with_context(|| format!("cannot check {}", config.data_dir.display()))?;
+    println!("data directory:    {}", config.data_dir.display());
+    print!("{report}");
+    Ok(if report.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
     let mut config = match &args.config {
         Some(path) => BrokerConfig::from_file(path)?,
         None => BrokerConfig::default(),
@@ -105,6 +166,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(d) = args.durability {
         config.durability = d;
+    }
+    if args.accept_data_loss {
+        config.accept_data_loss = true;
     }
     let data_dir = config.data_dir.clone();
     let (listen, metrics) = (config.listen, config.metrics_listen);

@@ -4,10 +4,10 @@
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::BrokerConfig;
 use crate::core::BrokerCore;
-use crate::error::Result;
+use crate::error::{BrokerError, Result};
 use crate::service::{AdminService, BrokerService};
 use crate::storage::SledStorage;
-use crate::storage::Storage;
+use crate::storage::{Storage, StorageError};
 use ricochet_policy::PolicyRegistry;
 use ricochet_proto::admin_server::AdminServer;
 use ricochet_proto::broker_server::BrokerServer;
@@ -42,17 +42,62 @@ impl BrokerBuilder {
     }
 
     /// Opens storage and loads every topic and subscription.
+    /// Damage found on the way (a checksum mismatch, a file sled misses)
+    /// refuses the store like a manifest mismatch:
+    /// [`BrokerError::DataLoss`](crate::BrokerError::DataLoss).
     pub async fn open(self) -> Result<Broker> {
         self.config.validate()?;
         std::fs::create_dir_all(&self.config.data_dir)?;
-        let storage: Arc<dyn Storage> = Arc::new(SledStorage::open(
-            &self.config.data_dir,
-            self.config.segment_entries,
-            self.config.cache_capacity,
-        )?);
-        let core = BrokerCore::open(self.config, storage, self.policies, self.clock).await?;
-        Ok(Broker { core })
+        let opened = async {
+            let sled = SledStorage::open(
+                &self.config.data_dir,
+                self.config.segment_entries,
+                self.config.cache_capacity,
+            )?;
+            if self.config.verify_on_start {
+                verify(&sled, self.config.accept_data_loss)?;
+            }
+            let storage: Arc<dyn Storage> = Arc::new(sled);
+            BrokerCore::open(self.config, storage, self.policies, self.clock).await
+        };
+        match opened.await {
+            Ok(core) => Ok(Broker { core }),
+            Err(BrokerError::Storage(StorageError::Corrupt(what))) => Err(BrokerError::DataLoss(
+                format!("{what} (`ricochet-broker check` lists everything)"),
+            )),
+            Err(e) => Err(e),
+        }
     }
+}
+
+/// Reads every stored value once (sled checks its pages only when they are
+/// read, so damage inside the log would otherwise surface as a failed read
+/// after start): refuses on any problem unless `accept_loss`.
+fn verify(sled: &SledStorage, accept_loss: bool) -> Result<()> {
+    let started = std::time::Instant::now();
+    let report = sled.verify();
+    tracing::info!(
+        values = report.values,
+        entries = report.entries,
+        problems = report.problem_count,
+        took_ms = started.elapsed().as_millis() as u64,
+        "store verified"
+    );
+    if report.problem_count == 0 {
+        return Ok(());
+    }
+    if accept_loss {
+        for p in &report.problems {
+            tracing::warn!(problem = %p, "accepting damaged data (--accept-data-loss): reads of it fail");
+        }
+        return Ok(());
+    }
+    let first = report.problems.first().cloned().unwrap_or_default();
+    Err(BrokerError::DataLoss(format!(
+        "{} damaged value(s), the first: {first} (`ricochet-broker check` lists them; \
+         --accept-data-loss starts anyway, and reads of them fail)",
+        report.problem_count
+    )))
 }
 
 /// A broker with its state loaded, ready to serve.
@@ -146,7 +191,7 @@ impl Broker {
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         health_task.abort();
-        self.core.storage.flush().await?;
+        self.core.stop_clean().await?;
         tracing::info!("ricochet broker stopped");
         result.map_err(|e| crate::error::BrokerError::Io(std::io::Error::other(e)))
     }

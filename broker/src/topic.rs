@@ -1,15 +1,25 @@
 //! A topic at run time: its writer (entry ids, producer de-duplication), the
 //! durable end of its log that subscriptions read up to, and retention.
+//!
+//! Entry ids are handed out only below a ceiling the manifest holds on disk
+//! ([`ManifestKeeper::reserve`]), raised a block at a time ahead of use, so
+//! an id that reached a receipt or a delivery is never handed out again,
+//! even when a crash lost its entry (`interval` durability). A topic opened
+//! after such a crash starts at the ceiling; the ids in between (its
+//! [`Topic::void`]) never had a durable entry, and subscriptions treat them
+//! as acknowledged.
 
 use crate::clock::SharedClock;
 use crate::error::{BrokerError, Result};
 use crate::flusher::Flusher;
+use crate::keeper::ManifestKeeper;
 use crate::name::TopicName;
 use crate::storage::{Storage, TopicKind};
 use prost::Message as _;
 use ricochet_proto::{Message, MessageId, OutboundMessage, SendReceipt};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
@@ -24,11 +34,50 @@ pub struct TopicCounters {
     pub producers: AtomicU64,
 }
 
+/// Ids reserved at a time: a reservation costs one manifest write, and the
+/// next one starts when half of the block is used, so publishers do not
+/// wait for it; a crash leaves a gap of at most this many ids.
+pub const ID_BLOCK: u64 = 65_536;
+
 #[derive(Debug)]
 struct Writer {
     next_id: u64,
     /// Last stored sequence id per producer name.
     sequences: HashMap<String, u64>,
+    /// Set by a clean stop: no more ids.
+    sealed: bool,
+}
+
+/// The durable id ceiling of a topic, shared with the task that raises it.
+#[derive(Debug)]
+struct Ceiling {
+    keeper: Arc<ManifestKeeper>,
+    topic: String,
+    /// Ids below this are reserved on disk.
+    reserved: AtomicU64,
+    /// A reservation ahead of use is under way.
+    extending: AtomicBool,
+}
+
+impl Ceiling {
+    /// Reserves ids below `need` plus a block; returns the new ceiling.
+    async fn extend(&self, need: u64) -> Result<u64> {
+        let granted = self
+            .keeper
+            .reserve(&self.topic, need.saturating_add(ID_BLOCK))
+            .await?;
+        Ok(self
+            .reserved
+            .fetch_max(granted, Ordering::AcqRel)
+            .max(granted))
+    }
+}
+
+/// A batch [`Topic::write`] stored, for [`Topic::settle`].
+#[derive(Debug)]
+pub struct Written {
+    receipts: Vec<SendReceipt>,
+    end: u64,
 }
 
 /// One topic.
@@ -41,6 +90,9 @@ pub struct Topic {
     sync: bool,
     segment_entries: u64,
     writer: Mutex<Writer>,
+    ceiling: Arc<Ceiling>,
+    /// Ids skipped at open: handed out before a crash, never durable.
+    void: Option<Range<u64>>,
     /// Every entry id below this value is durable and may be dispatched.
     durable_end: watch::Sender<u64>,
     /// Mark-delete position per subscription id, for retention.
@@ -55,7 +107,9 @@ pub struct Topic {
 }
 
 impl Topic {
-    /// Opens a topic whose record exists in storage.
+    /// Opens a topic whose record exists in storage, at or above the ids
+    /// the manifest says were reserved for it.
+    #[allow(clippy::too_many_arguments)]
     pub fn open(
         name: TopicName,
         kind: TopicKind,
@@ -64,13 +118,32 @@ impl Topic {
         sync: bool,
         segment_entries: u64,
         clock: SharedClock,
+        keeper: Arc<ManifestKeeper>,
     ) -> Result<Self> {
-        let (first, next) = storage.entry_range(name.as_str())?;
+        let (mut first, stored) = storage.entry_range(name.as_str())?;
+        let reserved = keeper.reserved(name.as_str());
+        let void = (reserved > stored).then_some(stored..reserved);
+        let next = stored.max(reserved);
+        if first == stored {
+            first = next;
+        }
+        if let Some(v) = &void {
+            tracing::warn!(
+                topic = %name, from = v.start, to = v.end,
+                "entry ids handed out before a crash were never stored; they are skipped"
+            );
+        }
         let sequences = storage
             .producer_sequences(name.as_str())?
             .into_iter()
             .collect();
         let metrics = crate::metrics::TopicMetrics::new(name.as_str());
+        let ceiling = Arc::new(Ceiling {
+            keeper,
+            topic: name.to_string(),
+            reserved: AtomicU64::new(next),
+            extending: AtomicBool::new(false),
+        });
         Ok(Self {
             name,
             kind,
@@ -81,7 +154,10 @@ impl Topic {
             writer: Mutex::new(Writer {
                 next_id: next,
                 sequences,
+                sealed: false,
             }),
+            ceiling,
+            void,
             durable_end: watch::Sender::new(next),
             marks: Mutex::new(HashMap::new()),
             first_entry: AtomicU64::new(first),
@@ -95,6 +171,57 @@ impl Topic {
     /// Marks the topic deleted: later publishes fail with NOT_FOUND.
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
+    }
+
+    /// Ids skipped when the topic was opened: handed out (or reserved)
+    /// before a crash and never stored. Subscriptions count them as acked.
+    pub fn void(&self) -> Option<Range<u64>> {
+        self.void.clone()
+    }
+
+    /// Waits until `n` more ids fit below the durable ceiling; returns the
+    /// writer locked with them available.
+    async fn writer_with_room(&self, n: u64) -> Result<std::sync::MutexGuard<'_, Writer>> {
+        loop {
+            let need = {
+                let w = crate::util::lock(&self.writer);
+                if w.sealed {
+                    return Err(crate::error::BrokerError::ShuttingDown);
+                }
+                let need = w.next_id.saturating_add(n);
+                if need <= self.ceiling.reserved.load(Ordering::Acquire) {
+                    return Ok(w);
+                }
+                need
+            };
+            self.ceiling.extend(need).await?;
+        }
+    }
+
+    /// Starts raising the ceiling in the background once half a block is
+    /// left, so publishers rarely wait for a manifest write.
+    fn reserve_ahead(&self, next_id: u64) {
+        let c = &self.ceiling;
+        if c.reserved.load(Ordering::Acquire).saturating_sub(next_id) >= ID_BLOCK / 2
+            || c.extending.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let c = self.ceiling.clone();
+        tokio::spawn(async move {
+            if let Err(e) = c.extend(next_id).await {
+                tracing::debug!(error = %e, topic = %c.topic, "id reservation ahead of use failed");
+            }
+            c.extending.store(false, Ordering::Release);
+        });
+    }
+
+    /// Stops handing out ids (a clean stop); returns the next id, above
+    /// every id handed out.
+    pub fn seal(&self) -> u64 {
+        let mut w = crate::util::lock(&self.writer);
+        w.sealed = true;
+        w.next_id
     }
 
     /// The topic's name.
@@ -131,15 +258,23 @@ impl Topic {
     }
 
     /// Stores a batch from one producer and returns its receipts once durable
-    /// (in sync mode). Messages whose sequence id is not above the producer's
-    /// last stored one are dropped as duplicates; an empty producer name (the
-    /// broker's own replays) skips de-duplication. The batch is stored whole or
-    /// not at all.
+    /// (in sync mode): [`Topic::write`], then [`Topic::settle`].
     pub async fn publish(
         &self,
         producer: &str,
         messages: Vec<OutboundMessage>,
     ) -> Result<Vec<SendReceipt>> {
+        let written = self.write(producer, messages).await?;
+        self.settle(written).await
+    }
+
+    /// Writes a batch from one producer (not yet durable). Messages whose
+    /// sequence id is not above the producer's last stored one are dropped
+    /// as duplicates; an empty producer name (the broker's own replays)
+    /// skips de-duplication. The batch is stored whole or not at all. It may
+    /// wait for an id reservation: a producer's next batch must not start
+    /// before this returns, or its ids could come first.
+    pub async fn write(&self, producer: &str, messages: Vec<OutboundMessage>) -> Result<Written> {
         self.flusher.check()?;
         if self.closed.load(Ordering::Acquire) {
             return Err(BrokerError::TopicNotFound(format!(
@@ -149,7 +284,7 @@ impl Topic {
         }
         let now = self.clock.now_ms();
         let (receipts, end) = {
-            let mut w = crate::util::lock(&self.writer);
+            let mut w = self.writer_with_room(messages.len() as u64).await?;
             let dedup = !producer.is_empty();
             let mut last = if dedup {
                 w.sequences.get(producer).copied()
@@ -213,6 +348,15 @@ impl Topic {
             }
             (receipts, w.next_id)
         };
+        self.reserve_ahead(end);
+        self.ceiling.keeper.changed();
+        Ok(Written { receipts, end })
+    }
+
+    /// Waits until a written batch is durable (sync mode), makes it readable
+    /// and returns its receipts.
+    pub async fn settle(&self, written: Written) -> Result<Vec<SendReceipt>> {
+        let Written { receipts, end } = written;
         if self.sync {
             self.flusher.durable().await?;
         }
@@ -227,12 +371,18 @@ impl Topic {
         Ok(receipts)
     }
 
-    /// Appends already-encoded entries (tier moves are written by the
-    /// subscription inside its own transaction; this is for replays).
-    pub fn reserve_ids(&self, n: u64) -> Result<u64> {
-        let mut w = crate::util::lock(&self.writer);
-        let first = w.next_id;
-        w.next_id += n;
+    /// Hands out `n` consecutive ids for entries the caller writes itself
+    /// (a tier move writes them inside its own transaction); returns the
+    /// first.
+    pub async fn reserve_ids(&self, n: u64) -> Result<u64> {
+        let first = {
+            let mut w = self.writer_with_room(n).await?;
+            let first = w.next_id;
+            w.next_id += n;
+            first
+        };
+        self.reserve_ahead(first + n);
+        self.ceiling.keeper.changed();
         Ok(first)
     }
 

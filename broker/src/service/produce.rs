@@ -119,22 +119,19 @@ pub(super) async fn produce(
             let checked = validate(&batch, &config)
                 .and_then(|()| check_deliver_at(&batch, latest_deliver_at));
             // Spawned so the next batch is written while this one awaits its flush;
-            // ids are assigned in arrival order because writes take the topic's
-            // writer lock before the first await.
+            // ids are assigned in arrival order because the next batch is read
+            // only once this one is written (a write may wait for an id
+            // reservation).
             let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
             let handle = tokio::spawn(async move {
                 let request_id = batch.request_id;
                 let result = match checked {
                     Ok(()) => {
-                        let fut = topic.publish(&name, batch.messages);
-                        tokio::pin!(fut);
-                        // Make sure the write (not the flush) happened before the
-                        // next batch is read.
-                        let r = futures::future::poll_immediate(&mut fut).await;
+                        let written = topic.write(&name, batch.messages).await;
                         let _ = ready_tx.send(());
-                        match r {
-                            Some(r) => r,
-                            None => fut.await,
+                        match written {
+                            Ok(w) => topic.settle(w).await,
+                            Err(e) => Err(e),
                         }
                     }
                     Err(e) => {

@@ -16,8 +16,11 @@ pub fn code_of(e: &BrokerError) -> Code {
         BrokerError::LimitReached(_) => Code::ResourceExhausted,
         BrokerError::PermissionDenied(_) => Code::PermissionDenied,
         BrokerError::ShuttingDown => Code::Unavailable,
-        BrokerError::Storage(StorageError::Corrupt(_) | StorageError::Missing(_)) => Code::DataLoss,
-        BrokerError::Storage(StorageError::Engine(_) | StorageError::Unhealthy)
+        BrokerError::Storage(StorageError::Corrupt(_) | StorageError::Missing(_))
+        | BrokerError::DataLoss(_) => Code::DataLoss,
+        BrokerError::Storage(
+            StorageError::Engine(_) | StorageError::Io(_) | StorageError::Unhealthy,
+        )
         | BrokerError::Io(_)
         | BrokerError::Config(_) => Code::Internal,
     }

@@ -237,3 +237,86 @@ fn the_schedule_is_a_time_index_paged_in_key_order() {
         assert_eq!(s.scheduled(None, u64::MAX, 10).unwrap().len(), 3, "{name}");
     }
 }
+
+/// What the manifest needs from an engine: an identity written into the
+/// store, an inventory of what it holds, and the manifest kept beside it.
+#[tokio::test]
+async fn the_inventory_describes_the_store_and_the_manifest_reads_back() {
+    for (name, s, dir) in engines() {
+        let empty = s.inventory(true).unwrap();
+        assert_eq!(empty.store_id, None, "{name}");
+        assert!(!empty.has_data && empty.topics.is_empty(), "{name}");
+        assert_eq!((empty.dead_letters, empty.scheduled), (Some(0), Some(0)));
+        s.set_store_id("abc").unwrap();
+        let id_only = s.inventory(false).unwrap();
+        assert_eq!(id_only.store_id.as_deref(), Some("abc"), "{name}");
+        assert!(!id_only.has_data, "{name}: the id alone is no data");
+        assert_eq!((id_only.dead_letters, id_only.scheduled), (None, None));
+
+        s.put_topic(&TopicRecord {
+            name: T.into(),
+            created_ms: 1,
+            kind: TopicKind::Normal,
+        })
+        .unwrap();
+        s.append(T, 0, &entries(40, "a"), None).unwrap();
+        s.put_subscription(&sub()).unwrap();
+        let key = ScheduleKey {
+            due_ms: 5,
+            message: TierEntry::retry(0).of(7),
+        };
+        s.put_schedule(&[(key, true)]).unwrap();
+        let inv = s.inventory(true).unwrap();
+        assert!(inv.has_data, "{name}");
+        let t = &inv.topics[T];
+        assert_eq!(
+            (t.kind, t.first, t.next),
+            (TopicKind::Normal, 0, 40),
+            "{name}"
+        );
+        assert_eq!(
+            t.subscriptions.iter().collect::<Vec<_>>(),
+            vec!["s"],
+            "{name}"
+        );
+        let segments: Vec<u64> = if name == "sled" {
+            vec![0, 1, 2]
+        } else {
+            vec![]
+        };
+        assert_eq!(t.segments, segments, "{name}: 16 entries per segment");
+        assert_eq!(
+            (inv.dead_letters, inv.scheduled),
+            (Some(0), Some(1)),
+            "{name}"
+        );
+
+        assert_eq!(s.load_manifest().unwrap(), None, "{name}");
+        let mut m = Manifest {
+            store_id: "abc".into(),
+            written_ms: 9,
+            ..Manifest::default()
+        };
+        m.topics.insert(
+            T.into(),
+            manifest::TopicFacts {
+                reserved: 100,
+                recorded: Some(t.recorded()),
+            },
+        );
+        s.save_manifest(&m).await.unwrap();
+        assert_eq!(s.load_manifest().unwrap(), Some(m), "{name}");
+        if let Some(dir) = dir {
+            // A damaged manifest file is refused, not read as missing.
+            let path = dir.path().join(manifest::FILE_NAME);
+            let mut bytes = std::fs::read(&path).unwrap();
+            let last = bytes.len() - 3;
+            bytes[last] ^= 1;
+            std::fs::write(&path, bytes).unwrap();
+            assert!(
+                matches!(s.load_manifest(), Err(StorageError::Corrupt(_))),
+                "{name}"
+            );
+        }
+    }
+}

@@ -38,6 +38,18 @@ impl Cursor {
         true
     }
 
+    /// Acknowledges every id in `ids` (ids that will never hold an entry);
+    /// returns whether anything changed.
+    pub fn ack_range(&mut self, ids: std::ops::Range<u64>) -> bool {
+        let from = ids.start.max(self.mark_delete);
+        if from >= ids.end || self.acked_between(from, ids.end) == ids.end - from {
+            return false;
+        }
+        self.acked.insert(from..ids.end);
+        self.compact();
+        true
+    }
+
     /// Acknowledges every id `<= id`.
     pub fn ack_through(&mut self, id: u64) {
         if id >= self.mark_delete {
@@ -103,6 +115,20 @@ mod tests {
         c.ack(11);
         assert_eq!(c.mark_delete, 13);
         assert_eq!(c.acked_between(0, 20), 13);
+    }
+
+    #[test]
+    fn a_range_of_lost_ids_is_acked_whole() {
+        let mut c = Cursor::starting_at(10);
+        c.ack(12);
+        assert!(c.ack_range(20..30));
+        assert_eq!((c.mark_delete, c.ranges()), (10, 2));
+        assert!(!c.ack_range(22..25), "already acked");
+        assert!(!c.ack_range(0..5), "below the mark");
+        assert!(c.ack_range(10..12));
+        assert_eq!((c.mark_delete, c.ranges()), (13, 1));
+        assert!(c.ack_range(13..20));
+        assert_eq!((c.mark_delete, c.ranges()), (30, 0));
     }
 
     #[test]

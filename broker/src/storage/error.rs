@@ -9,7 +9,10 @@
 pub enum StorageError {
     /// The engine (sled) failed; after an I/O error it refuses further work.
     #[error("storage engine error: {0}")]
-    Engine(#[from] sled::Error),
+    Engine(sled::Error),
+    /// A file beside the engine's (the manifest) could not be read or written.
+    #[error("storage i/o error: {0}")]
+    Io(#[from] std::io::Error),
     /// A stored record or frame that does not decode.
     #[error("corrupt record: {0}")]
     Corrupt(String),
@@ -19,6 +22,23 @@ pub enum StorageError {
     /// A flush failed earlier: the store refuses writes for good.
     #[error("storage failed to flush; the broker refuses writes")]
     Unhealthy,
+}
+
+impl From<sled::Error> for StorageError {
+    /// sled's own checksum failures are damage like ours: `Corrupt`.
+    fn from(e: sled::Error) -> Self {
+        match e {
+            sled::Error::Corruption { at, .. } => StorageError::Corrupt(match at {
+                Some(at) => format!("sled found damaged data at {at:?}"),
+                None => "sled found damaged data".to_owned(),
+            }),
+            // A file sled expects is gone (a blob): damage too.
+            sled::Error::Io(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                StorageError::Corrupt(format!("a file of the store is missing ({e})"))
+            }
+            other => StorageError::Engine(other),
+        }
+    }
 }
 
 impl From<prost::DecodeError> for StorageError {

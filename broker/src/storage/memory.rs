@@ -36,6 +36,8 @@ struct State {
     schedule: BTreeMap<ScheduleKey, Option<FailureRecord>>,
     dead_letters: BTreeMap<(u64, u64), DeadLetterRecord>,
     next_id: u64,
+    store_id: Option<String>,
+    manifest: Option<Manifest>,
 }
 
 /// Storage in memory.
@@ -333,6 +335,63 @@ impl Storage for MemoryStorage {
 
     async fn flush(&self) -> Result<()> {
         self.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn inventory(&self, counts: bool) -> Result<Inventory> {
+        let s = lock(&self.state);
+        let has_data = !(s.topics.is_empty()
+            && s.logs.is_empty()
+            && s.sequences.is_empty()
+            && s.subscriptions.is_empty()
+            && s.failures.is_empty()
+            && s.schedule.is_empty()
+            && s.dead_letters.is_empty());
+        let topics = s
+            .topics
+            .values()
+            .map(|t| {
+                let (first, next) = s.logs.get(&t.name).map_or((0, 0), |log| {
+                    let next = log.next();
+                    let first = log.entries.first_key_value().map_or(next, |(k, _)| *k);
+                    (first.min(next), next)
+                });
+                let subscriptions = s
+                    .subscriptions
+                    .keys()
+                    .filter(|(topic, _)| *topic == t.name)
+                    .map(|(_, name)| name.clone())
+                    .collect();
+                let inv = TopicInventory {
+                    kind: t.kind,
+                    first,
+                    next,
+                    segments: Vec::new(),
+                    subscriptions,
+                };
+                (t.name.clone(), inv)
+            })
+            .collect();
+        Ok(Inventory {
+            store_id: s.store_id.clone(),
+            has_data,
+            topics,
+            dead_letters: counts.then_some(s.dead_letters.len() as u64),
+            scheduled: counts.then_some(s.schedule.len() as u64),
+        })
+    }
+
+    fn set_store_id(&self, id: &str) -> Result<()> {
+        lock(&self.state).store_id = Some(id.to_owned());
+        Ok(())
+    }
+
+    fn load_manifest(&self) -> Result<Option<Manifest>> {
+        Ok(lock(&self.state).manifest.clone())
+    }
+
+    async fn save_manifest(&self, manifest: &Manifest) -> Result<()> {
+        lock(&self.state).manifest = Some(manifest.clone());
         Ok(())
     }
 }

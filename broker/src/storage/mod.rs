@@ -9,19 +9,28 @@
 //!
 //! Writes are not durable until [`Storage::flush`] returns; the broker's
 //! [`crate::flusher::Flusher`] groups concurrent writers onto one flush.
+//!
+//! Integrity: every stored value carries a checksum verified on read (a
+//! mismatch is [`StorageError::Corrupt`]), and a [`manifest::Manifest`]
+//! kept apart from the store says what the store must hold; [`Watched`]
+//! remembers that a read found damage, for the health gauge.
 
 pub mod cursor;
 mod error;
+pub mod manifest;
 mod memory;
 mod records;
 mod sled_store;
+mod watch;
 
 pub use cursor::Cursor;
 use error::StorageResult as Result;
 pub use error::{StorageError, StorageResult};
+pub use manifest::{Inventory, Manifest, TopicInventory};
 pub use memory::MemoryStorage;
 pub use records::*;
-pub use sled_store::SledStorage;
+pub use sled_store::{SledStorage, VerifyReport};
+pub use watch::Watched;
 
 /// The persistence interface the broker's dispatch logic is written against.
 #[async_trait::async_trait]
@@ -106,6 +115,21 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     fn size_on_disk(&self) -> Result<u64>;
     /// Makes every write so far durable.
     async fn flush(&self) -> Result<()>;
+
+    /// What the store holds, as the manifest describes it: its identity,
+    /// every topic's entry range, segments and subscriptions, and with
+    /// `counts` the number of dead letters and schedule entries (a scan).
+    fn inventory(&self, counts: bool) -> Result<Inventory>;
+    /// Writes the store's identity into it (durable after the next flush).
+    fn set_store_id(&self, id: &str) -> Result<()>;
+    /// The manifest last saved, if any; `Corrupt` if it does not verify.
+    fn load_manifest(&self) -> Result<Option<Manifest>>;
+    /// Replaces the manifest durably before returning.
+    async fn save_manifest(&self, manifest: &Manifest) -> Result<()>;
+    /// False once a read found damaged data.
+    fn intact(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -97,6 +97,13 @@ pub struct SubscriptionDeps {
     pub shutdown: CancellationToken,
     /// Where retries and dead letters are counted for the log summary.
     pub failure_log: Arc<crate::failure_log::FailureLog>,
+    /// Held while the actor runs (a clean stop waits for every actor).
+    pub running: Arc<()>,
+}
+
+/// The name of a subscription's retry tier topic.
+pub(crate) fn retry_tier_name(rec: &SubscriptionRecord) -> Result<String> {
+    Tiers::retry_name_of(rec)
 }
 
 /// The running state of one subscription.

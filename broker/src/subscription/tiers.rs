@@ -55,6 +55,11 @@ impl Tiers {
         })
     }
 
+    /// The name of `rec`'s retry tier topic.
+    pub fn retry_name_of(rec: &SubscriptionRecord) -> Result<String> {
+        Ok(Self::for_subscription(rec)?.retry_name)
+    }
+
     /// Messages queued in the retry tier: every entry the retry cursor has
     /// not acked (a message leaving the tier acks its entry), so the count
     /// comes from the cursor, not from a scan of the schedule.
@@ -96,6 +101,14 @@ impl SubscriptionActor {
         }
         let t = self.deps.link.tier_topic(name, kind).await?;
         *slot = Some(t.clone());
+        // Retry-tier ids lost to a crash count as acked (the move that
+        // follows stores the cursor with its entries).
+        if kind == TopicKind::Retry
+            && let Some(void) = t.void()
+            && self.rec.retry.ack_range(void)
+        {
+            self.dirty = true;
+        }
         Ok(t)
     }
 
@@ -166,7 +179,7 @@ impl SubscriptionActor {
         now: u64,
     ) -> Result<()> {
         let topic = self.tier_topic(TopicKind::Retry).await?;
-        let first_id = topic.reserve_ids(items.len() as u64)?;
+        let first_id = topic.reserve_ids(items.len() as u64).await?;
         let mut sub = self.rec.clone();
         let mut move_items = Vec::with_capacity(items.len());
         let mut new_keys = Vec::with_capacity(items.len());
@@ -227,7 +240,7 @@ impl SubscriptionActor {
         now: u64,
     ) -> Result<()> {
         let topic = self.tier_topic(TopicKind::DeadLetter).await?;
-        let first_id = topic.reserve_ids(items.len() as u64)?;
+        let first_id = topic.reserve_ids(items.len() as u64).await?;
         let mut sub = self.rec.clone();
         let mut move_items = Vec::with_capacity(items.len());
         for (i, (f, rec, reason)) in items.iter().enumerate() {

@@ -1,11 +1,70 @@
 //! How records are encoded in sled values: small metadata records as JSON
 //! (readable with any tool), failure records — written on every failed
-//! delivery — in a compact protobuf form after a format byte. Failure records
-//! an older broker wrote as JSON still read.
+//! delivery — in a compact protobuf form after a format byte.
+//!
+//! Every value is *sealed* ([`seal`]): a format byte ([`SEALED`]), a
+//! CRC-32C of the key and the body, then the body. Reading goes through
+//! [`unseal`], so damage — a flipped bit, a value under the wrong key, a
+//! torn value — is a [`StorageError::Corrupt`] for that read, never a
+//! different payload. Values of the unsealed format (stores written before
+//! storage format 2) do not read: such stores are refused at open.
 
 use crate::storage::{AttemptRecord, FailureRecord, StorageError, StorageResult as Result};
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
+
+/// The first byte of every value this format writes (older values began
+/// with a zero byte, `{` or `1`).
+pub const SEALED: u8 = 0xC2;
+
+fn checksum(key: &[u8], body: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(key), body)
+}
+
+/// `body` as stored under `key`: format byte, CRC-32C (big-endian) of key
+/// and body, body.
+pub fn seal(key: &[u8], body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + body.len());
+    out.push(SEALED);
+    out.extend_from_slice(&checksum(key, body).to_be_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// A key for messages: text when it is printable, hex otherwise.
+pub fn show_key(key: &[u8]) -> String {
+    match std::str::from_utf8(key) {
+        Ok(s) if s.chars().all(|c| !c.is_control() || c == '\0') => s.replace('\0', "/"),
+        _ => key.iter().map(|b| format!("{b:02x}")).collect(),
+    }
+}
+
+/// The body of a value stored under `key`, once its checksum matches.
+pub fn unseal<'a>(key: &[u8], value: &'a [u8]) -> Result<&'a [u8]> {
+    let Some((&tag, rest)) = value.split_first() else {
+        return Err(StorageError::Corrupt(format!(
+            "empty value under key {}",
+            show_key(key)
+        )));
+    };
+    if tag != SEALED {
+        return Err(StorageError::Corrupt(format!(
+            "value under key {} has no checksum (format byte {tag:#04x})",
+            show_key(key)
+        )));
+    }
+    let (crc, body) = rest.split_at_checked(4).ok_or_else(|| {
+        StorageError::Corrupt(format!("truncated value under key {}", show_key(key)))
+    })?;
+    let crc = u32::from_be_bytes([crc[0], crc[1], crc[2], crc[3]]);
+    if checksum(key, body) != crc {
+        return Err(StorageError::Corrupt(format!(
+            "checksum mismatch under key {}",
+            show_key(key)
+        )));
+    }
+    Ok(body)
+}
 
 /// A metadata record as JSON.
 pub fn json<T: Serialize>(v: &T) -> Vec<u8> {
@@ -124,6 +183,35 @@ mod tests {
     use super::*;
     use crate::storage::records::sample_history as record;
     use ricochet_policy::FailureReason;
+
+    #[test]
+    fn sealed_values_read_back_and_every_damage_is_corrupt() {
+        let key = b"t:topic";
+        let v = seal(key, b"{\"a\":1}");
+        assert_eq!(v[0], SEALED);
+        assert_eq!(unseal(key, &v).unwrap(), b"{\"a\":1}");
+        assert_eq!(unseal(b"k", &seal(b"k", b"")).unwrap(), b"");
+        for at in 0..v.len() {
+            for bit in 0..8 {
+                let mut bad = v.clone();
+                bad[at] ^= 1 << bit;
+                assert!(
+                    matches!(unseal(key, &bad), Err(StorageError::Corrupt(_))),
+                    "flip of bit {bit} at {at} read back"
+                );
+            }
+        }
+        for len in 0..v.len() {
+            assert!(unseal(key, &v[..len]).is_err(), "truncated to {len}");
+        }
+        // The same value under another key is damage too.
+        assert!(unseal(b"t:other", &v).is_err());
+        // Values of the unsealed format are refused.
+        assert!(unseal(key, b"{\"a\":1}").is_err());
+        assert!(unseal(key, &[0, 0, 0, 1, 0, 0, 0, 0]).is_err());
+        let e = unseal(&[0, 1, 0xff], &[1]).unwrap_err().to_string();
+        assert!(e.contains("0001ff"), "{e}");
+    }
 
     #[test]
     fn failure_records_round_trip_and_legacy_json_still_reads() {

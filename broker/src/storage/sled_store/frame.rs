@@ -39,14 +39,17 @@ type Slot<'a> = (u64, Option<&'a [u8]>);
 fn slots(first: u64, b: &[u8]) -> Result<Vec<Slot<'_>>> {
     let n = u32_at(b, 0)? as usize;
     let mut at = 4;
-    let mut out = Vec::with_capacity(n);
+    // Each slot takes at least 4 bytes: a damaged count cannot over-allocate.
+    let mut out = Vec::with_capacity(n.min(b.len() / 4));
     for i in 0..n {
         let len = u32_at(b, at)?;
         at += 4;
         if len == GONE {
             out.push((first + i as u64, None));
         } else {
-            let e = b.get(at..at + len as usize).ok_or_else(corrupt)?;
+            let e = b
+                .get(at..at.saturating_add(len as usize))
+                .ok_or_else(corrupt)?;
             at += len as usize;
             out.push((first + i as u64, Some(e)));
         }

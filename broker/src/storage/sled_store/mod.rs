@@ -9,12 +9,17 @@
 //! the retry tier stores the failure record as the schedule entry's value
 //! rather than under its own key, because sled holds page metadata in memory
 //! per stored key and scheduled retries are the records that pile up.
+//!
+//! Every value is sealed with a CRC-32C of its key and body
+//! ([`codec::seal`]) and checked on every read; `meta` also holds the store
+//! identity the manifest ([`super::manifest`]) names, and the manifest is a
+//! file beside sled's own.
 
 mod codec;
 mod frame;
 
 use super::*;
-use codec::{be, decode_failures, encode_failures, from_json, json, read_be};
+use codec::{be, decode_failures, encode_failures, from_json, json, read_be, seal, unseal};
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::{Batch, Db, Tree};
@@ -23,10 +28,38 @@ use std::path::Path;
 use std::sync::Mutex;
 
 const SEG_PREFIX: &str = "seg/";
+/// The `meta` key of the store identity.
+const STORE_ID_KEY: &[u8] = b"id:store";
+
+/// What [`SledStorage::verify`] found.
+#[derive(Debug, Default)]
+pub struct VerifyReport {
+    /// Stored values read and checked.
+    pub values: u64,
+    /// Live log entries among them.
+    pub entries: u64,
+    /// Every problem found (the first [`MAX_LISTED`] are kept).
+    pub problems: Vec<String>,
+    /// Problems found in all.
+    pub problem_count: u64,
+}
+
+/// Most problems a [`VerifyReport`] lists.
+pub const MAX_LISTED: usize = 100;
+
+impl VerifyReport {
+    fn problem(&mut self, p: String) {
+        self.problem_count += 1;
+        if self.problems.len() < MAX_LISTED {
+            self.problems.push(p);
+        }
+    }
+}
 
 /// sled-backed storage.
 pub struct SledStorage {
     db: Db,
+    dir: std::path::PathBuf,
     meta: Tree,
     prodseq: Tree,
     failures: Tree,
@@ -90,6 +123,7 @@ impl SledStorage {
             schedule: db.open_tree("schedule")?,
             deadletters: db.open_tree("deadletters")?,
             db,
+            dir: dir.to_owned(),
             segment_entries,
             segments: Mutex::new(segments),
         })
@@ -121,33 +155,164 @@ impl SledStorage {
     }
 
     fn id_floor(&self, topic: &str) -> Result<u64> {
-        match self.meta.get(format!("n:{topic}"))? {
-            Some(v) => read_be(&v),
+        let key = format!("n:{topic}");
+        match self.meta.get(&key)? {
+            Some(v) => read_be(unseal(key.as_bytes(), &v)?),
             None => Ok(0),
         }
     }
 
     fn raise_id_floor(&self, topic: &str, next: u64) -> Result<()> {
         if next > self.id_floor(topic)? {
-            self.meta.insert(format!("n:{topic}"), &be(next))?;
+            let key = format!("n:{topic}");
+            self.meta
+                .insert(key.as_bytes(), seal(key.as_bytes(), &be(next)))?;
         }
         Ok(())
+    }
+
+    /// Flips one bit at byte `at` of the stored frame holding `topic`'s
+    /// entry `id` (damage, for tests).
+    #[cfg(test)]
+    pub(crate) fn damage_entry(&self, topic: &str, id: u64, at: usize) {
+        let tree = self.segment(topic, id / self.segment_entries).unwrap();
+        let (k, v) = tree.range(..=be(id)).next_back().unwrap().unwrap();
+        let mut v = v.to_vec();
+        v[at] ^= 0x10;
+        tree.insert(k, v).unwrap();
+    }
+
+    /// Reads every stored value and checks its checksum and that it decodes
+    /// as what its tree holds (log entries as messages), for
+    /// `ricochet-broker check`. Writes nothing.
+    pub fn verify(&self) -> VerifyReport {
+        let mut report = VerifyReport::default();
+        let topics: std::collections::BTreeSet<String> = match self.list_topics() {
+            Ok(t) => t.into_iter().map(|t| t.name).collect(),
+            Err(e) => {
+                report.problem(format!("topic records: {e}"));
+                Default::default()
+            }
+        };
+        let mut trees: Vec<(String, Tree)> = vec![
+            ("meta".into(), self.meta.clone()),
+            ("prodseq".into(), self.prodseq.clone()),
+            ("failures".into(), self.failures.clone()),
+            ("schedule".into(), self.schedule.clone()),
+            ("deadletters".into(), self.deadletters.clone()),
+        ];
+        for (topic, segs) in crate::util::lock(&self.segments).iter() {
+            if !topics.contains(topic) {
+                report.problem(format!(
+                    "{} segment(s) of topic {topic}, which has no topic record",
+                    segs.len()
+                ));
+            }
+            for (seg, tree) in segs {
+                trees.push((seg_tree_name(topic, *seg), tree.clone()));
+            }
+        }
+        for (name, tree) in trees {
+            for kv in tree.iter() {
+                let (k, v) = match kv {
+                    Ok(kv) => kv,
+                    Err(e) => {
+                        report.problem(format!("{name}: {}", StorageError::from(e)));
+                        break;
+                    }
+                };
+                report.values += 1;
+                match check_value(&name, &k, &v) {
+                    Ok(entries) => report.entries += entries,
+                    Err(e) => report.problem(format!("{name}: {e}")),
+                }
+            }
+        }
+        report
+    }
+
+    /// The JSON records under `prefix` in `meta`, checked.
+    fn meta_records<T: for<'de> serde::Deserialize<'de>>(&self, prefix: &[u8]) -> Result<Vec<T>> {
+        self.meta
+            .scan_prefix(prefix)
+            .map(|kv| {
+                let (k, v) = kv?;
+                from_json(unseal(&k, &v)?)
+            })
+            .collect()
+    }
+}
+
+/// Replaces `dir/name` with `bytes`: written to a temporary file, fsynced,
+/// renamed over it, and the directory fsynced, so a crash leaves the old
+/// file or the new one.
+fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Checks one stored value of tree `tree`; returns the live log entries it holds.
+fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
+    use prost::Message as _;
+    let body = unseal(k, v)?;
+    let bad_key = || StorageError::Corrupt(format!("bad key {}", codec::show_key(k)));
+    match tree {
+        "meta" if k.starts_with(b"t:") => from_json::<TopicRecord>(body).map(|_| 0),
+        "meta" if k.starts_with(b"s:") => from_json::<SubscriptionRecord>(body).map(|_| 0),
+        "meta" if k.starts_with(b"n:") => read_be(body).map(|_| 0),
+        "meta" if k == STORE_ID_KEY => std::str::from_utf8(body)
+            .map(|_| 0)
+            .map_err(|_| StorageError::Corrupt("unreadable store id".into())),
+        "meta" => Err(bad_key()),
+        "prodseq" => read_be(body).map(|_| 0),
+        "failures" => {
+            SubMessage::from_key(k).ok_or_else(bad_key)?;
+            decode_failures(body).map(|_| 0)
+        }
+        "schedule" => {
+            ScheduleKey::from_key(k).ok_or_else(bad_key)?;
+            if body.is_empty() {
+                Ok(0)
+            } else {
+                decode_failures(body).map(|_| 0)
+            }
+        }
+        "deadletters" => {
+            if k.len() != 16 {
+                return Err(bad_key());
+            }
+            from_json::<DeadLetterRecord>(body).map(|_| 0)
+        }
+        _ => {
+            let first = read_be(k)?;
+            let mut n = 0;
+            for (id, entry) in frame::entries(first, body)? {
+                ricochet_proto::Message::decode(entry).map_err(|e| {
+                    StorageError::Corrupt(format!("entry {id} does not decode: {e}"))
+                })?;
+                n += 1;
+            }
+            Ok(n)
+        }
     }
 }
 
 #[async_trait::async_trait]
 impl Storage for SledStorage {
     fn list_topics(&self) -> Result<Vec<TopicRecord>> {
-        self.meta
-            .scan_prefix("t:")
-            .values()
-            .map(|v| from_json(&v?))
-            .collect()
+        self.meta_records(b"t:")
     }
 
     fn put_topic(&self, record: &TopicRecord) -> Result<()> {
+        let key = format!("t:{}", record.name);
         self.meta
-            .insert(format!("t:{}", record.name), json(record))?;
+            .insert(key.as_bytes(), seal(key.as_bytes(), &json(record)))?;
         Ok(())
     }
 
@@ -187,12 +352,14 @@ impl Storage for SledStorage {
             let room = ((seg + 1) * self.segment_entries - id) as usize;
             let (now, later) = rest.split_at(room.min(rest.len()));
             self.segment(topic, seg)?
-                .insert(be(id), frame::encode(now))?;
+                .insert(be(id), seal(&be(id), &frame::encode(now)))?;
             id += now.len() as u64;
             rest = later;
         }
         if let Some((name, seq)) = producer {
-            self.prodseq.insert(format!("{topic}\0{name}"), &be(seq))?;
+            let key = format!("{topic}\0{name}");
+            self.prodseq
+                .insert(key.as_bytes(), seal(key.as_bytes(), &be(seq)))?;
         }
         Ok(())
     }
@@ -218,7 +385,7 @@ impl Storage for SledStorage {
             };
             for kv in tree.range(start..) {
                 let (k, v) = kv?;
-                for (id, entry) in frame::entries(read_be(&k)?, &v)? {
+                for (id, entry) in frame::entries(read_be(&k)?, unseal(&k, &v)?)? {
                     if id < from {
                         continue;
                     }
@@ -241,7 +408,7 @@ impl Storage for SledStorage {
             return Ok(None);
         };
         let (k, v) = kv?;
-        Ok(frame::entries(read_be(&k)?, &v)?
+        Ok(frame::entries(read_be(&k)?, unseal(&k, &v)?)?
             .find(|(i, _)| *i == id)
             .map(|(_, e)| e.to_vec()))
     }
@@ -258,7 +425,7 @@ impl Storage for SledStorage {
         }
         for (_, tree) in segs.iter().rev() {
             if let Some((k, v)) = tree.last()? {
-                last = Some(read_be(&k)? + frame::count(&v)? as u64);
+                last = Some(read_be(&k)? + frame::count(unseal(&k, &v)?)? as u64);
                 break;
             }
         }
@@ -304,12 +471,13 @@ impl Storage for SledStorage {
             };
             let (k, v) = kv?;
             let first = read_be(&k)?;
-            match frame::without(first, &v, *id)? {
+            match frame::without(first, unseal(&k, &v)?, *id)? {
                 Some(rest) if frame::live(&rest)? == 0 => {
                     tree.remove(k)?;
                 }
                 Some(rest) => {
-                    tree.insert(k, rest)?;
+                    let sealed = seal(&k, &rest);
+                    tree.insert(k, sealed)?;
                 }
                 None => {}
             }
@@ -324,22 +492,19 @@ impl Storage for SledStorage {
             .map(|kv| {
                 let (k, v) = kv?;
                 let name = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
-                Ok((name, read_be(&v)?))
+                Ok((name, read_be(unseal(&k, &v)?)?))
             })
             .collect()
     }
 
     fn list_subscriptions(&self, topic: &str) -> Result<Vec<SubscriptionRecord>> {
-        self.meta
-            .scan_prefix(sub_key(topic, ""))
-            .values()
-            .map(|v| from_json(&v?))
-            .collect()
+        self.meta_records(&sub_key(topic, ""))
     }
 
     fn put_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
-        self.meta
-            .insert(sub_key(&record.topic, &record.name), json(record))?;
+        let key = sub_key(&record.topic, &record.name);
+        let value = seal(&key, &json(record));
+        self.meta.insert(key, value)?;
         Ok(())
     }
 
@@ -371,15 +536,20 @@ impl Storage for SledStorage {
     }
 
     fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>> {
-        if let Some(v) = self.failures.get(message.key())? {
-            return decode_failures(&v).map(Some);
+        let key = message.key();
+        if let Some(v) = self.failures.get(key)? {
+            return decode_failures(unseal(&key, &v)?).map(Some);
         }
         let Some(due_ms) = due_ms.filter(|_| message.tier == TierId::Retry) else {
             return Ok(None);
         };
-        match self.schedule.get(ScheduleKey { due_ms, message }.key())? {
-            Some(v) if !v.is_empty() => decode_failures(&v).map(Some),
-            _ => Ok(None),
+        let key = ScheduleKey { due_ms, message }.key();
+        match self.schedule.get(key)? {
+            Some(v) => match unseal(&key, &v)? {
+                [] => Ok(None),
+                body => decode_failures(body).map(Some),
+            },
+            None => Ok(None),
         }
     }
 
@@ -392,7 +562,7 @@ impl Storage for SledStorage {
                 let (k, v) = kv?;
                 let m = SubMessage::from_key(&k)
                     .ok_or_else(|| StorageError::Corrupt("bad failure key".into()))?;
-                Ok((m, decode_failures(&v)?))
+                Ok((m, decode_failures(unseal(&k, &v)?)?))
             })
             .collect()
     }
@@ -401,7 +571,7 @@ impl Storage for SledStorage {
         let mut batch = Batch::default();
         for (m, rec) in records {
             match rec {
-                Some(r) => batch.insert(&m.key(), encode_failures(r)),
+                Some(r) => batch.insert(&m.key(), seal(&m.key(), &encode_failures(r))),
                 None => batch.remove(&m.key()),
             }
         }
@@ -441,7 +611,7 @@ impl Storage for SledStorage {
         let mut batch = Batch::default();
         for (k, add) in keys {
             if *add {
-                batch.insert(&k.key(), &[]);
+                batch.insert(&k.key(), seal(&k.key(), &[]));
             } else {
                 batch.remove(&k.key());
             }
@@ -453,7 +623,7 @@ impl Storage for SledStorage {
     fn move_messages(&self, mv: &TierMove) -> Result<()> {
         // Everything is encoded before the transaction: its closure may re-run.
         let sub_key = sub_key(&mv.subscription.topic, &mv.subscription.name);
-        let sub_val = json(&mv.subscription);
+        let sub_val = seal(&sub_key, &json(&mv.subscription));
         let mut seg_numbers: Vec<u64> = mv
             .items
             .iter()
@@ -500,19 +670,23 @@ impl Storage for SledStorage {
                             due_ms: *due_ms,
                             message: TierEntry::retry(item.target_entry_id).of(mv.subscription.id),
                         };
-                        Landing::Schedule(key.key(), encode_failures(&item.failures))
+                        let k = key.key();
+                        Landing::Schedule(k, seal(&k, &encode_failures(&item.failures)))
                     }
-                    Arrival::DeadLetter(d) => Landing::DeadLetter(
-                        dl_key(mv.subscription.id, item.target_entry_id),
-                        json(d),
-                    ),
+                    Arrival::DeadLetter(d) => {
+                        let k = dl_key(mv.subscription.id, item.target_entry_id);
+                        Landing::DeadLetter(k, seal(&k, &json(d)))
+                    }
                 };
                 Encoded {
                     from_key: item.from.key(),
                     from_schedule: item.from_schedule.map(|s| s.key()),
                     segment: seg_numbers.binary_search(&seg).unwrap_or(0),
                     entry_key: be(item.target_entry_id),
-                    frame: frame::encode(std::slice::from_ref(&item.payload)),
+                    frame: seal(
+                        &be(item.target_entry_id),
+                        &frame::encode(std::slice::from_ref(&item.payload)),
+                    ),
                     landing,
                 }
             })
@@ -554,7 +728,10 @@ impl Storage for SledStorage {
             if after.is_some_and(|a| a == u64::MAX) {
                 break;
             }
-            out.push((read_be(&k[8..])?, from_json(&v)?));
+            let id = k
+                .get(8..)
+                .ok_or_else(|| StorageError::Corrupt("bad dead-letter key".into()))?;
+            out.push((read_be(id)?, from_json(unseal(&k, &v)?)?));
         }
         Ok(out)
     }
@@ -587,6 +764,101 @@ impl Storage for SledStorage {
 
     async fn flush(&self) -> Result<()> {
         self.db.flush_async().await?;
+        Ok(())
+    }
+
+    fn inventory(&self, counts: bool) -> Result<Inventory> {
+        let store_id = match self.meta.get(STORE_ID_KEY)? {
+            Some(v) => Some(
+                String::from_utf8(unseal(STORE_ID_KEY, &v)?.to_vec())
+                    .map_err(|_| StorageError::Corrupt("unreadable store id".into()))?,
+            ),
+            None => None,
+        };
+        let segments = crate::util::lock(&self.segments).clone();
+        let mut has_data = !segments.is_empty();
+        for tree in [
+            &self.prodseq,
+            &self.failures,
+            &self.schedule,
+            &self.deadletters,
+        ] {
+            has_data |= tree.first()?.is_some();
+        }
+        for kv in self.meta.iter().keys() {
+            has_data |= kv? != STORE_ID_KEY;
+        }
+        let mut topics = std::collections::BTreeMap::new();
+        for t in self.list_topics()? {
+            let (first, next) = self.entry_range(&t.name)?;
+            let subscriptions = self
+                .list_subscriptions(&t.name)?
+                .into_iter()
+                .map(|s| s.name)
+                .collect();
+            let segs = segments
+                .get(&t.name)
+                .map(|m| m.keys().copied().collect())
+                .unwrap_or_default();
+            topics.insert(
+                t.name,
+                TopicInventory {
+                    kind: t.kind,
+                    first,
+                    next,
+                    segments: segs,
+                    subscriptions,
+                },
+            );
+        }
+        let count = |tree: &Tree| -> Result<u64> {
+            let mut n = 0;
+            for k in tree.iter().keys() {
+                k?;
+                n += 1;
+            }
+            Ok(n)
+        };
+        let (dead_letters, scheduled) = if counts {
+            (
+                Some(count(&self.deadletters)?),
+                Some(count(&self.schedule)?),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(Inventory {
+            store_id,
+            has_data,
+            topics,
+            dead_letters,
+            scheduled,
+        })
+    }
+
+    fn set_store_id(&self, id: &str) -> Result<()> {
+        self.meta
+            .insert(STORE_ID_KEY, seal(STORE_ID_KEY, id.as_bytes()))?;
+        Ok(())
+    }
+
+    fn load_manifest(&self) -> Result<Option<Manifest>> {
+        let path = self.dir.join(manifest::FILE_NAME);
+        match std::fs::read(&path) {
+            Ok(bytes) => Manifest::decode(&bytes).map(Some).map_err(|why| {
+                StorageError::Corrupt(format!("manifest {}: {why}", path.display()))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StorageError::Io(e)),
+        }
+    }
+
+    async fn save_manifest(&self, m: &Manifest) -> Result<()> {
+        let dir = self.dir.clone();
+        let bytes = m.encode();
+        tokio::task::spawn_blocking(move || write_durably(&dir, manifest::FILE_NAME, &bytes))
+            .await
+            .map_err(|e| StorageError::Io(std::io::Error::other(e)))??;
         Ok(())
     }
 }

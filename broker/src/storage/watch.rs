@@ -1,0 +1,182 @@
+//! [`Watched`]: any [`Storage`] with a memory for damage. Every call goes
+//! through to the engine; a call that fails with [`StorageError::Corrupt`]
+//! (a checksum mismatch, a record that does not decode, sled's own
+//! corruption report) is logged once and turns [`Storage::intact`] false
+//! for good, which the broker's health task reports as
+//! `ricochet_storage_healthy 0` and a NOT_SERVING health status. The read
+//! itself still fails; nothing is served in its place.
+
+use super::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A storage engine whose corrupt reads are remembered.
+#[derive(Debug)]
+pub struct Watched {
+    inner: Arc<dyn Storage>,
+    damaged: AtomicBool,
+}
+
+impl Watched {
+    /// Watches `inner`.
+    pub fn new(inner: Arc<dyn Storage>) -> Self {
+        Self {
+            inner,
+            damaged: AtomicBool::new(false),
+        }
+    }
+
+    fn note<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(StorageError::Corrupt(what)) = &r
+            && !self.damaged.swap(true, Ordering::AcqRel)
+        {
+            tracing::error!(
+                damage = %what,
+                "storage holds damaged data: the read fails and storage health turns bad \
+                 (stop the broker and run `ricochet-broker check`)"
+            );
+        }
+        r
+    }
+}
+
+#[async_trait::async_trait]
+impl Storage for Watched {
+    fn list_topics(&self) -> Result<Vec<TopicRecord>> {
+        self.note(self.inner.list_topics())
+    }
+    fn put_topic(&self, record: &TopicRecord) -> Result<()> {
+        self.note(self.inner.put_topic(record))
+    }
+    fn delete_topic(&self, name: &str) -> Result<()> {
+        self.note(self.inner.delete_topic(name))
+    }
+    fn append(
+        &self,
+        topic: &str,
+        first_id: u64,
+        entries: &[Vec<u8>],
+        producer: Option<(&str, u64)>,
+    ) -> Result<()> {
+        self.note(self.inner.append(topic, first_id, entries, producer))
+    }
+    fn read(
+        &self,
+        topic: &str,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>> {
+        self.note(self.inner.read(topic, from, max, max_bytes))
+    }
+    fn read_one(&self, topic: &str, id: u64) -> Result<Option<Vec<u8>>> {
+        self.note(self.inner.read_one(topic, id))
+    }
+    fn entry_range(&self, topic: &str) -> Result<(u64, u64)> {
+        self.note(self.inner.entry_range(topic))
+    }
+    fn trim(&self, topic: &str, below: u64) -> Result<()> {
+        self.note(self.inner.trim(topic, below))
+    }
+    fn remove_entries(&self, topic: &str, ids: &[u64]) -> Result<()> {
+        self.note(self.inner.remove_entries(topic, ids))
+    }
+    fn producer_sequences(&self, topic: &str) -> Result<Vec<(String, u64)>> {
+        self.note(self.inner.producer_sequences(topic))
+    }
+    fn list_subscriptions(&self, topic: &str) -> Result<Vec<SubscriptionRecord>> {
+        self.note(self.inner.list_subscriptions(topic))
+    }
+    fn put_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
+        self.note(self.inner.put_subscription(record))
+    }
+    fn delete_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
+        self.note(self.inner.delete_subscription(record))
+    }
+    fn next_id(&self) -> Result<u64> {
+        self.note(self.inner.next_id())
+    }
+    fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>> {
+        self.note(self.inner.failure(message, due_ms))
+    }
+    fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {
+        self.note(self.inner.failures_of(sub_id, tier))
+    }
+    fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()> {
+        self.note(self.inner.put_failures(records))
+    }
+    fn scheduled(
+        &self,
+        after: Option<ScheduleKey>,
+        to_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<ScheduleKey>> {
+        self.note(self.inner.scheduled(after, to_ms, limit))
+    }
+    fn put_schedule(&self, keys: &[(ScheduleKey, bool)]) -> Result<()> {
+        self.note(self.inner.put_schedule(keys))
+    }
+    fn move_messages(&self, mv: &TierMove) -> Result<()> {
+        self.note(self.inner.move_messages(mv))
+    }
+    fn dead_letters(
+        &self,
+        sub_id: u64,
+        after: Option<u64>,
+    ) -> Result<Vec<(u64, DeadLetterRecord)>> {
+        self.note(self.inner.dead_letters(sub_id, after))
+    }
+    fn count_dead_letters(&self, sub_id: u64) -> Result<u64> {
+        self.note(self.inner.count_dead_letters(sub_id))
+    }
+    fn remove_dead_letters(&self, sub_id: u64, ids: &[u64]) -> Result<()> {
+        self.note(self.inner.remove_dead_letters(sub_id, ids))
+    }
+    fn size_on_disk(&self) -> Result<u64> {
+        self.note(self.inner.size_on_disk())
+    }
+    async fn flush(&self) -> Result<()> {
+        let r = self.inner.flush().await;
+        self.note(r)
+    }
+    fn inventory(&self, counts: bool) -> Result<Inventory> {
+        self.note(self.inner.inventory(counts))
+    }
+    fn set_store_id(&self, id: &str) -> Result<()> {
+        self.note(self.inner.set_store_id(id))
+    }
+    fn load_manifest(&self) -> Result<Option<Manifest>> {
+        self.note(self.inner.load_manifest())
+    }
+    async fn save_manifest(&self, manifest: &Manifest) -> Result<()> {
+        let r = self.inner.save_manifest(manifest).await;
+        self.note(r)
+    }
+    fn intact(&self) -> bool {
+        !self.damaged.load(Ordering::Acquire) && self.inner.intact()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_corrupt_read_fails_and_turns_the_store_unhealthy_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let sled = SledStorage::open(dir.path(), 16, 8 << 20).unwrap();
+        sled.append("good", 0, &[b"x".to_vec()], None).unwrap();
+        sled.append("bad", 0, &[b"y".to_vec()], None).unwrap();
+        sled.damage_entry("bad", 0, 7);
+        let s = Watched::new(Arc::new(sled));
+        assert_eq!(s.read("good", 0, 10, usize::MAX).unwrap().len(), 1);
+        assert!(s.intact());
+        assert!(matches!(
+            s.read("bad", 0, 10, usize::MAX),
+            Err(StorageError::Corrupt(_))
+        ));
+        assert!(!s.intact());
+        assert_eq!(s.read("good", 0, 10, usize::MAX).unwrap().len(), 1);
+        assert!(!s.intact(), "stays unhealthy");
+    }
+}
