@@ -280,7 +280,6 @@ impl BrokerCore {
             clock: self.clock.clone(),
             max_unacked_per_consumer: self.config.max_unacked_per_consumer,
             max_delay: self.config.max_delay,
-            sync: self.config.durability == Durability::Sync,
             shutdown: self.shutdown.clone(),
             failure_log: self.failure_log.clone(),
             running: self.actors.clone(),

@@ -114,3 +114,53 @@ async fn repeated_kills_during_publish_lose_no_receipted_message() {
     drop(c);
     broker.kill9();
 }
+
+/// `interval` mode defers the flush of publishes and plain acks only: a
+/// delivery count a consumer has seen never goes back after a crash, and a
+/// confirmed request (here an ack with a request id) is durable.
+#[tokio::test]
+async fn in_interval_mode_seen_counts_and_confirmed_acks_survive_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    // A long flush interval: nothing becomes durable by the clock during the
+    // test, only by what waits for a flush.
+    let config = dir.path().join("interval.toml");
+    std::fs::write(
+        &config,
+        "durability = \"interval\"\nflush_interval = \"30s\"\n",
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let opts = options().args(["--config", config.to_str().unwrap()]);
+    let broker = ricochet_testkit::BrokerProcess::spawn(&data, &opts).await;
+    let url = broker.url().to_owned();
+    let mut p = RawProducer::open(&url, "counts", "p").await.unwrap();
+    p.send(&["keep", "acked"]).await;
+    let mut c = RawConsumer::simple(&url, "counts", "s", SubscriptionType::Shared).await;
+    c.flow(10).await;
+    let got = c.take(2, WAIT).await;
+    let (keep, acked) = (got[0].id.clone().unwrap(), got[1].id.clone().unwrap());
+    c.ack(vec![acked], 1).await;
+    assert_eq!(c.result(WAIT).await.unwrap().code, 0);
+    // Two failures in place; each redelivery shows the count it reached.
+    let mut seen = 0;
+    for round in 1..=2u32 {
+        // No request id: nothing but the redelivery itself waits for a flush.
+        c.nack(keep.clone(), "again", 0).await;
+        let m = c.next(WAIT).await.expect("redelivered");
+        assert_eq!(m.delivery_count, round);
+        seen = m.delivery_count;
+    }
+    broker.kill9();
+    let broker = ricochet_testkit::BrokerProcess::spawn(&data, &opts).await;
+    let mut c = RawConsumer::simple(broker.url(), "counts", "s", SubscriptionType::Shared).await;
+    c.flow(10).await;
+    let m = c.next(WAIT).await.expect("still unacked");
+    assert_eq!(m.id.unwrap().entry_id, keep.entry_id);
+    assert!(
+        m.delivery_count >= seen,
+        "count went back: {} < {seen}",
+        m.delivery_count
+    );
+    assert!(c.next(QUIET).await.is_none(), "the confirmed ack held");
+    broker.kill9();
+}

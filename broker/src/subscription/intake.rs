@@ -284,7 +284,7 @@ impl SubscriptionActor {
         Ok(())
     }
 
-    /// Persists the new counts, then (once durable) makes the messages
+    /// Persists the new counts, then (once durable, in either mode) makes the messages
     /// dispatchable again in their current tier: at once, or when their
     /// hold ends (a schedule entry, so the hold survives a restart).
     fn redeliver_in_place(
@@ -335,9 +335,10 @@ impl SubscriptionActor {
         let tx = self.self_tx.clone();
         let flusher = self.deps.flusher.clone();
         let scheduler = self.deps.scheduler.clone();
-        let sync = self.deps.sync;
         tokio::spawn(async move {
-            if sync && flusher.durable().await.is_err() {
+            // In both durability modes: a delivery count never goes back,
+            // so it is durable before the message goes out again.
+            if flusher.durable().await.is_err() {
                 return;
             }
             scheduler.add(held);

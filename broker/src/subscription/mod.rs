@@ -90,8 +90,6 @@ pub struct SubscriptionDeps {
     pub max_unacked_per_consumer: usize,
     /// The longest delay scheduled (see [`BrokerConfig::max_delay`](crate::BrokerConfig::max_delay)).
     pub max_delay: std::time::Duration,
-    /// Whether writes must be flushed before they are acknowledged.
-    pub sync: bool,
     /// Cancelled when the broker shuts down: consumers leaving then are not
     /// charged an attempt (the broker, not the message, ended the delivery).
     pub shutdown: CancellationToken,

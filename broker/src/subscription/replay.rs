@@ -71,9 +71,8 @@ impl SubscriptionActor {
         let storage = &self.deps.storage;
         storage.remove_dead_letters(self.rec.id, &dlq_ids)?;
         storage.remove_entries(&self.tiers.dead_letter_name, &dlq_ids)?;
-        if self.deps.sync {
-            self.deps.flusher.durable().await?;
-        }
+        // Reported done means durable, in either mode.
+        self.deps.flusher.durable().await?;
         tracing::warn!(sub = %self.rec.name, topic = %self.rec.topic, count = ids.len(), reset, "dead letters replayed");
         Ok(ids
             .into_iter()

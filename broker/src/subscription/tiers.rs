@@ -283,13 +283,13 @@ impl SubscriptionActor {
     }
 
     /// After a tier move wrote `topic`'s ids below `end`: once they are
-    /// durable (at once in `interval` mode), makes them readable and runs
+    /// durable (in either mode: a moved copy is never read before its move is),
+    /// makes them readable and runs
     /// `then`. The actor does not wait for the flush; the request's reply does.
     fn when_durable(&self, topic: Arc<Topic>, end: u64, then: impl FnOnce() + Send + 'static) {
         let flusher = self.deps.flusher.clone();
-        let sync = self.deps.sync;
         tokio::spawn(async move {
-            if !sync || flusher.durable().await.is_ok() {
+            if flusher.durable().await.is_ok() {
                 topic.advance_durable_end(end);
                 then();
             }
