@@ -132,6 +132,7 @@ impl Admin for AdminService {
     async fn create_topic(&self, r: Request<TopicRequest>) -> Result<Response<TopicInfo>, Status> {
         let name = TopicName::parse(&r.into_inner().topic)?;
         self.core.create_topic(&name).await?;
+        self.core.flusher.durable().await?;
         Ok(Response::new(TopicInfo {
             topic: name.to_string(),
             created: true,
@@ -145,6 +146,7 @@ impl Admin for AdminService {
         let r = r.into_inner();
         let name = TopicName::parse(&r.topic)?;
         self.core.delete_topic(&name, r.force).await?;
+        self.core.flusher.durable().await?;
         Ok(Response::new(DeleteTopicResponse {}))
     }
 
@@ -209,6 +211,7 @@ impl Admin for AdminService {
         let t = TopicName::parse(&r.topic)?;
         let s = SubscriptionName::parse(&r.subscription)?;
         self.core.delete_subscription(&t, &s, r.force).await?;
+        self.core.flusher.durable().await?;
         Ok(Response::new(DeleteSubscriptionResponse {}))
     }
 
@@ -243,6 +246,7 @@ impl Admin for AdminService {
         let s = SubscriptionName::parse(&r.subscription)?;
         self.core.check_tiers(&t, &s, &tiers)?;
         let info = h.set_policy(spec).await?;
+        self.core.flusher.durable().await?;
         Ok(Response::new(wire::policy_response(info)))
     }
 
