@@ -2,14 +2,14 @@
 //! end-to-end latency from the send time in each payload's header.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use ricochet_client::InitialPosition;
 use tokio::sync::watch;
 
 use super::payload::{now_micros, read_header};
-use super::report::{Recorder, Summary, spawn_progress};
-use super::{check_count, spawn_stopper};
+use super::report::{Recorder, Summary};
+use super::{check_count, run_until_stopped};
 use crate::Ctx;
 use crate::args::PerfConsumeArgs;
 use crate::error::Result;
@@ -58,15 +58,14 @@ pub(super) async fn consume(ctx: &mut Ctx<'_>, a: PerfConsumeArgs) -> Result<Sum
             let _ = consumer.close().await;
         }));
     }
-    let start = Instant::now();
-    let stopper = spawn_stopper(a.common.duration, stop_tx);
-    let progress = spawn_progress("received", rec.clone(), None, stop_rx.clone());
-    for t in tasks {
-        let _ = t.await;
-    }
-    let elapsed = start.elapsed();
-    stopper.abort();
-    let _ = progress.await;
+    let elapsed = run_until_stopped(
+        "received",
+        a.common.duration,
+        &rec,
+        (stop_tx, stop_rx),
+        tasks,
+    )
+    .await;
     let mut s = Summary::new(
         "consume",
         &a.common.topic,

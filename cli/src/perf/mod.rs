@@ -67,6 +67,29 @@ fn spawn_stopper(duration: Duration, stop: watch::Sender<bool>) -> tokio::task::
     })
 }
 
+/// Runs `tasks` until they end or the run's duration (or Ctrl-C) stops
+/// them, printing a progress line labelled `label` every second; returns
+/// how long they ran.
+async fn run_until_stopped(
+    label: &'static str,
+    duration: Duration,
+    rec: &std::sync::Arc<report::Recorder>,
+    stop: (watch::Sender<bool>, watch::Receiver<bool>),
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+) -> Duration {
+    let (stop_tx, stop_rx) = stop;
+    let start = std::time::Instant::now();
+    let stopper = spawn_stopper(duration, stop_tx);
+    let progress = report::spawn_progress(label, rec.clone(), None, stop_rx);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let elapsed = start.elapsed();
+    stopper.abort();
+    let _ = progress.await;
+    elapsed
+}
+
 fn check_size(size: usize) -> Result<()> {
     if size < HEADER {
         return Err(CliError::Usage(format!(

@@ -10,8 +10,8 @@ use ricochet_client::{Client, Producer};
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use super::payload::make_payload;
-use super::report::{Recorder, Summary, spawn_progress};
-use super::{check_count, check_size, spawn_stopper};
+use super::report::{Recorder, Summary};
+use super::{check_count, check_size, run_until_stopped};
 use crate::Ctx;
 use crate::args::PerfProduceArgs;
 use crate::error::Result;
@@ -137,15 +137,14 @@ pub(super) async fn produce(ctx: &mut Ctx<'_>, a: PerfProduceArgs) -> Result<Sum
     };
     let tasks =
         start_producers(&client, &a.common.topic, a.producers, &feed, &rec, &stop_rx).await?;
-    let start = Instant::now();
-    let stopper = spawn_stopper(a.common.duration, stop_tx);
-    let progress = spawn_progress("published", rec.clone(), None, stop_rx.clone());
-    for t in tasks {
-        let _ = t.await;
-    }
-    let elapsed = start.elapsed();
-    stopper.abort();
-    let _ = progress.await;
+    let elapsed = run_until_stopped(
+        "published",
+        a.common.duration,
+        &rec,
+        (stop_tx, stop_rx),
+        tasks,
+    )
+    .await;
     let mut s = Summary::new(
         "produce",
         &a.common.topic,
