@@ -88,6 +88,10 @@ fn describe() {
         "Messages delivered and not yet acknowledged."
     );
     describe_gauge!(
+        "ricochet_consumers_blocked_on_unacked",
+        "Consumers holding max_unacked_per_consumer unacked messages, sent nothing until they ack."
+    );
+    describe_gauge!(
         "ricochet_retry_queue_size",
         "Messages in the subscription's retry tier, not yet acknowledged."
     );
@@ -202,6 +206,8 @@ pub struct SubscriptionMetrics {
     pub retry_lateness: Histogram,
     /// Dead-letter tier size.
     pub dlq_size: Gauge,
+    /// Consumers at the unacked cap.
+    pub blocked_consumers: Gauge,
     /// Delivery counts at dispatch.
     pub delivery_count: Histogram,
 }
@@ -231,6 +237,7 @@ impl SubscriptionMetrics {
             retry_delay: histogram!("ricochet_retry_delay_seconds", &l()),
             retry_lateness: histogram!("ricochet_retry_lateness_seconds", &l()),
             dlq_size: gauge!("ricochet_dlq_size", &l()),
+            blocked_consumers: gauge!("ricochet_consumers_blocked_on_unacked", &l()),
             delivery_count: histogram!("ricochet_delivery_attempts", &l()),
         }
     }

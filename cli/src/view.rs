@@ -283,6 +283,9 @@ pub struct ConsumerView {
     pub permits: u64,
     /// Whether it receives (Exclusive/Failover: the active one).
     pub active: bool,
+    /// Whether it holds the broker's `max_unacked_per_consumer` unacked
+    /// messages and is sent nothing until it acks.
+    pub blocked_on_unacked: bool,
 }
 
 /// `subscription stats`: the progress of one subscription.
@@ -361,6 +364,7 @@ impl SubscriptionStatsView {
                     unacked: c.unacked,
                     permits: c.permits,
                     active: c.active,
+                    blocked_on_unacked: c.blocked_on_unacked,
                 })
                 .collect(),
         }
@@ -416,13 +420,19 @@ impl SubscriptionStatsView {
         b.write(out, 0)?;
         if !self.consumers.is_empty() {
             writeln!(out)?;
-            let mut t = Table::new(&["consumer", ">unacked", ">permits", "active"]);
+            let mut t = Table::new(&["consumer", ">unacked", ">permits", "active", "blocked"]);
             for c in &self.consumers {
                 t.row(vec![
                     c.name.clone(),
                     c.unacked.to_string(),
                     c.permits.to_string(),
                     if c.active { "yes" } else { "no" }.to_owned(),
+                    if c.blocked_on_unacked {
+                        "yes (unacked cap)"
+                    } else {
+                        "no"
+                    }
+                    .to_owned(),
                 ]);
             }
             t.write(out)?;

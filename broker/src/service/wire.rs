@@ -48,6 +48,7 @@ pub(super) fn subscription_stats(s: SubscriptionStats) -> SubscriptionStatsRespo
                 unacked: c.unacked,
                 permits: c.permits,
                 active: c.active,
+                blocked_on_unacked: c.blocked_on_unacked,
             })
             .collect(),
         mark_delete_position: s.mark_delete_position,

@@ -17,6 +17,9 @@ pub(super) struct ConsumerState {
     pub unacked: usize,
     /// Whether it receives messages from the retry tier.
     pub retry: bool,
+    /// Whether it was at the unacked cap when last looked at
+    /// (`SubscriptionActor::watch_blocked`).
+    pub blocked: bool,
 }
 
 impl ConsumerState {
@@ -114,6 +117,7 @@ impl Consumers {
             permits: 0,
             unacked: 0,
             retry,
+            blocked: false,
         });
         id
     }
@@ -249,6 +253,7 @@ mod tests {
             permits: 0,
             unacked: 0,
             retry: true,
+            blocked: false,
         };
         assert!(!c.can_take(10));
         c.permits = 1;

@@ -164,6 +164,7 @@ mod tests {
             permits,
             unacked: 0,
             retry,
+            blocked: false,
         }
     }
 

@@ -211,6 +211,7 @@ impl SubscriptionActor {
                 }
             }
             self.dispatch();
+            self.watch_blocked();
             self.persist();
         }
         self.deps.scheduler.unregister(self.rec.id);

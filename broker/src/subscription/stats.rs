@@ -20,6 +20,9 @@ pub struct ConsumerStats {
     pub permits: u64,
     /// Whether it receives messages (Failover standbys do not).
     pub active: bool,
+    /// Whether it holds `max_unacked_per_consumer` unacked messages, so
+    /// nothing more is sent to it until it acks.
+    pub blocked_on_unacked: bool,
 }
 
 /// Scheduled messages due before `until_ms` (0: later than every other bucket).
@@ -123,6 +126,30 @@ impl SubscriptionActor {
         (end - start) - self.rec.main.acked_between(start, end)
     }
 
+    /// Notices consumers that reached, or left, the unacked cap: a consumer
+    /// at the cap receives nothing, which would otherwise look like an idle
+    /// subscription. Each change is logged once; the count is a gauge.
+    pub(super) fn watch_blocked(&mut self) {
+        let max = self.deps.max_unacked_per_consumer;
+        let (topic, sub) = (&self.rec.topic, &self.rec.name);
+        let mut blocked = 0usize;
+        for c in self.consumers.as_mut_slice() {
+            let now = c.unacked >= max;
+            blocked += usize::from(now);
+            if now == c.blocked {
+                continue;
+            }
+            c.blocked = now;
+            if now {
+                tracing::warn!(%topic, subscription = %sub, consumer = %c.name, unacked = c.unacked, max_unacked_per_consumer = max,
+                    "consumer blocked: it holds max_unacked_per_consumer unacked messages and receives nothing until it acks");
+            } else {
+                tracing::info!(%topic, subscription = %sub, consumer = %c.name, unacked = c.unacked, "consumer unblocked");
+            }
+        }
+        self.metrics.blocked_consumers.set(blocked as f64);
+    }
+
     pub(super) fn update_gauges(&self) {
         let m = &self.metrics;
         let c = &self.counters;
@@ -153,6 +180,7 @@ impl SubscriptionActor {
                     unacked: c.unacked as u64,
                     permits: u64::from(c.permits),
                     active: self.consumers.is_active(sub_type, c),
+                    blocked_on_unacked: c.blocked,
                 })
                 .collect(),
             mark_delete_position: self.rec.main.mark_delete,
