@@ -34,7 +34,9 @@
 //! * sizes: `RS_QUICK=1` (10 000 only, 100 000 retries for part 3, 2 s
 //!   loops), `RS_SIZES=10000,100000`, `RS_SPREAD_MS=3000`, `RS_LOOP_SECS=5`,
 //!   `RS_LOOP_WORKING_SET=2000`, `RS_MEM_RETRIES=1000000`;
-//! * `RS_ONLY=scheduler|e2e|short|loop|memory` runs one part;
+//! * `RS_ONLY=scheduler|e2e|short|loop|memory|live` runs one part;
+//!   part 4 (`live`, see `live.rs`): `RS_LIVE_RETRIES=200000` retries
+//!   parked by a live broker, `RS_LIVE_CONFIG=file` a broker config for it;
 //! * part 1: `RS_SCHED_GROUP=k` gives k entries the same due time (as one
 //!   tier move's batch has), `RS_E2E_FRAMES=k` nack frames (default: frames
 //!   of 100 ids),
@@ -52,6 +54,7 @@
 mod broker;
 mod e2e;
 mod lateness;
+mod live;
 mod memory;
 mod raw;
 mod redeliver_loop;
@@ -142,6 +145,10 @@ fn main() -> Result<(), BoxError> {
     if part("memory") {
         let n: usize = env_or("RS_MEM_RETRIES", if quick() { 100_000 } else { 1_000_000 });
         rt.block_on(memory_and_restart(n))?;
+    }
+    if part("live") {
+        let n: usize = env_or("RS_LIVE_RETRIES", if quick() { 50_000 } else { 200_000 });
+        rt.block_on(live::live_parked_retries(n))?;
     }
     Ok(())
 }

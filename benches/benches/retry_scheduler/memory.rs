@@ -133,7 +133,7 @@ async fn write_scheduled(dir: &Path, n: usize) -> Result<(u64, Duration), BoxErr
 }
 
 /// `VmRSS` and `VmHWM` of a process, in bytes.
-fn rss(pid: u32) -> (u64, u64) {
+pub(crate) fn rss(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |name: &str| {
         status
