@@ -12,16 +12,7 @@ const TOPIC: &str = "persistent://public/default/capped";
 const CAP: usize = 3;
 
 async fn consumer_stats(b: &InProcessBroker) -> Vec<ConsumerStats> {
-    let mut admin = admin_client::AdminClient::new(channel(&b.url()).await);
-    admin
-        .subscription_stats(SubscriptionRequest {
-            topic: TOPIC.into(),
-            subscription: "s".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .consumers
+    sub_stats(&b.url(), TOPIC, "s").await.consumers
 }
 
 #[tokio::test]

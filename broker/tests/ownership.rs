@@ -11,15 +11,7 @@ use ricochet_testkit::InProcessBroker;
 const TOPIC: &str = "persistent://public/default/owned";
 
 async fn stats(b: &InProcessBroker) -> SubscriptionStatsResponse {
-    let mut admin = admin_client::AdminClient::new(channel(&b.url()).await);
-    admin
-        .subscription_stats(SubscriptionRequest {
-            topic: TOPIC.into(),
-            subscription: "s".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
+    sub_stats(&b.url(), TOPIC, "s").await
 }
 
 #[tokio::test]

@@ -14,3 +14,19 @@ pub fn options() -> SpawnOptions {
 pub async fn spawn(dir: &std::path::Path) -> BrokerProcess {
     BrokerProcess::spawn(dir, &options()).await
 }
+
+/// The stats of subscription `sub` on `topic`, from the broker at `url`.
+pub async fn sub_stats(
+    url: &str,
+    topic: &str,
+    sub: &str,
+) -> ricochet_proto::SubscriptionStatsResponse {
+    ricochet_proto::admin_client::AdminClient::new(channel(url).await)
+        .subscription_stats(ricochet_proto::SubscriptionRequest {
+            topic: topic.into(),
+            subscription: sub.into(),
+        })
+        .await
+        .expect("subscription stats")
+        .into_inner()
+}
