@@ -18,6 +18,29 @@ async fn admin(b: &InProcessBroker) -> AdminClient<tonic::transport::Channel> {
     AdminClient::new(channel(&b.url()).await)
 }
 
+async fn delete_topic(b: &InProcessBroker, topic: &str, force: bool) -> Result<(), tonic::Status> {
+    admin(b)
+        .await
+        .delete_topic(DeleteTopicRequest {
+            topic: topic.into(),
+            force,
+        })
+        .await
+        .map(drop)
+}
+
+async fn delete_sub(b: &InProcessBroker, force: bool) -> Result<(), tonic::Status> {
+    admin(b)
+        .await
+        .delete_subscription(DeleteSubscriptionRequest {
+            topic: TOPIC.into(),
+            subscription: "s".into(),
+            force,
+        })
+        .await
+        .map(drop)
+}
+
 async fn topics(b: &InProcessBroker) -> Vec<String> {
     admin(b)
         .await
@@ -89,14 +112,7 @@ async fn a_tier_topic_cannot_be_deleted_behind_its_subscription() {
     holding_tiers(&b).await;
     for tier in [DLQ, RETRY] {
         for force in [false, true] {
-            let err = admin(&b)
-                .await
-                .delete_topic(DeleteTopicRequest {
-                    topic: tier.into(),
-                    force,
-                })
-                .await
-                .expect_err("refused");
+            let err = delete_topic(&b, tier, force).await.expect_err("refused");
             assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
             assert!(err.message().contains("tier of subscription s"), "{err}");
         }
@@ -114,22 +130,11 @@ async fn a_tier_topic_cannot_be_deleted_behind_its_subscription() {
 async fn deletes_without_force_refuse_what_holds_data() {
     let b = InProcessBroker::start().await;
     holding_tiers(&b).await;
-    let err = admin(&b)
-        .await
-        .delete_topic(DeleteTopicRequest {
-            topic: TOPIC.into(),
-            force: false,
-        })
+    let err = delete_topic(&b, TOPIC, false)
         .await
         .expect_err("a topic with a subscription");
     assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
-    let err = admin(&b)
-        .await
-        .delete_subscription(DeleteSubscriptionRequest {
-            topic: TOPIC.into(),
-            subscription: "s".into(),
-            force: false,
-        })
+    let err = delete_sub(&b, false)
         .await
         .expect_err("a subscription with a dead letter");
     assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
@@ -146,13 +151,7 @@ async fn deletes_without_force_refuse_what_holds_data() {
         })
         .await
         .unwrap();
-    let err = admin(&b)
-        .await
-        .delete_subscription(DeleteSubscriptionRequest {
-            topic: TOPIC.into(),
-            subscription: "s".into(),
-            force: false,
-        })
+    let err = delete_sub(&b, false)
         .await
         .expect_err("a subscription with a scheduled retry");
     assert!(err.message().contains("scheduled retr"), "{err}");
@@ -163,15 +162,7 @@ async fn a_forced_subscription_delete_takes_its_tiers_and_disconnects_consumers(
     let b = InProcessBroker::start().await;
     holding_tiers(&b).await;
     let mut c = RawConsumer::simple(&b.url(), TOPIC, "s", SubscriptionType::Shared).await;
-    admin(&b)
-        .await
-        .delete_subscription(DeleteSubscriptionRequest {
-            topic: TOPIC.into(),
-            subscription: "s".into(),
-            force: true,
-        })
-        .await
-        .unwrap();
+    delete_sub(&b, true).await.unwrap();
     // The consumer's stream ends (at once, not after the wait runs out).
     assert!(stream_ends(&mut c).await);
     let err = dead_letter_count(&b).await.expect_err("gone");
@@ -186,14 +177,7 @@ async fn a_forced_topic_delete_disconnects_clients_and_survives_a_restart() {
     holding_tiers(&b).await;
     let mut c = RawConsumer::simple(&b.url(), TOPIC, "s", SubscriptionType::Shared).await;
     let mut p = RawProducer::open(&b.url(), TOPIC, "p2").await.unwrap();
-    admin(&b)
-        .await
-        .delete_topic(DeleteTopicRequest {
-            topic: TOPIC.into(),
-            force: true,
-        })
-        .await
-        .unwrap();
+    delete_topic(&b, TOPIC, true).await.unwrap();
     assert!(stream_ends(&mut c).await, "the consumer is disconnected");
     let after = p.msg("after");
     match p.send_batch(vec![after]).await {
