@@ -9,7 +9,7 @@ use tokio::sync::watch;
 
 use super::payload::{now_micros, read_header};
 use super::report::{Recorder, Summary};
-use super::{check_count, run_until_stopped};
+use super::{check_count, next_or_stop, run_until_stopped};
 use crate::Ctx;
 use crate::args::PerfConsumeArgs;
 use crate::error::Result;
@@ -34,12 +34,7 @@ pub(super) async fn consume(ctx: &mut Ctx<'_>, a: PerfConsumeArgs) -> Result<Sum
         let mut stop = stop_rx.clone();
         tasks.push(tokio::spawn(async move {
             loop {
-                let msg = tokio::select! {
-                    m = consumer.receive() => m,
-                    _ = stop.wait_for(|s| *s) => break,
-                };
-                let Ok(msg) = msg else {
-                    rec.error();
+                let Some(msg) = next_or_stop(&mut consumer, &mut stop, &rec).await else {
                     break;
                 };
                 let latency = match read_header(msg.payload()) {

@@ -90,6 +90,19 @@ async fn run_until_stopped(
     elapsed
 }
 
+/// The consumer's next message, or `None` once the run is stopped or the
+/// consumer fails (a failure is counted in `rec`).
+async fn next_or_stop(
+    consumer: &mut ricochet_client::Consumer,
+    stop: &mut watch::Receiver<bool>,
+    rec: &report::Recorder,
+) -> Option<ricochet_client::Message> {
+    tokio::select! {
+        m = consumer.receive() => m.inspect_err(|_| rec.error()).ok(),
+        _ = stop.wait_for(|s| *s) => None,
+    }
+}
+
 fn check_size(size: usize) -> Result<()> {
     if size < HEADER {
         return Err(CliError::Usage(format!(

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use super::payload::read_header;
 use super::produce::{Feed, start_producers};
 use super::report::{Latency, Recorder, Summary, new_histogram, spawn_progress};
-use super::{check_count, check_size, spawn_stopper};
+use super::{check_count, check_size, next_or_stop, spawn_stopper};
 use crate::Ctx;
 use crate::args::PerfRedeliverArgs;
 use crate::error::{CliError, Result};
@@ -68,12 +68,7 @@ pub(super) async fn redeliver(ctx: &mut Ctx<'_>, a: PerfRedeliverArgs) -> Result
         let mut stop = drained_rx.clone();
         consumers.push(tokio::spawn(async move {
             loop {
-                let msg = tokio::select! {
-                    m = consumer.receive() => m,
-                    _ = stop.wait_for(|s| *s) => break,
-                };
-                let Ok(msg) = msg else {
-                    rec.error();
+                let Some(msg) = next_or_stop(&mut consumer, &mut stop, &rec).await else {
                     break;
                 };
                 let seq = read_header(msg.payload()).map(|(_, s)| s);
