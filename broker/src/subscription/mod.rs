@@ -282,7 +282,15 @@ impl SubscriptionActor {
                 let _ = reply.send(self.policy_info());
             }
             Command::SetPolicy(spec, reply) => {
-                let r = self.set_policy(spec, crate::storage::PolicySource::Admin);
+                // Stored before the answer, so the flush the admin service
+                // waits for covers it (not left to this round's `persist`).
+                let r = self
+                    .set_policy(spec, crate::storage::PolicySource::Admin)
+                    .and_then(|info| {
+                        self.deps.storage.put_subscription(&self.rec)?;
+                        self.dirty = false;
+                        Ok(info)
+                    });
                 let _ = reply.send(r);
             }
             Command::MessageStatus(entry_id, reply) => {
