@@ -61,9 +61,10 @@
 //! A [`nack`](Acker::nack) is held by the client for the delay the policy
 //! gives the message's next attempt, then sent back; the broker counts the
 //! attempt (persistently) and redelivers at once or dead-letters. A
-//! [`reconsume_later`](Acker::reconsume_later) is sent at once; the broker
-//! moves the message into the subscription's retry tier and delivers it when
-//! due. An unacked message past the [ack timeout](ConsumerBuilder::ack_timeout)
+//! [`reconsume_later`](Acker::reconsume_later) is sent at once (queued like
+//! an ack: [`flush`](Acker::flush) confirms it, or each call waits with ack
+//! receipts); the broker moves the message into the subscription's retry
+//! tier and delivers it when due. An unacked message past the [ack timeout](ConsumerBuilder::ack_timeout)
 //! is sent back like a nack. [`terminate`](Acker::terminate) dead-letters.
 
 mod client;

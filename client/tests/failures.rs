@@ -283,6 +283,8 @@ async fn terminate_and_level_minus_one_dead_letter() {
     let b = recv(&mut c, T).await;
     c.terminate(&a, "poison").await.unwrap();
     c.reconsume_later_level(&b, -1).await.unwrap();
+    // Queued like an ack: the flush confirms it.
+    c.flush().await.unwrap();
     let dl = dead_letters(&env, &t, "s").await;
     assert_eq!(dl.len(), 2);
     assert!(dl.iter().any(|d| d.reason.contains("poison")), "{dl:?}");
@@ -290,6 +292,51 @@ async fn terminate_and_level_minus_one_dead_letter() {
     let err = c.terminate(&a, "again").await.unwrap_err();
     assert_eq!(err.code(), Some(tonic::Code::InvalidArgument), "{err}");
     assert_quiet(&mut c, Duration::from_millis(200)).await;
+}
+
+#[tokio::test]
+async fn a_refused_reconsume_later_fails_with_receipts_and_is_reported_by_flush_without() {
+    let env = start().await;
+    let t = topic("f-reconsume-refused");
+    produce(&env, &t, 2).await;
+    // Queued (the default): the second move of one message is refused by
+    // the broker; the call cannot know, the flush reports it.
+    let mut c = nack_consumer(&env, &t, None).await;
+    let m = recv(&mut c, T).await;
+    c.reconsume_later(&m, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    c.reconsume_later(&m, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    match c.flush().await {
+        Err(ricochet_client::Error::Unconfirmed { count, .. }) => assert_eq!(count, 1),
+        other => panic!("expected one refused move, got {other:?}"),
+    }
+    c.flush().await.expect("reported once");
+    c.close().await.unwrap();
+    drop(c);
+
+    // With receipts, the refused call fails itself.
+    let mut c = env
+        .client
+        .consumer(&t)
+        .subscription("r")
+        .initial_position(InitialPosition::Earliest)
+        .ack_receipts(true)
+        .subscribe()
+        .await
+        .unwrap();
+    let m = recv(&mut c, T).await;
+    c.reconsume_later(&m, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let err = c
+        .reconsume_later(&m, Duration::from_secs(3600))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument), "{err}");
+    c.flush().await.unwrap();
 }
 
 #[tokio::test]

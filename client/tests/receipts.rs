@@ -5,7 +5,8 @@
 //! * `close()` fails, naming how many acks the broker never confirmed;
 //! * with ack receipts, `ack().await` and `nack().await` return `Ok` only
 //!   once durable, and fail when the broker dies first;
-//! * `flush()` confirms every ack so far;
+//! * `flush()` confirms every ack so far, and every queued
+//!   `reconsume_later` (#12: queued by default, as acks are);
 //! * an ack of a message received before a reconnect never applies to a
 //!   message delivered after it.
 
@@ -158,6 +159,79 @@ async fn flush_confirms_every_ack_so_far() {
         "all five are durable"
     );
     b.kill9();
+}
+
+#[tokio::test]
+async fn flush_confirms_every_queued_reconsume_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(dir.path()).await;
+    let t = topic("r-reconsume");
+    let client = client(b.url()).await;
+    let mut c = consumer(&client, &t, false).await;
+    produce_to(&client, &t, 5).await;
+    for _ in 0..5 {
+        let m = recv(&mut c, T).await;
+        // Queued: returns once sent, not once durable.
+        c.reconsume_later(&m, Duration::from_secs(3600))
+            .await
+            .unwrap();
+    }
+    c.flush().await.unwrap();
+    b.kill9();
+    let b = broker(dir.path()).await;
+    // Nothing comes back from the main topic: all five are parked in the
+    // retry tier, durably.
+    assert!(redelivered(b.url(), &t, 0, 5).await.is_empty());
+    let stats = client_stats(b.url(), &t).await;
+    assert_eq!(stats.scheduled_retries, 5, "{stats:?}");
+    b.kill9();
+}
+
+#[tokio::test]
+async fn close_reports_queued_reconsumes_a_killed_broker_never_confirmed() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(dir.path()).await;
+    let t = topic("r-reconsume-kill");
+    let client = client(b.url()).await;
+    let mut c = consumer(&client, &t, false).await;
+    produce_to(&client, &t, 2).await;
+    let m1 = recv(&mut c, T).await;
+    let m2 = recv(&mut c, T).await;
+    b.freeze();
+    c.reconsume_later(&m1, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    c.reconsume_later(&m2, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let closing = tokio::spawn(async move { c.close().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.kill9();
+    let err = closing
+        .await
+        .unwrap()
+        .expect_err("close must not report success");
+    match err {
+        Error::Unconfirmed { count, .. } => assert_eq!(count, 2, "{err}"),
+        other => panic!("expected Unconfirmed, got {other}"),
+    }
+    // Indeed never moved: both come back from the main topic.
+    let b = broker(dir.path()).await;
+    assert_eq!(redelivered(b.url(), &t, 2, 0).await, ["m0", "m1"]);
+    b.kill9();
+}
+
+async fn client_stats(url: &str, t: &str) -> ricochet_client::proto::SubscriptionStatsResponse {
+    client(url)
+        .await
+        .admin()
+        .subscription_stats(ricochet_client::proto::SubscriptionRequest {
+            topic: t.to_owned(),
+            subscription: "s".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
 }
 
 #[tokio::test]

@@ -19,11 +19,11 @@ use crate::message::{Message, MessageId};
 /// Settles messages of one consumer; cheap to clone and `Send`, so
 /// processing tasks can ack on their own.
 ///
-/// [`reconsume_later`](Self::reconsume_later),
 /// [`terminate`](Self::terminate) and [`flush`](Self::flush) wait until the
-/// broker has made what they did durable. `ack`, `ack_cumulative` and
-/// `nack` return once queued, or with
-/// [ack receipts](super::ConsumerBuilder::ack_receipts) once durable.
+/// broker has made what they did durable. `ack`, `ack_cumulative`, `nack`
+/// and [`reconsume_later`](Self::reconsume_later) return once queued, or
+/// with [ack receipts](super::ConsumerBuilder::ack_receipts) once durable;
+/// `flush` confirms everything queued so far.
 ///
 /// A message that arrived before the consumer reconnected cannot be settled
 /// any more ([`Error::StaleDelivery`]): the broker redelivers it, and only
@@ -88,9 +88,10 @@ impl Acker {
     }
 
     /// Sends every held ack now and waits until the broker has made every
-    /// ack of this consumer so far durable. Fails with
-    /// [`Error::Unconfirmed`] naming how many acks were lost (with a broken
-    /// stream: the broker redelivers those messages) or unconfirmed.
+    /// ack and queued `reconsume_later` of this consumer so far durable.
+    /// Fails with [`Error::Unconfirmed`] naming how many were lost (with a
+    /// broken stream, or refused: the broker redelivers those messages) or
+    /// unconfirmed.
     pub async fn flush(&self) -> Result<()> {
         self.request(Cmd::Flush).await
     }
@@ -176,7 +177,11 @@ impl Acker {
 
     /// Sends the message to the subscription's retry tier, to be delivered
     /// again after `delay` (by the broker, whether or not a consumer is
-    /// connected then). Returns once the move is durable.
+    /// connected then). Like an ack, returns once queued, or with
+    /// [ack receipts](super::ConsumerBuilder::ack_receipts) once the move
+    /// is durable; [`flush`](Self::flush) confirms every queued move (a
+    /// move the broker refused is reported there and the message stays in
+    /// flight, to be redelivered).
     pub async fn reconsume_later(&self, msg: &Message, delay: Duration) -> Result<()> {
         self.reconsume(
             msg,
@@ -219,7 +224,8 @@ impl Acker {
         delay: reconsume_later::Delay,
         properties: HashMap<String, String>,
     ) -> Result<()> {
-        self.request(|reply| Cmd::ReconsumeLater {
+        self.current(msg)?;
+        self.settle(|reply| Cmd::ReconsumeLater {
             id: msg.id.clone(),
             epoch: msg.epoch,
             delay,

@@ -72,6 +72,7 @@ pub(super) fn spawn(
         requests: Requests::new(),
         to_check: Vec::new(),
         acks_lost: 0,
+        moves_lost: 0,
         reconnect,
         closing: None,
         close_reply: None,
@@ -111,6 +112,9 @@ struct Driver {
     /// Acks lost (with broken streams, or refused) since a `flush` or
     /// `close` last reported them.
     acks_lost: u64,
+    /// Queued `reconsume_later`s refused by the broker or unanswered when
+    /// a stream broke, since a `flush` or `close` last reported them.
+    moves_lost: u64,
     reconnect: Reconnector,
     closing: Option<Instant>,
     close_reply: Option<oneshot::Sender<Result<()>>>,
@@ -281,13 +285,21 @@ impl Driver {
         }
         match pending {
             Pending::Move(m) => {
-                if result.is_err()
-                    && let Some(k) = m.key.filter(|_| m.epoch == self.epoch)
-                {
-                    // Still in flight on the broker: track it again.
-                    self.inflight.track(k, Instant::now());
+                if let Err(e) = &result {
+                    if let Some(k) = m.key.filter(|_| m.epoch == self.epoch) {
+                        // Still in flight on the broker: track it again.
+                        self.inflight.track(k, Instant::now());
+                    }
+                    if m.reply.is_none() {
+                        // Queued: nobody waits, so the next flush or close
+                        // reports it.
+                        self.moves_lost += 1;
+                        tracing::warn!(error = %e, sub = %self.shared.subscription, "the broker refused a queued reconsume_later");
+                    }
                 }
-                let _ = m.reply.send(result);
+                if let Some(reply) = m.reply {
+                    let _ = reply.send(result);
+                }
             }
             Pending::Settled { waiters, ids } => {
                 if let Err(e) = &result {
@@ -335,9 +347,13 @@ impl Driver {
         }
     }
 
-    /// Acks not yet confirmed: sent and unanswered, held, or being checked.
+    /// Acks not yet confirmed (sent and unanswered, held, or being
+    /// checked) and queued moves not yet answered.
     fn unconfirmed(&self) -> u64 {
-        (self.requests.unconfirmed_acks() + self.acks.unsent() + self.to_check.len()) as u64
+        (self.requests.unconfirmed_acks()
+            + self.acks.unsent()
+            + self.to_check.len()
+            + self.requests.unconfirmed_moves()) as u64
     }
 
     /// `Ok` when no ack is unconfirmed or lost, else
@@ -346,13 +362,20 @@ impl Driver {
     fn confirmed(&mut self, why: &str) -> Result<()> {
         let pending = self.unconfirmed();
         let lost = std::mem::take(&mut self.acks_lost);
-        if pending + lost == 0 {
+        let moves = std::mem::take(&mut self.moves_lost);
+        if pending + lost + moves == 0 {
             return Ok(());
         }
         let mut reasons = Vec::new();
         if lost > 0 {
             reasons.push(format!(
                 "{lost} lost with a broken stream or refused (the broker redelivers those messages)"
+            ));
+        }
+        if moves > 0 {
+            reasons.push(format!(
+                "{moves} queued reconsume_later refused, or unanswered when the stream broke \
+                 (a message not moved is redelivered)"
             ));
         }
         if pending > 0 {
@@ -362,7 +385,7 @@ impl Driver {
             ));
         }
         Err(Error::Unconfirmed {
-            count: pending + lost,
+            count: pending + lost + moves,
             reason: reasons.join("; "),
         })
     }
@@ -379,9 +402,14 @@ impl Driver {
         }
         for p in self.requests.drain() {
             match p {
-                Pending::Move(m) => {
-                    let _ = m.reply.send(Err(error()));
-                }
+                Pending::Move(m) => match m.reply {
+                    Some(reply) => {
+                        let _ = reply.send(Err(error()));
+                    }
+                    // Applied or not, nobody can tell now; if not, the
+                    // broker redelivers the message.
+                    None => self.moves_lost += 1,
+                },
                 Pending::Settled { waiters, ids } => {
                     unconfirmed.extend(ids);
                     for w in waiters {
@@ -468,7 +496,7 @@ impl Driver {
                 reply,
             } => {
                 let key = self.ids.key(&id);
-                self.command(key, epoch, reply, |request_id| {
+                self.command(key, epoch, Some(reply), |request_id| {
                     consume_request::Request::Terminate(Terminate {
                         request_id,
                         id: Some(id.to_proto()),
@@ -553,23 +581,33 @@ impl Driver {
     }
 
     /// Sends a move request (built by `request` from its id) for the
-    /// message `key` of stream `epoch`; `reply` gets the broker's answer.
+    /// message `key` of stream `epoch`; `reply` gets the broker's answer
+    /// (`None`: queued, counted until answered and reported by `flush`).
     fn command(
         &mut self,
         key: Option<Key>,
         epoch: u64,
-        reply: oneshot::Sender<Result<()>>,
+        reply: Option<Reply>,
         request: impl FnOnce(u64) -> consume_request::Request,
     ) {
         if epoch != self.epoch {
-            let id = request(0);
-            let _ = reply.send(Err(Error::StaleDelivery(format!("{id:?}"))));
+            // The broker redelivers the message after the reconnect; only
+            // that delivery can be moved.
+            if let Some(reply) = reply {
+                let id = request(0);
+                let _ = reply.send(Err(Error::StaleDelivery(format!("{id:?}"))));
+            }
             return;
         }
         let Some(conn) = &self.conn else {
-            let _ = reply.send(Err(Error::Connection(
-                "the consumer is reconnecting".into(),
-            )));
+            match reply {
+                Some(reply) => {
+                    let _ = reply.send(Err(Error::Connection(
+                        "the consumer is reconnecting".into(),
+                    )));
+                }
+                None => self.moves_lost += 1,
+            }
             return;
         };
         let rid = self

@@ -14,8 +14,6 @@
 
 use std::collections::BTreeMap;
 
-use tokio::sync::oneshot;
-
 use super::ids::Key;
 use super::shared::Reply;
 use crate::error::{Error, Result};
@@ -24,7 +22,9 @@ use crate::message::MessageId;
 /// A `reconsume_later` or `terminate` waiting for the broker.
 #[derive(Debug)]
 pub(super) struct PendingMove {
-    pub(super) reply: oneshot::Sender<Result<()>>,
+    /// The caller waiting for the answer; `None` for a queued
+    /// `reconsume_later` (its outcome is reported by `flush` and `close`).
+    pub(super) reply: Option<Reply>,
     /// The moved message, if it could be keyed.
     pub(super) key: Option<Key>,
     /// The stream generation the request went out on.
@@ -100,22 +100,36 @@ impl Requests {
         Some((pending, result))
     }
 
-    /// Request `request_id` succeeded: the ack frames and nacks sent before
-    /// it are durable too. Returns their callers, to be told.
+    /// Request `request_id` succeeded: the ack frames, nacks and moves sent
+    /// before it are durable too. Returns their callers, to be told.
+    ///
+    /// (The broker answers each request once a flush after it completes,
+    /// so answers released by one flush may arrive in any order; a refusal
+    /// is answered at once, before any later request's success.)
     pub(super) fn confirm_before(&mut self, request_id: u64) -> Vec<Reply> {
         let earlier: Vec<u64> = self
             .waiting
             .range(..request_id)
-            .filter(|(_, p)| matches!(p, Pending::Settled { .. }))
+            .filter(|(_, p)| matches!(p, Pending::Settled { .. } | Pending::Move(_)))
             .map(|(id, _)| *id)
             .collect();
         let mut waiters = Vec::new();
         for id in earlier {
-            if let Some(Pending::Settled { waiters: w, .. }) = self.waiting.remove(&id) {
-                waiters.extend(w);
+            match self.waiting.remove(&id) {
+                Some(Pending::Settled { waiters: w, .. }) => waiters.extend(w),
+                Some(Pending::Move(m)) => waiters.extend(m.reply),
+                _ => {}
             }
         }
         waiters
+    }
+
+    /// Queued moves (no caller waiting) sent and not yet answered.
+    pub(super) fn unconfirmed_moves(&self) -> usize {
+        self.waiting
+            .values()
+            .filter(|p| matches!(p, Pending::Move(m) if m.reply.is_none()))
+            .count()
     }
 
     /// Acks sent and not yet confirmed.
@@ -139,12 +153,13 @@ impl Requests {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::oneshot;
 
     fn pending_move(key: Option<Key>) -> (PendingMove, oneshot::Receiver<Result<()>>) {
         let (reply, rx) = oneshot::channel();
         (
             PendingMove {
-                reply,
+                reply: Some(reply),
                 key,
                 epoch: 3,
             },
@@ -215,6 +230,56 @@ mod tests {
         assert!(
             r.answer(first, 0, String::new()).is_none(),
             "already settled"
+        );
+        assert!(r.answer(after, 0, String::new()).is_some());
+    }
+
+    #[test]
+    fn queued_moves_count_as_unconfirmed_until_answered() {
+        let mut r = Requests::new();
+        let (waited, _rx) = pending_move(Some((0, 1)));
+        r.start(Pending::Move(waited));
+        let queued = r.start(Pending::Move(PendingMove {
+            reply: None,
+            key: Some((0, 2)),
+            epoch: 3,
+        }));
+        r.start(acks(2));
+        assert_eq!(
+            r.unconfirmed_moves(),
+            1,
+            "only the queued one: a caller waits for the other"
+        );
+        assert_eq!(r.unconfirmed_acks(), 2, "moves are not acks");
+        assert!(r.answer(queued, 0, String::new()).is_some());
+        assert_eq!(r.unconfirmed_moves(), 0);
+    }
+
+    #[test]
+    fn a_confirmed_request_confirms_the_moves_sent_before_it() {
+        let mut r = Requests::new();
+        let (waited, mut rx) = pending_move(Some((0, 1)));
+        let first = r.start(Pending::Move(waited));
+        r.start(Pending::Move(PendingMove {
+            reply: None,
+            key: Some((0, 2)),
+            epoch: 3,
+        }));
+        let barrier = r.start(Pending::Flush(oneshot::channel().0));
+        let after = r.start(Pending::Move(PendingMove {
+            reply: None,
+            key: Some((0, 3)),
+            epoch: 3,
+        }));
+        assert!(r.answer(barrier, 0, String::new()).is_some());
+        for w in r.confirm_before(barrier) {
+            w.send(Ok(())).unwrap();
+        }
+        assert!(matches!(rx.try_recv(), Ok(Ok(()))), "its caller is told");
+        assert_eq!(r.unconfirmed_moves(), 1, "only the move sent after it");
+        assert!(
+            r.answer(first, 0, String::new()).is_none(),
+            "late answer ignored"
         );
         assert!(r.answer(after, 0, String::new()).is_some());
     }

@@ -72,7 +72,8 @@ pub(super) enum Cmd {
         delay: reconsume_later::Delay,
         properties: HashMap<String, String>,
         detail: String,
-        reply: oneshot::Sender<Result<()>>,
+        /// `None`: queued (the driver counts it until the broker answers).
+        reply: Option<Reply>,
     },
     Terminate {
         id: MessageId,

@@ -1,0 +1,249 @@
+//! Bursts of failures, through the client against an in-process broker
+//! (a plain `main` that prints its figures):
+//!
+//! 1. **Redelivery lateness of a burst**: N messages (10 000, 100 B) are
+//!    received, then all failed at once with a fixed 200 ms delay, and
+//!    received again. Lateness = receive time − (fail time + 200 ms). Three
+//!    variants: `nack` with the consumer's defaults, `nack, broker-held`
+//!    (broker nack threshold 0: the broker holds every nack) and
+//!    `reconsume_later` (through the retry tier).
+//!
+//!    A burst cannot come back faster than the broker redelivers, so each
+//!    line also gives the lateness *beyond the drain*: the i-th redelivery
+//!    (in receive order) against the earliest it could have come at the
+//!    run's own redelivery rate r — e₀ = first due time, eᵢ = max(i-th due
+//!    time, eᵢ₋₁ + 1/r) — where r = (N − 1) / (last receive − first receive).
+//! 2. **An awaited `reconsume_later` loop**: M messages (20 000) received,
+//!    then `reconsume_later(&m, 1 h).await` one after the other, then
+//!    `flush().await`; messages per second over the whole loop and flush,
+//!    with the default (queued: returns once sent) and with ack receipts
+//!    (each call waits until the move is durable).
+//!
+//! Both in `Durability::Sync` and `Durability::Interval` (50 ms).
+//! `cargo bench -p ricochet-benches --bench bursts`. Environment:
+//! `BURSTS_N` (burst size), `BURSTS_M` (loop size), `BURSTS_ONLY=burst|loop`.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use hdrhistogram::Histogram;
+use ricochet_broker::Durability;
+use ricochet_client::{Client, Consumer, InitialPosition, Message, SubscriptionType};
+use ricochet_testkit::InProcessBroker;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const DELAY: Duration = Duration::from_millis(200);
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Variant {
+    Nack,
+    NackBrokerHeld,
+    Reconsume,
+}
+
+impl Variant {
+    fn label(self) -> &'static str {
+        match self {
+            Variant::Nack => "nack (in place)",
+            Variant::NackBrokerHeld => "nack (in place), broker-held",
+            Variant::Reconsume => "reconsume_later (retry tier)",
+        }
+    }
+}
+
+fn main() -> Result<(), BoxError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let only = std::env::var("BURSTS_ONLY").unwrap_or_default();
+    let n = env_usize("BURSTS_N", 10_000);
+    let m = env_usize("BURSTS_M", 20_000);
+    println!(
+        "bursts: {} cores, in-process broker, 100 B messages",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    rt.block_on(async {
+        for durability in [Durability::Sync, Durability::Interval] {
+            if only.is_empty() || only == "burst" {
+                for v in [Variant::Nack, Variant::NackBrokerHeld, Variant::Reconsume] {
+                    burst(durability, v, n).await?;
+                }
+            }
+            if only.is_empty() || only == "loop" {
+                for receipts in [false, true] {
+                    reconsume_loop(durability, receipts, m).await?;
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+async fn broker(durability: Durability) -> Result<(InProcessBroker, Client), BoxError> {
+    let broker = InProcessBroker::start_with(|c| {
+        c.durability = durability;
+        c.flush_interval = Duration::from_millis(50);
+    })
+    .await;
+    let client = Client::connect(broker.url()).await?;
+    Ok((broker, client))
+}
+
+/// Publishes `n` messages and receives them all on a Shared subscription.
+async fn received(
+    client: &Client,
+    topic: &str,
+    n: usize,
+    tune: impl FnOnce(ricochet_client::ConsumerBuilder) -> ricochet_client::ConsumerBuilder,
+) -> Result<(Consumer, Vec<Message>), BoxError> {
+    let producer = client.producer(topic).create().await?;
+    for _ in 0..n {
+        drop(producer.send_async(vec![b'x'; 100]));
+    }
+    producer.flush().await?;
+    producer.close().await?;
+    let builder = client
+        .consumer(topic)
+        .subscription("bench")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .receiver_queue_size(u32::try_from(n + 1_000)?)
+        .negative_ack_delay(DELAY);
+    let mut consumer = tune(builder).subscribe().await?;
+    let mut got = Vec::with_capacity(n);
+    while got.len() < n {
+        got.push(tokio::time::timeout(Duration::from_secs(30), consumer.receive()).await??);
+    }
+    Ok((consumer, got))
+}
+
+async fn burst(durability: Durability, v: Variant, n: usize) -> Result<(), BoxError> {
+    let (broker, client) = broker(durability).await?;
+    let topic = format!("burst-{v:?}-{durability:?}");
+    let (mut consumer, got) = received(&client, &topic, n, |b| match v {
+        Variant::NackBrokerHeld => b.broker_nack_threshold(Duration::ZERO),
+        _ => b,
+    })
+    .await?;
+    let mut due = HashMap::with_capacity(n);
+    match v {
+        Variant::Nack | Variant::NackBrokerHeld => {
+            for m in &got {
+                consumer.nack(m).await?;
+                due.insert(m.id().clone(), Instant::now() + DELAY);
+            }
+        }
+        Variant::Reconsume => {
+            let acker = consumer.acker();
+            let sent = Instant::now();
+            let calls = got.iter().map(|m| acker.reconsume_later(m, DELAY));
+            for r in join_all(calls).await {
+                r?;
+            }
+            // Each copy gets a new id in the retry tier: match by payload
+            // order is impossible, so every due time is the burst's start.
+            due.insert(got[0].id().clone(), sent + DELAY);
+        }
+    }
+    let first_due = due.values().min().copied().unwrap_or_else(Instant::now);
+    let mut lateness = Histogram::<u64>::new(3)?;
+    let mut dues = Vec::with_capacity(n);
+    let mut arrivals = Vec::with_capacity(n);
+    let mut early = 0u64;
+    for _ in 0..n {
+        let m = tokio::time::timeout(Duration::from_secs(60), consumer.receive()).await??;
+        let now = Instant::now();
+        let d = due.get(m.id()).copied().unwrap_or(first_due);
+        if now < d {
+            early += 1;
+        }
+        lateness.record(now.saturating_duration_since(d).as_micros() as u64)?;
+        dues.push(d);
+        arrivals.push(now);
+        consumer.ack(&m).await?;
+    }
+    let beyond = beyond_drain(dues, &arrivals)?;
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    let span = arrivals[n - 1].duration_since(arrivals[0]).as_secs_f64();
+    println!(
+        "burst {durability:?}, {n} x {}, 200 ms: lateness p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; \
+         beyond the drain p50 {:.1} ms, p99 {:.1} ms; drained at {:.0}/s; early {early}",
+        v.label(),
+        ms(&lateness, 0.5),
+        ms(&lateness, 0.99),
+        lateness.max() as f64 / 1000.0,
+        ms(&beyond, 0.5),
+        ms(&beyond, 0.99),
+        if span > 0.0 {
+            (n - 1) as f64 / span
+        } else {
+            0.0
+        },
+    );
+    consumer.close().await?;
+    drop(client);
+    broker.shutdown().await;
+    Ok(())
+}
+
+/// Lateness of each arrival beyond the earliest it could have come at the
+/// run's own redelivery rate (see the module docs).
+fn beyond_drain(mut dues: Vec<Instant>, arrivals: &[Instant]) -> Result<Histogram<u64>, BoxError> {
+    dues.sort();
+    let n = arrivals.len();
+    let span = arrivals[n - 1].duration_since(arrivals[0]);
+    let step = if n > 1 {
+        span / (n as u32 - 1)
+    } else {
+        Duration::ZERO
+    };
+    let mut h = Histogram::<u64>::new(3)?;
+    let mut earliest = dues[0];
+    for (i, at) in arrivals.iter().enumerate() {
+        if i > 0 {
+            earliest = dues[i].max(earliest + step);
+        }
+        h.record(at.saturating_duration_since(earliest).as_micros() as u64)?;
+    }
+    Ok(h)
+}
+
+async fn reconsume_loop(durability: Durability, receipts: bool, m: usize) -> Result<(), BoxError> {
+    let (broker, client) = broker(durability).await?;
+    let topic = format!("loop-{receipts}-{durability:?}");
+    let (consumer, got) = received(&client, &topic, m, |b| b.ack_receipts(receipts)).await?;
+    let start = Instant::now();
+    for msg in &got {
+        consumer
+            .reconsume_later(msg, Duration::from_secs(3600))
+            .await?;
+    }
+    let looped = start.elapsed();
+    consumer.flush().await?;
+    let total = start.elapsed();
+    println!(
+        "awaited reconsume_later loop {durability:?}, {m} messages, {}: {:.0} msg/s \
+         (loop {:.0} ms, then flush {:.0} ms)",
+        if receipts {
+            "ack receipts (each call durable)"
+        } else {
+            "default (queued)"
+        },
+        m as f64 / total.as_secs_f64(),
+        looped.as_secs_f64() * 1000.0,
+        (total - looped).as_secs_f64() * 1000.0,
+    );
+    consumer.close().await?;
+    drop(client);
+    broker.shutdown().await;
+    Ok(())
+}
