@@ -184,6 +184,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     if args.console_allow_remote {
         config.console_allow_remote = true;
     }
+    // Flags can make a config invalid (a non-loopback console): say so as
+    // such, not as a failure to open the data.
+    config.validate()?;
     let data_dir = config.data_dir.clone();
     let (listen, metrics) = (config.listen, config.metrics_listen);
     // The recorder goes in first: metric handles taken before it exists are

@@ -18,6 +18,8 @@ const TOP: u64 = 14;
 const MAX_REASONS: usize = 5;
 /// Most time buckets the inflow aims for.
 const MAX_BUCKETS: u64 = 24;
+/// Fewest buckets the inflow's axis spans.
+const MIN_SLOTS: u64 = 12;
 const PALETTE: [&str; 6] = [
     "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#9a9a9a",
 ];
@@ -93,17 +95,23 @@ pub(crate) struct Inflow {
 }
 
 impl Inflow {
-    /// Buckets `(dead-lettered at ms, reason)` pairs; `None` when there are none.
-    pub(crate) fn from_points(points: &[(u64, &str)]) -> Option<Self> {
+    /// Buckets `(dead-lettered at ms, reason)` pairs over the time from
+    /// the first of them to `now_ms` (so a quiet spell since shows as one);
+    /// `None` when there are none.
+    pub(crate) fn from_points(points: &[(u64, &str)], now_ms: u64) -> Option<Self> {
         let min = points.iter().map(|p| p.0).min()?;
-        let max = points.iter().map(|p| p.0).max()?;
+        let max = points.iter().map(|p| p.0).max()?.max(now_ms);
         let step_ms = STEPS_MS
             .iter()
             .copied()
             .find(|s| max / s - min / s < MAX_BUCKETS)
             .unwrap_or(STEPS_MS[STEPS_MS.len() - 1]);
-        let start_ms = min / step_ms * step_ms;
-        let buckets = (max / step_ms - min / step_ms + 1) as usize;
+        // At least MIN_SLOTS buckets, ending with now's: a short history is
+        // drawn as narrow bars leading up to now, not one bar across.
+        let last = max / step_ms;
+        let first = (min / step_ms).min(last.saturating_sub(MIN_SLOTS - 1));
+        let start_ms = first * step_ms;
+        let buckets = (last - first + 1) as usize;
         let mut by_reason: Vec<(&str, u64)> = Vec::new();
         for (_, r) in points {
             match by_reason.iter_mut().find(|(name, _)| name == r) {
@@ -156,7 +164,7 @@ pub(crate) fn inflow_chart(inflow: &Inflow) -> Markup {
         .map(|c| c.iter().sum::<u64>())
         .max()
         .unwrap_or(0);
-    let n = inflow.counts.len().max(1) as u64;
+    let n = (inflow.counts.len() as u64).max(1);
     let slot = ((W - LEFT - 8) / n).max(1);
     let base = H - BOTTOM;
     let end_ms = inflow.start_ms + n * inflow.step_ms;
@@ -215,29 +223,35 @@ mod tests {
             (t0 + 2, "b"),
             (t0 + 30 * 60_000, "a"),
         ];
-        let f = Inflow::from_points(&points).unwrap();
+        let f = Inflow::from_points(&points, 0).unwrap();
         // 30 minutes fit in 24 buckets of 5 minutes, not of 1 minute.
         assert_eq!(f.step_ms, 300_000);
         assert_eq!(f.reasons, vec!["a", "b"]);
-        assert_eq!(f.counts.len(), 7);
-        assert_eq!(f.counts[0], vec![2, 1]);
-        assert_eq!(f.counts[6], vec![1, 0]);
+        // Seven buckets hold them; the axis shows twelve, ending with the last.
+        assert_eq!(f.counts.len(), 12);
+        assert_eq!(f.counts[5], vec![2, 1]);
+        assert_eq!(f.counts[11], vec![1, 0]);
+        assert_eq!(f.start_ms % f.step_ms, 0);
         for r in ["c", "d", "e", "f", "g"] {
             points.push((t0, r));
         }
-        let f = Inflow::from_points(&points).unwrap();
+        // Up to now: two hours need 15-minute buckets.
+        let f = Inflow::from_points(&points, t0 + 2 * 3_600_000).unwrap();
+        assert_eq!(f.step_ms, 900_000);
+        assert_eq!(f.counts.len(), 12);
         assert_eq!(f.reasons.len(), MAX_REASONS + 1);
         assert_eq!(f.reasons.last().unwrap(), "other");
         let total: u64 = f.counts.iter().flatten().sum();
         assert_eq!(total, points.len() as u64);
         // "a" has 3, "b".."g" one each: the two past the top five are "other".
-        assert_eq!(f.counts[0][MAX_REASONS], 2);
-        assert!(Inflow::from_points(&[]).is_none());
+        let first = f.counts.iter().find(|c| c.iter().sum::<u64>() > 0).unwrap();
+        assert_eq!(first[MAX_REASONS], 2);
+        assert!(Inflow::from_points(&[], t0).is_none());
     }
 
     #[test]
     fn a_reason_with_markup_is_drawn_as_text() {
-        let f = Inflow::from_points(&[(5, "<script>x</script>")]).unwrap();
+        let f = Inflow::from_points(&[(5, "<script>x</script>")], 5).unwrap();
         let svg = inflow_chart(&f).into_string();
         assert!(!svg.contains("<script>"), "{svg}");
         assert!(svg.contains("&lt;script&gt;"), "{svg}");

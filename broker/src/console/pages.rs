@@ -334,7 +334,10 @@ pub(crate) async fn subscription(State(st): State<ConsoleState>, Query(p): Query
         .iter()
         .map(|d| (d.dead_lettered_at_ms, d.reason.as_str()))
         .collect();
-    let inflow = charts::Inflow::from_points(&points);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let inflow = charts::Inflow::from_points(&points, now_ms);
     let mut reasons: Vec<(&str, u64)> = Vec::new();
     for (_, r) in &points {
         match reasons.iter_mut().find(|(x, _)| x == r) {
