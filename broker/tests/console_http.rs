@@ -295,3 +295,50 @@ async fn a_change_needs_the_confirmation_token_and_does_exactly_what_it_showed_o
         "{none}"
     );
 }
+
+#[tokio::test]
+async fn the_list_groups_by_reason_consumer_and_hour() {
+    let b = InProcessBroker::start().await;
+    let app = ricochet_broker::console::router(b.core.clone());
+    let doomed: Vec<Doomed> = [("a", "timeout"), ("b", "timeout"), ("c", "schema")]
+        .iter()
+        .map(|(p, d)| Doomed {
+            payload: p.as_bytes(),
+            key: "",
+            properties: &[],
+            detail: d,
+        })
+        .collect();
+    dead_letter_all(&b.url(), TOPIC, "s", &doomed).await;
+    let groups = |page: &str| -> String {
+        let at = page.find("id=\"groups\"").expect("a groups table");
+        page[at..page[at..].find("</table>").unwrap() + at].to_owned()
+    };
+    let (status, page) = get(&app, &sub_uri("/dead-letters", "s", "&group=reason")).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let t = groups(&page);
+    let timeout = t.find("terminated: timeout</a></td><td class=\"n\">2<");
+    let schema = t.find("terminated: schema</a></td><td class=\"n\">1<");
+    assert!(
+        timeout.is_some() && schema.is_some() && timeout < schema,
+        "{t}"
+    );
+    // Grouping applies the filter too.
+    let (_, page) = get(
+        &app,
+        &sub_uri("/dead-letters", "s", "&group=reason&reason=schema"),
+    )
+    .await;
+    assert!(!groups(&page).contains("timeout"), "{page}");
+    let (_, page) = get(&app, &sub_uri("/dead-letters", "s", "&group=consumer")).await;
+    assert!(
+        groups(&page).contains("<td class=\"n\">3<"),
+        "one consumer failed all three: {page}"
+    );
+    let (_, page) = get(&app, &sub_uri("/dead-letters", "s", "&group=hour")).await;
+    let t = groups(&page);
+    assert!(t.contains("since=") && t.contains("until="), "{t}");
+    let (status, page) = get(&app, &sub_uri("/dead-letters", "s", "&group=colour")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+    assert!(page.contains("`group`"), "{page}");
+}

@@ -5,7 +5,7 @@
 //! state in each subscription. Also the query-string parsing they share
 //! (a bad filter is a 400 naming the field) and the small formatters.
 
-use super::api::{ConsoleApi, DeadLetterQuery};
+use super::api::{ConsoleApi, DeadLetterQuery, GroupBy};
 use super::charts;
 use super::{ConsoleError, ConsoleState, Page, layout};
 use axum::extract::{Query, State};
@@ -31,6 +31,7 @@ pub(crate) struct Params {
     pub until: String,
     pub ids: String,
     pub after: String,
+    pub group: String,
 }
 
 impl Params {
@@ -59,6 +60,7 @@ impl Params {
             ("since", self.since.as_str()),
             ("until", self.until.as_str()),
             ("ids", self.ids.as_str()),
+            ("group", self.group.as_str()),
         ]
         .into_iter()
         .filter(|(_, v)| !v.trim().is_empty())
@@ -423,10 +425,20 @@ pub(crate) async fn dead_letters(State(st): State<ConsoleState>, Query(p): Query
         "" => None,
         a => Some(parse_id(a)?),
     };
+    let group_by = GroupBy::parse(p.group.trim()).ok_or_else(|| {
+        ConsoleError::bad_request(format!(
+            "`group` must be reason, consumer or hour, not {}",
+            crate::util::echo(&p.group)
+        ))
+    })?;
     let page = st
         .api
         .dead_letters(topic, sub, &query, PAGE_SIZE, after)
         .await?;
+    let grouped = match group_by {
+        Some(by) => Some((by, st.api.group_dead_letters(topic, sub, &query, by).await?)),
+        None => None,
+    };
     let mut keep: Vec<(&str, &str)> = vec![("topic", topic), ("sub", sub)];
     keep.extend(p.filter_pairs());
     let last_id = page
@@ -459,11 +471,24 @@ pub(crate) async fn dead_letters(State(st): State<ConsoleState>, Query(p): Query
                 " "
                 label { "Ids " input type="text" name="ids" value=(p.ids) placeholder="12, 15"; }
                 " "
+                label { "Group by "
+                    select name="group" {
+                        option value="" { "—" }
+                        @for g in ["reason", "consumer", "hour"] {
+                            option value=(g) selected[p.group.trim() == g] { (g) }
+                        }
+                    }
+                }
+                " "
                 button type="submit" { "Filter" }
                 " "
                 a href=(sub_link("/dead-letters", topic, sub)) { "clear" }
             }
             p #matching { (page.total) " dead letters match." }
+            @if let Some((by, (groups, truncated))) = &grouped {
+                (groups_table(topic, sub, *by, groups))
+                @if *truncated { p.warn { "Counted over the first 10000 matching dead letters only." } }
+            }
             @if page.total > 0 {
                 p {
                     a.bulk #replay-all href=(link("/confirm/replay", &keep)) { "Replay all " (page.total) " matching…" }
@@ -499,6 +524,36 @@ pub(crate) async fn dead_letters(State(st): State<ConsoleState>, Query(p): Query
             }
         },
     ))
+}
+
+/// The group-by table: each group's count, with a link to its dead
+/// letters where a filter can express it (a reason, an hour).
+fn groups_table(topic: &str, sub: &str, by: GroupBy, groups: &[super::api::Group]) -> Markup {
+    let (title, hour) = match by {
+        GroupBy::Reason => ("Reason", false),
+        GroupBy::Consumer => ("Last consumer", false),
+        GroupBy::Hour => ("Hour (UTC)", true),
+    };
+    html! {
+        table #groups {
+            tr { th { (title) } th { "Dead letters" } }
+            @for g in groups {
+                tr {
+                    td {
+                        @match (by, g.hour_ms) {
+                            (GroupBy::Reason, _) => a href=(link("/dead-letters", &[("topic", topic), ("sub", sub), ("reason", &g.key)])) { (g.key) },
+                            (_, Some(h)) if hour => {
+                                @let (since, until) = (h.to_string(), (h + 3_600_000).to_string());
+                                a href=(link("/dead-letters", &[("topic", topic), ("sub", sub), ("since", &since), ("until", &until)])) { (fmt_ms(h)) }
+                            }
+                            _ => { @if g.key.is_empty() { "(none)" } @else { (g.key) } },
+                        }
+                    }
+                    td.n { (g.count) }
+                }
+            }
+        }
+    }
 }
 
 /// `/dead-letter?topic=T&sub=S&id=N`: one dead letter, every attempt, its
