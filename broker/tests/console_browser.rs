@@ -234,9 +234,27 @@ async fn find_why_messages_died_replay_one_and_discard_the_rest() {
     reason.send_keys("schema").await.unwrap();
     click(&c, "form.filters button[type=submit]").await;
     wait_text(&c, "#matching", "3 dead letters match.").await;
-    // Cleared: all four, and the one to keep, by its row.
+    // Cleared: all four, and the one to keep, by its row; counted by reason.
     click(&c, "form.filters a").await;
     wait_text(&c, "#matching", "4 dead letters match.").await;
+    click(&c, "select[name=group] option[value=reason]").await;
+    click(&c, "form.filters button[type=submit]").await;
+    c.wait()
+        .at_most(BROWSER_WAIT)
+        .for_element(Locator::Css("table#groups"))
+        .await
+        .expect("the counts by reason");
+    let groups = c
+        .find(Locator::Css("table#groups"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        groups.contains("terminated: schema: missing field `amount` 2"),
+        "{groups}"
+    );
     screenshot(&c, "console-dead-letters.png").await;
     let rows = c
         .find_all(Locator::Css("table.dead-letters tr[id^=dl-]"))

@@ -342,3 +342,43 @@ async fn the_list_groups_by_reason_consumer_and_hour() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
     assert!(page.contains("`group`"), "{page}");
 }
+
+/// A loopback-only console answers only to loopback host names, so a page
+/// on a host name pointed at 127.0.0.1 (DNS rebinding) cannot read it.
+#[tokio::test]
+async fn a_loopback_console_refuses_other_host_names() {
+    let b = InProcessBroker::start().await;
+    let app = ricochet_broker::console::router(b.core.clone());
+    for (host, expected) in [
+        ("127.0.0.1:8080", StatusCode::OK),
+        ("localhost:8080", StatusCode::OK),
+        ("[::1]:8080", StatusCode::OK),
+        ("127.0.0.1", StatusCode::OK),
+        ("evil.example:8080", StatusCode::FORBIDDEN),
+        ("evil.example", StatusCode::FORBIDDEN),
+        ("10.0.0.7:8080", StatusCode::FORBIDDEN),
+    ] {
+        let req = Request::get("/")
+            .header(header::HOST, host)
+            .body(Body::empty())
+            .unwrap();
+        let (status, page) = call(&app, req).await;
+        assert_eq!(status, expected, "{host}: {page}");
+    }
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri("/act")
+        .header(header::HOST, "evil.example")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from("token=x"))
+        .unwrap();
+    assert_eq!(call(&app, req).await.0, StatusCode::FORBIDDEN);
+    // With console_allow_remote, any name is served.
+    let open = InProcessBroker::start_with(|c| c.console_allow_remote = true).await;
+    let app = ricochet_broker::console::router(open.core.clone());
+    let req = Request::get("/")
+        .header(header::HOST, "console.example:8080")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(call(&app, req).await.0, StatusCode::OK);
+}

@@ -24,6 +24,9 @@
 //!   happen (the subscription, the ids, what replay does to them) and holds
 //!   that plan server-side under a random single-use token; only a POST
 //!   carrying the token carries it out, on exactly those ids.
+//! * Loopback only (unless `console_allow_remote`) means the host name a
+//!   request names too: another name is refused, so a web page that points
+//!   its own name at 127.0.0.1 (DNS rebinding) cannot read a page or a token.
 //!
 //! Edit-and-replay (issue #14, item 2) is not offered: the admin API's
 //! `ReplayDeadLetters` takes no payload, key or property changes, so a form
@@ -56,6 +59,7 @@ struct ConsoleState {
 /// The console's routes over `core` (for serving, or for tests that call
 /// the handlers without a socket).
 pub fn router(core: Arc<BrokerCore>) -> Router {
+    let allow_remote = core.config.console_allow_remote;
     let state = ConsoleState {
         api: api::ConsoleApi::new(AdminService::new(core)),
         pending: Arc::new(actions::Pending::default()),
@@ -71,6 +75,41 @@ pub fn router(core: Arc<BrokerCore>) -> Router {
         .route("/act", post(actions::perform))
         .fallback(|| async { ConsoleError::not_found("no such page") })
         .with_state(state)
+        .layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| async move {
+                if allow_remote || loopback_host(&req) {
+                    next.run(req).await
+                } else {
+                    ConsoleError::new(
+                        StatusCode::FORBIDDEN,
+                        "this console answers only to a loopback host name (127.0.0.1, [::1], localhost)",
+                    )
+                    .into_response()
+                }
+            },
+        ))
+}
+
+/// Whether a request names a loopback host (or none). A loopback-only
+/// console refuses other names, so a web page whose own host name an
+/// attacker points at 127.0.0.1 (DNS rebinding) cannot read its pages,
+/// confirmation tokens included.
+fn loopback_host(req: &axum::extract::Request) -> bool {
+    let Some(host) = req.headers().get(axum::http::header::HOST) else {
+        return true;
+    };
+    let Ok(host) = host.to_str() else {
+        return false;
+    };
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    };
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Binds `addr` for the console of `core`; [`ConsoleServer::spawn`] serves it.
