@@ -29,6 +29,8 @@
 //! keepalive_timeout = "20s"          # ... and a connection whose ping is not answered in time closes
 //! accept_data_loss = false       # start on a store that lacks what its manifest records
 //! verify_on_start = true         # read every stored value at start (refuse damage early)
+//! # console_listen = "127.0.0.1:8080"  # the web console (off unless set; loopback only ...)
+//! console_allow_remote = false   # ... unless this is true: the console has no authentication yet
 //!
 //! [[policies]]                   # default dead-letter policies by topic pattern
 //! topic = "persistent://public/default/orders*"
@@ -183,6 +185,13 @@ pub struct BrokerConfig {
     /// before serving rather than found by a read later (costs one pass over
     /// the store; the backlog, since consumed segments are dropped).
     pub verify_on_start: bool,
+    /// Where the web console (`crate::console`) listens; `None` (the
+    /// default) serves no console.
+    pub console_listen: Option<SocketAddr>,
+    /// Serve the console on an address other than loopback. The console has
+    /// no authentication of its own yet, so without this a non-loopback
+    /// `console_listen` is refused.
+    pub console_allow_remote: bool,
 }
 
 impl Default for BrokerConfig {
@@ -216,6 +225,8 @@ impl Default for BrokerConfig {
             policies: Vec::new(),
             accept_data_loss: false,
             verify_on_start: true,
+            console_listen: None,
+            console_allow_remote: false,
         }
     }
 }
@@ -264,6 +275,15 @@ impl BrokerConfig {
         }
         if !self.keepalive_interval.is_zero() && self.keepalive_timeout.is_zero() {
             return bad("keepalive_timeout must be positive when keepalive_interval is set");
+        }
+        if let Some(addr) = self.console_listen
+            && !addr.ip().is_loopback()
+            && !self.console_allow_remote
+        {
+            return Err(BrokerError::Config(format!(
+                "console_listen {addr} is not a loopback address, and the console has no \
+                 authentication yet: set console_allow_remote (--console-allow-remote) to serve it anyway"
+            )));
         }
         for rule in &self.policies {
             rule.policy
@@ -342,6 +362,21 @@ mod tests {
         );
         let bad: BrokerConfig = toml::from_str("keepalive_timeout = \"0s\"").unwrap();
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn a_console_off_loopback_needs_the_explicit_flag() {
+        let mut c = BrokerConfig::for_dir("/tmp/x");
+        assert!(c.console_listen.is_none(), "the console is off by default");
+        c.console_listen = Some("127.0.0.1:8080".parse().unwrap());
+        c.validate().unwrap();
+        c.console_listen = Some("[::1]:8080".parse().unwrap());
+        c.validate().unwrap();
+        c.console_listen = Some("0.0.0.0:8080".parse().unwrap());
+        let refused = c.validate().unwrap_err().to_string();
+        assert!(refused.contains("console_allow_remote"), "{refused}");
+        c.console_allow_remote = true;
+        c.validate().unwrap();
     }
 
     #[test]

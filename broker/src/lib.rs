@@ -23,6 +23,7 @@
 //!   clients may create or hold open;
 //! * `metrics`: the Prometheus series; [`clock`]: injected wall time;
 //! * [`check`]: `ricochet-broker check`, verifying a stopped store;
+//! * [`console`]: the web console (HTML over the admin service);
 //! * `config`, `name`, `error`, `util`.
 //!
 //! ```no_run
@@ -38,6 +39,7 @@ mod claims;
 pub mod clock;
 mod config;
 mod connections;
+pub mod console;
 mod core;
 mod error;
 mod failure_log;

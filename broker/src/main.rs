@@ -47,6 +47,14 @@ struct Args {
     /// `text` (the default) or `json` (one object per line).
     #[arg(long)]
     log_format: Option<LogFormat>,
+    /// Serve the web console on this address (off by default; loopback
+    /// only unless --console-allow-remote).
+    #[arg(long)]
+    console_listen: Option<SocketAddr>,
+    /// Allow a non-loopback --console-listen: the console has no
+    /// authentication of its own yet.
+    #[arg(long)]
+    console_allow_remote: bool,
 }
 
 /// Logs to stdout in `format`, at `RUST_LOG` (default `info`); colours only
@@ -170,6 +178,15 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     if args.accept_data_loss {
         config.accept_data_loss = true;
     }
+    if let Some(c) = args.console_listen {
+        config.console_listen = Some(c);
+    }
+    if args.console_allow_remote {
+        config.console_allow_remote = true;
+    }
+    // Flags can make a config invalid (a non-loopback console): say so as
+    // such, not as a failure to open the data.
+    config.validate()?;
     let data_dir = config.data_dir.clone();
     let (listen, metrics) = (config.listen, config.metrics_listen);
     // The recorder goes in first: metric handles taken before it exists are
@@ -186,6 +203,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {listen}"))?;
     // One line on stdout with the bound address (useful with port 0).
     println!("ricochet-broker listening on {}", listener.local_addr()?);
+    if let Some(console) = broker.start_console().await? {
+        println!("ricochet-broker console on http://{console}/");
+    }
     broker.serve(listener, shutdown_signal()).await?;
     Ok(())
 }

@@ -202,8 +202,23 @@ impl Broker {
         if let Some(addr) = self.core.config.metrics_listen {
             crate::metrics::install_prometheus(addr)?;
         }
+        self.start_console().await?;
         let listener = TcpListener::bind(self.core.config.listen).await?;
         self.serve(listener, shutdown).await
+    }
+}
+
+impl Broker {
+    /// Binds and starts the web console if `console_listen` is set (it
+    /// stops when the broker shuts down); where it listens, if it does.
+    pub async fn start_console(&self) -> Result<Option<SocketAddr>> {
+        let Some(addr) = self.core.config.console_listen else {
+            return Ok(None);
+        };
+        let console = crate::console::bind(self.core.clone(), addr).await?;
+        let bound = console.local_addr()?;
+        console.spawn();
+        Ok(Some(bound))
     }
 }
 
@@ -214,6 +229,9 @@ pub struct TestBroker {
     pub addr: SocketAddr,
     /// Its shared state.
     pub core: Arc<BrokerCore>,
+    /// Where its web console listens, when the config set `console_listen`
+    /// (port 0 picks a free one).
+    pub console_addr: Option<SocketAddr>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<Result<()>>>,
 }
@@ -230,6 +248,7 @@ impl TestBroker {
         let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
         let addr = listener.local_addr()?;
         let core = broker.core().clone();
+        let console_addr = broker.start_console().await?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(broker.serve(listener, async {
             let _ = stopped.await;
@@ -237,6 +256,7 @@ impl TestBroker {
         Ok(Self {
             addr,
             core,
+            console_addr,
             stop: Some(stop),
             task: Some(task),
         })

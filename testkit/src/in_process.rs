@@ -33,6 +33,24 @@ impl InProcessBroker {
         Self::start_in(tempfile::tempdir().expect("tempdir"), configure).await
     }
 
+    /// Like [`start`](Self::start), with the web console served on a free
+    /// loopback port ([`TestBroker::console_addr`], [`console_url`](Self::console_url)).
+    pub async fn start_with_console() -> Self {
+        Self::start_with(|c| {
+            c.console_listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        })
+        .await
+    }
+
+    /// `http://127.0.0.1:PORT` of the web console (panics if it has none).
+    pub fn console_url(&self) -> String {
+        let addr = self
+            .broker
+            .console_addr
+            .expect("a broker started with a console");
+        format!("http://{addr}")
+    }
+
     /// A broker on an existing directory, e.g. the one a
     /// [`shutdown`](Self::shutdown) handed back: a restart.
     pub async fn start_in(dir: TempDir, configure: impl FnOnce(&mut BrokerConfig)) -> Self {

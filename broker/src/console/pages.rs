@@ -1,0 +1,700 @@
+//! The console's read-only pages (every one a GET): the topics with their
+//! subscriptions' backlog, unacked, retry-queue and dead-letter counts; a
+//! topic; a subscription with its pictures; the dead-letter list with its
+//! filters; one dead letter with every attempt; any stored message with its
+//! state in each subscription. Also the query-string parsing they share
+//! (a bad filter is a 400 naming the field) and the small formatters.
+
+use super::api::{ConsoleApi, DeadLetterQuery, GroupBy};
+use super::charts;
+use super::{ConsoleError, ConsoleState, Page, layout};
+use axum::extract::{Query, State};
+use maud::{Markup, html};
+use ricochet_proto::*;
+use serde::Deserialize;
+use std::collections::BTreeSet;
+
+/// Dead letters per page of the list.
+const PAGE_SIZE: u32 = 100;
+/// Most dead letters the subscription page's inflow picture reads.
+const CHART_LIMIT: u32 = 2000;
+
+/// Every query parameter any page takes (each page reads its own).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct Params {
+    pub topic: String,
+    pub sub: String,
+    pub id: String,
+    pub reason: String,
+    pub since: String,
+    pub until: String,
+    pub ids: String,
+    pub after: String,
+    pub group: String,
+}
+
+impl Params {
+    pub(crate) fn topic(&self) -> Result<&str, ConsoleError> {
+        required("topic", &self.topic)
+    }
+
+    pub(crate) fn sub(&self) -> Result<&str, ConsoleError> {
+        required("sub", &self.sub)
+    }
+
+    /// The dead-letter filter these parameters give.
+    pub(crate) fn query(&self) -> Result<DeadLetterQuery, ConsoleError> {
+        Ok(DeadLetterQuery {
+            reason: self.reason.trim().to_owned(),
+            since_ms: parse_time("since", &self.since)?,
+            until_ms: parse_time("until", &self.until)?,
+            ids: parse_ids(&self.ids)?,
+        })
+    }
+
+    /// The filter parameters (for links that keep the filter).
+    fn filter_pairs(&self) -> Vec<(&'static str, &str)> {
+        [
+            ("reason", self.reason.as_str()),
+            ("since", self.since.as_str()),
+            ("until", self.until.as_str()),
+            ("ids", self.ids.as_str()),
+            ("group", self.group.as_str()),
+        ]
+        .into_iter()
+        .filter(|(_, v)| !v.trim().is_empty())
+        .collect()
+    }
+}
+
+fn required<'a>(name: &str, value: &'a str) -> Result<&'a str, ConsoleError> {
+    match value.trim() {
+        "" => Err(ConsoleError::bad_request(format!("`{name}` is required"))),
+        v => Ok(v),
+    }
+}
+
+/// A time filter: empty (unbounded), milliseconds since the epoch, a
+/// duration ago (`90m`, `2h`), or a UTC date and time (`2026-11-30
+/// 20:15[:00]`, `T` or a space between).
+pub(crate) fn parse_time(field: &str, s: &str) -> Result<u64, ConsoleError> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(0);
+    }
+    if s.bytes().all(|b| b.is_ascii_digit()) {
+        return s.parse().map_err(|_| bad_time(field, s));
+    }
+    let now = std::time::SystemTime::now();
+    let at = if let Ok(ago) = humantime::parse_duration(s) {
+        now.checked_sub(ago).ok_or_else(|| bad_time(field, s))?
+    } else {
+        let full = if s.len() == 16 {
+            format!("{s}:00")
+        } else {
+            s.to_owned()
+        };
+        humantime::parse_rfc3339_weak(full.trim_end_matches('Z')).map_err(|_| bad_time(field, s))?
+    };
+    let ms = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| bad_time(field, s))?
+        .as_millis();
+    u64::try_from(ms).map_err(|_| bad_time(field, s))
+}
+
+fn bad_time(field: &str, s: &str) -> ConsoleError {
+    ConsoleError::bad_request(format!(
+        "`{field}` is not a time: {} (give a UTC time like 2026-11-30 20:15, a duration ago like 2h, or ms since the epoch)",
+        crate::util::echo(s)
+    ))
+}
+
+/// Dead-letter ids separated by commas or spaces.
+pub(crate) fn parse_ids(s: &str) -> Result<Vec<u64>, ConsoleError> {
+    let ids: Result<BTreeSet<u64>, _> = s
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.parse::<u64>().map_err(|_| {
+                ConsoleError::bad_request(format!(
+                    "`ids` must be entry ids (numbers) separated by commas: {} is not one",
+                    crate::util::echo(p)
+                ))
+            })
+        })
+        .collect();
+    Ok(ids?.into_iter().collect())
+}
+
+fn parse_id(s: &str) -> Result<u64, ConsoleError> {
+    required("id", s)?.parse().map_err(|_| {
+        ConsoleError::bad_request(format!(
+            "`id` must be an entry id (a number), not {}",
+            crate::util::echo(s)
+        ))
+    })
+}
+
+/// `path?k=v&...`, the values URL-encoded.
+pub(crate) fn link(path: &str, pairs: &[(&str, &str)]) -> String {
+    match serde_urlencoded::to_string(pairs) {
+        Ok(q) if !q.is_empty() => format!("{path}?{q}"),
+        _ => path.to_owned(),
+    }
+}
+
+fn sub_link(path: &str, topic: &str, sub: &str) -> String {
+    link(path, &[("topic", topic), ("sub", sub)])
+}
+
+/// Milliseconds since the epoch as a UTC time; `—` for 0.
+pub(crate) fn fmt_ms(ms: u64) -> String {
+    if ms == 0 {
+        return "—".to_owned();
+    }
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(t)
+        .to_string()
+        .replace('T', " ")
+}
+
+/// A failure reason's short name (`nack`, `ack_timeout`, ...).
+pub(crate) fn reason_name(code: i32) -> String {
+    FailureReason::try_from(code)
+        .map(|r| {
+            r.as_str_name()
+                .trim_start_matches("FAILURE_REASON_")
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_else(|_| format!("unknown ({code})"))
+}
+
+/// A payload as text; binary payloads shown lossily, and said so.
+fn payload_view(payload: &[u8]) -> Markup {
+    match std::str::from_utf8(payload) {
+        Ok(text) => html! { pre.payload { (text) } },
+        Err(_) => html! {
+            p.warn { "Not UTF-8: shown with replacement characters (" (payload.len()) " bytes)." }
+            pre.payload { (String::from_utf8_lossy(payload)) }
+        },
+    }
+}
+
+/// The first characters of a payload, for a table cell.
+fn preview(payload: &[u8]) -> String {
+    let text = String::from_utf8_lossy(payload);
+    let mut out: String = text.chars().take(60).collect();
+    if text.chars().count() > 60 {
+        out.push('…');
+    }
+    out
+}
+
+fn properties_table(m: &Message) -> Markup {
+    let mut props: Vec<(&String, &String)> = m.properties.iter().collect();
+    props.sort();
+    html! {
+        @if props.is_empty() {
+            p { "No properties." }
+        } @else {
+            table.properties {
+                tr { th { "Property" } th { "Value" } }
+                @for (k, v) in props {
+                    tr { td { (k) } td { (v) } }
+                }
+            }
+        }
+    }
+}
+
+fn attempts_table(attempts: &[Attempt]) -> Markup {
+    html! {
+        @if attempts.is_empty() {
+            p { "No failed attempts recorded." }
+        } @else {
+            table.attempts {
+                tr { th { "#" } th { "Time" } th { "Consumer" } th { "Reason" } th { "Detail (nack text)" } }
+                @for a in attempts {
+                    tr {
+                        td.n { (a.delivery_count) }
+                        td { (fmt_ms(a.time_ms)) }
+                        td { (a.consumer) }
+                        td { (reason_name(a.reason)) }
+                        td { (a.detail) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The header row and one row per subscription, as on the topics page.
+fn subscriptions_table(subs: &[SubscriptionStatsResponse]) -> Markup {
+    html! {
+        table.subscriptions {
+            tr {
+                th { "Subscription" } th { "Type" } th { "Backlog" } th { "Unacked" }
+                th { "Retry queue" } th { "Dead letters" } th { "Consumers" }
+            }
+            @for s in subs {
+                tr {
+                    td { a href=(sub_link("/subscription", &s.topic, &s.subscription)) { (s.subscription) } }
+                    td { (s.subscription_type) }
+                    td.n { (s.backlog) }
+                    td.n { (s.unacked) }
+                    td.n { (s.scheduled_retries) }
+                    td.n {
+                        @if s.dead_lettered > 0 {
+                            a href=(sub_link("/dead-letters", &s.topic, &s.subscription)) { (s.dead_lettered) }
+                        } @else { "0" }
+                    }
+                    td.n { (s.consumers.len()) }
+                }
+            }
+        }
+    }
+}
+
+/// `/`: every topic with its subscriptions; tier topics listed apart.
+pub(crate) async fn index(State(st): State<ConsoleState>) -> Page {
+    let mut topics = Vec::new();
+    for name in st.api.topics().await? {
+        match st.api.topic_stats(&name).await {
+            Ok(stats) => topics.push(stats),
+            // Deleted between the two calls.
+            Err(s) if s.code() == tonic::Code::NotFound => {}
+            Err(s) => return Err(s.into()),
+        }
+    }
+    let tiers: BTreeSet<String> = topics
+        .iter()
+        .flat_map(|t| &t.subscriptions)
+        .flat_map(|s| [s.retry_topic.clone(), s.dead_letter_topic.clone()])
+        .collect();
+    let (tier_topics, topics): (Vec<_>, Vec<_>) =
+        topics.into_iter().partition(|t| tiers.contains(&t.topic));
+    Ok(layout(
+        "Topics",
+        html! {
+            h1 { "Topics" }
+            @if topics.is_empty() { p { "No topics yet." } }
+            @for t in &topics {
+                h2 { a href=(link("/topic", &[("topic", &t.topic)])) { (t.topic) } }
+                p { (t.message_count) " stored messages · " (t.messages_in) " published since start · " (t.producers) " producers" }
+                @if t.subscriptions.is_empty() {
+                    p { "No subscriptions." }
+                } @else {
+                    (subscriptions_table(&t.subscriptions))
+                }
+            }
+            @if !tier_topics.is_empty() {
+                h2 { "Retry and dead-letter tier topics" }
+                ul {
+                    @for t in &tier_topics {
+                        li { a href=(link("/topic", &[("topic", &t.topic)])) { (t.topic) } " — " (t.message_count) " stored" }
+                    }
+                }
+            }
+        },
+    ))
+}
+
+/// `/topic?topic=T`: one topic and its subscriptions.
+pub(crate) async fn topic(State(st): State<ConsoleState>, Query(p): Query<Params>) -> Page {
+    let t = st.api.topic_stats(p.topic()?).await?;
+    Ok(layout(
+        &t.topic,
+        html! {
+            h1 { "Topic " (t.topic) }
+            table {
+                tr { th { "Stored messages" } td.n { (t.message_count) } }
+                tr { th { "Entry ids" } td { (t.first_entry_id) " to " (t.next_entry_id) " (next)" } }
+                tr { th { "Published since start" } td.n { (t.messages_in) " (" (t.bytes_in) " bytes)" } }
+                tr { th { "Producers" } td.n { (t.producers) } }
+            }
+            h2 { "Subscriptions" }
+            @if t.subscriptions.is_empty() { p { "No subscriptions." } }
+            @else { (subscriptions_table(&t.subscriptions)) }
+        },
+    ))
+}
+
+/// `/subscription?topic=T&sub=S`: counters, policy, consumers, and the
+/// pictures: retries by due time, dead letters by reason over time.
+pub(crate) async fn subscription(State(st): State<ConsoleState>, Query(p): Query<Params>) -> Page {
+    let (topic, sub) = (p.topic()?, p.sub()?);
+    let s = st.api.subscription_stats(topic, sub).await?;
+    let policy = st.api.policy(topic, sub).await?;
+    let dead = st
+        .api
+        .dead_letters(topic, sub, &DeadLetterQuery::default(), CHART_LIMIT, None)
+        .await?;
+    let points: Vec<(u64, &str)> = dead
+        .dead_letters
+        .iter()
+        .map(|d| (d.dead_lettered_at_ms, d.reason.as_str()))
+        .collect();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let inflow = charts::Inflow::from_points(&points, now_ms);
+    let mut reasons: Vec<(&str, u64)> = Vec::new();
+    for (_, r) in &points {
+        match reasons.iter_mut().find(|(x, _)| x == r) {
+            Some((_, n)) => *n += 1,
+            None => reasons.push((r, 1)),
+        }
+    }
+    reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let title = format!("{sub} on {topic}");
+    Ok(layout(
+        &title,
+        html! {
+            h1 { "Subscription " (sub) }
+            p { "on " a href=(link("/topic", &[("topic", topic)])) { (topic) } " · " (s.subscription_type) }
+            table.counters {
+                tr { th { "Backlog" } th { "Unacked" } th { "Retry queue" } th { "Dead letters" } th { "Next retry due" } th { "Acked up to" } }
+                tr {
+                    td.n #backlog { (s.backlog) }
+                    td.n #unacked { (s.unacked) }
+                    td.n #retries { (s.scheduled_retries) }
+                    td.n #dead { (s.dead_lettered) }
+                    td { (fmt_ms(s.next_retry_due_ms)) }
+                    td.n { (s.mark_delete_position) }
+                }
+            }
+            p {
+                "Retry tier " code { (s.retry_topic) } ", dead-letter tier " code { (s.dead_letter_topic) } ". "
+                a href=(sub_link("/dead-letters", topic, sub)) { "Dead letters →" }
+            }
+            div.charts {
+                div {
+                    h2 { "Retry schedule by due time" }
+                    (charts::retry_schedule(&s.scheduled_by_due))
+                }
+                div {
+                    h2 { "Dead letters by reason over time" }
+                    @match &inflow {
+                        Some(f) => {
+                            (charts::inflow_chart(f))
+                            @if dead.total > dead.dead_letters.len() as u64 {
+                                p.warn { "Drawn from the first " (dead.dead_letters.len()) " of " (dead.total) " dead letters." }
+                            }
+                        }
+                        None => p { "No dead letters." },
+                    }
+                }
+            }
+            @if !reasons.is_empty() {
+                h2 { "Why messages died" }
+                table.reasons {
+                    tr { th { "Reason" } th { "Dead letters" } }
+                    @for (r, n) in &reasons {
+                        tr {
+                            td { a href=(link("/dead-letters", &[("topic", topic), ("sub", sub), ("reason", r)])) { (r) } }
+                            td.n { (n) }
+                        }
+                    }
+                }
+            }
+            h2 { "Consumers" }
+            @if s.consumers.is_empty() { p { "None connected." } } @else {
+                table {
+                    tr { th { "Name" } th { "Unacked" } th { "Permits" } th { "Active" } th { "Blocked on unacked" } }
+                    @for c in &s.consumers {
+                        tr { td { (c.name) } td.n { (c.unacked) } td.n { (c.permits) } td { (c.active) } td { (c.blocked_on_unacked) } }
+                    }
+                }
+            }
+            h2 { "Dead-letter policy" }
+            p { "Source: " (policy.source) }
+            @if let Some(pol) = &policy.policy {
+                pre { (format!("{:#?}", pol.kind)) }
+            }
+        },
+    ))
+}
+
+/// `/dead-letters?topic=T&sub=S[&reason=&since=&until=&ids=&after=]`.
+pub(crate) async fn dead_letters(State(st): State<ConsoleState>, Query(p): Query<Params>) -> Page {
+    let (topic, sub) = (p.topic()?, p.sub()?);
+    let query = p.query()?;
+    let after = match p.after.trim() {
+        "" => None,
+        a => Some(parse_id(a)?),
+    };
+    let group_by = GroupBy::parse(p.group.trim()).ok_or_else(|| {
+        ConsoleError::bad_request(format!(
+            "`group` must be reason, consumer or hour, not {}",
+            crate::util::echo(&p.group)
+        ))
+    })?;
+    let page = st
+        .api
+        .dead_letters(topic, sub, &query, PAGE_SIZE, after)
+        .await?;
+    let grouped = match group_by {
+        Some(by) => Some((by, st.api.group_dead_letters(topic, sub, &query, by).await?)),
+        None => None,
+    };
+    let mut keep: Vec<(&str, &str)> = vec![("topic", topic), ("sub", sub)];
+    keep.extend(p.filter_pairs());
+    let last_id = page
+        .dead_letters
+        .last()
+        .and_then(|d| d.message.as_ref()?.id.as_ref())
+        .map(|id| id.entry_id);
+    let next = match last_id {
+        Some(id) if page.dead_letters.len() as u32 == PAGE_SIZE => {
+            let id = id.to_string();
+            let mut pairs = keep.clone();
+            pairs.push(("after", &id));
+            Some(link("/dead-letters", &pairs))
+        }
+        _ => None,
+    };
+    Ok(layout(
+        &format!("Dead letters of {sub}"),
+        html! {
+            h1 { "Dead letters of " a href=(sub_link("/subscription", topic, sub)) { (sub) } }
+            p { "on " (topic) }
+            form.filters method="get" action="/dead-letters" {
+                input type="hidden" name="topic" value=(topic);
+                input type="hidden" name="sub" value=(sub);
+                label { "Reason contains " input type="text" name="reason" value=(p.reason); }
+                " "
+                label { "Since " input type="text" name="since" value=(p.since) placeholder="2026-11-30 20:15 or 2h"; }
+                " "
+                label { "Until " input type="text" name="until" value=(p.until) placeholder="UTC time, or ms"; }
+                " "
+                label { "Ids " input type="text" name="ids" value=(p.ids) placeholder="12, 15"; }
+                " "
+                label { "Group by "
+                    select name="group" {
+                        option value="" { "—" }
+                        @for g in ["reason", "consumer", "hour"] {
+                            option value=(g) selected[p.group.trim() == g] { (g) }
+                        }
+                    }
+                }
+                " "
+                button type="submit" { "Filter" }
+                " "
+                a href=(sub_link("/dead-letters", topic, sub)) { "clear" }
+            }
+            p #matching { (page.total) " dead letters match." }
+            @if let Some((by, (groups, truncated))) = &grouped {
+                (groups_table(topic, sub, *by, groups))
+                @if *truncated { p.warn { "Counted over the first 10000 matching dead letters only." } }
+            }
+            @if page.total > 0 {
+                p {
+                    a.bulk #replay-all href=(link("/confirm/replay", &keep)) { "Replay all " (page.total) " matching…" }
+                    " · "
+                    a.bulk #purge-all href=(link("/confirm/purge", &keep)) { "Discard all " (page.total) " matching…" }
+                }
+                table.dead-letters {
+                    tr {
+                        th { "Id" } th { "Dead-lettered" } th { "Reason" } th { "Attempts" }
+                        th { "Last consumer" } th { "Key" } th { "Payload" } th { "Actions" }
+                    }
+                    @for d in &page.dead_letters {
+                        @let id = d.message.as_ref().and_then(|m| m.id.as_ref()).map_or(0, |i| i.entry_id);
+                        @let ids = id.to_string();
+                        @let one = [("topic", topic), ("sub", sub), ("ids", ids.as_str())];
+                        tr id=(format!("dl-{id}")) {
+                            td.n { a href=(link("/dead-letter", &[("topic", topic), ("sub", sub), ("id", &ids)])) { (id) } }
+                            td { (fmt_ms(d.dead_lettered_at_ms)) }
+                            td { (d.reason) }
+                            td.n { (d.attempts.len()) }
+                            td { (d.attempts.last().map(|a| a.consumer.as_str()).unwrap_or("")) }
+                            td { (d.message.as_ref().map(|m| m.key.as_str()).unwrap_or("")) }
+                            td { (preview(d.message.as_ref().map(|m| m.payload.as_slice()).unwrap_or_default())) }
+                            td {
+                                a.replay href=(link("/confirm/replay", &one)) { "replay…" }
+                                " "
+                                a.purge href=(link("/confirm/purge", &one)) { "discard…" }
+                            }
+                        }
+                    }
+                }
+                @if let Some(next) = next { p { a href=(next) { "Next page →" } } }
+            }
+        },
+    ))
+}
+
+/// The group-by table: each group's count, with a link to its dead
+/// letters where a filter can express it (a reason, an hour).
+fn groups_table(topic: &str, sub: &str, by: GroupBy, groups: &[super::api::Group]) -> Markup {
+    let (title, hour) = match by {
+        GroupBy::Reason => ("Reason", false),
+        GroupBy::Consumer => ("Last consumer", false),
+        GroupBy::Hour => ("Hour (UTC)", true),
+    };
+    html! {
+        table #groups {
+            tr { th { (title) } th { "Dead letters" } }
+            @for g in groups {
+                tr {
+                    td {
+                        @match (by, g.hour_ms) {
+                            (GroupBy::Reason, _) => a href=(link("/dead-letters", &[("topic", topic), ("sub", sub), ("reason", &g.key)])) { (g.key) },
+                            (_, Some(h)) if hour => {
+                                @let (since, until) = (h.to_string(), (h + 3_600_000).to_string());
+                                a href=(link("/dead-letters", &[("topic", topic), ("sub", sub), ("since", &since), ("until", &until)])) { (fmt_ms(h)) }
+                            }
+                            _ => { @if g.key.is_empty() { "(none)" } @else { (g.key) } },
+                        }
+                    }
+                    td.n { (g.count) }
+                }
+            }
+        }
+    }
+}
+
+/// `/dead-letter?topic=T&sub=S&id=N`: one dead letter, every attempt, its
+/// properties and payload.
+pub(crate) async fn dead_letter(State(st): State<ConsoleState>, Query(p): Query<Params>) -> Page {
+    let (topic, sub) = (p.topic()?, p.sub()?);
+    let id = parse_id(&p.id)?;
+    let d = one_dead_letter(&st.api, topic, sub, id).await?;
+    let m = d.message.clone().unwrap_or_default();
+    let ids = id.to_string();
+    let one = [("topic", topic), ("sub", sub), ("ids", ids.as_str())];
+    Ok(layout(
+        &format!("Dead letter {id}"),
+        html! {
+            h1 { "Dead letter " (id) " of " a href=(sub_link("/subscription", topic, sub)) { (sub) } }
+            table {
+                tr { th { "Reason" } td #reason { (d.reason) } }
+                tr { th { "Dead-lettered" } td { (fmt_ms(d.dead_lettered_at_ms)) } }
+                @if let Some(o) = &d.origin {
+                    tr { th { "Origin" } td {
+                        a href=(link("/message", &[("topic", &o.topic), ("id", &o.entry_id.to_string())])) { (o.topic) " : " (o.entry_id) }
+                    } }
+                }
+                tr { th { "Failures" } td.n { (m.delivery_count) } }
+                tr { th { "Key" } td { (m.key) } }
+                tr { th { "Published" } td { (fmt_ms(m.publish_time_ms)) " by " (m.producer_name) } }
+                tr { th { "Payload size" } td.n { (m.payload.len()) " bytes" } }
+            }
+            p {
+                a.replay href=(link("/confirm/replay", &one)) { "Replay this message…" }
+                " · "
+                a.purge href=(link("/confirm/purge", &one)) { "Discard this message…" }
+            }
+            p.note {
+                "Fix and resend (a new payload, key or properties) is not offered: this broker's admin API "
+                "replays a dead letter unchanged."
+            }
+            h2 { "Attempts" }
+            (attempts_table(&d.attempts))
+            h2 { "Properties" }
+            (properties_table(&m))
+            h2 { "Payload" }
+            (payload_view(&m.payload))
+        },
+    ))
+}
+
+/// Dead letter `id` of `topic`/`sub`, or 404.
+pub(crate) async fn one_dead_letter(
+    api: &ConsoleApi,
+    topic: &str,
+    sub: &str,
+    id: u64,
+) -> Result<DeadLetter, ConsoleError> {
+    let query = DeadLetterQuery {
+        ids: vec![id],
+        ..Default::default()
+    };
+    api.dead_letters(topic, sub, &query, 1, None)
+        .await?
+        .dead_letters
+        .into_iter()
+        .next()
+        .ok_or_else(|| ConsoleError::not_found(format!("no dead letter {id} in {sub} on {topic}")))
+}
+
+/// `/message?topic=T&id=N`: a stored message and its state in every
+/// subscription of its topic, with each one's attempts.
+pub(crate) async fn message(State(st): State<ConsoleState>, Query(p): Query<Params>) -> Page {
+    let topic = p.topic()?;
+    let id = parse_id(&p.id)?;
+    let r = st.api.message(topic, id).await?;
+    let m = r.message.unwrap_or_default();
+    Ok(layout(
+        &format!("Message {id}"),
+        html! {
+            h1 { "Message " (id) " of " a href=(link("/topic", &[("topic", topic)])) { (topic) } }
+            table {
+                tr { th { "Key" } td { (m.key) } }
+                tr { th { "Published" } td { (fmt_ms(m.publish_time_ms)) " by " (m.producer_name) " (sequence " (m.sequence_id) ")" } }
+                tr { th { "Event time" } td { (fmt_ms(m.event_time_ms)) } }
+                tr { th { "Payload size" } td.n { (m.payload.len()) " bytes" } }
+            }
+            h2 { "In each subscription" }
+            @if r.subscriptions.is_empty() { p { "No subscriptions." } }
+            @for s in &r.subscriptions {
+                h3 { a href=(sub_link("/subscription", topic, &s.subscription)) { (s.subscription) } ": " (s.state) }
+                p { (s.delivery_count) " failed deliveries." }
+                (attempts_table(&s.attempts))
+            }
+            h2 { "Properties" }
+            (properties_table(&m))
+            h2 { "Payload" }
+            (payload_view(&m.payload))
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_parse_in_every_documented_form_and_bad_ones_are_refused() {
+        assert_eq!(parse_time("since", "").unwrap(), 0);
+        assert_eq!(
+            parse_time("since", "1700000000000").unwrap(),
+            1_700_000_000_000
+        );
+        let t = parse_time("since", "2023-11-14 22:13").unwrap();
+        assert_eq!(t, 1_699_999_980_000);
+        assert_eq!(
+            parse_time("since", "2023-11-14T22:13:20Z").unwrap(),
+            1_700_000_000_000
+        );
+        let ago = parse_time("since", "1h").unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        assert!(ago <= now - 3_600_000 && ago > now - 3_700_000);
+        assert!(parse_time("since", "yesterday-ish").is_err());
+        assert!(parse_time("until", "2023-13-40 99:00").is_err());
+    }
+
+    #[test]
+    fn ids_parse_sorted_and_deduplicated() {
+        assert_eq!(parse_ids(" 5, 3 3,,9 ").unwrap(), vec![3, 5, 9]);
+        assert!(parse_ids("").unwrap().is_empty());
+        assert!(parse_ids("4,x").is_err());
+        assert!(parse_ids("-1").is_err());
+    }
+
+    #[test]
+    fn links_encode_their_values() {
+        assert_eq!(
+            link(
+                "/x",
+                &[("topic", "persistent://a/b/c"), ("reason", "a&b c")]
+            ),
+            "/x?topic=persistent%3A%2F%2Fa%2Fb%2Fc&reason=a%26b+c"
+        );
+    }
+}
