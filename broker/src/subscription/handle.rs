@@ -39,7 +39,7 @@ pub(super) enum Command {
     /// resetting their delivery counts, and remove them from the DLQ.
     Replay(
         Vec<(u64, DeadLetterRecord)>,
-        bool,
+        crate::storage::ReplayOrder,
         oneshot::Sender<Result<Vec<MessageRef>>>,
     ),
     /// Dead letters were purged by an operator (for the DLQ size gauge).
@@ -121,14 +121,13 @@ impl SubscriptionHandle {
         self.ask(|r| Command::MessageStatus(entry_id, r)).await
     }
 
-    /// Replays dead letters; returns their new ids.
+    /// Replays dead letters as `order` says; returns their new ids.
     pub async fn replay(
         &self,
         letters: Vec<(u64, DeadLetterRecord)>,
-        reset_count: bool,
+        order: crate::storage::ReplayOrder,
     ) -> Result<Vec<MessageRef>> {
-        self.ask(|r| Command::Replay(letters, reset_count, r))
-            .await?
+        self.ask(|r| Command::Replay(letters, order, r)).await?
     }
 
     /// Tells the actor that `n` dead letters were purged.
