@@ -35,8 +35,9 @@ pub(super) enum Command {
     SetPolicy(Option<PolicySpec>, oneshot::Sender<Result<PolicyInfo>>),
     /// State of one main-topic entry.
     MessageStatus(u64, oneshot::Sender<MessageStatus>),
-    /// Publish dead letters (by DLQ entry id) again on the topic, keeping or
-    /// resetting their delivery counts, and remove them from the DLQ.
+    /// Replay dead letters (by DLQ entry id) as the order says: into the
+    /// retry tier or onto the topic, edited or not, keeping or resetting
+    /// their delivery counts.
     Replay(
         Vec<(u64, DeadLetterRecord)>,
         crate::storage::ReplayOrder,

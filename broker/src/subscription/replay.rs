@@ -150,12 +150,31 @@ impl SubscriptionActor {
         if prepared.is_empty() {
             return Ok(Vec::new());
         }
-        match order.target {
+        // A dead letter still holding an intent (a republish the broker could
+        // not finish at start) may already be on the topic: it is finished as
+        // that republish, whatever this order says, so it is never doubled.
+        let (unfinished, prepared): (Vec<Prepared>, Vec<Prepared>) = prepared
+            .into_iter()
+            .partition(|p| p.record.replay.is_some());
+        let mut out = Vec::new();
+        if !unfinished.is_empty() {
+            let letters = unfinished
+                .into_iter()
+                .map(|p| (p.dlq_id, p.record))
+                .collect();
+            out = self.finish_topic_replays(letters).await?;
+        }
+        if prepared.is_empty() {
+            return Ok(out);
+        }
+        let more = match order.target {
             ReplayTarget::RetryTier { due_ms } => {
                 self.replay_into_retry(prepared, due_ms.max(now)).await
             }
             ReplayTarget::Topic => self.replay_onto_topic(prepared, order.reset_count).await,
-        }
+        }?;
+        out.extend(more);
+        Ok(out)
     }
 
     /// Moves dead letters into the retry tier, due at `due_ms`, in one
@@ -228,15 +247,11 @@ impl SubscriptionActor {
         let mut with_intent = Vec::with_capacity(prepared.len());
         for p in prepared {
             let mut record = p.record;
-            if record.replay.is_none() {
-                record.replay = Some(Box::new(ReplayIntent {
-                    sequence_id: self.deps.storage.next_id()?,
-                    message: p.message.encode_to_vec(),
-                    failures: (!reset || !p.failures.edits.is_empty()).then_some(p.failures),
-                }));
-            }
-            // An intent already there (a replay the broker did not finish)
-            // is kept as it is: its sequence id is what makes it safe.
+            record.replay = Some(Box::new(ReplayIntent {
+                sequence_id: self.deps.storage.next_id()?,
+                message: p.message.encode_to_vec(),
+                failures: (!reset || !p.failures.edits.is_empty()).then_some(p.failures),
+            }));
             with_intent.push((p.dlq_id, record));
         }
         self.deps
