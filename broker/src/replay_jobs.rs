@@ -44,7 +44,7 @@ pub async fn start(
 
 /// Resumes every stored job (at broker start).
 pub fn resume_all(core: &Arc<BrokerCore>) {
-    let jobs = match core.storage.replay_jobs() {
+    let jobs = match core.storage.replay_jobs(true) {
         Ok(jobs) => jobs,
         Err(e) => {
             tracing::error!(error = %e, "cannot read replay jobs to resume");
@@ -64,9 +64,9 @@ pub fn resume_all(core: &Arc<BrokerCore>) {
     }
 }
 
-/// Whether job `id` is still stored (not cancelled).
+/// Whether job `id` is still stored (not cancelled); reads no id lists.
 fn still_wanted(core: &BrokerCore, id: u64) -> Result<bool> {
-    Ok(core.storage.replay_jobs()?.iter().any(|j| j.id == id))
+    Ok(core.storage.replay_jobs(false)?.iter().any(|j| j.id == id))
 }
 
 /// Chunk size and pause for `rate` messages per second: a tenth of a

@@ -183,8 +183,9 @@ pub(super) async fn replay(
     .max(1);
     let job = ReplayJobRecord {
         id: core.storage.next_id().map_err(BrokerError::from)?,
-        topic: h_topic(&r.topic)?,
+        topic: full_topic_name(&r.topic)?,
         subscription: r.subscription.clone(),
+        total: ids.len() as u64,
         dead_letter_ids: ids.clone(),
         cursor: 0,
         replayed: 0,
@@ -234,7 +235,7 @@ pub(super) async fn replay(
 }
 
 /// The fully qualified topic name (as jobs store it).
-fn h_topic(topic: &str) -> Result<String, Status> {
+fn full_topic_name(topic: &str) -> Result<String, Status> {
     Ok(TopicName::parse(topic)?.to_string())
 }
 
@@ -336,7 +337,7 @@ fn job_wire(j: &ReplayJobRecord) -> ReplayJob {
         id: j.id,
         topic: j.topic.clone(),
         subscription: j.subscription.clone(),
-        total: j.dead_letter_ids.len() as u64,
+        total: j.total,
         done: j.cursor as u64,
         replayed: j.replayed,
         rate_per_second: j.rate_per_second,
@@ -357,11 +358,11 @@ pub(super) fn list_jobs(
     let topic = if r.topic.is_empty() {
         None
     } else {
-        Some(h_topic(&r.topic)?)
+        Some(full_topic_name(&r.topic)?)
     };
     let jobs = core
         .storage
-        .replay_jobs()
+        .replay_jobs(false)
         .map_err(BrokerError::from)?
         .iter()
         .filter(|j| topic.as_ref().is_none_or(|t| *t == j.topic))
@@ -376,7 +377,7 @@ pub(super) async fn cancel_job(
     core: &BrokerCore,
     r: CancelReplayJobRequest,
 ) -> Result<CancelReplayJobResponse, Status> {
-    let jobs = core.storage.replay_jobs().map_err(BrokerError::from)?;
+    let jobs = core.storage.replay_jobs(false).map_err(BrokerError::from)?;
     if !jobs.iter().any(|j| j.id == r.id) {
         return Err(Status::not_found(format!("no replay job {}", r.id)));
     }

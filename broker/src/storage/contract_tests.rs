@@ -452,6 +452,7 @@ fn replay_jobs_are_stored_updated_and_removed() {
             topic: T.into(),
             subscription: "s".into(),
             dead_letter_ids: vec![1, 2, 3],
+            total: 3,
             cursor: 0,
             replayed: 0,
             rate_per_second: 10,
@@ -467,10 +468,19 @@ fn replay_jobs_are_stored_updated_and_removed() {
             created_ms: 1,
         };
         s.put_replay_job(&job).unwrap();
+        // Progress is written without the ids; they stay as first stored.
         job.cursor = 2;
-        s.put_replay_job(&job).unwrap();
-        assert_eq!(s.replay_jobs().unwrap(), vec![job.clone()], "{name}");
+        let progress = ReplayJobRecord {
+            dead_letter_ids: Vec::new(),
+            ..job.clone()
+        };
+        s.put_replay_job(&progress).unwrap();
+        assert_eq!(s.replay_jobs(true).unwrap(), vec![job.clone()], "{name}");
+        assert_eq!(s.replay_jobs(false).unwrap(), vec![progress], "{name}");
         s.remove_replay_job(3).unwrap();
-        assert!(s.replay_jobs().unwrap().is_empty(), "{name}");
+        assert!(s.replay_jobs(true).unwrap().is_empty(), "{name}");
+        // A cancelled job's runner does not bring it back.
+        s.put_replay_job(&job).unwrap();
+        assert!(s.replay_jobs(false).unwrap().is_empty(), "{name}");
     }
 }

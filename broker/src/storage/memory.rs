@@ -346,12 +346,34 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
-    fn replay_jobs(&self) -> Result<Vec<ReplayJobRecord>> {
-        Ok(lock(&self.state).replay_jobs.values().cloned().collect())
+    fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>> {
+        Ok(lock(&self.state)
+            .replay_jobs
+            .values()
+            .map(|j| {
+                let mut j = j.clone();
+                if !with_ids {
+                    j.dead_letter_ids.clear();
+                }
+                j
+            })
+            .collect())
     }
 
     fn put_replay_job(&self, job: &ReplayJobRecord) -> Result<()> {
-        lock(&self.state).replay_jobs.insert(job.id, job.clone());
+        let mut s = lock(&self.state);
+        let ids = match s.replay_jobs.get(&job.id) {
+            Some(old) => old.dead_letter_ids.clone(),
+            None if job.cursor > 0 => return Ok(()),
+            None => job.dead_letter_ids.clone(),
+        };
+        s.replay_jobs.insert(
+            job.id,
+            ReplayJobRecord {
+                dead_letter_ids: ids,
+                ..job.clone()
+            },
+        );
         Ok(())
     }
 

@@ -118,9 +118,13 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// transaction (see [`DeadLetterReturn`]); `Missing` (and no change) if
     /// one of them is gone.
     fn return_dead_letters(&self, mv: &DeadLetterReturn) -> Result<()>;
-    /// Replay jobs in progress, by id.
-    fn replay_jobs(&self) -> Result<Vec<ReplayJobRecord>>;
-    /// Creates or updates a replay job.
+    /// Replay jobs in progress, by id; `with_ids: false` leaves their
+    /// (possibly long) id lists out.
+    fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>>;
+    /// Creates a replay job (`cursor == 0`) or updates its progress: the id
+    /// list is written with the first put only, so progress updates stay
+    /// small. A progress update of a job no longer stored (cancelled) is
+    /// ignored.
     fn put_replay_job(&self, job: &ReplayJobRecord) -> Result<()>;
     /// Removes a finished replay job.
     fn remove_replay_job(&self, id: u64) -> Result<()>;

@@ -549,8 +549,11 @@ pub struct ReplayJobRecord {
     pub topic: String,
     /// The subscription.
     pub subscription: String,
-    /// The dead-letter entry ids to replay, ascending.
+    /// The dead-letter entry ids to replay, ascending (stored once, apart
+    /// from the rest; empty when read without them).
     pub dead_letter_ids: Vec<u64>,
+    /// How many ids there are.
+    pub total: u64,
     /// How many of `dead_letter_ids` are done (replayed, or gone).
     pub cursor: usize,
     /// Dead letters replayed so far (those gone meanwhile not counted).

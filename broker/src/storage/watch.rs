@@ -141,8 +141,8 @@ impl Storage for Watched {
     fn return_dead_letters(&self, mv: &DeadLetterReturn) -> Result<()> {
         self.note(self.inner.return_dead_letters(mv))
     }
-    fn replay_jobs(&self) -> Result<Vec<ReplayJobRecord>> {
-        self.note(self.inner.replay_jobs())
+    fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>> {
+        self.note(self.inner.replay_jobs(with_ids))
     }
     fn put_replay_job(&self, job: &ReplayJobRecord) -> Result<()> {
         self.note(self.inner.put_replay_job(job))

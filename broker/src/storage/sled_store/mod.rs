@@ -270,6 +270,13 @@ fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
         "meta" if k.starts_with(returns::JOB_PREFIX) => {
             from_json::<ReplayJobRecord>(body).map(|_| 0)
         }
+        "meta" if k.starts_with(returns::JOB_IDS_PREFIX) => {
+            if body.len() % 8 == 0 {
+                Ok(0)
+            } else {
+                Err(StorageError::Corrupt("bad replay job id list".into()))
+            }
+        }
         "meta" if k == STORE_ID_KEY => std::str::from_utf8(body)
             .map(|_| 0)
             .map_err(|_| StorageError::Corrupt("unreadable store id".into())),
@@ -787,8 +794,8 @@ impl Storage for SledStorage {
         self.return_dead_letters_tx(mv)
     }
 
-    fn replay_jobs(&self) -> Result<Vec<ReplayJobRecord>> {
-        self.replay_jobs_stored()
+    fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>> {
+        self.replay_jobs_stored(with_ids)
     }
 
     fn put_replay_job(&self, job: &ReplayJobRecord) -> Result<()> {

@@ -171,33 +171,64 @@ impl SledStorage {
     }
 }
 
-/// Replay jobs live in the meta tree under this prefix and their id.
+/// Replay jobs live in the meta tree: the job (without its ids) under
+/// this prefix and its id, rewritten as it progresses...
 pub(super) const JOB_PREFIX: &[u8] = b"replayjob/";
+/// ...and its dead-letter ids, written once, big-endian, under this one.
+pub(super) const JOB_IDS_PREFIX: &[u8] = b"replayjobids/";
 
-fn job_key(id: u64) -> Vec<u8> {
-    let mut k = JOB_PREFIX.to_vec();
+fn job_key(prefix: &[u8], id: u64) -> Vec<u8> {
+    let mut k = prefix.to_vec();
     k.extend_from_slice(&be(id));
     k
 }
 
 impl SledStorage {
-    pub(super) fn replay_jobs_stored(&self) -> Result<Vec<ReplayJobRecord>> {
+    pub(super) fn replay_jobs_stored(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>> {
         let mut out = Vec::new();
         for kv in self.meta.scan_prefix(JOB_PREFIX) {
             let (k, v) = kv?;
-            out.push(super::codec::from_json(unseal(&k, &v)?)?);
+            let mut job: ReplayJobRecord = super::codec::from_json(unseal(&k, &v)?)?;
+            if with_ids {
+                let ik = job_key(JOB_IDS_PREFIX, job.id);
+                if let Some(v) = self.meta.get(&ik)? {
+                    job.dead_letter_ids = unseal(&ik, &v)?
+                        .chunks_exact(8)
+                        .map(read_be)
+                        .collect::<Result<_>>()?;
+                }
+            }
+            out.push(job);
         }
         Ok(out)
     }
 
     pub(super) fn put_replay_job_stored(&self, job: &ReplayJobRecord) -> Result<()> {
-        let k = job_key(job.id);
-        self.meta.insert(k.as_slice(), seal(&k, &json(job)))?;
+        let ik = job_key(JOB_IDS_PREFIX, job.id);
+        let mut batch = Batch::default();
+        if !self.meta.contains_key(&ik)? {
+            if job.cursor > 0 {
+                // Cancelled meanwhile: not brought back.
+                return Ok(());
+            }
+            let ids: Vec<u8> = job.dead_letter_ids.iter().flat_map(|i| be(*i)).collect();
+            batch.insert(ik.as_slice(), seal(&ik, &ids));
+        }
+        let k = job_key(JOB_PREFIX, job.id);
+        let header = ReplayJobRecord {
+            dead_letter_ids: Vec::new(),
+            ..job.clone()
+        };
+        batch.insert(k.as_slice(), seal(&k, &json(&header)));
+        self.meta.apply_batch(batch)?;
         Ok(())
     }
 
     pub(super) fn remove_replay_job_stored(&self, id: u64) -> Result<()> {
-        self.meta.remove(job_key(id))?;
+        let mut batch = Batch::default();
+        batch.remove(job_key(JOB_PREFIX, id));
+        batch.remove(job_key(JOB_IDS_PREFIX, id));
+        self.meta.apply_batch(batch)?;
         Ok(())
     }
 }
