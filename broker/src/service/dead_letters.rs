@@ -397,6 +397,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn who_edits_is_the_callers_role_or_anonymous() {
+        let mut r = Request::new(());
+        assert_eq!(caller(&r), "anonymous");
+        r.extensions_mut().insert(CallerRole("ops-oncall".into()));
+        assert_eq!(caller(&r), "ops-oncall");
+    }
+
+    #[test]
     fn hours_are_keyed_by_their_start_in_utc() {
         // 2026-11-30T20:13:53Z
         assert_eq!(hour_key(1_796_069_633_000), "2026-11-30T20:00:00Z");
