@@ -48,6 +48,7 @@ mod keeper;
 mod limits;
 mod metrics;
 mod name;
+mod replay_jobs;
 mod scheduler;
 mod server;
 mod service;
@@ -65,7 +66,7 @@ pub use metrics::install_prometheus;
 pub use name::{SubscriptionName, TopicName};
 pub use scheduler::{FireSender, Scheduler, SchedulerStats};
 pub use server::{Broker, BrokerBuilder, TestBroker};
-pub use service::{AdminService, BrokerService};
+pub use service::{AdminService, BrokerService, CallerRole};
 pub use subscription::{
     BrokerLink, ConsumerEvent, ConsumerId, ConsumerRequest, ConsumerSpec, ConsumerStats,
     ConsumerTx, DueBucket, FailedItem, MessageRef, MessageState, MessageStatus, Outcome,

@@ -133,6 +133,7 @@ impl Broker {
         let broker = BrokerServer::new(BrokerService::new(self.core.clone()))
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES);
+        crate::replay_jobs::resume_all(&self.core);
         let admin = AdminServer::new(AdminService::new(self.core.clone()))
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES);

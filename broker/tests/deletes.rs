@@ -148,6 +148,7 @@ async fn deletes_without_force_refuse_what_holds_data() {
             topic: TOPIC.into(),
             subscription: "s".into(),
             filter: None,
+            ..Default::default()
         })
         .await
         .unwrap();

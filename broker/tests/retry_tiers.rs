@@ -311,7 +311,7 @@ async fn delayed_delivery_works_on_every_subscription_type() {
 }
 
 #[tokio::test]
-async fn terminated_message_replays_from_the_dlq_onto_the_topic() {
+async fn terminated_message_replays_from_the_dlq_onto_the_topic_when_asked() {
     let b = InProcessBroker::start().await;
     let mut c = RawConsumer::simple(&b.url(), "replay", "s", SubscriptionType::Shared).await;
     c.flow(10).await;
@@ -332,6 +332,7 @@ async fn terminated_message_replays_from_the_dlq_onto_the_topic() {
             topic: "replay".into(),
             subscription: "s".into(),
             reset_delivery_count: false,
+            mode: ReplayMode::Topic as i32,
             ..Default::default()
         })
         .await
@@ -358,6 +359,7 @@ async fn terminated_message_replays_from_the_dlq_onto_the_topic() {
         topic: "replay".into(),
         subscription: "s".into(),
         reset_delivery_count: true,
+        mode: ReplayMode::Topic as i32,
         ..Default::default()
     })
     .await

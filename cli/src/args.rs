@@ -238,6 +238,49 @@ pub struct DlqFilterArgs {
     pub until: Option<TimeArg>,
 }
 
+/// Fix and resend: changes made to dead letters as they are replayed.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ReplayEditArgs {
+    /// A new payload from FILE (`-` for stdin; then `--yes` is needed).
+    #[arg(long, value_name = "FILE")]
+    pub payload_file: Option<String>,
+    /// Set a property, `k=v` (repeatable).
+    #[arg(long = "set-property", value_name = "K=V", value_parser = parse_key_value)]
+    pub set_properties: Vec<(String, String)>,
+    /// Remove a property (repeatable).
+    #[arg(long = "unset-property", value_name = "K")]
+    pub unset_properties: Vec<String>,
+    /// A new key.
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<String>,
+}
+
+/// What `dlq list --group-by` counts by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GroupBy {
+    /// The dead-lettering reason.
+    Reason,
+    /// The consumer of the last failed attempt.
+    Consumer,
+    /// The hour it was dead-lettered (UTC).
+    Hour,
+}
+
+fn parse_rate(s: &str) -> std::result::Result<u32, String> {
+    let n = s.strip_suffix("/s").unwrap_or(s);
+    match n.trim().parse::<u32>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(v) => Ok(v),
+        Err(_) => Err(format!("`{s}` is not a rate (`100` or `100/s`)")),
+    }
+}
+
+fn parse_at(s: &str) -> std::result::Result<u64, String> {
+    let t = humantime::parse_rfc3339_weak(s)
+        .map_err(|e| format!("`{s}` is not an RFC 3339 time: {e}"))?;
+    Ok(crate::timearg::time_to_ms(t))
+}
+
 /// A subscription named by topic and name.
 #[derive(Debug, Clone, Args)]
 pub struct SubscriptionArgs {
@@ -262,6 +305,10 @@ pub enum DlqCommand {
         /// Start after this dead-letter entry id (paging).
         #[arg(long, value_name = "ID")]
         after: Option<u64>,
+        /// Counts instead of a list: by `reason`, `consumer` (of the last
+        /// failed attempt) or `hour` (when dead-lettered, UTC).
+        #[arg(long, value_name = "BY")]
+        group_by: Option<GroupBy>,
     },
     /// Dead letters in full: payload, properties and every failed attempt.
     Peek {
@@ -273,20 +320,41 @@ pub enum DlqCommand {
         #[arg(short = 'n', long = "count", default_value_t = 1)]
         count: u32,
     },
-    /// Publish dead letters back onto the original topic and remove them
-    /// from the dead-letter tier.
+    /// Send dead letters again: by default into this subscription's own
+    /// retry tier (only it sees them again, due now or at `--at`/`--delay`);
+    /// with `--to-topic`, published again on the topic for every
+    /// subscription. Optionally fixed first (`--payload-file`,
+    /// `--set-property`, `--unset-property`, `--key`).
     Replay {
         #[command(flatten)]
         target: SubscriptionArgs,
         #[command(flatten)]
         filter: DlqFilterArgs,
-        /// At most this many messages per second (default: the broker's,
-        /// 1000).
-        #[arg(long, value_name = "PER_SECOND")]
+        /// At most this many messages per second, `N` or `N/s` (default:
+        /// the broker's, 1000). A long replay is a job kept across restarts.
+        #[arg(long, value_name = "N/s", value_parser = parse_rate)]
         rate: Option<u32>,
         /// Start the replayed messages' delivery count from 0 again.
         #[arg(long)]
         reset_count: bool,
+        /// Publish them again on the topic (every subscription sees them)
+        /// instead of this subscription's retry tier.
+        #[arg(long, conflicts_with_all = ["at", "delay"])]
+        to_topic: bool,
+        /// Deliver them at this time (RFC 3339) instead of now.
+        #[arg(long, value_name = "TIME", value_parser = parse_at, conflicts_with = "delay")]
+        at: Option<u64>,
+        /// Deliver them after this delay (`10m`) instead of now.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        delay: Option<std::time::Duration>,
+        #[command(flatten)]
+        edit: ReplayEditArgs,
+        /// Say what would be replayed (count and ids) and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Start the replay and return at once with its job id.
+        #[arg(long)]
+        detach: bool,
         /// Do not ask for confirmation.
         #[arg(short = 'y', long)]
         yes: bool,
@@ -297,9 +365,55 @@ pub enum DlqCommand {
         target: SubscriptionArgs,
         #[command(flatten)]
         filter: DlqFilterArgs,
+        /// Say what would be purged (count and ids) and change nothing.
+        #[arg(long)]
+        dry_run: bool,
         /// Do not ask for confirmation.
         #[arg(short = 'y', long)]
         yes: bool,
+    },
+    /// Dead letters as JSON lines (`id`, `reason`, `attempts`, `key`,
+    /// `properties`, `payload` in base64), to fix with ordinary tools and
+    /// send back with `dlq import`.
+    Export {
+        #[command(flatten)]
+        target: SubscriptionArgs,
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+    },
+    /// Replays dead letters from JSON lines as `dlq export` writes them
+    /// (file or `-` for stdin), each with the payload, key and properties
+    /// of its line: what changed is recorded in its history.
+    Import {
+        #[command(flatten)]
+        target: SubscriptionArgs,
+        /// The JSON lines file, or `-` for stdin (then `--yes` is needed).
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
+        file: String,
+        /// Start the replayed messages' delivery count from 0 again.
+        #[arg(long)]
+        reset_count: bool,
+        /// Publish them again on the topic instead of the retry tier.
+        #[arg(long)]
+        to_topic: bool,
+        /// Say what would be replayed and changed, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask for confirmation.
+        #[arg(short = 'y', long)]
+        yes: bool,
+    },
+    /// Replay jobs in progress (all, or one subscription's).
+    Jobs {
+        /// Topic.
+        topic: Option<String>,
+        /// Subscription.
+        subscription: Option<String>,
+    },
+    /// Stops a replay job (what it replayed stays replayed).
+    CancelJob {
+        /// The job id (`dlq jobs`).
+        id: u64,
     },
 }
 

@@ -1,5 +1,6 @@
-//! `dlq list|peek|replay|purge`: a subscription's dead letters, for a human
-//! to look at and decide on. Every command takes the same filters (`--id`,
+//! `dlq list|peek|replay|purge|export|import|jobs`: a subscription's dead
+//! letters, for a human to look at and decide on (the decisions are in
+//! [`crate::dlq_decide`]). Every command takes the same filters (`--id`,
 //! `--reason`, `--since`, `--until`). `replay` and `purge` first count what
 //! matches, ask for confirmation (see [`crate::confirm`]), and then act on
 //! what had been dead-lettered when the question was asked: a message
@@ -11,10 +12,11 @@ use serde::Serialize;
 use crate::Ctx;
 use crate::args::{DlqCommand, DlqFilterArgs, SubscriptionArgs};
 use crate::confirm::confirm;
+use crate::dlq_decide;
 use crate::error::{CliError, Result};
 use crate::output::{Block, Table, write_json};
 use crate::timearg::{Ms, fmt_ms, now_ms};
-use crate::view::{DeadLetterView, IdView, full_topic_name, write_attempts};
+use crate::view::{DeadLetterView, full_topic_name, write_attempts};
 
 #[derive(Debug, Serialize)]
 struct DeadLetters {
@@ -26,18 +28,12 @@ struct DeadLetters {
 }
 
 #[derive(Debug, Serialize)]
-struct Replayed {
-    replayed: u64,
-    new_ids: Vec<IdView>,
-}
-
-#[derive(Debug, Serialize)]
 struct Purged {
     purged: u64,
 }
 
 /// The wire filter; `None` when nothing filters.
-fn filter(f: &DlqFilterArgs) -> Result<Option<pb::DeadLetterFilter>> {
+pub(crate) fn filter(f: &DlqFilterArgs) -> Result<Option<pb::DeadLetterFilter>> {
     let since_ms = f.since.map_or(0, |t| t.as_ms());
     let until_ms = f.until.map_or(0, |t| t.as_ms());
     if since_ms != 0 && until_ms != 0 && since_ms >= until_ms {
@@ -102,7 +98,11 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
             filter: f,
             limit,
             after,
+            group_by,
         } => {
+            if let Some(by) = group_by {
+                return dlq_decide::group(ctx, &mut admin, target, filter(&f)?, by).await;
+            }
             if limit == 0 {
                 return Err(CliError::Usage("--limit must be at least 1".into()));
             }
@@ -167,6 +167,12 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
                 b.write(ctx.out, 2)?;
                 writeln!(ctx.out, "  attempts:")?;
                 write_attempts(ctx.out, &d.attempts, 4)?;
+                if !d.edits.is_empty() {
+                    writeln!(ctx.out, "  edits:")?;
+                    for e in &d.edits {
+                        writeln!(ctx.out, "    {}", e.line())?;
+                    }
+                }
             }
             if v.total > u64::from(count) {
                 writeln!(
@@ -182,66 +188,38 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
             filter: f,
             rate,
             reset_count,
+            to_topic,
+            at,
+            delay,
+            edit,
+            dry_run,
+            detach,
             yes,
         } => {
-            if rate == Some(0) {
-                return Err(CliError::Usage("--rate must be at least 1".into()));
-            }
             let f = pinned(filter(&f)?);
-            let total = list(&mut admin, &target, Some(f.clone()), 1, None)
-                .await?
-                .total;
-            if total == 0 {
-                eprintln!("no dead letter matches; nothing replayed");
-                return finish_replay(
-                    ctx,
-                    Replayed {
-                        replayed: 0,
-                        new_ids: Vec::new(),
-                    },
-                );
-            }
-            confirm(
-                &format!(
-                    "replay {total} dead letter(s) of subscription {} back onto {}{}",
-                    target.subscription,
-                    target.topic,
-                    if reset_count {
-                        " with their delivery count reset"
-                    } else {
-                        ""
-                    }
-                ),
+            let a = dlq_decide::ReplayArgs {
+                rate,
+                reset_count,
+                to_topic,
+                at,
+                delay,
+                edit,
+                dry_run,
+                detach,
                 yes,
-            )?;
-            let r = admin
-                .replay_dead_letters(pb::ReplayDeadLettersRequest {
-                    topic: target.topic.clone(),
-                    subscription: target.subscription.clone(),
-                    filter: Some(f),
-                    reset_delivery_count: reset_count,
-                    rate_per_second: rate.unwrap_or(0),
-                })
-                .await?
-                .into_inner();
-            finish_replay(
-                ctx,
-                Replayed {
-                    replayed: r.replayed,
-                    new_ids: r
-                        .new_ids
-                        .iter()
-                        .map(|id| IdView::from_proto(Some(id)))
-                        .collect(),
-                },
-            )
+            };
+            dlq_decide::replay(ctx, &mut admin, target, f, a).await
         }
         DlqCommand::Purge {
             target,
             filter: f,
+            dry_run,
             yes,
         } => {
             let f = pinned(filter(&f)?);
+            if dry_run {
+                return dlq_decide::purge_dry_run(ctx, &mut admin, target, f).await;
+            }
             let total = list(&mut admin, &target, Some(f.clone()), 1, None)
                 .await?
                 .total;
@@ -264,6 +242,7 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
                         topic: target.topic.clone(),
                         subscription: target.subscription.clone(),
                         filter: Some(f),
+                        ..Default::default()
                     })
                     .await?
                     .into_inner()
@@ -275,18 +254,32 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
             writeln!(ctx.out, "purged {purged} dead letter(s)")?;
             Ok(())
         }
+        DlqCommand::Export { target, filter: f } => {
+            dlq_decide::export(ctx, &mut admin, target, filter(&f)?).await
+        }
+        DlqCommand::Import {
+            target,
+            file,
+            reset_count,
+            to_topic,
+            dry_run,
+            yes,
+        } => {
+            let a = dlq_decide::ImportArgs {
+                file,
+                reset_count,
+                to_topic,
+                dry_run,
+                yes,
+            };
+            dlq_decide::import(ctx, &mut admin, target, a).await
+        }
+        DlqCommand::Jobs {
+            topic,
+            subscription,
+        } => dlq_decide::jobs(ctx, &mut admin, topic, subscription).await,
+        DlqCommand::CancelJob { id } => dlq_decide::cancel_job(ctx, &mut admin, id).await,
     }
-}
-
-fn finish_replay(ctx: &mut Ctx<'_>, r: Replayed) -> Result<()> {
-    if ctx.json() {
-        return write_json(ctx.out, &r);
-    }
-    for id in &r.new_ids {
-        writeln!(ctx.out, "{id}")?;
-    }
-    writeln!(ctx.out, "replayed {} dead letter(s)", r.replayed)?;
-    Ok(())
 }
 
 fn dead_letter_topic(v: &DeadLetters) -> String {

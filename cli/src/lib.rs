@@ -23,6 +23,7 @@ mod admin;
 pub mod args;
 mod confirm;
 mod dlq;
+mod dlq_decide;
 mod error;
 pub mod output;
 mod perf;

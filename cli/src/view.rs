@@ -458,6 +458,53 @@ pub struct DeadLetterView {
     pub message: MessageView,
     /// Every failed attempt.
     pub attempts: Vec<AttemptView>,
+    /// Edits made by earlier replays (fix and resend), oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub edits: Vec<EditView>,
+}
+
+/// An operator's edit of a dead letter, made when it was replayed.
+#[derive(Debug, Clone, Serialize)]
+pub struct EditView {
+    /// When.
+    pub time_ms: u64,
+    /// Who (a role, or `anonymous`).
+    pub by: String,
+    /// Payload size before, bytes.
+    pub payload_size_before: u64,
+    /// Payload size after, bytes.
+    pub payload_size_after: u64,
+    /// Properties set.
+    pub properties_set: Vec<String>,
+    /// Properties removed.
+    pub properties_removed: Vec<String>,
+    /// Whether the key changed.
+    pub key_changed: bool,
+}
+
+impl EditView {
+    /// One line: `TIME by WHO: payload A → B bytes, set k, removed j, key`.
+    pub fn line(&self) -> String {
+        let mut what = vec![format!(
+            "payload {} → {} bytes",
+            self.payload_size_before, self.payload_size_after
+        )];
+        if !self.properties_set.is_empty() {
+            what.push(format!("set {}", self.properties_set.join(",")));
+        }
+        if !self.properties_removed.is_empty() {
+            what.push(format!("removed {}", self.properties_removed.join(",")));
+        }
+        if self.key_changed {
+            what.push("new key".to_owned());
+        }
+        format!(
+            "{} by {}: {}",
+            crate::timearg::fmt_ms(self.time_ms),
+            self.by,
+            what.join(", ")
+        )
+    }
 }
 
 impl DeadLetterView {
@@ -475,6 +522,19 @@ impl DeadLetterView {
             dead_lettered_at_ms: d.dead_lettered_at_ms,
             delivery_count: message.delivery_count,
             attempts: d.attempts.iter().map(AttemptView::from_proto).collect(),
+            edits: d
+                .edits
+                .iter()
+                .map(|e| EditView {
+                    time_ms: e.time_ms,
+                    by: e.by.clone(),
+                    payload_size_before: e.payload_size_before,
+                    payload_size_after: e.payload_size_after,
+                    properties_set: e.properties_set.clone(),
+                    properties_removed: e.properties_removed.clone(),
+                    key_changed: e.key_changed,
+                })
+                .collect(),
             message,
         }
     }

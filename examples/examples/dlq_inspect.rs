@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ricochet_client::{Client, InitialPosition, OutgoingMessage, PolicySpec, SubscriptionType};
 use ricochet_proto::{
     DeadLetter, DeadLetterFilter, ListDeadLettersRequest, PurgeDeadLettersRequest,
-    ReplayDeadLettersRequest, SubscriptionRequest, convert::failure_reason_from_i32,
+    ReplayDeadLettersRequest, ReplayMode, SubscriptionRequest, convert::failure_reason_from_i32,
 };
 
 fn at(ms: u64) -> String {
@@ -167,10 +167,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             filter: Some(timeouts),
             reset_delivery_count: true,
             rate_per_second: 50,
+            // The default: back into this subscription's own retry tier (only
+            // it sees them again); `ReplayMode::Topic` republishes for all.
+            mode: ReplayMode::RetryTier as i32,
+            ..Default::default()
         })
         .await?
         .into_inner();
-    println!("\nreplayed {} onto {topic}:", replayed.replayed);
+    println!(
+        "\nreplayed {} into the retry tier of {sub}:",
+        replayed.replayed
+    );
     for id in &replayed.new_ids {
         println!("  new id {}:{}", id.topic, id.entry_id);
     }
@@ -195,6 +202,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 reason_contains: "schema mismatch".into(),
                 ..Default::default()
             }),
+            ..Default::default()
         })
         .await?
         .into_inner();

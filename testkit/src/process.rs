@@ -106,6 +106,7 @@ pub struct SpawnOptions {
     rust_log: String,
     echo_log: bool,
     start_timeout: Duration,
+    envs: Vec<(OsString, OsString)>,
 }
 
 impl Default for SpawnOptions {
@@ -118,11 +119,18 @@ impl Default for SpawnOptions {
             rust_log: "warn".to_owned(),
             echo_log: false,
             start_timeout: Duration::from_secs(10),
+            envs: Vec::new(),
         }
     }
 }
 
 impl SpawnOptions {
+    /// An environment variable for the broker (say, a test failpoint).
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
+        self.envs.push((key.into(), value.into()));
+        self
+    }
+
     /// The defaults: the binary from [`broker_bin`], metrics on a port the
     /// broker picks, `RUST_LOG=warn` with the log discarded, 10 s to listen.
     pub fn new() -> Self {
@@ -203,6 +211,7 @@ impl BrokerProcess {
             .arg(options.metrics_listen.to_string())
             .args(&options.args)
             .env("RUST_LOG", &options.rust_log)
+            .envs(options.envs.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -17,7 +17,7 @@ pub mod methods {
     /// The consumer stream.
     pub const CONSUME: &str = "/ricochet.v1.Broker/Consume";
     /// Every admin RPC (all unary).
-    pub const ADMIN: [&str; 13] = [
+    pub const ADMIN: [&str; 16] = [
         "/ricochet.v1.Admin/ListTopics",
         "/ricochet.v1.Admin/CreateTopic",
         "/ricochet.v1.Admin/DeleteTopic",
@@ -31,6 +31,9 @@ pub mod methods {
         "/ricochet.v1.Admin/ListDeadLetters",
         "/ricochet.v1.Admin/ReplayDeadLetters",
         "/ricochet.v1.Admin/PurgeDeadLetters",
+        "/ricochet.v1.Admin/GroupDeadLetters",
+        "/ricochet.v1.Admin/ListReplayJobs",
+        "/ricochet.v1.Admin/CancelReplayJob",
     ];
 }
 

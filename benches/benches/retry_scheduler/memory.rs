@@ -97,6 +97,7 @@ async fn write_scheduled(dir: &Path, n: usize) -> Result<(u64, Duration), BoxErr
                         detail: String::new(),
                     }],
                     hold_until_ms: 0,
+                    edits: Vec::new(),
                 },
                 arrival: Arrival::Retry { due_ms: due },
             });

@@ -32,7 +32,7 @@ const MAX_PENDING: usize = 256;
 /// What a plan does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Action {
-    /// The admin API's replay: republish onto the original topic.
+    /// The admin API's replay: into the subscription's own retry tier.
     Replay,
     /// The admin API's purge: remove for good.
     Purge,
@@ -154,10 +154,9 @@ pub(crate) async fn confirm(
             }
             @match action {
                 Action::Replay => p.warn {
-                    "Each is published again onto its original topic " strong { (topic) } " as a new message, "
-                    "so every subscription of that topic receives it again, not only " (sub) ". "
-                    "It keeps its payload, key and properties and its failure count in " (sub) ", "
-                    "and leaves " (sub) "'s dead-letter tier."
+                    "Each moves from " (sub) "'s dead-letter tier into " (sub) "'s own retry tier, due now, "
+                    "in one transaction: only " (sub) " receives it again, not the other subscriptions of "
+                    strong { (topic) } ". It keeps its payload, key and properties and its failure count."
                 },
                 Action::Purge => p.warn {
                     "Each is removed from " (sub) "'s dead-letter tier for good. This cannot be undone."

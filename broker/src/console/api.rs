@@ -221,9 +221,9 @@ impl ConsoleApi {
         Ok((groups, listed.total > listed.dead_letters.len() as u64))
     }
 
-    /// Replays exactly the dead letters `ids` (the admin API's replay: each
-    /// is republished onto its original topic and leaves the dead-letter
-    /// tier). An empty `ids` is refused: the admin API reads an empty id
+    /// Replays exactly the dead letters `ids` (the admin API's default
+    /// replay: each moves into the subscription's own retry tier, due now,
+    /// in one transaction). An empty `ids` is refused: the admin API reads an empty id
     /// list as "every dead letter".
     pub(crate) async fn replay(
         &self,
@@ -238,8 +238,10 @@ impl ConsoleApi {
                 topic: topic.to_owned(),
                 subscription: sub.to_owned(),
                 filter: Some(filter),
-                reset_delivery_count: false,
-                rate_per_second: 0,
+                // Into this subscription's own retry tier, due now, in one
+                // transaction: no other subscription sees it.
+                mode: ricochet_proto::ReplayMode::RetryTier as i32,
+                ..Default::default()
             }))
             .await?;
         Ok(r.into_inner())
@@ -255,6 +257,7 @@ impl ConsoleApi {
                 topic: topic.to_owned(),
                 subscription: sub.to_owned(),
                 filter: Some(filter),
+                dry_run: false,
             }))
             .await?;
         Ok(r.into_inner().purged)

@@ -2,6 +2,7 @@
 //! dead-letter operations (list, replay, purge). Nothing here happens
 //! automatically: replays and purges are operator decisions.
 
+use super::dead_letters::{self, passes};
 use super::wire;
 use crate::core::BrokerCore;
 use crate::error::BrokerError;
@@ -14,7 +15,6 @@ use ricochet_proto::admin_server::Admin;
 use ricochet_proto::*;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 /// Admin RPCs.
@@ -83,34 +83,11 @@ impl AdminService {
                 reason: rec.reason.clone(),
                 dead_lettered_at_ms: rec.at_ms,
                 attempts: wire::attempts(&rec.failures),
+                edits: dead_letters::edits(&rec.failures.edits),
             });
         }
         Ok(out)
     }
-}
-
-fn passes(filter: Option<&DeadLetterFilter>, id: u64, rec: &DeadLetterRecord) -> bool {
-    let Some(f) = filter else { return true };
-    if !f.entry_ids.is_empty() && !f.entry_ids.contains(&id) {
-        return false;
-    }
-    if !f.reason_contains.is_empty()
-        && !rec.reason.contains(&f.reason_contains)
-        && !rec
-            .failures
-            .attempts
-            .iter()
-            .any(|a| a.detail.contains(&f.reason_contains))
-    {
-        return false;
-    }
-    if f.since_ms != 0 && rec.at_ms < f.since_ms {
-        return false;
-    }
-    if f.until_ms != 0 && rec.at_ms >= f.until_ms {
-        return false;
-    }
-    true
 }
 
 #[tonic::async_trait]
@@ -295,6 +272,10 @@ impl Admin for AdminService {
                 state,
                 delivery_count: failures.as_ref().map_or(0, |f| f.count),
                 attempts: failures.as_ref().map(wire::attempts).unwrap_or_default(),
+                edits: failures
+                    .as_ref()
+                    .map(|f| dead_letters::edits(&f.edits))
+                    .unwrap_or_default(),
             });
         }
         subscriptions.sort_by(|a, b| a.subscription.cmp(&b.subscription));
@@ -331,55 +312,43 @@ impl Admin for AdminService {
         &self,
         r: Request<ReplayDeadLettersRequest>,
     ) -> Result<Response<ReplayDeadLettersResponse>, Status> {
-        let r = r.into_inner();
-        let (_, h) = self.sub(&r.topic, &r.subscription).await?;
-        let rate = if r.rate_per_second == 0 {
-            self.core.config.replay_rate_per_second
-        } else {
-            r.rate_per_second
-        }
-        .max(1);
-        let letters = self.matching_records(&h, r.filter.as_ref(), None)?;
-        let chunk = (rate as usize).div_ceil(10).max(1);
-        let pause = Duration::from_secs_f64(chunk as f64 / f64::from(rate));
-        let mut new_ids = Vec::new();
-        for (i, part) in letters.chunks(chunk).enumerate() {
-            if i > 0 {
-                tokio::time::sleep(pause).await;
-            }
-            let ids = h.replay(part.to_vec(), r.reset_delivery_count).await?;
-            new_ids.extend(ids.into_iter().map(|id| MessageId {
-                topic: id.topic,
-                entry_id: id.entry_id,
-            }));
-        }
-        Ok(Response::new(ReplayDeadLettersResponse {
-            replayed: new_ids.len() as u64,
-            new_ids,
-        }))
+        Ok(Response::new(dead_letters::replay(&self.core, r).await?))
     }
 
     async fn purge_dead_letters(
         &self,
         r: Request<PurgeDeadLettersRequest>,
     ) -> Result<Response<PurgeDeadLettersResponse>, Status> {
-        let r = r.into_inner();
-        let (_, h) = self.sub(&r.topic, &r.subscription).await?;
-        let info = h.policy().await?;
-        let ids: Vec<u64> = self
-            .matching_records(&h, r.filter.as_ref(), None)?
-            .into_iter()
-            .map(|(id, _)| id)
-            .collect();
-        self.core.storage.remove_dead_letters(h.id(), &ids)?;
-        self.core
-            .storage
-            .remove_entries(&info.dead_letter_topic, &ids)?;
-        self.core.flusher.durable().await?;
-        h.dead_letters_purged(ids.len() as u64)?;
-        tracing::warn!(topic = %r.topic, subscription = %r.subscription, purged = ids.len(), "dead letters purged");
-        Ok(Response::new(PurgeDeadLettersResponse {
-            purged: ids.len() as u64,
-        }))
+        Ok(Response::new(
+            dead_letters::purge(&self.core, r.into_inner()).await?,
+        ))
+    }
+
+    async fn group_dead_letters(
+        &self,
+        r: Request<GroupDeadLettersRequest>,
+    ) -> Result<Response<GroupDeadLettersResponse>, Status> {
+        Ok(Response::new(
+            dead_letters::group(&self.core, r.into_inner()).await?,
+        ))
+    }
+
+    async fn list_replay_jobs(
+        &self,
+        r: Request<ListReplayJobsRequest>,
+    ) -> Result<Response<ListReplayJobsResponse>, Status> {
+        Ok(Response::new(dead_letters::list_jobs(
+            &self.core,
+            r.into_inner(),
+        )?))
+    }
+
+    async fn cancel_replay_job(
+        &self,
+        r: Request<CancelReplayJobRequest>,
+    ) -> Result<Response<CancelReplayJobResponse>, Status> {
+        Ok(Response::new(
+            dead_letters::cancel_job(&self.core, r.into_inner()).await?,
+        ))
     }
 }

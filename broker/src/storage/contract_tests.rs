@@ -177,6 +177,7 @@ fn dead_letter_moves_list_page_and_remove() {
                     reason: "too many".into(),
                     at_ms: 42,
                     failures: record(2),
+                    replay: None,
                 }),
             })
             .collect();
@@ -318,5 +319,168 @@ async fn the_inventory_describes_the_store_and_the_manifest_reads_back() {
                 "{name}"
             );
         }
+    }
+}
+
+/// Three dead letters `d0..d2` of subscription 7 (DLQ ids 0..3).
+fn three_dead_letters(s: &dyn Storage) {
+    let items = (0..3)
+        .map(|i| MoveItem {
+            from: TierEntry::main(i).of(7),
+            from_schedule: None,
+            payload: format!("d{i}").into_bytes(),
+            target_entry_id: i,
+            failures: record(2),
+            arrival: Arrival::DeadLetter(DeadLetterRecord {
+                origin_topic: T.into(),
+                origin_entry_id: i,
+                reason: "too many".into(),
+                at_ms: 42,
+                failures: record(2),
+                replay: None,
+            }),
+        })
+        .collect();
+    s.move_messages(&TierMove {
+        target_topic: DLQ.into(),
+        subscription: sub(),
+        items,
+    })
+    .unwrap();
+}
+
+#[test]
+fn dead_letters_return_to_the_retry_tier_all_or_nothing() {
+    for (name, s, _dir) in engines() {
+        three_dead_letters(s.as_ref());
+        let item = |dl: u64, target: u64| ReturnItem {
+            dead_letter_id: dl,
+            payload: format!("r{dl}").into_bytes(),
+            target_entry_id: target,
+            due_ms: 5_000,
+            failures: record(3),
+        };
+        let mv = |items| DeadLetterReturn {
+            dead_letter_topic: DLQ.into(),
+            retry_topic: RETRY.into(),
+            subscription: sub(),
+            items,
+        };
+        // One of them is not a dead letter: nothing changes.
+        let err = s.return_dead_letters(&mv(vec![item(0, 0), item(9, 1)]));
+        assert!(
+            matches!(err, Err(StorageError::Missing(_))),
+            "{name}: {err:?}"
+        );
+        assert_eq!(s.count_dead_letters(7).unwrap(), 3, "{name}");
+        assert!(s.read_one(DLQ, 0).unwrap().is_some(), "{name}");
+        assert_eq!(s.read_one(RETRY, 0).unwrap(), None, "{name}");
+        assert!(
+            s.scheduled(None, u64::MAX, 10).unwrap().is_empty(),
+            "{name}"
+        );
+
+        s.return_dead_letters(&mv(vec![item(0, 0), item(2, 1)]))
+            .unwrap();
+        let left: Vec<u64> = s
+            .dead_letters(7, None)
+            .unwrap()
+            .iter()
+            .map(|(i, _)| *i)
+            .collect();
+        assert_eq!(left, vec![1], "{name}");
+        assert_eq!(s.read_one(DLQ, 0).unwrap(), None, "{name}");
+        assert_eq!(s.read_one(DLQ, 2).unwrap(), None, "{name}");
+        assert_eq!(
+            s.read_one(DLQ, 1).unwrap().as_deref(),
+            Some(&b"d1"[..]),
+            "{name}"
+        );
+        assert_eq!(
+            s.read_one(RETRY, 1).unwrap().as_deref(),
+            Some(&b"r2"[..]),
+            "{name}"
+        );
+        let due = s.scheduled(None, u64::MAX, 10).unwrap();
+        assert_eq!(due.len(), 2, "{name}");
+        assert_eq!(due[1].message, TierEntry::retry(1).of(7), "{name}");
+        assert_eq!(
+            s.failure(due[1].message, Some(5_000)).unwrap(),
+            Some(record(3)),
+            "{name}: the failure record rides with the schedule entry"
+        );
+        // The DLQ's ids are not handed out again.
+        assert_eq!(s.entry_range(DLQ).unwrap().1, 3, "{name}");
+    }
+}
+
+#[test]
+fn edits_and_replay_intents_are_kept() {
+    for (name, s, _dir) in engines() {
+        three_dead_letters(s.as_ref());
+        let mut rec = s.dead_letters_by_id(7, &[1, 5]).unwrap();
+        assert_eq!(rec.len(), 1, "{name}: only those still there");
+        let mut failures = record(2);
+        failures.push_edit(EditRecord {
+            time_ms: 9,
+            by: "ops".into(),
+            payload_size_before: 3,
+            payload_size_after: 4,
+            properties_set: vec!["a".into()],
+            properties_removed: vec!["b".into()],
+            key_changed: true,
+        });
+        rec[0].1.replay = Some(Box::new(ReplayIntent {
+            sequence_id: 77,
+            message: b"m".to_vec(),
+            failures: Some(failures.clone()),
+        }));
+        s.put_dead_letters(7, &rec).unwrap();
+        assert_eq!(s.dead_letters_by_id(7, &[1]).unwrap(), rec, "{name}");
+        // Edits survive the failure record's stored form too.
+        let m = TierEntry::main(3).of(7);
+        s.put_failures(&[(m, Some(failures.clone()))]).unwrap();
+        assert_eq!(s.failure(m, None).unwrap(), Some(failures), "{name}");
+    }
+}
+
+#[test]
+fn replay_jobs_are_stored_updated_and_removed() {
+    for (name, s, _dir) in engines() {
+        let mut job = ReplayJobRecord {
+            id: 3,
+            topic: T.into(),
+            subscription: "s".into(),
+            dead_letter_ids: vec![1, 2, 3],
+            total: 3,
+            cursor: 0,
+            replayed: 0,
+            rate_per_second: 10,
+            order: ReplayOrder {
+                target: ReplayTarget::RetryTier { due_ms: 0 },
+                reset_count: true,
+                edit: Some(MessageEdit {
+                    payload: Some(b"new".to_vec()),
+                    ..Default::default()
+                }),
+                by: "anonymous".into(),
+            },
+            created_ms: 1,
+        };
+        s.put_replay_job(&job).unwrap();
+        // Progress is written without the ids; they stay as first stored.
+        job.cursor = 2;
+        let progress = ReplayJobRecord {
+            dead_letter_ids: Vec::new(),
+            ..job.clone()
+        };
+        s.put_replay_job(&progress).unwrap();
+        assert_eq!(s.replay_jobs(true).unwrap(), vec![job.clone()], "{name}");
+        assert_eq!(s.replay_jobs(false).unwrap(), vec![progress], "{name}");
+        s.remove_replay_job(3).unwrap();
+        assert!(s.replay_jobs(true).unwrap().is_empty(), "{name}");
+        // A cancelled job's runner does not bring it back.
+        s.put_replay_job(&job).unwrap();
+        assert!(s.replay_jobs(false).unwrap().is_empty(), "{name}");
     }
 }

@@ -35,6 +35,7 @@ struct State {
     /// A retry's failure record rides in its schedule entry, as in sled.
     schedule: BTreeMap<ScheduleKey, Option<FailureRecord>>,
     dead_letters: BTreeMap<(u64, u64), DeadLetterRecord>,
+    replay_jobs: BTreeMap<u64, ReplayJobRecord>,
     next_id: u64,
     store_id: Option<String>,
     manifest: Option<Manifest>,
@@ -325,6 +326,98 @@ impl Storage for MemoryStorage {
         let mut s = lock(&self.state);
         for id in ids {
             s.dead_letters.remove(&(sub_id, *id));
+        }
+        Ok(())
+    }
+
+    fn dead_letters_by_id(&self, sub_id: u64, ids: &[u64]) -> Result<Vec<(u64, DeadLetterRecord)>> {
+        let s = lock(&self.state);
+        Ok(ids
+            .iter()
+            .filter_map(|id| Some((*id, s.dead_letters.get(&(sub_id, *id))?.clone())))
+            .collect())
+    }
+
+    fn put_dead_letters(&self, sub_id: u64, records: &[(u64, DeadLetterRecord)]) -> Result<()> {
+        let mut s = lock(&self.state);
+        for (id, rec) in records {
+            s.dead_letters.insert((sub_id, *id), rec.clone());
+        }
+        Ok(())
+    }
+
+    fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>> {
+        Ok(lock(&self.state)
+            .replay_jobs
+            .values()
+            .map(|j| {
+                let mut j = j.clone();
+                if !with_ids {
+                    j.dead_letter_ids.clear();
+                }
+                j
+            })
+            .collect())
+    }
+
+    fn put_replay_job(&self, job: &ReplayJobRecord) -> Result<()> {
+        let mut s = lock(&self.state);
+        let ids = match s.replay_jobs.get(&job.id) {
+            Some(old) => old.dead_letter_ids.clone(),
+            None if job.cursor > 0 => return Ok(()),
+            None => job.dead_letter_ids.clone(),
+        };
+        s.replay_jobs.insert(
+            job.id,
+            ReplayJobRecord {
+                dead_letter_ids: ids,
+                ..job.clone()
+            },
+        );
+        Ok(())
+    }
+
+    fn remove_replay_job(&self, id: u64) -> Result<()> {
+        lock(&self.state).replay_jobs.remove(&id);
+        Ok(())
+    }
+
+    fn return_dead_letters(&self, mv: &DeadLetterReturn) -> Result<()> {
+        // One lock for the whole batch: all or nothing, as a transaction.
+        let mut s = lock(&self.state);
+        let sub_id = mv.subscription.id;
+        if let Some(gone) = mv
+            .items
+            .iter()
+            .find(|i| !s.dead_letters.contains_key(&(sub_id, i.dead_letter_id)))
+        {
+            return Err(StorageError::Missing(format!(
+                "dead letter {} (purged meanwhile?)",
+                gone.dead_letter_id
+            )));
+        }
+        s.subscriptions.insert(
+            (mv.subscription.topic.clone(), mv.subscription.name.clone()),
+            mv.subscription.clone(),
+        );
+        for item in &mv.items {
+            s.dead_letters.remove(&(sub_id, item.dead_letter_id));
+            if let Some(log) = s.logs.get_mut(&mv.dead_letter_topic) {
+                log.floor = log.next();
+                if let Some(e) = log.entries.get_mut(&item.dead_letter_id) {
+                    *e = None;
+                }
+            }
+            s.logs
+                .entry(mv.retry_topic.clone())
+                .or_default()
+                .entries
+                .insert(item.target_entry_id, Some(item.payload.clone()));
+            let key = ScheduleKey {
+                due_ms: item.due_ms,
+                message: TierEntry::retry(item.target_entry_id).of(sub_id),
+            };
+            s.schedule.insert(key, Some(item.failures.clone()));
         }
         Ok(())
     }

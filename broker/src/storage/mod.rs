@@ -110,6 +110,24 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     fn count_dead_letters(&self, sub_id: u64) -> Result<u64>;
     /// Removes dead-letter records.
     fn remove_dead_letters(&self, sub_id: u64, ids: &[u64]) -> Result<()>;
+    /// The dead letters of a subscription among `ids` (those still there).
+    fn dead_letters_by_id(&self, sub_id: u64, ids: &[u64]) -> Result<Vec<(u64, DeadLetterRecord)>>;
+    /// Replaces dead-letter records (that exist) of a subscription.
+    fn put_dead_letters(&self, sub_id: u64, records: &[(u64, DeadLetterRecord)]) -> Result<()>;
+    /// Moves dead letters back into the subscription's retry tier in one
+    /// transaction (see [`DeadLetterReturn`]); `Missing` (and no change) if
+    /// one of them is gone.
+    fn return_dead_letters(&self, mv: &DeadLetterReturn) -> Result<()>;
+    /// Replay jobs in progress, by id; `with_ids: false` leaves their
+    /// (possibly long) id lists out.
+    fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>>;
+    /// Creates a replay job (`cursor == 0`) or updates its progress: the id
+    /// list is written with the first put only, so progress updates stay
+    /// small. A progress update of a job no longer stored (cancelled) is
+    /// ignored.
+    fn put_replay_job(&self, job: &ReplayJobRecord) -> Result<()>;
+    /// Removes a finished replay job.
+    fn remove_replay_job(&self, id: u64) -> Result<()>;
 
     /// Bytes on disk.
     fn size_on_disk(&self) -> Result<u64>;

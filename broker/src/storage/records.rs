@@ -255,6 +255,30 @@ pub struct FailureRecord {
     /// (a nack whose delay the broker serves); 0 when not held.
     #[serde(default)]
     pub hold_until_ms: u64,
+    /// Operators' edits made when replaying it from the dead-letter tier
+    /// (fix and resend), oldest first (bounded to the last 64).
+    #[serde(default)]
+    pub edits: Vec<EditRecord>,
+}
+
+/// One operator edit of a dead letter, made when it was replayed: who, when,
+/// and what changed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct EditRecord {
+    /// When, ms since the epoch.
+    pub time_ms: u64,
+    /// Who: the caller's role, or `anonymous`.
+    pub by: String,
+    /// Payload size before the edit, bytes.
+    pub payload_size_before: u64,
+    /// Payload size after the edit, bytes.
+    pub payload_size_after: u64,
+    /// Property keys set (added or changed).
+    pub properties_set: Vec<String>,
+    /// Property keys removed.
+    pub properties_removed: Vec<String>,
+    /// Whether the key changed.
+    pub key_changed: bool,
 }
 
 /// One failed attempt.
@@ -303,6 +327,14 @@ impl FailureRecord {
         }
         self.attempts.push(attempt);
     }
+
+    /// Records one operator edit.
+    pub fn push_edit(&mut self, edit: EditRecord) {
+        if self.edits.len() == MAX_ATTEMPTS_KEPT {
+            self.edits.remove(0);
+        }
+        self.edits.push(edit);
+    }
 }
 
 /// A history of `count` nack failures by consumer `c` (times 1 001, 1 002, …),
@@ -335,6 +367,9 @@ pub struct DeadLetterRecord {
     pub at_ms: u64,
     /// Its failure history.
     pub failures: FailureRecord,
+    /// A republish in progress (see [`ReplayIntent`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<Box<ReplayIntent>>,
 }
 
 /// A schedule entry: `message` becomes deliverable at `due_ms`.
@@ -408,4 +443,125 @@ pub struct TierMove {
     pub subscription: SubscriptionRecord,
     /// The messages.
     pub items: Vec<MoveItem>,
+}
+
+/// Dead letters of one subscription going back into its retry tier, in one
+/// transaction: each dead-letter record and its dead-letter tier entry are
+/// removed, and a copy is appended to the retry tier with a schedule entry
+/// holding its failure record. All or nothing; if any dead letter is no
+/// longer there (purged meanwhile) nothing is changed.
+#[derive(Debug, Clone)]
+pub struct DeadLetterReturn {
+    /// The subscription's dead-letter tier topic.
+    pub dead_letter_topic: String,
+    /// The subscription's retry tier topic.
+    pub retry_topic: String,
+    /// The subscription record, stored with the move.
+    pub subscription: SubscriptionRecord,
+    /// The dead letters.
+    pub items: Vec<ReturnItem>,
+}
+
+/// One dead letter of a [`DeadLetterReturn`].
+#[derive(Debug, Clone)]
+pub struct ReturnItem {
+    /// Its dead-letter tier entry id (and dead-letter record key).
+    pub dead_letter_id: u64,
+    /// The encoded message appended to the retry tier.
+    pub payload: Vec<u8>,
+    /// Its retry tier entry id.
+    pub target_entry_id: u64,
+    /// When it is delivered again, ms since the epoch.
+    pub due_ms: u64,
+    /// Its failure record from now on.
+    pub failures: FailureRecord,
+}
+
+/// A republish of a dead letter onto its topic that has been decided but
+/// not finished: written into the dead-letter record before the publish, so
+/// a broker that crashes between publishing and removing the dead letter
+/// publishes it again under the same producer sequence id, which the
+/// topic's de-duplication drops if the first publish was stored.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ReplayIntent {
+    /// The sequence id of the replay producer (see [`replay_producer`]).
+    pub sequence_id: u64,
+    /// The message to publish, encoded (edits applied).
+    pub message: Vec<u8>,
+    /// The failure record the published message starts with (`None`: a
+    /// fresh start).
+    pub failures: Option<FailureRecord>,
+}
+
+/// The producer name a subscription's republishing replays use on its topic.
+pub fn replay_producer(subscription: &str) -> String {
+    format!("__ricochet_replay/{subscription}")
+}
+
+/// Changes made to a dead letter when it is replayed (fix and resend).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MessageEdit {
+    /// A new payload.
+    pub payload: Option<Vec<u8>>,
+    /// Properties added or replaced.
+    pub set_properties: std::collections::BTreeMap<String, String>,
+    /// Property keys removed (before `set_properties` apply).
+    pub unset_properties: Vec<String>,
+    /// A new key.
+    pub key: Option<String>,
+}
+
+/// Where a replay sends dead letters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayTarget {
+    /// The subscription's retry tier, due at this time (ms since epoch; 0
+    /// or a past time means now).
+    RetryTier {
+        /// Due time.
+        due_ms: u64,
+    },
+    /// Published again on the topic, for every subscription.
+    Topic,
+}
+
+/// A replay as an operator ordered it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayOrder {
+    /// Where the dead letters go.
+    pub target: ReplayTarget,
+    /// Start their delivery count from 0 again.
+    pub reset_count: bool,
+    /// Changes to make first (fix and resend).
+    pub edit: Option<MessageEdit>,
+    /// Who asked: a role, or `anonymous`.
+    pub by: String,
+}
+
+/// A rate-limited replay in progress, kept durably so that it resumes
+/// after a broker restart: the dead letters it was asked to replay (those
+/// matching when it was asked) and how far it got.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayJobRecord {
+    /// Broker-unique id.
+    pub id: u64,
+    /// The subscription's topic.
+    pub topic: String,
+    /// The subscription.
+    pub subscription: String,
+    /// The dead-letter entry ids to replay, ascending (stored once, apart
+    /// from the rest; empty when read without them).
+    pub dead_letter_ids: Vec<u64>,
+    /// How many ids there are.
+    pub total: u64,
+    /// How many of `dead_letter_ids` are done (replayed, or gone).
+    pub cursor: usize,
+    /// Dead letters replayed so far (those gone meanwhile not counted).
+    pub replayed: u64,
+    /// Messages per second.
+    pub rate_per_second: u32,
+    /// What to do with each.
+    pub order: ReplayOrder,
+    /// When it was asked, ms since the epoch.
+    pub created_ms: u64,
 }

@@ -132,6 +132,24 @@ impl Storage for Watched {
     fn remove_dead_letters(&self, sub_id: u64, ids: &[u64]) -> Result<()> {
         self.note(self.inner.remove_dead_letters(sub_id, ids))
     }
+    fn dead_letters_by_id(&self, sub_id: u64, ids: &[u64]) -> Result<Vec<(u64, DeadLetterRecord)>> {
+        self.note(self.inner.dead_letters_by_id(sub_id, ids))
+    }
+    fn put_dead_letters(&self, sub_id: u64, records: &[(u64, DeadLetterRecord)]) -> Result<()> {
+        self.note(self.inner.put_dead_letters(sub_id, records))
+    }
+    fn return_dead_letters(&self, mv: &DeadLetterReturn) -> Result<()> {
+        self.note(self.inner.return_dead_letters(mv))
+    }
+    fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>> {
+        self.note(self.inner.replay_jobs(with_ids))
+    }
+    fn put_replay_job(&self, job: &ReplayJobRecord) -> Result<()> {
+        self.note(self.inner.put_replay_job(job))
+    }
+    fn remove_replay_job(&self, id: u64) -> Result<()> {
+        self.note(self.inner.remove_replay_job(id))
+    }
     fn size_on_disk(&self) -> Result<u64> {
         self.note(self.inner.size_on_disk())
     }

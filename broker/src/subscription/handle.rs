@@ -35,11 +35,12 @@ pub(super) enum Command {
     SetPolicy(Option<PolicySpec>, oneshot::Sender<Result<PolicyInfo>>),
     /// State of one main-topic entry.
     MessageStatus(u64, oneshot::Sender<MessageStatus>),
-    /// Publish dead letters (by DLQ entry id) again on the topic, keeping or
-    /// resetting their delivery counts, and remove them from the DLQ.
+    /// Replay dead letters (by DLQ entry id) as the order says: into the
+    /// retry tier or onto the topic, edited or not, keeping or resetting
+    /// their delivery counts.
     Replay(
         Vec<(u64, DeadLetterRecord)>,
-        bool,
+        crate::storage::ReplayOrder,
         oneshot::Sender<Result<Vec<MessageRef>>>,
     ),
     /// Dead letters were purged by an operator (for the DLQ size gauge).
@@ -121,14 +122,13 @@ impl SubscriptionHandle {
         self.ask(|r| Command::MessageStatus(entry_id, r)).await
     }
 
-    /// Replays dead letters; returns their new ids.
+    /// Replays dead letters as `order` says; returns their new ids.
     pub async fn replay(
         &self,
         letters: Vec<(u64, DeadLetterRecord)>,
-        reset_count: bool,
+        order: crate::storage::ReplayOrder,
     ) -> Result<Vec<MessageRef>> {
-        self.ask(|r| Command::Replay(letters, reset_count, r))
-            .await?
+        self.ask(|r| Command::Replay(letters, order, r)).await?
     }
 
     /// Tells the actor that `n` dead letters were purged.

@@ -187,6 +187,7 @@ impl SubscriptionActor {
         mut fired: mpsc::UnboundedReceiver<Vec<ScheduleKey>>,
     ) {
         let mut end = self.topic.watch_end();
+        self.resume_topic_replays().await;
         loop {
             tokio::select! {
                 cmd = rx.recv() => {
@@ -296,8 +297,8 @@ impl SubscriptionActor {
             Command::MessageStatus(entry_id, reply) => {
                 let _ = reply.send(self.message_status(entry_id));
             }
-            Command::Replay(letters, reset, reply) => {
-                let _ = reply.send(self.replay(letters, reset).await);
+            Command::Replay(letters, order, reply) => {
+                let _ = reply.send(self.replay(letters, order).await);
             }
             Command::DeadLettersPurged(n) => {
                 self.counters.dlq_size = self.counters.dlq_size.saturating_sub(n);

@@ -91,7 +91,7 @@ impl Tiers {
 
 impl SubscriptionActor {
     /// The retry or dead-letter tier's topic, created on first use.
-    async fn tier_topic(&mut self, kind: TopicKind) -> Result<Arc<Topic>> {
+    pub(super) async fn tier_topic(&mut self, kind: TopicKind) -> Result<Arc<Topic>> {
         let (slot, name) = match kind {
             TopicKind::DeadLetter => (&mut self.tiers.dead_letter, &self.tiers.dead_letter_name),
             _ => (&mut self.tiers.retry, &self.tiers.retry_name),
@@ -266,6 +266,7 @@ impl SubscriptionActor {
                     reason: reason.clone(),
                     at_ms: now,
                     failures: rec.clone(),
+                    replay: None,
                 }),
             });
         }
@@ -286,7 +287,12 @@ impl SubscriptionActor {
     /// durable (in either mode: a moved copy is never read before its move is),
     /// makes them readable and runs
     /// `then`. The actor does not wait for the flush; the request's reply does.
-    fn when_durable(&self, topic: Arc<Topic>, end: u64, then: impl FnOnce() + Send + 'static) {
+    pub(super) fn when_durable(
+        &self,
+        topic: Arc<Topic>,
+        end: u64,
+        then: impl FnOnce() + Send + 'static,
+    ) {
         let flusher = self.deps.flusher.clone();
         tokio::spawn(async move {
             if flusher.durable().await.is_ok() {

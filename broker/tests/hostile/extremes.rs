@@ -208,6 +208,7 @@ async fn extreme_numbers_in_admin_requests() {
                 filter: filter(u64::MAX, 1),
                 reset_delivery_count: true,
                 rate_per_second: u32::MAX,
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -218,6 +219,7 @@ async fn extreme_numbers_in_admin_requests() {
                 topic: "nums".into(),
                 subscription: "s".into(),
                 filter: filter(u64::MAX, 1),
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -189,6 +189,7 @@ fn rpcs() -> Vec<Rpc> {
                 filter: filter(),
                 reset_delivery_count: true,
                 rate_per_second: 5,
+                ..Default::default()
             }
             .encode_to_vec(),
             decodes: decodes::<ReplayDeadLettersRequest>,
@@ -199,9 +200,36 @@ fn rpcs() -> Vec<Rpc> {
                 topic: "frames".into(),
                 subscription: "s".into(),
                 filter: filter(),
+                ..Default::default()
             }
             .encode_to_vec(),
             decodes: decodes::<PurgeDeadLettersRequest>,
+        },
+        Rpc {
+            path: a[13],
+            sample: GroupDeadLettersRequest {
+                topic: "frames".into(),
+                subscription: "s".into(),
+                filter: filter(),
+                group_by: DeadLetterGroupBy::Hour as i32,
+                ids_per_group: 3,
+            }
+            .encode_to_vec(),
+            decodes: decodes::<GroupDeadLettersRequest>,
+        },
+        Rpc {
+            path: a[14],
+            sample: ListReplayJobsRequest {
+                topic: "frames".into(),
+                subscription: "s".into(),
+            }
+            .encode_to_vec(),
+            decodes: decodes::<ListReplayJobsRequest>,
+        },
+        Rpc {
+            path: a[15],
+            sample: CancelReplayJobRequest { id: 12_345 }.encode_to_vec(),
+            decodes: decodes::<CancelReplayJobRequest>,
         },
     ]
 }

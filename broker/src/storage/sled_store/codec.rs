@@ -91,6 +91,9 @@ struct StoredFailures {
     attempts: Vec<StoredAttempt>,
     #[prost(uint64, tag = "4")]
     hold_until_ms: u64,
+    /// Operators' edits (JSON of [`EditRecord`]s, rare and small).
+    #[prost(bytes = "vec", tag = "5")]
+    edits: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -125,6 +128,11 @@ pub fn encode_failures(r: &FailureRecord) -> Vec<u8> {
                 detail: a.detail.clone(),
             })
             .collect(),
+        edits: if r.edits.is_empty() {
+            Vec::new()
+        } else {
+            json(&r.edits)
+        },
     };
     let mut out = Vec::with_capacity(1 + stored.encoded_len());
     out.push(PROTOBUF_V1);
@@ -156,6 +164,11 @@ pub fn decode_failures(bytes: &[u8]) -> Result<FailureRecord> {
                 first_failure_ms: s.first_failure_ms,
                 attempts,
                 hold_until_ms: s.hold_until_ms,
+                edits: if s.edits.is_empty() {
+                    Vec::new()
+                } else {
+                    from_json(&s.edits)?
+                },
             })
         }
         Some((b'{', _)) => from_json(bytes),

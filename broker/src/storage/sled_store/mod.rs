@@ -17,6 +17,7 @@
 
 mod codec;
 mod frame;
+mod returns;
 
 use super::*;
 use codec::{be, decode_failures, encode_failures, from_json, json, read_be, seal, unseal};
@@ -266,6 +267,16 @@ fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
         "meta" if k.starts_with(b"t:") => from_json::<TopicRecord>(body).map(|_| 0),
         "meta" if k.starts_with(b"s:") => from_json::<SubscriptionRecord>(body).map(|_| 0),
         "meta" if k.starts_with(b"n:") => read_be(body).map(|_| 0),
+        "meta" if k.starts_with(returns::JOB_PREFIX) => {
+            from_json::<ReplayJobRecord>(body).map(|_| 0)
+        }
+        "meta" if k.starts_with(returns::JOB_IDS_PREFIX) => {
+            if body.len() % 8 == 0 {
+                Ok(0)
+            } else {
+                Err(StorageError::Corrupt("bad replay job id list".into()))
+            }
+        }
         "meta" if k == STORE_ID_KEY => std::str::from_utf8(body)
             .map(|_| 0)
             .map_err(|_| StorageError::Corrupt("unreadable store id".into())),
@@ -756,6 +767,43 @@ impl Storage for SledStorage {
         }
         self.deadletters.apply_batch(batch)?;
         Ok(())
+    }
+
+    fn dead_letters_by_id(&self, sub_id: u64, ids: &[u64]) -> Result<Vec<(u64, DeadLetterRecord)>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let k = dl_key(sub_id, *id);
+            if let Some(v) = self.deadletters.get(k)? {
+                out.push((*id, from_json(unseal(&k, &v)?)?));
+            }
+        }
+        Ok(out)
+    }
+
+    fn put_dead_letters(&self, sub_id: u64, records: &[(u64, DeadLetterRecord)]) -> Result<()> {
+        let mut batch = Batch::default();
+        for (id, rec) in records {
+            let k = dl_key(sub_id, *id);
+            batch.insert(&k, seal(&k, &json(rec)));
+        }
+        self.deadletters.apply_batch(batch)?;
+        Ok(())
+    }
+
+    fn return_dead_letters(&self, mv: &DeadLetterReturn) -> Result<()> {
+        self.return_dead_letters_tx(mv)
+    }
+
+    fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>> {
+        self.replay_jobs_stored(with_ids)
+    }
+
+    fn put_replay_job(&self, job: &ReplayJobRecord) -> Result<()> {
+        self.put_replay_job_stored(job)
+    }
+
+    fn remove_replay_job(&self, id: u64) -> Result<()> {
+        self.remove_replay_job_stored(id)
     }
 
     fn size_on_disk(&self) -> Result<u64> {

@@ -1,0 +1,703 @@
+//! The decisions of `ricochet dlq`: `replay` (into the subscription's retry
+//! tier by default, or `--to-topic`; optionally fixed first with a new
+//! payload, properties or key), `purge`, both with `--dry-run`; `export`
+//! and `import` (JSON lines, so a batch can be fixed with ordinary tools and
+//! sent back: import is a replay by id with the line's payload, key and
+//! properties); `list --group-by`; and the replay jobs a paced replay runs
+//! as (`jobs`, `cancel-job`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, Read};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use ricochet_proto as pb;
+use serde::{Deserialize, Serialize};
+
+use crate::Ctx;
+use crate::args::{GroupBy, ReplayEditArgs, SubscriptionArgs};
+use crate::confirm::confirm;
+use crate::error::{CliError, Result};
+use crate::output::{Table, write_json, write_json_line};
+use crate::timearg::{fmt_ms, now_ms};
+use crate::view::IdView;
+
+type Admin = pb::admin_client::AdminClient<tonic::transport::Channel>;
+
+/// One exported dead letter (a line of `dlq export`, read by `dlq import`).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ExportedLetter {
+    /// Its dead-letter entry id (what import replays).
+    pub id: u64,
+    /// Why it was dead-lettered (informative; not read back).
+    #[serde(default)]
+    pub reason: String,
+    /// Failed attempts before it was dead-lettered (informative).
+    #[serde(default)]
+    pub attempts: u32,
+    /// Its key.
+    #[serde(default)]
+    pub key: String,
+    /// Its properties.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// Its payload, base64.
+    pub payload: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Replayed {
+    replayed: u64,
+    new_ids: Vec<IdView>,
+    #[serde(skip_serializing_if = "is_zero")]
+    job_id: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+#[derive(Debug, Serialize)]
+struct DryRun {
+    dry_run: bool,
+    count: usize,
+    ids: Vec<u64>,
+}
+
+/// The contents of `path`, or stdin for `-`.
+fn read_input(path: &str) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    if path == "-" {
+        std::io::stdin().read_to_end(&mut buf)?;
+    } else {
+        buf =
+            std::fs::read(path).map_err(|e| CliError::Other(format!("cannot read {path}: {e}")))?;
+    }
+    Ok(buf)
+}
+
+/// The wire edit of the command line; `None` when it changes nothing.
+fn edit_of(e: &ReplayEditArgs) -> Result<Option<pb::ReplayEdit>> {
+    let payload = e.payload_file.as_deref().map(read_input).transpose()?;
+    let edit = pb::ReplayEdit {
+        payload,
+        set_properties: e.set_properties.iter().cloned().collect(),
+        unset_properties: e.unset_properties.clone(),
+        key: e.key.clone(),
+    };
+    Ok((edit != pb::ReplayEdit::default()).then_some(edit))
+}
+
+fn write_dry_run(ctx: &mut Ctx<'_>, verb: &str, ids: Vec<u64>) -> Result<()> {
+    let v = DryRun {
+        dry_run: true,
+        count: ids.len(),
+        ids,
+    };
+    if ctx.json() {
+        return write_json(ctx.out, &v);
+    }
+    let shown: Vec<String> = v.ids.iter().map(u64::to_string).collect();
+    writeln!(
+        ctx.out,
+        "dry run: would {verb} {} dead letter(s){}{}",
+        v.count,
+        if v.count > 0 { ": " } else { "" },
+        shown.join(" ")
+    )?;
+    writeln!(ctx.out, "nothing was changed")?;
+    Ok(())
+}
+
+/// How many dead letters `filter` selects now.
+async fn count(admin: &mut Admin, t: &SubscriptionArgs, f: &pb::DeadLetterFilter) -> Result<u64> {
+    Ok(admin
+        .list_dead_letters(pb::ListDeadLettersRequest {
+            topic: t.topic.clone(),
+            subscription: t.subscription.clone(),
+            filter: Some(f.clone()),
+            limit: 1,
+            after_entry_id: None,
+        })
+        .await?
+        .into_inner()
+        .total)
+}
+
+/// The options of `dlq replay`.
+pub(crate) struct ReplayArgs {
+    pub rate: Option<u32>,
+    pub reset_count: bool,
+    pub to_topic: bool,
+    pub at: Option<u64>,
+    pub delay: Option<std::time::Duration>,
+    pub edit: ReplayEditArgs,
+    pub dry_run: bool,
+    pub detach: bool,
+    pub yes: bool,
+}
+
+/// `dlq replay`.
+pub(crate) async fn replay(
+    ctx: &mut Ctx<'_>,
+    admin: &mut Admin,
+    target: SubscriptionArgs,
+    f: pb::DeadLetterFilter,
+    a: ReplayArgs,
+) -> Result<()> {
+    let edit = edit_of(&a.edit)?;
+    let deliver_at_ms = match (a.at, a.delay) {
+        (Some(at), _) => at,
+        (None, Some(d)) => now_ms() + d.as_millis() as u64,
+        (None, None) => 0,
+    };
+    let req = pb::ReplayDeadLettersRequest {
+        topic: target.topic.clone(),
+        subscription: target.subscription.clone(),
+        filter: Some(f.clone()),
+        reset_delivery_count: a.reset_count,
+        rate_per_second: a.rate.unwrap_or(0),
+        mode: if a.to_topic {
+            pb::ReplayMode::Topic
+        } else {
+            pb::ReplayMode::RetryTier
+        } as i32,
+        deliver_at_ms,
+        edit,
+        dry_run: a.dry_run,
+        detach: a.detach,
+    };
+    if a.dry_run {
+        let r = admin.replay_dead_letters(req).await?.into_inner();
+        return write_dry_run(ctx, "replay", r.dead_letter_ids);
+    }
+    let total = count(admin, &target, &f).await?;
+    if total == 0 {
+        eprintln!("no dead letter matches; nothing replayed");
+        return finish(
+            ctx,
+            Replayed {
+                replayed: 0,
+                new_ids: Vec::new(),
+                job_id: 0,
+            },
+        );
+    }
+    let whither = if a.to_topic {
+        format!("onto {} (every subscription sees them again)", target.topic)
+    } else {
+        format!("into its own retry tier{}", when(deliver_at_ms))
+    };
+    let mut extras = Vec::new();
+    if a.reset_count {
+        extras.push("their delivery count reset".to_owned());
+    }
+    if let Some(e) = &req.edit {
+        extras.push(describe(e));
+    }
+    let with = if extras.is_empty() {
+        String::new()
+    } else {
+        format!(" with {}", extras.join(" and "))
+    };
+    confirm(
+        &format!(
+            "replay {total} dead letter(s) of subscription {} {whither}{with}",
+            target.subscription
+        ),
+        a.yes,
+    )?;
+    let r = admin.replay_dead_letters(req).await?.into_inner();
+    finish(
+        ctx,
+        Replayed {
+            replayed: r.replayed,
+            new_ids: r
+                .new_ids
+                .iter()
+                .map(|id| IdView::from_proto(Some(id)))
+                .collect(),
+            job_id: r.job_id,
+        },
+    )
+}
+
+fn when(deliver_at_ms: u64) -> String {
+    if deliver_at_ms == 0 {
+        String::new()
+    } else {
+        format!(", due at {}", fmt_ms(deliver_at_ms))
+    }
+}
+
+/// A short description of an edit, for the confirmation.
+fn describe(e: &pb::ReplayEdit) -> String {
+    let mut parts = Vec::new();
+    if let Some(p) = &e.payload {
+        parts.push(format!("a new {}-byte payload", p.len()));
+    }
+    if !e.set_properties.is_empty() {
+        let mut keys: Vec<&String> = e.set_properties.keys().collect();
+        keys.sort();
+        parts.push(format!(
+            "propert(ies) {} set",
+            keys.iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        ));
+    }
+    if !e.unset_properties.is_empty() {
+        parts.push(format!(
+            "propert(ies) {} removed",
+            e.unset_properties.join(",")
+        ));
+    }
+    if let Some(k) = &e.key {
+        parts.push(format!("key {k:?}"));
+    }
+    parts.join(", ")
+}
+
+fn finish(ctx: &mut Ctx<'_>, r: Replayed) -> Result<()> {
+    if ctx.json() {
+        return write_json(ctx.out, &r);
+    }
+    for id in &r.new_ids {
+        writeln!(ctx.out, "{id}")?;
+    }
+    if r.job_id != 0 && r.replayed == 0 && r.new_ids.is_empty() {
+        writeln!(
+            ctx.out,
+            "replay job {} started (see `ricochet dlq jobs`)",
+            r.job_id
+        )?;
+    } else {
+        writeln!(ctx.out, "replayed {} dead letter(s)", r.replayed)?;
+    }
+    Ok(())
+}
+
+/// `dlq purge --dry-run`.
+pub(crate) async fn purge_dry_run(
+    ctx: &mut Ctx<'_>,
+    admin: &mut Admin,
+    target: SubscriptionArgs,
+    f: pb::DeadLetterFilter,
+) -> Result<()> {
+    let r = admin
+        .purge_dead_letters(pb::PurgeDeadLettersRequest {
+            topic: target.topic,
+            subscription: target.subscription,
+            filter: Some(f),
+            dry_run: true,
+        })
+        .await?
+        .into_inner();
+    write_dry_run(ctx, "purge", r.dead_letter_ids)
+}
+
+/// `dlq list --group-by`.
+pub(crate) async fn group(
+    ctx: &mut Ctx<'_>,
+    admin: &mut Admin,
+    target: SubscriptionArgs,
+    f: Option<pb::DeadLetterFilter>,
+    by: GroupBy,
+) -> Result<()> {
+    let r = admin
+        .group_dead_letters(pb::GroupDeadLettersRequest {
+            topic: target.topic,
+            subscription: target.subscription,
+            filter: f,
+            group_by: match by {
+                GroupBy::Reason => pb::DeadLetterGroupBy::Reason,
+                GroupBy::Consumer => pb::DeadLetterGroupBy::Consumer,
+                GroupBy::Hour => pb::DeadLetterGroupBy::Hour,
+            } as i32,
+            ids_per_group: 5,
+        })
+        .await?
+        .into_inner();
+    #[derive(Serialize)]
+    struct Group<'a> {
+        key: &'a str,
+        count: u64,
+        first_at_ms: u64,
+        last_at_ms: u64,
+        entry_ids: &'a [u64],
+    }
+    #[derive(Serialize)]
+    struct Groups<'a> {
+        total: u64,
+        groups: Vec<Group<'a>>,
+    }
+    if ctx.json() {
+        let v = Groups {
+            total: r.total,
+            groups: r
+                .groups
+                .iter()
+                .map(|g| Group {
+                    key: &g.key,
+                    count: g.count,
+                    first_at_ms: g.first_at_ms,
+                    last_at_ms: g.last_at_ms,
+                    entry_ids: &g.entry_ids,
+                })
+                .collect(),
+        };
+        return write_json(ctx.out, &v);
+    }
+    let head = match by {
+        GroupBy::Reason => "reason",
+        GroupBy::Consumer => "consumer",
+        GroupBy::Hour => "hour (UTC)",
+    };
+    let mut t = Table::new(&[head, ">count", "first", "last", "ids"]);
+    for g in &r.groups {
+        let mut ids: Vec<String> = g.entry_ids.iter().map(u64::to_string).collect();
+        if g.count > g.entry_ids.len() as u64 {
+            ids.push("…".into());
+        }
+        t.row(vec![
+            g.key.clone(),
+            g.count.to_string(),
+            fmt_ms(g.first_at_ms),
+            fmt_ms(g.last_at_ms),
+            ids.join(" "),
+        ]);
+    }
+    t.write(ctx.out)?;
+    writeln!(
+        ctx.out,
+        "{} dead letter(s) in {} group(s)",
+        r.total,
+        r.groups.len()
+    )?;
+    Ok(())
+}
+
+/// `dlq export`.
+pub(crate) async fn export(
+    ctx: &mut Ctx<'_>,
+    admin: &mut Admin,
+    target: SubscriptionArgs,
+    f: Option<pb::DeadLetterFilter>,
+) -> Result<()> {
+    let mut after = None;
+    loop {
+        let page = admin
+            .list_dead_letters(pb::ListDeadLettersRequest {
+                topic: target.topic.clone(),
+                subscription: target.subscription.clone(),
+                filter: f.clone(),
+                limit: 500,
+                after_entry_id: after,
+            })
+            .await?
+            .into_inner();
+        let Some(last) = page.dead_letters.last() else {
+            return Ok(());
+        };
+        after = last
+            .message
+            .as_ref()
+            .and_then(|m| m.id.as_ref())
+            .map(|id| id.entry_id);
+        for d in &page.dead_letters {
+            let m = d.message.clone().unwrap_or_default();
+            let line = ExportedLetter {
+                id: m.id.as_ref().map_or(0, |id| id.entry_id),
+                reason: d.reason.clone(),
+                attempts: m.delivery_count,
+                key: m.key,
+                properties: m.properties.into_iter().collect(),
+                payload: B64.encode(&m.payload),
+            };
+            write_json_line(ctx.out, &line)?;
+        }
+        if after.is_none() {
+            return Ok(());
+        }
+    }
+}
+
+/// One import line's wire edit against the dead letter as it is now:
+/// only what differs (`None` when nothing does).
+fn edit_against(
+    line: &ExportedLetter,
+    payload: Vec<u8>,
+    now: &pb::Message,
+) -> Option<pb::ReplayEdit> {
+    let set: HashMap<String, String> = line
+        .properties
+        .iter()
+        .filter(|(k, v)| now.properties.get(*k) != Some(*v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut unset: Vec<String> = now
+        .properties
+        .keys()
+        .filter(|k| !line.properties.contains_key(*k))
+        .cloned()
+        .collect();
+    unset.sort();
+    let edit = pb::ReplayEdit {
+        payload: (payload != now.payload).then_some(payload),
+        set_properties: set,
+        unset_properties: unset,
+        key: (line.key != now.key).then(|| line.key.clone()),
+    };
+    (edit != pb::ReplayEdit::default()).then_some(edit)
+}
+
+/// The options of `dlq import`.
+pub(crate) struct ImportArgs {
+    pub file: String,
+    pub reset_count: bool,
+    pub to_topic: bool,
+    pub dry_run: bool,
+    pub yes: bool,
+}
+
+/// `dlq import`.
+pub(crate) async fn import(
+    ctx: &mut Ctx<'_>,
+    admin: &mut Admin,
+    target: SubscriptionArgs,
+    a: ImportArgs,
+) -> Result<()> {
+    let bytes = read_input(&a.file)?;
+    let mut lines = Vec::new();
+    for (n, line) in bytes.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let l: ExportedLetter = serde_json::from_str(&line)
+            .map_err(|e| CliError::Usage(format!("{} line {}: {e}", a.file, n + 1)))?;
+        let payload = B64.decode(l.payload.trim()).map_err(|e| {
+            CliError::Usage(format!(
+                "{} line {}: payload is not base64: {e}",
+                a.file,
+                n + 1
+            ))
+        })?;
+        lines.push((l, payload));
+    }
+    // The dead letters as they are now, to send only what changed.
+    let ids: Vec<u64> = lines.iter().map(|(l, _)| l.id).collect();
+    let mut now: HashMap<u64, pb::Message> = HashMap::new();
+    for chunk in ids.chunks(500) {
+        let r = admin
+            .list_dead_letters(pb::ListDeadLettersRequest {
+                topic: target.topic.clone(),
+                subscription: target.subscription.clone(),
+                filter: Some(pb::DeadLetterFilter {
+                    entry_ids: chunk.to_vec(),
+                    ..Default::default()
+                }),
+                limit: chunk.len() as u32,
+                after_entry_id: None,
+            })
+            .await?
+            .into_inner();
+        for d in r.dead_letters {
+            if let Some(m) = d.message
+                && let Some(id) = m.id.as_ref().map(|i| i.entry_id)
+            {
+                now.insert(id, m);
+            }
+        }
+    }
+    let missing: Vec<u64> = ids
+        .iter()
+        .filter(|id| !now.contains_key(id))
+        .copied()
+        .collect();
+    let plan: Vec<(u64, Option<pb::ReplayEdit>)> = lines
+        .into_iter()
+        .filter_map(|(l, p)| {
+            let m = now.get(&l.id)?;
+            Some((l.id, edit_against(&l, p, m)))
+        })
+        .collect();
+    let edited = plan.iter().filter(|(_, e)| e.is_some()).count();
+    if a.dry_run {
+        #[derive(Serialize)]
+        struct ImportDryRun {
+            dry_run: bool,
+            count: usize,
+            edited: usize,
+            ids: Vec<u64>,
+            not_dead_letters: Vec<u64>,
+        }
+        let v = ImportDryRun {
+            dry_run: true,
+            count: plan.len(),
+            edited,
+            ids: plan.iter().map(|(id, _)| *id).collect(),
+            not_dead_letters: missing,
+        };
+        if ctx.json() {
+            return write_json(ctx.out, &v);
+        }
+        writeln!(
+            ctx.out,
+            "dry run: would replay {} dead letter(s), {} of them edited; {} line(s) name no dead letter",
+            v.count,
+            v.edited,
+            v.not_dead_letters.len()
+        )?;
+        writeln!(ctx.out, "nothing was changed")?;
+        return Ok(());
+    }
+    if !missing.is_empty() {
+        eprintln!(
+            "{} line(s) name no dead letter of {} (replayed or purged already?): {:?}",
+            missing.len(),
+            target.subscription,
+            missing
+        );
+    }
+    if plan.is_empty() {
+        eprintln!("nothing to replay");
+        return finish(
+            ctx,
+            Replayed {
+                replayed: 0,
+                new_ids: Vec::new(),
+                job_id: 0,
+            },
+        );
+    }
+    confirm(
+        &format!(
+            "replay {} dead letter(s) of subscription {} {} from {}, {edited} of them edited",
+            plan.len(),
+            target.subscription,
+            if a.to_topic {
+                format!("onto {}", target.topic)
+            } else {
+                "into its own retry tier".to_owned()
+            },
+            a.file
+        ),
+        a.yes,
+    )?;
+    let mut out = Replayed {
+        replayed: 0,
+        new_ids: Vec::new(),
+        job_id: 0,
+    };
+    for (id, edit) in plan {
+        let r = admin
+            .replay_dead_letters(pb::ReplayDeadLettersRequest {
+                topic: target.topic.clone(),
+                subscription: target.subscription.clone(),
+                filter: Some(pb::DeadLetterFilter {
+                    entry_ids: vec![id],
+                    ..Default::default()
+                }),
+                reset_delivery_count: a.reset_count,
+                mode: if a.to_topic {
+                    pb::ReplayMode::Topic
+                } else {
+                    pb::ReplayMode::RetryTier
+                } as i32,
+                edit,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        out.replayed += r.replayed;
+        out.new_ids
+            .extend(r.new_ids.iter().map(|i| IdView::from_proto(Some(i))));
+    }
+    finish(ctx, out)
+}
+
+/// `dlq jobs`.
+pub(crate) async fn jobs(
+    ctx: &mut Ctx<'_>,
+    admin: &mut Admin,
+    topic: Option<String>,
+    subscription: Option<String>,
+) -> Result<()> {
+    let r = admin
+        .list_replay_jobs(pb::ListReplayJobsRequest {
+            topic: topic.unwrap_or_default(),
+            subscription: subscription.unwrap_or_default(),
+        })
+        .await?
+        .into_inner();
+    #[derive(Serialize)]
+    struct Job<'a> {
+        id: u64,
+        topic: &'a str,
+        subscription: &'a str,
+        total: u64,
+        done: u64,
+        replayed: u64,
+        rate_per_second: u32,
+        to_topic: bool,
+        created_ms: u64,
+        by: &'a str,
+    }
+    let jobs: Vec<Job<'_>> = r
+        .jobs
+        .iter()
+        .map(|j| Job {
+            id: j.id,
+            topic: &j.topic,
+            subscription: &j.subscription,
+            total: j.total,
+            done: j.done,
+            replayed: j.replayed,
+            rate_per_second: j.rate_per_second,
+            to_topic: j.mode == pb::ReplayMode::Topic as i32,
+            created_ms: j.created_ms,
+            by: &j.by,
+        })
+        .collect();
+    if ctx.json() {
+        return write_json(ctx.out, &jobs);
+    }
+    let mut t = Table::new(&[
+        ">id",
+        "topic",
+        "subscription",
+        ">done",
+        ">of",
+        ">rate/s",
+        "to",
+        "started",
+        "by",
+    ]);
+    for j in &jobs {
+        t.row(vec![
+            j.id.to_string(),
+            j.topic.to_owned(),
+            j.subscription.to_owned(),
+            j.done.to_string(),
+            j.total.to_string(),
+            j.rate_per_second.to_string(),
+            if j.to_topic { "topic" } else { "retry tier" }.to_owned(),
+            fmt_ms(j.created_ms),
+            j.by.to_owned(),
+        ]);
+    }
+    t.write(ctx.out)?;
+    writeln!(ctx.out, "{} replay job(s)", jobs.len())?;
+    Ok(())
+}
+
+/// `dlq cancel-job`.
+pub(crate) async fn cancel_job(ctx: &mut Ctx<'_>, admin: &mut Admin, id: u64) -> Result<()> {
+    admin
+        .cancel_replay_job(pb::CancelReplayJobRequest { id })
+        .await?;
+    writeln!(ctx.out, "replay job {id} cancelled")?;
+    Ok(())
+}
