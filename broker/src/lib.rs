@@ -46,6 +46,7 @@ mod keeper;
 mod limits;
 mod metrics;
 mod name;
+mod partitions;
 mod scheduler;
 mod server;
 mod service;

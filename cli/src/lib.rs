@@ -25,6 +25,7 @@ mod confirm;
 mod dlq;
 mod error;
 pub mod output;
+mod partitions;
 mod perf;
 mod pubsub;
 pub mod timearg;

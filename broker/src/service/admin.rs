@@ -2,6 +2,7 @@
 //! dead-letter operations (list, replay, purge). Nothing here happens
 //! automatically: replays and purges are operator decisions.
 
+use super::partitions::{self as parts, partitioned};
 use super::wire;
 use crate::core::BrokerCore;
 use crate::error::BrokerError;
@@ -126,6 +127,13 @@ impl Admin for AdminService {
         };
         Ok(Response::new(ListTopicsResponse {
             topics: self.core.list_topics(ns).await,
+            partitioned: crate::partitions::list(&self.core, ns)
+                .into_iter()
+                .map(|(n, partitions)| PartitionedTopicMetadata {
+                    topic: n.to_string(),
+                    partitions,
+                })
+                .collect(),
         }))
     }
 
@@ -145,6 +153,10 @@ impl Admin for AdminService {
     ) -> Result<Response<DeleteTopicResponse>, Status> {
         let r = r.into_inner();
         let name = TopicName::parse(&r.topic)?;
+        if partitioned(&self.core, &r.topic).is_some() {
+            crate::partitions::delete(&self.core, &name, r.force).await?;
+            return Ok(Response::new(DeleteTopicResponse {}));
+        }
         self.core.delete_topic(&name, r.force).await?;
         self.core.flusher.durable().await?;
         Ok(Response::new(DeleteTopicResponse {}))
@@ -154,7 +166,11 @@ impl Admin for AdminService {
         &self,
         r: Request<TopicRequest>,
     ) -> Result<Response<TopicStatsResponse>, Status> {
-        let name = TopicName::parse(&r.into_inner().topic)?;
+        let r = r.into_inner();
+        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+            return Ok(Response::new(parts::topic_stats(self, &name, ps).await?));
+        }
+        let name = TopicName::parse(&r.topic)?;
         let entry = self.core.topic(&name).await?;
         let (first, next) = entry.topic.entry_range();
         let mut subscriptions = Vec::new();
@@ -174,6 +190,8 @@ impl Admin for AdminService {
             messages_in: c.messages_in.load(Ordering::Relaxed),
             bytes_in: c.bytes_in.load(Ordering::Relaxed),
             subscriptions,
+            partition_count: 0,
+            partitions: Vec::new(),
         }))
     }
 
@@ -181,7 +199,11 @@ impl Admin for AdminService {
         &self,
         r: Request<TopicRequest>,
     ) -> Result<Response<ListSubscriptionsResponse>, Status> {
-        let name = TopicName::parse(&r.into_inner().topic)?;
+        let r = r.into_inner();
+        if let Some((_, ps)) = partitioned(&self.core, &r.topic) {
+            return Ok(Response::new(parts::list_subscriptions(self, ps).await?));
+        }
+        let name = TopicName::parse(&r.topic)?;
         let entry = self.core.topic(&name).await?;
         let mut subscriptions: Vec<String> = entry
             .subscriptions()
@@ -197,6 +219,10 @@ impl Admin for AdminService {
         r: Request<SubscriptionRequest>,
     ) -> Result<Response<SubscriptionStatsResponse>, Status> {
         let r = r.into_inner();
+        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+            let s = parts::subscription_stats(self, &name, ps, &r.subscription).await?;
+            return Ok(Response::new(s));
+        }
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         Ok(Response::new(wire::subscription_stats(
             h.stats(self.core.storage.clone()).await?,
@@ -208,6 +234,11 @@ impl Admin for AdminService {
         r: Request<DeleteSubscriptionRequest>,
     ) -> Result<Response<DeleteSubscriptionResponse>, Status> {
         let r = r.into_inner();
+        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+            return Ok(Response::new(
+                parts::delete_subscription(self, &name, ps, r).await?,
+            ));
+        }
         let t = TopicName::parse(&r.topic)?;
         let s = SubscriptionName::parse(&r.subscription)?;
         self.core.delete_subscription(&t, &s, r.force).await?;
@@ -220,6 +251,10 @@ impl Admin for AdminService {
         r: Request<SubscriptionRequest>,
     ) -> Result<Response<PolicyResponse>, Status> {
         let r = r.into_inner();
+        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+            let p = parts::get_policy(self, &name, ps, &r.subscription).await?;
+            return Ok(Response::new(p));
+        }
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         Ok(Response::new(wire::policy_response(h.policy().await?)))
     }
@@ -229,6 +264,9 @@ impl Admin for AdminService {
         r: Request<SetPolicyRequest>,
     ) -> Result<Response<PolicyResponse>, Status> {
         let r = r.into_inner();
+        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+            return Ok(Response::new(parts::set_policy(self, &name, ps, r).await?));
+        }
         let spec = match &r.policy {
             Some(p) if p.kind.is_some() => Some(PolicySpec::try_from(p).map_err(|e| {
                 Status::invalid_argument(format!("invalid dead-letter policy: {e}"))
@@ -309,6 +347,9 @@ impl Admin for AdminService {
         r: Request<ListDeadLettersRequest>,
     ) -> Result<Response<ListDeadLettersResponse>, Status> {
         let r = r.into_inner();
+        if let Some((_, ps)) = partitioned(&self.core, &r.topic) {
+            return Ok(Response::new(parts::list_dead_letters(self, ps, r).await?));
+        }
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         let limit = if r.limit == 0 { 100 } else { r.limit as usize };
         // `total` counts every match of the filter, whatever page this is.
@@ -332,6 +373,11 @@ impl Admin for AdminService {
         r: Request<ReplayDeadLettersRequest>,
     ) -> Result<Response<ReplayDeadLettersResponse>, Status> {
         let r = r.into_inner();
+        if let Some((_, ps)) = partitioned(&self.core, &r.topic) {
+            return Ok(Response::new(
+                parts::replay_dead_letters(self, ps, r).await?,
+            ));
+        }
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         let rate = if r.rate_per_second == 0 {
             self.core.config.replay_rate_per_second
@@ -364,6 +410,9 @@ impl Admin for AdminService {
         r: Request<PurgeDeadLettersRequest>,
     ) -> Result<Response<PurgeDeadLettersResponse>, Status> {
         let r = r.into_inner();
+        if let Some((_, ps)) = partitioned(&self.core, &r.topic) {
+            return Ok(Response::new(parts::purge_dead_letters(self, ps, r).await?));
+        }
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         let info = h.policy().await?;
         let ids: Vec<u64> = self

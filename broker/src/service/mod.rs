@@ -4,11 +4,13 @@
 mod admin;
 mod consume;
 mod input;
+mod partitions;
 mod produce;
 mod status;
 mod wire;
 
 pub use admin::AdminService;
+pub use partitions::PartitionsService;
 pub(crate) use status::{code_of, message_of, status_of};
 
 use crate::claims::TierOverrides;
