@@ -393,6 +393,10 @@ pub struct PerfProduceArgs {
     /// Stop after this many messages (0: no limit).
     #[arg(long, default_value_t = 0)]
     pub messages: u64,
+    /// Create the topic as a partitioned topic of this many partitions
+    /// first (kept if it exists); producers then route over them.
+    #[arg(long, default_value_t = 0)]
+    pub partitions: u32,
 }
 
 /// `perf consume`.

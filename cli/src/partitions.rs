@@ -99,6 +99,25 @@ pub(crate) fn write_partition_stats(
     t.write(out)
 }
 
+/// Creates `topic` as a partitioned topic of `partitions` unless a
+/// partitioned topic of that name exists (`perf produce --partitions`).
+pub(crate) async fn ensure(
+    client: &ricochet_client::Client,
+    topic: &str,
+    partitions: u32,
+) -> Result<()> {
+    let r = pb::partitions_client::PartitionsClient::new(client.channel())
+        .create_partitioned_topic(pb::UpdatePartitionsRequest {
+            topic: topic.to_owned(),
+            partitions,
+        })
+        .await;
+    match r {
+        Err(s) if s.code() == tonic::Code::AlreadyExists => Ok(()),
+        r => r.map(|_| ()).map_err(Into::into),
+    }
+}
+
 /// `topics create TOPIC --partitions N`.
 pub(crate) async fn create(ctx: &mut Ctx<'_>, topic: String, partitions: u32) -> Result<()> {
     let channel = ctx.client().await?.channel();
