@@ -20,7 +20,7 @@
 //! [`name`](ProducerBuilder::name) to de-duplicate across process restarts
 //! too (sequence ids then continue from the broker's last one).
 //!
-//! **Partitioned topics** ([`partitioned`]): a producer on a partitioned
+//! **Partitioned topics**: a producer on a partitioned
 //! topic is one such stream per partition, all under the producer's name,
 //! each with its own sequence ids (so de-duplication holds per partition).
 //! A message with a key goes to the partition of the key's Murmur3 hash
