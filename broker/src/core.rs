@@ -384,6 +384,20 @@ impl BrokerCore {
         .await
     }
 
+    /// Claims `name` for a partitioned topic of `partitions`: refused when
+    /// an ordinary topic or a partitioned one has that name. Checked and
+    /// recorded under the `topics` lock, so no producer creates the base
+    /// name as an ordinary topic meanwhile.
+    pub(crate) async fn claim_partitioned(&self, name: &TopicName, partitions: u32) -> Result<()> {
+        let topics = self.topics.lock().await;
+        let mut partitioned = lock(&self.partitioned);
+        if topics.contains_key(name) || partitioned.contains_key(name) {
+            return Err(BrokerError::TopicExists(name.to_string()));
+        }
+        partitioned.insert(name.clone(), partitions);
+        Ok(())
+    }
+
     /// Creates a topic explicitly; fails if it exists.
     pub async fn create_topic(&self, name: &TopicName) -> Result<Arc<TopicEntry>> {
         if self.topics.lock().await.contains_key(name) || lock(&self.partitioned).contains_key(name)

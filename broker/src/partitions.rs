@@ -86,12 +86,9 @@ pub fn partitions_of(core: &BrokerCore, name: &TopicName) -> Vec<TopicName> {
 pub async fn create(core: &BrokerCore, name: &TopicName, partitions: u32) -> Result<()> {
     check_count_and_name(name, partitions)?;
     let _ops = core.partition_ops.lock().await;
-    if count(core, name).is_some() || core.topic(name).await.is_ok() {
-        return Err(BrokerError::TopicExists(name.to_string()));
-    }
     // Claimed before the partitions exist, so no producer creates the base
     // name meanwhile; released if a partition cannot be made.
-    lock(&core.partitioned).insert(name.clone(), partitions);
+    core.claim_partitioned(name, partitions).await?;
     let made = add_partitions(core, name, 0, partitions).await;
     if let Err(e) = made {
         lock(&core.partitioned).remove(name);

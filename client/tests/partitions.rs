@@ -260,8 +260,8 @@ async fn failover_spreads_partitions_over_consumers() {
     for name in ["c0", "c1", "c2"] {
         cs.push(consumer(&env.client, &t, name, SubscriptionType::Failover).await);
     }
-    // Let every partition's election settle before producing.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Each subscribe returned once the broker had elected on every
+    // partition with that consumer in, so the spread is final here.
     let p = env
         .client
         .producer(&t)
@@ -274,7 +274,12 @@ async fn failover_spreads_partitions_over_consumers() {
     }
     let mut from: Vec<HashSet<u32>> = vec![HashSet::new(); 3];
     let mut got = 0;
+    let deadline = tokio::time::Instant::now() + T;
     while got < 60 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {got} of 60 arrived"
+        );
         for (ci, c) in cs.iter_mut().enumerate() {
             if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(50), c.receive()).await {
                 from[ci].insert(partition_of(m.id().topic()));
