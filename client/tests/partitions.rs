@@ -5,8 +5,9 @@
 //! Key_Shared never splits a key across consumers, Failover spreads the
 //! partitions over the consumers, nack / reconsume_later / terminate work
 //! on messages of any partition (and the dead letters show on the
-//! partitioned topic as a whole), and partitions added later are produced
-//! to and consumed.
+//! partitioned topic as a whole), partitions added later are produced to
+//! and consumed, and a named producer's per-partition sequence ids resume
+//! after a restart (de-duplication keeps nothing new out).
 
 mod common;
 
@@ -419,4 +420,54 @@ async fn partitions_added_later_are_produced_to_and_consumed() {
     c.ack(&m).await.unwrap();
     c.close().await.unwrap();
     p.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_named_producer_continues_each_partitions_sequence_after_a_restart() {
+    let env = start().await;
+    let t = topic("p-dedup");
+    create(&env.client, &t, 4).await;
+    let send_all = |p: ricochet_client::Producer, from: usize| async move {
+        let mut ids = Vec::new();
+        for i in from..from + 40 {
+            ids.push(
+                p.send(OutgoingMessage::builder(format!("{i}")).key(format!("k{i}")))
+                    .await
+                    .unwrap(),
+            );
+        }
+        p.close().await.unwrap();
+        ids
+    };
+    let first = env
+        .client
+        .producer(&t)
+        .name("stable")
+        .create()
+        .await
+        .unwrap();
+    assert_eq!(first.last_sequence_id(), 0);
+    let ids = send_all(first, 0).await;
+    assert!(ids.iter().all(|id| !id.is_unknown()));
+    // A new producer of that name: every partition's stream resumes from
+    // its own last sequence id, so nothing new is taken for a resend.
+    let again = env
+        .client
+        .producer(&t)
+        .name("stable")
+        .create()
+        .await
+        .unwrap();
+    assert!(again.last_sequence_id() > 0);
+    let ids = send_all(again, 40).await;
+    assert!(ids.iter().all(|id| !id.is_unknown()), "{ids:?}");
+    let stats = env
+        .client
+        .admin()
+        .topic_stats(ricochet_proto::TopicRequest { topic: t.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.message_count, 80);
+    assert_eq!(stats.partition_count, 4);
 }
