@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/ricochet/v1/messages.proto",
         "proto/ricochet/v1/broker.proto",
         "proto/ricochet/v1/admin.proto",
+        "proto/ricochet/v1/partitions.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");

@@ -80,6 +80,11 @@ pub struct BrokerCore {
     /// Ordinary topics, for `max_topics` and `max_topics_per_namespace`;
     /// changed under the `topics` lock.
     counts: std::sync::Mutex<TopicCounts>,
+    /// Partitioned topics' partition counts (see `crate::partitions`);
+    /// read under the `topics` lock when a topic is created.
+    pub(crate) partitioned: std::sync::Mutex<std::collections::BTreeMap<TopicName, u32>>,
+    /// Serialises creating, raising and deleting partitioned topics.
+    pub(crate) partition_ops: Mutex<()>,
     me: Weak<BrokerCore>,
 }
 
@@ -163,8 +168,14 @@ impl BrokerCore {
             actors: Arc::new(()),
             claims: Default::default(),
             counts: Default::default(),
+            partitioned: Default::default(),
+            partition_ops: Mutex::new(()),
             me: me.clone(),
         });
+        for rec in core.storage.list_partitioned()? {
+            let name = TopicName::parse_stored(&rec.name)?;
+            lock(&core.partitioned).insert(name, rec.partitions);
+        }
         let mut opened = Vec::new();
         for rec in core.storage.list_topics()? {
             let name = TopicName::parse_stored(&rec.name)?;
@@ -306,6 +317,9 @@ impl BrokerCore {
         name: &TopicName,
         allowed: impl Fn(TopicKind) -> Result<()> + Sync,
     ) -> Result<Arc<TopicEntry>> {
+        if let Some(n) = lock(&self.partitioned).get(name) {
+            return Err(crate::partitions::base_name_refused(name, *n));
+        }
         if self.config.auto_create_topics {
             self.topic_or_create(name, TopicKind::Normal, &allowed)
                 .await
@@ -336,6 +350,9 @@ impl BrokerCore {
             tier => tier,
         };
         allowed(kind)?;
+        if let Some(n) = lock(&self.partitioned).get(name) {
+            return Err(crate::partitions::base_name_refused(name, *n));
+        }
         if kind == TopicKind::Normal {
             let c = &self.config;
             lock(&self.counts).check(name, c.max_topics, c.max_topics_per_namespace)?;
@@ -355,9 +372,36 @@ impl BrokerCore {
         Ok(entry)
     }
 
+    /// The ordinary topic `name`, created if it does not exist (a partition
+    /// of a partitioned topic); refused if it exists as a tier.
+    pub(crate) async fn ensure_topic(&self, name: &TopicName) -> Result<Arc<TopicEntry>> {
+        self.topic_or_create(name, TopicKind::Normal, &|kind| match kind {
+            TopicKind::Normal => Ok(()),
+            other => Err(BrokerError::Conflict(format!(
+                "{name} exists as a {other:?} tier and cannot be a partition"
+            ))),
+        })
+        .await
+    }
+
+    /// Claims `name` for a partitioned topic of `partitions`: refused when
+    /// an ordinary topic or a partitioned one has that name. Checked and
+    /// recorded under the `topics` lock, so no producer creates the base
+    /// name as an ordinary topic meanwhile.
+    pub(crate) async fn claim_partitioned(&self, name: &TopicName, partitions: u32) -> Result<()> {
+        let topics = self.topics.lock().await;
+        let mut partitioned = lock(&self.partitioned);
+        if topics.contains_key(name) || partitioned.contains_key(name) {
+            return Err(BrokerError::TopicExists(name.to_string()));
+        }
+        partitioned.insert(name.clone(), partitions);
+        Ok(())
+    }
+
     /// Creates a topic explicitly; fails if it exists.
     pub async fn create_topic(&self, name: &TopicName) -> Result<Arc<TopicEntry>> {
-        if self.topics.lock().await.contains_key(name) {
+        if self.topics.lock().await.contains_key(name) || lock(&self.partitioned).contains_key(name)
+        {
             return Err(BrokerError::TopicExists(name.to_string()));
         }
         self.topic_or_create(name, TopicKind::Normal, &|_| Ok(()))

@@ -48,6 +48,7 @@ mod keeper;
 mod limits;
 mod metrics;
 mod name;
+mod partitions;
 mod replay_jobs;
 mod scheduler;
 mod server;

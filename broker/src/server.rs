@@ -137,6 +137,9 @@ impl Broker {
         let admin = AdminServer::new(AdminService::new(self.core.clone()))
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES);
+        let partitions = ricochet_proto::partitions_server::PartitionsServer::new(
+            crate::service::PartitionsService::new(self.core.clone()),
+        );
         // Health turns bad for good when storage fails; the storage gauges
         // follow every half second.
         let core = self.core.clone();
@@ -189,6 +192,7 @@ impl Broker {
             .add_service(health_service)
             .add_service(broker)
             .add_service(admin)
+            .add_service(partitions)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         health_task.abort();

@@ -21,6 +21,8 @@ use crate::view::{MessageInfoView, SubscriptionStatsView, full_topic_name, write
 #[derive(Debug, Serialize)]
 struct TopicList {
     topics: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    partitioned: Vec<crate::partitions::PartitionedView>,
 }
 
 #[derive(Debug, Serialize)]
@@ -43,6 +45,14 @@ struct TopicStatsView {
     messages_in: u64,
     bytes_in: u64,
     subscriptions: Vec<SubscriptionStatsView>,
+    #[serde(skip_serializing_if = "is_zero")]
+    partition_count: u32,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    partitions: Vec<crate::partitions::PartitionStatsView>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
@@ -57,16 +67,34 @@ pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
                 .into_inner();
             let mut topics = r.topics;
             topics.sort();
+            let partitioned = crate::partitions::views(r.partitioned);
             if ctx.json() {
-                return write_json(ctx.out, &TopicList { topics });
+                return write_json(
+                    ctx.out,
+                    &TopicList {
+                        topics,
+                        partitioned,
+                    },
+                );
             }
             let mut t = Table::new(&["topic"]);
             for topic in topics {
                 t.row(vec![topic]);
             }
-            t.write(ctx.out)
+            t.write(ctx.out)?;
+            crate::partitions::write_partitioned(ctx.out, &partitioned)
         }
-        TopicsCommand::Create { topic } => {
+        TopicsCommand::UpdatePartitions { topic, partitions } => {
+            crate::partitions::update(ctx, topic, partitions).await
+        }
+        TopicsCommand::Create {
+            topic,
+            partitions: Some(n),
+        } => crate::partitions::create(ctx, topic, n).await,
+        TopicsCommand::Create {
+            topic,
+            partitions: None,
+        } => {
             let r = admin
                 .create_topic(pb::TopicRequest { topic })
                 .await?
@@ -110,6 +138,7 @@ pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
                 .topic_stats(pb::TopicRequest { topic })
                 .await?
                 .into_inner();
+            let partitions = crate::partitions::PartitionStatsView::list(&r.partitions);
             let view = TopicStatsView {
                 topic: r.topic,
                 message_count: r.message_count,
@@ -123,6 +152,8 @@ pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
                     .iter()
                     .map(SubscriptionStatsView::from_proto)
                     .collect(),
+                partition_count: r.partition_count,
+                partitions,
             };
             if ctx.json() {
                 return write_json(ctx.out, &view);
@@ -143,7 +174,7 @@ pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
                 writeln!(ctx.out)?;
                 subscription_table(&view.subscriptions).write(ctx.out)?;
             }
-            Ok(())
+            crate::partitions::write_partition_stats(ctx.out, &view.partitions)
         }
     }
 }

@@ -155,6 +155,17 @@ pub enum TopicsCommand {
     Create {
         /// Topic.
         topic: String,
+        /// Create a partitioned topic of this many partitions
+        /// (`<topic>-partition-0` ..); producers route to them by key.
+        #[arg(long)]
+        partitions: Option<u32>,
+    },
+    /// Raise a partitioned topic's partition count (it is never lowered).
+    UpdatePartitions {
+        /// Partitioned topic.
+        topic: String,
+        /// The new count, at least the current one.
+        partitions: u32,
     },
     /// Delete a topic and its messages.
     Delete {
@@ -496,6 +507,10 @@ pub struct PerfProduceArgs {
     /// Stop after this many messages (0: no limit).
     #[arg(long, default_value_t = 0)]
     pub messages: u64,
+    /// Create the topic as a partitioned topic of this many partitions
+    /// first (kept if it exists); producers then route over them.
+    #[arg(long, default_value_t = 0)]
+    pub partitions: u32,
 }
 
 /// `perf consume`.

@@ -26,6 +26,7 @@ mod dlq;
 mod dlq_decide;
 mod error;
 pub mod output;
+mod partitions;
 mod perf;
 mod pubsub;
 pub mod timearg;

@@ -71,6 +71,7 @@ mod client;
 mod consumer;
 mod error;
 mod message;
+mod partitions;
 mod producer;
 mod reconnect;
 pub mod tracker;

@@ -27,6 +27,7 @@ pub use v1::*;
 pub mod codec;
 pub mod convert;
 mod names;
+pub mod partitions;
 
 /// Properties Ricochet (like Pulsar) sets on messages that move between tiers.
 pub mod props {

@@ -3,6 +3,7 @@
 //! automatically: replays and purges are operator decisions.
 
 use super::dead_letters::{self, passes};
+use super::partitions::{self as parts, partitioned};
 use super::wire;
 use crate::core::BrokerCore;
 use crate::error::BrokerError;
@@ -103,6 +104,13 @@ impl Admin for AdminService {
         };
         Ok(Response::new(ListTopicsResponse {
             topics: self.core.list_topics(ns).await,
+            partitioned: crate::partitions::list(&self.core, ns)
+                .into_iter()
+                .map(|(n, partitions)| PartitionedTopicMetadata {
+                    topic: n.to_string(),
+                    partitions,
+                })
+                .collect(),
         }))
     }
 
@@ -122,6 +130,10 @@ impl Admin for AdminService {
     ) -> Result<Response<DeleteTopicResponse>, Status> {
         let r = r.into_inner();
         let name = TopicName::parse(&r.topic)?;
+        if partitioned(&self.core, &r.topic).is_some() {
+            crate::partitions::delete(&self.core, &name, r.force).await?;
+            return Ok(Response::new(DeleteTopicResponse {}));
+        }
         self.core.delete_topic(&name, r.force).await?;
         self.core.flusher.durable().await?;
         Ok(Response::new(DeleteTopicResponse {}))
@@ -131,7 +143,11 @@ impl Admin for AdminService {
         &self,
         r: Request<TopicRequest>,
     ) -> Result<Response<TopicStatsResponse>, Status> {
-        let name = TopicName::parse(&r.into_inner().topic)?;
+        let r = r.into_inner();
+        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+            return Ok(Response::new(parts::topic_stats(self, &name, ps).await?));
+        }
+        let name = TopicName::parse(&r.topic)?;
         let entry = self.core.topic(&name).await?;
         let (first, next) = entry.topic.entry_range();
         let mut subscriptions = Vec::new();
@@ -151,6 +167,8 @@ impl Admin for AdminService {
             messages_in: c.messages_in.load(Ordering::Relaxed),
             bytes_in: c.bytes_in.load(Ordering::Relaxed),
             subscriptions,
+            partition_count: 0,
+            partitions: Vec::new(),
         }))
     }
 
@@ -158,7 +176,11 @@ impl Admin for AdminService {
         &self,
         r: Request<TopicRequest>,
     ) -> Result<Response<ListSubscriptionsResponse>, Status> {
-        let name = TopicName::parse(&r.into_inner().topic)?;
+        let r = r.into_inner();
+        if let Some((_, ps)) = partitioned(&self.core, &r.topic) {
+            return Ok(Response::new(parts::list_subscriptions(self, ps).await?));
+        }
+        let name = TopicName::parse(&r.topic)?;
         let entry = self.core.topic(&name).await?;
         let mut subscriptions: Vec<String> = entry
             .subscriptions()
@@ -174,6 +196,10 @@ impl Admin for AdminService {
         r: Request<SubscriptionRequest>,
     ) -> Result<Response<SubscriptionStatsResponse>, Status> {
         let r = r.into_inner();
+        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+            let s = parts::subscription_stats(self, &name, ps, &r.subscription).await?;
+            return Ok(Response::new(s));
+        }
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         Ok(Response::new(wire::subscription_stats(
             h.stats(self.core.storage.clone()).await?,
@@ -185,6 +211,11 @@ impl Admin for AdminService {
         r: Request<DeleteSubscriptionRequest>,
     ) -> Result<Response<DeleteSubscriptionResponse>, Status> {
         let r = r.into_inner();
+        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+            return Ok(Response::new(
+                parts::delete_subscription(self, &name, ps, r).await?,
+            ));
+        }
         let t = TopicName::parse(&r.topic)?;
         let s = SubscriptionName::parse(&r.subscription)?;
         self.core.delete_subscription(&t, &s, r.force).await?;
@@ -197,6 +228,10 @@ impl Admin for AdminService {
         r: Request<SubscriptionRequest>,
     ) -> Result<Response<PolicyResponse>, Status> {
         let r = r.into_inner();
+        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+            let p = parts::get_policy(self, &name, ps, &r.subscription).await?;
+            return Ok(Response::new(p));
+        }
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         Ok(Response::new(wire::policy_response(h.policy().await?)))
     }
@@ -206,6 +241,9 @@ impl Admin for AdminService {
         r: Request<SetPolicyRequest>,
     ) -> Result<Response<PolicyResponse>, Status> {
         let r = r.into_inner();
+        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+            return Ok(Response::new(parts::set_policy(self, &name, ps, r).await?));
+        }
         let spec = match &r.policy {
             Some(p) if p.kind.is_some() => Some(PolicySpec::try_from(p).map_err(|e| {
                 Status::invalid_argument(format!("invalid dead-letter policy: {e}"))
@@ -290,6 +328,9 @@ impl Admin for AdminService {
         r: Request<ListDeadLettersRequest>,
     ) -> Result<Response<ListDeadLettersResponse>, Status> {
         let r = r.into_inner();
+        if let Some((_, ps)) = partitioned(&self.core, &r.topic) {
+            return Ok(Response::new(parts::list_dead_letters(self, ps, r).await?));
+        }
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         let limit = if r.limit == 0 { 100 } else { r.limit as usize };
         // `total` counts every match of the filter, whatever page this is.
@@ -312,6 +353,11 @@ impl Admin for AdminService {
         &self,
         r: Request<ReplayDeadLettersRequest>,
     ) -> Result<Response<ReplayDeadLettersResponse>, Status> {
+        if let Some((_, ps)) = partitioned(&self.core, &r.get_ref().topic) {
+            return Ok(Response::new(
+                parts::replay_dead_letters(self, ps, r).await?,
+            ));
+        }
         Ok(Response::new(dead_letters::replay(&self.core, r).await?))
     }
 
@@ -319,18 +365,22 @@ impl Admin for AdminService {
         &self,
         r: Request<PurgeDeadLettersRequest>,
     ) -> Result<Response<PurgeDeadLettersResponse>, Status> {
-        Ok(Response::new(
-            dead_letters::purge(&self.core, r.into_inner()).await?,
-        ))
+        let r = r.into_inner();
+        if let Some((_, ps)) = partitioned(&self.core, &r.topic) {
+            return Ok(Response::new(parts::purge_dead_letters(self, ps, r).await?));
+        }
+        Ok(Response::new(dead_letters::purge(&self.core, r).await?))
     }
 
     async fn group_dead_letters(
         &self,
         r: Request<GroupDeadLettersRequest>,
     ) -> Result<Response<GroupDeadLettersResponse>, Status> {
-        Ok(Response::new(
-            dead_letters::group(&self.core, r.into_inner()).await?,
-        ))
+        let r = r.into_inner();
+        if let Some((_, ps)) = partitioned(&self.core, &r.topic) {
+            return Ok(Response::new(parts::group_dead_letters(self, ps, r).await?));
+        }
+        Ok(Response::new(dead_letters::group(&self.core, r).await?))
     }
 
     async fn list_replay_jobs(

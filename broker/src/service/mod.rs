@@ -5,12 +5,14 @@ mod admin;
 mod consume;
 mod dead_letters;
 mod input;
+mod partitions;
 mod produce;
 mod status;
 mod wire;
 
 pub use admin::AdminService;
 pub use dead_letters::CallerRole;
+pub use partitions::PartitionsService;
 pub(crate) use status::{code_of, message_of, status_of};
 
 use crate::claims::TierOverrides;

@@ -484,3 +484,32 @@ fn replay_jobs_are_stored_updated_and_removed() {
         assert!(s.replay_jobs(false).unwrap().is_empty(), "{name}");
     }
 }
+
+#[test]
+fn partitioned_metadata_is_put_listed_raised_and_deleted() {
+    for (engine, s, _dir) in engines() {
+        assert!(s.list_partitioned().unwrap().is_empty(), "{engine}");
+        let rec = |name: &str, partitions| PartitionedRecord {
+            name: name.into(),
+            partitions,
+        };
+        s.put_partitioned(&rec("persistent://a/b/orders", 4))
+            .unwrap();
+        s.put_partitioned(&rec("persistent://a/b/items", 2))
+            .unwrap();
+        s.put_partitioned(&rec("persistent://a/b/orders", 8))
+            .unwrap();
+        let mut got = s.list_partitioned().unwrap();
+        got.sort_by(|a, b| a.name.cmp(&b.name));
+        assert_eq!(
+            got,
+            vec![
+                rec("persistent://a/b/items", 2),
+                rec("persistent://a/b/orders", 8)
+            ],
+            "{engine}"
+        );
+        s.delete_partitioned("persistent://a/b/items").unwrap();
+        assert_eq!(s.list_partitioned().unwrap().len(), 1, "{engine}");
+    }
+}

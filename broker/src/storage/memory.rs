@@ -28,6 +28,7 @@ impl Log {
 #[derive(Debug, Default)]
 struct State {
     topics: BTreeMap<String, TopicRecord>,
+    partitioned: BTreeMap<String, PartitionedRecord>,
     logs: HashMap<String, Log>,
     sequences: BTreeMap<(String, String), u64>,
     subscriptions: BTreeMap<(String, String), SubscriptionRecord>,
@@ -70,6 +71,22 @@ impl Storage for MemoryStorage {
         lock(&self.state)
             .topics
             .insert(record.name.clone(), record.clone());
+        Ok(())
+    }
+
+    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>> {
+        Ok(lock(&self.state).partitioned.values().cloned().collect())
+    }
+
+    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()> {
+        lock(&self.state)
+            .partitioned
+            .insert(record.name.clone(), record.clone());
+        Ok(())
+    }
+
+    fn delete_partitioned(&self, name: &str) -> Result<()> {
+        lock(&self.state).partitioned.remove(name);
         Ok(())
     }
 

@@ -41,6 +41,13 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     fn put_topic(&self, record: &TopicRecord) -> Result<()>;
     /// Removes a topic, its entries, producer sequences and subscriptions.
     fn delete_topic(&self, name: &str) -> Result<()>;
+    /// All partitioned topics' metadata.
+    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>>;
+    /// Creates or updates a partitioned topic's metadata (not durable
+    /// until flushed).
+    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()>;
+    /// Removes a partitioned topic's metadata (not its partitions).
+    fn delete_partitioned(&self, name: &str) -> Result<()>;
 
     /// Writes entries `first_id..first_id + len` (not durable until flushed),
     /// and records `producer`'s last sequence id with them.

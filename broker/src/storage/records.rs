@@ -20,6 +20,16 @@ pub enum TopicKind {
     DeadLetter,
 }
 
+/// A partitioned topic's persisted metadata: its base name and partition
+/// count. Its partitions are ordinary topics with their own records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionedRecord {
+    /// Fully qualified base name (`persistent://t/ns/orders`).
+    pub name: String,
+    /// How many partitions (`-partition-0` ..), never lowered.
+    pub partitions: u32,
+}
+
 /// A topic's persisted metadata.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TopicRecord {

@@ -51,6 +51,15 @@ impl Storage for Watched {
     fn delete_topic(&self, name: &str) -> Result<()> {
         self.note(self.inner.delete_topic(name))
     }
+    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>> {
+        self.note(self.inner.list_partitioned())
+    }
+    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()> {
+        self.note(self.inner.put_partitioned(record))
+    }
+    fn delete_partitioned(&self, name: &str) -> Result<()> {
+        self.note(self.inner.delete_partitioned(name))
+    }
     fn append(
         &self,
         topic: &str,

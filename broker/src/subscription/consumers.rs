@@ -1,7 +1,10 @@
 //! A subscription's consumers: who is connected, how many permits and
 //! unacked messages each has, and which one is active (Exclusive and
-//! Failover). Election is deterministic: Failover picks the lowest name,
-//! then the earliest to join, as Pulsar does for a non-partitioned topic.
+//! Failover). Election is deterministic: Failover sorts the consumers by
+//! name, then join order, and picks the first, as Pulsar does for a
+//! non-partitioned topic; on partition `i` of a partitioned topic it picks
+//! the `i mod n`-th, as Pulsar does, so the partitions spread over the
+//! consumers (each active on about `partitions / n` of them).
 
 use super::requests::{ConsumerEvent, ConsumerId, ConsumerTx};
 use crate::error::{BrokerError, Result};
@@ -35,9 +38,19 @@ pub(super) struct Consumers {
     list: Vec<ConsumerState>,
     next_id: ConsumerId,
     active: Option<ConsumerId>,
+    /// The partition index when the topic is a partition.
+    partition: Option<u32>,
 }
 
 impl Consumers {
+    /// No consumers yet, for a subscription on `topic`.
+    pub fn for_topic(topic: &str) -> Self {
+        Self {
+            partition: ricochet_proto::partitions::parse_partition(topic).map(|(_, i)| i),
+            ..Self::default()
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
     }
@@ -136,11 +149,12 @@ impl Consumers {
             self.active = self.list.first().map(|c| c.id);
             return;
         }
-        let new = self
-            .list
-            .iter()
-            .min_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id)))
-            .map(|c| c.id);
+        let mut sorted: Vec<&ConsumerState> = self.list.iter().collect();
+        sorted.sort_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id)));
+        let new = match sorted.len() {
+            0 => None,
+            n => Some(sorted[self.partition.unwrap_or(0) as usize % n].id),
+        };
         let old = std::mem::replace(&mut self.active, new);
         for c in &self.list {
             let changed = old != new && (Some(c.id) == old || Some(c.id) == new);
@@ -206,6 +220,30 @@ mod tests {
         assert_eq!(cs.active(), Some(b));
         assert_eq!(actives(&mut rb), vec![true]);
         assert!(actives(&mut rc).is_empty());
+    }
+
+    #[test]
+    fn failover_on_partition_i_picks_the_i_mod_n_th_by_name() {
+        let mut elected = Vec::new();
+        for i in 0..6 {
+            let mut cs = Consumers::for_topic(&format!("persistent://a/b/t-partition-{i}"));
+            let (b, _rb) = join(&mut cs, "b");
+            let (a, _ra) = join(&mut cs, "a");
+            let (c, _rc) = join(&mut cs, "c");
+            cs.elect(SubscriptionType::Failover, None);
+            let name = [(a, "a"), (b, "b"), (c, "c")]
+                .into_iter()
+                .find(|(id, _)| Some(*id) == cs.active())
+                .map(|(_, n)| n);
+            elected.push(name.unwrap());
+        }
+        assert_eq!(elected, ["a", "b", "c", "a", "b", "c"]);
+        // A topic that is not a partition keeps the lowest name.
+        let mut cs = Consumers::for_topic("persistent://a/b/t");
+        let (_b, _rb) = join(&mut cs, "b");
+        let (a, _ra) = join(&mut cs, "a");
+        cs.elect(SubscriptionType::Failover, None);
+        assert_eq!(cs.active(), Some(a));
     }
 
     #[test]

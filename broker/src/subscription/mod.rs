@@ -164,7 +164,7 @@ impl SubscriptionActor {
             metrics: SubscriptionMetrics::new(&rec.topic, &rec.name),
             failures: deps.failure_log.register(&rec.topic, &rec.name),
             policy: PolicyState::default(),
-            consumers: Consumers::default(),
+            consumers: Consumers::for_topic(&rec.topic),
             dispatcher: Dispatcher::default(),
             deliveries,
             counters,

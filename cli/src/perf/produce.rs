@@ -126,6 +126,9 @@ pub(super) async fn produce(ctx: &mut Ctx<'_>, a: PerfProduceArgs) -> Result<Sum
     check_count("producers", a.producers)?;
     check_count("max-pending", a.max_pending)?;
     let client = ctx.client().await?;
+    if a.partitions > 0 {
+        crate::partitions::ensure(&client, &a.common.topic, a.partitions).await?;
+    }
     let rec = Arc::new(Recorder::new());
     let (stop_tx, stop_rx) = watch::channel(false);
     let feed = Feed {

@@ -37,9 +37,21 @@ use crate::message::{Message, MessageId};
 pub struct Acker {
     pub(super) tx: mpsc::UnboundedSender<Cmd>,
     pub(super) shared: Arc<Shared>,
+    /// On a partitioned topic: the partitions' ackers, which every call
+    /// goes to (by the topic in the message id).
+    pub(super) parts: Option<Arc<super::partitioned::Ackers>>,
 }
 
 impl Acker {
+    /// The acker that settles messages of `id`'s topic: this one, or on a
+    /// partitioned topic the acker of the partition it came from.
+    fn target(&self, id: &MessageId) -> Result<Acker> {
+        match &self.parts {
+            None => Ok(self.clone()),
+            Some(parts) => parts.for_topic(id.topic()),
+        }
+    }
+
     fn send(&self, cmd: Cmd) -> Result<()> {
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
@@ -67,8 +79,10 @@ impl Acker {
 
     /// Acknowledges one message (grouped; see the [module docs](super)).
     pub async fn ack(&self, msg: &Message) -> Result<()> {
-        self.current(msg)?;
-        self.settle(|reply| Cmd::Ack {
+        let this = self.target(&msg.id)?;
+        let this = &this;
+        this.current(msg)?;
+        this.settle(|reply| Cmd::Ack {
             id: msg.id.clone(),
             epoch: Some(msg.epoch),
             reply,
@@ -79,7 +93,9 @@ impl Acker {
     /// Acknowledges by id (for ids kept apart from their message; the
     /// broker refuses it unless the message is in flight with this consumer).
     pub async fn ack_id(&self, id: &MessageId) -> Result<()> {
-        self.settle(|reply| Cmd::Ack {
+        let this = self.target(id)?;
+        let this = &this;
+        this.settle(|reply| Cmd::Ack {
             id: id.clone(),
             epoch: None,
             reply,
@@ -93,6 +109,15 @@ impl Acker {
     /// broken stream, or refused: the broker redelivers those messages) or
     /// unconfirmed.
     pub async fn flush(&self) -> Result<()> {
+        if let Some(parts) = &self.parts {
+            let mut first = None;
+            for a in parts.all() {
+                if let Err(e) = a.request(Cmd::Flush).await {
+                    first.get_or_insert(e);
+                }
+            }
+            return first.map_or(Ok(()), Err);
+        }
         self.request(Cmd::Flush).await
     }
 
@@ -101,21 +126,23 @@ impl Acker {
     /// main-topic messages (not retry-tier ones): otherwise
     /// [`Error::InvalidArgument`], and nothing is sent.
     pub async fn ack_cumulative(&self, msg: &Message) -> Result<()> {
-        let t = self.shared.subscription_type;
+        let this = self.target(&msg.id)?;
+        let this = &this;
+        let t = this.shared.subscription_type;
         if !t.allows_cumulative_ack() {
             return Err(Error::InvalidArgument(format!(
                 "cumulative ack is not allowed on a {t:?} subscription"
             )));
         }
-        if msg.id.topic() != self.shared.topic {
+        if msg.id.topic() != this.shared.topic {
             return Err(Error::InvalidArgument(format!(
                 "cumulative ack applies to main-topic messages only; {} is from {}",
                 msg.id,
                 msg.id.topic()
             )));
         }
-        self.current(msg)?;
-        self.settle(|reply| Cmd::AckCumulative {
+        this.current(msg)?;
+        this.settle(|reply| Cmd::AckCumulative {
             id: msg.id.clone(),
             epoch: Some(msg.epoch),
             reply,
@@ -128,10 +155,12 @@ impl Acker {
     /// `InProgress`, RocketMQ's `changeInvisibleTime`). Without an ack
     /// timeout there is no deadline to extend and this does nothing.
     pub async fn extend_ack_deadline(&self, msg: &Message) -> Result<()> {
-        if !self.shared.track_taken {
+        let this = self.target(&msg.id)?;
+        let this = &this;
+        if !this.shared.track_taken {
             return Ok(());
         }
-        self.send(Cmd::Taken {
+        this.send(Cmd::Taken {
             id: msg.id.clone(),
             epoch: msg.epoch,
             at: Instant::now(),
@@ -155,8 +184,10 @@ impl Acker {
     }
 
     async fn nack_inner(&self, msg: &Message, detail: Option<String>) -> Result<()> {
-        self.current(msg)?;
-        self.settle(|reply| Cmd::Nack {
+        let this = self.target(&msg.id)?;
+        let this = &this;
+        this.current(msg)?;
+        this.settle(|reply| Cmd::Nack {
             id: msg.id.clone(),
             epoch: msg.epoch,
             delivery_count: msg.delivery_count(),
@@ -224,8 +255,9 @@ impl Acker {
         delay: reconsume_later::Delay,
         properties: HashMap<String, String>,
     ) -> Result<()> {
-        self.current(msg)?;
-        self.settle(|reply| Cmd::ReconsumeLater {
+        let this = self.target(&msg.id)?;
+        this.current(msg)?;
+        this.settle(|reply| Cmd::ReconsumeLater {
             id: msg.id.clone(),
             epoch: msg.epoch,
             delay,
@@ -239,8 +271,10 @@ impl Acker {
     /// Gives up on the message: straight to the dead-letter tier with
     /// `reason`. Returns once the move is durable.
     pub async fn terminate(&self, msg: &Message, reason: impl Into<String>) -> Result<()> {
+        let this = self.target(&msg.id)?;
+        let this = &this;
         let detail = reason.into();
-        self.request(|reply| Cmd::Terminate {
+        this.request(|reply| Cmd::Terminate {
             id: msg.id.clone(),
             epoch: msg.epoch,
             detail,

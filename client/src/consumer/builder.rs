@@ -161,6 +161,14 @@ impl ConsumerBuilder {
         self
     }
 
+    /// On a partitioned topic: how often the partition count is looked up
+    /// again, to subscribe to partitions added later (default 60 s; zero
+    /// never).
+    pub fn partitions_refresh(mut self, d: Duration) -> Self {
+        self.config.partitions_refresh = d;
+        self
+    }
+
     /// All settings at once.
     pub fn config(mut self, config: ConsumerConfig) -> Self {
         self.config = config;
@@ -170,7 +178,25 @@ impl ConsumerBuilder {
     /// Subscribes. Transient failures are retried until the client's request
     /// timeout; a rejection (bad name, type conflict, invalid policy) is
     /// returned at once.
+    ///
+    /// The topic's partition count is looked up first: on a partitioned
+    /// topic this subscribes to every partition and merges them
+    /// (`consumer::partitioned`).
     pub async fn subscribe(self) -> Result<Consumer> {
+        let cfg = self.config.resolve()?;
+        if let Some((base, n)) = crate::partitions::count(&self.client, &self.topic).await? {
+            return super::partitioned::subscribe(self.client, base, cfg, n).await;
+        }
+        Self {
+            config: cfg,
+            ..self
+        }
+        .subscribe_topic()
+        .await
+    }
+
+    /// Subscribes to this one topic (a partition, or an ordinary topic).
+    pub(super) async fn subscribe_topic(self) -> Result<Consumer> {
         let cfg = self.config.resolve()?;
         let client = self.client;
         let topic = self.topic;

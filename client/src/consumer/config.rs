@@ -58,6 +58,10 @@ pub struct ConsumerConfig {
     /// redelivers it when due; shorter ones are held here (default 10 s).
     /// With ack receipts every nack goes to the broker.
     pub broker_nack_threshold: Duration,
+    /// On a partitioned topic: how often the partition count is looked up
+    /// again to subscribe to partitions added later (default 60 s, as
+    /// Pulsar's `autoUpdatePartitionsInterval`; zero never).
+    pub partitions_refresh: Duration,
 }
 
 impl std::fmt::Debug for ConsumerConfig {
@@ -79,6 +83,7 @@ impl std::fmt::Debug for ConsumerConfig {
             .field("ack_group_max", &self.ack_group_max)
             .field("ack_receipts", &self.ack_receipts)
             .field("broker_nack_threshold", &self.broker_nack_threshold)
+            .field("partitions_refresh", &self.partitions_refresh)
             .finish()
     }
 }
@@ -104,6 +109,7 @@ impl Default for ConsumerConfig {
             ack_group_max: 1000,
             ack_receipts: false,
             broker_nack_threshold: Duration::from_secs(10),
+            partitions_refresh: Duration::from_secs(60),
         }
     }
 }

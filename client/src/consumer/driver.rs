@@ -79,7 +79,14 @@ pub(super) fn spawn(
     };
     driver.connected(conn, subscribed);
     tokio::spawn(driver.run());
-    Consumer::new(out_rx, Acker { tx: cmd_tx, shared })
+    Consumer::new(
+        out_rx,
+        Acker {
+            tx: cmd_tx,
+            shared,
+            parts: None,
+        },
+    )
 }
 
 enum Event {

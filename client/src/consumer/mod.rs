@@ -65,6 +65,7 @@ mod builder;
 mod config;
 mod driver;
 mod ids;
+mod partitioned;
 mod redelivery;
 mod requests;
 mod shared;
@@ -101,6 +102,9 @@ use shared::{ACTIVE_NO, ACTIVE_YES, Cmd, Delivery};
 pub struct Consumer {
     rx: mpsc::UnboundedReceiver<Delivery>,
     acker: Acker,
+    /// On a partitioned topic, the partitions' merged deliveries (`rx` is
+    /// then unused).
+    merged: Option<partitioned::Merged>,
 }
 
 impl Deref for Consumer {
@@ -113,12 +117,27 @@ impl Deref for Consumer {
 
 impl Consumer {
     fn new(rx: mpsc::UnboundedReceiver<Delivery>, acker: Acker) -> Self {
-        Self { rx, acker }
+        Self {
+            rx,
+            acker,
+            merged: None,
+        }
+    }
+
+    fn partitioned(merged: partitioned::Merged, acker: Acker) -> Self {
+        Self {
+            rx: mpsc::unbounded_channel().1,
+            acker,
+            merged: Some(merged),
+        }
     }
 
     /// The next message. Fails with [`Error::Closed`] once the consumer is
     /// closed, or once with the cause if it could not reconnect.
     pub async fn receive(&mut self) -> Result<Message> {
+        if let Some(m) = &mut self.merged {
+            return m.next().await.unwrap_or(Err(Error::Closed));
+        }
         loop {
             let Some(d) = self.rx.recv().await else {
                 return Err(Error::Closed);
@@ -168,9 +187,16 @@ impl Consumer {
         self.acker.clone()
     }
 
-    /// The topic, fully qualified.
+    /// The topic, fully qualified (a partitioned topic's base name; each
+    /// message's id names its partition).
     pub fn topic(&self) -> &str {
         &self.acker.shared.topic
+    }
+
+    /// The partition count when the topic is partitioned (it grows as
+    /// partitions are added and subscribed).
+    pub fn partitions(&self) -> Option<u32> {
+        self.acker.parts.as_ref().map(|p| p.all().len() as u32)
     }
 
     /// The subscription name.
@@ -185,7 +211,24 @@ impl Consumer {
 
     /// For Failover subscriptions: whether this consumer is the active one
     /// (`None` until the broker said).
+    ///
+    /// On a partitioned topic: whether it is active on any partition
+    /// (Failover spreads partitions over the consumers).
     pub fn is_active(&self) -> Option<bool> {
+        if let Some(parts) = &self.acker.parts {
+            let states: Vec<u8> = parts
+                .all()
+                .iter()
+                .map(|a| a.shared.active.load(Ordering::Relaxed))
+                .collect();
+            return if states.contains(&ACTIVE_YES) {
+                Some(true)
+            } else if !states.is_empty() && states.iter().all(|s| *s == ACTIVE_NO) {
+                Some(false)
+            } else {
+                None
+            };
+        }
         match self.acker.shared.active.load(Ordering::Relaxed) {
             ACTIVE_YES => Some(true),
             ACTIVE_NO => Some(false),
@@ -206,10 +249,30 @@ impl Consumer {
     /// [`Error::Unconfirmed`](crate::Error::Unconfirmed) names how many
     /// were not (lost with a broken stream, or unanswered in time): the
     /// broker redelivers those messages.
+    ///
+    /// On a partitioned topic every partition's stream is closed so; the
+    /// first error is returned.
     pub async fn close(&self) -> Result<()> {
+        let Some(parts) = &self.acker.parts else {
+            return self.acker.close_partition().await;
+        };
         self.acker.shared.closed.store(true, Ordering::Release);
+        let mut first = None;
+        for a in parts.all() {
+            if let Err(e) = a.close_partition().await {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+impl Acker {
+    /// [`Consumer::close`] of one topic's stream.
+    pub(super) async fn close_partition(&self) -> Result<()> {
+        self.shared.closed.store(true, Ordering::Release);
         let (tx, rx) = oneshot::channel();
-        if self.acker.tx.send(Cmd::Close(tx)).is_err() {
+        if self.tx.send(Cmd::Close(tx)).is_err() {
             return Ok(());
         }
         rx.await.unwrap_or(Ok(()))
@@ -220,6 +283,9 @@ impl Stream for Consumer {
     type Item = Result<Message>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Some(m) = &mut self.merged {
+            return m.poll_next(cx);
+        }
         loop {
             match self.rx.poll_recv(cx) {
                 Poll::Ready(Some(d)) => {

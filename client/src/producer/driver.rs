@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Streaming;
 
-use super::{Cmd, Producer, ProducerConfig, Shared};
+use super::{Cmd, ProducerConfig, Shared, TopicProducer};
 use crate::client::{Client, next_frame, sleep_opt};
 use crate::error::{Error, Result};
 use crate::message::MessageId;
@@ -33,7 +33,7 @@ pub(super) fn spawn(
     conn: Conn,
     opened: &ProducerOpened,
     reconnect: Reconnector,
-) -> Producer {
+) -> TopicProducer {
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         topic: opened.topic.clone(),
@@ -62,7 +62,7 @@ pub(super) fn spawn(
         closing: None,
     };
     tokio::spawn(driver.run());
-    Producer { tx, shared }
+    TopicProducer { tx, shared }
 }
 
 pub(super) struct Conn {

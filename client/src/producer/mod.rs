@@ -19,8 +19,19 @@
 //! works across reconnects without configuration; give a stable
 //! [`name`](ProducerBuilder::name) to de-duplicate across process restarts
 //! too (sequence ids then continue from the broker's last one).
+//!
+//! **Partitioned topics**: a producer on a partitioned
+//! topic is one such stream per partition, all under the producer's name,
+//! each with its own sequence ids (so de-duplication holds per partition).
+//! A message with a key goes to the partition of the key's Murmur3 hash
+//! (Pulsar's rule, the same from every client); one without a key goes
+//! round-robin, switching partition after each batch's worth of messages.
+//! The returned id names the partition. Partitions added later are picked
+//! up by a periodic look-up of the count
+//! ([`partitions_refresh`](ProducerBuilder::partitions_refresh)).
 
 mod driver;
+mod partitioned;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -53,6 +64,10 @@ pub struct ProducerConfig {
     /// A message not receipted within this fails with [`Error::Timeout`]
     /// (and is not resent after a reconnect). Default 30 s; zero disables.
     pub send_timeout: Duration,
+    /// On a partitioned topic: how often the partition count is looked up
+    /// again, to produce to partitions added later (default 60 s, as
+    /// Pulsar's `autoUpdatePartitionsInterval`; zero never).
+    pub partitions_refresh: Duration,
 }
 
 impl Default for ProducerConfig {
@@ -64,6 +79,7 @@ impl Default for ProducerConfig {
             batch_max_bytes: 128 * 1024,
             batch_linger: Duration::from_millis(1),
             send_timeout: Duration::from_secs(30),
+            partitions_refresh: Duration::from_secs(60),
         }
     }
 }
@@ -122,6 +138,13 @@ impl ProducerBuilder {
         self
     }
 
+    /// How often a producer on a partitioned topic looks up the partition
+    /// count again (default 60 s; zero never).
+    pub fn partitions_refresh(mut self, d: Duration) -> Self {
+        self.config.partitions_refresh = d;
+        self
+    }
+
     /// All settings at once.
     pub fn config(mut self, config: ProducerConfig) -> Self {
         self.config = config;
@@ -131,7 +154,24 @@ impl ProducerBuilder {
     /// Opens the producer. Transient failures (broker unreachable) are
     /// retried with backoff until the client's request timeout; a rejection
     /// (bad topic name, a tier topic, ...) is returned at once.
+    ///
+    /// The topic's partition count is looked up first: on a partitioned
+    /// topic this opens one stream per partition (see the module docs).
     pub async fn create(self) -> Result<Producer> {
+        let partitions = crate::partitions::count(&self.client, &self.topic).await?;
+        if let Some((base, n)) = partitions {
+            let router = partitioned::Router::open(self.client, self.config, base, n).await?;
+            return Ok(Producer {
+                inner: Inner::Partitioned(router),
+            });
+        }
+        Ok(Producer {
+            inner: Inner::Topic(self.create_topic_producer().await?),
+        })
+    }
+
+    /// Opens the producer on this one topic (a partition, or an ordinary topic).
+    async fn create_topic_producer(self) -> Result<TopicProducer> {
         let name = self
             .config
             .name
@@ -172,18 +212,124 @@ enum Cmd {
     Close(oneshot::Sender<Result<()>>),
 }
 
-/// Sends messages to one topic; see the [module docs](self).
+/// Sends messages to one topic, or to the partitions of a partitioned
+/// topic; see the [module docs](self).
 ///
-/// Cheap to clone: clones share the producer (one stream, one sequence).
-/// The producer is closed by [`close`](Self::close) or when the last clone
-/// is dropped (pending messages are then still sent, best effort).
+/// Cheap to clone: clones share the producer (one stream, one sequence;
+/// on a partitioned topic, one of each per partition). The producer is
+/// closed by [`close`](Self::close) or when the last clone is dropped
+/// (pending messages are then still sent, best effort).
 #[derive(Debug, Clone)]
 pub struct Producer {
+    inner: Inner,
+}
+
+#[derive(Debug, Clone)]
+enum Inner {
+    Topic(TopicProducer),
+    Partitioned(Arc<partitioned::Router>),
+}
+
+impl Producer {
+    /// The topic, fully qualified (a partitioned topic's base name).
+    pub fn topic(&self) -> &str {
+        match &self.inner {
+            Inner::Topic(p) => p.topic(),
+            Inner::Partitioned(r) => r.topic(),
+        }
+    }
+
+    /// The producer name (generated unless set); on a partitioned topic,
+    /// every partition's stream has it.
+    pub fn name(&self) -> &str {
+        match &self.inner {
+            Inner::Topic(p) => p.name(),
+            Inner::Partitioned(r) => r.name(),
+        }
+    }
+
+    /// The partition count when the topic is partitioned (it may grow).
+    pub fn partitions(&self) -> Option<u32> {
+        match &self.inner {
+            Inner::Topic(_) => None,
+            Inner::Partitioned(r) => Some(r.len() as u32),
+        }
+    }
+
+    /// The highest sequence id the broker had stored for this producer
+    /// name when the stream was last (re)opened (0 when none); on a
+    /// partitioned topic the highest over the partitions.
+    pub fn last_sequence_id(&self) -> u64 {
+        match &self.inner {
+            Inner::Topic(p) => p.last_sequence_id(),
+            Inner::Partitioned(r) => r.last_sequence_id(),
+        }
+    }
+
+    /// Sends a message and waits for its receipt (the broker has stored it,
+    /// durably in the broker's sync mode). On a partitioned topic the id
+    /// names the partition the message went to.
+    pub async fn send(&self, msg: impl Into<OutgoingMessage>) -> Result<MessageId> {
+        self.send_async(msg).await
+    }
+
+    /// Queues a message and returns a future of its receipt, without
+    /// waiting: call it many times to pipeline. Sequence ids (and so the
+    /// order on the topic, or on a partition) follow the order of the
+    /// calls, not of awaiting the futures. The futures need not be awaited
+    /// for the messages to be sent. Nothing bounds how many are queued:
+    /// keep a window of futures (or call [`flush`](Self::flush)) to bound
+    /// memory.
+    pub fn send_async(
+        &self,
+        msg: impl Into<OutgoingMessage>,
+    ) -> impl Future<Output = Result<MessageId>> + Send + 'static {
+        let msg = msg.into();
+        match &self.inner {
+            Inner::Topic(p) => p.send_async(msg),
+            Inner::Partitioned(r) => r.route(&msg).send_async(msg),
+        }
+    }
+
+    /// Sends the current batch now and waits until every message queued
+    /// before this call is receipted (or failed).
+    pub async fn flush(&self) -> Result<()> {
+        match &self.inner {
+            Inner::Topic(p) => p.flush().await,
+            Inner::Partitioned(r) => {
+                for p in r.all() {
+                    p.flush().await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Flushes, waits for the outstanding receipts (up to the client's
+    /// request timeout), then closes the stream (every partition's).
+    /// Later sends fail with [`Error::Closed`]; so do messages still
+    /// unreceipted at the deadline.
+    pub async fn close(&self) -> Result<()> {
+        match &self.inner {
+            Inner::Topic(p) => p.close().await,
+            Inner::Partitioned(r) => r.close().await,
+        }
+    }
+}
+
+/// The producer of one topic (or one partition): one stream, one sequence.
+#[derive(Debug, Clone)]
+pub(crate) struct TopicProducer {
     tx: mpsc::UnboundedSender<Cmd>,
     shared: Arc<Shared>,
 }
 
-impl Producer {
+impl TopicProducer {
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire)
+    }
+
     /// The topic, fully qualified.
     pub fn topic(&self) -> &str {
         &self.shared.topic
@@ -200,23 +346,11 @@ impl Producer {
         self.shared.last_sequence_id.load(Ordering::Relaxed)
     }
 
-    /// Sends a message and waits for its receipt (the broker has stored it,
-    /// durably in the broker's sync mode).
-    pub async fn send(&self, msg: impl Into<OutgoingMessage>) -> Result<MessageId> {
-        self.send_async(msg).await
-    }
-
-    /// Queues a message and returns a future of its receipt, without
-    /// waiting: call it many times to pipeline. Sequence ids (and so the
-    /// order on the topic) follow the order of the calls, not of awaiting
-    /// the futures. The futures need not be awaited for the messages to be
-    /// sent. Nothing bounds how many are queued: keep a window of futures
-    /// (or call [`flush`](Self::flush)) to bound memory.
+    /// See [`Producer::send_async`].
     pub fn send_async(
         &self,
-        msg: impl Into<OutgoingMessage>,
-    ) -> impl Future<Output = Result<MessageId>> + Send + 'static {
-        let msg = msg.into();
+        msg: OutgoingMessage,
+    ) -> impl Future<Output = Result<MessageId>> + Send + 'static + use<> {
         let (tx, rx) = oneshot::channel();
         let max = self.shared.max_message_size.load(Ordering::Relaxed);
         let early = if self.shared.closed.load(Ordering::Acquire) {

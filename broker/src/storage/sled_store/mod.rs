@@ -266,6 +266,7 @@ fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
     match tree {
         "meta" if k.starts_with(b"t:") => from_json::<TopicRecord>(body).map(|_| 0),
         "meta" if k.starts_with(b"s:") => from_json::<SubscriptionRecord>(body).map(|_| 0),
+        "meta" if k.starts_with(b"p:") => from_json::<PartitionedRecord>(body).map(|_| 0),
         "meta" if k.starts_with(b"n:") => read_be(body).map(|_| 0),
         "meta" if k.starts_with(returns::JOB_PREFIX) => {
             from_json::<ReplayJobRecord>(body).map(|_| 0)
@@ -324,6 +325,22 @@ impl Storage for SledStorage {
         let key = format!("t:{}", record.name);
         self.meta
             .insert(key.as_bytes(), seal(key.as_bytes(), &json(record)))?;
+        Ok(())
+    }
+
+    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>> {
+        self.meta_records(b"p:")
+    }
+
+    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()> {
+        let key = format!("p:{}", record.name);
+        self.meta
+            .insert(key.as_bytes(), seal(key.as_bytes(), &json(record)))?;
+        Ok(())
+    }
+
+    fn delete_partitioned(&self, name: &str) -> Result<()> {
+        self.meta.remove(format!("p:{name}"))?;
         Ok(())
     }
 

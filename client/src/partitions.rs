@@ -1,0 +1,36 @@
+//! Looking up a topic's partition count (the broker's `Partitions`
+//! service), for producers and consumers of partitioned topics. The names
+//! and the key routing are `ricochet_proto::partitions`, shared with the
+//! broker.
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::reconnect::open_with_retry;
+use ricochet_proto::PartitionsRequest;
+use ricochet_proto::partitions_client::PartitionsClient;
+
+/// One look-up: the topic's fully qualified base name and partition count
+/// when it is partitioned, `None` when it is not (or the broker predates
+/// partitioned topics).
+pub(crate) async fn count_once(client: &Client, topic: &str) -> Result<Option<(String, u32)>> {
+    let mut partitions = PartitionsClient::new(client.channel());
+    let call = partitions.get_partitions(PartitionsRequest {
+        topic: topic.to_owned(),
+    });
+    let r = match tokio::time::timeout(client.config().request_timeout, call).await {
+        Err(_) => return Err(Error::Timeout("partition look-up".into())),
+        Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => return Ok(None),
+        Ok(r) => r?.into_inner(),
+    };
+    Ok((r.partitions > 0).then_some((r.topic, r.partitions)))
+}
+
+/// [`count_once`], retrying transient failures until the client's request
+/// timeout, as opening a stream does.
+pub(crate) async fn count(client: &Client, topic: &str) -> Result<Option<(String, u32)>> {
+    open_with_retry(client.config(), "partition look-up", topic, || {
+        count_once(client, topic)
+    })
+    .await
+    .map(|(r, _)| r)
+}
