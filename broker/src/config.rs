@@ -30,6 +30,11 @@
 //! accept_data_loss = false       # start on a store that lacks what its manifest records
 //! verify_on_start = true         # read every stored value at start (refuse damage early)
 //!
+//! [auth]                         # see `ricochet_broker::auth::AuthConfig`
+//! enabled = false                # require tokens and check grants
+//! superusers = []
+//! allow_insecure = false         # serve a non-loopback address without auth
+//!
 //! [[policies]]                   # default dead-letter policies by topic pattern
 //! topic = "persistent://public/default/orders*"
 //! policy = { type = "delay_levels" }
@@ -183,6 +188,8 @@ pub struct BrokerConfig {
     /// before serving rather than found by a read later (costs one pass over
     /// the store; the backlog, since consumed segments are dropped).
     pub verify_on_start: bool,
+    /// Authentication and authorization (off by default).
+    pub auth: crate::auth::AuthConfig,
 }
 
 impl Default for BrokerConfig {
@@ -216,6 +223,7 @@ impl Default for BrokerConfig {
             policies: Vec::new(),
             accept_data_loss: false,
             verify_on_start: true,
+            auth: crate::auth::AuthConfig::default(),
         }
     }
 }
@@ -265,6 +273,7 @@ impl BrokerConfig {
         if !self.keepalive_interval.is_zero() && self.keepalive_timeout.is_zero() {
             return bad("keepalive_timeout must be positive when keepalive_interval is set");
         }
+        self.auth.validate(self.listen)?;
         for rule in &self.policies {
             rule.policy
                 .validate()

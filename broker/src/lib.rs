@@ -23,6 +23,7 @@
 //!   clients may create or hold open;
 //! * `metrics`: the Prometheus series; [`clock`]: injected wall time;
 //! * [`check`]: `ricochet-broker check`, verifying a stopped store;
+//! * [`auth`]: tokens, grants and the permission checks of every RPC;
 //! * `config`, `name`, `error`, `util`.
 //!
 //! ```no_run
@@ -33,6 +34,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod auth;
 pub mod check;
 mod claims;
 pub mod clock;

@@ -1,6 +1,8 @@
 //! Starting and stopping a broker: open storage, load state, serve gRPC
-//! (data plane, admin, health) until a shutdown signal, then flush.
+//! (data plane, admin, grants, health; every call authenticated by
+//! [`AuthLayer`] when auth is on) until a shutdown signal, then flush.
 
+use crate::auth::{AuthLayer, AuthService, AuthorizedAdmin};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::BrokerConfig;
 use crate::core::BrokerCore;
@@ -10,6 +12,7 @@ use crate::storage::SledStorage;
 use crate::storage::{Storage, StorageError};
 use ricochet_policy::PolicyRegistry;
 use ricochet_proto::admin_server::AdminServer;
+use ricochet_proto::auth_server::AuthServer;
 use ricochet_proto::broker_server::BrokerServer;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -133,11 +136,15 @@ impl Broker {
         let broker = BrokerServer::new(BrokerService::new(self.core.clone()))
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES);
-        let admin = AdminServer::new(AdminService::new(self.core.clone()))
+        let admin = AdminService::new(self.core.clone());
+        let admin = AdminServer::new(AuthorizedAdmin::new(admin, self.core.auth.clone()))
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES);
         // Health turns bad for good when storage fails; the storage gauges
         // follow every half second.
+        let grants = AuthServer::new(AuthService::new(self.core.clone()))
+            .max_decoding_message_size(MAX_FRAME_BYTES)
+            .max_encoding_message_size(MAX_FRAME_BYTES);
         let core = self.core.clone();
         let health_task = tokio::spawn(async move {
             let mut reported_bad = false;
@@ -185,9 +192,11 @@ impl Broker {
             .http2_keepalive_timeout(nonzero(config.keepalive_timeout))
             .max_concurrent_streams(h2_streams)
             .layer(crate::connections::StreamLimitLayer)
+            .layer(AuthLayer::new(self.core.auth.clone()))
             .add_service(health_service)
             .add_service(broker)
             .add_service(admin)
+            .add_service(grants)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         health_task.abort();
