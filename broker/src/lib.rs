@@ -61,7 +61,7 @@ pub use config::{BrokerConfig, Durability, LogFormat, PolicyRule};
 pub use core::{BrokerCore, TopicEntry};
 pub use error::{BrokerError, Result};
 pub use flusher::Flusher;
-pub use metrics::install_prometheus;
+pub use metrics::{install_prometheus, install_prometheus_secured};
 pub use name::{SubscriptionName, TopicName};
 pub use scheduler::{FireSender, Scheduler, SchedulerStats};
 pub use server::{Broker, BrokerBuilder, TestBroker};

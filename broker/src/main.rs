@@ -47,6 +47,55 @@ struct Args {
     /// `text` (the default) or `json` (one object per line).
     #[arg(long)]
     log_format: Option<LogFormat>,
+    /// Security flags (override the config's `[auth]`).
+    #[command(flatten)]
+    security: SecurityArgs,
+}
+
+/// Authentication flags; each overrides its `[auth]` setting.
+#[derive(Debug, clap::Args)]
+struct SecurityArgs {
+    /// Require HS256 tokens signed with the secret in this file (turns
+    /// authentication on).
+    #[arg(long, value_name = "FILE", conflicts_with = "auth_public_key_file")]
+    auth_secret_file: Option<PathBuf>,
+    /// Require RS256/ES256 tokens verified with this PEM public key (turns
+    /// authentication on).
+    #[arg(long, value_name = "FILE")]
+    auth_public_key_file: Option<PathBuf>,
+    /// A role that may do everything (repeatable).
+    #[arg(long = "superuser", value_name = "ROLE")]
+    superusers: Vec<String>,
+    /// Serve a non-loopback address without authentication.
+    #[arg(long)]
+    allow_insecure: bool,
+    /// `/metrics` requires the bearer token in this file.
+    #[arg(long, value_name = "FILE")]
+    metrics_token_file: Option<PathBuf>,
+}
+
+impl SecurityArgs {
+    fn apply(self, auth: &mut ricochet_broker::auth::AuthConfig) {
+        if let Some(f) = self.auth_secret_file {
+            auth.enabled = true;
+            auth.token_secret_file = Some(f);
+            auth.token_public_key_file = None;
+        }
+        if let Some(f) = self.auth_public_key_file {
+            auth.enabled = true;
+            auth.token_public_key_file = Some(f);
+            auth.token_secret_file = None;
+        }
+        if !self.superusers.is_empty() {
+            auth.superusers = self.superusers;
+        }
+        if self.allow_insecure {
+            auth.allow_insecure = true;
+        }
+        if let Some(f) = self.metrics_token_file {
+            auth.metrics_token_file = Some(f);
+        }
+    }
 }
 
 /// Logs to stdout in `format`, at `RUST_LOG` (default `info`); colours only
@@ -170,12 +219,15 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     if args.accept_data_loss {
         config.accept_data_loss = true;
     }
+    args.security.apply(&mut config.auth);
+    config.validate()?;
     let data_dir = config.data_dir.clone();
     let (listen, metrics) = (config.listen, config.metrics_listen);
     // The recorder goes in first: metric handles taken before it exists are
     // no-ops, and opening the broker starts the stored subscriptions.
     if let Some(addr) = metrics {
-        ricochet_broker::install_prometheus(addr)?;
+        let token = ricochet_broker::auth::metrics_token(&config.auth)?;
+        ricochet_broker::install_prometheus_secured(addr, token)?;
     }
     let broker = Broker::builder(config)
         .open()

@@ -209,7 +209,8 @@ impl Broker {
     /// serves until `shutdown`.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
         if let Some(addr) = self.core.config.metrics_listen {
-            crate::metrics::install_prometheus(addr)?;
+            let token = self.core.auth.metrics_token().map(<[u8]>::to_vec);
+            crate::metrics::install_prometheus_secured(addr, token)?;
         }
         let listener = TcpListener::bind(self.core.config.listen).await?;
         self.serve(listener, shutdown).await

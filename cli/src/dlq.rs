@@ -66,7 +66,7 @@ fn pinned(f: Option<pb::DeadLetterFilter>) -> pb::DeadLetterFilter {
 }
 
 async fn list(
-    admin: &mut ricochet_proto::admin_client::AdminClient<tonic::transport::Channel>,
+    admin: &mut ricochet_proto::admin_client::AdminClient<ricochet_client::Transport>,
     target: &SubscriptionArgs,
     filter: Option<pb::DeadLetterFilter>,
     limit: u32,

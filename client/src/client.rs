@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::broker_client::BrokerClient;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::consumer::ConsumerBuilder;
+use crate::credentials::{Credentials, Transport};
 use crate::error::{Error, Result};
 use crate::producer::ProducerBuilder;
 
@@ -63,6 +65,7 @@ impl Default for ClientConfig {
 pub struct ClientBuilder {
     url: String,
     config: ClientConfig,
+    token: Option<String>,
 }
 
 impl ClientBuilder {
@@ -91,6 +94,20 @@ impl ClientBuilder {
         self
     }
 
+    /// A bearer token (JWT) sent with every call, for a broker with
+    /// authentication on (`ricochet token create` makes one).
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    fn credentials(&self) -> Result<Credentials> {
+        match &self.token {
+            Some(t) => Credentials::token(t),
+            None => Ok(Credentials::none()),
+        }
+    }
+
     fn endpoint(&self) -> Result<Endpoint> {
         let ep = Endpoint::from_shared(self.url.clone())
             .map_err(|e| Error::InvalidArgument(format!("bad broker URL {:?}: {e}", self.url)))?;
@@ -106,18 +123,29 @@ impl ClientBuilder {
     /// connect timeout.
     pub async fn connect(self) -> Result<Client> {
         let ep = self.endpoint()?;
+        let credentials = self.credentials()?;
         let channel = match tokio::time::timeout(self.config.connect_timeout, ep.connect()).await {
             Ok(r) => r?,
             Err(_) => return Err(Error::Timeout(format!("connecting to {}", self.url))),
         };
-        Ok(Client::from_parts(channel, self.url, self.config))
+        Ok(Client::from_parts(
+            channel,
+            credentials,
+            self.url,
+            self.config,
+        ))
     }
 
     /// A client that connects on first use (and never fails here, except
     /// for a malformed URL).
     pub fn connect_lazy(self) -> Result<Client> {
         let channel = self.endpoint()?.connect_lazy();
-        Ok(Client::from_parts(channel, self.url, self.config))
+        Ok(Client::from_parts(
+            channel,
+            self.credentials()?,
+            self.url,
+            self.config,
+        ))
     }
 }
 
@@ -134,6 +162,7 @@ pub struct Client {
 #[derive(Debug)]
 struct ClientInner {
     channel: Channel,
+    credentials: Credentials,
     url: String,
     config: ClientConfig,
 }
@@ -149,13 +178,20 @@ impl Client {
         ClientBuilder {
             url: url.into(),
             config: ClientConfig::default(),
+            token: None,
         }
     }
 
-    fn from_parts(channel: Channel, url: String, config: ClientConfig) -> Self {
+    fn from_parts(
+        channel: Channel,
+        credentials: Credentials,
+        url: String,
+        config: ClientConfig,
+    ) -> Self {
         Self {
             inner: Arc::new(ClientInner {
                 channel,
+                credentials,
                 url,
                 config,
             }),
@@ -175,15 +211,21 @@ impl Client {
 
     /// The generated admin client (topics, subscriptions, policies, dead
     /// letters) on this client's connection.
-    pub fn admin(&self) -> AdminClient<Channel> {
-        AdminClient::new(self.inner.channel.clone())
+    pub fn admin(&self) -> AdminClient<Transport> {
+        AdminClient::new(self.transport())
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES)
     }
 
-    /// The underlying channel, for other generated clients.
+    /// The underlying channel, without the client's credentials.
     pub fn channel(&self) -> Channel {
         self.inner.channel.clone()
+    }
+
+    /// The channel with the client's credentials added to every call, for
+    /// other generated clients (e.g. `AuthClient::new(client.transport())`).
+    pub fn transport(&self) -> Transport {
+        InterceptedService::new(self.inner.channel.clone(), self.inner.credentials.clone())
     }
 
     /// The broker URL.
@@ -196,8 +238,8 @@ impl Client {
         &self.inner.config
     }
 
-    pub(crate) fn broker(&self) -> BrokerClient<Channel> {
-        BrokerClient::new(self.inner.channel.clone())
+    pub(crate) fn broker(&self) -> BrokerClient<Transport> {
+        BrokerClient::new(self.transport())
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES)
     }

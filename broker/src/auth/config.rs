@@ -69,6 +69,15 @@ impl AuthConfig {
     }
 }
 
+/// The bearer token `/metrics` requires, read from `metrics_token_file`.
+pub fn metrics_token(config: &AuthConfig) -> Result<Option<Vec<u8>>, BrokerError> {
+    config
+        .metrics_token_file
+        .as_deref()
+        .map(|p| read_secret(p, "metrics token file"))
+        .transpose()
+}
+
 /// Reads a secret or token file, without a trailing newline.
 pub(crate) fn read_secret(path: &std::path::Path, what: &str) -> Result<Vec<u8>, BrokerError> {
     let mut bytes = std::fs::read(path)

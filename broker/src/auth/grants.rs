@@ -137,10 +137,7 @@ impl Auth {
         } else {
             None
         };
-        let metrics_token = match &config.metrics_token_file {
-            Some(p) => Some(super::config::read_secret(p, "metrics token file")?),
-            None => None,
-        };
+        let metrics_token = super::metrics_token(config)?;
         let mut table = Table::new();
         for g in storage.grants()? {
             let mut bits = 0;

@@ -23,7 +23,7 @@ mod service;
 mod token;
 
 pub use admin::{AuthorizedAdmin, Requirement, required};
-pub use config::AuthConfig;
+pub use config::{AuthConfig, metrics_token};
 pub use grants::{Auth, Permission};
 pub use layer::AuthLayer;
 pub use service::AuthService;
