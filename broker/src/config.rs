@@ -190,6 +190,8 @@ pub struct BrokerConfig {
     pub verify_on_start: bool,
     /// Authentication and authorization (off by default).
     pub auth: crate::auth::AuthConfig,
+    /// TLS on the listener (off by default).
+    pub tls: crate::tls::TlsConfig,
 }
 
 impl Default for BrokerConfig {
@@ -224,6 +226,7 @@ impl Default for BrokerConfig {
             accept_data_loss: false,
             verify_on_start: true,
             auth: crate::auth::AuthConfig::default(),
+            tls: crate::tls::TlsConfig::default(),
         }
     }
 }
@@ -274,6 +277,7 @@ impl BrokerConfig {
             return bad("keepalive_timeout must be positive when keepalive_interval is set");
         }
         self.auth.validate(self.listen)?;
+        self.tls.server_config()?;
         for rule in &self.policies {
             rule.policy
                 .validate()

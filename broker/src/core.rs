@@ -137,7 +137,11 @@ impl BrokerCore {
         let keeper = Arc::new(
             ManifestKeeper::open(storage.clone(), config.accept_data_loss, clock.clone()).await?,
         );
-        let auth = Arc::new(crate::auth::Auth::open(&config.auth, storage.clone())?);
+        let auth = Arc::new(crate::auth::Auth::open(
+            &config.auth,
+            &config.tls,
+            storage.clone(),
+        )?);
         let shutdown = CancellationToken::new();
         let flusher = Flusher::start(storage.clone(), config.flush_interval, shutdown.clone());
         let scheduler = Scheduler::start(

@@ -23,6 +23,7 @@
 //!   clients may create or hold open;
 //! * `metrics`: the Prometheus series; [`clock`]: injected wall time;
 //! * [`check`]: `ricochet-broker check`, verifying a stopped store;
+//! * [`tls`]: TLS and mTLS on the listener;
 //! * [`auth`]: tokens, grants and the permission checks of every RPC;
 //! * `config`, `name`, `error`, `util`.
 //!
@@ -53,6 +54,7 @@ mod server;
 mod service;
 pub mod storage;
 mod subscription;
+pub mod tls;
 mod topic;
 mod util;
 

@@ -72,10 +72,36 @@ struct SecurityArgs {
     /// `/metrics` requires the bearer token in this file.
     #[arg(long, value_name = "FILE")]
     metrics_token_file: Option<PathBuf>,
+    /// Serve TLS with this PEM certificate chain (needs --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Verify client certificates against these PEM CA certificates.
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
+    /// Refuse clients without a certificate the client CA signed.
+    #[arg(long, requires = "tls_client_ca")]
+    tls_require_client_cert: bool,
 }
 
 impl SecurityArgs {
-    fn apply(self, auth: &mut ricochet_broker::auth::AuthConfig) {
+    fn apply(self, config: &mut BrokerConfig) {
+        let tls = &mut config.tls;
+        if let Some(f) = self.tls_cert {
+            tls.cert_file = Some(f);
+        }
+        if let Some(f) = self.tls_key {
+            tls.key_file = Some(f);
+        }
+        if let Some(f) = self.tls_client_ca {
+            tls.client_ca_file = Some(f);
+        }
+        if self.tls_require_client_cert {
+            tls.require_client_cert = true;
+        }
+        let auth = &mut config.auth;
         if let Some(f) = self.auth_secret_file {
             auth.enabled = true;
             auth.token_secret_file = Some(f);
@@ -219,7 +245,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     if args.accept_data_loss {
         config.accept_data_loss = true;
     }
-    args.security.apply(&mut config.auth);
+    args.security.apply(&mut config);
     config.validate()?;
     let data_dir = config.data_dir.clone();
     let (listen, metrics) = (config.listen, config.metrics_listen);

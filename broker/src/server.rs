@@ -187,7 +187,13 @@ impl Broker {
             0 => None,
             n => Some(u32::try_from(n.saturating_mul(2)).unwrap_or(u32::MAX)),
         };
-        let result = tonic::transport::Server::builder()
+        let mut server = tonic::transport::Server::builder();
+        if let Some(tls) = config.tls.server_config()? {
+            server = server
+                .tls_config(tls)
+                .map_err(|e| BrokerError::Config(format!("TLS: {e}")))?;
+        }
+        let result = server
             .http2_keepalive_interval(nonzero(config.keepalive_interval))
             .http2_keepalive_timeout(nonzero(config.keepalive_timeout))
             .max_concurrent_streams(h2_streams)

@@ -27,9 +27,41 @@ pub struct CredentialArgs {
         conflicts_with = "token"
     )]
     pub token_file: Option<PathBuf>,
+    /// CA certificate(s) (PEM) for an `https://` broker URL.
+    #[arg(long, global = true, env = "RICOCHET_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM), for a broker that verifies them.
+    #[arg(long, global = true, env = "RICOCHET_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, global = true, env = "RICOCHET_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+/// TLS material read from the files `--tls-*` name.
+#[derive(Debug, Clone, Default)]
+pub struct TlsFiles {
+    /// `--tls-ca`.
+    pub ca: Option<Vec<u8>>,
+    /// `--tls-cert` and `--tls-key`.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl CredentialArgs {
+    /// The TLS files' contents.
+    pub fn tls(&self) -> Result<TlsFiles> {
+        let ca = self
+            .tls_ca
+            .as_ref()
+            .map(|p| read(p, "--tls-ca file"))
+            .transpose()?;
+        let identity = match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => Some((read(c, "--tls-cert file")?, read(k, "--tls-key file")?)),
+            _ => None,
+        };
+        Ok(TlsFiles { ca, identity })
+    }
+
     /// The token to send, if any.
     pub fn resolve(&self) -> Result<Option<String>> {
         if let Some(t) = &self.token {

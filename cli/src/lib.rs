@@ -47,6 +47,8 @@ pub struct Ctx<'a> {
     pub output: OutputFormat,
     /// `--token` / `--token-file`.
     pub token: Option<String>,
+    /// `--tls-ca`, `--tls-cert`, `--tls-key`.
+    pub tls: auth::TlsFiles,
     /// Results.
     pub out: &'a mut (dyn Write + Send),
 }
@@ -72,6 +74,12 @@ impl Ctx<'_> {
         if let Some(t) = &self.token {
             builder = builder.token(t.clone());
         }
+        if let Some(ca) = &self.tls.ca {
+            builder = builder.tls_ca_pem(ca.clone());
+        }
+        if let Some((cert, key)) = &self.tls.identity {
+            builder = builder.tls_identity_pem(cert.clone(), key.clone());
+        }
         builder
             .connect()
             .await
@@ -91,6 +99,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> Result<()> {
         url: cli.url,
         output: cli.output,
         token: cli.credentials.resolve()?,
+        tls: cli.credentials.tls()?,
         out,
     };
     let r = match cli.command {

@@ -66,6 +66,9 @@ pub struct ClientBuilder {
     url: String,
     config: ClientConfig,
     token: Option<String>,
+    tls_ca: Option<Vec<u8>>,
+    tls_identity: Option<(Vec<u8>, Vec<u8>)>,
+    tls_domain: Option<String>,
 }
 
 impl ClientBuilder {
@@ -101,6 +104,54 @@ impl ClientBuilder {
         self
     }
 
+    /// The CA certificates (PEM) a `https://` broker's certificate must
+    /// chain to.
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_ca = Some(pem.into());
+        self
+    }
+
+    /// A client certificate chain and its private key (PEM), for a broker
+    /// that verifies client certificates (mTLS).
+    pub fn tls_identity_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        self.tls_identity = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// The name the broker's certificate must carry (default: the URL's host).
+    pub fn tls_domain(mut self, name: impl Into<String>) -> Self {
+        self.tls_domain = Some(name.into());
+        self
+    }
+
+    fn tls(&self) -> Result<Option<tonic::transport::ClientTlsConfig>> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let https = self.url.starts_with("https://");
+        let any = self.tls_ca.is_some() || self.tls_identity.is_some() || self.tls_domain.is_some();
+        if !https {
+            if any {
+                return Err(Error::InvalidArgument(format!(
+                    "TLS options need an https:// broker URL, not {:?}",
+                    self.url
+                )));
+            }
+            return Ok(None);
+        }
+        let Some(ca) = &self.tls_ca else {
+            return Err(Error::InvalidArgument(
+                "an https:// broker URL needs the CA certificate that signed the broker's (tls_ca_pem, --tls-ca)".into(),
+            ));
+        };
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+        if let Some((cert, key)) = &self.tls_identity {
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(d) = &self.tls_domain {
+            tls = tls.domain_name(d.clone());
+        }
+        Ok(Some(tls))
+    }
+
     fn credentials(&self) -> Result<Credentials> {
         match &self.token {
             Some(t) => Credentials::token(t),
@@ -109,8 +160,13 @@ impl ClientBuilder {
     }
 
     fn endpoint(&self) -> Result<Endpoint> {
-        let ep = Endpoint::from_shared(self.url.clone())
+        let mut ep = Endpoint::from_shared(self.url.clone())
             .map_err(|e| Error::InvalidArgument(format!("bad broker URL {:?}: {e}", self.url)))?;
+        if let Some(tls) = self.tls()? {
+            ep = ep
+                .tls_config(tls)
+                .map_err(|e| Error::InvalidArgument(format!("TLS setup: {e}")))?;
+        }
         Ok(ep
             .connect_timeout(self.config.connect_timeout)
             .tcp_nodelay(true)
@@ -179,6 +235,9 @@ impl Client {
             url: url.into(),
             config: ClientConfig::default(),
             token: None,
+            tls_ca: None,
+            tls_identity: None,
+            tls_domain: None,
         }
     }
 

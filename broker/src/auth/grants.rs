@@ -125,13 +125,19 @@ pub struct Auth {
     table: RwLock<Table>,
     storage: Arc<dyn Storage>,
     metrics_token: Option<Vec<u8>>,
+    /// A verified client certificate's CN is a role.
+    role_from_cert: bool,
     /// Held across one grant change (storage write, flush, table).
     changes: tokio::sync::Mutex<()>,
 }
 
 impl Auth {
     /// Reads the key files `config` names and the stored grants.
-    pub fn open(config: &AuthConfig, storage: Arc<dyn Storage>) -> Result<Self, BrokerError> {
+    pub fn open(
+        config: &AuthConfig,
+        tls: &crate::tls::TlsConfig,
+        storage: Arc<dyn Storage>,
+    ) -> Result<Self, BrokerError> {
         let verifier = if config.enabled {
             Some(Verifier::from_config(config)?)
         } else {
@@ -157,7 +163,13 @@ impl Auth {
             storage,
             metrics_token,
             changes: tokio::sync::Mutex::new(()),
+            role_from_cert: tls.role_from_client_cert && tls.client_ca_file.is_some(),
         })
+    }
+
+    /// Whether a verified client certificate's CN proves a role.
+    pub fn role_from_client_cert(&self) -> bool {
+        self.role_from_cert
     }
 
     /// Whether calls need credentials and permissions.

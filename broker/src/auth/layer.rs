@@ -1,8 +1,11 @@
 //! [`AuthLayer`]: establishes who made each call before any service runs.
 //! A call without a valid credential is answered UNAUTHENTICATED with a
-//! short reason and reaches no service; health checks need none.
+//! short reason and reaches no service; health checks need none. Without a
+//! token, a client certificate the TLS handshake verified proves the role
+//! its subject CN names, when `tls.role_from_client_cert` is set.
 
 use super::{Auth, Principal};
+use crate::connections::ConnInfo;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,11 +13,7 @@ use std::task::{Context, Poll};
 use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::http;
-
-/// The role a client certificate names, put in a call's extensions by the
-/// TLS acceptor when client certificates are verified (see `crate::tls`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertRole(pub String);
+use tonic::transport::server::TlsConnectInfo;
 
 /// Authenticates calls (a pass-through when auth is off).
 #[derive(Debug, Clone)]
@@ -69,8 +68,14 @@ fn authenticate<B>(auth: &Auth, req: &http::Request<B>) -> Result<Option<Princip
             .map(|role| Some(Principal { role }))
             .map_err(Status::unauthenticated);
     }
-    if let Some(CertRole(role)) = req.extensions().get::<CertRole>() {
-        return Ok(Some(Principal { role: role.clone() }));
+    if auth.role_from_client_cert()
+        && let Some(role) = req
+            .extensions()
+            .get::<TlsConnectInfo<ConnInfo>>()
+            .and_then(|tls| tls.peer_certs())
+            .and_then(|certs| certs.first().and_then(|c| crate::tls::common_name(c)))
+    {
+        return Ok(Some(Principal { role }));
     }
     Err(Status::unauthenticated(
         "no credentials: send `authorization: Bearer <token>` (ricochet --token)",
