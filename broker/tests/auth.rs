@@ -302,6 +302,11 @@ async fn call(url: &str, method: &str, token: Option<&str>) -> Result<(), Status
     }
 }
 
+/// RocketMQ's default delay levels, as a wire policy kind.
+fn delay_levels() -> dead_letter_policy_config::Kind {
+    dead_letter_policy_config::Kind::DelayLevels(DelayLevelPolicyConfig::default())
+}
+
 /// Every RPC of the Admin, Broker and Auth services, from the descriptors.
 fn every_rpc() -> Vec<String> {
     let fds = prost_types::FileDescriptorSet::decode(ricochet_proto::FILE_DESCRIPTOR_SET).unwrap();
@@ -553,6 +558,47 @@ async fn a_tenant_role_cannot_see_or_touch_another_tenants_topics() {
         consume(&url, "persistent://b/ns/t-s-DLQ", true, Some(&app)).await,
         "dead-letter reader",
     );
+    // Nor can it make the broker write there through a policy's tier topic.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(ConsumeRequest {
+        request: Some(consume_request::Request::Subscribe(Subscribe {
+            topic: TOPIC.into(),
+            subscription: "sneaky".into(),
+            dead_letter_policy: Some(DeadLetterPolicyConfig {
+                kind: Some(delay_levels()),
+                dead_letter_topic: "persistent://b/ns/stolen".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })),
+    })
+    .await
+    .unwrap();
+    let e = BrokerClient::new(channel(&url).await)
+        .consume(req(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+            Some(&app),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("persistent://b/ns/stolen"), "{e:?}");
+    let e = admin
+        .set_policy(req(
+            SetPolicyRequest {
+                topic: TOPIC.into(),
+                subscription: "s".into(),
+                policy: Some(DeadLetterPolicyConfig {
+                    kind: Some(delay_levels()),
+                    retry_topic: "persistent://b/ns/stolen-retry".into(),
+                    ..Default::default()
+                }),
+            },
+            Some(&app),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     // Its own tenant works, including its dead-letter tier.
     produce(&url, TOPIC, Some(&app)).await.unwrap();
     consume(&url, TOPIC, false, Some(&app)).await.unwrap();

@@ -213,6 +213,15 @@ impl Admin for AuthorizedAdmin {
     ) -> Result<Response<PolicyResponse>, Status> {
         let (topic, sub) = (r.get_ref().topic.clone(), r.get_ref().subscription.clone());
         let p = self.check(&r, "Admin/SetPolicy", &topic)?;
+        // Tier topics the policy names get written on this role's behalf.
+        if let Some(policy) = &r.get_ref().policy {
+            for tier in [&policy.retry_topic, &policy.dead_letter_topic] {
+                if !tier.is_empty() {
+                    let tier = TopicName::parse(tier)?;
+                    self.auth.check(p.as_ref(), &tier, Permission::Produce)?;
+                }
+            }
+        }
         let resp = self.inner.set_policy(r).await?;
         tracing::info!(
             target: AUDIT,

@@ -141,6 +141,13 @@ async fn subscribe(
         }
         None => (None, TierOverrides::default()),
     };
+    // Tier topics named by the policy are written by the broker on this
+    // role's behalf: it must be allowed to produce there (no writing into
+    // another tenant's namespace through a policy).
+    for tier in [&tiers.retry, &tiers.dead_letter].into_iter().flatten() {
+        core.auth
+            .check(principal, tier, crate::auth::Permission::Produce)?;
+    }
     core.check_subscription(&topic, &name, &tiers).await?;
     let entry = core
         .topic_for_use(&topic, |kind| match kind {
