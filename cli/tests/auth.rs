@@ -235,3 +235,69 @@ async fn es256_tokens_signed_by_the_cli_verify_with_the_public_key() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_speaks_tls_and_mtls_with_its_tls_options() {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    let dir = tempfile::tempdir().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "test ca");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let leaf = |cn: &str, names: Vec<String>| {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(names).unwrap();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        (p.signed_by(&key, &ca).unwrap().pem(), key.serialize_pem())
+    };
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let (bc, bk) = leaf("broker", vec!["127.0.0.1".into()]);
+    let (cc, ck) = leaf("app", vec!["app".into()]);
+    let (bc, bk, cc, ck) = (
+        write("b.pem", &bc),
+        write("b.key", &bk),
+        write("c.pem", &cc),
+        write("c.key", &ck),
+    );
+    let ca_file = write("ca.pem", &ca.pem());
+    let broker = InProcessBroker::start_with(|c| {
+        c.tls.cert_file = Some(bc.clone());
+        c.tls.key_file = Some(bk.clone());
+        c.tls.client_ca_file = Some(ca_file.clone());
+        c.tls.require_client_cert = true;
+    })
+    .await;
+    let url = format!("https://{}", broker.addr);
+    let with_cert = [
+        "--tls-ca",
+        path(&ca_file),
+        "--tls-cert",
+        path(&cc),
+        "--tls-key",
+        path(&ck),
+    ];
+    let mut args = with_cert.to_vec();
+    args.extend(["-o", "json", "auth", "whoami"]);
+    let me: Value = serde_json::from_str(&ok(&url, &args, &[]).await).unwrap();
+    assert_eq!(me["auth_enabled"], false);
+    // The same through the environment.
+    let env = [
+        ("RICOCHET_TLS_CA", path(&ca_file)),
+        ("RICOCHET_TLS_CERT", path(&cc)),
+        ("RICOCHET_TLS_KEY", path(&ck)),
+    ];
+    ok(&url, &["topics", "list"], &env).await;
+    // Without a client certificate: refused.
+    let out = run(&url, &["--tls-ca", path(&ca_file), "topics", "list"], &[]).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    // An https URL without a CA: a clear usage error.
+    let out = run(&url, &["topics", "list"], &[]).await;
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(err.contains("--tls-ca"), "{err}");
+}
