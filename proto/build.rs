@@ -4,7 +4,8 @@
 //! Two passes over the same descriptors: the messages and the servers, whose
 //! codec is `ricochet_proto::codec::RequestCodec` (an undecodable request is
 //! INVALID_ARGUMENT); then the clients alone, into `OUT_DIR/client`, with
-//! tonic's codec and the messages of the first pass.
+//! tonic's codec and the messages of the first pass. The file descriptor set
+//! is written to `OUT_DIR/ricochet_descriptor.bin` (`FILE_DESCRIPTOR_SET`).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
@@ -12,11 +13,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/ricochet/v1/broker.proto",
         "proto/ricochet/v1/admin.proto",
         "proto/ricochet/v1/partitions.proto",
+        "proto/ricochet/v1/auth.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
     }
     let fds = protox::compile(files, ["proto"])?;
+    // The descriptors themselves, so tests can enumerate every RPC.
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out_dir.join("ricochet_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(false)

@@ -32,6 +32,11 @@
 //! # console_listen = "127.0.0.1:8080"  # the web console (off unless set; loopback only ...)
 //! console_allow_remote = false   # ... unless this is true: the console has no authentication yet
 //!
+//! [auth]                         # see `ricochet_broker::auth::AuthConfig`
+//! enabled = false                # require tokens and check grants
+//! superusers = []
+//! allow_insecure = false         # serve a non-loopback address without auth
+//!
 //! [[policies]]                   # default dead-letter policies by topic pattern
 //! topic = "persistent://public/default/orders*"
 //! policy = { type = "delay_levels" }
@@ -192,6 +197,10 @@ pub struct BrokerConfig {
     /// no authentication of its own yet, so without this a non-loopback
     /// `console_listen` is refused.
     pub console_allow_remote: bool,
+    /// Authentication and authorization (off by default).
+    pub auth: crate::auth::AuthConfig,
+    /// TLS on the listener (off by default).
+    pub tls: crate::tls::TlsConfig,
 }
 
 impl Default for BrokerConfig {
@@ -227,6 +236,8 @@ impl Default for BrokerConfig {
             verify_on_start: true,
             console_listen: None,
             console_allow_remote: false,
+            auth: crate::auth::AuthConfig::default(),
+            tls: crate::tls::TlsConfig::default(),
         }
     }
 }
@@ -285,6 +296,16 @@ impl BrokerConfig {
                  authentication yet: set console_allow_remote (--console-allow-remote) to serve it anyway"
             )));
         }
+        if self.console_listen.is_some() && self.auth.enabled {
+            // The console calls the admin service in process, unchecked.
+            return Err(BrokerError::Config(
+                "console_listen with [auth] enabled: the console has no sign-in yet, so it would \
+                 bypass authentication; leave console_listen unset on a secured broker"
+                    .into(),
+            ));
+        }
+        self.auth.validate(self.listen)?;
+        self.tls.server_config()?;
         for rule in &self.policies {
             rule.policy
                 .validate()
@@ -377,6 +398,11 @@ mod tests {
         assert!(refused.contains("console_allow_remote"), "{refused}");
         c.console_allow_remote = true;
         c.validate().unwrap();
+        // Never beside authentication, which it would bypass.
+        c.console_listen = Some("127.0.0.1:8080".parse().unwrap());
+        c.auth.enabled = true;
+        let refused = c.validate().unwrap_err().to_string();
+        assert!(refused.contains("bypass authentication"), "{refused}");
     }
 
     #[test]

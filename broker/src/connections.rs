@@ -356,7 +356,12 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
-        let Some(info) = req.extensions().get::<ConnInfo>().cloned() else {
+        let info = req.extensions().get::<ConnInfo>().cloned().or_else(|| {
+            req.extensions()
+                .get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
+                .map(|tls| tls.get_ref().clone())
+        });
+        let Some(info) = info else {
             return Box::pin(self.inner.call(req));
         };
         // `tonic::Request::remote_addr` looks for the TCP addresses.

@@ -70,6 +70,8 @@ pub struct BrokerCore {
     pub failure_log: Arc<FailureLog>,
     /// The manifest: id reservations and what the store must hold.
     pub keeper: Arc<ManifestKeeper>,
+    /// Who may do what: token verification and grants.
+    pub auth: Arc<crate::auth::Auth>,
     policies: PolicyRegistry,
     topics: Mutex<HashMap<TopicName, Arc<TopicEntry>>>,
     /// Held by every subscription actor while it runs.
@@ -140,6 +142,11 @@ impl BrokerCore {
         let keeper = Arc::new(
             ManifestKeeper::open(storage.clone(), config.accept_data_loss, clock.clone()).await?,
         );
+        let auth = Arc::new(crate::auth::Auth::open(
+            &config.auth,
+            &config.tls,
+            storage.clone(),
+        )?);
         let shutdown = CancellationToken::new();
         let flusher = Flusher::start(storage.clone(), config.flush_interval, shutdown.clone());
         let scheduler = Scheduler::start(
@@ -163,6 +170,7 @@ impl BrokerCore {
             clock,
             failure_log,
             keeper,
+            auth,
             policies,
             topics: Mutex::new(HashMap::new()),
             actors: Arc::new(()),

@@ -24,6 +24,8 @@
 //! * `metrics`: the Prometheus series; [`clock`]: injected wall time;
 //! * [`check`]: `ricochet-broker check`, verifying a stopped store;
 //! * [`console`]: the web console (HTML over the admin service);
+//! * [`tls`]: TLS and mTLS on the listener;
+//! * [`auth`]: tokens, grants and the permission checks of every RPC;
 //! * `config`, `name`, `error`, `util`.
 //!
 //! ```no_run
@@ -34,6 +36,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod auth;
 pub mod check;
 mod claims;
 pub mod clock;
@@ -55,6 +58,7 @@ mod server;
 mod service;
 pub mod storage;
 mod subscription;
+pub mod tls;
 mod topic;
 mod util;
 
@@ -63,7 +67,7 @@ pub use config::{BrokerConfig, Durability, LogFormat, PolicyRule};
 pub use core::{BrokerCore, TopicEntry};
 pub use error::{BrokerError, Result};
 pub use flusher::Flusher;
-pub use metrics::install_prometheus;
+pub use metrics::{install_prometheus, install_prometheus_secured};
 pub use name::{SubscriptionName, TopicName};
 pub use scheduler::{FireSender, Scheduler, SchedulerStats};
 pub use server::{Broker, BrokerBuilder, TestBroker};

@@ -55,6 +55,81 @@ struct Args {
     /// authentication of its own yet.
     #[arg(long)]
     console_allow_remote: bool,
+    /// Security flags (override the config's `[auth]`).
+    #[command(flatten)]
+    security: SecurityArgs,
+}
+
+/// Authentication flags; each overrides its `[auth]` setting.
+#[derive(Debug, clap::Args)]
+struct SecurityArgs {
+    /// Require HS256 tokens signed with the secret in this file (turns
+    /// authentication on).
+    #[arg(long, value_name = "FILE", conflicts_with = "auth_public_key_file")]
+    auth_secret_file: Option<PathBuf>,
+    /// Require RS256/ES256 tokens verified with this PEM public key (turns
+    /// authentication on).
+    #[arg(long, value_name = "FILE")]
+    auth_public_key_file: Option<PathBuf>,
+    /// A role that may do everything (repeatable).
+    #[arg(long = "superuser", value_name = "ROLE")]
+    superusers: Vec<String>,
+    /// Serve a non-loopback address without authentication.
+    #[arg(long)]
+    allow_insecure: bool,
+    /// `/metrics` requires the bearer token in this file.
+    #[arg(long, value_name = "FILE")]
+    metrics_token_file: Option<PathBuf>,
+    /// Serve TLS with this PEM certificate chain (needs --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Verify client certificates against these PEM CA certificates.
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
+    /// Refuse clients without a certificate the client CA signed.
+    #[arg(long, requires = "tls_client_ca")]
+    tls_require_client_cert: bool,
+}
+
+impl SecurityArgs {
+    fn apply(self, config: &mut BrokerConfig) {
+        let tls = &mut config.tls;
+        if let Some(f) = self.tls_cert {
+            tls.cert_file = Some(f);
+        }
+        if let Some(f) = self.tls_key {
+            tls.key_file = Some(f);
+        }
+        if let Some(f) = self.tls_client_ca {
+            tls.client_ca_file = Some(f);
+        }
+        if self.tls_require_client_cert {
+            tls.require_client_cert = true;
+        }
+        let auth = &mut config.auth;
+        if let Some(f) = self.auth_secret_file {
+            auth.enabled = true;
+            auth.token_secret_file = Some(f);
+            auth.token_public_key_file = None;
+        }
+        if let Some(f) = self.auth_public_key_file {
+            auth.enabled = true;
+            auth.token_public_key_file = Some(f);
+            auth.token_secret_file = None;
+        }
+        if !self.superusers.is_empty() {
+            auth.superusers = self.superusers;
+        }
+        if self.allow_insecure {
+            auth.allow_insecure = true;
+        }
+        if let Some(f) = self.metrics_token_file {
+            auth.metrics_token_file = Some(f);
+        }
+    }
 }
 
 /// Logs to stdout in `format`, at `RUST_LOG` (default `info`); colours only
@@ -178,6 +253,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     if args.accept_data_loss {
         config.accept_data_loss = true;
     }
+    args.security.apply(&mut config);
     if let Some(c) = args.console_listen {
         config.console_listen = Some(c);
     }
@@ -192,7 +268,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     // The recorder goes in first: metric handles taken before it exists are
     // no-ops, and opening the broker starts the stored subscriptions.
     if let Some(addr) = metrics {
-        ricochet_broker::install_prometheus(addr)?;
+        let token = ricochet_broker::auth::metrics_token(&config.auth)?;
+        ricochet_broker::install_prometheus_secured(addr, token)?;
     }
     let broker = Broker::builder(config)
         .open()

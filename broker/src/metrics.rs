@@ -31,6 +31,14 @@ const COUNT_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0];
 /// Installs the Prometheus recorder and serves `/metrics` on `addr` (once
 /// per process; a second call with another address fails).
 pub fn install_prometheus(addr: SocketAddr) -> Result<()> {
+    install_prometheus_secured(addr, None)
+}
+
+/// Like [`install_prometheus`]; with a `token`, `/metrics` answers 401
+/// unless the request carries `Authorization: Bearer <token>` (served by a
+/// small axum server, since the exporter's own listener checks nothing;
+/// must run inside a tokio runtime then).
+pub fn install_prometheus_secured(addr: SocketAddr, token: Option<Vec<u8>>) -> Result<()> {
     if let Some(existing) = INSTALLED.get() {
         return if *existing == addr {
             Ok(())
@@ -40,8 +48,11 @@ pub fn install_prometheus(addr: SocketAddr) -> Result<()> {
             )))
         };
     }
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
+    let builder = match &token {
+        None => PrometheusBuilder::new().with_http_listener(addr),
+        Some(_) => PrometheusBuilder::new(),
+    };
+    let builder = builder
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
             DELAY_BUCKETS,
@@ -52,9 +63,13 @@ pub fn install_prometheus(addr: SocketAddr) -> Result<()> {
                 COUNT_BUCKETS,
             )
         })
-        .map_err(|e| BrokerError::Config(format!("metrics buckets: {e}")))?
-        .install()
-        .map_err(|e| BrokerError::Config(format!("cannot serve metrics on {addr}: {e}")))?;
+        .map_err(|e| BrokerError::Config(format!("metrics buckets: {e}")))?;
+    match token {
+        None => builder
+            .install()
+            .map_err(|e| BrokerError::Config(format!("cannot serve metrics on {addr}: {e}")))?,
+        Some(token) => serve_with_token(builder, addr, token)?,
+    }
     let _ = INSTALLED.set(addr);
     describe();
     tracing::info!(%addr, "serving Prometheus metrics on /metrics");
@@ -278,4 +293,59 @@ impl SubscriptionMetrics {
 pub fn record_storage(bytes: u64, healthy: bool) {
     gauge!("ricochet_storage_bytes").set(bytes as f64);
     gauge!("ricochet_storage_healthy").set(if healthy { 1.0 } else { 0.0 });
+}
+
+/// Serves `/metrics` on `addr`, to requests bearing `token` only.
+fn serve_with_token(builder: PrometheusBuilder, addr: SocketAddr, token: Vec<u8>) -> Result<()> {
+    use axum::http::{StatusCode, header};
+    let listener = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .and_then(tokio::net::TcpListener::from_std)
+        .map_err(|e| BrokerError::Config(format!("cannot serve metrics on {addr}: {e}")))?;
+    let handle = builder
+        .install_recorder()
+        .map_err(|e| BrokerError::Config(format!("cannot install the metrics recorder: {e}")))?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    let token = std::sync::Arc::new(token);
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
+            let (handle, token) = (handle.clone(), token.clone());
+            async move {
+                let given = headers
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+                if !given.is_some_and(|g| same_bytes(g, &token)) {
+                    return (
+                        StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Bearer")],
+                        "metrics need Authorization: Bearer <token>\n".to_owned(),
+                    );
+                }
+                (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    handle.render(),
+                )
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "metrics server stopped");
+        }
+    });
+    Ok(())
+}
+
+/// Compares a presented token with the expected one in time that does not
+/// depend on where they differ.
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -1,6 +1,8 @@
 //! Starting and stopping a broker: open storage, load state, serve gRPC
-//! (data plane, admin, health) until a shutdown signal, then flush.
+//! (data plane, admin, grants, health; every call authenticated by
+//! [`AuthLayer`] when auth is on) until a shutdown signal, then flush.
 
+use crate::auth::{AuthLayer, AuthService, AuthorizedAdmin};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::BrokerConfig;
 use crate::core::BrokerCore;
@@ -10,6 +12,7 @@ use crate::storage::SledStorage;
 use crate::storage::{Storage, StorageError};
 use ricochet_policy::PolicyRegistry;
 use ricochet_proto::admin_server::AdminServer;
+use ricochet_proto::auth_server::AuthServer;
 use ricochet_proto::broker_server::BrokerServer;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -134,14 +137,21 @@ impl Broker {
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES);
         crate::replay_jobs::resume_all(&self.core);
-        let admin = AdminServer::new(AdminService::new(self.core.clone()))
+        let admin = AdminService::new(self.core.clone());
+        let admin = AdminServer::new(AuthorizedAdmin::new(admin, self.core.auth.clone()))
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES);
         let partitions = ricochet_proto::partitions_server::PartitionsServer::new(
-            crate::service::PartitionsService::new(self.core.clone()),
+            crate::auth::AuthorizedPartitions::new(
+                crate::service::PartitionsService::new(self.core.clone()),
+                self.core.auth.clone(),
+            ),
         );
         // Health turns bad for good when storage fails; the storage gauges
         // follow every half second.
+        let grants = AuthServer::new(AuthService::new(self.core.clone()))
+            .max_decoding_message_size(MAX_FRAME_BYTES)
+            .max_encoding_message_size(MAX_FRAME_BYTES);
         let core = self.core.clone();
         let health_task = tokio::spawn(async move {
             let mut reported_bad = false;
@@ -184,15 +194,23 @@ impl Broker {
             0 => None,
             n => Some(u32::try_from(n.saturating_mul(2)).unwrap_or(u32::MAX)),
         };
-        let result = tonic::transport::Server::builder()
+        let mut server = tonic::transport::Server::builder();
+        if let Some(tls) = config.tls.server_config()? {
+            server = server
+                .tls_config(tls)
+                .map_err(|e| BrokerError::Config(format!("TLS: {e}")))?;
+        }
+        let result = server
             .http2_keepalive_interval(nonzero(config.keepalive_interval))
             .http2_keepalive_timeout(nonzero(config.keepalive_timeout))
             .max_concurrent_streams(h2_streams)
             .layer(crate::connections::StreamLimitLayer)
+            .layer(AuthLayer::new(self.core.auth.clone()))
             .add_service(health_service)
             .add_service(broker)
             .add_service(admin)
             .add_service(partitions)
+            .add_service(grants)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         health_task.abort();
@@ -205,7 +223,8 @@ impl Broker {
     /// serves until `shutdown`.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
         if let Some(addr) = self.core.config.metrics_listen {
-            crate::metrics::install_prometheus(addr)?;
+            let token = self.core.auth.metrics_token().map(<[u8]>::to_vec);
+            crate::metrics::install_prometheus_secured(addr, token)?;
         }
         self.start_console().await?;
         let listener = TcpListener::bind(self.core.config.listen).await?;

@@ -382,9 +382,21 @@ async fn a_paced_replay_is_a_job_that_can_be_listed_and_cancelled() {
     assert_eq!(jobs.len(), 1);
     assert_eq!((jobs[0].id, jobs[0].total), (r.job_id, 20));
     assert!(jobs[0].done < 20);
-    a.cancel_replay_job(CancelReplayJobRequest { id: r.job_id })
+    // Named with another topic, it is not found there.
+    let elsewhere = a
+        .cancel_replay_job(CancelReplayJobRequest {
+            id: r.job_id,
+            topic: "other".into(),
+        })
         .await
-        .unwrap();
+        .unwrap_err();
+    assert_eq!(elsewhere.code(), Code::NotFound);
+    a.cancel_replay_job(CancelReplayJobRequest {
+        id: r.job_id,
+        topic: "paced".into(),
+    })
+    .await
+    .unwrap();
     let listed = a
         .list_replay_jobs(ListReplayJobsRequest::default())
         .await
@@ -397,7 +409,10 @@ async fn a_paced_replay_is_a_job_that_can_be_listed_and_cancelled() {
     let left = dead_letters(&b.url(), "paced", "s").await.len();
     assert!(left >= 15, "{left} left");
     let again = a
-        .cancel_replay_job(CancelReplayJobRequest { id: r.job_id })
+        .cancel_replay_job(CancelReplayJobRequest {
+            id: r.job_id,
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(again.code(), Code::NotFound);

@@ -31,6 +31,9 @@ pub struct Cli {
     /// document, or one JSON object per line for `consume`).
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
+    /// Credentials (`--token`, `--token-file`).
+    #[command(flatten)]
+    pub credentials: crate::auth::CredentialArgs,
     /// The command.
     #[command(subcommand)]
     pub command: Command,
@@ -61,6 +64,12 @@ pub enum Command {
     /// Load generators: publish, consume and nack→redelivery throughput and latency.
     #[command(subcommand)]
     Perf(PerfCommand),
+    /// Sign a JWT for a role (development and tests).
+    #[command(subcommand)]
+    Token(crate::auth::TokenCommand),
+    /// Grant, revoke and list permissions; show who you are.
+    #[command(subcommand)]
+    Auth(crate::auth::AuthCommand),
 }
 
 /// `produce TOPIC`.
@@ -425,6 +434,9 @@ pub enum DlqCommand {
     CancelJob {
         /// The job id (`dlq jobs`).
         id: u64,
+        /// The job's topic (needed with authentication unless a superuser).
+        #[arg(long)]
+        topic: Option<String>,
     },
 }
 

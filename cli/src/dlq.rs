@@ -62,7 +62,7 @@ fn pinned(f: Option<pb::DeadLetterFilter>) -> pb::DeadLetterFilter {
 }
 
 async fn list(
-    admin: &mut ricochet_proto::admin_client::AdminClient<tonic::transport::Channel>,
+    admin: &mut ricochet_proto::admin_client::AdminClient<ricochet_client::Transport>,
     target: &SubscriptionArgs,
     filter: Option<pb::DeadLetterFilter>,
     limit: u32,
@@ -278,7 +278,9 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
             topic,
             subscription,
         } => dlq_decide::jobs(ctx, &mut admin, topic, subscription).await,
-        DlqCommand::CancelJob { id } => dlq_decide::cancel_job(ctx, &mut admin, id).await,
+        DlqCommand::CancelJob { id, topic } => {
+            dlq_decide::cancel_job(ctx, &mut admin, id, topic).await
+        }
     }
 }
 

@@ -22,7 +22,7 @@ use crate::output::{Table, write_json, write_json_line};
 use crate::timearg::{fmt_ms, now_ms};
 use crate::view::IdView;
 
-type Admin = pb::admin_client::AdminClient<tonic::transport::Channel>;
+type Admin = pb::admin_client::AdminClient<ricochet_client::Transport>;
 
 /// One exported dead letter (a line of `dlq export`, read by `dlq import`).
 #[derive(Debug, Serialize, Deserialize)]
@@ -694,9 +694,17 @@ pub(crate) async fn jobs(
 }
 
 /// `dlq cancel-job`.
-pub(crate) async fn cancel_job(ctx: &mut Ctx<'_>, admin: &mut Admin, id: u64) -> Result<()> {
+pub(crate) async fn cancel_job(
+    ctx: &mut Ctx<'_>,
+    admin: &mut Admin,
+    id: u64,
+    topic: Option<String>,
+) -> Result<()> {
     admin
-        .cancel_replay_job(pb::CancelReplayJobRequest { id })
+        .cancel_replay_job(pb::CancelReplayJobRequest {
+            id,
+            topic: topic.unwrap_or_default(),
+        })
         .await?;
     writeln!(ctx.out, "replay job {id} cancelled")?;
     Ok(())

@@ -13,6 +13,7 @@
 //! | `dlq list/peek/replay/purge` | dead letters, filtered by id, reason text and time | — (a human decision, never a loop) |
 //! | `policy explain/get/set` | a policy's schedule; a subscription's policy at runtime | — |
 //! | `perf produce/consume/redeliver` | throughput and HDR latency percentiles | `pulsar-perf` |
+//! | `token create`, `auth grant/revoke/list/whoami` | tokens and permissions (`--token`, `--token-file` on every command) | `pulsar tokens`, `pulsar-admin namespaces grant-permission` |
 
 use std::io::Write;
 use std::time::Duration;
@@ -21,6 +22,7 @@ use ricochet_client::Client;
 
 mod admin;
 pub mod args;
+pub mod auth;
 mod confirm;
 mod dlq;
 mod dlq_decide;
@@ -45,6 +47,10 @@ pub struct Ctx<'a> {
     pub url: String,
     /// `--output`.
     pub output: OutputFormat,
+    /// `--token` / `--token-file`.
+    pub token: Option<String>,
+    /// `--tls-ca`, `--tls-cert`, `--tls-key`.
+    pub tls: auth::TlsFiles,
     /// Results.
     pub out: &'a mut (dyn Write + Send),
 }
@@ -66,8 +72,17 @@ impl Ctx<'_> {
 
     /// Connects to the broker (5 s connect timeout).
     pub async fn client(&self) -> Result<Client> {
-        Client::builder(self.url.clone())
-            .connect_timeout(Duration::from_secs(5))
+        let mut builder = Client::builder(self.url.clone()).connect_timeout(Duration::from_secs(5));
+        if let Some(t) = &self.token {
+            builder = builder.token(t.clone());
+        }
+        if let Some(ca) = &self.tls.ca {
+            builder = builder.tls_ca_pem(ca.clone());
+        }
+        if let Some((cert, key)) = &self.tls.identity {
+            builder = builder.tls_identity_pem(cert.clone(), key.clone());
+        }
+        builder
             .connect()
             .await
             .map_err(|e| match CliError::from(e) {
@@ -85,6 +100,8 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> Result<()> {
     let mut ctx = Ctx {
         url: cli.url,
         output: cli.output,
+        token: cli.credentials.resolve()?,
+        tls: cli.credentials.tls()?,
         out,
     };
     let r = match cli.command {
@@ -96,6 +113,8 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> Result<()> {
         Command::Policy(c) => admin::policy(&mut ctx, c).await,
         Command::Dlq(c) => dlq::run(&mut ctx, c).await,
         Command::Perf(c) => perf::run(&mut ctx, c).await,
+        Command::Token(c) => auth::token(&mut ctx, c),
+        Command::Auth(c) => auth::auth(&mut ctx, c).await,
     };
     ctx.out.flush()?;
     r

@@ -106,7 +106,7 @@ pub(crate) async fn ensure(
     topic: &str,
     partitions: u32,
 ) -> Result<()> {
-    let r = pb::partitions_client::PartitionsClient::new(client.channel())
+    let r = pb::partitions_client::PartitionsClient::new(client.transport())
         .create_partitioned_topic(pb::UpdatePartitionsRequest {
             topic: topic.to_owned(),
             partitions,
@@ -120,7 +120,7 @@ pub(crate) async fn ensure(
 
 /// `topics create TOPIC --partitions N`.
 pub(crate) async fn create(ctx: &mut Ctx<'_>, topic: String, partitions: u32) -> Result<()> {
-    let channel = ctx.client().await?.channel();
+    let channel = ctx.client().await?.transport();
     let r = pb::partitions_client::PartitionsClient::new(channel)
         .create_partitioned_topic(pb::UpdatePartitionsRequest { topic, partitions })
         .await?
@@ -142,7 +142,7 @@ pub(crate) async fn create(ctx: &mut Ctx<'_>, topic: String, partitions: u32) ->
 
 /// `topics update-partitions TOPIC N`.
 pub(crate) async fn update(ctx: &mut Ctx<'_>, topic: String, partitions: u32) -> Result<()> {
-    let channel = ctx.client().await?.channel();
+    let channel = ctx.client().await?.transport();
     let r = pb::partitions_client::PartitionsClient::new(channel)
         .update_partitions(pb::UpdatePartitionsRequest { topic, partitions })
         .await?

@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::broker_client::BrokerClient;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::consumer::ConsumerBuilder;
+use crate::credentials::{Credentials, Transport};
 use crate::error::{Error, Result};
 use crate::producer::ProducerBuilder;
 
@@ -63,6 +65,10 @@ impl Default for ClientConfig {
 pub struct ClientBuilder {
     url: String,
     config: ClientConfig,
+    token: Option<String>,
+    tls_ca: Option<Vec<u8>>,
+    tls_identity: Option<(Vec<u8>, Vec<u8>)>,
+    tls_domain: Option<String>,
 }
 
 impl ClientBuilder {
@@ -91,9 +97,76 @@ impl ClientBuilder {
         self
     }
 
+    /// A bearer token (JWT) sent with every call, for a broker with
+    /// authentication on (`ricochet token create` makes one).
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// The CA certificates (PEM) a `https://` broker's certificate must
+    /// chain to.
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_ca = Some(pem.into());
+        self
+    }
+
+    /// A client certificate chain and its private key (PEM), for a broker
+    /// that verifies client certificates (mTLS).
+    pub fn tls_identity_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        self.tls_identity = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// The name the broker's certificate must carry (default: the URL's host).
+    pub fn tls_domain(mut self, name: impl Into<String>) -> Self {
+        self.tls_domain = Some(name.into());
+        self
+    }
+
+    fn tls(&self) -> Result<Option<tonic::transport::ClientTlsConfig>> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let https = self.url.starts_with("https://");
+        let any = self.tls_ca.is_some() || self.tls_identity.is_some() || self.tls_domain.is_some();
+        if !https {
+            if any {
+                return Err(Error::InvalidArgument(format!(
+                    "TLS options need an https:// broker URL, not {:?}",
+                    self.url
+                )));
+            }
+            return Ok(None);
+        }
+        let Some(ca) = &self.tls_ca else {
+            return Err(Error::InvalidArgument(
+                "an https:// broker URL needs the CA certificate that signed the broker's (tls_ca_pem, --tls-ca)".into(),
+            ));
+        };
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+        if let Some((cert, key)) = &self.tls_identity {
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(d) = &self.tls_domain {
+            tls = tls.domain_name(d.clone());
+        }
+        Ok(Some(tls))
+    }
+
+    fn credentials(&self) -> Result<Credentials> {
+        match &self.token {
+            Some(t) => Credentials::token(t),
+            None => Ok(Credentials::none()),
+        }
+    }
+
     fn endpoint(&self) -> Result<Endpoint> {
-        let ep = Endpoint::from_shared(self.url.clone())
+        let mut ep = Endpoint::from_shared(self.url.clone())
             .map_err(|e| Error::InvalidArgument(format!("bad broker URL {:?}: {e}", self.url)))?;
+        if let Some(tls) = self.tls()? {
+            ep = ep
+                .tls_config(tls)
+                .map_err(|e| Error::InvalidArgument(format!("TLS setup: {e}")))?;
+        }
         Ok(ep
             .connect_timeout(self.config.connect_timeout)
             .tcp_nodelay(true)
@@ -106,18 +179,29 @@ impl ClientBuilder {
     /// connect timeout.
     pub async fn connect(self) -> Result<Client> {
         let ep = self.endpoint()?;
+        let credentials = self.credentials()?;
         let channel = match tokio::time::timeout(self.config.connect_timeout, ep.connect()).await {
             Ok(r) => r?,
             Err(_) => return Err(Error::Timeout(format!("connecting to {}", self.url))),
         };
-        Ok(Client::from_parts(channel, self.url, self.config))
+        Ok(Client::from_parts(
+            channel,
+            credentials,
+            self.url,
+            self.config,
+        ))
     }
 
     /// A client that connects on first use (and never fails here, except
     /// for a malformed URL).
     pub fn connect_lazy(self) -> Result<Client> {
         let channel = self.endpoint()?.connect_lazy();
-        Ok(Client::from_parts(channel, self.url, self.config))
+        Ok(Client::from_parts(
+            channel,
+            self.credentials()?,
+            self.url,
+            self.config,
+        ))
     }
 }
 
@@ -134,6 +218,7 @@ pub struct Client {
 #[derive(Debug)]
 struct ClientInner {
     channel: Channel,
+    credentials: Credentials,
     url: String,
     config: ClientConfig,
 }
@@ -149,13 +234,23 @@ impl Client {
         ClientBuilder {
             url: url.into(),
             config: ClientConfig::default(),
+            token: None,
+            tls_ca: None,
+            tls_identity: None,
+            tls_domain: None,
         }
     }
 
-    fn from_parts(channel: Channel, url: String, config: ClientConfig) -> Self {
+    fn from_parts(
+        channel: Channel,
+        credentials: Credentials,
+        url: String,
+        config: ClientConfig,
+    ) -> Self {
         Self {
             inner: Arc::new(ClientInner {
                 channel,
+                credentials,
                 url,
                 config,
             }),
@@ -175,15 +270,21 @@ impl Client {
 
     /// The generated admin client (topics, subscriptions, policies, dead
     /// letters) on this client's connection.
-    pub fn admin(&self) -> AdminClient<Channel> {
-        AdminClient::new(self.inner.channel.clone())
+    pub fn admin(&self) -> AdminClient<Transport> {
+        AdminClient::new(self.transport())
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES)
     }
 
-    /// The underlying channel, for other generated clients.
+    /// The underlying channel, without the client's credentials.
     pub fn channel(&self) -> Channel {
         self.inner.channel.clone()
+    }
+
+    /// The channel with the client's credentials added to every call, for
+    /// other generated clients (e.g. `AuthClient::new(client.transport())`).
+    pub fn transport(&self) -> Transport {
+        InterceptedService::new(self.inner.channel.clone(), self.inner.credentials.clone())
     }
 
     /// The broker URL.
@@ -196,8 +297,8 @@ impl Client {
         &self.inner.config
     }
 
-    pub(crate) fn broker(&self) -> BrokerClient<Channel> {
-        BrokerClient::new(self.inner.channel.clone())
+    pub(crate) fn broker(&self) -> BrokerClient<Transport> {
+        BrokerClient::new(self.transport())
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES)
     }

@@ -69,6 +69,7 @@
 
 mod client;
 mod consumer;
+mod credentials;
 mod error;
 mod message;
 mod partitions;
@@ -80,6 +81,7 @@ pub use client::{Client, ClientBuilder, ClientConfig};
 pub use consumer::{
     Acker, Consumer, ConsumerBuilder, ConsumerConfig, InitialPosition, SubscriptionType,
 };
+pub use credentials::{Credentials, Transport};
 pub use error::{Error, Result};
 pub use message::{Message, MessageBuilder, MessageId, OutgoingMessage};
 pub use producer::{Producer, ProducerBuilder, ProducerConfig};

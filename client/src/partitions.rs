@@ -13,7 +13,7 @@ use ricochet_proto::partitions_client::PartitionsClient;
 /// when it is partitioned, `None` when it is not (or the broker predates
 /// partitioned topics).
 pub(crate) async fn count_once(client: &Client, topic: &str) -> Result<Option<(String, u32)>> {
-    let mut partitions = PartitionsClient::new(client.channel());
+    let mut partitions = PartitionsClient::new(client.transport());
     let call = partitions.get_partitions(PartitionsRequest {
         topic: topic.to_owned(),
     });

@@ -21,6 +21,11 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/client/ricochet.v1.rs"));
 }
 
+/// The encoded `FileDescriptorSet` of every `.proto` file (a
+/// `prost_types::FileDescriptorSet`), to enumerate services and RPCs.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/ricochet_descriptor.bin"));
+
 pub use names::{MAX_GRPC_MESSAGE_BYTES, UnknownName, counted_size};
 pub use v1::*;
 

@@ -32,6 +32,7 @@ const FRAME_SOFT_BYTES: usize = 4 * 1024 * 1024;
 
 pub(super) async fn consume(
     core: Arc<BrokerCore>,
+    principal: Option<crate::auth::Principal>,
     mut inbound: Streaming<ConsumeRequest>,
 ) -> Result<Response<BoxStream<ConsumeResponse>>, Status> {
     let first = inbound
@@ -44,7 +45,7 @@ pub(super) async fn consume(
         ));
     };
     let (tx, rx) = mpsc::unbounded_channel();
-    let (handle, consumer_id) = subscribe(&core, sub, tx.clone()).await?;
+    let (handle, consumer_id) = subscribe(&core, principal.as_ref(), sub, tx.clone()).await?;
     let stop = core.shutdown.clone();
     let config = core.config.clone();
     // A frame that does not decode (or is over the size limit) ends the
@@ -105,11 +106,19 @@ pub(super) async fn consume(
 /// Checks a `Subscribe`, finds or creates the subscription and joins it.
 async fn subscribe(
     core: &BrokerCore,
+    principal: Option<&crate::auth::Principal>,
     sub: Subscribe,
     tx: mpsc::UnboundedSender<ConsumerEvent>,
 ) -> Result<(crate::subscription::SubscriptionHandle, u64), Status> {
     let topic = TopicName::parse(&sub.topic)?;
     let name = SubscriptionName::parse(&sub.subscription)?;
+    // Once per stream: acks and permits that follow are not checked again.
+    let needed = if sub.dead_letter_reader {
+        crate::auth::Permission::DeadLetters
+    } else {
+        crate::auth::Permission::Consume
+    };
+    core.auth.check(principal, &topic, needed)?;
     super::input::check_label("consumer name", &sub.consumer_name)?;
     let sub_type = SubscriptionType::try_from(sub.subscription_type).map_err(|_| {
         Status::invalid_argument(format!(
@@ -132,6 +141,13 @@ async fn subscribe(
         }
         None => (None, TierOverrides::default()),
     };
+    // Tier topics named by the policy are written by the broker on this
+    // role's behalf: it must be allowed to produce there (no writing into
+    // another tenant's namespace through a policy).
+    for tier in [&tiers.retry, &tiers.dead_letter].into_iter().flatten() {
+        core.auth
+            .check(principal, tier, crate::auth::Permission::Produce)?;
+    }
     core.check_subscription(&topic, &name, &tiers).await?;
     let entry = core
         .topic_for_use(&topic, |kind| match kind {

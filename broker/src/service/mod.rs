@@ -103,13 +103,21 @@ impl Broker for BrokerService {
         &self,
         request: Request<Streaming<ProduceRequest>>,
     ) -> Result<Response<Self::ProduceStream>, Status> {
-        produce::produce(self.core.clone(), request.into_inner()).await
+        let principal = request
+            .extensions()
+            .get::<crate::auth::Principal>()
+            .cloned();
+        produce::produce(self.core.clone(), principal, request.into_inner()).await
     }
 
     async fn consume(
         &self,
         request: Request<Streaming<ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
-        consume::consume(self.core.clone(), request.into_inner()).await
+        let principal = request
+            .extensions()
+            .get::<crate::auth::Principal>()
+            .cloned();
+        consume::consume(self.core.clone(), principal, request.into_inner()).await
     }
 }

@@ -23,6 +23,7 @@ const PIPELINE_DEPTH: usize = 64;
 
 pub(super) async fn produce(
     core: Arc<BrokerCore>,
+    principal: Option<crate::auth::Principal>,
     mut inbound: Streaming<ProduceRequest>,
 ) -> Result<Response<BoxStream<ProduceResponse>>, Status> {
     let first = inbound
@@ -35,6 +36,9 @@ pub(super) async fn produce(
         ));
     };
     let name = TopicName::parse(&open.topic)?;
+    // Once per stream: the batches that follow are not checked again.
+    core.auth
+        .check(principal.as_ref(), &name, crate::auth::Permission::Produce)?;
     super::input::check_label("producer name", &open.producer_name)?;
     let entry = core
         .topic_for_use(&name, |kind| match kind {

@@ -513,3 +513,44 @@ fn partitioned_metadata_is_put_listed_raised_and_deleted() {
         assert_eq!(s.list_partitioned().unwrap().len(), 1, "{engine}");
     }
 }
+
+#[tokio::test]
+async fn grants_are_kept_per_role_and_resource_and_survive_reopen() {
+    let grant = |role: &str, resource: &str, perms: &[&str]| GrantRecord {
+        role: role.into(),
+        resource: resource.into(),
+        permissions: perms.iter().map(|p| p.to_string()).collect(),
+    };
+    for (name, s, dir) in engines() {
+        assert!(s.grants().unwrap().is_empty(), "{name}");
+        s.put_grant(&grant("app", "acme/orders", &["produce"]))
+            .unwrap();
+        s.put_grant(&grant("app", "acme/orders", &["consume", "produce"]))
+            .unwrap();
+        s.put_grant(&grant("ops", T, &["admin"])).unwrap();
+        // A role that is a prefix of another's must not mix with it.
+        s.put_grant(&grant("app2", "acme/orders", &["policy"]))
+            .unwrap();
+        let mut got = s.grants().unwrap();
+        got.sort_by(|a, b| (&a.role, &a.resource).cmp(&(&b.role, &b.resource)));
+        assert_eq!(
+            got,
+            vec![
+                grant("app", "acme/orders", &["consume", "produce"]),
+                grant("app2", "acme/orders", &["policy"]),
+                grant("ops", T, &["admin"]),
+            ],
+            "{name}"
+        );
+        s.delete_grant("app", "acme/orders").unwrap();
+        s.delete_grant("nobody", "acme/orders").unwrap();
+        assert_eq!(s.grants().unwrap().len(), 2, "{name}");
+        s.flush().await.unwrap();
+        if let Some(dir) = dir {
+            drop(s);
+            let reopened = SledStorage::open(dir.path(), 16, 8 << 20).unwrap();
+            assert_eq!(reopened.grants().unwrap().len(), 2, "{name}: durable");
+            assert_eq!(reopened.verify().problem_count, 0, "{name}: grants verify");
+        }
+    }
+}

@@ -37,6 +37,7 @@ struct State {
     schedule: BTreeMap<ScheduleKey, Option<FailureRecord>>,
     dead_letters: BTreeMap<(u64, u64), DeadLetterRecord>,
     replay_jobs: BTreeMap<u64, ReplayJobRecord>,
+    grants: BTreeMap<(String, String), GrantRecord>,
     next_id: u64,
     store_id: Option<String>,
     manifest: Option<Manifest>,
@@ -63,6 +64,25 @@ impl MemoryStorage {
 
 #[async_trait::async_trait]
 impl Storage for MemoryStorage {
+    fn grants(&self) -> Result<Vec<GrantRecord>> {
+        Ok(lock(&self.state).grants.values().cloned().collect())
+    }
+
+    fn put_grant(&self, record: &GrantRecord) -> Result<()> {
+        lock(&self.state).grants.insert(
+            (record.role.clone(), record.resource.clone()),
+            record.clone(),
+        );
+        Ok(())
+    }
+
+    fn delete_grant(&self, role: &str, resource: &str) -> Result<()> {
+        lock(&self.state)
+            .grants
+            .remove(&(role.to_owned(), resource.to_owned()));
+        Ok(())
+    }
+
     fn list_topics(&self) -> Result<Vec<TopicRecord>> {
         Ok(lock(&self.state).topics.values().cloned().collect())
     }

@@ -136,6 +136,14 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// Removes a finished replay job.
     fn remove_replay_job(&self, id: u64) -> Result<()>;
 
+    /// Every authorization grant.
+    fn grants(&self) -> Result<Vec<GrantRecord>>;
+    /// Creates or replaces the grant of `record.role` on `record.resource`
+    /// (not durable until flushed).
+    fn put_grant(&self, record: &GrantRecord) -> Result<()>;
+    /// Removes a role's grant on a resource (nothing if there is none).
+    fn delete_grant(&self, role: &str, resource: &str) -> Result<()>;
+
     /// Bytes on disk.
     fn size_on_disk(&self) -> Result<u64>;
     /// Makes every write so far durable.

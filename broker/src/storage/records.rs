@@ -30,6 +30,20 @@ pub struct PartitionedRecord {
     pub partitions: u32,
 }
 
+/// An authorization grant: the permissions one role holds on one resource
+/// (`tenant/namespace`, or a full topic name). Permissions are kept as the
+/// names the wire uses (`produce`, `consume`, `dead-letters`, `policy`,
+/// `admin`), sorted; the auth module parses them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantRecord {
+    /// The role (a token's subject).
+    pub role: String,
+    /// `tenant/namespace` or `persistent://tenant/namespace/topic`.
+    pub resource: String,
+    /// Permission names.
+    pub permissions: Vec<String>,
+}
+
 /// A topic's persisted metadata.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TopicRecord {

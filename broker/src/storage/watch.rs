@@ -42,6 +42,15 @@ impl Watched {
 
 #[async_trait::async_trait]
 impl Storage for Watched {
+    fn grants(&self) -> Result<Vec<GrantRecord>> {
+        self.note(self.inner.grants())
+    }
+    fn put_grant(&self, record: &GrantRecord) -> Result<()> {
+        self.note(self.inner.put_grant(record))
+    }
+    fn delete_grant(&self, role: &str, resource: &str) -> Result<()> {
+        self.note(self.inner.delete_grant(role, resource))
+    }
     fn list_topics(&self) -> Result<Vec<TopicRecord>> {
         self.note(self.inner.list_topics())
     }

@@ -228,7 +228,11 @@ fn rpcs() -> Vec<Rpc> {
         },
         Rpc {
             path: a[15],
-            sample: CancelReplayJobRequest { id: 12_345 }.encode_to_vec(),
+            sample: CancelReplayJobRequest {
+                id: 12_345,
+                topic: String::new(),
+            }
+            .encode_to_vec(),
             decodes: decodes::<CancelReplayJobRequest>,
         },
     ]

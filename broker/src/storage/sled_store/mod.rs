@@ -79,6 +79,18 @@ impl std::fmt::Debug for SledStorage {
     }
 }
 
+/// Grants live in `meta` under `g:<role>\0<resource>` (a role or resource
+/// never holds a NUL).
+const GRANT_PREFIX: &[u8] = b"g:";
+
+fn grant_key(role: &str, resource: &str) -> Vec<u8> {
+    let mut k = GRANT_PREFIX.to_vec();
+    k.extend_from_slice(role.as_bytes());
+    k.push(0);
+    k.extend_from_slice(resource.as_bytes());
+    k
+}
+
 fn sub_key(topic: &str, sub: &str) -> Vec<u8> {
     format!("s:{topic}\0{sub}").into_bytes()
 }
@@ -278,6 +290,7 @@ fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
                 Err(StorageError::Corrupt("bad replay job id list".into()))
             }
         }
+        "meta" if k.starts_with(GRANT_PREFIX) => from_json::<GrantRecord>(body).map(|_| 0),
         "meta" if k == STORE_ID_KEY => std::str::from_utf8(body)
             .map(|_| 0)
             .map_err(|_| StorageError::Corrupt("unreadable store id".into())),
@@ -317,6 +330,22 @@ fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
 
 #[async_trait::async_trait]
 impl Storage for SledStorage {
+    fn grants(&self) -> Result<Vec<GrantRecord>> {
+        self.meta_records(GRANT_PREFIX)
+    }
+
+    fn put_grant(&self, record: &GrantRecord) -> Result<()> {
+        let key = grant_key(&record.role, &record.resource);
+        self.meta
+            .insert(key.as_slice(), seal(&key, &json(record)))?;
+        Ok(())
+    }
+
+    fn delete_grant(&self, role: &str, resource: &str) -> Result<()> {
+        self.meta.remove(grant_key(role, resource))?;
+        Ok(())
+    }
+
     fn list_topics(&self) -> Result<Vec<TopicRecord>> {
         self.meta_records(b"t:")
     }

@@ -1,0 +1,113 @@
+//! TLS on the gRPC listener (rustls through tonic), optionally verifying
+//! client certificates (mTLS), and the role a client certificate names.
+//!
+//! ```toml
+//! [tls]
+//! cert_file = "/etc/ricochet/broker.pem"     # PEM chain, leaf first
+//! key_file = "/etc/ricochet/broker.key"      # PEM private key
+//! client_ca_file = "/etc/ricochet/ca.pem"    # verify client certificates against it
+//! require_client_cert = true                 # refuse clients without one
+//! role_from_client_cert = true               # a verified certificate's CN is the role
+//! ```
+
+use crate::error::BrokerError;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+
+/// TLS settings; off unless `cert_file` and `key_file` are set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The broker's certificate chain (PEM).
+    pub cert_file: Option<PathBuf>,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<PathBuf>,
+    /// CA certificates (PEM) client certificates are verified against;
+    /// none: client certificates are not asked for.
+    pub client_ca_file: Option<PathBuf>,
+    /// With `client_ca_file`: refuse a client without a valid certificate
+    /// (otherwise a certificate is verified when one is presented).
+    pub require_client_cert: bool,
+    /// With `client_ca_file` and auth on: a caller without a token is the
+    /// role its verified certificate's subject common name (CN) names.
+    pub role_from_client_cert: bool,
+}
+
+impl TlsConfig {
+    /// Whether TLS is configured.
+    pub fn enabled(&self) -> bool {
+        self.cert_file.is_some() || self.key_file.is_some()
+    }
+
+    /// The rustls setup for tonic, with every file read now; a missing file,
+    /// a file that is not PEM, or a key that does not match the certificate
+    /// is an error naming it.
+    pub fn server_config(&self) -> Result<Option<ServerTlsConfig>, BrokerError> {
+        let (cert, key) = match (&self.cert_file, &self.key_file) {
+            (None, None) => {
+                if self.client_ca_file.is_some() {
+                    return Err(BrokerError::Config(
+                        "tls.client_ca_file needs tls.cert_file and tls.key_file".into(),
+                    ));
+                }
+                return Ok(None);
+            }
+            (Some(c), Some(k)) => (c, k),
+            _ => {
+                return Err(BrokerError::Config(
+                    "TLS needs both tls.cert_file and tls.key_file".into(),
+                ));
+            }
+        };
+        let cert_pem = read_pem(cert, "tls.cert_file", "CERTIFICATE")?;
+        let key_pem = read_pem(key, "tls.key_file", "PRIVATE KEY")?;
+        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem));
+        if let Some(ca) = &self.client_ca_file {
+            let ca_pem = read_pem(ca, "tls.client_ca_file", "CERTIFICATE")?;
+            tls = tls
+                .client_ca_root(Certificate::from_pem(ca_pem))
+                .client_auth_optional(!self.require_client_cert);
+        }
+        // Check the pair now (tonic builds the rustls config lazily), so a
+        // key that does not match the certificate stops the broker at start.
+        tonic::transport::Server::builder()
+            .tls_config(tls.clone())
+            .map_err(|e| {
+                let mut why = e.to_string();
+                let mut src = std::error::Error::source(&e);
+                while let Some(s) = src {
+                    why = format!("{why}: {s}");
+                    src = s.source();
+                }
+                BrokerError::Config(format!(
+                    "TLS: {} and {} do not make a usable identity ({why})",
+                    cert.display(),
+                    key.display()
+                ))
+            })?;
+        Ok(Some(tls))
+    }
+}
+
+fn read_pem(path: &Path, what: &str, label: &str) -> Result<Vec<u8>, BrokerError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| BrokerError::Config(format!("cannot read {what} {}: {e}", path.display())))?;
+    if !String::from_utf8_lossy(&bytes).contains(&format!("{label}-----")) {
+        return Err(BrokerError::Config(format!(
+            "{what} {} holds no PEM {label}",
+            path.display()
+        )));
+    }
+    Ok(bytes)
+}
+
+/// The subject common name of a DER certificate.
+pub(crate) fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    cert.subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_owned)
+}
