@@ -734,3 +734,102 @@ pub(crate) async fn perform(State(st): State<ConsoleState>, body: Bytes) -> Page
         },
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ricochet_proto::Message;
+
+    fn message(payload: &[u8], key: &str) -> Message {
+        Message {
+            payload: payload.to_vec(),
+            key: key.to_owned(),
+            properties: [("schema".to_owned(), "v1".to_owned())].into(),
+            ..Default::default()
+        }
+    }
+
+    fn form(fields: &[(&str, &str)]) -> EditForm {
+        serde_urlencoded::from_str(&serde_urlencoded::to_string(fields).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn an_unchanged_form_is_no_edit_and_browser_line_ends_are_not_a_change() {
+        let m = message(b"a\nb", "k");
+        assert_eq!(
+            edit_of(&form(&[("payload", "a\r\nb"), ("key", "k")]), &m).unwrap(),
+            None
+        );
+        // A payload that had CRLF keeps it.
+        let crlf = message(b"a\r\nb", "k");
+        assert_eq!(
+            edit_of(&form(&[("payload", "a\r\nb")]), &crlf).unwrap(),
+            None
+        );
+        let e = edit_of(&form(&[("payload", "a\r\nc")]), &m)
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.payload.as_deref(), Some(&b"a\nc"[..]));
+        assert_eq!((e.key, e.set_properties.len()), (None, 0));
+    }
+
+    #[test]
+    fn base64_wins_over_text_and_bad_base64_is_refused() {
+        let m = message(b"old", "k");
+        let e = edit_of(&form(&[("payload", "text"), ("payload_b64", "AAH/\n")]), &m)
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.payload.as_deref(), Some(&[0u8, 1, 255][..]));
+        assert!(edit_of(&form(&[("payload_b64", "not base64!")]), &m).is_err());
+    }
+
+    #[test]
+    fn properties_and_key_parse_and_contradictions_are_refused() {
+        let m = message(b"p", "k");
+        let e = edit_of(
+            &form(&[
+                ("set", " schema = v2 \r\n\r\nurl=a=b"),
+                ("unset", "junk,\n other ,"),
+                ("key", ""),
+            ]),
+            &m,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            e.set_properties.get("schema").map(String::as_str),
+            Some("v2")
+        );
+        assert_eq!(e.set_properties.get("url").map(String::as_str), Some("a=b"));
+        assert_eq!(e.unset_properties, ["junk", "other"]);
+        assert_eq!(e.key.as_deref(), Some(""), "an emptied key is a change");
+        assert!(edit_of(&form(&[("set", "no-equals")]), &m).is_err());
+        assert!(edit_of(&form(&[("set", "=v")]), &m).is_err());
+        assert!(edit_of(&form(&[("set", "a=1"), ("unset", "a")]), &m).is_err());
+    }
+
+    #[test]
+    fn replay_choices_parse_and_a_time_with_the_topic_is_refused() {
+        let act = |fields: &[(&str, &str)]| -> Result<ReplayOptions, ConsoleError> {
+            serde_urlencoded::from_str::<ActForm>(&serde_urlencoded::to_string(fields).unwrap())
+                .unwrap()
+                .options()
+        };
+        let o = act(&[]).unwrap();
+        assert_eq!(o, ReplayOptions::default(), "retry tier, now, at once");
+        assert!(act(&[("mode", "topic")]).unwrap().to_topic);
+        let later = act(&[("at", "10m")]).unwrap().deliver_at_ms;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        assert!(later > now + 9 * 60_000 && later <= now + 11 * 60_000);
+        assert_eq!(act(&[("at", "now")]).unwrap().deliver_at_ms, 0);
+        assert_eq!(act(&[("rate", "25")]).unwrap().rate_per_second, 25);
+        assert!(act(&[("mode", "topic"), ("at", "10m")]).is_err());
+        assert!(act(&[("mode", "elsewhere")]).is_err());
+        assert!(act(&[("rate", "0")]).is_err());
+        assert!(act(&[("rate", "fast")]).is_err());
+        assert!(act(&[("at", "whenever")]).is_err());
+    }
+}
