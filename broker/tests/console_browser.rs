@@ -1,15 +1,19 @@
 //! The web console in a real browser: Debian's `chromium`, driven through
 //! `chromedriver` with fantoccini, against an in-process broker serving its
-//! console on loopback. A user finds why messages died, replays one, and
-//! discards the rest by clicking through the confirmation pages; the
-//! broker's state is then checked through the admin API and a consumer.
+//! console on loopback. A user finds why messages died, replays one, fixes
+//! another (payload and a property) and resends it into its subscription
+//! only, and discards the rest by clicking through the confirmation pages;
+//! the broker's state is then checked through the admin API and consumers
+//! of that subscription and of a second one on the same topic, and the
+//! fixed message, dead again, shows its edit in its history.
 //!
 //! Without a `chromedriver` (on `PATH`, or named by `CHROMEDRIVER`) the test
 //! says so loudly and passes, unless `RICOCHET_REQUIRE_BROWSER=1` (as in
 //! `.ci/run`), which makes a missing browser a failure. With
 //! `RICOCHET_CONSOLE_SCREENSHOTS=DIR` it also saves the subscription page
-//! and the dead-letter list as `DIR/console-subscription.png` and
-//! `DIR/console-dead-letters.png` (the README's pictures: `DIR=docs`).
+//! the dead-letter list and the edit confirmation as
+//! `DIR/console-subscription.png`, `DIR/console-dead-letters.png` and
+//! `DIR/console-edit-confirm.png` (the README's pictures: `DIR=docs`).
 
 mod common;
 use common::*;
@@ -167,6 +171,9 @@ async fn find_why_messages_died_replay_one_and_discard_the_rest() {
     let b = InProcessBroker::start_with_console().await;
     let url = b.url();
     let console = b.console_url();
+    // A second subscription on the same topic: it must not see the fix.
+    let mut audit = RawConsumer::simple(&url, TOPIC, "audit", SubscriptionType::Shared).await;
+    audit.flow(100).await;
 
     // Dead letters of `billing`: one worth sending again, three to drop.
     let doomed = [
@@ -203,6 +210,13 @@ async fn find_why_messages_died_replay_one_and_discard_the_rest() {
     }
     drop(retrying);
     assert_eq!(dead_letter_count(&url, TOPIC, "billing").await, 4);
+    // `audit` had all seven once, and acked them.
+    let seen = audit.take(7, WAIT).await;
+    assert_eq!(seen.len(), 7);
+    audit
+        .ack(seen.iter().map(|m| m.id.clone().unwrap()).collect(), 1)
+        .await;
+    assert_eq!(audit.result(WAIT).await.unwrap().code, 0);
 
     let driver = Driver::start(&chromedriver).await;
     let profile = tempfile::tempdir().unwrap();
@@ -320,7 +334,7 @@ async fn find_why_messages_died_replay_one_and_discard_the_rest() {
     click(&c, "#confirm").await;
     wait_text(&c, "#done", "Replayed 1 of 1").await;
 
-    // Discard the rest: "Discard all matching" on the unfiltered list.
+    // Fix and resend order-20: its currency, in the payload and a property.
     c.goto(&format!(
         "{console}/dead-letters?topic={}&sub=billing",
         encode(TOPIC)
@@ -328,6 +342,64 @@ async fn find_why_messages_died_replay_one_and_discard_the_rest() {
     .await
     .unwrap();
     wait_text(&c, "#matching", "3 dead letters match.").await;
+    let fix_row = row_with(&c, "order-20").await;
+    let fix_id = fix_row.attr("id").await.unwrap().unwrap()["dl-".len()..].to_owned();
+    fix_row
+        .find(Locator::Css("a[href^='/dead-letter?']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(&c, "#reason", "terminated: schema: unknown currency XXX").await;
+    wait_text(&c, "p.no-edits", "Never edited.").await;
+    let payload = c.find(Locator::Css("#edit-payload")).await.unwrap();
+    assert_eq!(
+        payload.prop("value").await.unwrap().as_deref(),
+        Some("order-20")
+    );
+    payload.clear().await.unwrap();
+    payload.send_keys("order-20 currency=EUR").await.unwrap();
+    c.find(Locator::Css("#edit-set"))
+        .await
+        .unwrap()
+        .send_keys("currency=EUR")
+        .await
+        .unwrap();
+    click(&c, "#edit-submit").await;
+    // The confirmation: exactly what changes, and who receives it.
+    wait_text(&c, "#diff-payload", "changed: 8 bytes → 21 bytes").await;
+    wait_text(&c, "#diff-set", "currency = EUR (new)").await;
+    wait_text(&c, "#diff-key", "unchanged (customer-7)").await;
+    wait_text(&c, "#plan-ids", &fix_id).await;
+    let options = c
+        .find(Locator::Css("#replay-options"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        options.contains("Only billing") && options.contains("audit included"),
+        "{options}"
+    );
+    screenshot(&c, "console-edit-confirm.png").await;
+    assert_eq!(
+        dead_letter_count(&url, TOPIC, "billing").await,
+        3,
+        "nothing happens before the POST"
+    );
+    click(&c, "#confirm").await;
+    wait_text(&c, "#done", "Edited and replayed 1 of 1").await;
+
+    // Discard the rest: "Discard all matching" on the unfiltered list.
+    c.goto(&format!(
+        "{console}/dead-letters?topic={}&sub=billing",
+        encode(TOPIC)
+    ))
+    .await
+    .unwrap();
+    wait_text(&c, "#matching", "2 dead letters match.").await;
     click(&c, "#purge-all").await;
     let plan_ids = c
         .wait()
@@ -338,25 +410,97 @@ async fn find_why_messages_died_replay_one_and_discard_the_rest() {
         .text()
         .await
         .unwrap();
-    assert_eq!(plan_ids.split(", ").count(), 3, "{plan_ids}");
-    assert!(!plan_ids.split(", ").any(|id| id == keep_id), "{plan_ids}");
+    assert_eq!(plan_ids.split(", ").count(), 2, "{plan_ids}");
+    assert!(
+        !plan_ids.split(", ").any(|id| id == keep_id || id == fix_id),
+        "{plan_ids}"
+    );
     click(&c, "#confirm").await;
-    wait_text(&c, "#done", "Discarded 3 of 3").await;
-    c.close().await.unwrap();
+    wait_text(&c, "#done", "Discarded 2 of 2").await;
 
-    // The broker agrees: no dead letters left, and the replayed message
-    // is delivered again, with its payload, key and properties.
+    // The broker agrees: no dead letters left; billing receives the
+    // replayed message unchanged and the fixed one edited (the retry due
+    // in 30 s may come too on a slow machine, and is not counted).
     assert_eq!(dead_letter_count(&url, TOPIC, "billing").await, 0);
     let mut again = RawConsumer::simple(&url, TOPIC, "billing", SubscriptionType::Shared).await;
     again.flow(10).await;
-    let m = again.next(WAIT).await.expect("the replayed message");
-    assert_eq!(text(&m), "order-17: fixed upstream");
-    assert_eq!(m.key, "customer-7");
+    let mut got = Vec::new();
+    while let Some(m) = again.next(if got.len() < 2 { WAIT } else { QUIET }).await {
+        if !text(&m).starts_with("later-") {
+            got.push(m);
+        }
+    }
+    got.sort_by_key(text);
+    let texts: Vec<String> = got.iter().map(text).collect();
     assert_eq!(
-        m.properties.get("source").map(String::as_str),
-        Some("web-shop")
+        texts,
+        ["order-17: fixed upstream", "order-20 currency=EUR"],
+        "the replayed and the fixed one, once each"
     );
-    assert!(again.next(QUIET).await.is_none(), "only the replayed one");
+    for m in &got {
+        assert_eq!(m.key, "customer-7");
+        assert_eq!(
+            m.properties.get("source").map(String::as_str),
+            Some("web-shop")
+        );
+    }
+    assert_eq!(got[0].properties.get("currency"), None);
+    assert_eq!(
+        got[1].properties.get("currency").map(String::as_str),
+        Some("EUR")
+    );
+    // The other subscription of the topic saw neither again.
+    assert!(audit.next(QUIET).await.is_none(), "audit sees nothing new");
+
+    // Still broken: dead again, its page shows the edit in its history.
+    again
+        .terminate(got[1].id.clone().unwrap(), "schema: EUR not enabled", 1)
+        .await;
+    assert_eq!(again.result(WAIT).await.unwrap().code, 0);
+    c.goto(&format!(
+        "{console}/dead-letters?topic={}&sub=billing",
+        encode(TOPIC)
+    ))
+    .await
+    .unwrap();
+    wait_text(&c, "#matching", "1 dead letters match.").await;
+    row_with(&c, "order-20 currency=EUR")
+        .await
+        .find(Locator::Css("a[href^='/dead-letter?']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(&c, "#reason", "terminated: schema: EUR not enabled").await;
+    let history = c
+        .find(Locator::Css("table.edits"))
+        .await
+        .expect("an edit history")
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        history.contains("anonymous")
+            && history.contains("8 → 21 bytes")
+            && history.contains("currency"),
+        "{history}"
+    );
+    c.close().await.unwrap();
+}
+
+/// The dead-letter list's row whose text contains `needle`.
+async fn row_with(c: &Client, needle: &str) -> fantoccini::elements::Element {
+    let rows = c
+        .find_all(Locator::Css("table.dead-letters tr[id^=dl-]"))
+        .await
+        .unwrap();
+    for row in rows {
+        if row.text().await.unwrap().contains(needle) {
+            return row;
+        }
+    }
+    panic!("no dead letter with {needle:?} listed");
 }
 
 fn encode(s: &str) -> String {

@@ -2,14 +2,17 @@
 //! router is called in-process (`tower::ServiceExt::oneshot`) against an
 //! in-process broker. Hostile message text is shown as text, never markup;
 //! unknown things are 404, malformed filters 400; and a change is made only
-//! by a POST carrying the token its confirmation page issued, once.
+//! by a POST carrying the token its confirmation page issued, once. An edit
+//! (fix and resend) is shown as a diff first, and a paced replay's job can
+//! be cancelled behind a confirmation.
 
 mod common;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use common::*;
-use ricochet_testkit::InProcessBroker;
+use ricochet_proto::SubscriptionType;
+use ricochet_testkit::{InProcessBroker, now_ms};
 use tower::ServiceExt;
 
 const TOPIC: &str = "persistent://public/default/console-http";
@@ -31,9 +34,13 @@ async fn get(app: &Router, uri: &str) -> (StatusCode, String) {
 }
 
 async fn post(app: &Router, form: &str) -> (StatusCode, String) {
+    post_to(app, "/act", form).await
+}
+
+async fn post_to(app: &Router, uri: &str, form: &str) -> (StatusCode, String) {
     let req = Request::builder()
         .method(Method::POST)
-        .uri("/act")
+        .uri(uri)
         .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
         .body(Body::from(form.to_owned()))
         .unwrap();
@@ -381,4 +388,330 @@ async fn a_loopback_console_refuses_other_host_names() {
         .body(Body::empty())
         .unwrap();
     assert_eq!(call(&app, req).await.0, StatusCode::OK);
+}
+
+/// The id of the one dead letter of `sub` on the list page.
+async fn only_dead_letter_id(app: &Router, sub: &str) -> String {
+    let (_, list) = get(app, &sub_uri("/dead-letters", sub, "")).await;
+    list.split("id=\"dl-")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .expect("a dead-letter row")
+        .to_owned()
+}
+
+/// The edit form of dead letter `id` of `s`, with these fields, encoded.
+fn edit_form(id: &str, fields: &[(&str, &str)]) -> String {
+    let mut all = vec![("topic", TOPIC), ("sub", "s"), ("id", id)];
+    all.extend_from_slice(fields);
+    serde_urlencoded::to_string(all).unwrap()
+}
+
+/// The text of the element with `id` (its first `</td>`-ended cell).
+fn cell<'a>(page: &'a str, id: &str) -> &'a str {
+    let at = page
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in:\n{page}"));
+    &page[at..at + page[at..].find("</td>").unwrap()]
+}
+
+#[tokio::test]
+async fn an_edit_is_shown_as_a_diff_then_replayed_into_this_subscription_only() {
+    let b = InProcessBroker::start().await;
+    let app = ricochet_broker::console::router(b.core.clone());
+    // A second subscription on the same topic, which must not see the edit.
+    let mut other = RawConsumer::simple(&b.url(), TOPIC, "other", SubscriptionType::Shared).await;
+    other.flow(10).await;
+    dead_letter_all(
+        &b.url(),
+        TOPIC,
+        "s",
+        &[Doomed {
+            payload: b"{\"v\":1}",
+            key: "old-key",
+            properties: &[("schema", "v1"), ("junk", "x")],
+            detail: "schema mismatch",
+        }],
+    )
+    .await;
+    assert!(other.next(WAIT).await.is_some(), "other got the original");
+    let id = only_dead_letter_id(&app, "s").await;
+    // The dead letter's page offers the form, with the payload and key.
+    let (_, page) = get(&app, &sub_uri("/dead-letter", "s", &format!("&id={id}"))).await;
+    assert!(page.contains("action=\"/confirm/edit\""), "{page}");
+    assert!(page.contains("Never edited."), "{page}");
+
+    // Nothing changed, a bad property line: 400, nothing held.
+    let (status, same) = post_to(
+        &app,
+        "/confirm/edit",
+        &edit_form(&id, &[("payload", "{\"v\":1}"), ("key", "old-key")]),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{same}");
+    assert!(same.contains("changes nothing"), "{same}");
+    let (status, bad) = post_to(
+        &app,
+        "/confirm/edit",
+        &edit_form(&id, &[("set", "no-equals")]),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+    assert!(bad.contains("name=value"), "{bad}");
+
+    // The diff: payload sizes, properties set (with what they were) and
+    // removed, the key; which subscription receives it.
+    let form = edit_form(
+        &id,
+        &[
+            // As a browser sends a textarea: CRLF line ends.
+            ("payload", "{\"v\":2,\r\n\"fixed\":true}"),
+            ("set", "schema = v2\r\nadded=yes"),
+            ("unset", "junk, absent"),
+            ("key", "new-key"),
+        ],
+    );
+    let (status, confirm) = post_to(&app, "/confirm/edit", &form).await;
+    assert_eq!(status, StatusCode::OK, "{confirm}");
+    assert!(
+        cell(&confirm, "diff-payload").contains("7 bytes → 21 bytes"),
+        "{confirm}"
+    );
+    let set = cell(&confirm, "diff-set");
+    assert!(
+        set.contains("<code>schema</code> = <code>v2</code> (was <code>v1</code>)")
+            && set.contains("<code>added</code> = <code>yes</code> (new)"),
+        "{set}"
+    );
+    let unset = cell(&confirm, "diff-unset");
+    assert!(
+        unset.contains("<code>junk</code> (was <code>x</code>)")
+            && unset.contains("<code>absent</code> (not present"),
+        "{unset}"
+    );
+    assert!(
+        cell(&confirm, "diff-key").contains("<code>old-key</code> → <code>new-key</code>"),
+        "{confirm}"
+    );
+    assert!(confirm.contains("id=\"plan-ids\">"), "{confirm}");
+    assert!(
+        confirm.contains("value=\"retry\" checked") && confirm.contains("other included"),
+        "retry tier by default, the topic named as reaching `other`: {confirm}"
+    );
+    assert_eq!(
+        dead_letter_count(&b.url(), TOPIC, "s").await,
+        1,
+        "showing changes nothing"
+    );
+    let (status, done) = post(
+        &app,
+        &format!("token={}&mode=retry&at=&rate=", token_of(&confirm)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert!(done.contains("Edited and replayed 1 of 1"), "{done}");
+    assert!(done.contains("only s receives it"), "{done}");
+    assert_eq!(dead_letter_count(&b.url(), TOPIC, "s").await, 0);
+
+    // s receives the edited message (LF line ends); `other` nothing.
+    let mut s = RawConsumer::simple(&b.url(), TOPIC, "s", SubscriptionType::Shared).await;
+    s.flow(10).await;
+    let m = s.next(WAIT).await.expect("the edited message");
+    assert_eq!(text(&m), "{\"v\":2,\n\"fixed\":true}");
+    assert_eq!(m.key, "new-key");
+    assert_eq!(m.properties.get("schema").map(String::as_str), Some("v2"));
+    assert_eq!(m.properties.get("added").map(String::as_str), Some("yes"));
+    assert!(!m.properties.contains_key("junk"));
+    assert!(
+        other.next(QUIET).await.is_none(),
+        "other sees nothing again"
+    );
+
+    // Dead again: its page shows the edit in its history.
+    s.terminate(m.id.clone().unwrap(), "still broken", 1).await;
+    assert_eq!(s.result(WAIT).await.unwrap().code, 0);
+    let id = only_dead_letter_id(&app, "s").await;
+    let (_, page) = get(&app, &sub_uri("/dead-letter", "s", &format!("&id={id}"))).await;
+    let at = page.find("class=\"edits\"").expect("an edit history");
+    let history = &page[at..at + page[at..].find("</table>").unwrap()];
+    assert!(
+        history.contains("anonymous")
+            && history.contains("7 → 21 bytes")
+            && history.contains("added, schema")
+            && history.contains("<td>junk</td>")
+            && history.contains("changed"),
+        "{history}"
+    );
+}
+
+#[tokio::test]
+async fn hostile_text_in_an_edit_is_shown_as_text() {
+    let b = InProcessBroker::start().await;
+    let app = ricochet_broker::console::router(b.core.clone());
+    dead_letter_all(
+        &b.url(),
+        TOPIC,
+        "s",
+        &[Doomed {
+            payload: b"plain",
+            key: "k",
+            properties: &[(HOSTILE_PROP_KEY, "old")],
+            detail: "bad",
+        }],
+    )
+    .await;
+    let id = only_dead_letter_id(&app, "s").await;
+    let set = format!("{HOSTILE_PROP_KEY}={HOSTILE_PROP_VALUE}");
+    let (status, confirm) = post_to(
+        &app,
+        "/confirm/edit",
+        &edit_form(
+            &id,
+            &[
+                ("payload", HOSTILE_PAYLOAD),
+                ("set", &set),
+                ("unset", HOSTILE_DETAIL),
+                ("key", HOSTILE_KEY),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{confirm}");
+    for bad in MARKUP {
+        assert!(!confirm.contains(bad), "{bad:?} as markup:\n{confirm}");
+    }
+    for shown in [
+        "&lt;script&gt;alert('payload')&lt;/script&gt;",
+        "&lt;i onmouseover=alert('key')&gt;k&lt;/i&gt;",
+        "&lt;b&gt;prop&lt;/b&gt;",
+        "&quot;&gt;&lt;img src=x onerror=alert('value')&gt;",
+        "&lt;svg onload=alert('reason')&gt;",
+    ] {
+        assert!(confirm.contains(shown), "missing {shown:?}:\n{confirm}");
+    }
+    // Carried out, the history names the hostile property, as text.
+    let (status, done) = post(&app, &format!("token={}", token_of(&confirm))).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    let mut s = RawConsumer::simple(&b.url(), TOPIC, "s", SubscriptionType::Shared).await;
+    s.flow(10).await;
+    let m = s.next(WAIT).await.expect("the edited message");
+    assert_eq!(text(&m), HOSTILE_PAYLOAD);
+    s.terminate(m.id.clone().unwrap(), "again", 1).await;
+    assert_eq!(s.result(WAIT).await.unwrap().code, 0);
+    let id = only_dead_letter_id(&app, "s").await;
+    let (_, page) = get(&app, &sub_uri("/dead-letter", "s", &format!("&id={id}"))).await;
+    assert!(page.contains("class=\"edits\""), "{page}");
+    for bad in MARKUP {
+        assert!(!page.contains(bad), "{bad:?} as markup:\n{page}");
+    }
+}
+
+#[tokio::test]
+async fn an_edit_is_made_only_by_a_post_with_its_token() {
+    let b = InProcessBroker::start().await;
+    let app = ricochet_broker::console::router(b.core.clone());
+    dead_letter_all(
+        &b.url(),
+        TOPIC,
+        "s",
+        &[Doomed {
+            payload: b"before",
+            key: "k",
+            properties: &[],
+            detail: "bad",
+        }],
+    )
+    .await;
+    let id = only_dead_letter_id(&app, "s").await;
+    let edit = edit_form(&id, &[("payload", "after")]);
+    // The edit's fields posted straight to /act, without or with a made-up
+    // token: refused.
+    let (status, page) = post(&app, &edit).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+    let (status, page) = post(
+        &app,
+        &format!("{edit}&token=0123456789abcdef0123456789abcdef"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{page}");
+    // The confirmation step itself changes nothing, and a GET of it is no
+    // way in either.
+    let (status, confirm) = post_to(&app, "/confirm/edit", &edit).await;
+    assert_eq!(status, StatusCode::OK, "{confirm}");
+    let (status, _) = get(&app, &format!("/confirm/edit?{edit}")).await;
+    assert_ne!(status, StatusCode::OK);
+    assert_eq!(dead_letter_count(&b.url(), TOPIC, "s").await, 1);
+    let token = token_of(&confirm);
+    // Bad choices are refused before the token is used ...
+    let (status, page) = post(&app, &format!("token={token}&mode=sideways")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+    let (status, page) = post(&app, &format!("token={token}&mode=topic&at=10m")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+    assert_eq!(dead_letter_count(&b.url(), TOPIC, "s").await, 1);
+    // ... so the same confirmation still works, once: due in an hour.
+    let (status, done) = post(&app, &format!("token={token}&mode=retry&at=1h")).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert!(done.contains("Edited and replayed 1 of 1"), "{done}");
+    assert_eq!(dead_letter_count(&b.url(), TOPIC, "s").await, 0);
+    let stats = sub_stats(&b.url(), TOPIC, "s").await;
+    assert_eq!(stats.scheduled_retries, 1, "due later: {stats:?}");
+    assert!(
+        stats.next_retry_due_ms > now_ms() + 50 * 60_000,
+        "{stats:?}"
+    );
+    let (status, _) = post(&app, &format!("token={token}")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn a_paced_replay_is_a_job_listed_on_the_subscription_and_cancelled_behind_a_confirmation() {
+    let b = InProcessBroker::start().await;
+    let app = ricochet_broker::console::router(b.core.clone());
+    let payloads: Vec<String> = (0..40).map(|i| format!("m-{i}")).collect();
+    let doomed: Vec<Doomed> = payloads
+        .iter()
+        .map(|p| Doomed {
+            payload: p.as_bytes(),
+            key: "",
+            properties: &[],
+            detail: "bad",
+        })
+        .collect();
+    dead_letter_all(&b.url(), TOPIC, "s", &doomed).await;
+    let (_, page) = get(&app, &sub_uri("/subscription", "s", "")).await;
+    assert!(page.contains("No replay job running."), "{page}");
+    let (_, confirm) = get(&app, &sub_uri("/confirm/replay", "s", "")).await;
+    assert!(confirm.contains("Replay 40 dead letters?"), "{confirm}");
+    let (status, done) = post(&app, &format!("token={}&rate=1", token_of(&confirm))).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert!(done.contains("started for 40"), "{done}");
+    // At one a second it runs for about 40 s: listed, with a cancel link.
+    let (_, page) = get(&app, &sub_uri("/subscription", "s", "")).await;
+    let at = page.find("id=\"jobs\"").expect("the jobs table");
+    let jobs = &page[at..at + page[at..].find("</table>").unwrap()];
+    assert!(jobs.contains(" of 40"), "{jobs}");
+    let href = jobs
+        .split("href=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .expect("a cancel link")
+        .replace("&amp;", "&");
+    assert!(href.starts_with("/confirm/cancel-job?"), "{href}");
+    let (status, confirm) = get(&app, &href).await;
+    assert_eq!(status, StatusCode::OK, "{confirm}");
+    assert!(confirm.contains("Cancel replay job"), "{confirm}");
+    let (status, done) = post(&app, &format!("token={}", token_of(&confirm))).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert!(done.contains("Cancelled replay job"), "{done}");
+    let (_, page) = get(&app, &sub_uri("/subscription", "s", "")).await;
+    assert!(page.contains("No replay job running."), "{page}");
+    // Stopped: most are still dead letters.
+    let left = dead_letter_count(&b.url(), TOPIC, "s").await;
+    assert!(
+        (20..=40).contains(&left),
+        "cancelled long before the end: {left} left"
+    );
+    // An unknown job: 404.
+    let (status, _) = get(&app, &sub_uri("/confirm/cancel-job", "s", "&job=999999")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }

@@ -5,9 +5,10 @@
 //! answers with the same validation and the same errors (a
 //! [`tonic::Status`], mapped to an HTTP status by [`super::ConsoleError`]).
 //!
-//! When the admin API grows (edit-and-replay, subscription-scoped replay,
-//! dry runs and group-by on branch `dlq`), its calls are added here as one
-//! method each; pages and actions only see these methods.
+//! Pages and actions only see these methods: listings, the broker's own
+//! group-by, dry runs that resolve a filter to the exact ids a change would
+//! touch, replay (retry tier or topic, now or later, with an edit, at once
+//! or as a paced job), purge, and replay jobs.
 
 use crate::service::AdminService;
 use ricochet_proto::admin_server::Admin;
@@ -65,20 +66,30 @@ impl GroupBy {
             _ => None,
         }
     }
+
+    fn wire(self) -> DeadLetterGroupBy {
+        match self {
+            Self::Reason => DeadLetterGroupBy::Reason,
+            Self::Consumer => DeadLetterGroupBy::Consumer,
+            Self::Hour => DeadLetterGroupBy::Hour,
+        }
+    }
 }
 
-/// One group of dead letters and how many it holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Group {
-    /// The reason, consumer, or the hour's start (ms since epoch) as text.
-    pub key: String,
-    /// For [`GroupBy::Hour`], the hour's start, ms since epoch.
-    pub hour_ms: Option<u64>,
-    pub count: u64,
+/// How a replay is carried out, beyond which dead letters it takes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ReplayOptions {
+    /// Published again on the topic (every subscription) instead of into
+    /// the subscription's own retry tier.
+    pub to_topic: bool,
+    /// Retry tier only: delivered at this time (ms since epoch; 0: now).
+    pub deliver_at_ms: u64,
+    /// Fix and resend: the changes applied to each replayed dead letter.
+    pub edit: Option<ReplayEdit>,
+    /// Paced at this many per second as a background job (0: at once,
+    /// answered when done).
+    pub rate_per_second: u32,
 }
-
-/// Most dead letters a grouping reads.
-const GROUP_LIMIT: u32 = 10_000;
 
 /// The admin calls the console makes.
 #[derive(Debug, Clone)]
@@ -174,77 +185,120 @@ impl ConsoleApi {
         Ok(r.into_inner())
     }
 
-    /// The dead letters matching `query`, counted by `by` (largest group
-    /// first; by hour, oldest first), and whether there were more than
-    /// could be read. The admin API has no group-by yet (branch `dlq` adds
-    /// one), so this counts a listing of at most 10 000; when it has, this
-    /// method becomes that call.
+    /// The admin API's group-by of the dead letters matching `query`.
     pub(crate) async fn group_dead_letters(
         &self,
         topic: &str,
         sub: &str,
         query: &DeadLetterQuery,
         by: GroupBy,
-    ) -> ApiResult<(Vec<Group>, bool)> {
-        let listed = self
-            .dead_letters(topic, sub, query, GROUP_LIMIT, None)
+    ) -> ApiResult<GroupDeadLettersResponse> {
+        let r = self
+            .admin
+            .group_dead_letters(Request::new(GroupDeadLettersRequest {
+                topic: topic.to_owned(),
+                subscription: sub.to_owned(),
+                filter: query.to_filter(),
+                group_by: by.wire() as i32,
+                ids_per_group: 0,
+            }))
             .await?;
-        let mut groups: Vec<Group> = Vec::new();
-        for d in &listed.dead_letters {
-            let (key, hour_ms) = match by {
-                GroupBy::Reason => (d.reason.clone(), None),
-                GroupBy::Consumer => (
-                    d.attempts
-                        .last()
-                        .map(|a| a.consumer.clone())
-                        .unwrap_or_default(),
-                    None,
-                ),
-                GroupBy::Hour => {
-                    let h = d.dead_lettered_at_ms / 3_600_000 * 3_600_000;
-                    (h.to_string(), Some(h))
-                }
-            };
-            match groups.iter_mut().find(|g| g.key == key) {
-                Some(g) => g.count += 1,
-                None => groups.push(Group {
-                    key,
-                    hour_ms,
-                    count: 1,
-                }),
-            }
-        }
-        match by {
-            GroupBy::Hour => groups.sort_by_key(|g| g.hour_ms),
-            _ => groups.sort_by(|a, b| b.count.cmp(&a.count).then(a.key.cmp(&b.key))),
-        }
-        Ok((groups, listed.total > listed.dead_letters.len() as u64))
+        Ok(r.into_inner())
     }
 
-    /// Replays exactly the dead letters `ids` (the admin API's default
-    /// replay: each moves into the subscription's own retry tier, due now,
-    /// in one transaction). An empty `ids` is refused: the admin API reads an empty id
-    /// list as "every dead letter".
+    /// The ids of the dead letters a replay of `query` would take, as the
+    /// broker resolves them (a dry run: nothing changes).
+    pub(crate) async fn replay_dry_run(
+        &self,
+        topic: &str,
+        sub: &str,
+        query: &DeadLetterQuery,
+    ) -> ApiResult<Vec<u64>> {
+        let r = self
+            .admin
+            .replay_dead_letters(Request::new(ReplayDeadLettersRequest {
+                topic: topic.to_owned(),
+                subscription: sub.to_owned(),
+                filter: query.to_filter(),
+                dry_run: true,
+                ..Default::default()
+            }))
+            .await?;
+        Ok(r.into_inner().dead_letter_ids)
+    }
+
+    /// The ids of the dead letters a purge of `query` would remove (a dry
+    /// run: nothing changes).
+    pub(crate) async fn purge_dry_run(
+        &self,
+        topic: &str,
+        sub: &str,
+        query: &DeadLetterQuery,
+    ) -> ApiResult<Vec<u64>> {
+        let r = self
+            .admin
+            .purge_dead_letters(Request::new(PurgeDeadLettersRequest {
+                topic: topic.to_owned(),
+                subscription: sub.to_owned(),
+                filter: query.to_filter(),
+                dry_run: true,
+            }))
+            .await?;
+        Ok(r.into_inner().dead_letter_ids)
+    }
+
+    /// Replays exactly the dead letters `ids` as `options` say (by default
+    /// each moves into the subscription's own retry tier, due now, in one
+    /// transaction). An empty `ids` is refused: the admin API reads an
+    /// empty id list as "every dead letter".
     pub(crate) async fn replay(
         &self,
         topic: &str,
         sub: &str,
         ids: &[u64],
+        options: &ReplayOptions,
     ) -> ApiResult<ReplayDeadLettersResponse> {
         let filter = explicit_ids(ids)?;
+        let mode = if options.to_topic {
+            ReplayMode::Topic
+        } else {
+            ReplayMode::RetryTier
+        };
         let r = self
             .admin
             .replay_dead_letters(Request::new(ReplayDeadLettersRequest {
                 topic: topic.to_owned(),
                 subscription: sub.to_owned(),
                 filter: Some(filter),
-                // Into this subscription's own retry tier, due now, in one
-                // transaction: no other subscription sees it.
-                mode: ricochet_proto::ReplayMode::RetryTier as i32,
+                mode: mode as i32,
+                deliver_at_ms: options.deliver_at_ms,
+                edit: options.edit.clone(),
+                rate_per_second: options.rate_per_second,
+                detach: options.rate_per_second > 0,
                 ..Default::default()
             }))
             .await?;
         Ok(r.into_inner())
+    }
+
+    /// The replay jobs of `topic`/`sub` still running.
+    pub(crate) async fn replay_jobs(&self, topic: &str, sub: &str) -> ApiResult<Vec<ReplayJob>> {
+        let r = self
+            .admin
+            .list_replay_jobs(Request::new(ListReplayJobsRequest {
+                topic: topic.to_owned(),
+                subscription: sub.to_owned(),
+            }))
+            .await?;
+        Ok(r.into_inner().jobs)
+    }
+
+    /// Cancels replay job `id` (what it replayed stays replayed).
+    pub(crate) async fn cancel_replay_job(&self, id: u64) -> ApiResult<()> {
+        self.admin
+            .cancel_replay_job(Request::new(CancelReplayJobRequest { id }))
+            .await?;
+        Ok(())
     }
 
     /// Discards exactly the dead letters `ids`; how many went. An empty

@@ -20,18 +20,21 @@
 //!   over the in-process [`AdminService`] (the gRPC admin implementation
 //!   itself, called directly, no loopback connection): same validation, same
 //!   errors, same durability as the admin API.
-//! * An action is two steps ([`actions`]): a GET shows exactly what will
-//!   happen (the subscription, the ids, what replay does to them) and holds
-//!   that plan server-side under a random single-use token; only a POST
-//!   carrying the token carries it out, on exactly those ids.
+//! * An action is two steps ([`actions`]): a confirmation page shows
+//!   exactly what will happen (the subscription, the ids as the broker's
+//!   dry run resolves them, what replay does to them, an edit's changes)
+//!   and holds that plan server-side under a random single-use token; only
+//!   a POST carrying the token carries it out, on exactly those ids.
 //! * Loopback only (unless `console_allow_remote`) means the host name a
 //!   request names too: another name is refused, so a web page that points
 //!   its own name at 127.0.0.1 (DNS rebinding) cannot read a page or a token.
 //!
-//! Edit-and-replay (issue #14, item 2) is not offered: the admin API's
-//! `ReplayDeadLetters` takes no payload, key or property changes, so a form
-//! could only pretend. When the API has it, it is one more
-//! [`api::ConsoleApi`] method and one more [`actions`] kind.
+//! Fix and resend (issue #14, item 2): a dead letter's page has an edit
+//! form (payload as text or base64, properties set and removed, key); its
+//! confirmation shows the change and who receives it, and the POST replays
+//! through `ReplayDeadLetters` with the edit, which the broker records in
+//! the message's edit history (shown on the dead letter's and message's
+//! pages).
 
 mod actions;
 mod api;
@@ -72,6 +75,7 @@ pub fn router(core: Arc<BrokerCore>) -> Router {
         .route("/dead-letter", get(pages::dead_letter))
         .route("/message", get(pages::message))
         .route("/confirm/{action}", get(actions::confirm))
+        .route("/confirm/edit", post(actions::confirm_edit))
         .route("/act", post(actions::perform))
         .fallback(|| async { ConsoleError::not_found("no such page") })
         .with_state(state)
@@ -215,6 +219,8 @@ th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums}
 pre{background:#f6f6f6;padding:.5em;white-space:pre-wrap;word-break:break-all;max-width:70em}
 nav{margin-bottom:1em;color:#555}.error{color:#a00}.warn{background:#fff4d6;padding:.5em}
 form.inline{display:inline}button{cursor:pointer}
+fieldset{margin:.8em 0;border:1px solid #ccc}textarea{width:100%;max-width:60em;font-family:monospace}
+form.edit label{display:block;margin:.4em 0}
 button.danger{background:#b22;color:#fff;border:0;padding:.4em 1em}
 button.go{background:#263;color:#fff;border:0;padding:.4em 1em}
 .charts{display:flex;flex-wrap:wrap;gap:2em}.legend span{display:inline-block;margin-right:1em}

@@ -1,14 +1,16 @@
 //! The console's read-only pages (every one a GET): the topics with their
 //! subscriptions' backlog, unacked, retry-queue and dead-letter counts; a
 //! topic; a subscription with its pictures; the dead-letter list with its
-//! filters; one dead letter with every attempt; any stored message with its
-//! state in each subscription. Also the query-string parsing they share
+//! filters and the broker's group-by; one dead letter with every attempt,
+//! its edit history and the fix-and-resend form; any stored message with
+//! its state in each subscription; the subscription's replay jobs. Also the query-string parsing they share
 //! (a bad filter is a 400 naming the field) and the small formatters.
 
 use super::api::{ConsoleApi, DeadLetterQuery, GroupBy};
 use super::charts;
 use super::{ConsoleError, ConsoleState, Page, layout};
 use axum::extract::{Query, State};
+use base64::Engine;
 use maud::{Markup, html};
 use ricochet_proto::*;
 use serde::Deserialize;
@@ -32,6 +34,7 @@ pub(crate) struct Params {
     pub ids: String,
     pub after: String,
     pub group: String,
+    pub job: String,
 }
 
 impl Params {
@@ -340,14 +343,12 @@ pub(crate) async fn subscription(State(st): State<ConsoleState>, Query(p): Query
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     let inflow = charts::Inflow::from_points(&points, now_ms);
-    let mut reasons: Vec<(&str, u64)> = Vec::new();
-    for (_, r) in &points {
-        match reasons.iter_mut().find(|(x, _)| x == r) {
-            Some((_, n)) => *n += 1,
-            None => reasons.push((r, 1)),
-        }
-    }
-    reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let reasons = st
+        .api
+        .group_dead_letters(topic, sub, &DeadLetterQuery::default(), GroupBy::Reason)
+        .await?
+        .groups;
+    let jobs = st.api.replay_jobs(topic, sub).await?;
     let title = format!("{sub} on {topic}");
     Ok(layout(
         &title,
@@ -390,11 +391,32 @@ pub(crate) async fn subscription(State(st): State<ConsoleState>, Query(p): Query
             @if !reasons.is_empty() {
                 h2 { "Why messages died" }
                 table.reasons {
-                    tr { th { "Reason" } th { "Dead letters" } }
-                    @for (r, n) in &reasons {
+                    tr { th { "Reason" } th { "Dead letters" } th { "First" } th { "Last" } }
+                    @for g in &reasons {
                         tr {
-                            td { a href=(link("/dead-letters", &[("topic", topic), ("sub", sub), ("reason", r)])) { (r) } }
-                            td.n { (n) }
+                            td { a href=(link("/dead-letters", &[("topic", topic), ("sub", sub), ("reason", &g.key)])) { (g.key) } }
+                            td.n { (g.count) }
+                            td { (fmt_ms(g.first_at_ms)) }
+                            td { (fmt_ms(g.last_at_ms)) }
+                        }
+                    }
+                }
+            }
+            h2 { "Replay jobs" }
+            @if jobs.is_empty() { p #no-jobs { "No replay job running." } } @else {
+                table #jobs {
+                    tr { th { "Job" } th { "Started" } th { "By" } th { "Into" } th { "Done" } th { "Replayed" } th { "Per second" } th {} }
+                    @for j in &jobs {
+                        @let job = j.id.to_string();
+                        tr id=(format!("job-{job}")) {
+                            td.n { (j.id) }
+                            td { (fmt_ms(j.created_ms)) }
+                            td { (j.by) }
+                            td { @if j.mode == ReplayMode::Topic as i32 { "the topic (every subscription)" } @else { (sub) "'s retry tier" } }
+                            td.n { (j.done) " of " (j.total) }
+                            td.n { (j.replayed) }
+                            td.n { (j.rate_per_second) }
+                            td { a.cancel-job href=(link("/confirm/cancel-job", &[("topic", topic), ("sub", sub), ("job", &job)])) { "cancel…" } }
                         }
                     }
                 }
@@ -436,7 +458,13 @@ pub(crate) async fn dead_letters(State(st): State<ConsoleState>, Query(p): Query
         .dead_letters(topic, sub, &query, PAGE_SIZE, after)
         .await?;
     let grouped = match group_by {
-        Some(by) => Some((by, st.api.group_dead_letters(topic, sub, &query, by).await?)),
+        Some(by) => Some((
+            by,
+            st.api
+                .group_dead_letters(topic, sub, &query, by)
+                .await?
+                .groups,
+        )),
         None => None,
     };
     let mut keep: Vec<(&str, &str)> = vec![("topic", topic), ("sub", sub)];
@@ -485,9 +513,8 @@ pub(crate) async fn dead_letters(State(st): State<ConsoleState>, Query(p): Query
                 a href=(sub_link("/dead-letters", topic, sub)) { "clear" }
             }
             p #matching { (page.total) " dead letters match." }
-            @if let Some((by, (groups, truncated))) = &grouped {
+            @if let Some((by, groups)) = &grouped {
                 (groups_table(topic, sub, *by, groups))
-                @if *truncated { p.warn { "Counted over the first 10000 matching dead letters only." } }
             }
             @if page.total > 0 {
                 p {
@@ -526,32 +553,91 @@ pub(crate) async fn dead_letters(State(st): State<ConsoleState>, Query(p): Query
     ))
 }
 
-/// The group-by table: each group's count, with a link to its dead
-/// letters where a filter can express it (a reason, an hour).
-fn groups_table(topic: &str, sub: &str, by: GroupBy, groups: &[super::api::Group]) -> Markup {
-    let (title, hour) = match by {
-        GroupBy::Reason => ("Reason", false),
-        GroupBy::Consumer => ("Last consumer", false),
-        GroupBy::Hour => ("Hour (UTC)", true),
+/// The group-by table (the broker's `GroupDeadLetters`): each group's
+/// count and first and last time, with a link to its dead letters where a
+/// filter can express it (a reason, an hour).
+fn groups_table(topic: &str, sub: &str, by: GroupBy, groups: &[DeadLetterGroup]) -> Markup {
+    let title = match by {
+        GroupBy::Reason => "Reason",
+        GroupBy::Consumer => "Last consumer",
+        GroupBy::Hour => "Hour (UTC)",
     };
     html! {
         table #groups {
-            tr { th { (title) } th { "Dead letters" } }
+            tr { th { (title) } th { "Dead letters" } th { "First" } th { "Last" } }
             @for g in groups {
                 tr {
                     td {
-                        @match (by, g.hour_ms) {
+                        @match (by, hour_start_ms(&g.key)) {
                             (GroupBy::Reason, _) => a href=(link("/dead-letters", &[("topic", topic), ("sub", sub), ("reason", &g.key)])) { (g.key) },
-                            (_, Some(h)) if hour => {
+                            (GroupBy::Hour, Some(h)) => {
                                 @let (since, until) = (h.to_string(), (h + 3_600_000).to_string());
                                 a href=(link("/dead-letters", &[("topic", topic), ("sub", sub), ("since", &since), ("until", &until)])) { (fmt_ms(h)) }
                             }
-                            _ => { @if g.key.is_empty() { "(none)" } @else { (g.key) } },
+                            _ => { (g.key) },
                         }
                     }
                     td.n { (g.count) }
+                    td { (fmt_ms(g.first_at_ms)) }
+                    td { (fmt_ms(g.last_at_ms)) }
                 }
             }
+        }
+    }
+}
+
+/// An hour group's key (`2026-11-30T20:00:00Z`) as ms since the epoch.
+fn hour_start_ms(key: &str) -> Option<u64> {
+    let t = humantime::parse_rfc3339(key).ok()?;
+    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64)
+}
+
+/// A message's edit history (fix and resend), newest last.
+fn edits_table(edits: &[DeadLetterEdit]) -> Markup {
+    html! {
+        @if edits.is_empty() {
+            p.no-edits { "Never edited." }
+        } @else {
+            table.edits {
+                tr { th { "Time" } th { "By" } th { "Payload" } th { "Properties set" } th { "Properties removed" } th { "Key" } }
+                @for e in edits {
+                    tr {
+                        td { (fmt_ms(e.time_ms)) }
+                        td { (e.by) }
+                        td { (e.payload_size_before) " → " (e.payload_size_after) " bytes" }
+                        td { (e.properties_set.join(", ")) }
+                        td { (e.properties_removed.join(", ")) }
+                        td { @if e.key_changed { "changed" } @else { "unchanged" } }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A dead letter's edit form: posts to the edit confirmation, which
+/// changes nothing.
+fn edit_form(topic: &str, sub: &str, id: u64, m: &Message) -> Markup {
+    let text = std::str::from_utf8(&m.payload).ok();
+    html! {
+        form.edit #edit method="post" action="/confirm/edit" {
+            input type="hidden" name="topic" value=(topic);
+            input type="hidden" name="sub" value=(sub);
+            input type="hidden" name="id" value=(id);
+            @if let Some(text) = text {
+                label { "Payload (UTF-8 text)" br; textarea #edit-payload name="payload" rows="6" { (text) } }
+            } @else {
+                p.warn { "The payload is not UTF-8 text: give a new one in base64 below, or leave it empty to keep it." }
+            }
+            label {
+                "Or a new payload in base64 (replaces the text above when given)" br;
+                textarea #edit-payload-b64 name="payload_b64" rows="2" placeholder=(base64::engine::general_purpose::STANDARD.encode(b"{\"fixed\":true}")) {}
+            }
+            label { "Set properties, one name=value a line" br; textarea #edit-set name="set" rows="3" placeholder="schema=v2" {} }
+            label { "Remove properties (names, separated by commas)" br; input #edit-unset type="text" name="unset" size="40"; }
+            label { "Key " input #edit-key type="text" name="key" value=(m.key) size="40"; }
+            button.go #edit-submit type="submit" { "Review the edit…" }
+            " Nothing changes until you confirm on the next page."
         }
     }
 }
@@ -587,16 +673,17 @@ pub(crate) async fn dead_letter(State(st): State<ConsoleState>, Query(p): Query<
                 " · "
                 a.purge href=(link("/confirm/purge", &one)) { "Discard this message…" }
             }
-            p.note {
-                "Fix and resend (a new payload, key or properties) is not offered: this broker's admin API "
-                "replays a dead letter unchanged."
-            }
             h2 { "Attempts" }
             (attempts_table(&d.attempts))
+            h2 { "Edit history" }
+            (edits_table(&d.edits))
             h2 { "Properties" }
             (properties_table(&m))
             h2 { "Payload" }
             (payload_view(&m.payload))
+            h2 { "Fix and resend" }
+            p { "Change the payload, properties or key, then replay it (the next page shows exactly what changes and who receives it)." }
+            (edit_form(topic, sub, id, &m))
         },
     ))
 }
@@ -643,6 +730,10 @@ pub(crate) async fn message(State(st): State<ConsoleState>, Query(p): Query<Para
                 h3 { a href=(sub_link("/subscription", topic, &s.subscription)) { (s.subscription) } ": " (s.state) }
                 p { (s.delivery_count) " failed deliveries." }
                 (attempts_table(&s.attempts))
+                @if !s.edits.is_empty() {
+                    h4 { "Edits" }
+                    (edits_table(&s.edits))
+                }
             }
             h2 { "Properties" }
             (properties_table(&m))
