@@ -714,7 +714,7 @@ pub(crate) async fn perform(State(st): State<ConsoleState>, body: Bytes) -> Page
             }
         }
         Action::CancelJob => {
-            st.api.cancel_replay_job(plan.job).await?;
+            st.api.cancel_replay_job(&plan.topic, plan.job).await?;
             tracing::info!(
                 topic,
                 subscription = sub,

@@ -293,10 +293,14 @@ impl ConsoleApi {
         Ok(r.into_inner().jobs)
     }
 
-    /// Cancels replay job `id` (what it replayed stays replayed).
-    pub(crate) async fn cancel_replay_job(&self, id: u64) -> ApiResult<()> {
+    /// Cancels replay job `id` of `topic` (what it replayed stays
+    /// replayed); a job of another topic is not found.
+    pub(crate) async fn cancel_replay_job(&self, topic: &str, id: u64) -> ApiResult<()> {
         self.admin
-            .cancel_replay_job(Request::new(CancelReplayJobRequest { id }))
+            .cancel_replay_job(Request::new(CancelReplayJobRequest {
+                id,
+                topic: topic.to_owned(),
+            }))
             .await?;
         Ok(())
     }

@@ -377,9 +377,20 @@ pub(super) async fn cancel_job(
     core: &BrokerCore,
     r: CancelReplayJobRequest,
 ) -> Result<CancelReplayJobResponse, Status> {
+    let topic = if r.topic.is_empty() {
+        None
+    } else {
+        Some(full_topic_name(&r.topic)?)
+    };
     let jobs = core.storage.replay_jobs(false).map_err(BrokerError::from)?;
-    if !jobs.iter().any(|j| j.id == r.id) {
-        return Err(Status::not_found(format!("no replay job {}", r.id)));
+    let found = jobs
+        .iter()
+        .any(|j| j.id == r.id && topic.as_ref().is_none_or(|t| *t == j.topic));
+    if !found {
+        return Err(Status::not_found(match &topic {
+            Some(t) => format!("no replay job {} on {t}", r.id),
+            None => format!("no replay job {}", r.id),
+        }));
     }
     core.storage
         .remove_replay_job(r.id)
