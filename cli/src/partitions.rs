@@ -125,19 +125,7 @@ pub(crate) async fn create(ctx: &mut Ctx<'_>, topic: String, partitions: u32) ->
         .create_partitioned_topic(pb::UpdatePartitionsRequest { topic, partitions })
         .await?
         .into_inner();
-    let view = PartitionedView {
-        topic: r.topic,
-        partitions: r.partitions,
-    };
-    if ctx.json() {
-        return write_json(ctx.out, &view);
-    }
-    writeln!(
-        ctx.out,
-        "created {} with {} partitions",
-        view.topic, view.partitions
-    )?;
-    Ok(())
+    show(ctx, r, "created ", " with")
 }
 
 /// `topics update-partitions TOPIC N`.
@@ -147,6 +135,16 @@ pub(crate) async fn update(ctx: &mut Ctx<'_>, topic: String, partitions: u32) ->
         .update_partitions(pb::UpdatePartitionsRequest { topic, partitions })
         .await?
         .into_inner();
+    show(ctx, r, "", " has")
+}
+
+/// Prints a partitioned topic's count: JSON, or `{before}TOPIC{after} N partitions`.
+fn show(
+    ctx: &mut Ctx<'_>,
+    r: pb::PartitionedTopicMetadata,
+    before: &str,
+    after: &str,
+) -> Result<()> {
     let view = PartitionedView {
         topic: r.topic,
         partitions: r.partitions,
@@ -154,6 +152,10 @@ pub(crate) async fn update(ctx: &mut Ctx<'_>, topic: String, partitions: u32) ->
     if ctx.json() {
         return write_json(ctx.out, &view);
     }
-    writeln!(ctx.out, "{} has {} partitions", view.topic, view.partitions)?;
+    writeln!(
+        ctx.out,
+        "{before}{}{after} {} partitions",
+        view.topic, view.partitions
+    )?;
     Ok(())
 }
