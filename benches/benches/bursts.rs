@@ -21,7 +21,9 @@
 //!
 //! Both in `Durability::Sync` and `Durability::Interval` (50 ms).
 //! `cargo bench -p ricochet-benches --bench bursts`. Environment:
-//! `BURSTS_N` (burst size), `BURSTS_M` (loop size), `BURSTS_ONLY=burst|loop`.
+//! `BURSTS_N` (burst size), `BURSTS_M` (loop size), `BURSTS_ONLY=burst|loop`,
+//! `BURSTS_VARIANT=nack|broker|reconsume` (one burst variant),
+//! `BURSTS_MODE=sync|interval` (one durability mode).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -51,6 +53,14 @@ enum Variant {
 }
 
 impl Variant {
+    fn key(self) -> &'static str {
+        match self {
+            Variant::Nack => "nack",
+            Variant::NackBrokerHeld => "broker",
+            Variant::Reconsume => "reconsume",
+        }
+    }
+
     fn label(self) -> &'static str {
         match self {
             Variant::Nack => "nack (in place)",
@@ -72,10 +82,17 @@ fn main() -> Result<(), BoxError> {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     rt.block_on(async {
+        let mode = std::env::var("BURSTS_MODE").unwrap_or_default();
+        let variant = std::env::var("BURSTS_VARIANT").unwrap_or_default();
         for durability in [Durability::Sync, Durability::Interval] {
+            if !mode.is_empty() && !format!("{durability:?}").eq_ignore_ascii_case(&mode) {
+                continue;
+            }
             if only.is_empty() || only == "burst" {
                 for v in [Variant::Nack, Variant::NackBrokerHeld, Variant::Reconsume] {
-                    burst(durability, v, n).await?;
+                    if variant.is_empty() || v.key() == variant {
+                        burst(durability, v, n).await?;
+                    }
                 }
             }
             if only.is_empty() || only == "loop" {

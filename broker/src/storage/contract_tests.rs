@@ -26,6 +26,28 @@ fn entries(n: usize, tag: &str) -> Vec<Vec<u8>> {
 }
 
 #[test]
+fn read_many_answers_as_read_one_does_in_the_order_asked() {
+    for (name, s, _dir) in engines() {
+        // Frames of 10 and 30 entries over segments of 16, a removed
+        // entry, a trimmed segment, a gap and a missing id.
+        s.append(T, 0, &entries(10, "a"), None).unwrap();
+        s.append(T, 10, &entries(30, "b"), None).unwrap();
+        s.append(T, 50, &entries(5, "c"), None).unwrap();
+        s.remove_entries(T, &[12]).unwrap();
+        s.trim(T, 16).unwrap();
+        let ids = [39, 3, 3, 12, 100, 17, 38, 0, 25, 45, 52, 16, 10];
+        let want: Vec<_> = ids.iter().map(|&i| s.read_one(T, i).unwrap()).collect();
+        assert_eq!(s.read_many(T, &ids).unwrap(), want, "{name}");
+        assert_eq!(want[0].as_deref(), Some(&b"b29"[..]), "{name}");
+        assert_eq!(want[3], None, "{name}: removed");
+        assert_eq!(want[9], None, "{name}: a gap");
+        assert_eq!(want[10].as_deref(), Some(&b"c2"[..]), "{name}");
+        assert!(s.read_many(T, &[]).unwrap().is_empty(), "{name}");
+        assert_eq!(s.read_many("nope", &[1]).unwrap(), vec![None], "{name}");
+    }
+}
+
+#[test]
 fn logs_append_read_trim_and_never_reuse_ids() {
     for (name, s, _dir) in engines() {
         assert_eq!(s.entry_range(T).unwrap(), (0, 0), "{name}");

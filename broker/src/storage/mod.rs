@@ -69,6 +69,13 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Vec<(u64, Vec<u8>)>>;
     /// One entry.
     fn read_one(&self, topic: &str, id: u64) -> Result<Option<Vec<u8>>>;
+    /// The entries `ids` (any order, duplicates allowed), each `None` when
+    /// missing, in the order asked. An engine that stores entries in
+    /// frames reads (and checks) each frame once, however many of its
+    /// entries are asked for.
+    fn read_many(&self, topic: &str, ids: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
+        ids.iter().map(|&id| self.read_one(topic, id)).collect()
+    }
     /// `(first, next)` entry ids stored for a topic (`first == next` when empty).
     fn entry_range(&self, topic: &str) -> Result<(u64, u64)>;
     /// Drops whole segments that hold only ids `< below`.

@@ -90,6 +90,9 @@ impl Storage for Watched {
     fn read_one(&self, topic: &str, id: u64) -> Result<Option<Vec<u8>>> {
         self.note(self.inner.read_one(topic, id))
     }
+    fn read_many(&self, topic: &str, ids: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.note(self.inner.read_many(topic, ids))
+    }
     fn entry_range(&self, topic: &str) -> Result<(u64, u64)> {
         self.note(self.inner.entry_range(topic))
     }

@@ -67,18 +67,16 @@ impl SubscriptionActor {
         if self.consumers.get(consumer).is_none() {
             return;
         }
+        let mut back = Vec::new();
         for (entry, _) in self.deliveries.held(consumer) {
             match self.release(entry).flatten() {
                 Some(due) => {
                     self.deliveries.due.insert(entry, due);
                 }
-                None => {
-                    if let Some(p) = self.load(entry, None) {
-                        self.deliveries.ready.insert(entry, p);
-                    }
-                }
+                None => back.push((entry, None)),
             }
         }
+        self.load_into_ready(back);
         self.consumers.remove(consumer);
         self.consumers.elect(self.rec.sub_type, None);
     }

@@ -267,14 +267,14 @@ impl SubscriptionActor {
             Command::RemoveConsumer(id) => self.consumer_lost(id).await,
             Command::Request(consumer, req) => self.request(consumer, req).await,
             Command::Ready(entries) => {
-                for e in entries {
-                    if self.rec.is_acked(e) || self.deliveries.in_flight.contains_key(&e) {
-                        continue;
-                    }
-                    if let Some(p) = self.load(e, None) {
-                        self.deliveries.ready.insert(e, p);
-                    }
-                }
+                let entries = entries
+                    .into_iter()
+                    .filter(|e| {
+                        !self.rec.is_acked(*e) && !self.deliveries.in_flight.contains_key(e)
+                    })
+                    .map(|e| (e, None))
+                    .collect();
+                self.load_into_ready(entries);
             }
             Command::Stats(reply) => {
                 let _ = reply.send(self.stats_snapshot());

@@ -26,30 +26,67 @@ impl SubscriptionActor {
         Ok(Message::decode(bytes.as_slice()).map_err(StorageError::from)?)
     }
 
-    /// Reads a message for dispatch (with its failure record, for a retry);
-    /// `None` if it cannot be read.
-    pub(super) fn load(&mut self, entry: TierEntry, due_ms: Option<u64>) -> Option<Pending> {
-        if entry.tier == TierId::Retry && !self.deliveries.failures.contains_key(&entry) {
-            match self.deps.storage.failure(entry.of(self.rec.id), due_ms) {
-                Ok(Some(r)) => {
-                    self.deliveries.failures.insert(entry, r);
-                }
-                Ok(None) => {}
-                Err(e) => tracing::error!(error = %e, "cannot read a failure record"),
+    /// Reads messages for dispatch (with their failure records, for
+    /// retries) into the read-ahead; one that cannot be read is dropped with
+    /// a warning. Each tier's entries are read together, so a stored batch
+    /// is read and checked once however many of its messages come due.
+    pub(super) fn load_into_ready(&mut self, entries: Vec<(TierEntry, Option<u64>)>) {
+        for tier in [TierId::Main, TierId::Retry] {
+            let batch: Vec<_> = entries.iter().filter(|(e, _)| e.tier == tier).collect();
+            if batch.is_empty() {
+                continue;
             }
-        }
-        match self.source_message(entry) {
-            Ok(msg) => Some(Pending { msg, due_ms }),
-            Err(e) => {
-                tracing::warn!(error = %e, "dropping a message that cannot be read");
-                None
+            if tier == TierId::Retry {
+                for (entry, due_ms) in &batch {
+                    if self.deliveries.failures.contains_key(entry) {
+                        continue;
+                    }
+                    match self.deps.storage.failure(entry.of(self.rec.id), *due_ms) {
+                        Ok(Some(r)) => {
+                            self.deliveries.failures.insert(*entry, r);
+                        }
+                        Ok(None) => {}
+                        Err(e) => tracing::error!(error = %e, "cannot read a failure record"),
+                    }
+                }
+            }
+            let topic = self.tiers.topic_of(&self.rec, tier).to_owned();
+            let ids: Vec<u64> = batch.iter().map(|(e, _)| e.entry_id).collect();
+            let read = match self.deps.storage.read_many(&topic, &ids) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, %topic, n = ids.len(), "dropping messages that cannot be read");
+                    continue;
+                }
+            };
+            for ((entry, due_ms), bytes) in batch.into_iter().zip(read) {
+                let Some(bytes) = bytes else {
+                    tracing::warn!(%topic, entry = entry.entry_id, "dropping a message that is no longer stored");
+                    continue;
+                };
+                match Message::decode(bytes.as_slice()) {
+                    Ok(msg) => {
+                        self.deliveries.ready.insert(
+                            *entry,
+                            Pending {
+                                msg,
+                                due_ms: *due_ms,
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, %topic, entry = entry.entry_id, "dropping an undecodable message");
+                    }
+                }
             }
         }
     }
 
     /// Loads fired schedule entries into the read-ahead.
     pub(super) fn load_due(&mut self) {
-        while self.deliveries.ready.len() < READ_AHEAD {
+        let room = READ_AHEAD.saturating_sub(self.deliveries.ready.len());
+        let mut take = Vec::new();
+        while take.len() < room {
             let Some((entry, due)) = self.deliveries.due.pop_first() else {
                 break;
             };
@@ -65,9 +102,10 @@ impl SubscriptionActor {
             if self.deliveries.in_flight.contains_key(&entry) {
                 continue;
             }
-            if let Some(p) = self.load(entry, Some(due)) {
-                self.deliveries.ready.insert(entry, p);
-            }
+            take.push((entry, Some(due)));
+        }
+        if !take.is_empty() {
+            self.load_into_ready(take);
         }
     }
 

@@ -34,9 +34,9 @@ fn u32_at(b: &[u8], at: usize) -> Result<u32> {
 /// Entries in the frame (ids from `first`), as `(id, Some(bytes))`, or
 /// `None` for a removed slot.
 /// An entry id and its bytes (`None` once removed).
-type Slot<'a> = (u64, Option<&'a [u8]>);
+pub type Slot<'a> = (u64, Option<&'a [u8]>);
 
-fn slots(first: u64, b: &[u8]) -> Result<Vec<Slot<'_>>> {
+pub fn slots(first: u64, b: &[u8]) -> Result<Vec<Slot<'_>>> {
     let n = u32_at(b, 0)? as usize;
     let mut at = 4;
     // Each slot takes at least 4 bytes: a damaged count cannot over-allocate.
