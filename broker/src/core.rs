@@ -289,6 +289,7 @@ impl BrokerCore {
             self.clock.clone(),
             self.keeper.clone(),
         )?;
+        self.retention.apply_quota(&topic);
         Ok(Arc::new(TopicEntry {
             topic: Arc::new(topic),
             subscriptions: Default::default(),

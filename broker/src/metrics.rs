@@ -181,6 +181,8 @@ pub struct TopicMetrics {
     pub retention_dropped_bytes: Counter,
     /// Segments dropped by retention.
     pub retention_dropped_segments: Counter,
+    /// Publishes refused at the backlog quota.
+    pub quota_refusals: Counter,
 }
 
 impl TopicMetrics {
@@ -194,8 +196,9 @@ impl TopicMetrics {
                 "ricochet_retention_dropped_bytes_total", "topic" => t.clone()
             ),
             retention_dropped_segments: counter!(
-                "ricochet_retention_dropped_segments_total", "topic" => t
+                "ricochet_retention_dropped_segments_total", "topic" => t.clone()
             ),
+            quota_refusals: counter!("ricochet_backlog_quota_refusals_total", "topic" => t),
         }
     }
 }

@@ -6,6 +6,12 @@
 //! Without either a topic keeps every message until all its subscriptions
 //! consumed it (the broker's default).
 //!
+//! A policy may also carry a backlog quota: the most message bytes the
+//! topic's log may hold (with subscriptions, what the slowest one has not
+//! consumed, to the segment; without, everything retained). At the quota a
+//! publish is refused with RESOURCE_EXHAUSTED naming it (`refuse`), or the
+//! oldest segments are dropped as retention by size does (`drop_oldest`).
+//!
 //! Policies are stored durably ([`Storage::put_retention`]) and enforced
 //! every `retention_interval` by [`Topic::enforce_retention`], which drops
 //! whole segments, oldest first. Retry and dead-letter tiers are never
@@ -14,7 +20,7 @@
 use crate::core::BrokerCore;
 use crate::error::{BrokerError, Result};
 use crate::name::{TopicName, parse_namespace};
-use crate::storage::{RetentionRecord, Storage, TopicKind};
+use crate::storage::{QuotaAction, RetentionRecord, Storage, TopicKind};
 use crate::topic::Topic;
 use std::collections::BTreeMap;
 use std::sync::{Mutex, Weak};
@@ -89,41 +95,57 @@ impl Policies {
     }
 
     /// Sets (or with no limit at all, clears) the policy of `target`,
-    /// durably before returning.
+    /// durably before returning, and applies its quota to the open topics.
+    /// `record.target` is ignored (the target's key is used).
     pub async fn set(
         &self,
         core: &BrokerCore,
         target: &Target,
-        max_age_ms: Option<u64>,
-        max_size_bytes: Option<u64>,
+        record: RetentionRecord,
     ) -> Result<Option<RetentionRecord>> {
-        if max_age_ms == Some(0) {
-            return Err(BrokerError::InvalidArgument(
-                "max_age must be positive (leave it unset for no age limit)".into(),
-            ));
-        }
-        if max_size_bytes == Some(0) {
-            return Err(BrokerError::InvalidArgument(
-                "max_size_bytes must be positive (leave it unset for no size limit)".into(),
-            ));
-        }
+        let positive = |v: Option<u64>, what: &str| match v {
+            Some(0) => Err(BrokerError::InvalidArgument(format!(
+                "{what} must be positive (leave it unset for no limit)"
+            ))),
+            _ => Ok(()),
+        };
+        positive(record.max_age_ms, "max_age_ms")?;
+        positive(record.max_size_bytes, "max_size_bytes")?;
+        positive(record.backlog_quota_bytes, "backlog_quota_bytes")?;
         let key = target.key().to_owned();
-        let record = (max_age_ms.is_some() || max_size_bytes.is_some()).then(|| RetentionRecord {
+        let any = record.max_age_ms.is_some()
+            || record.max_size_bytes.is_some()
+            || record.backlog_quota_bytes.is_some();
+        let record = any.then(|| RetentionRecord {
             target: key.clone(),
-            max_age_ms,
-            max_size_bytes,
+            ..record
         });
         match &record {
             Some(r) => core.storage.put_retention(r)?,
             None => core.storage.delete_retention(&key)?,
         }
         core.flusher.durable().await?;
-        let mut map = crate::util::lock(&self.by_target);
-        match &record {
-            Some(r) => map.insert(key, r.clone()),
-            None => map.remove(&key),
-        };
+        {
+            let mut map = crate::util::lock(&self.by_target);
+            match &record {
+                Some(r) => map.insert(key, r.clone()),
+                None => map.remove(&key),
+            };
+        }
+        for topic in core.all_topics().await {
+            self.apply_quota(&topic);
+        }
         Ok(record)
+    }
+
+    /// Tells `topic` the backlog quota that refuses its publishes, if any.
+    pub fn apply_quota(&self, topic: &Topic) {
+        let refuse = (topic.kind() == TopicKind::Normal)
+            .then(|| self.effective(topic.name()))
+            .flatten()
+            .filter(|p| p.quota_action == QuotaAction::Refuse)
+            .and_then(|p| p.backlog_quota_bytes);
+        topic.set_refusing_quota(refuse);
     }
 }
 
@@ -134,8 +156,18 @@ pub fn enforce(policies: &Policies, topic: &Topic) -> Result<crate::topic::Dropp
     } else {
         None
     };
-    let (age, size) = policy.map_or((None, None), |p| (p.max_age_ms, p.max_size_bytes));
-    topic.enforce_retention(age, size)
+    let Some(p) = policy else {
+        return Ok(Default::default());
+    };
+    // A quota that drops the oldest is a size limit enforced the same way.
+    let quota = (p.quota_action == QuotaAction::DropOldest)
+        .then_some(p.backlog_quota_bytes)
+        .flatten();
+    let size = match (p.max_size_bytes, quota) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    topic.enforce_retention(p.max_age_ms, size)
 }
 
 /// Enforces every policy every `every`, until `stop`.
@@ -156,6 +188,7 @@ pub fn spawn(core: Weak<BrokerCore>, every: Duration, stop: CancellationToken) {
                 continue;
             }
             for topic in core.all_topics().await {
+                core.retention.apply_quota(&topic);
                 let (core, topic) = (core.clone(), topic.clone());
                 // Scans and trims are blocking storage work.
                 let done =

@@ -113,6 +113,9 @@ pub struct Topic {
     /// them (`None` before); kept under the writer lock's protection: the
     /// scan that fills it and the writes that add to it hold the writer.
     segment_bytes: Mutex<Option<std::collections::BTreeMap<u64, u64>>>,
+    /// Backlog quota that refuses publishes, in bytes (0: none); set from
+    /// the effective retention policy (see `crate::retention`).
+    refuse_above: AtomicU64,
 }
 
 /// What one retention pass dropped.
@@ -187,6 +190,7 @@ impl Topic {
             clock,
             closed: Default::default(),
             segment_bytes: Mutex::new(None),
+            refuse_above: AtomicU64::new(0),
         })
     }
 
@@ -304,6 +308,7 @@ impl Topic {
                 self.name
             )));
         }
+        self.check_quota()?;
         let now = self.clock.now_ms();
         let (receipts, end) = {
             let mut w = self.writer_with_room(messages.len() as u64).await?;
@@ -444,6 +449,10 @@ impl Topic {
             self.storage.trim(self.name.as_str(), min)?;
             let (first, _) = self.storage.entry_range(self.name.as_str())?;
             self.first_entry.store(first, Ordering::Relaxed);
+            let e = self.segment_entries;
+            if let Some(sizes) = crate::util::lock(&self.segment_bytes).as_mut() {
+                sizes.retain(|seg, _| (seg + 1) * e > first);
+            }
         }
         Ok(())
     }
@@ -454,6 +463,32 @@ impl Topic {
             let mut marks = crate::util::lock(&self.marks);
             marks.remove(&sub_id);
         }
+    }
+
+    /// Sets the backlog quota that refuses publishes (`None`: no quota, or
+    /// one that drops the oldest instead).
+    pub fn set_refusing_quota(&self, limit: Option<u64>) {
+        self.refuse_above
+            .store(limit.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// RESOURCE_EXHAUSTED when the log holds its refusing backlog quota or
+    /// more; one sum over the segments per batch, nothing per message.
+    fn check_quota(&self) -> Result<()> {
+        let limit = self.refuse_above.load(Ordering::Relaxed);
+        if limit == 0 || self.kind != TopicKind::Normal {
+            return Ok(());
+        }
+        let stored = self.stored_bytes()?;
+        if stored < limit {
+            return Ok(());
+        }
+        self.metrics.quota_refusals.increment(1);
+        Err(BrokerError::LimitReached(format!(
+            "backlog quota of {}: {stored} bytes stored, quota {limit} bytes (quota_action refuse); \
+             publish again once subscriptions consume or retention drops old messages",
+            self.name
+        )))
     }
 
     /// Stored message bytes of the log (counted on first use).

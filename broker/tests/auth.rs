@@ -357,7 +357,7 @@ async fn call(url: &str, method: &str, token: Option<&str>) -> Result<(), Status
                     topic: String::new(),
                     policy: Some(RetentionPolicy {
                         max_age_ms: Some(3_600_000),
-                        max_size_bytes: None,
+                        ..Default::default()
                     }),
                 },
                 token,

@@ -4,6 +4,8 @@
 //! trimmed point continues from the first kept message with its backlog
 //! reduced; dead-letter tiers are never trimmed; a namespace's policy
 //! applies to topics created later and a topic's own policy replaces it;
+//! a refusing backlog quota answers RESOURCE_EXHAUSTED and stores nothing
+//! until subscriptions consume, a dropping one keeps publishing;
 //! policies survive a restart; bad input is INVALID_ARGUMENT and changes
 //! nothing. Nothing here depends on timing beyond generous polling.
 
@@ -43,17 +45,47 @@ async fn set(
     age: Option<i64>,
     size: Option<i64>,
 ) -> Result<RetentionResponse, tonic::Status> {
+    set_policy(
+        url,
+        namespace,
+        topic,
+        RetentionPolicy {
+            max_age_ms: age,
+            max_size_bytes: size,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+async fn set_policy(
+    url: &str,
+    namespace: &str,
+    topic: &str,
+    policy: RetentionPolicy,
+) -> Result<RetentionResponse, tonic::Status> {
     RetentionClient::new(channel(url).await)
         .set_retention(SetRetentionRequest {
             namespace: namespace.into(),
             topic: topic.into(),
-            policy: Some(RetentionPolicy {
-                max_age_ms: age,
-                max_size_bytes: size,
-            }),
+            policy: Some(policy),
         })
         .await
         .map(|r| r.into_inner())
+}
+
+fn quota(bytes: i64, action: &str) -> RetentionPolicy {
+    RetentionPolicy {
+        backlog_quota_bytes: Some(bytes),
+        quota_action: action.into(),
+        ..Default::default()
+    }
+}
+
+/// Sends one 100-byte message; its receipt or refusal.
+async fn send_one(p: &mut RawProducer, i: u32) -> produce_response::Response {
+    let m = p.msg(format!("m{i:<99}"));
+    p.send_batch(vec![m]).await
 }
 
 async fn get(url: &str, namespace: &str, topic: &str) -> Result<RetentionResponse, tonic::Status> {
@@ -233,7 +265,19 @@ async fn policies_survive_a_restart() {
     let url = b.url();
     let t = topic("kept");
     set(&url, NS, "", Some(60_000), None).await.unwrap();
-    set(&url, "", &t, Some(5_000), Some(4096)).await.unwrap();
+    set_policy(
+        &url,
+        "",
+        &t,
+        RetentionPolicy {
+            max_age_ms: Some(5_000),
+            max_size_bytes: Some(4096),
+            backlog_quota_bytes: Some(2048),
+            quota_action: "drop_oldest".into(),
+        },
+    )
+    .await
+    .unwrap();
     let dir = b.shutdown().await;
     let b = broker_in(dir).await;
     let url = b.url();
@@ -243,6 +287,10 @@ async fn policies_survive_a_restart() {
     assert_eq!(
         (own.max_age_ms, own.max_size_bytes),
         (Some(5_000), Some(4096))
+    );
+    assert_eq!(
+        (own.backlog_quota_bytes, own.quota_action.as_str()),
+        (Some(2048), "drop_oldest")
     );
 }
 
@@ -272,4 +320,109 @@ async fn bad_input_is_invalid_argument_and_changes_nothing() {
     assert_eq!(get(&url, NS, "").await.unwrap().policy, None);
     let e = get(&url, "", "").await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn a_refusing_backlog_quota_answers_resource_exhausted_and_stores_nothing() {
+    let b = broker().await;
+    let url = b.url();
+    let t = topic("quota");
+    let mut c = RawConsumer::simple(&url, &t, "s", SubscriptionType::Exclusive).await;
+    let r = set_policy(&url, "", &t, quota(2000, "refuse"))
+        .await
+        .unwrap();
+    assert_eq!(r.policy.unwrap().quota_action, "refuse");
+    let mut p = RawProducer::open(&url, &t, "").await.unwrap();
+    let mut accepted = 0;
+    let refusal = loop {
+        match send_one(&mut p, accepted).await {
+            produce_response::Response::Receipts(_) => accepted += 1,
+            produce_response::Response::Error(e) => break e,
+            other => panic!("{other:?}"),
+        }
+        assert!(accepted < 100, "never refused");
+    };
+    assert_eq!(refusal.code, Code::ResourceExhausted as i32, "{refusal:?}");
+    assert!(refusal.message.contains("backlog quota"), "{refusal:?}");
+    assert!(
+        (10..=20).contains(&accepted),
+        "~130 B each under 2000 B: {accepted}"
+    );
+    let next = stats(&url, &t).await.next_entry_id;
+    assert_eq!(
+        next,
+        u64::from(accepted),
+        "the refused batch stored nothing"
+    );
+    match send_one(&mut p, 1000).await {
+        produce_response::Response::Error(e) => assert_eq!(e.code, Code::ResourceExhausted as i32),
+        other => panic!("still over the quota: {other:?}"),
+    }
+    assert_eq!(stats(&url, &t).await.next_entry_id, next);
+    // Consuming frees the backlog (consumed segments are dropped): publishes pass again.
+    c.flow(100).await;
+    let got = c.take(accepted as usize, WAIT).await;
+    c.ack_cumulative(got.last().unwrap().id.clone().unwrap(), 1)
+        .await;
+    assert_eq!(c.result(WAIT).await.unwrap().code, 0);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match send_one(&mut p, 2000).await {
+            produce_response::Response::Receipts(_) => break,
+            produce_response::Response::Error(e) => {
+                assert_eq!(e.code, Code::ResourceExhausted as i32, "{e:?}");
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "still refused: {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_drop_oldest_backlog_quota_keeps_publishing() {
+    let b = broker().await;
+    let url = b.url();
+    let t = topic("dropping");
+    set_policy(&url, NS, "", quota(2000, "drop_oldest"))
+        .await
+        .unwrap();
+    let mut p = RawProducer::open(&url, &t, "").await.unwrap();
+    for i in 0..100 {
+        match send_one(&mut p, i).await {
+            produce_response::Response::Receipts(_) => {}
+            other => panic!("message {i}: {other:?}"),
+        }
+    }
+    assert_eq!(first_entry_becomes(&url, &t, |f| f >= 90).await, 90);
+}
+
+#[tokio::test]
+async fn bad_quotas_are_invalid_argument() {
+    let b = broker().await;
+    let url = b.url();
+    let t = topic("badquota");
+    for (policy, why) in [
+        (quota(1000, "explode"), "unknown quota_action"),
+        (quota(0, "refuse"), "backlog_quota_bytes must be positive"),
+        (
+            quota(-1, "drop_oldest"),
+            "backlog_quota_bytes must be positive",
+        ),
+        (
+            RetentionPolicy {
+                quota_action: "drop_oldest".into(),
+                ..Default::default()
+            },
+            "needs backlog_quota_bytes",
+        ),
+    ] {
+        let e = set_policy(&url, "", &t, policy).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains(why), "{e:?}");
+    }
+    assert_eq!(get(&url, "", &t).await.unwrap().policy, None);
 }

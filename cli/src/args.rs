@@ -96,7 +96,7 @@ pub enum NamespacesCommand {
 
 /// The limits of `set-retention`; at least one, or `--clear`.
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("limits").required(true).multiple(true).args(["max_age", "max_size", "clear"])))]
+#[command(group(ArgGroup::new("limits").required(true).multiple(true).args(["max_age", "max_size", "backlog_quota", "clear"])))]
 pub struct RetentionArgs {
     /// Drop messages published longer ago than this (`1h`, `7days`).
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
@@ -104,10 +104,25 @@ pub struct RetentionArgs {
     /// Keep at most this many message bytes, dropping the oldest (`1GiB`, `512MiB`, `10MB`).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_size: Option<u64>,
+    /// Backlog quota: the most message bytes a topic may hold (`512MiB`).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub backlog_quota: Option<u64>,
+    /// At the backlog quota: refuse publishes, or drop the oldest messages.
+    #[arg(long, value_enum, requires = "backlog_quota")]
+    pub quota_action: Option<QuotaActionArg>,
     /// Remove the policy: keep every message until consumed (a topic then
     /// follows its namespace's policy).
-    #[arg(long, conflicts_with_all = ["max_age", "max_size"])]
+    #[arg(long, conflicts_with_all = ["max_age", "max_size", "backlog_quota"])]
     pub clear: bool,
+}
+
+/// `--quota-action`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum QuotaActionArg {
+    /// Publishes are refused (RESOURCE_EXHAUSTED) until the backlog shrinks.
+    Refuse,
+    /// The oldest segments are dropped.
+    DropOldest,
 }
 
 /// `produce TOPIC`.

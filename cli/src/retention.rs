@@ -8,7 +8,7 @@ use ricochet_proto as pb;
 use serde::Serialize;
 
 use crate::Ctx;
-use crate::args::{NamespacesCommand, RetentionArgs};
+use crate::args::{NamespacesCommand, QuotaActionArg, RetentionArgs};
 use crate::error::Result;
 use crate::output::write_json;
 
@@ -27,6 +27,8 @@ pub(crate) async fn namespaces(ctx: &mut Ctx<'_>, c: NamespacesCommand) -> Resul
 struct PolicyView {
     max_age_ms: Option<i64>,
     max_size_bytes: Option<i64>,
+    backlog_quota_bytes: Option<i64>,
+    quota_action: String,
 }
 
 /// A `RetentionResponse` as printed.
@@ -42,6 +44,8 @@ fn view(p: Option<pb::RetentionPolicy>) -> Option<PolicyView> {
     p.map(|p| PolicyView {
         max_age_ms: p.max_age_ms,
         max_size_bytes: p.max_size_bytes,
+        backlog_quota_bytes: p.backlog_quota_bytes,
+        quota_action: p.quota_action,
     })
 }
 
@@ -54,7 +58,14 @@ fn describe(p: &Option<PolicyView>) -> String {
         format!("max age {}", humantime::format_duration(d))
     });
     let size = p.max_size_bytes.map(|b| format!("max size {}", bytes(b)));
-    [age, size]
+    let quota = p.backlog_quota_bytes.map(|b| {
+        format!(
+            "backlog quota {} ({})",
+            bytes(b),
+            p.quota_action.replace('_', "-")
+        )
+    });
+    [age, size, quota]
         .into_iter()
         .flatten()
         .collect::<Vec<_>>()
@@ -117,6 +128,11 @@ pub(crate) async fn set(
     let policy = pb::RetentionPolicy {
         max_age_ms: limits.max_age.map(|d| signed(d.as_millis() as u64)),
         max_size_bytes: limits.max_size.map(signed),
+        backlog_quota_bytes: limits.backlog_quota.map(signed),
+        quota_action: match limits.quota_action {
+            None | Some(QuotaActionArg::Refuse) => String::new(),
+            Some(QuotaActionArg::DropOldest) => "drop_oldest".into(),
+        },
     };
     let is_topic = !topic.is_empty();
     let r = client(ctx)

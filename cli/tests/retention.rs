@@ -31,6 +31,22 @@ async fn retention_on_the_command_line() {
     assert!(t["policy"].is_null(), "{t}");
     assert_eq!(t["effective_from"], "public/default");
 
+    let q = env
+        .json(&[
+            "topics",
+            "set-retention",
+            "clicks",
+            "--backlog-quota",
+            "512MiB",
+            "--quota-action",
+            "drop-oldest",
+        ])
+        .await;
+    assert_eq!(u(&q["policy"]["backlog_quota_bytes"]), 512 << 20);
+    assert_eq!(q["policy"]["quota_action"], "drop_oldest");
+    let shown = env.ok(&["topics", "get-retention", "clicks"]).await;
+    let out = String::from_utf8_lossy(&shown.stdout);
+    assert!(out.contains("backlog quota 512MiB (drop-oldest)"), "{out}");
     env.ok(&["topics", "set-retention", "orders", "--max-size", "512MiB"])
         .await;
     let shown = env.ok(&["topics", "get-retention", "orders"]).await;
@@ -60,6 +76,24 @@ async fn retention_on_the_command_line() {
             "--clear",
             "--max-age",
             "1h",
+        ],
+        vec![
+            "topics",
+            "set-retention",
+            "orders",
+            "--backlog-quota",
+            "1MiB",
+            "--quota-action",
+            "explode",
+        ],
+        vec![
+            "topics",
+            "set-retention",
+            "orders",
+            "--max-age",
+            "1h",
+            "--quota-action",
+            "refuse",
         ],
     ] {
         let r = env.run(&bad).await;

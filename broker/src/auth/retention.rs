@@ -67,7 +67,7 @@ impl Retention for AuthorizedRetention {
         r: Request<SetRetentionRequest>,
     ) -> Result<Response<RetentionResponse>, Status> {
         let (ns, topic) = (r.get_ref().namespace.clone(), r.get_ref().topic.clone());
-        let policy = r.get_ref().policy;
+        let policy = r.get_ref().policy.clone();
         let p = self.check(&r, "Retention/SetRetention", &ns, &topic)?;
         let resp = self.inner.set_retention(r).await?;
         tracing::info!(target: AUDIT, role = who(p.as_ref()), action = "set-retention", namespace = %ns, %topic, ?policy);

@@ -6,7 +6,7 @@
 use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::retention::Target;
-use crate::storage::RetentionRecord;
+use crate::storage::{QuotaAction, RetentionRecord};
 use ricochet_proto::retention_server::Retention;
 use ricochet_proto::*;
 use std::sync::Arc;
@@ -49,6 +49,12 @@ fn to_wire(r: &RetentionRecord) -> RetentionPolicy {
     RetentionPolicy {
         max_age_ms: r.max_age_ms.map(signed),
         max_size_bytes: r.max_size_bytes.map(signed),
+        backlog_quota_bytes: r.backlog_quota_bytes.map(signed),
+        quota_action: match (r.backlog_quota_bytes, r.quota_action) {
+            (None, _) => String::new(),
+            (Some(_), QuotaAction::Refuse) => "refuse".into(),
+            (Some(_), QuotaAction::DropOldest) => "drop_oldest".into(),
+        },
     }
 }
 
@@ -72,13 +78,33 @@ impl Retention for RetentionService {
         let r = r.into_inner();
         let target = Target::parse(&r.namespace, &r.topic)?;
         let p = r.policy.unwrap_or_default();
-        let age = limit(p.max_age_ms, "max_age_ms")?;
-        let size = limit(p.max_size_bytes, "max_size_bytes")?;
-        self.core
-            .retention
-            .set(&self.core, &target, age, size)
-            .await?;
-        tracing::info!(target = target.key(), max_age_ms = ?age, max_size_bytes = ?size, "retention policy set");
+        let quota = limit(p.backlog_quota_bytes, "backlog_quota_bytes")?;
+        let quota_action = match (p.quota_action.as_str(), quota) {
+            ("" | "refuse", _) => QuotaAction::Refuse,
+            ("drop_oldest", Some(_)) => QuotaAction::DropOldest,
+            ("drop_oldest", None) => {
+                return Err(BrokerError::InvalidArgument(
+                    "quota_action needs backlog_quota_bytes".into(),
+                )
+                .into());
+            }
+            (other, _) => {
+                return Err(BrokerError::InvalidArgument(format!(
+                    "unknown quota_action {:?}: expected refuse or drop_oldest",
+                    other.chars().take(64).collect::<String>()
+                ))
+                .into());
+            }
+        };
+        let record = RetentionRecord {
+            target: String::new(),
+            max_age_ms: limit(p.max_age_ms, "max_age_ms")?,
+            max_size_bytes: limit(p.max_size_bytes, "max_size_bytes")?,
+            backlog_quota_bytes: quota,
+            quota_action,
+        };
+        let set = self.core.retention.set(&self.core, &target, record).await?;
+        tracing::info!(target = target.key(), policy = ?set, "retention policy set");
         Ok(Response::new(self.answer(&target)))
     }
 

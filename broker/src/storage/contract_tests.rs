@@ -561,6 +561,12 @@ async fn retention_policies_are_put_replaced_deleted_and_survive_reopen() {
         target: target.into(),
         max_age_ms: age,
         max_size_bytes: size,
+        backlog_quota_bytes: size.map(|s| s * 2),
+        quota_action: if age.is_some() {
+            QuotaAction::DropOldest
+        } else {
+            QuotaAction::Refuse
+        },
     };
     for (name, s, dir) in engines() {
         assert!(s.retention_policies().unwrap().is_empty(), "{name}");

@@ -55,6 +55,23 @@ pub struct RetentionRecord {
     pub max_age_ms: Option<u64>,
     /// Stored message bytes above this are dropped, oldest first.
     pub max_size_bytes: Option<u64>,
+    /// Backlog quota: most message bytes the topic's log may hold.
+    #[serde(default)]
+    pub backlog_quota_bytes: Option<u64>,
+    /// What happens at the backlog quota.
+    #[serde(default)]
+    pub quota_action: QuotaAction,
+}
+
+/// What a topic at its backlog quota does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuotaAction {
+    /// Publishes are refused (RESOURCE_EXHAUSTED) until the log shrinks.
+    #[default]
+    Refuse,
+    /// The oldest segments are dropped, as retention by size does.
+    DropOldest,
 }
 
 /// A topic's persisted metadata.
