@@ -56,7 +56,10 @@ impl SubscriptionActor {
         self.read_pos = self.read_pos.max(first);
         self.dirty = true;
         let (topic, sub) = (self.rec.topic.clone(), self.rec.name.clone());
-        if held.is_empty() && waiting.is_empty() {
+        if unacked == 0 && held.is_empty() && waiting.is_empty() {
+            // Ids never stored (a crash's gap) or already acked: nothing lost.
+            tracing::debug!(%topic, subscription = %sub, first, "cursor moved to the first entry");
+        } else if held.is_empty() && waiting.is_empty() {
             tracing::info!(%topic, subscription = %sub, unacked, first, "retention dropped unconsumed messages; the subscription continues from the first kept one");
         } else {
             tracing::warn!(
