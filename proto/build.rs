@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/ricochet/v1/admin.proto",
         "proto/ricochet/v1/partitions.proto",
         "proto/ricochet/v1/auth.proto",
+        "proto/ricochet/v1/retention.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");

@@ -16,6 +16,7 @@
 //! replay_rate_per_second = 1000
 //! log_format = "text"            # or "json" (one JSON object per line)
 //! failure_summary_interval = "10s"  # INFO summary of retries and dead letters ("0s": none)
+//! retention_interval = "5s"      # how often retention policies are enforced ("0s": never)
 //!
 //! # Limits on what clients create or hold open (0 = unlimited); over one, a
 //! # request gets RESOURCE_EXHAUSTED naming the setting.
@@ -154,6 +155,11 @@ pub struct BrokerConfig {
     /// subscription with failures sums them up this often. Zero: no summary.
     #[serde(with = "humantime_serde")]
     pub failure_summary_interval: Duration,
+    /// How often the retention policies set with `SetRetention` are
+    /// enforced (dropping whole old segments); zero never enforces them.
+    /// Without a policy a topic keeps every message until consumed.
+    #[serde(with = "humantime_serde")]
+    pub retention_interval: Duration,
     /// sled page cache size in bytes.
     pub cache_capacity: u64,
     /// Most ordinary topics (not retry or dead-letter tiers) in the broker;
@@ -222,6 +228,7 @@ impl Default for BrokerConfig {
             replay_rate_per_second: 1_000,
             log_format: LogFormat::Text,
             failure_summary_interval: Duration::from_secs(10),
+            retention_interval: Duration::from_secs(5),
             cache_capacity: 256 * 1024 * 1024,
             max_topics: 10_000,
             max_topics_per_namespace: 1_000,

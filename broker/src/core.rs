@@ -87,6 +87,8 @@ pub struct BrokerCore {
     pub(crate) partitioned: std::sync::Mutex<std::collections::BTreeMap<TopicName, u32>>,
     /// Serialises creating, raising and deleting partitioned topics.
     pub(crate) partition_ops: Mutex<()>,
+    /// Retention policies of namespaces and topics (see `crate::retention`).
+    pub(crate) retention: crate::retention::Policies,
     me: Weak<BrokerCore>,
 }
 
@@ -156,6 +158,7 @@ impl BrokerCore {
             shutdown.clone(),
         );
         let failure_log = Arc::new(FailureLog::default());
+        let retention = crate::retention::Policies::load(storage.as_ref())?;
         if !config.failure_summary_interval.is_zero() {
             failure_log
                 .clone()
@@ -178,6 +181,7 @@ impl BrokerCore {
             counts: Default::default(),
             partitioned: Default::default(),
             partition_ops: Mutex::new(()),
+            retention,
             me: me.clone(),
         });
         for rec in core.storage.list_partitioned()? {
@@ -225,6 +229,11 @@ impl BrokerCore {
             core.storage.flush().await?;
         }
         core.start_snapshots();
+        crate::retention::spawn(
+            core.me.clone(),
+            core.config.retention_interval,
+            core.shutdown.clone(),
+        );
         Ok(core)
     }
 
@@ -280,6 +289,7 @@ impl BrokerCore {
             self.clock.clone(),
             self.keeper.clone(),
         )?;
+        self.retention.apply_quota(&topic);
         Ok(Arc::new(TopicEntry {
             topic: Arc::new(topic),
             subscriptions: Default::default(),
@@ -414,6 +424,16 @@ impl BrokerCore {
         }
         self.topic_or_create(name, TopicKind::Normal, &|_| Ok(()))
             .await
+    }
+
+    /// Every open topic (ordinary ones and tiers).
+    pub(crate) async fn all_topics(&self) -> Vec<Arc<Topic>> {
+        self.topics
+            .lock()
+            .await
+            .values()
+            .map(|e| e.topic.clone())
+            .collect()
     }
 
     /// Every topic name, optionally within `tenant/namespace`.

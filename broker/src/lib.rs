@@ -53,6 +53,7 @@ mod metrics;
 mod name;
 mod partitions;
 mod replay_jobs;
+pub mod retention;
 mod scheduler;
 mod server;
 mod service;

@@ -177,6 +177,12 @@ pub struct TopicMetrics {
     pub published: Counter,
     /// Payload bytes stored.
     pub published_bytes: Counter,
+    /// Stored message bytes dropped by retention.
+    pub retention_dropped_bytes: Counter,
+    /// Segments dropped by retention.
+    pub retention_dropped_segments: Counter,
+    /// Publishes refused at the backlog quota.
+    pub quota_refusals: Counter,
 }
 
 impl TopicMetrics {
@@ -185,7 +191,14 @@ impl TopicMetrics {
         let t = topic.to_owned();
         Self {
             published: counter!("ricochet_messages_published_total", "topic" => t.clone()),
-            published_bytes: counter!("ricochet_bytes_published_total", "topic" => t),
+            published_bytes: counter!("ricochet_bytes_published_total", "topic" => t.clone()),
+            retention_dropped_bytes: counter!(
+                "ricochet_retention_dropped_bytes_total", "topic" => t.clone()
+            ),
+            retention_dropped_segments: counter!(
+                "ricochet_retention_dropped_segments_total", "topic" => t.clone()
+            ),
+            quota_refusals: counter!("ricochet_backlog_quota_refusals_total", "topic" => t),
         }
     }
 }

@@ -147,6 +147,12 @@ impl Broker {
                 self.core.auth.clone(),
             ),
         );
+        let retention = ricochet_proto::retention_server::RetentionServer::new(
+            crate::auth::AuthorizedRetention::new(
+                crate::service::RetentionService::new(self.core.clone()),
+                self.core.auth.clone(),
+            ),
+        );
         // Health turns bad for good when storage fails; the storage gauges
         // follow every half second.
         let grants = AuthServer::new(AuthService::new(self.core.clone()))
@@ -210,6 +216,7 @@ impl Broker {
             .add_service(broker)
             .add_service(admin)
             .add_service(partitions)
+            .add_service(retention)
             .add_service(grants)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;

@@ -8,6 +8,11 @@
 //! after such a crash starts at the ceiling; the ids in between (its
 //! [`Topic::void`]) never had a durable entry, and subscriptions treat them
 //! as acknowledged.
+//!
+//! Retention ([`Topic::enforce_retention`]) drops whole segments of an
+//! ordinary topic's log, oldest first, by age and by size, whether or not
+//! subscriptions consumed them; the bytes each segment holds are counted
+//! once (a scan when a size limit first applies) and then per batch written.
 
 use crate::clock::SharedClock;
 use crate::error::{BrokerError, Result};
@@ -104,6 +109,25 @@ pub struct Topic {
     clock: SharedClock,
     /// Set once the topic is deleted: publishes fail from then on.
     closed: std::sync::atomic::AtomicBool,
+    /// Stored message bytes per segment number, once a size limit needed
+    /// them (`None` before); kept under the writer lock's protection: the
+    /// scan that fills it and the writes that add to it hold the writer.
+    segment_bytes: Mutex<Option<std::collections::BTreeMap<u64, u64>>>,
+    /// Backlog quota that refuses publishes, in bytes (0: none); set from
+    /// the effective retention policy (see `crate::retention`).
+    refuse_above: AtomicU64,
+}
+
+/// What one retention pass dropped.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Dropped {
+    /// Whole segments dropped.
+    pub segments: u64,
+    /// Stored message bytes they held (0 when only an age limit applied
+    /// and sizes were never counted).
+    pub bytes: u64,
+    /// The topic's first entry id afterwards.
+    pub first: u64,
 }
 
 impl Topic {
@@ -165,6 +189,8 @@ impl Topic {
             metrics,
             clock,
             closed: Default::default(),
+            segment_bytes: Mutex::new(None),
+            refuse_above: AtomicU64::new(0),
         })
     }
 
@@ -282,6 +308,7 @@ impl Topic {
                 self.name
             )));
         }
+        self.check_quota()?;
         let now = self.clock.now_ms();
         let (receipts, end) = {
             let mut w = self.writer_with_room(messages.len() as u64).await?;
@@ -335,6 +362,12 @@ impl Topic {
                 let seq = last.map(|l| (producer, l));
                 self.storage
                     .append(self.name.as_str(), first_id, &encoded, seq)?;
+                if let Some(sizes) = crate::util::lock(&self.segment_bytes).as_mut() {
+                    for (i, e) in encoded.iter().enumerate() {
+                        let seg = (first_id + i as u64) / self.segment_entries;
+                        *sizes.entry(seg).or_default() += e.len() as u64;
+                    }
+                }
                 w.next_id += encoded.len() as u64;
                 if let Some(l) = last {
                     w.sequences.insert(producer.to_owned(), l);
@@ -416,6 +449,10 @@ impl Topic {
             self.storage.trim(self.name.as_str(), min)?;
             let (first, _) = self.storage.entry_range(self.name.as_str())?;
             self.first_entry.store(first, Ordering::Relaxed);
+            let e = self.segment_entries;
+            if let Some(sizes) = crate::util::lock(&self.segment_bytes).as_mut() {
+                sizes.retain(|seg, _| (seg + 1) * e > first);
+            }
         }
         Ok(())
     }
@@ -426,5 +463,160 @@ impl Topic {
             let mut marks = crate::util::lock(&self.marks);
             marks.remove(&sub_id);
         }
+    }
+
+    /// Sets the backlog quota that refuses publishes (`None`: no quota, or
+    /// one that drops the oldest instead).
+    pub fn set_refusing_quota(&self, limit: Option<u64>) {
+        self.refuse_above
+            .store(limit.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// RESOURCE_EXHAUSTED when the log holds its refusing backlog quota or
+    /// more; one sum over the segments per batch, nothing per message.
+    fn check_quota(&self) -> Result<()> {
+        let limit = self.refuse_above.load(Ordering::Relaxed);
+        if limit == 0 || self.kind != TopicKind::Normal {
+            return Ok(());
+        }
+        let stored = self.stored_bytes()?;
+        if stored < limit {
+            return Ok(());
+        }
+        self.metrics.quota_refusals.increment(1);
+        Err(BrokerError::LimitReached(format!(
+            "backlog quota of {}: {stored} bytes stored, quota {limit} bytes (quota_action refuse); \
+             publish again once subscriptions consume or retention drops old messages",
+            self.name
+        )))
+    }
+
+    /// Stored message bytes of the log (counted on first use).
+    pub fn stored_bytes(&self) -> Result<u64> {
+        self.with_sizes(|sizes| sizes.values().sum())
+    }
+
+    /// Runs `f` on the per-segment byte counts, counting them first if
+    /// needed (one scan of the log, holding the writer so no batch is
+    /// counted twice or missed).
+    fn with_sizes<R>(
+        &self,
+        f: impl FnOnce(&mut std::collections::BTreeMap<u64, u64>) -> R,
+    ) -> Result<R> {
+        {
+            let mut sizes = crate::util::lock(&self.segment_bytes);
+            if let Some(s) = sizes.as_mut() {
+                return Ok(f(s));
+            }
+        }
+        let _writer = crate::util::lock(&self.writer);
+        let mut counted = std::collections::BTreeMap::new();
+        let (mut from, _) = self.storage.entry_range(self.name.as_str())?;
+        loop {
+            let batch = self
+                .storage
+                .read(self.name.as_str(), from, 4096, 16 << 20)?;
+            let Some((last, _)) = batch.last() else { break };
+            from = last + 1;
+            for (id, bytes) in &batch {
+                *counted.entry(id / self.segment_entries).or_default() += bytes.len() as u64;
+            }
+        }
+        let mut sizes = crate::util::lock(&self.segment_bytes);
+        Ok(f(sizes.insert(counted)))
+    }
+
+    /// Publish time of the first entry at or after `id`, if any.
+    fn publish_time_from(&self, id: u64) -> Result<Option<u64>> {
+        let entries = self.storage.read(self.name.as_str(), id, 1, usize::MAX)?;
+        let Some((_, bytes)) = entries.first() else {
+            return Ok(None);
+        };
+        match Message::decode(bytes.as_slice()) {
+            Ok(m) => Ok(Some(m.publish_time_ms)),
+            Err(e) => {
+                tracing::warn!(topic = %self.name, error = %e, "retention: an entry cannot be decoded; age not checked");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Drops whole segments, oldest first, that hold only messages older
+    /// than `max_age_ms` or that bring the log above `max_size_bytes`. The
+    /// segment being written is never dropped; neither are the logs of
+    /// retry and dead-letter tiers (only ordinary topics are retained).
+    pub fn enforce_retention(
+        &self,
+        max_age_ms: Option<u64>,
+        max_size_bytes: Option<u64>,
+    ) -> Result<Dropped> {
+        let (first, end) = self.storage.entry_range(self.name.as_str())?;
+        let none = Dropped {
+            first,
+            ..Default::default()
+        };
+        if self.kind != TopicKind::Normal
+            || first >= end
+            || (max_age_ms.is_none() && max_size_bytes.is_none())
+        {
+            return Ok(none);
+        }
+        let e = self.segment_entries;
+        let last_seg = (end - 1) / e;
+        let mut below = first;
+        let mut bytes = 0u64;
+        if let Some(max) = max_size_bytes {
+            (below, bytes) = self.with_sizes(|sizes| {
+                // Segments already trimmed (consumed by every subscription).
+                sizes.retain(|seg, _| (seg + 1) * e > first);
+                let mut total: u64 = sizes.values().sum();
+                let mut below = first;
+                let mut dropped = 0;
+                for (seg, b) in sizes.iter() {
+                    if total <= max || *seg >= last_seg {
+                        break;
+                    }
+                    total -= b;
+                    dropped += b;
+                    below = (seg + 1) * e;
+                }
+                (below, dropped)
+            })?;
+        }
+        if let Some(age) = max_age_ms {
+            let cutoff = self.clock.now_ms().saturating_sub(age);
+            let mut seg = below / e;
+            // A segment goes when the next one starts with an expired message:
+            // everything before that was published earlier still.
+            while seg < last_seg {
+                match self.publish_time_from((seg + 1) * e)? {
+                    Some(t) if t < cutoff => {
+                        seg += 1;
+                        below = below.max(seg * e);
+                    }
+                    _ => break,
+                }
+            }
+        }
+        if below <= first {
+            return Ok(none);
+        }
+        self.storage.trim(self.name.as_str(), below)?;
+        let (new_first, _) = self.storage.entry_range(self.name.as_str())?;
+        self.first_entry.fetch_max(new_first, Ordering::Relaxed);
+        let segments = below.div_ceil(e).saturating_sub(first / e);
+        if let Some(sizes) = crate::util::lock(&self.segment_bytes).as_mut() {
+            let gone: u64 = sizes.range(..below / e).map(|(_, b)| *b).sum();
+            bytes = bytes.max(gone);
+            sizes.retain(|seg, _| *seg >= below / e);
+        }
+        self.metrics.retention_dropped_segments.increment(segments);
+        self.metrics.retention_dropped_bytes.increment(bytes);
+        tracing::info!(topic = %self.name, segments, bytes, first = new_first, "retention dropped old segments");
+        Ok(Dropped {
+            segments,
+            bytes,
+            first: new_first,
+        })
     }
 }

@@ -16,6 +16,7 @@ use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::auth_client::AuthClient;
 use ricochet_proto::broker_client::BrokerClient;
 use ricochet_proto::partitions_client::PartitionsClient;
+use ricochet_proto::retention_client::RetentionClient;
 use ricochet_proto::*;
 use ricochet_testkit::InProcessBroker;
 use std::path::Path;
@@ -155,7 +156,8 @@ async fn call(url: &str, method: &str, token: Option<&str>) -> Result<(), Status
     let ch = channel(url).await;
     let mut admin = AdminClient::new(ch.clone());
     let mut auth = AuthClient::new(ch.clone());
-    let mut partitions = PartitionsClient::new(ch);
+    let mut partitions = PartitionsClient::new(ch.clone());
+    let mut retention = RetentionClient::new(ch);
     let t = || TOPIC.to_owned();
     let s = || "s".to_owned();
     let sub = || SubscriptionRequest {
@@ -348,6 +350,30 @@ async fn call(url: &str, method: &str, token: Option<&str>) -> Result<(), Status
             .await
             .map(drop),
         "Auth/WhoAmI" => auth.who_am_i(req(WhoAmIRequest {}, token)).await.map(drop),
+        "Retention/SetRetention" => retention
+            .set_retention(req(
+                SetRetentionRequest {
+                    namespace: NS.into(),
+                    topic: String::new(),
+                    policy: Some(RetentionPolicy {
+                        max_age_ms: Some(3_600_000),
+                        ..Default::default()
+                    }),
+                },
+                token,
+            ))
+            .await
+            .map(drop),
+        "Retention/GetRetention" => retention
+            .get_retention(req(
+                GetRetentionRequest {
+                    namespace: String::new(),
+                    topic: t(),
+                },
+                token,
+            ))
+            .await
+            .map(drop),
         other => panic!(
             "no case for RPC {other}: give it a permission in ricochet_broker::auth::required and a case here"
         ),
@@ -359,7 +385,7 @@ fn delay_levels() -> dead_letter_policy_config::Kind {
     dead_letter_policy_config::Kind::DelayLevels(DelayLevelPolicyConfig::default())
 }
 
-/// Every RPC of every service (Admin, Auth, Broker, Partitions), from the descriptors.
+/// Every RPC of every service (Admin, Auth, Broker, Partitions, Retention), from the descriptors.
 fn every_rpc() -> Vec<String> {
     let fds = prost_types::FileDescriptorSet::decode(ricochet_proto::FILE_DESCRIPTOR_SET).unwrap();
     let mut out = Vec::new();
@@ -382,7 +408,7 @@ async fn every_rpc_refuses_anonymous_callers_and_roles_without_its_permission() 
         rpcs.iter().filter_map(|m| m.split('/').next()).collect();
     assert_eq!(
         services.into_iter().collect::<Vec<_>>(),
-        vec!["Admin", "Auth", "Broker", "Partitions"]
+        vec!["Admin", "Auth", "Broker", "Partitions", "Retention"]
     );
     assert!(rpcs.len() >= 19, "{rpcs:?}");
     // One role holding every permission but p, one holding only p, per p.

@@ -133,6 +133,12 @@ pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
             writeln!(ctx.out, "deleted {topic}")?;
             Ok(())
         }
+        TopicsCommand::SetRetention { topic, limits } => {
+            crate::retention::set(ctx, String::new(), topic, limits).await
+        }
+        TopicsCommand::GetRetention { topic } => {
+            crate::retention::get(ctx, String::new(), topic).await
+        }
         TopicsCommand::Stats { topic } => {
             let r = admin
                 .topic_stats(pb::TopicRequest { topic })

@@ -70,6 +70,59 @@ pub enum Command {
     /// Grant, revoke and list permissions; show who you are.
     #[command(subcommand)]
     Auth(crate::auth::AuthCommand),
+    /// Namespace-wide settings: retention.
+    #[command(subcommand, visible_alias = "namespace")]
+    Namespaces(NamespacesCommand),
+}
+
+/// `namespaces …`.
+#[derive(Debug, Subcommand)]
+pub enum NamespacesCommand {
+    /// Set how much of every topic of a namespace is kept (topics with a
+    /// policy of their own follow theirs).
+    SetRetention {
+        /// `tenant/namespace`.
+        namespace: String,
+        /// The limits.
+        #[command(flatten)]
+        limits: RetentionArgs,
+    },
+    /// The retention policy set on a namespace.
+    GetRetention {
+        /// `tenant/namespace`.
+        namespace: String,
+    },
+}
+
+/// The limits of `set-retention`; at least one, or `--clear`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("limits").required(true).multiple(true).args(["max_age", "max_size", "backlog_quota", "clear"])))]
+pub struct RetentionArgs {
+    /// Drop messages published longer ago than this (`1h`, `7days`).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub max_age: Option<Duration>,
+    /// Keep at most this many message bytes, dropping the oldest (`1GiB`, `512MiB`, `10MB`).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_size: Option<u64>,
+    /// Backlog quota: the most message bytes a topic may hold (`512MiB`).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub backlog_quota: Option<u64>,
+    /// At the backlog quota: refuse publishes, or drop the oldest messages.
+    #[arg(long, value_enum, requires = "backlog_quota")]
+    pub quota_action: Option<QuotaActionArg>,
+    /// Remove the policy: keep every message until consumed (a topic then
+    /// follows its namespace's policy).
+    #[arg(long, conflicts_with_all = ["max_age", "max_size", "backlog_quota"])]
+    pub clear: bool,
+}
+
+/// `--quota-action`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum QuotaActionArg {
+    /// Publishes are refused (RESOURCE_EXHAUSTED) until the backlog shrinks.
+    Refuse,
+    /// The oldest segments are dropped.
+    DropOldest,
 }
 
 /// `produce TOPIC`.
@@ -189,6 +242,19 @@ pub enum TopicsCommand {
     },
     /// A topic's counters and its subscriptions' progress.
     Stats {
+        /// Topic.
+        topic: String,
+    },
+    /// Set how much of a topic is kept, replacing its namespace's policy.
+    SetRetention {
+        /// Topic.
+        topic: String,
+        /// The limits.
+        #[command(flatten)]
+        limits: RetentionArgs,
+    },
+    /// The retention policy set on a topic and the one in force.
+    GetRetention {
         /// Topic.
         topic: String,
     },
@@ -575,6 +641,25 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("bad duration {s:?}: {e}"))
 }
 
+/// A positive humantime duration.
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err("must be longer than zero".into());
+    }
+    Ok(d)
+}
+
+/// A positive size: bytes, or with a unit (`512KiB`, `1GiB`, `10MB`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    match parse_size::parse_size(s.trim()) {
+        Ok(0) => Err("must be more than zero bytes".into()),
+        Ok(n) if n > i64::MAX as u64 => Err(format!("{s:?} is too large")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("bad size {s:?}: {e}")),
+    }
+}
+
 fn parse_key_value(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
@@ -598,6 +683,18 @@ mod tests {
     #[test]
     fn grammar_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("10MB"), Ok(10_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("lots").is_err());
+        assert!(parse_positive_duration("0s").is_err());
     }
 
     #[test]

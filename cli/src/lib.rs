@@ -13,6 +13,7 @@
 //! | `dlq list/peek/replay/purge` | dead letters, filtered by id, reason text and time | — (a human decision, never a loop) |
 //! | `policy explain/get/set` | a policy's schedule; a subscription's policy at runtime | — |
 //! | `perf produce/consume/redeliver` | throughput and HDR latency percentiles | `pulsar-perf` |
+//! | `namespaces set-retention/get-retention`, `topics set-retention/get-retention` | how much of a topic is kept, by age and size | `pulsar-admin namespaces set-retention`, Kafka `retention.ms` |
 //! | `token create`, `auth grant/revoke/list/whoami` | tokens and permissions (`--token`, `--token-file` on every command) | `pulsar tokens`, `pulsar-admin namespaces grant-permission` |
 
 use std::io::Write;
@@ -31,6 +32,7 @@ pub mod output;
 mod partitions;
 mod perf;
 mod pubsub;
+mod retention;
 pub mod timearg;
 pub mod view;
 
@@ -115,6 +117,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> Result<()> {
         Command::Perf(c) => perf::run(&mut ctx, c).await,
         Command::Token(c) => auth::token(&mut ctx, c),
         Command::Auth(c) => auth::auth(&mut ctx, c).await,
+        Command::Namespaces(c) => retention::namespaces(&mut ctx, c).await,
     };
     ctx.out.flush()?;
     r

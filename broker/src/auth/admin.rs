@@ -57,6 +57,8 @@ pub fn required(method: &str) -> Option<Requirement> {
             R::Permission(Admin)
         }
         "Auth/WhoAmI" => R::Authenticated,
+        "Retention/SetRetention" => R::Permission(Admin),
+        "Retention/GetRetention" => R::Visible,
         _ => return None,
     })
 }

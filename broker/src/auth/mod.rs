@@ -20,6 +20,7 @@ mod config;
 mod grants;
 mod layer;
 mod partitions;
+mod retention;
 mod service;
 mod token;
 
@@ -28,6 +29,7 @@ pub use config::{AuthConfig, metrics_token};
 pub use grants::{Auth, Permission};
 pub use layer::AuthLayer;
 pub use partitions::AuthorizedPartitions;
+pub use retention::AuthorizedRetention;
 pub use service::AuthService;
 pub use token::{Claims, Verifier};
 

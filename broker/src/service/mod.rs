@@ -7,12 +7,14 @@ mod dead_letters;
 mod input;
 mod partitions;
 mod produce;
+mod retention;
 mod status;
 mod wire;
 
 pub use admin::AdminService;
 pub use dead_letters::CallerRole;
 pub use partitions::PartitionsService;
+pub use retention::RetentionService;
 pub(crate) use status::{code_of, message_of, status_of};
 
 use crate::claims::TierOverrides;

@@ -576,3 +576,49 @@ async fn grants_are_kept_per_role_and_resource_and_survive_reopen() {
         }
     }
 }
+
+#[tokio::test]
+async fn retention_policies_are_put_replaced_deleted_and_survive_reopen() {
+    let rec = |target: &str, age: Option<u64>, size: Option<u64>| RetentionRecord {
+        target: target.into(),
+        max_age_ms: age,
+        max_size_bytes: size,
+        backlog_quota_bytes: size.map(|s| s * 2),
+        quota_action: if age.is_some() {
+            QuotaAction::DropOldest
+        } else {
+            QuotaAction::Refuse
+        },
+    };
+    for (name, s, dir) in engines() {
+        assert!(s.retention_policies().unwrap().is_empty(), "{name}");
+        s.put_retention(&rec("acme/orders", Some(1000), None))
+            .unwrap();
+        s.put_retention(&rec("acme/orders", None, Some(4096)))
+            .unwrap();
+        s.put_retention(&rec(T, Some(5), Some(6))).unwrap();
+        s.put_retention(&rec("acme/gone", Some(1), None)).unwrap();
+        s.delete_retention("acme/gone").unwrap();
+        s.delete_retention("acme/never").unwrap();
+        let mut got = s.retention_policies().unwrap();
+        got.sort_by(|a, b| a.target.cmp(&b.target));
+        let want = vec![
+            rec("acme/orders", None, Some(4096)),
+            rec(T, Some(5), Some(6)),
+        ];
+        assert_eq!(got, want, "{name}");
+        s.flush().await.unwrap();
+        if let Some(dir) = dir {
+            drop(s);
+            let reopened = SledStorage::open(dir.path(), 16, 8 << 20).unwrap();
+            let mut got = reopened.retention_policies().unwrap();
+            got.sort_by(|a, b| a.target.cmp(&b.target));
+            assert_eq!(got, want, "{name}: durable");
+            assert_eq!(
+                reopened.verify().problem_count,
+                0,
+                "{name}: policies verify"
+            );
+        }
+    }
+}

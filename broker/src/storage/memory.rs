@@ -38,6 +38,7 @@ struct State {
     dead_letters: BTreeMap<(u64, u64), DeadLetterRecord>,
     replay_jobs: BTreeMap<u64, ReplayJobRecord>,
     grants: BTreeMap<(String, String), GrantRecord>,
+    retention: BTreeMap<String, RetentionRecord>,
     next_id: u64,
     store_id: Option<String>,
     manifest: Option<Manifest>,
@@ -80,6 +81,22 @@ impl Storage for MemoryStorage {
         lock(&self.state)
             .grants
             .remove(&(role.to_owned(), resource.to_owned()));
+        Ok(())
+    }
+
+    fn retention_policies(&self) -> Result<Vec<RetentionRecord>> {
+        Ok(lock(&self.state).retention.values().cloned().collect())
+    }
+
+    fn put_retention(&self, record: &RetentionRecord) -> Result<()> {
+        lock(&self.state)
+            .retention
+            .insert(record.target.clone(), record.clone());
+        Ok(())
+    }
+
+    fn delete_retention(&self, target: &str) -> Result<()> {
+        lock(&self.state).retention.remove(target);
         Ok(())
     }
 

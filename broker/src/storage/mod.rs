@@ -151,6 +151,15 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// Removes a role's grant on a resource (nothing if there is none).
     fn delete_grant(&self, role: &str, resource: &str) -> Result<()>;
 
+    /// Every retention policy (of namespaces and topics).
+    fn retention_policies(&self) -> Result<Vec<RetentionRecord>>;
+    /// Creates or replaces the retention policy of `record.target` (not
+    /// durable until flushed).
+    fn put_retention(&self, record: &RetentionRecord) -> Result<()>;
+    /// Removes the retention policy of a namespace or topic (nothing if
+    /// there is none).
+    fn delete_retention(&self, target: &str) -> Result<()>;
+
     /// Bytes on disk.
     fn size_on_disk(&self) -> Result<u64>;
     /// Makes every write so far durable.

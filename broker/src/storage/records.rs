@@ -44,6 +44,36 @@ pub struct GrantRecord {
     pub permissions: Vec<String>,
 }
 
+/// A retention policy of a namespace or a topic: how much of a topic's
+/// main log is kept whether or not it has subscriptions (dropped whole
+/// segments at a time, oldest first). `None` means no limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetentionRecord {
+    /// `tenant/namespace` or `persistent://tenant/namespace/topic`.
+    pub target: String,
+    /// Messages older than this (by publish time) are dropped.
+    pub max_age_ms: Option<u64>,
+    /// Stored message bytes above this are dropped, oldest first.
+    pub max_size_bytes: Option<u64>,
+    /// Backlog quota: most message bytes the topic's log may hold.
+    #[serde(default)]
+    pub backlog_quota_bytes: Option<u64>,
+    /// What happens at the backlog quota.
+    #[serde(default)]
+    pub quota_action: QuotaAction,
+}
+
+/// What a topic at its backlog quota does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuotaAction {
+    /// Publishes are refused (RESOURCE_EXHAUSTED) until the log shrinks.
+    #[default]
+    Refuse,
+    /// The oldest segments are dropped, as retention by size does.
+    DropOldest,
+}
+
 /// A topic's persisted metadata.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TopicRecord {

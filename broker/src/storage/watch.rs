@@ -51,6 +51,15 @@ impl Storage for Watched {
     fn delete_grant(&self, role: &str, resource: &str) -> Result<()> {
         self.note(self.inner.delete_grant(role, resource))
     }
+    fn retention_policies(&self) -> Result<Vec<RetentionRecord>> {
+        self.note(self.inner.retention_policies())
+    }
+    fn put_retention(&self, record: &RetentionRecord) -> Result<()> {
+        self.note(self.inner.put_retention(record))
+    }
+    fn delete_retention(&self, target: &str) -> Result<()> {
+        self.note(self.inner.delete_retention(target))
+    }
     fn list_topics(&self) -> Result<Vec<TopicRecord>> {
         self.note(self.inner.list_topics())
     }

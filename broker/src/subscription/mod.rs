@@ -38,6 +38,7 @@ mod policy;
 mod read_ahead;
 mod replay;
 mod requests;
+mod retention;
 mod stats;
 mod tiers;
 

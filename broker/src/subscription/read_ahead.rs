@@ -111,6 +111,7 @@ impl SubscriptionActor {
 
     /// Reads the main topic from the read position into the read-ahead.
     pub(super) fn fill(&mut self) {
+        self.skip_trimmed();
         let end = self.topic.durable_end();
         let ready = self.deliveries.ready.len();
         if ready >= READ_AHEAD || self.read_pos >= end {

@@ -121,8 +121,9 @@ pub(super) struct Counters {
 impl SubscriptionActor {
     /// Main-topic messages not yet acked.
     pub(super) fn main_backlog(&self) -> u64 {
-        let (_, end) = self.topic.entry_range();
-        let start = self.rec.main.mark_delete.min(end);
+        // Ids below the first entry were dropped by retention: not backlog.
+        let (first, end) = self.topic.entry_range();
+        let start = self.rec.main.mark_delete.max(first).min(end);
         (end - start) - self.rec.main.acked_between(start, end)
     }
 

@@ -82,6 +82,14 @@ impl std::fmt::Debug for SledStorage {
 /// Grants live in `meta` under `g:<role>\0<resource>` (a role or resource
 /// never holds a NUL).
 const GRANT_PREFIX: &[u8] = b"g:";
+/// Retention policies, keyed by namespace or topic name.
+const RETENTION_PREFIX: &[u8] = b"r:";
+
+fn retention_key(target: &str) -> Vec<u8> {
+    let mut k = RETENTION_PREFIX.to_vec();
+    k.extend_from_slice(target.as_bytes());
+    k
+}
 
 fn grant_key(role: &str, resource: &str) -> Vec<u8> {
     let mut k = GRANT_PREFIX.to_vec();
@@ -291,6 +299,7 @@ fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
             }
         }
         "meta" if k.starts_with(GRANT_PREFIX) => from_json::<GrantRecord>(body).map(|_| 0),
+        "meta" if k.starts_with(RETENTION_PREFIX) => from_json::<RetentionRecord>(body).map(|_| 0),
         "meta" if k == STORE_ID_KEY => std::str::from_utf8(body)
             .map(|_| 0)
             .map_err(|_| StorageError::Corrupt("unreadable store id".into())),
@@ -343,6 +352,22 @@ impl Storage for SledStorage {
 
     fn delete_grant(&self, role: &str, resource: &str) -> Result<()> {
         self.meta.remove(grant_key(role, resource))?;
+        Ok(())
+    }
+
+    fn retention_policies(&self) -> Result<Vec<RetentionRecord>> {
+        self.meta_records(RETENTION_PREFIX)
+    }
+
+    fn put_retention(&self, record: &RetentionRecord) -> Result<()> {
+        let key = retention_key(&record.target);
+        self.meta
+            .insert(key.as_slice(), seal(&key, &json(record)))?;
+        Ok(())
+    }
+
+    fn delete_retention(&self, target: &str) -> Result<()> {
+        self.meta.remove(retention_key(target))?;
         Ok(())
     }
 

@@ -1,0 +1,85 @@
+//! [`AuthorizedRetention`]: the `Retention` service behind the permission
+//! table ([`super::admin::required`]): setting a namespace's or topic's
+//! retention policy needs `admin` on it, reading it any permission on it.
+
+use super::admin::{principal, required, who};
+use super::{AUDIT, Auth, Principal, Requirement};
+use crate::error::BrokerError;
+use crate::retention::Target;
+use crate::service::RetentionService;
+use ricochet_proto::retention_server::Retention;
+use ricochet_proto::*;
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+
+/// The retention service, checked.
+#[derive(Debug, Clone)]
+pub struct AuthorizedRetention {
+    inner: RetentionService,
+    auth: Arc<Auth>,
+}
+
+impl AuthorizedRetention {
+    /// Checks calls to `inner` against `auth`.
+    pub fn new(inner: RetentionService, auth: Arc<Auth>) -> Self {
+        Self { inner, auth }
+    }
+
+    /// Checks `method` on a namespace or topic.
+    fn check<T>(
+        &self,
+        r: &Request<T>,
+        method: &str,
+        namespace: &str,
+        topic: &str,
+    ) -> Result<Option<Principal>, Status> {
+        let p = principal(&self.auth, r)?;
+        if self.auth.is_superuser(p.as_ref()) {
+            return Ok(p);
+        }
+        let target = Target::parse(namespace, topic)?;
+        let (a, p_ref) = (&self.auth, p.as_ref());
+        match (required(method), &target) {
+            (Some(Requirement::Permission(perm)), Target::Namespace(ns)) => {
+                a.check_namespace(p_ref, ns, perm)?
+            }
+            (Some(Requirement::Permission(perm)), Target::Topic(t)) => a.check(p_ref, t, perm)?,
+            (Some(Requirement::Visible), Target::Namespace(ns)) => {
+                a.check_namespace_visible(p_ref, ns)?
+            }
+            (Some(Requirement::Visible), Target::Topic(t)) => a.check_visible(p_ref, t)?,
+            (Some(Requirement::Authenticated), _) => {}
+            (None, _) => {
+                return Err(BrokerError::PermissionDenied(format!(
+                    "{method} has no permission mapping"
+                ))
+                .into());
+            }
+        }
+        Ok(p)
+    }
+}
+
+#[tonic::async_trait]
+impl Retention for AuthorizedRetention {
+    async fn set_retention(
+        &self,
+        r: Request<SetRetentionRequest>,
+    ) -> Result<Response<RetentionResponse>, Status> {
+        let (ns, topic) = (r.get_ref().namespace.clone(), r.get_ref().topic.clone());
+        let policy = r.get_ref().policy.clone();
+        let p = self.check(&r, "Retention/SetRetention", &ns, &topic)?;
+        let resp = self.inner.set_retention(r).await?;
+        tracing::info!(target: AUDIT, role = who(p.as_ref()), action = "set-retention", namespace = %ns, %topic, ?policy);
+        Ok(resp)
+    }
+
+    async fn get_retention(
+        &self,
+        r: Request<GetRetentionRequest>,
+    ) -> Result<Response<RetentionResponse>, Status> {
+        let (ns, topic) = (r.get_ref().namespace.clone(), r.get_ref().topic.clone());
+        self.check(&r, "Retention/GetRetention", &ns, &topic)?;
+        self.inner.get_retention(r).await
+    }
+}

@@ -1,0 +1,204 @@
+//! Retention policies: how much of an ordinary topic's log the broker
+//! keeps, whether or not subscriptions consumed it (Kafka's
+//! `retention.ms`/`retention.bytes`, NATS's `max_age`/`max_bytes`,
+//! Pulsar's retention policies). A policy is set on a `tenant/namespace`
+//! or on a topic; a topic's own policy replaces its namespace's whole.
+//! Without either a topic keeps every message until all its subscriptions
+//! consumed it (the broker's default).
+//!
+//! A policy may also carry a backlog quota: the most message bytes the
+//! topic's log may hold (with subscriptions, what the slowest one has not
+//! consumed, to the segment; without, everything retained). At the quota a
+//! publish is refused with RESOURCE_EXHAUSTED naming it (`refuse`), or the
+//! oldest segments are dropped as retention by size does (`drop_oldest`).
+//!
+//! Policies are stored durably ([`Storage::put_retention`]) and enforced
+//! every `retention_interval` by [`Topic::enforce_retention`], which drops
+//! whole segments, oldest first. Retry and dead-letter tiers are never
+//! trimmed by it.
+
+use crate::core::BrokerCore;
+use crate::error::{BrokerError, Result};
+use crate::name::{TopicName, parse_namespace};
+use crate::storage::{QuotaAction, RetentionRecord, Storage, TopicKind};
+use crate::topic::Topic;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, Weak};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// What a policy is set on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Every topic of a `tenant/namespace` without a policy of its own.
+    Namespace(String),
+    /// One topic.
+    Topic(TopicName),
+}
+
+impl Target {
+    /// Parses a namespace (`tenant/namespace`) or a topic name (anything
+    /// with a scheme, or three parts).
+    pub fn parse(namespace: &str, topic: &str) -> Result<Self> {
+        match (namespace.is_empty(), topic.is_empty()) {
+            (false, true) => Ok(Self::Namespace(parse_namespace(namespace)?.to_owned())),
+            (true, false) => Ok(Self::Topic(TopicName::parse(topic)?)),
+            _ => Err(BrokerError::InvalidArgument(
+                "name exactly one of namespace or topic".into(),
+            )),
+        }
+    }
+
+    /// The stored key: `tenant/namespace` or the full topic name.
+    pub fn key(&self) -> &str {
+        match self {
+            Self::Namespace(ns) => ns,
+            Self::Topic(t) => t.as_str(),
+        }
+    }
+}
+
+/// The policies in force, by namespace or topic name.
+#[derive(Debug, Default)]
+pub struct Policies {
+    by_target: Mutex<BTreeMap<String, RetentionRecord>>,
+}
+
+impl Policies {
+    /// The stored policies.
+    pub fn load(storage: &dyn Storage) -> Result<Self> {
+        let by_target = storage
+            .retention_policies()?
+            .into_iter()
+            .map(|r| (r.target.clone(), r))
+            .collect();
+        Ok(Self {
+            by_target: Mutex::new(by_target),
+        })
+    }
+
+    /// The policy set on exactly `target`, if any.
+    pub fn get(&self, target: &str) -> Option<RetentionRecord> {
+        crate::util::lock(&self.by_target).get(target).cloned()
+    }
+
+    /// The policy that applies to `topic`: its own, else its namespace's.
+    pub fn effective(&self, topic: &TopicName) -> Option<RetentionRecord> {
+        let map = crate::util::lock(&self.by_target);
+        map.get(topic.as_str())
+            .or_else(|| map.get(topic.namespace()))
+            .cloned()
+    }
+
+    fn is_empty(&self) -> bool {
+        crate::util::lock(&self.by_target).is_empty()
+    }
+
+    /// Sets (or with no limit at all, clears) the policy of `target`,
+    /// durably before returning, and applies its quota to the open topics.
+    /// `record.target` is ignored (the target's key is used).
+    pub async fn set(
+        &self,
+        core: &BrokerCore,
+        target: &Target,
+        record: RetentionRecord,
+    ) -> Result<Option<RetentionRecord>> {
+        let positive = |v: Option<u64>, what: &str| match v {
+            Some(0) => Err(BrokerError::InvalidArgument(format!(
+                "{what} must be positive (leave it unset for no limit)"
+            ))),
+            _ => Ok(()),
+        };
+        positive(record.max_age_ms, "max_age_ms")?;
+        positive(record.max_size_bytes, "max_size_bytes")?;
+        positive(record.backlog_quota_bytes, "backlog_quota_bytes")?;
+        let key = target.key().to_owned();
+        let any = record.max_age_ms.is_some()
+            || record.max_size_bytes.is_some()
+            || record.backlog_quota_bytes.is_some();
+        let record = any.then(|| RetentionRecord {
+            target: key.clone(),
+            ..record
+        });
+        match &record {
+            Some(r) => core.storage.put_retention(r)?,
+            None => core.storage.delete_retention(&key)?,
+        }
+        core.flusher.durable().await?;
+        {
+            let mut map = crate::util::lock(&self.by_target);
+            match &record {
+                Some(r) => map.insert(key, r.clone()),
+                None => map.remove(&key),
+            };
+        }
+        for topic in core.all_topics().await {
+            self.apply_quota(&topic);
+        }
+        Ok(record)
+    }
+
+    /// Tells `topic` the backlog quota that refuses its publishes, if any.
+    pub fn apply_quota(&self, topic: &Topic) {
+        let refuse = (topic.kind() == TopicKind::Normal)
+            .then(|| self.effective(topic.name()))
+            .flatten()
+            .filter(|p| p.quota_action == QuotaAction::Refuse)
+            .and_then(|p| p.backlog_quota_bytes);
+        topic.set_refusing_quota(refuse);
+    }
+}
+
+/// Applies `topic`'s effective policy once.
+pub fn enforce(policies: &Policies, topic: &Topic) -> Result<crate::topic::Dropped> {
+    let policy = if topic.kind() == TopicKind::Normal {
+        policies.effective(topic.name())
+    } else {
+        None
+    };
+    let Some(p) = policy else {
+        return Ok(Default::default());
+    };
+    // A quota that drops the oldest is a size limit enforced the same way.
+    let quota = (p.quota_action == QuotaAction::DropOldest)
+        .then_some(p.backlog_quota_bytes)
+        .flatten();
+    let size = match (p.max_size_bytes, quota) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    topic.enforce_retention(p.max_age_ms, size)
+}
+
+/// Enforces every policy every `every`, until `stop`.
+pub fn spawn(core: Weak<BrokerCore>, every: Duration, stop: CancellationToken) {
+    if every.is_zero() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => break,
+            }
+            let Some(core) = core.upgrade() else { break };
+            if core.retention.is_empty() {
+                continue;
+            }
+            for topic in core.all_topics().await {
+                core.retention.apply_quota(&topic);
+                let (core, topic) = (core.clone(), topic.clone());
+                // Scans and trims are blocking storage work.
+                let done =
+                    tokio::task::spawn_blocking(move || enforce(&core.retention, &topic)).await;
+                match done {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "retention pass failed"),
+                    Err(e) => tracing::warn!(error = %e, "retention pass panicked"),
+                }
+            }
+        }
+    });
+}
