@@ -21,7 +21,9 @@
 //!   of retries and dead letters in the log; [`clock`]: injected wall time;
 //! * `claims`: which subscription owns each tier name; `limits`: what
 //!   clients may create or hold open;
-//! * `metrics`: the Prometheus series; [`clock`]: injected wall time;
+//! * `partitions`: partitioned topics (counts, names); [`retention`]:
+//!   retention policies and backlog quotas; `replay_jobs`: durable paced
+//!   dead-letter replays;
 //! * [`check`]: `ricochet-broker check`, verifying a stopped store;
 //! * [`console`]: the web console (HTML over the admin service);
 //! * [`tls`]: TLS and mTLS on the listener;
