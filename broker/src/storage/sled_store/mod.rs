@@ -17,7 +17,9 @@
 
 mod codec;
 mod frame;
+mod reads;
 mod returns;
+mod verify;
 
 use super::*;
 use codec::{be, decode_failures, encode_failures, from_json, json, read_be, seal, unseal};
@@ -27,35 +29,11 @@ use sled::{Batch, Db, Tree};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Mutex;
+pub use verify::VerifyReport;
 
 const SEG_PREFIX: &str = "seg/";
 /// The `meta` key of the store identity.
 const STORE_ID_KEY: &[u8] = b"id:store";
-
-/// What [`SledStorage::verify`] found.
-#[derive(Debug, Default)]
-pub struct VerifyReport {
-    /// Stored values read and checked.
-    pub values: u64,
-    /// Live log entries among them.
-    pub entries: u64,
-    /// Every problem found (the first [`MAX_LISTED`] are kept).
-    pub problems: Vec<String>,
-    /// Problems found in all.
-    pub problem_count: u64,
-}
-
-/// Most problems a [`VerifyReport`] lists.
-pub const MAX_LISTED: usize = 100;
-
-impl VerifyReport {
-    fn problem(&mut self, p: String) {
-        self.problem_count += 1;
-        if self.problems.len() < MAX_LISTED {
-            self.problems.push(p);
-        }
-    }
-}
 
 /// sled-backed storage.
 pub struct SledStorage {
@@ -203,55 +181,6 @@ impl SledStorage {
         tree.insert(k, v).unwrap();
     }
 
-    /// Reads every stored value and checks its checksum and that it decodes
-    /// as what its tree holds (log entries as messages), for
-    /// `ricochet-broker check`. Writes nothing.
-    pub fn verify(&self) -> VerifyReport {
-        let mut report = VerifyReport::default();
-        let topics: std::collections::BTreeSet<String> = match self.list_topics() {
-            Ok(t) => t.into_iter().map(|t| t.name).collect(),
-            Err(e) => {
-                report.problem(format!("topic records: {e}"));
-                Default::default()
-            }
-        };
-        let mut trees: Vec<(String, Tree)> = vec![
-            ("meta".into(), self.meta.clone()),
-            ("prodseq".into(), self.prodseq.clone()),
-            ("failures".into(), self.failures.clone()),
-            ("schedule".into(), self.schedule.clone()),
-            ("deadletters".into(), self.deadletters.clone()),
-        ];
-        for (topic, segs) in crate::util::lock(&self.segments).iter() {
-            if !topics.contains(topic) {
-                report.problem(format!(
-                    "{} segment(s) of topic {topic}, which has no topic record",
-                    segs.len()
-                ));
-            }
-            for (seg, tree) in segs {
-                trees.push((seg_tree_name(topic, *seg), tree.clone()));
-            }
-        }
-        for (name, tree) in trees {
-            for kv in tree.iter() {
-                let (k, v) = match kv {
-                    Ok(kv) => kv,
-                    Err(e) => {
-                        report.problem(format!("{name}: {}", StorageError::from(e)));
-                        break;
-                    }
-                };
-                report.values += 1;
-                match check_value(&name, &k, &v) {
-                    Ok(entries) => report.entries += entries,
-                    Err(e) => report.problem(format!("{name}: {e}")),
-                }
-            }
-        }
-        report
-    }
-
     /// The JSON records under `prefix` in `meta`, checked.
     fn meta_records<T: for<'de> serde::Deserialize<'de>>(&self, prefix: &[u8]) -> Result<Vec<T>> {
         self.meta
@@ -276,65 +205,6 @@ fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     drop(f);
     std::fs::rename(&tmp, dir.join(name))?;
     std::fs::File::open(dir)?.sync_all()
-}
-
-/// Checks one stored value of tree `tree`; returns the live log entries it holds.
-fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
-    use prost::Message as _;
-    let body = unseal(k, v)?;
-    let bad_key = || StorageError::Corrupt(format!("bad key {}", codec::show_key(k)));
-    match tree {
-        "meta" if k.starts_with(b"t:") => from_json::<TopicRecord>(body).map(|_| 0),
-        "meta" if k.starts_with(b"s:") => from_json::<SubscriptionRecord>(body).map(|_| 0),
-        "meta" if k.starts_with(b"p:") => from_json::<PartitionedRecord>(body).map(|_| 0),
-        "meta" if k.starts_with(b"n:") => read_be(body).map(|_| 0),
-        "meta" if k.starts_with(returns::JOB_PREFIX) => {
-            from_json::<ReplayJobRecord>(body).map(|_| 0)
-        }
-        "meta" if k.starts_with(returns::JOB_IDS_PREFIX) => {
-            if body.len() % 8 == 0 {
-                Ok(0)
-            } else {
-                Err(StorageError::Corrupt("bad replay job id list".into()))
-            }
-        }
-        "meta" if k.starts_with(GRANT_PREFIX) => from_json::<GrantRecord>(body).map(|_| 0),
-        "meta" if k.starts_with(RETENTION_PREFIX) => from_json::<RetentionRecord>(body).map(|_| 0),
-        "meta" if k == STORE_ID_KEY => std::str::from_utf8(body)
-            .map(|_| 0)
-            .map_err(|_| StorageError::Corrupt("unreadable store id".into())),
-        "meta" => Err(bad_key()),
-        "prodseq" => read_be(body).map(|_| 0),
-        "failures" => {
-            SubMessage::from_key(k).ok_or_else(bad_key)?;
-            decode_failures(body).map(|_| 0)
-        }
-        "schedule" => {
-            ScheduleKey::from_key(k).ok_or_else(bad_key)?;
-            if body.is_empty() {
-                Ok(0)
-            } else {
-                decode_failures(body).map(|_| 0)
-            }
-        }
-        "deadletters" => {
-            if k.len() != 16 {
-                return Err(bad_key());
-            }
-            from_json::<DeadLetterRecord>(body).map(|_| 0)
-        }
-        _ => {
-            let first = read_be(k)?;
-            let mut n = 0;
-            for (id, entry) in frame::entries(first, body)? {
-                ricochet_proto::Message::decode(entry).map_err(|e| {
-                    StorageError::Corrupt(format!("entry {id} does not decode: {e}"))
-                })?;
-                n += 1;
-            }
-            Ok(n)
-        }
-    }
 }
 
 #[async_trait::async_trait]
@@ -496,43 +366,7 @@ impl Storage for SledStorage {
     }
 
     fn read_many(&self, topic: &str, ids: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
-        // In id order, so the entries of one frame come together and the
-        // frame is read, checked and split once for all of them.
-        let mut order: Vec<usize> = (0..ids.len()).collect();
-        order.sort_by_key(|&i| ids[i]);
-        let mut out = vec![None; ids.len()];
-        let mut k = 0;
-        while k < order.len() {
-            let id = ids[order[k]];
-            let segment = id / self.segment_entries;
-            let frame = match self.segment_if_open(topic, segment)? {
-                Some(tree) => tree.range(..=be(id)).next_back().transpose()?,
-                None => None,
-            };
-            let Some((key, value)) = frame else {
-                k += 1;
-                continue;
-            };
-            let first = read_be(&key)?;
-            let slots = frame::slots(first, unseal(&key, &value)?)?;
-            let end = first + slots.len() as u64;
-            if id >= end {
-                // A gap: not in this frame.
-                k += 1;
-                continue;
-            }
-            // Every asked id this frame holds (read_one finds an id in its
-            // own segment's tree, so stay within this one).
-            while let Some(&j) = order.get(k) {
-                let i = ids[j];
-                if i >= end || i / self.segment_entries != segment {
-                    break;
-                }
-                out[j] = slots[(i - first) as usize].1.map(<[u8]>::to_vec);
-                k += 1;
-            }
-        }
-        Ok(out)
+        self.read_entries(topic, ids)
     }
 
     fn entry_range(&self, topic: &str) -> Result<(u64, u64)> {
