@@ -155,11 +155,11 @@ async fn order_per_key_is_kept_across_partitions() {
 }
 
 #[tokio::test]
-async fn shared_consumes_100k_messages_over_8_partitions_exactly_once() {
+async fn shared_consumes_a_million_messages_over_8_partitions_exactly_once() {
     let env = start().await;
     let t = topic("p-shared");
     create(&env.client, &t, 8).await;
-    const N: usize = 100_000;
+    const N: usize = 1_000_000;
     let mut consumers = Vec::new();
     for name in ["a", "b"] {
         consumers.push(consumer(&env.client, &t, name, SubscriptionType::Shared).await);
