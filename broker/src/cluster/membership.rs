@@ -96,7 +96,11 @@ impl Fence {
 
     /// A renewal (or grant) of `ttl` whose request was sent at `sent`.
     pub fn extend(&self, sent: Instant, ttl: Duration) {
-        let until = sent.saturating_duration_since(self.base) + ttl - ttl / 5;
+        let holds_for = ttl - ttl / 5;
+        let until = match sent.checked_duration_since(self.base) {
+            Some(after) => after + holds_for,
+            None => holds_for.saturating_sub(self.base.duration_since(sent)),
+        };
         let until = u64::try_from(until.as_millis()).unwrap_or(u64::MAX);
         self.deadline_ms.fetch_max(until, Ordering::AcqRel);
     }

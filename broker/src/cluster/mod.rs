@@ -299,7 +299,7 @@ impl Cluster {
                 }
             }
             round += 1;
-            if round % 3 == 0 && self.fence.holds() {
+            if round.is_multiple_of(3) && self.fence.holds() {
                 let now = (Instant::now(), messages_in(&core).await);
                 let secs = now.0.duration_since(last_load.0).as_secs_f64().max(0.001);
                 let rate = now.1.saturating_sub(last_load.1) as f64 / secs;
@@ -357,4 +357,53 @@ async fn messages_in(core: &Weak<crate::core::BrokerCore>) -> u64 {
         .filter(|t| t.kind() == crate::storage::TopicKind::Normal)
         .map(|t| t.counters.messages_in.load(Ordering::Relaxed))
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_settings_are_checked() {
+        let ok = ClusterConfig {
+            name: "prod".into(),
+            ..Default::default()
+        };
+        ok.validate(Some("http://10.0.0.5:6650")).unwrap();
+        let e = ok.validate(None).unwrap_err().to_string();
+        assert!(e.contains("--advertise"), "{e}");
+        assert!(ok.validate(Some("10.0.0.5:6650")).is_err());
+        for bad in [
+            ClusterConfig::default(),
+            ClusterConfig {
+                name: "a/b".into(),
+                ..ok.clone()
+            },
+            ClusterConfig {
+                broker_id: Some("b 1".into()),
+                ..ok.clone()
+            },
+            ClusterConfig {
+                etcd: vec![],
+                ..ok.clone()
+            },
+            ClusterConfig {
+                lease_ttl: Duration::from_secs(1),
+                ..ok.clone()
+            },
+        ] {
+            assert!(bad.validate(Some("http://h:1")).is_err(), "{bad:?}");
+        }
+        // The TOML form.
+        let c: crate::BrokerConfig = toml::from_str(
+            "advertise = \"http://h:6650\"\n[cluster]\nname = \"c\"\netcd = [\"http://e:2379\"]\nlease_ttl = \"3s\"",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let cluster = c.cluster.unwrap();
+        assert_eq!(
+            (cluster.name.as_str(), cluster.lease_ttl),
+            ("c", Duration::from_secs(3))
+        );
+    }
 }
