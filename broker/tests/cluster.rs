@@ -353,20 +353,25 @@ async fn a_frozen_owner_acknowledges_nothing_under_its_old_epoch_once_its_lease_
         let (t, url, stop) = (t.clone(), url.clone(), stop.clone());
         async move {
             let mut seen: Vec<Seen> = Vec::new();
+            let mut refusals: Vec<String> = Vec::new();
             let mut next = 0u64;
             while !stop.is_cancelled() {
-                let Ok(Ok(mut p)) =
-                    tokio::time::timeout(LONG, RawProducer::open(&url, &t, "fp")).await
-                else {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                };
+                let mut p =
+                    match tokio::time::timeout(LONG, RawProducer::open(&url, &t, "fp")).await {
+                        Ok(Ok(p)) => p,
+                        Ok(Err(e)) => {
+                            refusals.push(format!("open: {:?} {}", e.code(), e.message()));
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                        Err(_) => continue,
+                    };
                 p.next_seq = next;
                 while !stop.is_cancelled() {
                     let payload = format!("m{next}");
                     let m = p.msg(payload.clone().into_bytes());
-                    match tokio::time::timeout(LONG, p.try_send_batch(vec![m])).await {
-                        Ok(Some(produce_response::Response::Receipts(r))) => {
+                    match tokio::time::timeout(LONG, p.send_batch_result(vec![m])).await {
+                        Ok(Ok(produce_response::Response::Receipts(r))) => {
                             seen.push(Seen {
                                 at: Instant::now(),
                                 epoch: r.epoch,
@@ -375,11 +380,18 @@ async fn a_frozen_owner_acknowledges_nothing_under_its_old_epoch_once_its_lease_
                             next += 1;
                             tokio::time::sleep(Duration::from_millis(20)).await;
                         }
-                        _ => break,
+                        Ok(Err(e)) => {
+                            refusals.push(format!("send: {:?} {}", e.code(), e.message()));
+                            break;
+                        }
+                        other => {
+                            refusals.push(format!("send: {other:?}"));
+                            break;
+                        }
                     }
                 }
             }
-            seen
+            (seen, refusals)
         }
     });
     // Acknowledged under the first epoch before anything happens.
@@ -418,7 +430,15 @@ async fn a_frozen_owner_acknowledges_nothing_under_its_old_epoch_once_its_lease_
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.cancel();
-    let seen = producer.await.unwrap();
+    let (seen, refusals) = producer.await.unwrap();
+    println!("{} receipts, refusals on the way: {refusals:?}", seen.len());
+    // The batch in flight when it froze was refused by the fence, not
+    // acknowledged: the broker says why.
+    assert!(
+        refusals.iter().any(|r| r.contains("Unavailable")
+            && r.contains(&format!("broker {} lost its etcd lease", frozen.id))),
+        "{refusals:?}"
+    );
 
     let first = first as u64;
     let before: Vec<&Seen> = seen.iter().filter(|s| s.epoch == first).collect();
