@@ -6,6 +6,10 @@
 //! INVALID_ARGUMENT); then the clients alone, into `OUT_DIR/client`, with
 //! tonic's codec and the messages of the first pass. The file descriptor set
 //! is written to `OUT_DIR/ricochet_descriptor.bin` (`FILE_DESCRIPTOR_SET`).
+//!
+//! A third pass compiles the minimal etcd v3 API subset under
+//! `proto/etcd/` (clients only, tonic's codec) into `OUT_DIR/etcd`; it is
+//! kept out of `FILE_DESCRIPTOR_SET`, which lists Ricochet's own services.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
@@ -40,5 +44,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .extern_path(".ricochet.v1", "crate::v1")
         .out_dir(client_dir)
         .compile_fds(fds)?;
+    let etcd_files = ["proto/etcd/kv.proto", "proto/etcd/rpc.proto"];
+    for f in &etcd_files {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    let etcd_dir = out_dir.join("etcd");
+    std::fs::create_dir_all(&etcd_dir)?;
+    tonic_prost_build::configure()
+        .build_server(false)
+        .build_client(true)
+        .out_dir(etcd_dir)
+        .compile_fds(protox::compile(etcd_files, ["proto"])?)?;
     Ok(())
 }

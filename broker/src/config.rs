@@ -33,6 +33,14 @@
 //! # console_listen = "127.0.0.1:8080"  # the web console (off unless set; loopback only ...)
 //! console_allow_remote = false   # ... unless this is true: the console has no authentication yet
 //!
+//! # advertise = "http://10.0.0.5:6650"  # the URL clients are sent to (default: http(s)://<listen>)
+//!
+//! # [cluster]                    # cluster mode (off unless set; needs `advertise`)
+//! # name = "prod"                # keys under /ricochet/<name>/ in etcd
+//! # etcd = ["http://127.0.0.1:2379"]
+//! # broker_id = "b1"             # default: the data directory's store id
+//! # lease_ttl = "10s"            # fenced after 4/5 of it without a renewal
+//!
 //! [auth]                         # see `ricochet_broker::auth::AuthConfig`
 //! enabled = false                # require tokens and check grants
 //! superusers = []
@@ -203,6 +211,12 @@ pub struct BrokerConfig {
     /// no authentication of its own yet, so without this a non-loopback
     /// `console_listen` is refused.
     pub console_allow_remote: bool,
+    /// The URL clients are told to reach this broker at (`Lookup`, the
+    /// not-owner redirect); default `http://<listen>` (`https` with TLS).
+    pub advertise: Option<String>,
+    /// Cluster mode (see [`crate::cluster`]); `None`, the default, serves
+    /// standalone, with no etcd.
+    pub cluster: Option<crate::cluster::ClusterConfig>,
     /// Authentication and authorization (off by default).
     pub auth: crate::auth::AuthConfig,
     /// TLS on the listener (off by default).
@@ -243,6 +257,8 @@ impl Default for BrokerConfig {
             verify_on_start: true,
             console_listen: None,
             console_allow_remote: false,
+            advertise: None,
+            cluster: None,
             auth: crate::auth::AuthConfig::default(),
             tls: crate::tls::TlsConfig::default(),
         }
@@ -310,6 +326,9 @@ impl BrokerConfig {
                  bypass authentication; leave console_listen unset on a secured broker"
                     .into(),
             ));
+        }
+        if let Some(cluster) = &self.cluster {
+            cluster.validate(self.advertise.as_deref())?;
         }
         self.auth.validate(self.listen)?;
         self.tls.server_config()?;

@@ -89,6 +89,9 @@ pub struct BrokerCore {
     pub(crate) partition_ops: Mutex<()>,
     /// Retention policies of namespaces and topics (see `crate::retention`).
     pub(crate) retention: crate::retention::Policies,
+    /// Cluster mode: set once when the broker joins (see `crate::cluster`);
+    /// empty on a standalone broker.
+    cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
     me: Weak<BrokerCore>,
 }
 
@@ -182,6 +185,7 @@ impl BrokerCore {
             partitioned: Default::default(),
             partition_ops: Mutex::new(()),
             retention,
+            cluster: std::sync::OnceLock::new(),
             me: me.clone(),
         });
         for rec in core.storage.list_partitioned()? {
@@ -324,6 +328,21 @@ impl BrokerCore {
             .get(name)
             .cloned()
             .ok_or_else(|| BrokerError::TopicNotFound(name.to_string()))
+    }
+
+    /// This broker's cluster membership; `None` when standalone.
+    pub fn cluster(&self) -> Option<&Arc<crate::cluster::Cluster>> {
+        self.cluster.get()
+    }
+
+    /// Records the cluster this broker joined (once).
+    pub(crate) fn set_cluster(&self, cluster: Arc<crate::cluster::Cluster>) {
+        let _ = self.cluster.set(cluster);
+    }
+
+    /// A weak handle to this core (for tasks that must not keep it alive).
+    pub(crate) fn weak(&self) -> Weak<BrokerCore> {
+        self.me.clone()
     }
 
     /// An existing topic, or a new one when auto-creation is on, for a

@@ -52,6 +52,35 @@ pub enum BrokerError {
     /// A configuration file that does not parse.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// Cluster mode: the topic is placed on (owned by) another broker. The
+    /// status carries the owner in the `ricochet-owner` and
+    /// `ricochet-owner-url` trailers.
+    #[error("topic {topic} is owned by broker {owner}")]
+    NotOwner {
+        /// The topic.
+        topic: String,
+        /// The broker it is placed on.
+        owner: String,
+        /// Its advertised URL, when it is live.
+        url: Option<String>,
+    },
+    /// Cluster mode: the broker the topic is placed on is down.
+    #[error(
+        "topic {topic} is placed on broker {owner}, which is down (it holds no etcd lease); the topic is unavailable until that broker returns"
+    )]
+    OwnerDown {
+        /// The topic.
+        topic: String,
+        /// The broker it is placed on.
+        owner: String,
+    },
+    /// Cluster mode: this broker's lease deadline passed (or etcd expired
+    /// its lease), so it acknowledges nothing until it holds a lease again.
+    #[error("broker {0} lost its etcd lease")]
+    Fenced(String),
+    /// Cluster mode: etcd failed or did not answer in time.
+    #[error("etcd: {0}")]
+    Etcd(String),
     /// The store lacks what its manifest says it must hold (or cannot be
     /// verified): the broker refuses to start on it.
     #[error("refusing to start: the store is damaged or incomplete: {0}")]

@@ -28,6 +28,8 @@
 //! * [`console`]: the web console (HTML over the admin service);
 //! * [`tls`]: TLS and mTLS on the listener;
 //! * [`auth`]: tokens, grants and the permission checks of every RPC;
+//! * [`cluster`]: cluster mode (membership, placement and fenced ownership
+//!   of topics through etcd);
 //! * `config`, `name`, `error`, `util`.
 //!
 //! ```no_run
@@ -42,6 +44,7 @@ pub mod auth;
 pub mod check;
 mod claims;
 pub mod clock;
+pub mod cluster;
 mod config;
 mod connections;
 pub mod console;
@@ -74,7 +77,9 @@ pub use metrics::{install_prometheus, install_prometheus_secured};
 pub use name::{SubscriptionName, TopicName};
 pub use scheduler::{FireSender, Scheduler, SchedulerStats};
 pub use server::{Broker, BrokerBuilder, TestBroker};
-pub use service::{AdminService, BrokerService, CallerRole};
+pub use service::{
+    AdminService, BrokerService, CallerRole, ClusterService, OWNER_TRAILER, OWNER_URL_TRAILER,
+};
 pub use subscription::{
     BrokerLink, ConsumerEvent, ConsumerId, ConsumerRequest, ConsumerSpec, ConsumerStats,
     ConsumerTx, DueBucket, FailedItem, MessageRef, MessageState, MessageStatus, Outcome,

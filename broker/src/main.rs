@@ -55,9 +55,63 @@ struct Args {
     /// authentication of its own yet.
     #[arg(long)]
     console_allow_remote: bool,
+    /// Cluster flags (override the config's `advertise` and `[cluster]`).
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Security flags (override the config's `[auth]`).
     #[command(flatten)]
     security: SecurityArgs,
+}
+
+/// Cluster mode: brokers coordinated through etcd.
+#[derive(Debug, clap::Args)]
+struct ClusterArgs {
+    /// Join the cluster of this name (turns cluster mode on; needs
+    /// --advertise and etcd).
+    #[arg(long, value_name = "NAME")]
+    cluster: Option<String>,
+    /// etcd client URLs, comma-separated (default http://127.0.0.1:2379).
+    #[arg(long, value_name = "URL[,URL]", value_delimiter = ',')]
+    etcd: Vec<String>,
+    /// The URL clients and other brokers reach this broker at
+    /// (default http://<listen>).
+    #[arg(long, value_name = "URL")]
+    advertise: Option<String>,
+    /// This broker's id in the cluster (default: its store id).
+    #[arg(long, value_name = "ID")]
+    broker_id: Option<String>,
+    /// The etcd lease TTL (default 10s; at least 2s).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    lease_ttl: Option<std::time::Duration>,
+}
+
+impl ClusterArgs {
+    fn apply(self, config: &mut BrokerConfig) -> anyhow::Result<()> {
+        if let Some(a) = self.advertise {
+            config.advertise = Some(a);
+        }
+        if let Some(name) = self.cluster {
+            config.cluster.get_or_insert_with(Default::default).name = name;
+        }
+        let given = !self.etcd.is_empty() || self.broker_id.is_some() || self.lease_ttl.is_some();
+        let Some(cluster) = config.cluster.as_mut() else {
+            anyhow::ensure!(
+                !given,
+                "--etcd, --broker-id and --lease-ttl need --cluster NAME (or a [cluster] table in the config)"
+            );
+            return Ok(());
+        };
+        if !self.etcd.is_empty() {
+            cluster.etcd = self.etcd;
+        }
+        if let Some(id) = self.broker_id {
+            cluster.broker_id = Some(id);
+        }
+        if let Some(ttl) = self.lease_ttl {
+            cluster.lease_ttl = ttl;
+        }
+        Ok(())
+    }
 }
 
 /// Authentication flags; each overrides its `[auth]` setting.
@@ -254,6 +308,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         config.accept_data_loss = true;
     }
     args.security.apply(&mut config);
+    args.cluster.apply(&mut config)?;
     if let Some(c) = args.console_listen {
         config.console_listen = Some(c);
     }

@@ -39,7 +39,7 @@ pub fn partition(base: &TopicName, index: u32) -> TopicName {
     .unwrap_or_else(|_| base.clone())
 }
 
-fn check_count_and_name(name: &TopicName, partitions: u32) -> Result<()> {
+pub(crate) fn check_count_and_name(name: &TopicName, partitions: u32) -> Result<()> {
     if partitions == 0 || partitions > MAX_PARTITIONS {
         return Err(BrokerError::InvalidArgument(format!(
             "partition count must be 1 to {MAX_PARTITIONS}, got {partitions}"

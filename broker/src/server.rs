@@ -131,6 +131,33 @@ impl Broker {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<()> {
+        let url = match &self.core.config.advertise {
+            Some(a) => a.clone(),
+            None => {
+                let scheme = if self.core.config.tls.cert_file.is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
+                format!("{scheme}://{}", listener.local_addr()?)
+            }
+        };
+        if let Some(config) = &self.core.config.cluster {
+            let id = config
+                .broker_id
+                .clone()
+                .unwrap_or_else(|| self.core.keeper.store_id());
+            let cluster = crate::cluster::Cluster::join(
+                config,
+                id,
+                url.clone(),
+                self.core.weak(),
+                self.core.shutdown.clone(),
+            )
+            .await?;
+            self.core.set_cluster(cluster);
+        }
+        let cluster = self.core.cluster().cloned();
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<BrokerServer<BrokerService>>().await;
         let broker = BrokerServer::new(BrokerService::new(self.core.clone()))
@@ -138,9 +165,11 @@ impl Broker {
             .max_encoding_message_size(MAX_FRAME_BYTES);
         crate::replay_jobs::resume_all(&self.core);
         let admin = AdminService::new(self.core.clone());
-        let admin = AdminServer::new(AuthorizedAdmin::new(admin, self.core.auth.clone()))
-            .max_decoding_message_size(MAX_FRAME_BYTES)
-            .max_encoding_message_size(MAX_FRAME_BYTES);
+        let admin = AdminServer::new(
+            AuthorizedAdmin::new(admin, self.core.auth.clone()).routed(cluster.clone()),
+        )
+        .max_decoding_message_size(MAX_FRAME_BYTES)
+        .max_encoding_message_size(MAX_FRAME_BYTES);
         let partitions = ricochet_proto::partitions_server::PartitionsServer::new(
             crate::auth::AuthorizedPartitions::new(
                 crate::service::PartitionsService::new(self.core.clone()),
@@ -150,6 +179,13 @@ impl Broker {
         let retention = ricochet_proto::retention_server::RetentionServer::new(
             crate::auth::AuthorizedRetention::new(
                 crate::service::RetentionService::new(self.core.clone()),
+                self.core.auth.clone(),
+            )
+            .routed(cluster.clone()),
+        );
+        let cluster_service = ricochet_proto::cluster_server::ClusterServer::new(
+            crate::auth::AuthorizedCluster::new(
+                crate::service::ClusterService::new(self.core.clone(), url),
                 self.core.auth.clone(),
             ),
         );
@@ -217,10 +253,16 @@ impl Broker {
             .add_service(admin)
             .add_service(partitions)
             .add_service(retention)
+            .add_service(cluster_service)
             .add_service(grants)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         health_task.abort();
+        if let Some(c) = &cluster {
+            // Ownership goes at once (placements stay): clients are told
+            // this broker is down rather than wait for the lease to expire.
+            c.leave().await;
+        }
         self.core.stop_clean().await?;
         tracing::info!("ricochet broker stopped");
         result.map_err(|e| crate::error::BrokerError::Io(std::io::Error::other(e)))

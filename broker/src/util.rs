@@ -2,7 +2,7 @@
 //! hashing, and quoting client input in error messages.
 
 use std::borrow::Cow;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Characters of client input an error message repeats at most.
 pub(crate) const ECHO_CHARS: usize = 100;
@@ -31,6 +31,24 @@ pub(crate) fn echo(input: &str) -> String {
 /// refusing service for ever after one panic would be worse.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Reads an `RwLock`, recovering from poison as [`lock`] does.
+pub(crate) fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Writes an `RwLock`, recovering from poison as [`lock`] does.
+pub(crate) fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Wall-clock milliseconds since the Unix epoch (for registration times
+/// only; the broker's own timing uses [`crate::clock`]).
+pub(crate) fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A stable 64-bit hash (same value across runs and builds), used for key

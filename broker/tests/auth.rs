@@ -15,6 +15,7 @@ use ricochet_broker::auth::{Claims, Permission, Requirement, required};
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::auth_client::AuthClient;
 use ricochet_proto::broker_client::BrokerClient;
+use ricochet_proto::cluster_client::ClusterClient;
 use ricochet_proto::partitions_client::PartitionsClient;
 use ricochet_proto::retention_client::RetentionClient;
 use ricochet_proto::*;
@@ -157,7 +158,8 @@ async fn call(url: &str, method: &str, token: Option<&str>) -> Result<(), Status
     let mut admin = AdminClient::new(ch.clone());
     let mut auth = AuthClient::new(ch.clone());
     let mut partitions = PartitionsClient::new(ch.clone());
-    let mut retention = RetentionClient::new(ch);
+    let mut retention = RetentionClient::new(ch.clone());
+    let mut cluster = ClusterClient::new(ch);
     let t = || TOPIC.to_owned();
     let s = || "s".to_owned();
     let sub = || SubscriptionRequest {
@@ -374,6 +376,14 @@ async fn call(url: &str, method: &str, token: Option<&str>) -> Result<(), Status
             ))
             .await
             .map(drop),
+        "Cluster/Lookup" => cluster
+            .lookup(req(LookupRequest { topic: t() }, token))
+            .await
+            .map(drop),
+        "Cluster/ListBrokers" => cluster
+            .list_brokers(req(ListBrokersRequest { with_topics: true }, token))
+            .await
+            .map(drop),
         other => panic!(
             "no case for RPC {other}: give it a permission in ricochet_broker::auth::required and a case here"
         ),
@@ -385,7 +395,7 @@ fn delay_levels() -> dead_letter_policy_config::Kind {
     dead_letter_policy_config::Kind::DelayLevels(DelayLevelPolicyConfig::default())
 }
 
-/// Every RPC of every service (Admin, Auth, Broker, Partitions, Retention), from the descriptors.
+/// Every RPC of every service (Admin, Auth, Broker, Cluster, Partitions, Retention), from the descriptors.
 fn every_rpc() -> Vec<String> {
     let fds = prost_types::FileDescriptorSet::decode(ricochet_proto::FILE_DESCRIPTOR_SET).unwrap();
     let mut out = Vec::new();
@@ -408,7 +418,14 @@ async fn every_rpc_refuses_anonymous_callers_and_roles_without_its_permission() 
         rpcs.iter().filter_map(|m| m.split('/').next()).collect();
     assert_eq!(
         services.into_iter().collect::<Vec<_>>(),
-        vec!["Admin", "Auth", "Broker", "Partitions", "Retention"]
+        vec![
+            "Admin",
+            "Auth",
+            "Broker",
+            "Cluster",
+            "Partitions",
+            "Retention"
+        ]
     );
     assert!(rpcs.len() >= 19, "{rpcs:?}");
     // One role holding every permission but p, one holding only p, per p.
@@ -812,4 +829,54 @@ async fn a_broker_exposed_without_auth_refuses_to_start() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("/nonexistent/secret"), "{e}");
+}
+
+#[tokio::test]
+async fn list_brokers_shows_only_the_topics_the_caller_may_see() {
+    let broker = secured().await;
+    let url = broker.url();
+    let root = token("root");
+    produce(&url, TOPIC, Some(&root)).await.unwrap();
+    produce(&url, OTHER, Some(&root)).await.unwrap();
+    grant(&url, "app", NS, &["consume"]).await;
+    let list = |tok: String| {
+        let url = url.clone();
+        async move {
+            let resp = ClusterClient::new(channel(&url).await)
+                .list_brokers(req(ListBrokersRequest { with_topics: true }, Some(&tok)))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(resp.brokers.len(), 1, "{resp:?}");
+            resp.brokers[0].topics.clone()
+        }
+    };
+    assert_eq!(
+        list(root.clone()).await,
+        vec![TOPIC.to_owned(), OTHER.to_owned()]
+    );
+    assert_eq!(list(token("app")).await, vec![TOPIC.to_owned()]);
+    // Lookup needs a permission on the topic: "app" may look up its own.
+    let mut cluster = ClusterClient::new(channel(&url).await);
+    let own = cluster
+        .lookup(req(
+            LookupRequest {
+                topic: TOPIC.into(),
+            },
+            Some(&token("app")),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((own.live, own.epoch, own.cluster.as_str()), (true, 0, ""));
+    let e = cluster
+        .lookup(req(
+            LookupRequest {
+                topic: OTHER.into(),
+            },
+            Some(&token("app")),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
 }

@@ -100,6 +100,30 @@ impl RawProducer {
             .and_then(|r| r.response)
     }
 
+    /// Like `try_send_batch`, with the status that ended the stream
+    /// (`Err`) instead of `None`.
+    pub async fn send_batch_result(
+        &mut self,
+        messages: Vec<OutboundMessage>,
+    ) -> Result<produce_response::Response, Status> {
+        let request_id = self.next_req;
+        self.next_req += 1;
+        self.tx
+            .send(ProduceRequest {
+                request: Some(produce_request::Request::Send(SendBatch {
+                    request_id,
+                    messages,
+                })),
+            })
+            .await
+            .map_err(|_| Status::unavailable("the producer stream is closed"))?;
+        self.rx
+            .message()
+            .await?
+            .and_then(|r| r.response)
+            .ok_or_else(|| Status::unavailable("the producer stream ended"))
+    }
+
     /// A message with the next sequence id.
     pub fn msg(&mut self, payload: impl Into<Vec<u8>>) -> OutboundMessage {
         let m = OutboundMessage {

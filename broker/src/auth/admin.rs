@@ -5,6 +5,7 @@
 //! the caller holds some permission on.
 
 use super::{AUDIT, Auth, Permission, Principal};
+use crate::cluster::Cluster;
 use crate::error::BrokerError;
 use crate::name::TopicName;
 use crate::service::{AdminService, CallerRole};
@@ -59,6 +60,10 @@ pub fn required(method: &str) -> Option<Requirement> {
         "Auth/WhoAmI" => R::Authenticated,
         "Retention/SetRetention" => R::Permission(Admin),
         "Retention/GetRetention" => R::Visible,
+        // Where a topic lives reveals that it exists; the broker list is
+        // for anyone signed in, its topic names filtered to those visible.
+        "Cluster/Lookup" => R::Visible,
+        "Cluster/ListBrokers" => R::Authenticated,
         _ => return None,
     })
 }
@@ -81,17 +86,35 @@ pub(crate) fn who(p: Option<&Principal>) -> &str {
     p.map_or("-", |p| p.role.as_str())
 }
 
-/// The admin service, checked.
+/// The admin service, checked (and, in cluster mode, routed: a call about
+/// a topic another broker owns is refused after the permission check, see
+/// [`route`]).
 #[derive(Debug, Clone)]
 pub struct AuthorizedAdmin {
     inner: AdminService,
     auth: Arc<Auth>,
+    cluster: Option<Arc<Cluster>>,
 }
 
 impl AuthorizedAdmin {
     /// Checks calls to `inner` against `auth`.
     pub fn new(inner: AdminService, auth: Arc<Auth>) -> Self {
-        Self { inner, auth }
+        Self {
+            inner,
+            auth,
+            cluster: None,
+        }
+    }
+
+    /// In cluster mode, also refuses calls about topics this broker does
+    /// not own.
+    pub fn routed(mut self, cluster: Option<Arc<Cluster>>) -> Self {
+        self.cluster = cluster;
+        self
+    }
+
+    async fn route(&self, topic: &str, place: bool) -> Result<(), Status> {
+        route(self.cluster.as_ref(), topic, place).await
     }
 
     /// The caller, after checking `method`'s requirement on `topic`.
@@ -103,6 +126,23 @@ impl AuthorizedAdmin {
     ) -> Result<Option<Principal>, Status> {
         check_call(&self.auth, r, method, topic)
     }
+}
+
+/// Cluster mode: `Ok` when this broker serves `topic` (owns it, or it is
+/// placed nowhere and `place` is false: the call is answered here), else
+/// FAILED_PRECONDITION naming the owner in the `ricochet-owner` and
+/// `ricochet-owner-url` trailers (or UNAVAILABLE when this broker lost its
+/// lease). Standalone (`None`): always `Ok`. Checked after the permission,
+/// so a caller without it learns nothing about where a topic lives.
+pub(crate) async fn route(
+    cluster: Option<&Arc<Cluster>>,
+    topic: &str,
+    place: bool,
+) -> Result<(), Status> {
+    if let Some(c) = cluster {
+        c.route(&TopicName::parse(topic)?, place).await?;
+    }
+    Ok(())
 }
 
 /// The caller of `r`, after checking `method`'s requirement (see
@@ -158,6 +198,7 @@ impl Admin for AuthorizedAdmin {
     async fn create_topic(&self, r: Request<TopicRequest>) -> Result<Response<TopicInfo>, Status> {
         let topic = r.get_ref().topic.clone();
         let p = self.check(&r, "Admin/CreateTopic", &topic)?;
+        self.route(&topic, true).await?;
         let resp = self.inner.create_topic(r).await?;
         tracing::info!(target: AUDIT, role = who(p.as_ref()), action = "create-topic", %topic);
         Ok(resp)
@@ -169,6 +210,7 @@ impl Admin for AuthorizedAdmin {
     ) -> Result<Response<DeleteTopicResponse>, Status> {
         let (topic, force) = (r.get_ref().topic.clone(), r.get_ref().force);
         let p = self.check(&r, "Admin/DeleteTopic", &topic)?;
+        self.route(&topic, false).await?;
         let resp = self.inner.delete_topic(r).await?;
         tracing::info!(target: AUDIT, role = who(p.as_ref()), action = "delete-topic", %topic, force);
         Ok(resp)
@@ -180,6 +222,7 @@ impl Admin for AuthorizedAdmin {
     ) -> Result<Response<TopicStatsResponse>, Status> {
         let topic = r.get_ref().topic.clone();
         self.check(&r, "Admin/TopicStats", &topic)?;
+        self.route(&topic, false).await?;
         self.inner.topic_stats(r).await
     }
 
@@ -189,6 +232,7 @@ impl Admin for AuthorizedAdmin {
     ) -> Result<Response<ListSubscriptionsResponse>, Status> {
         let topic = r.get_ref().topic.clone();
         self.check(&r, "Admin/ListSubscriptions", &topic)?;
+        self.route(&topic, false).await?;
         self.inner.list_subscriptions(r).await
     }
 
@@ -198,6 +242,7 @@ impl Admin for AuthorizedAdmin {
     ) -> Result<Response<SubscriptionStatsResponse>, Status> {
         let topic = r.get_ref().topic.clone();
         self.check(&r, "Admin/SubscriptionStats", &topic)?;
+        self.route(&topic, false).await?;
         self.inner.subscription_stats(r).await
     }
 
@@ -211,6 +256,7 @@ impl Admin for AuthorizedAdmin {
             r.get_ref().force,
         );
         let p = self.check(&r, "Admin/DeleteSubscription", &topic)?;
+        self.route(&topic, false).await?;
         let resp = self.inner.delete_subscription(r).await?;
         tracing::info!(target: AUDIT, role = who(p.as_ref()), action = "delete-subscription", %topic, subscription = %sub, force);
         Ok(resp)
@@ -222,6 +268,7 @@ impl Admin for AuthorizedAdmin {
     ) -> Result<Response<PolicyResponse>, Status> {
         let topic = r.get_ref().topic.clone();
         self.check(&r, "Admin/GetPolicy", &topic)?;
+        self.route(&topic, false).await?;
         self.inner.get_policy(r).await
     }
 
@@ -231,6 +278,7 @@ impl Admin for AuthorizedAdmin {
     ) -> Result<Response<PolicyResponse>, Status> {
         let (topic, sub) = (r.get_ref().topic.clone(), r.get_ref().subscription.clone());
         let p = self.check(&r, "Admin/SetPolicy", &topic)?;
+        self.route(&topic, false).await?;
         // Tier topics the policy names get written on this role's behalf.
         if let Some(policy) = &r.get_ref().policy {
             for tier in [&policy.retry_topic, &policy.dead_letter_topic] {
@@ -261,6 +309,7 @@ impl Admin for AuthorizedAdmin {
         match topic {
             Some(topic) => {
                 self.check(&r, "Admin/GetMessage", &topic)?;
+                self.route(&topic, false).await?;
             }
             // The inner service refuses a request without an id; only a
             // superuser gets that far.
@@ -280,6 +329,7 @@ impl Admin for AuthorizedAdmin {
     ) -> Result<Response<ListDeadLettersResponse>, Status> {
         let topic = r.get_ref().topic.clone();
         self.check(&r, "Admin/ListDeadLetters", &topic)?;
+        self.route(&topic, false).await?;
         self.inner.list_dead_letters(r).await
     }
 
@@ -289,6 +339,7 @@ impl Admin for AuthorizedAdmin {
     ) -> Result<Response<ReplayDeadLettersResponse>, Status> {
         let (topic, sub) = (r.get_ref().topic.clone(), r.get_ref().subscription.clone());
         let p = self.check(&r, "Admin/ReplayDeadLetters", &topic)?;
+        self.route(&topic, false).await?;
         let filter = r.get_ref().filter.clone();
         let mut r = r;
         if let Some(p) = &p {
@@ -316,6 +367,7 @@ impl Admin for AuthorizedAdmin {
     ) -> Result<Response<PurgeDeadLettersResponse>, Status> {
         let (topic, sub) = (r.get_ref().topic.clone(), r.get_ref().subscription.clone());
         let p = self.check(&r, "Admin/PurgeDeadLetters", &topic)?;
+        self.route(&topic, false).await?;
         let filter = r.get_ref().filter.clone();
         let resp = self.inner.purge_dead_letters(r).await?;
         tracing::info!(
@@ -336,6 +388,7 @@ impl Admin for AuthorizedAdmin {
     ) -> Result<Response<GroupDeadLettersResponse>, Status> {
         let topic = r.get_ref().topic.clone();
         self.check(&r, "Admin/GroupDeadLetters", &topic)?;
+        self.route(&topic, false).await?;
         self.inner.group_dead_letters(r).await
     }
 
@@ -360,6 +413,7 @@ impl Admin for AuthorizedAdmin {
             return Ok(resp);
         }
         self.check(&r, "Admin/ListReplayJobs", &topic)?;
+        self.route(&topic, false).await?;
         self.inner.list_replay_jobs(r).await
     }
 
@@ -373,6 +427,7 @@ impl Admin for AuthorizedAdmin {
             // Checked on the topic the caller names; the service then finds
             // the job only there.
             self.check(&r, "Admin/CancelReplayJob", &topic)?;
+            self.route(&topic, false).await?;
         }
         let resp = self.inner.cancel_replay_job(r).await?;
         tracing::info!(target: AUDIT, role = who(p.as_ref()), action = "cancel-replay-job", job = id, %topic);

@@ -16,6 +16,7 @@
 //! is logged under the tracing target `ricochet::audit` with the role.
 
 mod admin;
+mod cluster;
 mod config;
 mod grants;
 mod layer;
@@ -25,6 +26,7 @@ mod service;
 mod token;
 
 pub use admin::{AuthorizedAdmin, Requirement, required};
+pub use cluster::AuthorizedCluster;
 pub use config::{AuthConfig, metrics_token};
 pub use grants::{Auth, Permission};
 pub use layer::AuthLayer;

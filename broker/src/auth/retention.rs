@@ -17,12 +17,31 @@ use tonic::{Request, Response, Status};
 pub struct AuthorizedRetention {
     inner: RetentionService,
     auth: Arc<Auth>,
+    cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl AuthorizedRetention {
     /// Checks calls to `inner` against `auth`.
     pub fn new(inner: RetentionService, auth: Arc<Auth>) -> Self {
-        Self { inner, auth }
+        Self {
+            inner,
+            auth,
+            cluster: None,
+        }
+    }
+
+    /// In cluster mode, also refuses calls about a topic this broker does
+    /// not own (a namespace's policy is set on each broker it is sent to).
+    pub fn routed(mut self, cluster: Option<Arc<crate::cluster::Cluster>>) -> Self {
+        self.cluster = cluster;
+        self
+    }
+
+    async fn route(&self, topic: &str) -> Result<(), Status> {
+        if topic.is_empty() {
+            return Ok(());
+        }
+        super::admin::route(self.cluster.as_ref(), topic, false).await
     }
 
     /// Checks `method` on a namespace or topic.
@@ -69,6 +88,7 @@ impl Retention for AuthorizedRetention {
         let (ns, topic) = (r.get_ref().namespace.clone(), r.get_ref().topic.clone());
         let policy = r.get_ref().policy.clone();
         let p = self.check(&r, "Retention/SetRetention", &ns, &topic)?;
+        self.route(&topic).await?;
         let resp = self.inner.set_retention(r).await?;
         tracing::info!(target: AUDIT, role = who(p.as_ref()), action = "set-retention", namespace = %ns, %topic, ?policy);
         Ok(resp)
@@ -80,6 +100,7 @@ impl Retention for AuthorizedRetention {
     ) -> Result<Response<RetentionResponse>, Status> {
         let (ns, topic) = (r.get_ref().namespace.clone(), r.get_ref().topic.clone());
         self.check(&r, "Retention/GetRetention", &ns, &topic)?;
+        self.route(&topic).await?;
         self.inner.get_retention(r).await
     }
 }

@@ -45,7 +45,9 @@ pub(super) async fn consume(
         ));
     };
     let (tx, rx) = mpsc::unbounded_channel();
-    let (handle, consumer_id) = subscribe(&core, principal.as_ref(), sub, tx.clone()).await?;
+    let (handle, consumer_id, served) =
+        subscribe(&core, principal.as_ref(), sub, tx.clone()).await?;
+    let served_in = served.clone();
     let stop = core.shutdown.clone();
     let config = core.config.clone();
     // A frame that does not decode (or is over the size limit) ends the
@@ -73,6 +75,12 @@ pub(super) async fn consume(
             };
             match parse(req, &config) {
                 Parsed::Request(req) => {
+                    // Cluster mode: no ack, nack or reconsume is applied
+                    // once the lease deadline has passed.
+                    if let Some(Err(e)) = served_in.as_ref().map(super::Served::check) {
+                        let _ = tx.send(ConsumerEvent::End(e));
+                        break;
+                    }
                     if handle.request(consumer_id, req).is_err() {
                         break;
                     }
@@ -97,9 +105,9 @@ pub(super) async fn consume(
     let frames = UnboundedReceiverStream::new(rx)
         .flat_map(|event| futures::stream::iter(frames_of(event)))
         .chain(failed);
-    Ok(Response::new(super::until_shutdown(
-        frames,
-        core.shutdown.clone(),
+    Ok(Response::new(super::fenced(
+        super::until_shutdown(frames, core.shutdown.clone()),
+        served,
     )))
 }
 
@@ -109,7 +117,14 @@ async fn subscribe(
     principal: Option<&crate::auth::Principal>,
     sub: Subscribe,
     tx: mpsc::UnboundedSender<ConsumerEvent>,
-) -> Result<(crate::subscription::SubscriptionHandle, u64), Status> {
+) -> Result<
+    (
+        crate::subscription::SubscriptionHandle,
+        u64,
+        Option<super::Served>,
+    ),
+    Status,
+> {
     let topic = TopicName::parse(&sub.topic)?;
     let name = SubscriptionName::parse(&sub.subscription)?;
     // Once per stream: acks and permits that follow are not checked again.
@@ -120,6 +135,21 @@ async fn subscribe(
     };
     core.auth.check(principal, &topic, needed)?;
     super::input::check_label("consumer name", &sub.consumer_name)?;
+    // Cluster mode: served only by the topic's owner. A dead-letter tier
+    // lives with its subscription's topic, on this broker if it exists here.
+    let served = match core.cluster() {
+        None => None,
+        Some(_)
+            if sub.dead_letter_reader
+                && core
+                    .topic(&topic)
+                    .await
+                    .is_ok_and(|e| e.topic.kind() == TopicKind::DeadLetter) =>
+        {
+            None
+        }
+        Some(_) => super::Served::route(core, &topic).await?,
+    };
     let sub_type = SubscriptionType::try_from(sub.subscription_type).map_err(|_| {
         Status::invalid_argument(format!(
             "unknown subscription type {}",
@@ -181,7 +211,7 @@ async fn subscribe(
     };
     // The actor queues `Subscribed` as the consumer's first event.
     let (consumer_id, _info) = handle.add_consumer(spec).await?;
-    Ok((handle, consumer_id))
+    Ok((handle, consumer_id, served))
 }
 
 fn message_ref(id: ricochet_proto::MessageId) -> MessageRef {

@@ -2,6 +2,7 @@
 //! streams) and the control plane ([`AdminService`]).
 
 mod admin;
+mod cluster;
 mod consume;
 mod dead_letters;
 mod input;
@@ -12,13 +13,16 @@ mod status;
 mod wire;
 
 pub use admin::AdminService;
+pub use cluster::ClusterService;
 pub use dead_letters::CallerRole;
 pub use partitions::PartitionsService;
 pub use retention::RetentionService;
+pub use status::{OWNER_TRAILER, OWNER_URL_TRAILER};
 pub(crate) use status::{code_of, message_of, status_of};
 
 use crate::claims::TierOverrides;
 use crate::core::BrokerCore;
+use crate::error::BrokerError;
 use crate::name::TopicName;
 use futures::Stream;
 use ricochet_proto::broker_server::Broker;
@@ -47,6 +51,78 @@ fn until_shutdown<T: Send + 'static>(
                 _ = token.cancelled() => Some((Err(Status::unavailable("broker is shutting down")), (s, token, true))),
                 item = s.next() => item.map(|i| (i, (s, token, false))),
             }
+        },
+    ))
+}
+
+/// A stream's right to serve its topic in cluster mode: the cluster and the
+/// claim the stream was opened under.
+#[derive(Debug, Clone)]
+pub(crate) struct Served {
+    cluster: Arc<crate::cluster::Cluster>,
+    claim: crate::cluster::Claim,
+}
+
+impl Served {
+    /// In cluster mode, whether this broker may serve `topic` (placing it
+    /// on first use, claiming it if placed here); `None` when standalone.
+    pub(crate) async fn route(
+        core: &BrokerCore,
+        topic: &TopicName,
+    ) -> Result<Option<Self>, Status> {
+        let Some(cluster) = core.cluster() else {
+            return Ok(None);
+        };
+        match cluster.route(topic, true).await? {
+            Some(claim) => Ok(Some(Self {
+                cluster: cluster.clone(),
+                claim,
+            })),
+            None => Err(Status::internal("the topic could not be placed")),
+        }
+    }
+
+    /// The epoch acknowledgements carry.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.claim.epoch
+    }
+
+    /// `Ok` while this broker may still acknowledge for the stream; else
+    /// UNAVAILABLE ("broker B lost its etcd lease").
+    pub(crate) fn check(&self) -> Result<(), BrokerError> {
+        self.cluster.fence.check(self.claim.generation)
+    }
+}
+
+/// In cluster mode, ends `stream` with UNAVAILABLE as soon as the claim it
+/// serves under lapses (the lease deadline passed or the lease was lost),
+/// and checks the fence again before each item goes out, so nothing is
+/// sent under a lapsed claim. Standalone: `stream` unchanged.
+fn fenced<T: Send + 'static>(stream: BoxStream<T>, served: Option<Served>) -> BoxStream<T> {
+    use futures::StreamExt;
+    let Some(served) = served else {
+        return stream;
+    };
+    Box::pin(futures::stream::unfold(
+        (stream, served, false),
+        |(mut s, served, done)| async move {
+            if done {
+                return None;
+            }
+            let lapsed = served.cluster.fence.lapsed(served.claim.generation);
+            let item = tokio::select! {
+                biased;
+                _ = lapsed => Some(Err(served.cluster.fence.fenced().into())),
+                item = s.next() => item,
+            };
+            let item = match item {
+                Some(Ok(_)) if served.check().is_err() => {
+                    Some(Err(served.cluster.fence.fenced().into()))
+                }
+                other => other,
+            };
+            let end = !matches!(item, Some(Ok(_)));
+            item.map(|i| (i, (s, served, end)))
         },
     ))
 }

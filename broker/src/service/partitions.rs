@@ -45,7 +45,12 @@ impl Partitions for PartitionsService {
     ) -> Result<Response<PartitionedTopicMetadata>, Status> {
         let r = r.into_inner();
         let name = TopicName::parse(&r.topic)?;
-        partitions::create(&self.core, &name, r.partitions).await?;
+        match self.core.cluster() {
+            // The count lives in etcd; the partitions are placed over the
+            // brokers and created by each on first use.
+            Some(c) => c.create_partitioned(&name, r.partitions).await?,
+            None => partitions::create(&self.core, &name, r.partitions).await?,
+        }
         Ok(Response::new(PartitionedTopicMetadata {
             topic: name.to_string(),
             partitions: r.partitions,
@@ -57,8 +62,12 @@ impl Partitions for PartitionsService {
         r: Request<PartitionsRequest>,
     ) -> Result<Response<PartitionedTopicMetadata>, Status> {
         let name = TopicName::parse(&r.into_inner().topic)?;
+        let count = match self.core.cluster() {
+            Some(c) => c.partition_count(&name).await?,
+            None => partitions::count(&self.core, &name),
+        };
         Ok(Response::new(PartitionedTopicMetadata {
-            partitions: partitions::count(&self.core, &name).unwrap_or(0),
+            partitions: count.unwrap_or(0),
             topic: name.to_string(),
         }))
     }
@@ -69,7 +78,10 @@ impl Partitions for PartitionsService {
     ) -> Result<Response<PartitionedTopicMetadata>, Status> {
         let r = r.into_inner();
         let name = TopicName::parse(&r.topic)?;
-        let partitions = partitions::update(&self.core, &name, r.partitions).await?;
+        let partitions = match self.core.cluster() {
+            Some(c) => c.update_partitions(&name, r.partitions).await?,
+            None => partitions::update(&self.core, &name, r.partitions).await?,
+        };
         Ok(Response::new(PartitionedTopicMetadata {
             topic: name.to_string(),
             partitions,

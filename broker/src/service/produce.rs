@@ -40,6 +40,8 @@ pub(super) async fn produce(
     core.auth
         .check(principal.as_ref(), &name, crate::auth::Permission::Produce)?;
     super::input::check_label("producer name", &open.producer_name)?;
+    // Cluster mode: served only by the topic's owner (standalone: `None`).
+    let served = super::Served::route(&core, &name).await?;
     let entry = core
         .topic_for_use(&name, |kind| match kind {
             TopicKind::Normal => Ok(()),
@@ -93,6 +95,7 @@ pub(super) async fn produce(
         }
     });
     let stop = core.shutdown.clone();
+    let served_out = served.clone();
     tokio::spawn(async move {
         while let Some(frame) = super::next_frame(&mut inbound, &stop).await {
             let batch = match frame {
@@ -119,6 +122,7 @@ pub(super) async fn produce(
             };
             let topic = topic.clone();
             let name = producer_name.clone();
+            let served = served.clone();
             let latest_deliver_at = clock.now_ms().saturating_add(max_delay_ms);
             let checked = validate(&batch, &config)
                 .and_then(|()| check_deliver_at(&batch, latest_deliver_at));
@@ -143,11 +147,21 @@ pub(super) async fn produce(
                         Err(e)
                     }
                 };
+                // Durable now; in a cluster, acknowledged only while the
+                // lease deadline holds (else the stream ends UNAVAILABLE).
+                let epoch = match &served {
+                    None => 0,
+                    Some(s) => {
+                        s.check()?;
+                        s.epoch()
+                    }
+                };
                 Ok(match result {
                     Ok(receipts) => ProduceResponse {
                         response: Some(produce_response::Response::Receipts(SendReceipts {
                             request_id,
                             receipts,
+                            epoch,
                         })),
                     },
                     Err(e) => ProduceResponse {
@@ -166,9 +180,9 @@ pub(super) async fn produce(
         }
         topic.counters.producers.fetch_sub(1, Ordering::Relaxed);
     });
-    Ok(Response::new(super::until_shutdown(
-        ReceiverStream::new(rx),
-        core.shutdown.clone(),
+    Ok(Response::new(super::fenced(
+        super::until_shutdown(ReceiverStream::new(rx), core.shutdown.clone()),
+        served_out,
     )))
 }
 

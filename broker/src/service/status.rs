@@ -15,7 +15,11 @@ pub fn code_of(e: &BrokerError) -> Code {
         BrokerError::Conflict(_) => Code::FailedPrecondition,
         BrokerError::LimitReached(_) => Code::ResourceExhausted,
         BrokerError::PermissionDenied(_) => Code::PermissionDenied,
-        BrokerError::ShuttingDown => Code::Unavailable,
+        BrokerError::ShuttingDown
+        | BrokerError::OwnerDown { .. }
+        | BrokerError::Fenced(_)
+        | BrokerError::Etcd(_) => Code::Unavailable,
+        BrokerError::NotOwner { .. } => Code::FailedPrecondition,
         BrokerError::Storage(StorageError::Corrupt(_) | StorageError::Missing(_))
         | BrokerError::DataLoss(_) => Code::DataLoss,
         BrokerError::Storage(
@@ -37,9 +41,26 @@ pub fn message_of(e: &BrokerError) -> String {
     crate::util::truncate(&e.to_string(), MAX_MESSAGE_CHARS).into_owned()
 }
 
-/// The status for `e`: its code and its message.
+/// The trailer naming the broker that owns a topic (cluster mode).
+pub const OWNER_TRAILER: &str = "ricochet-owner";
+/// The trailer with the owner's advertised URL (absent when it is down).
+pub const OWNER_URL_TRAILER: &str = "ricochet-owner-url";
+
+/// The status for `e`: its code and its message; a topic owned by another
+/// broker also names it in the `ricochet-owner` and `ricochet-owner-url`
+/// trailers.
 pub fn status_of(e: &BrokerError) -> Status {
-    Status::new(code_of(e), message_of(e))
+    let mut status = Status::new(code_of(e), message_of(e));
+    if let BrokerError::NotOwner { owner, url, .. } = e {
+        let md = status.metadata_mut();
+        if let Ok(v) = owner.parse() {
+            md.insert(OWNER_TRAILER, v);
+        }
+        if let Some(Ok(v)) = url.as_deref().map(str::parse) {
+            md.insert(OWNER_URL_TRAILER, v);
+        }
+    }
+    status
 }
 
 impl From<BrokerError> for Status {

@@ -1,0 +1,441 @@
+//! Ownership and the questions about it: which broker a topic lives on,
+//! whether this broker may serve it now, and the cluster as a whole.
+//!
+//! A broker owns a topic placed on it by creating `owners/<topic>` under its
+//! lease ("create if absent"); the key's create revision is the *epoch*,
+//! carried by every produce receipt. Owned topics sit in an in-memory table
+//! with the fence generation they were claimed under, so the hot path
+//! ([`Cluster::route`] on a topic owned here) is a map read and the fence
+//! check, with no etcd round trip. A topic not placed yet is placed on
+//! first use (a produce, a consume, a lookup); a topic placed elsewhere is
+//! refused with [`BrokerError::NotOwner`] (its URL only when that broker is
+//! live), one placed on a broker that is down with
+//! [`BrokerError::OwnerDown`] from a lookup.
+
+use super::Cluster;
+use super::etcd::Created;
+use super::membership::Registration;
+use super::placement::{self, Candidate};
+use crate::error::{BrokerError, Result};
+use crate::name::TopicName;
+use crate::util::{read, write};
+use std::collections::{BTreeMap, HashMap};
+
+/// A topic in the table of owned topics.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Owned {
+    epoch: u64,
+    generation: u64,
+}
+
+/// The right to serve a topic here: its epoch, and the fence generation it
+/// was claimed under (acknowledgements check
+/// [`Fence::check`](super::membership::Fence::check) with it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    /// The owner key's create revision.
+    pub epoch: u64,
+    /// The fence generation of the claim.
+    pub generation: u64,
+}
+
+/// Where a topic lives, as `Lookup` answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// The broker it is placed on.
+    pub broker_id: String,
+    /// That broker's advertised URL.
+    pub url: String,
+    /// The epoch of its current claim; 0 while the (live) broker has not
+    /// claimed it yet.
+    pub epoch: u64,
+}
+
+/// A broker of the cluster, as `ListBrokers` answers.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BrokerView {
+    /// Its id.
+    pub id: String,
+    /// Its advertised URL (empty when not live).
+    pub url: String,
+    /// Registered under a live lease.
+    pub live: bool,
+    /// Topics placed on it.
+    pub placed: u64,
+    /// Topics it owns now.
+    pub owned: u64,
+    /// Its reported load.
+    pub load: f64,
+    /// When it registered (ms since the Unix epoch).
+    pub registered_at_ms: u64,
+    /// The topics it owns.
+    pub topics: Vec<String>,
+}
+
+fn registration(value: &str) -> Registration {
+    serde_json::from_str(value).unwrap_or_default()
+}
+
+impl Cluster {
+    /// Whether this broker may serve `topic` now, claiming it if it is
+    /// placed here and not yet owned, and (with `place`) placing it if it is
+    /// placed nowhere. `Ok(None)`: placed nowhere and not placed now (the
+    /// call is answered here, as by a broker that has never heard of it).
+    pub async fn route(&self, topic: &TopicName, place: bool) -> Result<Option<Claim>> {
+        let owned = read(&self.owned).get(topic.as_str()).copied();
+        if let Some(o) = owned {
+            if self.fence.valid(o.generation) {
+                return Ok(Some(Claim {
+                    epoch: o.epoch,
+                    generation: o.generation,
+                }));
+            }
+            if !self.fence.holds() {
+                return Err(self.fence.fenced());
+            }
+        }
+        match self.placement_of(topic, place).await? {
+            None => Ok(None),
+            Some(b) if b == self.id => self.claim(topic.as_str()).await.map(Some),
+            Some(b) => Err(self.not_owner(topic.as_str(), b).await),
+        }
+    }
+
+    /// The refusal for `topic`, placed on broker `owner`: its URL when it
+    /// is live.
+    async fn not_owner(&self, topic: &str, owner: String) -> BrokerError {
+        let url = match self.etcd.get(&self.broker_key(&owner)).await {
+            Ok(Some(kv)) => Some(registration(&kv.value).url).filter(|u| !u.is_empty()),
+            _ => None,
+        };
+        BrokerError::NotOwner {
+            topic: topic.to_owned(),
+            owner,
+            url,
+        }
+    }
+
+    /// The broker `topic` is placed on; placed now when `place` and it has
+    /// no place yet. A partitioned topic's base name is refused.
+    async fn placement_of(&self, topic: &TopicName, place: bool) -> Result<Option<String>> {
+        if let Some(kv) = self.etcd.get(&self.placement_key(topic.as_str())).await? {
+            return Ok(Some(kv.value));
+        }
+        if let Some(n) = self.partition_count(topic).await? {
+            return Err(BrokerError::InvalidArgument(format!(
+                "{topic} is a partitioned topic ({n} partitions): look up and address its partitions ({}-partition-0 ..)",
+                topic
+            )));
+        }
+        if !place {
+            return Ok(None);
+        }
+        let (live, placed) = (self.live().await?, self.placed_counts().await?);
+        let choice = placement::choose(&live, &placed)
+            .ok_or_else(|| BrokerError::Etcd("no live broker to place the topic on".into()))?;
+        self.place(topic.as_str(), &choice).await.map(Some)
+    }
+
+    /// Writes `placement/<topic>` = `broker` unless the topic has a place
+    /// already; where it is placed.
+    async fn place(&self, topic: &str, broker: &str) -> Result<String> {
+        match self
+            .etcd
+            .create_if_absent(&self.placement_key(topic), broker, 0)
+            .await?
+        {
+            Created::Created(_) => {
+                tracing::info!(%topic, %broker, "topic placed");
+                Ok(broker.to_owned())
+            }
+            Created::Exists(kv) => Ok(kv.value),
+        }
+    }
+
+    /// Claims `topic` (placed here) under the current lease.
+    async fn claim(&self, topic: &str) -> Result<Claim> {
+        if !self.fence.holds() {
+            return Err(self.fence.fenced());
+        }
+        let generation = self.fence.generation();
+        let lease = self.lease_id();
+        let epoch = match self
+            .etcd
+            .create_if_absent(&self.owner_key(topic), &self.id, lease)
+            .await?
+        {
+            Created::Created(rev) => rev,
+            Created::Exists(kv) if kv.value == self.id && kv.lease == lease => kv.create_revision,
+            Created::Exists(kv) if kv.value == self.id => {
+                // Left by an earlier process of this broker id, whose lease
+                // etcd has not expired yet: that process is gone (this one
+                // holds the data directory), so its claims are void.
+                tracing::warn!(%topic, lease = kv.lease, "revoking a stale lease of this broker id");
+                self.etcd.revoke(kv.lease).await?;
+                match self
+                    .etcd
+                    .create_if_absent(&self.owner_key(topic), &self.id, lease)
+                    .await?
+                {
+                    Created::Created(rev) => rev,
+                    Created::Exists(kv) => {
+                        return Err(self.not_owner(topic, kv.value).await);
+                    }
+                }
+            }
+            Created::Exists(kv) => return Err(self.not_owner(topic, kv.value).await),
+        };
+        let epoch = u64::try_from(epoch).unwrap_or(0);
+        write(&self.owned).insert(topic.to_owned(), Owned { epoch, generation });
+        tracing::debug!(%topic, epoch, "topic claimed");
+        Ok(Claim { epoch, generation })
+    }
+
+    /// Claims every topic placed here that this broker does not own under
+    /// its current generation (at join, after a lost lease, and now and
+    /// then for topics other brokers placed here).
+    pub(super) async fn claim_placed(&self) {
+        let placements = match self
+            .etcd
+            .get_prefix(&format!("{}placement/", self.prefix))
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read placements");
+                return;
+            }
+        };
+        let strip = format!("{}placement/", self.prefix);
+        let mine: Vec<String> = placements
+            .into_iter()
+            .filter(|kv| kv.value == self.id)
+            .filter_map(|kv| kv.key.strip_prefix(&strip).map(str::to_owned))
+            .collect();
+        self.placed
+            .store(mine.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let generation = self.fence.generation();
+        for topic in mine {
+            let current = read(&self.owned)
+                .get(&topic)
+                .is_some_and(|o| o.generation == generation);
+            if current {
+                continue;
+            }
+            if let Err(e) = self.claim(&topic).await {
+                tracing::warn!(%topic, error = %e, "cannot claim a topic placed here");
+            }
+        }
+    }
+
+    /// How many topics this broker owns now.
+    pub fn owned_count(&self) -> usize {
+        let g = self.fence.generation();
+        read(&self.owned)
+            .values()
+            .filter(|o| o.generation == g)
+            .count()
+    }
+
+    /// Live brokers with their load.
+    async fn live(&self) -> Result<Vec<Candidate>> {
+        let strip = format!("{}brokers/", self.prefix);
+        Ok(self
+            .etcd
+            .get_prefix(&strip)
+            .await?
+            .into_iter()
+            .filter_map(|kv| {
+                let id = kv.key.strip_prefix(&strip)?.to_owned();
+                Some(Candidate {
+                    id,
+                    load: registration(&kv.value).load,
+                })
+            })
+            .collect())
+    }
+
+    /// Topics placed per broker id.
+    async fn placed_counts(&self) -> Result<HashMap<String, u64>> {
+        let mut counts = HashMap::new();
+        for kv in self
+            .etcd
+            .get_prefix(&format!("{}placement/", self.prefix))
+            .await?
+        {
+            *counts.entry(kv.value).or_default() += 1;
+        }
+        Ok(counts)
+    }
+
+    /// Where `topic` lives, placing it if it has no place yet.
+    /// [`BrokerError::OwnerDown`] when its broker is not live.
+    pub async fn lookup(&self, topic: &TopicName) -> Result<Owner> {
+        let Some(broker) = self.placement_of(topic, true).await? else {
+            return Err(BrokerError::Etcd("the topic could not be placed".into()));
+        };
+        if broker == self.id {
+            let claim = self
+                .route(topic, false)
+                .await?
+                .ok_or_else(|| BrokerError::Etcd("placed here but not claimed".into()))?;
+            return Ok(Owner {
+                broker_id: broker,
+                url: self.url.clone(),
+                epoch: claim.epoch,
+            });
+        }
+        let Some(reg) = self.etcd.get(&self.broker_key(&broker)).await? else {
+            return Err(BrokerError::OwnerDown {
+                topic: topic.to_string(),
+                owner: broker,
+            });
+        };
+        let epoch = match self.etcd.get(&self.owner_key(topic.as_str())).await? {
+            Some(kv) if kv.value == broker => u64::try_from(kv.create_revision).unwrap_or(0),
+            _ => 0,
+        };
+        Ok(Owner {
+            broker_id: broker,
+            url: registration(&reg.value).url,
+            epoch,
+        })
+    }
+
+    /// Every broker that is live or has topics placed on it.
+    pub async fn brokers(&self) -> Result<Vec<BrokerView>> {
+        let mut views: BTreeMap<String, BrokerView> = BTreeMap::new();
+        let view = |views: &mut BTreeMap<String, BrokerView>, id: &str| {
+            views
+                .entry(id.to_owned())
+                .or_insert_with(|| BrokerView {
+                    id: id.to_owned(),
+                    ..Default::default()
+                })
+                .id
+                .clone()
+        };
+        let brokers = format!("{}brokers/", self.prefix);
+        for kv in self.etcd.get_prefix(&brokers).await? {
+            let Some(id) = kv.key.strip_prefix(&brokers) else {
+                continue;
+            };
+            view(&mut views, id);
+            let reg = registration(&kv.value);
+            if let Some(v) = views.get_mut(id) {
+                v.live = true;
+                v.url = reg.url;
+                v.load = reg.load;
+                v.registered_at_ms = reg.registered_at_ms;
+            }
+        }
+        for (id, n) in self.placed_counts().await? {
+            view(&mut views, &id);
+            if let Some(v) = views.get_mut(&id) {
+                v.placed = n;
+            }
+        }
+        let owners = format!("{}owners/", self.prefix);
+        for kv in self.etcd.get_prefix(&owners).await? {
+            let Some(topic) = kv.key.strip_prefix(&owners) else {
+                continue;
+            };
+            view(&mut views, &kv.value);
+            if let Some(v) = views.get_mut(&kv.value) {
+                v.owned += 1;
+                v.topics.push(topic.to_owned());
+            }
+        }
+        Ok(views.into_values().collect())
+    }
+
+    /// The partition count of partitioned topic `base`, cluster-wide.
+    pub async fn partition_count(&self, base: &TopicName) -> Result<Option<u32>> {
+        let Some(kv) = self.etcd.get(&self.partitioned_key(base.as_str())).await? else {
+            return Ok(None);
+        };
+        kv.value.parse().map(Some).map_err(|_| {
+            BrokerError::Etcd(format!("bad partition count {:?} for {base}", kv.value))
+        })
+    }
+
+    /// Creates partitioned topic `base` cluster-wide and places its
+    /// partitions, spread over the live brokers (each creates its
+    /// partitions' logs on first use).
+    pub async fn create_partitioned(&self, base: &TopicName, partitions: u32) -> Result<()> {
+        crate::partitions::check_count_and_name(base, partitions)?;
+        if self
+            .etcd
+            .get(&self.placement_key(base.as_str()))
+            .await?
+            .is_some()
+        {
+            return Err(BrokerError::TopicExists(format!(
+                "{base} (an ordinary topic of that name exists)"
+            )));
+        }
+        match self
+            .etcd
+            .create_if_absent(
+                &self.partitioned_key(base.as_str()),
+                &partitions.to_string(),
+                0,
+            )
+            .await?
+        {
+            Created::Created(_) => {}
+            Created::Exists(_) => return Err(BrokerError::TopicExists(base.to_string())),
+        }
+        self.place_partitions(base, 0, partitions).await?;
+        tracing::info!(topic = %base, partitions, "partitioned topic created in the cluster");
+        Ok(())
+    }
+
+    /// Raises the partition count of `base` (never lowers it); the count in
+    /// force.
+    pub async fn update_partitions(&self, base: &TopicName, partitions: u32) -> Result<u32> {
+        let key = self.partitioned_key(base.as_str());
+        loop {
+            let Some(kv) = self.etcd.get(&key).await? else {
+                return Err(BrokerError::TopicNotFound(format!(
+                    "{base} (no partitioned topic of that name)"
+                )));
+            };
+            let current: u32 = kv.value.parse().map_err(|_| {
+                BrokerError::Etcd(format!("bad partition count {:?} for {base}", kv.value))
+            })?;
+            if partitions < current {
+                return Err(BrokerError::InvalidArgument(format!(
+                    "cannot lower the partition count of {base} from {current} to {partitions}: partitions can only be added"
+                )));
+            }
+            if partitions == current {
+                return Ok(current);
+            }
+            crate::partitions::check_count_and_name(base, partitions)?;
+            if self
+                .etcd
+                .replace_if_unchanged(&key, &partitions.to_string(), kv.mod_revision, 0)
+                .await?
+            {
+                self.place_partitions(base, current, partitions).await?;
+                return Ok(partitions);
+            }
+        }
+    }
+
+    async fn place_partitions(&self, base: &TopicName, from: u32, to: u32) -> Result<()> {
+        let (live, placed) = (self.live().await?, self.placed_counts().await?);
+        let chosen = placement::spread(&live, &placed, (to - from) as usize);
+        if chosen.len() < (to - from) as usize {
+            return Err(BrokerError::Etcd(
+                "no live broker to place the partitions on".into(),
+            ));
+        }
+        for (i, broker) in (from..to).zip(chosen) {
+            let p = crate::partitions::partition(base, i);
+            self.place(p.as_str(), &broker).await?;
+        }
+        Ok(())
+    }
+}
