@@ -6,7 +6,8 @@
 //! with the owner in the trailers; a killed broker leaves only its topics
 //! unavailable and gets them back, with everything acknowledged, when it
 //! returns; a frozen owner acknowledges nothing under its old epoch once
-//! etcd has dropped its lease, then re-claims with a higher epoch. Plus the
+//! etcd has dropped its lease, then re-claims with a higher epoch, and
+//! applies no ack that reaches it after that. Plus the
 //! standalone broker's answers (no etcd).
 
 mod common;
@@ -482,4 +483,64 @@ async fn a_frozen_owner_acknowledges_nothing_under_its_old_epoch_once_its_lease_
         missing.is_empty(),
         "acknowledged but not stored: {missing:?}"
     );
+}
+
+#[tokio::test]
+async fn a_frozen_owner_applies_no_ack_once_its_lease_is_gone() {
+    let Some(etcd) = etcd_or_skip("a_frozen_owner_applies_no_ack").await else {
+        return;
+    };
+    let _one = ONE_CLUSTER.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let brokers = cluster(&etcd, 3, root.path(), 2).await;
+    let t = topic("fenced-acks");
+    let owner = lookup(&brokers[0].url(), &t).await.unwrap();
+    let frozen = by_url(&brokers, &owner.url);
+    let other = brokers.iter().find(|b| b.url() != owner.url).unwrap().url();
+    let mut p = RawProducer::open(&owner.url, &t, "p").await.unwrap();
+    let first = send_one(&mut p, "a").await.epoch;
+    let mut c = RawConsumer::subscribe(&owner.url, &t, "s", SubOpts::default())
+        .await
+        .unwrap();
+    c.flow(10).await;
+    let m = c.next(LONG).await.expect("the message");
+    let owner_key = format!("/ricochet/{NAME}/owners/{t}");
+
+    frozen.process().freeze();
+    let deadline = Instant::now() + LONG;
+    while etcd
+        .get(&owner_key)
+        .await
+        .is_some_and(|(_, rev)| rev as u64 == first)
+    {
+        assert!(Instant::now() < deadline, "the owner key outlived the TTL");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Sent while it is frozen and its lease is gone: read after the thaw.
+    c.ack(vec![m.id.clone().unwrap()], 1).await;
+    frozen.process().thaw();
+    let end = c.end(LONG).await;
+    assert_eq!(end.code(), Code::Unavailable, "{end:?}");
+    assert!(
+        end.message()
+            .contains(&format!("broker {} lost its etcd lease", frozen.id)),
+        "{end:?}"
+    );
+    assert!(
+        !c.results.iter().any(|r| r.request_id == 1 && r.code == 0),
+        "the ack was confirmed: {:?}",
+        c.results
+    );
+    // Once it has re-claimed the topic, the message is still unacknowledged.
+    let deadline = Instant::now() + LONG;
+    while !lookup(&other, &t).await.is_ok_and(|o| o.epoch > first) {
+        assert!(Instant::now() < deadline, "never re-claimed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut again = RawConsumer::subscribe(&owner.url, &t, "s", SubOpts::default())
+        .await
+        .unwrap();
+    again.flow(10).await;
+    let redelivered = again.next(LONG).await.expect("redelivered");
+    assert_eq!((text(&redelivered), redelivered.id), ("a".to_owned(), m.id));
 }

@@ -135,21 +135,8 @@ async fn subscribe(
     };
     core.auth.check(principal, &topic, needed)?;
     super::input::check_label("consumer name", &sub.consumer_name)?;
-    // Cluster mode: served only by the topic's owner. A dead-letter tier
-    // lives with its subscription's topic, on this broker if it exists here.
-    let served = match core.cluster() {
-        None => None,
-        Some(_)
-            if sub.dead_letter_reader
-                && core
-                    .topic(&topic)
-                    .await
-                    .is_ok_and(|e| e.topic.kind() == TopicKind::DeadLetter) =>
-        {
-            None
-        }
-        Some(_) => super::Served::route(core, &topic).await?,
-    };
+    // Cluster mode: served only by the topic's owner.
+    let served = super::Served::route(core, &topic).await?;
     let sub_type = SubscriptionType::try_from(sub.subscription_type).map_err(|_| {
         Status::invalid_argument(format!(
             "unknown subscription type {}",

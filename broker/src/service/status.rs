@@ -74,3 +74,42 @@ impl From<StorageError> for Status {
         BrokerError::from(e).into()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topic_owned_elsewhere_names_its_owner_in_the_trailers() {
+        let live = status_of(&BrokerError::NotOwner {
+            topic: "persistent://a/b/t".into(),
+            owner: "b2".into(),
+            url: Some("http://10.0.0.2:6650".into()),
+        });
+        assert_eq!(live.code(), Code::FailedPrecondition);
+        assert_eq!(
+            live.message(),
+            "topic persistent://a/b/t is owned by broker b2"
+        );
+        let md = live.metadata();
+        assert_eq!(md.get(OWNER_TRAILER).unwrap(), "b2");
+        assert_eq!(md.get(OWNER_URL_TRAILER).unwrap(), "http://10.0.0.2:6650");
+        let down = status_of(&BrokerError::NotOwner {
+            topic: "persistent://a/b/t".into(),
+            owner: "b2".into(),
+            url: None,
+        });
+        assert_eq!(down.metadata().get(OWNER_TRAILER).unwrap(), "b2");
+        assert!(down.metadata().get(OWNER_URL_TRAILER).is_none());
+        for e in [
+            BrokerError::Fenced("b1".into()),
+            BrokerError::OwnerDown {
+                topic: "t".into(),
+                owner: "b2".into(),
+            },
+            BrokerError::Etcd("timeout".into()),
+        ] {
+            assert_eq!(code_of(&e), Code::Unavailable, "{e}");
+        }
+    }
+}

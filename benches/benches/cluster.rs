@@ -1,0 +1,231 @@
+//! Cluster figures (a plain `main` that prints them): three release
+//! `ricochet-broker` processes in cluster mode against one Debian `etcd`
+//! (3.4) on loopback, lease TTL 2 s (`CLUSTER_TTL` seconds to change it),
+//! all on this machine.
+//!
+//! 1. **Lookup latency**: the raw gRPC `Cluster/Lookup` (one channel, one
+//!    call at a time) through one broker, for topics placed on it and on
+//!    the others (each answer reads etcd: 2–3 ranges), and the first lookup
+//!    of a new topic (which also places it: a "create if absent" txn).
+//! 2. **Fencing of a paused owner**: SIGSTOP the owner of a topic; the time
+//!    until its owner key disappears from etcd (read directly, every 5 ms)
+//!    against the TTL; after SIGCONT, the time until it serves the topic
+//!    again under a new epoch (a lookup through another broker shows it).
+//! 3. **Restart after `kill -9`**: once the others report the broker down,
+//!    restart it on its data directory; the time from the restart to its
+//!    topics being served again (a lookup through another broker answers
+//!    with a new epoch) and to the first produce receipt there.
+//!
+//! `cargo bench -p ricochet-benches --bench cluster` (builds the release
+//! broker first: `cargo build --release -p ricochet-broker`). Without etcd
+//! it prints that it is skipped.
+
+use hdrhistogram::Histogram;
+use ricochet_proto::cluster_client::ClusterClient;
+use ricochet_proto::{LookupRequest, LookupResponse, produce_response};
+use ricochet_testkit::raw::{RawProducer, channel};
+use ricochet_testkit::{SpawnOptions, etcd_or_skip, spawn_cluster};
+use std::time::{Duration, Instant};
+
+const LOOKUPS: usize = 2_000;
+const ROUNDS: usize = 3;
+
+async fn lookup(
+    client: &mut ClusterClient<tonic::transport::Channel>,
+    topic: &str,
+) -> Result<LookupResponse, tonic::Status> {
+    client
+        .lookup(LookupRequest {
+            topic: topic.into(),
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+fn topic(name: &str) -> String {
+    format!("persistent://public/default/{name}")
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn us_line(what: &str, h: &Histogram<u64>) {
+    println!(
+        "{what:<44} p50 {:>6} us  p99 {:>6} us  max {:>6} us  ({} calls)",
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.99),
+        h.max(),
+        h.len()
+    );
+}
+
+/// Polls `f` every `every` until it gives `Some`, up to a minute.
+async fn until<T, F: std::future::Future<Output = Option<T>>>(
+    every: Duration,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "gave up after a minute");
+        tokio::time::sleep(every).await;
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let Some(etcd) = etcd_or_skip("cluster bench").await else {
+        return;
+    };
+    let ttl: u64 = std::env::var("CLUSTER_TTL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let root = tempfile::tempdir().unwrap();
+    let mut brokers = spawn_cluster(
+        &etcd,
+        "bench",
+        3,
+        root.path(),
+        Duration::from_secs(ttl),
+        &SpawnOptions::new(),
+    )
+    .await;
+    let urls: Vec<String> = brokers.iter().map(|b| b.url()).collect();
+    println!("3 brokers (release binary) + etcd 3.4 on loopback, lease TTL {ttl} s");
+
+    // 1. Lookup latency.
+    let mut client = ClusterClient::new(channel(&urls[0]).await);
+    let mut first = Histogram::<u64>::new(3).unwrap();
+    let mut names = Vec::new();
+    for i in 0..60 {
+        let t = topic(&format!("lookup-{i}"));
+        let started = Instant::now();
+        let owner = lookup(&mut client, &t).await.unwrap();
+        first.record(started.elapsed().as_micros() as u64).unwrap();
+        names.push((t, owner.url == urls[0]));
+    }
+    // Claimed by their owners (a lookup answers epoch 0 until then).
+    for (t, _) in &names {
+        let owner = lookup(&mut client, t).await.unwrap();
+        let mut p = RawProducer::open(&owner.url, t, "bench").await.unwrap();
+        let m = p.msg(b"x".to_vec());
+        p.send_batch(vec![m]).await;
+    }
+    let (mut here, mut elsewhere) = (
+        Histogram::<u64>::new(3).unwrap(),
+        Histogram::<u64>::new(3).unwrap(),
+    );
+    for i in 0..LOOKUPS {
+        let (t, local) = &names[i % names.len()];
+        let started = Instant::now();
+        lookup(&mut client, t).await.unwrap();
+        let took = started.elapsed().as_micros() as u64;
+        let h = if *local { &mut here } else { &mut elsewhere };
+        h.record(took).unwrap();
+    }
+    us_line("lookup, first (places the topic)", &first);
+    us_line("lookup, topic owned by the broker asked", &here);
+    us_line("lookup, topic owned by another broker", &elsewhere);
+
+    // 2. Fencing of a paused owner, and its return.
+    let key_of = |t: &str| format!("/ricochet/bench/owners/{t}");
+    for round in 0..ROUNDS {
+        let t = topic(&format!("frozen-{round}"));
+        let owner = lookup(&mut client, &t).await.unwrap();
+        let mut p = RawProducer::open(&owner.url, &t, "bench").await.unwrap();
+        let m = p.msg(b"x".to_vec());
+        p.send_batch(vec![m]).await;
+        let old = etcd.get(&key_of(&t)).await.unwrap().1;
+        let b = brokers.iter().position(|b| b.url() == owner.url).unwrap();
+        let other = urls.iter().find(|u| **u != owner.url).unwrap().clone();
+        // Let a renewal go out, then freeze it at a random point of its cycle.
+        tokio::time::sleep(Duration::from_millis(500 + 237 * round as u64)).await;
+        let froze = Instant::now();
+        brokers[b].process().freeze();
+        let gone = until(Duration::from_millis(5), || {
+            let etcd = &etcd;
+            let key = key_of(&t);
+            async move {
+                match etcd.get(&key).await {
+                    Some((_, rev)) if rev == old => None,
+                    _ => Some(froze.elapsed()),
+                }
+            }
+        })
+        .await;
+        brokers[b].process().thaw();
+        let thawed = Instant::now();
+        let other_url = other.clone();
+        let back = until(Duration::from_millis(10), || {
+            let (t, url) = (t.clone(), other_url.clone());
+            async move {
+                let mut c = ClusterClient::new(channel(&url).await);
+                match lookup(&mut c, &t).await {
+                    Ok(o) if o.epoch as i64 > old => Some(thawed.elapsed()),
+                    _ => None,
+                }
+            }
+        })
+        .await;
+        println!(
+            "paused owner: owner key gone {} after SIGSTOP (TTL {ttl} s); re-claimed {} after SIGCONT",
+            ms(gone),
+            ms(back)
+        );
+    }
+
+    // 3. Restart after kill -9.
+    for round in 0..ROUNDS {
+        let t = topic(&format!("killed-{round}"));
+        let owner = lookup(&mut client, &t).await.unwrap();
+        let mut p = RawProducer::open(&owner.url, &t, "bench").await.unwrap();
+        let m = p.msg(b"x".to_vec());
+        p.send_batch(vec![m]).await;
+        drop(p);
+        let b = brokers.iter().position(|b| b.url() == owner.url).unwrap();
+        let other = urls.iter().find(|u| **u != owner.url).unwrap().clone();
+        brokers[b].kill9();
+        let killed = Instant::now();
+        let down = until(Duration::from_millis(20), || {
+            let (t, url) = (t.clone(), other.clone());
+            async move {
+                let mut c = ClusterClient::new(channel(&url).await);
+                match lookup(&mut c, &t).await {
+                    Err(e) if e.code() == tonic::Code::Unavailable => Some(killed.elapsed()),
+                    _ => None,
+                }
+            }
+        })
+        .await;
+        let restarted = Instant::now();
+        brokers[b].restart().await;
+        let listening = restarted.elapsed();
+        let served = until(Duration::from_millis(10), || {
+            let (t, url) = (t.clone(), other.clone());
+            async move {
+                let mut c = ClusterClient::new(channel(&url).await);
+                match lookup(&mut c, &t).await {
+                    Ok(o) if o.epoch > 0 => Some(restarted.elapsed()),
+                    _ => None,
+                }
+            }
+        })
+        .await;
+        let mut p = RawProducer::open(&owner.url, &t, "bench").await.unwrap();
+        let m = p.msg(b"y".to_vec());
+        let receipt = p.send_batch(vec![m]).await;
+        let produced = restarted.elapsed();
+        assert!(matches!(receipt, produce_response::Response::Receipts(_)));
+        println!(
+            "kill -9: reported down {} after the kill; restart → listening {}, served (lookup elsewhere) {}, first receipt {}",
+            ms(down),
+            ms(listening),
+            ms(served),
+            ms(produced)
+        );
+    }
+}
