@@ -52,7 +52,7 @@ struct Sample {
     load1: f64,
 }
 
-/// The worst per-second p99 (ms) a perf process printed, with its second.
+/// The per-second p99 (ms) a perf process printed, by second of its run.
 #[derive(Debug, Default)]
 struct Progress {
     p99_by_second: Vec<(u64, f64)>,
@@ -290,7 +290,7 @@ fn main() -> Result<(), BoxError> {
         ],
     )?;
     println!("  {set}");
-    let limit = ricochet_cli_size(&max_size)?;
+    let limit = parse_size(&max_size)?;
     std::thread::sleep(Duration::from_secs(2));
     let idle = rss(pid);
 
@@ -402,7 +402,7 @@ fn main() -> Result<(), BoxError> {
 }
 
 /// `256MiB`-style sizes, as the CLI reads them.
-fn ricochet_cli_size(s: &str) -> Result<u64, BoxError> {
+fn parse_size(s: &str) -> Result<u64, BoxError> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (n, unit) = s.split_at(split);
@@ -492,7 +492,11 @@ fn print_report(r: &Report<'_>) {
         tail.len(),
         tail.first().map_or(0.0, |p| p.1),
         tail.last().map_or(0.0, |p| p.1),
-        if k < 1.0 { ": not growing" } else { ": GROWING" }
+        if k < 1.0 {
+            ": not growing"
+        } else {
+            ": GROWING"
+        }
     );
     let max_disk = r.samples.iter().map(|s| s.disk).max().unwrap_or(0);
     let disk_tail: Vec<(f64, f64)> = r
