@@ -16,6 +16,7 @@
 //! file beside sled's own.
 
 mod codec;
+mod dropping;
 mod frame;
 mod reads;
 mod returns;
@@ -277,7 +278,7 @@ impl Storage for SledStorage {
             map.remove(name).unwrap_or_default()
         };
         for seg in segs.keys() {
-            self.db.drop_tree(seg_tree_name(name, *seg))?;
+            self.drop_segment(name, *seg)?;
         }
         let mut batch = Batch::default();
         for k in self.prodseq.scan_prefix(format!("{name}\0")).keys() {
@@ -405,12 +406,18 @@ impl Storage for SledStorage {
         }
         let (_, next) = self.entry_range(topic)?;
         self.raise_id_floor(topic, next)?;
-        let mut map = crate::util::lock(&self.segments);
-        for seg in doomed {
-            if let Some(m) = map.get_mut(topic) {
-                m.remove(&seg);
+        {
+            let mut map = crate::util::lock(&self.segments);
+            for seg in &doomed {
+                if let Some(m) = map.get_mut(topic) {
+                    m.remove(seg);
+                }
             }
-            self.db.drop_tree(seg_tree_name(topic, seg))?;
+        }
+        // Outside the lock: emptying a segment reads it, and writers take
+        // the lock to find their segment.
+        for seg in doomed {
+            self.drop_segment(topic, seg)?;
         }
         Ok(())
     }
