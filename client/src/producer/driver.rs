@@ -85,9 +85,10 @@ pub(super) async fn open(
         })),
     };
     tx.send(open).map_err(|_| Error::Closed)?;
+    // On the topic's owner (the client's own connection when standalone).
+    let transport = client.route(topic).await?;
     let handshake = async {
-        let mut inbound = client
-            .broker()
+        let mut inbound = Client::broker_on(transport)
             .produce(UnboundedReceiverStream::new(rx))
             .await?
             .into_inner();
@@ -192,7 +193,18 @@ impl Driver {
                 Event::Response(Ok(None)) => {
                     self.lost("the broker ended the producer stream".into())
                 }
-                Event::Response(Err(status)) => self.lost(Error::from(status).to_string()),
+                Event::Response(Err(status)) => {
+                    // The reconnect looks the topic up again: a redirect or
+                    // an unavailable owner lands on the (new) owner.
+                    let reroute = self.client.stream_failed(&status);
+                    if reroute.relookup() {
+                        tracing::debug!(
+                            ?reroute,
+                            "the topic is looked up again before reconnecting"
+                        );
+                    }
+                    self.lost(Error::from(status).to_string());
+                }
                 Event::Cmd(Some(cmd)) => {
                     self.on_cmd(cmd);
                     // Take whatever else is queued before deciding to send.
