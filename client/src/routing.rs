@@ -232,17 +232,23 @@ impl Client {
 
     /// The admin client on the connection to `topic`'s owner, for
     /// topic-scoped calls (stats, subscriptions, dead letters, policies,
-    /// retention). On a standalone broker it is [`Client::admin`]; so it is
-    /// for a partitioned topic's base name, whose calls any broker answers
-    /// over the partitions.
+    /// retention); see [`transport_for`](Self::transport_for).
     pub async fn admin_for(&self, topic: &str) -> Result<AdminClient<Transport>> {
+        Ok(Self::admin_on(self.transport_for(topic).await?))
+    }
+
+    /// The transport (channel with credentials) to `topic`'s owner, for
+    /// generated clients of topic-scoped services (`RetentionClient`, …).
+    /// On a standalone broker it is [`Client::transport`]; so it is for a
+    /// partitioned topic's base name (the lookup answers INVALID_ARGUMENT),
+    /// whose calls any broker answers over the partitions.
+    pub async fn transport_for(&self, topic: &str) -> Result<Transport> {
         match self.route(topic).await {
-            Ok(t) => Ok(Self::admin_on(t)),
             Err(Error::Rejected {
                 code: tonic::Code::InvalidArgument,
                 ..
-            }) => Ok(self.admin()),
-            Err(e) => Err(e),
+            }) => Ok(self.transport()),
+            r => r,
         }
     }
 
