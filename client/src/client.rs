@@ -121,7 +121,9 @@ impl ClientBuilder {
         self
     }
 
-    /// The name the broker's certificate must carry (default: the URL's host).
+    /// The name the broker's certificate must carry (default: the URL's
+    /// host). In a cluster it applies to every broker the client connects
+    /// to, so set it only when all their certificates carry that name.
     pub fn tls_domain(mut self, name: impl Into<String>) -> Self {
         self.tls_domain = Some(name.into());
         self

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::cluster_client::ClusterClient;
-use ricochet_proto::{ListBrokersRequest, ListBrokersResponse, LookupRequest};
+use ricochet_proto::{ListBrokersRequest, ListBrokersResponse, LookupRequest, LookupResponse};
 use tonic::transport::Channel;
 
 use crate::client::Client;
@@ -182,18 +182,17 @@ impl Client {
     /// (`Cluster.Lookup`). A standalone broker answers itself (with an
     /// empty [`TopicOwner::cluster`]); a broker older than clusters is
     /// answered for locally, with the service URL and an empty broker id.
+    /// When the service URL's broker cannot be reached, the brokers the
+    /// client has connections to are asked instead (any broker of a
+    /// cluster answers).
     ///
     /// A topic placed on a broker that is down gives
     /// [`Error::OwnerDown`]; a partitioned topic's base name is
     /// [`Error::Rejected`] with `InvalidArgument` (look up its partitions).
     pub async fn lookup(&self, topic: &str) -> Result<TopicOwner> {
-        let mut cluster = ClusterClient::new(self.transport());
-        let call = cluster.lookup(LookupRequest {
-            topic: topic.to_owned(),
-        });
-        let r = match tokio::time::timeout(self.config().request_timeout, call).await {
-            Err(_) => return Err(Error::Timeout(format!("looking up {topic}"))),
-            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
+        let r = match self.ask(self.transport(), topic).await {
+            Ok(Some(r)) => r,
+            Ok(None) => {
                 return Ok(TopicOwner {
                     topic: topic.to_owned(),
                     broker_id: String::new(),
@@ -203,7 +202,13 @@ impl Client {
                     cluster: String::new(),
                 });
             }
-            Ok(r) => r?.into_inner(),
+            Err(e @ (Error::Connection(_) | Error::Timeout(_))) => {
+                match self.ask_others(topic).await {
+                    Some(r) => r?,
+                    None => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
         };
         Ok(TopicOwner {
             topic: r.topic,
@@ -217,6 +222,41 @@ impl Client {
             epoch: r.epoch,
             cluster: r.cluster,
         })
+    }
+
+    /// One `Lookup` on `transport`; `None` when the broker has no Cluster
+    /// service (UNIMPLEMENTED).
+    async fn ask(&self, transport: Transport, topic: &str) -> Result<Option<LookupResponse>> {
+        let mut cluster = ClusterClient::new(transport);
+        let call = cluster.lookup(LookupRequest {
+            topic: topic.to_owned(),
+        });
+        match tokio::time::timeout(self.config().request_timeout, call).await {
+            Err(_) => Err(Error::Timeout(format!("looking up {topic}"))),
+            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => Ok(None),
+            Ok(r) => Ok(Some(r?.into_inner())),
+        }
+    }
+
+    /// Asks the pooled brokers in turn, while they cannot be reached
+    /// either: the first answer (or refusal) of a cluster broker, or `None`.
+    async fn ask_others(&self, topic: &str) -> Option<Result<LookupResponse>> {
+        let others: Vec<Channel> = self
+            .routes()
+            .channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for channel in others {
+            match self.ask(self.with_credentials(channel), topic).await {
+                Ok(Some(r)) => return Some(Ok(r)),
+                Ok(None) | Err(Error::Connection(_) | Error::Timeout(_)) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        None
     }
 
     /// The brokers of the cluster (`Cluster.ListBrokers`), with the topics

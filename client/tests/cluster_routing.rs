@@ -297,3 +297,78 @@ async fn a_broken_stream_looks_the_topic_up_again_and_follows_the_new_owner() {
     cons.close().await.unwrap();
     p.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn sends_while_the_owner_is_down_fail_naming_it_and_resume_when_it_returns() {
+    let a = InProcessBroker::start().await;
+    let fake = FakeCluster::start("test", FakeAnswer::Unimplemented).await;
+    fake.route("falls", FakeAnswer::owner("a", a.url()));
+    let c = client(&fake.url()).await;
+    let p = c
+        .producer("falls")
+        .send_timeout(Duration::from_secs(1))
+        .create()
+        .await
+        .unwrap();
+    p.send("one").await.unwrap();
+
+    // a goes down; the cluster says so.
+    fake.route("falls", FakeAnswer::Down { id: "a".into() });
+    let dir = a.shutdown().await;
+    let e = tokio::time::timeout(T, p.send("lost"))
+        .await
+        .expect("the send timeout fires")
+        .unwrap_err();
+    assert_eq!(e.owner_down(), Some("a"), "{e:?}");
+
+    // a returns (on a new port) and takes the topic back.
+    let a = InProcessBroker::start_in(dir, |_| {}).await;
+    fake.route(
+        "falls",
+        FakeAnswer::Owner {
+            id: "a".into(),
+            url: a.url(),
+            epoch: 3,
+        },
+    );
+    let mut sent = None;
+    let mut attempts = 0;
+    for _ in 0..30 {
+        attempts += 1;
+        match p.send("two").await {
+            Ok(id) => {
+                sent = Some(id);
+                break;
+            }
+            Err(e) => assert!(e.is_retryable(), "{e:?}"),
+        }
+    }
+    assert!(
+        sent.is_some(),
+        "the producer reconnected to the returned owner"
+    );
+    // "one" from before, and "two" ("lost" failed and was not resent); a
+    // "two" that timed out on a loaded machine may have been stored too.
+    let n = stored(&a, "falls").await.unwrap();
+    assert!(
+        (2..=1 + attempts).contains(&n),
+        "{n} stored, {attempts} attempts"
+    );
+    p.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn lookups_go_to_a_known_broker_when_the_service_url_is_down() {
+    let first = FakeCluster::start("test", FakeAnswer::Unimplemented).await;
+    let second = FakeCluster::start("test", FakeAnswer::owner("y", "http://127.0.0.1:9")).await;
+    // `first` sends topic t1 to `second`: the client now has a channel there.
+    first.route("t1", FakeAnswer::owner("x", second.url()));
+    let c = client(&first.url()).await;
+    c.admin_for("t1").await.unwrap();
+    assert_eq!(c.pooled_connections(), 1);
+
+    first.stop().await;
+    let owner = c.lookup("t2").await.expect("asked of the other broker");
+    assert_eq!(owner.broker_id, "y");
+    assert_eq!(second.lookups(), [fq("t2")]);
+}

@@ -87,6 +87,7 @@ pub struct FakeCluster {
     addr: SocketAddr,
     state: Arc<Mutex<State>>,
     stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 #[derive(Debug, Clone)]
@@ -220,7 +221,7 @@ impl FakeCluster {
         }));
         let svc = Svc(state.clone());
         let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
             let _ = tonic::transport::Server::builder()
                 .add_service(ClusterServer::new(svc.clone()))
@@ -234,6 +235,24 @@ impl FakeCluster {
             addr,
             state,
             stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Stops serving and waits until it has (its connections told to go
+    /// away and closed; at most 5 s, then the server task is aborted).
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(std::time::Duration::from_secs(5), task)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
         }
     }
 
@@ -271,6 +290,9 @@ impl Drop for FakeCluster {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.abort();
         }
     }
 }

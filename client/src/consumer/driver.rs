@@ -759,7 +759,7 @@ impl Driver {
                 tracing::info!(topic = %self.shared.topic, sub = %self.shared.subscription, "consumer reconnected");
                 self.connected(conn, &s);
             }
-            Reopen::Later => {}
+            Reopen::Later(_) => {}
             Reopen::Failed(e) => {
                 tracing::error!(error = %e, topic = %self.shared.topic, "consumer cannot resubscribe; closing");
                 let _ = self.out.send(Delivery {

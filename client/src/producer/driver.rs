@@ -59,6 +59,7 @@ pub(super) fn spawn(
         inflight: VecDeque::new(),
         waiters: Vec::new(),
         fatal: None,
+        down: None,
         closing: None,
     };
     tokio::spawn(driver.run());
@@ -152,6 +153,9 @@ struct Driver {
     /// `flush` and `close` callers waiting for every seq up to theirs.
     waiters: Vec<(u64, oneshot::Sender<Result<()>>)>,
     fatal: Option<Error>,
+    /// While disconnected: the last reconnect attempt's error when it was
+    /// [`Error::OwnerDown`] (the topic's broker is down).
+    down: Option<Error>,
     /// Set by `close`: the deadline, and whether the command channel is done.
     closing: Option<Instant>,
 }
@@ -459,8 +463,11 @@ impl Driver {
                 }
                 tracing::info!(topic = %self.shared.topic, producer = %self.shared.name, resent, "producer reconnected");
                 self.conn = Some(conn);
+                self.down = None;
             }
-            Reopen::Later => {}
+            // Kept for the sends that expire meanwhile: a topic whose
+            // broker is down fails them with that, not a bare timeout.
+            Reopen::Later(e) => self.down = e.owner_down().is_some().then_some(e),
             Reopen::Failed(e) => {
                 tracing::error!(error = %e, topic = %self.shared.topic, "producer cannot reconnect; failing its messages");
                 self.fail_all(&e);
@@ -485,13 +492,18 @@ impl Driver {
 
     fn expire(&mut self, now: Instant) {
         let timeout = self.config.send_timeout;
+        // Disconnected because the topic's broker is down: say so.
+        let down = self.conn.is_none().then_some(self.down.as_ref()).flatten();
         let fail = |m: &mut PendingMsg| {
             if m.deadline.is_some_and(|d| d <= now)
                 && let Some(r) = m.reply.take()
             {
-                let _ = r.send(Err(Error::Timeout(format!(
-                    "no receipt within the send timeout of {timeout:?}"
-                ))));
+                let _ = r.send(Err(match down {
+                    Some(e) => e.clone(),
+                    None => {
+                        Error::Timeout(format!("no receipt within the send timeout of {timeout:?}"))
+                    }
+                }));
             }
         };
         for b in &mut self.inflight {
