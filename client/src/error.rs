@@ -74,11 +74,11 @@ pub enum Error {
     },
     /// The broker asked does not own the topic (the not-owner redirect):
     /// look it up again and go to the owner. Streams do so on their own.
-    #[error("not the topic's owner: {message} (owner {owner} at {url})")]
+    #[error("not the topic's owner: {message}")]
     NotOwner {
         /// The owner's broker id.
         owner: String,
-        /// The owner's URL.
+        /// The owner's URL (empty when the broker did not say).
         url: String,
         /// The broker's explanation.
         message: String,
@@ -92,10 +92,20 @@ impl Error {
     /// A [`Error::Rejected`] from a raw `google.rpc.Code` value as carried in
     /// `SendError` and `CommandResult` frames.
     pub(crate) fn from_code(code: i32, message: impl Into<String>) -> Self {
-        Error::Rejected {
-            code: tonic::Code::from_i32(code),
-            message: message.into(),
+        let code = tonic::Code::from_i32(code);
+        let message = message.into();
+        // The not-owner redirect sent as a frame (no trailers there): the
+        // owner's id is in the message; its URL comes from a new lookup.
+        if code == tonic::Code::FailedPrecondition
+            && let Some(owner) = crate::routing::owner_named(&message)
+        {
+            return Error::NotOwner {
+                owner,
+                url: String::new(),
+                message,
+            };
         }
+        Error::Rejected { code, message }
     }
 
     /// The gRPC code when the broker rejected the request.

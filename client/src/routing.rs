@@ -150,7 +150,19 @@ fn named_down_broker(message: &str) -> Option<String> {
     if !about_owner {
         return None;
     }
-    let after = message.split("broker ").nth(1)?;
+    id_after(message, "broker ")
+}
+
+/// The owner in a not-owner message ("topic T is owned by broker B"), as
+/// a broker words its redirect.
+pub(crate) fn owner_named(message: &str) -> Option<String> {
+    id_after(message, "is owned by broker ")
+}
+
+/// The word after the first `prefix` in `message`, without quotes and
+/// trailing punctuation.
+fn id_after(message: &str, prefix: &str) -> Option<String> {
+    let after = message.split(prefix).nth(1)?;
     let id: String = after
         .trim_start_matches(['"', '\'', '`'])
         .chars()
@@ -476,6 +488,29 @@ mod tests {
         assert!(e.is_retryable());
         assert_eq!(e.code(), Some(tonic::Code::Unavailable));
         assert_eq!(e.owner_down(), Some("b1"));
+    }
+
+    #[test]
+    fn a_redirect_sent_as_a_frame_is_recognised_by_its_words() {
+        let e = Error::from_code(
+            tonic::Code::FailedPrecondition as i32,
+            "topic persistent://public/default/t is owned by broker b4",
+        );
+        assert!(
+            matches!(&e, Error::NotOwner { owner, .. } if owner == "b4"),
+            "{e:?}"
+        );
+        assert!(e.is_retryable());
+        let e = Error::from_code(
+            tonic::Code::FailedPrecondition as i32,
+            "subscription s has an exclusive consumer",
+        );
+        assert!(matches!(e, Error::Rejected { .. }), "{e:?}");
+        assert_eq!(
+            owner_named("topic t is owned by broker \"b-1\"."),
+            Some("b-1".into())
+        );
+        assert_eq!(owner_named("topic t is owned by broker "), None);
     }
 
     #[test]
