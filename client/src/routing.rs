@@ -20,6 +20,7 @@
 //! whose owner is down gives [`Error::OwnerDown`] with the broker's id.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -202,9 +203,9 @@ impl Client {
     /// [`Error::OwnerDown`]; a partitioned topic's base name is
     /// [`Error::Rejected`] with `InvalidArgument` (look up its partitions).
     pub async fn lookup(&self, topic: &str) -> Result<TopicOwner> {
-        let r = match self.ask(self.transport(), topic).await {
-            Ok(Some(r)) => r,
-            Ok(None) => {
+        let r = match self.on_any_broker(|t| self.ask(t, topic)).await? {
+            Some(r) => r,
+            None => {
                 return Ok(TopicOwner {
                     topic: topic.to_owned(),
                     broker_id: String::new(),
@@ -214,13 +215,6 @@ impl Client {
                     cluster: String::new(),
                 });
             }
-            Err(e @ (Error::Connection(_) | Error::Timeout(_))) => {
-                match self.ask_others(topic).await {
-                    Some(r) => r?,
-                    None => return Err(e),
-                }
-            }
-            Err(e) => return Err(e),
         };
         Ok(TopicOwner {
             topic: r.topic,
@@ -250,9 +244,19 @@ impl Client {
         }
     }
 
-    /// Asks the pooled brokers in turn, while they cannot be reached
-    /// either: the first answer (or refusal) of a cluster broker, or `None`.
-    async fn ask_others(&self, topic: &str) -> Option<Result<LookupResponse>> {
+    /// Runs `call` on the service URL's broker; when that broker cannot be
+    /// reached, on the brokers the client has connections to, in turn, until
+    /// one answers (any broker of a cluster answers lookups, partition
+    /// counts and the broker list). The first error when none answers.
+    pub(crate) async fn on_any_broker<T, F, Fut>(&self, mut call: F) -> Result<T>
+    where
+        F: FnMut(Transport) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let first = match call(self.transport()).await {
+            Err(e @ (Error::Connection(_) | Error::Timeout(_))) => e,
+            r => return r,
+        };
         let others: Vec<Channel> = self
             .routes()
             .channels
@@ -262,24 +266,26 @@ impl Client {
             .cloned()
             .collect();
         for channel in others {
-            match self.ask(self.with_credentials(channel), topic).await {
-                Ok(Some(r)) => return Some(Ok(r)),
-                Ok(None) | Err(Error::Connection(_) | Error::Timeout(_)) => continue,
-                Err(e) => return Some(Err(e)),
+            match call(self.with_credentials(channel)).await {
+                Err(Error::Connection(_) | Error::Timeout(_)) => continue,
+                r => return r,
             }
         }
-        None
+        Err(first)
     }
 
     /// The brokers of the cluster (`Cluster.ListBrokers`), with the topics
     /// each owns when `with_topics`.
     pub async fn list_brokers(&self, with_topics: bool) -> Result<ListBrokersResponse> {
-        let mut cluster = ClusterClient::new(self.transport());
-        let call = cluster.list_brokers(ListBrokersRequest { with_topics });
-        match tokio::time::timeout(self.config().request_timeout, call).await {
-            Err(_) => Err(Error::Timeout("listing the brokers".into())),
-            Ok(r) => Ok(r?.into_inner()),
-        }
+        self.on_any_broker(|t| async move {
+            let mut cluster = ClusterClient::new(t);
+            let call = cluster.list_brokers(ListBrokersRequest { with_topics });
+            match tokio::time::timeout(self.config().request_timeout, call).await {
+                Err(_) => Err(Error::Timeout("listing the brokers".into())),
+                Ok(r) => Ok(r?.into_inner()),
+            }
+        })
+        .await
     }
 
     /// The admin client on the connection to `topic`'s owner, for

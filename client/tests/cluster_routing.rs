@@ -5,8 +5,10 @@
 //! admin stats), a partitioned topic's partitions go to their own owners, a
 //! standalone answer or UNIMPLEMENTED keeps everything on the service URL
 //! with a single lookup per client, a topic whose broker is down gives
-//! `Error::OwnerDown` naming it, and a stream whose broker goes away looks
-//! the topic up again and reconnects to the new owner.
+//! `Error::OwnerDown` naming it (so do sends that time out while it is
+//! down), a stream whose broker goes away looks the topic up again and
+//! reconnects to the new owner, and lookups, partition counts and the
+//! broker list go to another known broker when the service URL is down.
 
 use std::time::Duration;
 
@@ -371,4 +373,22 @@ async fn lookups_go_to_a_known_broker_when_the_service_url_is_down() {
     let owner = c.lookup("t2").await.expect("asked of the other broker");
     assert_eq!(owner.broker_id, "y");
     assert_eq!(second.lookups(), [fq("t2")]);
+
+    // The broker list and partition counts too: a producer on a
+    // partitioned topic opens although the service URL is gone.
+    second.brokers(vec![ricochet_proto::BrokerInfo {
+        id: "y".into(),
+        ..Default::default()
+    }]);
+    assert_eq!(c.list_brokers(false).await.unwrap().brokers[0].id, "y");
+    let a = InProcessBroker::start().await;
+    let base = fq("pt");
+    second.partitioned(&base, 2);
+    for i in 0..2 {
+        second.route(&partition_name(&base, i), FakeAnswer::owner("a", a.url()));
+    }
+    let p = c.producer("pt").create().await.unwrap();
+    assert_eq!(p.partitions(), Some(2));
+    p.send("x").await.unwrap();
+    p.close().await.unwrap();
 }
