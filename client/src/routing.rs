@@ -299,7 +299,8 @@ impl Client {
     /// generated clients of topic-scoped services (`RetentionClient`, …).
     /// On a standalone broker it is [`Client::transport`]; so it is for a
     /// partitioned topic's base name (the lookup answers INVALID_ARGUMENT),
-    /// whose calls any broker answers over the partitions.
+    /// whose admin calls a standalone broker answers over the partitions
+    /// (a cluster broker refuses them, naming the partitions).
     pub async fn transport_for(&self, topic: &str) -> Result<Transport> {
         match self.route(topic).await {
             Err(Error::Rejected {
