@@ -392,3 +392,26 @@ async fn lookups_go_to_a_known_broker_when_the_service_url_is_down() {
     p.send("x").await.unwrap();
     p.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn admin_on_a_partitioned_base_name_stays_on_the_service_url() {
+    let fake = FakeCluster::start("test", FakeAnswer::Invalid).await;
+    let c = client(&fake.url()).await;
+    // The lookup refuses the base name: the admin call goes to the service
+    // URL (here the fake, which has no Admin service), not anywhere else.
+    let e = c
+        .admin_for("orders")
+        .await
+        .unwrap()
+        .topic_stats(TopicRequest {
+            topic: "orders".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    assert_eq!(fake.lookups(), [fq("orders")]);
+    assert_eq!(c.pooled_connections(), 0);
+    // A producer is not opened on a refused name.
+    let e = c.producer("orders").create().await.unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::InvalidArgument), "{e:?}");
+}
