@@ -175,6 +175,12 @@ fn id_after(message: &str, prefix: &str) -> Option<String> {
     (!id.is_empty()).then(|| id.to_owned())
 }
 
+/// What a broker other than the service URL's that has no Cluster service
+/// counts as when asked in its place: unreachable (ask the next one).
+pub(crate) fn not_a_cluster_broker() -> Error {
+    Error::Connection("that broker has no Cluster service".into())
+}
+
 /// A client's routing state: whether its broker is standalone (then every
 /// topic is served on the client's one channel), and the channels to other
 /// brokers, by URL.
@@ -203,7 +209,15 @@ impl Client {
     /// [`Error::OwnerDown`]; a partitioned topic's base name is
     /// [`Error::Rejected`] with `InvalidArgument` (look up its partitions).
     pub async fn lookup(&self, topic: &str) -> Result<TopicOwner> {
-        let r = match self.on_any_broker(|t| self.ask(t, topic)).await? {
+        let asked = self
+            .on_any_broker(|t, service| async move {
+                match self.ask(t, topic).await {
+                    Ok(None) if !service => Err(not_a_cluster_broker()),
+                    r => r,
+                }
+            })
+            .await?;
+        let r = match asked {
             Some(r) => r,
             None => {
                 return Ok(TopicOwner {
@@ -248,12 +262,15 @@ impl Client {
     /// reached, on the brokers the client has connections to, in turn, until
     /// one answers (any broker of a cluster answers lookups, partition
     /// counts and the broker list). The first error when none answers.
+    /// `call` is told whether it asks the service URL's broker: only that
+    /// one may answer for a standalone broker (an UNIMPLEMENTED from another
+    /// is no answer; `call` returns [`Error::Connection`] to skip it).
     pub(crate) async fn on_any_broker<T, F, Fut>(&self, mut call: F) -> Result<T>
     where
-        F: FnMut(Transport) -> Fut,
+        F: FnMut(Transport, bool) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let first = match call(self.transport()).await {
+        let first = match call(self.transport(), true).await {
             Err(e @ (Error::Connection(_) | Error::Timeout(_))) => e,
             r => return r,
         };
@@ -266,7 +283,7 @@ impl Client {
             .cloned()
             .collect();
         for channel in others {
-            match call(self.with_credentials(channel)).await {
+            match call(self.with_credentials(channel), false).await {
                 Err(Error::Connection(_) | Error::Timeout(_)) => continue,
                 r => return r,
             }
@@ -277,11 +294,14 @@ impl Client {
     /// The brokers of the cluster (`Cluster.ListBrokers`), with the topics
     /// each owns when `with_topics`.
     pub async fn list_brokers(&self, with_topics: bool) -> Result<ListBrokersResponse> {
-        self.on_any_broker(|t| async move {
+        self.on_any_broker(|t, service| async move {
             let mut cluster = ClusterClient::new(t);
             let call = cluster.list_brokers(ListBrokersRequest { with_topics });
             match tokio::time::timeout(self.config().request_timeout, call).await {
                 Err(_) => Err(Error::Timeout("listing the brokers".into())),
+                Ok(Err(s)) if !service && s.code() == tonic::Code::Unimplemented => {
+                    Err(not_a_cluster_broker())
+                }
                 Ok(r) => Ok(r?.into_inner()),
             }
         })
