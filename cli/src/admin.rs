@@ -56,7 +56,7 @@ fn is_zero(n: &u32) -> bool {
 }
 
 pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
-    let mut admin = ctx.client().await?.admin();
+    let mut admin = ctx.admin().await?;
     match c {
         TopicsCommand::List { namespace } => {
             let r = admin
@@ -230,7 +230,7 @@ struct SubscriptionDeleted {
 }
 
 pub(crate) async fn subscriptions(ctx: &mut Ctx<'_>, c: SubscriptionsCommand) -> Result<()> {
-    let mut admin = ctx.client().await?.admin();
+    let mut admin = ctx.admin().await?;
     match c {
         SubscriptionsCommand::List { topic } => {
             let r = admin
@@ -308,7 +308,7 @@ pub(crate) async fn subscriptions(ctx: &mut Ctx<'_>, c: SubscriptionsCommand) ->
 
 pub(crate) async fn message(ctx: &mut Ctx<'_>, c: MessageCommand) -> Result<()> {
     let MessageCommand::Get { topic, id } = c;
-    let mut admin = ctx.client().await?.admin();
+    let mut admin = ctx.admin().await?;
     let r = admin
         .get_message(pb::GetMessageRequest {
             id: Some(pb::MessageId {
@@ -482,7 +482,7 @@ pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
             write_json(ctx.out, &view)
         }
         PolicyCommand::Get { target } => {
-            let mut admin = ctx.client().await?.admin();
+            let mut admin = ctx.admin().await?;
             let r = admin
                 .get_policy(pb::SubscriptionRequest {
                     topic: target.topic.clone(),
@@ -506,7 +506,7 @@ pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
                 (None, true) => None,
                 _ => return Err(CliError::Usage("give a SPEC or --clear".into())),
             };
-            let mut admin = ctx.client().await?.admin();
+            let mut admin = ctx.admin().await?;
             let r = admin
                 .set_policy(pb::SetPolicyRequest {
                     topic: target.topic.clone(),

@@ -73,6 +73,9 @@ pub enum Command {
     /// Namespace-wide settings: retention.
     #[command(subcommand, visible_alias = "namespace")]
     Namespaces(NamespacesCommand),
+    /// A cluster of brokers: the brokers and their load, who owns a topic.
+    #[command(subcommand)]
+    Cluster(crate::cluster::ClusterCommand),
 }
 
 /// `namespaces …`.

@@ -91,7 +91,7 @@ async fn list(
 }
 
 pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
-    let mut admin = ctx.client().await?.admin();
+    let mut admin = ctx.admin().await?;
     match c {
         DlqCommand::List {
             target,

@@ -117,6 +117,14 @@ impl From<tonic::Status> for CliError {
             }
             cur = c.source();
         }
+        // The not-owner redirect: say where the owner is.
+        if let Some(url) = s
+            .metadata()
+            .get(ricochet_client::OWNER_URL_TRAILER)
+            .and_then(|v| v.to_str().ok())
+        {
+            message.push_str(&format!(" (its owner is at {url})"));
+        }
         CliError::status(s.code(), message)
     }
 }
@@ -130,6 +138,18 @@ impl From<ricochet_client::Error> for CliError {
             E::Timeout(m) => CliError::status(tonic::Code::DeadlineExceeded, m),
             E::InvalidArgument(m) => CliError::status(tonic::Code::InvalidArgument, m),
             E::Policy(p) => CliError::Usage(format!("invalid policy: {p}")),
+            E::OwnerDown { broker_id, message } => CliError::status(
+                tonic::Code::Unavailable,
+                format!("the topic's broker {broker_id} is down: {message}"),
+            ),
+            E::NotOwner {
+                owner,
+                url,
+                message,
+            } => CliError::status(
+                tonic::Code::FailedPrecondition,
+                format!("{message} (broker {owner} at {url})"),
+            ),
             other => CliError::Other(chain(&other)),
         }
     }

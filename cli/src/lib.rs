@@ -15,6 +15,10 @@
 //! | `perf produce/consume/redeliver` | throughput and HDR latency percentiles | `pulsar-perf` |
 //! | `namespaces set-retention/get-retention`, `topics set-retention/get-retention` | how much of a topic is kept, by age and size | `pulsar-admin namespaces set-retention`, Kafka `retention.ms` |
 //! | `token create`, `auth grant/revoke/list/whoami` | tokens and permissions (`--token`, `--token-file` on every command) | `pulsar tokens`, `pulsar-admin namespaces grant-permission` |
+//! | `cluster brokers`, `cluster lookup` | the brokers of a cluster and what each owns; a topic's owner | `pulsar-admin brokers list`, `pulsar-admin topics lookup` |
+//!
+//! In a cluster, a command about one topic sends its calls to the broker
+//! that owns the topic (looked up through `--url`, see [`Ctx::admin`]).
 
 use std::io::Write;
 use std::time::Duration;
@@ -24,6 +28,7 @@ use ricochet_client::Client;
 mod admin;
 pub mod args;
 pub mod auth;
+pub mod cluster;
 mod confirm;
 mod dlq;
 mod dlq_decide;
@@ -53,6 +58,9 @@ pub struct Ctx<'a> {
     pub token: Option<String>,
     /// `--tls-ca`, `--tls-cert`, `--tls-key`.
     pub tls: auth::TlsFiles,
+    /// The topic the command is about (see [`cluster::topic_of`]): its
+    /// calls go to the broker that owns it.
+    pub topic: Option<String>,
     /// Results.
     pub out: &'a mut (dyn Write + Send),
 }
@@ -97,6 +105,31 @@ impl Ctx<'_> {
     }
 }
 
+impl Ctx<'_> {
+    /// The admin client for the command: on the connection to its topic's
+    /// owner when it is about one topic ([`Client::admin_for`]), otherwise
+    /// on `--url`'s.
+    pub async fn admin(
+        &self,
+    ) -> Result<ricochet_proto::admin_client::AdminClient<ricochet_client::Transport>> {
+        let client = self.client().await?;
+        match &self.topic {
+            Some(t) => Ok(client.admin_for(t).await?),
+            None => Ok(client.admin()),
+        }
+    }
+
+    /// The transport for the command's other services (retention, …): to
+    /// its topic's owner when it is about one topic, otherwise `--url`'s.
+    pub async fn transport(&self) -> Result<ricochet_client::Transport> {
+        let client = self.client().await?;
+        match &self.topic {
+            Some(t) => Ok(client.transport_for(t).await?),
+            None => Ok(client.transport()),
+        }
+    }
+}
+
 /// Runs one command, writing its result to `out`.
 pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> Result<()> {
     let mut ctx = Ctx {
@@ -104,6 +137,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> Result<()> {
         output: cli.output,
         token: cli.credentials.resolve()?,
         tls: cli.credentials.tls()?,
+        topic: cluster::topic_of(&cli.command),
         out,
     };
     let r = match cli.command {
@@ -118,6 +152,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> Result<()> {
         Command::Token(c) => auth::token(&mut ctx, c),
         Command::Auth(c) => auth::auth(&mut ctx, c).await,
         Command::Namespaces(c) => retention::namespaces(&mut ctx, c).await,
+        Command::Cluster(c) => cluster::run(&mut ctx, c).await,
     };
     ctx.out.flush()?;
     r

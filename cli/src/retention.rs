@@ -91,7 +91,7 @@ async fn client(
     ctx: &Ctx<'_>,
 ) -> Result<pb::retention_client::RetentionClient<ricochet_client::Transport>> {
     Ok(pb::retention_client::RetentionClient::new(
-        ctx.client().await?.transport(),
+        ctx.transport().await?,
     ))
 }
 

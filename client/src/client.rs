@@ -1,6 +1,8 @@
 //! [`Client`]: one HTTP/2 connection to a broker, shared by every producer
 //! and consumer made from it, and [`ClientBuilder`] for its timeouts and
-//! reconnect backoff.
+//! reconnect backoff. In a cluster the client also keeps a pool of
+//! connections to the topics' owners, keyed by URL and made with the same
+//! settings (see `crate::routing`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +16,7 @@ use crate::consumer::ConsumerBuilder;
 use crate::credentials::{Credentials, Transport};
 use crate::error::{Error, Result};
 use crate::producer::ProducerBuilder;
+use crate::routing::Routes;
 
 use ricochet_proto::MAX_GRPC_MESSAGE_BYTES as MAX_FRAME_BYTES;
 
@@ -118,21 +121,92 @@ impl ClientBuilder {
         self
     }
 
-    /// The name the broker's certificate must carry (default: the URL's host).
+    /// The name the broker's certificate must carry (default: the URL's
+    /// host). In a cluster it applies to every broker the client connects
+    /// to, so set it only when all their certificates carry that name.
     pub fn tls_domain(mut self, name: impl Into<String>) -> Self {
         self.tls_domain = Some(name.into());
         self
     }
 
-    fn tls(&self) -> Result<Option<tonic::transport::ClientTlsConfig>> {
+    fn endpoints(&self) -> Endpoints {
+        Endpoints {
+            config: self.config.clone(),
+            tls_ca: self.tls_ca.clone(),
+            tls_identity: self.tls_identity.clone(),
+            tls_domain: self.tls_domain.clone(),
+        }
+    }
+
+    fn credentials(&self) -> Result<Credentials> {
+        match &self.token {
+            Some(t) => Credentials::token(t),
+            None => Ok(Credentials::none()),
+        }
+    }
+
+    /// Connects now; fails if the broker cannot be reached within the
+    /// connect timeout.
+    pub async fn connect(self) -> Result<Client> {
+        let endpoints = self.endpoints();
+        let ep = endpoints.endpoint(&self.url)?;
+        let credentials = self.credentials()?;
+        let channel = match tokio::time::timeout(self.config.connect_timeout, ep.connect()).await {
+            Ok(r) => r?,
+            Err(_) => return Err(Error::Timeout(format!("connecting to {}", self.url))),
+        };
+        Ok(Client::from_parts(
+            channel,
+            credentials,
+            self.url,
+            endpoints,
+        ))
+    }
+
+    /// A client that connects on first use (and never fails here, except
+    /// for a malformed URL).
+    pub fn connect_lazy(self) -> Result<Client> {
+        let endpoints = self.endpoints();
+        let channel = endpoints.endpoint(&self.url)?.connect_lazy();
+        Ok(Client::from_parts(
+            channel,
+            self.credentials()?,
+            self.url,
+            endpoints,
+        ))
+    }
+}
+
+/// What a channel to any broker is made with: the builder's timeouts and
+/// TLS settings (never the token, which the [`Credentials`] carry).
+#[derive(Clone)]
+pub(crate) struct Endpoints {
+    config: ClientConfig,
+    tls_ca: Option<Vec<u8>>,
+    tls_identity: Option<(Vec<u8>, Vec<u8>)>,
+    tls_domain: Option<String>,
+}
+
+impl std::fmt::Debug for Endpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoints")
+            .field("config", &self.config)
+            .field("tls_ca", &self.tls_ca.is_some())
+            .field("tls_identity", &self.tls_identity.is_some())
+            .field("tls_domain", &self.tls_domain)
+            .finish()
+    }
+}
+
+impl Endpoints {
+    fn tls(&self, url: &str) -> Result<Option<tonic::transport::ClientTlsConfig>> {
         use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-        let https = self.url.starts_with("https://");
+        let https = url.starts_with("https://");
         let any = self.tls_ca.is_some() || self.tls_identity.is_some() || self.tls_domain.is_some();
         if !https {
             if any {
                 return Err(Error::InvalidArgument(format!(
-                    "TLS options need an https:// broker URL, not {:?}",
-                    self.url
+                    "TLS options need an https:// broker URL, not {url:?}"
                 )));
             }
             return Ok(None);
@@ -152,17 +226,11 @@ impl ClientBuilder {
         Ok(Some(tls))
     }
 
-    fn credentials(&self) -> Result<Credentials> {
-        match &self.token {
-            Some(t) => Credentials::token(t),
-            None => Ok(Credentials::none()),
-        }
-    }
-
-    fn endpoint(&self) -> Result<Endpoint> {
-        let mut ep = Endpoint::from_shared(self.url.clone())
-            .map_err(|e| Error::InvalidArgument(format!("bad broker URL {:?}: {e}", self.url)))?;
-        if let Some(tls) = self.tls()? {
+    /// A channel endpoint for `url` with the client's settings.
+    pub(crate) fn endpoint(&self, url: &str) -> Result<Endpoint> {
+        let mut ep = Endpoint::from_shared(url.to_owned())
+            .map_err(|e| Error::InvalidArgument(format!("bad broker URL {url:?}: {e}")))?;
+        if let Some(tls) = self.tls(url)? {
             ep = ep
                 .tls_config(tls)
                 .map_err(|e| Error::InvalidArgument(format!("TLS setup: {e}")))?;
@@ -173,35 +241,6 @@ impl ClientBuilder {
             .http2_keep_alive_interval(self.config.keep_alive_interval)
             .keep_alive_timeout(self.config.keep_alive_interval.max(Duration::from_secs(1)))
             .keep_alive_while_idle(true))
-    }
-
-    /// Connects now; fails if the broker cannot be reached within the
-    /// connect timeout.
-    pub async fn connect(self) -> Result<Client> {
-        let ep = self.endpoint()?;
-        let credentials = self.credentials()?;
-        let channel = match tokio::time::timeout(self.config.connect_timeout, ep.connect()).await {
-            Ok(r) => r?,
-            Err(_) => return Err(Error::Timeout(format!("connecting to {}", self.url))),
-        };
-        Ok(Client::from_parts(
-            channel,
-            credentials,
-            self.url,
-            self.config,
-        ))
-    }
-
-    /// A client that connects on first use (and never fails here, except
-    /// for a malformed URL).
-    pub fn connect_lazy(self) -> Result<Client> {
-        let channel = self.endpoint()?.connect_lazy();
-        Ok(Client::from_parts(
-            channel,
-            self.credentials()?,
-            self.url,
-            self.config,
-        ))
     }
 }
 
@@ -220,7 +259,10 @@ struct ClientInner {
     channel: Channel,
     credentials: Credentials,
     url: String,
-    config: ClientConfig,
+    endpoints: Endpoints,
+    /// Where topics are served (the standalone answer, the owners'
+    /// channels); see `crate::routing`.
+    routes: Routes,
 }
 
 impl Client {
@@ -245,14 +287,15 @@ impl Client {
         channel: Channel,
         credentials: Credentials,
         url: String,
-        config: ClientConfig,
+        endpoints: Endpoints,
     ) -> Self {
         Self {
             inner: Arc::new(ClientInner {
                 channel,
                 credentials,
                 url,
-                config,
+                endpoints,
+                routes: Routes::default(),
             }),
         }
     }
@@ -271,9 +314,7 @@ impl Client {
     /// The generated admin client (topics, subscriptions, policies, dead
     /// letters) on this client's connection.
     pub fn admin(&self) -> AdminClient<Transport> {
-        AdminClient::new(self.transport())
-            .max_decoding_message_size(MAX_FRAME_BYTES)
-            .max_encoding_message_size(MAX_FRAME_BYTES)
+        Self::admin_on(self.transport())
     }
 
     /// The underlying channel, without the client's credentials.
@@ -294,13 +335,35 @@ impl Client {
 
     /// The settings in force.
     pub fn config(&self) -> &ClientConfig {
-        &self.inner.config
+        &self.inner.endpoints.config
     }
 
-    pub(crate) fn broker(&self) -> BrokerClient<Transport> {
-        BrokerClient::new(self.transport())
+    /// The broker stream client on `transport` (the service URL's, or a
+    /// topic owner's from `crate::routing`).
+    pub(crate) fn broker_on(transport: Transport) -> BrokerClient<Transport> {
+        BrokerClient::new(transport)
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES)
+    }
+
+    /// The admin client on `transport`.
+    pub(crate) fn admin_on(transport: Transport) -> AdminClient<Transport> {
+        AdminClient::new(transport)
+            .max_decoding_message_size(MAX_FRAME_BYTES)
+            .max_encoding_message_size(MAX_FRAME_BYTES)
+    }
+
+    pub(crate) fn endpoints(&self) -> &Endpoints {
+        &self.inner.endpoints
+    }
+
+    pub(crate) fn routes(&self) -> &Routes {
+        &self.inner.routes
+    }
+
+    /// `channel` with the client's credentials.
+    pub(crate) fn with_credentials(&self, channel: Channel) -> Transport {
+        InterceptedService::new(channel, self.inner.credentials.clone())
     }
 }
 

@@ -4,9 +4,13 @@
 //! one broker answer (say a rejected batch) can be handed to every message of
 //! the batch. Errors the broker sends as gRPC statuses or as `google.rpc`
 //! codes in `SendError`/`CommandResult` frames become [`Error::Rejected`];
-//! broken or unreachable connections become [`Error::Connection`].
+//! broken or unreachable connections become [`Error::Connection`]; in a
+//! cluster, a topic whose broker is down is [`Error::OwnerDown`] and the
+//! not-owner redirect [`Error::NotOwner`].
 
 use ricochet_policy::PolicyError;
+
+use crate::routing::Reroute;
 
 /// Result alias used throughout the client.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -56,6 +60,29 @@ pub enum Error {
         /// Why they are not confirmed.
         reason: String,
     },
+    /// The broker that owns the topic is down, or fenced (it lost its etcd
+    /// lease): the topic is unavailable until that broker returns; nothing
+    /// it acknowledged is lost. Producers and consumers keep reconnecting
+    /// (this is returned when opening one gives up, or by
+    /// [`Client::lookup`](crate::Client::lookup)).
+    #[error("the topic's broker {broker_id} is down: {message}")]
+    OwnerDown {
+        /// The id of the broker the topic is placed on.
+        broker_id: String,
+        /// The broker's explanation.
+        message: String,
+    },
+    /// The broker asked does not own the topic (the not-owner redirect):
+    /// look it up again and go to the owner. Streams do so on their own.
+    #[error("not the topic's owner: {message}")]
+    NotOwner {
+        /// The owner's broker id.
+        owner: String,
+        /// The owner's URL (empty when the broker did not say).
+        url: String,
+        /// The broker's explanation.
+        message: String,
+    },
     /// A dead-letter policy that does not validate or cannot be built.
     #[error("policy: {0}")]
     Policy(#[from] PolicyError),
@@ -65,16 +92,37 @@ impl Error {
     /// A [`Error::Rejected`] from a raw `google.rpc.Code` value as carried in
     /// `SendError` and `CommandResult` frames.
     pub(crate) fn from_code(code: i32, message: impl Into<String>) -> Self {
-        Error::Rejected {
-            code: tonic::Code::from_i32(code),
-            message: message.into(),
+        let code = tonic::Code::from_i32(code);
+        let message = message.into();
+        // The not-owner redirect sent as a frame (no trailers there): the
+        // owner's id is in the message; its URL comes from a new lookup.
+        if code == tonic::Code::FailedPrecondition
+            && let Some(owner) = crate::routing::owner_named(&message)
+        {
+            return Error::NotOwner {
+                owner,
+                url: String::new(),
+                message,
+            };
         }
+        Error::Rejected { code, message }
     }
 
     /// The gRPC code when the broker rejected the request.
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
             Error::Rejected { code, .. } => Some(*code),
+            Error::OwnerDown { .. } => Some(tonic::Code::Unavailable),
+            Error::NotOwner { .. } => Some(tonic::Code::FailedPrecondition),
+            _ => None,
+        }
+    }
+
+    /// The id of the topic's broker when the error is that it is down
+    /// ([`Error::OwnerDown`]).
+    pub fn owner_down(&self) -> Option<&str> {
+        match self {
+            Error::OwnerDown { broker_id, .. } => Some(broker_id),
             _ => None,
         }
     }
@@ -83,7 +131,10 @@ impl Error {
     /// connection, a timeout, or a broker that is unavailable or busy).
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Connection(_) | Error::Timeout(_) => true,
+            Error::Connection(_)
+            | Error::Timeout(_)
+            | Error::OwnerDown { .. }
+            | Error::NotOwner { .. } => true,
             Error::Rejected { code, .. } => is_transient(*code),
             Error::InvalidArgument(_)
             | Error::Closed
@@ -111,6 +162,22 @@ pub(crate) fn is_transient(code: tonic::Code) -> bool {
 
 impl From<tonic::Status> for Error {
     fn from(s: tonic::Status) -> Self {
+        match crate::routing::reroute(&s) {
+            Reroute::NotOwner { owner, url } => {
+                return Error::NotOwner {
+                    owner,
+                    url,
+                    message: s.message().to_owned(),
+                };
+            }
+            Reroute::OwnerDown { broker_id } => {
+                return Error::OwnerDown {
+                    broker_id,
+                    message: s.message().to_owned(),
+                };
+            }
+            Reroute::Unavailable | Reroute::No => {}
+        }
         match s.code() {
             // Transport failures surface as Unavailable/Unknown with a
             // transport source; present them as connection errors.

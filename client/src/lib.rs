@@ -3,6 +3,8 @@
 //!
 //! * [`Client`]: one HTTP/2 connection, cheap to clone, shared by every
 //!   producer and consumer made from it; [`Client::admin`] gives the admin API.
+//!   Against a cluster of brokers it looks each topic up ([`Client::lookup`])
+//!   and opens the topic's streams on its owner, following ownership moves.
 //! * [`Producer`]: batched, pipelined sends with per-message receipts and
 //!   transparent, de-duplicated resends after a reconnect.
 //! * [`Consumer`]: flow-controlled delivery, grouped acks, an ack-timeout
@@ -75,6 +77,7 @@ mod message;
 mod partitions;
 mod producer;
 mod reconnect;
+mod routing;
 pub mod tracker;
 
 pub use client::{Client, ClientBuilder, ClientConfig};
@@ -85,6 +88,7 @@ pub use credentials::{Credentials, Transport};
 pub use error::{Error, Result};
 pub use message::{Message, MessageBuilder, MessageId, OutgoingMessage};
 pub use producer::{Producer, ProducerBuilder, ProducerConfig};
+pub use routing::{OWNER_TRAILER, OWNER_URL_TRAILER, TopicOwner};
 
 /// Re-exported for convenience: the policy vocabulary the consumer takes.
 pub use ricochet_policy::{DeadLetterPolicy, PolicySpec};

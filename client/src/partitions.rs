@@ -13,16 +13,29 @@ use ricochet_proto::partitions_client::PartitionsClient;
 /// when it is partitioned, `None` when it is not (or the broker predates
 /// partitioned topics).
 pub(crate) async fn count_once(client: &Client, topic: &str) -> Result<Option<(String, u32)>> {
-    let mut partitions = PartitionsClient::new(client.transport());
-    let call = partitions.get_partitions(PartitionsRequest {
-        topic: topic.to_owned(),
-    });
-    let r = match tokio::time::timeout(client.config().request_timeout, call).await {
-        Err(_) => return Err(Error::Timeout("partition look-up".into())),
-        Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => return Ok(None),
-        Ok(r) => r?.into_inner(),
-    };
-    Ok((r.partitions > 0).then_some((r.topic, r.partitions)))
+    // Any broker of a cluster knows the count.
+    client
+        .on_any_broker(|transport, service| async move {
+            let mut partitions = PartitionsClient::new(transport);
+            let call = partitions.get_partitions(PartitionsRequest {
+                topic: topic.to_owned(),
+            });
+            let r = match tokio::time::timeout(client.config().request_timeout, call).await {
+                Err(_) => return Err(Error::Timeout("partition look-up".into())),
+                // A broker before partitioned topics: none is partitioned.
+                // Another broker than the service URL's: skip it.
+                Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
+                    return if service {
+                        Ok(None)
+                    } else {
+                        Err(crate::routing::not_a_cluster_broker())
+                    };
+                }
+                Ok(r) => r?.into_inner(),
+            };
+            Ok((r.partitions > 0).then_some((r.topic, r.partitions)))
+        })
+        .await
 }
 
 /// [`count_once`], retrying transient failures until the client's request

@@ -87,8 +87,9 @@ where
 pub(crate) enum Reopen<T> {
     /// The stream is open again.
     Open(T),
-    /// It failed in a way worth retrying; the next attempt is scheduled.
-    Later,
+    /// It failed in a way worth retrying (why); the next attempt is
+    /// scheduled.
+    Later(Error),
     /// It failed for good; no attempt is scheduled.
     Failed(Error),
 }
@@ -139,7 +140,7 @@ impl Reconnector {
                 let wait = self.backoff.next_delay();
                 tracing::debug!(error = %e, retry_in = ?wait, "{what} reconnect failed");
                 self.at = Some(Instant::now() + wait);
-                Reopen::Later
+                Reopen::Later(e)
             }
             Err(e) => {
                 self.at = None;
@@ -202,7 +203,10 @@ mod tests {
                 "test",
             )
             .await;
-        assert!(matches!(later, Reopen::Later), "{later:?}");
+        assert!(
+            matches!(later, Reopen::Later(Error::Connection(_))),
+            "{later:?}"
+        );
         let due = r.due().expect("the next attempt is scheduled");
         assert!(due >= now + Duration::from_millis(80), "{:?}", due - now);
         assert!(due <= now + Duration::from_millis(120), "{:?}", due - now);

@@ -4,14 +4,16 @@
 //! SIGCONT), the broker binary's location from any crate ([`broker_bin`]),
 //! loopback ports ([`free_addr`]), wall clocks ([`now_ms`], [`now_us`]), a
 //! producer and consumer speaking the gRPC protocol directly ([`raw`]), and
-//! calls carrying any bytes at all ([`wire`]), and etcd with a cluster of
-//! broker processes for cluster tests ([`etcd`]).
+//! calls carrying any bytes at all ([`wire`]), etcd with a cluster of
+//! broker processes for cluster tests ([`etcd`]), and a stand-in for a
+//! cluster's lookup service ([`FakeCluster`]).
 //!
 //! A dev-dependency only: everything here panics on failure, as a test
 //! wants, unless its name says otherwise (`find_broker_bin`).
 
 pub mod clock;
 pub mod etcd;
+pub mod fake_cluster;
 pub mod in_process;
 pub mod net;
 pub mod process;
@@ -20,6 +22,7 @@ pub mod wire;
 
 pub use clock::{now_ms, now_us};
 pub use etcd::{ClusterBroker, EtcdProcess, etcd_or_skip, spawn_cluster};
+pub use fake_cluster::{FakeAnswer, FakeCluster};
 pub use in_process::InProcessBroker;
 pub use net::free_addr;
 pub use process::{BrokerBinNotFound, BrokerProcess, SpawnOptions, broker_bin, find_broker_bin};

@@ -24,6 +24,12 @@ impl Env {
         }
     }
 
+    /// Runs the binary against `url` (a broker or a stand-in) that the
+    /// test owns.
+    pub fn at(url: String) -> Env {
+        Env { url, broker: None }
+    }
+
     /// Runs `ricochet ARGS` with stdin closed (so never a terminal).
     pub async fn run(&self, args: &[&str]) -> Output {
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ricochet"))

@@ -242,9 +242,10 @@ pub(super) async fn open_stream(
         )),
     })
     .map_err(|_| Error::Closed)?;
+    // On the topic's owner (the client's own connection when standalone).
+    let transport = client.route(topic).await?;
     let handshake = async {
-        let mut inbound = client
-            .broker()
+        let mut inbound = Client::broker_on(transport)
             .consume(UnboundedReceiverStream::new(rx))
             .await?
             .into_inner();

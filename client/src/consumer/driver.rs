@@ -153,7 +153,18 @@ impl Driver {
                 Event::Response(Ok(None)) => {
                     self.lost("the broker ended the consumer stream".into())
                 }
-                Event::Response(Err(s)) => self.lost(Error::from(s).to_string()),
+                Event::Response(Err(s)) => {
+                    // The reconnect looks the topic up again: a redirect or
+                    // an unavailable owner lands on the (new) owner.
+                    let reroute = self.client.stream_failed(&s);
+                    if reroute.relookup() {
+                        tracing::debug!(
+                            ?reroute,
+                            "the topic is looked up again before reconnecting"
+                        );
+                    }
+                    self.lost(Error::from(s).to_string());
+                }
                 Event::Cmd(Some(cmd)) => {
                     self.on_cmd(cmd);
                     for _ in 0..1024 {
@@ -748,7 +759,7 @@ impl Driver {
                 tracing::info!(topic = %self.shared.topic, sub = %self.shared.subscription, "consumer reconnected");
                 self.connected(conn, &s);
             }
-            Reopen::Later => {}
+            Reopen::Later(_) => {}
             Reopen::Failed(e) => {
                 tracing::error!(error = %e, topic = %self.shared.topic, "consumer cannot resubscribe; closing");
                 let _ = self.out.send(Delivery {

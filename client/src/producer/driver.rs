@@ -59,6 +59,7 @@ pub(super) fn spawn(
         inflight: VecDeque::new(),
         waiters: Vec::new(),
         fatal: None,
+        down: None,
         closing: None,
     };
     tokio::spawn(driver.run());
@@ -85,9 +86,10 @@ pub(super) async fn open(
         })),
     };
     tx.send(open).map_err(|_| Error::Closed)?;
+    // On the topic's owner (the client's own connection when standalone).
+    let transport = client.route(topic).await?;
     let handshake = async {
-        let mut inbound = client
-            .broker()
+        let mut inbound = Client::broker_on(transport)
             .produce(UnboundedReceiverStream::new(rx))
             .await?
             .into_inner();
@@ -151,6 +153,9 @@ struct Driver {
     /// `flush` and `close` callers waiting for every seq up to theirs.
     waiters: Vec<(u64, oneshot::Sender<Result<()>>)>,
     fatal: Option<Error>,
+    /// While disconnected: the last reconnect attempt's error when it was
+    /// [`Error::OwnerDown`] (the topic's broker is down).
+    down: Option<Error>,
     /// Set by `close`: the deadline, and whether the command channel is done.
     closing: Option<Instant>,
 }
@@ -192,7 +197,18 @@ impl Driver {
                 Event::Response(Ok(None)) => {
                     self.lost("the broker ended the producer stream".into())
                 }
-                Event::Response(Err(status)) => self.lost(Error::from(status).to_string()),
+                Event::Response(Err(status)) => {
+                    // The reconnect looks the topic up again: a redirect or
+                    // an unavailable owner lands on the (new) owner.
+                    let reroute = self.client.stream_failed(&status);
+                    if reroute.relookup() {
+                        tracing::debug!(
+                            ?reroute,
+                            "the topic is looked up again before reconnecting"
+                        );
+                    }
+                    self.lost(Error::from(status).to_string());
+                }
                 Event::Cmd(Some(cmd)) => {
                     self.on_cmd(cmd);
                     // Take whatever else is queued before deciding to send.
@@ -447,8 +463,11 @@ impl Driver {
                 }
                 tracing::info!(topic = %self.shared.topic, producer = %self.shared.name, resent, "producer reconnected");
                 self.conn = Some(conn);
+                self.down = None;
             }
-            Reopen::Later => {}
+            // Kept for the sends that expire meanwhile: a topic whose
+            // broker is down fails them with that, not a bare timeout.
+            Reopen::Later(e) => self.down = e.owner_down().is_some().then_some(e),
             Reopen::Failed(e) => {
                 tracing::error!(error = %e, topic = %self.shared.topic, "producer cannot reconnect; failing its messages");
                 self.fail_all(&e);
@@ -473,13 +492,18 @@ impl Driver {
 
     fn expire(&mut self, now: Instant) {
         let timeout = self.config.send_timeout;
+        // Disconnected because the topic's broker is down: say so.
+        let down = self.conn.is_none().then_some(self.down.as_ref()).flatten();
         let fail = |m: &mut PendingMsg| {
             if m.deadline.is_some_and(|d| d <= now)
                 && let Some(r) = m.reply.take()
             {
-                let _ = r.send(Err(Error::Timeout(format!(
-                    "no receipt within the send timeout of {timeout:?}"
-                ))));
+                let _ = r.send(Err(match down {
+                    Some(e) => e.clone(),
+                    None => {
+                        Error::Timeout(format!("no receipt within the send timeout of {timeout:?}"))
+                    }
+                }));
             }
         };
         for b in &mut self.inflight {

@@ -1,0 +1,330 @@
+//! The cluster on the command line: `cluster brokers` (the brokers, their
+//! load and what each owns) and `cluster lookup TOPIC` (which broker owns a
+//! topic, or each partition of a partitioned one), over the broker's
+//! `Cluster` service; and [`topic_of`], the topic a command is about, which
+//! [`crate::Ctx`] routes topic-scoped calls by (to the owner's broker).
+
+use clap::Subcommand;
+use ricochet_client::TopicOwner;
+use ricochet_proto as pb;
+use ricochet_proto::partitions::partition_name;
+use serde::Serialize;
+
+use crate::Ctx;
+use crate::args::{
+    Command, DlqCommand, MessageCommand, PolicyCommand, SubscriptionsCommand, TopicsCommand,
+};
+use crate::error::{CliError, Result};
+use crate::output::{Table, write_json};
+use crate::timearg::Ms;
+
+/// `cluster …`.
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// The brokers of the cluster: id, URL, whether live, how many topics
+    /// are placed on and owned by each, load, when it registered.
+    Brokers {
+        /// Also list the topics each broker owns.
+        #[arg(long)]
+        topics: bool,
+    },
+    /// Which broker owns a topic (every partition of a partitioned topic):
+    /// its id, URL and ownership epoch.
+    Lookup {
+        /// Topic.
+        topic: String,
+    },
+}
+
+/// The topic a command is about, when its calls go to that topic's owner.
+/// Produce, consume and perf route themselves (the client looks their
+/// topics up); cluster-wide commands (topic lists, partition counts,
+/// namespaces, auth) stay on the given URL.
+pub(crate) fn topic_of(cmd: &Command) -> Option<String> {
+    let t = |s: &String| Some(s.clone());
+    match cmd {
+        Command::Topics(c) => match c {
+            TopicsCommand::Create {
+                topic,
+                partitions: None,
+            }
+            | TopicsCommand::Delete { topic, .. }
+            | TopicsCommand::Stats { topic }
+            | TopicsCommand::SetRetention { topic, .. }
+            | TopicsCommand::GetRetention { topic } => t(topic),
+            TopicsCommand::Create { .. }
+            | TopicsCommand::List { .. }
+            | TopicsCommand::UpdatePartitions { .. } => None,
+        },
+        Command::Subscriptions(c) => match c {
+            SubscriptionsCommand::List { topic }
+            | SubscriptionsCommand::Stats { topic, .. }
+            | SubscriptionsCommand::Delete { topic, .. } => t(topic),
+        },
+        Command::Message(MessageCommand::Get { topic, .. }) => t(topic),
+        Command::Policy(c) => match c {
+            PolicyCommand::Get { target } | PolicyCommand::Set { target, .. } => t(&target.topic),
+            PolicyCommand::Explain { .. } => None,
+        },
+        Command::Dlq(c) => match c {
+            DlqCommand::List { target, .. }
+            | DlqCommand::Peek { target, .. }
+            | DlqCommand::Replay { target, .. }
+            | DlqCommand::Purge { target, .. }
+            | DlqCommand::Export { target, .. }
+            | DlqCommand::Import { target, .. } => t(&target.topic),
+            DlqCommand::Jobs { topic, .. } | DlqCommand::CancelJob { topic, .. } => topic.clone(),
+        },
+        Command::Produce(_)
+        | Command::Consume(_)
+        | Command::Perf(_)
+        | Command::Token(_)
+        | Command::Auth(_)
+        | Command::Namespaces(_)
+        | Command::Cluster(_) => None,
+    }
+}
+
+/// One broker as printed.
+#[derive(Debug, Serialize)]
+struct BrokerView {
+    id: String,
+    url: String,
+    live: bool,
+    placed_topics: u64,
+    owned_topics: u64,
+    load: f64,
+    registered_at_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    topics: Option<Vec<String>>,
+}
+
+#[derive(Debug, Serialize)]
+struct BrokersView {
+    cluster: String,
+    brokers: Vec<BrokerView>,
+}
+
+/// One topic's (or partition's) owner as printed.
+#[derive(Debug, Serialize)]
+struct OwnerView {
+    topic: String,
+    broker_id: String,
+    url: String,
+    live: bool,
+    epoch: u64,
+    /// Why there is no live owner (its broker is down).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct LookupView {
+    topic: String,
+    cluster: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partitions: Option<u32>,
+    owners: Vec<OwnerView>,
+}
+
+fn unimplemented(ctx: &Ctx<'_>, e: CliError) -> CliError {
+    match e {
+        CliError::Status {
+            code: tonic::Code::Unimplemented,
+            ..
+        } => CliError::status(
+            tonic::Code::Unimplemented,
+            format!(
+                "the broker at {} has no Cluster service (a version before clusters)",
+                ctx.url
+            ),
+        ),
+        e => e,
+    }
+}
+
+/// Runs `cluster …`.
+pub(crate) async fn run(ctx: &mut Ctx<'_>, c: ClusterCommand) -> Result<()> {
+    match c {
+        ClusterCommand::Brokers { topics } => brokers(ctx, topics).await,
+        ClusterCommand::Lookup { topic } => lookup(ctx, topic).await,
+    }
+}
+
+async fn brokers(ctx: &mut Ctx<'_>, with_topics: bool) -> Result<()> {
+    let client = ctx.client().await?;
+    let r = client
+        .list_brokers(with_topics)
+        .await
+        .map_err(|e| unimplemented(ctx, e.into()))?;
+    let mut brokers: Vec<BrokerView> = r
+        .brokers
+        .into_iter()
+        .map(|b: pb::BrokerInfo| BrokerView {
+            id: b.id,
+            url: b.url,
+            live: b.live,
+            placed_topics: b.placed_topics,
+            owned_topics: b.owned_topics,
+            load: b.load,
+            registered_at_ms: b.registered_at_ms,
+            topics: with_topics.then(|| {
+                let mut t = b.topics;
+                t.sort();
+                t
+            }),
+        })
+        .collect();
+    brokers.sort_by(|a, b| a.id.cmp(&b.id));
+    let view = BrokersView {
+        cluster: r.cluster,
+        brokers,
+    };
+    if ctx.json() {
+        return write_json(ctx.out, &view);
+    }
+    if view.cluster.is_empty() {
+        writeln!(ctx.out, "standalone broker (no cluster)")?;
+    } else {
+        writeln!(ctx.out, "cluster {}", view.cluster)?;
+    }
+    let mut t = Table::new(&[
+        "id",
+        "url",
+        "live",
+        ">placed",
+        ">owned",
+        ">load",
+        "registered",
+    ]);
+    for b in &view.brokers {
+        t.row(vec![
+            b.id.clone(),
+            b.url.clone(),
+            if b.live { "yes" } else { "no" }.into(),
+            b.placed_topics.to_string(),
+            b.owned_topics.to_string(),
+            format!("{:.1}", b.load),
+            if b.registered_at_ms == 0 {
+                "-".into()
+            } else {
+                Ms(b.registered_at_ms).to_string()
+            },
+        ]);
+    }
+    t.write(ctx.out)?;
+    if with_topics {
+        for b in &view.brokers {
+            let topics = b.topics.as_deref().unwrap_or_default();
+            writeln!(ctx.out)?;
+            writeln!(ctx.out, "{} owns {} topic(s):", b.id, topics.len())?;
+            for topic in topics {
+                writeln!(ctx.out, "  {topic}")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn owner_view(o: TopicOwner) -> OwnerView {
+    OwnerView {
+        topic: o.topic,
+        broker_id: o.broker_id,
+        url: o.url,
+        live: o.live,
+        epoch: o.epoch,
+        error: None,
+    }
+}
+
+async fn lookup(ctx: &mut Ctx<'_>, topic: String) -> Result<()> {
+    let client = ctx.client().await?;
+    let meta = pb::partitions_client::PartitionsClient::new(client.transport())
+        .get_partitions(pb::PartitionsRequest {
+            topic: topic.clone(),
+        })
+        .await;
+    let partitioned = match meta {
+        Ok(m) => {
+            let m = m.into_inner();
+            (m.partitions > 0).then_some((m.topic, m.partitions))
+        }
+        // A broker before partitioned topics.
+        Err(s) if s.code() == tonic::Code::Unimplemented => None,
+        Err(s) => return Err(s.into()),
+    };
+    let names: Vec<String> = match &partitioned {
+        Some((base, n)) => (0..*n).map(|i| partition_name(base, i)).collect(),
+        None => vec![topic.clone()],
+    };
+    let mut owners = Vec::with_capacity(names.len());
+    let mut cluster = String::new();
+    let mut down = Vec::new();
+    for name in names {
+        match client.lookup(&name).await {
+            Ok(o) => {
+                cluster.clone_from(&o.cluster);
+                owners.push(owner_view(o));
+            }
+            // One partition down: say so in its row, and fail at the end.
+            Err(e) if partitioned.is_some() && e.owner_down().is_some() => {
+                let id = e.owner_down().unwrap_or_default().to_owned();
+                down.push(id.clone());
+                owners.push(OwnerView {
+                    topic: name,
+                    broker_id: id,
+                    url: String::new(),
+                    live: false,
+                    epoch: 0,
+                    error: Some(e.to_string()),
+                });
+            }
+            Err(e) => return Err(unimplemented(ctx, e.into())),
+        }
+    }
+    let view = LookupView {
+        topic: partitioned
+            .as_ref()
+            .map_or_else(|| owners[0].topic.clone(), |(b, _)| b.clone()),
+        cluster,
+        partitions: partitioned.as_ref().map(|(_, n)| *n),
+        owners,
+    };
+    if ctx.json() {
+        write_json(ctx.out, &view)?;
+    } else {
+        let mut t = Table::new(&["topic", "broker", "url", ">epoch", "live"]);
+        for o in &view.owners {
+            t.row(vec![
+                o.topic.clone(),
+                if o.broker_id.is_empty() {
+                    "-".into()
+                } else {
+                    o.broker_id.clone()
+                },
+                if o.url.is_empty() {
+                    "-".into()
+                } else {
+                    o.url.clone()
+                },
+                o.epoch.to_string(),
+                if o.live { "yes" } else { "DOWN" }.into(),
+            ]);
+        }
+        t.write(ctx.out)?;
+    }
+    if !down.is_empty() {
+        down.sort();
+        down.dedup();
+        return Err(CliError::status(
+            tonic::Code::Unavailable,
+            format!(
+                "{} partition(s) of {} are unavailable: broker(s) {} down",
+                view.owners.iter().filter(|o| !o.live).count(),
+                view.topic,
+                down.join(", ")
+            ),
+        ));
+    }
+    Ok(())
+}
