@@ -43,7 +43,7 @@ struct Args {
     #[arg(long, value_parser = parse_durability)]
     durability: Option<Durability>,
     /// sled's page cache: bytes, or with a KiB, MiB or GiB suffix (default
-    /// 64MiB; see `cache_capacity` in the config).
+    /// 16MiB; see `cache_capacity` in the config).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     cache_capacity: Option<u64>,
     /// Start even when the store lacks what its manifest records (each loss
