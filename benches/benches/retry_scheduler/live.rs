@@ -101,6 +101,8 @@ struct RestartFigures {
     listening: Vec<Duration>,
     dispatched: Vec<Duration>,
     rss: Vec<u64>,
+    /// The same with `verify_on_start = false`.
+    unverified: Option<Box<RestartFigures>>,
 }
 
 pub(crate) async fn live_parked_retries() -> Result<(), BoxError> {
@@ -176,7 +178,13 @@ pub(crate) async fn live_parked_retries() -> Result<(), BoxError> {
         );
     }
     for r in &rows {
-        if let Some(s) = &r.restart {
+        let unverified = r.restart.as_ref().and_then(|s| s.unverified.as_deref());
+        for (s, how) in r
+            .restart
+            .iter()
+            .map(|s| (s, ""))
+            .chain(unverified.map(|s| (s, ", verify_on_start = false")))
+        {
             let range = |v: &[Duration]| {
                 let lo = v.iter().min().copied().unwrap_or_default();
                 let hi = v.iter().max().copied().unwrap_or_default();
@@ -185,7 +193,7 @@ pub(crate) async fn live_parked_retries() -> Result<(), BoxError> {
             let lo = s.rss.iter().min().copied().unwrap_or(0);
             let hi = s.rss.iter().max().copied().unwrap_or(0);
             println!(
-                "  restart with {} parked (store left by the live run; SIGTERM took {:.2?}), {} restarts: listening {}, a fresh message dispatched {} (target < 3 s); RSS once idle {:.0}–{:.0} MB",
+                "  restart with {} parked (store left by the live run{how}; SIGTERM took {:.2?}), {} restarts: listening {}, a fresh message dispatched {} (target < 3 s); RSS once idle {:.0}–{:.0} MB",
                 r.n,
                 s.stop,
                 s.listening.len(),
@@ -299,8 +307,30 @@ async fn restart(
         listening: Vec::new(),
         dispatched: Vec::new(),
         rss: Vec::new(),
+        unverified: None,
     };
-    for round in 1..=times {
+    let mut out_unverified = RestartFigures {
+        stop,
+        listening: Vec::new(),
+        dispatched: Vec::new(),
+        rss: Vec::new(),
+        unverified: None,
+    };
+    // The same restarts without `verify_on_start` (which reads every stored
+    // value before serving), to tell its share.
+    let no_verify = tempfile::NamedTempFile::new()?;
+    let base = config.map(std::fs::read_to_string).transpose()?;
+    std::fs::write(
+        no_verify.path(),
+        format!("{}\nverify_on_start = false\n", base.unwrap_or_default()),
+    )?;
+    for round in 1..=2 * times {
+        let verify = round <= times;
+        let config = if verify {
+            config
+        } else {
+            Some(no_verify.path())
+        };
         // sled takes a moment to release its files after the process exits.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let t = Instant::now();
@@ -324,7 +354,12 @@ async fn restart(
         tokio::time::sleep(Duration::from_secs(3)).await;
         let (idle, _) = rss(child.pid());
         println!(
-            "  restart {round}: listening {listening:.2?}, a fresh message dispatched {dispatched:.2?}, RSS once idle {:.1} MB",
+            "  restart {round}{}: listening {listening:.2?}, a fresh message dispatched {dispatched:.2?}, RSS once idle {:.1} MB",
+            if verify {
+                ""
+            } else {
+                " (verify_on_start = false)"
+            },
             mb(idle)
         );
         drop(c);
@@ -332,9 +367,15 @@ async fn restart(
         if !status.success() {
             return Err(format!("the broker exited with {status} on SIGTERM").into());
         }
-        out.listening.push(listening);
-        out.dispatched.push(dispatched);
-        out.rss.push(idle);
+        let figures = if verify {
+            &mut out
+        } else {
+            &mut out_unverified
+        };
+        figures.listening.push(listening);
+        figures.dispatched.push(dispatched);
+        figures.rss.push(idle);
     }
+    out.unverified = Some(Box::new(out_unverified));
     Ok(out)
 }
