@@ -292,6 +292,10 @@ impl BrokerConfig {
         if self.max_unacked_per_consumer == 0 {
             return bad("max_unacked_per_consumer must be positive");
         }
+        // sled splits its cache into 256 shards and refuses (panics) below 256 B.
+        if self.cache_capacity < 1 << 20 {
+            return bad("cache_capacity must be at least 1 MiB (1048576)");
+        }
         if self.flush_interval.is_zero() {
             return bad("flush_interval must be positive");
         }
@@ -397,6 +401,13 @@ mod tests {
         );
         let bad: BrokerConfig = toml::from_str("keepalive_timeout = \"0s\"").unwrap();
         assert!(bad.validate().is_err());
+        let tiny: BrokerConfig = toml::from_str("cache_capacity = 1000").unwrap();
+        assert!(
+            tiny.validate().is_err(),
+            "sled would panic on a cache this small"
+        );
+        let small: BrokerConfig = toml::from_str("cache_capacity = 1048576").unwrap();
+        small.validate().unwrap();
     }
 
     #[test]
