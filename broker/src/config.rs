@@ -17,6 +17,7 @@
 //! log_format = "text"            # or "json" (one JSON object per line)
 //! failure_summary_interval = "10s"  # INFO summary of retries and dead letters ("0s": none)
 //! retention_interval = "5s"      # how often retention policies are enforced ("0s": never)
+//! cache_capacity = 16777216      # sled's page cache in bytes (resident: a few times this)
 //!
 //! # Limits on what clients create or hold open (0 = unlimited); over one, a
 //! # request gets RESOURCE_EXHAUSTED naming the setting.
@@ -168,7 +169,13 @@ pub struct BrokerConfig {
     /// Without a policy a topic keeps every message until consumed.
     #[serde(with = "humantime_serde")]
     pub retention_interval: Duration,
-    /// sled page cache size in bytes.
+    /// sled's page cache, in bytes (`--cache-capacity`). sled counts a page
+    /// at its size on disk, while a page in memory takes some 2–4 times
+    /// that (its entries, keys and values are separate allocations), so the
+    /// cache's resident share is a few times this figure. 16 MiB by default,
+    /// sized for a small broker (see the README's "Broker configuration");
+    /// more keeps more of a large backlog or retry tier in memory, at the
+    /// cost of resident memory.
     pub cache_capacity: u64,
     /// Most ordinary topics (not retry or dead-letter tiers) in the broker;
     /// 0 means unlimited.
@@ -243,7 +250,7 @@ impl Default for BrokerConfig {
             log_format: LogFormat::Text,
             failure_summary_interval: Duration::from_secs(10),
             retention_interval: Duration::from_secs(5),
-            cache_capacity: 256 * 1024 * 1024,
+            cache_capacity: 16 * 1024 * 1024,
             max_topics: 10_000,
             max_topics_per_namespace: 1_000,
             max_subscriptions_per_topic: 100,
@@ -300,6 +307,10 @@ impl BrokerConfig {
         }
         if self.max_unacked_per_consumer == 0 {
             return bad("max_unacked_per_consumer must be positive");
+        }
+        // sled splits its cache into 256 shards and refuses (panics) below 256 B.
+        if self.cache_capacity < 1 << 20 {
+            return bad("cache_capacity must be at least 1 MiB (1048576)");
         }
         if self.flush_interval.is_zero() {
             return bad("flush_interval must be positive");
@@ -409,6 +420,13 @@ mod tests {
         );
         let bad: BrokerConfig = toml::from_str("keepalive_timeout = \"0s\"").unwrap();
         assert!(bad.validate().is_err());
+        let tiny: BrokerConfig = toml::from_str("cache_capacity = 1000").unwrap();
+        assert!(
+            tiny.validate().is_err(),
+            "sled would panic on a cache this small"
+        );
+        let small: BrokerConfig = toml::from_str("cache_capacity = 1048576").unwrap();
+        small.validate().unwrap();
     }
 
     #[test]

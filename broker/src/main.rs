@@ -14,7 +14,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 // sled copies tree nodes on every write; glibc's allocator was a third of the
-// broker's profile, mimalloc makes that churn cheap.
+// broker's profile, mimalloc makes that churn cheap. The `system-alloc`
+// feature keeps the system allocator, for heap profilers that intercept malloc.
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -40,6 +42,10 @@ struct Args {
     /// `sync` (receipt after fsync, the default) or `interval`.
     #[arg(long, value_parser = parse_durability)]
     durability: Option<Durability>,
+    /// sled's page cache: bytes, or with a KiB, MiB or GiB suffix (default
+    /// 16MiB; see `cache_capacity` in the config).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    cache_capacity: Option<u64>,
     /// Start even when the store lacks what its manifest records (each loss
     /// is logged, and what is left becomes the record).
     #[arg(long)]
@@ -212,6 +218,25 @@ enum Command {
     },
 }
 
+/// `67108864`, `65536KiB`, `64MiB` or `1GiB`.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, ""), |i| s.split_at(i));
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => return Err(format!("unknown unit {other:?}: use KiB, MiB or GiB")),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("not a size: {s:?}"))
+}
+
 fn parse_durability(s: &str) -> Result<Durability, String> {
     match s {
         "sync" => Ok(Durability::Sync),
@@ -304,6 +329,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     if let Some(d) = args.durability {
         config.durability = d;
     }
+    if let Some(c) = args.cache_capacity {
+        config.cache_capacity = c;
+    }
     if args.accept_data_loss {
         config.accept_data_loss = true;
     }
@@ -340,4 +368,20 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     }
     broker.serve(listener, shutdown_signal()).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_in_bytes_or_binary_units() {
+        assert_eq!(parse_size("67108864"), Ok(64 << 20));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("512KiB"), Ok(512 << 10));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert!(parse_size("64MB").is_err());
+        assert!(parse_size("MiB").is_err());
+        assert!(parse_size("99999999999GiB").is_err());
+    }
 }

@@ -95,7 +95,7 @@ pub(crate) async fn spawn_broker(bin: &Path, dir: &Path, config: Option<&Path>) 
     let mut options = SpawnOptions::new()
         .bin(bin)
         .rust_log("error")
-        .start_timeout(Duration::from_secs(60));
+        .start_timeout(Duration::from_secs(600));
     if let Some(c) = config {
         options = options.args([Path::new("--config"), c]);
     }

@@ -2,24 +2,54 @@
 //! the release broker binary on an empty data directory; `n` messages of
 //! 100 B published, each received once and sent to the retry tier with a
 //! 1 h `reconsume_later` (pipelined frames, no confirmation awaited); the
-//! broker's resident memory once idle, minus its idle memory before, per
-//! parked retry. Unlike part 3 the broker parks the retries itself, so its
-//! caches hold what parking them touched.
+//! broker's resident memory idle, after publishing and once the retries are
+//! parked, per parked retry, for each count of `RS_LIVE_COUNTS`. Unlike
+//! part 3 the broker parks the retries itself, so its caches hold what
+//! parking them touched. Then, for the largest count, the broker is stopped
+//! (SIGTERM) and restarted on the store it left: spawn → listening, spawn →
+//! a freshly published message dispatched, and RSS once idle, over
+//! `RS_LIVE_RESTARTS` restarts.
+//!
+//! `RS_LIVE_URL` (with `RS_LIVE_PID` for RSS) drives a broker started by
+//! hand instead, e.g. under a heap profiler; it is left running.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ricochet_proto::{
-    SubscriptionRequest, admin_client::AdminClient, consume_request, reconsume_later,
+    Ack, AckType, SubscriptionRequest, TopicRequest, admin_client::AdminClient, consume_request,
+    reconsume_later,
 };
+use ricochet_testkit::BrokerProcess;
 
-use crate::BoxError;
 use crate::broker::{broker_bin, spawn_broker};
 use crate::memory::rss;
 use crate::raw::{RawConsumer, publish};
+use crate::{BoxError, env_or, quick};
 
 const TOPIC: &str = "live";
 const HOUR_MS: u64 = 3_600_000;
 
+/// Entries stored in the subscription's retry tier (its topic's next entry
+/// id): cheap to ask, unlike the subscription stats, which scan the whole
+/// schedule index (and so page it through sled's cache) on every call.
+async fn retry_tier_entries(url: &str) -> Result<u64, BoxError> {
+    let mut admin = AdminClient::connect(url.to_owned()).await?;
+    let s = admin
+        .topic_stats(TopicRequest {
+            topic: format!("persistent://public/default/{TOPIC}-s-RETRY"),
+        })
+        .await;
+    match s {
+        Ok(s) => Ok(s.into_inner().next_entry_id),
+        // Not created before the first retry.
+        Err(e) if e.code() == tonic::Code::NotFound => Ok(0),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The subscription's scheduled retries, from its stats (a full scan of the
+/// schedule index: asked once the figures are taken).
 async fn scheduled(url: &str) -> Result<u64, BoxError> {
     let mut admin = AdminClient::connect(url.to_owned()).await?;
     let s = admin
@@ -32,37 +62,167 @@ async fn scheduled(url: &str) -> Result<u64, BoxError> {
     Ok(s.scheduled_retries)
 }
 
-pub(crate) async fn live_parked_retries(n: usize) -> Result<(), BoxError> {
+/// `RS_LIVE_COUNTS=200000,1000000,5000000` (or the older `RS_LIVE_RETRIES=n`);
+/// 200 000 by default, 50 000 with `RS_QUICK`.
+pub(crate) fn counts() -> Vec<usize> {
+    if let Ok(s) = std::env::var("RS_LIVE_COUNTS") {
+        return s.split(',').filter_map(|v| v.trim().parse().ok()).collect();
+    }
+    vec![env_or(
+        "RS_LIVE_RETRIES",
+        if quick() { 50_000 } else { 200_000 },
+    )]
+}
+
+/// The broker a count runs against: a child on a fresh directory, or the
+/// one named by `RS_LIVE_URL`.
+struct Target {
+    url: String,
+    pid: Option<u32>,
+    child: Option<BrokerProcess>,
+    dir: Option<tempfile::TempDir>,
+}
+
+fn mb(b: u64) -> f64 {
+    b as f64 / 1e6
+}
+
+struct Row {
+    n: usize,
+    idle: u64,
+    published: u64,
+    parked: u64,
+    hwm: u64,
+    restart: Option<RestartFigures>,
+}
+
+struct RestartFigures {
+    stop: Duration,
+    listening: Vec<Duration>,
+    dispatched: Vec<Duration>,
+    rss: Vec<u64>,
+    /// The same with `verify_on_start = false`.
+    unverified: Option<Box<RestartFigures>>,
+}
+
+pub(crate) async fn live_parked_retries() -> Result<(), BoxError> {
+    let counts = counts();
+    let restarts: usize = env_or("RS_LIVE_RESTARTS", 3);
     println!(
-        "\n4. memory per parked retry in a live broker: {n} x 100 B published, each received once and reconsume_later(1 h); the release ricochet-broker binary, sync durability, default cache unless RS_LIVE_CONFIG"
+        "\n4. memory per parked retry in a live broker: n x 100 B published, each received once and reconsume_later(1 h), pipelined; the release ricochet-broker binary, sync durability, default cache unless RS_LIVE_CONFIG; n = {counts:?}"
     );
-    let bin = match broker_bin() {
-        Ok(bin) => bin,
-        Err(e) => {
+    let external = std::env::var("RS_LIVE_URL").ok();
+    let bin = match (&external, broker_bin()) {
+        (Some(_), _) => None,
+        (None, Ok(bin)) => Some(bin),
+        (None, Err(e)) => {
             println!("  skipped: {e}");
             return Ok(());
         }
     };
     // RS_LIVE_CONFIG: a broker config file (e.g. a smaller cache_capacity).
-    let config = std::env::var_os("RS_LIVE_CONFIG").map(std::path::PathBuf::from);
+    let config = std::env::var_os("RS_LIVE_CONFIG").map(PathBuf::from);
     if let Some(c) = &config {
         println!(
             "  broker config: {}",
             std::fs::read_to_string(c)?.trim().replace('\n', "; ")
         );
     }
-    let dir = tempfile::tempdir()?;
-    let child = spawn_broker(&bin, dir.path(), config.as_deref()).await;
-    let url = child.url().to_owned();
-    let mut c = RawConsumer::subscribe(&url, TOPIC, None).await?;
+    let largest = counts.iter().copied().max().unwrap_or(0);
+    let mut rows = Vec::new();
+    for &n in &counts {
+        let target = match (&external, &bin) {
+            (Some(url), _) => Target {
+                url: url.clone(),
+                pid: std::env::var("RS_LIVE_PID")
+                    .ok()
+                    .and_then(|p| p.parse().ok()),
+                child: None,
+                dir: None,
+            },
+            (None, Some(bin)) => {
+                let dir = tempfile::tempdir()?;
+                let child = spawn_broker(bin, dir.path(), config.as_deref()).await;
+                Target {
+                    url: child.url().to_owned(),
+                    pid: Some(child.pid()),
+                    child: Some(child),
+                    dir: Some(dir),
+                }
+            }
+            (None, None) => unreachable!("no binary and no URL returned above"),
+        };
+        let mut row = park(&target, n).await?;
+        if n == largest
+            && restarts > 0
+            && let (Some(child), Some(dir), Some(bin)) = (target.child, &target.dir, &bin)
+        {
+            row.restart = Some(restart(bin, child, dir.path(), config.as_deref(), restarts).await?);
+        }
+        rows.push(row);
+    }
+    println!(
+        "\n  | parked | RSS idle → published → parked (peak) | per parked retry above idle (above published) |"
+    );
+    for r in &rows {
+        let per = |a: u64, b: u64| (a as f64 - b as f64) / r.n.max(1) as f64;
+        println!(
+            "  | {} | {:.0} → {:.0} → {:.0} MB ({:.0} MB) | {:.0} B ({:.0} B) |",
+            r.n,
+            mb(r.idle),
+            mb(r.published),
+            mb(r.parked),
+            mb(r.hwm),
+            per(r.parked, r.idle),
+            per(r.parked, r.published),
+        );
+    }
+    for r in &rows {
+        let unverified = r.restart.as_ref().and_then(|s| s.unverified.as_deref());
+        for (s, how) in r
+            .restart
+            .iter()
+            .map(|s| (s, ""))
+            .chain(unverified.map(|s| (s, ", verify_on_start = false")))
+        {
+            let range = |v: &[Duration]| {
+                let lo = v.iter().min().copied().unwrap_or_default();
+                let hi = v.iter().max().copied().unwrap_or_default();
+                format!("{:.2}–{:.2} s", lo.as_secs_f64(), hi.as_secs_f64())
+            };
+            let lo = s.rss.iter().min().copied().unwrap_or(0);
+            let hi = s.rss.iter().max().copied().unwrap_or(0);
+            println!(
+                "  restart with {} parked (store left by the live run{how}; SIGTERM took {:.2?}), {} restarts: listening {}, a fresh message dispatched {} (target < 3 s); RSS once idle {:.0}–{:.0} MB",
+                r.n,
+                s.stop,
+                s.listening.len(),
+                range(&s.listening),
+                range(&s.dispatched),
+                mb(lo),
+                mb(hi),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Publishes `n`, parks every one for 1 h, and reads RSS at each stage.
+async fn park(target: &Target, n: usize) -> Result<Row, BoxError> {
+    let url = target.url.as_str();
+    let rss_now = || target.pid.map_or((0, 0), rss);
+    let mut c = RawConsumer::subscribe(url, TOPIC, None).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (idle, _) = rss(child.pid());
+    let (idle, _) = rss_now();
 
     let t = Instant::now();
-    publish(&url, TOPIC, n).await?;
+    publish(url, TOPIC, n).await?;
     let published = t.elapsed();
-    let (after_publish, _) = rss(child.pid());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (after_publish, _) = rss_now();
 
+    let before = retry_tier_entries(url).await?;
+    let scheduled_before = scheduled(url).await?;
     let t = Instant::now();
     c.flow(n).await?;
     let mut parked = 0usize;
@@ -84,38 +244,138 @@ pub(crate) async fn live_parked_retries(n: usize) -> Result<(), BoxError> {
             parked += 1;
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(600);
+    let deadline = Instant::now() + Duration::from_secs(1_800);
     loop {
-        let s = scheduled(&url).await?;
+        let s = retry_tier_entries(url).await? - before;
         if s >= n as u64 {
             break;
         }
         if Instant::now() > deadline {
-            return Err(format!("only {s} of {n} retries parked after 10 min").into());
+            return Err(format!("only {s} of {n} retries parked after 30 min").into());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let parking = t.elapsed();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let (parked_rss, hwm) = rss(child.pid());
+    let (parked_rss, hwm) = rss_now();
+    // Every retry parked (durably: sync mode), checked once the RSS is read.
+    let now_scheduled = scheduled(url).await? - scheduled_before;
+    if now_scheduled != n as u64 {
+        return Err(format!("{now_scheduled} of {n} retries scheduled").into());
+    }
     let per = |a: u64, b: u64| (a as f64 - b as f64) / n.max(1) as f64;
     println!(
-        "  published in {published:.1?}; parked in {parking:.1?} ({:.0} retries/s)",
+        "  {n}: published in {published:.1?} ({:.0} msg/s); parked in {parking:.1?} ({:.0} retries/s)",
+        n as f64 / published.as_secs_f64(),
         n as f64 / parking.as_secs_f64()
     );
     println!(
-        "  RSS idle {:.1} MB, after publishing {:.1} MB, with {n} parked {:.1} MB (peak {:.1} MB)",
-        idle as f64 / 1e6,
-        after_publish as f64 / 1e6,
-        parked_rss as f64 / 1e6,
-        hwm as f64 / 1e6
-    );
-    println!(
-        "  resident memory per parked retry: {:.0} B above idle ({:.0} B above the published state); target <= 150 B",
+        "  {n}: RSS idle {:.1} MB, after publishing {:.1} MB, with {n} parked {:.1} MB (peak {:.1} MB); per parked retry {:.0} B above idle ({:.0} B above the published state); target <= 150 B",
+        mb(idle),
+        mb(after_publish),
+        mb(parked_rss),
+        mb(hwm),
         per(parked_rss, idle),
         per(parked_rss, after_publish)
     );
-    drop(c);
-    drop(child);
-    Ok(())
+    Ok(Row {
+        n,
+        idle,
+        published: after_publish,
+        parked: parked_rss,
+        hwm,
+        restart: None,
+    })
+}
+
+/// Stops `child` (SIGTERM) and restarts the binary on `dir` `times` times.
+async fn restart(
+    bin: &Path,
+    child: BrokerProcess,
+    dir: &Path,
+    config: Option<&Path>,
+    times: usize,
+) -> Result<RestartFigures, BoxError> {
+    let t = Instant::now();
+    let status = child.stop().await;
+    let stop = t.elapsed();
+    if !status.success() {
+        return Err(format!("the broker exited with {status} on SIGTERM").into());
+    }
+    let mut out = RestartFigures {
+        stop,
+        listening: Vec::new(),
+        dispatched: Vec::new(),
+        rss: Vec::new(),
+        unverified: None,
+    };
+    let mut out_unverified = RestartFigures {
+        stop,
+        listening: Vec::new(),
+        dispatched: Vec::new(),
+        rss: Vec::new(),
+        unverified: None,
+    };
+    // The same restarts without `verify_on_start` (which reads every stored
+    // value before serving), to tell its share.
+    let no_verify = tempfile::NamedTempFile::new()?;
+    let base = config.map(std::fs::read_to_string).transpose()?;
+    std::fs::write(
+        no_verify.path(),
+        format!("{}\nverify_on_start = false\n", base.unwrap_or_default()),
+    )?;
+    for round in 1..=2 * times {
+        let verify = round <= times;
+        let config = if verify {
+            config
+        } else {
+            Some(no_verify.path())
+        };
+        // sled takes a moment to release its files after the process exits.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let t = Instant::now();
+        let child = spawn_broker(bin, dir, config).await;
+        let listening = t.elapsed();
+        let url = child.url().to_owned();
+        let mut c = RawConsumer::subscribe(&url, TOPIC, None).await?;
+        c.flow(10).await?;
+        publish(&url, TOPIC, 1).await?;
+        let got = c.messages(Duration::from_secs(60)).await?;
+        let dispatched = t.elapsed();
+        let Some(ids) = got.map(|m| m.into_iter().filter_map(|m| m.id).collect::<Vec<_>>()) else {
+            return Err("the fresh message was not dispatched".into());
+        };
+        c.send(consume_request::Request::Ack(Ack {
+            request_id: 0,
+            ack_type: AckType::Individual as i32,
+            ids,
+        }))
+        .await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (idle, _) = rss(child.pid());
+        println!(
+            "  restart {round}{}: listening {listening:.2?}, a fresh message dispatched {dispatched:.2?}, RSS once idle {:.1} MB",
+            if verify {
+                ""
+            } else {
+                " (verify_on_start = false)"
+            },
+            mb(idle)
+        );
+        drop(c);
+        let status = child.stop().await;
+        if !status.success() {
+            return Err(format!("the broker exited with {status} on SIGTERM").into());
+        }
+        let figures = if verify {
+            &mut out
+        } else {
+            &mut out_unverified
+        };
+        figures.listening.push(listening);
+        figures.dispatched.push(dispatched);
+        figures.rss.push(idle);
+    }
+    out.unverified = Some(Box::new(out_unverified));
+    Ok(out)
 }

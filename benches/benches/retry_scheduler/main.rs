@@ -35,8 +35,11 @@
 //!   loops), `RS_SIZES=10000,100000`, `RS_SPREAD_MS=3000`, `RS_LOOP_SECS=5`,
 //!   `RS_LOOP_WORKING_SET=2000`, `RS_MEM_RETRIES=1000000`;
 //! * `RS_ONLY=scheduler|e2e|short|loop|memory|live` runs one part;
-//!   part 4 (`live`, see `live.rs`): `RS_LIVE_RETRIES=200000` retries
-//!   parked by a live broker, `RS_LIVE_CONFIG=file` a broker config for it;
+//!   part 4 (`live`, see `live.rs`): `RS_LIVE_COUNTS=200000,1000000,5000000`
+//!   retries parked by a live broker (one fresh broker per count; default
+//!   200 000), `RS_LIVE_CONFIG=file` a broker config for it,
+//!   `RS_LIVE_RESTARTS=3` restarts on the store the largest count left,
+//!   `RS_LIVE_URL`/`RS_LIVE_PID` a broker started by hand (a profiler's);
 //! * part 1: `RS_SCHED_GROUP=k` gives k entries the same due time (as one
 //!   tier move's batch has), `RS_E2E_FRAMES=k` nack frames (default: frames
 //!   of 100 ids),
@@ -147,8 +150,7 @@ fn main() -> Result<(), BoxError> {
         rt.block_on(memory_and_restart(n))?;
     }
     if part("live") {
-        let n: usize = env_or("RS_LIVE_RETRIES", if quick() { 50_000 } else { 200_000 });
-        rt.block_on(live::live_parked_retries(n))?;
+        rt.block_on(live::live_parked_retries())?;
     }
     Ok(())
 }

@@ -98,6 +98,17 @@ impl Deliveries {
         }
     }
 
+    /// Gives memory back once a burst has drained: a map never shrinks by
+    /// itself, so one burst of `max_unacked_per_consumer` messages in
+    /// flight (or failed) would otherwise keep its table for the life of
+    /// the subscription. A map is shrunk when it holds under a quarter of
+    /// its capacity, to twice what it holds, so a map that grows and
+    /// shrinks by turns is reallocated at most once per halving.
+    pub fn shrink(&mut self) {
+        shrink_map(&mut self.in_flight);
+        shrink_map(&mut self.failures);
+    }
+
     /// In-flight main-tier entries up to and including `through`.
     pub fn in_flight_through(&self, through: u64) -> Vec<TierEntry> {
         self.in_flight
@@ -105,6 +116,15 @@ impl Deliveries {
             .filter(|e| e.tier == TierId::Main && e.entry_id <= through)
             .copied()
             .collect()
+    }
+}
+
+/// Capacity under which a map is left alone (its table is small).
+const SHRINK_ABOVE: usize = 1_024;
+
+fn shrink_map<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > SHRINK_ABOVE && map.len() < map.capacity() / 4 {
+        map.shrink_to((map.len() * 2).max(SHRINK_ABOVE / 2));
     }
 }
 
@@ -116,6 +136,42 @@ mod tests {
         fn state_of_at(&self, entry_id: u64, acked: bool, read_pos: u64) -> MessageState {
             self.state_of(entry_id, acked, read_pos, 0)
         }
+    }
+
+    #[test]
+    fn drained_maps_give_their_memory_back() {
+        let mut d = Deliveries::default();
+        let flight = InFlight {
+            consumer: 1,
+            bucket: None,
+            due_ms: None,
+        };
+        for i in 0..50_000 {
+            d.in_flight.insert(TierEntry::main(i), flight);
+            d.failures
+                .insert(TierEntry::retry(i), FailureRecord::default());
+        }
+        d.shrink();
+        assert!(d.in_flight.capacity() >= 50_000, "a full map is kept");
+        for i in 0..49_990 {
+            d.in_flight.remove(&TierEntry::main(i));
+            d.failures.remove(&TierEntry::retry(i));
+        }
+        d.shrink();
+        assert!(
+            d.in_flight.capacity() <= SHRINK_ABOVE,
+            "{}",
+            d.in_flight.capacity()
+        );
+        assert!(
+            d.failures.capacity() <= SHRINK_ABOVE,
+            "{}",
+            d.failures.capacity()
+        );
+        // What is left is kept.
+        assert_eq!(d.in_flight.len(), 10);
+        assert!(d.in_flight.contains_key(&TierEntry::main(49_995)));
+        assert_eq!(d.failures.len(), 10);
     }
 
     #[test]

@@ -215,6 +215,7 @@ impl SubscriptionActor {
             self.dispatch();
             self.watch_blocked();
             self.persist();
+            self.deliveries.shrink();
         }
         self.deps.scheduler.unregister(self.rec.id);
     }
