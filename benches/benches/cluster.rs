@@ -16,6 +16,13 @@
 //!    topics being served again (a lookup through another broker answers
 //!    with a new epoch) and to the first produce receipt there.
 //!
+//! 4. **Throughput with 1, 2 and 3 brokers** (`CLUSTER_ONLY=throughput` for
+//!    this part alone): a fresh etcd and N brokers, a topic of 8 partitions
+//!    (spread over the N), 4 producers through the client (which routes each
+//!    partition to its owner) publishing `CLUSTER_MESSAGES` (default 400 000)
+//!    messages of 100 B, 1 000 in flight each; then one Shared consumer
+//!    draining them, acking each.
+//!
 //! `cargo bench -p ricochet-benches --bench cluster` (builds the release
 //! broker first: `cargo build --release -p ricochet-broker`). Without etcd
 //! it prints that it is skipped.
@@ -77,6 +84,15 @@ async fn until<T, F: std::future::Future<Output = Option<T>>>(
 
 #[tokio::main]
 async fn main() {
+    let only = std::env::var("CLUSTER_ONLY").unwrap_or_default();
+    if only.is_empty() || only == "throughput" {
+        for n in 1..=3 {
+            throughput(n).await;
+        }
+        if only == "throughput" {
+            return;
+        }
+    }
     let Some(etcd) = etcd_or_skip("cluster bench").await else {
         return;
     };
@@ -228,4 +244,78 @@ async fn main() {
             ms(produced)
         );
     }
+}
+
+/// Part 4: publish then drain 8 partitions spread over `n` brokers.
+async fn throughput(n: usize) {
+    let Some(etcd) = etcd_or_skip("cluster bench (throughput)").await else {
+        return;
+    };
+    let total: usize = std::env::var("CLUSTER_MESSAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400_000);
+    let root = tempfile::tempdir().unwrap();
+    let brokers = spawn_cluster(
+        &etcd,
+        "bench",
+        n,
+        root.path(),
+        Duration::from_secs(10),
+        &SpawnOptions::new(),
+    )
+    .await;
+    let client = ricochet_client::Client::connect(brokers[0].url())
+        .await
+        .unwrap();
+    let t = "throughput";
+    ricochet_proto::partitions_client::PartitionsClient::new(client.transport())
+        .create_partitioned_topic(ricochet_proto::UpdatePartitionsRequest {
+            topic: t.into(),
+            partitions: 8,
+        })
+        .await
+        .unwrap();
+    let mut consumer = client
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(ricochet_client::SubscriptionType::Shared)
+        .subscribe()
+        .await
+        .unwrap();
+    const PRODUCERS: usize = 4;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..PRODUCERS {
+        let p = client.producer(t).create().await.unwrap();
+        tasks.push(tokio::spawn(async move {
+            let mut window = std::collections::VecDeque::new();
+            for _ in 0..total / PRODUCERS {
+                window.push_back(p.send_async(vec![7u8; 100]));
+                if window.len() >= 1_000 {
+                    window.pop_front().unwrap().await.unwrap();
+                }
+            }
+            for f in window {
+                f.await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let published = started.elapsed();
+    let started = Instant::now();
+    for _ in 0..total / PRODUCERS * PRODUCERS {
+        let m = consumer.receive().await.unwrap();
+        consumer.ack(&m).await.unwrap();
+    }
+    let drained = started.elapsed();
+    let rate = |d: Duration| (total / PRODUCERS * PRODUCERS) as f64 / d.as_secs_f64();
+    println!(
+        "{n} broker(s), 8 partitions, {total} x 100 B: publish {:>8.0} msg/s ({} producers, 1 000 in flight each), drain {:>8.0} msg/s (one Shared consumer)",
+        rate(published),
+        PRODUCERS,
+        rate(drained)
+    );
 }

@@ -3,8 +3,8 @@
 //! routing topics to two real in-process brokers: the tables and JSON, a
 //! partitioned topic's owners with one partition's broker down (shown, and
 //! a one-line error with exit code 1), `topics stats` and `produce` given the
-//! fake's URL reaching the owner, and a broker without the Cluster service
-//! refused in one line.
+//! fake's URL reaching the owner, and a standalone broker answering for
+//! itself.
 
 mod common;
 
@@ -202,18 +202,15 @@ async fn topic_scoped_commands_reach_the_owner() {
 }
 
 #[tokio::test]
-async fn a_broker_without_the_cluster_service_is_refused_in_one_line() {
+async fn a_standalone_broker_answers_for_itself() {
     let env = Env::start().await;
-    let out = env.run(&["cluster", "brokers"]).await;
-    assert_eq!(out.status.code(), Some(1));
-    let err = stderr(&out);
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.starts_with("error: Unimplemented: the broker at http://127.0.0.1:")
-            && err.contains("has no Cluster service"),
-        "{err}"
-    );
-    // Topic-scoped commands work on it as before (the lookup falls back).
+    let v = env.json(&["cluster", "brokers"]).await;
+    let brokers = v["brokers"].as_array().expect("a list of brokers");
+    assert_eq!(brokers.len(), 1, "{v}");
+    assert_eq!(brokers[0]["live"], true, "{v}");
+    let v = env.json(&["cluster", "lookup", "plain"]).await;
+    assert!(v.to_string().contains("127.0.0.1"), "{v}");
+    // Topic-scoped commands work on it as before.
     env.ok(&["produce", "plain", "-m", "x"]).await;
     let v = env.json(&["topics", "stats", "plain"]).await;
     assert_eq!(u(&v["message_count"]), 1);
