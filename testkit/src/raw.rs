@@ -81,23 +81,7 @@ impl RawProducer {
         &mut self,
         messages: Vec<OutboundMessage>,
     ) -> Option<produce_response::Response> {
-        let request_id = self.next_req;
-        self.next_req += 1;
-        self.tx
-            .send(ProduceRequest {
-                request: Some(produce_request::Request::Send(SendBatch {
-                    request_id,
-                    messages,
-                })),
-            })
-            .await
-            .ok()?;
-        self.rx
-            .message()
-            .await
-            .ok()
-            .flatten()
-            .and_then(|r| r.response)
+        self.send_batch_result(messages).await.ok()
     }
 
     /// Like `try_send_batch`, with the status that ended the stream
