@@ -212,7 +212,11 @@ impl Client {
         let asked = self
             .on_any_broker(|t, service| async move {
                 match self.ask(t, topic).await {
+                    // Only the service URL's broker answers for a
+                    // standalone broker: another one without the Cluster
+                    // service, or answering as standalone itself, is skipped.
                     Ok(None) if !service => Err(not_a_cluster_broker()),
+                    Ok(Some(r)) if !service && r.cluster.is_empty() => Err(not_a_cluster_broker()),
                     r => r,
                 }
             })
@@ -300,6 +304,9 @@ impl Client {
             match tokio::time::timeout(self.config().request_timeout, call).await {
                 Err(_) => Err(Error::Timeout("listing the brokers".into())),
                 Ok(Err(s)) if !service && s.code() == tonic::Code::Unimplemented => {
+                    Err(not_a_cluster_broker())
+                }
+                Ok(Ok(r)) if !service && r.get_ref().cluster.is_empty() => {
                     Err(not_a_cluster_broker())
                 }
                 Ok(r) => Ok(r?.into_inner()),
