@@ -93,6 +93,13 @@ impl TierClaims {
         }
     }
 
+    /// The (retry, dead-letter) tier names of a live subscription.
+    pub fn tiers_of(&self, topic: &str, subscription: &str) -> Option<(String, String)> {
+        self.by_subscription
+            .get(&(topic.to_owned(), subscription.to_owned()))
+            .cloned()
+    }
+
     /// The subscription (topic, name) whose tier `name` is, if any.
     pub fn owner_of(&self, name: &str) -> Option<(String, String)> {
         self.by_tier

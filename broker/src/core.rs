@@ -679,6 +679,97 @@ impl BrokerCore {
             })
     }
 
+    /// Registers topics and subscriptions a move wrote to storage (see
+    /// `crate::transfer`): opens the logs and starts the subscriptions'
+    /// actors. They are served once etcd places the topic here.
+    pub(crate) async fn adopt(
+        &self,
+        logs: &[(TopicName, TopicKind)],
+        subs: Vec<SubscriptionRecord>,
+        retention: Option<crate::storage::RetentionRecord>,
+    ) -> Result<()> {
+        if let Some(r) = retention {
+            self.retention.adopt(r);
+        }
+        let mut topics = self.topics.lock().await;
+        let mut main = None;
+        for (name, kind) in logs {
+            let entry = self.open_topic(name.clone(), *kind)?;
+            if *kind == TopicKind::Normal {
+                lock(&self.counts).add(name);
+                main = Some(entry.clone());
+            }
+            topics.insert(name.clone(), entry);
+        }
+        let main =
+            main.ok_or_else(|| BrokerError::InvalidArgument("a move without its topic".into()))?;
+        for rec in subs {
+            lock(&self.claims).claim(&rec)?;
+            let handle = self.spawn_subscription(rec, main.topic.clone())?;
+            lock(&main.subscriptions).insert(handle.name().to_owned(), handle);
+        }
+        drop(topics);
+        self.keeper.changed();
+        Ok(())
+    }
+
+    /// Stops `name` and its subscriptions' tiers taking writes, lets its
+    /// subscriptions settle (their streams have ended) and makes what they
+    /// wrote durable; the next id of each log. [`Self::reopen`] undoes it.
+    pub(crate) async fn seal_for_move(&self, name: &TopicName) -> Result<HashMap<String, u64>> {
+        let entry = self.topic(name).await?;
+        let mut next = HashMap::new();
+        next.insert(name.to_string(), entry.topic.seal());
+        let subs = entry.subscriptions();
+        for sub in &subs {
+            let _ = sub.policy().await;
+            let tiers = lock(&self.claims).tiers_of(name.as_str(), sub.name());
+            if let Some((retry, dlq)) = tiers {
+                for tier in [retry, dlq] {
+                    if let Ok(t) = TopicName::parse_stored(&tier)
+                        && let Some(e) = self.topics.lock().await.get(&t)
+                    {
+                        next.insert(tier, e.topic.seal());
+                    }
+                }
+            }
+        }
+        // Once more, now that no tier takes a move: anything they were
+        // doing is in storage.
+        for sub in &subs {
+            let _ = sub.policy().await;
+        }
+        self.storage.flush().await?;
+        Ok(next)
+    }
+
+    /// Takes writes again on the logs [`Self::seal_for_move`] sealed (the
+    /// move failed before the topic changed hands).
+    pub(crate) async fn reopen(&self, logs: impl IntoIterator<Item = String>) {
+        let topics = self.topics.lock().await;
+        for log in logs {
+            if let Some(e) = TopicName::parse_stored(&log)
+                .ok()
+                .and_then(|n| topics.get(&n))
+            {
+                e.topic.unseal();
+            }
+        }
+    }
+
+    /// Deletes this broker's copy of a topic that now lives elsewhere,
+    /// with its subscriptions, their tiers and its retention policy.
+    pub(crate) async fn forget_moved(&self, name: &TopicName) -> Result<()> {
+        if self.retention.get(name.as_str()).is_some() {
+            self.storage.delete_retention(name.as_str())?;
+            self.retention.forget(name.as_str());
+        }
+        match self.delete_topic(name, true).await {
+            Ok(()) | Err(BrokerError::TopicNotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Whether storage is healthy: every flush succeeded and no read
     /// found damaged data.
     pub fn healthy(&self) -> bool {

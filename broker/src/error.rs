@@ -78,6 +78,21 @@ pub enum BrokerError {
     /// its lease), so it acknowledges nothing until it holds a lease again.
     #[error("broker {0} lost its etcd lease")]
     Fenced(String),
+    /// Cluster mode: the topic is being moved to another broker (a drain);
+    /// clients look it up again shortly.
+    #[error("topic {topic} is moving from broker {from} to broker {to}; look it up again")]
+    Moving {
+        /// The topic.
+        topic: String,
+        /// This broker.
+        from: String,
+        /// Where it goes.
+        to: String,
+    },
+    /// Cluster mode: another broker could not be reached or refused a
+    /// broker-to-broker call (a topic being moved to it).
+    #[error("broker to broker: {0}")]
+    Peer(String),
     /// Cluster mode: etcd failed or did not answer in time.
     #[error("etcd: {0}")]
     Etcd(String),

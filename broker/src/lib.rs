@@ -66,6 +66,7 @@ pub mod storage;
 mod subscription;
 pub mod tls;
 mod topic;
+mod transfer;
 mod util;
 
 pub use claims::TierOverrides;

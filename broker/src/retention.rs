@@ -90,6 +90,17 @@ impl Policies {
             .cloned()
     }
 
+    /// Takes `record` in force as stored (a topic moved here with it).
+    pub(crate) fn adopt(&self, record: RetentionRecord) {
+        crate::util::lock(&self.by_target).insert(record.target.clone(), record);
+    }
+
+    /// Drops the policy of `target` from those in force (a topic that
+    /// moved away; the caller deletes the stored one).
+    pub(crate) fn forget(&self, target: &str) {
+        crate::util::lock(&self.by_target).remove(target);
+    }
+
     fn is_empty(&self) -> bool {
         crate::util::lock(&self.by_target).is_empty()
     }

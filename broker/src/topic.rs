@@ -250,6 +250,11 @@ impl Topic {
         w.next_id
     }
 
+    /// Hands out ids again after [`Topic::seal`] (a move that failed).
+    pub fn unseal(&self) {
+        crate::util::lock(&self.writer).sealed = false;
+    }
+
     /// The topic's name.
     pub fn name(&self) -> &TopicName {
         &self.name

@@ -384,6 +384,32 @@ async fn call(url: &str, method: &str, token: Option<&str>) -> Result<(), Status
             .list_brokers(req(ListBrokersRequest { with_topics: true }, token))
             .await
             .map(drop),
+        "Cluster/Drain" => cluster
+            .drain(req(
+                DrainRequest {
+                    broker_id: "b1".into(),
+                },
+                token,
+            ))
+            .await
+            .map(drop),
+        "Cluster/MoveTopic" => cluster
+            .move_topic(req(
+                MoveTopicRequest {
+                    topic: t(),
+                    to_broker: String::new(),
+                },
+                token,
+            ))
+            .await
+            .map(drop),
+        "Cluster/ImportTopic" => cluster
+            .import_topic(req(
+                futures::stream::iter(Vec::<TopicTransferPart>::new()),
+                token,
+            ))
+            .await
+            .map(drop),
         other => panic!(
             "no case for RPC {other}: give it a permission in ricochet_broker::auth::required and a case here"
         ),
@@ -458,6 +484,14 @@ async fn every_rpc_refuses_anonymous_callers_and_roles_without_its_permission() 
                 let e = stranger.unwrap_err();
                 assert_eq!(e.code(), Code::PermissionDenied, "{rpc}: {e:?}");
                 assert!(e.message().contains("\"stranger\""), "{rpc}: {e:?}");
+            }
+            Requirement::Superuser => {
+                // Not even a role holding every permission on the namespace.
+                for role in ["stranger", "only-admin"] {
+                    let e = call(&url, rpc, Some(&token(role))).await.unwrap_err();
+                    assert_eq!(e.code(), Code::PermissionDenied, "{rpc} as {role}: {e:?}");
+                    assert!(e.message().contains("superusers"), "{rpc}: {e:?}");
+                }
             }
             Requirement::Permission(p) => {
                 let e = stranger.unwrap_err();

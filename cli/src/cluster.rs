@@ -34,6 +34,25 @@ pub enum ClusterCommand {
         /// Topic.
         topic: String,
     },
+    /// Moves every topic placed on a broker, with its data, to the other
+    /// live brokers, and keeps new topics off it until it restarts (before
+    /// taking it down). Each topic is unavailable while it moves; clients
+    /// reconnect to its new broker on their own. Superusers only. Exits 1
+    /// if a topic could not be moved (it stays, served where it was).
+    Drain {
+        /// The broker's id (`cluster brokers` lists them).
+        broker: String,
+    },
+    /// Moves one topic (or one partition) with its data to another broker.
+    /// Superusers only.
+    Move {
+        /// Topic.
+        topic: String,
+        /// The broker to move it to (default: the live broker with the
+        /// fewest topics).
+        #[arg(long)]
+        to: Option<String>,
+    },
 }
 
 /// The topic a command is about, when its calls go to that topic's owner.
@@ -95,6 +114,7 @@ struct BrokerView {
     owned_topics: u64,
     load: f64,
     registered_at_ms: u64,
+    draining: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     topics: Option<Vec<String>>,
 }
@@ -148,7 +168,115 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: ClusterCommand) -> Result<()> {
     match c {
         ClusterCommand::Brokers { topics } => brokers(ctx, topics).await,
         ClusterCommand::Lookup { topic } => lookup(ctx, topic).await,
+        ClusterCommand::Drain { broker } => drain(ctx, broker).await,
+        ClusterCommand::Move { topic, to } => move_topic(ctx, topic, to).await,
     }
+}
+
+#[derive(Debug, Serialize)]
+struct MovedView {
+    topic: String,
+    to_broker: String,
+    entries: u64,
+    millis: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct NotMovedView {
+    topic: String,
+    reason: String,
+}
+
+#[derive(Debug, Serialize)]
+struct DrainView {
+    broker_id: String,
+    millis: u64,
+    moved: Vec<MovedView>,
+    not_moved: Vec<NotMovedView>,
+}
+
+fn moved_view(m: pb::TopicMoved) -> MovedView {
+    MovedView {
+        topic: m.topic,
+        to_broker: m.to_broker,
+        entries: m.entries,
+        millis: m.millis,
+    }
+}
+
+fn moved_table(moved: &[MovedView]) -> Table {
+    let mut t = Table::new(&["topic", "to", ">entries", ">unavailable ms"]);
+    for m in moved {
+        t.row(vec![
+            m.topic.clone(),
+            m.to_broker.clone(),
+            m.entries.to_string(),
+            m.millis.to_string(),
+        ]);
+    }
+    t
+}
+
+async fn drain(ctx: &mut Ctx<'_>, broker: String) -> Result<()> {
+    let client = ctx.client().await?;
+    let r = client
+        .drain_broker(&broker)
+        .await
+        .map_err(|e| unimplemented(ctx, e.into()))?;
+    let view = DrainView {
+        broker_id: r.broker_id,
+        millis: r.millis,
+        moved: r.moved.into_iter().map(moved_view).collect(),
+        not_moved: r
+            .not_moved
+            .into_iter()
+            .map(|n| NotMovedView {
+                topic: n.topic,
+                reason: n.reason,
+            })
+            .collect(),
+    };
+    if ctx.json() {
+        write_json(ctx.out, &view)?;
+    } else {
+        writeln!(
+            ctx.out,
+            "broker {}: {} topic(s) moved in {} ms, {} not moved",
+            view.broker_id,
+            view.moved.len(),
+            view.millis,
+            view.not_moved.len()
+        )?;
+        if !view.moved.is_empty() {
+            moved_table(&view.moved).write(ctx.out)?;
+        }
+        for n in &view.not_moved {
+            writeln!(ctx.out, "not moved: {}: {}", n.topic, n.reason)?;
+        }
+    }
+    if view.not_moved.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Other(format!(
+            "{} topic(s) could not be moved off broker {}",
+            view.not_moved.len(),
+            view.broker_id
+        )))
+    }
+}
+
+async fn move_topic(ctx: &mut Ctx<'_>, topic: String, to: Option<String>) -> Result<()> {
+    let client = ctx.client().await?;
+    let m = client
+        .move_topic(&topic, to.as_deref())
+        .await
+        .map_err(|e| unimplemented(ctx, e.into()))?;
+    let view = moved_view(m);
+    if ctx.json() {
+        return write_json(ctx.out, &view);
+    }
+    moved_table(std::slice::from_ref(&view)).write(ctx.out)?;
+    Ok(())
 }
 
 async fn brokers(ctx: &mut Ctx<'_>, with_topics: bool) -> Result<()> {
@@ -168,6 +296,7 @@ async fn brokers(ctx: &mut Ctx<'_>, with_topics: bool) -> Result<()> {
             owned_topics: b.owned_topics,
             load: b.load,
             registered_at_ms: b.registered_at_ms,
+            draining: b.draining,
             topics: with_topics.then(|| {
                 let mut t = b.topics;
                 t.sort();
@@ -201,7 +330,12 @@ async fn brokers(ctx: &mut Ctx<'_>, with_topics: bool) -> Result<()> {
         t.row(vec![
             b.id.clone(),
             b.url.clone(),
-            if b.live { "yes" } else { "no" }.into(),
+            match (b.live, b.draining) {
+                (true, false) => "yes",
+                (true, true) => "draining",
+                (false, _) => "no",
+            }
+            .into(),
             b.placed_topics.to_string(),
             b.owned_topics.to_string(),
             format!("{:.1}", b.load),

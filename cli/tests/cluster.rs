@@ -24,6 +24,7 @@ fn broker(id: &str, url: &str, live: bool, topics: &[&str]) -> BrokerInfo {
         load: 12.5,
         registered_at_ms: 1_764_547_200_000, // 2025-12-01T00:00:00Z
         topics: topics.iter().map(|t| fq(t)).collect(),
+        draining: false,
     }
 }
 
@@ -214,4 +215,71 @@ async fn a_standalone_broker_answers_for_itself() {
     env.ok(&["produce", "plain", "-m", "x"]).await;
     let v = env.json(&["topics", "stats", "plain"]).await;
     assert_eq!(u(&v["message_count"]), 1);
+}
+
+/// `cluster move` and `cluster drain` against a real cluster (etcd and two
+/// brokers as child processes; skipped without `etcd` unless
+/// `RICOCHET_REQUIRE_ETCD=1`): the topic moves with its messages, the
+/// drained broker shows as draining and owns nothing, and mistakes exit 1
+/// with one line.
+#[tokio::test]
+async fn cluster_move_and_drain_on_a_real_cluster() {
+    let Some(etcd) = ricochet_testkit::etcd_or_skip("cluster_move_and_drain_on_a_real_cluster").await
+    else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let brokers = ricochet_testkit::spawn_cluster(
+        &etcd,
+        "cli",
+        2,
+        root.path(),
+        std::time::Duration::from_secs(3),
+        &ricochet_testkit::SpawnOptions::new(),
+    )
+    .await;
+    let env = Env::at(brokers[0].url());
+    env.ok(&["produce", "jobs", "-m", "one", "-m", "two"]).await;
+    let owner = env.json(&["cluster", "lookup", "jobs"]).await["owners"][0]["broker_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let other = if owner == "b0" { "b1" } else { "b0" };
+
+    let moved = env.json(&["cluster", "move", "jobs"]).await;
+    assert_eq!(moved["to_broker"], other, "{moved}");
+    assert_eq!(u(&moved["entries"]), 2, "{moved}");
+    let lookup = env.json(&["cluster", "lookup", "jobs"]).await;
+    assert_eq!(lookup["owners"][0]["broker_id"], other, "{lookup}");
+    let stats = env.json(&["topics", "stats", "jobs"]).await;
+    assert_eq!(u(&stats["message_count"]), 2, "{stats}");
+
+    // Draining the broker that now holds it moves it back (the only other).
+    let out = env.ok(&["cluster", "drain", other]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("broker {other}: 1 topic(s) moved")),
+        "{text}"
+    );
+    assert!(text.contains("persistent://public/default/jobs"), "{text}");
+    let brokers_view = env.json(&["cluster", "brokers"]).await;
+    let drained = brokers_view["brokers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["id"] == other)
+        .unwrap()
+        .clone();
+    assert_eq!(drained["draining"], true, "{brokers_view}");
+    assert_eq!(u(&drained["placed_topics"]), 0, "{brokers_view}");
+
+    // Mistakes: one line, exit 1, nothing moved.
+    let out = env.run(&["cluster", "drain", "nope"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no broker nope"), "{}", stderr(&out));
+    let out = env.run(&["cluster", "move", "jobs", "--to", other]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("draining"), "{}", stderr(&out));
+    let stats = env.json(&["topics", "stats", "jobs"]).await;
+    assert_eq!(u(&stats["message_count"]), 2, "{stats}");
 }

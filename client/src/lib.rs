@@ -74,6 +74,7 @@ mod consumer;
 mod credentials;
 mod error;
 mod message;
+mod moves;
 mod partitions;
 mod producer;
 mod reconnect;

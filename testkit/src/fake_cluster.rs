@@ -168,6 +168,27 @@ impl Cluster for Svc {
             brokers,
         }))
     }
+
+    async fn drain(
+        &self,
+        _: Request<ricochet_proto::DrainRequest>,
+    ) -> Result<Response<ricochet_proto::DrainResponse>, Status> {
+        Err(Status::unimplemented("the fake cluster moves no topics"))
+    }
+
+    async fn move_topic(
+        &self,
+        _: Request<ricochet_proto::MoveTopicRequest>,
+    ) -> Result<Response<ricochet_proto::MoveTopicResponse>, Status> {
+        Err(Status::unimplemented("the fake cluster moves no topics"))
+    }
+
+    async fn import_topic(
+        &self,
+        _: Request<tonic::Streaming<ricochet_proto::TopicTransferPart>>,
+    ) -> Result<Response<ricochet_proto::ImportTopicResponse>, Status> {
+        Err(Status::unimplemented("the fake cluster moves no topics"))
+    }
 }
 
 #[tonic::async_trait]

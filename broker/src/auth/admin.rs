@@ -23,6 +23,8 @@ pub enum Requirement {
     Visible,
     /// This permission on the topic or namespace.
     Permission(Permission),
+    /// A superuser (cluster operations).
+    Superuser,
 }
 
 /// The requirement of each RPC of the Admin and Auth services, by method
@@ -64,6 +66,8 @@ pub fn required(method: &str) -> Option<Requirement> {
         // for anyone signed in, its topic names filtered to those visible.
         "Cluster/Lookup" => R::Visible,
         "Cluster/ListBrokers" => R::Authenticated,
+        // Moving topics between brokers is the cluster operator's.
+        "Cluster/Drain" | "Cluster/MoveTopic" | "Cluster/ImportTopic" => R::Superuser,
         _ => return None,
     })
 }
@@ -162,7 +166,7 @@ pub(crate) fn check_call<T>(
         Some(Requirement::Permission(perm)) => auth.check(p.as_ref(), &topic, perm)?,
         Some(Requirement::Visible) => auth.check_visible(p.as_ref(), &topic)?,
         Some(Requirement::Authenticated) => {}
-        None => {
+        Some(Requirement::Superuser) | None => {
             return Err(BrokerError::PermissionDenied(format!(
                 "{method} has no permission mapping"
             ))

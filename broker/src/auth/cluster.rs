@@ -11,7 +11,7 @@ use crate::service::ClusterService;
 use ricochet_proto::cluster_server::Cluster;
 use ricochet_proto::*;
 use std::sync::Arc;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 /// The cluster service, checked.
 #[derive(Debug, Clone)]
@@ -51,4 +51,40 @@ impl Cluster for AuthorizedCluster {
         }
         Ok(resp)
     }
+
+    async fn drain(&self, r: Request<DrainRequest>) -> Result<Response<DrainResponse>, Status> {
+        superuser(&self.auth, &r, "Cluster/Drain")?;
+        self.inner.drain(r).await
+    }
+
+    async fn move_topic(
+        &self,
+        r: Request<MoveTopicRequest>,
+    ) -> Result<Response<MoveTopicResponse>, Status> {
+        superuser(&self.auth, &r, "Cluster/MoveTopic")?;
+        self.inner.move_topic(r).await
+    }
+
+    async fn import_topic(
+        &self,
+        r: Request<Streaming<TopicTransferPart>>,
+    ) -> Result<Response<ImportTopicResponse>, Status> {
+        superuser(&self.auth, &r, "Cluster/ImportTopic")?;
+        self.inner.import_topic(r).await
+    }
+}
+
+/// Refuses `method` to anyone but a superuser (moving data between brokers
+/// is the cluster operator's business). With authentication off everyone
+/// is one.
+fn superuser<T>(auth: &Auth, r: &Request<T>, method: &str) -> Result<(), Status> {
+    let p = principal(auth, r)?;
+    if auth.is_superuser(p.as_ref()) {
+        return Ok(());
+    }
+    let who = p.as_ref().map_or("anonymous", |p| p.role.as_str());
+    Err(crate::error::BrokerError::PermissionDenied(format!(
+        "{method} is for superusers; role \"{who}\" is not one"
+    ))
+    .into())
 }

@@ -68,6 +68,11 @@ impl AuthorizedRetention {
             }
             (Some(Requirement::Visible), Target::Topic(t)) => a.check_visible(p_ref, t)?,
             (Some(Requirement::Authenticated), _) => {}
+            (Some(Requirement::Superuser), _) => {
+                return Err(
+                    BrokerError::PermissionDenied(format!("{method} is for superusers")).into(),
+                );
+            }
             (None, _) => {
                 return Err(BrokerError::PermissionDenied(format!(
                     "{method} has no permission mapping"

@@ -246,6 +246,55 @@ impl Etcd {
         Ok(r.header.map(|h| h.revision).unwrap_or_default())
     }
 
+    /// In one transaction, if `key` holds `expected`: sets it to `value`
+    /// (no lease) and deletes `also_delete`. False when `key` holds
+    /// something else (nothing changed).
+    pub async fn swap_and_delete(
+        &self,
+        key: &str,
+        expected: &str,
+        value: &str,
+        also_delete: &str,
+    ) -> Result<bool> {
+        let k = key.as_bytes().to_vec();
+        let r = self
+            .call(
+                "txn",
+                self.kv.clone().txn(TxnRequest {
+                    compare: vec![Compare {
+                        result: compare::CompareResult::Equal as i32,
+                        target: compare::CompareTarget::Value as i32,
+                        key: k.clone(),
+                        target_union: Some(compare::TargetUnion::Value(
+                            expected.as_bytes().to_vec(),
+                        )),
+                        range_end: Vec::new(),
+                    }],
+                    success: vec![
+                        RequestOp {
+                            request: Some(request_op::Request::RequestPut(PutRequest {
+                                key: k,
+                                value: value.as_bytes().to_vec(),
+                                lease: 0,
+                                prev_kv: false,
+                            })),
+                        },
+                        RequestOp {
+                            request: Some(request_op::Request::RequestDeleteRange(
+                                DeleteRangeRequest {
+                                    key: also_delete.as_bytes().to_vec(),
+                                    ..Default::default()
+                                },
+                            )),
+                        },
+                    ],
+                    failure: Vec::new(),
+                }),
+            )
+            .await?;
+        Ok(r.succeeded)
+    }
+
     /// Deletes `key`; how many keys were deleted (0 or 1).
     pub async fn delete(&self, key: &str) -> Result<i64> {
         let r = self

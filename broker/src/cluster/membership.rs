@@ -32,6 +32,8 @@ pub struct Registration {
     pub load: f64,
     /// How many topics are placed on it.
     pub placed: u64,
+    /// Being drained: no new topic is placed on it.
+    pub draining: bool,
 }
 
 /// The local lease deadline and its generation: whether this broker may

@@ -25,6 +25,7 @@
 
 pub mod etcd;
 pub mod membership;
+mod moves;
 pub mod ownership;
 pub mod placement;
 
@@ -134,6 +135,10 @@ pub struct Cluster {
     /// The local lease deadline every acknowledgement checks.
     pub fence: Fence,
     owned: std::sync::RwLock<HashMap<String, ownership::Owned>>,
+    /// Topics moving away now, to the broker each goes to: not served.
+    moving: std::sync::RwLock<HashMap<String, String>>,
+    /// Draining: registered as such, so no new topic is placed here.
+    draining: std::sync::atomic::AtomicBool,
     /// Serialises re-joining after a lost lease.
     rejoin: tokio::sync::Mutex<()>,
     /// Load (messages per second, f64 bits) and placed count, as last
@@ -166,6 +171,8 @@ impl Cluster {
             registered_at_ms: crate::util::wall_ms(),
             lease: AtomicI64::new(0),
             owned: Default::default(),
+            moving: Default::default(),
+            draining: Default::default(),
             rejoin: tokio::sync::Mutex::new(()),
             load_bits: AtomicU64::new(0f64.to_bits()),
             placed: AtomicU64::new(0),
@@ -256,6 +263,7 @@ impl Cluster {
             registered_at_ms: self.registered_at_ms,
             load: f64::from_bits(self.load_bits.load(Ordering::Relaxed)),
             placed: self.placed.load(Ordering::Relaxed),
+            draining: self.draining.load(Ordering::Relaxed),
         };
         let json = serde_json::to_string(&reg)
             .map_err(|e| BrokerError::Etcd(format!("cannot encode the registration: {e}")))?;

@@ -20,23 +20,29 @@ use crate::error::{BrokerError, Result};
 use crate::name::TopicName;
 use crate::util::{read, write};
 use std::collections::{BTreeMap, HashMap};
+use tokio_util::sync::CancellationToken;
 
 /// A topic in the table of owned topics.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Owned {
     epoch: u64,
     generation: u64,
+    /// Cancelled when this broker gives the topic up (a move): the streams
+    /// serving it end.
+    pub(super) released: CancellationToken,
 }
 
 /// The right to serve a topic here: its epoch, and the fence generation it
 /// was claimed under (acknowledgements check
 /// [`Fence::check`](super::membership::Fence::check) with it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Claim {
     /// The owner key's create revision.
     pub epoch: u64,
     /// The fence generation of the claim.
     pub generation: u64,
+    /// Cancelled when this broker gives the topic up (it moves to another).
+    pub released: CancellationToken,
 }
 
 /// Where a topic lives, as `Lookup` answers.
@@ -70,9 +76,11 @@ pub struct BrokerView {
     pub registered_at_ms: u64,
     /// The topics it owns.
     pub topics: Vec<String>,
+    /// Being drained (takes no new topics).
+    pub draining: bool,
 }
 
-fn registration(value: &str) -> Registration {
+pub(super) fn registration(value: &str) -> Registration {
     serde_json::from_str(value).unwrap_or_default()
 }
 
@@ -82,12 +90,14 @@ impl Cluster {
     /// placed nowhere. `Ok(None)`: placed nowhere and not placed now (the
     /// call is answered here, as by a broker that has never heard of it).
     pub async fn route(&self, topic: &TopicName, place: bool) -> Result<Option<Claim>> {
-        let owned = read(&self.owned).get(topic.as_str()).copied();
+        self.check_not_moving(topic.as_str())?;
+        let owned = read(&self.owned).get(topic.as_str()).cloned();
         if let Some(o) = owned {
             if self.fence.valid(o.generation) {
                 return Ok(Some(Claim {
                     epoch: o.epoch,
                     generation: o.generation,
+                    released: o.released,
                 }));
             }
             if !self.fence.holds() {
@@ -154,6 +164,7 @@ impl Cluster {
 
     /// Claims `topic` (placed here) under the current lease.
     async fn claim(&self, topic: &str) -> Result<Claim> {
+        self.check_not_moving(topic)?;
         if !self.fence.holds() {
             return Err(self.fence.fenced());
         }
@@ -186,9 +197,21 @@ impl Cluster {
             Created::Exists(kv) => return Err(self.not_owner(topic, kv.value).await),
         };
         let epoch = u64::try_from(epoch).unwrap_or(0);
-        write(&self.owned).insert(topic.to_owned(), Owned { epoch, generation });
+        let released = CancellationToken::new();
+        write(&self.owned).insert(
+            topic.to_owned(),
+            Owned {
+                epoch,
+                generation,
+                released: released.clone(),
+            },
+        );
         tracing::debug!(%topic, epoch, "topic claimed");
-        Ok(Claim { epoch, generation })
+        Ok(Claim {
+            epoch,
+            generation,
+            released,
+        })
     }
 
     /// Claims every topic placed here that this broker does not own under
@@ -216,6 +239,9 @@ impl Cluster {
             .store(mine.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let generation = self.fence.generation();
         for topic in mine {
+            if self.check_not_moving(&topic).is_err() {
+                continue;
+            }
             let current = read(&self.owned)
                 .get(&topic)
                 .is_some_and(|o| o.generation == generation);
@@ -237,8 +263,8 @@ impl Cluster {
             .count()
     }
 
-    /// Live brokers with their load.
-    async fn live(&self) -> Result<Vec<Candidate>> {
+    /// Live brokers that take new topics (not draining), with their load.
+    pub(super) async fn live(&self) -> Result<Vec<Candidate>> {
         let strip = format!("{}brokers/", self.prefix);
         Ok(self
             .etcd
@@ -247,16 +273,14 @@ impl Cluster {
             .into_iter()
             .filter_map(|kv| {
                 let id = kv.key.strip_prefix(&strip)?.to_owned();
-                Some(Candidate {
-                    id,
-                    load: registration(&kv.value).load,
-                })
+                let reg = registration(&kv.value);
+                (!reg.draining).then_some(Candidate { id, load: reg.load })
             })
             .collect())
     }
 
     /// Topics placed per broker id.
-    async fn placed_counts(&self) -> Result<HashMap<String, u64>> {
+    pub(super) async fn placed_counts(&self) -> Result<HashMap<String, u64>> {
         let mut counts = HashMap::new();
         for kv in self
             .etcd
@@ -327,6 +351,7 @@ impl Cluster {
                 v.url = reg.url;
                 v.load = reg.load;
                 v.registered_at_ms = reg.registered_at_ms;
+                v.draining = reg.draining;
             }
         }
         for (id, n) in self.placed_counts().await? {

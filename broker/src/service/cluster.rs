@@ -8,12 +8,15 @@ use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::TopicName;
 use crate::storage::TopicKind;
+use crate::transfer::{Incoming, TopicState, mover};
 use ricochet_proto::cluster_server::Cluster;
 use ricochet_proto::{
-    BrokerInfo, ListBrokersRequest, ListBrokersResponse, LookupRequest, LookupResponse,
+    BrokerInfo, DrainRequest, DrainResponse, ImportTopicResponse, ListBrokersRequest,
+    ListBrokersResponse, LookupRequest, LookupResponse, MoveTopicRequest, MoveTopicResponse,
+    TopicMoved, TopicNotMoved, TopicTransferPart, topic_transfer_part::Part,
 };
 use std::sync::Arc;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 /// The `Cluster` RPCs.
 #[derive(Debug, Clone)]
@@ -92,6 +95,7 @@ impl Cluster for ClusterService {
                     load: 0.0,
                     registered_at_ms: 0,
                     topics,
+                    draining: false,
                 }],
             }));
         };
@@ -108,11 +112,112 @@ impl Cluster for ClusterService {
                 load: b.load,
                 registered_at_ms: b.registered_at_ms,
                 topics: if with_topics { b.topics } else { Vec::new() },
+                draining: b.draining,
             })
             .collect();
         Ok(Response::new(ListBrokersResponse {
             cluster: cluster.name().to_owned(),
             brokers,
         }))
+    }
+
+    async fn drain(&self, r: Request<DrainRequest>) -> Result<Response<DrainResponse>, Status> {
+        let auth = r.metadata().get("authorization").cloned();
+        let broker_id = r.into_inner().broker_id;
+        let report = mover::drain(&self.core, &broker_id, auth.as_ref()).await?;
+        Ok(Response::new(DrainResponse {
+            broker_id,
+            moved: report.moved.into_iter().map(moved).collect(),
+            not_moved: report
+                .not_moved
+                .into_iter()
+                .map(|(topic, reason)| TopicNotMoved { topic, reason })
+                .collect(),
+            millis: report.millis,
+        }))
+    }
+
+    async fn move_topic(
+        &self,
+        r: Request<MoveTopicRequest>,
+    ) -> Result<Response<MoveTopicResponse>, Status> {
+        let auth = r.metadata().get("authorization").cloned();
+        let r = r.into_inner();
+        let topic = TopicName::parse(&r.topic)?;
+        let to = Some(r.to_broker.as_str()).filter(|t| !t.is_empty());
+        let m = mover::move_topic(&self.core, &topic, to, auth.as_ref()).await?;
+        Ok(Response::new(MoveTopicResponse {
+            moved: Some(moved(m)),
+        }))
+    }
+
+    async fn import_topic(
+        &self,
+        r: Request<Streaming<TopicTransferPart>>,
+    ) -> Result<Response<ImportTopicResponse>, Status> {
+        let bad = |m: &str| Status::from(BrokerError::InvalidArgument(m.to_owned()));
+        let Some(cluster) = self.core.cluster() else {
+            return Err(bad(
+                "this broker runs standalone and takes no topics from others",
+            ));
+        };
+        let mut inbound = r.into_inner();
+        let mut encoded = Vec::new();
+        let mut first_entries = None;
+        while let Some(part) = inbound.message().await? {
+            match part.part {
+                Some(Part::Begin(b)) => encoded.extend_from_slice(&b.state),
+                Some(Part::Entries(e)) => {
+                    first_entries = Some(e);
+                    break;
+                }
+                None => return Err(bad("an empty transfer part")),
+            }
+        }
+        let state: TopicState = serde_json::from_slice(&encoded)
+            .map_err(|e| bad(&format!("the topic's state does not decode: {e}")))?;
+        let name = TopicName::parse_stored(state.topic())?;
+        if cluster.placement(name.as_str()).await?.as_deref() == Some(cluster.id()) {
+            return Err(BrokerError::Conflict(format!(
+                "{name} is placed on this broker ({}) already",
+                cluster.id()
+            ))
+            .into());
+        }
+        let mut incoming = Incoming::begin(&self.core, state).await?;
+        let received = async {
+            if let Some(e) = first_entries {
+                incoming.entries(&self.core, &e.topic, e.first_id, &e.entries)?;
+            }
+            while let Some(part) = inbound.message().await? {
+                match part.part {
+                    Some(Part::Entries(e)) => {
+                        incoming.entries(&self.core, &e.topic, e.first_id, &e.entries)?
+                    }
+                    _ => return Err(bad("the topic's state must come before its entries")),
+                }
+            }
+            Ok(incoming.finish(&self.core).await?)
+        }
+        .await;
+        match received {
+            Ok(entries) => {
+                tracing::info!(topic = %name, entries, "topic received");
+                Ok(Response::new(ImportTopicResponse { entries }))
+            }
+            Err(e) => {
+                incoming.abort(&self.core).await;
+                Err(e)
+            }
+        }
+    }
+}
+
+fn moved(m: mover::Moved) -> TopicMoved {
+    TopicMoved {
+        topic: m.topic,
+        to_broker: m.to,
+        entries: m.entries,
+        millis: m.millis,
     }
 }

@@ -61,6 +61,7 @@ fn until_shutdown<T: Send + 'static>(
 pub(crate) struct Served {
     cluster: Arc<crate::cluster::Cluster>,
     claim: crate::cluster::Claim,
+    topic: String,
 }
 
 impl Served {
@@ -77,6 +78,7 @@ impl Served {
             Some(claim) => Ok(Some(Self {
                 cluster: cluster.clone(),
                 claim,
+                topic: topic.to_string(),
             })),
             None => Err(Status::internal("the topic could not be placed")),
         }
@@ -90,7 +92,20 @@ impl Served {
     /// `Ok` while this broker may still acknowledge for the stream; else
     /// UNAVAILABLE ("broker B lost its etcd lease").
     pub(crate) fn check(&self) -> Result<(), BrokerError> {
-        self.cluster.fence.check(self.claim.generation)
+        self.cluster.fence.check(self.claim.generation)?;
+        if self.claim.released.is_cancelled() {
+            return Err(self.cluster.released_error(&self.topic));
+        }
+        Ok(())
+    }
+
+    /// The error a stream ends with once its claim lapses or is released.
+    fn lapse_error(&self) -> Status {
+        if self.claim.released.is_cancelled() {
+            self.cluster.released_error(&self.topic).into()
+        } else {
+            self.cluster.fence.fenced().into()
+        }
     }
 }
 
@@ -110,15 +125,15 @@ fn fenced<T: Send + 'static>(stream: BoxStream<T>, served: Option<Served>) -> Bo
                 return None;
             }
             let lapsed = served.cluster.fence.lapsed(served.claim.generation);
+            let released = served.claim.released.cancelled();
             let item = tokio::select! {
                 biased;
-                _ = lapsed => Some(Err(served.cluster.fence.fenced().into())),
+                _ = lapsed => Some(Err(served.lapse_error())),
+                _ = released => Some(Err(served.lapse_error())),
                 item = s.next() => item,
             };
             let item = match item {
-                Some(Ok(_)) if served.check().is_err() => {
-                    Some(Err(served.cluster.fence.fenced().into()))
-                }
+                Some(Ok(_)) if served.check().is_err() => Some(Err(served.lapse_error())),
                 other => other,
             };
             let end = !matches!(item, Some(Ok(_)));

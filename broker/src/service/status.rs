@@ -18,6 +18,8 @@ pub fn code_of(e: &BrokerError) -> Code {
         BrokerError::ShuttingDown
         | BrokerError::OwnerDown { .. }
         | BrokerError::Fenced(_)
+        | BrokerError::Moving { .. }
+        | BrokerError::Peer(_)
         | BrokerError::Etcd(_) => Code::Unavailable,
         BrokerError::NotOwner { .. } => Code::FailedPrecondition,
         BrokerError::Storage(StorageError::Corrupt(_) | StorageError::Missing(_))

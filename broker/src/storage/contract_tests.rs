@@ -622,3 +622,81 @@ async fn retention_policies_are_put_replaced_deleted_and_survive_reopen() {
         }
     }
 }
+
+#[test]
+fn a_subscription_state_reads_out_whole_and_restores_under_another_id() {
+    for (name, s, _dir) in engines() {
+        // Sub 7: a failure record of its own, a retry carrying its record in
+        // its schedule entry, a held nack's plain schedule entry, three dead
+        // letters; sub 8 has a record that must not come along.
+        s.put_failures(&[
+            (TierEntry::main(10).of(7), Some(record(1))),
+            (TierEntry::main(10).of(8), Some(record(5))),
+        ])
+        .unwrap();
+        s.move_messages(&TierMove {
+            target_topic: RETRY.into(),
+            subscription: sub(),
+            items: vec![MoveItem {
+                from: TierEntry::main(11).of(7),
+                from_schedule: None,
+                payload: b"r".to_vec(),
+                target_entry_id: 0,
+                failures: record(2),
+                arrival: Arrival::Retry { due_ms: 5_000 },
+            }],
+        })
+        .unwrap();
+        let held = ScheduleKey {
+            due_ms: 6_000,
+            message: TierEntry::main(10).of(7),
+        };
+        s.put_schedule(&[(held, true)]).unwrap();
+        three_dead_letters(s.as_ref());
+        s.restore_producer_sequences(T, &[("p".into(), 41), ("q".into(), 7)])
+            .unwrap();
+
+        let state = s.subscription_state(7).unwrap();
+        assert_eq!(
+            state.failures,
+            vec![(TierEntry::main(10), record(1))],
+            "{name}"
+        );
+        let mut schedule = state.schedule.clone();
+        schedule.sort_by_key(|(due, ..)| *due);
+        assert_eq!(
+            schedule,
+            vec![
+                (5_000, TierEntry::retry(0), Some(record(2))),
+                (6_000, TierEntry::main(10), None)
+            ],
+            "{name}"
+        );
+        assert_eq!(state.dead_letters.len(), 3, "{name}");
+
+        // Restored into another store as subscription 99.
+        let (_, other, _odir) = engines().into_iter().find(|(n, ..)| *n == name).unwrap();
+        other.restore_subscription_state(99, &state).unwrap();
+        other
+            .restore_producer_sequences(T, &s.producer_sequences(T).unwrap())
+            .unwrap();
+        let back = other.subscription_state(99).unwrap();
+        let mut back_schedule = back.schedule.clone();
+        back_schedule.sort_by_key(|(due, ..)| *due);
+        assert_eq!(back.failures, state.failures, "{name}");
+        assert_eq!(back_schedule, schedule, "{name}");
+        assert_eq!(back.dead_letters, state.dead_letters, "{name}");
+        assert_eq!(
+            other
+                .failure(TierEntry::retry(0).of(99), Some(5_000))
+                .unwrap(),
+            Some(record(2)),
+            "{name}: the retry's record rides in its schedule entry again"
+        );
+        assert_eq!(other.count_dead_letters(99).unwrap(), 3, "{name}");
+        let mut seqs = other.producer_sequences(T).unwrap();
+        seqs.sort();
+        assert_eq!(seqs, vec![("p".into(), 41), ("q".into(), 7)], "{name}");
+        assert!(other.subscription_state(7).unwrap() == SubscriptionState::default());
+    }
+}

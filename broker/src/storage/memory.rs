@@ -321,6 +321,56 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
+    fn subscription_state(&self, sub_id: u64) -> Result<SubscriptionState> {
+        let s = lock(&self.state);
+        Ok(SubscriptionState {
+            failures: s
+                .failures
+                .iter()
+                .filter(|(m, _)| m.sub_id == sub_id)
+                .map(|(m, r)| (m.entry(), r.clone()))
+                .collect(),
+            schedule: s
+                .schedule
+                .iter()
+                .filter(|(k, _)| k.message.sub_id == sub_id)
+                .map(|(k, r)| (k.due_ms, k.message.entry(), r.clone()))
+                .collect(),
+            dead_letters: s
+                .dead_letters
+                .iter()
+                .filter(|((sub, _), _)| *sub == sub_id)
+                .map(|((_, id), r)| (*id, r.clone()))
+                .collect(),
+        })
+    }
+
+    fn restore_subscription_state(&self, sub_id: u64, state: &SubscriptionState) -> Result<()> {
+        let mut s = lock(&self.state);
+        for (e, r) in &state.failures {
+            s.failures.insert(e.of(sub_id), r.clone());
+        }
+        for (due_ms, e, r) in &state.schedule {
+            let key = ScheduleKey {
+                due_ms: *due_ms,
+                message: e.of(sub_id),
+            };
+            s.schedule.insert(key, r.clone());
+        }
+        for (id, r) in &state.dead_letters {
+            s.dead_letters.insert((sub_id, *id), r.clone());
+        }
+        Ok(())
+    }
+
+    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
+        let mut s = lock(&self.state);
+        for (name, seq) in sequences {
+            s.sequences.insert((topic.to_owned(), name.clone()), *seq);
+        }
+        Ok(())
+    }
+
     fn move_messages(&self, mv: &TierMove) -> Result<()> {
         // One lock for the whole batch: all or nothing, as a transaction.
         let mut s = lock(&self.state);

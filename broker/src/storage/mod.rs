@@ -143,6 +143,17 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// Removes a finished replay job.
     fn remove_replay_job(&self, id: u64) -> Result<()>;
 
+    /// The failure records, schedule entries and dead letters of
+    /// subscription `sub_id` (a scan of the schedule), to move it to
+    /// another broker.
+    fn subscription_state(&self, sub_id: u64) -> Result<SubscriptionState>;
+    /// Writes `state` as subscription `sub_id`'s (not durable until
+    /// flushed); records already there under the same keys are replaced.
+    fn restore_subscription_state(&self, sub_id: u64, state: &SubscriptionState) -> Result<()>;
+    /// Sets producers' last stored sequence ids on `topic` (a moved topic's
+    /// de-duplication state; not durable until flushed).
+    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()>;
+
     /// Every authorization grant.
     fn grants(&self) -> Result<Vec<GrantRecord>>;
     /// Creates or replaces the grant of `record.role` on `record.resource`

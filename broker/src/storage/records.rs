@@ -219,7 +219,7 @@ impl TierId {
 
 /// One message of a subscription: an entry of its main topic or of its
 /// retry tier. Ordered by tier, then entry id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct TierEntry {
     /// The tier.
     pub tier: TierId,
@@ -618,4 +618,20 @@ pub struct ReplayJobRecord {
     pub order: ReplayOrder,
     /// When it was asked, ms since the epoch.
     pub created_ms: u64,
+}
+
+/// Everything a subscription keeps apart from its record — failure records,
+/// schedule entries (with the failure records retries carry in them) and
+/// dead-letter records — as moved whole with its topic to another broker
+/// (`crate::transfer`). Keys are relative to the subscription, whose numeric
+/// id differs from broker to broker.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SubscriptionState {
+    /// Failure records stored under their own keys.
+    pub failures: Vec<(TierEntry, FailureRecord)>,
+    /// Schedule entries: due time, message, and the failure record the
+    /// entry itself holds (a retry-tier entry), if any.
+    pub schedule: Vec<(u64, TierEntry, Option<FailureRecord>)>,
+    /// Dead-letter records by dead-letter tier entry id.
+    pub dead_letters: Vec<(u64, DeadLetterRecord)>,
 }

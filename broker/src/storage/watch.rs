@@ -146,6 +146,15 @@ impl Storage for Watched {
     fn put_schedule(&self, keys: &[(ScheduleKey, bool)]) -> Result<()> {
         self.note(self.inner.put_schedule(keys))
     }
+    fn subscription_state(&self, sub_id: u64) -> Result<SubscriptionState> {
+        self.note(self.inner.subscription_state(sub_id))
+    }
+    fn restore_subscription_state(&self, sub_id: u64, state: &SubscriptionState) -> Result<()> {
+        self.note(self.inner.restore_subscription_state(sub_id, state))
+    }
+    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
+        self.note(self.inner.restore_producer_sequences(topic, sequences))
+    }
     fn move_messages(&self, mv: &TierMove) -> Result<()> {
         self.note(self.inner.move_messages(mv))
     }

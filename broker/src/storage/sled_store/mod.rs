@@ -20,6 +20,7 @@ mod dropping;
 mod frame;
 mod reads;
 mod returns;
+mod transfer;
 mod verify;
 
 use super::*;
@@ -744,6 +745,18 @@ impl Storage for SledStorage {
 
     fn return_dead_letters(&self, mv: &DeadLetterReturn) -> Result<()> {
         self.return_dead_letters_tx(mv)
+    }
+
+    fn subscription_state(&self, sub_id: u64) -> Result<SubscriptionState> {
+        self.read_subscription_state(sub_id)
+    }
+
+    fn restore_subscription_state(&self, sub_id: u64, state: &SubscriptionState) -> Result<()> {
+        self.write_subscription_state(sub_id, state)
+    }
+
+    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
+        self.write_producer_sequences(topic, sequences)
     }
 
     fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>> {

@@ -1,0 +1,284 @@
+//! Moving a topic's data from one broker to another (cluster drain and
+//! `MoveTopic`). In this step each topic's data lives on the broker it is
+//! placed on, so moving a topic means copying all of it: its log, its
+//! subscriptions' retry and dead-letter tiers, every subscription record
+//! with its cursors, failure records (delivery counts), schedule entries,
+//! dead letters, the producers' sequence ids (so a producer that resends
+//! after the move is de-duplicated) and the topic's own retention policy.
+//!
+//! The order makes it safe to stop at any point ([`mover`]): the source
+//! stops serving the topic and seals its logs; the target writes the copy
+//! and flushes it before it answers; only then does the source switch the
+//! placement in etcd (one transaction, only if the topic is still placed
+//! on it), and only after that does it delete its own copy. A crash before
+//! the switch leaves the source the owner (the target's copy is never
+//! served, and is replaced by the next attempt); a crash after it leaves a
+//! stale copy on the source that is never served (placement says
+//! elsewhere). Numeric subscription ids are per broker, so the target gives
+//! each subscription a new one; entry ids are kept, so message ids,
+//! cursors and dead-letter ids mean the same on both sides.
+
+pub mod mover;
+
+use crate::core::BrokerCore;
+use crate::error::{BrokerError, Result};
+use crate::name::TopicName;
+use crate::storage::{
+    RetentionRecord, ScheduleKey, SubscriptionRecord, SubscriptionState, TopicKind, TopicRecord,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// Entries read per chunk when a log is sent.
+pub(crate) const CHUNK_ENTRIES: usize = 1_000;
+/// Bytes read per chunk (about; a chunk stops once it passes this).
+pub(crate) const CHUNK_BYTES: usize = 2 << 20;
+
+/// One log that moves (the topic's or a tier's).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogState {
+    /// Its record.
+    pub record: TopicRecord,
+    /// First entry id held.
+    pub first: u64,
+    /// Ids below this were handed out (the next id to give).
+    pub next: u64,
+    /// Entries held (ids in `first..next` minus removed ones).
+    pub entries: u64,
+    /// Producers' last stored sequence ids.
+    pub sequences: Vec<(String, u64)>,
+}
+
+/// Everything about a topic except its entries, as it moves.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TopicState {
+    /// The topic's log first, then its subscriptions' tiers that exist.
+    pub logs: Vec<LogState>,
+    /// Each subscription with what it keeps apart from its record (the
+    /// record's numeric id is the source broker's).
+    pub subscriptions: Vec<(SubscriptionRecord, SubscriptionState)>,
+    /// The retention policy set on the topic itself, if any.
+    pub retention: Option<RetentionRecord>,
+}
+
+impl TopicState {
+    /// The topic's name.
+    pub fn topic(&self) -> &str {
+        self.logs.first().map_or("", |l| l.record.name.as_str())
+    }
+
+    /// Entries held over all its logs.
+    pub fn entries(&self) -> u64 {
+        self.logs.iter().map(|l| l.entries).sum()
+    }
+}
+
+/// The state of `name` on this broker, once it is sealed and its
+/// subscriptions have settled (see [`BrokerCore::unload`]).
+pub(crate) fn capture(
+    core: &BrokerCore,
+    name: &TopicName,
+    next: &HashMap<String, u64>,
+) -> Result<TopicState> {
+    let storage = &core.storage;
+    let records: HashMap<String, TopicRecord> = storage
+        .list_topics()?
+        .into_iter()
+        .map(|r| (r.name.clone(), r))
+        .collect();
+    let subs = storage.list_subscriptions(name.as_str())?;
+    let mut names = vec![name.to_string()];
+    for s in &subs {
+        let (retry, dlq) = crate::claims::tier_names(s)?;
+        names.extend([retry, dlq].into_iter().filter(|t| records.contains_key(t)));
+    }
+    let mut logs = Vec::with_capacity(names.len());
+    for log in names {
+        let Some(record) = records.get(&log).cloned() else {
+            return Err(BrokerError::TopicNotFound(log));
+        };
+        let (first, stored_next) = storage.entry_range(&log)?;
+        let entries = count_entries(core, &log, first, stored_next)?;
+        logs.push(LogState {
+            first,
+            next: stored_next.max(next.get(&log).copied().unwrap_or(0)),
+            entries,
+            sequences: storage.producer_sequences(&log)?,
+            record,
+        });
+    }
+    let subscriptions = subs
+        .into_iter()
+        .map(|s| {
+            let state = storage.subscription_state(s.id)?;
+            Ok((s, state))
+        })
+        .collect::<Result<_>>()?;
+    Ok(TopicState {
+        logs,
+        subscriptions,
+        retention: core.retention.get(name.as_str()),
+    })
+}
+
+/// Entries held by `log` in `first..next` (a read of the whole log: the
+/// count checks that the target got all of them).
+fn count_entries(core: &BrokerCore, log: &str, first: u64, next: u64) -> Result<u64> {
+    let mut n = 0;
+    let mut from = first;
+    while from < next {
+        let chunk = core.storage.read(log, from, CHUNK_ENTRIES, CHUNK_BYTES)?;
+        let Some((last, _)) = chunk.last() else { break };
+        n += chunk.len() as u64;
+        from = last + 1;
+    }
+    Ok(n)
+}
+
+/// Runs of consecutive ids in `chunk`: `(first id, entries)`.
+pub(crate) fn runs(chunk: Vec<(u64, Vec<u8>)>) -> Vec<(u64, Vec<Vec<u8>>)> {
+    let mut out: Vec<(u64, Vec<Vec<u8>>)> = Vec::new();
+    for (id, bytes) in chunk {
+        match out.last_mut() {
+            Some((first, run)) if *first + run.len() as u64 == id => run.push(bytes),
+            _ => out.push((id, vec![bytes])),
+        }
+    }
+    out
+}
+
+/// A topic arriving on this broker: written as it comes, registered once
+/// complete and durable.
+#[derive(Debug)]
+pub(crate) struct Incoming {
+    state: TopicState,
+    /// Entries received per log name, and the ids each allows.
+    received: HashMap<String, (u64, std::ops::Range<u64>)>,
+}
+
+impl Incoming {
+    /// Checks `state` and clears the way for it on `core`: a copy of the
+    /// topic left by an earlier, unfinished move is deleted first; a tier
+    /// name used by something else refuses the move.
+    pub(crate) async fn begin(core: &BrokerCore, state: TopicState) -> Result<Self> {
+        let Some(main) = state.logs.first() else {
+            return Err(BrokerError::InvalidArgument(
+                "a moved topic without logs".into(),
+            ));
+        };
+        if main.record.kind != TopicKind::Normal {
+            return Err(BrokerError::InvalidArgument(format!(
+                "{} is a {:?} tier, not a topic that moves on its own",
+                main.record.name, main.record.kind
+            )));
+        }
+        let name = TopicName::parse_stored(&main.record.name)?;
+        if core.topic(&name).await.is_ok() {
+            tracing::warn!(topic = %name, "replacing a copy left by an unfinished move");
+            core.delete_topic(&name, true).await?;
+        }
+        for log in &state.logs[1..] {
+            let tier = TopicName::parse_stored(&log.record.name)?;
+            if core.topic(&tier).await.is_ok() {
+                return Err(BrokerError::Conflict(format!(
+                    "{tier} exists on this broker already and cannot receive {name}'s tier"
+                )));
+            }
+        }
+        for log in &state.logs {
+            core.storage.put_topic(&log.record)?;
+        }
+        let received = state
+            .logs
+            .iter()
+            .map(|l| (l.record.name.clone(), (0, l.first..l.next)))
+            .collect();
+        Ok(Self { state, received })
+    }
+
+    /// Writes entries `first_id..` of `log` (not durable yet).
+    pub(crate) fn entries(
+        &mut self,
+        core: &BrokerCore,
+        log: &str,
+        first_id: u64,
+        entries: &[Vec<u8>],
+    ) -> Result<()> {
+        let Some((count, allowed)) = self.received.get_mut(log) else {
+            return Err(BrokerError::InvalidArgument(format!(
+                "entries for {log}, which is not part of this move"
+            )));
+        };
+        let end = first_id.saturating_add(entries.len() as u64);
+        if first_id < allowed.start || end > allowed.end {
+            return Err(BrokerError::InvalidArgument(format!(
+                "entries {first_id}..{end} of {log} lie outside {}..{}",
+                allowed.start, allowed.end
+            )));
+        }
+        core.storage.append(log, first_id, entries, None)?;
+        *count += entries.len() as u64;
+        Ok(())
+    }
+
+    /// Removes what an unfinished import wrote (the move failed).
+    pub(crate) async fn abort(&self, core: &BrokerCore) {
+        let forgetting = core.keeper.forgetting().await;
+        for log in &self.state.logs {
+            let name = &log.record.name;
+            if let Err(e) = forgetting.topic(name).await {
+                tracing::warn!(topic = %name, error = %e, "cannot forget a half-moved topic in the manifest");
+            }
+            if let Err(e) = core.storage.delete_topic(name) {
+                tracing::warn!(topic = %name, error = %e, "cannot remove a half-moved topic");
+            }
+        }
+    }
+
+    /// Checks that every entry arrived, writes the subscriptions under new
+    /// ids, makes it all durable and starts serving-ready state (the topic
+    /// is served once etcd places it here). Entries stored.
+    pub(crate) async fn finish(&mut self, core: &BrokerCore) -> Result<u64> {
+        for log in &self.state.logs {
+            let got = self.received.get(&log.record.name).map_or(0, |r| r.0);
+            if got != log.entries {
+                return Err(BrokerError::InvalidArgument(format!(
+                    "{}: {got} entries arrived, {} were sent",
+                    log.record.name, log.entries
+                )));
+            }
+            core.storage
+                .restore_producer_sequences(&log.record.name, &log.sequences)?;
+            core.keeper.reserve(&log.record.name, log.next).await?;
+        }
+        let mut subs = Vec::with_capacity(self.state.subscriptions.len());
+        let mut schedule = Vec::new();
+        for (rec, state) in std::mem::take(&mut self.state.subscriptions) {
+            let rec = SubscriptionRecord {
+                id: core.storage.next_id()?,
+                ..rec
+            };
+            core.storage.put_subscription(&rec)?;
+            core.storage.restore_subscription_state(rec.id, &state)?;
+            schedule.extend(state.schedule.iter().map(|(due_ms, e, _)| ScheduleKey {
+                due_ms: *due_ms,
+                message: e.of(rec.id),
+            }));
+            subs.push(rec);
+        }
+        if let Some(r) = &self.state.retention {
+            core.storage.put_retention(r)?;
+        }
+        core.storage.flush().await?;
+        let logs: Vec<(TopicName, TopicKind)> = self
+            .state
+            .logs
+            .iter()
+            .map(|l| Ok((TopicName::parse_stored(&l.record.name)?, l.record.kind)))
+            .collect::<Result<_>>()?;
+        core.adopt(&logs, subs, self.state.retention.clone())
+            .await?;
+        core.scheduler.add(schedule);
+        Ok(self.state.logs.iter().map(|l| l.entries).sum())
+    }
+}

@@ -1,0 +1,351 @@
+//! Moving topics between brokers of a real cluster (etcd and three brokers
+//! as child processes on loopback; skipped with a printed line when `etcd`
+//! is missing, unless `RICOCHET_REQUIRE_ETCD=1`, which `.ci/run` sets):
+//! `drain_broker` under load moves every partition off a broker while
+//! producers and consumers keep going — every message sent is stored once
+//! and consumed, no message whose ack the broker confirmed comes back — and
+//! `move_topic` carries a subscription's whole state: cursor, messages in
+//! flight, a retry waiting in the retry tier with its delivery count, a
+//! dead letter, the producers' de-duplication.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{recv, text};
+use ricochet_client::proto::admin_client::AdminClient;
+use ricochet_client::proto::partitions_client::PartitionsClient;
+use ricochet_client::proto::{ListDeadLettersRequest, TopicRequest, UpdatePartitionsRequest};
+use ricochet_client::{Client, InitialPosition, OutgoingMessage, SubscriptionType};
+use ricochet_testkit::{SpawnOptions, etcd_or_skip, spawn_cluster};
+
+/// One cluster at a time on two shared cores.
+static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const LONG: Duration = Duration::from_secs(60);
+
+async fn client(url: &str) -> Client {
+    Client::builder(url)
+        .request_timeout(Duration::from_secs(10))
+        .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap()
+}
+
+async fn stored(c: &Client, topic: &str) -> u64 {
+    c.admin_for(topic)
+        .await
+        .unwrap()
+        .topic_stats(TopicRequest {
+            topic: topic.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .message_count
+}
+
+#[tokio::test]
+async fn a_drain_under_load_moves_every_partition_losing_and_duplicating_nothing() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("a_drain_under_load_moves_every_partition").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let brokers = spawn_cluster(
+        &etcd,
+        "drain",
+        3,
+        root.path(),
+        Duration::from_secs(3),
+        &SpawnOptions::new()
+            .echo_log(std::env::var_os("RICOCHET_TEST_BROKER_LOG").is_some())
+            .rust_log("info"),
+    )
+    .await;
+    let c = client(&brokers[0].url()).await;
+    let t = "orders";
+    const PARTITIONS: u32 = 6;
+    PartitionsClient::new(c.transport())
+        .create_partitioned_topic(UpdatePartitionsRequest {
+            topic: t.into(),
+            partitions: PARTITIONS,
+        })
+        .await
+        .unwrap();
+    let partitions: Vec<String> = (0..PARTITIONS)
+        .map(|i| format!("{t}-partition-{i}"))
+        .collect();
+    let mut before = HashMap::new();
+    for p in &partitions {
+        before.insert(p.clone(), c.lookup(p).await.unwrap().broker_id);
+    }
+    // The broker the client was given is drained too: it keeps answering
+    // lookups and redirects while it owns nothing.
+    let victim = before[&partitions[0]].clone();
+    let victims: Vec<&String> = partitions.iter().filter(|p| before[*p] == victim).collect();
+    assert_eq!(victims.len(), 2, "6 partitions over 3 brokers: {before:?}");
+
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .ack_receipts(true)
+        .subscribe()
+        .await
+        .unwrap();
+    let producer = Arc::new(c.producer(t).create().await.unwrap());
+    const N: usize = 3_000;
+    let sending = {
+        let producer = producer.clone();
+        tokio::spawn(async move {
+            let mut sends = Vec::with_capacity(N);
+            for i in 0..N {
+                sends.push(producer.send_async(
+                    OutgoingMessage::builder(format!("m{i}")).key(format!("k{}", i % 10)),
+                ));
+                if i % 50 == 49 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            let mut failed = Vec::new();
+            for (i, s) in sends.into_iter().enumerate() {
+                if let Err(e) = s.await {
+                    failed.push(format!("m{i}: {e}"));
+                }
+            }
+            failed
+        })
+    };
+    // Acks are confirmed by the broker (ack receipts) and sent without
+    // waiting for each other; a message delivered again after its ack was
+    // confirmed would be a duplicate.
+    let consuming = tokio::spawn(async move {
+        let acker = consumer.acker();
+        let confirmed = Arc::new(Mutex::new(HashSet::new()));
+        let refused = Arc::new(AtomicU64::new(0));
+        let mut after_ack = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut shown = Instant::now();
+        while confirmed.lock().unwrap().len() < N {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {N} acks confirmed in time",
+                confirmed.lock().unwrap().len()
+            );
+            if shown.elapsed() > Duration::from_secs(5) {
+                shown = Instant::now();
+                eprintln!(
+                    "consumer: {} confirmed, {} delivered again after it, {} acks refused",
+                    confirmed.lock().unwrap().len(),
+                    after_ack.len(),
+                    refused.load(Ordering::Relaxed)
+                );
+            }
+            let Ok(m) = tokio::time::timeout(Duration::from_millis(500), consumer.receive()).await
+            else {
+                continue;
+            };
+            let m = m.unwrap();
+            let body = text(&m);
+            if confirmed.lock().unwrap().contains(&body) {
+                after_ack.push(body);
+                continue;
+            }
+            let (acker, confirmed, refused) = (acker.clone(), confirmed.clone(), refused.clone());
+            tokio::spawn(async move {
+                match acker.ack(&m).await {
+                    Ok(()) => {
+                        confirmed.lock().unwrap().insert(body);
+                    }
+                    // Not confirmed (the stream ended as the topic moved):
+                    // the message comes back, and is acked then.
+                    Err(_) => {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        let n = confirmed.lock().unwrap().len();
+        (n, after_ack, refused.load(Ordering::Relaxed))
+    });
+    // Let the load run, then drain the victim in the middle of it.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let report = c.drain_broker(&victim).await.unwrap();
+    assert!(report.not_moved.is_empty(), "{report:?}");
+    let mut moved: Vec<&str> = report.moved.iter().map(|m| m.topic.as_str()).collect();
+    moved.sort();
+    let mut expected: Vec<String> = victims
+        .iter()
+        .map(|p| format!("persistent://public/default/{p}"))
+        .collect();
+    expected.sort();
+    assert_eq!(moved, expected, "{report:?}");
+    assert!(report.moved.iter().all(|m| m.to_broker != victim));
+
+    let failed = tokio::time::timeout(LONG, sending).await.unwrap().unwrap();
+    assert!(failed.is_empty(), "sends that failed: {failed:?}");
+    let (acked, after_ack, refused_acks) = consuming.await.unwrap();
+    assert_eq!(acked, N);
+    assert!(
+        after_ack.is_empty(),
+        "messages delivered again after the broker confirmed their ack: {after_ack:?}"
+    );
+    println!(
+        "drain of {victim}: {} partitions in {} ms ({:?}); {refused_acks} acks not confirmed during the move",
+        report.moved.len(),
+        report.millis,
+        report
+            .moved
+            .iter()
+            .map(|m| (m.entries, m.millis))
+            .collect::<Vec<_>>()
+    );
+    // Stored once each: resends after the move were de-duplicated.
+    let mut total = 0;
+    for p in &partitions {
+        let owner = c.lookup(p).await.unwrap().broker_id;
+        assert_ne!(owner, victim, "{p} still on the drained broker");
+        total += stored(&c, p).await;
+    }
+    assert_eq!(total, N as u64, "every message stored exactly once");
+    let brokers_now = c.list_brokers(false).await.unwrap().brokers;
+    let v = brokers_now.iter().find(|b| b.id == victim).unwrap();
+    assert!(v.draining, "{v:?}");
+    assert_eq!((v.placed_topics, v.owned_topics), (0, 0), "{v:?}");
+    // New topics go elsewhere while it drains.
+    for i in 0..4 {
+        let owner = c
+            .lookup(&format!("fresh-{i}"))
+            .await
+            .unwrap_or_else(|e| panic!("lookup of fresh-{i}: {e}"))
+            .broker_id;
+        assert_ne!(owner, victim);
+    }
+}
+
+#[tokio::test]
+async fn a_moved_topic_keeps_its_cursor_retries_delivery_counts_and_dead_letters() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("a_moved_topic_keeps_its_cursor").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let brokers = spawn_cluster(
+        &etcd,
+        "move",
+        2,
+        root.path(),
+        Duration::from_secs(3),
+        &SpawnOptions::new(),
+    )
+    .await;
+    let c = client(&brokers[1].url()).await;
+    let t = "jobs";
+    let producer = c.producer(t).name("p").create().await.unwrap();
+    for i in 0..10 {
+        producer.send(format!("m{i}")).await.unwrap();
+    }
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .ack_receipts(true)
+        .subscribe()
+        .await
+        .unwrap();
+    let mut got = HashMap::new();
+    for _ in 0..10 {
+        let m = recv(&mut consumer, LONG).await;
+        got.insert(text(&m), m);
+    }
+    for i in 0..5 {
+        consumer.ack(&got[&format!("m{i}")]).await.unwrap();
+    }
+    consumer
+        .reconsume_later(&got["m5"], Duration::from_secs(3))
+        .await
+        .unwrap();
+    consumer.terminate(&got["m7"], "bad input").await.unwrap();
+    consumer.flush().await.unwrap();
+    // m6, m8, m9 are in flight, unacked.
+
+    let from = c.lookup(t).await.unwrap();
+    let moved = c.move_topic(t, None).await.unwrap();
+    assert_ne!(moved.to_broker, from.broker_id);
+    assert!(
+        moved.entries >= 12,
+        "log, retry and dead-letter tiers: {moved:?}"
+    );
+    let to = c.lookup(t).await.unwrap();
+    assert_eq!(to.broker_id, moved.to_broker);
+    assert!(to.epoch > from.epoch, "a new claim: {from:?} → {to:?}");
+
+    // The old owner no longer serves it: it redirects.
+    let e = AdminClient::new(
+        tonic::transport::Channel::from_shared(from.url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    )
+    .topic_stats(TopicRequest { topic: t.into() })
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+
+    // The same consumer goes on at the new owner: the messages that were in
+    // flight come again, the retry comes from the retry tier with its
+    // delivery count, and nothing acked or dead-lettered comes back.
+    let mut again: HashMap<String, u32> = HashMap::new();
+    while again.len() < 4 {
+        let m = recv(&mut consumer, LONG).await;
+        let body = text(&m);
+        assert!(
+            ["m5", "m6", "m8", "m9"].contains(&body.as_str()),
+            "{body} came back after the move"
+        );
+        again.insert(body, m.delivery_count());
+        consumer.ack(&m).await.unwrap();
+    }
+    assert_eq!(
+        again["m5"], 1,
+        "the retry keeps its delivery count: {again:?}"
+    );
+
+    // The dead letter moved with its record.
+    let dead = c
+        .admin_for(t)
+        .await
+        .unwrap()
+        .list_dead_letters(ListDeadLettersRequest {
+            topic: t.into(),
+            subscription: "s".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .dead_letters;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert!(format!("{:?}", dead[0]).contains("bad input"), "{dead:?}");
+
+    // The producer follows, and its sequence ids still de-duplicate.
+    producer.send("m10").await.unwrap();
+    let m = recv(&mut consumer, LONG).await;
+    assert_eq!(text(&m), "m10");
+    consumer.ack(&m).await.unwrap();
+    assert_eq!(stored(&c, t).await, 11);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(800), consumer.receive())
+            .await
+            .is_err(),
+        "nothing else"
+    );
+}
