@@ -224,7 +224,8 @@ async fn a_standalone_broker_answers_for_itself() {
 /// with one line.
 #[tokio::test]
 async fn cluster_move_and_drain_on_a_real_cluster() {
-    let Some(etcd) = ricochet_testkit::etcd_or_skip("cluster_move_and_drain_on_a_real_cluster").await
+    let Some(etcd) =
+        ricochet_testkit::etcd_or_skip("cluster_move_and_drain_on_a_real_cluster").await
     else {
         return;
     };

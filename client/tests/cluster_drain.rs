@@ -349,3 +349,142 @@ async fn a_moved_topic_keeps_its_cursor_retries_delivery_counts_and_dead_letters
         "nothing else"
     );
 }
+
+#[tokio::test]
+async fn a_move_the_target_refuses_leaves_the_topic_served_where_it_was() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("a_move_the_target_refuses").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let brokers = spawn_cluster(
+        &etcd,
+        "refuse",
+        2,
+        root.path(),
+        Duration::from_secs(3),
+        &SpawnOptions::new(),
+    )
+    .await;
+    let c = client(&brokers[0].url()).await;
+    let t = "jobs";
+    let producer = c.producer(t).create().await.unwrap();
+    producer.send("m0").await.unwrap();
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .ack_receipts(true)
+        .subscribe()
+        .await
+        .unwrap();
+    let m = recv(&mut consumer, LONG).await;
+    // The retry tier exists on the owner now...
+    consumer
+        .reconsume_later(&m, Duration::from_millis(300))
+        .await
+        .unwrap();
+    consumer.flush().await.unwrap();
+    let source = c.lookup(t).await.unwrap().broker_id;
+    // ...and an ordinary topic of the same name on the other broker (the
+    // emptier one, so placed there), which the move cannot overwrite.
+    let clash = format!("{t}-s-RETRY");
+    c.producer(&clash)
+        .create()
+        .await
+        .unwrap()
+        .send("not a tier")
+        .await
+        .unwrap();
+    let target = c.lookup(&clash).await.unwrap().broker_id;
+    assert_ne!(target, source);
+
+    let e = c.move_topic(t, Some(&target)).await.unwrap_err();
+    assert!(
+        e.to_string().contains("exists on this broker already"),
+        "{e}"
+    );
+    // Still placed and served where it was: the retry comes back there, the
+    // producer and the consumer go on.
+    assert_eq!(c.lookup(t).await.unwrap().broker_id, source);
+    let again = recv(&mut consumer, LONG).await;
+    assert_eq!((text(&again).as_str(), again.delivery_count()), ("m0", 1));
+    consumer.ack(&again).await.unwrap();
+    producer.send("m1").await.unwrap();
+    let m1 = recv(&mut consumer, LONG).await;
+    assert_eq!(text(&m1), "m1");
+    consumer.ack(&m1).await.unwrap();
+    assert_eq!(stored(&c, t).await, 2);
+    assert_eq!(stored(&c, &clash).await, 1, "the other topic untouched");
+}
+
+/// A broker that crashed in the middle of a move, after etcd placed the
+/// topic elsewhere but before it deleted its own copy, deletes that copy
+/// when it comes back (it would never serve it).
+#[tokio::test]
+async fn a_copy_left_by_an_unfinished_move_is_deleted_when_its_broker_returns() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("a_copy_left_by_an_unfinished_move").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let mut brokers = spawn_cluster(
+        &etcd,
+        "stale",
+        2,
+        root.path(),
+        Duration::from_secs(3),
+        &SpawnOptions::new(),
+    )
+    .await;
+    let c = client(&brokers[0].url()).await;
+    c.producer("x")
+        .create()
+        .await
+        .unwrap()
+        .send("m")
+        .await
+        .unwrap();
+    let owner = c.lookup("x").await.unwrap().broker_id;
+    let (i, other) = if owner == "b0" { (0, "b1") } else { (1, "b0") };
+    let local_topics = |url: String| async move {
+        AdminClient::new(
+            tonic::transport::Channel::from_shared(url)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        )
+        .list_topics(ricochet_client::proto::ListTopicsRequest {
+            namespace: "public/default".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .topics
+    };
+    assert!(
+        local_topics(brokers[i].url())
+            .await
+            .contains(&"persistent://public/default/x".to_owned())
+    );
+    // The crash: killed, and the placement switched as the hand-over does.
+    brokers[i].kill9();
+    etcd.kv()
+        .await
+        .put(ricochet_proto::etcd::PutRequest {
+            key: b"/ricochet/stale/placement/persistent://public/default/x".to_vec(),
+            value: other.as_bytes().to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    brokers[i].restart().await;
+    assert!(
+        !local_topics(brokers[i].url())
+            .await
+            .contains(&"persistent://public/default/x".to_owned()),
+        "the stale copy is gone"
+    );
+}

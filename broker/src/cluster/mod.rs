@@ -197,6 +197,9 @@ impl Cluster {
             cluster.etcd.revoke(prev.lease).await?;
         }
         cluster.acquire().await?;
+        if let Some(core) = core.upgrade() {
+            cluster.sweep_moved_away(&core).await;
+        }
         tracing::info!(
             cluster = %cluster.name,
             broker = %cluster.id,

@@ -172,6 +172,40 @@ impl Cluster {
         self.register().await
     }
 
+    /// Deletes this broker's copies of topics that etcd places elsewhere:
+    /// left by a move this broker (the source) crashed in before deleting
+    /// its copy, or received (as the target) without the move finishing.
+    /// Never served either way; run when the broker joins.
+    pub(super) async fn sweep_moved_away(&self, core: &crate::core::BrokerCore) {
+        let strip = format!("{}placement/", self.prefix);
+        let placements: std::collections::HashMap<String, String> =
+            match self.etcd.get_prefix(&strip).await {
+                Ok(kvs) => kvs
+                    .into_iter()
+                    .filter_map(|kv| Some((kv.key.strip_prefix(&strip)?.to_owned(), kv.value)))
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read placements to find stale copies");
+                    return;
+                }
+            };
+        for topic in core.all_topics().await {
+            if topic.kind() != crate::storage::TopicKind::Normal {
+                continue;
+            }
+            let Some(owner) = placements.get(topic.name().as_str()) else {
+                continue;
+            };
+            if *owner == self.id {
+                continue;
+            }
+            tracing::warn!(topic = %topic.name(), %owner, "deleting the stale copy of a topic placed on another broker (an unfinished move)");
+            if let Err(e) = core.forget_moved(topic.name()).await {
+                tracing::warn!(topic = %topic.name(), error = %e, "cannot delete a stale copy");
+            }
+        }
+    }
+
     /// Whether this broker is draining.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
