@@ -2,7 +2,9 @@
 //! checked against a broker child process that is frozen (SIGSTOP) and
 //! killed (SIGKILL, no clean shutdown):
 //!
-//! * `close()` fails, naming how many acks the broker never confirmed;
+//! * `close()` fails, naming how many acks the broker never confirmed, and
+//!   so does every later or concurrent `close()`, also after the consumer
+//!   stopped because it could not resubscribe;
 //! * with ack receipts, `ack().await` and `nack().await` return `Ok` only
 //!   once durable, and fail when the broker dies first;
 //! * `flush()` confirms every ack so far, and every queued
@@ -101,6 +103,85 @@ async fn close_fails_naming_the_acks_a_frozen_then_killed_broker_never_confirmed
     // Indeed not durable: both come back after a restart.
     let b = broker(dir.path()).await;
     assert_eq!(redelivered(b.url(), &t, 2, 0).await, ["m0", "m1"]);
+    b.kill9();
+}
+
+/// Every `close` reports what the first found: one made while another is
+/// waiting for the broker, and one made after the consumer has stopped,
+/// fail like it (neither may answer `Ok` for acks never confirmed).
+#[tokio::test]
+async fn every_close_reports_the_acks_the_first_found_unconfirmed() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(dir.path()).await;
+    let t = topic("r-close-twice");
+    let client = client(b.url()).await;
+    let mut c = consumer(&client, &t, false).await;
+    produce_to(&client, &t, 2).await;
+    let m1 = recv(&mut c, T).await;
+    let m2 = recv(&mut c, T).await;
+    b.freeze();
+    c.ack(&m1).await.unwrap();
+    c.ack(&m2).await.unwrap();
+    let kill = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        b.kill9();
+    };
+    let (first, second, ()) = tokio::join!(c.close(), c.close(), kill);
+    let after = c.close().await;
+    for (which, r) in [("first", first), ("concurrent", second), ("later", after)] {
+        match r {
+            Err(Error::Unconfirmed { count, .. }) => assert_eq!(count, 2, "{which} close"),
+            other => panic!("{which} close: expected Unconfirmed, got {other:?}"),
+        }
+    }
+    let b = broker(dir.path()).await;
+    assert_eq!(redelivered(b.url(), &t, 2, 0).await, ["m0", "m1"]);
+    b.kill9();
+}
+
+/// A consumer that cannot resubscribe stops on its own; a `close` after
+/// that still reports the ack it never got confirmed.
+#[tokio::test]
+async fn close_after_a_refused_resubscribe_reports_the_ack_never_confirmed() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(dir.path()).await;
+    let url = b.url().to_owned();
+    let t = topic("r-refused");
+    let client = client(&url).await;
+    let mut c = client
+        .consumer(&t)
+        .subscription("s")
+        .initial_position(InitialPosition::Earliest)
+        // Held, unsent, when the stream breaks.
+        .ack_group_time(Duration::from_secs(60))
+        .subscribe()
+        .await
+        .unwrap();
+    produce_to(&client, &t, 1).await;
+    let m = recv(&mut c, T).await;
+    c.ack(&m).await.unwrap();
+    // The broker dies, and one that does not know the topic (another data
+    // directory, no auto-creation) comes up on its port: the resubscribe is
+    // refused with NOT_FOUND, which is not retried.
+    let port = url.rsplit(':').next().unwrap().to_owned();
+    b.kill9();
+    let other = tempfile::tempdir().unwrap();
+    let config = other.path().join("broker.toml");
+    std::fs::write(&config, "auto_create_topics = false\n").unwrap();
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let options = SpawnOptions::new()
+        .listen(addr)
+        .args([std::ffi::OsString::from("--config"), config.into()]);
+    let b = BrokerProcess::spawn(&other.path().join("data"), &options).await;
+    let err = tokio::time::timeout(T, c.receive())
+        .await
+        .expect("the consumer stops in time")
+        .expect_err("it could not resubscribe");
+    assert_eq!(err.code(), Some(tonic::Code::NotFound), "{err}");
+    match c.close().await {
+        Err(Error::Unconfirmed { count, .. }) => assert_eq!(count, 1),
+        other => panic!("expected Unconfirmed, got {other:?}"),
+    }
     b.kill9();
 }
 

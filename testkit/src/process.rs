@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions, kill_process, waitid};
+
 /// The line the broker prints on stdout once it listens, before the address.
 const LISTENING: &str = "ricochet-broker listening on ";
 /// Names the broker binary when no path is given.
@@ -20,6 +22,10 @@ pub const BIN_ENV: &str = "RICOCHET_BROKER_BIN";
 const BIN_NAME: &str = "ricochet-broker";
 /// How long [`BrokerProcess::stop`] waits for the exit after SIGTERM.
 const STOP_WAIT: Duration = Duration::from_secs(60);
+/// How long [`BrokerProcess::freeze`] waits for the broker to stop after
+/// SIGSTOP (a thread in an uninterruptible disk write stops only once the
+/// write is done, which a loaded disk can make slow).
+const FREEZE_WAIT: Duration = Duration::from_secs(60);
 
 /// The broker binary could not be found; the message says where it looked
 /// and how to build it.
@@ -257,7 +263,7 @@ impl BrokerProcess {
     /// returns how it did. Panics if it is still running a minute later
     /// (it is then SIGKILLed on the way out).
     pub async fn stop(mut self) -> ExitStatus {
-        self.signal("TERM");
+        self.signal(Signal::TERM);
         let deadline = tokio::time::Instant::now() + STOP_WAIT;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait for the broker") {
@@ -271,24 +277,58 @@ impl BrokerProcess {
         }
     }
 
-    /// SIGSTOP: the broker stops running (connections stay open, nothing is
-    /// answered) until [`thaw`](Self::thaw).
+    /// SIGSTOP, then waits until the kernel reports the broker stopped: from
+    /// then on none of its threads runs, so it reads, answers and writes
+    /// nothing (connections stay open) until [`thaw`](Self::thaw).
+    ///
+    /// Sending the signal is not enough: `kill` returns once the signal is
+    /// queued, and the broker stops only when one of its threads has taken
+    /// it and every other thread has joined the stop. On a loaded machine
+    /// that can take a scheduling round or more, in which the broker goes on
+    /// serving (it was seen applying and confirming acks sent after `kill`
+    /// returned). Panics if the broker exits instead, or has not stopped
+    /// within a minute.
     pub fn freeze(&self) {
-        self.signal("STOP");
+        self.signal(Signal::STOP);
+        let deadline = std::time::Instant::now() + FREEZE_WAIT;
+        loop {
+            // `NOWAIT`: only looks, so the stop stays reported and an exit
+            // stays for `Child::wait` to reap.
+            let seen = waitid(
+                WaitId::Pid(self.raw_pid()),
+                WaitIdOptions::STOPPED
+                    | WaitIdOptions::EXITED
+                    | WaitIdOptions::NOWAIT
+                    | WaitIdOptions::NOHANG,
+            )
+            .unwrap_or_else(|e| panic!("waitid on the broker: {e}"));
+            match seen {
+                Some(status) if status.stopped() => return,
+                Some(status) if status.exited() || status.killed() || status.dumped() => {
+                    panic!("the broker exited instead of stopping")
+                }
+                _ => {}
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the broker did not stop within {FREEZE_WAIT:?} of SIGSTOP"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// SIGCONT: a frozen broker runs on.
     pub fn thaw(&self) {
-        self.signal("CONT");
+        self.signal(Signal::CONT);
     }
 
-    fn signal(&self, name: &str) {
-        let pid = self.pid().to_string();
-        let status = Command::new("kill")
-            .args(["-s", name, &pid])
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run kill: {e}"));
-        assert!(status.success(), "kill -s {name} {pid}: {status}");
+    fn raw_pid(&self) -> Pid {
+        Pid::from_child(&self.child)
+    }
+
+    fn signal(&self, signal: Signal) {
+        kill_process(self.raw_pid(), signal)
+            .unwrap_or_else(|e| panic!("signal {signal:?} to the broker {}: {e}", self.pid()));
     }
 }
 

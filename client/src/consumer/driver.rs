@@ -11,7 +11,7 @@ use ricochet_proto::{
     Ack, AckType, CheckAcks, CloseConsumer, ConsumeResponse, Flow, ReconsumeLater, Redeliver,
     Subscribed, Terminate, consume_request, consume_response,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::acks::AckGroup;
@@ -52,6 +52,7 @@ pub(super) fn spawn(
         track_taken: cfg.ack_timeout.is_some(),
         receipts: cfg.ack_receipts,
         request_timeout: client.config().request_timeout,
+        outcome: std::sync::OnceLock::new(),
     });
     let ids = TopicIds::new(&subscribed.topic);
     let acks = AckGroup::new(cfg.ack_group_time, cfg.ack_group_max);
@@ -75,7 +76,7 @@ pub(super) fn spawn(
         moves_lost: 0,
         reconnect,
         closing: None,
-        close_reply: None,
+        close_waiters: Vec::new(),
     };
     driver.connected(conn, subscribed);
     tokio::spawn(driver.run());
@@ -124,7 +125,8 @@ struct Driver {
     moves_lost: u64,
     reconnect: Reconnector,
     closing: Option<Instant>,
-    close_reply: Option<oneshot::Sender<Result<()>>>,
+    /// The callers of `close` waiting for its outcome.
+    close_waiters: Vec<Reply>,
 }
 
 impl Driver {
@@ -190,7 +192,7 @@ impl Driver {
             }
             self.send_redeliveries();
             if self.closing.is_some()
-                && self.close_reply.is_none()
+                && self.close_waiters.is_empty()
                 && !self.requests.close_pending()
             {
                 break;
@@ -201,6 +203,12 @@ impl Driver {
             }
         }
         self.shared.closed.store(true, Ordering::Release);
+        if self.shared.outcome.get().is_none() {
+            // Stopped without a close (it could not resubscribe): a later
+            // `close` reports what was never confirmed.
+            let r = self.confirmed("the consumer stopped before the broker confirmed them");
+            let _ = self.shared.outcome.set(r);
+        }
         let _ = self.fail_waiting(|| Error::Closed);
     }
 
@@ -771,22 +779,26 @@ impl Driver {
         }
     }
 
-    fn start_close(&mut self, reply: Option<oneshot::Sender<Result<()>>>) {
+    fn start_close(&mut self, reply: Option<Reply>) {
         if self.closing.is_some() {
+            // A close already under way (or done): this caller gets its
+            // outcome too, never an `Ok` of its own.
             if let Some(r) = reply {
-                // A second close: answer when the first finishes is not
-                // tracked; answer now.
-                let _ = r.send(Ok(()));
+                match self.shared.outcome.get() {
+                    Some(done) => {
+                        let _ = r.send(done.clone());
+                    }
+                    None => self.close_waiters.push(r),
+                }
             }
             return;
         }
         self.shared.closed.store(true, Ordering::Release);
         self.closing = Some(Instant::now() + self.shared.request_timeout);
+        self.close_waiters.extend(reply);
         if self.conn.is_none() {
             let r = self.confirmed("closed while disconnected");
-            if let Some(reply) = reply {
-                let _ = reply.send(r);
-            }
+            self.finish_close(r);
             return;
         }
         // Held nacks are real failures: hand them to the broker with what is
@@ -801,14 +813,16 @@ impl Driver {
         // A clean close: what this consumer still holds (taken or only
         // prefetched) goes to other consumers without an attempt charged.
         self.send(consume_request::Request::Close(CloseConsumer {}));
-        self.close_reply = reply;
     }
 
+    /// The close is over with `r`: every caller waiting gets it, and so
+    /// does any later `close` (from [`Shared::outcome`]).
     fn finish_close(&mut self, r: Result<()>) {
         self.requests.forget_close();
-        if let Some(reply) = self.close_reply.take() {
-            let _ = reply.send(r);
+        for w in self.close_waiters.drain(..) {
+            let _ = w.send(r.clone());
         }
+        let _ = self.shared.outcome.set(r);
         // Leaving the loop drops the stream; make sure it happens now.
         self.closing = Some(Instant::now());
     }

@@ -248,7 +248,10 @@ impl Consumer {
     /// `Ok` means every ack was confirmed durable. Otherwise
     /// [`Error::Unconfirmed`](crate::Error::Unconfirmed) names how many
     /// were not (lost with a broken stream, or unanswered in time): the
-    /// broker redelivers those messages.
+    /// broker redelivers those messages. A `close` made while another is
+    /// under way, or after it, returns what that one found; after the
+    /// consumer stopped on its own (it could not resubscribe), what was
+    /// unconfirmed then.
     ///
     /// On a partitioned topic every partition's stream is closed so; the
     /// first error is returned.
@@ -272,10 +275,19 @@ impl Acker {
     pub(super) async fn close_partition(&self) -> Result<()> {
         self.shared.closed.store(true, Ordering::Release);
         let (tx, rx) = oneshot::channel();
-        if self.tx.send(Cmd::Close(tx)).is_err() {
-            return Ok(());
+        if self.tx.send(Cmd::Close(tx)).is_ok()
+            && let Ok(r) = rx.await
+        {
+            return r;
         }
-        rx.await.unwrap_or(Ok(()))
+        // The driver has stopped (closed before, or it could not
+        // resubscribe): what it found then. Without it (the driver task
+        // died) nothing is known to be confirmed, so never `Ok`.
+        self.shared
+            .outcome
+            .get()
+            .cloned()
+            .unwrap_or(Err(Error::Closed))
     }
 }
 

@@ -194,6 +194,7 @@ pub(crate) async fn subscribe(
         track_taken: cfg.ack_timeout.is_some(),
         receipts: cfg.ack_receipts,
         request_timeout: client.config().request_timeout,
+        outcome: std::sync::OnceLock::new(),
     });
     let refresh = cfg.partitions_refresh;
     let grower = Grower {

@@ -4,6 +4,7 @@
 //! ([`Delivery`]), and the state both read ([`Shared`]).
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64};
 use std::time::Duration;
 
@@ -40,6 +41,10 @@ pub(super) struct Shared {
     /// Whether settling waits for the broker's durable confirmation.
     pub(super) receipts: bool,
     pub(super) request_timeout: Duration,
+    /// What `close` found (or, when the driver stopped on its own, what it
+    /// found then), set once before the driver stops: a `close` that finds
+    /// the driver gone answers with it.
+    pub(super) outcome: OnceLock<Result<()>>,
 }
 
 /// Where the broker's confirmation of one request goes.
