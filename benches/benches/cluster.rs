@@ -23,6 +23,13 @@
 //!    messages of 100 B, 1 000 in flight each; then one Shared consumer
 //!    draining them, acking each.
 //!
+//! 5. **Drain time for 100 partitions** (`CLUSTER_ONLY=drain` for this part
+//!    alone): a fresh etcd and 3 brokers, a topic of 300 partitions (100 on
+//!    each broker), `CLUSTER_DRAIN_PER_PARTITION` (default 1 000) messages
+//!    of 100 B published to each and left unconsumed by subscription `s`,
+//!    then `ricochet cluster drain` of one broker through the client: the
+//!    whole drain, and how long each partition was unavailable.
+//!
 //! `cargo bench -p ricochet-benches --bench cluster` (builds the release
 //! broker first: `cargo build --release -p ricochet-broker`). Without etcd
 //! it prints that it is skipped.
@@ -85,6 +92,12 @@ async fn until<T, F: std::future::Future<Output = Option<T>>>(
 #[tokio::main]
 async fn main() {
     let only = std::env::var("CLUSTER_ONLY").unwrap_or_default();
+    if only.is_empty() || only == "drain" {
+        drain_time().await;
+        if only == "drain" {
+            return;
+        }
+    }
     if only.is_empty() || only == "throughput" {
         for n in 1..=3 {
             throughput(n).await;
@@ -318,4 +331,87 @@ async fn throughput(n: usize) {
         PRODUCERS,
         rate(drained)
     );
+}
+
+async fn drain_time() {
+    let Some(etcd) = etcd_or_skip("cluster bench (drain)").await else {
+        return;
+    };
+    let per: usize = std::env::var("CLUSTER_DRAIN_PER_PARTITION")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000);
+    const PARTITIONS: u32 = 300;
+    let root = tempfile::tempdir().unwrap();
+    let brokers = spawn_cluster(
+        &etcd,
+        "bench",
+        3,
+        root.path(),
+        Duration::from_secs(10),
+        &SpawnOptions::new(),
+    )
+    .await;
+    let client = ricochet_client::Client::connect(brokers[1].url())
+        .await
+        .unwrap();
+    let t = "drained";
+    ricochet_proto::partitions_client::PartitionsClient::new(client.transport())
+        .create_partitioned_topic(ricochet_proto::UpdatePartitionsRequest {
+            topic: t.into(),
+            partitions: PARTITIONS,
+        })
+        .await
+        .unwrap();
+    // The subscription exists on every partition, so its (unconsumed)
+    // state moves too.
+    let consumer = client
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(ricochet_client::SubscriptionType::Shared)
+        .receiver_queue_size(1)
+        .subscribe()
+        .await
+        .unwrap();
+    let producer = client.producer(t).create().await.unwrap();
+    let mut window = std::collections::VecDeque::new();
+    for i in 0..per * PARTITIONS as usize {
+        window.push_back(producer.send_async(
+            ricochet_client::OutgoingMessage::builder(vec![7u8; 100]).key(format!("k{i}")),
+        ));
+        if window.len() >= 1_000 {
+            window.pop_front().unwrap().await.unwrap();
+        }
+    }
+    for f in window {
+        f.await.unwrap();
+    }
+    drop(consumer);
+    let victim = "b0";
+    let started = Instant::now();
+    let report = client.drain_broker(victim).await.unwrap();
+    let took = started.elapsed();
+    let mut unavailable = Histogram::<u64>::new(3).unwrap();
+    let mut entries = 0;
+    for m in &report.moved {
+        unavailable.record(m.millis.max(1)).unwrap();
+        entries += m.entries;
+    }
+    println!(
+        "drain of {victim} (3 brokers, {PARTITIONS} partitions, {} on it, {per} x 100 B each, unconsumed): {} moved, {} not moved, {entries} entries, {} (broker's own count {} ms)",
+        report.moved.len() + report.not_moved.len(),
+        report.moved.len(),
+        report.not_moved.len(),
+        ms(took),
+        report.millis
+    );
+    println!(
+        "  each partition unavailable: p50 {} ms  p99 {} ms  max {} ms (4 moved at a time)",
+        unavailable.value_at_quantile(0.5),
+        unavailable.value_at_quantile(0.99),
+        unavailable.max()
+    );
+    for n in report.not_moved.iter().take(5) {
+        println!("  not moved: {}: {}", n.topic, n.reason);
+    }
 }

@@ -488,3 +488,111 @@ async fn a_copy_left_by_an_unfinished_move_is_deleted_when_its_broker_returns() 
         "the stale copy is gone"
     );
 }
+
+/// `ImportTopic` is broker to broker, but its input is still checked: a
+/// state that does not decode, entries outside the moved logs, a transfer
+/// cut short or whose counts do not match are refused with
+/// INVALID_ARGUMENT, and leave nothing behind.
+#[tokio::test]
+async fn a_bad_or_incomplete_import_is_refused_and_leaves_nothing() {
+    use ricochet_client::proto::cluster_client::ClusterClient;
+    use ricochet_client::proto::{
+        TopicTransferPart, TransferBegin, TransferEnd, TransferEntries, topic_transfer_part::Part,
+    };
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("a_bad_or_incomplete_import_is_refused").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let brokers = spawn_cluster(
+        &etcd,
+        "import",
+        1,
+        root.path(),
+        Duration::from_secs(3),
+        &SpawnOptions::new(),
+    )
+    .await;
+    let url = brokers[0].url();
+    let name = "persistent://public/default/imported";
+    let state = format!(
+        r#"{{"logs":[{{"record":{{"name":"{name}","created_ms":1,"kind":"normal"}},"first":0,"next":2,"sequences":[]}}],"subscriptions":[],"retention":null}}"#
+    );
+    let begin = |state: &str| {
+        Part::Begin(TransferBegin {
+            topic: name.into(),
+            from_broker: "elsewhere".into(),
+            state: state.as_bytes().to_vec(),
+        })
+    };
+    let entries = |topic: &str, first_id: u64| {
+        Part::Entries(TransferEntries {
+            topic: topic.into(),
+            first_id,
+            entries: vec![b"a".to_vec(), b"b".to_vec()],
+        })
+    };
+    let end = |n: u64| {
+        Part::End(TransferEnd {
+            entries: [(name.to_owned(), n)].into(),
+        })
+    };
+    let import = |parts: Vec<Part>| {
+        let url = url.clone();
+        async move {
+            let channel = tonic::transport::Channel::from_shared(url)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let parts: Vec<TopicTransferPart> = parts
+                .into_iter()
+                .map(|p| TopicTransferPart { part: Some(p) })
+                .collect();
+            ClusterClient::new(channel)
+                .import_topic(futures::stream::iter(parts))
+                .await
+                .map(|r| r.into_inner().entries)
+        }
+    };
+    let cases: Vec<(Vec<Part>, &str)> = vec![
+        (vec![begin("not json"), end(0)], "does not decode"),
+        (vec![begin(&state), entries(name, 0)], "without TransferEnd"),
+        (
+            vec![begin(&state), entries(name, 0), end(3)],
+            "2 entries arrived, 3 were sent",
+        ),
+        (vec![begin(&state), entries(name, 1), end(2)], "lie outside"),
+        (
+            vec![
+                begin(&state),
+                entries("persistent://public/default/other", 0),
+                end(2),
+            ],
+            "not part of this move",
+        ),
+    ];
+    for (parts, why) in cases {
+        let e = import(parts).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{why}: {e:?}");
+        assert!(e.message().contains(why), "{why}: {e:?}");
+        let c = client(&url).await;
+        let topics = c
+            .admin()
+            .list_topics(ricochet_client::proto::ListTopicsRequest {
+                namespace: "public/default".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .topics;
+        assert!(!topics.contains(&name.to_owned()), "{why}: left {topics:?}");
+    }
+    // The same transfer, whole, is taken.
+    assert_eq!(
+        import(vec![begin(&state), entries(name, 0), end(2)])
+            .await
+            .unwrap(),
+        2
+    );
+}

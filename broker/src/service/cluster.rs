@@ -167,8 +167,8 @@ impl Cluster for ClusterService {
         while let Some(part) = inbound.message().await? {
             match part.part {
                 Some(Part::Begin(b)) => encoded.extend_from_slice(&b.state),
-                Some(Part::Entries(e)) => {
-                    first_entries = Some(e);
+                Some(other) => {
+                    first_entries = Some(other);
                     break;
                 }
                 None => return Err(bad("an empty transfer part")),
@@ -186,18 +186,26 @@ impl Cluster for ClusterService {
         }
         let mut incoming = Incoming::begin(&self.core, state).await?;
         let received = async {
-            if let Some(e) = first_entries {
-                incoming.entries(&self.core, &e.topic, e.first_id, &e.entries)?;
-            }
-            while let Some(part) = inbound.message().await? {
-                match part.part {
+            let mut part = first_entries;
+            loop {
+                match part {
                     Some(Part::Entries(e)) => {
                         incoming.entries(&self.core, &e.topic, e.first_id, &e.entries)?
                     }
-                    _ => return Err(bad("the topic's state must come before its entries")),
+                    Some(Part::End(end)) => {
+                        if inbound.message().await?.is_some() {
+                            return Err(bad("parts after TransferEnd"));
+                        }
+                        let sent = end.entries.into_iter().collect();
+                        return Ok(incoming.finish(&self.core, &sent).await?);
+                    }
+                    Some(Part::Begin(_)) => {
+                        return Err(bad("the topic's state must come before its entries"));
+                    }
+                    None => return Err(bad("the transfer ended without TransferEnd")),
                 }
+                part = inbound.message().await?.and_then(|p| p.part);
             }
-            Ok(incoming.finish(&self.core).await?)
         }
         .await;
         match received {

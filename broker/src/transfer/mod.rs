@@ -43,8 +43,6 @@ pub struct LogState {
     pub first: u64,
     /// Ids below this were handed out (the next id to give).
     pub next: u64,
-    /// Entries held (ids in `first..next` minus removed ones).
-    pub entries: u64,
     /// Producers' last stored sequence ids.
     pub sequences: Vec<(String, u64)>,
 }
@@ -65,11 +63,6 @@ impl TopicState {
     /// The topic's name.
     pub fn topic(&self) -> &str {
         self.logs.first().map_or("", |l| l.record.name.as_str())
-    }
-
-    /// Entries held over all its logs.
-    pub fn entries(&self) -> u64 {
-        self.logs.iter().map(|l| l.entries).sum()
     }
 }
 
@@ -98,11 +91,9 @@ pub(crate) fn capture(
             return Err(BrokerError::TopicNotFound(log));
         };
         let (first, stored_next) = storage.entry_range(&log)?;
-        let entries = count_entries(core, &log, first, stored_next)?;
         logs.push(LogState {
             first,
             next: stored_next.max(next.get(&log).copied().unwrap_or(0)),
-            entries,
             sequences: storage.producer_sequences(&log)?,
             record,
         });
@@ -119,20 +110,6 @@ pub(crate) fn capture(
         subscriptions,
         retention: core.retention.get(name.as_str()),
     })
-}
-
-/// Entries held by `log` in `first..next` (a read of the whole log: the
-/// count checks that the target got all of them).
-fn count_entries(core: &BrokerCore, log: &str, first: u64, next: u64) -> Result<u64> {
-    let mut n = 0;
-    let mut from = first;
-    while from < next {
-        let chunk = core.storage.read(log, from, CHUNK_ENTRIES, CHUNK_BYTES)?;
-        let Some((last, _)) = chunk.last() else { break };
-        n += chunk.len() as u64;
-        from = last + 1;
-    }
-    Ok(n)
 }
 
 /// Runs of consecutive ids in `chunk`: `(first id, entries)`.
@@ -235,16 +212,22 @@ impl Incoming {
         }
     }
 
-    /// Checks that every entry arrived, writes the subscriptions under new
+    /// Checks that every entry arrived (`sent`: the count of each log, as
+    /// the source sent them), writes the subscriptions under new
     /// ids, makes it all durable and starts serving-ready state (the topic
     /// is served once etcd places it here). Entries stored.
-    pub(crate) async fn finish(&mut self, core: &BrokerCore) -> Result<u64> {
+    pub(crate) async fn finish(
+        &mut self,
+        core: &BrokerCore,
+        sent: &HashMap<String, u64>,
+    ) -> Result<u64> {
         for log in &self.state.logs {
             let got = self.received.get(&log.record.name).map_or(0, |r| r.0);
-            if got != log.entries {
+            let expected = sent.get(&log.record.name).copied().unwrap_or(0);
+            if got != expected {
                 return Err(BrokerError::InvalidArgument(format!(
-                    "{}: {got} entries arrived, {} were sent",
-                    log.record.name, log.entries
+                    "{}: {got} entries arrived, {expected} were sent",
+                    log.record.name
                 )));
             }
             core.storage
@@ -279,6 +262,6 @@ impl Incoming {
         core.adopt(&logs, subs, self.state.retention.clone())
             .await?;
         core.scheduler.add(schedule);
-        Ok(self.state.logs.iter().map(|l| l.entries).sum())
+        Ok(self.received.values().map(|(n, _)| n).sum())
     }
 }

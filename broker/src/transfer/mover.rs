@@ -11,6 +11,7 @@ use crate::core::BrokerCore;
 use crate::error::{BrokerError, Result};
 use crate::name::TopicName;
 use futures::StreamExt;
+use ricochet_proto::TransferEnd;
 use ricochet_proto::cluster_client::ClusterClient;
 use ricochet_proto::{TopicTransferPart, TransferBegin, TransferEntries, topic_transfer_part};
 use std::collections::HashMap;
@@ -22,6 +23,11 @@ use tonic::metadata::AsciiMetadataValue;
 const DRAIN_PARALLEL: usize = 4;
 /// Largest piece of the encoded state per message.
 const STATE_PIECE: usize = 1 << 20;
+/// How long a target may take to store a moved topic: this, plus a
+/// millisecond per [`IMPORT_MIN_ENTRIES_PER_MS`] entries.
+const IMPORT_BASE_WAIT: Duration = Duration::from_secs(30);
+/// The slowest import rate waited for (10 000 entries a second).
+const IMPORT_MIN_ENTRIES_PER_MS: u64 = 10;
 /// How long connecting to the target may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -218,7 +224,6 @@ async fn send(
         .connect()
         .await
         .map_err(|e| unreachable(&e))?;
-    let expected = state.entries();
     let encoded = serde_json::to_vec(&state).map_err(|e| {
         BrokerError::InvalidArgument(format!("cannot encode the topic's state: {e}"))
     })?;
@@ -237,7 +242,7 @@ async fn send(
         .iter()
         .map(|l| (l.record.name.clone(), l.first, l.next))
         .collect();
-    let reader = tokio::task::spawn_blocking(move || -> Result<()> {
+    let reader = tokio::task::spawn_blocking(move || -> Result<u64> {
         let send = |part| {
             tx.blocking_send(TopicTransferPart { part: Some(part) })
                 .map_err(|_| BrokerError::Peer("the target stopped receiving".into()))
@@ -245,13 +250,16 @@ async fn send(
         for piece in begin {
             send(topic_transfer_part::Part::Begin(piece))?;
         }
+        let mut counts = HashMap::new();
         for (log, first, next) in logs {
+            let count: &mut u64 = counts.entry(log.clone()).or_default();
             let mut from = first;
             while from < next {
                 let chunk = storage.read(&log, from, CHUNK_ENTRIES, CHUNK_BYTES)?;
                 let Some(last) = chunk.last().map(|(id, _)| *id) else {
                     break;
                 };
+                *count += chunk.len() as u64;
                 for (first_id, entries) in runs(chunk) {
                     send(topic_transfer_part::Part::Entries(TransferEntries {
                         topic: log.clone(),
@@ -262,13 +270,34 @@ async fn send(
                 from = last + 1;
             }
         }
-        Ok(())
+        let total = counts.values().sum();
+        send(topic_transfer_part::Part::End(TransferEnd {
+            entries: counts,
+        }))?;
+        Ok(total)
     });
     let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
     if let Some(a) = auth {
         request.metadata_mut().insert("authorization", a.clone());
     }
-    let answer = ClusterClient::new(channel).import_topic(request).await;
+    // A target that stops answering (paused, partitioned away) must not
+    // keep the topic unavailable: past the deadline the move fails and the
+    // topic is served here again.
+    let held: u64 = state
+        .logs
+        .iter()
+        .map(|l| l.next.saturating_sub(l.first))
+        .sum();
+    let deadline = IMPORT_BASE_WAIT + Duration::from_millis(held / IMPORT_MIN_ENTRIES_PER_MS);
+    let answer =
+        match tokio::time::timeout(deadline, ClusterClient::new(channel).import_topic(request))
+            .await
+        {
+            Ok(a) => a,
+            Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                "no answer within {deadline:?}"
+            ))),
+        };
     let read = reader
         .await
         .map_err(|e| BrokerError::Peer(format!("reading the topic failed: {e}")))?;
@@ -281,7 +310,7 @@ async fn send(
         })?
         .into_inner()
         .entries;
-    read?;
+    let expected = read?;
     if stored != expected {
         return Err(BrokerError::Peer(format!(
             "broker at {url} stored {stored} entries of {expected}"
