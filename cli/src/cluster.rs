@@ -43,6 +43,15 @@ pub enum ClusterCommand {
         /// The broker's id (`cluster brokers` lists them).
         broker: String,
     },
+    /// Evens out the live brokers: moves topics, with their data, from the
+    /// brokers that own the most to those that own the fewest until no two
+    /// differ by more than one (a broker added later takes its share).
+    /// Superusers only. Exits 1 if a move failed.
+    Rebalance {
+        /// Print the moves without making them.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Moves one topic (or one partition) with its data to another broker.
     /// Superusers only.
     Move {
@@ -170,6 +179,148 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: ClusterCommand) -> Result<()> {
         ClusterCommand::Lookup { topic } => lookup(ctx, topic).await,
         ClusterCommand::Drain { broker } => drain(ctx, broker).await,
         ClusterCommand::Move { topic, to } => move_topic(ctx, topic, to).await,
+        ClusterCommand::Rebalance { dry_run } => rebalance(ctx, dry_run).await,
+    }
+}
+
+/// The moves (topic, from, to) that even out `owned` (broker id → the
+/// topics it owns, live brokers that take topics only): one topic at a
+/// time from a broker with the most to one with the fewest, until no two
+/// differ by more than one. Deterministic: ties go to the smaller id, and
+/// a broker gives its last topic by name.
+pub(crate) fn plan_moves(
+    owned: &std::collections::BTreeMap<String, Vec<String>>,
+) -> Vec<(String, String, String)> {
+    let mut owned = owned.clone();
+    for topics in owned.values_mut() {
+        topics.sort();
+    }
+    let mut moves = Vec::new();
+    loop {
+        let most = owned
+            .iter()
+            .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(b.0.cmp(a.0)))
+            .map(|(id, t)| (id.clone(), t.len()));
+        let fewest = owned
+            .iter()
+            .min_by(|a, b| a.1.len().cmp(&b.1.len()).then(a.0.cmp(b.0)))
+            .map(|(id, t)| (id.clone(), t.len()));
+        let (Some((from, hi)), Some((to, lo))) = (most, fewest) else {
+            return moves;
+        };
+        if hi <= lo + 1 {
+            return moves;
+        }
+        let Some(topic) = owned.get_mut(&from).and_then(Vec::pop) else {
+            return moves;
+        };
+        if let Some(t) = owned.get_mut(&to) {
+            t.push(topic.clone());
+            t.sort();
+        }
+        moves.push((topic, from, to));
+    }
+}
+
+async fn rebalance(ctx: &mut Ctx<'_>, dry_run: bool) -> Result<()> {
+    let client = ctx.client().await?;
+    let r = client
+        .list_brokers(true)
+        .await
+        .map_err(|e| unimplemented(ctx, e.into()))?;
+    let owned: std::collections::BTreeMap<String, Vec<String>> = r
+        .brokers
+        .into_iter()
+        .filter(|b| b.live && !b.draining)
+        .map(|b| (b.id, b.topics))
+        .collect();
+    let plan = plan_moves(&owned);
+    let mut moved = Vec::new();
+    let mut failed = Vec::new();
+    for (topic, from, to) in &plan {
+        if dry_run {
+            moved.push(MovedView {
+                topic: topic.clone(),
+                to_broker: to.clone(),
+                entries: 0,
+                millis: 0,
+            });
+            continue;
+        }
+        match client.move_topic(topic, Some(to)).await {
+            Ok(m) => moved.push(moved_view(m)),
+            Err(e) => failed.push(NotMovedView {
+                topic: topic.clone(),
+                reason: format!("from {from} to {to}: {e}"),
+            }),
+        }
+    }
+    if ctx.json() {
+        write_json(
+            ctx.out,
+            &serde_json::json!({ "dry_run": dry_run, "moved": moved, "not_moved": failed }),
+        )?;
+    } else {
+        writeln!(
+            ctx.out,
+            "{} {} topic(s){}",
+            if dry_run { "would move" } else { "moved" },
+            moved.len(),
+            if failed.is_empty() {
+                String::new()
+            } else {
+                format!(", {} not moved", failed.len())
+            }
+        )?;
+        if !moved.is_empty() {
+            moved_table(&moved).write(ctx.out)?;
+        }
+        for n in &failed {
+            writeln!(ctx.out, "not moved: {}: {}", n.topic, n.reason)?;
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Other(format!(
+            "{} topic(s) could not be moved",
+            failed.len()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan_moves;
+    use std::collections::BTreeMap;
+
+    fn brokers(counts: &[(&str, usize)]) -> BTreeMap<String, Vec<String>> {
+        counts
+            .iter()
+            .map(|(id, n)| {
+                (
+                    id.to_string(),
+                    (0..*n).map(|i| format!("{id}-t{i}")).collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_new_broker_takes_its_share_and_no_two_differ_by_more_than_one() {
+        let plan = plan_moves(&brokers(&[("b0", 5), ("b1", 4), ("b2", 0)]));
+        assert_eq!(plan.len(), 3, "{plan:?}");
+        assert!(plan.iter().all(|(_, _, to)| to == "b2"), "{plan:?}");
+        assert_eq!(plan.iter().filter(|(_, from, _)| from == "b0").count(), 2);
+        // Every topic moves at most once, and only from where it is.
+        let mut topics: Vec<&String> = plan.iter().map(|(t, ..)| t).collect();
+        topics.dedup();
+        assert_eq!(topics.len(), 3);
+        assert!(plan.iter().all(|(t, from, _)| t.starts_with(from.as_str())));
+        // Already even: nothing; one broker or none: nothing.
+        assert!(plan_moves(&brokers(&[("a", 3), ("b", 2), ("c", 3)])).is_empty());
+        assert!(plan_moves(&brokers(&[("a", 7)])).is_empty());
+        assert!(plan_moves(&BTreeMap::new()).is_empty());
     }
 }
 

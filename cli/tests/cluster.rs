@@ -230,7 +230,7 @@ async fn cluster_move_and_drain_on_a_real_cluster() {
         return;
     };
     let root = tempfile::tempdir().unwrap();
-    let brokers = ricochet_testkit::spawn_cluster(
+    let mut brokers = ricochet_testkit::spawn_cluster(
         &etcd,
         "cli",
         2,
@@ -283,4 +283,43 @@ async fn cluster_move_and_drain_on_a_real_cluster() {
     assert!(stderr(&out).contains("draining"), "{}", stderr(&out));
     let stats = env.json(&["topics", "stats", "jobs"]).await;
     assert_eq!(u(&stats["message_count"]), 2, "{stats}");
+
+    // Three more topics, all placed on `owner` while `other` drains; then
+    // `other` comes back (a restart ends its drain) and a rebalance gives
+    // it its share: 4 + 0 becomes 2 + 2.
+    for t in ["t1", "t2", "t3"] {
+        env.ok(&["produce", t, "-m", "x"]).await;
+    }
+    let i = if other == "b0" { 0 } else { 1 };
+    brokers[i].kill9();
+    brokers[i].restart().await;
+    // It listens before it joins: wait until it is registered again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let view = env.json(&["cluster", "brokers"]).await;
+        let back = view["brokers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["id"] == other && b["live"] == true && b["draining"] == false);
+        if back {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{view}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let dry = env.json(&["cluster", "rebalance", "--dry-run"]).await;
+    let view = env.json(&["cluster", "brokers", "--topics"]).await;
+    assert_eq!(dry["moved"].as_array().unwrap().len(), 2, "{dry}\n{view}");
+    let out = env.ok(&["cluster", "rebalance"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("moved 2 topic(s)"), "{text}");
+    let mut on_other = 0;
+    for t in ["jobs", "t1", "t2", "t3"] {
+        let l = env.json(&["cluster", "lookup", t]).await;
+        on_other += usize::from(l["owners"][0]["broker_id"] == other);
+    }
+    assert_eq!(on_other, 2);
+    let again = env.json(&["cluster", "rebalance", "--dry-run"]).await;
+    assert!(again["moved"].as_array().unwrap().is_empty(), "{again}");
 }

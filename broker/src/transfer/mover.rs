@@ -186,6 +186,7 @@ async fn transfer(
     .await;
     match handed {
         Ok(entries) => {
+            claim_there(url, auth, name).await;
             if let Err(e) = core.forget_moved(name).await {
                 tracing::warn!(topic = %name, error = %e, "moved, but the local copy could not be deleted (it is not served)");
             }
@@ -204,6 +205,33 @@ async fn transfer(
             cluster.end_move(name.as_str());
             Err(e)
         }
+    }
+}
+
+/// Asks the new owner at `url` where `name` lives, which makes it claim
+/// the topic now rather than on its clients' first call (best effort: it
+/// claims it then anyway).
+async fn claim_there(url: &str, auth: Option<&AsciiMetadataValue>, name: &TopicName) {
+    let lookup = async {
+        let channel = tonic::transport::Endpoint::from_shared(url.to_owned())?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .connect()
+            .await?;
+        let mut request = tonic::Request::new(ricochet_proto::LookupRequest {
+            topic: name.to_string(),
+        });
+        if let Some(a) = auth {
+            request.metadata_mut().insert("authorization", a.clone());
+        }
+        ClusterClient::new(channel).lookup(request).await?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, lookup).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(topic = %name, error = %e, "the new owner did not claim at once")
+        }
+        Err(_) => tracing::debug!(topic = %name, "the new owner did not answer the lookup in time"),
     }
 }
 
