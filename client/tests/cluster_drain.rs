@@ -36,6 +36,37 @@ async fn client(url: &str) -> Client {
         .unwrap()
 }
 
+/// etcd and `n` brokers (lease TTL 3 s) in a temporary directory; all of
+/// it stops when dropped, so bind every field for the whole test.
+struct Cluster {
+    etcd: ricochet_testkit::EtcdProcess,
+    brokers: Vec<ricochet_testkit::ClusterBroker>,
+    _root: tempfile::TempDir,
+}
+
+/// A fresh cluster named `name` for `test`; `None` (skipped) without etcd.
+/// `RICOCHET_TEST_BROKER_LOG=1` shows the brokers' logs (INFO).
+async fn cluster(test: &str, name: &str, n: usize) -> Option<Cluster> {
+    let etcd = etcd_or_skip(test).await?;
+    let root = tempfile::tempdir().unwrap();
+    let brokers = spawn_cluster(
+        &etcd,
+        name,
+        n,
+        root.path(),
+        Duration::from_secs(3),
+        &SpawnOptions::new()
+            .echo_log(std::env::var_os("RICOCHET_TEST_BROKER_LOG").is_some())
+            .rust_log("info"),
+    )
+    .await;
+    Some(Cluster {
+        etcd,
+        brokers,
+        _root: root,
+    })
+}
+
 async fn stored(c: &Client, topic: &str) -> u64 {
     c.admin_for(topic)
         .await
@@ -52,21 +83,14 @@ async fn stored(c: &Client, topic: &str) -> u64 {
 #[tokio::test]
 async fn a_drain_under_load_moves_every_partition_losing_and_duplicating_nothing() {
     let _one = ONE_CLUSTER.lock().await;
-    let Some(etcd) = etcd_or_skip("a_drain_under_load_moves_every_partition").await else {
+    let Some(Cluster {
+        etcd: _etcd,
+        brokers,
+        _root,
+    }) = cluster("a_drain_under_load_moves_every_partition", "drain", 3).await
+    else {
         return;
     };
-    let root = tempfile::tempdir().unwrap();
-    let brokers = spawn_cluster(
-        &etcd,
-        "drain",
-        3,
-        root.path(),
-        Duration::from_secs(3),
-        &SpawnOptions::new()
-            .echo_log(std::env::var_os("RICOCHET_TEST_BROKER_LOG").is_some())
-            .rust_log("info"),
-    )
-    .await;
     let c = client(&brokers[0].url()).await;
     let t = "orders";
     const PARTITIONS: u32 = 6;
@@ -232,19 +256,14 @@ async fn a_drain_under_load_moves_every_partition_losing_and_duplicating_nothing
 #[tokio::test]
 async fn a_moved_topic_keeps_its_cursor_retries_delivery_counts_and_dead_letters() {
     let _one = ONE_CLUSTER.lock().await;
-    let Some(etcd) = etcd_or_skip("a_moved_topic_keeps_its_cursor").await else {
+    let Some(Cluster {
+        etcd: _etcd,
+        brokers,
+        _root,
+    }) = cluster("a_moved_topic_keeps_its_cursor", "move", 2).await
+    else {
         return;
     };
-    let root = tempfile::tempdir().unwrap();
-    let brokers = spawn_cluster(
-        &etcd,
-        "move",
-        2,
-        root.path(),
-        Duration::from_secs(3),
-        &SpawnOptions::new(),
-    )
-    .await;
     let c = client(&brokers[1].url()).await;
     let t = "jobs";
     let producer = c.producer(t).name("p").create().await.unwrap();
@@ -353,19 +372,14 @@ async fn a_moved_topic_keeps_its_cursor_retries_delivery_counts_and_dead_letters
 #[tokio::test]
 async fn a_move_the_target_refuses_leaves_the_topic_served_where_it_was() {
     let _one = ONE_CLUSTER.lock().await;
-    let Some(etcd) = etcd_or_skip("a_move_the_target_refuses").await else {
+    let Some(Cluster {
+        etcd: _etcd,
+        brokers,
+        _root,
+    }) = cluster("a_move_the_target_refuses", "refuse", 2).await
+    else {
         return;
     };
-    let root = tempfile::tempdir().unwrap();
-    let brokers = spawn_cluster(
-        &etcd,
-        "refuse",
-        2,
-        root.path(),
-        Duration::from_secs(3),
-        &SpawnOptions::new(),
-    )
-    .await;
     let c = client(&brokers[0].url()).await;
     let t = "jobs";
     let producer = c.producer(t).create().await.unwrap();
@@ -425,19 +439,14 @@ async fn a_move_the_target_refuses_leaves_the_topic_served_where_it_was() {
 #[tokio::test]
 async fn a_copy_left_by_an_unfinished_move_is_deleted_when_its_broker_returns() {
     let _one = ONE_CLUSTER.lock().await;
-    let Some(etcd) = etcd_or_skip("a_copy_left_by_an_unfinished_move").await else {
+    let Some(Cluster {
+        etcd,
+        mut brokers,
+        _root,
+    }) = cluster("a_copy_left_by_an_unfinished_move", "stale", 2).await
+    else {
         return;
     };
-    let root = tempfile::tempdir().unwrap();
-    let mut brokers = spawn_cluster(
-        &etcd,
-        "stale",
-        2,
-        root.path(),
-        Duration::from_secs(3),
-        &SpawnOptions::new(),
-    )
-    .await;
     let c = client(&brokers[0].url()).await;
     c.producer("x")
         .create()
@@ -500,19 +509,14 @@ async fn a_bad_or_incomplete_import_is_refused_and_leaves_nothing() {
         TopicTransferPart, TransferBegin, TransferEnd, TransferEntries, topic_transfer_part::Part,
     };
     let _one = ONE_CLUSTER.lock().await;
-    let Some(etcd) = etcd_or_skip("a_bad_or_incomplete_import_is_refused").await else {
+    let Some(Cluster {
+        etcd: _etcd,
+        brokers,
+        _root,
+    }) = cluster("a_bad_or_incomplete_import_is_refused", "import", 1).await
+    else {
         return;
     };
-    let root = tempfile::tempdir().unwrap();
-    let brokers = spawn_cluster(
-        &etcd,
-        "import",
-        1,
-        root.path(),
-        Duration::from_secs(3),
-        &SpawnOptions::new(),
-    )
-    .await;
     let url = brokers[0].url();
     let name = "persistent://public/default/imported";
     let state = format!(
