@@ -359,6 +359,8 @@ fn main() -> Result<(), BoxError> {
     let dropped_segments =
         scrape(metrics, "ricochet_retention_dropped_segments_total").unwrap_or(0.0);
     let end_disk = du(&data);
+    let end_blobs = std::fs::read_dir(data.join("blobs")).map_or(0, |d| d.flatten().count());
+    let end_blob_bytes = du(&data.join("blobs"));
     rt.block_on(broker.stop());
 
     print_report(&Report {
@@ -380,6 +382,15 @@ fn main() -> Result<(), BoxError> {
         "  retention dropped {:.0} MB in {dropped_segments} segments; data dir after the loads {:.0} MB",
         dropped / 1e6,
         mb(end_disk)
+    );
+    println!(
+        "  blobs/ after the loads: {end_blobs} files, {:.0} MB; load1 over the run {:.1}-{:.1} (shared machine)",
+        mb(end_blob_bytes),
+        samples
+            .iter()
+            .map(|s| s.load1)
+            .fold(f64::INFINITY, f64::min),
+        samples.iter().map(|s| s.load1).fold(0.0, f64::max),
     );
     for (what, v) in [
         ("perf produce", &produced),
