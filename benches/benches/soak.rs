@@ -71,6 +71,24 @@ fn rss(pid: u32) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// CPU time (user + system) the process has used, in seconds (`/proc/<pid>/stat`,
+/// in clock ticks of 1/100 s).
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at the state.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, r)| r.split_whitespace().collect());
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 11 and 12 after the name.
+    (ticks(11) + ticks(12)) as f64 / 100.0
+}
+
 fn load1() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -293,6 +311,7 @@ fn main() -> Result<(), BoxError> {
     let limit = parse_size(&max_size)?;
     std::thread::sleep(Duration::from_secs(2));
     let idle = rss(pid);
+    let cpu_before = cpu_secs(pid);
 
     let duration = format!("{secs}s");
     let (produce, produce_progress) = spawn_perf(
@@ -359,6 +378,9 @@ fn main() -> Result<(), BoxError> {
     let dropped_segments =
         scrape(metrics, "ricochet_retention_dropped_segments_total").unwrap_or(0.0);
     let end_disk = du(&data);
+    let broker_cpu = cpu_secs(pid) - cpu_before;
+    let end_blobs = std::fs::read_dir(data.join("blobs")).map_or(0, |d| d.flatten().count());
+    let end_blob_bytes = du(&data.join("blobs"));
     rt.block_on(broker.stop());
 
     print_report(&Report {
@@ -380,6 +402,19 @@ fn main() -> Result<(), BoxError> {
         "  retention dropped {:.0} MB in {dropped_segments} segments; data dir after the loads {:.0} MB",
         dropped / 1e6,
         mb(end_disk)
+    );
+    println!(
+        "  blobs/ after the loads: {end_blobs} files, {:.0} MB; load1 over the run {:.1}-{:.1} (shared machine)",
+        mb(end_blob_bytes),
+        samples
+            .iter()
+            .map(|s| s.load1)
+            .fold(f64::INFINITY, f64::min),
+        samples.iter().map(|s| s.load1).fold(0.0, f64::max),
+    );
+    println!(
+        "  broker CPU time under the loads: {broker_cpu:.1} s user + system ({:.0}% of one core)",
+        100.0 * broker_cpu / secs as f64
     );
     for (what, v) in [
         ("perf produce", &produced),

@@ -14,9 +14,22 @@
 //! So the tree is emptied first: each removal adds a delta to its leaf (or
 //! consolidates it, replacing the blob), after which freeing the page
 //! removes its blob like any other fragment. The removals cost one sled
-//! delete per stored batch, before the drop; a crash between them leaves a
+//! delete per stored value, before the drop; a crash between them leaves a
 //! segment that is partly emptied below the topic's id floor (raised before
 //! a trim), which nothing reads and the next trim drops.
+//!
+//! Emptying cannot save every file: that test in `mark_replace`
+//! (`pagecache/segment.rs`) is the only place sled keeps a replaced blob,
+//! and every page rewrite goes through it (`cas_page`: a consolidation, the
+//! in-place left half of a split, a merge, a free), not only the cleaner's
+//! relocations it is meant for. So a page whose whole state is one blob —
+//! a leaf just consolidated (sled rewrites a page whole on every tenth
+//! update, and a split writes both halves whole) — leaves its file behind if
+//! its next change is such a rewrite rather than an added delta. Those files
+//! were the residue the soak showed (about 3% of what retention dropped).
+//! The log therefore cuts batches into values of at most 7 KiB
+//! ([`super::frame::MAX_VALUE`]): its leaves are blobs only when they hold
+//! messages larger than that, and only then does this apply.
 
 use super::{SledStorage, seg_tree_name};
 use crate::storage::StorageResult as Result;

@@ -1,11 +1,61 @@
-//! A log value: the consecutive entries of one producer batch (or one moved
-//! message), keyed by the first entry's id, so a batch costs one sled insert.
-//! Layout: `u32 count`, then per entry `u32 len` and its bytes; a removed
-//! entry (dead-letter purge) keeps its slot with the length `u32::MAX`.
+//! A log value: a run of consecutive entries of one producer batch (or one
+//! moved message), keyed by the first entry's id. Layout: `u32 count`, then
+//! per entry `u32 len` and its bytes; a removed entry (dead-letter purge)
+//! keeps its slot with the length `u32::MAX`.
+//!
+//! A batch is cut into runs of at most [`MAX_VALUE`] stored bytes
+//! ([`runs`]), so that a sled leaf of such values stays under sled's blob
+//! threshold (see [`MAX_VALUE`]); an entry larger than that is a run of its
+//! own. Stores written when a batch was always one value read the same way:
+//! every reader finds an entry in the value with the greatest first id at or
+//! below it, whatever the runs' lengths.
 
 use crate::storage::{StorageError, StorageResult as Result};
 
 const GONE: u32 = u32::MAX;
+
+/// The most bytes a stored log value (sealed: 5 bytes of format byte and
+/// checksum, then the frame) is given when a batch is cut into runs.
+///
+/// sled 0.34 writes a page as a separate file under `blobs/` when its
+/// logged form (the serialized page plus a message header of up to 32
+/// bytes) is over a quarter of its 512 KiB log segment less the 20-byte
+/// segment header, 131 052 bytes (`reserve_inner` in
+/// `pagecache/logger.rs`). A leaf is split once it holds more than 16
+/// items (`Node::should_split`), so it is written whole with at most 17;
+/// each item costs its value, its key (8 bytes at most, prefix-encoded)
+/// and up to 5 bytes of length varints, the node some 50 bytes of header.
+/// At 7 KiB a full leaf is at most 17 × (7 168 + 13) + 50 = 122 127 bytes,
+/// under the threshold with room for an 18th value. Such a page is also
+/// charged to sled's cache at its real size, where a blob page counts only
+/// its pointer. A single entry larger than this is still one value, and a
+/// leaf holding it may still be a blob.
+pub const MAX_VALUE: usize = 7 * 1024;
+
+/// Bytes [`super::codec::seal`] adds to a frame.
+const SEAL_LEN: usize = 5;
+
+/// `entries` cut into consecutive runs whose stored values (sealed frames)
+/// are each at most [`MAX_VALUE`] bytes; an entry too large for that is a
+/// run by itself. No runs for no entries.
+pub fn runs(entries: &[Vec<u8>]) -> Vec<&[Vec<u8>]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut size = SEAL_LEN + 4;
+    for (i, e) in entries.iter().enumerate() {
+        let cost = 4 + e.len();
+        if i > start && size + cost > MAX_VALUE {
+            out.push(&entries[start..i]);
+            start = i;
+            size = SEAL_LEN + 4;
+        }
+        size += cost;
+    }
+    if start < entries.len() {
+        out.push(&entries[start..]);
+    }
+    out
+}
 
 fn corrupt() -> StorageError {
     StorageError::Corrupt("truncated log frame".into())
@@ -112,5 +162,37 @@ mod tests {
         assert_eq!(super::live(&g).unwrap(), 2);
         assert!(super::without(10, &g, 11).unwrap().is_none());
         assert!(super::entries(0, &f[..5]).is_err());
+    }
+
+    /// Runs keep the entries in order, each sealed frame within the limit
+    /// unless it is one oversized entry, and pack as many as fit.
+    #[test]
+    fn runs_cut_a_batch_into_values_within_the_limit() {
+        use super::{MAX_VALUE, SEAL_LEN, encode, runs};
+        assert!(runs(&[]).is_empty());
+        let kib: Vec<Vec<u8>> = (0..1000u32).map(|i| vec![i as u8; 1024]).collect();
+        let cut = runs(&kib);
+        // 6 entries of 1 KiB fit in 7 KiB with their headers, 7 do not.
+        assert!(cut.iter().all(|r| r.len() == 6 || r.len() == 4));
+        assert_eq!(cut.len(), 167);
+        assert_eq!(cut.concat(), kib);
+        for r in &cut {
+            assert!(SEAL_LEN + encode(r).len() <= MAX_VALUE);
+        }
+        // Exactly at the limit: one run; one byte over: two.
+        let exact = vec![vec![0u8; MAX_VALUE - SEAL_LEN - 8]];
+        assert_eq!(runs(&exact).len(), 1);
+        assert_eq!(SEAL_LEN + encode(&exact).len(), MAX_VALUE);
+        let two = vec![vec![0u8; MAX_VALUE - SEAL_LEN - 12], vec![1u8]];
+        assert_eq!(runs(&two).len(), 2);
+        // An oversized entry is a run of its own, between its neighbours' runs.
+        let mixed = vec![vec![1u8; 10], vec![2u8; 3 * MAX_VALUE], vec![3u8; 10]];
+        let cut = runs(&mixed);
+        assert_eq!(cut.iter().map(|r| r.len()).collect::<Vec<_>>(), [1, 1, 1]);
+        // Empty entries still take their length slots.
+        let empties = vec![Vec::new(); 3000];
+        let cut = runs(&empties);
+        assert_eq!(cut.concat(), empties);
+        assert!(cut.iter().all(|r| SEAL_LEN + encode(r).len() <= MAX_VALUE));
     }
 }

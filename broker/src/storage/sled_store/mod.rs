@@ -3,6 +3,8 @@
 //! Layout: a topic's log lives in segment trees named `seg/<topic>/<n>` (entry
 //! id `/ segment_entries`), keyed by big-endian entry id, so consumed data is
 //! dropped a whole tree at a time (per-key deletes make sled's files grow).
+//! Each value is a run of at most 7 KiB of one batch's entries, keyed by its
+//! first id ([`frame`]), so that log leaves stay under sled's blob threshold.
 //! Small records live in shared trees: `meta` (topics, subscriptions, id
 //! floors), `prodseq`, `failures`, `schedule` (keyed by big-endian due time)
 //! and `deadletters`. Tier moves are one multi-tree transaction; a move into
@@ -20,6 +22,8 @@ mod dropping;
 mod frame;
 mod reads;
 mod returns;
+#[cfg(test)]
+mod split_tests;
 mod transfer;
 mod verify;
 
@@ -301,12 +305,26 @@ impl Storage for SledStorage {
         let mut id = first_id;
         let mut rest = entries;
         while !rest.is_empty() {
-            // One frame per batch and segment: a batch never spans two trees.
+            // A frame never spans two segment trees.
             let seg = id / self.segment_entries;
             let room = ((seg + 1) * self.segment_entries - id) as usize;
             let (now, later) = rest.split_at(room.min(rest.len()));
-            self.segment(topic, seg)?
-                .insert(be(id), seal(&be(id), &frame::encode(now)))?;
+            let tree = self.segment(topic, seg)?;
+            // Runs of at most `frame::MAX_VALUE` bytes keep sled's leaves
+            // off its blob files; the runs of one segment are written as
+            // one sled batch, so a crash keeps all of them or none.
+            let runs = frame::runs(now);
+            if let [only] = runs.as_slice() {
+                tree.insert(be(id), seal(&be(id), &frame::encode(only)))?;
+            } else {
+                let mut batch = Batch::default();
+                let mut at = id;
+                for run in runs {
+                    batch.insert(&be(at), seal(&be(at), &frame::encode(run)));
+                    at += run.len() as u64;
+                }
+                tree.apply_batch(batch)?;
+            }
             id += now.len() as u64;
             rest = later;
         }

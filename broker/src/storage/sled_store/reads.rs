@@ -1,8 +1,8 @@
 //! Reading many log entries at once: the entries asked for are taken in id
 //! order, so the entries of one stored frame come together and the frame is
-//! read, checked and split once for all of them (a frame holds a whole
-//! published batch, and reading it per entry costs the whole frame each
-//! time).
+//! read, checked and split once for all of them (a frame holds a run of up
+//! to 7 KiB of a published batch, or one larger message, and reading it per
+//! entry costs the whole frame each time).
 
 use super::codec::{be, read_be, unseal};
 use super::frame;
