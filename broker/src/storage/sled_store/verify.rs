@@ -108,7 +108,7 @@ impl SledStorage {
                         break;
                     }
                 };
-                if report.values % 4096 == 0 && stop() {
+                if report.values.is_multiple_of(4096) && stop() {
                     report.complete = false;
                     return report;
                 }
