@@ -118,14 +118,19 @@ fn verify(sled: &SledStorage, accept_loss: bool) -> Result<()> {
 /// unhealthy (`ricochet_storage_healthy 0`, gRPC health NOT_SERVING), as a
 /// damaged read does; it does not stop the broker (reads of a damaged value
 /// fail on their own, with DATA_LOSS). The pass ends early when the broker
-/// shuts down or is dropped, so it never holds the store open after that.
+/// shuts down or is dropped, and holds the broker's storage handle until
+/// then, so a shutdown that waits for storage to close waits for it.
 fn verify_in_background(sled: Arc<SledStorage>, core: &Arc<BrokerCore>) {
     let stop = core.shutdown.clone();
     let weak = Arc::downgrade(core);
+    // Held until the pass has let go of the store: whoever waits for the
+    // broker's storage to close (a shutdown) waits for the pass too.
+    let storage = core.storage.clone();
     tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
         let report = sled.verify_live(&|| stop.is_cancelled() || weak.strong_count() == 0);
         drop(sled);
+        drop(storage);
         let took_ms = started.elapsed().as_millis() as u64;
         if !report.complete {
             tracing::info!(
