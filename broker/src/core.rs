@@ -298,7 +298,10 @@ impl BrokerCore {
 
     /// The end of a clean stop (streams closed): no more ids are handed
     /// out, subscription actors are given time to stop, storage is flushed,
-    /// and the manifest records exactly what the store holds.
+    /// and the manifest records exactly what the store holds: with
+    /// `verify_on_start = "before"` the dead-letter and schedule counts too
+    /// (a scan of both trees, which only that mode compares at the next
+    /// start; without them the manifest says nothing about the counts).
     pub async fn stop_clean(&self) -> Result<()> {
         self.keeper.close();
         let entries: Vec<Arc<TopicEntry>> = self.topics.lock().await.values().cloned().collect();
@@ -311,7 +314,8 @@ impl BrokerCore {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         self.storage.flush().await?;
-        let inventory = self.storage.inventory(true)?;
+        let count = self.config.verify_on_start == VerifyOnStart::Before;
+        let inventory = self.storage.inventory(count)?;
         self.keeper.stop_clean(&handed_out, &inventory).await
     }
 

@@ -23,7 +23,8 @@
 //!   snapshots), so they are checked only after a clean stop, and only
 //!   when the verify pass runs before serving (`verify_on_start =
 //!   "before"`, which counts them on its way; otherwise the check would
-//!   cost a scan of both trees before serving).
+//!   cost a scan of both trees before serving). Only in that mode does a
+//!   clean stop count them (another scan); otherwise it records none.
 
 use crate::clock::SharedClock;
 use crate::error::{BrokerError, Result};
