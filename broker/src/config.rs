@@ -30,7 +30,8 @@
 //! keepalive_interval = "30s"         # HTTP/2 pings on every connection ("0s": none) ...
 //! keepalive_timeout = "20s"          # ... and a connection whose ping is not answered in time closes
 //! accept_data_loss = false       # start on a store that lacks what its manifest records
-//! verify_on_start = true         # read every stored value at start (refuse damage early)
+//! verify_on_start = "background" # read every stored value once serving (report damage);
+//!                                # "before": before serving (refuse damage; slower start), "off"
 //! # console_listen = "127.0.0.1:8080"  # the web console (off unless set; loopback only ...)
 //! console_allow_remote = false   # ... unless this is true: the console has no authentication yet
 //!
@@ -74,6 +75,55 @@ pub enum Durability {
 /// The largest `max_delay` a config may set: far beyond any use, and far
 /// below the point where a due time in milliseconds could overflow.
 pub const MAX_DELAY_CEILING: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// When the broker reads and checks every stored value at start
+/// (`verify_on_start`; `true` and `false` still read as `before` and `off`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifyOnStart {
+    /// Before serving: a store with a damaged value is refused (unless
+    /// `accept_data_loss`); the start takes one pass over the store.
+    Before,
+    /// After the broker starts serving, in a background task: damage found
+    /// is logged (ERROR), turns `ricochet_storage_healthy` to 0 and the gRPC
+    /// health check to NOT_SERVING, as a damaged read does. Until the pass
+    /// reaches a damaged value, only a read of it finds it (and fails).
+    #[default]
+    Background,
+    /// Never: only reads check values (each against its checksum).
+    Off,
+}
+
+impl<'de> Deserialize<'de> for VerifyOnStart {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Flag(bool),
+            Name(String),
+        }
+        match Repr::deserialize(d)? {
+            Repr::Flag(true) => Ok(Self::Before),
+            Repr::Flag(false) => Ok(Self::Off),
+            Repr::Name(n) => n.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl std::str::FromStr for VerifyOnStart {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "before" => Ok(Self::Before),
+            "background" => Ok(Self::Background),
+            "off" => Ok(Self::Off),
+            other => Err(format!(
+                "unknown verify_on_start {other:?}: use before, background or off"
+            )),
+        }
+    }
+}
 
 /// The log's format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -207,10 +257,11 @@ pub struct BrokerConfig {
     /// loss is logged, and what is left becomes the record). Off by default:
     /// a damaged store is refused.
     pub accept_data_loss: bool,
-    /// Read and check every stored value at start, so damage is refused
-    /// before serving rather than found by a read later (costs one pass over
-    /// the store; the backlog, since consumed segments are dropped).
-    pub verify_on_start: bool,
+    /// When every stored value is read and checked at start (one pass over
+    /// the store: the backlog, parked retries and dead letters): `before`
+    /// serving (damage refuses the store), in the `background` once serving
+    /// (the default: damage is reported, not refused), or `off`.
+    pub verify_on_start: VerifyOnStart,
     /// Where the web console (`crate::console`) listens; `None` (the
     /// default) serves no console.
     pub console_listen: Option<SocketAddr>,
@@ -261,7 +312,7 @@ impl Default for BrokerConfig {
             keepalive_timeout: Duration::from_secs(20),
             policies: Vec::new(),
             accept_data_loss: false,
-            verify_on_start: true,
+            verify_on_start: VerifyOnStart::default(),
             console_listen: None,
             console_allow_remote: false,
             advertise: None,

@@ -5,7 +5,7 @@
 
 use crate::claims::{TierClaims, TierOverrides};
 use crate::clock::SharedClock;
-use crate::config::{BrokerConfig, Durability};
+use crate::config::{BrokerConfig, Durability, VerifyOnStart};
 use crate::error::{BrokerError, Result};
 use crate::failure_log::FailureLog;
 use crate::flusher::Flusher;
@@ -92,6 +92,9 @@ pub struct BrokerCore {
     /// Cluster mode: set once when the broker joins (see `crate::cluster`);
     /// empty on a standalone broker.
     cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
+    /// Set when the verify pass run in the background after start found
+    /// damage (see [`BrokerCore::report_damage`]).
+    damage_found: std::sync::atomic::AtomicBool,
     me: Weak<BrokerCore>,
 }
 
@@ -144,9 +147,21 @@ impl BrokerCore {
         clock: SharedClock,
     ) -> Result<Arc<Self>> {
         let storage: Arc<dyn Storage> = Arc::new(Watched::new(storage));
+        let phase = std::time::Instant::now();
         let keeper = Arc::new(
-            ManifestKeeper::open(storage.clone(), config.accept_data_loss, clock.clone()).await?,
+            ManifestKeeper::open(
+                storage.clone(),
+                config.accept_data_loss,
+                config.verify_on_start == VerifyOnStart::Before,
+                clock.clone(),
+            )
+            .await?,
         );
+        tracing::info!(
+            took_ms = phase.elapsed().as_millis() as u64,
+            "start: store checked against its manifest"
+        );
+        let phase = std::time::Instant::now();
         let auth = Arc::new(crate::auth::Auth::open(
             &config.auth,
             &config.tls,
@@ -186,12 +201,18 @@ impl BrokerCore {
             partition_ops: Mutex::new(()),
             retention,
             cluster: std::sync::OnceLock::new(),
+            damage_found: Default::default(),
             me: me.clone(),
         });
         for rec in core.storage.list_partitioned()? {
             let name = TopicName::parse_stored(&rec.name)?;
             lock(&core.partitioned).insert(name, rec.partitions);
         }
+        tracing::info!(
+            took_ms = phase.elapsed().as_millis() as u64,
+            "start: grants and retention policies loaded"
+        );
+        let phase = std::time::Instant::now();
         let mut opened = Vec::new();
         for rec in core.storage.list_topics()? {
             let name = TopicName::parse_stored(&rec.name)?;
@@ -207,6 +228,13 @@ impl BrokerCore {
             .iter()
             .filter_map(|(n, e)| Some((n.to_string(), e.topic.void()?)))
             .collect();
+        tracing::info!(
+            topics = opened.len(),
+            took_ms = phase.elapsed().as_millis() as u64,
+            "start: topics opened"
+        );
+        let phase = std::time::Instant::now();
+        let mut subscriptions = 0usize;
         let mut acked_voids = false;
         let mut topics = core.topics.lock().await;
         for (name, entry) in opened {
@@ -225,6 +253,7 @@ impl BrokerCore {
                 lock(&core.claims).claim(&sub)?;
                 let handle = core.spawn_subscription(sub, entry.topic.clone())?;
                 lock(&entry.subscriptions).insert(handle.name().to_owned(), handle);
+                subscriptions += 1;
             }
             topics.insert(name, entry);
         }
@@ -232,6 +261,11 @@ impl BrokerCore {
         if acked_voids {
             core.storage.flush().await?;
         }
+        tracing::info!(
+            subscriptions,
+            took_ms = phase.elapsed().as_millis() as u64,
+            "start: subscriptions loaded"
+        );
         core.start_snapshots();
         crate::retention::spawn(
             core.me.clone(),
@@ -264,7 +298,10 @@ impl BrokerCore {
 
     /// The end of a clean stop (streams closed): no more ids are handed
     /// out, subscription actors are given time to stop, storage is flushed,
-    /// and the manifest records exactly what the store holds.
+    /// and the manifest records exactly what the store holds: with
+    /// `verify_on_start = "before"` the dead-letter and schedule counts too
+    /// (a scan of both trees, which only that mode compares at the next
+    /// start; without them the manifest says nothing about the counts).
     pub async fn stop_clean(&self) -> Result<()> {
         self.keeper.close();
         let entries: Vec<Arc<TopicEntry>> = self.topics.lock().await.values().cloned().collect();
@@ -277,7 +314,8 @@ impl BrokerCore {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         self.storage.flush().await?;
-        let inventory = self.storage.inventory(true)?;
+        let count = self.config.verify_on_start == VerifyOnStart::Before;
+        let inventory = self.storage.inventory(count)?;
         self.keeper.stop_clean(&handed_out, &inventory).await
     }
 
@@ -770,9 +808,18 @@ impl BrokerCore {
         }
     }
 
-    /// Whether storage is healthy: every flush succeeded and no read
-    /// found damaged data.
+    /// Whether storage is healthy: every flush succeeded, and no read nor
+    /// the verify pass found damaged data.
     pub fn healthy(&self) -> bool {
-        self.flusher.is_healthy() && self.storage.intact()
+        self.flusher.is_healthy()
+            && self.storage.intact()
+            && !self.damage_found.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Records damage found outside a read (the verify pass run in the
+    /// background): storage is unhealthy from now on.
+    pub fn report_damage(&self) {
+        self.damage_found
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 }

@@ -20,7 +20,11 @@
 //!   a clean stop);
 //! * dead-letter and schedule counts are exact at a clean stop and absent
 //!   while running (retries fire and dead letters are purged between
-//!   snapshots), so they are checked only after a clean stop.
+//!   snapshots), so they are checked only after a clean stop, and only
+//!   when the verify pass runs before serving (`verify_on_start =
+//!   "before"`, which counts them on its way; otherwise the check would
+//!   cost a scan of both trees before serving). Only in that mode does a
+//!   clean stop count them (another scan); otherwise it records none.
 
 use crate::clock::SharedClock;
 use crate::error::{BrokerError, Result};
@@ -90,10 +94,14 @@ impl ManifestKeeper {
     /// "not clean", with what the store holds now). Fails with
     /// [`BrokerError::DataLoss`] when the store lacks what the manifest
     /// records, unless `accept_loss` (then each loss is logged and the
-    /// store's current state becomes the record).
+    /// store's current state becomes the record). The dead-letter and
+    /// schedule counts a clean stop recorded are compared only with
+    /// `count` (they take a scan of both trees: free after the verify pass
+    /// run before serving, which counted them).
     pub async fn open(
         storage: Arc<dyn Storage>,
         accept_loss: bool,
+        count: bool,
         clock: SharedClock,
     ) -> Result<Self> {
         let (found, unreadable) = match storage.load_manifest() {
@@ -101,7 +109,17 @@ impl ManifestKeeper {
             Err(StorageError::Corrupt(why)) => (None, Some(why)),
             Err(e) => return Err(e.into()),
         };
-        let inventory = storage.inventory(found.as_ref().is_some_and(|m| m.clean))?;
+        let started = std::time::Instant::now();
+        let counted = count && found.as_ref().is_some_and(|m| m.clean);
+        let inventory = storage.inventory(counted)?;
+        tracing::info!(
+            counted,
+            topics = inventory.topics.len(),
+            scheduled = inventory.scheduled,
+            dead_letters = inventory.dead_letters,
+            took_ms = started.elapsed().as_millis() as u64,
+            "start: inventory taken for the manifest check"
+        );
         let legacy = inventory.store_id.is_none() && inventory.has_data;
         let mut problems = Vec::new();
         if let Some(why) = &unreadable {
@@ -319,7 +337,7 @@ mod tests {
     use crate::storage::{MemoryStorage, TopicKind, TopicRecord};
 
     async fn open(s: &Arc<MemoryStorage>, accept: bool) -> Result<ManifestKeeper> {
-        ManifestKeeper::open(s.clone(), accept, Arc::new(SystemClock)).await
+        ManifestKeeper::open(s.clone(), accept, true, Arc::new(SystemClock)).await
     }
 
     fn topic(s: &MemoryStorage, name: &str, entries: usize) {

@@ -7,7 +7,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use ricochet_broker::{Broker, BrokerConfig, Durability, LogFormat};
+use ricochet_broker::{Broker, BrokerConfig, Durability, LogFormat, VerifyOnStart};
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -50,6 +50,11 @@ struct Args {
     /// is logged, and what is left becomes the record).
     #[arg(long)]
     accept_data_loss: bool,
+    /// When every stored value is read and checked: `before` serving (a
+    /// damaged store is refused), in the `background` once serving (the
+    /// default: damage is reported), or `off`.
+    #[arg(long, value_name = "WHEN")]
+    verify_on_start: Option<VerifyOnStart>,
     /// `text` (the default) or `json` (one object per line).
     #[arg(long)]
     log_format: Option<LogFormat>,
@@ -334,6 +339,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     }
     if args.accept_data_loss {
         config.accept_data_loss = true;
+    }
+    if let Some(v) = args.verify_on_start {
+        config.verify_on_start = v;
     }
     args.security.apply(&mut config);
     args.cluster.apply(&mut config)?;

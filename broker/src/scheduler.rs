@@ -80,6 +80,7 @@ impl Scheduler {
             orphans: HashMap::new(),
             stats: stats.clone(),
             clock,
+            loading_since: Some(std::time::Instant::now()),
         };
         tokio::spawn(async move {
             tokio::select! {
@@ -129,6 +130,8 @@ struct Task {
     orphans: HashMap<u64, Vec<ScheduleKey>>,
     stats: Arc<SchedulerStats>,
     clock: SharedClock,
+    /// Set until the first window is loaded (for its log line).
+    loading_since: Option<std::time::Instant>,
 }
 
 /// The timer instant for a wall-clock due time, computed in microseconds: in
@@ -235,6 +238,13 @@ impl Task {
                         message: end,
                     });
                     self.covered_until_ms = to_ms;
+                    if let Some(since) = self.loading_since.take() {
+                        tracing::info!(
+                            entries = self.keys.len(),
+                            took_ms = since.elapsed().as_millis() as u64,
+                            "start: the retry window loaded into the timer"
+                        );
+                    }
                 }
                 more
             }

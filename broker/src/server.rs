@@ -4,7 +4,7 @@
 
 use crate::auth::{AuthLayer, AuthService, AuthorizedAdmin};
 use crate::clock::{SharedClock, SystemClock};
-use crate::config::BrokerConfig;
+use crate::config::{BrokerConfig, VerifyOnStart};
 use crate::core::BrokerCore;
 use crate::error::{BrokerError, Result};
 use crate::service::{AdminService, BrokerService};
@@ -52,16 +52,26 @@ impl BrokerBuilder {
         self.config.validate()?;
         std::fs::create_dir_all(&self.config.data_dir)?;
         let opened = async {
-            let sled = SledStorage::open(
+            let started = std::time::Instant::now();
+            let sled = Arc::new(SledStorage::open(
                 &self.config.data_dir,
                 self.config.segment_entries,
                 self.config.cache_capacity,
-            )?;
-            if self.config.verify_on_start {
+            )?);
+            tracing::info!(
+                took_ms = started.elapsed().as_millis() as u64,
+                "start: storage opened (sled's recovery)"
+            );
+            let mode = self.config.verify_on_start;
+            if mode == VerifyOnStart::Before {
                 verify(&sled, self.config.accept_data_loss)?;
             }
-            let storage: Arc<dyn Storage> = Arc::new(sled);
-            BrokerCore::open(self.config, storage, self.policies, self.clock).await
+            let storage: Arc<dyn Storage> = sled.clone();
+            let core = BrokerCore::open(self.config, storage, self.policies, self.clock).await?;
+            if mode == VerifyOnStart::Background {
+                verify_in_background(sled, &core);
+            }
+            Ok(core)
         };
         match opened.await {
             Ok(core) => Ok(Broker { core }),
@@ -101,6 +111,58 @@ fn verify(sled: &SledStorage, accept_loss: bool) -> Result<()> {
          --accept-data-loss starts anyway, and reads of them fail)",
         report.problem_count
     )))
+}
+
+/// `verify_on_start = "background"`: the verify pass on a blocking thread
+/// while the broker serves. Damage it finds is logged and makes storage
+/// unhealthy (`ricochet_storage_healthy 0`, gRPC health NOT_SERVING), as a
+/// damaged read does; it does not stop the broker (reads of a damaged value
+/// fail on their own, with DATA_LOSS). The pass ends early when the broker
+/// shuts down or is dropped, and holds the broker's storage handle until
+/// then, so a shutdown that waits for storage to close waits for it.
+fn verify_in_background(sled: Arc<SledStorage>, core: &Arc<BrokerCore>) {
+    let stop = core.shutdown.clone();
+    let weak = Arc::downgrade(core);
+    // Held until the pass has let go of the store: whoever waits for the
+    // broker's storage to close (a shutdown) waits for the pass too.
+    let storage = core.storage.clone();
+    tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        let report = sled.verify_live(&|| stop.is_cancelled() || weak.strong_count() == 0);
+        drop(sled);
+        drop(storage);
+        let took_ms = started.elapsed().as_millis() as u64;
+        if !report.complete {
+            tracing::info!(
+                values = report.values,
+                took_ms,
+                "store verification stopped by shutdown"
+            );
+        }
+        if report.problem_count == 0 {
+            if report.complete {
+                tracing::info!(
+                    values = report.values,
+                    entries = report.entries,
+                    took_ms,
+                    "store verified (in the background, while serving)"
+                );
+            }
+            return;
+        }
+        for p in &report.problems {
+            tracing::error!(problem = %p, "the store holds damaged data: reads of it fail");
+        }
+        tracing::error!(
+            problems = report.problem_count,
+            values = report.values,
+            took_ms,
+            "store verification found damage (`ricochet-broker check` on the stopped store lists it); storage is marked unhealthy"
+        );
+        if let Some(core) = weak.upgrade() {
+            core.report_damage();
+        }
+    });
 }
 
 /// A broker with its state loaded, ready to serve.
@@ -371,5 +433,122 @@ impl TestBroker {
         if let Some(t) = self.task.take() {
             t.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message as _;
+    use std::time::Duration;
+
+    /// A store (with its manifest) whose only damage is one flipped bit in
+    /// a stored message of its one topic: sled opens it and the manifest
+    /// matches it.
+    async fn store_with_a_damaged_value(dir: &std::path::Path) {
+        store(dir, true).await
+    }
+
+    /// One topic with three messages (one a frame), the middle one damaged or not.
+    async fn store(dir: &std::path::Path, damaged: bool) {
+        const TOPIC: &str = "persistent://public/default/t";
+        let sled = SledStorage::open(dir, 16_384, 8 << 20).unwrap();
+        sled.set_store_id("test-store").unwrap();
+        sled.put_topic(&crate::storage::TopicRecord {
+            name: TOPIC.into(),
+            created_ms: 0,
+            kind: crate::storage::TopicKind::Normal,
+        })
+        .unwrap();
+        for id in 0..3 {
+            let entry = ricochet_proto::Message {
+                payload: format!("message {id}").into_bytes(),
+                ..Default::default()
+            }
+            .encode_to_vec();
+            sled.append(TOPIC, id, &[entry], None).unwrap();
+        }
+        // The middle one: the topic's first and last entries are read at start.
+        if damaged {
+            sled.damage_entry(TOPIC, 1, 7);
+        }
+        sled.flush().await.unwrap();
+        sled.save_manifest(&crate::storage::manifest::Manifest {
+            store_id: "test-store".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+
+    fn config(dir: &std::path::Path, mode: VerifyOnStart) -> BrokerConfig {
+        BrokerConfig {
+            verify_on_start: mode,
+            ..BrokerConfig::for_dir(dir)
+        }
+    }
+
+    #[tokio::test]
+    async fn before_serving_a_damaged_value_refuses_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        store_with_a_damaged_value(dir.path()).await;
+        let e = Broker::builder(config(dir.path(), VerifyOnStart::Before))
+            .open()
+            .await
+            .unwrap_err();
+        assert!(matches!(e, BrokerError::DataLoss(_)), "{e}");
+        assert!(e.to_string().contains("damaged value"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn in_the_background_a_damaged_value_turns_storage_unhealthy_once_found() {
+        let dir = tempfile::tempdir().unwrap();
+        store_with_a_damaged_value(dir.path()).await;
+        let broker = Broker::builder(config(dir.path(), VerifyOnStart::Background))
+            .open()
+            .await
+            .expect("the store opens: the pass runs after");
+        let core = broker.core().clone();
+        let t = std::time::Instant::now();
+        while core.healthy() {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the background pass never reported the damaged value"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn off_or_in_the_background_an_intact_store_stays_healthy() {
+        for mode in [VerifyOnStart::Background, VerifyOnStart::Off] {
+            let dir = tempfile::tempdir().unwrap();
+            store(dir.path(), false).await;
+            let broker = Broker::builder(config(dir.path(), mode))
+                .open()
+                .await
+                .unwrap();
+            // Long enough for the pass over this tiny store to finish.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            assert!(broker.core().healthy(), "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn verify_on_start_reads_the_modes_and_the_former_flag() {
+        let read = |v: &str| {
+            toml::from_str::<BrokerConfig>(&format!("verify_on_start = {v}"))
+                .map(|c| c.verify_on_start)
+        };
+        assert_eq!(read("\"before\"").unwrap(), VerifyOnStart::Before);
+        assert_eq!(read("\"background\"").unwrap(), VerifyOnStart::Background);
+        assert_eq!(read("\"off\"").unwrap(), VerifyOnStart::Off);
+        assert_eq!(read("true").unwrap(), VerifyOnStart::Before);
+        assert_eq!(read("false").unwrap(), VerifyOnStart::Off);
+        assert!(read("\"later\"").is_err());
+        assert_eq!(
+            BrokerConfig::default().verify_on_start,
+            VerifyOnStart::Background
+        );
     }
 }

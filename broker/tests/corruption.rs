@@ -6,7 +6,8 @@
 //! must either refuse, with one line naming what is wrong, or serve all of
 //! the data (every message byte for byte, every dead letter, every
 //! scheduled retry): never a smaller broker. `ricochet-broker check` must
-//! pass the intact store and fail every store the broker refused.
+//! pass the intact store and fail every store the broker refused. The
+//! broker runs with `--verify-on-start before`, the mode that promises this.
 
 mod common;
 use common::*;
@@ -78,13 +79,16 @@ enum Start {
     Refused(String),
 }
 
-/// Starts the binary on `dir` (no metrics listener) and reads whether it
-/// listens or exits.
+/// Starts the binary on `dir` (no metrics listener), verifying every value
+/// before serving, and reads whether it listens or exits.
 fn start(dir: &Path) -> Start {
     let mut child = Command::new(BIN)
         .arg("--data-dir")
         .arg(dir)
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        // The mode that refuses damage before serving (the default,
+        // `background`, serves and reports it: see the broker's unit tests).
+        .args(["--verify-on-start", "before"])
         .env("RUST_LOG", "error")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -10,8 +10,15 @@
 //! a freshly published message dispatched, and RSS once idle, over
 //! `RS_LIVE_RESTARTS` restarts.
 //!
+//! Each restart is repeated for every `verify_on_start` mode of
+//! `RS_LIVE_VERIFY` (default `before,background,off`; `true,false` for a
+//! binary older than the modes), with the load average printed beside it.
+//!
 //! `RS_LIVE_URL` (with `RS_LIVE_PID` for RSS) drives a broker started by
 //! hand instead, e.g. under a heap profiler; it is left running.
+//! `RS_LIVE_RESTART_DIR=dir` only restarts: the binary on a store kept from
+//! an earlier run (stopped), nothing parked first (the store is written to
+//! by the restarts: copy it to repeat a first restart).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -93,16 +100,34 @@ struct Row {
     published: u64,
     parked: u64,
     hwm: u64,
-    restart: Option<RestartFigures>,
+    /// How long SIGTERM took, and the restarts per `verify_on_start` mode.
+    restart: Option<(Duration, Vec<RestartFigures>)>,
 }
 
+/// Restarts with one `verify_on_start` mode.
 struct RestartFigures {
-    stop: Duration,
+    mode: String,
     listening: Vec<Duration>,
     dispatched: Vec<Duration>,
     rss: Vec<u64>,
-    /// The same with `verify_on_start = false`.
-    unverified: Option<Box<RestartFigures>>,
+}
+
+/// `RS_LIVE_VERIFY`: the `verify_on_start` values restarts are run with.
+fn verify_modes() -> Vec<String> {
+    std::env::var("RS_LIVE_VERIFY")
+        .unwrap_or_else(|_| "before,background,off".into())
+        .split(',')
+        .map(|m| m.trim().to_owned())
+        .filter(|m| !m.is_empty())
+        .collect()
+}
+
+/// The one-minute load average, for the record beside a timing.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
 }
 
 pub(crate) async fn live_parked_retries() -> Result<(), BoxError> {
@@ -127,6 +152,19 @@ pub(crate) async fn live_parked_retries() -> Result<(), BoxError> {
             "  broker config: {}",
             std::fs::read_to_string(c)?.trim().replace('\n', "; ")
         );
+    }
+    if let Some(dir) = std::env::var_os("RS_LIVE_RESTART_DIR") {
+        let Some(bin) = &bin else {
+            return Err("RS_LIVE_RESTART_DIR needs the broker binary, not RS_LIVE_URL".into());
+        };
+        let restarts = env_or("RS_LIVE_RESTARTS", 3);
+        println!(
+            "  restarts only, on the kept store {}",
+            Path::new(&dir).display()
+        );
+        let figures = restart(bin, None, Path::new(&dir), config.as_deref(), restarts).await?;
+        print_restarts("(kept store)", None, &figures.1);
+        return Ok(());
     }
     let largest = counts.iter().copied().max().unwrap_or(0);
     let mut rows = Vec::new();
@@ -157,7 +195,8 @@ pub(crate) async fn live_parked_retries() -> Result<(), BoxError> {
             && restarts > 0
             && let (Some(child), Some(dir), Some(bin)) = (target.child, &target.dir, &bin)
         {
-            row.restart = Some(restart(bin, child, dir.path(), config.as_deref(), restarts).await?);
+            row.restart =
+                Some(restart(bin, Some(child), dir.path(), config.as_deref(), restarts).await?);
         }
         rows.push(row);
     }
@@ -178,30 +217,8 @@ pub(crate) async fn live_parked_retries() -> Result<(), BoxError> {
         );
     }
     for r in &rows {
-        let unverified = r.restart.as_ref().and_then(|s| s.unverified.as_deref());
-        for (s, how) in r
-            .restart
-            .iter()
-            .map(|s| (s, ""))
-            .chain(unverified.map(|s| (s, ", verify_on_start = false")))
-        {
-            let range = |v: &[Duration]| {
-                let lo = v.iter().min().copied().unwrap_or_default();
-                let hi = v.iter().max().copied().unwrap_or_default();
-                format!("{:.2}–{:.2} s", lo.as_secs_f64(), hi.as_secs_f64())
-            };
-            let lo = s.rss.iter().min().copied().unwrap_or(0);
-            let hi = s.rss.iter().max().copied().unwrap_or(0);
-            println!(
-                "  restart with {} parked (store left by the live run{how}; SIGTERM took {:.2?}), {} restarts: listening {}, a fresh message dispatched {} (target < 3 s); RSS once idle {:.0}–{:.0} MB",
-                r.n,
-                s.stop,
-                s.listening.len(),
-                range(&s.listening),
-                range(&s.dispatched),
-                mb(lo),
-                mb(hi),
-            );
+        if let Some((stop, figures)) = &r.restart {
+            print_restarts(&r.n.to_string(), Some(*stop), figures);
         }
     }
     Ok(())
@@ -288,94 +305,107 @@ async fn park(target: &Target, n: usize) -> Result<Row, BoxError> {
     })
 }
 
-/// Stops `child` (SIGTERM) and restarts the binary on `dir` `times` times.
+/// One line per `verify_on_start` mode: the ranges over its restarts.
+fn print_restarts(parked: &str, stop: Option<Duration>, figures: &[RestartFigures]) {
+    let range = |v: &[Duration]| {
+        let lo = v.iter().min().copied().unwrap_or_default();
+        let hi = v.iter().max().copied().unwrap_or_default();
+        format!("{:.2}–{:.2} s", lo.as_secs_f64(), hi.as_secs_f64())
+    };
+    let stop = stop.map_or(String::new(), |s| format!("; SIGTERM took {s:.2?}"));
+    for s in figures {
+        let lo = s.rss.iter().min().copied().unwrap_or(0);
+        let hi = s.rss.iter().max().copied().unwrap_or(0);
+        println!(
+            "  restart with {parked} parked (verify_on_start = {}{stop}), {} restarts: listening {}, a fresh message dispatched {} (target < 3 s); RSS once idle {:.0}–{:.0} MB",
+            s.mode,
+            s.listening.len(),
+            range(&s.listening),
+            range(&s.dispatched),
+            mb(lo),
+            mb(hi),
+        );
+    }
+}
+
+/// Stops `child` (SIGTERM) if given, then restarts the binary on `dir`
+/// `times` times per mode of [`verify_modes`].
 async fn restart(
     bin: &Path,
-    child: BrokerProcess,
+    child: Option<BrokerProcess>,
     dir: &Path,
     config: Option<&Path>,
     times: usize,
-) -> Result<RestartFigures, BoxError> {
+) -> Result<(Duration, Vec<RestartFigures>), BoxError> {
     let t = Instant::now();
-    let status = child.stop().await;
-    let stop = t.elapsed();
-    if !status.success() {
-        return Err(format!("the broker exited with {status} on SIGTERM").into());
-    }
-    let mut out = RestartFigures {
-        stop,
-        listening: Vec::new(),
-        dispatched: Vec::new(),
-        rss: Vec::new(),
-        unverified: None,
-    };
-    let mut out_unverified = RestartFigures {
-        stop,
-        listening: Vec::new(),
-        dispatched: Vec::new(),
-        rss: Vec::new(),
-        unverified: None,
-    };
-    // The same restarts without `verify_on_start` (which reads every stored
-    // value before serving), to tell its share.
-    let no_verify = tempfile::NamedTempFile::new()?;
-    let base = config.map(std::fs::read_to_string).transpose()?;
-    std::fs::write(
-        no_verify.path(),
-        format!("{}\nverify_on_start = false\n", base.unwrap_or_default()),
-    )?;
-    for round in 1..=2 * times {
-        let verify = round <= times;
-        let config = if verify {
-            config
-        } else {
-            Some(no_verify.path())
-        };
-        // sled takes a moment to release its files after the process exits.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let t = Instant::now();
-        let child = spawn_broker(bin, dir, config).await;
-        let listening = t.elapsed();
-        let url = child.url().to_owned();
-        let mut c = RawConsumer::subscribe(&url, TOPIC, None).await?;
-        c.flow(10).await?;
-        publish(&url, TOPIC, 1).await?;
-        let got = c.messages(Duration::from_secs(60)).await?;
-        let dispatched = t.elapsed();
-        let Some(ids) = got.map(|m| m.into_iter().filter_map(|m| m.id).collect::<Vec<_>>()) else {
-            return Err("the fresh message was not dispatched".into());
-        };
-        c.send(consume_request::Request::Ack(Ack {
-            request_id: 0,
-            ack_type: AckType::Individual as i32,
-            ids,
-        }))
-        .await?;
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let (idle, _) = rss(child.pid());
-        println!(
-            "  restart {round}{}: listening {listening:.2?}, a fresh message dispatched {dispatched:.2?}, RSS once idle {:.1} MB",
-            if verify {
-                ""
-            } else {
-                " (verify_on_start = false)"
-            },
-            mb(idle)
-        );
-        drop(c);
+    if let Some(child) = child {
         let status = child.stop().await;
         if !status.success() {
             return Err(format!("the broker exited with {status} on SIGTERM").into());
         }
-        let figures = if verify {
-            &mut out
-        } else {
-            &mut out_unverified
-        };
-        figures.listening.push(listening);
-        figures.dispatched.push(dispatched);
-        figures.rss.push(idle);
     }
-    out.unverified = Some(Box::new(out_unverified));
-    Ok(out)
+    let stop = t.elapsed();
+    let base = config.map(std::fs::read_to_string).transpose()?;
+    let mut out = Vec::new();
+    for mode in verify_modes() {
+        // A bare `true`/`false` for an older binary, else a mode's name.
+        let value = match mode.as_str() {
+            "true" | "false" => mode.clone(),
+            m => format!("{m:?}"),
+        };
+        let file = tempfile::NamedTempFile::new()?;
+        std::fs::write(
+            file.path(),
+            format!(
+                "{}\nverify_on_start = {value}\n",
+                base.clone().unwrap_or_default()
+            ),
+        )?;
+        let mut figures = RestartFigures {
+            mode: mode.clone(),
+            listening: Vec::new(),
+            dispatched: Vec::new(),
+            rss: Vec::new(),
+        };
+        for round in 1..=times {
+            // sled takes a moment to release its files after the process exits.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let load = load_average();
+            let t = Instant::now();
+            let child = spawn_broker(bin, dir, Some(file.path())).await;
+            let listening = t.elapsed();
+            let url = child.url().to_owned();
+            let mut c = RawConsumer::subscribe(&url, TOPIC, None).await?;
+            c.flow(10).await?;
+            publish(&url, TOPIC, 1).await?;
+            let got = c.messages(Duration::from_secs(60)).await?;
+            let dispatched = t.elapsed();
+            let Some(ids) = got.map(|m| m.into_iter().filter_map(|m| m.id).collect::<Vec<_>>())
+            else {
+                return Err("the fresh message was not dispatched".into());
+            };
+            c.send(consume_request::Request::Ack(Ack {
+                request_id: 0,
+                ack_type: AckType::Individual as i32,
+                ids,
+            }))
+            .await?;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let (idle, _) = rss(child.pid());
+            println!(
+                "  restart {round} (verify_on_start = {mode}, load average {load}): listening {listening:.2?}, a fresh message dispatched {dispatched:.2?}, RSS once idle {:.1} MB",
+                mb(idle)
+            );
+            drop(c);
+            let status = child.stop().await;
+            if !status.success() {
+                return Err(format!("the broker exited with {status} on SIGTERM").into());
+            }
+            figures.listening.push(listening);
+            figures.dispatched.push(dispatched);
+            figures.rss.push(idle);
+        }
+        out.push(figures);
+    }
+    Ok((stop, out))
 }

@@ -38,7 +38,9 @@
 //!   part 4 (`live`, see `live.rs`): `RS_LIVE_COUNTS=200000,1000000,5000000`
 //!   retries parked by a live broker (one fresh broker per count; default
 //!   200 000), `RS_LIVE_CONFIG=file` a broker config for it,
-//!   `RS_LIVE_RESTARTS=3` restarts on the store the largest count left,
+//!   `RS_LIVE_RESTARTS=3` restarts on the store the largest count left
+//!   per `verify_on_start` mode of `RS_LIVE_VERIFY=before,background,off`,
+//!   `RS_LIVE_RESTART_DIR=dir` only those restarts, on a kept store,
 //!   `RS_LIVE_URL`/`RS_LIVE_PID` a broker started by hand (a profiler's);
 //! * part 1: `RS_SCHED_GROUP=k` gives k entries the same due time (as one
 //!   tier move's batch has), `RS_E2E_FRAMES=k` nack frames (default: frames

@@ -1,6 +1,9 @@
-//! `ricochet-broker check` on a stopped store: [`SledStorage::verify`]
-//! reads every stored value of every tree, checks its checksum and that it
-//! decodes as what its tree holds, and reports what it found.
+//! `ricochet-broker check` on a stopped store, and the broker's pass at
+//! start (`verify_on_start`): [`SledStorage::verify`] reads every stored
+//! value of every tree, checks its checksum and that it decodes as what its
+//! tree holds, and reports what it found; [`SledStorage::verify_live`] does
+//! the same while the broker serves (trees dropped meanwhile are skipped,
+//! and it stops when told to).
 
 use super::codec::{self, decode_failures, from_json, read_be, unseal};
 use super::*;
@@ -16,6 +19,13 @@ pub struct VerifyReport {
     pub problems: Vec<String>,
     /// Problems found in all.
     pub problem_count: u64,
+    /// Keys in the schedule index and in the dead-letter tree (the counts
+    /// the manifest records at a clean stop).
+    pub scheduled: u64,
+    /// See `scheduled`.
+    pub dead_letters: u64,
+    /// False when the pass was told to stop before reading everything.
+    pub complete: bool,
 }
 
 /// Most problems a [`VerifyReport`] lists.
@@ -33,9 +43,35 @@ impl VerifyReport {
 impl SledStorage {
     /// Reads every stored value and checks its checksum and that it decodes
     /// as what its tree holds (log entries as messages), for
-    /// `ricochet-broker check`. Writes nothing.
+    /// `ricochet-broker check` and a check before serving. Writes nothing.
+    /// The schedule and dead-letter counts it finds are kept for the next
+    /// counted [`Storage::inventory`] (the manifest check at start), which
+    /// then needs no second scan of those trees.
     pub fn verify(&self) -> VerifyReport {
-        let mut report = VerifyReport::default();
+        let report = self.verify_with(false, &|| false);
+        if report.complete && report.problem_count == 0 {
+            *crate::util::lock(&self.verified_counts) =
+                Some((report.dead_letters, report.scheduled));
+        }
+        report
+    }
+
+    /// [`SledStorage::verify`] on a store being written: segments dropped
+    /// while the pass runs (retention, consumed segments) are skipped rather
+    /// than reported, segments are not matched against topic records (a
+    /// topic being created or deleted would look damaged; the manifest check
+    /// covers them), and the pass ends early once `stop()` is true (checked
+    /// every few thousand values). Damage in a value is reported as by
+    /// `verify`.
+    pub fn verify_live(&self, stop: &dyn Fn() -> bool) -> VerifyReport {
+        self.verify_with(true, stop)
+    }
+
+    fn verify_with(&self, live: bool, stop: &dyn Fn() -> bool) -> VerifyReport {
+        let mut report = VerifyReport {
+            complete: true,
+            ..VerifyReport::default()
+        };
         let topics: std::collections::BTreeSet<String> = match self.list_topics() {
             Ok(t) => t.into_iter().map(|t| t.name).collect(),
             Err(e) => {
@@ -51,7 +87,7 @@ impl SledStorage {
             ("deadletters".into(), self.deadletters.clone()),
         ];
         for (topic, segs) in crate::util::lock(&self.segments).iter() {
-            if !topics.contains(topic) {
+            if !live && !topics.contains(topic) {
                 report.problem(format!(
                     "{} segment(s) of topic {topic}, which has no topic record",
                     segs.len()
@@ -65,12 +101,23 @@ impl SledStorage {
             for kv in tree.iter() {
                 let (k, v) = match kv {
                     Ok(kv) => kv,
+                    // Dropped while the pass ran (a live store's segment).
+                    Err(sled::Error::CollectionNotFound(_)) if live => break,
                     Err(e) => {
                         report.problem(format!("{name}: {}", StorageError::from(e)));
                         break;
                     }
                 };
+                if report.values.is_multiple_of(4096) && stop() {
+                    report.complete = false;
+                    return report;
+                }
                 report.values += 1;
+                match name.as_str() {
+                    "schedule" => report.scheduled += 1,
+                    "deadletters" => report.dead_letters += 1,
+                    _ => {}
+                }
                 match check_value(&name, &k, &v) {
                     Ok(entries) => report.entries += entries,
                     Err(e) => report.problem(format!("{name}: {e}")),
@@ -137,5 +184,90 @@ fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
             }
             Ok(n)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message as _;
+
+    fn entry(i: u64) -> Vec<u8> {
+        ricochet_proto::Message {
+            payload: format!("message {i}").into_bytes(),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    /// A store of two topics' segments, 4 entries per segment.
+    fn store(dir: &std::path::Path) -> SledStorage {
+        let s = SledStorage::open(dir, 4, 8 << 20).unwrap();
+        for topic in ["a", "b"] {
+            for id in 0..12 {
+                s.append(topic, id, &[entry(id)], None).unwrap();
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn the_live_pass_reports_a_damaged_value_as_the_stopped_one_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path());
+        let clean = s.verify_live(&|| false);
+        assert!(clean.complete);
+        assert_eq!((clean.problem_count, clean.entries), (0, 24));
+        s.damage_entry("b", 5, 7);
+        let live = s.verify_live(&|| false);
+        assert_eq!(live.problem_count, 1, "{:?}", live.problems);
+        assert!(live.problems[0].contains("b"), "{:?}", live.problems);
+        // The stopped pass also finds the segments without a topic record.
+        let stopped = s.verify();
+        assert!(
+            stopped.problems.iter().any(|p| p == &live.problems[0]),
+            "{:?}",
+            stopped.problems
+        );
+    }
+
+    #[test]
+    fn the_live_pass_skips_segments_dropped_under_it_and_stops_when_told() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path());
+        // A segment dropped while the pass holds it: its tree is gone.
+        let seg = s.segment("a", 1).unwrap();
+        s.db.drop_tree(seg_tree_name("a", 1)).unwrap();
+        assert!(matches!(
+            seg.iter().next(),
+            Some(Err(sled::Error::CollectionNotFound(_)))
+        ));
+        let live = s.verify_live(&|| false);
+        assert_eq!(live.problem_count, 0, "{:?}", live.problems);
+        assert!(live.complete);
+        let stopped = s.verify_live(&|| true);
+        assert!(!stopped.complete);
+        assert_eq!(stopped.values, 0);
+    }
+
+    #[test]
+    fn a_clean_pass_hands_its_counts_to_the_next_counted_inventory_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path());
+        let key = ScheduleKey {
+            due_ms: 1,
+            message: SubMessage {
+                sub_id: 1,
+                tier: TierId::Retry,
+                entry_id: 1,
+            },
+        };
+        s.put_schedule(&[(key, true)]).unwrap();
+        let report = s.verify();
+        assert_eq!((report.scheduled, report.dead_letters), (1, 0));
+        assert_eq!(s.inventory(true).unwrap().scheduled, Some(1));
+        // The next one counts afresh.
+        s.put_schedule(&[(key, false)]).unwrap();
+        assert_eq!(s.inventory(true).unwrap().scheduled, Some(0));
     }
 }
