@@ -20,6 +20,7 @@
 mod codec;
 mod dropping;
 mod frame;
+mod keys;
 mod reads;
 mod returns;
 #[cfg(test)]
@@ -29,6 +30,7 @@ mod verify;
 
 use super::*;
 use codec::{be, decode_failures, encode_failures, from_json, json, read_be, seal, unseal};
+use keys::*;
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::{Batch, Db, Tree};
@@ -37,7 +39,6 @@ use std::path::Path;
 use std::sync::Mutex;
 pub use verify::VerifyReport;
 
-const SEG_PREFIX: &str = "seg/";
 /// The `meta` key of the store identity.
 const STORE_ID_KEY: &[u8] = b"id:store";
 
@@ -64,47 +65,6 @@ impl std::fmt::Debug for SledStorage {
             .field("segment_entries", &self.segment_entries)
             .finish_non_exhaustive()
     }
-}
-
-/// Grants live in `meta` under `g:<role>\0<resource>` (a role or resource
-/// never holds a NUL).
-const GRANT_PREFIX: &[u8] = b"g:";
-/// Retention policies, keyed by namespace or topic name.
-const RETENTION_PREFIX: &[u8] = b"r:";
-
-fn retention_key(target: &str) -> Vec<u8> {
-    let mut k = RETENTION_PREFIX.to_vec();
-    k.extend_from_slice(target.as_bytes());
-    k
-}
-
-fn grant_key(role: &str, resource: &str) -> Vec<u8> {
-    let mut k = GRANT_PREFIX.to_vec();
-    k.extend_from_slice(role.as_bytes());
-    k.push(0);
-    k.extend_from_slice(resource.as_bytes());
-    k
-}
-
-fn sub_key(topic: &str, sub: &str) -> Vec<u8> {
-    format!("s:{topic}\0{sub}").into_bytes()
-}
-
-fn seg_tree_name(topic: &str, seg: u64) -> String {
-    format!("{SEG_PREFIX}{topic}/{seg:016x}")
-}
-
-fn parse_seg_tree_name(name: &[u8]) -> Option<(String, u64)> {
-    let name = std::str::from_utf8(name).ok()?.strip_prefix(SEG_PREFIX)?;
-    let (topic, seg) = name.rsplit_once('/')?;
-    Some((topic.to_owned(), u64::from_str_radix(seg, 16).ok()?))
-}
-
-fn dl_key(sub_id: u64, entry: u64) -> [u8; 16] {
-    let mut k = [0u8; 16];
-    k[..8].copy_from_slice(&be(sub_id));
-    k[8..].copy_from_slice(&be(entry));
-    k
 }
 
 impl SledStorage {
