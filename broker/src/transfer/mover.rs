@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tonic::metadata::AsciiMetadataValue;
+use tonic::transport::Channel;
 
 /// Topics moved at once by a drain.
 const DRAIN_PARALLEL: usize = 4;
@@ -171,6 +172,7 @@ async fn transfer(
         )));
     }
     let started = Instant::now();
+    let channel = connect(url).await?;
     cluster.begin_move(name.as_str(), to)?;
     let mut sealed = HashMap::new();
     let handed = async {
@@ -178,7 +180,7 @@ async fn transfer(
         if core.topic(name).await.is_ok() {
             sealed = core.seal_for_move(name).await?;
             let state = capture(core, name, &sealed)?;
-            entries = send(core, cluster.id(), url, auth, state).await?;
+            entries = send(core, cluster.id(), (url, channel.clone()), auth, state).await?;
         }
         cluster.hand_over(name.as_str(), to).await?;
         Ok::<_, BrokerError>(entries)
@@ -186,7 +188,7 @@ async fn transfer(
     .await;
     match handed {
         Ok(entries) => {
-            claim_there(url, auth, name).await;
+            claim_there(channel, auth, name).await;
             if let Err(e) = core.forget_moved(name).await {
                 tracing::warn!(topic = %name, error = %e, "moved, but the local copy could not be deleted (it is not served)");
             }
@@ -208,26 +210,39 @@ async fn transfer(
     }
 }
 
-/// Asks the new owner at `url` where `name` lives, which makes it claim
-/// the topic now rather than on its clients' first call (best effort: it
-/// claims it then anyway).
-async fn claim_there(url: &str, auth: Option<&AsciiMetadataValue>, name: &TopicName) {
-    let lookup = async {
-        let channel = tonic::transport::Endpoint::from_shared(url.to_owned())?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .connect()
-            .await?;
-        let mut request = tonic::Request::new(ricochet_proto::LookupRequest {
+/// A channel to the broker at `url`.
+async fn connect(url: &str) -> Result<Channel> {
+    let unreachable =
+        |e: &dyn std::fmt::Display| BrokerError::Peer(format!("cannot reach {url}: {e}"));
+    tonic::transport::Endpoint::from_shared(url.to_owned())
+        .map_err(|e| unreachable(&e))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .connect()
+        .await
+        .map_err(|e| unreachable(&e))
+}
+
+/// `message` as a request carrying the caller's credentials.
+fn authorized<T>(message: T, auth: Option<&AsciiMetadataValue>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(a) = auth {
+        request.metadata_mut().insert("authorization", a.clone());
+    }
+    request
+}
+
+/// Asks the new owner where `name` lives, which makes it claim the topic
+/// now rather than on its clients' first call (best effort: it claims it
+/// then anyway).
+async fn claim_there(channel: Channel, auth: Option<&AsciiMetadataValue>, name: &TopicName) {
+    let request = authorized(
+        ricochet_proto::LookupRequest {
             topic: name.to_string(),
-        });
-        if let Some(a) = auth {
-            request.metadata_mut().insert("authorization", a.clone());
-        }
-        ClusterClient::new(channel).lookup(request).await?;
-        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-    };
-    match tokio::time::timeout(CONNECT_TIMEOUT, lookup).await {
-        Ok(Ok(())) => {}
+        },
+        auth,
+    );
+    match tokio::time::timeout(CONNECT_TIMEOUT, ClusterClient::new(channel).lookup(request)).await {
+        Ok(Ok(_)) => {}
         Ok(Err(e)) => {
             tracing::debug!(topic = %name, error = %e, "the new owner did not claim at once")
         }
@@ -235,23 +250,15 @@ async fn claim_there(url: &str, auth: Option<&AsciiMetadataValue>, name: &TopicN
     }
 }
 
-/// Streams `state` and the entries of its logs to the broker at `url`;
-/// the entries it stored.
+/// Streams `state` and the entries of its logs to the broker at `url`
+/// (over `channel`); the entries it stored.
 async fn send(
     core: &BrokerCore,
     from: &str,
-    url: &str,
+    (url, channel): (&str, Channel),
     auth: Option<&AsciiMetadataValue>,
     state: TopicState,
 ) -> Result<u64> {
-    let unreachable =
-        |e: &dyn std::fmt::Display| BrokerError::Peer(format!("cannot reach {url}: {e}"));
-    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
-        .map_err(|e| unreachable(&e))?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .connect()
-        .await
-        .map_err(|e| unreachable(&e))?;
     let encoded = serde_json::to_vec(&state).map_err(|e| {
         BrokerError::InvalidArgument(format!("cannot encode the topic's state: {e}"))
     })?;
@@ -304,10 +311,7 @@ async fn send(
         }))?;
         Ok(total)
     });
-    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-    if let Some(a) = auth {
-        request.metadata_mut().insert("authorization", a.clone());
-    }
+    let request = authorized(tokio_stream::wrappers::ReceiverStream::new(rx), auth);
     // A target that stops answering (paused, partitioned away) must not
     // keep the topic unavailable: past the deadline the move fails and the
     // topic is served here again.
