@@ -166,7 +166,8 @@ pub(crate) fn check_call<T>(
         Some(Requirement::Permission(perm)) => auth.check(p.as_ref(), &topic, perm)?,
         Some(Requirement::Visible) => auth.check_visible(p.as_ref(), &topic)?,
         Some(Requirement::Authenticated) => {}
-        Some(Requirement::Superuser) | None => {
+        Some(Requirement::Superuser) => return Err(superusers_only(method, p.as_ref()).into()),
+        None => {
             return Err(BrokerError::PermissionDenied(format!(
                 "{method} has no permission mapping"
             ))
@@ -174,6 +175,14 @@ pub(crate) fn check_call<T>(
         }
     }
     Ok(p)
+}
+
+/// The refusal of a superuser-only `method` to `p` (not a superuser).
+pub(crate) fn superusers_only(method: &str, p: Option<&Principal>) -> BrokerError {
+    let who = p.map_or("anonymous", |p| p.role.as_str());
+    BrokerError::PermissionDenied(format!(
+        "{method} is for superusers; role \"{who}\" is not one"
+    ))
 }
 
 #[tonic::async_trait]

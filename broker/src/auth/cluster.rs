@@ -82,9 +82,5 @@ fn superuser<T>(auth: &Auth, r: &Request<T>, method: &str) -> Result<(), Status>
     if auth.is_superuser(p.as_ref()) {
         return Ok(());
     }
-    let who = p.as_ref().map_or("anonymous", |p| p.role.as_str());
-    Err(crate::error::BrokerError::PermissionDenied(format!(
-        "{method} is for superusers; role \"{who}\" is not one"
-    ))
-    .into())
+    Err(super::admin::superusers_only(method, p.as_ref()).into())
 }

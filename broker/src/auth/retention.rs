@@ -69,9 +69,7 @@ impl AuthorizedRetention {
             (Some(Requirement::Visible), Target::Topic(t)) => a.check_visible(p_ref, t)?,
             (Some(Requirement::Authenticated), _) => {}
             (Some(Requirement::Superuser), _) => {
-                return Err(
-                    BrokerError::PermissionDenied(format!("{method} is for superusers")).into(),
-                );
+                return Err(super::admin::superusers_only(method, p_ref).into());
             }
             (None, _) => {
                 return Err(BrokerError::PermissionDenied(format!(
