@@ -9,8 +9,8 @@
 use crate::error::{BrokerError, Result};
 use ricochet_proto::etcd::{
     Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
-    LeaseRevokeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, compare, kv_client,
-    lease_client, request_op, response_op,
+    LeaseRevokeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, TxnResponse, compare,
+    kv_client, lease_client, request_op, response_op,
 };
 use std::future::Future;
 use std::time::Duration;
@@ -145,37 +145,39 @@ impl Etcd {
         Ok(r.kvs.into_iter().map(Kv::from).collect())
     }
 
+    /// Runs one transaction: `success` if `compare` holds, else `failure`.
+    async fn txn(
+        &self,
+        compare: Compare,
+        success: Vec<RequestOp>,
+        failure: Vec<RequestOp>,
+    ) -> Result<TxnResponse> {
+        self.call(
+            "txn",
+            self.kv.clone().txn(TxnRequest {
+                compare: vec![compare],
+                success,
+                failure,
+            }),
+        )
+        .await
+    }
+
     /// Creates `key` = `value` (under `lease`, 0 for none) unless it exists,
     /// in one transaction: either it is created (at the returned revision)
     /// or the existing key is returned untouched.
     pub async fn create_if_absent(&self, key: &str, value: &str, lease: i64) -> Result<Created> {
-        let k = key.as_bytes().to_vec();
+        let range = RequestOp {
+            request: Some(request_op::Request::RequestRange(RangeRequest {
+                key: key.as_bytes().to_vec(),
+                ..Default::default()
+            })),
+        };
         let r = self
-            .call(
-                "txn",
-                self.kv.clone().txn(TxnRequest {
-                    compare: vec![Compare {
-                        result: compare::CompareResult::Equal as i32,
-                        target: compare::CompareTarget::Create as i32,
-                        key: k.clone(),
-                        target_union: Some(compare::TargetUnion::CreateRevision(0)),
-                        range_end: Vec::new(),
-                    }],
-                    success: vec![RequestOp {
-                        request: Some(request_op::Request::RequestPut(PutRequest {
-                            key: k.clone(),
-                            value: value.as_bytes().to_vec(),
-                            lease,
-                            prev_kv: false,
-                        })),
-                    }],
-                    failure: vec![RequestOp {
-                        request: Some(request_op::Request::RequestRange(RangeRequest {
-                            key: k,
-                            ..Default::default()
-                        })),
-                    }],
-                }),
+            .txn(
+                equal(key, compare::TargetUnion::CreateRevision(0)),
+                vec![put_op(key, value, lease)],
+                vec![range],
             )
             .await?;
         if r.succeeded {
@@ -203,28 +205,11 @@ impl Etcd {
         mod_revision: i64,
         lease: i64,
     ) -> Result<bool> {
-        let k = key.as_bytes().to_vec();
         let r = self
-            .call(
-                "txn",
-                self.kv.clone().txn(TxnRequest {
-                    compare: vec![Compare {
-                        result: compare::CompareResult::Equal as i32,
-                        target: compare::CompareTarget::Mod as i32,
-                        key: k.clone(),
-                        target_union: Some(compare::TargetUnion::ModRevision(mod_revision)),
-                        range_end: Vec::new(),
-                    }],
-                    success: vec![RequestOp {
-                        request: Some(request_op::Request::RequestPut(PutRequest {
-                            key: k,
-                            value: value.as_bytes().to_vec(),
-                            lease,
-                            prev_kv: false,
-                        })),
-                    }],
-                    failure: Vec::new(),
-                }),
+            .txn(
+                equal(key, compare::TargetUnion::ModRevision(mod_revision)),
+                vec![put_op(key, value, lease)],
+                Vec::new(),
             )
             .await?;
         Ok(r.succeeded)
@@ -256,40 +241,22 @@ impl Etcd {
         value: &str,
         also_delete: &str,
     ) -> Result<bool> {
-        let k = key.as_bytes().to_vec();
+        let delete = RequestOp {
+            request: Some(request_op::Request::RequestDeleteRange(
+                DeleteRangeRequest {
+                    key: also_delete.as_bytes().to_vec(),
+                    ..Default::default()
+                },
+            )),
+        };
         let r = self
-            .call(
-                "txn",
-                self.kv.clone().txn(TxnRequest {
-                    compare: vec![Compare {
-                        result: compare::CompareResult::Equal as i32,
-                        target: compare::CompareTarget::Value as i32,
-                        key: k.clone(),
-                        target_union: Some(compare::TargetUnion::Value(
-                            expected.as_bytes().to_vec(),
-                        )),
-                        range_end: Vec::new(),
-                    }],
-                    success: vec![
-                        RequestOp {
-                            request: Some(request_op::Request::RequestPut(PutRequest {
-                                key: k,
-                                value: value.as_bytes().to_vec(),
-                                lease: 0,
-                                prev_kv: false,
-                            })),
-                        },
-                        RequestOp {
-                            request: Some(request_op::Request::RequestDeleteRange(
-                                DeleteRangeRequest {
-                                    key: also_delete.as_bytes().to_vec(),
-                                    ..Default::default()
-                                },
-                            )),
-                        },
-                    ],
-                    failure: Vec::new(),
-                }),
+            .txn(
+                equal(
+                    key,
+                    compare::TargetUnion::Value(expected.as_bytes().to_vec()),
+                ),
+                vec![put_op(key, value, 0), delete],
+                Vec::new(),
             )
             .await?;
         Ok(r.succeeded)
@@ -417,6 +384,37 @@ impl KeepAlive {
             Some(r) => Ok(r.ttl),
             None => Err(BrokerError::Etcd("lease keepalive: stream ended".into())),
         }
+    }
+}
+
+/// A compare that `key`'s create revision, mod revision or value (as
+/// `what` says) equals the one given.
+fn equal(key: &str, what: compare::TargetUnion) -> Compare {
+    let target = match what {
+        compare::TargetUnion::CreateRevision(_) => compare::CompareTarget::Create,
+        compare::TargetUnion::ModRevision(_) => compare::CompareTarget::Mod,
+        compare::TargetUnion::Value(_) => compare::CompareTarget::Value,
+        compare::TargetUnion::Version(_) => compare::CompareTarget::Version,
+        compare::TargetUnion::Lease(_) => compare::CompareTarget::Lease,
+    };
+    Compare {
+        result: compare::CompareResult::Equal as i32,
+        target: target as i32,
+        key: key.as_bytes().to_vec(),
+        target_union: Some(what),
+        range_end: Vec::new(),
+    }
+}
+
+/// A put of `key` = `value` under `lease` (0: none), as a transaction op.
+fn put_op(key: &str, value: &str, lease: i64) -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestPut(PutRequest {
+            key: key.as_bytes().to_vec(),
+            value: value.as_bytes().to_vec(),
+            lease,
+            prev_kv: false,
+        })),
     }
 }
 
