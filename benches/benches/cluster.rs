@@ -259,6 +259,42 @@ async fn main() {
     }
 }
 
+/// `n` brokers (lease TTL 10 s) in a temporary directory, a client of the
+/// one at `via`, and partitioned topic `t` of `partitions` made through it.
+async fn partitioned(
+    etcd: &ricochet_testkit::EtcdProcess,
+    n: usize,
+    via: usize,
+    t: &str,
+    partitions: u32,
+) -> (
+    tempfile::TempDir,
+    Vec<ricochet_testkit::ClusterBroker>,
+    ricochet_client::Client,
+) {
+    let root = tempfile::tempdir().unwrap();
+    let brokers = spawn_cluster(
+        etcd,
+        "bench",
+        n,
+        root.path(),
+        Duration::from_secs(10),
+        &SpawnOptions::new(),
+    )
+    .await;
+    let client = ricochet_client::Client::connect(brokers[via].url())
+        .await
+        .unwrap();
+    ricochet_proto::partitions_client::PartitionsClient::new(client.transport())
+        .create_partitioned_topic(ricochet_proto::UpdatePartitionsRequest {
+            topic: t.into(),
+            partitions,
+        })
+        .await
+        .unwrap();
+    (root, brokers, client)
+}
+
 /// Part 4: publish then drain 8 partitions spread over `n` brokers.
 async fn throughput(n: usize) {
     let Some(etcd) = etcd_or_skip("cluster bench (throughput)").await else {
@@ -268,27 +304,8 @@ async fn throughput(n: usize) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(400_000);
-    let root = tempfile::tempdir().unwrap();
-    let brokers = spawn_cluster(
-        &etcd,
-        "bench",
-        n,
-        root.path(),
-        Duration::from_secs(10),
-        &SpawnOptions::new(),
-    )
-    .await;
-    let client = ricochet_client::Client::connect(brokers[0].url())
-        .await
-        .unwrap();
     let t = "throughput";
-    ricochet_proto::partitions_client::PartitionsClient::new(client.transport())
-        .create_partitioned_topic(ricochet_proto::UpdatePartitionsRequest {
-            topic: t.into(),
-            partitions: 8,
-        })
-        .await
-        .unwrap();
+    let (_root, _brokers, client) = partitioned(&etcd, n, 0, t, 8).await;
     let mut consumer = client
         .consumer(t)
         .subscription("s")
@@ -342,27 +359,8 @@ async fn drain_time() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000);
     const PARTITIONS: u32 = 300;
-    let root = tempfile::tempdir().unwrap();
-    let brokers = spawn_cluster(
-        &etcd,
-        "bench",
-        3,
-        root.path(),
-        Duration::from_secs(10),
-        &SpawnOptions::new(),
-    )
-    .await;
-    let client = ricochet_client::Client::connect(brokers[1].url())
-        .await
-        .unwrap();
     let t = "drained";
-    ricochet_proto::partitions_client::PartitionsClient::new(client.transport())
-        .create_partitioned_topic(ricochet_proto::UpdatePartitionsRequest {
-            topic: t.into(),
-            partitions: PARTITIONS,
-        })
-        .await
-        .unwrap();
+    let (_root, _brokers, client) = partitioned(&etcd, 3, 1, t, PARTITIONS).await;
     // The subscription exists on every partition, so its (unconsumed)
     // state moves too.
     let consumer = client
