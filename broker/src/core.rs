@@ -760,7 +760,6 @@ impl BrokerCore {
         next.insert(name.to_string(), entry.topic.seal());
         let subs = entry.subscriptions();
         for sub in &subs {
-            let _ = sub.policy().await;
             let tiers = lock(&self.claims).tiers_of(name.as_str(), sub.name());
             if let Some((retry, dlq)) = tiers {
                 for tier in [retry, dlq] {
@@ -772,8 +771,8 @@ impl BrokerCore {
                 }
             }
         }
-        // Once more, now that no tier takes a move: anything they were
-        // doing is in storage.
+        // A round trip through each actor's queue once no log takes writes
+        // (its tier moves included): what it was doing is then in storage.
         for sub in &subs {
             let _ = sub.policy().await;
         }
