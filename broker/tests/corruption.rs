@@ -1,13 +1,17 @@
 //! Damaged stores: a store is built by the real binary (messages large and
 //! small, dead letters, scheduled retries) and stopped cleanly; then copies
 //! of it are damaged — `db` truncated at several points or deleted, `blobs`
-//! deleted, single bytes of `db` flipped, 4 KiB blocks of `db` zeroed, the
-//! manifest flipped — and the binary is started on each copy. Every start
-//! must either refuse, with one line naming what is wrong, or serve all of
-//! the data (every message byte for byte, every dead letter, every
-//! scheduled retry): never a smaller broker. `ricochet-broker check` must
-//! pass the intact store and fail every store the broker refused. The
-//! broker runs with `--verify-on-start before`, the mode that promises this.
+//! deleted, single bytes of `db` flipped, 256 bytes of `db` flipped (on which
+//! sled panics inside its open), 4 KiB blocks of `db` zeroed, the manifest
+//! flipped — and the binary is started on each copy. Every start must
+//! either refuse, with one line naming what is wrong and `ricochet-broker
+//! check`, or serve all of the data (every message byte for byte, every
+//! dead letter, every scheduled retry): never a smaller broker, never a
+//! panic. `ricochet-broker check` must pass the intact store and fail every
+//! store the broker refused. The broker runs in each `--verify-on-start`
+//! mode that promises this before serving: `before` and the default,
+//! `background` (which checks the manifest's facts before serving and reads
+//! every value after).
 
 mod common;
 use common::*;
@@ -79,16 +83,14 @@ enum Start {
     Refused(String),
 }
 
-/// Starts the binary on `dir` (no metrics listener), verifying every value
-/// before serving, and reads whether it listens or exits.
-fn start(dir: &Path) -> Start {
+/// Starts the binary on `dir` with `--verify-on-start mode` and reads
+/// whether it listens or exits.
+fn start(dir: &Path, mode: &str) -> Start {
     let mut child = Command::new(BIN)
         .arg("--data-dir")
         .arg(dir)
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-        // The mode that refuses damage before serving (the default,
-        // `background`, serves and reports it: see the broker's unit tests).
-        .args(["--verify-on-start", "before"])
+        .args(["--verify-on-start", mode])
         .env("RUST_LOG", "error")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -209,6 +211,26 @@ async fn serves_everything(url: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether the broker at `url` reports bad storage (gRPC health of the
+/// broker service NOT_SERVING) within a few seconds.
+async fn reports_damage(url: &str) -> bool {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel(url).await);
+    for _ in 0..50 {
+        let status = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "ricochet.v1.Broker".into(),
+            })
+            .await
+            .map(|r| r.into_inner().status);
+        if status.is_ok_and(|s| s == ServingStatus::NotServing as i32) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
@@ -305,6 +327,15 @@ fn damages(db_len: u64) -> Vec<Damage> {
             })
         }));
     }
+    for n in [1u64, 2, 3] {
+        let at = (db_len * n / 4) as usize;
+        out.push(damage(format!("db 256 bytes at {at} flipped"), move |d| {
+            edit(d, &|b| {
+                let end = (at + 256).min(b.len());
+                b[at..end].iter_mut().for_each(|x| *x ^= 0xff);
+            })
+        }));
+    }
     for n in [0u64, 1, 2, 3] {
         let at = (db_len * n / 4) as usize & !4095;
         out.push(damage(format!("db 4 KiB at {at} zeroed"), move |d| {
@@ -318,7 +349,16 @@ fn damages(db_len: u64) -> Vec<Damage> {
 }
 
 #[tokio::test]
-async fn a_damaged_store_is_refused_or_served_whole() {
+async fn a_damaged_store_is_refused_or_served_whole_verifying_before_serving() {
+    refused_or_served_whole("before").await
+}
+
+#[tokio::test]
+async fn a_damaged_store_is_refused_or_served_whole_by_default() {
+    refused_or_served_whole("background").await
+}
+
+async fn refused_or_served_whole(mode: &str) {
     let root = tempfile::tempdir().unwrap();
     let store: PathBuf = root.path().join("store");
     build_store(&store).await;
@@ -338,7 +378,7 @@ async fn a_damaged_store_is_refused_or_served_whole() {
     // The intact store, started: everything is there.
     let intact = root.path().join("intact");
     copy_dir(&store, &intact);
-    match start(&intact) {
+    match start(&intact, mode) {
         Start::Serving(mut child, url) => {
             let served = serves_everything(&url).await;
             let _ = child.kill();
@@ -354,22 +394,33 @@ async fn a_damaged_store_is_refused_or_served_whole() {
         let copy = root.path().join(format!("case-{n}"));
         copy_dir(&store, &copy);
         (d.apply)(&copy);
-        match start(&copy) {
+        match start(&copy, mode) {
             Start::Serving(mut child, url) => {
                 let served = serves_everything(&url).await;
+                // In the background mode a damaged value is found by the
+                // pass (or the read) once serving: reported, not silent.
+                let reported = served.is_err() && mode == "background" && reports_damage(&url).await;
                 let _ = child.kill();
                 let _ = child.wait();
                 match served {
                     Ok(()) => outcomes.push(format!("{}: served everything", d.name)),
-                    Err(e) => {
-                        failures.push(format!("{}: started and served a subset: {e}", d.name))
-                    }
+                    Err(e) if reported => outcomes.push(format!(
+                        "{}: served, damage reported (health NOT_SERVING): {e}",
+                        d.name
+                    )),
+                    Err(e) => failures.push(format!(
+                        "{}: started and served a subset, storage healthy: {e}",
+                        d.name
+                    )),
                 }
             }
             Start::Refused(why) => {
                 let lines: Vec<&str> = why.lines().filter(|l| !l.trim().is_empty()).collect();
                 let line = lines.last().copied().unwrap_or("");
-                if lines.len() != 1 || !line.starts_with("ricochet-broker: ") {
+                if lines.len() != 1
+                    || !line.starts_with("ricochet-broker: ")
+                    || !line.contains("ricochet-broker check")
+                {
                     failures.push(format!(
                         "{}: refused without one clear line: {why:?}",
                         d.name
@@ -390,4 +441,116 @@ async fn a_damaged_store_is_refused_or_served_whole() {
         outcomes.iter().any(|o| o.contains("refused")),
         "some damage must be refused"
     );
+}
+
+/// Starts the binary on `dir` in the default mode with `--accept-data-loss`
+/// and WARN logging; returns it with the log lines printed before it
+/// listened.
+fn start_accepting_loss(dir: &Path) -> (Child, String, Vec<String>) {
+    let mut child = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .arg("--accept-data-loss")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the broker");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut log = Vec::new();
+    let mut url = None;
+    for line in lines.by_ref().map_while(Result::ok) {
+        if let Some(addr) = line.strip_prefix("ricochet-broker listening on ") {
+            url = Some(format!("http://{addr}"));
+            break;
+        }
+        log.push(line);
+    }
+    std::thread::spawn(move || lines.for_each(drop));
+    let url = url.unwrap_or_else(|| panic!("did not start: {log:?}"));
+    (child, url, log)
+}
+
+/// The store of [`build_store`] with one of the subscription's dead letters
+/// or one of its scheduled retries removed behind the broker's back, as
+/// damage sled does not notice leaves it (no checksum fails: the record is
+/// simply gone).
+async fn lose_one(dir: &Path, dead_letter: bool) {
+    use ricochet_broker::storage::{SledStorage, Storage};
+    let s = SledStorage::open(dir, 16_384, 8 << 20).unwrap();
+    let topic = format!("persistent://public/default/{TOPIC}");
+    let sub = s
+        .list_subscriptions(&topic)
+        .unwrap()
+        .into_iter()
+        .find(|r| r.name == SUB)
+        .expect("the subscription");
+    if dead_letter {
+        let dead = s.dead_letters(sub.id, None).unwrap();
+        assert_eq!(dead.len(), DEAD.len());
+        s.remove_dead_letters(sub.id, &[dead[0].0]).unwrap();
+    } else {
+        let due: Vec<_> = s
+            .scheduled(None, u64::MAX, 100)
+            .unwrap()
+            .into_iter()
+            .filter(|k| k.message.sub_id == sub.id)
+            .collect();
+        assert_eq!(due.len(), RETRIED.len());
+        s.put_schedule(&[(due[0], false)]).unwrap();
+    }
+    s.flush().await.unwrap();
+}
+
+#[tokio::test]
+async fn by_default_a_store_that_lost_dead_letters_or_retries_is_refused_before_serving() {
+    let root = tempfile::tempdir().unwrap();
+    let store: PathBuf = root.path().join("store");
+    build_store(&store).await;
+    let cases = [
+        (true, "holds 2 dead letters, the manifest records 3 at the last clean stop (1 missing)"),
+        (false, "holds 1 scheduled messages, the manifest records 2 at the last clean stop (1 missing)"),
+    ];
+    for (dead_letter, expected) in cases {
+        let copy = root.path().join(format!("lost-dead-letter-{dead_letter}"));
+        copy_dir(&store, &copy);
+        lose_one(&copy, dead_letter).await;
+        let what = format!("subscription {SUB} on persistent://public/default/{TOPIC} {expected}");
+        match start(&copy, "background") {
+            Start::Refused(why) => {
+                assert!(why.contains(&what), "{why}");
+                assert!(why.contains("ricochet-broker check"), "{why}");
+                assert_eq!(why.trim().lines().count(), 1, "{why}");
+            }
+            Start::Serving(mut child, _) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("a store missing what its manifest records was served ({what})");
+            }
+        }
+        // `check` names it too.
+        let (ok, out) = check(&copy);
+        assert!(!ok && out.contains(&what), "{out}");
+        // Accepted: the broker serves and says exactly what is missing.
+        let (mut child, url, log) = start_accepting_loss(&copy);
+        assert!(
+            log.iter().any(|l| l.contains("WARN") && l.contains(&what)),
+            "{log:?}"
+        );
+        let mut admin = AdminClient::new(channel(&url).await);
+        let stats = admin
+            .subscription_stats(SubscriptionRequest {
+                topic: TOPIC.into(),
+                subscription: SUB.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let left = if dead_letter { (2, 2) } else { (1, 3) };
+        assert_eq!((stats.scheduled_retries, stats.dead_lettered), left);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
