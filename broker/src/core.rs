@@ -168,7 +168,12 @@ impl BrokerCore {
             storage.clone(),
         )?);
         let shutdown = CancellationToken::new();
-        let flusher = Flusher::start(storage.clone(), config.flush_interval, shutdown.clone());
+        let flusher = Flusher::start(
+            storage.clone(),
+            config.flush_interval,
+            shutdown.clone(),
+            crate::disk::DiskGuard::new(config.data_dir.clone(), config.min_free_space),
+        );
         let scheduler = Scheduler::start(
             storage.clone(),
             config.retry_window,
