@@ -1,9 +1,9 @@
 //! Damaged stores: a store is built by the real binary (messages large and
 //! small, dead letters, scheduled retries) and stopped cleanly; then copies
 //! of it are damaged — `db` truncated at several points or deleted, `blobs`
-//! deleted, single bytes of `db` flipped, 256 bytes of `db` flipped (on which
-//! sled panics inside its open), 4 KiB blocks of `db` zeroed, the manifest
-//! flipped — and the binary is started on each copy. Every start must
+//! deleted, single bytes of `db` flipped, 256 bytes of `db` flipped, a sled
+//! segment header copied over another, 4 KiB blocks of `db` zeroed, the
+//! manifest flipped — and the binary is started on each copy. Every start must
 //! either refuse, with one line naming what is wrong and `ricochet-broker
 //! check`, or serve all of the data (every message byte for byte, every
 //! dead letter, every scheduled retry): never a smaller broker, never a
@@ -11,7 +11,10 @@
 //! store the broker refused. The broker runs in each `--verify-on-start`
 //! mode that promises this before serving: `before` and the default,
 //! `background` (which checks the manifest's facts before serving and reads
-//! every value after).
+//! every value after). Two more tests: a store that silently lost a dead
+//! letter or a scheduled retry since its clean stop is refused by default;
+//! a store on which sled panics inside its open (a duplicated segment
+//! header, in a store sled reads every header of) is refused with one line.
 
 mod common;
 use common::*;
@@ -258,6 +261,30 @@ fn dir_bytes(dir: &Path) -> u64 {
     })
 }
 
+/// sled's log segment size (its default) and segment header length.
+const SLED_SEGMENT: usize = 512 * 1024;
+const SLED_HEADER: usize = 20;
+
+/// Copies the header of the sled log segment with the highest log sequence
+/// number over the header of another segment.
+fn duplicate_newest_segment_header(db: &mut [u8]) {
+    // A header: crc32 (4 bytes), then the segment's lsn xor 0x7fff.. (8, LE).
+    let lsn = |at: usize| {
+        let raw: [u8; 8] = db[at + 4..at + 12].try_into().unwrap();
+        u64::from_le_bytes(raw) ^ 0x7FFF_FFFF_FFFF_FFFF
+    };
+    let segments = db.len() / SLED_SEGMENT;
+    assert!(segments >= 2, "sled's log spans more than one segment");
+    let newest = (0..segments)
+        .map(|i| i * SLED_SEGMENT)
+        // Plausible headers only: a segment's lsn is a multiple of its size.
+        .filter(|at| lsn(*at) % SLED_SEGMENT as u64 == 0 && lsn(*at) < 1 << 40)
+        .max_by_key(|at| lsn(*at))
+        .expect("a segment header");
+    let other = if newest == 0 { SLED_SEGMENT } else { 0 };
+    db.copy_within(newest..newest + SLED_HEADER, other);
+}
+
 /// One way of damaging a store.
 struct Damage {
     name: String,
@@ -289,6 +316,15 @@ fn damages(db_len: u64) -> Vec<Damage> {
         }),
         damage("blobs deleted", |d| {
             std::fs::remove_dir_all(d.join("blobs")).unwrap()
+        }),
+        // Two log segments claiming one place in sled's log (the newest
+        // segment's header copied over another's): sled panics (an
+        // assertion) inside its open.
+        damage("sled's newest segment header copied over another", |d| {
+            let path = d.join("db");
+            let mut b = std::fs::read(&path).unwrap();
+            duplicate_newest_segment_header(&mut b);
+            std::fs::write(path, b).unwrap();
         }),
         damage("manifest byte flipped", |d| {
             let path = d.join("ricochet.manifest");
@@ -399,7 +435,8 @@ async fn refused_or_served_whole(mode: &str) {
                 let served = serves_everything(&url).await;
                 // In the background mode a damaged value is found by the
                 // pass (or the read) once serving: reported, not silent.
-                let reported = served.is_err() && mode == "background" && reports_damage(&url).await;
+                let reported =
+                    served.is_err() && mode == "background" && reports_damage(&url).await;
                 let _ = child.kill();
                 let _ = child.wait();
                 match served {
@@ -510,8 +547,14 @@ async fn by_default_a_store_that_lost_dead_letters_or_retries_is_refused_before_
     let store: PathBuf = root.path().join("store");
     build_store(&store).await;
     let cases = [
-        (true, "holds 2 dead letters, the manifest records 3 at the last clean stop (1 missing)"),
-        (false, "holds 1 scheduled messages, the manifest records 2 at the last clean stop (1 missing)"),
+        (
+            true,
+            "holds 2 dead letters, the manifest records 3 at the last clean stop (1 missing)",
+        ),
+        (
+            false,
+            "holds 1 scheduled messages, the manifest records 2 at the last clean stop (1 missing)",
+        ),
     ];
     for (dead_letter, expected) in cases {
         let copy = root.path().join(format!("lost-dead-letter-{dead_letter}"));
@@ -553,4 +596,40 @@ async fn by_default_a_store_that_lost_dead_letters_or_retries_is_refused_before_
         let _ = child.kill();
         let _ = child.wait();
     }
+}
+
+#[tokio::test]
+async fn a_store_sled_panics_on_while_opening_is_refused_with_one_line() {
+    use ricochet_broker::storage::{SledStorage, Storage};
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // Written in one session: sled reads every segment header at the
+        // next open (a store a broker reopened may not).
+        let s = SledStorage::open(dir.path(), 1024, 8 << 20).unwrap();
+        for id in 0..3000u64 {
+            s.append("t", id, &[vec![(id % 251) as u8; 1000]], None)
+                .unwrap();
+        }
+        s.flush().await.unwrap();
+    }
+    let path = dir.path().join("db");
+    let mut db = std::fs::read(&path).unwrap();
+    duplicate_newest_segment_header(&mut db);
+    std::fs::write(&path, db).unwrap();
+    match start(dir.path(), "background") {
+        Start::Refused(why) => {
+            let lines: Vec<&str> = why.lines().filter(|l| !l.trim().is_empty()).collect();
+            assert_eq!(lines.len(), 1, "one line, no panic: {why}");
+            assert!(lines[0].starts_with("ricochet-broker: "), "{why}");
+            assert!(lines[0].contains("sled cannot open the store"), "{why}");
+            assert!(lines[0].contains("ricochet-broker check"), "{why}");
+        }
+        Start::Serving(mut child, _) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("a store sled cannot open was served");
+        }
+    }
+    let (ok, out) = check(dir.path());
+    assert!(!ok && out.contains("sled cannot open the store"), "{out}");
 }

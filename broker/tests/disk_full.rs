@@ -10,9 +10,9 @@
 
 mod common;
 use common::*;
-use ricochet_testkit::net::free_addr;
 use ricochet_proto::produce_response::Response;
 use ricochet_proto::*;
+use ricochet_testkit::net::free_addr;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -120,7 +120,11 @@ async fn metrics_page(addr: std::net::SocketAddr) -> String {
 /// Waits until the metrics page has a line starting with `line`.
 async fn wait_metric(addr: std::net::SocketAddr, line: &str) {
     for _ in 0..50 {
-        if metrics_page(addr).await.lines().any(|l| l.starts_with(line)) {
+        if metrics_page(addr)
+            .await
+            .lines()
+            .any(|l| l.starts_with(line))
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -180,7 +184,10 @@ async fn a_full_disk_refuses_publishes_clearly_and_they_resume_once_space_return
     );
     let msg = &refusal.message;
     assert!(msg.contains(&data.display().to_string()), "{msg}");
-    assert!(msg.contains("free, below min_free_space (8.0 MiB)"), "{msg}");
+    assert!(
+        msg.contains("free, below min_free_space (8.0 MiB)"),
+        "{msg}"
+    );
     assert!(!receipted.is_empty(), "some publishes fit");
     wait_metric(metrics, "ricochet_storage_disk_full 1").await;
     assert!(

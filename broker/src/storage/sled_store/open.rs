@@ -33,8 +33,8 @@ fn install_hook() {
             let sled_thread = std::thread::current()
                 .name()
                 .is_some_and(|n| n.starts_with("sled-"));
-            let ours = GUARDED.with(Cell::get)
-                || (sled_thread && OPENING.load(Ordering::Acquire) > 0);
+            let ours =
+                GUARDED.with(Cell::get) || (sled_thread && OPENING.load(Ordering::Acquire) > 0);
             if !ours {
                 return previous(info);
             }
@@ -77,6 +77,8 @@ pub(super) fn guarded<T>(
                 .take()
                 .unwrap_or_else(|| "(no message)".to_owned());
             tracing::debug!(panic = %what, "sled panicked opening the store");
+            // One line, as every refusal is.
+            let what = what.split_whitespace().collect::<Vec<_>>().join(" ");
             Err(StorageError::Corrupt(format!(
                 "sled cannot open the store: it failed on damaged data ({what})"
             )))
@@ -107,5 +109,43 @@ mod tests {
         let e = r.unwrap_err().to_string();
         assert!(e.contains("on a sled thread"), "{e}");
         assert_eq!(guarded(|| Ok(7)).unwrap(), 7);
+    }
+}
+
+#[cfg(test)]
+mod damaged {
+    use super::super::SledStorage;
+    use crate::storage::{Storage, StorageError};
+
+    /// sled's log segment size (its default) and segment header length.
+    const SEGMENT: usize = 512 * 1024;
+    const HEADER: usize = 20;
+
+    #[tokio::test]
+    async fn a_store_sled_panics_on_while_opening_is_refused_as_damaged() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = SledStorage::open(dir.path(), 1024, 8 << 20).unwrap();
+            for id in 0..3000u64 {
+                s.append("t", id, &[vec![(id % 251) as u8; 1000]], None)
+                    .unwrap();
+            }
+            s.flush().await.unwrap();
+        }
+        // The first log segment's header copied over the second's: two
+        // segments claim one position in the log, and sled asserts.
+        let path = dir.path().join("db");
+        let mut db = std::fs::read(&path).unwrap();
+        assert!(db.len() > 2 * SEGMENT, "the log spans several segments");
+        db.copy_within(0..HEADER, SEGMENT);
+        std::fs::write(&path, db).unwrap();
+        match SledStorage::open(dir.path(), 1024, 8 << 20) {
+            Err(StorageError::Corrupt(why)) => {
+                assert!(why.starts_with("sled cannot open the store"), "{why}");
+                assert!(why.contains("duplicate segment LSN"), "{why}");
+                assert!(!why.contains('\n'), "one line: {why}");
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
     }
 }
