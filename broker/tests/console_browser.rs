@@ -266,7 +266,7 @@ async fn find_why_messages_died_replay_one_and_discard_the_rest() {
         .await
         .unwrap();
     assert!(
-        groups.contains("terminated: schema: missing field `amount` 2"),
+        groups.contains("schema: missing field `amount` 2"),
         "{groups}"
     );
     screenshot(&c, "console-dead-letters.png").await;
