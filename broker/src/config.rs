@@ -89,9 +89,14 @@ pub enum VerifyOnStart {
     /// is logged (ERROR), turns `ricochet_storage_healthy` to 0 and the gRPC
     /// health check to NOT_SERVING, as a damaged read does. Until the pass
     /// reaches a damaged value, only a read of it finds it (and fails).
+    /// What the manifest records (entries, segments, subscriptions, and
+    /// after a clean stop each subscription's dead-letter and scheduled
+    /// counts: a scan of those keys) is still compared before serving.
     #[default]
     Background,
-    /// Never: only reads check values (each against its checksum).
+    /// Never: only reads check values (each against its checksum). The fast
+    /// mode: the counts of a clean stop are neither recorded nor compared
+    /// (entries, segments and subscriptions still are).
     Off,
 }
 

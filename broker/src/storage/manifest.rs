@@ -422,6 +422,49 @@ mod tests {
     }
 
     #[test]
+    fn a_subscription_that_lost_dead_letters_or_scheduled_messages_is_named() {
+        let counted = |dead_letters, scheduled| {
+            let mut inv = inventory(40, vec![0], &["s"]);
+            let t = inv.topics.get_mut("t").unwrap();
+            t.counts = Some(
+                [(
+                    "s".to_owned(),
+                    SubCounts {
+                        dead_letters,
+                        scheduled,
+                    },
+                )]
+                .into(),
+            );
+            inv
+        };
+        let m = manifest_of(&counted(3, 2));
+        assert_eq!(m.topics["t"].recorded.as_ref().unwrap().counts.len(), 1);
+        assert!(verify(Some(&m), &counted(3, 2)).is_empty());
+        assert!(verify(Some(&m), &counted(4, 9)).is_empty(), "more is fine");
+        assert_eq!(
+            verify(Some(&m), &counted(1, 2)),
+            vec![
+                "subscription s on t holds 1 dead letters, the manifest records 3 at the last \
+                 clean stop (2 missing)"
+            ]
+        );
+        assert_eq!(
+            verify(Some(&m), &counted(3, 0)),
+            vec![
+                "subscription s on t holds 0 scheduled messages, the manifest records 2 at the \
+                 last clean stop (2 missing)"
+            ]
+        );
+        // Not counted (a store opened without counting): nothing compared,
+        // and the totals are not compared twice.
+        let mut uncounted = counted(0, 0);
+        uncounted.topics.get_mut("t").unwrap().counts = None;
+        uncounted.dead_letters = Some(0);
+        assert!(verify(Some(&m), &uncounted).is_empty());
+    }
+
+    #[test]
     fn identity_and_missing_pieces() {
         let whole = inventory(40, vec![0], &[]);
         let m = manifest_of(&whole);
