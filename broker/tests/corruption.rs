@@ -80,6 +80,19 @@ async fn build_store(dir: &Path) {
     assert!(broker.stop().await.success(), "clean stop");
 }
 
+/// The binary on `dir` (no metrics listener) with `--verify-on-start mode`
+/// and `RUST_LOG=rust_log`, its stdout piped.
+fn broker_command(dir: &Path, mode: &str, rust_log: &str) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("--data-dir")
+        .arg(dir)
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--verify-on-start", mode])
+        .env("RUST_LOG", rust_log)
+        .stdout(Stdio::piped());
+    c
+}
+
 /// A started broker, or why it refused.
 enum Start {
     Serving(Child, String),
@@ -89,13 +102,7 @@ enum Start {
 /// Starts the binary on `dir` with `--verify-on-start mode` and reads
 /// whether it listens or exits.
 fn start(dir: &Path, mode: &str) -> Start {
-    let mut child = Command::new(BIN)
-        .arg("--data-dir")
-        .arg(dir)
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-        .args(["--verify-on-start", mode])
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
+    let mut child = broker_command(dir, mode, "error")
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the broker");
@@ -484,13 +491,8 @@ async fn refused_or_served_whole(mode: &str) {
 /// and WARN logging; returns it with the log lines printed before it
 /// listened.
 fn start_accepting_loss(dir: &Path) -> (Child, String, Vec<String>) {
-    let mut child = Command::new(BIN)
-        .arg("--data-dir")
-        .arg(dir)
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+    let mut child = broker_command(dir, "background", "warn")
         .arg("--accept-data-loss")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("start the broker");
