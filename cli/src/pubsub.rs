@@ -55,7 +55,7 @@ pub(crate) async fn produce(ctx: &mut Ctx<'_>, a: ProduceArgs) -> Result<()> {
             if let Some(d) = a.deliver_after {
                 b = b.deliver_after(d);
             }
-            window.push_back(producer.send_async(b));
+            window.push_back(producer.send_async(b).await?);
             if window.len() >= SEND_WINDOW
                 && let Some(f) = window.pop_front()
             {

@@ -124,7 +124,7 @@ impl ConsumerBuilder {
 
     /// Declares this consumer a dead-letter reader: required to subscribe to
     /// a dead-letter tier topic (`<topic>-<subscription>-DLQ`), which the
-    /// broker otherwise refuses with [`Error::Rejected`] (PERMISSION_DENIED).
+    /// broker otherwise refuses with [`ErrorKind::PermissionDenied`](crate::ErrorKind::PermissionDenied).
     /// Dead letters can also be listed, replayed and purged with
     /// [`Client::admin`].
     pub fn dead_letter_reader(mut self, on: bool) -> Self {
@@ -241,16 +241,17 @@ pub(super) async fn open_stream(
             cfg.subscribe_request(topic),
         )),
     })
-    .map_err(|_| Error::Closed)?;
+    .map_err(|_| Error::closed())?;
     // On the topic's owner (the client's own connection when standalone).
     let transport = client.route(topic).await?;
     let handshake = async {
         let mut inbound = Client::broker_on(transport)
             .consume(UnboundedReceiverStream::new(rx))
-            .await?
+            .await
+            .map_err(Error::from_status)?
             .into_inner();
         loop {
-            match inbound.message().await? {
+            match inbound.message().await.map_err(Error::from_status)? {
                 Some(ConsumeResponse {
                     response: Some(consume_response::Response::Subscribed(s)),
                 }) => {
@@ -259,13 +260,13 @@ pub(super) async fn open_stream(
                 Some(ConsumeResponse {
                     response: Some(consume_response::Response::Result(r)),
                 }) if r.code != 0 => {
-                    return Err(Error::from_code(r.code, r.message));
+                    return Err(Error::from_frame(r.code, r.message, &r.details));
                 }
                 // Nothing else may come first; skip rather than fail.
                 Some(_) => continue,
                 None => {
-                    return Err(Error::Connection(
-                        "the broker closed the consumer stream during the handshake".into(),
+                    return Err(Error::disconnected(
+                        "the broker closed the consumer stream during the handshake",
                     ));
                 }
             }
@@ -274,6 +275,6 @@ pub(super) async fn open_stream(
     match tokio::time::timeout(client.config().request_timeout, handshake).await {
         Ok(Ok((inbound, s))) => Ok((Conn { tx, inbound }, s)),
         Ok(Err(e)) => Err(e),
-        Err(_) => Err(Error::Timeout(format!("subscribing to {topic}"))),
+        Err(_) => Err(Error::timeout(format!("subscribing to {topic}"))),
     }
 }

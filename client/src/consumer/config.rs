@@ -121,9 +121,7 @@ impl ConsumerConfig {
     /// 1 ms, never above the timeout).
     pub(super) fn resolve(mut self) -> Result<Self> {
         if self.subscription.is_empty() {
-            return Err(Error::InvalidArgument(
-                "a subscription name is required".into(),
-            ));
+            return Err(Error::invalid_argument("a subscription name is required"));
         }
         if let Some(spec) = &self.policy_spec {
             spec.validate()?;
@@ -183,13 +181,13 @@ mod tests {
     #[test]
     fn resolve_requires_a_subscription_and_a_valid_spec() {
         let e = ConsumerConfig::default().resolve().unwrap_err();
-        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument, "{e}");
         let bad = ConsumerConfig {
             policy_spec: Some(PolicySpec::fixed_backoff(Duration::ZERO, 3)),
             ..named("s")
         };
         let e = bad.resolve().unwrap_err();
-        assert!(matches!(e, Error::Policy(_)), "{e}");
+        assert!(e.kind() == crate::ErrorKind::Policy, "{e}");
     }
 
     #[test]
