@@ -44,6 +44,7 @@ pub(super) fn spawn(
         last_sequence_id: AtomicU64::new(opened.last_sequence_id.unwrap_or(0)),
         closed: AtomicBool::new(false),
         queue,
+        fatal: std::sync::OnceLock::new(),
     });
     let next_seq = opened.last_sequence_id.map_or(0, |l| l.saturating_add(1));
     let driver = Driver {
@@ -251,7 +252,7 @@ impl Driver {
         self.shared.closed.store(true, Ordering::Release);
         self.fail_all(&Error::closed());
         for (_, w) in self.waiters.drain(..) {
-            let _ = w.send(Ok(()));
+            let _ = w.send(self.fatal.clone().map_or(Ok(()), Err));
         }
         // Dropping the connection ends the request stream: the broker sees a
         // clean close.
@@ -467,6 +468,7 @@ impl Driver {
             Reopen::Failed(e) => {
                 tracing::error!(error = %e, topic = %self.shared.topic, "producer cannot reconnect; failing its messages");
                 self.fail_all(&e);
+                let _ = self.shared.fatal.set(e.clone());
                 self.fatal = Some(e);
                 self.shared.closed.store(true, Ordering::Release);
             }

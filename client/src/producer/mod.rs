@@ -205,10 +205,12 @@ impl ProducerBuilder {
                 partitioned::Router::open(self.client, self.config, base, n, queue).await?;
             return Ok(Producer {
                 inner: Inner::Partitioned(router),
+                handle: Arc::new(()),
             });
         }
         Ok(Producer {
             inner: Inner::Topic(self.create_topic_producer().await?),
+            handle: Arc::new(()),
         })
     }
 
@@ -258,6 +260,8 @@ struct Shared {
     last_sequence_id: AtomicU64,
     closed: AtomicBool,
     queue: Arc<Queue>,
+    /// Why the driver stopped on its own (it could not reconnect).
+    fatal: std::sync::OnceLock<Error>,
 }
 
 enum Cmd {
@@ -270,12 +274,15 @@ enum Cmd {
 /// topic; see the [module docs](self).
 ///
 /// Cheap to clone: clones share the producer (one stream, one sequence;
-/// on a partitioned topic, one of each per partition). The producer is
-/// closed by [`close`](Self::close) or when the last clone is dropped
-/// (pending messages are then still sent, best effort).
+/// on a partitioned topic, one of each per partition). The stream is
+/// closed by the [`close`](Self::close) of the last clone, or when the
+/// last clone is dropped (pending messages are then still sent, best
+/// effort); the `close` of a clone while others live only flushes.
 #[derive(Debug, Clone)]
 pub struct Producer {
     inner: Inner,
+    /// One per clone: the last one to close closes the stream.
+    handle: Arc<()>,
 }
 
 #[derive(Debug, Clone)]
@@ -367,7 +374,11 @@ impl Producer {
     /// Sends the current batch now and waits until every message queued
     /// before this call is receipted (or failed).
     pub async fn flush(&self) -> Result<()> {
-        match &self.inner {
+        Producer::flush_inner(&self.inner).await
+    }
+
+    async fn flush_inner(inner: &Inner) -> Result<()> {
+        match inner {
             Inner::Topic(p) => p.flush().await,
             Inner::Partitioned(r) => {
                 for p in r.all() {
@@ -378,12 +389,25 @@ impl Producer {
         }
     }
 
-    /// Flushes, waits for the outstanding receipts (up to the client's
-    /// request timeout), then closes the stream (every partition's).
-    /// Later sends fail with [`ErrorKind::Closed`](crate::ErrorKind::Closed); so do messages still
-    /// unreceipted at the deadline.
-    pub async fn close(&self) -> Result<()> {
-        match &self.inner {
+    /// Closes this handle. The last clone to close flushes, waits for the
+    /// outstanding receipts (up to the client's request timeout), then
+    /// closes the stream (every partition's); messages still unreceipted at
+    /// the deadline fail with [`ErrorKind::Closed`](crate::ErrorKind::Closed).
+    /// While other clones live, this only [flushes](Self::flush): the
+    /// stream stays open for them.
+    ///
+    /// `Ok` means every message sent before the call was answered by the
+    /// broker (each receipt says whether it was stored). An error names
+    /// what is not: messages unreceipted at the deadline
+    /// ([`ErrorKind::Timeout`](crate::ErrorKind::Timeout)), or the reason the
+    /// producer had stopped on its own (it could not reconnect: the error
+    /// it failed with, or [`ErrorKind::Closed`](crate::ErrorKind::Closed)).
+    pub async fn close(self) -> Result<()> {
+        let Producer { inner, handle } = self;
+        if Arc::try_unwrap(handle).is_err() {
+            return Producer::flush_inner(&inner).await;
+        }
+        match &inner {
             Inner::Topic(p) => p.close().await,
             Inner::Partitioned(r) => r.close().await,
         }
@@ -458,7 +482,7 @@ impl TopicProducer {
                 msg.counted_size()
             )));
         }
-        let room = self.shared.queue.room(msg.size()).await?;
+        let room = self.shared.queue.room(msg.counted_size()).await?;
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Cmd::Send(msg, Reply::new(tx, room)))
@@ -470,19 +494,26 @@ impl TopicProducer {
     /// before this call is receipted (or failed).
     pub async fn flush(&self) -> Result<()> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(Cmd::Flush(tx)).map_err(|_| Error::closed())?;
-        rx.await.unwrap_or(Err(Error::closed()))
+        self.tx.send(Cmd::Flush(tx)).map_err(|_| self.stopped())?;
+        rx.await.unwrap_or_else(|_| Err(self.stopped()))
+    }
+
+    /// Why the driver is gone: the error it stopped with, or
+    /// [`ErrorKind::Closed`](crate::ErrorKind::Closed).
+    fn stopped(&self) -> Error {
+        self.shared.fatal.get().cloned().unwrap_or_else(|| {
+            Error::new(crate::ErrorKind::Closed, "the producer's task has stopped")
+        })
     }
 
     /// Flushes, waits for the outstanding receipts (up to the client's
     /// request timeout), then closes the stream. Later sends fail with
     /// [`ErrorKind::Closed`](crate::ErrorKind::Closed); so do messages still unreceipted at the deadline.
+    /// Fails when the driver was already gone (it stopped on its own).
     pub async fn close(&self) -> Result<()> {
         self.shared.closed.store(true, Ordering::Release);
         let (tx, rx) = oneshot::channel();
-        if self.tx.send(Cmd::Close(tx)).is_err() {
-            return Ok(());
-        }
-        rx.await.unwrap_or(Ok(()))
+        self.tx.send(Cmd::Close(tx)).map_err(|_| self.stopped())?;
+        rx.await.unwrap_or_else(|_| Err(self.stopped()))
     }
 }
