@@ -210,7 +210,9 @@ mod tests {
     #[test]
     fn client_errors_keep_their_code() {
         let mut s = tonic::Status::unavailable("refused");
-        s.set_source(std::sync::Arc::new(std::io::Error::other("connection reset")));
+        s.set_source(std::sync::Arc::new(std::io::Error::other(
+            "connection reset",
+        )));
         let e = CliError::from(s);
         assert_eq!(e.code(), Some(tonic::Code::Unavailable));
         assert_eq!(e.to_string(), "Unavailable: refused: connection reset");
