@@ -53,8 +53,8 @@ pub enum BrokerError {
     #[error("invalid configuration: {0}")]
     Config(String),
     /// Cluster mode: the topic is placed on (owned by) another broker. The
-    /// status carries the owner in the `ricochet-owner` and
-    /// `ricochet-owner-url` trailers.
+    /// status carries the owner, its URL and epoch as structured details
+    /// (`service::status_of`).
     #[error("topic {topic} is owned by broker {owner}")]
     NotOwner {
         /// The topic.
@@ -63,6 +63,8 @@ pub enum BrokerError {
         owner: String,
         /// Its advertised URL, when it is live.
         url: Option<String>,
+        /// The fencing epoch of its claim, when it holds one.
+        epoch: Option<u64>,
     },
     /// Cluster mode: the broker the topic is placed on is down.
     #[error(
