@@ -2,7 +2,8 @@
 //! small, dead letters, scheduled retries) and stopped cleanly; then copies
 //! of it are damaged — `db` truncated at several points or deleted, `blobs`
 //! deleted, single bytes of `db` flipped, 4 KiB blocks of `db` zeroed, the
-//! manifest flipped — and the binary is started on each copy. Every start
+//! manifest flipped, the segment-file log deleted or its files flipped,
+//! cut or deleted — and the binary is started on each copy. Every start
 //! must either refuse, with one line naming what is wrong, or serve all of
 //! the data (every message byte for byte, every dead letter, every
 //! scheduled retry): never a smaller broker. `ricochet-broker check` must
@@ -236,6 +237,27 @@ fn dir_bytes(dir: &Path) -> u64 {
     })
 }
 
+/// The topic's directory in the segment-file log.
+fn topic_log(d: &Path) -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(d.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "one ordinary topic: {dirs:?}");
+    dirs.pop().unwrap()
+}
+
+/// The topic's segment files, oldest first.
+fn segment_files(d: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(topic_log(d))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    files.sort();
+    files
+}
+
 /// One way of damaging a store.
 struct Damage {
     name: String,
@@ -266,7 +288,18 @@ fn damages(db_len: u64) -> Vec<Damage> {
             }
         }),
         damage("blobs deleted", |d| {
-            std::fs::remove_dir_all(d.join("blobs")).unwrap()
+            let _ = std::fs::remove_dir_all(d.join("blobs"));
+        }),
+        damage("the segment-file log deleted", |d| {
+            std::fs::remove_dir_all(d.join("log")).unwrap()
+        }),
+        damage("the topic's segment files deleted", |d| {
+            for f in segment_files(d) {
+                std::fs::remove_file(f).unwrap();
+            }
+        }),
+        damage("the topic's log start file deleted", |d| {
+            std::fs::remove_file(topic_log(d).join("start")).unwrap()
         }),
         damage("manifest byte flipped", |d| {
             let path = d.join("ricochet.manifest");
@@ -305,6 +338,28 @@ fn damages(db_len: u64) -> Vec<Damage> {
             })
         }));
     }
+    for n in 0..8u64 {
+        out.push(damage(
+            format!("segment file: byte at {n}/8 flipped"),
+            move |d| {
+                let f = segment_files(d).pop().unwrap();
+                let mut b = std::fs::read(&f).unwrap();
+                let at = (b.len() as u64 * n / 8) as usize + 5;
+                b[at] ^= 0x08;
+                std::fs::write(f, b).unwrap();
+            },
+        ));
+        out.push(damage(format!("segment file: cut to {n}/8"), move |d| {
+            let f = segment_files(d).pop().unwrap();
+            let len = std::fs::metadata(&f).unwrap().len() * n / 8;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(f)
+                .unwrap()
+                .set_len(len)
+                .unwrap();
+        }));
+    }
     for n in [0u64, 1, 2, 3] {
         let at = (db_len * n / 4) as usize & !4095;
         out.push(damage(format!("db 4 KiB at {at} zeroed"), move |d| {
@@ -324,8 +379,8 @@ async fn a_damaged_store_is_refused_or_served_whole() {
     build_store(&store).await;
     let db_len = std::fs::metadata(store.join("db")).unwrap().len();
     assert!(
-        dir_bytes(&store.join("blobs")) > 0,
-        "the store keeps its large values in blobs"
+        dir_bytes(&store.join("log")) > 0,
+        "the store keeps the topic's entries in segment files"
     );
     let (ok, out) = check(&store);
     assert!(ok, "check passes the intact store:\n{out}");

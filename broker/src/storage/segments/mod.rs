@@ -18,8 +18,9 @@
 //! fsyncs the sealed one, the new file and the directory at once.
 //!
 //! Open scans every file: a torn or CRC-failing tail of a topic's last
-//! segment is cut off and reported (a write the crash interrupted, never
-//! acknowledged); any other bad record, a broken chain of segments or a
+//! segment is reported and never served, and cut off before the next
+//! append (a write the crash interrupted, never acknowledged; bytes that
+//! are no record followed by a whole record are damage, refused); any other bad record, a broken chain of segments or a
 //! missing first segment refuses the store ([`StorageError::Corrupt`]).
 
 mod record;
@@ -241,6 +242,14 @@ impl SegmentLog {
             ))));
         }
         let bytes = record::encode(first_id, entries);
+        if let Some(active) = tl.segments.values_mut().next_back()
+            && active.cut_pending
+        {
+            // A torn tail found at open goes before anything is written
+            // after it, or the segment is sealed.
+            active.truncate_tail()?;
+            active.cut_pending = false;
+        }
         if self.must_roll(&tl, first_id) {
             self.roll(&mut tl, first_id)?;
         }
@@ -480,6 +489,21 @@ impl SegmentLog {
         Ok(())
     }
 
+    /// Entries stored in every topic's segments.
+    pub fn entries(&self) -> u64 {
+        let topics: Vec<_> = crate::util::lock(&self.topics).values().cloned().collect();
+        topics
+            .iter()
+            .map(|t| {
+                crate::util::lock(t)
+                    .segments
+                    .values()
+                    .map(|s| s.entries)
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
     /// Bytes of every segment file.
     pub fn size(&self) -> u64 {
         let topics: Vec<_> = crate::util::lock(&self.topics).values().cloned().collect();
@@ -559,7 +583,7 @@ fn open_topic(topic: &str, dir: &Path, writable: bool) -> Result<(TopicLog, Vec<
         let path = dir.join(segment::file_name(first));
         let last = i + 1 == count;
         let opened = Segment::open(&path, first, writable);
-        let (seg, tail) = match opened {
+        let (mut seg, tail) = match opened {
             Ok(o) => o,
             // A file created by a roll the crash interrupted before its
             // header was written: nothing was stored in it.
@@ -604,21 +628,29 @@ fn open_topic(topic: &str, dir: &Path, writable: bool) -> Result<(TopicLog, Vec<
                     ),
                 ));
             }
+            if let Some(next) = seg.whole_record_after(at, file_len)? {
+                return Err(corrupt(
+                    topic,
+                    format!(
+                        "segment {first} is damaged at offset {at} ({why}), before a whole record at offset {next}"
+                    ),
+                ));
+            }
             tracing::warn!(
                 topic,
                 segment = first,
                 offset = at,
                 cut = file_len - at,
                 why,
-                "torn tail of the log (a write a crash interrupted, never acknowledged): cut off"
+                "torn tail of the log (a write a crash interrupted, never acknowledged): not served, cut before the next write"
             );
             torn.push(format!(
                 "{topic}: segment {first} has a torn tail of {} bytes at offset {at} ({why})",
                 file_len - at
             ));
-            if writable {
-                seg.truncate_tail()?;
-            }
+            // Cut by the first append, not here: a store refused at start
+            // (its manifest records more) stays as it was.
+            seg.cut_pending = true;
         }
         prev_next = Some(seg.next);
         segments.insert(first, seg);

@@ -19,7 +19,7 @@ pub const FILE_MAGIC: &[u8; 8] = b"RCSEG001";
 /// Length of the file header.
 pub const FILE_HEADER_LEN: u64 = 40;
 /// First word of every record.
-const RECORD_MAGIC: u32 = 0x5243_5242; // "RCRB"
+pub const RECORD_MAGIC: u32 = 0x5243_5242; // "RCRB"
 /// Length of a record's header.
 pub const RECORD_HEADER_LEN: usize = 24;
 /// The longest record body accepted when decoding (a batch is far smaller:

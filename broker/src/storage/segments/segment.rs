@@ -44,6 +44,10 @@ pub struct Segment {
     pub first_entry: Option<u64>,
     /// (first entry id of a record, its offset), ascending.
     index: Vec<(u64, u64)>,
+    /// Entries stored.
+    pub entries: u64,
+    /// The file holds a torn tail past `len`, cut before the next append.
+    pub cut_pending: bool,
 }
 
 /// What an open found at the end of a file.
@@ -179,6 +183,8 @@ impl Segment {
             next: header.first,
             first_entry: None,
             index: Vec::new(),
+            entries: 0,
+            cut_pending: false,
         })
     }
 
@@ -215,6 +221,8 @@ impl Segment {
             next: header.first,
             first_entry: None,
             index: Vec::new(),
+            entries: 0,
+            cut_pending: false,
         };
         let tail = {
             let file = seg.file.clone();
@@ -248,8 +256,34 @@ impl Segment {
             self.index.push((header.first_id, offset));
         }
         self.first_entry.get_or_insert(header.first_id);
+        self.entries += header.count as u64;
         self.next = header.next_id();
         self.len = offset + header.len();
+    }
+
+    /// The offset of a whole record (checksum and all) somewhere after
+    /// `at`, if there is one: bytes that are no record *followed* by a
+    /// record are damage, not a write a crash interrupted.
+    pub fn whole_record_after(&self, at: u64, file_len: u64) -> io::Result<Option<u64>> {
+        let mut rest = vec![0u8; file_len.saturating_sub(at) as usize];
+        self.file.read_exact_at(&mut rest, at)?;
+        let magic = record::RECORD_MAGIC.to_le_bytes();
+        for i in 1..rest.len().saturating_sub(RECORD_HEADER_LEN) {
+            if rest[i..i + 4] != magic {
+                continue;
+            }
+            let head: [u8; RECORD_HEADER_LEN] = rest[i..i + RECORD_HEADER_LEN]
+                .try_into()
+                .map_err(io::Error::other)?;
+            let Some(h) = RecordHeader::decode(&head) else {
+                continue;
+            };
+            let body = rest.get(i + RECORD_HEADER_LEN..i + h.len() as usize);
+            if body.is_some_and(|b| h.matches(b)) {
+                return Ok(Some(at + i as u64));
+            }
+        }
+        Ok(None)
     }
 
     /// Cuts the file back to its whole records and fsyncs it.

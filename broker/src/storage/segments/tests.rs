@@ -124,10 +124,15 @@ fn a_torn_or_zeroed_tail_is_cut_and_reported_never_served() {
         drop(f);
         let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
         assert_eq!(log.torn.len(), 1, "{:?}", log.torn);
-        assert_eq!(std::fs::metadata(&last).unwrap().len(), whole, "cut back");
         assert_eq!(log.range(T), Some((0, 30)));
-        // Appends go on after the cut.
+        assert_eq!(log.read(T, 25, 100, usize::MAX).unwrap().len(), 5);
+        assert!(
+            std::fs::metadata(&last).unwrap().len() > whole,
+            "not cut yet"
+        );
+        // The first append cuts it (here, then seals it: ids 30.. roll).
         log.append(T, 30, &batch(30, 2)).unwrap();
+        assert_eq!(std::fs::metadata(&last).unwrap().len(), whole, "cut back");
         drop(log);
         let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
         assert!(log.torn.is_empty());
@@ -149,6 +154,21 @@ fn a_half_written_last_record_is_cut_with_its_batch_whole_or_absent() {
     let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
     assert_eq!(log.range(T), Some((0, 25)), "the whole batch is gone");
     assert_eq!(log.torn.len(), 1);
+}
+
+#[test]
+fn damage_before_the_last_record_of_the_active_segment_is_refused_not_cut() {
+    let (dir, last) = three_segments();
+    let mut bytes = std::fs::read(&last).unwrap();
+    // Inside the first record (ids 20..25); the second (25..30) is whole.
+    bytes[record::FILE_HEADER_LEN as usize + 30] ^= 0x01;
+    std::fs::write(&last, &bytes).unwrap();
+    let err = SegmentLog::open(dir.path(), settings(), true).unwrap_err();
+    assert!(
+        matches!(err, StorageError::Corrupt(ref m) if m.contains("before a whole record")),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&last).unwrap(), bytes, "nothing cut");
 }
 
 #[test]
