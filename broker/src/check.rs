@@ -112,7 +112,7 @@ pub fn check_store(dir: &Path, log_settings: LogSettings) -> Result<CheckReport>
                         "  torn tail (a write a crash interrupted; cut at the next start): {torn}"
                     ));
                 }
-                LogStorage::with(store.clone(), log, log_settings).and_then(|s| s.inventory(true))
+                LogStorage::with(store.clone(), log).and_then(|s| s.inventory(true))
             }
             Err(e) => {
                 report.problems.push(format!("the segment files: {e}"));

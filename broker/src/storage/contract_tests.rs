@@ -22,7 +22,6 @@ fn engines() -> Vec<(&'static str, Box<dyn Storage>, Option<tempfile::TempDir>)>
     let log = LogStorage::with(
         std::sync::Arc::new(SledStorage::open(seg_dir.path(), 16, 8 << 20).unwrap()),
         segments::SegmentLog::open(seg_dir.path(), settings, true).unwrap(),
-        settings,
     )
     .unwrap();
     log.route_to_log(T);

@@ -21,7 +21,6 @@ use std::sync::{Arc, RwLock};
 pub struct LogStorage {
     sled: Arc<SledStorage>,
     log: Arc<SegmentLog>,
-    settings: LogSettings,
     /// Ordinary topics (their entries are in the log).
     logged: RwLock<HashSet<String>>,
 }
@@ -38,11 +37,11 @@ impl LogStorage {
     ) -> Result<Self> {
         upgrade::run(&sled, data_dir, settings).await?;
         let log = SegmentLog::open(data_dir, settings, true)?;
-        Self::with(sled, log, settings)
+        Self::with(sled, log)
     }
 
     /// Joins an opened log and sled.
-    pub fn with(sled: Arc<SledStorage>, log: SegmentLog, settings: LogSettings) -> Result<Self> {
+    pub fn with(sled: Arc<SledStorage>, log: SegmentLog) -> Result<Self> {
         let logged = sled
             .list_topics()?
             .into_iter()
@@ -52,7 +51,6 @@ impl LogStorage {
         Ok(Self {
             sled,
             log: Arc::new(log),
-            settings,
             logged: RwLock::new(logged),
         })
     }
@@ -326,34 +324,32 @@ impl Storage for LogStorage {
     }
 
     /// One round: the segment files written since the last round are
-    /// fsynced while sled flushes; both must succeed.
+    /// fsynced while sled flushes; both must succeed. Then the files of
+    /// trimmed segments are deleted.
     async fn flush(&self) -> Result<()> {
         let log = self.log.clone();
         let synced = tokio::task::spawn_blocking(move || log.sync());
         let sled = self.sled.flush().await;
-        synced
+        synced.await.map_err(StorageError::joined)??;
+        sled?;
+        // Trimmed segments' files go once the cursors that let them go are
+        // durable.
+        let log = self.log.clone();
+        tokio::task::spawn_blocking(move || log.finish_trims())
             .await
-            .map_err(|e| StorageError::Io(std::io::Error::other(e)))??;
-        sled
+            .map_err(StorageError::joined)??;
+        Ok(())
     }
 
     fn inventory(&self, counts: bool) -> Result<Inventory> {
         let mut inv = self.sled.inventory(counts)?;
         inv.has_data |= !self.log.topics().is_empty();
-        let e = self.settings.segment_entries;
         for (name, t) in inv.topics.iter_mut() {
             if !self.logged(name) {
                 continue;
             }
             (t.first, t.next) = self.entry_range(name)?;
-            let mut blocks: Vec<u64> = self
-                .log
-                .segment_starts(name)
-                .into_iter()
-                .map(|s| s / e)
-                .collect();
-            blocks.dedup();
-            t.segments = blocks;
+            t.segments = self.log.segment_numbers(name);
         }
         Ok(inv)
     }

@@ -64,6 +64,17 @@ pub struct SegmentLog {
     dirty: Mutex<Vec<Arc<File>>>,
     /// Torn tails found at open (cut off, or left alone when read-only).
     pub torn: Vec<String>,
+    /// Trims whose files are still to be deleted.
+    trims: Mutex<Vec<PendingTrim>>,
+}
+
+/// Segments dropped from a topic's log whose files are still on disk.
+#[derive(Debug)]
+struct PendingTrim {
+    dir: PathBuf,
+    /// The first segment kept (the `start` file's new value).
+    keep: u64,
+    files: Vec<PathBuf>,
 }
 
 /// One topic's segments.
@@ -71,6 +82,10 @@ pub struct SegmentLog {
 struct TopicLog {
     dir: PathBuf,
     segments: BTreeMap<u64, Segment>,
+    /// Segments created are numbered by their block of `segment_entries`
+    /// ids, as sled numbered its trees (the upgrade's copy, so the
+    /// manifest's record of segments still holds).
+    numbered_by_block: bool,
 }
 
 impl TopicLog {
@@ -170,6 +185,7 @@ impl SegmentLog {
             topics: Mutex::new(HashMap::new()),
             dirty: Mutex::new(Vec::new()),
             torn: Vec::new(),
+            trims: Mutex::new(Vec::new()),
         };
         let entries = match std::fs::read_dir(&root) {
             Ok(e) => e,
@@ -222,9 +238,18 @@ impl SegmentLog {
         let t = Arc::new(Mutex::new(TopicLog {
             dir,
             segments: BTreeMap::new(),
+            numbered_by_block: false,
         }));
         map.insert(topic.to_owned(), t.clone());
         Ok(t)
+    }
+
+    /// Numbers `topic`'s new segments by block (see
+    /// `TopicLog::numbered_by_block`).
+    fn number_by_block(&self, topic: &str) -> Result<()> {
+        let t = self.topic_or_create(topic)?;
+        crate::util::lock(&t).numbered_by_block = true;
+        Ok(())
     }
 
     /// Appends one batch as one record (durable after [`Self::sync`]).
@@ -280,17 +305,22 @@ impl SegmentLog {
     /// Seals the active segment (fsync) and creates the next one at
     /// `first_id` (file and directory fsynced).
     fn roll(&self, tl: &mut TopicLog, first_id: u64) -> Result<()> {
-        let prev_next = match tl.segments.values().next_back() {
+        let (prev_next, seq) = match tl.segments.values().next_back() {
             Some(active) => {
                 active.file.sync_all()?;
-                active.next
+                (active.next, active.header.seq + 1)
             }
             None => {
                 // The start file comes first: segments without one are
                 // refused as damage.
                 write_start(&tl.dir, first_id)?;
-                0
+                (0, 0)
             }
+        };
+        let seq = if tl.numbered_by_block {
+            first_id / self.settings.segment_entries
+        } else {
+            seq
         };
         let seg = Segment::create(
             &tl.dir,
@@ -298,6 +328,7 @@ impl SegmentLog {
                 first: first_id,
                 prev_next,
                 created_ms: crate::util::wall_ms(),
+                seq,
             },
         )?;
         sync_dir(&tl.dir)?;
@@ -429,9 +460,22 @@ impl SegmentLog {
         })
     }
 
-    /// Deletes the sealed segments, oldest first, that hold only ids
-    /// `< below` (never the active one): the `start` file first, then the
-    /// files, then the directory fsynced.
+    /// The segments' numbers, ascending (consecutive unless damaged).
+    pub fn segment_numbers(&self, topic: &str) -> Vec<u64> {
+        self.topic(topic).map_or_else(Vec::new, |t| {
+            crate::util::lock(&t)
+                .segments
+                .values()
+                .map(|s| s.header.seq)
+                .collect()
+        })
+    }
+
+    /// Drops the sealed segments, oldest first, that hold only ids
+    /// `< below` (never the active one): at once from what is served, and
+    /// from disk by the next [`Self::finish_trims`], which the engine runs
+    /// after sled's flush — so the cursors that allowed the trim are
+    /// durable before the files go (a crash in between keeps the files).
     pub fn trim(&self, topic: &str, below: u64) -> Result<()> {
         let Some(t) = self.topic(topic) else {
             return Ok(());
@@ -444,20 +488,44 @@ impl SegmentLog {
             .take_while(|(k, s)| Some(**k) != last && s.next <= below)
             .map(|(k, _)| *k)
             .collect();
-        let Some(keep) = tl.segments.keys().find(|k| !doomed.contains(k)).copied() else {
-            return Ok(());
-        };
         if doomed.is_empty() {
             return Ok(());
         }
-        write_start(&tl.dir, keep)?;
-        crate::subscription::failpoint("log.trim.after_start");
-        for k in doomed {
-            if let Some(seg) = tl.segments.remove(&k) {
-                std::fs::remove_file(&seg.path)?;
+        let files = doomed
+            .iter()
+            .filter_map(|k| tl.segments.remove(k))
+            .map(|s| s.path)
+            .collect();
+        let Some(keep) = tl.segments.keys().next().copied() else {
+            return Ok(());
+        };
+        crate::util::lock(&self.trims).push(PendingTrim {
+            dir: tl.dir.clone(),
+            keep,
+            files,
+        });
+        Ok(())
+    }
+
+    /// Deletes the files of the trims made so far: per topic the `start`
+    /// file first (durably), then the files, then the directory fsynced.
+    /// A trim of a topic deleted since is skipped.
+    pub fn finish_trims(&self) -> std::io::Result<()> {
+        let trims = std::mem::take(&mut *crate::util::lock(&self.trims));
+        for trim in trims {
+            if !trim.dir.is_dir() {
+                continue;
             }
+            write_start(&trim.dir, trim.keep)?;
+            crate::subscription::failpoint("log.trim.after_start");
+            for f in &trim.files {
+                match std::fs::remove_file(f) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+            }
+            sync_dir(&trim.dir)?;
         }
-        sync_dir(&tl.dir)?;
         Ok(())
     }
 
@@ -578,7 +646,8 @@ fn open_topic(topic: &str, dir: &Path, writable: bool) -> Result<(TopicLog, Vec<
     let mut segments = BTreeMap::new();
     let mut torn = Vec::new();
     let count = files.len();
-    let mut prev_next: Option<u64> = None;
+    // (where the previous segment ends, its number)
+    let mut prev_next: Option<(u64, u64)> = None;
     for (i, first) in files.into_iter().enumerate() {
         let path = dir.join(segment::file_name(first));
         let last = i + 1 == count;
@@ -608,14 +677,14 @@ fn open_topic(topic: &str, dir: &Path, writable: bool) -> Result<(TopicLog, Vec<
                 return Err(corrupt(topic, format!("segment {first}: {why}")));
             }
         };
-        if let Some(p) = prev_next
-            && seg.header.prev_next != p
+        if let Some((p, seq)) = prev_next
+            && (seg.header.prev_next != p || seg.header.seq <= seq)
         {
             return Err(corrupt(
                 topic,
                 format!(
-                    "segment {first} follows one that ended at {}, but the segment before it ends at {p} (a segment is missing)",
-                    seg.header.prev_next
+                    "segment {first} (number {}, after entry {}) does not follow the one before it (number {seq}, ending at {p}): a segment is missing",
+                    seg.header.seq, seg.header.prev_next
                 ),
             ));
         }
@@ -652,13 +721,14 @@ fn open_topic(topic: &str, dir: &Path, writable: bool) -> Result<(TopicLog, Vec<
             // (its manifest records more) stays as it was.
             seg.cut_pending = true;
         }
-        prev_next = Some(seg.next);
+        prev_next = Some((seg.next, seg.header.seq));
         segments.insert(first, seg);
     }
     Ok((
         TopicLog {
             dir: dir.to_owned(),
             segments,
+            numbered_by_block: false,
         },
         torn,
     ))

@@ -1,7 +1,8 @@
 //! The bytes of a segment file: its header and its records.
 //!
 //! A segment file starts with a [`FileHeader`] (magic, first entry id, the
-//! id the previous segment ended at, creation time, CRC-32C), then holds
+//! id the previous segment ended at, creation time, its number in the
+//! topic's log, CRC-32C), then holds
 //! records back to back. A record is one producer batch, stored whole:
 //!
 //! ```text
@@ -17,7 +18,7 @@
 /// First bytes of every segment file.
 pub const FILE_MAGIC: &[u8; 8] = b"RCSEG001";
 /// Length of the file header.
-pub const FILE_HEADER_LEN: u64 = 40;
+pub const FILE_HEADER_LEN: u64 = 48;
 /// First word of every record.
 pub const RECORD_MAGIC: u32 = 0x5243_5242; // "RCRB"
 /// Length of a record's header.
@@ -37,6 +38,10 @@ pub struct FileHeader {
     pub prev_next: u64,
     /// When the segment was created, ms since the epoch (for the age roll).
     pub created_ms: u64,
+    /// The segment's number in its topic's log, above the previous one's:
+    /// its plus one, from 0, or for a log converted from sled trees the
+    /// tree's number (what the manifest records).
+    pub seq: u64,
 }
 
 impl FileHeader {
@@ -47,8 +52,9 @@ impl FileHeader {
         out[8..16].copy_from_slice(&self.first.to_le_bytes());
         out[16..24].copy_from_slice(&self.prev_next.to_le_bytes());
         out[24..32].copy_from_slice(&self.created_ms.to_le_bytes());
-        let crc = crc32c::crc32c(&out[..32]);
-        out[32..36].copy_from_slice(&crc.to_le_bytes());
+        out[32..40].copy_from_slice(&self.seq.to_le_bytes());
+        let crc = crc32c::crc32c(&out[..40]);
+        out[40..44].copy_from_slice(&crc.to_le_bytes());
         out
     }
 
@@ -60,14 +66,15 @@ impl FileHeader {
         if &bytes[..8] != FILE_MAGIC {
             return Err("not a ricochet segment file".into());
         }
-        let crc = u32::from_le_bytes(word(&bytes[32..36]));
-        if crc32c::crc32c(&bytes[..32]) != crc {
+        let crc = u32::from_le_bytes(word(&bytes[40..44]));
+        if crc32c::crc32c(&bytes[..40]) != crc {
             return Err("header checksum mismatch".into());
         }
         Ok(Self {
             first: u64::from_le_bytes(long(&bytes[8..16])),
             prev_next: u64::from_le_bytes(long(&bytes[16..24])),
             created_ms: u64::from_le_bytes(long(&bytes[24..32])),
+            seq: u64::from_le_bytes(long(&bytes[32..40])),
         })
     }
 }
@@ -211,6 +218,7 @@ mod tests {
             first: 5,
             prev_next: 3,
             created_ms: 99,
+            seq: 2,
         };
         let mut bytes = h.encode();
         assert_eq!(FileHeader::decode(&bytes).unwrap(), h);

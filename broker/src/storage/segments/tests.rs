@@ -88,8 +88,15 @@ fn trim_deletes_whole_sealed_files_and_never_the_active_one() {
     assert_eq!(log.segment_starts(T), vec![0, 10, 20]);
     log.trim(T, 15).unwrap();
     assert_eq!(log.segment_starts(T), vec![10, 20]);
+    assert_eq!(log.range(T), Some((10, 30)), "no longer served");
+    assert!(
+        log.segment_path(T, 0).exists(),
+        "on disk until the trims finish"
+    );
+    log.finish_trims().unwrap();
     assert!(!log.segment_path(T, 0).exists(), "the file is gone");
     log.trim(T, 1000).unwrap();
+    log.finish_trims().unwrap();
     assert_eq!(log.segment_starts(T), vec![20], "the active segment stays");
     assert_eq!(log.range(T), Some((20, 30)));
     drop(log);

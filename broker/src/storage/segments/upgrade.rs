@@ -69,6 +69,8 @@ fn copy(sled: &SledStorage, root: &Path, topic: &str, settings: LogSettings) -> 
     }
     std::fs::create_dir_all(&staging)?;
     let log = SegmentLog::open_at(staging.clone(), settings, true)?;
+    log.number_by_block(topic)?;
+    let block = settings.segment_entries;
     let (mut from, _) = sled.entry_range(topic)?;
     let mut copied = 0u64;
     loop {
@@ -77,11 +79,13 @@ fn copy(sled: &SledStorage, root: &Path, topic: &str, settings: LogSettings) -> 
             break;
         };
         from = last + 1;
-        // Runs of consecutive ids become one record each.
+        // Runs of consecutive ids in one block become one record each.
         let mut run_first = chunk[0].0;
         let mut run: Vec<Vec<u8>> = Vec::new();
         for (id, entry) in chunk {
-            if id != run_first + run.len() as u64 {
+            // A run ends at a gap and at a block's end: each segment holds
+            // the entries of one of sled's trees.
+            if id != run_first + run.len() as u64 || (id % block == 0 && !run.is_empty()) {
                 log.append(topic, run_first, &run)?;
                 run_first = id;
                 run.clear();
