@@ -351,7 +351,8 @@ impl SegmentLog {
             return Ok(out);
         }
         let mut bytes = 0usize;
-        for (file, offset, end) in self.views(topic, from) {
+        // Segments hold a record or more each: `max` of them are enough.
+        for (file, offset, end) in self.views(topic, from, max) {
             let mut records = Records::new(&file, offset, end);
             loop {
                 let (header, body) = match records.next_record()? {
@@ -382,7 +383,7 @@ impl SegmentLog {
     /// The files to read for entries `>= from`: (file, start offset, valid
     /// length), taken under the topic's lock so a read never sees a record
     /// being written.
-    fn views(&self, topic: &str, from: u64) -> Vec<(Arc<File>, u64, u64)> {
+    fn views(&self, topic: &str, from: u64, most: usize) -> Vec<(Arc<File>, u64, u64)> {
         let Some(t) = self.topic(topic) else {
             return Vec::new();
         };
@@ -395,6 +396,7 @@ impl SegmentLog {
         tl.segments
             .range(start..)
             .filter(|(_, s)| s.next > from)
+            .take(most)
             .map(|(_, s)| (s.file.clone(), s.offset_for(from), s.len))
             .collect()
     }
@@ -410,7 +412,7 @@ impl SegmentLog {
             let id = sorted[i];
             // The record holding `id` (and whichever later ids it holds).
             let mut hit = None;
-            for (file, offset, end) in self.views(topic, id).into_iter().take(1) {
+            for (file, offset, end) in self.views(topic, id, 1) {
                 let mut records = Records::new(&file, offset, end);
                 loop {
                     match records.next_record()? {
