@@ -50,6 +50,7 @@ mod connections;
 pub mod console;
 mod core;
 mod error;
+pub mod events;
 mod failure_log;
 mod flusher;
 mod keeper;

@@ -76,6 +76,9 @@ pub enum Command {
     /// A cluster of brokers: the brokers and their load, who owns a topic.
     #[command(subcommand)]
     Cluster(crate::cluster::ClusterCommand),
+    /// A namespace's failure events: messages dead-lettered, dead letters
+    /// replayed or purged.
+    Events(EventsArgs),
 }
 
 /// `namespaces …`.
@@ -157,6 +160,33 @@ pub struct ProduceArgs {
     /// Deliver no earlier than this long from now (`30s`, `5m`).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub deliver_after: Option<Duration>,
+}
+
+/// `events [NAMESPACE]`.
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// `tenant/namespace`.
+    #[arg(default_value = "public/default")]
+    pub namespace: String,
+    /// Only events of this topic (full, or bare for `public/default`).
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// Only events of this subscription.
+    #[arg(long)]
+    pub subscription: Option<String>,
+    /// Only events of this kind: dead_lettered, replayed or purged.
+    #[arg(long, value_parser = ["dead_lettered", "replayed", "purged"])]
+    pub kind: Option<String>,
+    /// Keep waiting for new events (until Ctrl-C).
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// Without `--follow`, stop once nothing arrived for this long.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub idle: std::time::Duration,
+    /// The CLI's subscription on the events topic: a later run with the
+    /// same name starts where this one stopped.
+    #[arg(long, default_value = "ricochet-events")]
+    pub reader: String,
 }
 
 /// `consume TOPIC -s SUB`.

@@ -366,11 +366,12 @@ impl Admin for AdminService {
         &self,
         r: Request<PurgeDeadLettersRequest>,
     ) -> Result<Response<PurgeDeadLettersResponse>, Status> {
+        let by = dead_letters::caller(&r);
         let r = r.into_inner();
         if let Some((_, ps)) = partitioned(&self.core, &r.topic) {
             return Ok(Response::new(parts::purge_dead_letters(self, ps, r).await?));
         }
-        Ok(Response::new(dead_letters::purge(&self.core, r).await?))
+        Ok(Response::new(dead_letters::purge(&self.core, r, by).await?))
     }
 
     async fn group_dead_letters(
