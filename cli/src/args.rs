@@ -245,6 +245,9 @@ pub enum TopicsCommand {
         /// Only topics of this `tenant/namespace`.
         #[arg(long)]
         namespace: Option<String>,
+        /// Also list system topics (`__failure_events`).
+        #[arg(long)]
+        include_system_topics: bool,
     },
     /// Create a topic.
     Create {

@@ -98,13 +98,17 @@ impl Admin for AdminService {
         &self,
         r: Request<ListTopicsRequest>,
     ) -> Result<Response<ListTopicsResponse>, Status> {
-        let ns = r.into_inner().namespace;
-        let ns = match ns.as_str() {
+        let r = r.into_inner();
+        let ns = match r.namespace.as_str() {
             "" => None,
             given => Some(crate::name::parse_namespace(given)?),
         };
+        let mut topics = self.core.list_topics(ns).await;
+        if !r.include_system_topics {
+            topics.retain(|t| !crate::name::is_system_topic(t));
+        }
         Ok(Response::new(ListTopicsResponse {
-            topics: self.core.list_topics(ns).await,
+            topics,
             partitioned: crate::partitions::list(&self.core, ns)
                 .into_iter()
                 .map(|(n, partitions)| PartitionedTopicMetadata {
