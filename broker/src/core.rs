@@ -7,6 +7,7 @@ use crate::claims::{TierClaims, TierOverrides};
 use crate::clock::SharedClock;
 use crate::config::{BrokerConfig, Durability, VerifyOnStart};
 use crate::error::{BrokerError, Result};
+use crate::events::{FailureEvent, events_topic_of};
 use crate::failure_log::FailureLog;
 use crate::flusher::Flusher;
 use crate::keeper::ManifestKeeper;
@@ -18,7 +19,7 @@ use crate::subscription::{BrokerLink, SubscriptionActor, SubscriptionDeps, Subsc
 use crate::topic::Topic;
 use crate::util::lock;
 use ricochet_policy::{DeadLetterPolicy, PolicyRegistry, PolicySpec};
-use ricochet_proto::{InitialPosition, SubscriptionType};
+use ricochet_proto::{InitialPosition, OutboundMessage, SubscriptionType};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -132,9 +133,60 @@ impl BrokerLink for Link {
     fn configured_policy(&self, topic: &str) -> Option<PolicySpec> {
         self.0.upgrade()?.config.policy_for(topic).cloned()
     }
+
+    fn emit(&self, events: Vec<FailureEvent>) {
+        if let Some(core) = self.0.upgrade() {
+            core.emit_events(events);
+        }
+    }
 }
 
 impl BrokerCore {
+    /// Publishes failure events to their namespaces' events topics (see
+    /// `crate::events`), in the background: a failure to publish is a WARN
+    /// line, never an error of the change the event tells of. In cluster mode
+    /// the events topic may be owned by another broker, so none is published
+    /// yet (issue #26).
+    pub(crate) fn emit_events(&self, events: Vec<FailureEvent>) {
+        if events.is_empty() || self.cluster.get().is_some() {
+            return;
+        }
+        let Some(core) = self.me.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let mut by_topic: HashMap<TopicName, Vec<OutboundMessage>> = HashMap::new();
+            for e in events {
+                let Some(name) = events_topic_of(&e.topic) else {
+                    continue;
+                };
+                let properties = HashMap::from([
+                    ("kind".to_owned(), e.kind.as_str().to_owned()),
+                    ("topic".to_owned(), e.topic.clone()),
+                    ("subscription".to_owned(), e.subscription.clone()),
+                ]);
+                by_topic.entry(name).or_default().push(OutboundMessage {
+                    payload: e.to_json(),
+                    key: e.subscription.clone(),
+                    properties,
+                    ..Default::default()
+                });
+            }
+            for (name, messages) in by_topic {
+                let written = match core
+                    .topic_or_create(&name, TopicKind::Normal, &|_| Ok(()))
+                    .await
+                {
+                    Ok(entry) => entry.topic.publish("", messages).await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = written {
+                    tracing::warn!(topic = %name, error = %e, "failure events not published");
+                }
+            }
+        });
+    }
+
     /// Opens storage state: the store is checked against its manifest
     /// (refused with [`BrokerError::DataLoss`] when it lacks something the
     /// manifest records, unless `config.accept_data_loss`), every topic and

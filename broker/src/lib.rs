@@ -52,6 +52,7 @@ pub mod console;
 mod core;
 mod disk;
 mod error;
+pub mod events;
 mod failure_log;
 mod flusher;
 mod keeper;

@@ -14,6 +14,7 @@
 
 use crate::core::BrokerCore;
 use crate::error::{BrokerError, Result};
+use crate::events::{EventKind, FailureEvent};
 use crate::name::{SubscriptionName, TopicName};
 use crate::storage::ReplayJobRecord;
 use crate::subscription::MessageRef;
@@ -115,7 +116,18 @@ async fn run(core: Arc<BrokerCore>, mut job: ReplayJobRecord) -> Result<JobOutco
         let n = letters.len() as u64;
         if !letters.is_empty() {
             match handle.replay(letters, job.order.clone()).await {
-                Ok(new_ids) => out.new_ids.extend(new_ids),
+                Ok(new_ids) => {
+                    let mut ev = FailureEvent::new(
+                        EventKind::Replayed,
+                        core.clock.now_ms(),
+                        &job.topic,
+                        &job.subscription,
+                    );
+                    ev.dead_letter_ids = ids.to_vec();
+                    ev.by = Some(job.order.by.clone());
+                    core.emit_events(vec![ev]);
+                    out.new_ids.extend(new_ids);
+                }
                 // Stopping: the job resumes at the next start.
                 Err(BrokerError::ShuttingDown) => return Ok(out),
                 Err(e) => {

@@ -360,6 +360,7 @@ async fn a_tenant_role_cannot_see_or_touch_another_tenants_topics() {
             .list_topics(req(
                 ListTopicsRequest {
                     namespace: "b/ns".into(),
+                    ..Default::default()
                 },
                 Some(&app),
             ))

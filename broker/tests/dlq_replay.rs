@@ -462,3 +462,91 @@ async fn bad_replay_requests_are_refused_and_change_nothing() {
     assert_eq!(dead_letters(&b.url(), "badreq", "s").await.len(), 1);
     assert!(s.next(QUIET).await.is_none());
 }
+
+/// Every dead-lettering, replay and purge is announced on the namespace's
+/// `__failure_events` topic, readable with the ordinary consumer API: a JSON
+/// event with the ids, the consumer's reason beside the policy's verdict,
+/// the attempts, the consumer and a payload excerpt.
+#[tokio::test]
+async fn failure_events_are_published_to_the_namespace_topic() {
+    let b = InProcessBroker::start().await;
+    let _c = with_dead_letters(&b, "evented", &["pay 12", "pay 13", "pay 14"], |i| {
+        format!("declined {i}")
+    })
+    .await;
+    let mut events = RawConsumer::simple(
+        &b.url(),
+        "persistent://public/default/__failure_events",
+        "watch",
+        SubscriptionType::Exclusive,
+    )
+    .await;
+    events.flow(100).await;
+    let json = |m: &Message| -> serde_json::Value { serde_json::from_slice(&m.payload).unwrap() };
+    let raw = events.take(3, WAIT).await;
+    let dead: Vec<serde_json::Value> = raw.iter().map(json).collect();
+    assert_eq!(dead.len(), 3, "{dead:?}");
+    // Kind, topic and subscription are properties too, to filter without parsing.
+    for m in &raw {
+        let p = |k: &str| m.properties.get(k).map(String::as_str);
+        assert_eq!(p("kind"), Some("dead_lettered"));
+        assert_eq!(p("topic"), Some(&*format!("{FULL}evented")));
+        assert_eq!(p("subscription"), Some("s"));
+    }
+    let letters = dead_letters(&b.url(), "evented", "s").await;
+    for (i, e) in dead.iter().enumerate() {
+        assert_eq!(e["kind"], "dead_lettered", "{e}");
+        assert_eq!(e["topic"], format!("{FULL}evented"));
+        assert_eq!(e["subscription"], "s");
+        assert_eq!(e["cause"], format!("declined {i}"));
+        assert_eq!(e["verdict"], format!("terminated: declined {i}"));
+        assert_eq!(e["attempts"], 1);
+        assert_eq!(e["payload_excerpt"], format!("pay {}", 12 + i));
+        assert_eq!(
+            e["message_id"],
+            format!("{FULL}evented-s-DLQ:{}", dlq_id(&letters[i]))
+        );
+        assert_eq!(e["origin_id"], format!("{FULL}evented:{i}"));
+        assert!(!e["consumer"].as_str().unwrap().is_empty(), "{e}");
+    }
+
+    // A replay of one, then a purge of the rest: one event each.
+    let replayed = admin(&b.url())
+        .await
+        .replay_dead_letters(ReplayDeadLettersRequest {
+            filter: Some(DeadLetterFilter {
+                entry_ids: vec![dlq_id(&letters[0])],
+                ..Default::default()
+            }),
+            ..replay_req("evented")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(replayed.replayed, 1);
+    admin(&b.url())
+        .await
+        .purge_dead_letters(PurgeDeadLettersRequest {
+            topic: "evented".into(),
+            subscription: "s".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let later: Vec<serde_json::Value> = events.take(2, WAIT).await.iter().map(json).collect();
+    assert_eq!(later.len(), 2, "{later:?}");
+    assert_eq!(later[0]["kind"], "replayed");
+    assert_eq!(
+        later[0]["dead_letter_ids"],
+        serde_json::json!([dlq_id(&letters[0])])
+    );
+    assert_eq!(later[1]["kind"], "purged");
+    assert_eq!(
+        later[1]["dead_letter_ids"],
+        serde_json::json!([dlq_id(&letters[1]), dlq_id(&letters[2])])
+    );
+    for e in &later {
+        assert_eq!(e["by"], "anonymous");
+        assert!(e.get("payload_excerpt").is_none(), "{e}");
+    }
+}

@@ -73,6 +73,7 @@ async fn create_raise_never_lower_and_survive_a_restart() {
         .await
         .list_topics(ListTopicsRequest {
             namespace: "acme/eu".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -242,6 +243,7 @@ async fn stats_policies_and_delete_cover_every_partition() {
     let listed = a
         .list_topics(ListTopicsRequest {
             namespace: "acme/eu".into(),
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -58,10 +58,14 @@ fn is_zero(n: &u32) -> bool {
 pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
     let mut admin = ctx.admin().await?;
     match c {
-        TopicsCommand::List { namespace } => {
+        TopicsCommand::List {
+            namespace,
+            include_system_topics,
+        } => {
             let r = admin
                 .list_topics(pb::ListTopicsRequest {
                     namespace: namespace.unwrap_or_default(),
+                    include_system_topics,
                 })
                 .await?
                 .into_inner();

@@ -76,6 +76,9 @@ pub enum Command {
     /// A cluster of brokers: the brokers and their load, who owns a topic.
     #[command(subcommand)]
     Cluster(crate::cluster::ClusterCommand),
+    /// A namespace's failure events: messages dead-lettered, dead letters
+    /// replayed or purged.
+    Events(EventsArgs),
 }
 
 /// `namespaces …`.
@@ -159,6 +162,33 @@ pub struct ProduceArgs {
     pub deliver_after: Option<Duration>,
 }
 
+/// `events [NAMESPACE]`.
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// `tenant/namespace`.
+    #[arg(default_value = "public/default")]
+    pub namespace: String,
+    /// Only events of this topic (full, or bare for `public/default`).
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// Only events of this subscription.
+    #[arg(long)]
+    pub subscription: Option<String>,
+    /// Only events of this kind: dead_lettered, replayed or purged.
+    #[arg(long, value_parser = ["dead_lettered", "replayed", "purged"])]
+    pub kind: Option<String>,
+    /// Keep waiting for new events (until Ctrl-C).
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// Without `--follow`, stop once nothing arrived for this long.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub idle: std::time::Duration,
+    /// The CLI's subscription on the events topic: a later run with the
+    /// same name starts where this one stopped.
+    #[arg(long, default_value = "ricochet-events")]
+    pub reader: String,
+}
+
 /// `consume TOPIC -s SUB`.
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
@@ -215,6 +245,9 @@ pub enum TopicsCommand {
         /// Only topics of this `tenant/namespace`.
         #[arg(long)]
         namespace: Option<String>,
+        /// Also list system topics (`__failure_events`).
+        #[arg(long)]
+        include_system_topics: bool,
     },
     /// Create a topic.
     Create {

@@ -109,7 +109,8 @@ pub(crate) fn topic_of(cmd: &Command) -> Option<String> {
         | Command::Token(_)
         | Command::Auth(_)
         | Command::Namespaces(_)
-        | Command::Cluster(_) => None,
+        | Command::Cluster(_)
+        | Command::Events(_) => None,
     }
 }
 

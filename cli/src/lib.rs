@@ -33,6 +33,7 @@ mod confirm;
 mod dlq;
 mod dlq_decide;
 mod error;
+mod events;
 pub mod output;
 mod partitions;
 mod perf;
@@ -153,6 +154,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> Result<()> {
         Command::Auth(c) => auth::auth(&mut ctx, c).await,
         Command::Namespaces(c) => retention::namespaces(&mut ctx, c).await,
         Command::Cluster(c) => cluster::run(&mut ctx, c).await,
+        Command::Events(a) => events::run(&mut ctx, a).await,
     };
     ctx.out.flush()?;
     r

@@ -200,6 +200,28 @@ async fn why_it_died_is_the_consumers_reason() {
     let text = env.ok(&["dlq", "list", "why", "billing"]).await;
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains(schema), "{text}");
+
+    // The same six as failure events, filtered to this topic; a purge is
+    // one more; a second run of the same reader starts after what it read.
+    let events = env
+        .json_lines(&["events", "--topic", "why", "--idle", "1s"])
+        .await;
+    let causes: Vec<&str> = events
+        .iter()
+        .map(|e| e["cause"].as_str().unwrap())
+        .collect();
+    assert_eq!(causes, [timeout, timeout, timeout, timeout, schema, schema]);
+    assert!(events.iter().all(|e| e["kind"] == "dead_lettered"));
+    env.ok(&["dlq", "purge", "why", "billing", "--yes"]).await;
+    let text = env
+        .ok(&["events", "--kind", "purged", "--idle", "1s"])
+        .await;
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("purged  persistent://public/default/why billing  6 dead letter(s)"),
+        "{text}"
+    );
+    assert!(text.ends_with("by anonymous\n"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -472,6 +472,7 @@ async fn a_copy_left_by_an_unfinished_move_is_deleted_when_its_broker_returns() 
         )
         .list_topics(ricochet_client::proto::ListTopicsRequest {
             namespace: "public/default".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -590,6 +591,7 @@ async fn a_bad_or_incomplete_import_is_refused_and_leaves_nothing() {
             .admin()
             .list_topics(ricochet_client::proto::ListTopicsRequest {
                 namespace: "public/default".into(),
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -98,13 +98,17 @@ impl Admin for AdminService {
         &self,
         r: Request<ListTopicsRequest>,
     ) -> Result<Response<ListTopicsResponse>, Status> {
-        let ns = r.into_inner().namespace;
-        let ns = match ns.as_str() {
+        let r = r.into_inner();
+        let ns = match r.namespace.as_str() {
             "" => None,
             given => Some(crate::name::parse_namespace(given)?),
         };
+        let mut topics = self.core.list_topics(ns).await;
+        if !r.include_system_topics {
+            topics.retain(|t| !crate::name::is_system_topic(t));
+        }
         Ok(Response::new(ListTopicsResponse {
-            topics: self.core.list_topics(ns).await,
+            topics,
             partitioned: crate::partitions::list(&self.core, ns)
                 .into_iter()
                 .map(|(n, partitions)| PartitionedTopicMetadata {
@@ -366,11 +370,12 @@ impl Admin for AdminService {
         &self,
         r: Request<PurgeDeadLettersRequest>,
     ) -> Result<Response<PurgeDeadLettersResponse>, Status> {
+        let by = dead_letters::caller(&r);
         let r = r.into_inner();
         if let Some((_, ps)) = partitioned(&self.core, &r.topic) {
             return Ok(Response::new(parts::purge_dead_letters(self, ps, r).await?));
         }
-        Ok(Response::new(dead_letters::purge(&self.core, r).await?))
+        Ok(Response::new(dead_letters::purge(&self.core, r, by).await?))
     }
 
     async fn group_dead_letters(

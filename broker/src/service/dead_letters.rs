@@ -9,6 +9,7 @@
 
 use crate::core::BrokerCore;
 use crate::error::BrokerError;
+use crate::events::{EventKind, FailureEvent};
 use crate::name::{SubscriptionName, TopicName};
 use crate::replay_jobs;
 use crate::storage::{
@@ -243,6 +244,7 @@ fn full_topic_name(topic: &str) -> Result<String, Status> {
 pub(super) async fn purge(
     core: &Arc<BrokerCore>,
     r: PurgeDeadLettersRequest,
+    by: String,
 ) -> Result<PurgeDeadLettersResponse, Status> {
     let h = subscription(core, &r.topic, &r.subscription).await?;
     let ids: Vec<u64> = matching(core, &h, r.filter.as_ref())?
@@ -266,6 +268,15 @@ pub(super) async fn purge(
     core.flusher.durable().await?;
     h.dead_letters_purged(ids.len() as u64)?;
     tracing::warn!(topic = %r.topic, subscription = %r.subscription, purged = ids.len(), "dead letters purged");
+    let mut ev = FailureEvent::new(
+        EventKind::Purged,
+        core.clock.now_ms(),
+        &full_topic_name(&r.topic)?,
+        &r.subscription,
+    );
+    ev.dead_letter_ids = ids.clone();
+    ev.by = Some(by);
+    core.emit_events(vec![ev]);
     Ok(PurgeDeadLettersResponse {
         purged: ids.len() as u64,
         dead_letter_ids: ids,

@@ -11,6 +11,7 @@ use super::failure::Failure;
 use super::intake::millis;
 use super::requests::MessageRef;
 use crate::error::Result;
+use crate::events::{EventKind, FailureEvent, excerpt};
 use crate::storage::{
     Arrival, DeadLetterRecord, FailureRecord, MoveItem, ScheduleKey, Storage, SubMessage,
     SubscriptionRecord, TierEntry, TierId, TierMove, TopicKind,
@@ -32,6 +33,8 @@ pub trait BrokerLink: Send + Sync + std::fmt::Debug {
     fn build_policy(&self, spec: &PolicySpec) -> Result<Arc<dyn DeadLetterPolicy>>;
     /// The configured default policy for a topic.
     fn configured_policy(&self, topic: &str) -> Option<PolicySpec>;
+    /// Publishes failure events (in the background; see `crate::events`).
+    fn emit(&self, events: Vec<FailureEvent>);
 }
 
 /// The names of a subscription's tiers and, once used, their topics.
@@ -243,6 +246,7 @@ impl SubscriptionActor {
         let first_id = topic.reserve_ids(items.len() as u64).await?;
         let mut sub = self.rec.clone();
         let mut move_items = Vec::with_capacity(items.len());
+        let mut events = Vec::with_capacity(items.len());
         for (i, (f, rec, reason)) in items.iter().enumerate() {
             let mut m = self.tier_copy(f.entry, rec, &f.extra_props)?;
             m.properties
@@ -254,20 +258,38 @@ impl SubscriptionActor {
                 sub = %self.rec.name, topic = %self.rec.topic, origin = %format!("{origin_topic}:{origin_entry_id}"),
                 attempt = rec.count, reason = %reason, "message dead-lettered"
             );
+            let record = DeadLetterRecord {
+                origin_topic,
+                origin_entry_id,
+                reason: reason.clone(),
+                at_ms: now,
+                failures: rec.clone(),
+                replay: None,
+            };
+            let mut ev = FailureEvent::new(
+                EventKind::DeadLettered,
+                now,
+                &self.rec.topic,
+                &self.rec.name,
+            );
+            ev.message_id = Some(format!("{}:{}", topic.name(), first_id + i as u64));
+            ev.origin_id = Some(format!(
+                "{}:{}",
+                record.origin_topic, record.origin_entry_id
+            ));
+            ev.cause = Some(record.cause());
+            ev.verdict = Some(reason.clone());
+            ev.attempts = Some(rec.count);
+            ev.consumer = rec.attempts.last().map(|a| a.consumer.clone());
+            ev.payload_excerpt = Some(excerpt(&m.payload));
+            events.push(ev);
             move_items.push(MoveItem {
                 from,
                 from_schedule,
                 payload: m.encode_to_vec(),
                 target_entry_id: first_id + i as u64,
                 failures: rec.clone(),
-                arrival: Arrival::DeadLetter(DeadLetterRecord {
-                    origin_topic,
-                    origin_entry_id,
-                    reason: reason.clone(),
-                    at_ms: now,
-                    failures: rec.clone(),
-                    replay: None,
-                }),
+                arrival: Arrival::DeadLetter(record),
             });
         }
         let sources: Vec<TierEntry> = items.iter().map(|(f, _, _)| f.entry).collect();
@@ -278,8 +300,11 @@ impl SubscriptionActor {
             self.metrics.dead_lettered(f.reason.as_str(), 1);
             self.failures.dead_lettered(f.reason, 1);
         }
-        // Readable by dead-letter consumers once durable.
-        self.when_durable(topic, first_id + items.len() as u64, || {});
+        // Readable by dead-letter consumers once durable; then announced.
+        let link = self.deps.link.clone();
+        self.when_durable(topic, first_id + items.len() as u64, move || {
+            link.emit(events)
+        });
         Ok(())
     }
 

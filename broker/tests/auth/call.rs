@@ -22,6 +22,7 @@ pub(crate) async fn call(url: &str, method: &str, token: Option<&str>) -> Result
             .list_topics(req(
                 ListTopicsRequest {
                     namespace: NS.into(),
+                    ..Default::default()
                 },
                 token,
             ))

@@ -42,7 +42,10 @@ async fn admin_refuses(admin: &mut AdminClient<tonic::transport::Channel>, bad: 
     };
     if !bad.is_empty() {
         let e = admin
-            .list_topics(ListTopicsRequest { namespace: t() })
+            .list_topics(ListTopicsRequest {
+                namespace: t(),
+                ..Default::default()
+            })
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "ListTopics: {e}");

@@ -105,6 +105,7 @@ fn rpcs() -> Vec<Rpc> {
             path: a[0],
             sample: ListTopicsRequest {
                 namespace: "public/default".into(),
+                ..Default::default()
             }
             .encode_to_vec(),
             decodes: decodes::<ListTopicsRequest>,
