@@ -19,9 +19,10 @@
 //! history (who, when, sizes, properties).
 //!
 //! For tests, `RICOCHET_FAILPOINT` names a step at which the broker aborts
-//! (see [`failpoint`]); it does nothing unless set.
+//! (see [`crate::util::failpoint`]); it does nothing unless set.
 
 use super::SubscriptionActor;
+use crate::util::failpoint;
 use super::requests::MessageRef;
 use crate::error::Result;
 use crate::storage::{
@@ -74,16 +75,6 @@ impl MessageEdit {
             properties_removed: removed,
             key_changed,
         }
-    }
-}
-
-/// Aborts the process when `RICOCHET_FAILPOINT` equals `name`: a test's way
-/// to crash the broker at an exact step (as a SIGKILL would, without
-/// flushing). Unset (always, outside tests), it does nothing.
-pub(crate) fn failpoint(name: &str) {
-    if std::env::var_os("RICOCHET_FAILPOINT").is_some_and(|v| v == name) {
-        eprintln!("failpoint {name}: aborting");
-        std::process::abort();
     }
 }
 

@@ -140,6 +140,16 @@ impl SledStorage {
         Ok(())
     }
 
+    /// A test failpoint on the publish path: when `RICOCHET_FAILPOINT`
+    /// names `name`, makes what is written so far durable (as a concurrent
+    /// writer's flush could at that instant) and aborts.
+    fn crash_point(&self, name: &str) {
+        if crate::util::failpoint_armed(name) {
+            let _ = self.db.flush();
+            crate::util::failpoint(name);
+        }
+    }
+
     /// Flips one bit at byte `at` of the stored frame holding `topic`'s
     /// entry `id` (damage, for tests).
     #[cfg(test)]
@@ -291,12 +301,17 @@ impl Storage for SledStorage {
             }
             id += now.len() as u64;
             rest = later;
+            if !rest.is_empty() {
+                self.crash_point("publish.append.first_segment");
+            }
         }
+        self.crash_point("publish.append.entries");
         if let Some((name, seq)) = producer {
             let key = format!("{topic}\0{name}");
             self.prodseq
                 .insert(key.as_bytes(), seal(key.as_bytes(), &be(seq)))?;
         }
+        self.crash_point("publish.append.sequence");
         Ok(())
     }
 
