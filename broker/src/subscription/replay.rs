@@ -22,7 +22,6 @@
 //! (see [`crate::util::failpoint`]); it does nothing unless set.
 
 use super::SubscriptionActor;
-use crate::util::failpoint;
 use super::requests::MessageRef;
 use crate::error::Result;
 use crate::storage::{
@@ -30,6 +29,7 @@ use crate::storage::{
     ReplayOrder, ReplayTarget, ReturnItem, ScheduleKey, StorageError, TierEntry, TopicKind,
     replay_producer,
 };
+use crate::util::failpoint;
 use prost::Message as _;
 use ricochet_proto::{Message, OutboundMessage, props};
 
