@@ -8,6 +8,9 @@ use super::codec::{be, seal};
 use super::frame;
 use super::*;
 
+/// A segment tree and the sealed frames (key, value) going into it.
+type SegmentWrites = (Tree, Vec<([u8; 8], Vec<u8>)>);
+
 impl SledStorage {
     pub(super) fn append_atomically(
         &self,
@@ -20,7 +23,7 @@ impl SledStorage {
         // runs of at most `frame::MAX_VALUE` bytes keep sled's leaves off
         // its blob files. Encoded before any write: a transaction's closure
         // may re-run.
-        let mut segments: Vec<(Tree, Vec<([u8; 8], Vec<u8>)>)> = Vec::new();
+        let mut segments: Vec<SegmentWrites> = Vec::new();
         let mut id = first_id;
         let mut rest = entries;
         while !rest.is_empty() {
