@@ -67,10 +67,12 @@ struct Ceiling {
 impl Ceiling {
     /// Reserves ids below `need` plus a block; returns the new ceiling.
     async fn extend(&self, need: u64) -> Result<u64> {
+        crate::util::failpoint("publish.reserve.before");
         let granted = self
             .keeper
             .reserve(&self.topic, need.saturating_add(ID_BLOCK))
             .await?;
+        crate::util::failpoint("publish.reserve.after");
         Ok(self
             .reserved
             .fetch_max(granted, Ordering::AcqRel)
@@ -399,6 +401,7 @@ impl Topic {
         if self.sync {
             self.flusher.durable().await?;
         }
+        crate::util::failpoint("publish.after_flush");
         self.durable_end.send_if_modified(|v| {
             if end > *v {
                 *v = end;

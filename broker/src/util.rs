@@ -1,5 +1,6 @@
 //! Small helpers shared across the broker: poison-free locking, stable
-//! hashing, and quoting client input in error messages.
+//! hashing, quoting client input in error messages, and the test
+//! failpoints (`RICOCHET_FAILPOINT`).
 
 use std::borrow::Cow;
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -66,6 +67,30 @@ pub fn stable_hash(bytes: &[u8]) -> u64 {
     h ^= h >> 27;
     h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
     h ^ (h >> 31)
+}
+
+/// The failpoint named by `RICOCHET_FAILPOINT`, read once.
+fn armed_failpoint() -> Option<&'static str> {
+    static ARMED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    ARMED
+        .get_or_init(|| std::env::var("RICOCHET_FAILPOINT").ok())
+        .as_deref()
+}
+
+/// Whether `RICOCHET_FAILPOINT` names `name` (a step that must prepare its
+/// crash, e.g. flush what is written so far, before [`failpoint`]).
+pub(crate) fn failpoint_armed(name: &str) -> bool {
+    armed_failpoint() == Some(name)
+}
+
+/// Aborts the process when `RICOCHET_FAILPOINT` equals `name`: a test's way
+/// to crash the broker at an exact step (as a SIGKILL would, without
+/// flushing). Unset (always, outside tests), it does nothing.
+pub(crate) fn failpoint(name: &str) {
+    if failpoint_armed(name) {
+        eprintln!("failpoint {name}: aborting");
+        std::process::abort();
+    }
 }
 
 #[cfg(test)]

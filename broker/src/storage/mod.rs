@@ -56,7 +56,11 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     fn delete_partitioned(&self, name: &str) -> Result<()>;
 
     /// Writes entries `first_id..first_id + len` (not durable until flushed),
-    /// and records `producer`'s last sequence id with them.
+    /// and records `producer`'s last sequence id with them, atomically
+    /// against a crash: after one, all of the entries and the sequence id
+    /// are there, or none of them, whatever segments the entries span
+    /// (a resend of what was kept must be recognised, and no half batch
+    /// may survive).
     fn append(
         &self,
         topic: &str,

@@ -19,7 +19,7 @@
 //! history (who, when, sizes, properties).
 //!
 //! For tests, `RICOCHET_FAILPOINT` names a step at which the broker aborts
-//! (see [`failpoint`]); it does nothing unless set.
+//! (see [`crate::util::failpoint`]); it does nothing unless set.
 
 use super::SubscriptionActor;
 use super::requests::MessageRef;
@@ -29,6 +29,7 @@ use crate::storage::{
     ReplayOrder, ReplayTarget, ReturnItem, ScheduleKey, StorageError, TierEntry, TopicKind,
     replay_producer,
 };
+use crate::util::failpoint;
 use prost::Message as _;
 use ricochet_proto::{Message, OutboundMessage, props};
 
@@ -74,16 +75,6 @@ impl MessageEdit {
             properties_removed: removed,
             key_changed,
         }
-    }
-}
-
-/// Aborts the process when `RICOCHET_FAILPOINT` equals `name`: a test's way
-/// to crash the broker at an exact step (as a SIGKILL would, without
-/// flushing). Unset (always, outside tests), it does nothing.
-pub(crate) fn failpoint(name: &str) {
-    if std::env::var_os("RICOCHET_FAILPOINT").is_some_and(|v| v == name) {
-        eprintln!("failpoint {name}: aborting");
-        std::process::abort();
     }
 }
 

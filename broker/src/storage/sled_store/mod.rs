@@ -17,6 +17,7 @@
 //! identity the manifest ([`super::manifest`]) names, and the manifest is a
 //! file beside sled's own.
 
+mod append;
 mod codec;
 mod dropping;
 mod frame;
@@ -273,38 +274,7 @@ impl Storage for SledStorage {
         entries: &[Vec<u8>],
         producer: Option<(&str, u64)>,
     ) -> Result<()> {
-        let mut id = first_id;
-        let mut rest = entries;
-        while !rest.is_empty() {
-            // A frame never spans two segment trees.
-            let seg = id / self.segment_entries;
-            let room = ((seg + 1) * self.segment_entries - id) as usize;
-            let (now, later) = rest.split_at(room.min(rest.len()));
-            let tree = self.segment(topic, seg)?;
-            // Runs of at most `frame::MAX_VALUE` bytes keep sled's leaves
-            // off its blob files; the runs of one segment are written as
-            // one sled batch, so a crash keeps all of them or none.
-            let runs = frame::runs(now);
-            if let [only] = runs.as_slice() {
-                tree.insert(be(id), seal(&be(id), &frame::encode(only)))?;
-            } else {
-                let mut batch = Batch::default();
-                let mut at = id;
-                for run in runs {
-                    batch.insert(&be(at), seal(&be(at), &frame::encode(run)));
-                    at += run.len() as u64;
-                }
-                tree.apply_batch(batch)?;
-            }
-            id += now.len() as u64;
-            rest = later;
-        }
-        if let Some((name, seq)) = producer {
-            let key = format!("{topic}\0{name}");
-            self.prodseq
-                .insert(key.as_bytes(), seal(key.as_bytes(), &be(seq)))?;
-        }
-        Ok(())
+        self.append_atomically(topic, first_id, entries, producer)
     }
 
     fn read(
