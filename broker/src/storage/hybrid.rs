@@ -9,10 +9,21 @@
 //! ([`TopicKind::Normal`]); [`Storage::flush`] fsyncs the segment files
 //! written since the last flush and flushes sled, together, so the
 //! flusher's one round covers both.
+//!
+//! Producer sequence ids: a batch goes to the log and its producer's
+//! sequence id to sled, two writes a crash can cut apart. Sled's `prodseq`
+//! is therefore a checkpoint: beside each producer's id it keeps, in the
+//! same sled batch, the log position it covers (under the empty producer
+//! name, which de-duplication never uses), and
+//! [`Storage::producer_sequences`] adds what the log holds past that
+//! position (every entry carries its producer and sequence id). A resend
+//! of a batch the log kept is recognised even when its sequence id was
+//! lost.
 
 use super::segments::{LogSettings, SegmentLog, upgrade};
 use super::*;
-use std::collections::HashSet;
+use prost::Message as _;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
@@ -70,7 +81,51 @@ impl LogStorage {
     fn logged(&self, topic: &str) -> bool {
         crate::util::read(&self.logged).contains(topic)
     }
+
+    /// A test failpoint on the publish path: when `RICOCHET_FAILPOINT`
+    /// names `name`, makes what sled holds durable (as a concurrent
+    /// writer's flush could at that instant) and aborts; the log's writes
+    /// are in the file already.
+    fn crash_point(&self, name: &str) {
+        if crate::util::failpoint_armed(name) {
+            self.sled.flush_blocking();
+            crate::util::failpoint(name);
+        }
+    }
+
+    /// Adds to `sequences` the producers' sequence ids of `topic`'s log
+    /// entries from `from` on.
+    fn sequences_from(
+        &self,
+        topic: &str,
+        from: u64,
+        sequences: &mut BTreeMap<String, u64>,
+    ) -> Result<()> {
+        let Some((first, end)) = self.log.range(topic) else {
+            return Ok(());
+        };
+        let mut at = from.max(first);
+        while at < end {
+            let read = self.log.read(topic, at, 4096, 16 << 20)?;
+            let Some(&(last, _)) = read.last() else { break };
+            for (_, bytes) in &read {
+                let m = ricochet_proto::Message::decode(bytes.as_slice())
+                    .map_err(StorageError::from)?;
+                if !m.producer_name.is_empty() {
+                    let seq = sequences.entry(m.producer_name).or_insert(0);
+                    *seq = (*seq).max(m.sequence_id);
+                }
+            }
+            at = last + 1;
+        }
+        Ok(())
+    }
 }
+
+/// The producer name under which sled's `prodseq` keeps the log position
+/// its sequence ids cover (an empty name never takes part in
+/// de-duplication).
+const COVERED: &str = "";
 
 #[async_trait::async_trait]
 impl Storage for LogStorage {
@@ -121,10 +176,17 @@ impl Storage for LogStorage {
         if !self.logged(topic) {
             return self.sled.append(topic, first_id, entries, producer);
         }
+        self.crash_point("publish.append.first_segment");
         self.log.append(topic, first_id, entries)?;
+        self.crash_point("publish.append.entries");
         if let Some((name, seq)) = producer {
-            self.sled
-                .restore_producer_sequences(topic, &[(name.to_owned(), seq)])?;
+            // One sled batch: the id and the position it covers.
+            let covered = first_id + entries.len() as u64;
+            self.sled.restore_producer_sequences(
+                topic,
+                &[(name.to_owned(), seq), (COVERED.to_owned(), covered)],
+            )?;
+            self.crash_point("publish.append.sequence");
         }
         Ok(())
     }
@@ -195,7 +257,15 @@ impl Storage for LogStorage {
     }
 
     fn producer_sequences(&self, topic: &str) -> Result<Vec<(String, u64)>> {
-        self.sled.producer_sequences(topic)
+        let mut sequences: BTreeMap<String, u64> =
+            self.sled.producer_sequences(topic)?.into_iter().collect();
+        let covered = sequences.remove(COVERED);
+        if self.logged(topic) {
+            // A crash may have kept entries past the checkpoint without
+            // their sequence ids; without a checkpoint, read the whole log.
+            self.sequences_from(topic, covered.unwrap_or(0), &mut sequences)?;
+        }
+        Ok(sequences.into_iter().collect())
     }
 
     fn list_subscriptions(&self, topic: &str) -> Result<Vec<SubscriptionRecord>> {

@@ -37,7 +37,6 @@ mod intake;
 mod policy;
 mod read_ahead;
 mod replay;
-pub(crate) use replay::failpoint;
 mod requests;
 mod retention;
 mod stats;

@@ -332,7 +332,7 @@ impl SegmentLog {
             },
         )?;
         sync_dir(&tl.dir)?;
-        crate::subscription::failpoint("log.roll.after_create");
+        crate::util::failpoint("log.roll.after_create");
         tl.segments.insert(first_id, seg);
         Ok(())
     }
@@ -519,7 +519,7 @@ impl SegmentLog {
                 continue;
             }
             write_start(&trim.dir, trim.keep)?;
-            crate::subscription::failpoint("log.trim.after_start");
+            crate::util::failpoint("log.trim.after_start");
             for f in &trim.files {
                 match std::fs::remove_file(f) {
                     Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),

@@ -172,7 +172,7 @@ impl Segment {
             .append(true)
             .create_new(true)
             .open(&path)?;
-        crate::subscription::failpoint("log.roll.before_header");
+        crate::util::failpoint("log.roll.before_header");
         (&file).write_all_compat(&header.encode())?;
         file.sync_all()?;
         Ok(Self {
@@ -301,7 +301,7 @@ impl Segment {
             .is_some_and(|v| v == "log.append.mid_record")
         {
             (&*self.file).write_all_compat(&bytes[..bytes.len() / 2])?;
-            crate::subscription::failpoint("log.append.mid_record");
+            crate::util::failpoint("log.append.mid_record");
             Ok(())
         } else {
             (&*self.file).write_all_compat(bytes)

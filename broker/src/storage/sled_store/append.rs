@@ -95,12 +95,18 @@ impl SledStorage {
         Ok(())
     }
 
+    /// Flushes sled and waits for it (for test failpoints: what a
+    /// concurrent writer's flush could make durable at that instant).
+    pub(crate) fn flush_blocking(&self) {
+        let _ = self.db.flush();
+    }
+
     /// A test failpoint on the publish path: when `RICOCHET_FAILPOINT`
     /// names `name`, makes what is written so far durable (as a concurrent
     /// writer's flush could at that instant) and aborts.
     fn crash_point(&self, name: &str) {
         if crate::util::failpoint_armed(name) {
-            let _ = self.db.flush();
+            self.flush_blocking();
             crate::util::failpoint(name);
         }
     }
