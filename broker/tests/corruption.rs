@@ -98,6 +98,7 @@ fn start(dir: &Path) -> Start {
     let mut lines = BufReader::new(stdout).lines();
     let addr = lines.by_ref().map_while(Result::ok).find_map(|l| {
         l.strip_prefix("ricochet-broker listening on ")
+            .and_then(|r| r.split(' ').next())
             .map(str::to_owned)
     });
     match addr {

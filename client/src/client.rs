@@ -152,7 +152,8 @@ impl ClientBuilder {
         let ep = endpoints.endpoint(&self.url)?;
         let credentials = self.credentials()?;
         let channel = match tokio::time::timeout(self.config.connect_timeout, ep.connect()).await {
-            Ok(r) => r?,
+            Ok(Ok(channel)) => channel,
+            Ok(Err(e)) => return Err(crate::tls_probe::explain(&self.url, e.into()).await),
             Err(_) => return Err(Error::Timeout(format!("connecting to {}", self.url))),
         };
         Ok(Client::from_parts(

@@ -79,6 +79,7 @@ mod partitions;
 mod producer;
 mod reconnect;
 mod routing;
+mod tls_probe;
 pub mod tracker;
 
 pub use client::{Client, ClientBuilder, ClientConfig};
@@ -90,6 +91,7 @@ pub use error::{Error, Result};
 pub use message::{Message, MessageBuilder, MessageId, OutgoingMessage};
 pub use producer::{Producer, ProducerBuilder, ProducerConfig};
 pub use routing::{OWNER_TRAILER, OWNER_URL_TRAILER, TopicOwner};
+pub use tls_probe::{speaks_tls, tls_advice};
 
 /// Re-exported for convenience: the policy vocabulary the consumer takes.
 pub use ricochet_policy::{DeadLetterPolicy, PolicySpec};
