@@ -161,8 +161,9 @@ async fn fix_and_resend_one_dead_letter() {
         ])
         .await;
     assert_eq!(u(&r["replayed"]), 1);
-    // Still failing: seen once more (fixed), then back in the DLQ with the
-    // edit in its history.
+    // Still failing: an edit is a new attempt, so its delivery count starts
+    // from 0 again and the policy's one redelivery applies anew: seen
+    // twice more (fixed), then back in the DLQ with the edit in its history.
     let seen = env
         .json_lines(&[
             "consume",
@@ -180,7 +181,11 @@ async fn fix_and_resend_one_dead_letter() {
             "3s",
         ])
         .await;
-    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(
+        (u(&seen[0]["delivery_count"]), u(&seen[1]["delivery_count"])),
+        (0, 1)
+    );
     let m = &seen[0];
     assert_eq!(m["payload"], "{\"amount\":12}");
     assert_eq!(m["key"], "customer-7");
@@ -206,6 +211,95 @@ async fn fix_and_resend_one_dead_letter() {
         text.contains("by anonymous: payload 15 → 13 bytes, set schema, removed junk, new key"),
         "{text}"
     );
+}
+
+/// `--keep-count` keeps an edited dead letter's delivery count (the
+/// default resets it, see above), and `--reset-count` resets an unchanged
+/// one's; the confirmation says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_replay_can_keep_its_count() {
+    let env = Env::start().await;
+    let ids = dead_letters(&env, "keep", &["a", "b"]).await;
+    let asked = env
+        .run(&[
+            "dlq",
+            "replay",
+            "keep",
+            "billing",
+            "--id",
+            &ids[0].to_string(),
+            "--key",
+            "k",
+        ])
+        .await;
+    let question = String::from_utf8_lossy(&asked.stderr);
+    assert!(question.contains("delivery count reset"), "{question}");
+    let both = env
+        .run(&[
+            "dlq",
+            "replay",
+            "keep",
+            "billing",
+            "--reset-count",
+            "--keep-count",
+            "--yes",
+        ])
+        .await;
+    assert_eq!(both.status.code(), Some(2), "the two flags conflict");
+    let kept = env
+        .json(&[
+            "dlq",
+            "replay",
+            "keep",
+            "billing",
+            "--id",
+            &ids[0].to_string(),
+            "--key",
+            "k",
+            "--keep-count",
+            "--yes",
+        ])
+        .await;
+    assert_eq!(u(&kept["replayed"]), 1);
+    let reset = env
+        .json(&[
+            "dlq",
+            "replay",
+            "keep",
+            "billing",
+            "--id",
+            &ids[1].to_string(),
+            "--reset-count",
+            "--yes",
+        ])
+        .await;
+    assert_eq!(u(&reset["replayed"]), 1);
+    let seen = env
+        .json_lines(&[
+            "consume",
+            "keep",
+            "-s",
+            "billing",
+            "-t",
+            "shared",
+            "-n",
+            "0",
+            "--nack",
+            "--policy",
+            "backoff:fixed=100ms,max=1",
+            "--timeout",
+            "3s",
+        ])
+        .await;
+    let counts = |payload: &str| -> Vec<u64> {
+        seen.iter()
+            .filter(|m| m["payload"] == payload)
+            .map(|m| u(&m["delivery_count"]))
+            .collect()
+    };
+    assert_eq!(counts("a"), vec![2], "edited, count kept: {seen:?}");
+    assert_eq!(counts("b"), vec![0, 1], "unchanged, count reset: {seen:?}");
+    assert_eq!(total(&env, "keep").await, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -206,7 +206,7 @@ async fn extreme_numbers_in_admin_requests() {
                 topic: "nums".into(),
                 subscription: "s".into(),
                 filter: filter(u64::MAX, 1),
-                reset_delivery_count: true,
+                reset_delivery_count: Some(true),
                 rate_per_second: u32::MAX,
                 ..Default::default()
             })
