@@ -17,25 +17,7 @@ async fn dead_letters(env: &Env, topic: &str, payloads: &[&str]) -> Vec<u64> {
         args.extend(["-m", p]);
     }
     env.ok(&args).await;
-    let seen = env
-        .json_lines(&[
-            "consume",
-            topic,
-            "-s",
-            "billing",
-            "-t",
-            "shared",
-            "-n",
-            "0",
-            "--nack",
-            "--nack-reason",
-            "card declined",
-            "--policy",
-            "backoff:fixed=100ms,max=1",
-            "--timeout",
-            "3s",
-        ])
-        .await;
+    let seen = env.nack_all(topic).await;
     assert_eq!(seen.len(), payloads.len() * 2, "{seen:?}");
     let list = env.json(&["dlq", "list", topic, "billing"]).await;
     list["dead_letters"]
@@ -164,23 +146,7 @@ async fn fix_and_resend_one_dead_letter() {
     // Still failing: an edit is a new attempt, so its delivery count starts
     // from 0 again and the policy's one redelivery applies anew: seen
     // twice more (fixed), then back in the DLQ with the edit in its history.
-    let seen = env
-        .json_lines(&[
-            "consume",
-            "fix",
-            "-s",
-            "billing",
-            "-t",
-            "shared",
-            "-n",
-            "0",
-            "--nack",
-            "--policy",
-            "backoff:fixed=100ms,max=1",
-            "--timeout",
-            "3s",
-        ])
-        .await;
+    let seen = env.nack_all("fix").await;
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_eq!(
         (u(&seen[0]["delivery_count"]), u(&seen[1]["delivery_count"])),
@@ -220,77 +186,35 @@ async fn fix_and_resend_one_dead_letter() {
 async fn an_edited_replay_can_keep_its_count() {
     let env = Env::start().await;
     let ids = dead_letters(&env, "keep", &["a", "b"]).await;
-    let asked = env
-        .run(&[
-            "dlq",
-            "replay",
-            "keep",
-            "billing",
-            "--id",
-            &ids[0].to_string(),
-            "--key",
-            "k",
-        ])
-        .await;
+    fn replay<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec!["dlq", "replay", "keep", "billing"];
+        args.extend_from_slice(extra);
+        args
+    }
+    let (a, b) = (ids[0].to_string(), ids[1].to_string());
+    let asked = env.run(&replay(&["--id", &a, "--key", "k"])).await;
     let question = String::from_utf8_lossy(&asked.stderr);
     assert!(question.contains("delivery count reset"), "{question}");
     let both = env
-        .run(&[
-            "dlq",
-            "replay",
-            "keep",
-            "billing",
-            "--reset-count",
-            "--keep-count",
-            "--yes",
-        ])
+        .run(&replay(&["--reset-count", "--keep-count", "--yes"]))
         .await;
     assert_eq!(both.status.code(), Some(2), "the two flags conflict");
     let kept = env
-        .json(&[
-            "dlq",
-            "replay",
-            "keep",
-            "billing",
+        .json(&replay(&[
             "--id",
-            &ids[0].to_string(),
+            &a,
             "--key",
             "k",
             "--keep-count",
             "--yes",
-        ])
+        ]))
         .await;
     assert_eq!(u(&kept["replayed"]), 1);
     let reset = env
-        .json(&[
-            "dlq",
-            "replay",
-            "keep",
-            "billing",
-            "--id",
-            &ids[1].to_string(),
-            "--reset-count",
-            "--yes",
-        ])
+        .json(&replay(&["--id", &b, "--reset-count", "--yes"]))
         .await;
     assert_eq!(u(&reset["replayed"]), 1);
-    let seen = env
-        .json_lines(&[
-            "consume",
-            "keep",
-            "-s",
-            "billing",
-            "-t",
-            "shared",
-            "-n",
-            "0",
-            "--nack",
-            "--policy",
-            "backoff:fixed=100ms,max=1",
-            "--timeout",
-            "3s",
-        ])
-        .await;
+    let seen = env.nack_all("keep").await;
     let counts = |payload: &str| -> Vec<u64> {
         seen.iter()
             .filter(|m| m["payload"] == payload)
