@@ -39,10 +39,10 @@ pub(crate) async fn count_once(client: &Client, topic: &str) -> Result<Option<(S
 }
 
 /// [`count_once`], retrying transient failures until the client's request
-/// timeout, as opening a stream does.
-/// A look-up refused for want of any permission on the topic answers
-/// "not partitioned": the stream then opened on the name is refused by the
-/// broker naming the permission it needs (produce, consume), not the look-up's.
+/// timeout, as opening a stream does. A look-up refused for want of any
+/// permission on the topic answers "not partitioned": the stream then opened
+/// on the name is refused by the broker naming the permission it needs
+/// (produce, consume), not the look-up's.
 pub(crate) async fn count(client: &Client, topic: &str) -> Result<Option<(String, u32)>> {
     // The first call of every producer and consumer: a plaintext client of
     // a TLS broker is told so here, instead of retrying a protocol error.

@@ -563,7 +563,7 @@ pub(crate) async fn confirm_edit(State(st): State<ConsoleState>, body: Bytes) ->
         p {
             label {
                 input #keep-count type="checkbox" name="keep_count" value="on";
-                " Keep its delivery count (" (d.attempts.len()) "). By default an edited message "
+                " Keep its delivery count (" (m.delivery_count) "). By default an edited message "
                 "starts again from 0: the edit is a new attempt, which its first failure must not "
                 "dead-letter again."
             }
