@@ -14,7 +14,7 @@ async fn dlq_peek_replay_purge_round_trip() {
     ])
     .await;
     // Every delivery fails; after 1 redelivery the policy dead-letters.
-    let seen = env.nack_all("pay").await;
+    let seen = env.nack_all("pay", "card declined").await;
     assert_eq!(seen.len(), 6, "each message delivered twice: {seen:?}");
 
     let stats = env.json(&["subscription", "stats", "pay", "billing"]).await;

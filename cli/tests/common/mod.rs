@@ -59,9 +59,9 @@ impl Env {
     }
 
     /// Consumes `topic` in subscription `billing`, nacking every delivery
-    /// (`backoff:fixed=100ms,max=1`: one redelivery, then the dead-letter
-    /// tier) until nothing comes for 3 s; what it saw.
-    pub async fn nack_all(&self, topic: &str) -> Vec<Value> {
+    /// with `reason` (`backoff:fixed=100ms,max=1`: one redelivery, then the
+    /// dead-letter tier) until nothing comes for 3 s; what it saw.
+    pub async fn nack_all(&self, topic: &str, reason: &str) -> Vec<Value> {
         self.json_lines(&[
             "consume",
             topic,
@@ -73,7 +73,7 @@ impl Env {
             "0",
             "--nack",
             "--nack-reason",
-            "card declined",
+            reason,
             "--policy",
             "backoff:fixed=100ms,max=1",
             "--timeout",
