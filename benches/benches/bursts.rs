@@ -124,7 +124,7 @@ async fn received(
 ) -> Result<(Consumer, Vec<Message>), BoxError> {
     let producer = client.producer(topic).create().await?;
     for _ in 0..n {
-        drop(producer.send_async(vec![b'x'; 100]));
+        drop(producer.send_async(vec![b'x'; 100]).await?);
     }
     producer.flush().await?;
     producer.close().await?;

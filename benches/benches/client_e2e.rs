@@ -138,7 +138,7 @@ async fn throughput(durability: Durability) -> Result<(), BoxError> {
     // Keep a window of receipts outstanding.
     let mut window = std::collections::VecDeque::new();
     for _ in 0..n {
-        window.push_back(producer.send_async(payload.clone()));
+        window.push_back(producer.send_async(payload.clone()).await?);
         if window.len() >= 20_000
             && let Some(f) = window.pop_front()
         {
@@ -186,7 +186,7 @@ async fn single_producer(
         {
             f.await?;
         }
-        pending.push_back(producer.send_async(payload.clone()));
+        pending.push_back(producer.send_async(payload.clone()).await?);
     }
     for f in pending {
         f.await?;
@@ -218,7 +218,7 @@ async fn ack_receipts(
     let payload = vec![b'x'; 100];
     let mut sends = Vec::with_capacity(n);
     for _ in 0..n {
-        sends.push(producer.send_async(payload.clone()));
+        sends.push(producer.send_async(payload.clone()).await?);
     }
     for f in sends {
         f.await?;
@@ -277,7 +277,7 @@ async fn publish_latency() -> Result<(), BoxError> {
             tick.tick().await;
             for _ in 0..per_tick {
                 let t0 = Instant::now();
-                let f = producer.send_async(payload.clone());
+                let f = producer.send_async(payload.clone()).await?;
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     let ok = f.await.is_ok();
@@ -430,7 +430,7 @@ async fn redelivery_lateness(durability: Durability, n: usize) -> Result<(), Box
     let topic = format!("lateness-{n}");
     let producer = client.producer(&topic).create().await?;
     for _ in 0..n {
-        drop(producer.send_async(vec![b'x'; 100]));
+        drop(producer.send_async(vec![b'x'; 100]).await?);
     }
     producer.flush().await?;
     let mut consumer = client

@@ -321,7 +321,7 @@ async fn throughput(n: usize) {
         tasks.push(tokio::spawn(async move {
             let mut window = std::collections::VecDeque::new();
             for _ in 0..total / PRODUCERS {
-                window.push_back(p.send_async(vec![7u8; 100]));
+                window.push_back(p.send_async(vec![7u8; 100]).await.unwrap());
                 if window.len() >= 1_000 {
                     window.pop_front().unwrap().await.unwrap();
                 }
@@ -374,9 +374,14 @@ async fn drain_time() {
     let producer = client.producer(t).create().await.unwrap();
     let mut window = std::collections::VecDeque::new();
     for i in 0..per * PARTITIONS as usize {
-        window.push_back(producer.send_async(
-            ricochet_client::OutgoingMessage::builder(vec![7u8; 100]).key(format!("k{i}")),
-        ));
+        window.push_back(
+            producer
+                .send_async(
+                    ricochet_client::OutgoingMessage::builder(vec![7u8; 100]).key(format!("k{i}")),
+                )
+                .await
+                .unwrap(),
+        );
         if window.len() >= 1_000 {
             window.pop_front().unwrap().await.unwrap();
         }

@@ -89,7 +89,14 @@ pub fn check_store(dir: &Path, segment_entries: u64) -> Result<CheckReport> {
         }
         return Ok(report);
     }
-    let store = SledStorage::open(dir, segment_entries, 64 << 20)?;
+    let store = match SledStorage::open(dir, segment_entries, 64 << 20) {
+        Ok(s) => s,
+        Err(StorageError::Corrupt(why)) => {
+            report.problems.push(why);
+            return Ok(report);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let inventory = match store.inventory(true) {
         Ok(inv) => inv,
         Err(e) => {

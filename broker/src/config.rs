@@ -29,6 +29,7 @@
 //! idle_timeout = "5m"                # close a connection with no call open this long ("0s": never)
 //! keepalive_interval = "30s"         # HTTP/2 pings on every connection ("0s": none) ...
 //! keepalive_timeout = "20s"          # ... and a connection whose ping is not answered in time closes
+//! min_free_space = 67108864      # refuse publishes below this many bytes free on the data dir's disk (0: never)
 //! accept_data_loss = false       # start on a store that lacks what its manifest records
 //! verify_on_start = "background" # read every stored value once serving (report damage);
 //!                                # "before": before serving (refuse damage; slower start), "off"
@@ -88,9 +89,14 @@ pub enum VerifyOnStart {
     /// is logged (ERROR), turns `ricochet_storage_healthy` to 0 and the gRPC
     /// health check to NOT_SERVING, as a damaged read does. Until the pass
     /// reaches a damaged value, only a read of it finds it (and fails).
+    /// What the manifest records (entries, segments, subscriptions, and
+    /// after a clean stop each subscription's dead-letter and scheduled
+    /// counts: a scan of those keys) is still compared before serving.
     #[default]
     Background,
-    /// Never: only reads check values (each against its checksum).
+    /// Never: only reads check values (each against its checksum). The fast
+    /// mode: the counts of a clean stop are neither recorded nor compared
+    /// (entries, segments and subscriptions still are).
     Off,
 }
 
@@ -253,6 +259,12 @@ pub struct BrokerConfig {
     pub keepalive_timeout: Duration,
     /// Default dead-letter policies by topic pattern (first match wins).
     pub policies: Vec<PolicyRule>,
+    /// Publishes are refused (RESOURCE_EXHAUSTED, naming the data directory
+    /// and the space left) while the data directory's filesystem has fewer
+    /// bytes than this free, and accepted again by themselves once space
+    /// returns, so the storage engine never meets a full disk; 0 never
+    /// refuses.
+    pub min_free_space: u64,
     /// Start even when the store lacks what its manifest records (each
     /// loss is logged, and what is left becomes the record). Off by default:
     /// a damaged store is refused.
@@ -311,6 +323,7 @@ impl Default for BrokerConfig {
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
             policies: Vec::new(),
+            min_free_space: 64 << 20,
             accept_data_loss: false,
             verify_on_start: VerifyOnStart::default(),
             console_listen: None,

@@ -53,8 +53,8 @@ pub enum BrokerError {
     #[error("invalid configuration: {0}")]
     Config(String),
     /// Cluster mode: the topic is placed on (owned by) another broker. The
-    /// status carries the owner in the `ricochet-owner` and
-    /// `ricochet-owner-url` trailers.
+    /// status carries the owner, its URL and epoch as structured details
+    /// (`service::status_of`).
     #[error("topic {topic} is owned by broker {owner}")]
     NotOwner {
         /// The topic.
@@ -63,6 +63,8 @@ pub enum BrokerError {
         owner: String,
         /// Its advertised URL, when it is live.
         url: Option<String>,
+        /// The fencing epoch of its claim, when it holds one.
+        epoch: Option<u64>,
     },
     /// Cluster mode: the broker the topic is placed on is down.
     #[error(
@@ -96,6 +98,11 @@ pub enum BrokerError {
     /// Cluster mode: etcd failed or did not answer in time.
     #[error("etcd: {0}")]
     Etcd(String),
+    /// The data directory's filesystem has less than `min_free_space` free
+    /// (or sled met a full disk); the message names the directory and the
+    /// space left.
+    #[error("{0}")]
+    DiskFull(String),
     /// The store lacks what its manifest says it must hold (or cannot be
     /// verified): the broker refuses to start on it.
     #[error("refusing to start: the store is damaged or incomplete: {0}")]

@@ -264,6 +264,7 @@ impl Broker {
                 let healthy = core.healthy();
                 let bytes = core.storage.size_on_disk().unwrap_or(0);
                 crate::metrics::record_storage(bytes, healthy);
+                core.flusher.disk().record();
                 if !healthy && !reported_bad {
                     reported_bad = true;
                     health

@@ -22,6 +22,7 @@ use ricochet_proto::MAX_GRPC_MESSAGE_BYTES as MAX_FRAME_BYTES;
 
 /// Connection settings shared by a client's producers and consumers.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ClientConfig {
     /// How long to wait for the TCP + HTTP/2 connection (also on reconnects).
     pub connect_timeout: Duration,
@@ -153,8 +154,11 @@ impl ClientBuilder {
         let credentials = self.credentials()?;
         let channel = match tokio::time::timeout(self.config.connect_timeout, ep.connect()).await {
             Ok(Ok(channel)) => channel,
-            Ok(Err(e)) => return Err(crate::tls_probe::explain(&self.url, e.into()).await),
-            Err(_) => return Err(Error::Timeout(format!("connecting to {}", self.url))),
+            Ok(Err(e)) => {
+                let e = Error::from_transport(e);
+                return Err(crate::tls_probe::explain(&self.url, e).await);
+            }
+            Err(_) => return Err(Error::timeout(format!("connecting to {}", self.url))),
         };
         Ok(Client::from_parts(
             channel,
@@ -206,15 +210,15 @@ impl Endpoints {
         let any = self.tls_ca.is_some() || self.tls_identity.is_some() || self.tls_domain.is_some();
         if !https {
             if any {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "TLS options need an https:// broker URL, not {url:?}"
                 )));
             }
             return Ok(None);
         }
         let Some(ca) = &self.tls_ca else {
-            return Err(Error::InvalidArgument(
-                "an https:// broker URL needs the CA certificate that signed the broker's (tls_ca_pem, --tls-ca)".into(),
+            return Err(Error::invalid_argument(
+                "an https:// broker URL needs the CA certificate that signed the broker's (tls_ca_pem, --tls-ca)",
             ));
         };
         let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
@@ -230,11 +234,11 @@ impl Endpoints {
     /// A channel endpoint for `url` with the client's settings.
     pub(crate) fn endpoint(&self, url: &str) -> Result<Endpoint> {
         let mut ep = Endpoint::from_shared(url.to_owned())
-            .map_err(|e| Error::InvalidArgument(format!("bad broker URL {url:?}: {e}")))?;
+            .map_err(|e| Error::invalid_argument(format!("bad broker URL {url:?}: {e}")))?;
         if let Some(tls) = self.tls(url)? {
             ep = ep
                 .tls_config(tls)
-                .map_err(|e| Error::InvalidArgument(format!("TLS setup: {e}")))?;
+                .map_err(|e| Error::invalid_argument(format!("TLS setup: {e}")))?;
         }
         Ok(ep
             .connect_timeout(self.config.connect_timeout)

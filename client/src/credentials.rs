@@ -39,7 +39,7 @@ impl Credentials {
     pub fn token(token: &str) -> Result<Self> {
         let value: AsciiMetadataValue = MetadataValue::try_from(format!("Bearer {}", token.trim()))
             .map_err(|_| {
-                Error::InvalidArgument("the token holds characters a header cannot carry".into())
+                Error::invalid_argument("the token holds characters a header cannot carry")
             })?;
         let mut value = value;
         value.set_sensitive(true);

@@ -25,9 +25,13 @@
 //!
 //! let producer = client.producer("orders").create().await?;
 //! let id = producer.send("hello").await?;                  // waits for the receipt
-//! let pending: Vec<_> = (0..100).map(|i| producer.send_async(format!("order {i}"))).collect();
-//! for p in pending {
-//!     p.await?;                                            // pipelined
+//! let mut receipts = Vec::new();
+//! for i in 0..100 {
+//!     // Queued at once (waits only while the producer's queue is full).
+//!     receipts.push(producer.send_async(format!("order {i}")).await?);
+//! }
+//! for r in receipts {
+//!     r.await?;                                            // pipelined
 //! }
 //! producer.send(OutgoingMessage::builder("later").key("k1").deliver_after(Duration::from_secs(5))).await?;
 //!
@@ -38,7 +42,7 @@
 //!     .initial_position(InitialPosition::Earliest)
 //!     .ack_timeout(Duration::from_secs(30))
 //!     // 1 s, 2 s, 4 s ... (capped at 1 min), then the dead-letter topic after 5 failures.
-//!     .policy_spec(PolicySpec::multiplier_backoff(
+//!     .policy(PolicySpec::multiplier_backoff(
 //!         MultiplierBackoff { min: Duration::from_secs(1), max: Duration::from_secs(60), ..Default::default() },
 //!         5,
 //!     ))
@@ -80,23 +84,36 @@ mod producer;
 mod reconnect;
 mod routing;
 mod tls_probe;
+#[doc(hidden)]
 pub mod tracker;
 
 pub use client::{Client, ClientBuilder, ClientConfig};
 pub use consumer::{
-    Acker, Consumer, ConsumerBuilder, ConsumerConfig, InitialPosition, SubscriptionType,
+    Acker, Consumer, ConsumerBuilder, ConsumerConfig, ConsumerPolicy, InitialPosition,
+    SubscriptionType,
 };
 pub use credentials::{Credentials, Transport};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Redirect, Result};
 pub use message::{Message, MessageBuilder, MessageId, OutgoingMessage};
-pub use producer::{Producer, ProducerBuilder, ProducerConfig};
-pub use routing::{OWNER_TRAILER, OWNER_URL_TRAILER, TopicOwner};
+pub use producer::{Producer, ProducerBuilder, ProducerConfig, ProducerStats, Receipt};
+pub use routing::TopicOwner;
 pub use tls_probe::{speaks_tls, tls_advice};
 
 /// Re-exported for convenience: the policy vocabulary the consumer takes.
 pub use ricochet_policy::{DeadLetterPolicy, PolicySpec};
 /// Re-exported: the generated protocol types (for [`Client::admin`]).
 pub use ricochet_proto as proto;
+
+/// Not part of the API (no semver promise): for the `ricochet` CLI and
+/// tests, which still call generated gRPC clients themselves and want their
+/// statuses as this crate's [`Error`].
+#[doc(hidden)]
+pub mod __private {
+    /// The [`Error`](crate::Error) a failed call's status stands for.
+    pub fn error_from_status(status: tonic::Status) -> crate::Error {
+        crate::Error::from_status(status)
+    }
+}
 
 /// A process-unique, hard-to-collide suffix for generated names.
 pub(crate) fn unique_suffix() -> String {

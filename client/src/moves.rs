@@ -7,7 +7,7 @@ use ricochet_proto::cluster_client::ClusterClient;
 use ricochet_proto::{DrainRequest, DrainResponse, MoveTopicRequest, TopicMoved};
 
 use crate::client::Client;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 impl Client {
     /// Drains broker `broker_id`: it takes no new topics, and every topic
@@ -16,23 +16,24 @@ impl Client {
     pub async fn drain_broker(&self, broker_id: &str) -> Result<DrainResponse> {
         let brokers = self.list_brokers(false).await?;
         let Some(b) = brokers.brokers.iter().find(|b| b.id == broker_id) else {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "no broker {broker_id} in cluster {}",
                 brokers.cluster
             )));
         };
         if !b.live || b.url.is_empty() {
-            return Err(Error::OwnerDown {
-                broker_id: broker_id.to_owned(),
-                message: format!("broker {broker_id} is not live: nothing can be moved off it"),
-            });
+            return Err(Error::owner_is_down(
+                broker_id,
+                format!("broker {broker_id} is not live: nothing can be moved off it"),
+            ));
         }
         let mut cluster = ClusterClient::new(self.transport_to(&b.url)?);
         Ok(cluster
             .drain(DrainRequest {
                 broker_id: broker_id.to_owned(),
             })
-            .await?
+            .await
+            .map_err(Error::from_status)?
             .into_inner())
     }
 
@@ -45,12 +46,10 @@ impl Client {
                 topic: topic.to_owned(),
                 to_broker: to.unwrap_or_default().to_owned(),
             })
-            .await?
+            .await
+            .map_err(Error::from_status)?
             .into_inner()
             .moved
-            .ok_or_else(|| Error::Rejected {
-                code: tonic::Code::Internal,
-                message: "MoveTopic answered without the move".into(),
-            })
+            .ok_or_else(|| Error::new(ErrorKind::Internal, "MoveTopic answered without the move"))
     }
 }

@@ -21,7 +21,7 @@ pub(crate) async fn count_once(client: &Client, topic: &str) -> Result<Option<(S
                 topic: topic.to_owned(),
             });
             let r = match tokio::time::timeout(client.config().request_timeout, call).await {
-                Err(_) => return Err(Error::Timeout("partition look-up".into())),
+                Err(_) => return Err(Error::timeout("partition look-up")),
                 // A broker before partitioned topics: none is partitioned.
                 // Another broker than the service URL's: skip it.
                 Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
@@ -31,7 +31,7 @@ pub(crate) async fn count_once(client: &Client, topic: &str) -> Result<Option<(S
                         Err(crate::routing::not_a_cluster_broker())
                     };
                 }
-                Ok(r) => r?.into_inner(),
+                Ok(r) => r.map_err(Error::from_status)?.into_inner(),
             };
             Ok((r.partitions > 0).then_some((r.topic, r.partitions)))
         })
@@ -55,10 +55,7 @@ pub(crate) async fn count(client: &Client, topic: &str) -> Result<Option<(String
     .await;
     match found {
         Ok((r, _)) => Ok(r),
-        Err(Error::Rejected {
-            code: tonic::Code::PermissionDenied,
-            ..
-        }) => Ok(None),
+        Err(e) if e.kind() == crate::ErrorKind::PermissionDenied => Ok(None),
         Err(e) => Err(e),
     }
 }

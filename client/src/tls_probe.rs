@@ -57,7 +57,7 @@ pub async fn speaks_tls(url: &str) -> bool {
 /// otherwise `e` as it is.
 pub(crate) async fn explain(url: &str, e: crate::Error) -> crate::Error {
     if looks_like_tls_mismatch(&e) && speaks_tls(url).await {
-        crate::Error::InvalidArgument(tls_advice(url))
+        crate::Error::invalid_argument(tls_advice(url))
     } else {
         e
     }
@@ -66,12 +66,6 @@ pub(crate) async fn explain(url: &str, e: crate::Error) -> crate::Error {
 /// A broken HTTP/2 exchange: what a TLS answer to a plaintext client turns
 /// into (a protocol error, a cancelled call, a broken connection).
 fn looks_like_tls_mismatch(e: &crate::Error) -> bool {
-    match e {
-        crate::Error::Connection(_) => true,
-        crate::Error::Rejected { code, .. } => matches!(
-            code,
-            tonic::Code::Internal | tonic::Code::Cancelled | tonic::Code::Unknown
-        ),
-        _ => false,
-    }
+    use crate::ErrorKind as K;
+    matches!(e.kind(), K::Disconnected | K::Internal | K::Other)
 }

@@ -14,9 +14,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use common::{recv, text};
+use ricochet_client::proto::admin_client::AdminClient;
 use ricochet_client::proto::partitions_client::PartitionsClient;
 use ricochet_client::proto::{TopicRequest, UpdatePartitionsRequest};
-use ricochet_client::{Client, InitialPosition, OutgoingMessage, SubscriptionType};
+use ricochet_client::{Client, ErrorKind, InitialPosition, OutgoingMessage, SubscriptionType};
 use ricochet_testkit::{SpawnOptions, etcd_or_skip, spawn_cluster};
 
 /// One cluster at a time: three brokers and an etcd renew leases on two
@@ -85,10 +86,12 @@ async fn a_client_through_one_broker_uses_a_partitioned_topic_spread_over_three(
     let mut sends = Vec::new();
     for i in 0..PER_KEY {
         for k in 0..KEYS {
-            sends
-                .push(producer.send_async(
-                    OutgoingMessage::builder(format!("k{k}:{i}")).key(format!("k{k}")),
-                ));
+            sends.push(
+                producer
+                    .send_async(OutgoingMessage::builder(format!("k{k}:{i}")).key(format!("k{k}")))
+                    .await
+                    .unwrap(),
+            );
         }
     }
     for s in sends {
@@ -133,18 +136,36 @@ async fn a_client_through_one_broker_uses_a_partitioned_topic_spread_over_three(
 
 #[tokio::test]
 async fn a_killed_owner_fails_its_topic_by_name_and_returns_with_everything_acknowledged() {
+    killed_owner_fails_by_name_and_returns("a_killed_owner_fails_its_topic_by_name", false).await;
+}
+
+/// The same with every broker wording its errors differently
+/// (`RICOCHET_TEST_REWORD_ERRORS=1`: the words reversed): the client's
+/// redirects and failover are decided from the structured details alone.
+/// Also checks a not-owner refusal from a broker that does not own the
+/// topic: the redirect names the owner, its URL and its epoch.
+#[tokio::test]
+async fn failover_and_redirects_hold_when_the_brokers_reword_their_errors() {
+    killed_owner_fails_by_name_and_returns("failover_with_reworded_errors", true).await;
+}
+
+async fn killed_owner_fails_by_name_and_returns(test: &str, reworded: bool) {
     let _one = ONE_CLUSTER.lock().await;
-    let Some(etcd) = etcd_or_skip("a_killed_owner_fails_its_topic_by_name").await else {
+    let Some(etcd) = etcd_or_skip(test).await else {
         return;
     };
     let root = tempfile::tempdir().unwrap();
+    let mut options = SpawnOptions::new();
+    if reworded {
+        options = options.env("RICOCHET_TEST_REWORD_ERRORS", "1");
+    }
     let mut brokers = spawn_cluster(
         &etcd,
         "e2e",
         3,
         root.path(),
         Duration::from_secs(2),
-        &SpawnOptions::new(),
+        &options,
     )
     .await;
     let c = client(&brokers[0].url()).await;
@@ -163,7 +184,8 @@ async fn a_killed_owner_fails_its_topic_by_name_and_returns_with_everything_ackn
     let victim_url = brokers[1].url();
     let victim_topic = on[&victim_url].clone();
     let other_topic = on[&brokers[2].url()].clone();
-    let victim_id = c.lookup(&victim_topic).await.unwrap().broker_id;
+    let victim = c.lookup(&victim_topic).await.unwrap();
+    let victim_id = victim.broker_id.clone();
 
     let producer = c
         .producer(&victim_topic)
@@ -186,10 +208,34 @@ async fn a_killed_owner_fails_its_topic_by_name_and_returns_with_everything_ackn
         consumer.ack(&m).await.unwrap();
     }
     consumer.flush().await.unwrap();
+    if reworded {
+        // Claimed now (the streams are open): its epoch is set.
+        let victim = c.lookup(&victim_topic).await.unwrap();
+        assert!(victim.epoch > 0, "{victim:?}");
+        // Asked of a broker that does not own it, a topic-scoped call is
+        // refused with the redirect: the owner, its URL and epoch.
+        let status = AdminClient::new(c.transport())
+            .topic_stats(TopicRequest {
+                topic: victim_topic.clone(),
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            status.message().starts_with("[reworded]"),
+            "the broker rewords: {status:?}"
+        );
+        let e = ricochet_client::__private::error_from_status(status);
+        assert_eq!(e.kind(), ErrorKind::Redirect, "{e:?}");
+        let r = e.redirect().expect("the owner");
+        assert_eq!(r.owner, victim_id);
+        assert_eq!(r.url.as_deref(), Some(victim.url.as_str()));
+        assert_eq!(r.epoch, Some(victim.epoch));
+    }
 
     brokers[1].kill9();
     let err = producer.send("during").await.unwrap_err();
     assert_eq!(err.owner_down(), Some(victim_id.as_str()), "{err}");
+    assert_eq!(err.kind(), ErrorKind::OwnerDown, "{err}");
     let err = c.lookup(&victim_topic).await.unwrap_err();
     assert_eq!(err.owner_down(), Some(victim_id.as_str()), "{err}");
     // The other broker's topic keeps serving.

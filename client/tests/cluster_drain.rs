@@ -130,9 +130,14 @@ async fn a_drain_under_load_moves_every_partition_losing_and_duplicating_nothing
         tokio::spawn(async move {
             let mut sends = Vec::with_capacity(N);
             for i in 0..N {
-                sends.push(producer.send_async(
-                    OutgoingMessage::builder(format!("m{i}")).key(format!("k{}", i % 10)),
-                ));
+                sends.push(
+                    producer
+                        .send_async(
+                            OutgoingMessage::builder(format!("m{i}")).key(format!("k{}", i % 10)),
+                        )
+                        .await
+                        .unwrap(),
+                );
                 if i % 50 == 49 {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }

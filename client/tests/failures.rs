@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{Env, assert_quiet, recv, start, text, topic};
 use ricochet_client::proto::ListDeadLettersRequest;
-use ricochet_client::{Consumer, InitialPosition, PolicySpec, SubscriptionType};
+use ricochet_client::{Consumer, ErrorKind, InitialPosition, PolicySpec, SubscriptionType};
 use ricochet_policy::MultiplierBackoff;
 
 const T: Duration = Duration::from_secs(5);
@@ -23,7 +23,7 @@ const LATE: Duration = Duration::from_millis(750);
 async fn produce(env: &Env, t: &str, n: usize) {
     let p = env.client.producer(t).create().await.unwrap();
     for i in 0..n {
-        drop(p.send_async(format!("m{i}")));
+        drop(p.send_async(format!("m{i}")).await.unwrap());
     }
     p.flush().await.unwrap();
     p.close().await.unwrap();
@@ -132,7 +132,7 @@ async fn nack_consumer(env: &Env, t: &str, spec: Option<PolicySpec>) -> Consumer
         .initial_position(InitialPosition::Earliest)
         .negative_ack_delay(Duration::from_millis(200));
     match spec {
-        Some(s) => b.policy_spec(s),
+        Some(s) => b.policy(s),
         None => b,
     }
     .subscribe()
@@ -290,7 +290,11 @@ async fn terminate_and_level_minus_one_dead_letter() {
     assert!(dl.iter().any(|d| d.reason.contains("poison")), "{dl:?}");
     // Terminating an id the broker does not have in flight is rejected.
     let err = c.terminate(&a, "again").await.unwrap_err();
-    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument), "{err}");
+    assert_eq!(
+        err.grpc_code(),
+        Some(tonic::Code::InvalidArgument as i32),
+        "{err}"
+    );
     assert_quiet(&mut c, Duration::from_millis(200)).await;
 }
 
@@ -310,7 +314,9 @@ async fn a_refused_reconsume_later_fails_with_receipts_and_is_reported_by_flush_
         .await
         .unwrap();
     match c.flush().await {
-        Err(ricochet_client::Error::Unconfirmed { count, .. }) => assert_eq!(count, 1),
+        Err(ref e) if e.kind() == ErrorKind::Unconfirmed => {
+            assert_eq!(e.unconfirmed_count().unwrap(), 1)
+        }
         other => panic!("expected one refused move, got {other:?}"),
     }
     c.flush().await.expect("reported once");
@@ -335,7 +341,11 @@ async fn a_refused_reconsume_later_fails_with_receipts_and_is_reported_by_flush_
         .reconsume_later(&m, Duration::from_secs(3600))
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument), "{err}");
+    assert_eq!(
+        err.grpc_code(),
+        Some(tonic::Code::InvalidArgument as i32),
+        "{err}"
+    );
     c.flush().await.unwrap();
 }
 

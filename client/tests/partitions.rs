@@ -94,9 +94,14 @@ async fn keys_route_to_the_same_partition_from_every_client() {
         "64 keys spread over 8 partitions: {used:?}"
     );
     // Without a key, batches go round-robin: every partition gets some.
-    let ids: Vec<_> = (0..64)
-        .map(|i| a.send_async(OutgoingMessage::new(format!("n{i}"))))
-        .collect();
+    let mut ids = Vec::new();
+    for i in 0..64 {
+        ids.push(
+            a.send_async(OutgoingMessage::new(format!("n{i}")))
+                .await
+                .unwrap(),
+        );
+    }
     a.flush().await.unwrap();
     let batchless = env
         .client
@@ -128,7 +133,9 @@ async fn order_per_key_is_kept_across_partitions() {
     for i in 0..per_key {
         for k in 0..keys {
             futs.push(
-                p.send_async(OutgoingMessage::builder(format!("{k}:{i}")).key(format!("k{k}"))),
+                p.send_async(OutgoingMessage::builder(format!("{k}:{i}")).key(format!("k{k}")))
+                    .await
+                    .unwrap(),
             );
         }
     }
@@ -168,7 +175,7 @@ async fn shared_consumes_a_million_messages_over_8_partitions_exactly_once() {
     let sender = tokio::spawn(async move {
         let mut window = std::collections::VecDeque::new();
         for i in 0..N {
-            window.push_back(p.send_async(format!("{i}")));
+            window.push_back(p.send_async(format!("{i}")).await.unwrap());
             if window.len() >= 5000 {
                 window.pop_front().unwrap().await.unwrap();
             }
@@ -224,9 +231,14 @@ async fn key_shared_never_splits_a_key_across_consumers() {
     }
     let p = env.client.producer(&t).create().await.unwrap();
     let n = 3000;
-    let futs: Vec<_> = (0..n)
-        .map(|i| p.send_async(OutgoingMessage::builder(format!("{i}")).key(format!("k{}", i % 60))))
-        .collect();
+    let mut futs = Vec::new();
+    for i in 0..n {
+        futs.push(
+            p.send_async(OutgoingMessage::builder(format!("{i}")).key(format!("k{}", i % 60)))
+                .await
+                .unwrap(),
+        );
+    }
     for f in futs {
         f.await.unwrap();
     }
@@ -308,7 +320,7 @@ async fn settling_works_for_messages_of_any_partition_and_dead_letters_aggregate
         .subscription("s")
         .subscription_type(SubscriptionType::Shared)
         .negative_ack_delay(Duration::from_millis(10))
-        .policy_spec(PolicySpec::fixed_backoff(Duration::from_millis(100), 5))
+        .policy(PolicySpec::fixed_backoff(Duration::from_millis(100), 5))
         .initial_position(InitialPosition::Earliest)
         .subscribe()
         .await

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{assert_quiet, recv, text};
 use ricochet_broker::{Broker, BrokerConfig};
-use ricochet_client::{Client, Error, InitialPosition};
+use ricochet_client::{Client, ErrorKind, InitialPosition};
 use ricochet_testkit::free_addr;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -117,9 +117,10 @@ async fn producer_and_consumer_survive_a_broker_restart() {
 
     broker.shutdown().await;
     // Sends while the broker is down are queued and resent.
-    let queued: Vec<_> = (0..10)
-        .map(|i| producer.send_async(format!("during-{i}")))
-        .collect();
+    let mut queued = Vec::new();
+    for i in 0..10 {
+        queued.push(producer.send_async(format!("during-{i}")).await.unwrap());
+    }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let broker = start_at(dir.path(), addr).await;
 
@@ -274,7 +275,7 @@ async fn consumer_resubscribes_after_a_broken_stream() {
         .await
         .unwrap();
     for i in 0..10 {
-        drop(producer.send_async(format!("m{i}")));
+        drop(producer.send_async(format!("m{i}")).await.unwrap());
     }
     producer.flush().await.unwrap();
     let mut held = HashSet::new();
@@ -308,7 +309,9 @@ async fn consumer_resubscribes_after_a_broken_stream() {
     consumer.ack(&m).await.unwrap();
     // Close reports the five acks lost with the break, once.
     match consumer.close().await {
-        Err(Error::Unconfirmed { count, .. }) => assert_eq!(count, 5),
+        Err(ref e) if e.kind() == ErrorKind::Unconfirmed => {
+            assert_eq!(e.unconfirmed_count().unwrap(), 5)
+        }
         other => panic!("expected five unconfirmed acks, got {other:?}"),
     }
     drop(consumer);
@@ -341,7 +344,7 @@ async fn producer_stream_cut_mid_flight_stores_each_message_once() {
         .unwrap();
     let mut futs = std::collections::VecDeque::new();
     for i in 0..2000 {
-        futs.push_back(producer.send_async(format!("{i}")));
+        futs.push_back(producer.send_async(format!("{i}")).await.unwrap());
     }
     let mut unknown = 0;
     // Cut once the first batches are receipted, with later ones in the air.

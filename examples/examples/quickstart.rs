@@ -22,15 +22,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let producer = client.producer(&topic).create().await?;
     // Pipelined: queue all ten, then wait for the receipts.
-    let receipts: Vec<_> = (0..10)
-        .map(|i| {
-            producer.send_async(
+    let mut receipts = Vec::new();
+    for i in 0..10 {
+        let receipt = producer
+            .send_async(
                 OutgoingMessage::builder(format!("hello #{i}"))
                     .key(format!("user-{}", i % 3))
                     .property("example", "quickstart"),
             )
-        })
-        .collect();
+            .await?;
+        receipts.push(receipt);
+    }
     for r in receipts {
         println!("sent     {}", r.await?);
     }

@@ -51,6 +51,7 @@ pub use v1::*;
 
 pub mod codec;
 pub mod convert;
+pub mod error_details;
 mod names;
 pub mod partitions;
 

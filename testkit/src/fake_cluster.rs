@@ -15,7 +15,6 @@ use ricochet_proto::{
     PartitionedTopicMetadata, PartitionsRequest, UpdatePartitionsRequest,
 };
 use tokio::sync::oneshot;
-use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
 /// How the fake answers a lookup of a topic.
@@ -30,8 +29,8 @@ pub enum FakeAnswer {
         /// Fencing epoch.
         epoch: u64,
     },
-    /// Placed on this broker, which is down: UNAVAILABLE naming it (message
-    /// and `ricochet-owner` trailer).
+    /// Placed on this broker, which is down: UNAVAILABLE naming it in the
+    /// structured details (reason `OWNER_DOWN`), as a broker does.
     Down {
         /// Broker id.
         id: String,
@@ -131,13 +130,20 @@ impl Cluster for Svc {
                 cluster: String::new(),
             })),
             FakeAnswer::Down { id } => {
-                let mut s = Status::unavailable(format!(
-                    "topic {topic} is placed on broker {id}, which is down"
-                ));
-                if let Ok(v) = MetadataValue::try_from(id.as_str()) {
-                    s.metadata_mut().insert("ricochet-owner", v);
-                }
-                Err(s)
+                // As a broker answers: UNAVAILABLE with the structured
+                // details naming the owner.
+                let detail = ricochet_proto::error_details::Detail {
+                    topic: Some(topic.clone()),
+                    owner: Some(id.clone()),
+                    ..ricochet_proto::error_details::Detail::new(
+                        ricochet_proto::error_details::Reason::OwnerDown,
+                    )
+                };
+                Err(ricochet_proto::error_details::attach(
+                    tonic::Code::Unavailable,
+                    format!("topic {topic} is placed on broker {id}, which is down"),
+                    &detail,
+                ))
             }
             FakeAnswer::Unimplemented => Err(Status::unimplemented("Cluster.Lookup")),
             FakeAnswer::Invalid => Err(Status::invalid_argument(format!(

@@ -112,16 +112,25 @@ impl Cluster {
     }
 
     /// The refusal for `topic`, placed on broker `owner`: its URL when it
-    /// is live.
+    /// is live, and the epoch of its claim when it holds one (both read
+    /// from etcd at once).
     async fn not_owner(&self, topic: &str, owner: String) -> BrokerError {
-        let url = match self.etcd.get(&self.broker_key(&owner)).await {
+        let (broker_key, owner_key) = (self.broker_key(&owner), self.owner_key(topic));
+        let (registered, claimed) =
+            tokio::join!(self.etcd.get(&broker_key), self.etcd.get(&owner_key));
+        let url = match registered {
             Ok(Some(kv)) => Some(registration(&kv.value).url).filter(|u| !u.is_empty()),
+            _ => None,
+        };
+        let epoch = match claimed {
+            Ok(Some(kv)) if kv.value == owner => u64::try_from(kv.create_revision).ok(),
             _ => None,
         };
         BrokerError::NotOwner {
             topic: topic.to_owned(),
             owner,
             url,
+            epoch,
         }
     }
 

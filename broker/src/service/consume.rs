@@ -367,17 +367,18 @@ fn frames_of(event: ConsumerEvent) -> Vec<Result<ConsumeResponse, Status>> {
             request_id,
             outcome,
         } => {
-            let (code, message) = match outcome {
-                Ok(()) => (tonic::Code::Ok, String::new()),
+            let (code, message, details) = match outcome {
+                Ok(()) => (tonic::Code::Ok, String::new(), Vec::new()),
                 Err(e) => {
                     let s = status_of(&e);
-                    (s.code(), s.message().to_owned())
+                    (s.code(), s.message().to_owned(), s.details().to_vec())
                 }
             };
             vec![response(R::Result(CommandResult {
                 request_id,
                 code: code as i32,
                 message,
+                details,
             }))]
         }
         ConsumerEvent::Active(active) => {

@@ -18,7 +18,7 @@ pub use dead_letters::CallerRole;
 pub use partitions::PartitionsService;
 pub use retention::RetentionService;
 pub use status::{OWNER_TRAILER, OWNER_URL_TRAILER};
-pub(crate) use status::{code_of, message_of, status_of};
+pub(crate) use status::{message_of, status_of};
 
 use crate::claims::TierOverrides;
 use crate::core::BrokerCore;
@@ -48,7 +48,7 @@ fn until_shutdown<T: Send + 'static>(
             }
             tokio::select! {
                 biased;
-                _ = token.cancelled() => Some((Err(Status::unavailable("broker is shutting down")), (s, token, true))),
+                _ = token.cancelled() => Some((Err(status_of(&crate::error::BrokerError::ShuttingDown)), (s, token, true))),
                 item = s.next() => item.map(|i| (i, (s, token, false))),
             }
         },

@@ -164,13 +164,17 @@ pub(super) async fn produce(
                             epoch,
                         })),
                     },
-                    Err(e) => ProduceResponse {
-                        response: Some(produce_response::Response::Error(SendError {
-                            request_id,
-                            code: super::code_of(&e) as i32,
-                            message: super::message_of(&e),
-                        })),
-                    },
+                    Err(e) => {
+                        let status = super::status_of(&e);
+                        ProduceResponse {
+                            response: Some(produce_response::Response::Error(SendError {
+                                request_id,
+                                code: status.code() as i32,
+                                message: status.message().to_owned(),
+                                details: status.details().to_vec(),
+                            })),
+                        }
+                    }
                 })
             });
             let _ = ready_rx.await;

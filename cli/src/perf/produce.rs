@@ -84,7 +84,18 @@ async fn producer_loop(
         };
         let seq = feed.next_seq.fetch_add(1, Ordering::Relaxed);
         let t0 = Instant::now();
-        let fut = producer.send_async(make_payload(feed.size, seq));
+        let fut = match producer.send_async(make_payload(feed.size, seq)).await {
+            Ok(receipt) => receipt,
+            Err(e) => {
+                let failed: futures::future::BoxFuture<'static, ricochet_client::Result<_>> =
+                    Box::pin(async move { Err(e) });
+                if tx.send((failed, t0, permit)).is_err() {
+                    break;
+                }
+                sent += 1;
+                continue;
+            }
+        };
         if tx.send((Box::pin(fut), t0, permit)).is_err() {
             break;
         }

@@ -26,7 +26,7 @@ use crate::message::{Message, MessageId};
 /// `flush` confirms everything queued so far.
 ///
 /// A message that arrived before the consumer reconnected cannot be settled
-/// any more ([`Error::StaleDelivery`]): the broker redelivers it, and only
+/// any more ([`ErrorKind::StaleDelivery`](crate::ErrorKind::StaleDelivery)): the broker redelivers it, and only
 /// that new delivery can be settled (an ack never applies to a message
 /// delivered after it was made).
 ///
@@ -54,9 +54,9 @@ impl Acker {
 
     fn send(&self, cmd: Cmd) -> Result<()> {
         if self.shared.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed);
+            return Err(Error::closed());
         }
-        self.tx.send(cmd).map_err(|_| Error::Closed)
+        self.tx.send(cmd).map_err(|_| Error::closed())
     }
 
     /// Fails for a message of an earlier stream.
@@ -64,7 +64,7 @@ impl Acker {
         if msg.epoch == self.shared.epoch.load(Ordering::Acquire) {
             Ok(())
         } else {
-            Err(Error::StaleDelivery(msg.id.to_string()))
+            Err(Error::stale_delivery(msg.id.to_string()))
         }
     }
 
@@ -105,7 +105,7 @@ impl Acker {
 
     /// Sends every held ack now and waits until the broker has made every
     /// ack and queued `reconsume_later` of this consumer so far durable.
-    /// Fails with [`Error::Unconfirmed`] naming how many were lost (with a
+    /// Fails with [`ErrorKind::Unconfirmed`](crate::ErrorKind::Unconfirmed) naming how many were lost (with a
     /// broken stream, or refused: the broker redelivers those messages) or
     /// unconfirmed.
     pub async fn flush(&self) -> Result<()> {
@@ -124,18 +124,18 @@ impl Acker {
     /// Acknowledges this message and every earlier one of the main topic.
     /// Only on Exclusive and Failover subscriptions, and only for
     /// main-topic messages (not retry-tier ones): otherwise
-    /// [`Error::InvalidArgument`], and nothing is sent.
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument), and nothing is sent.
     pub async fn ack_cumulative(&self, msg: &Message) -> Result<()> {
         let this = self.target(&msg.id)?;
         let this = &this;
         let t = this.shared.subscription_type;
         if !t.allows_cumulative_ack() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "cumulative ack is not allowed on a {t:?} subscription"
             )));
         }
         if msg.id.topic() != this.shared.topic {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "cumulative ack applies to main-topic messages only; {} is from {}",
                 msg.id,
                 msg.id.topic()
@@ -201,8 +201,8 @@ impl Acker {
         let (tx, rx) = oneshot::channel();
         self.send(make(tx))?;
         match tokio::time::timeout(self.shared.request_timeout, rx).await {
-            Ok(r) => r.unwrap_or(Err(Error::Closed)),
-            Err(_) => Err(Error::Timeout("waiting for the broker to confirm".into())),
+            Ok(r) => r.unwrap_or(Err(Error::closed())),
+            Err(_) => Err(Error::timeout("waiting for the broker to confirm")),
         }
     }
 
@@ -228,7 +228,7 @@ impl Acker {
     /// level is [`Error::InvalidArgument`] and nothing is sent.
     pub async fn reconsume_later_level(&self, msg: &Message, level: i32) -> Result<()> {
         ricochet_policy::AttemptOverride::from_rocketmq_level(level)
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            .map_err(|e| Error::invalid_argument(e.to_string()))?;
         self.reconsume(
             msg,
             reconsume_later::Delay::DelayLevel(level),

@@ -2,9 +2,9 @@
 //! handshake, retried on transient failures, then the driver task started
 //! on the open stream. The driver reopens streams with the same handshake.
 
-use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(doc)]
 use ricochet_policy::{DeadLetterPolicy, PolicySpec};
 use ricochet_proto::{
     ConsumeRequest, ConsumeResponse, Subscribed, consume_request, consume_response,
@@ -14,7 +14,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Streaming;
 
 use super::driver;
-use super::{Consumer, ConsumerConfig, InitialPosition, SubscriptionType};
+use super::{Consumer, ConsumerConfig, ConsumerPolicy, InitialPosition, SubscriptionType};
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::reconnect::open_with_retry;
@@ -84,18 +84,23 @@ impl ConsumerBuilder {
         self
     }
 
-    /// The policy consulted for nacks. Its [`spec`](DeadLetterPolicy::spec),
-    /// if it has one, is also sent to the broker as the subscription's
-    /// policy (unless [`policy_spec`](Self::policy_spec) is given too).
-    pub fn dead_letter_policy(mut self, policy: Arc<dyn DeadLetterPolicy>) -> Self {
-        self.config.policy = Some(policy);
-        self
-    }
-
-    /// A policy spec: sent to the broker in `Subscribe` (it applies unless
-    /// an operator set one) and built locally for nack delays.
-    pub fn policy_spec(mut self, spec: PolicySpec) -> Self {
-        self.config.policy_spec = Some(spec);
+    /// The subscription's dead-letter policy, the one setter for it: a
+    /// [`PolicySpec`] is sent to the broker in `Subscribe` (it applies
+    /// unless an operator set one) and built locally for nack delays; an
+    /// `Arc<dyn DeadLetterPolicy>` of your own is consulted locally for
+    /// nack delays, and sent to the broker when it has a
+    /// [`spec`](DeadLetterPolicy::spec). A later call replaces an earlier one.
+    pub fn policy(mut self, policy: impl Into<ConsumerPolicy>) -> Self {
+        match policy.into() {
+            ConsumerPolicy::Spec(spec) => {
+                self.config.policy_spec = Some(spec);
+                self.config.policy = None;
+            }
+            ConsumerPolicy::Custom(p) => {
+                self.config.policy = Some(p);
+                self.config.policy_spec = None;
+            }
+        }
         self
     }
 
@@ -124,7 +129,7 @@ impl ConsumerBuilder {
 
     /// Declares this consumer a dead-letter reader: required to subscribe to
     /// a dead-letter tier topic (`<topic>-<subscription>-DLQ`), which the
-    /// broker otherwise refuses with [`Error::Rejected`] (PERMISSION_DENIED).
+    /// broker otherwise refuses with [`ErrorKind::PermissionDenied`](crate::ErrorKind::PermissionDenied).
     /// Dead letters can also be listed, replayed and purged with
     /// [`Client::admin`].
     pub fn dead_letter_reader(mut self, on: bool) -> Self {
@@ -169,8 +174,8 @@ impl ConsumerBuilder {
         self
     }
 
-    /// All settings at once.
-    pub fn config(mut self, config: ConsumerConfig) -> Self {
+    /// Every setting of `config` at once, for a partition's consumer.
+    pub(super) fn with_config(mut self, config: ConsumerConfig) -> Self {
         self.config = config;
         self
     }
@@ -241,16 +246,17 @@ pub(super) async fn open_stream(
             cfg.subscribe_request(topic),
         )),
     })
-    .map_err(|_| Error::Closed)?;
+    .map_err(|_| Error::closed())?;
     // On the topic's owner (the client's own connection when standalone).
     let transport = client.route(topic).await?;
     let handshake = async {
         let mut inbound = Client::broker_on(transport)
             .consume(UnboundedReceiverStream::new(rx))
-            .await?
+            .await
+            .map_err(Error::from_status)?
             .into_inner();
         loop {
-            match inbound.message().await? {
+            match inbound.message().await.map_err(Error::from_status)? {
                 Some(ConsumeResponse {
                     response: Some(consume_response::Response::Subscribed(s)),
                 }) => {
@@ -259,13 +265,13 @@ pub(super) async fn open_stream(
                 Some(ConsumeResponse {
                     response: Some(consume_response::Response::Result(r)),
                 }) if r.code != 0 => {
-                    return Err(Error::from_code(r.code, r.message));
+                    return Err(Error::from_frame(r.code, r.message, &r.details));
                 }
                 // Nothing else may come first; skip rather than fail.
                 Some(_) => continue,
                 None => {
-                    return Err(Error::Connection(
-                        "the broker closed the consumer stream during the handshake".into(),
+                    return Err(Error::disconnected(
+                        "the broker closed the consumer stream during the handshake",
                     ));
                 }
             }
@@ -274,6 +280,6 @@ pub(super) async fn open_stream(
     match tokio::time::timeout(client.config().request_timeout, handshake).await {
         Ok(Ok((inbound, s))) => Ok((Conn { tx, inbound }, s)),
         Ok(Err(e)) => Err(e),
-        Err(_) => Err(Error::Timeout(format!("subscribing to {topic}"))),
+        Err(_) => Err(Error::timeout(format!("subscribing to {topic}"))),
     }
 }

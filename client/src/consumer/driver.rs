@@ -156,16 +156,8 @@ impl Driver {
                     self.lost("the broker ended the consumer stream".into())
                 }
                 Event::Response(Err(s)) => {
-                    // The reconnect looks the topic up again: a redirect or
-                    // an unavailable owner lands on the (new) owner.
-                    let reroute = self.client.stream_failed(&s);
-                    if reroute.relookup() {
-                        tracing::debug!(
-                            ?reroute,
-                            "the topic is looked up again before reconnecting"
-                        );
-                    }
-                    self.lost(Error::from(s).to_string());
+                    let e = self.client.stream_broke(s);
+                    self.lost(e.to_string());
                 }
                 Event::Cmd(Some(cmd)) => {
                     self.on_cmd(cmd);
@@ -209,7 +201,7 @@ impl Driver {
             let r = self.confirmed("the consumer stopped before the broker confirmed them");
             let _ = self.shared.outcome.set(r);
         }
-        let _ = self.fail_waiting(|| Error::Closed);
+        let _ = self.fail_waiting(Error::closed);
     }
 
     /// A fresh stream is up: reset per-stream state, grant permits.
@@ -277,9 +269,7 @@ impl Driver {
                     }
                 }
             }
-            Some(consume_response::Response::Result(r)) => {
-                self.on_result(r.request_id, r.code, r.message)
-            }
+            Some(consume_response::Response::Result(r)) => self.on_result(r),
             Some(consume_response::Response::ActiveChange(a)) => {
                 self.shared.active.store(
                     if a.active { ACTIVE_YES } else { ACTIVE_NO },
@@ -293,14 +283,20 @@ impl Driver {
         }
     }
 
-    fn on_result(&mut self, request_id: u64, code: i32, message: String) {
+    fn on_result(&mut self, r: ricochet_proto::CommandResult) {
+        let request_id = r.request_id;
         if request_id == 0 {
-            if code != 0 {
-                tracing::warn!(code, %message, sub = %self.shared.subscription, "the broker rejected a consumer request");
+            if r.code != 0 {
+                tracing::warn!(code = r.code, message = %r.message, sub = %self.shared.subscription, "the broker rejected a consumer request");
             }
             return;
         }
-        let Some((pending, result)) = self.requests.answer(request_id, code, message) else {
+        let result = if r.code == 0 {
+            Ok(())
+        } else {
+            Err(Error::from_frame(r.code, r.message, &r.details))
+        };
+        let Some((pending, result)) = self.requests.answer(request_id, result) else {
             return;
         };
         if result.is_ok() {
@@ -354,9 +350,7 @@ impl Driver {
     /// are lost (their messages are redelivered); the applied ones become
     /// durable with the next confirmed request.
     fn on_acked_ids(&mut self, a: ricochet_proto::AckedIds) {
-        let Some((Pending::Check { asked }, _)) =
-            self.requests.answer(a.request_id, 0, String::new())
-        else {
+        let Some((Pending::Check { asked }, _)) = self.requests.answer(a.request_id, Ok(())) else {
             return;
         };
         self.acks_lost += asked.saturating_sub(a.ids.len()) as u64;
@@ -383,7 +377,7 @@ impl Driver {
     }
 
     /// `Ok` when no ack is unconfirmed or lost, else
-    /// [`Error::Unconfirmed`] explaining with `why` (lost acks are reported
+    /// [`ErrorKind::Unconfirmed`](crate::ErrorKind::Unconfirmed) explaining with `why` (lost acks are reported
     /// once).
     fn confirmed(&mut self, why: &str) -> Result<()> {
         let pending = self.unconfirmed();
@@ -410,10 +404,10 @@ impl Driver {
                 if why.is_empty() { "" } else { ": " }
             ));
         }
-        Err(Error::Unconfirmed {
-            count: pending + lost + moves,
-            reason: reasons.join("; "),
-        })
+        Err(Error::unconfirmed(
+            pending + lost + moves,
+            reasons.join("; "),
+        ))
     }
 
     /// Answers everything still waiting on this stream with `error()`;
@@ -488,7 +482,7 @@ impl Driver {
                 };
                 let Some(key) = self.ids.key(&id).filter(|k| self.inflight.settle(k)) else {
                     if let Some(r) = reply {
-                        let _ = r.send(Err(Error::InvalidArgument(format!(
+                        let _ = r.send(Err(Error::invalid_argument(format!(
                             "{id} is not outstanding on this consumer (already settled)"
                         ))));
                     }
@@ -561,7 +555,7 @@ impl Driver {
             return Some(reply);
         }
         if let Some(r) = reply {
-            let _ = r.send(Err(Error::StaleDelivery(id.to_string())));
+            let _ = r.send(Err(Error::stale_delivery(id.to_string())));
         }
         None
     }
@@ -569,7 +563,7 @@ impl Driver {
     /// Sends the held acks and a barrier whose answer confirms every ack so far.
     fn flush(&mut self, reply: Reply) {
         if self.closing.is_some() {
-            let _ = reply.send(Err(Error::Closed));
+            let _ = reply.send(Err(Error::closed()));
             return;
         }
         if self.conn.is_none() {
@@ -621,16 +615,14 @@ impl Driver {
             // that delivery can be moved.
             if let Some(reply) = reply {
                 let id = request(0);
-                let _ = reply.send(Err(Error::StaleDelivery(format!("{id:?}"))));
+                let _ = reply.send(Err(Error::stale_delivery(format!("{id:?}"))));
             }
             return;
         }
         let Some(conn) = &self.conn else {
             match reply {
                 Some(reply) => {
-                    let _ = reply.send(Err(Error::Connection(
-                        "the consumer is reconnecting".into(),
-                    )));
+                    let _ = reply.send(Err(Error::disconnected("the consumer is reconnecting")));
                 }
                 None => self.moves_lost += 1,
             }
@@ -715,9 +707,7 @@ impl Driver {
         let waiters: Vec<Reply> = waiters.into_iter().flatten().collect();
         if self.conn.is_none() {
             for w in waiters {
-                let _ = w.send(Err(Error::Connection(
-                    "the consumer is reconnecting".into(),
-                )));
+                let _ = w.send(Err(Error::disconnected("the consumer is reconnecting")));
             }
             return;
         }
@@ -740,7 +730,7 @@ impl Driver {
             return;
         }
         let broke = format!("the stream broke before the broker confirmed: {why}");
-        let unconfirmed = self.fail_waiting(|| Error::Connection(broke.clone()));
+        let unconfirmed = self.fail_waiting(|| Error::disconnected(broke.clone()));
         if self.closing.is_some() {
             // No next stream to ask on: every unconfirmed ack counts.
             self.acks_lost += unconfirmed.len() as u64;
@@ -761,7 +751,7 @@ impl Driver {
         let open = open_stream(&self.client, &self.topic, &self.cfg);
         // The broker may still hold the old stream's Exclusive slot.
         let retry =
-            |e: &Error| e.is_retryable() || e.code() == Some(tonic::Code::FailedPrecondition);
+            |e: &Error| e.is_retryable() || e.kind() == crate::ErrorKind::FailedPrecondition;
         match self.reconnect.attempt(open, retry, "consumer").await {
             Reopen::Open((conn, s)) => {
                 tracing::info!(topic = %self.shared.topic, sub = %self.shared.subscription, "consumer reconnected");

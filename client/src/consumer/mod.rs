@@ -36,7 +36,7 @@
 //!   dropped, and both trackers are cleared, because the broker redelivers
 //!   everything that was in flight (its delivery count incremented). A
 //!   message of the old stream can no longer be settled
-//!   ([`Error::StaleDelivery`](crate::Error::StaleDelivery)): an ack never
+//!   ([`ErrorKind::StaleDelivery`](crate::ErrorKind::StaleDelivery)): an ack never
 //!   applies to a message delivered after it was made; settle the
 //!   redelivery instead. Acks that were sent and not confirmed when the
 //!   stream broke are counted, and the next `flush` or `close` reports them.
@@ -70,10 +70,11 @@ mod redelivery;
 mod requests;
 mod shared;
 
-use std::ops::Deref;
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
@@ -81,23 +82,26 @@ use tokio::time::Instant;
 
 pub use acker::Acker;
 pub use builder::ConsumerBuilder;
-pub use config::ConsumerConfig;
+pub use config::{ConsumerConfig, ConsumerPolicy};
 pub(crate) use ids::TopicIds;
 /// How a subscription shares messages between its consumers, and where a
 /// new one starts: the protocol's own enums, shared with the broker and CLI.
 pub use ricochet_proto::{InitialPosition, SubscriptionType};
 
 use crate::error::{Error, Result};
-use crate::message::Message;
+use crate::message::{Message, MessageId};
 use shared::{ACTIVE_NO, ACTIVE_YES, Cmd, Delivery};
 
 /// Receives messages from one subscription; see the [module docs](self).
 ///
 /// Use [`receive`](Self::receive) or the [`Stream`] impl to take messages.
-/// Settle them with the [`Acker`] methods, which the consumer offers
-/// directly (it dereferences to its `Acker`): `consumer.ack(&msg)`,
-/// `consumer.nack(&msg)`, ... For processing in other tasks, take a
-/// cloneable [`acker`](Self::acker).
+/// Settle them with the consumer's own methods ([`ack`](Self::ack),
+/// [`nack`](Self::nack), [`reconsume_later`](Self::reconsume_later),
+/// [`terminate`](Self::terminate), ...). For processing in other tasks,
+/// take a cloneable [`acker`](Self::acker): it has the same methods.
+///
+/// After [`close`](Self::close), `receive` and every settle method fail with
+/// [`ErrorKind::Closed`](crate::ErrorKind::Closed).
 #[derive(Debug)]
 pub struct Consumer {
     rx: mpsc::UnboundedReceiver<Delivery>,
@@ -105,14 +109,6 @@ pub struct Consumer {
     /// On a partitioned topic, the partitions' merged deliveries (`rx` is
     /// then unused).
     merged: Option<partitioned::Merged>,
-}
-
-impl Deref for Consumer {
-    type Target = Acker;
-
-    fn deref(&self) -> &Acker {
-        &self.acker
-    }
 }
 
 impl Consumer {
@@ -132,15 +128,15 @@ impl Consumer {
         }
     }
 
-    /// The next message. Fails with [`Error::Closed`] once the consumer is
+    /// The next message. Fails with [`ErrorKind::Closed`](crate::ErrorKind::Closed) once the consumer is
     /// closed, or once with the cause if it could not reconnect.
     pub async fn receive(&mut self) -> Result<Message> {
         if let Some(m) = &mut self.merged {
-            return m.next().await.unwrap_or(Err(Error::Closed));
+            return m.next().await.unwrap_or(Err(Error::closed()));
         }
         loop {
             let Some(d) = self.rx.recv().await else {
-                return Err(Error::Closed);
+                return Err(Error::closed());
             };
             if let Some(item) = self.accept(d) {
                 return item;
@@ -185,6 +181,69 @@ impl Consumer {
     /// A handle for acking from other tasks.
     pub fn acker(&self) -> Acker {
         self.acker.clone()
+    }
+
+    /// Acknowledges one message: [`Acker::ack`].
+    pub async fn ack(&self, msg: &Message) -> Result<()> {
+        self.acker.ack(msg).await
+    }
+
+    /// Acknowledges one message by id: [`Acker::ack_id`].
+    pub async fn ack_id(&self, id: &MessageId) -> Result<()> {
+        self.acker.ack_id(id).await
+    }
+
+    /// Acknowledges `msg` and everything before it: [`Acker::ack_cumulative`].
+    pub async fn ack_cumulative(&self, msg: &Message) -> Result<()> {
+        self.acker.ack_cumulative(msg).await
+    }
+
+    /// Sends pending acks and waits until they are durable: [`Acker::flush`].
+    pub async fn flush(&self) -> Result<()> {
+        self.acker.flush().await
+    }
+
+    /// Restarts `msg`'s ack timeout: [`Acker::extend_ack_deadline`].
+    pub async fn extend_ack_deadline(&self, msg: &Message) -> Result<()> {
+        self.acker.extend_ack_deadline(msg).await
+    }
+
+    /// A negative ack, redelivered after the policy's delay: [`Acker::nack`].
+    pub async fn nack(&self, msg: &Message) -> Result<()> {
+        self.acker.nack(msg).await
+    }
+
+    /// A negative ack with a reason: [`Acker::nack_with_reason`].
+    pub async fn nack_with_reason(&self, msg: &Message, reason: impl Into<String>) -> Result<()> {
+        self.acker.nack_with_reason(msg, reason).await
+    }
+
+    /// Retries `msg` through the retry tier after `delay`:
+    /// [`Acker::reconsume_later`].
+    pub async fn reconsume_later(&self, msg: &Message, delay: Duration) -> Result<()> {
+        self.acker.reconsume_later(msg, delay).await
+    }
+
+    /// Retries `msg` at a delay level: [`Acker::reconsume_later_level`].
+    pub async fn reconsume_later_level(&self, msg: &Message, level: i32) -> Result<()> {
+        self.acker.reconsume_later_level(msg, level).await
+    }
+
+    /// Retries `msg` with added properties: [`Acker::reconsume_later_with`].
+    pub async fn reconsume_later_with(
+        &self,
+        msg: &Message,
+        delay: Duration,
+        properties: HashMap<String, String>,
+    ) -> Result<()> {
+        self.acker
+            .reconsume_later_with(msg, delay, properties)
+            .await
+    }
+
+    /// Dead-letters `msg` at once: [`Acker::terminate`].
+    pub async fn terminate(&self, msg: &Message, reason: impl Into<String>) -> Result<()> {
+        self.acker.terminate(msg, reason).await
     }
 
     /// The topic, fully qualified (a partitioned topic's base name; each
@@ -246,7 +305,7 @@ impl Consumer {
     /// charged an attempt for each (reason CONSUMER_LOST).
     ///
     /// `Ok` means every ack was confirmed durable. Otherwise
-    /// [`Error::Unconfirmed`](crate::Error::Unconfirmed) names how many
+    /// [`ErrorKind::Unconfirmed`](crate::ErrorKind::Unconfirmed) names how many
     /// were not (lost with a broken stream, or unanswered in time): the
     /// broker redelivers those messages. A `close` made while another is
     /// under way, or after it, returns what that one found; after the
@@ -287,7 +346,7 @@ impl Acker {
             .outcome
             .get()
             .cloned()
-            .unwrap_or(Err(Error::Closed))
+            .unwrap_or(Err(Error::closed()))
     }
 }
 

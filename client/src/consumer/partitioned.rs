@@ -62,7 +62,7 @@ impl Ackers {
             .and_then(|i| inner.ackers.get(*i))
             .cloned()
             .ok_or_else(|| {
-                Error::InvalidArgument(format!(
+                Error::invalid_argument(format!(
                     "no message of {topic} was delivered to this consumer"
                 ))
             })
@@ -153,15 +153,15 @@ impl Grower {
         for i in have as u32..n {
             let c =
                 super::ConsumerBuilder::new(self.client.clone(), partition_name(&self.topic, i))
-                    .config(self.cfg.clone())
+                    .with_config(self.cfg.clone())
                     .subscribe_topic()
                     .await?;
             let Some(ackers) = self.ackers.upgrade() else {
-                return Err(Error::Closed);
+                return Err(Error::closed());
             };
             let index = ackers.add(c.acker());
             let tagged: Tagged = Box::pin(c.map(move |m| (index, m)));
-            self.added.send(tagged).map_err(|_| Error::Closed)?;
+            self.added.send(tagged).map_err(|_| Error::closed())?;
         }
         Ok(())
     }
@@ -175,8 +175,8 @@ pub(crate) async fn subscribe(
     n: u32,
 ) -> Result<Consumer> {
     if cfg.retry_topic.is_some() || cfg.dead_letter_topic.is_some() {
-        return Err(Error::InvalidArgument(
-            "retry and dead-letter topic overrides name one topic, but each partition of a partitioned topic has its own tiers; leave them to the broker".into(),
+        return Err(Error::invalid_argument(
+            "retry and dead-letter topic overrides name one topic, but each partition of a partitioned topic has its own tiers; leave them to the broker",
         ));
     }
     let ackers = Arc::new(Ackers::default());

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use super::ids::Key;
 use super::shared::Reply;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::message::MessageId;
 
 /// A `reconsume_later` or `terminate` waiting for the broker.
@@ -83,20 +83,14 @@ impl Requests {
         self.waiting.retain(|_, p| !matches!(p, Pending::Close));
     }
 
-    /// Matches the broker's answer (`code` 0 for success) to its request;
-    /// `None` when nothing waits for `request_id`.
+    /// Matches the broker's answer to its request; `None` when nothing
+    /// waits for `request_id`.
     pub(super) fn answer(
         &mut self,
         request_id: u64,
-        code: i32,
-        message: String,
+        result: Result<()>,
     ) -> Option<(Pending, Result<()>)> {
         let pending = self.waiting.remove(&request_id)?;
-        let result = if code == 0 {
-            Ok(())
-        } else {
-            Err(Error::from_code(code, message))
-        };
         Some((pending, result))
     }
 
@@ -153,6 +147,7 @@ impl Requests {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
     use tokio::sync::oneshot;
 
     fn pending_move(key: Option<Key>) -> (PendingMove, oneshot::Receiver<Result<()>>) {
@@ -185,25 +180,25 @@ mod tests {
         assert_eq!((ia, ic, ib), (1, 2, 3), "increasing, never 0");
         assert!(r.close_pending());
 
-        match r.answer(ib, 3, "bad id".into()) {
+        match r.answer(ib, Err(Error::invalid_argument("bad id"))) {
             Some((Pending::Move(m), Err(e))) => {
                 assert_eq!(m.key, None);
                 assert_eq!(m.epoch, 3);
-                assert_eq!(e.code(), Some(tonic::Code::InvalidArgument));
+                assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
             }
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            r.answer(ic, 0, String::new()),
+            r.answer(ic, Ok(())),
             Some((Pending::Close, Ok(())))
         ));
         assert!(!r.close_pending());
         assert!(matches!(
-            r.answer(ia, 0, String::new()),
+            r.answer(ia, Ok(())),
             Some((Pending::Move(m), Ok(()))) if m.key == Some((0, 1))
         ));
-        assert!(r.answer(ia, 0, String::new()).is_none(), "answered once");
-        assert!(r.answer(99, 0, String::new()).is_none());
+        assert!(r.answer(ia, Ok(())).is_none(), "answered once");
+        assert!(r.answer(99, Ok(())).is_none());
     }
 
     #[test]
@@ -218,7 +213,7 @@ mod tests {
         let barrier = r.start(Pending::Flush(oneshot::channel().0));
         let after = r.start(acks(4));
         assert_eq!(r.unconfirmed_acks(), 7);
-        let (pending, result) = r.answer(barrier, 0, String::new()).unwrap();
+        let (pending, result) = r.answer(barrier, Ok(())).unwrap();
         assert!(matches!(pending, Pending::Flush(_)) && result.is_ok());
         let confirmed = r.confirm_before(barrier);
         assert_eq!(confirmed.len(), 1, "the waiting caller of the first frame");
@@ -227,11 +222,8 @@ mod tests {
         }
         assert!(matches!(wrx.try_recv(), Ok(Ok(()))));
         assert_eq!(r.unconfirmed_acks(), 4, "only the frame sent after it");
-        assert!(
-            r.answer(first, 0, String::new()).is_none(),
-            "already settled"
-        );
-        assert!(r.answer(after, 0, String::new()).is_some());
+        assert!(r.answer(first, Ok(())).is_none(), "already settled");
+        assert!(r.answer(after, Ok(())).is_some());
     }
 
     #[test]
@@ -251,7 +243,7 @@ mod tests {
             "only the queued one: a caller waits for the other"
         );
         assert_eq!(r.unconfirmed_acks(), 2, "moves are not acks");
-        assert!(r.answer(queued, 0, String::new()).is_some());
+        assert!(r.answer(queued, Ok(())).is_some());
         assert_eq!(r.unconfirmed_moves(), 0);
     }
 
@@ -271,17 +263,14 @@ mod tests {
             key: Some((0, 3)),
             epoch: 3,
         }));
-        assert!(r.answer(barrier, 0, String::new()).is_some());
+        assert!(r.answer(barrier, Ok(())).is_some());
         for w in r.confirm_before(barrier) {
             w.send(Ok(())).unwrap();
         }
         assert!(matches!(rx.try_recv(), Ok(Ok(()))), "its caller is told");
         assert_eq!(r.unconfirmed_moves(), 1, "only the move sent after it");
-        assert!(
-            r.answer(first, 0, String::new()).is_none(),
-            "late answer ignored"
-        );
-        assert!(r.answer(after, 0, String::new()).is_some());
+        assert!(r.answer(first, Ok(())).is_none(), "late answer ignored");
+        assert!(r.answer(after, Ok(())).is_some());
     }
 
     #[test]
@@ -296,6 +285,6 @@ mod tests {
         assert_eq!(drained.len(), 4);
         assert!(!r.close_pending());
         assert_eq!(r.unconfirmed_acks(), 0);
-        assert!(r.answer(id, 0, String::new()).is_none());
+        assert!(r.answer(id, Ok(())).is_none());
     }
 }

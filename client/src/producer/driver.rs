@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Streaming;
 
+use super::queue::{Queue, Reply};
 use super::{Cmd, ProducerConfig, Shared, TopicProducer};
 use crate::client::{Client, next_frame, sleep_opt};
 use crate::error::{Error, Result};
@@ -33,6 +34,7 @@ pub(super) fn spawn(
     conn: Conn,
     opened: &ProducerOpened,
     reconnect: Reconnector,
+    queue: Arc<Queue>,
 ) -> TopicProducer {
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
@@ -41,6 +43,8 @@ pub(super) fn spawn(
         max_message_size: AtomicU64::new(opened.max_message_size),
         last_sequence_id: AtomicU64::new(opened.last_sequence_id.unwrap_or(0)),
         closed: AtomicBool::new(false),
+        queue,
+        fatal: std::sync::OnceLock::new(),
     });
     let next_seq = opened.last_sequence_id.map_or(0, |l| l.saturating_add(1));
     let driver = Driver {
@@ -85,40 +89,41 @@ pub(super) async fn open(
             producer_name: name.to_owned(),
         })),
     };
-    tx.send(open).map_err(|_| Error::Closed)?;
+    tx.send(open).map_err(|_| Error::closed())?;
     // On the topic's owner (the client's own connection when standalone).
     let transport = client.route(topic).await?;
     let handshake = async {
         let mut inbound = Client::broker_on(transport)
             .produce(UnboundedReceiverStream::new(rx))
-            .await?
+            .await
+            .map_err(Error::from_status)?
             .into_inner();
-        match inbound.message().await? {
+        match inbound.message().await.map_err(Error::from_status)? {
             Some(ProduceResponse {
                 response: Some(produce_response::Response::Opened(o)),
             }) => Ok((inbound, o)),
             Some(ProduceResponse {
                 response: Some(produce_response::Response::Error(e)),
-            }) => Err(Error::from_code(e.code, e.message)),
-            Some(_) => Err(Error::Connection(
-                "the broker answered ProducerOpen with an unexpected frame".into(),
+            }) => Err(Error::from_frame(e.code, e.message, &e.details)),
+            Some(_) => Err(Error::disconnected(
+                "the broker answered ProducerOpen with an unexpected frame",
             )),
-            None => Err(Error::Connection(
-                "the broker closed the producer stream during the handshake".into(),
+            None => Err(Error::disconnected(
+                "the broker closed the producer stream during the handshake",
             )),
         }
     };
     match tokio::time::timeout(timeout, handshake).await {
         Ok(Ok((inbound, opened))) => Ok((Conn { tx, inbound }, opened)),
         Ok(Err(e)) => Err(e),
-        Err(_) => Err(Error::Timeout(format!("opening a producer on {topic}"))),
+        Err(_) => Err(Error::timeout(format!("opening a producer on {topic}"))),
     }
 }
 
 struct PendingMsg {
     seq: u64,
     msg: ricochet_proto::OutboundMessage,
-    reply: Option<oneshot::Sender<Result<MessageId>>>,
+    reply: Option<Reply>,
     deadline: Option<Instant>,
 }
 
@@ -154,7 +159,7 @@ struct Driver {
     waiters: Vec<(u64, oneshot::Sender<Result<()>>)>,
     fatal: Option<Error>,
     /// While disconnected: the last reconnect attempt's error when it was
-    /// [`Error::OwnerDown`] (the topic's broker is down).
+    /// [`ErrorKind::OwnerDown`](crate::ErrorKind::OwnerDown) (the topic's broker is down).
     down: Option<Error>,
     /// Set by `close`: the deadline, and whether the command channel is done.
     closing: Option<Instant>,
@@ -198,16 +203,8 @@ impl Driver {
                     self.lost("the broker ended the producer stream".into())
                 }
                 Event::Response(Err(status)) => {
-                    // The reconnect looks the topic up again: a redirect or
-                    // an unavailable owner lands on the (new) owner.
-                    let reroute = self.client.stream_failed(&status);
-                    if reroute.relookup() {
-                        tracing::debug!(
-                            ?reroute,
-                            "the topic is looked up again before reconnecting"
-                        );
-                    }
-                    self.lost(Error::from(status).to_string());
+                    let e = self.client.stream_broke(status);
+                    self.lost(e.to_string());
                 }
                 Event::Cmd(Some(cmd)) => {
                     self.on_cmd(cmd);
@@ -241,9 +238,9 @@ impl Driver {
                 Event::CloseDeadline => {
                     let left: usize = self.inflight.iter().map(|b| b.msgs.len()).sum::<usize>()
                         + self.batch.len();
-                    self.fail_all(&Error::Closed);
+                    self.fail_all(&Error::closed());
                     for (_, w) in self.waiters.drain(..) {
-                        let _ = w.send(Err(Error::Timeout(format!(
+                        let _ = w.send(Err(Error::timeout(format!(
                             "closing: {left} message(s) not receipted in time"
                         ))));
                     }
@@ -253,9 +250,9 @@ impl Driver {
             self.check_waiters();
         }
         self.shared.closed.store(true, Ordering::Release);
-        self.fail_all(&Error::Closed);
+        self.fail_all(&Error::closed());
         for (_, w) in self.waiters.drain(..) {
-            let _ = w.send(Ok(()));
+            let _ = w.send(self.fatal.clone().map_or(Ok(()), Err));
         }
         // Dropping the connection ends the request stream: the broker sees a
         // clean close.
@@ -269,7 +266,7 @@ impl Driver {
                     return;
                 }
                 if self.closing.is_some() {
-                    let _ = reply.send(Err(Error::Closed));
+                    let _ = reply.send(Err(Error::closed()));
                     return;
                 }
                 let size = msg.size();
@@ -345,7 +342,7 @@ impl Driver {
                     tracing::warn!(request_id = e.request_id, "send error for an unknown batch");
                     return;
                 };
-                let err = Error::from_code(e.code, e.message);
+                let err = Error::from_frame(e.code, e.message, &e.details);
                 for m in batch.msgs {
                     if let Some(r) = m.reply {
                         let _ = r.send(Err(err.clone()));
@@ -398,7 +395,7 @@ impl Driver {
                         )),
                     }
                 }
-                _ => Err(Error::Connection(format!(
+                _ => Err(Error::disconnected(format!(
                     "the broker sent no receipt for sequence id {}",
                     m.seq
                 ))),
@@ -471,6 +468,7 @@ impl Driver {
             Reopen::Failed(e) => {
                 tracing::error!(error = %e, topic = %self.shared.topic, "producer cannot reconnect; failing its messages");
                 self.fail_all(&e);
+                let _ = self.shared.fatal.set(e.clone());
                 self.fatal = Some(e);
                 self.shared.closed.store(true, Ordering::Release);
             }
@@ -501,7 +499,7 @@ impl Driver {
                 let _ = r.send(Err(match down {
                     Some(e) => e.clone(),
                     None => {
-                        Error::Timeout(format!("no receipt within the send timeout of {timeout:?}"))
+                        Error::timeout(format!("no receipt within the send timeout of {timeout:?}"))
                     }
                 }));
             }

@@ -32,10 +32,13 @@
 
 mod driver;
 mod partitioned;
+mod queue;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -44,9 +47,11 @@ use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::message::{MessageId, OutgoingMessage};
 use crate::reconnect::open_with_retry;
+use queue::{Queue, Reply};
 
-/// Producer settings.
+/// Producer settings, as the [`ProducerBuilder`] methods set them.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ProducerConfig {
     /// Producer name; `None` generates a unique one.
     pub name: Option<String>,
@@ -61,13 +66,22 @@ pub struct ProducerConfig {
     /// earlier batches are in flight (default 1 ms). On an idle connection a
     /// batch goes as soon as the queued sends are gathered.
     pub batch_linger: Duration,
-    /// A message not receipted within this fails with [`Error::Timeout`]
+    /// A message not receipted within this fails with [`ErrorKind::Timeout`](crate::ErrorKind::Timeout)
     /// (and is not resent after a reconnect). Default 30 s; zero disables.
     pub send_timeout: Duration,
     /// On a partitioned topic: how often the partition count is looked up
     /// again, to produce to partitions added later (default 60 s, as
     /// Pulsar's `autoUpdatePartitionsInterval`; zero never).
     pub partitions_refresh: Duration,
+    /// Most messages sent and not yet answered by the broker (default 1000,
+    /// Pulsar's `maxPendingMessages`), over all partitions.
+    pub max_pending_messages: usize,
+    /// Most bytes (payload, key and properties) of those messages (default
+    /// 64 MiB, Pulsar's `memoryLimit`).
+    pub max_pending_bytes: usize,
+    /// With the queue full, `send` waits for room (true, the default) or
+    /// fails at once with [`ErrorKind::QueueFull`](crate::ErrorKind::QueueFull).
+    pub block_if_queue_full: bool,
 }
 
 impl Default for ProducerConfig {
@@ -80,6 +94,9 @@ impl Default for ProducerConfig {
             batch_linger: Duration::from_millis(1),
             send_timeout: Duration::from_secs(30),
             partitions_refresh: Duration::from_secs(60),
+            max_pending_messages: 1000,
+            max_pending_bytes: 64 * 1024 * 1024,
+            block_if_queue_full: true,
         }
     }
 }
@@ -90,6 +107,8 @@ pub struct ProducerBuilder {
     client: Client,
     topic: String,
     config: ProducerConfig,
+    /// The queue of a partitioned producer, shared by its partitions.
+    queue: Option<Arc<Queue>>,
 }
 
 impl ProducerBuilder {
@@ -98,7 +117,29 @@ impl ProducerBuilder {
             client,
             topic,
             config: ProducerConfig::default(),
+            queue: None,
         }
+    }
+
+    /// Most messages sent and not yet answered (default 1000); see
+    /// [`block_if_queue_full`](Self::block_if_queue_full).
+    pub fn max_pending_messages(mut self, n: usize) -> Self {
+        self.config.max_pending_messages = n.max(1);
+        self
+    }
+
+    /// Most bytes of messages sent and not yet answered (default 64 MiB).
+    pub fn max_pending_bytes(mut self, n: usize) -> Self {
+        self.config.max_pending_bytes = n.max(1);
+        self
+    }
+
+    /// With the queue full, whether [`Producer::send`] and
+    /// [`Producer::send_async`] wait for room (true, the default) or fail
+    /// at once with [`ErrorKind::QueueFull`](crate::ErrorKind::QueueFull).
+    pub fn block_if_queue_full(mut self, block: bool) -> Self {
+        self.config.block_if_queue_full = block;
+        self
     }
 
     /// A stable producer name: de-duplication then also spans process
@@ -145,8 +186,8 @@ impl ProducerBuilder {
         self
     }
 
-    /// All settings at once.
-    pub fn config(mut self, config: ProducerConfig) -> Self {
+    /// Every setting of `config` at once, for a partition's producer.
+    fn with_config(mut self, config: ProducerConfig) -> Self {
         self.config = config;
         self
     }
@@ -160,27 +201,41 @@ impl ProducerBuilder {
     pub async fn create(self) -> Result<Producer> {
         let partitions = crate::partitions::count(&self.client, &self.topic).await?;
         if let Some((base, n)) = partitions {
-            let router = partitioned::Router::open(self.client, self.config, base, n).await?;
+            let queue = Arc::new(self.new_queue());
+            let router =
+                partitioned::Router::open(self.client, self.config, base, n, queue).await?;
             return Ok(Producer {
                 inner: Inner::Partitioned(router),
+                handle: Arc::new(()),
             });
         }
         Ok(Producer {
             inner: Inner::Topic(self.create_topic_producer().await?),
+            handle: Arc::new(()),
         })
+    }
+
+    fn new_queue(&self) -> Queue {
+        Queue::new(
+            self.config.max_pending_messages,
+            self.config.max_pending_bytes,
+            self.config.block_if_queue_full,
+        )
     }
 
     /// Opens the producer on this one topic (a partition, or an ordinary topic).
     async fn create_topic_producer(self) -> Result<TopicProducer> {
+        let queue = match &self.queue {
+            Some(q) => q.clone(),
+            None => Arc::new(self.new_queue()),
+        };
         let name = self
             .config
             .name
             .clone()
             .unwrap_or_else(|| format!("producer-{}", crate::unique_suffix()));
         if name.is_empty() {
-            return Err(Error::InvalidArgument(
-                "producer name must not be empty".into(),
-            ));
+            return Err(Error::invalid_argument("producer name must not be empty"));
         }
         let ((conn, opened), reconnect) =
             open_with_retry(self.client.config(), "producer open", &self.topic, || {
@@ -193,6 +248,7 @@ impl ProducerBuilder {
             conn,
             &opened,
             reconnect,
+            queue,
         ))
     }
 }
@@ -204,10 +260,13 @@ struct Shared {
     max_message_size: AtomicU64,
     last_sequence_id: AtomicU64,
     closed: AtomicBool,
+    queue: Arc<Queue>,
+    /// Why the driver stopped on its own (it could not reconnect).
+    fatal: std::sync::OnceLock<Error>,
 }
 
 enum Cmd {
-    Send(OutgoingMessage, oneshot::Sender<Result<MessageId>>),
+    Send(OutgoingMessage, Reply),
     Flush(oneshot::Sender<Result<()>>),
     Close(oneshot::Sender<Result<()>>),
 }
@@ -216,12 +275,15 @@ enum Cmd {
 /// topic; see the [module docs](self).
 ///
 /// Cheap to clone: clones share the producer (one stream, one sequence;
-/// on a partitioned topic, one of each per partition). The producer is
-/// closed by [`close`](Self::close) or when the last clone is dropped
-/// (pending messages are then still sent, best effort).
+/// on a partitioned topic, one of each per partition). The stream is
+/// closed by the [`close`](Self::close) of the last clone, or when the
+/// last clone is dropped (pending messages are then still sent, best
+/// effort); the `close` of a clone while others live only flushes.
 #[derive(Debug, Clone)]
 pub struct Producer {
     inner: Inner,
+    /// One per clone: the last one to close closes the stream.
+    handle: Arc<()>,
 }
 
 #[derive(Debug, Clone)]
@@ -268,33 +330,56 @@ impl Producer {
 
     /// Sends a message and waits for its receipt (the broker has stored it,
     /// durably in the broker's sync mode). On a partitioned topic the id
-    /// names the partition the message went to.
+    /// names the partition the message went to. Waits for room first when
+    /// the producer's queue is full (see [`send_async`](Self::send_async)).
     pub async fn send(&self, msg: impl Into<OutgoingMessage>) -> Result<MessageId> {
-        self.send_async(msg).await
+        self.send_async(msg).await?.await
     }
 
-    /// Queues a message and returns a future of its receipt, without
-    /// waiting: call it many times to pipeline. Sequence ids (and so the
-    /// order on the topic, or on a partition) follow the order of the
-    /// calls, not of awaiting the futures. The futures need not be awaited
-    /// for the messages to be sent. Nothing bounds how many are queued:
-    /// keep a window of futures (or call [`flush`](Self::flush)) to bound
-    /// memory.
-    pub fn send_async(
-        &self,
-        msg: impl Into<OutgoingMessage>,
-    ) -> impl Future<Output = Result<MessageId>> + Send + 'static {
+    /// Queues a message and returns its [`Receipt`], a future of the
+    /// receipt, without waiting for it: call it many times to pipeline.
+    /// Sequence ids (and so the order on the topic, or on a partition)
+    /// follow the order of the calls. The receipts need not be awaited for
+    /// the messages to be sent.
+    ///
+    /// The queue is bounded ([`max_pending_messages`](ProducerBuilder::max_pending_messages),
+    /// [`max_pending_bytes`](ProducerBuilder::max_pending_bytes)): messages
+    /// sent and not yet answered by the broker hold room in it. When it is
+    /// full this waits for room (the default), or fails at once with
+    /// [`ErrorKind::QueueFull`](crate::ErrorKind::QueueFull) when the
+    /// producer was built with
+    /// [`block_if_queue_full(false)`](ProducerBuilder::block_if_queue_full).
+    /// A closed producer, or a message over the broker's size limit, fails
+    /// here too, and nothing is sent.
+    pub async fn send_async(&self, msg: impl Into<OutgoingMessage>) -> Result<Receipt> {
         let msg = msg.into();
         match &self.inner {
-            Inner::Topic(p) => p.send_async(msg),
-            Inner::Partitioned(r) => r.route(&msg).send_async(msg),
+            Inner::Topic(p) => p.send_async(msg).await,
+            Inner::Partitioned(r) => r.route(&msg).send_async(msg).await,
+        }
+    }
+
+    /// How many messages (and their bytes) are sent and not yet answered by
+    /// the broker, over all partitions: the producer's queue.
+    pub fn stats(&self) -> ProducerStats {
+        let q = match &self.inner {
+            Inner::Topic(p) => &p.shared.queue,
+            Inner::Partitioned(r) => r.queue(),
+        };
+        ProducerStats {
+            pending_messages: q.pending_messages(),
+            pending_bytes: q.pending_bytes(),
         }
     }
 
     /// Sends the current batch now and waits until every message queued
     /// before this call is receipted (or failed).
     pub async fn flush(&self) -> Result<()> {
-        match &self.inner {
+        Producer::flush_inner(&self.inner).await
+    }
+
+    async fn flush_inner(inner: &Inner) -> Result<()> {
+        match inner {
             Inner::Topic(p) => p.flush().await,
             Inner::Partitioned(r) => {
                 for p in r.all() {
@@ -305,15 +390,55 @@ impl Producer {
         }
     }
 
-    /// Flushes, waits for the outstanding receipts (up to the client's
-    /// request timeout), then closes the stream (every partition's).
-    /// Later sends fail with [`Error::Closed`]; so do messages still
-    /// unreceipted at the deadline.
-    pub async fn close(&self) -> Result<()> {
-        match &self.inner {
+    /// Closes this handle. The last clone to close flushes, waits for the
+    /// outstanding receipts (up to the client's request timeout), then
+    /// closes the stream (every partition's); messages still unreceipted at
+    /// the deadline fail with [`ErrorKind::Closed`](crate::ErrorKind::Closed).
+    /// While other clones live, this only [flushes](Self::flush): the
+    /// stream stays open for them.
+    ///
+    /// `Ok` means every message sent before the call was answered by the
+    /// broker (each receipt says whether it was stored). An error names
+    /// what is not: messages unreceipted at the deadline
+    /// ([`ErrorKind::Timeout`](crate::ErrorKind::Timeout)), or the reason the
+    /// producer had stopped on its own (it could not reconnect: the error
+    /// it failed with, or [`ErrorKind::Closed`](crate::ErrorKind::Closed)).
+    pub async fn close(self) -> Result<()> {
+        let Producer { inner, handle } = self;
+        if Arc::try_unwrap(handle).is_err() {
+            return Producer::flush_inner(&inner).await;
+        }
+        match &inner {
             Inner::Topic(p) => p.close().await,
             Inner::Partitioned(r) => r.close().await,
         }
+    }
+}
+
+/// The producer's queue, as [`Producer::stats`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ProducerStats {
+    /// Messages sent and not yet answered by the broker.
+    pub pending_messages: u64,
+    /// Their bytes (payload, key and properties).
+    pub pending_bytes: u64,
+}
+
+/// The receipt of a message queued by [`Producer::send_async`], to come:
+/// a future of the message's id once the broker stored it (or the error).
+#[derive(Debug)]
+pub struct Receipt {
+    rx: oneshot::Receiver<Result<MessageId>>,
+}
+
+impl Future for Receipt {
+    type Output = Result<MessageId>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.rx)
+            .poll(cx)
+            .map(|r| r.unwrap_or_else(|_| Err(Error::closed())))
     }
 }
 
@@ -347,49 +472,49 @@ impl TopicProducer {
     }
 
     /// See [`Producer::send_async`].
-    pub fn send_async(
-        &self,
-        msg: OutgoingMessage,
-    ) -> impl Future<Output = Result<MessageId>> + Send + 'static + use<> {
-        let (tx, rx) = oneshot::channel();
+    pub async fn send_async(&self, msg: OutgoingMessage) -> Result<Receipt> {
         let max = self.shared.max_message_size.load(Ordering::Relaxed);
-        let early = if self.shared.closed.load(Ordering::Acquire) {
-            Some(Error::Closed)
-        } else if max > 0 && msg.counted_size() as u64 > max {
-            Some(Error::InvalidArgument(format!(
+        if self.is_closed() {
+            return Err(Error::closed());
+        }
+        if max > 0 && msg.counted_size() as u64 > max {
+            return Err(Error::invalid_argument(format!(
                 "message of {} bytes (payload, key and properties) exceeds the broker's limit of {max} bytes",
                 msg.counted_size()
-            )))
-        } else if self.tx.send(Cmd::Send(msg, tx)).is_err() {
-            Some(Error::Closed)
-        } else {
-            None
-        };
-        async move {
-            if let Some(e) = early {
-                return Err(e);
-            }
-            rx.await.unwrap_or(Err(Error::Closed))
+            )));
         }
+        let room = self.shared.queue.room(msg.counted_size()).await?;
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Cmd::Send(msg, Reply::new(tx, room)))
+            .map_err(|_| Error::closed())?;
+        Ok(Receipt { rx })
     }
 
     /// Sends the current batch now and waits until every message queued
     /// before this call is receipted (or failed).
     pub async fn flush(&self) -> Result<()> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(Cmd::Flush(tx)).map_err(|_| Error::Closed)?;
-        rx.await.unwrap_or(Err(Error::Closed))
+        self.tx.send(Cmd::Flush(tx)).map_err(|_| self.stopped())?;
+        rx.await.unwrap_or_else(|_| Err(self.stopped()))
+    }
+
+    /// Why the driver is gone: the error it stopped with, or
+    /// [`ErrorKind::Closed`](crate::ErrorKind::Closed).
+    fn stopped(&self) -> Error {
+        self.shared.fatal.get().cloned().unwrap_or_else(|| {
+            Error::new(crate::ErrorKind::Closed, "the producer's task has stopped")
+        })
     }
 
     /// Flushes, waits for the outstanding receipts (up to the client's
     /// request timeout), then closes the stream. Later sends fail with
-    /// [`Error::Closed`]; so do messages still unreceipted at the deadline.
+    /// [`ErrorKind::Closed`](crate::ErrorKind::Closed); so do messages still unreceipted at the deadline.
+    /// Fails when the driver was already gone (it stopped on its own).
     pub async fn close(&self) -> Result<()> {
         self.shared.closed.store(true, Ordering::Release);
         let (tx, rx) = oneshot::channel();
-        if self.tx.send(Cmd::Close(tx)).is_err() {
-            return Ok(());
-        }
-        rx.await.unwrap_or(Ok(()))
+        self.tx.send(Cmd::Close(tx)).map_err(|_| self.stopped())?;
+        rx.await.unwrap_or_else(|_| Err(self.stopped()))
     }
 }

@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock, Weak};
 
 use ricochet_proto::partitions::{partition_for_key, partition_name};
 
+use super::queue::Queue;
 use super::{ProducerBuilder, ProducerConfig, TopicProducer};
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -23,6 +24,8 @@ pub(crate) struct Router {
     name: String,
     client: Client,
     config: ProducerConfig,
+    /// The queue shared by every partition.
+    queue: Arc<Queue>,
     producers: RwLock<Vec<TopicProducer>>,
     /// Messages sent without a key so far (round-robin position).
     unkeyed: AtomicU64,
@@ -38,6 +41,7 @@ impl Router {
         mut config: ProducerConfig,
         topic: String,
         n: u32,
+        queue: Arc<Queue>,
     ) -> Result<Arc<Self>> {
         let name = config
             .name
@@ -49,6 +53,7 @@ impl Router {
             name,
             client,
             config,
+            queue,
             producers: RwLock::new(Vec::new()),
             unkeyed: AtomicU64::new(0),
             start: rand::random::<u32>().into(),
@@ -65,10 +70,11 @@ impl Router {
     async fn grow(&self, n: u32) -> Result<()> {
         let have = self.len() as u32;
         for i in have..n {
-            let p = ProducerBuilder::new(self.client.clone(), partition_name(&self.topic, i))
-                .config(self.config.clone())
-                .create_topic_producer()
-                .await?;
+            let mut builder =
+                ProducerBuilder::new(self.client.clone(), partition_name(&self.topic, i))
+                    .with_config(self.config.clone());
+            builder.queue = Some(self.queue.clone());
+            let p = builder.create_topic_producer().await?;
             let mut producers = self.producers.write().unwrap_or_else(|e| e.into_inner());
             // Only one grower runs at a time (open, then the refresh task).
             if producers.len() as u32 == i {
@@ -91,6 +97,11 @@ impl Router {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .len()
+    }
+
+    /// The queue its partitions share.
+    pub(crate) fn queue(&self) -> &Queue {
+        &self.queue
     }
 
     pub(crate) fn all(&self) -> Vec<TopicProducer> {
