@@ -11,6 +11,9 @@
 //! max_properties = 256
 //! max_unacked_per_consumer = 50000
 //! segment_entries = 16384
+//! log_engine = "segments"        # ordinary topics' entries in segment files; "sled": in sled (the old layout)
+//! segment_max_bytes = 67108864   # a segment file is sealed at this size ...
+//! segment_max_age = "1h"         # ... or this age (and at each block of segment_entries ids)
 //! retry_window = "60s"
 //! max_delay = "7days"            # longest retry, held nack or deliver_at accepted
 //! replay_rate_per_second = 1000
@@ -71,6 +74,20 @@ pub enum Durability {
     /// Writes are flushed every `flush_interval`; a crash may lose the last
     /// interval of acknowledged writes.
     Interval,
+}
+
+/// Where ordinary topics' entries are stored (`log_engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LogEngine {
+    /// Append-only segment files under `<data_dir>/log/`
+    /// (`crate::storage::segments`); a store written with `sled` is
+    /// converted once at start.
+    #[default]
+    Segments,
+    /// sled's segment trees, as before the segment files (a store once
+    /// converted is not converted back).
+    Sled,
 }
 
 /// The largest `max_delay` a config may set: far beyond any use, and far
@@ -203,6 +220,15 @@ pub struct BrokerConfig {
     /// Entries per storage segment; a segment is dropped once every
     /// subscription has acknowledged all of it.
     pub segment_entries: u64,
+    /// Where ordinary topics' entries are stored.
+    pub log_engine: LogEngine,
+    /// A segment file holding this many bytes is sealed and the next one
+    /// started (segment-file log only).
+    pub segment_max_bytes: u64,
+    /// A segment file this old is sealed at the next append
+    /// (segment-file log only).
+    #[serde(with = "humantime_serde")]
+    pub segment_max_age: Duration,
     /// How far ahead the retry scheduler loads due times into memory.
     #[serde(with = "humantime_serde")]
     pub retry_window: Duration,
@@ -307,6 +333,9 @@ impl Default for BrokerConfig {
             max_properties: 256,
             max_unacked_per_consumer: 50_000,
             segment_entries: 16_384,
+            log_engine: LogEngine::Segments,
+            segment_max_bytes: 64 << 20,
+            segment_max_age: Duration::from_secs(3600),
             retry_window: Duration::from_secs(60),
             max_delay: Duration::from_secs(7 * 24 * 3600),
             replay_rate_per_second: 1_000,
@@ -357,6 +386,15 @@ impl BrokerConfig {
         Ok(config)
     }
 
+    /// When the segment-file log rolls.
+    pub fn log_settings(&self) -> crate::storage::segments::LogSettings {
+        crate::storage::segments::LogSettings {
+            segment_entries: self.segment_entries,
+            max_bytes: self.segment_max_bytes,
+            max_age: self.segment_max_age,
+        }
+    }
+
     /// Rejects settings that cannot work.
     pub fn validate(&self) -> Result<(), BrokerError> {
         let bad = |m: &str| Err(BrokerError::Config(m.to_owned()));
@@ -368,6 +406,12 @@ impl BrokerConfig {
         }
         if self.segment_entries == 0 {
             return bad("segment_entries must be positive");
+        }
+        if self.segment_max_bytes < 4096 {
+            return bad("segment_max_bytes must be at least 4096");
+        }
+        if self.segment_max_age.is_zero() {
+            return bad("segment_max_age must be positive");
         }
         if self.max_unacked_per_consumer == 0 {
             return bad("max_unacked_per_consumer must be positive");

@@ -75,7 +75,7 @@ mod transfer;
 mod util;
 
 pub use claims::TierOverrides;
-pub use config::{BrokerConfig, Durability, LogFormat, PolicyRule, VerifyOnStart};
+pub use config::{BrokerConfig, Durability, LogEngine, LogFormat, PolicyRule, VerifyOnStart};
 pub use core::{BrokerCore, TopicEntry};
 pub use error::{BrokerError, Result};
 pub use flusher::Flusher;

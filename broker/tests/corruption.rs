@@ -3,7 +3,8 @@
 //! of it are damaged — `db` truncated at several points or deleted, `blobs`
 //! deleted, single bytes of `db` flipped, 256 bytes of `db` flipped, a sled
 //! segment header copied over another, 4 KiB blocks of `db` zeroed, the
-//! manifest flipped — and the binary is started on each copy. Every start must
+//! manifest flipped, the segment-file log deleted or its files flipped, cut
+//! or deleted — and the binary is started on each copy. Every start must
 //! either refuse, with one line naming what is wrong and `ricochet-broker
 //! check`, or serve all of the data (every message byte for byte, every
 //! dead letter, every scheduled retry): never a smaller broker, never a
@@ -292,6 +293,27 @@ fn duplicate_newest_segment_header(db: &mut [u8]) {
     db.copy_within(newest..newest + SLED_HEADER, other);
 }
 
+/// The topic's directory in the segment-file log.
+fn topic_log(d: &Path) -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(d.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "one ordinary topic: {dirs:?}");
+    dirs.pop().unwrap()
+}
+
+/// The topic's segment files, oldest first.
+fn segment_files(d: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(topic_log(d))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    files.sort();
+    files
+}
+
 /// One way of damaging a store.
 struct Damage {
     name: String,
@@ -322,7 +344,18 @@ fn damages(db_len: u64) -> Vec<Damage> {
             }
         }),
         damage("blobs deleted", |d| {
-            std::fs::remove_dir_all(d.join("blobs")).unwrap()
+            let _ = std::fs::remove_dir_all(d.join("blobs"));
+        }),
+        damage("the segment-file log deleted", |d| {
+            std::fs::remove_dir_all(d.join("log")).unwrap()
+        }),
+        damage("the topic's segment files deleted", |d| {
+            for f in segment_files(d) {
+                std::fs::remove_file(f).unwrap();
+            }
+        }),
+        damage("the topic's log start file deleted", |d| {
+            std::fs::remove_file(topic_log(d).join("start")).unwrap()
         }),
         // Two log segments claiming one place in sled's log (the newest
         // segment's header copied over another's): sled panics (an
@@ -379,6 +412,28 @@ fn damages(db_len: u64) -> Vec<Damage> {
             })
         }));
     }
+    for n in 0..8u64 {
+        out.push(damage(
+            format!("segment file: byte at {n}/8 flipped"),
+            move |d| {
+                let f = segment_files(d).pop().unwrap();
+                let mut b = std::fs::read(&f).unwrap();
+                let at = (b.len() as u64 * n / 8) as usize + 5;
+                b[at] ^= 0x08;
+                std::fs::write(f, b).unwrap();
+            },
+        ));
+        out.push(damage(format!("segment file: cut to {n}/8"), move |d| {
+            let f = segment_files(d).pop().unwrap();
+            let len = std::fs::metadata(&f).unwrap().len() * n / 8;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(f)
+                .unwrap()
+                .set_len(len)
+                .unwrap();
+        }));
+    }
     for n in [0u64, 1, 2, 3] {
         let at = (db_len * n / 4) as usize & !4095;
         out.push(damage(format!("db 4 KiB at {at} zeroed"), move |d| {
@@ -407,8 +462,8 @@ async fn refused_or_served_whole(mode: &str) {
     build_store(&store).await;
     let db_len = std::fs::metadata(store.join("db")).unwrap().len();
     assert!(
-        dir_bytes(&store.join("blobs")) > 0,
-        "the store keeps its large values in blobs"
+        dir_bytes(&store.join("log")) > 0,
+        "the store keeps the topic's entries in segment files"
     );
     let (ok, out) = check(&store);
     assert!(ok, "check passes the intact store:\n{out}");

@@ -59,5 +59,13 @@ impl From<prost::DecodeError> for StorageError {
     }
 }
 
+impl StorageError {
+    /// A blocking storage task that did not finish (it panicked or was
+    /// cancelled).
+    pub(crate) fn joined(e: tokio::task::JoinError) -> Self {
+        StorageError::Io(std::io::Error::other(e))
+    }
+}
+
 /// Result alias for storage operations.
 pub type StorageResult<T> = std::result::Result<T, StorageError>;

@@ -173,7 +173,7 @@ impl SledStorage {
 /// Replaces `dir/name` with `bytes`: written to a temporary file, fsynced,
 /// renamed over it, and the directory fsynced, so a crash leaves the old
 /// file or the new one.
-fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+pub(super) fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
     let tmp = dir.join(format!("{name}.tmp"));
     let mut f = std::fs::File::create(&tmp)?;
