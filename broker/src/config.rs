@@ -446,6 +446,18 @@ impl BrokerConfig {
                     .into(),
             ));
         }
+        if let Some(addr) = self.metrics_listen
+            && self.auth.enabled
+            && self.auth.metrics_token_file.is_none()
+            && !addr.ip().is_loopback()
+        {
+            // `/metrics` names every tenant's topics and subscriptions.
+            return Err(BrokerError::Config(format!(
+                "metrics_listen {addr} is not a loopback address and [auth] is enabled: \
+                 /metrics would show every tenant's topics to anyone; set \
+                 auth.metrics_token_file (--metrics-token-file) or listen on loopback"
+            )));
+        }
         if let Some(cluster) = &self.cluster {
             cluster.validate(self.advertise.as_deref())?;
         }
@@ -465,6 +477,26 @@ impl BrokerConfig {
             }
         }
         Ok(())
+    }
+
+    /// Whether TLS and authentication are on, for the start line:
+    /// `TLS off, authentication off`, `TLS on (client certificates
+    /// required), authentication on`, …
+    pub fn security_summary(&self) -> String {
+        let tls = match (self.tls.enabled(), &self.tls.client_ca_file) {
+            (false, _) => "TLS off",
+            (true, None) => "TLS on",
+            (true, Some(_)) if self.tls.require_client_cert => {
+                "TLS on (client certificates required)"
+            }
+            (true, Some(_)) => "TLS on (client certificates verified)",
+        };
+        let auth = if self.auth.enabled {
+            "authentication on"
+        } else {
+            "authentication off"
+        };
+        format!("{tls}, {auth}")
     }
 
     /// The configured default policy for `topic`, if a rule matches.
@@ -555,6 +587,46 @@ mod tests {
         c.auth.enabled = true;
         let refused = c.validate().unwrap_err().to_string();
         assert!(refused.contains("bypass authentication"), "{refused}");
+    }
+
+    #[test]
+    fn a_secured_broker_serves_metrics_only_with_a_token_or_on_loopback() {
+        let mut c = BrokerConfig::for_dir("/tmp/x");
+        c.auth.enabled = true;
+        c.auth.token_secret_file = Some("/x".into());
+        c.metrics_listen = Some("127.0.0.1:9464".parse().unwrap());
+        c.validate().unwrap();
+        c.metrics_listen = Some("0.0.0.0:9464".parse().unwrap());
+        let refused = c.validate().unwrap_err().to_string();
+        assert!(
+            refused.contains("metrics_token_file") && refused.contains("0.0.0.0:9464"),
+            "{refused}"
+        );
+        assert!(!refused.contains('\n'), "one line: {refused}");
+        c.auth.metrics_token_file = Some("/etc/ricochet/metrics.token".into());
+        c.validate().unwrap();
+        // Without [auth] a public broker needs --allow-insecure anyway.
+        c.auth = crate::auth::AuthConfig {
+            allow_insecure: true,
+            ..Default::default()
+        };
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn the_start_line_says_whether_tls_and_authentication_are_on() {
+        let mut c = BrokerConfig::for_dir("/tmp/x");
+        assert_eq!(c.security_summary(), "TLS off, authentication off");
+        c.tls.cert_file = Some("b.pem".into());
+        c.tls.key_file = Some("b.key".into());
+        c.auth.enabled = true;
+        assert_eq!(c.security_summary(), "TLS on, authentication on");
+        c.tls.client_ca_file = Some("ca.pem".into());
+        c.tls.require_client_cert = true;
+        assert_eq!(
+            c.security_summary(),
+            "TLS on (client certificates required), authentication on"
+        );
     }
 
     #[test]

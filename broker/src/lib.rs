@@ -1,8 +1,11 @@
 //! The Ricochet broker, as a library.
 //!
-//! A durable, single-node, Pulsar-style broker whose distinguishing feature is
-//! failure handling: persisted delivery counts, and broker-owned retry and
-//! dead-letter tiers driven by a [`ricochet_policy::DeadLetterPolicy`].
+//! A durable, Pulsar-style broker whose distinguishing feature is failure
+//! handling: persisted delivery counts, and broker-owned retry and
+//! dead-letter tiers driven by a [`ricochet_policy::DeadLetterPolicy`]. It
+//! runs standalone (the default) or as one of several brokers sharing
+//! topics through etcd ([`cluster`]); each topic's data lives on the one
+//! broker that owns it.
 //!
 //! Map of the crate (see `ARCHITECTURE.md` at the top of the repository for
 //! the path of a publish, a delivery and a failure):

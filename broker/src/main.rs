@@ -356,6 +356,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.validate()?;
     let data_dir = config.data_dir.clone();
     let (listen, metrics) = (config.listen, config.metrics_listen);
+    let security = config.security_summary();
     // The recorder goes in first: metric handles taken before it exists are
     // no-ops, and opening the broker starts the stored subscriptions.
     if let Some(addr) = metrics {
@@ -369,8 +370,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
-    // One line on stdout with the bound address (useful with port 0).
-    println!("ricochet-broker listening on {}", listener.local_addr()?);
+    // One line on stdout with the bound address (useful with port 0) and
+    // whether TLS and authentication are on.
+    println!(
+        "ricochet-broker listening on {} ({security})",
+        listener.local_addr()?
+    );
     if let Some(console) = broker.start_console().await? {
         println!("ricochet-broker console on http://{console}/");
     }

@@ -290,7 +290,11 @@ impl Broker {
                 }
             }
         });
-        tracing::info!(addr = %listener.local_addr()?, "ricochet broker serving");
+        tracing::info!(
+            addr = %listener.local_addr()?,
+            security = %self.core.config.security_summary(),
+            "ricochet broker serving"
+        );
         let token = self.core.shutdown.clone();
         let shutdown = async move {
             shutdown.await;

@@ -654,3 +654,127 @@ async fn list_brokers_shows_only_the_topics_the_caller_may_see() {
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
 }
+
+/// Every listing RPC (each `List*` of every service, from the
+/// descriptors), asked by a role confined to one tenant, names nothing of
+/// another tenant: not its topics, not its partitioned topics, not its
+/// replay jobs, grants or roles. A new `List*` RPC without a case here fails.
+#[tokio::test]
+async fn no_listing_shows_another_tenants_names() {
+    let broker = secured().await;
+    let url = broker.url();
+    let root = token("root");
+    let mut partitions = PartitionsClient::new(channel(&url).await);
+    for (t, n) in [
+        ("persistent://a/ns/parted", 2),
+        ("persistent://b/ns/hidden-parted", 3),
+    ] {
+        partitions
+            .create_partitioned_topic(req(
+                UpdatePartitionsRequest {
+                    topic: t.into(),
+                    partitions: n,
+                },
+                Some(&root),
+            ))
+            .await
+            .unwrap();
+    }
+    produce(&url, TOPIC, Some(&root)).await.unwrap();
+    produce(&url, OTHER, Some(&root)).await.unwrap();
+    grant(&url, "a-app", NS, &["produce", "consume", "dead-letters"]).await;
+    grant(&url, "b-app", "b/ns", &["produce"]).await;
+    let app = Some(token("a-app"));
+    let app = app.as_deref();
+    let ch = channel(&url).await;
+    let mut listed = std::collections::BTreeMap::new();
+    for rpc in every_rpc().into_iter().filter(|m| m.contains("/List")) {
+        let answer = match rpc.as_str() {
+            "Admin/ListTopics" => {
+                let r = AdminClient::new(ch.clone())
+                    .list_topics(req(ListTopicsRequest::default(), app))
+                    .await
+                    .unwrap()
+                    .into_inner();
+                assert_eq!(r.topics.len(), 3, "{r:?}");
+                assert_eq!(
+                    r.partitioned
+                        .iter()
+                        .map(|p| p.topic.as_str())
+                        .collect::<Vec<_>>(),
+                    vec!["persistent://a/ns/parted"],
+                    "only its own partitioned topic"
+                );
+                format!("{r:?}")
+            }
+            "Admin/ListSubscriptions" => format!(
+                "{:?}",
+                AdminClient::new(ch.clone())
+                    .list_subscriptions(req(
+                        TopicRequest {
+                            topic: TOPIC.into()
+                        },
+                        app
+                    ))
+                    .await
+                    .unwrap()
+            ),
+            "Admin/ListDeadLetters" => format!(
+                "{:?}",
+                AdminClient::new(ch.clone())
+                    .list_dead_letters(req(
+                        ListDeadLettersRequest {
+                            topic: TOPIC.into(),
+                            subscription: "s".into(),
+                            ..Default::default()
+                        },
+                        app
+                    ))
+                    .await
+            ),
+            "Admin/ListReplayJobs" => format!(
+                "{:?}",
+                AdminClient::new(ch.clone())
+                    .list_replay_jobs(req(ListReplayJobsRequest::default(), app))
+                    .await
+                    .unwrap()
+            ),
+            "Auth/ListGrants" => format!(
+                "{:?}",
+                AuthClient::new(ch.clone())
+                    .list_grants(req(
+                        ListGrantsRequest {
+                            role: "a-app".into(),
+                            namespace: String::new(),
+                        },
+                        app
+                    ))
+                    .await
+                    .unwrap()
+            ),
+            "Cluster/ListBrokers" => format!(
+                "{:?}",
+                ClusterClient::new(ch.clone())
+                    .list_brokers(req(ListBrokersRequest { with_topics: true }, app))
+                    .await
+                    .unwrap()
+            ),
+            other => panic!("{other}: a listing without a case in this test"),
+        };
+        for leak in ["b/ns", "b-app", "hidden-parted"] {
+            assert!(!answer.contains(leak), "{rpc} shows {leak:?}: {answer}");
+        }
+        listed.insert(rpc, answer);
+    }
+    assert!(listed.len() >= 6, "{listed:?}");
+    // The same listings as root do show the other tenant: the check can fail.
+    let all = AdminClient::new(ch)
+        .list_topics(req(ListTopicsRequest::default(), Some(&root)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        format!("{all:?}").contains("hidden-parted"),
+        "root sees every partitioned topic: {all:?}"
+    );
+}

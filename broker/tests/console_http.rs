@@ -546,6 +546,10 @@ async fn an_edit_is_shown_as_a_diff_then_replayed_into_this_subscription_only() 
     );
     assert!(confirm.contains("id=\"plan-ids\">"), "{confirm}");
     assert!(
+        confirm.contains("id=\"keep-count\" type=\"checkbox\" name=\"keep_count\" value=\"on\">"),
+        "keeping the count is offered, unticked: {confirm}"
+    );
+    assert!(
         confirm.contains("value=\"retry\" checked") && confirm.contains("other included"),
         "retry tier by default, the topic named as reaching `other`: {confirm}"
     );
@@ -569,6 +573,10 @@ async fn an_edit_is_shown_as_a_diff_then_replayed_into_this_subscription_only() 
     s.flow(10).await;
     let m = s.next(WAIT).await.expect("the edited message");
     assert_eq!(text(&m), "{\"v\":2,\n\"fixed\":true}");
+    assert_eq!(
+        m.delivery_count, 0,
+        "an edit is a new attempt: its count starts again"
+    );
     assert_eq!(m.key, "new-key");
     assert_eq!(m.properties.get("schema").map(String::as_str), Some("v2"));
     assert_eq!(m.properties.get("added").map(String::as_str), Some("yes"));
@@ -640,13 +648,15 @@ async fn hostile_text_in_an_edit_is_shown_as_text() {
     ] {
         assert!(confirm.contains(shown), "missing {shown:?}:\n{confirm}");
     }
-    // Carried out, the history names the hostile property, as text.
-    let (status, done) = post(&app, &format!("token={}", token_of(&confirm))).await;
+    // Carried out (keeping the count, as ticked), the history names the
+    // hostile property, as text.
+    let (status, done) = post(&app, &format!("token={}&keep_count=on", token_of(&confirm))).await;
     assert_eq!(status, StatusCode::OK, "{done}");
     let mut s = RawConsumer::simple(&b.url(), TOPIC, "s", SubscriptionType::Shared).await;
     s.flow(10).await;
     let m = s.next(WAIT).await.expect("the edited message");
     assert_eq!(text(&m), HOSTILE_PAYLOAD);
+    assert!(m.delivery_count > 0, "the count was kept: {m:?}");
     s.terminate(m.id.clone().unwrap(), "again", 1).await;
     assert_eq!(s.result(WAIT).await.unwrap().code, 0);
     let id = only_dead_letter_id(&app, "s").await;

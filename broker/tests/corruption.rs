@@ -109,10 +109,10 @@ fn start(dir: &Path, mode: &str) -> Start {
         .expect("start the broker");
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = BufReader::new(stdout).lines();
-    let addr = lines.by_ref().map_while(Result::ok).find_map(|l| {
-        l.strip_prefix("ricochet-broker listening on ")
-            .map(str::to_owned)
-    });
+    let addr = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| ricochet_testkit::listening_addr(&l).map(str::to_owned));
     match addr {
         Some(addr) => {
             // Keep draining the log so the broker never blocks on the pipe.
@@ -556,7 +556,7 @@ fn start_accepting_loss(dir: &Path) -> (Child, String, Vec<String>) {
     let mut log = Vec::new();
     let mut url = None;
     for line in lines.by_ref().map_while(Result::ok) {
-        if let Some(addr) = line.strip_prefix("ricochet-broker listening on ") {
+        if let Some(addr) = ricochet_testkit::listening_addr(&line) {
             url = Some(format!("http://{addr}"));
             break;
         }

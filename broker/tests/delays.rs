@@ -171,3 +171,93 @@ async fn absurd_or_too_long_policies_are_refused() {
         levels(vec![1_000, 3_600_000], 1).kind
     );
 }
+
+/// `reconsume_later` with a delay level: only `-1` (dead-letter now), `0`
+/// (the policy decides) and a level of the subscription's policy mean
+/// something. Others (−7, `i32::MIN`, past the table, any level for a
+/// policy without levels) are refused with INVALID_ARGUMENT naming what is
+/// valid, and nothing changes: the message stays in flight, not moved, not
+/// counted, not dead-lettered.
+#[tokio::test]
+async fn delay_levels_that_mean_nothing_are_refused_and_change_nothing() {
+    let b = InProcessBroker::start().await;
+    let backoff = DeadLetterPolicyConfig {
+        kind: Some(dead_letter_policy_config::Kind::Backoff(
+            BackoffPolicyConfig {
+                backoff: Some(backoff_policy_config::Backoff::FixedDelayMs(1000)),
+                max_redeliver_count: 3,
+            },
+        )),
+        ..Default::default()
+    };
+    // No policy (RocketMQ's 18 levels apply), three levels, and a backoff.
+    let cases: [(&str, Option<DeadLetterPolicyConfig>, &[i32], &str); 3] = [
+        ("none", None, &[-7, i32::MIN, -2, 19, i32::MAX], "1 to 18"),
+        (
+            "levels",
+            Some(levels(vec![100, 200, 300], 1)),
+            &[4, -3],
+            "1 to 3",
+        ),
+        ("backoff", Some(backoff), &[1, -5], "no delay levels"),
+    ];
+    let mut p = RawProducer::open(&b.url(), TOPIC, "p").await.unwrap();
+    for (sub, policy, bad, says) in cases {
+        let opts = SubOpts {
+            sub_type: SubscriptionType::Shared,
+            policy,
+            ..Default::default()
+        };
+        let mut c = RawConsumer::subscribe(&b.url(), TOPIC, sub, opts)
+            .await
+            .unwrap();
+        c.flow(10).await;
+        p.send(&[sub]).await;
+        let m = loop {
+            let m = c.next(WAIT).await.expect("delivered");
+            if text(&m) == sub {
+                break m;
+            }
+            c.ack(vec![m.id.clone().unwrap()], 0).await;
+        };
+        let id = m.id.clone().unwrap();
+        for (rid, level) in bad.iter().enumerate() {
+            let rid = rid as u64 + 1;
+            c.reconsume_later(id.clone(), reconsume_later::Delay::DelayLevel(*level), rid)
+                .await;
+            let r = c.result(WAIT).await.unwrap();
+            assert_eq!(
+                (r.request_id, r.code),
+                (rid, Code::InvalidArgument as i32),
+                "{sub}: level {level}: {r:?}"
+            );
+            let named = if *level < -1 {
+                "-1 (dead-letter now)"
+            } else {
+                says
+            };
+            assert!(
+                r.message.contains(&level.to_string()) && r.message.contains(named),
+                "{sub}: level {level}: {r:?}"
+            );
+        }
+        let stats = AdminClient::new(channel(&b.url()).await)
+            .subscription_stats(SubscriptionRequest {
+                topic: TOPIC.into(),
+                subscription: sub.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (stats.unacked, stats.scheduled_retries, stats.dead_lettered),
+            (1, 0, 0),
+            "{sub}: nothing changed"
+        );
+        // A meaningful level is still taken: -1 dead-letters at once.
+        c.reconsume_later(id, reconsume_later::Delay::DelayLevel(-1), 99)
+            .await;
+        let r = c.result(WAIT).await.unwrap();
+        assert_eq!((r.request_id, r.code), (99, 0), "{sub}: {r:?}");
+    }
+}

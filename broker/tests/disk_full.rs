@@ -74,10 +74,7 @@ impl Broker {
         let url = lines
             .by_ref()
             .map_while(Result::ok)
-            .find_map(|l| {
-                l.strip_prefix("ricochet-broker listening on ")
-                    .map(|a| format!("http://{a}"))
-            })
+            .find_map(|l| ricochet_testkit::listening_addr(&l).map(|a| format!("http://{a}")))
             .expect("the broker listens");
         let log = Arc::new(Mutex::new(Vec::new()));
         let sink = log.clone();

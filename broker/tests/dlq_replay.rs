@@ -126,7 +126,7 @@ async fn a_replay_into_the_retry_tier_waits_for_its_time_and_can_reset_the_count
         .await
         .replay_dead_letters(ReplayDeadLettersRequest {
             deliver_at_ms: at,
-            reset_delivery_count: true,
+            reset_delivery_count: Some(true),
             ..replay_req("later")
         })
         .await
@@ -218,8 +218,10 @@ async fn fix_and_resend_changes_the_message_and_records_who_and_what() {
     );
     assert!(e[0].key_changed);
     assert!(e[0].time_ms > 0 && e[0].time_ms <= now_ms());
-    // Both failures are in the attempts, before and after the edit.
-    assert_eq!(dl[0].attempts.len(), 2);
+    // The edit was a new attempt (its count reset by default): the
+    // attempts are those since, and the edit history tells what came before.
+    assert_eq!(dl[0].attempts.len(), 1, "{dl:?}");
+    assert_eq!(dl[0].attempts[0].detail, "still broken");
 }
 
 #[tokio::test]
@@ -549,4 +551,59 @@ async fn failure_events_are_published_to_the_namespace_topic() {
         assert_eq!(e["by"], "anonymous");
         assert!(e.get("payload_excerpt").is_none(), "{e}");
     }
+}
+
+/// The admin API's default for the delivery count: an edited replay starts
+/// again from 0 (an edit is a new attempt at a fixed message, so its first
+/// failure must not dead-letter it again), an unchanged one keeps its
+/// count; `reset_delivery_count` set either way overrides the default.
+#[tokio::test]
+async fn an_edited_replay_resets_the_count_unless_told_to_keep_it() {
+    let b = InProcessBroker::start().await;
+    let (mut s, _other) = with_dead_letters(&b, "edits", &["a", "b", "c"], |_| "bad".into()).await;
+    let letters = dead_letters(&b.url(), "edits", "s").await;
+    let id_of = |payload: &str| {
+        letters
+            .iter()
+            .find(|d| d.message.as_ref().unwrap().payload == payload.as_bytes())
+            .map(dlq_id)
+            .unwrap()
+    };
+    let ids = [id_of("a"), id_of("b"), id_of("c")];
+    let key = |k: &str| ReplayEdit {
+        key: Some(k.into()),
+        ..Default::default()
+    };
+    let cases = [
+        (ids[0], Some(key("k1")), None),
+        (ids[1], Some(key("k2")), Some(false)),
+        (ids[2], None, None),
+    ];
+    for (id, edit, reset) in &cases {
+        admin(&b.url())
+            .await
+            .replay_dead_letters(ReplayDeadLettersRequest {
+                filter: Some(DeadLetterFilter {
+                    entry_ids: vec![*id],
+                    ..Default::default()
+                }),
+                edit: edit.clone(),
+                reset_delivery_count: *reset,
+                ..replay_req("edits")
+            })
+            .await
+            .unwrap();
+    }
+    let mut got: Vec<(String, u32)> = s
+        .take(3, WAIT)
+        .await
+        .iter()
+        .map(|m| (text(m), m.delivery_count))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![("a".into(), 0), ("b".into(), 1), ("c".into(), 1)],
+        "edited: reset; edited with reset_delivery_count=false: kept; unchanged: kept"
+    );
 }

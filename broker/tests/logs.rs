@@ -202,3 +202,44 @@ fn seconds_of_day(line: &str) -> f64 {
         })
         .fold(0.0, |acc, part| acc * 60.0 + part)
 }
+
+/// The start line says whether TLS and authentication are on, after the
+/// address (so `… listening on ADDR` still begins it).
+#[tokio::test]
+async fn the_start_line_says_whether_tls_and_authentication_are_on() {
+    let start_line = |lines: Vec<String>| {
+        lines
+            .into_iter()
+            .find(|l| l.starts_with("ricochet-broker listening on 127.0.0.1:"))
+            .expect("a start line")
+    };
+    let plain = start_line(broker_output(&[]).await);
+    assert!(plain.ends_with(" (TLS off, authentication off)"), "{plain}");
+    let dir = tempfile::tempdir().unwrap();
+    let rcgen::CertifiedKey { cert, signing_key } =
+        rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let files = [
+        ("b.pem", cert.pem()),
+        ("b.key", signing_key.serialize_pem()),
+        ("secret.key", "a-secret-of-some-length".to_owned()),
+    ];
+    for (name, text) in &files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let secured = start_line(
+        broker_output(&[
+            "--tls-cert",
+            &path("b.pem"),
+            "--tls-key",
+            &path("b.key"),
+            "--auth-secret-file",
+            &path("secret.key"),
+        ])
+        .await,
+    );
+    assert!(
+        secured.ends_with(" (TLS on, authentication on)"),
+        "{secured}"
+    );
+}

@@ -331,7 +331,7 @@ async fn terminated_message_replays_from_the_dlq_onto_the_topic_when_asked() {
         .replay_dead_letters(ReplayDeadLettersRequest {
             topic: "replay".into(),
             subscription: "s".into(),
-            reset_delivery_count: false,
+            reset_delivery_count: Some(false),
             mode: ReplayMode::Topic as i32,
             ..Default::default()
         })
@@ -358,7 +358,7 @@ async fn terminated_message_replays_from_the_dlq_onto_the_topic_when_asked() {
     a.replay_dead_letters(ReplayDeadLettersRequest {
         topic: "replay".into(),
         subscription: "s".into(),
-        reset_delivery_count: true,
+        reset_delivery_count: Some(true),
         mode: ReplayMode::Topic as i32,
         ..Default::default()
     })

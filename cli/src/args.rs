@@ -377,6 +377,38 @@ pub struct ReplayEditArgs {
     pub key: Option<String>,
 }
 
+/// What a replay does to the delivery count. By default an edited dead
+/// letter starts again from 0 (an edit is a new attempt at a fixed message,
+/// so its first failure must not dead-letter it again) and an unchanged one
+/// keeps its count.
+#[derive(Debug, Clone, Copy, Default, Args)]
+pub struct CountArgs {
+    /// Start the replayed messages' delivery count from 0 again (the
+    /// default for edited ones).
+    #[arg(long, conflicts_with = "keep_count")]
+    pub reset_count: bool,
+    /// Keep the replayed messages' delivery count, even when edited.
+    #[arg(long)]
+    pub keep_count: bool,
+}
+
+impl CountArgs {
+    /// The admin API's `reset_delivery_count`: `None` leaves it to the
+    /// broker's default (reset when edited).
+    pub fn wire(self) -> Option<bool> {
+        match (self.reset_count, self.keep_count) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Whether the count is reset for a replay that `edited` or not.
+    pub fn resets(self, edited: bool) -> bool {
+        self.wire().unwrap_or(edited)
+    }
+}
+
 /// What `dlq list --group-by` counts by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum GroupBy {
@@ -459,9 +491,8 @@ pub enum DlqCommand {
         /// the broker's, 1000). A long replay is a job kept across restarts.
         #[arg(long, value_name = "N/s", value_parser = parse_rate)]
         rate: Option<u32>,
-        /// Start the replayed messages' delivery count from 0 again.
-        #[arg(long)]
-        reset_count: bool,
+        #[command(flatten)]
+        count: CountArgs,
         /// Publish them again on the topic (every subscription sees them)
         /// instead of this subscription's retry tier.
         #[arg(long, conflicts_with_all = ["at", "delay"])]
@@ -515,9 +546,8 @@ pub enum DlqCommand {
         /// The JSON lines file, or `-` for stdin (then `--yes` is needed).
         #[arg(short = 'f', long = "file", value_name = "FILE")]
         file: String,
-        /// Start the replayed messages' delivery count from 0 again.
-        #[arg(long)]
-        reset_count: bool,
+        #[command(flatten)]
+        count: CountArgs,
         /// Publish them again on the topic instead of the retry tier.
         #[arg(long)]
         to_topic: bool,

@@ -190,7 +190,7 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
             target,
             filter: f,
             rate,
-            reset_count,
+            count,
             to_topic,
             at,
             delay,
@@ -202,7 +202,7 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
             let f = pinned(filter(&f)?);
             let a = dlq_decide::ReplayArgs {
                 rate,
-                reset_count,
+                count,
                 to_topic,
                 at,
                 delay,
@@ -263,14 +263,14 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
         DlqCommand::Import {
             target,
             file,
-            reset_count,
+            count,
             to_topic,
             dry_run,
             yes,
         } => {
             let a = dlq_decide::ImportArgs {
                 file,
-                reset_count,
+                count,
                 to_topic,
                 dry_run,
                 yes,

@@ -15,7 +15,7 @@ use ricochet_proto as pb;
 use serde::{Deserialize, Serialize};
 
 use crate::Ctx;
-use crate::args::{GroupBy, ReplayEditArgs, SubscriptionArgs};
+use crate::args::{CountArgs, GroupBy, ReplayEditArgs, SubscriptionArgs};
 use crate::confirm::confirm;
 use crate::error::{CliError, Result};
 use crate::output::{Table, write_json, write_json_line};
@@ -127,7 +127,7 @@ async fn count(admin: &mut Admin, t: &SubscriptionArgs, f: &pb::DeadLetterFilter
 /// The options of `dlq replay`.
 pub(crate) struct ReplayArgs {
     pub rate: Option<u32>,
-    pub reset_count: bool,
+    pub count: CountArgs,
     pub to_topic: bool,
     pub at: Option<u64>,
     pub delay: Option<std::time::Duration>,
@@ -155,7 +155,7 @@ pub(crate) async fn replay(
         topic: target.topic.clone(),
         subscription: target.subscription.clone(),
         filter: Some(f.clone()),
-        reset_delivery_count: a.reset_count,
+        reset_delivery_count: a.count.wire(),
         rate_per_second: a.rate.unwrap_or(0),
         mode: if a.to_topic {
             pb::ReplayMode::Topic
@@ -189,7 +189,7 @@ pub(crate) async fn replay(
         format!("into its own retry tier{}", when(deliver_at_ms))
     };
     let mut extras = Vec::new();
-    if a.reset_count {
+    if a.count.resets(req.edit.is_some()) {
         extras.push("their delivery count reset".to_owned());
     }
     if let Some(e) = &req.edit {
@@ -469,7 +469,7 @@ fn edit_against(
 /// The options of `dlq import`.
 pub(crate) struct ImportArgs {
     pub file: String,
-    pub reset_count: bool,
+    pub count: CountArgs,
     pub to_topic: bool,
     pub dry_run: bool,
     pub yes: bool,
@@ -586,9 +586,15 @@ pub(crate) async fn import(
             },
         );
     }
+    let counts = match a.count.wire() {
+        Some(true) => ", every delivery count reset",
+        Some(false) => ", delivery counts kept",
+        None if edited > 0 => " (their delivery count reset)",
+        None => "",
+    };
     confirm(
         &format!(
-            "replay {} dead letter(s) of subscription {} {} from {}, {edited} of them edited",
+            "replay {} dead letter(s) of subscription {} {} from {}, {edited} of them edited{counts}",
             plan.len(),
             target.subscription,
             if a.to_topic {
@@ -614,7 +620,7 @@ pub(crate) async fn import(
                     entry_ids: vec![id],
                     ..Default::default()
                 }),
-                reset_delivery_count: a.reset_count,
+                reset_delivery_count: a.count.wire(),
                 mode: if a.to_topic {
                     pb::ReplayMode::Topic
                 } else {

@@ -157,5 +157,24 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> Result<()> {
         Command::Events(a) => events::run(&mut ctx, a).await,
     };
     ctx.out.flush()?;
-    r
+    let advice = ricochet_client::tls_advice(&ctx.url);
+    match r {
+        // Told so by the client already (opening a producer or consumer).
+        Err(CliError::Status { message, .. }) if message == advice => Err(CliError::Usage(advice)),
+        Err(e) if broken_exchange(&e) && ricochet_client::speaks_tls(&ctx.url).await => {
+            Err(CliError::Usage(advice))
+        }
+        r => r,
+    }
+}
+
+/// What a plaintext (`http://`) call to a TLS broker fails with: a protocol
+/// error, a cancelled call, a broken or refused connection (the TLS answer
+/// to the HTTP/2 preface reads as garbage), never a broker's own answer.
+fn broken_exchange(e: &CliError) -> bool {
+    use tonic::Code;
+    matches!(
+        e.code(),
+        Some(Code::Internal | Code::Cancelled | Code::Unknown | Code::Unavailable)
+    )
 }

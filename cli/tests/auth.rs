@@ -179,8 +179,60 @@ async fn tokens_grants_and_refusals_through_the_cli() {
         err.contains("PermissionDenied") && err.contains("\"app\"") && err.contains("dead-letters"),
         "{err}"
     );
-    let out = run(&url, &["produce", "other/ns/t", "-m", "x"], &env).await;
-    assert!(String::from_utf8_lossy(&out.stderr).contains("PermissionDenied"));
+    // Each refusal names the permission the command needs (the look-ups a
+    // command makes first never answer for it).
+    for (args, needs) in [
+        (
+            &["produce", "other/ns/t", "-m", "x"][..],
+            "lacks the produce permission on persistent://other/ns/t",
+        ),
+        (
+            &[
+                "consume",
+                "other/ns/t",
+                "-s",
+                "s",
+                "-n",
+                "1",
+                "--timeout",
+                "2s",
+            ],
+            "lacks the consume permission on persistent://other/ns/t",
+        ),
+        (
+            &["dlq", "list", "other/ns/t", "s"],
+            "lacks the dead-letters permission on persistent://other/ns/t",
+        ),
+        (
+            &["topics", "stats", "other/ns/t"],
+            "holds no permission on persistent://other/ns/t; seeing it needs one of produce, \
+             consume, dead-letters, policy or admin there",
+        ),
+    ] {
+        let out = run(&url, args, &env).await;
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            err.contains("PermissionDenied: role \"app\" ") && err.contains(needs),
+            "ricochet {args:?}: {err}"
+        );
+        assert!(!err.contains("the any"), "{err}");
+    }
+    // `topics list` shows only what the role may see, partitioned topics
+    // included.
+    ok(
+        &url,
+        &["topics", "create", "orders", "--partitions", "2"],
+        &root_env,
+    )
+    .await;
+    let listed = ok(&url, &["topics", "list"], &env).await;
+    assert!(
+        listed.contains("persistent://acme/orders/parted"),
+        "{listed}"
+    );
+    assert!(!listed.contains("public/default"), "{listed}");
+    let all = ok(&url, &["topics", "list"], &root_env).await;
+    assert!(all.contains("persistent://public/default/orders"), "{all}");
 
     let listed = ok(&url, &["--token", &root, "auth", "list"], &[]).await;
     assert!(
@@ -327,4 +379,33 @@ async fn the_cli_speaks_tls_and_mtls_with_its_tls_options() {
     let out = run(&url, &["topics", "list"], &[]).await;
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(err.contains("--tls-ca"), "{err}");
+
+    // A plaintext client of the TLS port is told so (not an HTTP/2 error),
+    // on admin calls and when a producer opens, in one line.
+    let plain = format!("http://{}", broker.addr);
+    let advice = format!("error: the broker at {plain} speaks TLS; use https:// and --tls-ca");
+    for args in [
+        &["auth", "whoami"][..],
+        &["topics", "list"],
+        &["produce", "t", "-m", "x"],
+    ] {
+        let out = run(&plain, args, &[]).await;
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(err.trim(), advice, "ricochet {args:?}");
+        assert_eq!(out.status.code(), Some(2), "ricochet {args:?}: {err}");
+    }
+    // The client library says the same.
+    assert!(ricochet_client::speaks_tls(&plain).await);
+    let refused = match ricochet_client::Client::connect(plain.clone()).await {
+        Ok(client) => client.producer("t").create().await.map(drop).unwrap_err(),
+        Err(e) => e,
+    };
+    assert!(
+        refused.to_string().contains("speaks TLS; use https://"),
+        "{refused}"
+    );
+    // A plaintext broker does not: the probe tells the two apart.
+    let plaintext = InProcessBroker::start().await;
+    assert!(!ricochet_client::speaks_tls(&plaintext.url()).await);
+    assert!(!ricochet_client::speaks_tls("http://127.0.0.1:1").await);
 }

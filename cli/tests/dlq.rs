@@ -14,25 +14,7 @@ async fn dlq_peek_replay_purge_round_trip() {
     ])
     .await;
     // Every delivery fails; after 1 redelivery the policy dead-letters.
-    let seen = env
-        .json_lines(&[
-            "consume",
-            "pay",
-            "-s",
-            "billing",
-            "-t",
-            "shared",
-            "-n",
-            "0",
-            "--nack",
-            "--nack-reason",
-            "card declined",
-            "--policy",
-            "backoff:fixed=100ms,max=1",
-            "--timeout",
-            "3s",
-        ])
-        .await;
+    let seen = env.nack_all("pay", "card declined").await;
     assert_eq!(seen.len(), 6, "each message delivered twice: {seen:?}");
 
     let stats = env.json(&["subscription", "stats", "pay", "billing"]).await;

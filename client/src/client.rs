@@ -153,7 +153,11 @@ impl ClientBuilder {
         let ep = endpoints.endpoint(&self.url)?;
         let credentials = self.credentials()?;
         let channel = match tokio::time::timeout(self.config.connect_timeout, ep.connect()).await {
-            Ok(r) => r.map_err(Error::from_transport)?,
+            Ok(Ok(channel)) => channel,
+            Ok(Err(e)) => {
+                let e = Error::from_transport(e);
+                return Err(crate::tls_probe::explain(&self.url, e).await);
+            }
             Err(_) => return Err(Error::timeout(format!("connecting to {}", self.url))),
         };
         Ok(Client::from_parts(

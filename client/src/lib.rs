@@ -83,6 +83,7 @@ mod partitions;
 mod producer;
 mod reconnect;
 mod routing;
+mod tls_probe;
 #[doc(hidden)]
 pub mod tracker;
 
@@ -96,6 +97,7 @@ pub use error::{Error, ErrorKind, Redirect, Result};
 pub use message::{Message, MessageBuilder, MessageId, OutgoingMessage};
 pub use producer::{Producer, ProducerBuilder, ProducerConfig, ProducerStats, Receipt};
 pub use routing::TopicOwner;
+pub use tls_probe::{speaks_tls, tls_advice};
 
 /// Re-exported for convenience: the policy vocabulary the consumer takes.
 pub use ricochet_policy::{DeadLetterPolicy, PolicySpec};

@@ -39,11 +39,23 @@ pub(crate) async fn count_once(client: &Client, topic: &str) -> Result<Option<(S
 }
 
 /// [`count_once`], retrying transient failures until the client's request
-/// timeout, as opening a stream does.
+/// timeout, as opening a stream does. A look-up refused for want of any
+/// permission on the topic answers "not partitioned": the stream then opened
+/// on the name is refused by the broker naming the permission it needs
+/// (produce, consume), not the look-up's.
 pub(crate) async fn count(client: &Client, topic: &str) -> Result<Option<(String, u32)>> {
-    open_with_retry(client.config(), "partition look-up", topic, || {
-        count_once(client, topic)
+    // The first call of every producer and consumer: a plaintext client of
+    // a TLS broker is told so here, instead of retrying a protocol error.
+    let found = open_with_retry(client.config(), "partition look-up", topic, || async {
+        match count_once(client, topic).await {
+            Err(e) => Err(crate::tls_probe::explain(client.url(), e).await),
+            found => found,
+        }
     })
-    .await
-    .map(|(r, _)| r)
+    .await;
+    match found {
+        Ok((r, _)) => Ok(r),
+        Err(e) if e.kind() == crate::ErrorKind::PermissionDenied => Ok(None),
+        Err(e) => Err(e),
+    }
 }

@@ -276,7 +276,16 @@ impl Client {
         if self.routes().standalone.load(Ordering::Acquire) {
             return Ok(self.transport());
         }
-        let owner = self.lookup(topic).await?;
+        let owner = match self.lookup(topic).await {
+            // No permission on the topic at all: send the call to the
+            // service URL's broker anyway, whose refusal names the
+            // permission the call itself needs (every broker checks
+            // permissions before it routes).
+            Err(e) if e.kind() == crate::ErrorKind::PermissionDenied => {
+                return Ok(self.transport());
+            }
+            r => r?,
+        };
         if owner.is_standalone() {
             self.routes().standalone.store(true, Ordering::Release);
             return Ok(self.transport());

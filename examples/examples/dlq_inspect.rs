@@ -165,7 +165,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             topic: topic.clone(),
             subscription: sub.into(),
             filter: Some(timeouts),
-            reset_delivery_count: true,
+            reset_delivery_count: Some(true),
             rate_per_second: 50,
             // The default: back into this subscription's own retry tier (only
             // it sees them again); `ReplayMode::Topic` republishes for all.

@@ -273,6 +273,11 @@ impl DeadLetterPolicy for BackoffPolicy {
         Some(self.max_redeliver_count)
     }
 
+    /// None: a level means nothing to a backoff.
+    fn delay_levels(&self) -> Option<u32> {
+        Some(0)
+    }
+
     fn spec(&self) -> Option<PolicySpec> {
         let (fixed, multiplier) = match self.backoff {
             Backoff::Fixed(d) => (Some(d), None),

@@ -109,21 +109,46 @@ pub enum AttemptOverride {
     /// Dead-letter the message now, whatever the attempt count.
     DeadLetter,
     /// Use this delay level (RocketMQ's `delayLevelWhenNextConsume`).
-    /// Policies without levels ignore it and decide as usual.
+    /// Policies without levels ignore it and decide as usual; the broker
+    /// refuses a level its subscription's policy lacks (see
+    /// [`AttemptOverride::checked_for`]).
     Level(u32),
     /// Use exactly this delay.
     Delay(Duration),
 }
 
 impl AttemptOverride {
-    /// Maps RocketMQ's `delayLevelWhenNextConsume`: any negative level (RocketMQ
-    /// uses `-1`) means straight to the dead-letter tier, `0` means "the policy
-    /// decides" and a positive level means that level.
-    pub fn from_rocketmq_level(level: i32) -> Self {
-        match u32::try_from(level) {
-            Err(_) => AttemptOverride::DeadLetter,
-            Ok(0) => AttemptOverride::Policy,
-            Ok(n) => AttemptOverride::Level(n),
+    /// Maps RocketMQ's `delayLevelWhenNextConsume`: `-1` means straight to
+    /// the dead-letter tier, `0` means "the policy decides" and a positive
+    /// level means that level (checked against the policy's table by
+    /// [`checked_for`](Self::checked_for)). Any other negative level means
+    /// nothing and is refused.
+    pub fn from_rocketmq_level(level: i32) -> Result<Self, PolicyError> {
+        match level {
+            -1 => Ok(AttemptOverride::DeadLetter),
+            0 => Ok(AttemptOverride::Policy),
+            n => u32::try_from(n).map(AttemptOverride::Level).map_err(|_| {
+                PolicyError::InvalidDelayLevel {
+                    level: i64::from(n),
+                    levels: None,
+                }
+            }),
+        }
+    }
+
+    /// This override, if it means something to `policy`: a
+    /// [`Level`](Self::Level) must be one of the policy's
+    /// [`delay_levels`](crate::DeadLetterPolicy::delay_levels) (a policy
+    /// that does not say takes any level).
+    pub fn checked_for(self, policy: &dyn crate::DeadLetterPolicy) -> Result<Self, PolicyError> {
+        match (self, policy.delay_levels()) {
+            (AttemptOverride::Level(k), Some(n)) if k == 0 || k > n => {
+                Err(PolicyError::InvalidDelayLevel {
+                    level: i64::from(k),
+                    levels: Some(n),
+                })
+            }
+            _ => Ok(self),
         }
     }
 }
@@ -136,7 +161,7 @@ impl AttemptOverride {
 /// use ricochet_policy::{AttemptOverride, FailureContext, FailureReason, Tier};
 /// let ctx = FailureContext::new(2, FailureReason::ReconsumeLater)
 ///     .with_tier(Tier::Retry)
-///     .with_override(AttemptOverride::from_rocketmq_level(5))
+///     .with_override(AttemptOverride::from_rocketmq_level(5).unwrap())
 ///     .with_jitter_seed(ricochet_policy::jitter_seed(b"orders:42", 2));
 /// assert_eq!(ctx.overrides, AttemptOverride::Level(5));
 /// ```
@@ -316,25 +341,56 @@ mod tests {
     fn rocketmq_level_overrides() {
         assert_eq!(
             AttemptOverride::from_rocketmq_level(-1),
-            AttemptOverride::DeadLetter
+            Ok(AttemptOverride::DeadLetter)
         );
-        assert_eq!(
-            AttemptOverride::from_rocketmq_level(i32::MIN),
-            AttemptOverride::DeadLetter
-        );
+        for meaningless in [-2, -7, i32::MIN] {
+            let e = AttemptOverride::from_rocketmq_level(meaningless).unwrap_err();
+            assert!(e.to_string().contains(&meaningless.to_string()), "{e}");
+            assert!(e.to_string().contains("-1 (dead-letter now)"), "{e}");
+        }
         assert_eq!(
             AttemptOverride::from_rocketmq_level(0),
-            AttemptOverride::Policy
+            Ok(AttemptOverride::Policy)
         );
         assert_eq!(
             AttemptOverride::from_rocketmq_level(1),
-            AttemptOverride::Level(1)
+            Ok(AttemptOverride::Level(1))
         );
         assert_eq!(
             AttemptOverride::from_rocketmq_level(i32::MAX),
-            AttemptOverride::Level(i32::MAX as u32)
+            Ok(AttemptOverride::Level(i32::MAX as u32))
         );
         assert_eq!(AttemptOverride::default(), AttemptOverride::Policy);
+    }
+
+    #[test]
+    fn a_level_must_be_one_of_the_policys() {
+        let levels = crate::PolicySpec::delay_levels_default().build().unwrap();
+        let level = |k| AttemptOverride::Level(k).checked_for(levels.as_ref());
+        assert_eq!(level(1), Ok(AttemptOverride::Level(1)));
+        assert_eq!(level(18), Ok(AttemptOverride::Level(18)));
+        for bad in [0, 19, u32::MAX] {
+            let e = level(bad).unwrap_err().to_string();
+            assert!(e.contains("1 to 18"), "{e}");
+        }
+        let backoff = "backoff:fixed=1s,max=3"
+            .parse::<crate::PolicySpec>()
+            .unwrap()
+            .build()
+            .unwrap();
+        let e = AttemptOverride::Level(3)
+            .checked_for(backoff.as_ref())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no delay levels"), "{e}");
+        for fine in [
+            AttemptOverride::Policy,
+            AttemptOverride::DeadLetter,
+            AttemptOverride::Delay(Duration::from_secs(1)),
+        ] {
+            assert_eq!(fine.checked_for(backoff.as_ref()), Ok(fine));
+            assert_eq!(fine.checked_for(levels.as_ref()), Ok(fine));
+        }
     }
 
     #[test]

@@ -389,6 +389,10 @@ impl DeadLetterPolicy for DelayLevelPolicy {
         Some(self.max_reconsume_times)
     }
 
+    fn delay_levels(&self) -> Option<u32> {
+        Some(self.levels.last_level())
+    }
+
     fn spec(&self) -> Option<PolicySpec> {
         let levels = (self.levels != LevelTable::rocketmq_default()).then(|| self.levels.clone());
         Some(PolicySpec::DelayLevels {
@@ -501,16 +505,16 @@ mod tests {
         let p = DelayLevelPolicy::default();
         let ctx = |o: AttemptOverride| FailureContext::new(1, FailureReason::Nack).with_override(o);
         assert!(
-            p.decide(&ctx(AttemptOverride::from_rocketmq_level(-1)))
+            p.decide(&ctx(AttemptOverride::from_rocketmq_level(-1).unwrap()))
                 .is_dead_letter()
         );
         assert_eq!(
-            p.decide(&ctx(AttemptOverride::from_rocketmq_level(0)))
+            p.decide(&ctx(AttemptOverride::from_rocketmq_level(0).unwrap()))
                 .delay(),
             Some(secs(10))
         );
         assert_eq!(
-            p.decide(&ctx(AttemptOverride::from_rocketmq_level(5)))
+            p.decide(&ctx(AttemptOverride::from_rocketmq_level(5).unwrap()))
                 .delay(),
             Some(secs(60))
         );

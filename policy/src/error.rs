@@ -11,6 +11,21 @@ fn fmt_duration(d: &Duration) -> humantime::FormattedDuration {
     humantime::format_duration(*d)
 }
 
+fn invalid_delay_level(level: i64, levels: Option<u32>) -> String {
+    let valid = "-1 (dead-letter now), 0 (the policy decides)";
+    match levels {
+        Some(0) => format!(
+            "delay level {level}: this subscription's policy has no delay levels; use {valid} or an explicit delay"
+        ),
+        Some(n) => format!(
+            "delay level {level} is not a level of this subscription's policy: use {valid} or 1 to {n}"
+        ),
+        None => format!(
+            "delay level {level} means nothing: use {valid} or a level of the table (1 and up)"
+        ),
+    }
+}
+
 /// Everything that can be wrong with a policy or its textual form.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -107,6 +122,17 @@ pub enum PolicyError {
     /// A backoff spec that sets both `fixed` and `multiplier`.
     #[error("a backoff policy takes either `fixed` or `multiplier`, not both")]
     ConflictingBackoff,
+
+    /// A `reconsume_later` delay level that means nothing: below `-1`, or
+    /// not a level of the policy's table (`levels` of them; `Some(0)` for a
+    /// policy without levels, `None` when only the sign was checked).
+    #[error("{}", invalid_delay_level(*.level, *.levels))]
+    InvalidDelayLevel {
+        /// The level asked for.
+        level: i64,
+        /// The levels of the policy's table, when it was checked against one.
+        levels: Option<u32>,
+    },
 
     /// A named policy that no registry knows.
     #[error("unknown policy `{name}`: no policy of that name is registered")]

@@ -51,10 +51,13 @@
 //! let seventeenth = policy.decide(&FailureContext::new(17, FailureReason::ReconsumeLater));
 //! assert!(seventeenth.is_dead_letter());
 //!
-//! // RocketMQ's per-attempt override: -1 = DLQ now, 0 = policy, k > 0 = level k.
+//! // RocketMQ's per-attempt override: -1 = DLQ now, 0 = policy, k > 0 = level k
+//! // (one of the policy's levels); any other level is refused.
 //! let ctx = FailureContext::new(1, FailureReason::ReconsumeLater)
-//!     .with_override(AttemptOverride::from_rocketmq_level(-1));
+//!     .with_override(AttemptOverride::from_rocketmq_level(-1)?);
 //! assert!(policy.decide(&ctx).is_dead_letter());
+//! assert!(AttemptOverride::from_rocketmq_level(-7).is_err());
+//! assert!(AttemptOverride::Level(19).checked_for(&*policy).is_err());
 //!
 //! // Pulsar: exponential nack backoff, 3 redeliveries then DLQ.
 //! let pulsar = "backoff:min=10s,max-delay=10m,multiplier=2,max=3".parse::<PolicySpec>()?.build()?;

@@ -37,4 +37,14 @@ pub trait DeadLetterPolicy: Send + Sync + Debug {
     /// A short name for logs and tools (`delay_levels`, `backoff`, or the
     /// name a user policy is registered under).
     fn name(&self) -> &str;
+
+    /// How many delay levels the policy's table has: an explicit level
+    /// ([`AttemptOverride::Level`](crate::AttemptOverride::Level), RocketMQ's
+    /// `delayLevelWhenNextConsume`) must be one of `1..=n`, and others are
+    /// refused ([`AttemptOverride::checked_for`](crate::AttemptOverride::checked_for)).
+    /// `Some(0)`: the policy has no levels. `None` (the default, for user
+    /// policies): not said; any level is passed to [`decide`](Self::decide).
+    fn delay_levels(&self) -> Option<u32> {
+        None
+    }
 }

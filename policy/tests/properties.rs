@@ -198,12 +198,16 @@ proptest! {
     #[test]
     fn terminate_and_dlq_override_always_dead_letter(
         lp in delay_level_policy(), bp in backoff_policy(true),
-        n in 0u32..=u32::MAX, reason in reason(), level in i32::MIN..0, seed: u64,
+        n in 0u32..=u32::MAX, reason in reason(), level in i32::MIN..-1, seed: u64,
     ) {
         let t = ctx(n, FailureReason::Terminate, seed);
         prop_assert!(lp.decide(&t).is_dead_letter());
         prop_assert!(bp.decide(&t).is_dead_letter());
-        let o = ctx(n, reason, seed).with_override(AttemptOverride::from_rocketmq_level(level));
+        // RocketMQ's -1 is the dead-letter override; other negative levels
+        // mean nothing and are refused.
+        prop_assert_eq!(AttemptOverride::from_rocketmq_level(-1), Ok(AttemptOverride::DeadLetter));
+        prop_assert!(AttemptOverride::from_rocketmq_level(level).is_err());
+        let o = ctx(n, reason, seed).with_override(AttemptOverride::DeadLetter);
         prop_assert!(lp.decide(&o).is_dead_letter());
         prop_assert!(bp.decide(&o).is_dead_letter());
     }

@@ -237,18 +237,20 @@ pub fn failure_reason_to_i32(reason: PolicyFailureReason) -> i32 {
     v1::FailureReason::from(reason) as i32
 }
 
-impl From<reconsume_later::Delay> for AttemptOverride {
+impl TryFrom<reconsume_later::Delay> for AttemptOverride {
+    type Error = ConvertError;
+
     /// An explicit delay, or RocketMQ's level semantics: `-1` dead-letter now,
-    /// `0` the policy decides, `> 0` that level.
-    fn from(d: reconsume_later::Delay) -> Self {
-        match d {
+    /// `0` the policy decides, `> 0` that level; any other level is refused.
+    fn try_from(d: reconsume_later::Delay) -> Result<Self, ConvertError> {
+        Ok(match d {
             reconsume_later::Delay::DelayMs(ms) => {
                 AttemptOverride::Delay(Duration::from_millis(ms))
             }
             reconsume_later::Delay::DelayLevel(level) => {
-                AttemptOverride::from_rocketmq_level(level)
+                AttemptOverride::from_rocketmq_level(level)?
             }
-        }
+        })
     }
 }
 
@@ -421,21 +423,28 @@ mod tests {
 
     #[test]
     fn reconsume_later_delays() {
+        let from = |d| AttemptOverride::try_from(d);
         assert_eq!(
-            AttemptOverride::from(reconsume_later::Delay::DelayMs(1500)),
-            AttemptOverride::Delay(Duration::from_millis(1500))
+            from(reconsume_later::Delay::DelayMs(1500)),
+            Ok(AttemptOverride::Delay(Duration::from_millis(1500)))
         );
         assert_eq!(
-            AttemptOverride::from(reconsume_later::Delay::DelayLevel(-1)),
-            AttemptOverride::DeadLetter
+            from(reconsume_later::Delay::DelayLevel(-1)),
+            Ok(AttemptOverride::DeadLetter)
         );
         assert_eq!(
-            AttemptOverride::from(reconsume_later::Delay::DelayLevel(0)),
-            AttemptOverride::Policy
+            from(reconsume_later::Delay::DelayLevel(0)),
+            Ok(AttemptOverride::Policy)
         );
         assert_eq!(
-            AttemptOverride::from(reconsume_later::Delay::DelayLevel(4)),
-            AttemptOverride::Level(4)
+            from(reconsume_later::Delay::DelayLevel(4)),
+            Ok(AttemptOverride::Level(4))
         );
+        for meaningless in [-7, i32::MIN] {
+            assert!(matches!(
+                from(reconsume_later::Delay::DelayLevel(meaningless)),
+                Err(ConvertError::Policy(PolicyError::InvalidDelayLevel { .. }))
+            ));
+        }
     }
 }

@@ -25,4 +25,6 @@ pub use etcd::{ClusterBroker, EtcdProcess, etcd_or_skip, spawn_cluster};
 pub use fake_cluster::{FakeAnswer, FakeCluster};
 pub use in_process::InProcessBroker;
 pub use net::free_addr;
-pub use process::{BrokerBinNotFound, BrokerProcess, SpawnOptions, broker_bin, find_broker_bin};
+pub use process::{
+    BrokerBinNotFound, BrokerProcess, SpawnOptions, broker_bin, find_broker_bin, listening_addr,
+};

@@ -15,8 +15,17 @@ use std::time::Duration;
 
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions, kill_process, waitid};
 
-/// The line the broker prints on stdout once it listens, before the address.
+/// The line the broker prints on stdout once it listens, before the address
+/// (which is followed by whether TLS and authentication are on).
 const LISTENING: &str = "ricochet-broker listening on ";
+
+/// The address in the broker's start line (`ricochet-broker listening on
+/// ADDR (TLS off, authentication off)`), if `line` is that line.
+pub fn listening_addr(line: &str) -> Option<&str> {
+    line.strip_prefix(LISTENING)
+        .and_then(|rest| rest.split(' ').next())
+}
+
 /// Names the broker binary when no path is given.
 pub const BIN_ENV: &str = "RICOCHET_BROKER_BIN";
 const BIN_NAME: &str = "ricochet-broker";
@@ -348,7 +357,7 @@ fn read_stdout(stdout: ChildStdout, echo: bool) -> tokio::sync::oneshot::Receive
     std::thread::spawn(move || {
         let mut tx = Some(tx);
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(addr) = line.strip_prefix(LISTENING)
+            if let Some(addr) = listening_addr(&line)
                 && let Some(tx) = tx.take()
             {
                 let _ = tx.send(addr.to_owned());

@@ -201,10 +201,13 @@ impl Admin for AuthorizedAdmin {
             self.auth.check_namespace_visible(p.as_ref(), ns)?;
         }
         let mut resp = self.inner.list_topics(r).await?;
-        resp.get_mut().topics.retain(|t| {
+        let visible = |t: &str| {
             TopicName::parse_stored(t)
                 .is_ok_and(|t| self.auth.check_visible(p.as_ref(), &t).is_ok())
-        });
+        };
+        let listed = resp.get_mut();
+        listed.topics.retain(|t| visible(t));
+        listed.partitioned.retain(|t| visible(&t.topic));
         Ok(resp)
     }
 

@@ -265,7 +265,20 @@ impl Auth {
         if self.bits(role, &[topic.namespace(), topic.as_str()]) != 0 {
             return Ok(());
         }
-        Err(Self::denied(p, "any", topic.as_str()))
+        Err(Self::not_visible(p, topic.as_str()))
+    }
+
+    /// The refusal of a call that needs some permission on `on` (to see it)
+    /// to a caller holding none there.
+    fn not_visible(p: Option<&Principal>, on: &str) -> BrokerError {
+        let who = match p {
+            Some(p) => format!("role {:?} holds", p.role),
+            None => "anonymous callers hold".to_owned(),
+        };
+        BrokerError::PermissionDenied(format!(
+            "{who} no permission on {on}; seeing it needs one of produce, consume, \
+             dead-letters, policy or admin there"
+        ))
     }
 
     /// Whether `p` holds any grant in namespace `ns` (on it or on one of
@@ -288,7 +301,7 @@ impl Auth {
         if visible {
             Ok(())
         } else {
-            Err(Self::denied(p, "any", ns))
+            Err(Self::not_visible(p, ns))
         }
     }
 

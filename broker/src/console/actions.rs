@@ -558,7 +558,17 @@ pub(crate) async fn confirm_edit(State(st): State<ConsoleState>, body: Bytes) ->
         p { "What changes (recorded in the message's edit history):" }
         (edit_diff(&m, &edit))
     };
-    let extra = replay_choices(topic, sub, &other_subscriptions(&st, topic, sub).await);
+    let extra = html! {
+        (replay_choices(topic, sub, &other_subscriptions(&st, topic, sub).await))
+        p {
+            label {
+                input #keep-count type="checkbox" name="keep_count" value="on";
+                " Keep its delivery count (" (m.delivery_count) "). By default an edited message "
+                "starts again from 0: the edit is a new attempt, which its first failure must not "
+                "dead-letter again."
+            }
+        }
+    };
     let mut plan = Plan::new(Action::Edit, topic, sub, ids);
     plan.edit = Some(edit);
     confirmation(&title, what, plan, &st, extra)
@@ -576,6 +586,8 @@ struct ActForm {
     at: String,
     /// Per second, as a background job; empty: all at once.
     rate: String,
+    /// `on`: an edited dead letter keeps its delivery count.
+    keep_count: String,
 }
 
 impl ActForm {
@@ -610,6 +622,7 @@ impl ActForm {
             deliver_at_ms,
             edit: None,
             rate_per_second,
+            keep_count: !self.keep_count.is_empty(),
         })
     }
 }

@@ -93,6 +93,9 @@ pub(crate) struct ReplayOptions {
     /// Paced at this many per second as a background job (0: at once,
     /// answered when done).
     pub rate_per_second: u32,
+    /// Keep the delivery count of an edited dead letter (the admin API
+    /// resets it by default: an edit is a new attempt).
+    pub keep_count: bool,
 }
 
 /// The admin calls the console makes.
@@ -279,6 +282,7 @@ impl ConsoleApi {
                 edit: options.edit.clone(),
                 rate_per_second: options.rate_per_second,
                 detach: options.rate_per_second > 0,
+                reset_delivery_count: options.keep_count.then_some(false),
                 ..Default::default()
             }))
             .await?;

@@ -291,7 +291,12 @@ fn parse(req: consume_request::Request, config: &BrokerConfig) -> Parsed {
                         Err(e) => return refused(r.request_id, e),
                     }
                 }
-                Some(d) => AttemptOverride::from(d),
+                Some(d) => match AttemptOverride::try_from(d) {
+                    Ok(o) => o,
+                    Err(e) => {
+                        return refused(r.request_id, BrokerError::InvalidArgument(e.to_string()));
+                    }
+                },
                 None => AttemptOverride::Policy,
             };
             ConsumerRequest::ReconsumeLater {

@@ -193,7 +193,9 @@ pub(super) async fn replay(
         rate_per_second: rate,
         order: ReplayOrder {
             target,
-            reset_count: r.reset_delivery_count,
+            // An edit is a new attempt at a fixed message: unless told
+            // otherwise, its first failure must not dead-letter it again.
+            reset_count: r.reset_delivery_count.unwrap_or(edit.is_some()),
             edit,
             by,
         },

@@ -274,7 +274,7 @@ mod tests {
                 name: "level -1 dead-letters at once",
                 policy: Some("delay-levels:levels=1s 2s 4s,start=1,max=3"),
                 reason: R::ReconsumeLater,
-                overrides: O::from_rocketmq_level(-1),
+                overrides: O::DeadLetter,
                 failed_before: 0,
                 reconsume: true,
                 expect: dl("dead-letter requested by the consumer (level -1)"),

@@ -162,6 +162,20 @@ impl SubscriptionActor {
             else {
                 continue;
             };
+            // A level must be one of the policy's (the fallback's without one).
+            let policy = self
+                .policy
+                .policy
+                .as_deref()
+                .or(self.policy.fallback.as_deref());
+            let delay = match policy.map_or(Ok(delay), |p| delay.checked_for(p)) {
+                Ok(d) => d,
+                Err(e) => {
+                    let e = BrokerError::InvalidArgument(e.to_string());
+                    self.reply(consumer, request_id, Err(e.into()));
+                    continue;
+                }
+            };
             match self.held_entry(consumer, &id) {
                 // The same message twice in one batch: the second finds it
                 // gone, as it would have one request at a time.

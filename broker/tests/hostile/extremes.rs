@@ -206,7 +206,7 @@ async fn extreme_numbers_in_admin_requests() {
                 topic: "nums".into(),
                 subscription: "s".into(),
                 filter: filter(u64::MAX, 1),
-                reset_delivery_count: true,
+                reset_delivery_count: Some(true),
                 rate_per_second: u32::MAX,
                 ..Default::default()
             })
@@ -267,11 +267,17 @@ async fn extreme_numbers_on_the_data_plane() {
     p.send(&["a", "b", "c"]).await;
     let got = c.take(4, WAIT).await;
     // Delay levels far outside the table, both ways, and the largest delay:
-    // a level past the table is the last level, a negative one dead-letters
-    // (RocketMQ's -1), a delay past the broker's max_delay is refused.
+    // all refused (only -1, 0 and the table's levels mean something; a
+    // delay past the broker's max_delay is refused too).
     let delays = [
-        (reconsume_later::Delay::DelayLevel(i32::MAX), Code::Ok),
-        (reconsume_later::Delay::DelayLevel(i32::MIN), Code::Ok),
+        (
+            reconsume_later::Delay::DelayLevel(i32::MAX),
+            Code::InvalidArgument,
+        ),
+        (
+            reconsume_later::Delay::DelayLevel(i32::MIN),
+            Code::InvalidArgument,
+        ),
         (
             reconsume_later::Delay::DelayMs(u64::MAX),
             Code::InvalidArgument,
@@ -291,10 +297,9 @@ async fn extreme_numbers_on_the_data_plane() {
         .await
         .unwrap()
         .into_inner();
-    // The level past the table waits on the last level; the refused delay
-    // left its message in flight.
-    assert_eq!(stats.dead_lettered, 1);
-    assert_eq!(stats.scheduled_retries, 1, "{stats:?}");
-    assert_eq!(stats.unacked, 2, "{stats:?}");
+    // Every refusal left its message in flight: nothing moved.
+    assert_eq!(stats.dead_lettered, 0);
+    assert_eq!(stats.scheduled_retries, 0, "{stats:?}");
+    assert_eq!(stats.unacked, 4, "{stats:?}");
     assert_serving(&url).await;
 }

@@ -188,7 +188,7 @@ fn rpcs() -> Vec<Rpc> {
                 topic: "frames".into(),
                 subscription: "s".into(),
                 filter: filter(),
-                reset_delivery_count: true,
+                reset_delivery_count: Some(true),
                 rate_per_second: 5,
                 ..Default::default()
             }

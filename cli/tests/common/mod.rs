@@ -58,6 +58,30 @@ impl Env {
         })
     }
 
+    /// Consumes `topic` in subscription `billing`, nacking every delivery
+    /// with `reason` (`backoff:fixed=100ms,max=1`: one redelivery, then the
+    /// dead-letter tier) until nothing comes for 3 s; what it saw.
+    pub async fn nack_all(&self, topic: &str, reason: &str) -> Vec<Value> {
+        self.json_lines(&[
+            "consume",
+            topic,
+            "-s",
+            "billing",
+            "-t",
+            "shared",
+            "-n",
+            "0",
+            "--nack",
+            "--nack-reason",
+            reason,
+            "--policy",
+            "backoff:fixed=100ms,max=1",
+            "--timeout",
+            "3s",
+        ])
+        .await
+    }
+
     /// Runs `ricochet -o json ARGS` (a stream), asserts success, parses each line.
     pub async fn json_lines(&self, args: &[&str]) -> Vec<Value> {
         let out = self.ok(&with_json(args)).await;

@@ -223,8 +223,12 @@ impl Acker {
     }
 
     /// RocketMQ's `delayLevelWhenNextConsume`: `-1` dead-letters now, `0`
-    /// lets the policy decide, `k > 0` uses delay level `k`.
+    /// lets the policy decide, `k > 0` uses delay level `k` (one of the
+    /// subscription's policy's levels, which the broker checks). Any other
+    /// level is [`Error::InvalidArgument`] and nothing is sent.
     pub async fn reconsume_later_level(&self, msg: &Message, level: i32) -> Result<()> {
+        ricochet_policy::AttemptOverride::from_rocketmq_level(level)
+            .map_err(|e| Error::invalid_argument(e.to_string()))?;
         self.reconsume(
             msg,
             reconsume_later::Delay::DelayLevel(level),
