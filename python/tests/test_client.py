@@ -30,22 +30,23 @@ def test_produce_and_consume(broker):
         topic = unique("orders")
         consumer = await client.consumer(topic, "billing", initial_position="earliest")
         producer = await client.producer(topic, name="py-producer")
+        n = 500
         ids = await asyncio.gather(
-            *[producer.send(f"order {i}", key=f"k{i}", properties={"n": str(i)}) for i in range(20)]
+            *[producer.send(f"order {i}", key=f"k{i}", properties={"n": str(i)}) for i in range(n)]
         )
-        # Sequence ids follow call order: so do entry ids.
+        # Concurrent sends are stored in call order.
         assert [i.entry_id for i in ids] == sorted(i.entry_id for i in ids)
-        assert len(set(ids)) == 20
+        assert len(set(ids)) == n
         await producer.send(b"\x00raw\xff")
         got = []
         async for msg in consumer:
             got.append(msg)
             await consumer.ack(msg)
-            if len(got) == 21:
+            if len(got) == n + 1:
                 break
-        assert [m.text() for m in got[:20]] == [f"order {i}" for i in range(20)]
-        assert got[20].payload == b"\x00raw\xff"
-        assert [m.id for m in got[:20]] == list(ids)
+        assert [m.text() for m in got[:n]] == [f"order {i}" for i in range(n)]
+        assert got[n].payload == b"\x00raw\xff"
+        assert [m.id for m in got[:n]] == list(ids)
         first = got[0]
         assert (first.key, first.properties, first.delivery_count) == ("k0", {"n": "0"}, 0)
         assert first.topic == f"persistent://public/default/{topic}"
@@ -249,3 +250,54 @@ def test_explain_policy_is_the_policy_crates_schedule():
         ricochet.parse_policy("backoff:fixed=60s")
     with pytest.raises(ricochet.PolicyError):
         ricochet.explain_policy("delay-levels", "sometimes")
+
+
+def test_concurrent_sends_keep_call_order_while_the_queue_is_full(broker):
+    async def main():
+        client = await ricochet.Client.connect(broker.url)
+        topic = unique("order")
+        # A queue of 4: most sends wait for room, and must still be stored
+        # in the order they were called.
+        producer = await client.producer(topic, max_pending_messages=4)
+        n = 300
+        ids = await asyncio.gather(*[producer.send(str(i)) for i in range(n)])
+        entries = [i.entry_id for i in ids]
+        assert entries == sorted(entries), "stored out of call order"
+        consumer = await client.consumer(topic, "s", initial_position="earliest")
+        got = []
+        async for msg in consumer:
+            got.append(msg.text())
+            await consumer.ack(msg)
+            if len(got) == n:
+                break
+        assert got == [str(i) for i in range(n)]
+        await consumer.close()
+        # Fail fast instead of waiting: QueueFullError once 1 is pending.
+        fast = await client.producer(topic, max_pending_messages=1, block_if_queue_full=False)
+        results = await asyncio.gather(*[fast.send(b"x") for _ in range(50)], return_exceptions=True)
+        assert any(isinstance(r, ricochet.QueueFullError) for r in results)
+        assert any(isinstance(r, ricochet.MessageId) for r in results)
+        await fast.close()
+        await producer.close()
+
+    run(main())
+
+
+def test_close_ends_an_iteration_waiting_for_messages(broker):
+    async def main():
+        client = await ricochet.Client.connect(broker.url)
+        consumer = await client.consumer(unique("idle"), "s")
+
+        async def drain():
+            return [m async for m in consumer]
+
+        task = asyncio.ensure_future(drain())
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        # close must not wait behind the pending receive, and ends the loop.
+        await asyncio.wait_for(consumer.close(), 10)
+        assert await asyncio.wait_for(task, 10) == []
+        with pytest.raises(ricochet.ClosedError):
+            await consumer.receive()
+
+    run(main())
