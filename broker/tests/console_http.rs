@@ -11,7 +11,9 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use common::*;
-use ricochet_proto::SubscriptionType;
+use ricochet_policy::PolicySpec;
+use ricochet_proto::admin_client::AdminClient;
+use ricochet_proto::{SetPolicyRequest, SubscriptionType};
 use ricochet_testkit::{InProcessBroker, now_ms};
 use tower::ServiceExt;
 
@@ -324,12 +326,61 @@ async fn the_list_groups_by_reason_consumer_and_hour() {
     let (status, page) = get(&app, &sub_uri("/dead-letters", "s", "&group=reason")).await;
     assert_eq!(status, StatusCode::OK, "{page}");
     let t = groups(&page);
-    let timeout = t.find("terminated: timeout</a></td><td class=\"n\">2<");
-    let schema = t.find("terminated: schema</a></td><td class=\"n\">1<");
+    // By the consumer's reason, with the policy's verdict beside it.
+    let timeout = t.find(">timeout</a></td><td class=\"n\">2<");
+    let schema = t.find(">schema</a></td><td class=\"n\">1<");
     assert!(
         timeout.is_some() && schema.is_some() && timeout < schema,
         "{t}"
     );
+    assert!(
+        t.contains("<td class=\"verdict\">terminated: timeout</td>"),
+        "{t}"
+    );
+    let (_, page) = get(&app, &sub_uri("/dead-letters", "s", "&group=verdict")).await;
+    assert!(groups(&page).contains(">terminated: schema<"), "{page}");
+    // The subscription page: the same reasons, its type by name, and its
+    // policy as a spec with the schedule it implies.
+    let (_, page) = get(&app, &sub_uri("/subscription", "s", "")).await;
+    let died = &page[page.find("Why messages died").expect("a reasons table")..];
+    assert!(
+        died.find(">timeout</a>") < died.find(">schema</a>"),
+        "{died}"
+    );
+    assert!(!page.contains("SUBSCRIPTION_TYPE_"), "{page}");
+    assert!(
+        ["exclusive", "shared", "failover", "key_shared"]
+            .iter()
+            .any(|t| page.contains(&format!("<span id=\"sub-type\">{t}</span>"))),
+        "{page}"
+    );
+    // No policy: what happens instead, and the fallback's schedule.
+    assert!(page.contains("id=\"no-policy\""), "{page}");
+    assert!(page.contains("reason: reconsume_later"), "{page}");
+    let spec: PolicySpec = "delay-levels:levels=1s 2s 4s,start=1,max=3"
+        .parse()
+        .unwrap();
+    let mut admin = AdminClient::new(channel(&b.url()).await);
+    admin
+        .set_policy(SetPolicyRequest {
+            topic: TOPIC.into(),
+            subscription: "s".into(),
+            policy: Some((&spec).into()),
+        })
+        .await
+        .unwrap();
+    let (_, page) = get(&app, &sub_uri("/subscription", "s", "")).await;
+    assert!(
+        page.contains(&format!("<code id=\"policy-spec\">{spec}</code>")),
+        "{page}"
+    );
+    let schedule = &page[page.find("id=\"policy-schedule\"").expect("a schedule")..];
+    assert!(schedule.contains("attempt  delay"), "{schedule}");
+    assert!(
+        schedule.contains("dead-letter (attempt 4 exceeds max_reconsume_times 3)"),
+        "{schedule}"
+    );
+    assert!(!page.contains("DelayLevelPolicyConfig"), "{page}");
     // Grouping applies the filter too.
     let (_, page) = get(
         &app,

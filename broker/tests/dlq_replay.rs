@@ -321,12 +321,20 @@ async fn dead_letters_group_by_reason_consumer_and_hour() {
         .collect();
     assert_eq!(
         counts,
-        [
-            ("terminated: timeout".into(), 3, 2),
-            ("terminated: schema".into(), 2, 2)
-        ],
-        "largest first, ids capped"
+        [("timeout".into(), 3, 2), ("schema".into(), 2, 2)],
+        "by the consumer's reason, largest first, ids capped"
     );
+    let verdicts: Vec<&[String]> = by_reason.groups.iter().map(|g| &g.verdicts[..]).collect();
+    assert_eq!(
+        verdicts,
+        [
+            &["terminated: timeout".to_owned()][..],
+            &["terminated: schema".to_owned()][..]
+        ]
+    );
+    let by_verdict = group(DeadLetterGroupBy::Verdict).await;
+    let keys: Vec<&str> = by_verdict.groups.iter().map(|g| g.key.as_str()).collect();
+    assert_eq!(keys, ["terminated: timeout", "terminated: schema"]);
     let by_consumer = group(DeadLetterGroupBy::Consumer).await;
     assert_eq!(by_consumer.groups.len(), 1, "{by_consumer:?}");
     assert_eq!(by_consumer.groups[0].count, 5);

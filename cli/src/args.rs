@@ -347,8 +347,11 @@ pub struct ReplayEditArgs {
 /// What `dlq list --group-by` counts by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum GroupBy {
-    /// The dead-lettering reason.
+    /// Why it died as the consumer saw it: the last failed attempt's detail
+    /// (a nack's text), else that attempt's kind.
     Reason,
+    /// The policy's verdict (`attempt 4 exceeds max_reconsume_times 3`).
+    Verdict,
     /// The consumer of the last failed attempt.
     Consumer,
     /// The hour it was dead-lettered (UTC).

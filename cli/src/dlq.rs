@@ -114,7 +114,8 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
                 ">id",
                 "dead-lettered at",
                 ">failures",
-                "reason",
+                "cause",
+                "verdict",
                 "origin",
                 "payload",
             ]);
@@ -123,6 +124,7 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
                     d.entry_id.to_string(),
                     fmt_ms(d.dead_lettered_at_ms),
                     d.delivery_count.to_string(),
+                    d.cause.clone(),
                     d.reason.clone(),
                     d.origin.to_string(),
                     d.message.payload_preview(40),
@@ -160,7 +162,8 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
                 writeln!(ctx.out, "dead letter {}", d.entry_id)?;
                 let mut b = Block::new();
                 b.kv("origin", &d.origin)
-                    .kv("reason", &d.reason)
+                    .kv("cause", &d.cause)
+                    .kv("verdict", &d.reason)
                     .kv("dead-lettered at", Ms(d.dead_lettered_at_ms))
                     .kv("failures", d.delivery_count)
                     .extend(d.message.block());

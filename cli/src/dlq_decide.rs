@@ -312,6 +312,7 @@ pub(crate) async fn group(
             filter: f,
             group_by: match by {
                 GroupBy::Reason => pb::DeadLetterGroupBy::Reason,
+                GroupBy::Verdict => pb::DeadLetterGroupBy::Verdict,
                 GroupBy::Consumer => pb::DeadLetterGroupBy::Consumer,
                 GroupBy::Hour => pb::DeadLetterGroupBy::Hour,
             } as i32,
@@ -326,6 +327,7 @@ pub(crate) async fn group(
         first_at_ms: u64,
         last_at_ms: u64,
         entry_ids: &'a [u64],
+        verdicts: &'a [String],
     }
     #[derive(Serialize)]
     struct Groups<'a> {
@@ -344,29 +346,41 @@ pub(crate) async fn group(
                     first_at_ms: g.first_at_ms,
                     last_at_ms: g.last_at_ms,
                     entry_ids: &g.entry_ids,
+                    verdicts: &g.verdicts,
                 })
                 .collect(),
         };
         return write_json(ctx.out, &v);
     }
     let head = match by {
-        GroupBy::Reason => "reason",
+        GroupBy::Reason => "cause",
+        GroupBy::Verdict => "verdict",
         GroupBy::Consumer => "consumer",
         GroupBy::Hour => "hour (UTC)",
     };
-    let mut t = Table::new(&[head, ">count", "first", "last", "ids"]);
+    // Beside a cause, the policy's verdicts; beside a verdict, nothing more.
+    let verdicts = by != GroupBy::Verdict;
+    let mut head = vec![head, ">count", "first", "last", "ids"];
+    if verdicts {
+        head.push("verdict");
+    }
+    let mut t = Table::new(&head);
     for g in &r.groups {
         let mut ids: Vec<String> = g.entry_ids.iter().map(u64::to_string).collect();
         if g.count > g.entry_ids.len() as u64 {
             ids.push("…".into());
         }
-        t.row(vec![
+        let mut row = vec![
             g.key.clone(),
             g.count.to_string(),
             fmt_ms(g.first_at_ms),
             fmt_ms(g.last_at_ms),
             ids.join(" "),
-        ]);
+        ];
+        if verdicts {
+            row.push(g.verdicts.join("; "));
+        }
+        t.row(row);
     }
     t.write(ctx.out)?;
     writeln!(

@@ -103,54 +103,65 @@ fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// `message` followed by the causes in `source` it does not already say.
+fn with_causes(message: &str, source: Option<&(dyn std::error::Error + 'static)>) -> String {
+    let mut message = message.to_owned();
+    let mut cur = source;
+    while let Some(c) = cur {
+        let text = c.to_string();
+        if !message.contains(&text) {
+            if !message.is_empty() {
+                message.push_str(": ");
+            }
+            message.push_str(&text);
+        }
+        cur = c.source();
+    }
+    message
+}
+
 impl From<tonic::Status> for CliError {
     fn from(s: tonic::Status) -> Self {
-        let mut message = s.message().to_owned();
-        let mut cur = std::error::Error::source(&s);
-        while let Some(c) = cur {
-            let text = c.to_string();
-            if !message.contains(&text) {
-                if !message.is_empty() {
-                    message.push_str(": ");
-                }
-                message.push_str(&text);
-            }
-            cur = c.source();
-        }
-        // The not-owner redirect: say where the owner is.
-        if let Some(url) = s
-            .metadata()
-            .get(ricochet_client::OWNER_URL_TRAILER)
-            .and_then(|v| v.to_str().ok())
-        {
-            message.push_str(&format!(" (its owner is at {url})"));
-        }
-        CliError::status(s.code(), message)
+        // Read as the client reads it: kinds and the owner from the code
+        // and the structured details, never from the text.
+        ricochet_client::__private::error_from_status(s).into()
     }
 }
 
 impl From<ricochet_client::Error> for CliError {
     fn from(e: ricochet_client::Error) -> Self {
-        use ricochet_client::Error as E;
-        match e {
-            E::Rejected { code, message } => CliError::status(code, message),
-            E::Connection(m) => CliError::status(tonic::Code::Unavailable, m),
-            E::Timeout(m) => CliError::status(tonic::Code::DeadlineExceeded, m),
-            E::InvalidArgument(m) => CliError::status(tonic::Code::InvalidArgument, m),
-            E::Policy(p) => CliError::Usage(format!("invalid policy: {p}")),
-            E::OwnerDown { broker_id, message } => CliError::status(
+        use ricochet_client::ErrorKind as K;
+        let message = with_causes(e.message(), std::error::Error::source(&e));
+        match e.kind() {
+            K::Policy => CliError::Usage(format!("invalid policy: {}", e.message())),
+            K::Disconnected => CliError::status(tonic::Code::Unavailable, message),
+            K::Timeout => CliError::status(tonic::Code::DeadlineExceeded, message),
+            K::OwnerDown => CliError::status(
                 tonic::Code::Unavailable,
-                format!("the topic's broker {broker_id} is down: {message}"),
+                format!(
+                    "the topic's broker {} is down: {message}",
+                    e.owner_down().unwrap_or_default()
+                ),
             ),
-            E::NotOwner {
-                owner,
-                url,
-                message,
-            } => CliError::status(
-                tonic::Code::FailedPrecondition,
-                format!("{message} (broker {owner} at {url})"),
-            ),
-            other => CliError::Other(chain(&other)),
+            // The not-owner redirect: say where the owner is.
+            K::Redirect => {
+                let r = e.redirect();
+                CliError::status(
+                    tonic::Code::FailedPrecondition,
+                    format!(
+                        "{message} (its owner is broker {} at {})",
+                        r.map_or("", |r| r.owner.as_str()),
+                        r.and_then(|r| r.url.as_deref()).unwrap_or("an unknown URL")
+                    ),
+                )
+            }
+            _ => match e.grpc_code() {
+                Some(code) => CliError::status(tonic::Code::from_i32(code), message),
+                None if e.kind() == K::InvalidArgument => {
+                    CliError::status(tonic::Code::InvalidArgument, message)
+                }
+                None => CliError::Other(chain(&e)),
+            },
         }
     }
 }
@@ -198,8 +209,12 @@ mod tests {
 
     #[test]
     fn client_errors_keep_their_code() {
-        let e = CliError::from(ricochet_client::Error::Connection("refused".into()));
+        let mut s = tonic::Status::unavailable("refused");
+        s.set_source(std::sync::Arc::new(std::io::Error::other(
+            "connection reset",
+        )));
+        let e = CliError::from(s);
         assert_eq!(e.code(), Some(tonic::Code::Unavailable));
-        assert_eq!(e.to_string(), "Unavailable: refused");
+        assert_eq!(e.to_string(), "Unavailable: refused: connection reset");
     }
 }

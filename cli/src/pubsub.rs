@@ -105,7 +105,7 @@ pub(crate) async fn consume(ctx: &mut Ctx<'_>, a: ConsumeArgs) -> Result<()> {
         .ack_group_time(Duration::ZERO)
         .dead_letter_reader(a.dead_letter_reader);
     if let Some(p) = a.policy {
-        b = b.policy_spec(p);
+        b = b.policy(p);
     }
     if let Some(d) = a.nack_delay {
         b = b.negative_ack_delay(d);

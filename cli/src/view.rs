@@ -448,8 +448,11 @@ pub struct DeadLetterView {
     pub entry_id: u64,
     /// Where it was when it was dead-lettered.
     pub origin: IdView,
-    /// The policy's or the consumer's reason.
+    /// The policy's verdict (why the broker dead-lettered it).
     pub reason: String,
+    /// Why it died as the consumer saw it: the last failed attempt's detail
+    /// (a nack's text), else that attempt's kind, else the verdict.
+    pub cause: String,
     /// When it was dead-lettered.
     pub dead_lettered_at_ms: u64,
     /// Failed attempts before it was dead-lettered.
@@ -519,6 +522,7 @@ impl DeadLetterView {
             entry_id: message.id.entry_id,
             origin: IdView::from_proto(d.origin.as_ref()),
             reason: d.reason.clone(),
+            cause: d.cause.clone(),
             dead_lettered_at_ms: d.dead_lettered_at_ms,
             delivery_count: message.delivery_count,
             attempts: d.attempts.iter().map(AttemptView::from_proto).collect(),

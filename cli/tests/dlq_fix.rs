@@ -12,6 +12,12 @@ use serde_json::Value;
 /// `junk=x`) and dead-letters them in subscription `billing` by nacking each
 /// delivery (`backoff:fixed=100ms,max=1`).
 async fn dead_letters(env: &Env, topic: &str, payloads: &[&str]) -> Vec<u64> {
+    dead_letters_because(env, topic, payloads, "card declined").await
+}
+
+/// Like [`dead_letters`], nacking with `reason`; returns every dead letter's
+/// id in the subscription (earlier ones included).
+async fn dead_letters_because(env: &Env, topic: &str, payloads: &[&str], reason: &str) -> Vec<u64> {
     let mut args = vec!["produce", topic, "-p", "schema=v1", "-p", "junk=x"];
     for p in payloads {
         args.extend(["-m", p]);
@@ -29,7 +35,7 @@ async fn dead_letters(env: &Env, topic: &str, payloads: &[&str]) -> Vec<u64> {
             "0",
             "--nack",
             "--nack-reason",
-            "card declined",
+            reason,
             "--policy",
             "backoff:fixed=100ms,max=1",
             "--timeout",
@@ -108,11 +114,24 @@ async fn dry_runs_and_group_by() {
     let g = groups["groups"].as_array().unwrap();
     assert_eq!(g.len(), 1, "{groups}");
     assert_eq!(u(&g[0]["count"]), 3);
+    // Grouped by the consumer's reason, with the policy's verdict beside it.
+    assert_eq!(g[0]["key"], "card declined", "{groups}");
     assert!(
-        g[0]["key"]
+        g[0]["verdicts"][0]
             .as_str()
             .unwrap()
-            .contains("max_redeliver_count")
+            .contains("max_redeliver_count"),
+        "{groups}"
+    );
+    let by_verdict = env
+        .json(&["dlq", "list", "dry", "billing", "--group-by", "verdict"])
+        .await;
+    assert!(
+        by_verdict["groups"][0]["key"]
+            .as_str()
+            .unwrap()
+            .contains("max_redeliver_count"),
+        "{by_verdict}"
     );
     let by_hour = env
         .json(&["dlq", "list", "dry", "billing", "--group-by", "hour"])
@@ -132,6 +151,55 @@ async fn dry_runs_and_group_by() {
         .run(&["dlq", "list", "dry", "billing", "--group-by", "colour"])
         .await;
     assert_eq!(bad.status.code(), Some(2));
+}
+
+/// Six dead letters nacked for two different reasons show two causes in
+/// `list`, `peek` and `--group-by reason`, each beside the policy's verdict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn why_it_died_is_the_consumers_reason() {
+    let env = Env::start().await;
+    let timeout = "payment gateway timeout";
+    let schema = "schema validation failed: amount < 0";
+    dead_letters_because(&env, "why", &["1", "2", "3", "4"], timeout).await;
+    dead_letters_because(&env, "why", &["5", "6"], schema).await;
+
+    let groups = env
+        .json(&["dlq", "list", "why", "billing", "--group-by", "reason"])
+        .await;
+    let g = groups["groups"].as_array().unwrap();
+    let keys: Vec<(&str, u64)> = g
+        .iter()
+        .map(|g| (g["key"].as_str().unwrap(), u(&g["count"])))
+        .collect();
+    assert_eq!(keys, [(timeout, 4), (schema, 2)], "{groups}");
+    for g in g {
+        assert!(
+            g["verdicts"][0]
+                .as_str()
+                .unwrap()
+                .contains("exceeds max_redeliver_count 1"),
+            "{groups}"
+        );
+    }
+    let text = env
+        .ok(&["dlq", "list", "why", "billing", "--group-by", "reason"])
+        .await;
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains(timeout) && text.contains(schema), "{text}");
+    assert!(text.contains("verdict"), "{text}");
+
+    let list = env.json(&["dlq", "list", "why", "billing"]).await;
+    let causes: Vec<&str> = list["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["cause"].as_str().unwrap())
+        .collect();
+    assert_eq!(causes.iter().filter(|c| **c == timeout).count(), 4);
+    assert_eq!(causes.iter().filter(|c| **c == schema).count(), 2);
+    let text = env.ok(&["dlq", "list", "why", "billing"]).await;
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains(schema), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,6 +22,7 @@ use ricochet_proto::MAX_GRPC_MESSAGE_BYTES as MAX_FRAME_BYTES;
 
 /// Connection settings shared by a client's producers and consumers.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ClientConfig {
     /// How long to wait for the TCP + HTTP/2 connection (also on reconnects).
     pub connect_timeout: Duration,

@@ -207,7 +207,7 @@ impl Error {
                 ErrorKind::Disconnected
             };
             let mut inner = Self::build(kind, message);
-            inner.source = Some(Arc::new(status));
+            inner.source = Some(Arc::new(TransportFailure(status)));
             return Error(Arc::new(inner));
         }
         let mut inner = Self::build(kind_of_code(code), message);
@@ -299,6 +299,28 @@ impl Error {
             | ErrorKind::Unavailable => true,
             _ => self.0.code.is_some_and(is_transient),
         }
+    }
+}
+
+/// A transport failure as tonic reported it: shown as its message, with
+/// tonic's cause (hyper, h2, I/O, a connect error) as its source.
+struct TransportFailure(tonic::Status);
+
+impl fmt::Debug for TransportFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Display for TransportFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.message())
+    }
+}
+
+impl std::error::Error for TransportFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.0)
     }
 }
 
@@ -437,9 +459,10 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::Disconnected);
         assert_eq!(e.grpc_code(), None);
         assert!(e.is_retryable());
-        // The cause chain: the status, then the I/O error.
-        let status = std::error::Error::source(&e).expect("the status");
-        let io = status.source().expect("the I/O error");
+        // The cause chain: the transport failure, then the I/O error.
+        let failure = std::error::Error::source(&e).expect("the transport failure");
+        assert_eq!(failure.to_string(), "zzz");
+        let io = failure.source().expect("the I/O error");
         assert!(io.downcast_ref::<std::io::Error>().is_some());
         // The same words from a broker are its answer, not a transport error.
         let e = Error::from_status(tonic::Status::unknown("transport error"));

@@ -42,7 +42,7 @@
 //!     .initial_position(InitialPosition::Earliest)
 //!     .ack_timeout(Duration::from_secs(30))
 //!     // 1 s, 2 s, 4 s ... (capped at 1 min), then the dead-letter topic after 5 failures.
-//!     .policy_spec(PolicySpec::multiplier_backoff(
+//!     .policy(PolicySpec::multiplier_backoff(
 //!         MultiplierBackoff { min: Duration::from_secs(1), max: Duration::from_secs(60), ..Default::default() },
 //!         5,
 //!     ))
@@ -83,11 +83,13 @@ mod partitions;
 mod producer;
 mod reconnect;
 mod routing;
+#[doc(hidden)]
 pub mod tracker;
 
 pub use client::{Client, ClientBuilder, ClientConfig};
 pub use consumer::{
-    Acker, Consumer, ConsumerBuilder, ConsumerConfig, InitialPosition, SubscriptionType,
+    Acker, Consumer, ConsumerBuilder, ConsumerConfig, ConsumerPolicy, InitialPosition,
+    SubscriptionType,
 };
 pub use credentials::{Credentials, Transport};
 pub use error::{Error, ErrorKind, Redirect, Result};

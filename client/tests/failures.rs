@@ -132,7 +132,7 @@ async fn nack_consumer(env: &Env, t: &str, spec: Option<PolicySpec>) -> Consumer
         .initial_position(InitialPosition::Earliest)
         .negative_ack_delay(Duration::from_millis(200));
     match spec {
-        Some(s) => b.policy_spec(s),
+        Some(s) => b.policy(s),
         None => b,
     }
     .subscribe()

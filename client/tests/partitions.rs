@@ -320,7 +320,7 @@ async fn settling_works_for_messages_of_any_partition_and_dead_letters_aggregate
         .subscription("s")
         .subscription_type(SubscriptionType::Shared)
         .negative_ack_delay(Duration::from_millis(10))
-        .policy_spec(PolicySpec::fixed_backoff(Duration::from_millis(100), 5))
+        .policy(PolicySpec::fixed_backoff(Duration::from_millis(100), 5))
         .initial_position(InitialPosition::Earliest)
         .subscribe()
         .await

@@ -299,3 +299,30 @@ async fn a_send_on_an_idle_producer_does_not_wait_out_the_linger() {
     }
     producer.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_closed_consumer_and_its_ackers_answer_closed() {
+    let env = start().await;
+    let t = topic("rt-closed");
+    let mut consumer = env
+        .client
+        .consumer(&t)
+        .subscription("s")
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    let producer = env.client.producer(&t).create().await.unwrap();
+    producer.send("one").await.unwrap();
+    let m = recv(&mut consumer, T).await;
+    let acker = consumer.acker();
+    consumer.close().await.unwrap();
+    for e in [
+        consumer.receive().await.unwrap_err(),
+        consumer.ack(&m).await.unwrap_err(),
+        acker.nack(&m).await.unwrap_err(),
+    ] {
+        assert_eq!(e.kind(), ErrorKind::Closed, "{e}");
+    }
+    producer.close().await.unwrap();
+}

@@ -55,7 +55,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .subscription(sub)
         .subscription_type(SubscriptionType::Shared)
         .initial_position(InitialPosition::Earliest)
-        .policy_spec("backoff:fixed=100ms,max=1".parse::<PolicySpec>()?)
+        .policy("backoff:fixed=100ms,max=1".parse::<PolicySpec>()?)
         .subscribe()
         .await?;
     let producer = client.producer(&topic).create().await?;

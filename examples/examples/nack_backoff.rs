@@ -40,7 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .subscription("nack-demo")
         .subscription_type(SubscriptionType::Shared)
         .initial_position(InitialPosition::Earliest)
-        .policy_spec(policy)
+        .policy(policy)
         .subscribe()
         .await?;
 

@@ -57,7 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .subscription(subscription)
         .subscription_type(SubscriptionType::Shared)
         .initial_position(InitialPosition::Earliest)
-        .policy_spec(policy)
+        .policy(policy)
         .subscribe()
         .await?;
     let producer = client.producer(&topic).create().await?;

@@ -258,7 +258,7 @@ fn letters_table(letters: &[DeadLetter]) -> Markup {
                 tr {
                     td.n { (entry_id(d)) }
                     td { (fmt_ms(d.dead_lettered_at_ms)) }
-                    td { (d.reason) }
+                    td { (d.cause) }
                     td { (d.origin.as_ref().map(|o| format!("{} : {}", o.topic, o.entry_id)).unwrap_or_default()) }
                 }
             }
@@ -553,7 +553,7 @@ pub(crate) async fn confirm_edit(State(st): State<ConsoleState>, body: Bytes) ->
     let what = html! {
         p #plan {
             "Subscription " strong { (sub) } " on topic " strong { (topic) } ", dead-letter id "
-            strong #plan-ids { (id) } " (" (d.reason) ")."
+            strong #plan-ids { (id) } " (" (d.cause) ")."
         }
         p { "What changes (recorded in the message's edit history):" }
         (edit_diff(&m, &edit))

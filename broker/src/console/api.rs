@@ -46,8 +46,10 @@ impl DeadLetterQuery {
 /// What the dead-letter list can be grouped by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum GroupBy {
-    /// The dead letter's reason, exactly.
+    /// Why it died as the consumer saw it (`DeadLetter.cause`).
     Reason,
+    /// The policy's verdict.
+    Verdict,
     /// The consumer of the last failed attempt.
     Consumer,
     /// The UTC hour it was dead-lettered in.
@@ -61,6 +63,7 @@ impl GroupBy {
         match s {
             "" => Some(None),
             "reason" => Some(Some(Self::Reason)),
+            "verdict" => Some(Some(Self::Verdict)),
             "consumer" => Some(Some(Self::Consumer)),
             "hour" => Some(Some(Self::Hour)),
             _ => None,
@@ -70,6 +73,7 @@ impl GroupBy {
     fn wire(self) -> DeadLetterGroupBy {
         match self {
             Self::Reason => DeadLetterGroupBy::Reason,
+            Self::Verdict => DeadLetterGroupBy::Verdict,
             Self::Consumer => DeadLetterGroupBy::Consumer,
             Self::Hour => DeadLetterGroupBy::Hour,
         }

@@ -12,6 +12,7 @@ use super::{ConsoleError, ConsoleState, Page, layout};
 use axum::extract::{Query, State};
 use base64::Engine;
 use maud::{Markup, html};
+use ricochet_policy::{FailureContext, PolicySpec, ScheduleTable, explain_with};
 use ricochet_proto::*;
 use serde::Deserialize;
 use std::collections::BTreeSet;
@@ -337,7 +338,7 @@ pub(crate) async fn subscription(State(st): State<ConsoleState>, Query(p): Query
     let points: Vec<(u64, &str)> = dead
         .dead_letters
         .iter()
-        .map(|d| (d.dead_lettered_at_ms, d.reason.as_str()))
+        .map(|d| (d.dead_lettered_at_ms, d.cause.as_str()))
         .collect();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -354,7 +355,7 @@ pub(crate) async fn subscription(State(st): State<ConsoleState>, Query(p): Query
         &title,
         html! {
             h1 { "Subscription " (sub) }
-            p { "on " a href=(link("/topic", &[("topic", topic)])) { (topic) } " · " (s.subscription_type) }
+            p { "on " a href=(link("/topic", &[("topic", topic)])) { (topic) } " · " span #sub-type { (type_name(&s.subscription_type)) } }
             table.counters {
                 tr { th { "Backlog" } th { "Unacked" } th { "Retry queue" } th { "Dead letters" } th { "Next retry due" } th { "Acked up to" } }
                 tr {
@@ -391,13 +392,14 @@ pub(crate) async fn subscription(State(st): State<ConsoleState>, Query(p): Query
             @if !reasons.is_empty() {
                 h2 { "Why messages died" }
                 table.reasons {
-                    tr { th { "Reason" } th { "Dead letters" } th { "First" } th { "Last" } }
+                    tr { th { "Reason" } th { "Dead letters" } th { "First" } th { "Last" } th { "Policy's verdict" } }
                     @for g in &reasons {
                         tr {
                             td { a href=(link("/dead-letters", &[("topic", topic), ("sub", sub), ("reason", &g.key)])) { (g.key) } }
                             td.n { (g.count) }
                             td { (fmt_ms(g.first_at_ms)) }
                             td { (fmt_ms(g.last_at_ms)) }
+                            td.verdict { (g.verdicts.join("; ")) }
                         }
                     }
                 }
@@ -432,11 +434,54 @@ pub(crate) async fn subscription(State(st): State<ConsoleState>, Query(p): Query
             }
             h2 { "Dead-letter policy" }
             p { "Source: " (policy.source) }
-            @if let Some(pol) = &policy.policy {
-                pre { (format!("{:#?}", pol.kind)) }
+            @match &policy.policy {
+                Some(pol) => (policy_view(pol)),
+                None => {
+                    p #no-policy {
+                        "None: nacks, ack timeouts and lost consumers are redelivered at once, without a limit; "
+                        "a consumer's terminate dead-letters. " code { "reconsume_later" } " follows RocketMQ's default levels:"
+                    }
+                    (schedule_view(&PolicySpec::delay_levels_default(), ricochet_policy::FailureReason::ReconsumeLater))
+                }
             }
         },
     ))
+}
+
+/// `SUBSCRIPTION_TYPE_KEY_SHARED` (the stats' wire name) as `key_shared`.
+fn type_name(wire: &str) -> String {
+    wire.trim_start_matches("SUBSCRIPTION_TYPE_")
+        .to_ascii_lowercase()
+}
+
+/// Attempts the policy section explains at most (for policies that retry
+/// without end).
+const EXPLAIN_ROWS: usize = 40;
+
+/// A policy as its compact spec (what `ricochet policy set` takes) and its
+/// schedule for nacks.
+fn policy_view(pol: &DeadLetterPolicyConfig) -> Markup {
+    match PolicySpec::try_from(pol) {
+        Ok(spec) => html! {
+            p { "Policy " code #policy-spec { (spec) } }
+            (schedule_view(&spec, ricochet_policy::FailureReason::Nack))
+        },
+        Err(e) => html! { p.warn { "Unreadable policy: " (e) } },
+    }
+}
+
+/// The schedule `spec` gives failures of `reason`, as `ricochet policy
+/// explain` prints it.
+fn schedule_view(spec: &PolicySpec, reason: ricochet_policy::FailureReason) -> Markup {
+    match spec.build() {
+        Ok(p) => {
+            let rows = explain_with(&*p, &FailureContext::new(1, reason), EXPLAIN_ROWS);
+            html! { pre #policy-schedule { (ScheduleTable::new(&*p, reason, rows)) } }
+        }
+        Err(_) => {
+            html! { p { "A policy the broker cannot build here, so its schedule is not shown." } }
+        }
+    }
 }
 
 /// `/dead-letters?topic=T&sub=S[&reason=&since=&until=&ids=&after=]`.
@@ -449,7 +494,7 @@ pub(crate) async fn dead_letters(State(st): State<ConsoleState>, Query(p): Query
     };
     let group_by = GroupBy::parse(p.group.trim()).ok_or_else(|| {
         ConsoleError::bad_request(format!(
-            "`group` must be reason, consumer or hour, not {}",
+            "`group` must be reason, verdict, consumer or hour, not {}",
             crate::util::echo(&p.group)
         ))
     })?;
@@ -502,7 +547,7 @@ pub(crate) async fn dead_letters(State(st): State<ConsoleState>, Query(p): Query
                 label { "Group by "
                     select name="group" {
                         option value="" { "—" }
-                        @for g in ["reason", "consumer", "hour"] {
+                        @for g in ["reason", "verdict", "consumer", "hour"] {
                             option value=(g) selected[p.group.trim() == g] { (g) }
                         }
                     }
@@ -524,7 +569,7 @@ pub(crate) async fn dead_letters(State(st): State<ConsoleState>, Query(p): Query
                 }
                 table.dead-letters {
                     tr {
-                        th { "Id" } th { "Dead-lettered" } th { "Reason" } th { "Attempts" }
+                        th { "Id" } th { "Dead-lettered" } th { "Reason" } th { "Policy's verdict" } th { "Attempts" }
                         th { "Last consumer" } th { "Key" } th { "Payload" } th { "Actions" }
                     }
                     @for d in &page.dead_letters {
@@ -534,7 +579,8 @@ pub(crate) async fn dead_letters(State(st): State<ConsoleState>, Query(p): Query
                         tr id=(format!("dl-{id}")) {
                             td.n { a href=(link("/dead-letter", &[("topic", topic), ("sub", sub), ("id", &ids)])) { (id) } }
                             td { (fmt_ms(d.dead_lettered_at_ms)) }
-                            td { (d.reason) }
+                            td.cause { (d.cause) }
+                            td.verdict { (d.reason) }
                             td.n { (d.attempts.len()) }
                             td { (d.attempts.last().map(|a| a.consumer.as_str()).unwrap_or("")) }
                             td { (d.message.as_ref().map(|m| m.key.as_str()).unwrap_or("")) }
@@ -559,12 +605,16 @@ pub(crate) async fn dead_letters(State(st): State<ConsoleState>, Query(p): Query
 fn groups_table(topic: &str, sub: &str, by: GroupBy, groups: &[DeadLetterGroup]) -> Markup {
     let title = match by {
         GroupBy::Reason => "Reason",
+        GroupBy::Verdict => "Policy's verdict",
         GroupBy::Consumer => "Last consumer",
         GroupBy::Hour => "Hour (UTC)",
     };
     html! {
         table #groups {
-            tr { th { (title) } th { "Dead letters" } th { "First" } th { "Last" } }
+            tr {
+                th { (title) } th { "Dead letters" } th { "First" } th { "Last" }
+                @if by == GroupBy::Reason { th { "Policy's verdict" } }
+            }
             @for g in groups {
                 tr {
                     td {
@@ -580,6 +630,7 @@ fn groups_table(topic: &str, sub: &str, by: GroupBy, groups: &[DeadLetterGroup])
                     td.n { (g.count) }
                     td { (fmt_ms(g.first_at_ms)) }
                     td { (fmt_ms(g.last_at_ms)) }
+                    @if by == GroupBy::Reason { td.verdict { (g.verdicts.join("; ")) } }
                 }
             }
         }
@@ -656,7 +707,8 @@ pub(crate) async fn dead_letter(State(st): State<ConsoleState>, Query(p): Query<
         html! {
             h1 { "Dead letter " (id) " of " a href=(sub_link("/subscription", topic, sub)) { (sub) } }
             table {
-                tr { th { "Reason" } td #reason { (d.reason) } }
+                tr { th { "Reason" } td #cause { (d.cause) } }
+                tr { th { "Policy's verdict" } td #reason { (d.reason) } }
                 tr { th { "Dead-lettered" } td { (fmt_ms(d.dead_lettered_at_ms)) } }
                 @if let Some(o) = &d.origin {
                     tr { th { "Origin" } td {

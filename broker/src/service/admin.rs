@@ -85,6 +85,7 @@ impl AdminService {
                 dead_lettered_at_ms: rec.at_ms,
                 attempts: wire::attempts(&rec.failures),
                 edits: dead_letters::edits(&rec.failures.edits),
+                cause: rec.cause(),
             });
         }
         Ok(out)

@@ -280,6 +280,16 @@ fn hour_key(at_ms: u64) -> String {
         .to_string()
 }
 
+/// Verdicts a group lists at most.
+pub(super) const MAX_VERDICTS: usize = 5;
+
+/// The `n` most frequent keys of `counts`, most frequent first (ties by key).
+fn most_frequent(counts: BTreeMap<String, u64>, n: usize) -> Vec<String> {
+    let mut v: Vec<(String, u64)> = counts.into_iter().collect();
+    v.sort_by_key(|(_, c)| std::cmp::Reverse(*c));
+    v.into_iter().take(n).map(|(k, _)| k).collect()
+}
+
 /// `GroupDeadLetters`.
 pub(super) async fn group(
     core: &Arc<BrokerCore>,
@@ -295,10 +305,12 @@ pub(super) async fn group(
     let h = subscription(core, &r.topic, &r.subscription).await?;
     let letters = matching(core, &h, r.filter.as_ref())?;
     let total = letters.len() as u64;
-    let mut groups: BTreeMap<String, DeadLetterGroup> = BTreeMap::new();
+    // Each group with the count of each verdict in it.
+    let mut groups: BTreeMap<String, (DeadLetterGroup, BTreeMap<String, u64>)> = BTreeMap::new();
     for (id, rec) in letters {
         let key = match by {
-            DeadLetterGroupBy::Reason => rec.reason.clone(),
+            DeadLetterGroupBy::Reason => rec.cause(),
+            DeadLetterGroupBy::Verdict => rec.reason.clone(),
             DeadLetterGroupBy::Consumer => rec
                 .failures
                 .attempts
@@ -308,15 +320,18 @@ pub(super) async fn group(
                 .unwrap_or_else(|| "-".to_owned()),
             DeadLetterGroupBy::Hour => hour_key(rec.at_ms),
         };
-        let g = groups
-            .entry(key.clone())
-            .or_insert_with(|| DeadLetterGroup {
+        let (g, verdicts) = groups.entry(key.clone()).or_insert_with(|| {
+            let g = DeadLetterGroup {
                 key,
                 count: 0,
                 first_at_ms: u64::MAX,
                 last_at_ms: 0,
                 entry_ids: Vec::new(),
-            });
+                verdicts: Vec::new(),
+            };
+            (g, BTreeMap::new())
+        });
+        *verdicts.entry(rec.reason).or_insert(0) += 1;
         g.count += 1;
         g.first_at_ms = g.first_at_ms.min(rec.at_ms);
         g.last_at_ms = g.last_at_ms.max(rec.at_ms);
@@ -324,7 +339,13 @@ pub(super) async fn group(
             g.entry_ids.push(id);
         }
     }
-    let mut groups: Vec<DeadLetterGroup> = groups.into_values().collect();
+    let mut groups: Vec<DeadLetterGroup> = groups
+        .into_values()
+        .map(|(mut g, verdicts)| {
+            g.verdicts = most_frequent(verdicts, MAX_VERDICTS);
+            g
+        })
+        .collect();
     if by != DeadLetterGroupBy::Hour {
         // Largest first; ties by key (already the order).
         groups.sort_by_key(|g| std::cmp::Reverse(g.count));

@@ -459,6 +459,13 @@ pub(super) async fn group_dead_letters(
                     e.count += g.count;
                     e.first_at_ms = e.first_at_ms.min(g.first_at_ms);
                     e.last_at_ms = e.last_at_ms.max(g.last_at_ms);
+                    for v in g.verdicts {
+                        if e.verdicts.len() < super::dead_letters::MAX_VERDICTS
+                            && !e.verdicts.contains(&v)
+                        {
+                            e.verdicts.push(v);
+                        }
+                    }
                 }
             }
             Err(s) if s.code() == tonic::Code::NotFound => {}

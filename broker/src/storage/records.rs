@@ -426,6 +426,23 @@ pub struct DeadLetterRecord {
     pub replay: Option<Box<ReplayIntent>>,
 }
 
+impl DeadLetterRecord {
+    /// Why the message died, as its consumer saw it: the detail of the last
+    /// failed attempt that gave one (a nack's or `reconsume_later`'s text),
+    /// else that attempt's kind (`ack_timeout`, `consumer_lost`, …), else
+    /// the policy's verdict ([`DeadLetterRecord::reason`]).
+    pub fn cause(&self) -> String {
+        let attempts = &self.failures.attempts;
+        if let Some(a) = attempts.iter().rev().find(|a| !a.detail.is_empty()) {
+            return a.detail.clone();
+        }
+        match attempts.last() {
+            Some(a) => a.reason.as_str().to_owned(),
+            None => self.reason.clone(),
+        }
+    }
+}
+
 /// A schedule entry: `message` becomes deliverable at `due_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ScheduleKey {

@@ -59,7 +59,7 @@ pub(super) async fn redeliver(ctx: &mut Ctx<'_>, a: PerfRedeliverArgs) -> Result
             .subscription_type(SubscriptionType::Shared)
             .initial_position(InitialPosition::Latest)
             .consumer_name(format!("perf-redeliver-{}-{i}", std::process::id()))
-            .policy_spec(a.policy.clone())
+            .policy(a.policy.clone())
             .subscribe()
             .await?;
         let rec = redelivered.clone();

@@ -2,9 +2,9 @@
 //! handshake, retried on transient failures, then the driver task started
 //! on the open stream. The driver reopens streams with the same handshake.
 
-use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(doc)]
 use ricochet_policy::{DeadLetterPolicy, PolicySpec};
 use ricochet_proto::{
     ConsumeRequest, ConsumeResponse, Subscribed, consume_request, consume_response,
@@ -14,7 +14,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Streaming;
 
 use super::driver;
-use super::{Consumer, ConsumerConfig, InitialPosition, SubscriptionType};
+use super::{Consumer, ConsumerConfig, ConsumerPolicy, InitialPosition, SubscriptionType};
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::reconnect::open_with_retry;
@@ -84,18 +84,23 @@ impl ConsumerBuilder {
         self
     }
 
-    /// The policy consulted for nacks. Its [`spec`](DeadLetterPolicy::spec),
-    /// if it has one, is also sent to the broker as the subscription's
-    /// policy (unless [`policy_spec`](Self::policy_spec) is given too).
-    pub fn dead_letter_policy(mut self, policy: Arc<dyn DeadLetterPolicy>) -> Self {
-        self.config.policy = Some(policy);
-        self
-    }
-
-    /// A policy spec: sent to the broker in `Subscribe` (it applies unless
-    /// an operator set one) and built locally for nack delays.
-    pub fn policy_spec(mut self, spec: PolicySpec) -> Self {
-        self.config.policy_spec = Some(spec);
+    /// The subscription's dead-letter policy, the one setter for it: a
+    /// [`PolicySpec`] is sent to the broker in `Subscribe` (it applies
+    /// unless an operator set one) and built locally for nack delays; an
+    /// `Arc<dyn DeadLetterPolicy>` of your own is consulted locally for
+    /// nack delays, and sent to the broker when it has a
+    /// [`spec`](DeadLetterPolicy::spec). A later call replaces an earlier one.
+    pub fn policy(mut self, policy: impl Into<ConsumerPolicy>) -> Self {
+        match policy.into() {
+            ConsumerPolicy::Spec(spec) => {
+                self.config.policy_spec = Some(spec);
+                self.config.policy = None;
+            }
+            ConsumerPolicy::Custom(p) => {
+                self.config.policy = Some(p);
+                self.config.policy_spec = None;
+            }
+        }
         self
     }
 
@@ -169,8 +174,8 @@ impl ConsumerBuilder {
         self
     }
 
-    /// All settings at once.
-    pub fn config(mut self, config: ConsumerConfig) -> Self {
+    /// Every setting of `config` at once, for a partition's consumer.
+    pub(super) fn with_config(mut self, config: ConsumerConfig) -> Self {
         self.config = config;
         self
     }

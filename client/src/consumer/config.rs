@@ -11,8 +11,44 @@ use ricochet_proto::{DeadLetterPolicyConfig, Subscribe};
 use super::{InitialPosition, SubscriptionType};
 use crate::error::{Error, Result};
 
-/// Consumer settings; see the builder methods for each.
+/// A consumer's dead-letter policy, for
+/// [`ConsumerBuilder::policy`](super::ConsumerBuilder::policy): a spec, or
+/// an implementation of your own. Made with `From`.
 #[derive(Clone)]
+#[non_exhaustive]
+pub enum ConsumerPolicy {
+    /// A policy spec: sent to the broker and built locally.
+    Spec(PolicySpec),
+    /// A policy of your own, consulted locally (sent to the broker when it
+    /// has a [`spec`](DeadLetterPolicy::spec)).
+    Custom(Arc<dyn DeadLetterPolicy>),
+}
+
+impl std::fmt::Debug for ConsumerPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConsumerPolicy::Spec(s) => f.debug_tuple("Spec").field(s).finish(),
+            ConsumerPolicy::Custom(p) => f.debug_tuple("Custom").field(&p.name()).finish(),
+        }
+    }
+}
+
+impl From<PolicySpec> for ConsumerPolicy {
+    fn from(spec: PolicySpec) -> Self {
+        ConsumerPolicy::Spec(spec)
+    }
+}
+
+impl From<Arc<dyn DeadLetterPolicy>> for ConsumerPolicy {
+    fn from(policy: Arc<dyn DeadLetterPolicy>) -> Self {
+        ConsumerPolicy::Custom(policy)
+    }
+}
+
+/// Consumer settings, as the [`ConsumerBuilder`](super::ConsumerBuilder)
+/// methods set them; see those for each.
+#[derive(Clone)]
+#[non_exhaustive]
 pub struct ConsumerConfig {
     /// Subscription name (required).
     pub subscription: String,

@@ -201,7 +201,7 @@ impl Driver {
             let r = self.confirmed("the consumer stopped before the broker confirmed them");
             let _ = self.shared.outcome.set(r);
         }
-        let _ = self.fail_waiting(|| Error::closed());
+        let _ = self.fail_waiting(Error::closed);
     }
 
     /// A fresh stream is up: reset per-stream state, grant permits.

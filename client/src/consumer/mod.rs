@@ -82,7 +82,7 @@ use tokio::time::Instant;
 
 pub use acker::Acker;
 pub use builder::ConsumerBuilder;
-pub use config::ConsumerConfig;
+pub use config::{ConsumerConfig, ConsumerPolicy};
 pub(crate) use ids::TopicIds;
 /// How a subscription shares messages between its consumers, and where a
 /// new one starts: the protocol's own enums, shared with the broker and CLI.

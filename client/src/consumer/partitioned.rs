@@ -153,7 +153,7 @@ impl Grower {
         for i in have as u32..n {
             let c =
                 super::ConsumerBuilder::new(self.client.clone(), partition_name(&self.topic, i))
-                    .config(self.cfg.clone())
+                    .with_config(self.cfg.clone())
                     .subscribe_topic()
                     .await?;
             let Some(ackers) = self.ackers.upgrade() else {

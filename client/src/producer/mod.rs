@@ -49,8 +49,9 @@ use crate::message::{MessageId, OutgoingMessage};
 use crate::reconnect::open_with_retry;
 use queue::{Queue, Reply};
 
-/// Producer settings.
+/// Producer settings, as the [`ProducerBuilder`] methods set them.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ProducerConfig {
     /// Producer name; `None` generates a unique one.
     pub name: Option<String>,
@@ -185,8 +186,8 @@ impl ProducerBuilder {
         self
     }
 
-    /// All settings at once.
-    pub fn config(mut self, config: ProducerConfig) -> Self {
+    /// Every setting of `config` at once, for a partition's producer.
+    fn with_config(mut self, config: ProducerConfig) -> Self {
         self.config = config;
         self
     }

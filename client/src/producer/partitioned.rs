@@ -72,7 +72,7 @@ impl Router {
         for i in have..n {
             let mut builder =
                 ProducerBuilder::new(self.client.clone(), partition_name(&self.topic, i))
-                    .config(self.config.clone());
+                    .with_config(self.config.clone());
             builder.queue = Some(self.queue.clone());
             let p = builder.create_topic_producer().await?;
             let mut producers = self.producers.write().unwrap_or_else(|e| e.into_inner());
