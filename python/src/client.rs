@@ -160,7 +160,7 @@ impl PyClient {
             .ack_receipts(ack_receipts);
         if let Some(spec) = policy {
             let spec: PolicySpec = spec.parse().map_err(ricochet_client::Error::from).py()?;
-            b = b.policy_spec(spec);
+            b = b.policy(spec);
         }
         if let Some(d) = opt_duration(ack_timeout, "ack_timeout")? {
             b = b.ack_timeout(d);
