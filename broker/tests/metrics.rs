@@ -206,7 +206,50 @@ async fn retry_and_dead_letter_series_move_with_a_scripted_scenario() {
         missing.is_empty(),
         "documented but never emitted: {missing:?}"
     );
+    // So is every series the shipped alerting rules and dashboard use, but
+    // the two only a refused limit and a count of connections produce
+    // (checked in `limit_rejections_and_connections_are_counted`).
+    assert_deployed_in(&after, |name| !ONLY_UNDER_LIMITS.contains(&name));
     broker.kill9();
+}
+
+/// Deployed series this file's failure scenario does not produce.
+const ONLY_UNDER_LIMITS: [&str; 2] = ["ricochet_limit_rejections_total", "ricochet_connections"];
+
+/// The series names `deploy/` (Prometheus rules, Grafana dashboard) uses.
+fn deployed_metrics() -> Vec<String> {
+    let files = [
+        include_str!("../../deploy/prometheus/ricochet-rules.yml"),
+        include_str!("../../deploy/grafana/ricochet-dashboard.json"),
+    ];
+    let mut names: Vec<String> = files
+        .iter()
+        .flat_map(|f| f.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+        .filter(|w| w.starts_with("ricochet_") && w.len() > "ricochet_".len())
+        .map(str::to_owned)
+        .collect();
+    names.sort();
+    names.dedup();
+    assert!(names.len() >= 15, "parsed {names:?}");
+    names
+}
+
+/// Asserts that each deployed series name `wanted` keeps is in `scrape`
+/// (histograms by their `_bucket` series, as the rules use them).
+fn assert_deployed_in(scrape: &HashMap<String, f64>, wanted: impl Fn(&str) -> bool) {
+    let missing: Vec<String> = deployed_metrics()
+        .into_iter()
+        .filter(|name| wanted(name))
+        .filter(|name| {
+            !scrape
+                .keys()
+                .any(|k| k.split('{').next() == Some(name.as_str()))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "deploy/ names series the broker does not export: {missing:?}"
+    );
 }
 
 /// The metric names the README's "Metrics" paragraph lists.
@@ -373,6 +416,7 @@ async fn limit_rejections_and_connections_are_counted() {
     assert_eq!(e.code(), tonic::Code::ResourceExhausted);
     let m = parse(&scrape(metrics).await);
     assert_eq!(value(&m, "ricochet_connections", &[]), 3.0);
+    assert_deployed_in(&m, |name| ONLY_UNDER_LIMITS.contains(&name));
     assert_eq!(
         value(
             &m,
