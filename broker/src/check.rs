@@ -9,9 +9,11 @@
 
 use crate::error::{BrokerError, Result};
 use crate::storage::manifest::{self, Manifest};
-use crate::storage::{SledStorage, Storage, StorageError};
+use crate::storage::segments::{self, LogSettings, SegmentLog};
+use crate::storage::{LogStorage, SledStorage, Storage, StorageError};
 use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 
 /// What a check found.
 #[derive(Debug, Default)]
@@ -43,7 +45,7 @@ impl fmt::Display for CheckReport {
 }
 
 /// Checks the stopped store in `dir`.
-pub fn check_store(dir: &Path, segment_entries: u64) -> Result<CheckReport> {
+pub fn check_store(dir: &Path, log_settings: LogSettings) -> Result<CheckReport> {
     if !dir.is_dir() {
         return Err(BrokerError::Config(format!(
             "{} is not a directory",
@@ -89,8 +91,41 @@ pub fn check_store(dir: &Path, segment_entries: u64) -> Result<CheckReport> {
         }
         return Ok(report);
     }
-    let store = SledStorage::open(dir, segment_entries, 64 << 20)?;
-    let inventory = match store.inventory(true) {
+    let store = match SledStorage::open(dir, log_settings.segment_entries, 64 << 20) {
+        Ok(s) => Arc::new(s),
+        Err(StorageError::Corrupt(why)) => {
+            report.problems.push(why);
+            return Ok(report);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // The segment-file log, read only: torn tails are listed, not cut.
+    let mut log_entries = 0;
+    let listed = if dir.join(segments::DIR_NAME).is_dir() {
+        match SegmentLog::open(dir, log_settings, false) {
+            Ok(log) => {
+                log_entries = log.entries();
+                report.summary.push(format!(
+                    "segment files:     {} topic(s), {} bytes",
+                    log.topics().len(),
+                    log.size()
+                ));
+                for torn in &log.torn {
+                    report.summary.push(format!(
+                        "  torn tail (a write a crash interrupted; cut at the next start): {torn}"
+                    ));
+                }
+                LogStorage::with(store.clone(), log).and_then(|s| s.inventory(true))
+            }
+            Err(e) => {
+                report.problems.push(format!("the segment files: {e}"));
+                store.inventory(true)
+            }
+        }
+    } else {
+        store.inventory(true)
+    };
+    let inventory = match listed {
         Ok(inv) => inv,
         Err(e) => {
             report.problems.push(format!("cannot list the store: {e}"));
@@ -126,8 +161,9 @@ pub fn check_store(dir: &Path, segment_entries: u64) -> Result<CheckReport> {
     }
     let verified = store.verify();
     report.summary.push(format!(
-        "entries:           {} ({} stored values checked)",
-        verified.entries, verified.values
+        "entries:           {} ({} stored values checked, {log_entries} in segment files, every record checked)",
+        verified.entries + log_entries,
+        verified.values
     ));
     report.summary.push(format!(
         "dead letters:      {}",

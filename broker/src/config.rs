@@ -11,6 +11,9 @@
 //! max_properties = 256
 //! max_unacked_per_consumer = 50000
 //! segment_entries = 16384
+//! log_engine = "segments"        # ordinary topics' entries in segment files; "sled": in sled (the old layout)
+//! segment_max_bytes = 67108864   # a segment file is sealed at this size ...
+//! segment_max_age = "1h"         # ... or this age (and at each block of segment_entries ids)
 //! retry_window = "60s"
 //! max_delay = "7days"            # longest retry, held nack or deliver_at accepted
 //! replay_rate_per_second = 1000
@@ -29,6 +32,7 @@
 //! idle_timeout = "5m"                # close a connection with no call open this long ("0s": never)
 //! keepalive_interval = "30s"         # HTTP/2 pings on every connection ("0s": none) ...
 //! keepalive_timeout = "20s"          # ... and a connection whose ping is not answered in time closes
+//! min_free_space = 67108864      # refuse publishes below this many bytes free on the data dir's disk (0: never)
 //! accept_data_loss = false       # start on a store that lacks what its manifest records
 //! verify_on_start = "background" # read every stored value once serving (report damage);
 //!                                # "before": before serving (refuse damage; slower start), "off"
@@ -72,6 +76,20 @@ pub enum Durability {
     Interval,
 }
 
+/// Where ordinary topics' entries are stored (`log_engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LogEngine {
+    /// Append-only segment files under `<data_dir>/log/`
+    /// (`crate::storage::segments`); a store written with `sled` is
+    /// converted once at start.
+    #[default]
+    Segments,
+    /// sled's segment trees, as before the segment files (a store once
+    /// converted is not converted back).
+    Sled,
+}
+
 /// The largest `max_delay` a config may set: far beyond any use, and far
 /// below the point where a due time in milliseconds could overflow.
 pub const MAX_DELAY_CEILING: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -88,9 +106,14 @@ pub enum VerifyOnStart {
     /// is logged (ERROR), turns `ricochet_storage_healthy` to 0 and the gRPC
     /// health check to NOT_SERVING, as a damaged read does. Until the pass
     /// reaches a damaged value, only a read of it finds it (and fails).
+    /// What the manifest records (entries, segments, subscriptions, and
+    /// after a clean stop each subscription's dead-letter and scheduled
+    /// counts: a scan of those keys) is still compared before serving.
     #[default]
     Background,
-    /// Never: only reads check values (each against its checksum).
+    /// Never: only reads check values (each against its checksum). The fast
+    /// mode: the counts of a clean stop are neither recorded nor compared
+    /// (entries, segments and subscriptions still are).
     Off,
 }
 
@@ -197,6 +220,15 @@ pub struct BrokerConfig {
     /// Entries per storage segment; a segment is dropped once every
     /// subscription has acknowledged all of it.
     pub segment_entries: u64,
+    /// Where ordinary topics' entries are stored.
+    pub log_engine: LogEngine,
+    /// A segment file holding this many bytes is sealed and the next one
+    /// started (segment-file log only).
+    pub segment_max_bytes: u64,
+    /// A segment file this old is sealed at the next append
+    /// (segment-file log only).
+    #[serde(with = "humantime_serde")]
+    pub segment_max_age: Duration,
     /// How far ahead the retry scheduler loads due times into memory.
     #[serde(with = "humantime_serde")]
     pub retry_window: Duration,
@@ -253,6 +285,12 @@ pub struct BrokerConfig {
     pub keepalive_timeout: Duration,
     /// Default dead-letter policies by topic pattern (first match wins).
     pub policies: Vec<PolicyRule>,
+    /// Publishes are refused (RESOURCE_EXHAUSTED, naming the data directory
+    /// and the space left) while the data directory's filesystem has fewer
+    /// bytes than this free, and accepted again by themselves once space
+    /// returns, so the storage engine never meets a full disk; 0 never
+    /// refuses.
+    pub min_free_space: u64,
     /// Start even when the store lacks what its manifest records (each
     /// loss is logged, and what is left becomes the record). Off by default:
     /// a damaged store is refused.
@@ -295,6 +333,9 @@ impl Default for BrokerConfig {
             max_properties: 256,
             max_unacked_per_consumer: 50_000,
             segment_entries: 16_384,
+            log_engine: LogEngine::Segments,
+            segment_max_bytes: 64 << 20,
+            segment_max_age: Duration::from_secs(3600),
             retry_window: Duration::from_secs(60),
             max_delay: Duration::from_secs(7 * 24 * 3600),
             replay_rate_per_second: 1_000,
@@ -311,6 +352,7 @@ impl Default for BrokerConfig {
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
             policies: Vec::new(),
+            min_free_space: 64 << 20,
             accept_data_loss: false,
             verify_on_start: VerifyOnStart::default(),
             console_listen: None,
@@ -344,6 +386,15 @@ impl BrokerConfig {
         Ok(config)
     }
 
+    /// When the segment-file log rolls.
+    pub fn log_settings(&self) -> crate::storage::segments::LogSettings {
+        crate::storage::segments::LogSettings {
+            segment_entries: self.segment_entries,
+            max_bytes: self.segment_max_bytes,
+            max_age: self.segment_max_age,
+        }
+    }
+
     /// Rejects settings that cannot work.
     pub fn validate(&self) -> Result<(), BrokerError> {
         let bad = |m: &str| Err(BrokerError::Config(m.to_owned()));
@@ -355,6 +406,12 @@ impl BrokerConfig {
         }
         if self.segment_entries == 0 {
             return bad("segment_entries must be positive");
+        }
+        if self.segment_max_bytes < 4096 {
+            return bad("segment_max_bytes must be at least 4096");
+        }
+        if self.segment_max_age.is_zero() {
+            return bad("segment_max_age must be positive");
         }
         if self.max_unacked_per_consumer == 0 {
             return bad("max_unacked_per_consumer must be positive");

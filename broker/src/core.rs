@@ -152,7 +152,7 @@ impl BrokerCore {
             ManifestKeeper::open(
                 storage.clone(),
                 config.accept_data_loss,
-                config.verify_on_start == VerifyOnStart::Before,
+                config.verify_on_start != VerifyOnStart::Off,
                 clock.clone(),
             )
             .await?,
@@ -168,7 +168,12 @@ impl BrokerCore {
             storage.clone(),
         )?);
         let shutdown = CancellationToken::new();
-        let flusher = Flusher::start(storage.clone(), config.flush_interval, shutdown.clone());
+        let flusher = Flusher::start(
+            storage.clone(),
+            config.flush_interval,
+            shutdown.clone(),
+            crate::disk::DiskGuard::new(config.data_dir.clone(), config.min_free_space),
+        );
         let scheduler = Scheduler::start(
             storage.clone(),
             config.retry_window,
@@ -298,10 +303,10 @@ impl BrokerCore {
 
     /// The end of a clean stop (streams closed): no more ids are handed
     /// out, subscription actors are given time to stop, storage is flushed,
-    /// and the manifest records exactly what the store holds: with
-    /// `verify_on_start = "before"` the dead-letter and schedule counts too
-    /// (a scan of both trees, which only that mode compares at the next
-    /// start; without them the manifest says nothing about the counts).
+    /// and the manifest records exactly what the store holds: the
+    /// dead-letter and schedule counts of each subscription too (a scan of
+    /// the keys of both trees, compared at the next start), except with
+    /// `verify_on_start = "off"`, the fast mode, which never compares them.
     pub async fn stop_clean(&self) -> Result<()> {
         self.keeper.close();
         let entries: Vec<Arc<TopicEntry>> = self.topics.lock().await.values().cloned().collect();
@@ -314,7 +319,7 @@ impl BrokerCore {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         self.storage.flush().await?;
-        let count = self.config.verify_on_start == VerifyOnStart::Before;
+        let count = self.config.verify_on_start != VerifyOnStart::Off;
         let inventory = self.storage.inventory(count)?;
         self.keeper.stop_clean(&handed_out, &inventory).await
     }

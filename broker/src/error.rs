@@ -98,6 +98,11 @@ pub enum BrokerError {
     /// Cluster mode: etcd failed or did not answer in time.
     #[error("etcd: {0}")]
     Etcd(String),
+    /// The data directory's filesystem has less than `min_free_space` free
+    /// (or sled met a full disk); the message names the directory and the
+    /// space left.
+    #[error("{0}")]
+    DiskFull(String),
     /// The store lacks what its manifest says it must hold (or cannot be
     /// verified): the broker refuses to start on it.
     #[error("refusing to start: the store is damaged or incomplete: {0}")]

@@ -8,8 +8,12 @@
 //! for receipts.
 //!
 //! After a failed flush the flusher turns unhealthy for good (sled refuses
-//! further work after an I/O error): every later wait fails.
+//! further work after an I/O error): every later wait fails. A publish
+//! first asks [`Flusher::check_room`], which refuses it while the data
+//! directory's disk is nearly full ([`DiskGuard`]), so that a full disk
+//! stops publishes before it can fail a flush.
 
+use crate::disk::DiskGuard;
 use crate::error::{BrokerError, Result};
 use crate::storage::{Storage, StorageError};
 use std::sync::Arc;
@@ -31,12 +35,21 @@ struct Inner {
     completed: watch::Receiver<u64>,
     healthy: AtomicBool,
     flushes: AtomicU64,
+    disk: DiskGuard,
+    /// Set when the flush failed because the disk was full.
+    failed_full: AtomicBool,
 }
 
 impl Flusher {
     /// Starts the flush task. `interval` adds a periodic flush; the task ends
-    /// (releasing storage) when `stop` is cancelled.
-    pub fn start(storage: Arc<dyn Storage>, interval: Duration, stop: CancellationToken) -> Self {
+    /// (releasing storage) when `stop` is cancelled. `disk` guards the data
+    /// directory's free space.
+    pub fn start(
+        storage: Arc<dyn Storage>,
+        interval: Duration,
+        stop: CancellationToken,
+        disk: DiskGuard,
+    ) -> Self {
         let (done_tx, done_rx) = watch::channel(0u64);
         let inner = Arc::new(Inner {
             requested: AtomicU64::new(0),
@@ -44,6 +57,8 @@ impl Flusher {
             completed: done_rx,
             healthy: AtomicBool::new(true),
             flushes: AtomicU64::new(0),
+            disk,
+            failed_full: AtomicBool::new(false),
         });
         let task_inner = Arc::downgrade(&inner);
         tokio::spawn(async move {
@@ -63,6 +78,9 @@ impl Flusher {
                 inner.flushes.fetch_add(1, Ordering::Relaxed);
                 if let Err(e) = ok {
                     tracing::error!(error = %e, "storage flush failed; refusing further writes");
+                    if e.is_disk_full() {
+                        inner.failed_full.store(true, Ordering::Release);
+                    }
                     inner.healthy.store(false, Ordering::Release);
                     // Wake every waiter so it sees the failure.
                     let _ = done_tx.send(u64::MAX);
@@ -91,13 +109,35 @@ impl Flusher {
         self.check()
     }
 
-    /// Fails if a flush has failed.
+    /// Fails if a flush has failed: RESOURCE_EXHAUSTED naming the disk when
+    /// it failed on a full disk.
     pub fn check(&self) -> Result<()> {
         if self.inner.healthy.load(Ordering::Acquire) {
             Ok(())
+        } else if self.inner.failed_full.load(Ordering::Acquire) {
+            let disk = &self.inner.disk;
+            Err(BrokerError::DiskFull(format!(
+                "the disk of the data directory {} filled up ({} free now): a flush failed, \
+                 so the store refuses writes until the broker is restarted",
+                disk.dir().display(),
+                crate::disk::show_bytes(disk.free_bytes().unwrap_or(0))
+            )))
         } else {
             Err(StorageError::Unhealthy.into())
         }
+    }
+
+    /// [`Flusher::check`], then whether a write of about `bytes` leaves
+    /// `min_free_space` free on the data directory's disk
+    /// ([`DiskGuard::check`]).
+    pub fn check_room(&self, bytes: u64) -> Result<()> {
+        self.check()?;
+        self.inner.disk.check(bytes)
+    }
+
+    /// The data directory's free-space guard.
+    pub fn disk(&self) -> &DiskGuard {
+        &self.inner.disk
     }
 
     /// Whether every flush so far succeeded.

@@ -18,13 +18,13 @@
 //! * a topic's recorded `next`, segments and subscriptions are lower bounds,
 //!   as of the last snapshot (every few seconds while writes happen, and at
 //!   a clean stop);
-//! * dead-letter and schedule counts are exact at a clean stop and absent
-//!   while running (retries fire and dead letters are purged between
-//!   snapshots), so they are checked only after a clean stop, and only
-//!   when the verify pass runs before serving (`verify_on_start =
-//!   "before"`, which counts them on its way; otherwise the check would
-//!   cost a scan of both trees before serving). Only in that mode does a
-//!   clean stop count them (another scan); otherwise it records none.
+//! * dead-letter and schedule counts, per subscription, are exact at a
+//!   clean stop and absent while running (retries fire and dead letters
+//!   are purged between snapshots), so they are checked only after a clean
+//!   stop. They are checked before serving in the default mode too
+//!   (`verify_on_start = "background"`: a scan of the keys of both trees
+//!   before serving; `"before"` takes them from its pass). Only `"off"`, the
+//!   fast mode, neither counts them at a clean stop nor compares them.
 
 use crate::clock::SharedClock;
 use crate::error::{BrokerError, Result};
@@ -288,7 +288,8 @@ impl ManifestKeeper {
 }
 
 /// The manifest a run starts with: what the store holds now (checked, or
-/// accepted), and every reservation the previous manifest made.
+/// accepted), and every reservation the previous manifest made. It records
+/// no counts: they hold only at a clean stop.
 fn fresh_manifest(store_id: String, previous: Option<Manifest>, inventory: &Inventory) -> Manifest {
     let mut m = Manifest {
         store_id,
@@ -306,7 +307,9 @@ fn fresh_manifest(store_id: String, previous: Option<Manifest>, inventory: &Inve
     for (name, t) in &inventory.topics {
         let facts = m.topics.entry(name.clone()).or_default();
         facts.reserved = facts.reserved.max(t.next);
-        facts.recorded = Some(t.recorded());
+        let mut recorded = t.recorded();
+        recorded.counts.clear();
+        facts.recorded = Some(recorded);
     }
     m
 }

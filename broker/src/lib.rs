@@ -15,7 +15,8 @@
 //! * `scheduler`: persisted due times with a near-term timer window;
 //! * [`storage`]: the storage trait, its records, sled and in-memory engines;
 //! * `keeper`: the manifest (id reservations, what the store must hold);
-//! * `flusher`: group commit; `service`: the gRPC services (the only place
+//! * `flusher`: group commit; `disk`: free space on the data directory
+//!   (publishes refused on a full disk, resumed once space returns); `service`: the gRPC services (the only place
 //!   that knows protobuf requests and gRPC statuses);
 //! * `metrics`: the Prometheus series; `failure_log`: the periodic summary
 //!   of retries and dead letters in the log; [`clock`]: injected wall time;
@@ -49,6 +50,7 @@ mod config;
 mod connections;
 pub mod console;
 mod core;
+mod disk;
 mod error;
 mod failure_log;
 mod flusher;
@@ -70,7 +72,7 @@ mod transfer;
 mod util;
 
 pub use claims::TierOverrides;
-pub use config::{BrokerConfig, Durability, LogFormat, PolicyRule, VerifyOnStart};
+pub use config::{BrokerConfig, Durability, LogEngine, LogFormat, PolicyRule, VerifyOnStart};
 pub use core::{BrokerCore, TopicEntry};
 pub use error::{BrokerError, Result};
 pub use flusher::Flusher;

@@ -302,7 +302,7 @@ fn check(data_dir: Option<PathBuf>, config: Option<PathBuf>) -> anyhow::Result<E
     if let Some(d) = data_dir {
         config.data_dir = d;
     }
-    let report = ricochet_broker::check::check_store(&config.data_dir, config.segment_entries)
+    let report = ricochet_broker::check::check_store(&config.data_dir, config.log_settings())
         .with_context(|| format!("cannot check {}", config.data_dir.display()))?;
     println!("data directory:    {}", config.data_dir.display());
     print!("{report}");

@@ -158,6 +158,14 @@ fn describe() {
         "ricochet_storage_healthy",
         "1 while every storage flush has succeeded."
     );
+    describe_gauge!(
+        "ricochet_storage_free_bytes",
+        "Bytes free on the data directory's filesystem."
+    );
+    describe_gauge!(
+        "ricochet_storage_disk_full",
+        "1 while publishes are refused because the data directory's disk has less than min_free_space free."
+    );
     describe_counter!(
         "ricochet_limit_rejections_total",
         "Requests and connections refused because a configured limit was reached, by limit."

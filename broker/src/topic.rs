@@ -306,7 +306,8 @@ impl Topic {
     /// wait for an id reservation: a producer's next batch must not start
     /// before this returns, or its ids could come first.
     pub async fn write(&self, producer: &str, messages: Vec<OutboundMessage>) -> Result<Written> {
-        self.flusher.check()?;
+        let bytes: usize = messages.iter().map(|m| m.payload.len()).sum();
+        self.flusher.check_room(bytes as u64)?;
         if self.closed.load(Ordering::Acquire) {
             return Err(BrokerError::TopicNotFound(format!(
                 "{} (deleted while this producer was connected)",

@@ -1,13 +1,21 @@
 //! Damaged stores: a store is built by the real binary (messages large and
 //! small, dead letters, scheduled retries) and stopped cleanly; then copies
 //! of it are damaged — `db` truncated at several points or deleted, `blobs`
-//! deleted, single bytes of `db` flipped, 4 KiB blocks of `db` zeroed, the
-//! manifest flipped — and the binary is started on each copy. Every start
-//! must either refuse, with one line naming what is wrong, or serve all of
-//! the data (every message byte for byte, every dead letter, every
-//! scheduled retry): never a smaller broker. `ricochet-broker check` must
-//! pass the intact store and fail every store the broker refused. The
-//! broker runs with `--verify-on-start before`, the mode that promises this.
+//! deleted, single bytes of `db` flipped, 256 bytes of `db` flipped, a sled
+//! segment header copied over another, 4 KiB blocks of `db` zeroed, the
+//! manifest flipped, the segment-file log deleted or its files flipped, cut
+//! or deleted — and the binary is started on each copy. Every start must
+//! either refuse, with one line naming what is wrong and `ricochet-broker
+//! check`, or serve all of the data (every message byte for byte, every
+//! dead letter, every scheduled retry): never a smaller broker, never a
+//! panic. `ricochet-broker check` must pass the intact store and fail every
+//! store the broker refused. The broker runs in each `--verify-on-start`
+//! mode that promises this before serving: `before` and the default,
+//! `background` (which checks the manifest's facts before serving and reads
+//! every value after). Two more tests: a store that silently lost a dead
+//! letter or a scheduled retry since its clean stop is refused by default;
+//! a store on which sled panics inside its open (a duplicated segment
+//! header, in a store sled reads every header of) is refused with one line.
 
 mod common;
 use common::*;
@@ -73,24 +81,29 @@ async fn build_store(dir: &Path) {
     assert!(broker.stop().await.success(), "clean stop");
 }
 
+/// The binary on `dir` (no metrics listener) with `--verify-on-start mode`
+/// and `RUST_LOG=rust_log`, its stdout piped.
+fn broker_command(dir: &Path, mode: &str, rust_log: &str) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("--data-dir")
+        .arg(dir)
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--verify-on-start", mode])
+        .env("RUST_LOG", rust_log)
+        .stdout(Stdio::piped());
+    c
+}
+
 /// A started broker, or why it refused.
 enum Start {
     Serving(Child, String),
     Refused(String),
 }
 
-/// Starts the binary on `dir` (no metrics listener), verifying every value
-/// before serving, and reads whether it listens or exits.
-fn start(dir: &Path) -> Start {
-    let mut child = Command::new(BIN)
-        .arg("--data-dir")
-        .arg(dir)
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-        // The mode that refuses damage before serving (the default,
-        // `background`, serves and reports it: see the broker's unit tests).
-        .args(["--verify-on-start", "before"])
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
+/// Starts the binary on `dir` with `--verify-on-start mode` and reads
+/// whether it listens or exits.
+fn start(dir: &Path, mode: &str) -> Start {
+    let mut child = broker_command(dir, mode, "error")
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the broker");
@@ -209,6 +222,26 @@ async fn serves_everything(url: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether the broker at `url` reports bad storage (gRPC health of the
+/// broker service NOT_SERVING) within a few seconds.
+async fn reports_damage(url: &str) -> bool {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel(url).await);
+    for _ in 0..50 {
+        let status = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "ricochet.v1.Broker".into(),
+            })
+            .await
+            .map(|r| r.into_inner().status);
+        if status.is_ok_and(|s| s == ServingStatus::NotServing as i32) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
@@ -234,6 +267,51 @@ fn dir_bytes(dir: &Path) -> u64 {
         })
         .sum()
     })
+}
+
+/// sled's log segment size (its default) and segment header length.
+const SLED_SEGMENT: usize = 512 * 1024;
+const SLED_HEADER: usize = 20;
+
+/// Copies the header of the sled log segment with the highest log sequence
+/// number over the header of another segment.
+fn duplicate_newest_segment_header(db: &mut [u8]) {
+    // A header: crc32 (4 bytes), then the segment's lsn xor 0x7fff.. (8, LE).
+    let lsn = |at: usize| {
+        let raw: [u8; 8] = db[at + 4..at + 12].try_into().unwrap();
+        u64::from_le_bytes(raw) ^ 0x7FFF_FFFF_FFFF_FFFF
+    };
+    let segments = db.len() / SLED_SEGMENT;
+    assert!(segments >= 2, "sled's log spans more than one segment");
+    let newest = (0..segments)
+        .map(|i| i * SLED_SEGMENT)
+        // Plausible headers only: a segment's lsn is a multiple of its size.
+        .filter(|at| lsn(*at) % SLED_SEGMENT as u64 == 0 && lsn(*at) < 1 << 40)
+        .max_by_key(|at| lsn(*at))
+        .expect("a segment header");
+    let other = if newest == 0 { SLED_SEGMENT } else { 0 };
+    db.copy_within(newest..newest + SLED_HEADER, other);
+}
+
+/// The topic's directory in the segment-file log.
+fn topic_log(d: &Path) -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(d.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "one ordinary topic: {dirs:?}");
+    dirs.pop().unwrap()
+}
+
+/// The topic's segment files, oldest first.
+fn segment_files(d: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(topic_log(d))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    files.sort();
+    files
 }
 
 /// One way of damaging a store.
@@ -266,7 +344,27 @@ fn damages(db_len: u64) -> Vec<Damage> {
             }
         }),
         damage("blobs deleted", |d| {
-            std::fs::remove_dir_all(d.join("blobs")).unwrap()
+            let _ = std::fs::remove_dir_all(d.join("blobs"));
+        }),
+        damage("the segment-file log deleted", |d| {
+            std::fs::remove_dir_all(d.join("log")).unwrap()
+        }),
+        damage("the topic's segment files deleted", |d| {
+            for f in segment_files(d) {
+                std::fs::remove_file(f).unwrap();
+            }
+        }),
+        damage("the topic's log start file deleted", |d| {
+            std::fs::remove_file(topic_log(d).join("start")).unwrap()
+        }),
+        // Two log segments claiming one place in sled's log (the newest
+        // segment's header copied over another's): sled panics (an
+        // assertion) inside its open.
+        damage("sled's newest segment header copied over another", |d| {
+            let path = d.join("db");
+            let mut b = std::fs::read(&path).unwrap();
+            duplicate_newest_segment_header(&mut b);
+            std::fs::write(path, b).unwrap();
         }),
         damage("manifest byte flipped", |d| {
             let path = d.join("ricochet.manifest");
@@ -305,6 +403,37 @@ fn damages(db_len: u64) -> Vec<Damage> {
             })
         }));
     }
+    for n in [1u64, 2, 3] {
+        let at = (db_len * n / 4) as usize;
+        out.push(damage(format!("db 256 bytes at {at} flipped"), move |d| {
+            edit(d, &|b| {
+                let end = (at + 256).min(b.len());
+                b[at..end].iter_mut().for_each(|x| *x ^= 0xff);
+            })
+        }));
+    }
+    for n in 0..8u64 {
+        out.push(damage(
+            format!("segment file: byte at {n}/8 flipped"),
+            move |d| {
+                let f = segment_files(d).pop().unwrap();
+                let mut b = std::fs::read(&f).unwrap();
+                let at = (b.len() as u64 * n / 8) as usize + 5;
+                b[at] ^= 0x08;
+                std::fs::write(f, b).unwrap();
+            },
+        ));
+        out.push(damage(format!("segment file: cut to {n}/8"), move |d| {
+            let f = segment_files(d).pop().unwrap();
+            let len = std::fs::metadata(&f).unwrap().len() * n / 8;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(f)
+                .unwrap()
+                .set_len(len)
+                .unwrap();
+        }));
+    }
     for n in [0u64, 1, 2, 3] {
         let at = (db_len * n / 4) as usize & !4095;
         out.push(damage(format!("db 4 KiB at {at} zeroed"), move |d| {
@@ -318,14 +447,23 @@ fn damages(db_len: u64) -> Vec<Damage> {
 }
 
 #[tokio::test]
-async fn a_damaged_store_is_refused_or_served_whole() {
+async fn a_damaged_store_is_refused_or_served_whole_verifying_before_serving() {
+    refused_or_served_whole("before").await
+}
+
+#[tokio::test]
+async fn a_damaged_store_is_refused_or_served_whole_by_default() {
+    refused_or_served_whole("background").await
+}
+
+async fn refused_or_served_whole(mode: &str) {
     let root = tempfile::tempdir().unwrap();
     let store: PathBuf = root.path().join("store");
     build_store(&store).await;
     let db_len = std::fs::metadata(store.join("db")).unwrap().len();
     assert!(
-        dir_bytes(&store.join("blobs")) > 0,
-        "the store keeps its large values in blobs"
+        dir_bytes(&store.join("log")) > 0,
+        "the store keeps the topic's entries in segment files"
     );
     let (ok, out) = check(&store);
     assert!(ok, "check passes the intact store:\n{out}");
@@ -338,7 +476,7 @@ async fn a_damaged_store_is_refused_or_served_whole() {
     // The intact store, started: everything is there.
     let intact = root.path().join("intact");
     copy_dir(&store, &intact);
-    match start(&intact) {
+    match start(&intact, mode) {
         Start::Serving(mut child, url) => {
             let served = serves_everything(&url).await;
             let _ = child.kill();
@@ -354,22 +492,34 @@ async fn a_damaged_store_is_refused_or_served_whole() {
         let copy = root.path().join(format!("case-{n}"));
         copy_dir(&store, &copy);
         (d.apply)(&copy);
-        match start(&copy) {
+        match start(&copy, mode) {
             Start::Serving(mut child, url) => {
                 let served = serves_everything(&url).await;
+                // In the background mode a damaged value is found by the
+                // pass (or the read) once serving: reported, not silent.
+                let reported =
+                    served.is_err() && mode == "background" && reports_damage(&url).await;
                 let _ = child.kill();
                 let _ = child.wait();
                 match served {
                     Ok(()) => outcomes.push(format!("{}: served everything", d.name)),
-                    Err(e) => {
-                        failures.push(format!("{}: started and served a subset: {e}", d.name))
-                    }
+                    Err(e) if reported => outcomes.push(format!(
+                        "{}: served, damage reported (health NOT_SERVING): {e}",
+                        d.name
+                    )),
+                    Err(e) => failures.push(format!(
+                        "{}: started and served a subset, storage healthy: {e}",
+                        d.name
+                    )),
                 }
             }
             Start::Refused(why) => {
                 let lines: Vec<&str> = why.lines().filter(|l| !l.trim().is_empty()).collect();
                 let line = lines.last().copied().unwrap_or("");
-                if lines.len() != 1 || !line.starts_with("ricochet-broker: ") {
+                if lines.len() != 1
+                    || !line.starts_with("ricochet-broker: ")
+                    || !line.contains("ricochet-broker check")
+                {
                     failures.push(format!(
                         "{}: refused without one clear line: {why:?}",
                         d.name
@@ -390,4 +540,153 @@ async fn a_damaged_store_is_refused_or_served_whole() {
         outcomes.iter().any(|o| o.contains("refused")),
         "some damage must be refused"
     );
+}
+
+/// Starts the binary on `dir` in the default mode with `--accept-data-loss`
+/// and WARN logging; returns it with the log lines printed before it
+/// listened.
+fn start_accepting_loss(dir: &Path) -> (Child, String, Vec<String>) {
+    let mut child = broker_command(dir, "background", "warn")
+        .arg("--accept-data-loss")
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the broker");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut log = Vec::new();
+    let mut url = None;
+    for line in lines.by_ref().map_while(Result::ok) {
+        if let Some(addr) = line.strip_prefix("ricochet-broker listening on ") {
+            url = Some(format!("http://{addr}"));
+            break;
+        }
+        log.push(line);
+    }
+    std::thread::spawn(move || lines.for_each(drop));
+    let url = url.unwrap_or_else(|| panic!("did not start: {log:?}"));
+    (child, url, log)
+}
+
+/// The store of [`build_store`] with one of the subscription's dead letters
+/// or one of its scheduled retries removed behind the broker's back, as
+/// damage sled does not notice leaves it (no checksum fails: the record is
+/// simply gone).
+async fn lose_one(dir: &Path, dead_letter: bool) {
+    use ricochet_broker::storage::{SledStorage, Storage};
+    let s = SledStorage::open(dir, 16_384, 8 << 20).unwrap();
+    let topic = format!("persistent://public/default/{TOPIC}");
+    let sub = s
+        .list_subscriptions(&topic)
+        .unwrap()
+        .into_iter()
+        .find(|r| r.name == SUB)
+        .expect("the subscription");
+    if dead_letter {
+        let dead = s.dead_letters(sub.id, None).unwrap();
+        assert_eq!(dead.len(), DEAD.len());
+        s.remove_dead_letters(sub.id, &[dead[0].0]).unwrap();
+    } else {
+        let due: Vec<_> = s
+            .scheduled(None, u64::MAX, 100)
+            .unwrap()
+            .into_iter()
+            .filter(|k| k.message.sub_id == sub.id)
+            .collect();
+        assert_eq!(due.len(), RETRIED.len());
+        s.put_schedule(&[(due[0], false)]).unwrap();
+    }
+    s.flush().await.unwrap();
+}
+
+#[tokio::test]
+async fn by_default_a_store_that_lost_dead_letters_or_retries_is_refused_before_serving() {
+    let root = tempfile::tempdir().unwrap();
+    let store: PathBuf = root.path().join("store");
+    build_store(&store).await;
+    let cases = [
+        (
+            true,
+            "holds 2 dead letters, the manifest records 3 at the last clean stop (1 missing)",
+        ),
+        (
+            false,
+            "holds 1 scheduled messages, the manifest records 2 at the last clean stop (1 missing)",
+        ),
+    ];
+    for (dead_letter, expected) in cases {
+        let copy = root.path().join(format!("lost-dead-letter-{dead_letter}"));
+        copy_dir(&store, &copy);
+        lose_one(&copy, dead_letter).await;
+        let what = format!("subscription {SUB} on persistent://public/default/{TOPIC} {expected}");
+        match start(&copy, "background") {
+            Start::Refused(why) => {
+                assert!(why.contains(&what), "{why}");
+                assert!(why.contains("ricochet-broker check"), "{why}");
+                assert_eq!(why.trim().lines().count(), 1, "{why}");
+            }
+            Start::Serving(mut child, _) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("a store missing what its manifest records was served ({what})");
+            }
+        }
+        // `check` names it too.
+        let (ok, out) = check(&copy);
+        assert!(!ok && out.contains(&what), "{out}");
+        // Accepted: the broker serves and says exactly what is missing.
+        let (mut child, url, log) = start_accepting_loss(&copy);
+        assert!(
+            log.iter().any(|l| l.contains("WARN") && l.contains(&what)),
+            "{log:?}"
+        );
+        let mut admin = AdminClient::new(channel(&url).await);
+        let stats = admin
+            .subscription_stats(SubscriptionRequest {
+                topic: TOPIC.into(),
+                subscription: SUB.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let left = if dead_letter { (2, 2) } else { (1, 3) };
+        assert_eq!((stats.scheduled_retries, stats.dead_lettered), left);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_store_sled_panics_on_while_opening_is_refused_with_one_line() {
+    use ricochet_broker::storage::{SledStorage, Storage};
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // Written in one session: sled reads every segment header at the
+        // next open (a store a broker reopened may not).
+        let s = SledStorage::open(dir.path(), 1024, 8 << 20).unwrap();
+        for id in 0..3000u64 {
+            s.append("t", id, &[vec![(id % 251) as u8; 1000]], None)
+                .unwrap();
+        }
+        s.flush().await.unwrap();
+    }
+    let path = dir.path().join("db");
+    let mut db = std::fs::read(&path).unwrap();
+    duplicate_newest_segment_header(&mut db);
+    std::fs::write(&path, db).unwrap();
+    match start(dir.path(), "background") {
+        Start::Refused(why) => {
+            let lines: Vec<&str> = why.lines().filter(|l| !l.trim().is_empty()).collect();
+            assert_eq!(lines.len(), 1, "one line, no panic: {why}");
+            assert!(lines[0].starts_with("ricochet-broker: "), "{why}");
+            assert!(lines[0].contains("sled cannot open the store"), "{why}");
+            assert!(lines[0].contains("ricochet-broker check"), "{why}");
+        }
+        Start::Serving(mut child, _) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("a store sled cannot open was served");
+        }
+    }
+    let (ok, out) = check(dir.path());
+    assert!(!ok && out.contains("sled cannot open the store"), "{out}");
 }

@@ -11,20 +11,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::topic;
-use ricochet_client::{Client, ErrorKind};
+use common::{client, topic};
+use ricochet_client::ErrorKind;
 use ricochet_testkit::{BrokerProcess, SpawnOptions};
 
 const T: Duration = Duration::from_secs(15);
-
-async fn client(url: &str) -> Client {
-    Client::builder(url)
-        .request_timeout(Duration::from_secs(5))
-        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200))
-        .connect()
-        .await
-        .unwrap()
-}
 
 /// The port of `url` (`http://127.0.0.1:PORT`), to come back on it.
 fn addr_of(url: &str) -> std::net::SocketAddr {

@@ -16,7 +16,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{recv, text, topic};
+use common::{client, recv, text, topic};
 use ricochet_client::{Client, Consumer, ErrorKind, InitialPosition, SubscriptionType};
 use ricochet_testkit::{BrokerProcess, SpawnOptions};
 
@@ -24,15 +24,6 @@ const T: Duration = Duration::from_secs(10);
 
 async fn broker(dir: &std::path::Path) -> BrokerProcess {
     BrokerProcess::spawn(dir, &SpawnOptions::new()).await
-}
-
-async fn client(url: &str) -> Client {
-    Client::builder(url)
-        .request_timeout(Duration::from_secs(5))
-        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200))
-        .connect()
-        .await
-        .unwrap()
 }
 
 async fn consumer(client: &Client, t: &str, receipts: bool) -> Consumer {

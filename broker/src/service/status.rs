@@ -14,7 +14,7 @@ pub fn code_of(e: &BrokerError) -> Code {
         BrokerError::TopicNotFound(_) | BrokerError::SubscriptionNotFound { .. } => Code::NotFound,
         BrokerError::TopicExists(_) => Code::AlreadyExists,
         BrokerError::Conflict(_) => Code::FailedPrecondition,
-        BrokerError::LimitReached(_) => Code::ResourceExhausted,
+        BrokerError::LimitReached(_) | BrokerError::DiskFull(_) => Code::ResourceExhausted,
         BrokerError::PermissionDenied(_) => Code::PermissionDenied,
         BrokerError::ShuttingDown
         | BrokerError::OwnerDown { .. }
@@ -23,6 +23,8 @@ pub fn code_of(e: &BrokerError) -> Code {
         | BrokerError::Peer(_)
         | BrokerError::Etcd(_) => Code::Unavailable,
         BrokerError::NotOwner { .. } => Code::FailedPrecondition,
+        // sled met a full disk (the free-space guard was overrun).
+        BrokerError::Storage(e) if e.is_disk_full() => Code::ResourceExhausted,
         BrokerError::Storage(StorageError::Corrupt(_) | StorageError::Missing(_))
         | BrokerError::DataLoss(_) => Code::DataLoss,
         BrokerError::Storage(

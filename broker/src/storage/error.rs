@@ -41,9 +41,29 @@ impl From<sled::Error> for StorageError {
     }
 }
 
+impl StorageError {
+    /// Whether the engine failed on a full disk.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            StorageError::Engine(sled::Error::Io(e)) | StorageError::Io(e) => {
+                e.kind() == std::io::ErrorKind::StorageFull
+            }
+            _ => false,
+        }
+    }
+}
+
 impl From<prost::DecodeError> for StorageError {
     fn from(e: prost::DecodeError) -> Self {
         StorageError::Corrupt(e.to_string())
+    }
+}
+
+impl StorageError {
+    /// A blocking storage task that did not finish (it panicked or was
+    /// cancelled).
+    pub(crate) fn joined(e: tokio::task::JoinError) -> Self {
+        StorageError::Io(std::io::Error::other(e))
     }
 }
 

@@ -8,7 +8,7 @@
 //! ids reserved for it (ids below are never handed out again, crash or not),
 //! and what a snapshot found durable: the entry range's end, the segments
 //! and the subscriptions. At a clean stop it also holds exact counts of dead
-//! letters and scheduled retries. [`verify`] compares a manifest with what a
+//! letters and scheduled messages, per subscription. [`verify`] compares a manifest with what a
 //! store holds (an [`Inventory`]) and lists every problem; what is exact and
 //! what is a lower bound is said on each field.
 
@@ -67,6 +67,21 @@ pub struct Recorded {
     pub segments: Vec<(u64, u64)>,
     /// Subscriptions then (deleting one updates the manifest first).
     pub subscriptions: BTreeSet<String>,
+    /// Per subscription, its dead letters and scheduled messages: exact,
+    /// recorded by a clean stop only (empty while running, since retries
+    /// fire and dead letters are purged between snapshots).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counts: BTreeMap<String, SubCounts>,
+}
+
+/// A subscription's dead letters and scheduled messages (retries, delayed
+/// messages, held nacks), counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubCounts {
+    /// Dead-letter records.
+    pub dead_letters: u64,
+    /// Schedule entries.
+    pub scheduled: u64,
 }
 
 /// What a store holds, as the manifest describes it: the engine's answer
@@ -98,16 +113,21 @@ pub struct TopicInventory {
     pub segments: Vec<u64>,
     /// Subscription names.
     pub subscriptions: BTreeSet<String>,
+    /// Per subscription name, when counted (`Storage::inventory` with
+    /// `counts`): every subscription of the topic is in it.
+    pub counts: Option<BTreeMap<String, SubCounts>>,
 }
 
 impl TopicInventory {
-    /// The facts a snapshot records for this topic.
+    /// The facts a snapshot records for this topic (with the counts when
+    /// they were counted).
     pub fn recorded(&self) -> Recorded {
         Recorded {
             kind: self.kind,
             next: self.next,
             segments: ranges(&self.segments),
             subscriptions: self.subscriptions.clone(),
+            counts: self.counts.clone().unwrap_or_default(),
         }
     }
 }
@@ -258,13 +278,37 @@ pub fn verify(manifest: Option<&Manifest>, inv: &Inventory) -> Vec<String> {
         for sub in rec.subscriptions.difference(&stored.subscriptions) {
             problems.push(format!("subscription {sub} on {name} is missing"));
         }
+        if let Some(counted) = &stored.counts {
+            for (sub, r) in &rec.counts {
+                let Some(s) = counted.get(sub) else { continue };
+                let pairs = [
+                    ("dead letters", r.dead_letters, s.dead_letters),
+                    ("scheduled messages", r.scheduled, s.scheduled),
+                ];
+                for (what, recorded, stored) in pairs {
+                    if stored < recorded {
+                        problems.push(format!(
+                            "subscription {sub} on {name} holds {stored} {what}, the manifest \
+                             records {recorded} at the last clean stop ({} missing)",
+                            recorded - stored
+                        ));
+                    }
+                }
+            }
+        }
     }
+    // Totals: what a manifest without per-subscription counts recorded.
+    let per_subscription = m
+        .topics
+        .values()
+        .any(|t| t.recorded.as_ref().is_some_and(|r| !r.counts.is_empty()));
     let counts = [
         ("dead letters", m.dead_letters, inv.dead_letters),
         ("scheduled retries", m.scheduled, inv.scheduled),
     ];
     for (what, recorded, stored) in counts {
         if let (Some(r), Some(s)) = (recorded, stored)
+            && !per_subscription
             && s < r
         {
             problems.push(format!(
@@ -289,6 +333,7 @@ mod tests {
                 next,
                 segments,
                 subscriptions: subs.iter().map(|s| s.to_string()).collect(),
+                counts: None,
             },
         );
         Inventory {
@@ -374,6 +419,49 @@ mod tests {
             verify(Some(&m), &gone),
             vec!["topic t is missing (the manifest records entries up to 40)"]
         );
+    }
+
+    #[test]
+    fn a_subscription_that_lost_dead_letters_or_scheduled_messages_is_named() {
+        let counted = |dead_letters, scheduled| {
+            let mut inv = inventory(40, vec![0], &["s"]);
+            let t = inv.topics.get_mut("t").unwrap();
+            t.counts = Some(
+                [(
+                    "s".to_owned(),
+                    SubCounts {
+                        dead_letters,
+                        scheduled,
+                    },
+                )]
+                .into(),
+            );
+            inv
+        };
+        let m = manifest_of(&counted(3, 2));
+        assert_eq!(m.topics["t"].recorded.as_ref().unwrap().counts.len(), 1);
+        assert!(verify(Some(&m), &counted(3, 2)).is_empty());
+        assert!(verify(Some(&m), &counted(4, 9)).is_empty(), "more is fine");
+        assert_eq!(
+            verify(Some(&m), &counted(1, 2)),
+            vec![
+                "subscription s on t holds 1 dead letters, the manifest records 3 at the last \
+                 clean stop (2 missing)"
+            ]
+        );
+        assert_eq!(
+            verify(Some(&m), &counted(3, 0)),
+            vec![
+                "subscription s on t holds 0 scheduled messages, the manifest records 2 at the \
+                 last clean stop (2 missing)"
+            ]
+        );
+        // Not counted (a store opened without counting): nothing compared,
+        // and the totals are not compared twice.
+        let mut uncounted = counted(0, 0);
+        uncounted.topics.get_mut("t").unwrap().counts = None;
+        uncounted.dead_letters = Some(0);
+        assert!(verify(Some(&m), &uncounted).is_empty());
     }
 
     #[test]

@@ -553,18 +553,38 @@ impl Storage for MemoryStorage {
                     let first = log.entries.first_key_value().map_or(next, |(k, _)| *k);
                     (first.min(next), next)
                 });
-                let subscriptions = s
+                let subs: Vec<&SubscriptionRecord> = s
                     .subscriptions
-                    .keys()
-                    .filter(|(topic, _)| *topic == t.name)
-                    .map(|(_, name)| name.clone())
+                    .iter()
+                    .filter(|((topic, _), _)| *topic == t.name)
+                    .map(|(_, rec)| rec)
                     .collect();
+                let counts = counts.then(|| {
+                    subs.iter()
+                        .map(|rec| {
+                            let c = manifest::SubCounts {
+                                dead_letters: s
+                                    .dead_letters
+                                    .keys()
+                                    .filter(|(sub, _)| *sub == rec.id)
+                                    .count() as u64,
+                                scheduled: s
+                                    .schedule
+                                    .keys()
+                                    .filter(|k| k.message.sub_id == rec.id)
+                                    .count() as u64,
+                            };
+                            (rec.name.clone(), c)
+                        })
+                        .collect()
+                });
                 let inv = TopicInventory {
                     kind: t.kind,
                     first,
                     next,
                     segments: Vec::new(),
-                    subscriptions,
+                    subscriptions: subs.iter().map(|rec| rec.name.clone()).collect(),
+                    counts,
                 };
                 (t.name.clone(), inv)
             })

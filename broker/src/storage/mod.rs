@@ -4,8 +4,11 @@
 //! segments that are dropped whole once consumed), subscription cursors,
 //! producer sequence ids for de-duplication, per-message failure records
 //! (delivery counts and attempt history), the retry schedule, and dead-letter
-//! records. [`SledStorage`] is the implementation ([`MemoryStorage`] is for tests); another
-//! engine can replace it without touching dispatch logic.
+//! records. [`LogStorage`] is the implementation: ordinary topics' entries
+//! in segment files ([`segments`]), everything else in [`SledStorage`]
+//! (which alone is the engine with `log_engine = "sled"`, the layout before
+//! the segment files); [`MemoryStorage`] is for tests. Another engine can
+//! replace them without touching dispatch logic.
 //!
 //! Writes are not durable until [`Storage::flush`] returns; the broker's
 //! [`crate::flusher::Flusher`] groups concurrent writers onto one flush.
@@ -17,15 +20,18 @@
 
 pub mod cursor;
 mod error;
+mod hybrid;
 pub mod manifest;
 mod memory;
 mod records;
+pub mod segments;
 mod sled_store;
 mod watch;
 
 pub use cursor::Cursor;
 use error::StorageResult as Result;
 pub use error::{StorageError, StorageResult};
+pub use hybrid::LogStorage;
 pub use manifest::{Inventory, Manifest, TopicInventory};
 pub use memory::MemoryStorage;
 pub use records::*;

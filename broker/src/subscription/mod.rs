@@ -37,6 +37,7 @@ mod intake;
 mod policy;
 mod read_ahead;
 mod replay;
+pub(crate) use replay::failpoint;
 mod requests;
 mod retention;
 mod stats;

@@ -19,13 +19,18 @@ pub async fn start() -> Env {
 
 pub async fn start_with(f: impl FnOnce(&mut BrokerConfig)) -> Env {
     let broker = InProcessBroker::start_with(f).await;
-    let client = Client::builder(broker.url())
+    let client = client(&broker.url()).await;
+    Env { broker, client }
+}
+
+/// A client of the broker at `url`: 5 s request timeout, quick reconnects.
+pub async fn client(url: &str) -> Client {
+    Client::builder(url)
         .request_timeout(Duration::from_secs(5))
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200))
         .connect()
         .await
-        .expect("client connects");
-    Env { broker, client }
+        .expect("client connects")
 }
 
 pub fn topic(prefix: &str) -> String {

@@ -42,6 +42,29 @@ impl SledStorage {
         self.db.drop_tree(name)?;
         Ok(())
     }
+
+    /// Topics with entries in segment trees: every topic with a log in
+    /// sled (the only layout before the segment-file log, and still that
+    /// of the retry and dead-letter tiers).
+    pub(crate) fn topics_with_trees(&self) -> Vec<String> {
+        crate::util::lock(&self.segments).keys().cloned().collect()
+    }
+
+    /// Drops every segment tree of `topic` once its entries live elsewhere
+    /// (the upgrade to the segment-file log), its id floor raised to its
+    /// end first so the ids stay taken. Not durable until flushed.
+    pub(crate) fn retire_trees(&self, topic: &str) -> Result<()> {
+        use crate::storage::Storage as _;
+        let (_, next) = self.entry_range(topic)?;
+        self.raise_id_floor(topic, next)?;
+        let segs = crate::util::lock(&self.segments)
+            .remove(topic)
+            .unwrap_or_default();
+        for seg in segs.keys() {
+            self.drop_segment(topic, *seg)?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ mod codec;
 mod dropping;
 mod frame;
 mod keys;
+mod open;
 mod reads;
 mod returns;
 #[cfg(test)]
@@ -54,9 +55,10 @@ pub struct SledStorage {
     segment_entries: u64,
     /// Open segment trees per topic, by segment number.
     segments: Mutex<HashMap<String, BTreeMap<u64, Tree>>>,
-    /// (dead letters, schedule entries) counted by a clean [`Self::verify`]
-    /// pass, taken by the next counted inventory instead of a second scan.
-    verified_counts: Mutex<Option<(u64, u64)>>,
+    /// Dead letters and schedule entries per subscription id, counted by a
+    /// clean [`Self::verify`] pass, taken by the next counted inventory
+    /// instead of a second scan.
+    verified_counts: Mutex<Option<HashMap<u64, manifest::SubCounts>>>,
 }
 
 impl std::fmt::Debug for SledStorage {
@@ -68,8 +70,13 @@ impl std::fmt::Debug for SledStorage {
 }
 
 impl SledStorage {
-    /// Opens (or creates) the store in `dir`.
+    /// Opens (or creates) the store in `dir`. Damage sled panics on is
+    /// [`StorageError::Corrupt`], like damage it reports ([`open::guarded`]).
     pub fn open(dir: &Path, segment_entries: u64, cache_capacity: u64) -> Result<Self> {
+        open::guarded(|| Self::open_unguarded(dir, segment_entries, cache_capacity))
+    }
+
+    fn open_unguarded(dir: &Path, segment_entries: u64, cache_capacity: u64) -> Result<Self> {
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(cache_capacity)
@@ -166,7 +173,7 @@ impl SledStorage {
 /// Replaces `dir/name` with `bytes`: written to a temporary file, fsynced,
 /// renamed over it, and the directory fsynced, so a crash leaves the old
 /// file or the new one.
-fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+pub(super) fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
     let tmp = dir.join(format!("{name}.tmp"));
     let mut f = std::fs::File::create(&tmp)?;
@@ -783,14 +790,21 @@ impl Storage for SledStorage {
         for kv in self.meta.iter().keys() {
             has_data |= kv? != STORE_ID_KEY;
         }
+        let by_sub = if counts {
+            Some(self.counts_by_subscription()?)
+        } else {
+            None
+        };
         let mut topics = std::collections::BTreeMap::new();
         for t in self.list_topics()? {
             let (first, next) = self.entry_range(&t.name)?;
-            let subscriptions = self
-                .list_subscriptions(&t.name)?
-                .into_iter()
-                .map(|s| s.name)
-                .collect();
+            let subs = self.list_subscriptions(&t.name)?;
+            let counts = by_sub.as_ref().map(|m| {
+                subs.iter()
+                    .map(|s| (s.name.clone(), m.get(&s.id).copied().unwrap_or_default()))
+                    .collect()
+            });
+            let subscriptions = subs.into_iter().map(|s| s.name).collect();
             let segs = segments
                 .get(&t.name)
                 .map(|m| m.keys().copied().collect())
@@ -803,33 +817,16 @@ impl Storage for SledStorage {
                     next,
                     segments: segs,
                     subscriptions,
+                    counts,
                 },
             );
         }
-        let count = |tree: &Tree| -> Result<u64> {
-            let mut n = 0;
-            for k in tree.iter().keys() {
-                k?;
-                n += 1;
-            }
-            Ok(n)
-        };
-        let verified = crate::util::lock(&self.verified_counts).take();
-        let (dead_letters, scheduled) = if let (true, Some((d, s))) = (counts, verified) {
-            // Counted by the verify pass that just ran (nothing was written since).
-            (Some(d), Some(s))
-        } else if counts {
-            let started = std::time::Instant::now();
-            let counted = (count(&self.deadletters)?, count(&self.schedule)?);
-            tracing::info!(
-                dead_letters = counted.0,
-                scheduled = counted.1,
-                took_ms = started.elapsed().as_millis() as u64,
-                "dead letters and schedule entries counted (a scan of both trees)"
-            );
-            (Some(counted.0), Some(counted.1))
-        } else {
-            (None, None)
+        let (dead_letters, scheduled) = match &by_sub {
+            Some(m) => (
+                Some(m.values().map(|c| c.dead_letters).sum()),
+                Some(m.values().map(|c| c.scheduled).sum()),
+            ),
+            None => (None, None),
         };
         Ok(Inventory {
             store_id,

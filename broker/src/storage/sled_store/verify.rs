@@ -7,6 +7,7 @@
 
 use super::codec::{self, decode_failures, from_json, read_be, unseal};
 use super::*;
+use crate::storage::manifest::SubCounts;
 
 /// What [`SledStorage::verify`] found.
 #[derive(Debug, Default)]
@@ -24,6 +25,8 @@ pub struct VerifyReport {
     pub scheduled: u64,
     /// See `scheduled`.
     pub dead_letters: u64,
+    /// The same, per subscription id.
+    pub by_subscription: HashMap<u64, SubCounts>,
     /// False when the pass was told to stop before reading everything.
     pub complete: bool,
 }
@@ -50,10 +53,35 @@ impl SledStorage {
     pub fn verify(&self) -> VerifyReport {
         let report = self.verify_with(false, &|| false);
         if report.complete && report.problem_count == 0 {
-            *crate::util::lock(&self.verified_counts) =
-                Some((report.dead_letters, report.scheduled));
+            *crate::util::lock(&self.verified_counts) = Some(report.by_subscription.clone());
         }
         report
+    }
+
+    /// Dead letters and schedule entries per subscription id: from the
+    /// verify pass that just ran clean, or one scan of the keys of both
+    /// trees.
+    pub(super) fn counts_by_subscription(&self) -> Result<HashMap<u64, SubCounts>> {
+        if let Some(counted) = crate::util::lock(&self.verified_counts).take() {
+            // Counted by the verify pass that just ran (nothing was written since).
+            return Ok(counted);
+        }
+        let started = std::time::Instant::now();
+        let mut by_sub: HashMap<u64, SubCounts> = HashMap::new();
+        for k in self.deadletters.iter().keys() {
+            by_sub.entry(dl_sub(&k?)).or_default().dead_letters += 1;
+        }
+        for k in self.schedule.iter().keys() {
+            by_sub.entry(schedule_sub(&k?)).or_default().scheduled += 1;
+        }
+        tracing::info!(
+            subscriptions = by_sub.len(),
+            dead_letters = by_sub.values().map(|c| c.dead_letters).sum::<u64>(),
+            scheduled = by_sub.values().map(|c| c.scheduled).sum::<u64>(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "dead letters and schedule entries counted per subscription (a scan of both trees)"
+        );
+        Ok(by_sub)
     }
 
     /// [`SledStorage::verify`] on a store being written: segments dropped
@@ -114,8 +142,16 @@ impl SledStorage {
                 }
                 report.values += 1;
                 match name.as_str() {
-                    "schedule" => report.scheduled += 1,
-                    "deadletters" => report.dead_letters += 1,
+                    "schedule" => {
+                        report.scheduled += 1;
+                        let sub = schedule_sub(&k);
+                        report.by_subscription.entry(sub).or_default().scheduled += 1;
+                    }
+                    "deadletters" => {
+                        report.dead_letters += 1;
+                        let sub = dl_sub(&k);
+                        report.by_subscription.entry(sub).or_default().dead_letters += 1;
+                    }
                     _ => {}
                 }
                 match check_value(&name, &k, &v) {
@@ -126,6 +162,17 @@ impl SledStorage {
         }
         report
     }
+}
+
+/// The subscription id a dead-letter key starts with (`u64::MAX` for a
+/// malformed key, which the verify pass reports on its own).
+fn dl_sub(k: &[u8]) -> u64 {
+    k.get(..8).and_then(|b| read_be(b).ok()).unwrap_or(u64::MAX)
+}
+
+/// The subscription id of a schedule key (`u64::MAX` when malformed).
+fn schedule_sub(k: &[u8]) -> u64 {
+    ScheduleKey::from_key(k).map_or(u64::MAX, |s| s.message.sub_id)
 }
 
 /// Checks one stored value of tree `tree`; returns the live log entries it holds.

@@ -1,0 +1,372 @@
+//! [`LogStorage`]: the production engine, two stores each for what it is
+//! good at. Ordinary topics' entries live in the segment-file log
+//! ([`super::segments`]); sled keeps everything else: topic and
+//! subscription records, producer sequence ids, failure records, the
+//! retry schedule, dead letters, grants, and the retry and dead-letter
+//! tiers' entries (a tier move stays one sled transaction).
+//!
+//! A topic's entries go to the log when its record says it is ordinary
+//! ([`TopicKind::Normal`]); [`Storage::flush`] fsyncs the segment files
+//! written since the last flush and flushes sled, together, so the
+//! flusher's one round covers both.
+
+use super::segments::{LogSettings, SegmentLog, upgrade};
+use super::*;
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+/// Segment-file log for ordinary topics, sled for the rest.
+#[derive(Debug)]
+pub struct LogStorage {
+    sled: Arc<SledStorage>,
+    log: Arc<SegmentLog>,
+    /// Ordinary topics (their entries are in the log).
+    logged: RwLock<HashSet<String>>,
+}
+
+impl LogStorage {
+    /// Opens the log beside `sled` in `data_dir`, after moving entries a
+    /// store written before the log keeps in sled (once; see
+    /// [`upgrade`]). A damaged segment refuses the store
+    /// ([`StorageError::Corrupt`]).
+    pub async fn open(
+        sled: Arc<SledStorage>,
+        data_dir: &Path,
+        settings: LogSettings,
+    ) -> Result<Self> {
+        upgrade::run(&sled, data_dir, settings).await?;
+        let log = SegmentLog::open(data_dir, settings, true)?;
+        Self::with(sled, log)
+    }
+
+    /// Joins an opened log and sled.
+    pub fn with(sled: Arc<SledStorage>, log: SegmentLog) -> Result<Self> {
+        let logged = sled
+            .list_topics()?
+            .into_iter()
+            .filter(|t| t.kind == TopicKind::Normal)
+            .map(|t| t.name)
+            .collect();
+        Ok(Self {
+            sled,
+            log: Arc::new(log),
+            logged: RwLock::new(logged),
+        })
+    }
+
+    /// The segment-file log.
+    pub fn log(&self) -> &SegmentLog {
+        &self.log
+    }
+
+    /// Stores `topic`'s entries in the log without a topic record (the
+    /// contract tests' engines).
+    #[cfg(test)]
+    pub(crate) fn route_to_log(&self, topic: &str) {
+        crate::util::write(&self.logged).insert(topic.to_owned());
+    }
+
+    fn logged(&self, topic: &str) -> bool {
+        crate::util::read(&self.logged).contains(topic)
+    }
+}
+
+#[async_trait::async_trait]
+impl Storage for LogStorage {
+    fn list_topics(&self) -> Result<Vec<TopicRecord>> {
+        self.sled.list_topics()
+    }
+
+    fn put_topic(&self, record: &TopicRecord) -> Result<()> {
+        if record.kind == TopicKind::Normal && !self.logged(&record.name) {
+            // A new topic: a directory left by a delete a crash
+            // interrupted (its record gone) is not its log.
+            self.log.delete_topic(&record.name)?;
+        }
+        self.sled.put_topic(record)?;
+        if record.kind == TopicKind::Normal {
+            crate::util::write(&self.logged).insert(record.name.clone());
+        }
+        Ok(())
+    }
+
+    fn delete_topic(&self, name: &str) -> Result<()> {
+        self.sled.delete_topic(name)?;
+        if crate::util::write(&self.logged).remove(name) {
+            self.log.delete_topic(name)?;
+        }
+        Ok(())
+    }
+
+    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>> {
+        self.sled.list_partitioned()
+    }
+
+    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()> {
+        self.sled.put_partitioned(record)
+    }
+
+    fn delete_partitioned(&self, name: &str) -> Result<()> {
+        self.sled.delete_partitioned(name)
+    }
+
+    fn append(
+        &self,
+        topic: &str,
+        first_id: u64,
+        entries: &[Vec<u8>],
+        producer: Option<(&str, u64)>,
+    ) -> Result<()> {
+        if !self.logged(topic) {
+            return self.sled.append(topic, first_id, entries, producer);
+        }
+        self.log.append(topic, first_id, entries)?;
+        if let Some((name, seq)) = producer {
+            self.sled
+                .restore_producer_sequences(topic, &[(name.to_owned(), seq)])?;
+        }
+        Ok(())
+    }
+
+    fn read(
+        &self,
+        topic: &str,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>> {
+        if self.logged(topic) {
+            self.log.read(topic, from, max, max_bytes)
+        } else {
+            self.sled.read(topic, from, max, max_bytes)
+        }
+    }
+
+    fn read_one(&self, topic: &str, id: u64) -> Result<Option<Vec<u8>>> {
+        if self.logged(topic) {
+            Ok(self.log.read_many(topic, &[id])?.pop().flatten())
+        } else {
+            self.sled.read_one(topic, id)
+        }
+    }
+
+    fn read_many(&self, topic: &str, ids: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
+        if self.logged(topic) {
+            self.log.read_many(topic, ids)
+        } else {
+            self.sled.read_many(topic, ids)
+        }
+    }
+
+    fn entry_range(&self, topic: &str) -> Result<(u64, u64)> {
+        // sled's answer for a logged topic is its id floor (raised by the
+        // upgrade to where the moved entries ended).
+        let (floor, floor_next) = self.sled.entry_range(topic)?;
+        if !self.logged(topic) {
+            return Ok((floor, floor_next));
+        }
+        Ok(match self.log.range(topic) {
+            Some((first, next)) => {
+                let next = next.max(floor_next);
+                (first.min(next), next)
+            }
+            None => (floor_next, floor_next),
+        })
+    }
+
+    fn trim(&self, topic: &str, below: u64) -> Result<()> {
+        if self.logged(topic) {
+            self.log.trim(topic, below)
+        } else {
+            self.sled.trim(topic, below)
+        }
+    }
+
+    fn remove_entries(&self, topic: &str, ids: &[u64]) -> Result<()> {
+        if self.logged(topic) {
+            // Only dead-letter tiers are purged entry by entry; an
+            // ordinary topic's segments are immutable.
+            return Err(StorageError::Missing(format!(
+                "{topic} is an ordinary topic: its entries are removed by retention, not one by one"
+            )));
+        }
+        self.sled.remove_entries(topic, ids)
+    }
+
+    fn producer_sequences(&self, topic: &str) -> Result<Vec<(String, u64)>> {
+        self.sled.producer_sequences(topic)
+    }
+
+    fn list_subscriptions(&self, topic: &str) -> Result<Vec<SubscriptionRecord>> {
+        self.sled.list_subscriptions(topic)
+    }
+
+    fn put_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
+        self.sled.put_subscription(record)
+    }
+
+    fn delete_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
+        self.sled.delete_subscription(record)
+    }
+
+    fn next_id(&self) -> Result<u64> {
+        self.sled.next_id()
+    }
+
+    fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>> {
+        self.sled.failure(message, due_ms)
+    }
+
+    fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {
+        self.sled.failures_of(sub_id, tier)
+    }
+
+    fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()> {
+        self.sled.put_failures(records)
+    }
+
+    fn scheduled(
+        &self,
+        after: Option<ScheduleKey>,
+        to_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<ScheduleKey>> {
+        self.sled.scheduled(after, to_ms, limit)
+    }
+
+    fn put_schedule(&self, keys: &[(ScheduleKey, bool)]) -> Result<()> {
+        self.sled.put_schedule(keys)
+    }
+
+    fn move_messages(&self, mv: &TierMove) -> Result<()> {
+        self.sled.move_messages(mv)
+    }
+
+    fn dead_letters(
+        &self,
+        sub_id: u64,
+        after: Option<u64>,
+    ) -> Result<Vec<(u64, DeadLetterRecord)>> {
+        self.sled.dead_letters(sub_id, after)
+    }
+
+    fn count_dead_letters(&self, sub_id: u64) -> Result<u64> {
+        self.sled.count_dead_letters(sub_id)
+    }
+
+    fn remove_dead_letters(&self, sub_id: u64, ids: &[u64]) -> Result<()> {
+        self.sled.remove_dead_letters(sub_id, ids)
+    }
+
+    fn dead_letters_by_id(&self, sub_id: u64, ids: &[u64]) -> Result<Vec<(u64, DeadLetterRecord)>> {
+        self.sled.dead_letters_by_id(sub_id, ids)
+    }
+
+    fn put_dead_letters(&self, sub_id: u64, records: &[(u64, DeadLetterRecord)]) -> Result<()> {
+        self.sled.put_dead_letters(sub_id, records)
+    }
+
+    fn return_dead_letters(&self, mv: &DeadLetterReturn) -> Result<()> {
+        self.sled.return_dead_letters(mv)
+    }
+
+    fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>> {
+        self.sled.replay_jobs(with_ids)
+    }
+
+    fn put_replay_job(&self, job: &ReplayJobRecord) -> Result<()> {
+        self.sled.put_replay_job(job)
+    }
+
+    fn remove_replay_job(&self, id: u64) -> Result<()> {
+        self.sled.remove_replay_job(id)
+    }
+
+    fn subscription_state(&self, sub_id: u64) -> Result<SubscriptionState> {
+        self.sled.subscription_state(sub_id)
+    }
+
+    fn restore_subscription_state(&self, sub_id: u64, state: &SubscriptionState) -> Result<()> {
+        self.sled.restore_subscription_state(sub_id, state)
+    }
+
+    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
+        self.sled.restore_producer_sequences(topic, sequences)
+    }
+
+    fn grants(&self) -> Result<Vec<GrantRecord>> {
+        self.sled.grants()
+    }
+
+    fn put_grant(&self, record: &GrantRecord) -> Result<()> {
+        self.sled.put_grant(record)
+    }
+
+    fn delete_grant(&self, role: &str, resource: &str) -> Result<()> {
+        self.sled.delete_grant(role, resource)
+    }
+
+    fn retention_policies(&self) -> Result<Vec<RetentionRecord>> {
+        self.sled.retention_policies()
+    }
+
+    fn put_retention(&self, record: &RetentionRecord) -> Result<()> {
+        self.sled.put_retention(record)
+    }
+
+    fn delete_retention(&self, target: &str) -> Result<()> {
+        self.sled.delete_retention(target)
+    }
+
+    fn size_on_disk(&self) -> Result<u64> {
+        Ok(self.sled.size_on_disk()? + self.log.size())
+    }
+
+    /// One round: the segment files written since the last round are
+    /// fsynced while sled flushes; both must succeed. Then the files of
+    /// trimmed segments are deleted.
+    async fn flush(&self) -> Result<()> {
+        let log = self.log.clone();
+        let synced = tokio::task::spawn_blocking(move || log.sync());
+        let sled = self.sled.flush().await;
+        synced.await.map_err(StorageError::joined)??;
+        sled?;
+        // Trimmed segments' files go once the cursors that let them go are
+        // durable.
+        let log = self.log.clone();
+        tokio::task::spawn_blocking(move || log.finish_trims())
+            .await
+            .map_err(StorageError::joined)??;
+        Ok(())
+    }
+
+    fn inventory(&self, counts: bool) -> Result<Inventory> {
+        let mut inv = self.sled.inventory(counts)?;
+        inv.has_data |= !self.log.topics().is_empty();
+        for (name, t) in inv.topics.iter_mut() {
+            if !self.logged(name) {
+                continue;
+            }
+            (t.first, t.next) = self.entry_range(name)?;
+            t.segments = self.log.segment_numbers(name);
+        }
+        Ok(inv)
+    }
+
+    fn set_store_id(&self, id: &str) -> Result<()> {
+        self.sled.set_store_id(id)
+    }
+
+    fn load_manifest(&self) -> Result<Option<Manifest>> {
+        self.sled.load_manifest()
+    }
+
+    async fn save_manifest(&self, manifest: &Manifest) -> Result<()> {
+        self.sled.save_manifest(manifest).await
+    }
+
+    fn intact(&self) -> bool {
+        self.sled.intact()
+    }
+}

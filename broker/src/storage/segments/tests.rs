@@ -1,0 +1,236 @@
+//! The segment-file log on its own: appends, reads from any id, rolls,
+//! trims, torn tails cut at open, damage refused.
+
+use super::*;
+
+fn settings() -> LogSettings {
+    LogSettings {
+        segment_entries: 10,
+        max_bytes: 64 << 20,
+        max_age: Duration::from_secs(3600),
+    }
+}
+
+const T: &str = "persistent://public/default/t";
+
+fn batch(first: u64, n: u64) -> Vec<Vec<u8>> {
+    (first..first + n)
+        .map(|i| format!("e{i}").into_bytes())
+        .collect()
+}
+
+fn ids(got: &[(u64, Vec<u8>)]) -> Vec<u64> {
+    got.iter().map(|(i, _)| *i).collect()
+}
+
+#[test]
+fn appends_read_back_from_any_id_across_rolls() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
+    for first in (0..45).step_by(3) {
+        log.append(T, first, &batch(first, 3)).unwrap();
+    }
+    // A batch starting in the next block of 10 ids opens a segment.
+    assert_eq!(log.segment_starts(T), vec![0, 12, 21, 30, 42]);
+    assert_eq!(log.range(T), Some((0, 45)));
+    let got = log.read(T, 7, 8, usize::MAX).unwrap();
+    assert_eq!(ids(&got), (7..15).collect::<Vec<_>>());
+    assert_eq!(got[0].1, b"e7");
+    assert_eq!(log.read(T, 44, 10, usize::MAX).unwrap().len(), 1);
+    assert!(log.read(T, 45, 10, usize::MAX).unwrap().is_empty());
+    // max_bytes stops after the entry that reaches it.
+    assert_eq!(log.read(T, 0, 100, 5).unwrap().len(), 3);
+    let many = log.read_many(T, &[44, 3, 3, 99, 13]).unwrap();
+    assert_eq!(many[0].as_deref(), Some(&b"e44"[..]));
+    assert_eq!(many[1], many[2]);
+    assert_eq!(many[3], None);
+    assert_eq!(many[4].as_deref(), Some(&b"e13"[..]));
+    // Reopened, the same.
+    drop(log);
+    let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
+    assert!(log.torn.is_empty());
+    assert_eq!(log.range(T), Some((0, 45)));
+    assert_eq!(
+        ids(&log.read(T, 20, 3, usize::MAX).unwrap()),
+        vec![20, 21, 22]
+    );
+}
+
+#[test]
+fn a_size_roll_and_gaps_keep_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogSettings {
+        segment_entries: 1 << 40,
+        max_bytes: 4096,
+        ..settings()
+    };
+    let log = SegmentLog::open(dir.path(), s, true).unwrap();
+    let big = vec![vec![7u8; 3000]];
+    log.append(T, 0, &big).unwrap();
+    log.append(T, 1, &big).unwrap();
+    log.append(T, 5, &big).unwrap(); // a gap (ids skipped after a crash)
+    // A record is some 3 KiB: the second fills the first segment past 4 KiB.
+    assert_eq!(log.segment_starts(T), vec![0, 5]);
+    assert_eq!(ids(&log.read(T, 2, 10, usize::MAX).unwrap()), vec![5]);
+    assert!(log.append(T, 3, &big).is_err(), "below the end");
+    drop(log);
+    let log = SegmentLog::open(dir.path(), s, true).unwrap();
+    assert_eq!(log.range(T), Some((0, 6)));
+}
+
+#[test]
+fn trim_deletes_whole_sealed_files_and_never_the_active_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
+    for first in (0..30).step_by(5) {
+        log.append(T, first, &batch(first, 5)).unwrap();
+    }
+    assert_eq!(log.segment_starts(T), vec![0, 10, 20]);
+    log.trim(T, 15).unwrap();
+    assert_eq!(log.segment_starts(T), vec![10, 20]);
+    assert_eq!(log.range(T), Some((10, 30)), "no longer served");
+    assert!(
+        log.segment_path(T, 0).exists(),
+        "on disk until the trims finish"
+    );
+    log.finish_trims().unwrap();
+    assert!(!log.segment_path(T, 0).exists(), "the file is gone");
+    log.trim(T, 1000).unwrap();
+    log.finish_trims().unwrap();
+    assert_eq!(log.segment_starts(T), vec![20], "the active segment stays");
+    assert_eq!(log.range(T), Some((20, 30)));
+    drop(log);
+    let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
+    assert_eq!(log.range(T), Some((20, 30)));
+    log.delete_topic(T).unwrap();
+    assert_eq!(log.range(T), None);
+    assert!(!dir.path().join(DIR_NAME).join(dir_name(T)).exists());
+}
+
+fn three_segments() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
+    for first in (0..30).step_by(5) {
+        log.append(T, first, &batch(first, 5)).unwrap();
+    }
+    log.sync().unwrap();
+    let last = log.segment_path(T, 20);
+    (dir, last)
+}
+
+#[test]
+fn a_torn_or_zeroed_tail_is_cut_and_reported_never_served() {
+    for tail in [&b"\x42\x52\x43\x52partial"[..], &[0u8; 100][..]] {
+        let (dir, last) = three_segments();
+        let whole = std::fs::metadata(&last).unwrap().len();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&last)
+            .unwrap();
+        std::io::Write::write_all(&mut f, tail).unwrap();
+        drop(f);
+        let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
+        assert_eq!(log.torn.len(), 1, "{:?}", log.torn);
+        assert_eq!(log.range(T), Some((0, 30)));
+        assert_eq!(log.read(T, 25, 100, usize::MAX).unwrap().len(), 5);
+        assert!(
+            std::fs::metadata(&last).unwrap().len() > whole,
+            "not cut yet"
+        );
+        // The first append cuts it (here, then seals it: ids 30.. roll).
+        log.append(T, 30, &batch(30, 2)).unwrap();
+        assert_eq!(std::fs::metadata(&last).unwrap().len(), whole, "cut back");
+        drop(log);
+        let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
+        assert!(log.torn.is_empty());
+        assert_eq!(log.range(T), Some((0, 32)));
+    }
+}
+
+#[test]
+fn a_half_written_last_record_is_cut_with_its_batch_whole_or_absent() {
+    let (dir, last) = three_segments();
+    let len = std::fs::metadata(&last).unwrap().len();
+    // The last record (ids 25..30) loses its last 3 bytes.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&last)
+        .unwrap()
+        .set_len(len - 3)
+        .unwrap();
+    let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
+    assert_eq!(log.range(T), Some((0, 25)), "the whole batch is gone");
+    assert_eq!(log.torn.len(), 1);
+}
+
+#[test]
+fn damage_before_the_last_record_of_the_active_segment_is_refused_not_cut() {
+    let (dir, last) = three_segments();
+    let mut bytes = std::fs::read(&last).unwrap();
+    // Inside the first record (ids 20..25); the second (25..30) is whole.
+    bytes[record::FILE_HEADER_LEN as usize + 30] ^= 0x01;
+    std::fs::write(&last, &bytes).unwrap();
+    let err = SegmentLog::open(dir.path(), settings(), true).unwrap_err();
+    assert!(
+        matches!(err, StorageError::Corrupt(ref m) if m.contains("before a whole record")),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&last).unwrap(), bytes, "nothing cut");
+}
+
+#[test]
+fn damage_in_a_sealed_segment_or_a_missing_one_is_refused() {
+    // A flipped bit inside a sealed segment.
+    let (dir, _) = three_segments();
+    let sealed = dir
+        .path()
+        .join(DIR_NAME)
+        .join(dir_name(T))
+        .join(segment::file_name(10));
+    let mut bytes = std::fs::read(&sealed).unwrap();
+    let at = bytes.len() - 2;
+    bytes[at] ^= 0x20;
+    std::fs::write(&sealed, &bytes).unwrap();
+    let err = SegmentLog::open(dir.path(), settings(), true).unwrap_err();
+    assert!(
+        matches!(err, StorageError::Corrupt(ref m) if m.contains("sealed segment 10")),
+        "{err}"
+    );
+    // The middle segment deleted.
+    let (dir, _) = three_segments();
+    std::fs::remove_file(
+        dir.path()
+            .join(DIR_NAME)
+            .join(dir_name(T))
+            .join(segment::file_name(10)),
+    )
+    .unwrap();
+    let err = SegmentLog::open(dir.path(), settings(), true).unwrap_err();
+    assert!(
+        matches!(err, StorageError::Corrupt(ref m) if m.contains("missing")),
+        "{err}"
+    );
+    // The first segment deleted.
+    let (dir, _) = three_segments();
+    std::fs::remove_file(
+        dir.path()
+            .join(DIR_NAME)
+            .join(dir_name(T))
+            .join(segment::file_name(0)),
+    )
+    .unwrap();
+    let err = SegmentLog::open(dir.path(), settings(), true).unwrap_err();
+    assert!(
+        matches!(err, StorageError::Corrupt(ref m) if m.contains("first segment (0) is missing")),
+        "{err}"
+    );
+}
+
+#[test]
+fn topic_names_round_trip_through_directory_names() {
+    for name in [T, "persistent://a/b/c%d~e f", "x.upgrading"] {
+        let d = dir_name(name);
+        assert!(!d.contains('/') && !d.contains('~'));
+        assert_eq!(topic_of(&d).as_deref(), Some(name));
+    }
+}
