@@ -120,7 +120,13 @@ impl ManifestKeeper {
             took_ms = started.elapsed().as_millis() as u64,
             "start: inventory taken for the manifest check"
         );
-        let legacy = inventory.store_id.is_none() && inventory.has_data;
+        // A store from before checksums has data, no store id and no
+        // manifest; with a manifest, a missing id means a lost database (the
+        // segment-file log's data is no sign of an old store).
+        let legacy = found.is_none()
+            && unreadable.is_none()
+            && inventory.store_id.is_none()
+            && inventory.has_data;
         let mut problems = Vec::new();
         if let Some(why) = &unreadable {
             problems.push(format!("the manifest does not verify: {why}"));

@@ -34,8 +34,11 @@ const SMALL: usize = 3_000;
 /// Large messages (sled keeps big values in `blobs`).
 const LARGE: usize = 4;
 const LARGE_BYTES: usize = 200 * 1024;
-/// Entry ids dead-lettered, and sent to the retry tier for an hour.
-const DEAD: [u64; 3] = [10, 11, 12];
+/// Entry ids dead-lettered (the large ones too: the dead-letter tier is in
+/// sled, and with the topic's entries in segment files they are what makes
+/// sled's log span several of its segments for the damage to hit), and
+/// sent to the retry tier for an hour.
+const DEAD: [u64; 7] = [10, 11, 12, 3000, 3001, 3002, 3003];
 const RETRIED: [u64; 2] = [20, 21];
 
 fn payload(i: usize) -> Vec<u8> {
@@ -213,7 +216,7 @@ async fn serves_everything(url: &str) -> Result<(), String> {
         .await
         .map_err(|e| format!("stats: {e}"))?
         .into_inner();
-    if (stats.scheduled_retries, stats.dead_lettered) != (2, 3) {
+    if (stats.scheduled_retries, stats.dead_lettered) != (2, DEAD.len() as u64) {
         return Err(format!(
             "{} scheduled retries and {} dead letters",
             stats.scheduled_retries, stats.dead_lettered
@@ -298,6 +301,8 @@ fn topic_log(d: &Path) -> PathBuf {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(d.join("log"))
         .unwrap()
         .map(|e| e.unwrap().path())
+        // Not the namespace's failure events.
+        .filter(|p| !p.to_string_lossy().contains("__failure_events"))
         .collect();
     assert_eq!(dirs.len(), 1, "one ordinary topic: {dirs:?}");
     dirs.pop().unwrap()
@@ -357,15 +362,6 @@ fn damages(db_len: u64) -> Vec<Damage> {
         damage("the topic's log start file deleted", |d| {
             std::fs::remove_file(topic_log(d).join("start")).unwrap()
         }),
-        // Two log segments claiming one place in sled's log (the newest
-        // segment's header copied over another's): sled panics (an
-        // assertion) inside its open.
-        damage("sled's newest segment header copied over another", |d| {
-            let path = d.join("db");
-            let mut b = std::fs::read(&path).unwrap();
-            duplicate_newest_segment_header(&mut b);
-            std::fs::write(path, b).unwrap();
-        }),
         damage("manifest byte flipped", |d| {
             let path = d.join("ricochet.manifest");
             let mut b = std::fs::read(&path).unwrap();
@@ -374,6 +370,23 @@ fn damages(db_len: u64) -> Vec<Damage> {
             std::fs::write(path, b).unwrap();
         }),
     ];
+    // Two log segments claiming one place in sled's log (the newest
+    // segment's header copied over another's): sled panics (an assertion)
+    // inside its open. Only where sled's log spans two segments: with the
+    // topic's entries in segment files it may not
+    // (`a_store_sled_panics_on_while_opening_is_refused_with_one_line` covers
+    // the panic on a store that does).
+    if db_len as usize >= 2 * SLED_SEGMENT {
+        out.push(damage(
+            "sled's newest segment header copied over another",
+            |d| {
+                let path = d.join("db");
+                let mut b = std::fs::read(&path).unwrap();
+                duplicate_newest_segment_header(&mut b);
+                std::fs::write(path, b).unwrap();
+            },
+        ));
+    }
     for frac in [0, 1, 4, 8, 12, 15] {
         let len = db_len * frac / 16;
         out.push(damage(format!("db truncated to {len} bytes"), move |d| {
@@ -469,7 +482,12 @@ async fn refused_or_served_whole(mode: &str) {
     assert!(ok, "check passes the intact store:\n{out}");
     assert!(out.contains("problems:          0"), "{out}");
     assert!(
-        out.contains(&format!("entries:           {}", SMALL + LARGE + 5)),
+        // The topic's, each dead letter's and retry's copy in its tier, and
+        // each dead-lettering's failure event.
+        out.contains(&format!(
+            "entries:           {}",
+            SMALL + LARGE + 2 * DEAD.len() + RETRIED.len()
+        )),
         "{out}"
     );
 
@@ -606,7 +624,7 @@ async fn by_default_a_store_that_lost_dead_letters_or_retries_is_refused_before_
     let cases = [
         (
             true,
-            "holds 2 dead letters, the manifest records 3 at the last clean stop (1 missing)",
+            "holds 6 dead letters, the manifest records 7 at the last clean stop (1 missing)",
         ),
         (
             false,
@@ -648,7 +666,12 @@ async fn by_default_a_store_that_lost_dead_letters_or_retries_is_refused_before_
             .await
             .unwrap()
             .into_inner();
-        let left = if dead_letter { (2, 2) } else { (1, 3) };
+        let dead = DEAD.len() as u64;
+        let left = if dead_letter {
+            (2, dead - 1)
+        } else {
+            (1, dead)
+        };
         assert_eq!((stats.scheduled_retries, stats.dead_lettered), left);
         let _ = child.kill();
         let _ = child.wait();
