@@ -22,6 +22,10 @@ use std::time::{Duration, Instant};
 /// Longest time a free-space reading is trusted while there is room.
 const PROBE_EVERY: Duration = Duration::from_millis(100);
 
+/// Free space beyond `min_free_space` a refusing guard waits for before it
+/// lets writes through again.
+const RESUME_MARGIN: u64 = 1 << 20;
+
 /// Watches the free space of the data directory's filesystem.
 #[derive(Debug)]
 pub struct DiskGuard {
@@ -76,7 +80,13 @@ impl DiskGuard {
         if self.min_free == 0 {
             return Ok(());
         }
-        let need = self.min_free.saturating_add(bytes);
+        // Once refusing, a write goes through only with a margin to spare,
+        // so refusals do not flicker with each small write that still fits.
+        let need = if self.is_full() {
+            self.min_free.saturating_add(bytes.max(RESUME_MARGIN))
+        } else {
+            self.min_free.saturating_add(bytes)
+        };
         let mut p = crate::util::lock(&self.probe);
         let stale = p.at.is_none_or(|t| t.elapsed() >= PROBE_EVERY);
         if stale || p.free.saturating_sub(p.since) < need {
