@@ -107,13 +107,10 @@ impl TopicName {
     }
 }
 
-/// Whether `topic` (a full name) is a system topic: its last part starts
-/// with `__` (a namespace's `__failure_events`).
+/// Whether `topic` (a full name) is a system topic the broker writes
+/// itself: a namespace's `__failure_events`.
 pub fn is_system_topic(topic: &str) -> bool {
-    topic
-        .rsplit('/')
-        .next()
-        .is_some_and(|t| t.starts_with("__"))
+    topic.rsplit('/').next() == Some(crate::events::EVENTS_TOPIC)
 }
 
 /// Checks a `tenant/namespace` a client sent (to filter topics by).
