@@ -59,7 +59,8 @@ class Broker:
             assert stdout is not None
             for line in stdout:
                 if line.startswith(LISTENING):
-                    addr.put(line[len(LISTENING):].strip())
+                    # `ADDR (TLS off, authentication off)`: the address first.
+                    addr.put(line[len(LISTENING):].split()[0])
 
         threading.Thread(target=drain, daemon=True).start()
         try:
