@@ -561,31 +561,20 @@ impl SegmentLog {
 
     /// Entries stored in every topic's segments.
     pub fn entries(&self) -> u64 {
-        let topics: Vec<_> = crate::util::lock(&self.topics).values().cloned().collect();
-        topics
-            .iter()
-            .map(|t| {
-                crate::util::lock(t)
-                    .segments
-                    .values()
-                    .map(|s| s.entries)
-                    .sum::<u64>()
-            })
-            .sum()
+        self.sum_over_segments(|s| s.entries)
     }
 
     /// Bytes of every segment file.
     pub fn size(&self) -> u64 {
+        self.sum_over_segments(|s| s.len)
+    }
+
+    /// The sum of `of` over every segment of every topic.
+    fn sum_over_segments(&self, of: impl Fn(&Segment) -> u64) -> u64 {
         let topics: Vec<_> = crate::util::lock(&self.topics).values().cloned().collect();
         topics
             .iter()
-            .map(|t| {
-                crate::util::lock(t)
-                    .segments
-                    .values()
-                    .map(|s| s.len)
-                    .sum::<u64>()
-            })
+            .map(|t| crate::util::lock(t).segments.values().map(&of).sum::<u64>())
             .sum()
     }
 
