@@ -196,32 +196,25 @@ fn damage_in_a_sealed_segment_or_a_missing_one_is_refused() {
         matches!(err, StorageError::Corrupt(ref m) if m.contains("sealed segment 10")),
         "{err}"
     );
-    // The middle segment deleted.
+    // The middle segment deleted, then the first.
+    assert_refused_without(10, "missing");
+    assert_refused_without(0, "first segment (0) is missing");
+}
+
+/// Opening the three-segment log with segment `first_id` deleted is refused
+/// as corrupt, saying `why`.
+fn assert_refused_without(first_id: u64, why: &str) {
     let (dir, _) = three_segments();
     std::fs::remove_file(
         dir.path()
             .join(DIR_NAME)
             .join(dir_name(T))
-            .join(segment::file_name(10)),
+            .join(segment::file_name(first_id)),
     )
     .unwrap();
     let err = SegmentLog::open(dir.path(), settings(), true).unwrap_err();
     assert!(
-        matches!(err, StorageError::Corrupt(ref m) if m.contains("missing")),
-        "{err}"
-    );
-    // The first segment deleted.
-    let (dir, _) = three_segments();
-    std::fs::remove_file(
-        dir.path()
-            .join(DIR_NAME)
-            .join(dir_name(T))
-            .join(segment::file_name(0)),
-    )
-    .unwrap();
-    let err = SegmentLog::open(dir.path(), settings(), true).unwrap_err();
-    assert!(
-        matches!(err, StorageError::Corrupt(ref m) if m.contains("first segment (0) is missing")),
+        matches!(err, StorageError::Corrupt(ref m) if m.contains(why)),
         "{err}"
     );
 }
