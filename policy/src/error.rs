@@ -75,6 +75,10 @@ pub enum PolicyError {
         max: Duration,
     },
 
+    /// A [`KeyOrder`](crate::KeyOrder) setting out of range.
+    #[error("invalid key order: {0}")]
+    InvalidKeyOrder(String),
+
     /// `start_level` of a delay-level policy was 0.
     #[error("start_level must be at least 1 (level 1 is the first entry of the table), got 0")]
     ZeroStartLevel,

@@ -124,6 +124,7 @@ mod context;
 mod delay_levels;
 mod error;
 mod explain;
+mod key_order;
 mod policy;
 mod registry;
 pub mod spec;
@@ -137,6 +138,7 @@ pub use error::PolicyError;
 pub use explain::{
     DEFAULT_MAX_ROWS, Outcome, ScheduleRow, ScheduleTable, explain, explain_table, explain_with,
 };
+pub use key_order::{KeyOrder, MIN_POISON_AFTER};
 pub use policy::DeadLetterPolicy;
 pub use registry::{PolicyFactory, PolicyRegistry};
 pub use spec::PolicySpec;

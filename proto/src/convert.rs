@@ -23,12 +23,13 @@
 use std::time::Duration;
 
 use ricochet_policy::{
-    AttemptOverride, FailureReason as PolicyFailureReason, LevelTable, MultiplierBackoff,
-    PolicyError, PolicySpec,
+    AttemptOverride, FailureReason as PolicyFailureReason, KeyOrder, LevelTable,
+    MultiplierBackoff, PolicyError, PolicySpec,
 };
 
 use crate::v1::{
-    self, BackoffPolicyConfig, DeadLetterPolicyConfig, DelayLevelPolicyConfig, NamedPolicyConfig,
+    self, BackoffPolicyConfig, DeadLetterPolicyConfig, DelayLevelPolicyConfig, KeyOrderConfig,
+    NamedPolicyConfig,
     backoff_policy_config, dead_letter_policy_config, reconsume_later,
 };
 
@@ -135,6 +136,24 @@ impl From<&PolicySpec> for DeadLetterPolicyConfig {
             retry_topic: String::new(),
             dead_letter_topic: String::new(),
             kind: Some(kind),
+            key_order: None,
+        }
+    }
+}
+
+impl From<&KeyOrder> for KeyOrderConfig {
+    fn from(k: &KeyOrder) -> Self {
+        KeyOrderConfig {
+            poison_after_ms: k.poison_after.map_or(0, to_ms),
+        }
+    }
+}
+
+impl From<&KeyOrderConfig> for KeyOrder {
+    /// `poison_after_ms` 0 reads as no limit; call [`KeyOrder::validate`].
+    fn from(c: &KeyOrderConfig) -> Self {
+        KeyOrder {
+            poison_after: (c.poison_after_ms > 0).then(|| Duration::from_millis(c.poison_after_ms)),
         }
     }
 }
