@@ -29,6 +29,14 @@ pub enum EventKind {
     Replayed,
     /// An operator purged dead letters.
     Purged,
+    /// Key order: a key is held back behind a failed message.
+    KeyBlocked,
+    /// Key order: a blocked key resumes (its failed message was acked or
+    /// dead-lettered).
+    KeyReleased,
+    /// Key order: a key blocked past `poison_after`; its held messages went
+    /// to the dead-letter tier.
+    KeyPoisoned,
 }
 
 impl EventKind {
@@ -38,6 +46,9 @@ impl EventKind {
             EventKind::DeadLettered => "dead_lettered",
             EventKind::Replayed => "replayed",
             EventKind::Purged => "purged",
+            EventKind::KeyBlocked => "key_blocked",
+            EventKind::KeyReleased => "key_released",
+            EventKind::KeyPoisoned => "key_poisoned",
         }
     }
 }
@@ -83,6 +94,12 @@ pub struct FailureEvent {
     /// Replayed or purged: by whom (a role, or `anonymous`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// Key events: the key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Key released or poisoned: how long it was blocked, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocked_ms: Option<u64>,
 }
 
 impl FailureEvent {
@@ -103,6 +120,8 @@ impl FailureEvent {
             payload_excerpt: None,
             dead_letter_ids: Vec::new(),
             by: None,
+            key: None,
+            blocked_ms: None,
         }
     }
 

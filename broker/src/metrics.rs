@@ -107,6 +107,14 @@ fn describe() {
         "Consumers holding max_unacked_per_consumer unacked messages, sent nothing until they ack."
     );
     describe_gauge!(
+        "ricochet_key_order_blocked_keys",
+        "Keys held back by key order, each waiting for a failed message to be acked or dead-lettered."
+    );
+    describe_gauge!(
+        "ricochet_key_order_held_messages",
+        "Messages held back behind blocked keys (key order)."
+    );
+    describe_gauge!(
         "ricochet_retry_queue_size",
         "Messages in the subscription's retry tier, not yet acknowledged."
     );
@@ -244,6 +252,10 @@ pub struct SubscriptionMetrics {
     pub dlq_size: Gauge,
     /// Consumers at the unacked cap.
     pub blocked_consumers: Gauge,
+    /// Key order: keys blocked.
+    pub blocked_keys: Gauge,
+    /// Key order: messages held behind them.
+    pub held_messages: Gauge,
     /// Delivery counts at dispatch.
     pub delivery_count: Histogram,
 }
@@ -274,6 +286,8 @@ impl SubscriptionMetrics {
             retry_lateness: histogram!("ricochet_retry_lateness_seconds", &l()),
             dlq_size: gauge!("ricochet_dlq_size", &l()),
             blocked_consumers: gauge!("ricochet_consumers_blocked_on_unacked", &l()),
+            blocked_keys: gauge!("ricochet_key_order_blocked_keys", &l()),
+            held_messages: gauge!("ricochet_key_order_held_messages", &l()),
             delivery_count: histogram!("ricochet_delivery_attempts", &l()),
         }
     }
@@ -295,6 +309,8 @@ impl SubscriptionMetrics {
             &self.unacked,
             &self.retry_queue,
             &self.dlq_size,
+            &self.blocked_keys,
+            &self.held_messages,
         ] {
             g.set(0.0);
         }

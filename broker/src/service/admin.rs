@@ -260,12 +260,13 @@ impl Admin for AdminService {
             Some(p) => super::tier_overrides(p)?,
             None => Default::default(),
         };
+        let key_order = super::key_order_of(r.policy.as_ref())?;
         let (t, h) = self.sub(&r.topic, &r.subscription).await?;
         // A policy read back with GetPolicy names the tiers in force: fine.
         // Other names would be ignored, so they are refused.
         let s = SubscriptionName::parse(&r.subscription)?;
         self.core.check_tiers(&t, &s, &tiers)?;
-        let info = h.set_policy(spec).await?;
+        let info = h.set_policy(spec, key_order).await?;
         self.core.flusher.durable().await?;
         Ok(Response::new(wire::policy_response(info)))
     }

@@ -146,7 +146,10 @@ async fn subscribe(
     let initial = InitialPosition::try_from(sub.initial_position).map_err(|_| {
         Status::invalid_argument(format!("unknown initial position {}", sub.initial_position))
     })?;
+    let key_order = super::key_order_of(sub.dead_letter_policy.as_ref())?;
     let (policy, tiers) = match &sub.dead_letter_policy {
+        // Key order alone.
+        Some(p) if p.kind.is_none() && p.key_order.is_some() => (None, super::tier_overrides(p)?),
         Some(p) => {
             let spec = PolicySpec::try_from(p).map_err(|e| {
                 Status::invalid_argument(format!("invalid dead-letter policy: {e}"))
@@ -195,6 +198,7 @@ async fn subscribe(
         tx,
         policy,
         retry_enabled: sub.retry_enabled.unwrap_or(true),
+        key_order,
     };
     // The actor queues `Subscribed` as the consumer's first event.
     let (consumer_id, _info) = handle.add_consumer(spec).await?;
@@ -355,7 +359,7 @@ fn frames_of(event: ConsumerEvent) -> Vec<Result<ConsumeResponse, Status>> {
             topic,
             subscription,
             consumer_name,
-            dead_letter_policy: policy.spec.as_ref().map(Into::into),
+            dead_letter_policy: super::wire::policy_config(&policy),
             retry_topic: policy.retry_topic,
             dead_letter_topic: policy.dead_letter_topic,
         }))],

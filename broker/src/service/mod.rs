@@ -157,6 +157,19 @@ async fn next_frame<T>(
     }
 }
 
+/// The key order a policy on the wire asks for, checked.
+fn key_order_of(
+    p: Option<&ricochet_proto::DeadLetterPolicyConfig>,
+) -> Result<Option<ricochet_policy::KeyOrder>, Status> {
+    let Some(k) = p.and_then(|p| p.key_order.as_ref()) else {
+        return Ok(None);
+    };
+    let k = ricochet_policy::KeyOrder::from(k);
+    k.validate()
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok(Some(k))
+}
+
 /// The tier topics a policy on the wire names (`retry_topic`,
 /// `dead_letter_topic`; empty means the default).
 fn tier_overrides(p: &ricochet_proto::DeadLetterPolicyConfig) -> Result<TierOverrides, Status> {

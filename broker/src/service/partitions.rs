@@ -172,6 +172,11 @@ pub(super) fn merge_subscription_stats(
             m.active |= c.active;
             m.blocked_on_unacked |= c.blocked_on_unacked;
         }
+        out.key_order |= s.key_order;
+        out.blocked_keys += s.blocked_keys;
+        out.held_messages += s.held_messages;
+        out.oldest_blocked_ms = out.oldest_blocked_ms.max(s.oldest_blocked_ms);
+        out.top_blocked_keys.extend(s.top_blocked_keys);
         for (i, b) in s.scheduled_by_due.into_iter().enumerate() {
             match buckets.get_mut(i) {
                 Some(have) => have.count += b.count,
@@ -181,6 +186,9 @@ pub(super) fn merge_subscription_stats(
     }
     out.consumers = consumers.into_values().collect();
     out.scheduled_by_due = buckets;
+    out.top_blocked_keys.sort_by_key(|k| k.blocked_since_ms);
+    out.top_blocked_keys
+        .truncate(crate::subscription::TOP_BLOCKED_KEYS);
     out
 }
 

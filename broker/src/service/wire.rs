@@ -3,7 +3,7 @@
 use crate::storage::{AttemptRecord, FailureRecord};
 use crate::subscription::{PolicyInfo, SubscriptionStats};
 use ricochet_proto::{
-    Attempt, ConsumerStats, DeadLetterPolicyConfig, DueBucket, PolicyResponse,
+    Attempt, ConsumerStats, DeadLetterPolicyConfig, DueBucket, KeyOrderBlockedKey, PolicyResponse,
     SubscriptionStatsResponse,
 };
 
@@ -21,8 +21,21 @@ pub(super) fn attempts(f: &FailureRecord) -> Vec<Attempt> {
     f.attempts.iter().map(attempt).collect()
 }
 
+/// The policy in force on the wire: its spec and key order (a config
+/// without a `kind` when only key order is on); `None` with neither.
+pub(super) fn policy_config(info: &PolicyInfo) -> Option<DeadLetterPolicyConfig> {
+    let key_order = info.key_order.as_ref().map(Into::into);
+    let mut policy = match &info.spec {
+        Some(s) => DeadLetterPolicyConfig::from(s),
+        None if key_order.is_some() => DeadLetterPolicyConfig::default(),
+        None => return None,
+    };
+    policy.key_order = key_order;
+    Some(policy)
+}
+
 pub(super) fn policy_response(info: PolicyInfo) -> PolicyResponse {
-    let mut policy: Option<DeadLetterPolicyConfig> = info.spec.as_ref().map(Into::into);
+    let mut policy = policy_config(&info);
     if let Some(p) = &mut policy {
         p.retry_topic = info.retry_topic;
         p.dead_letter_topic = info.dead_letter_topic;
@@ -64,6 +77,22 @@ pub(super) fn subscription_stats(s: SubscriptionStats) -> SubscriptionStatsRespo
                 label: b.label,
                 until_ms: b.until_ms,
                 count: b.count,
+            })
+            .collect(),
+        key_order: s.key_order.is_some(),
+        blocked_keys: s.key_order.as_ref().map_or(0, |k| k.blocked_keys),
+        oldest_blocked_ms: s.key_order.as_ref().map_or(0, |k| k.oldest_blocked_ms),
+        held_messages: s.key_order.as_ref().map_or(0, |k| k.held_messages),
+        top_blocked_keys: s
+            .key_order
+            .map(|k| k.top)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|b| KeyOrderBlockedKey {
+                key: b.key,
+                blocked_since_ms: b.blocked_since_ms,
+                failed_id: b.failed_id,
+                held: b.held,
             })
             .collect(),
     }

@@ -4,7 +4,8 @@
 //! is the storage engine's business.
 
 use super::Cursor;
-use ricochet_policy::{FailureReason, PolicySpec};
+use ricochet_policy::{FailureReason, KeyOrder, PolicySpec};
+use std::collections::BTreeMap;
 use ricochet_proto::SubscriptionType;
 use serde::{Deserialize, Serialize};
 
@@ -139,6 +140,29 @@ pub struct SubscriptionRecord {
     pub dead_letter_topic: Option<String>,
     /// Creation time, ms since the epoch.
     pub created_ms: u64,
+    /// Per-key ordered retries, when on (set with the policy, by the same
+    /// source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_order: Option<KeyOrder>,
+    /// Keys held back by key order, each waiting for its failed message.
+    /// Stored with the cursors (and in a tier move's transaction), so a
+    /// restart holds what was held; the held messages themselves are found
+    /// again by reading the unacked log.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub blocked_keys: BTreeMap<String, BlockedKey>,
+}
+
+/// A key held back by key order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockedKey {
+    /// Blocked since, ms since the epoch.
+    pub since_ms: u64,
+    /// The failed message the key waits for, where it is now.
+    pub failed: TierEntry,
+    /// Its due time, when it waits in the retry tier (its failure record is
+    /// stored with its schedule entry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_due_ms: Option<u64>,
 }
 
 impl SubscriptionRecord {
@@ -156,6 +180,8 @@ impl SubscriptionRecord {
             retry_topic: None,
             dead_letter_topic: None,
             created_ms: 0,
+            key_order: None,
+            blocked_keys: BTreeMap::new(),
         }
     }
 

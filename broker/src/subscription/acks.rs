@@ -24,6 +24,7 @@ impl SubscriptionActor {
     /// the schedule due time it was delivered with, if any.
     pub(super) fn release(&mut self, entry: TierEntry) -> Option<Option<u64>> {
         let f = self.deliveries.in_flight.remove(&entry)?;
+        self.key_lanes.left_flight(entry);
         if let Some(c) = self.consumers.get_mut(f.consumer) {
             c.unacked = c.unacked.saturating_sub(1);
         }
@@ -36,6 +37,7 @@ impl SubscriptionActor {
     /// Done with `entry` in its tier (acked, or moved to another tier):
     /// out of flight, and its failure record and schedule entry go.
     pub(super) fn settle(&mut self, entry: TierEntry, cleanup: &mut Cleanup) {
+        self.key_order_settled(entry);
         let msg = entry.of(self.rec.id);
         if let Some(Some(due_ms)) = self.release(entry) {
             cleanup.unschedule.push(ScheduleKey {

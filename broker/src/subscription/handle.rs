@@ -32,7 +32,11 @@ pub(super) enum Command {
     /// The policy in force.
     GetPolicy(oneshot::Sender<PolicyInfo>),
     /// Replace (or clear) the operator-set policy.
-    SetPolicy(Option<PolicySpec>, oneshot::Sender<Result<PolicyInfo>>),
+    SetPolicy(
+        Option<PolicySpec>,
+        Option<ricochet_policy::KeyOrder>,
+        oneshot::Sender<Result<PolicyInfo>>,
+    ),
     /// State of one main-topic entry.
     MessageStatus(u64, oneshot::Sender<MessageStatus>),
     /// Replay dead letters (by DLQ entry id) as the order says: into the
@@ -113,8 +117,13 @@ impl SubscriptionHandle {
     }
 
     /// Sets (or with `None` clears) the operator's policy.
-    pub async fn set_policy(&self, spec: Option<PolicySpec>) -> Result<PolicyInfo> {
-        self.ask(|r| Command::SetPolicy(spec, r)).await?
+    /// With it, key order is set (`None`: off); see [`ricochet_policy::KeyOrder`].
+    pub async fn set_policy(
+        &self,
+        spec: Option<PolicySpec>,
+        key_order: Option<ricochet_policy::KeyOrder>,
+    ) -> Result<PolicyInfo> {
+        self.ask(|r| Command::SetPolicy(spec, key_order, r)).await?
     }
 
     /// Where main-topic entry `entry_id` stands in this subscription.

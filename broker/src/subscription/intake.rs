@@ -284,6 +284,12 @@ impl SubscriptionActor {
                 Step::DeadLetter(reason) => to_dlq.push((f, record, reason)),
             }
         }
+        let waiting: Vec<TierEntry> = in_place
+            .iter()
+            .map(|(f, _, _)| f.entry)
+            .chain(to_retry.iter().map(|(f, _, _)| f.entry))
+            .collect();
+        self.block_keys(&waiting, now)?;
         if !in_place.is_empty() {
             self.redeliver_in_place(in_place, now)?;
         }

@@ -34,6 +34,7 @@ mod dispatch;
 mod failure;
 mod handle;
 mod intake;
+mod key_order;
 mod policy;
 mod read_ahead;
 mod replay;
@@ -49,6 +50,9 @@ pub use requests::{
 };
 pub use stats::{ConsumerStats, DueBucket, SubscriptionStats};
 pub use tiers::BrokerLink;
+
+/// How many of the longest-blocked keys a subscription's stats list.
+pub const TOP_BLOCKED_KEYS: usize = key_order::TOP_BLOCKED;
 
 use crate::clock::SharedClock;
 use crate::error::Result;
@@ -115,6 +119,8 @@ pub(crate) struct SubscriptionActor {
     consumers: Consumers,
     dispatcher: Dispatcher,
     deliveries: Deliveries,
+    /// Key order's held messages and keys in flight.
+    key_lanes: key_order::KeyLanes,
     /// The next main-topic entry the read-ahead reads.
     read_pos: u64,
     counters: Counters,
@@ -168,6 +174,7 @@ impl SubscriptionActor {
             consumers: Consumers::for_topic(&rec.topic),
             dispatcher: Dispatcher::default(),
             deliveries,
+            key_lanes: key_order::KeyLanes::default(),
             counters,
             tiers,
             deps,
@@ -190,6 +197,7 @@ impl SubscriptionActor {
         let mut end = self.topic.watch_end();
         self.resume_topic_replays().await;
         loop {
+            let poison_at = self.key_order_wake();
             tokio::select! {
                 cmd = rx.recv() => {
                     // `None`: every handle is gone.
@@ -211,7 +219,9 @@ impl SubscriptionActor {
                     self.persist();
                     break;
                 }
+                () = key_order::sleep_until_ms(&self.deps.clock, poison_at) => {}
             }
+            self.key_order_tick().await;
             self.dispatch();
             self.watch_blocked();
             self.persist();
@@ -284,12 +294,15 @@ impl SubscriptionActor {
             Command::GetPolicy(reply) => {
                 let _ = reply.send(self.policy_info());
             }
-            Command::SetPolicy(spec, reply) => {
+            Command::SetPolicy(spec, key_order, reply) => {
                 // Stored before the answer, so the flush the admin service
                 // waits for covers it (not left to this round's `persist`).
                 let r = self
-                    .set_policy(spec, crate::storage::PolicySource::Admin)
-                    .and_then(|info| {
+                    .check_key_order(key_order.as_ref())
+                    .and_then(|()| self.set_policy(spec, crate::storage::PolicySource::Admin))
+                    .and_then(|_| {
+                        self.set_key_order(key_order);
+                        let info = self.policy_info();
                         self.deps.storage.put_subscription(&self.rec)?;
                         self.dirty = false;
                         Ok(info)
@@ -366,6 +379,17 @@ impl SubscriptionActor {
     fn add_consumer(&mut self, spec: ConsumerSpec) -> Result<(ConsumerId, PolicyInfo)> {
         self.consumers
             .admit(&self.rec.name, self.rec.sub_type, spec.sub_type)?;
+        key_order::check_type(
+            spec.sub_type,
+            spec.key_order.as_ref().or(self.rec.key_order.as_ref()),
+            &self.rec.name,
+        )?;
+        if let Some(k) = spec.key_order
+            && self.rec.policy_source != Some(crate::storage::PolicySource::Admin)
+        {
+            self.check_key_order(Some(&k))?;
+            self.set_key_order(Some(k));
+        }
         // A consumer's policy applies unless an operator set one.
         if let Some(p) = spec.policy
             && self.rec.policy_source != Some(crate::storage::PolicySource::Admin)
@@ -420,11 +444,17 @@ impl SubscriptionActor {
             {
                 return;
             }
+            let (skip, held) = self.key_order_skip();
             let active = self.consumers.active();
-            let offers = self.deliveries.ready.iter().map(|(entry, p)| Offer {
-                entry: *entry,
-                key: &p.msg.key,
-            });
+            let offers = self
+                .deliveries
+                .ready
+                .iter()
+                .filter(|(e, _)| skip.as_ref().is_none_or(|s| !s.contains(*e)))
+                .map(|(entry, p)| Offer {
+                    entry: *entry,
+                    key: &p.msg.key,
+                });
             let assigned = self.dispatcher.assign(
                 self.rec.sub_type,
                 self.consumers.as_mut_slice(),
@@ -433,6 +463,10 @@ impl SubscriptionActor {
                 offers,
             );
             if assigned.is_empty() {
+                if held {
+                    // Held messages left the read-ahead: read on.
+                    continue;
+                }
                 return;
             }
             let mut out: HashMap<ConsumerId, Vec<Message>> = HashMap::new();
@@ -448,6 +482,9 @@ impl SubscriptionActor {
                         due_ms: p.due_ms,
                     },
                 );
+                if self.rec.key_order.is_some() {
+                    self.key_lanes.dispatched(a.entry, &p.msg.key);
+                }
                 let mut msg = p.msg;
                 let id = self.wire_ref(a.entry);
                 msg.id = Some(ricochet_proto::MessageId {

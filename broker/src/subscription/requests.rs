@@ -124,6 +124,8 @@ pub struct PolicyInfo {
     pub retry_topic: String,
     /// Dead-letter tier topic.
     pub dead_letter_topic: String,
+    /// Key order, when on.
+    pub key_order: Option<ricochet_policy::KeyOrder>,
 }
 
 /// Sent to a consumer.
@@ -178,6 +180,8 @@ pub struct ConsumerSpec {
     pub policy: Option<PolicySpec>,
     /// Whether it receives messages from the retry tier (Pulsar's `enableRetry`).
     pub retry_enabled: bool,
+    /// Key order, if it asked for it.
+    pub key_order: Option<ricochet_policy::KeyOrder>,
 }
 
 /// Where a message of the main topic stands in one subscription.

@@ -65,6 +65,34 @@ pub struct SubscriptionStats {
     pub dead_letter_topic: String,
     /// Scheduled messages by due time.
     pub scheduled_by_due: Vec<DueBucket>,
+    /// Key order's blocked keys, when it is on.
+    pub key_order: Option<KeyOrderStats>,
+}
+
+/// Key order in a subscription's stats.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyOrderStats {
+    /// Keys blocked now.
+    pub blocked_keys: u64,
+    /// How long the oldest has been blocked, ms.
+    pub oldest_blocked_ms: u64,
+    /// Messages held behind blocked keys.
+    pub held_messages: u64,
+    /// The longest-blocked keys, oldest first.
+    pub top: Vec<BlockedKeyStats>,
+}
+
+/// One blocked key in the stats.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockedKeyStats {
+    /// The key.
+    pub key: String,
+    /// Blocked since, ms since the epoch.
+    pub blocked_since_ms: u64,
+    /// The failed message it waits for (`topic:entry`).
+    pub failed_id: String,
+    /// Messages held behind it.
+    pub held: u64,
 }
 
 /// What the actor knows for its stats; [`StatsSnapshot::complete`] adds the
@@ -149,6 +177,12 @@ impl SubscriptionActor {
             }
         }
         self.metrics.blocked_consumers.set(blocked as f64);
+        self.metrics
+            .blocked_keys
+            .set(self.rec.blocked_keys.len() as f64);
+        self.metrics
+            .held_messages
+            .set(self.key_lanes.held_total() as f64);
     }
 
     pub(super) fn update_gauges(&self) {
@@ -191,6 +225,7 @@ impl SubscriptionActor {
             retry_topic: self.tiers.retry_name.clone(),
             dead_letter_topic: self.tiers.dead_letter_name.clone(),
             scheduled_by_due: Vec::new(),
+            key_order: self.key_order_stats(),
         };
         StatsSnapshot {
             stats,

@@ -93,6 +93,7 @@ impl Harness {
             tx,
             policy: policy.map(|p| p.parse::<PolicySpec>().unwrap()),
             retry_enabled: true,
+            key_order: None,
         };
         let (id, _) = handle.add_consumer(spec).await.unwrap();
         assert!(matches!(

@@ -218,6 +218,12 @@ impl SubscriptionActor {
             });
         }
         let sources: Vec<TierEntry> = items.iter().map(|(f, _, _)| f.entry).collect();
+        let moved: Vec<_> = new_keys
+            .iter()
+            .zip(&sources)
+            .map(|(k, s)| (*s, Some((TierEntry::retry(k.message.entry_id), k.due_ms))))
+            .collect();
+        self.key_order_moves(&mut sub, &moved);
         let from_retry = self.store_move(&topic, sub, move_items, &sources)?;
         // Bookkeeping for metrics: what entered and left the retry tier.
         let c = &mut self.counters;
@@ -293,7 +299,10 @@ impl SubscriptionActor {
             });
         }
         let sources: Vec<TierEntry> = items.iter().map(|(f, _, _)| f.entry).collect();
+        let gone: Vec<_> = sources.iter().map(|s| (*s, None)).collect();
+        let released = self.key_order_moves(&mut sub, &gone);
         let from_retry = self.store_move(&topic, sub, move_items, &sources)?;
+        self.keys_released(released, "dead-lettered");
         self.counters.retry_queue = self.counters.retry_queue.saturating_sub(from_retry);
         self.counters.dlq_size += items.len() as u64;
         for (f, _, _) in &items {

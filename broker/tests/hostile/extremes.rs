@@ -103,6 +103,7 @@ async fn policies_that_cannot_work() {
         (
             "unregistered named policy",
             DeadLetterPolicyConfig {
+                key_order: None,
                 kind: Some(dead_letter_policy_config::Kind::Named(NamedPolicyConfig {
                     name: "n".repeat(1 << 20),
                     params: "{".into(),

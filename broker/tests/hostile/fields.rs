@@ -520,6 +520,7 @@ async fn tier_overrides_that_cannot_be_honoured() {
     p.send(&["an ordinary topic"]).await;
     let _owner = RawConsumer::simple(&b.url(), "orders", "a", SubscriptionType::Shared).await;
     let policy = |retry: &str, dlq: &str| DeadLetterPolicyConfig {
+        key_order: None,
         kind: Some(dead_letter_policy_config::Kind::DelayLevels(
             DelayLevelPolicyConfig::default(),
         )),

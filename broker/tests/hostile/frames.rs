@@ -55,6 +55,7 @@ fn filter() -> Option<DeadLetterFilter> {
 /// `Subscribe` sends again (so a valid `Subscribe` changes nothing).
 fn client_policy() -> DeadLetterPolicyConfig {
     DeadLetterPolicyConfig {
+        key_order: None,
         kind: Some(dead_letter_policy_config::Kind::Backoff(
             BackoffPolicyConfig {
                 backoff: Some(backoff_policy_config::Backoff::FixedDelayMs(1000)),
