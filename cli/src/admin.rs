@@ -356,6 +356,9 @@ struct PolicyView {
     policy: Option<PolicySpec>,
     retry_topic: String,
     dead_letter_topic: String,
+    /// Per-key ordered retries, when on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_order: Option<ricochet_policy::KeyOrder>,
 }
 
 impl PolicyView {
@@ -381,6 +384,7 @@ impl PolicyView {
             policy,
             retry_topic: cfg.retry_topic,
             dead_letter_topic: cfg.dead_letter_topic,
+            key_order: cfg.key_order.as_ref().map(Into::into),
         })
     }
 
@@ -395,6 +399,9 @@ impl PolicyView {
                     .unwrap_or("none (nacks redeliver forever)"),
             )
             .kv("source", &self.source);
+        if let Some(k) = &self.key_order {
+            b.kv("ordering", &k.to_string());
+        }
         if !self.retry_topic.is_empty() {
             b.kv("retry topic", &self.retry_topic);
         }
@@ -504,12 +511,22 @@ pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
             target,
             spec,
             clear,
+            key_order,
+            poison_key_after,
         } => {
-            let policy = match (spec, clear) {
-                (Some(s), false) => Some(pb::DeadLetterPolicyConfig::from(&s)),
-                (None, true) => None,
-                _ => return Err(CliError::Usage("give a SPEC or --clear".into())),
-            };
+            let key_order = key_order.then(|| ricochet_policy::KeyOrder {
+                poison_after: poison_key_after,
+            });
+            let policy = match (spec, clear, key_order) {
+                (Some(s), false, _) => Some(pb::DeadLetterPolicyConfig::from(&s)),
+                (None, false, Some(_)) => Some(pb::DeadLetterPolicyConfig::default()),
+                (None, true, None) => None,
+                _ => return Err(CliError::Usage("give a SPEC, --key-order or --clear".into())),
+            }
+            .map(|mut p| {
+                p.key_order = key_order.as_ref().map(Into::into);
+                p
+            });
             let mut admin = ctx.admin().await?;
             let r = admin
                 .set_policy(pb::SetPolicyRequest {

@@ -175,7 +175,7 @@ pub struct EventsArgs {
     #[arg(long)]
     pub subscription: Option<String>,
     /// Only events of this kind: dead_lettered, replayed or purged.
-    #[arg(long, value_parser = ["dead_lettered", "replayed", "purged"])]
+    #[arg(long, value_parser = ["dead_lettered", "replayed", "purged", "key_blocked", "key_released", "key_poisoned"])]
     pub kind: Option<String>,
     /// Keep waiting for new events (until Ctrl-C).
     #[arg(short = 'f', long)]
@@ -602,11 +602,19 @@ pub enum PolicyCommand {
         #[command(flatten)]
         target: SubscriptionArgs,
         /// The policy spec.
-        #[arg(value_parser = parse_policy, required_unless_present = "clear")]
+        #[arg(value_parser = parse_policy, required_unless_present_any = ["clear", "key_order"])]
         spec: Option<PolicySpec>,
         /// Remove the operator's policy (the client's or config's applies again).
-        #[arg(long, conflicts_with = "spec")]
+        #[arg(long, conflicts_with_all = ["spec", "key_order"])]
         clear: bool,
+        /// Keep per-key order through retries (Key_Shared, Failover,
+        /// Exclusive): later messages of a key wait while one is retried.
+        #[arg(long)]
+        key_order: bool,
+        /// With --key-order: a key blocked this long (e.g. `10m`) sends its
+        /// failed and held messages to the dead-letter tier.
+        #[arg(long, value_parser = parse_duration, requires = "key_order")]
+        poison_key_after: Option<Duration>,
     },
 }
 

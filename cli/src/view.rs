@@ -319,6 +319,23 @@ pub struct SubscriptionStatsView {
     pub dead_letter_topic: String,
     /// Connected consumers.
     pub consumers: Vec<ConsumerView>,
+    /// Key order's blocked keys, when key order is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_order: Option<KeyOrderView>,
+}
+
+/// Key order in the stats: keys held back behind a failed message.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyOrderView {
+    /// Keys blocked now.
+    pub blocked_keys: u64,
+    /// How long the oldest has been blocked, ms.
+    pub oldest_blocked_ms: u64,
+    /// Messages held behind them.
+    pub held_messages: u64,
+    /// The longest-blocked keys: key, since (ms since epoch), the failed
+    /// message they wait for, messages held.
+    pub top: Vec<(String, u64, String, u64)>,
 }
 
 /// One due-time bucket of scheduled messages.
@@ -367,6 +384,16 @@ impl SubscriptionStatsView {
                     blocked_on_unacked: c.blocked_on_unacked,
                 })
                 .collect(),
+            key_order: s.key_order.then(|| KeyOrderView {
+                blocked_keys: s.blocked_keys,
+                oldest_blocked_ms: s.oldest_blocked_ms,
+                held_messages: s.held_messages,
+                top: s
+                    .top_blocked_keys
+                    .iter()
+                    .map(|k| (k.key.clone(), k.blocked_since_ms, k.failed_id.clone(), k.held))
+                    .collect(),
+            }),
         }
     }
 
@@ -417,6 +444,27 @@ impl SubscriptionStatsView {
             .kv("retry topic", &self.retry_topic)
             .kv("dead-letter topic", &self.dead_letter_topic)
             .kv("consumers", self.consumers.len());
+        if let Some(k) = &self.key_order {
+            b.kv(
+                "blocked keys (key order)",
+                format!(
+                    "{} (oldest {} s), {} messages held",
+                    k.blocked_keys,
+                    k.oldest_blocked_ms / 1000,
+                    k.held_messages
+                ),
+            );
+            for (key, since, failed, held) in &k.top {
+                b.kv(
+                    "  blocked key",
+                    format!(
+                        "{key:?} since {} ({}), waiting for {failed}, {held} held",
+                        fmt_ms(*since),
+                        fmt_relative(*since)
+                    ),
+                );
+            }
+        }
         b.write(out, 0)?;
         if !self.consumers.is_empty() {
             writeln!(out)?;

@@ -100,7 +100,7 @@ pub use routing::TopicOwner;
 pub use tls_probe::{speaks_tls, tls_advice};
 
 /// Re-exported for convenience: the policy vocabulary the consumer takes.
-pub use ricochet_policy::{DeadLetterPolicy, PolicySpec};
+pub use ricochet_policy::{DeadLetterPolicy, KeyOrder, PolicySpec};
 /// Re-exported: the generated protocol types (for [`Client::admin`]).
 pub use ricochet_proto as proto;
 

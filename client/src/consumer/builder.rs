@@ -121,6 +121,17 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Per-key ordered retries ([`KeyOrder`](crate::KeyOrder)): while a
+    /// message of a key waits for its redelivery, the broker holds later
+    /// messages of that key back, and a key has one message out at a time.
+    /// For Key_Shared, Failover and Exclusive subscriptions (the broker
+    /// refuses it for Shared with INVALID_ARGUMENT); an operator's policy
+    /// takes precedence, as for the dead-letter policy.
+    pub fn key_order(mut self, key_order: crate::KeyOrder) -> Self {
+        self.config.key_order = Some(key_order);
+        self
+    }
+
     /// Whether to receive from the retry tier too.
     pub fn retry_enabled(mut self, on: bool) -> Self {
         self.config.retry_enabled = Some(on);

@@ -78,6 +78,8 @@ pub struct ConsumerConfig {
     pub dead_letter_topic: Option<String>,
     /// Whether to also receive from the retry tier (broker default).
     pub retry_enabled: Option<bool>,
+    /// Per-key ordered retries, sent with the policy.
+    pub key_order: Option<ricochet_policy::KeyOrder>,
     /// This consumer reads a dead-letter tier topic on purpose (the broker
     /// refuses subscriptions to `…-DLQ` topics otherwise).
     pub dead_letter_reader: bool,
@@ -114,6 +116,7 @@ impl std::fmt::Debug for ConsumerConfig {
             .field("policy", &self.policy.as_ref().map(|p| p.name().to_owned()))
             .field("policy_spec", &self.policy_spec)
             .field("retry_enabled", &self.retry_enabled)
+            .field("key_order", &self.key_order)
             .field("dead_letter_reader", &self.dead_letter_reader)
             .field("ack_group_time", &self.ack_group_time)
             .field("ack_group_max", &self.ack_group_max)
@@ -140,6 +143,7 @@ impl Default for ConsumerConfig {
             retry_topic: None,
             dead_letter_topic: None,
             retry_enabled: None,
+            key_order: None,
             dead_letter_reader: false,
             ack_group_time: Duration::from_millis(100),
             ack_group_max: 1000,
@@ -162,6 +166,14 @@ impl ConsumerConfig {
         if let Some(spec) = &self.policy_spec {
             spec.validate()?;
         }
+        if let Some(k) = &self.key_order {
+            k.validate()?;
+            if self.subscription_type == SubscriptionType::Shared {
+                return Err(Error::invalid_argument(
+                    "key order needs a Key_Shared, Failover or Exclusive subscription; a Shared one has no order to keep",
+                ));
+            }
+        }
         if self.consumer_name.is_none() {
             self.consumer_name = Some(format!("consumer-{}", crate::unique_suffix()));
         }
@@ -181,8 +193,13 @@ impl ConsumerConfig {
         let spec = self
             .policy_spec
             .clone()
-            .or_else(|| self.policy.as_ref().and_then(|p| p.spec()))?;
-        let mut wire = DeadLetterPolicyConfig::from(&spec);
+            .or_else(|| self.policy.as_ref().and_then(|p| p.spec()));
+        let mut wire = match (&spec, &self.key_order) {
+            (Some(spec), _) => DeadLetterPolicyConfig::from(spec),
+            (None, Some(_)) => DeadLetterPolicyConfig::default(),
+            (None, None) => return None,
+        };
+        wire.key_order = self.key_order.as_ref().map(Into::into);
         wire.retry_topic = self.retry_topic.clone().unwrap_or_default();
         wire.dead_letter_topic = self.dead_letter_topic.clone().unwrap_or_default();
         Some(wire)
