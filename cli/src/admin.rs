@@ -521,7 +521,11 @@ pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
                 (Some(s), false, _) => Some(pb::DeadLetterPolicyConfig::from(&s)),
                 (None, false, Some(_)) => Some(pb::DeadLetterPolicyConfig::default()),
                 (None, true, None) => None,
-                _ => return Err(CliError::Usage("give a SPEC, --key-order or --clear".into())),
+                _ => {
+                    return Err(CliError::Usage(
+                        "give a SPEC, --key-order or --clear".into(),
+                    ));
+                }
             }
             .map(|mut p| {
                 p.key_order = key_order.as_ref().map(Into::into);

@@ -391,7 +391,14 @@ impl SubscriptionStatsView {
                 top: s
                     .top_blocked_keys
                     .iter()
-                    .map(|k| (k.key.clone(), k.blocked_since_ms, k.failed_id.clone(), k.held))
+                    .map(|k| {
+                        (
+                            k.key.clone(),
+                            k.blocked_since_ms,
+                            k.failed_id.clone(),
+                            k.held,
+                        )
+                    })
                     .collect(),
             }),
         }

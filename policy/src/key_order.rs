@@ -101,7 +101,10 @@ mod tests {
         let j = serde_json::to_string(&k).unwrap();
         assert_eq!(j, r#"{"poison_after":"10m"}"#);
         assert_eq!(serde_json::from_str::<KeyOrder>(&j).unwrap(), k);
-        assert_eq!(serde_json::from_str::<KeyOrder>("{}").unwrap(), KeyOrder::new());
+        assert_eq!(
+            serde_json::from_str::<KeyOrder>("{}").unwrap(),
+            KeyOrder::new()
+        );
         assert_eq!(k.to_string(), "key order, poison after 10m");
     }
 }

@@ -23,14 +23,13 @@
 use std::time::Duration;
 
 use ricochet_policy::{
-    AttemptOverride, FailureReason as PolicyFailureReason, KeyOrder, LevelTable,
-    MultiplierBackoff, PolicyError, PolicySpec,
+    AttemptOverride, FailureReason as PolicyFailureReason, KeyOrder, LevelTable, MultiplierBackoff,
+    PolicyError, PolicySpec,
 };
 
 use crate::v1::{
     self, BackoffPolicyConfig, DeadLetterPolicyConfig, DelayLevelPolicyConfig, KeyOrderConfig,
-    NamedPolicyConfig,
-    backoff_policy_config, dead_letter_policy_config, reconsume_later,
+    NamedPolicyConfig, backoff_policy_config, dead_letter_policy_config, reconsume_later,
 };
 
 /// Why a wire value does not convert.

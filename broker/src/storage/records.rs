@@ -5,9 +5,9 @@
 
 use super::Cursor;
 use ricochet_policy::{FailureReason, KeyOrder, PolicySpec};
-use std::collections::BTreeMap;
 use ricochet_proto::SubscriptionType;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// What a topic is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -321,10 +321,7 @@ impl SubscriptionActor {
         if self.rec.blocked_keys.get(&key).map(|b| b.failed) == Some(entry) {
             let b = self.rec.blocked_keys.remove(&key);
             self.dirty = true;
-            self.keys_released(
-                b.map(|b| (key, b.since_ms)).into_iter().collect(),
-                "acked",
-            );
+            self.keys_released(b.map(|b| (key, b.since_ms)).into_iter().collect(), "acked");
         }
     }
 
@@ -517,7 +514,9 @@ impl SubscriptionActor {
         keys.sort_by_key(|(_, b)| b.since_ms);
         Some(super::stats::KeyOrderStats {
             blocked_keys: keys.len() as u64,
-            oldest_blocked_ms: keys.first().map_or(0, |(_, b)| now.saturating_sub(b.since_ms)),
+            oldest_blocked_ms: keys
+                .first()
+                .map_or(0, |(_, b)| now.saturating_sub(b.since_ms)),
             held_messages: self.key_lanes.held_total() as u64,
             top: keys
                 .into_iter()
