@@ -547,3 +547,69 @@ async fn an_operator_sets_key_order() {
     assert_eq!(p.key_order.unwrap().poison_after_ms, 60_000);
     assert!(stats(&env, &t).await.key_order);
 }
+
+/// A blocked key shows on the console's subscription page, and its block
+/// and release are failure events (`key_blocked`, `key_released`).
+#[tokio::test]
+async fn blocked_keys_show_in_the_console_and_as_events() {
+    use tower::ServiceExt;
+    let env = start().await;
+    let t = topic("ko-console");
+    let mut events = env
+        .client
+        .consumer("persistent://public/default/__failure_events")
+        .subscription("watch")
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    let mut c = consumer(&env, &t, SubscriptionType::Exclusive, true, "c").await;
+    publish(&env, &t, &["acct-7"], 3).await;
+    let m = recv(&mut c, T).await;
+    c.reconsume_later(&m, Duration::from_millis(1500))
+        .await
+        .unwrap();
+    // Wait for the two later messages to be held.
+    let deadline = Instant::now() + T;
+    while stats(&env, &t).await.held_messages != 2 {
+        assert!(Instant::now() < deadline, "not held in time");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let app = ricochet_broker::console::router(env.broker.core.clone());
+    let uri = format!("/subscription?topic=persistent%3A%2F%2Fpublic%2Fdefault%2F{t}&sub=s");
+    let resp = app
+        .oneshot(
+            axum::http::Request::get(uri)
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), axum::http::StatusCode::OK);
+    let page = axum::body::to_bytes(resp.into_body(), 1 << 22)
+        .await
+        .unwrap();
+    let page = String::from_utf8_lossy(&page);
+    assert!(page.contains("<h2>Key order</h2>"), "{page}");
+    assert!(page.contains(r#"id="blocked-keys">1<"#), "{page}");
+    assert!(page.contains(r#"id="held-messages">2<"#), "{page}");
+    assert!(page.contains("<code>acct-7</code>"), "{page}");
+    // The retry comes back; acking it releases the key.
+    let back = recv(&mut c, T).await;
+    assert_eq!(text(&back), "acct-7:0");
+    c.ack(&back).await.unwrap();
+    for i in 1..3 {
+        let m = recv(&mut c, T).await;
+        assert_eq!(text(&m), format!("acct-7:{i}"));
+        c.ack(&m).await.unwrap();
+    }
+    let mut kinds = Vec::new();
+    while kinds.len() < 2 {
+        let e = recv(&mut events, T).await;
+        let v: serde_json::Value = serde_json::from_slice(e.payload()).unwrap();
+        if v["subscription"] == "s" && v["key"] == "acct-7" {
+            kinds.push(v["kind"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(kinds, ["key_blocked", "key_released"]);
+}

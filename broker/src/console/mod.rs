@@ -39,6 +39,7 @@
 mod actions;
 mod api;
 mod charts;
+mod key_order;
 mod pages;
 
 use crate::core::BrokerCore;

@@ -423,6 +423,7 @@ pub(crate) async fn subscription(State(st): State<ConsoleState>, Query(p): Query
                     }
                 }
             }
+            (super::key_order::section(&s, policy.policy.as_ref(), now_ms))
             h2 { "Consumers" }
             @if s.consumers.is_empty() { p { "None connected." } } @else {
                 table {
@@ -434,7 +435,7 @@ pub(crate) async fn subscription(State(st): State<ConsoleState>, Query(p): Query
             }
             h2 { "Dead-letter policy" }
             p { "Source: " (policy.source) }
-            @match &policy.policy {
+            @match policy.policy.as_ref().filter(|p| p.kind.is_some()) {
                 Some(pol) => (policy_view(pol)),
                 None => {
                     p #no-policy {
