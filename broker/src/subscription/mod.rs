@@ -18,14 +18,14 @@
 //!
 //! Order: on Exclusive and Failover subscriptions a failed message is
 //! redelivered on its own, after messages already dispatched; the rest of the
-//! stream is not rewound. Applications that need strict order should not nack
-//! but retry in place. Key_Shared never hands a key to a second consumer
-//! while the first still holds unacked messages of that key.
+//! stream is not rewound. Key_Shared never hands a key to a second consumer
+//! while the first still holds unacked messages of that key. With key order
+//! ([`key_order`]) each key's messages stay in order through failures.
 //!
 //! Map: [`handle`] (the API), [`requests`] (the consumer boundary),
 //! [`consumers`], [`dispatch`], [`delivery`], [`acks`], [`intake`] (failure
 //! requests), [`failure`] (the planner), [`tiers`] (moves), [`read_ahead`],
-//! [`replay`], [`policy`], [`stats`].
+//! [`replay`], [`policy`], [`stats`], [`key_order`].
 
 mod acks;
 mod consumers;
