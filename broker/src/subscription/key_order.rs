@@ -57,6 +57,9 @@ pub(super) struct KeyLanes {
     /// Keys with a message in flight, and how many.
     busy: HashMap<String, u32>,
     held_total: usize,
+    /// After a poison key could not be dead-lettered, not retried before
+    /// this (ms since the epoch).
+    poison_not_before: u64,
 }
 
 impl KeyLanes {
@@ -329,7 +332,11 @@ impl SubscriptionActor {
     pub(super) fn key_order_wake(&self) -> Option<u64> {
         let limit = self.rec.key_order.as_ref()?.poison_after?;
         let oldest = self.rec.blocked_keys.values().map(|b| b.since_ms).min()?;
-        Some(oldest.saturating_add(super::intake::millis(limit)))
+        Some(
+            oldest
+                .saturating_add(super::intake::millis(limit))
+                .max(self.key_lanes.poison_not_before),
+        )
     }
 
     /// Once per round: keys whose failed message was acked another way
@@ -355,7 +362,9 @@ impl SubscriptionActor {
             self.dirty = true;
             self.keys_released(released, "acked");
         }
-        if let Some(limit) = self.rec.key_order.and_then(|k| k.poison_after) {
+        if let Some(limit) = self.rec.key_order.and_then(|k| k.poison_after)
+            && now >= self.key_lanes.poison_not_before
+        {
             let limit_ms = super::intake::millis(limit);
             let poison: Vec<String> = self
                 .rec
@@ -366,7 +375,9 @@ impl SubscriptionActor {
                 .collect();
             for key in poison {
                 if let Err(e) = self.poison(&key, now).await {
-                    tracing::error!(error = %e, sub = %self.rec.name, %key, "cannot dead-letter a poison key");
+                    tracing::error!(error = %e, sub = %self.rec.name, %key, "cannot dead-letter a poison key; trying again in a second");
+                    self.key_lanes.poison_not_before = now.saturating_add(1_000);
+                    break;
                 }
             }
         }
@@ -380,22 +391,38 @@ impl SubscriptionActor {
         let ordered = self.rec.key_order.is_some();
         let mut load = Vec::new();
         let mut room = READ_AHEAD.saturating_sub(self.deliveries.ready.len());
+        let (rec, ready, in_flight) = (
+            &self.rec,
+            &self.deliveries.ready,
+            &self.deliveries.in_flight,
+        );
         let lanes = &mut self.key_lanes;
         lanes.lanes.retain(|key, lane| {
-            if self.rec.blocked_keys.contains_key(key) {
+            if rec.blocked_keys.contains_key(key) {
                 return true;
             }
             if ordered {
-                if lane.lead.is_some() || lanes.busy.contains_key(key) {
+                // A lead that is neither ready nor out (it could not be
+                // read) is given up.
+                if let Some(l) = lane.lead {
+                    if ready.contains_key(&l) || in_flight.contains_key(&l) {
+                        return true;
+                    }
+                    lane.lead = None;
+                }
+                if lanes.busy.contains_key(key) {
                     return true;
                 }
-                let Some(id) = lane.held.pop_first() else {
-                    return false;
-                };
-                lanes.held_total -= 1;
-                lane.lead = Some(TierEntry::main(id));
-                load.push((TierEntry::main(id), None));
-                return true;
+                while let Some(id) = lane.held.pop_first() {
+                    lanes.held_total -= 1;
+                    // Acked meanwhile (a cumulative ack): skipped.
+                    if !rec.main.is_acked(id) {
+                        lane.lead = Some(TierEntry::main(id));
+                        load.push((TierEntry::main(id), None));
+                        return true;
+                    }
+                }
+                return false;
             }
             while room > 0
                 && let Some(id) = lane.held.pop_first()
