@@ -12,6 +12,7 @@ use ricochet_proto::broker_client::BrokerClient;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::admin::Admin;
 use crate::consumer::ConsumerBuilder;
 use crate::credentials::{Credentials, Transport};
 use crate::error::{Error, Result};
@@ -316,10 +317,11 @@ impl Client {
         ConsumerBuilder::new(self.clone(), topic.into())
     }
 
-    /// The generated admin client (topics, subscriptions, policies, dead
-    /// letters) on this client's connection.
-    pub fn admin(&self) -> AdminClient<Transport> {
-        Self::admin_on(self.transport())
+    /// The admin API (topics, subscriptions, policies, dead letters,
+    /// replay jobs, retention, partitions, grants, the cluster's brokers)
+    /// through this client: see [`Admin`].
+    pub fn admin(&self) -> Admin {
+        Admin::new(self.clone())
     }
 
     /// The underlying channel, without the client's credentials.
