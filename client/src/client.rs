@@ -325,12 +325,21 @@ impl Client {
     }
 
     /// The underlying channel, without the client's credentials.
+    ///
+    /// Not part of the API (no semver promise: its type is tonic's): for
+    /// tests and tools that call generated gRPC clients themselves.
+    #[doc(hidden)]
     pub fn channel(&self) -> Channel {
         self.inner.channel.clone()
     }
 
     /// The channel with the client's credentials added to every call, for
-    /// other generated clients (e.g. `AuthClient::new(client.transport())`).
+    /// generated clients (e.g. `AuthClient::new(client.transport())`).
+    ///
+    /// Not part of the API (no semver promise: its type is tonic's): for
+    /// tests and tools that call generated gRPC clients themselves; the
+    /// typed [`Admin`] covers the admin services.
+    #[doc(hidden)]
     pub fn transport(&self) -> Transport {
         InterceptedService::new(self.inner.channel.clone(), self.inner.credentials.clone())
     }

@@ -94,7 +94,11 @@ pub use consumer::{
     Acker, Consumer, ConsumerBuilder, ConsumerConfig, ConsumerPolicy, InitialPosition,
     SubscriptionType,
 };
-pub use credentials::{Credentials, Transport};
+pub use credentials::Credentials;
+/// Not part of the API (no semver promise): the type of
+/// [`Client::transport`], tonic's.
+#[doc(hidden)]
+pub use credentials::Transport;
 pub use error::{Error, ErrorKind, Redirect, Result};
 pub use message::{Message, MessageBuilder, MessageId, OutgoingMessage};
 pub use producer::{Producer, ProducerBuilder, ProducerConfig, ProducerStats, Receipt};
@@ -103,8 +107,8 @@ pub use tls_probe::{speaks_tls, tls_advice};
 
 /// Re-exported for convenience: the policy vocabulary the consumer takes.
 pub use ricochet_policy::{DeadLetterPolicy, PolicySpec};
-/// Re-exported: the generated protocol types (for other generated clients
-/// on [`Client::transport`]).
+/// Re-exported: the generated protocol types (the admin API's answers are
+/// among them, re-exported again under their names in [`admin`]).
 pub use ricochet_proto as proto;
 
 /// Not part of the API (no semver promise): for the `ricochet` CLI and

@@ -252,6 +252,9 @@ impl Client {
     /// partitioned topic's base name (the lookup answers INVALID_ARGUMENT),
     /// whose admin calls a standalone broker answers over the partitions
     /// (a cluster broker refuses them, naming the partitions).
+    ///
+    /// Not part of the API (no semver promise), as [`Client::transport`].
+    #[doc(hidden)]
     pub async fn transport_for(&self, topic: &str) -> Result<Transport> {
         match self.route(topic).await {
             Err(e) if e.kind() == ErrorKind::InvalidArgument && e.grpc_code().is_some() => {
