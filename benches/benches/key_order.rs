@@ -26,7 +26,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ricochet_broker::Durability;
-use ricochet_client::proto::SubscriptionRequest;
 use ricochet_client::{
     Client, InitialPosition, KeyOrder, OutgoingMessage, Producer, SubscriptionType,
 };
@@ -170,14 +169,7 @@ async fn throughput(
 }
 
 async fn held(client: &Client, topic: &str) -> Result<(u64, u64), BoxError> {
-    let s = client
-        .admin()
-        .subscription_stats(SubscriptionRequest {
-            topic: topic.into(),
-            subscription: "bench".into(),
-        })
-        .await?
-        .into_inner();
+    let s = client.admin().subscription_stats(topic, "bench").await?;
     Ok((s.blocked_keys, s.held_messages))
 }
 

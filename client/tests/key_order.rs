@@ -12,10 +12,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::{Env, assert_quiet, recv, start, text, topic};
-use ricochet_client::proto::{
-    DeadLetterPolicyConfig, KeyOrderConfig, ListDeadLettersRequest, SetPolicyRequest,
-    SubscriptionRequest, SubscriptionStatsResponse,
-};
+use ricochet_client::admin::SubscriptionStats;
 use ricochet_client::{
     Consumer, ErrorKind, InitialPosition, KeyOrder, OutgoingMessage, PolicySpec, SubscriptionType,
 };
@@ -197,16 +194,17 @@ async fn without_key_order_retries_break_order() {
     }
 }
 
-async fn stats(env: &Env, t: &str) -> SubscriptionStatsResponse {
+async fn stats(env: &Env, t: &str) -> SubscriptionStats {
+    env.client.admin().subscription_stats(t, "s").await.unwrap()
+}
+
+async fn dead_letters(env: &Env, t: &str) -> Vec<ricochet_client::admin::DeadLetter> {
     env.client
         .admin()
-        .subscription_stats(SubscriptionRequest {
-            topic: t.into(),
-            subscription: "s".into(),
-        })
+        .list_dead_letters(t, "s", &Default::default(), 100, None)
         .await
         .unwrap()
-        .into_inner()
+        .dead_letters
 }
 
 /// Receives until a message satisfying `want` arrives; returns it and what
@@ -303,18 +301,7 @@ async fn dead_lettering_the_failed_message_releases_its_key() {
         assert_eq!(text(&m), format!("a:{i}"));
         c.ack(&m).await.unwrap();
     }
-    let dlq = env
-        .client
-        .admin()
-        .list_dead_letters(ListDeadLettersRequest {
-            topic: t.clone(),
-            subscription: "s".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .dead_letters;
+    let dlq = dead_letters(&env, &t).await;
     assert_eq!(dlq.len(), 1);
     assert_eq!(stats(&env, &t).await.blocked_keys, 0);
 }
@@ -348,18 +335,7 @@ async fn a_poison_key_goes_to_the_dead_letter_tier_with_its_held_messages() {
     }
     // Poisoned after 1 s: nothing of `p` is delivered.
     assert_quiet(&mut c, Duration::from_millis(1800)).await;
-    let dlq = env
-        .client
-        .admin()
-        .list_dead_letters(ListDeadLettersRequest {
-            topic: t.clone(),
-            subscription: "s".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .dead_letters;
+    let dlq = dead_letters(&env, &t).await;
     let got: Vec<(String, String)> = dlq
         .iter()
         .map(|d| {
@@ -485,38 +461,27 @@ async fn shared_subscriptions_refuse_key_order() {
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
     // The broker refuses it too, for an operator.
     let _c = consumer(&env, &t, SubscriptionType::Shared, false, "c").await;
-    let status = env
+    let e = env
         .client
         .admin()
-        .set_policy(SetPolicyRequest {
-            topic: t.clone(),
-            subscription: "s".into(),
-            policy: Some(DeadLetterPolicyConfig {
-                key_order: Some(KeyOrderConfig { poison_after_ms: 0 }),
-                ..Default::default()
-            }),
-        })
+        .set_policy_with_key_order(&t, "s", None, KeyOrder::new())
         .await
         .unwrap_err();
-    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
-    assert!(status.message().contains("Shared"), "{}", status.message());
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("Shared"), "{e}");
     // And a limit below a second.
-    let status = env
+    let e = env
         .client
         .admin()
-        .set_policy(SetPolicyRequest {
-            topic: t.clone(),
-            subscription: "s".into(),
-            policy: Some(DeadLetterPolicyConfig {
-                key_order: Some(KeyOrderConfig {
-                    poison_after_ms: 10,
-                }),
-                ..Default::default()
-            }),
-        })
+        .set_policy_with_key_order(
+            &t,
+            "s",
+            None,
+            KeyOrder::with_poison_after(Duration::from_millis(10)),
+        )
         .await
         .unwrap_err();
-    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
 }
 
 /// An operator turns key order on for an Exclusive subscription; GetPolicy
@@ -529,19 +494,14 @@ async fn an_operator_sets_key_order() {
     let r = env
         .client
         .admin()
-        .set_policy(SetPolicyRequest {
-            topic: t.clone(),
-            subscription: "s".into(),
-            policy: Some(DeadLetterPolicyConfig {
-                key_order: Some(KeyOrderConfig {
-                    poison_after_ms: 60_000,
-                }),
-                ..Default::default()
-            }),
-        })
+        .set_policy_with_key_order(
+            &t,
+            "s",
+            None,
+            KeyOrder::with_poison_after(Duration::from_secs(60)),
+        )
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     let p = r.policy.unwrap();
     assert!(p.kind.is_none());
     assert_eq!(p.key_order.unwrap().poison_after_ms, 60_000);
