@@ -11,18 +11,17 @@
 //!    failures and with 1 % of messages nacked once (100 ms client delay).
 //! 2. **Memory per held message**: one key is blocked (its first message
 //!    sent to the retry tier for an hour), then H more messages (100 000) of
-//!    that key are published and held; the broker's live heap (a counting
-//!    allocator over the system allocator, the whole process: broker and
-//!    client) is read before and once the stats show all H held, and the
-//!    difference is divided by H. It includes whatever else grows with H
-//!    stored messages, so it is an upper bound of the held set's cost.
+//!    that key are published and held; the process's resident set (`VmRSS`,
+//!    broker and client in one process, mimalloc) is read before and once
+//!    the stats show all H held, and the difference is divided by H. It
+//!    includes whatever else grows with H stored messages (and what the
+//!    allocator keeps of the buffers the publishes and reads went through),
+//!    so it is an upper bound of the held set's cost.
 //!
 //! Environment: `KO_N` (messages, default 20 000), `KO_N1` (messages for
 //! the one-key rows, default 2 000), `KO_H` (held, default 100 000),
 //! `KO_ONLY=throughput|memory`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ricochet_broker::Durability;
@@ -33,36 +32,20 @@ use ricochet_testkit::InProcessBroker;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The system allocator, counting live bytes.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call is forwarded to `System` unchanged; only a counter is
-// updated beside it.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        // SAFETY: the caller's contract is `System`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size, Ordering::Relaxed);
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// This process's resident set (`VmRSS`), in bytes.
+fn rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -198,7 +181,7 @@ async fn memory(h: usize) -> Result<(), BoxError> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = rss();
     publish(&p, |_| "held".into(), 1_001..1_001 + h).await?;
     let t = Instant::now();
     while held(&client, topic).await?.1 != (1_000 + h) as u64 {
@@ -208,10 +191,10 @@ async fn memory(h: usize) -> Result<(), BoxError> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let after = LIVE.load(Ordering::Relaxed);
+    let after = rss();
     let per = (after as f64 - before as f64) / h as f64;
     println!(
-        "memory: {h} messages (100 B) held behind one blocked key: live heap {:.1} MiB -> {:.1} MiB, {per:.1} B per held message (whole process, upper bound)",
+        "memory: {h} messages (100 B) held behind one blocked key: RSS {:.1} MiB -> {:.1} MiB, {per:.1} B per held message (whole process, upper bound)",
         before as f64 / (1 << 20) as f64,
         after as f64 / (1 << 20) as f64,
     );
