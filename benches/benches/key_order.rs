@@ -136,7 +136,7 @@ async fn throughput(
     while acked < n {
         let m = tokio::time::timeout(Duration::from_secs(60), c.receive()).await??;
         seen += 1;
-        if nack_every > 0 && seen % nack_every == 0 && m.delivery_count() == 0 {
+        if nack_every > 0 && seen.is_multiple_of(nack_every) && m.delivery_count() == 0 {
             c.nack(&m).await?;
             continue;
         }

@@ -363,7 +363,7 @@ impl PolicyView {
             )
             .kv("source", &self.source);
         if let Some(k) = &self.key_order {
-            b.kv("ordering", &k.to_string());
+            b.kv("ordering", k.to_string());
         }
         if !self.retry_topic.is_empty() {
             b.kv("retry topic", &self.retry_topic);
