@@ -75,8 +75,7 @@ pub fn page(path: &Path) -> Page {
 }
 
 fn parser(text: &str) -> impl Iterator<Item = (Event<'_>, std::ops::Range<usize>)> {
-    Parser::new_ext(text, Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH)
-        .into_offset_iter()
+    Parser::new_ext(text, Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH).into_offset_iter()
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -207,20 +206,26 @@ pub fn broken_links(pages: &[Page]) -> Vec<String> {
                 None => (link.dest.as_str(), None),
             };
             let at = format!("{}:{}: {}", page.path.display(), link.line, link.dest);
-            let target = if file.is_empty() {
-                page.path.clone()
-            } else {
-                normalize(&dir.join(file))
-            };
-            if target.starts_with("..") || !root.join(&target).exists() {
+            let target = normalize(&dir.join(file));
+            let anchors = if file.is_empty() {
+                page.anchors()
+            } else if target.starts_with("..") || !root.join(&target).exists() {
                 broken.push(format!("{at}: no file {}", target.display()));
                 continue;
-            }
-            let Some(anchor) = anchor else { continue };
-            if target.extension().is_none_or(|e| e != "md") {
+            } else if anchor.is_none() {
+                continue;
+            } else if target.extension().is_none_or(|e| e != "md") {
                 broken.push(format!("{at}: an anchor into a file that is not Markdown"));
-            } else if !self::page(&target).anchors().contains(anchor) {
-                broken.push(format!("{at}: no heading #{anchor} in {}", target.display()));
+                continue;
+            } else {
+                self::page(&target).anchors()
+            };
+            if let Some(anchor) = anchor.filter(|a| !anchors.contains(*a)) {
+                let target = if file.is_empty() { &page.path } else { &target };
+                broken.push(format!(
+                    "{at}: no heading #{anchor} in {}",
+                    target.display()
+                ));
             }
         }
     }
