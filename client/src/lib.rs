@@ -73,6 +73,8 @@
 //! tier and delivers it when due. An unacked message past the [ack timeout](ConsumerBuilder::ack_timeout)
 //! is sent back like a nack. [`terminate`](Acker::terminate) dead-letters.
 
+#![warn(missing_docs)]
+
 mod client;
 mod consumer;
 mod credentials;
