@@ -254,13 +254,24 @@ async fn every_documented_command_works_as_written() {
     );
 }
 
-/// Every relative link and `#anchor` of the README and the book resolves.
+/// Every relative link and `#anchor` of the README and the book resolves,
+/// and every page of the book is in its `SUMMARY.md`.
 #[test]
 fn docs_links() {
     let pages = docs::pages();
     assert!(pages.len() >= 15, "{} pages", pages.len());
     let broken = docs::broken_links(&pages);
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    // Every page of the book is a chapter of it.
+    let summary = docs::page(Path::new("docs/src/SUMMARY.md"));
+    let chapters: Vec<String> = summary.links().into_iter().map(|l| l.dest).collect();
+    let orphans: Vec<String> = pages
+        .iter()
+        .filter(|p| p.path.starts_with("docs/src") && !p.path.ends_with("SUMMARY.md"))
+        .map(|p| p.path.file_name().unwrap().to_string_lossy().into_owned())
+        .filter(|name| !chapters.contains(name))
+        .collect();
+    assert!(orphans.is_empty(), "pages not in SUMMARY.md: {orphans:?}");
 }
 
 /// The parser itself: commands, continuations, outputs with blank lines,
