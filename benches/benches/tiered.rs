@@ -83,7 +83,10 @@ async fn raw_store(endpoint: &str, size: usize, n: usize) {
         let at = (i * 997 * 4096) % (size as u64 - (1 << 20));
         let started = Instant::now();
         store
-            .get_range(&ObjectPath::from(format!("raw/{}", i as usize % n)), at..at + (1 << 20))
+            .get_range(
+                &ObjectPath::from(format!("raw/{}", i as usize % n)),
+                at..at + (1 << 20),
+            )
             .await
             .unwrap();
         ranged.push(started.elapsed());

@@ -420,3 +420,6 @@ impl Tiered {
         &self.log
     }
 }
+
+#[cfg(test)]
+mod tests;
