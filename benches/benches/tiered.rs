@@ -185,7 +185,6 @@ async fn main() {
                 id: Some(MessageId {
                     topic: topic.into(),
                     entry_id: id,
-                    ..Default::default()
                 }),
             })
             .await

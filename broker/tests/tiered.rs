@@ -45,7 +45,6 @@ async fn get_message(url: &str, topic: &str, id: u64) -> Result<GetMessageRespon
             id: Some(MessageId {
                 topic: topic.into(),
                 entry_id: id,
-                ..Default::default()
             }),
         })
         .await

@@ -42,7 +42,14 @@ pub struct OffloadArgs {
 async fn client(
     ctx: &Ctx<'_>,
 ) -> Result<pb::tiered_client::TieredClient<ricochet_client::Transport>> {
-    Ok(pb::tiered_client::TieredClient::new(ctx.transport().await?))
+    // The typed admin API has no tiered calls yet: the generated client,
+    // on the topic owner's connection when the command is about a topic.
+    let client = ctx.client().await?;
+    let transport = match &ctx.topic {
+        Some(t) => client.transport_for(t).await?,
+        None => client.transport(),
+    };
+    Ok(pb::tiered_client::TieredClient::new(transport))
 }
 
 /// `topics offload TOPIC`.

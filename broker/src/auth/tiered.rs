@@ -74,7 +74,7 @@ impl Tiered for AuthorizedTiered {
         r: Request<SetOffloadPolicyRequest>,
     ) -> Result<Response<OffloadPolicyResponse>, Status> {
         let (ns, topic) = (r.get_ref().namespace.clone(), r.get_ref().topic.clone());
-        let policy = r.get_ref().policy.clone();
+        let policy = r.get_ref().policy;
         let p = check_target(&self.auth, &r, "Tiered/SetOffloadPolicy", &ns, &topic)?;
         self.route(&topic).await?;
         let resp = self.inner.set_offload_policy(r).await?;

@@ -260,7 +260,16 @@ impl Storage for LogStorage {
     ) -> Result<Vec<(u64, Vec<u8>)>> {
         if self.logged(topic) {
             match &self.tiered {
-                Some(t) => self.read_both(t, topic, from, max, max_bytes),
+                Some(t) if t.has_states(topic) => self.read_both(t, topic, from, max, max_bytes),
+                Some(t) => {
+                    let out = self.log.read(topic, from, max, max_bytes)?;
+                    // A first offload that dropped a local copy since the
+                    // test above: read again over both tiers.
+                    if out.first().is_none_or(|(id, _)| *id > from) && t.has_states(topic) {
+                        return self.read_both(t, topic, from, max, max_bytes);
+                    }
+                    Ok(out)
+                }
                 None => self.log.read(topic, from, max, max_bytes),
             }
         } else {

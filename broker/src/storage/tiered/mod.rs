@@ -293,13 +293,18 @@ impl Tiered {
         }
     }
 
+    /// Whether any segment of `topic` has an offload state (a cheap test
+    /// that keeps reads of topics never offloaded on the local path).
+    pub fn has_states(&self, topic: &str) -> bool {
+        crate::util::lock(&self.states)
+            .get(topic)
+            .is_some_and(|m| !m.is_empty())
+    }
+
     /// Offloaded segments of `topic` whose local copy is gone (below the
     /// first local segment), oldest first.
     pub fn remote(&self, topic: &str) -> Vec<SegmentState> {
-        if crate::util::lock(&self.states)
-            .get(topic)
-            .is_none_or(BTreeMap::is_empty)
-        {
+        if !self.has_states(topic) {
             return Vec::new();
         }
         let local_start = self
