@@ -119,6 +119,8 @@
 //! # Ok::<(), PolicyError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod backoff;
 mod context;
 mod delay_levels;
