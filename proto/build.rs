@@ -20,6 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/ricochet/v1/auth.proto",
         "proto/ricochet/v1/retention.proto",
         "proto/ricochet/v1/cluster.proto",
+        "proto/ricochet/v1/tiered.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");

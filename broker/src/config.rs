@@ -47,6 +47,14 @@
 //! # broker_id = "b1"             # default: the data directory's store id
 //! # lease_ttl = "10s"            # fenced after 4/5 of it without a renewal
 //!
+//! # [tiered]                     # offload sealed segments to an object store (off unless set)
+//! # url = "s3://bucket/prefix"   # or "file:///var/lib/ricochet-tier"
+//! # endpoint = "http://127.0.0.1:5000"; region = "us-east-1"; allow_http = false
+//! # credentials_file = "/etc/ricochet/aws-credentials"  # default: AWS_* variables
+//! # pace_bytes_per_second = 0    # 0: unpaced
+//! # cache_bytes = 67108864       # LRU of blocks read back
+//! # offload_after = "1h"         # default policy (namespaces/topics override it)
+//!
 //! [auth]                         # see `ricochet_broker::auth::AuthConfig`
 //! enabled = false                # require tokens and check grants
 //! superusers = []
@@ -317,6 +325,10 @@ pub struct BrokerConfig {
     pub auth: crate::auth::AuthConfig,
     /// TLS on the listener (off by default).
     pub tls: crate::tls::TlsConfig,
+    /// Tiered storage: sealed segments offloaded to an object store
+    /// (`crate::storage::tiered`); `None`, the default, keeps every
+    /// segment local.
+    pub tiered: Option<crate::storage::tiered::TieredConfig>,
 }
 
 impl Default for BrokerConfig {
@@ -361,6 +373,7 @@ impl Default for BrokerConfig {
             cluster: None,
             auth: crate::auth::AuthConfig::default(),
             tls: crate::tls::TlsConfig::default(),
+            tiered: None,
         }
     }
 }
@@ -412,6 +425,12 @@ impl BrokerConfig {
         }
         if self.segment_max_age.is_zero() {
             return bad("segment_max_age must be positive");
+        }
+        if let Some(t) = &self.tiered {
+            t.validate().map_err(BrokerError::Config)?;
+            if self.log_engine != LogEngine::Segments {
+                return bad("[tiered] needs log_engine = \"segments\"");
+            }
         }
         if self.max_unacked_per_consumer == 0 {
             return bad("max_unacked_per_consumer must be positive");

@@ -94,6 +94,7 @@ fn describe() {
         "Payload bytes sent to consumers."
     );
     describe_counter!("ricochet_messages_acked_total", "Messages acknowledged.");
+    describe_tiered();
     describe_gauge!(
         "ricochet_backlog_messages",
         "Messages of the main topic not yet acknowledged by the subscription."
@@ -385,4 +386,52 @@ fn serve_with_token(builder: PrometheusBuilder, addr: SocketAddr, token: Vec<u8>
 /// depend on where they differ.
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Tiered storage's series (`crate::storage::tiered`).
+fn describe_tiered() {
+    describe_counter!(
+        "ricochet_tiered_offloaded_bytes_total",
+        "Segment bytes written to the object store and verified."
+    );
+    describe_counter!(
+        "ricochet_tiered_offloaded_segments_total",
+        "Segments offloaded and verified."
+    );
+    describe_counter!(
+        "ricochet_tiered_offload_errors_total",
+        "Offload attempts that failed (the object store down or refusing)."
+    );
+    describe_gauge!(
+        "ricochet_tiered_offload_lag_seconds",
+        "Age of the oldest sealed segment the offload policy says to offload and is not yet offloaded."
+    );
+    describe_gauge!(
+        "ricochet_tiered_offload_pending_bytes",
+        "Bytes of sealed segments due for offload and not yet offloaded."
+    );
+    describe_counter!(
+        "ricochet_tiered_read_bytes_total",
+        "Bytes read back from the object store (ranged GETs)."
+    );
+    describe_histogram!(
+        "ricochet_tiered_read_seconds",
+        "Latency of one ranged GET from the object store."
+    );
+    describe_counter!(
+        "ricochet_tiered_read_errors_total",
+        "Reads from the object store that failed (not damage: that is DATA_LOSS)."
+    );
+    describe_counter!(
+        "ricochet_tiered_cache_hits_total",
+        "Tiered reads served from the block cache alone."
+    );
+    describe_gauge!(
+        "ricochet_tiered_cache_bytes",
+        "Bytes of object blocks held in the tiered read cache."
+    );
+    describe_counter!(
+        "ricochet_tiered_delete_errors_total",
+        "Unreferenced objects that could not be deleted (left in the store)."
+    );
 }

@@ -66,6 +66,7 @@ impl BrokerBuilder {
             if mode == VerifyOnStart::Before {
                 verify(&sled, self.config.accept_data_loss)?;
             }
+            let mut tiered = None;
             let storage: Arc<dyn Storage> = match self.config.log_engine {
                 LogEngine::Segments => {
                     let started = std::time::Instant::now();
@@ -73,8 +74,10 @@ impl BrokerBuilder {
                         sled.clone(),
                         &self.config.data_dir,
                         self.config.log_settings(),
+                        self.config.tiered.as_ref(),
                     )
                     .await?;
+                    tiered = log.tiered().cloned();
                     tracing::info!(
                         took_ms = started.elapsed().as_millis() as u64,
                         topics = log.log().topics().len(),
@@ -88,10 +91,13 @@ impl BrokerBuilder {
             if mode == VerifyOnStart::Background {
                 verify_in_background(sled, &core);
             }
-            Ok(core)
+            if let Some(t) = &tiered {
+                t.spawn(core.shutdown.clone());
+            }
+            Ok((core, tiered))
         };
         match opened.await {
-            Ok(core) => Ok(Broker { core }),
+            Ok((core, tiered)) => Ok(Broker { core, tiered }),
             Err(BrokerError::Storage(StorageError::Corrupt(what))) => Err(BrokerError::DataLoss(
                 format!("{what} (`ricochet-broker check` lists everything)"),
             )),
@@ -186,6 +192,8 @@ fn verify_in_background(sled: Arc<SledStorage>, core: &Arc<BrokerCore>) {
 #[derive(Debug, Clone)]
 pub struct Broker {
     core: Arc<BrokerCore>,
+    /// The object-store tier, when `[tiered]` is configured.
+    tiered: Option<Arc<crate::storage::tiered::Tiered>>,
 }
 
 impl Broker {
@@ -258,6 +266,13 @@ impl Broker {
         let retention = ricochet_proto::retention_server::RetentionServer::new(
             crate::auth::AuthorizedRetention::new(
                 crate::service::RetentionService::new(self.core.clone()),
+                self.core.auth.clone(),
+            )
+            .routed(cluster.clone()),
+        );
+        let tiered = ricochet_proto::tiered_server::TieredServer::new(
+            crate::auth::AuthorizedTiered::new(
+                crate::service::TieredService::new(self.core.clone(), self.tiered.clone()),
                 self.core.auth.clone(),
             )
             .routed(cluster.clone()),
@@ -337,6 +352,7 @@ impl Broker {
             .add_service(admin)
             .add_service(partitions)
             .add_service(retention)
+            .add_service(tiered)
             .add_service(cluster_service)
             .add_service(grants)
             .serve_with_incoming_shutdown(incoming, shutdown)

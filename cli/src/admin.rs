@@ -132,6 +132,12 @@ pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
         TopicsCommand::GetRetention { topic } => {
             crate::retention::get(ctx, String::new(), topic).await
         }
+        TopicsCommand::Offload { topic } => crate::tiered::offload(ctx, topic).await,
+        TopicsCommand::OffloadStatus { topic } => crate::tiered::status(ctx, topic).await,
+        TopicsCommand::SetOffload { topic, policy } => {
+            crate::tiered::set(ctx, String::new(), topic, policy).await
+        }
+        TopicsCommand::GetOffload { topic } => crate::tiered::get(ctx, String::new(), topic).await,
         TopicsCommand::Stats { topic } => {
             let r = admin.topic_stats(&topic).await?;
             let partitions = crate::partitions::PartitionStatsView::list(&r.partitions);

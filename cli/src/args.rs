@@ -70,7 +70,7 @@ pub enum Command {
     /// Grant, revoke and list permissions; show who you are.
     #[command(subcommand)]
     Auth(crate::auth::AuthCommand),
-    /// Namespace-wide settings: retention.
+    /// Namespace-wide settings: retention, offload.
     #[command(subcommand, visible_alias = "namespace")]
     Namespaces(NamespacesCommand),
     /// A cluster of brokers: the brokers and their load, who owns a topic.
@@ -95,6 +95,20 @@ pub enum NamespacesCommand {
     },
     /// The retention policy set on a namespace.
     GetRetention {
+        /// `tenant/namespace`.
+        namespace: String,
+    },
+    /// Set when the sealed segments of a namespace's topics are offloaded
+    /// to the object store (tiered storage).
+    SetOffload {
+        /// `tenant/namespace`.
+        namespace: String,
+        /// The thresholds.
+        #[command(flatten)]
+        policy: crate::tiered::OffloadArgs,
+    },
+    /// The offload policy set on a namespace.
+    GetOffload {
         /// `tenant/namespace`.
         namespace: String,
     },
@@ -291,6 +305,29 @@ pub enum TopicsCommand {
     },
     /// The retention policy set on a topic and the one in force.
     GetRetention {
+        /// Topic.
+        topic: String,
+    },
+    /// Offload a topic's sealed segments to the object store now (tiered storage).
+    Offload {
+        /// Topic.
+        topic: String,
+    },
+    /// Where a topic's segments are: local, offloaded, or both.
+    OffloadStatus {
+        /// Topic.
+        topic: String,
+    },
+    /// Set when a topic's sealed segments are offloaded, replacing its namespace's policy.
+    SetOffload {
+        /// Topic.
+        topic: String,
+        /// The thresholds.
+        #[command(flatten)]
+        policy: crate::tiered::OffloadArgs,
+    },
+    /// The offload policy set on a topic and the one in force.
+    GetOffload {
         /// Topic.
         topic: String,
     },

@@ -79,7 +79,11 @@ pub(crate) fn topic_of(cmd: &Command) -> Option<String> {
             | TopicsCommand::Delete { topic, .. }
             | TopicsCommand::Stats { topic }
             | TopicsCommand::SetRetention { topic, .. }
-            | TopicsCommand::GetRetention { topic } => t(topic),
+            | TopicsCommand::GetRetention { topic }
+            | TopicsCommand::Offload { topic }
+            | TopicsCommand::OffloadStatus { topic }
+            | TopicsCommand::SetOffload { topic, .. }
+            | TopicsCommand::GetOffload { topic } => t(topic),
             TopicsCommand::Create { .. }
             | TopicsCommand::List { .. }
             | TopicsCommand::UpdatePartitions { .. } => None,

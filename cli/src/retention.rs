@@ -20,6 +20,12 @@ pub(crate) async fn namespaces(ctx: &mut Ctx<'_>, c: NamespacesCommand) -> Resul
             set(ctx, namespace, String::new(), limits).await
         }
         NamespacesCommand::GetRetention { namespace } => get(ctx, namespace, String::new()).await,
+        NamespacesCommand::SetOffload { namespace, policy } => {
+            crate::tiered::set(ctx, namespace, String::new(), policy).await
+        }
+        NamespacesCommand::GetOffload { namespace } => {
+            crate::tiered::get(ctx, namespace, String::new()).await
+        }
     }
 }
 

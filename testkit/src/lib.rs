@@ -5,9 +5,10 @@
 //! loopback ports ([`free_addr`]), wall clocks ([`now_ms`], [`now_us`]), a
 //! producer and consumer speaking the gRPC protocol directly ([`raw`]),
 //! calls carrying any bytes at all ([`wire`]), etcd with a cluster of
-//! broker processes for cluster tests ([`etcd`]), a stand-in for a
-//! cluster's lookup service ([`FakeCluster`]), and the README and book
-//! pages with their code blocks and links ([`docs`]).
+//! broker processes for cluster tests ([`etcd`]), an S3-compatible server for
+//! tiered storage ([`moto`]), a stand-in for a cluster's lookup service
+//! ([`FakeCluster`]), and the README and book pages with their code blocks
+//! and links ([`docs`]).
 //!
 //! A dev-dependency only: everything here panics on failure, as a test
 //! wants, unless its name says otherwise (`find_broker_bin`).
@@ -17,6 +18,7 @@ pub mod docs;
 pub mod etcd;
 pub mod fake_cluster;
 pub mod in_process;
+pub mod moto;
 pub mod net;
 pub mod process;
 pub mod raw;
@@ -26,6 +28,7 @@ pub use clock::{now_ms, now_us};
 pub use etcd::{ClusterBroker, EtcdProcess, etcd_or_skip, spawn_cluster};
 pub use fake_cluster::{FakeAnswer, FakeCluster};
 pub use in_process::InProcessBroker;
+pub use moto::{MotoServer, moto_or_skip};
 pub use net::free_addr;
 pub use process::{
     BrokerBinNotFound, BrokerProcess, SpawnOptions, broker_bin, find_broker_bin, listening_addr,

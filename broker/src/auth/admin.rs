@@ -62,6 +62,8 @@ pub fn required(method: &str) -> Option<Requirement> {
         "Auth/WhoAmI" => R::Authenticated,
         "Retention/SetRetention" => R::Permission(Admin),
         "Retention/GetRetention" => R::Visible,
+        "Tiered/Offload" | "Tiered/SetOffloadPolicy" => R::Permission(Admin),
+        "Tiered/OffloadStatus" | "Tiered/GetOffloadPolicy" => R::Visible,
         // Where a topic lives reveals that it exists; the broker list is
         // for anyone signed in, its topic names filtered to those visible.
         "Cluster/Lookup" => R::Visible,

@@ -23,6 +23,7 @@ mod layer;
 mod partitions;
 mod retention;
 mod service;
+mod tiered;
 mod token;
 
 pub use admin::{AuthorizedAdmin, Requirement, required};
@@ -33,6 +34,7 @@ pub use layer::AuthLayer;
 pub use partitions::AuthorizedPartitions;
 pub use retention::AuthorizedRetention;
 pub use service::AuthService;
+pub use tiered::AuthorizedTiered;
 pub use token::{Claims, Verifier};
 
 /// Who made a call, as [`AuthLayer`] established it.

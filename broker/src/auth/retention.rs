@@ -52,34 +52,46 @@ impl AuthorizedRetention {
         namespace: &str,
         topic: &str,
     ) -> Result<Option<Principal>, Status> {
-        let p = principal(&self.auth, r)?;
-        if self.auth.is_superuser(p.as_ref()) {
-            return Ok(p);
-        }
-        let target = Target::parse(namespace, topic)?;
-        let (a, p_ref) = (&self.auth, p.as_ref());
-        match (required(method), &target) {
-            (Some(Requirement::Permission(perm)), Target::Namespace(ns)) => {
-                a.check_namespace(p_ref, ns, perm)?
-            }
-            (Some(Requirement::Permission(perm)), Target::Topic(t)) => a.check(p_ref, t, perm)?,
-            (Some(Requirement::Visible), Target::Namespace(ns)) => {
-                a.check_namespace_visible(p_ref, ns)?
-            }
-            (Some(Requirement::Visible), Target::Topic(t)) => a.check_visible(p_ref, t)?,
-            (Some(Requirement::Authenticated), _) => {}
-            (Some(Requirement::Superuser), _) => {
-                return Err(super::admin::superusers_only(method, p_ref).into());
-            }
-            (None, _) => {
-                return Err(BrokerError::PermissionDenied(format!(
-                    "{method} has no permission mapping"
-                ))
-                .into());
-            }
-        }
-        Ok(p)
+        check_target(&self.auth, r, method, namespace, topic)
     }
+}
+
+/// Checks `method` of a call about a namespace or a topic (exactly one of
+/// them named) against the permission table: the caller, if allowed.
+pub(super) fn check_target<T>(
+    auth: &Auth,
+    r: &Request<T>,
+    method: &str,
+    namespace: &str,
+    topic: &str,
+) -> Result<Option<Principal>, Status> {
+    let p = principal(auth, r)?;
+    if auth.is_superuser(p.as_ref()) {
+        return Ok(p);
+    }
+    let target = Target::parse(namespace, topic)?;
+    let (a, p_ref) = (auth, p.as_ref());
+    match (required(method), &target) {
+        (Some(Requirement::Permission(perm)), Target::Namespace(ns)) => {
+            a.check_namespace(p_ref, ns, perm)?
+        }
+        (Some(Requirement::Permission(perm)), Target::Topic(t)) => a.check(p_ref, t, perm)?,
+        (Some(Requirement::Visible), Target::Namespace(ns)) => {
+            a.check_namespace_visible(p_ref, ns)?
+        }
+        (Some(Requirement::Visible), Target::Topic(t)) => a.check_visible(p_ref, t)?,
+        (Some(Requirement::Authenticated), _) => {}
+        (Some(Requirement::Superuser), _) => {
+            return Err(super::admin::superusers_only(method, p_ref).into());
+        }
+        (None, _) => {
+            return Err(BrokerError::PermissionDenied(format!(
+                "{method} has no permission mapping"
+            ))
+            .into());
+        }
+    }
+    Ok(p)
 }
 
 #[tonic::async_trait]

@@ -10,6 +10,7 @@ mod partitions;
 mod produce;
 mod retention;
 mod status;
+mod tiered;
 mod wire;
 
 pub use admin::AdminService;
@@ -19,6 +20,7 @@ pub use partitions::PartitionsService;
 pub use retention::RetentionService;
 pub use status::{OWNER_TRAILER, OWNER_URL_TRAILER};
 pub(crate) use status::{message_of, status_of};
+pub use tiered::TieredService;
 
 use crate::claims::TierOverrides;
 use crate::core::BrokerCore;

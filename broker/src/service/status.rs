@@ -21,7 +21,8 @@ pub fn code_of(e: &BrokerError) -> Code {
         | BrokerError::Fenced(_)
         | BrokerError::Moving { .. }
         | BrokerError::Peer(_)
-        | BrokerError::Etcd(_) => Code::Unavailable,
+        | BrokerError::Etcd(_)
+        | BrokerError::Storage(StorageError::Remote(_)) => Code::Unavailable,
         BrokerError::NotOwner { .. } => Code::FailedPrecondition,
         // sled met a full disk (the free-space guard was overrun).
         BrokerError::Storage(e) if e.is_disk_full() => Code::ResourceExhausted,

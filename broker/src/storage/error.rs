@@ -19,6 +19,10 @@ pub enum StorageError {
     /// Something that must exist is not there (an entry a cursor points at).
     #[error("missing from storage: {0}")]
     Missing(String),
+    /// The object store of tiered storage failed (down, refused, timed
+    /// out): the read or offload may be retried; nothing is lost.
+    #[error("object store unavailable: {0}")]
+    Remote(String),
     /// A flush failed earlier: the store refuses writes for good.
     #[error("storage failed to flush; the broker refuses writes")]
     Unhealthy,

@@ -19,8 +19,13 @@
 //! position (every entry carries its producer and sequence id). A resend
 //! of a batch the log kept is recognised even when its sequence id was
 //! lost.
+//!
+//! With a `[tiered]` section, sealed segments may also live in an object
+//! store ([`super::tiered`]): reads below the first local segment go
+//! there, retention and topic deletion cover both tiers.
 
 use super::segments::{LogSettings, SegmentLog, upgrade};
+use super::tiered::{Tiered, TieredConfig};
 use super::*;
 use prost::Message as _;
 use std::collections::{BTreeMap, HashSet};
@@ -34,6 +39,8 @@ pub struct LogStorage {
     log: Arc<SegmentLog>,
     /// Ordinary topics (their entries are in the log).
     logged: RwLock<HashSet<String>>,
+    /// The object-store tier, when configured.
+    tiered: Option<Arc<Tiered>>,
 }
 
 impl LogStorage {
@@ -45,10 +52,21 @@ impl LogStorage {
         sled: Arc<SledStorage>,
         data_dir: &Path,
         settings: LogSettings,
+        tiered: Option<&TieredConfig>,
     ) -> Result<Self> {
         upgrade::run(&sled, data_dir, settings).await?;
         let log = SegmentLog::open(data_dir, settings, true)?;
-        Self::with(sled, log)
+        let mut me = Self::with(sled, log)?;
+        if let Some(config) = tiered {
+            let logged = crate::util::read(&me.logged).clone();
+            me.tiered = Some(Tiered::open(
+                config.clone(),
+                me.sled.clone(),
+                me.log.clone(),
+                &logged,
+            )?);
+        }
+        Ok(me)
     }
 
     /// Joins an opened log and sled.
@@ -63,7 +81,43 @@ impl LogStorage {
             sled,
             log: Arc::new(log),
             logged: RwLock::new(logged),
+            tiered: None,
         })
+    }
+
+    /// The object-store tier, when configured.
+    pub fn tiered(&self) -> Option<&Arc<Tiered>> {
+        self.tiered.as_ref()
+    }
+
+    /// A read from `from` over both tiers: the offloaded segments first,
+    /// then the local ones. Retried when a local copy went in between (an
+    /// offload's local delete), so no entry is skipped.
+    fn read_both(
+        &self,
+        tiered: &Tiered,
+        topic: &str,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>> {
+        loop {
+            let local_start = self.log.segment_starts(topic).first().copied();
+            let mut bytes = 0;
+            let mut out = tiered.read(topic, from, max, max_bytes, &mut bytes)?;
+            if out.len() >= max || bytes >= max_bytes {
+                return Ok(out);
+            }
+            let at = out.last().map_or(from, |(id, _)| id + 1);
+            let rest = self
+                .log
+                .read(topic, at, max - out.len(), max_bytes - bytes)?;
+            if self.log.segment_starts(topic).first().copied() != local_start {
+                continue;
+            }
+            out.extend(rest);
+            return Ok(out);
+        }
     }
 
     /// The segment-file log.
@@ -153,6 +207,9 @@ impl Storage for LogStorage {
         self.sled.delete_topic(name)?;
         if crate::util::write(&self.logged).remove(name) {
             self.log.delete_topic(name)?;
+            if let Some(t) = &self.tiered {
+                t.delete_topic(name)?;
+            }
         }
         Ok(())
     }
@@ -202,7 +259,19 @@ impl Storage for LogStorage {
         max_bytes: usize,
     ) -> Result<Vec<(u64, Vec<u8>)>> {
         if self.logged(topic) {
-            self.log.read(topic, from, max, max_bytes)
+            match &self.tiered {
+                Some(t) if t.has_states(topic) => self.read_both(t, topic, from, max, max_bytes),
+                Some(t) => {
+                    let out = self.log.read(topic, from, max, max_bytes)?;
+                    // A first offload that dropped a local copy since the
+                    // test above: read again over both tiers.
+                    if out.first().is_none_or(|(id, _)| *id > from) && t.has_states(topic) {
+                        return self.read_both(t, topic, from, max, max_bytes);
+                    }
+                    Ok(out)
+                }
+                None => self.log.read(topic, from, max, max_bytes),
+            }
         } else {
             self.sled.read(topic, from, max, max_bytes)
         }
@@ -210,7 +279,7 @@ impl Storage for LogStorage {
 
     fn read_one(&self, topic: &str, id: u64) -> Result<Option<Vec<u8>>> {
         if self.logged(topic) {
-            Ok(self.log.read_many(topic, &[id])?.pop().flatten())
+            Ok(self.read_many(topic, &[id])?.pop().flatten())
         } else {
             self.sled.read_one(topic, id)
         }
@@ -218,7 +287,24 @@ impl Storage for LogStorage {
 
     fn read_many(&self, topic: &str, ids: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
         if self.logged(topic) {
-            self.log.read_many(topic, ids)
+            let mut found = self.log.read_many(topic, ids)?;
+            if let Some(t) = &self.tiered
+                && found.iter().any(Option::is_none)
+            {
+                // Entries below the first local segment, from the object
+                // store.
+                let missing: Vec<u64> = ids
+                    .iter()
+                    .zip(&found)
+                    .filter(|(_, f)| f.is_none())
+                    .map(|(id, _)| *id)
+                    .collect();
+                let mut remote = t.read_many(topic, &missing)?.into_iter();
+                for f in found.iter_mut().filter(|f| f.is_none()) {
+                    *f = remote.next().flatten();
+                }
+            }
+            Ok(found)
         } else {
             self.sled.read_many(topic, ids)
         }
@@ -231,9 +317,15 @@ impl Storage for LogStorage {
         if !self.logged(topic) {
             return Ok((floor, floor_next));
         }
+        let remote_first = self
+            .tiered
+            .as_ref()
+            .and_then(|t| t.remote_range(topic))
+            .map(|(first, _)| first);
         Ok(match self.log.range(topic) {
             Some((first, next)) => {
                 let next = next.max(floor_next);
+                let first = remote_first.map_or(first, |r| r.min(first));
                 (first.min(next), next)
             }
             None => (floor_next, floor_next),
@@ -242,7 +334,11 @@ impl Storage for LogStorage {
 
     fn trim(&self, topic: &str, below: u64) -> Result<()> {
         if self.logged(topic) {
-            self.log.trim(topic, below)
+            self.log.trim(topic, below)?;
+            match &self.tiered {
+                Some(t) => t.trim(topic, below),
+                None => Ok(()),
+            }
         } else {
             self.sled.trim(topic, below)
         }
@@ -423,6 +519,10 @@ impl Storage for LogStorage {
             }
             (t.first, t.next) = self.entry_range(name)?;
             t.segments = self.log.segment_numbers(name);
+            if let Some(tiered) = &self.tiered {
+                let remote: Vec<u64> = tiered.remote(name).iter().map(|s| s.seq).collect();
+                t.segments.splice(0..0, remote);
+            }
         }
         Ok(inv)
     }

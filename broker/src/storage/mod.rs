@@ -26,6 +26,7 @@ mod memory;
 mod records;
 pub mod segments;
 mod sled_store;
+pub mod tiered;
 mod watch;
 
 pub use cursor::Cursor;

@@ -93,3 +93,4 @@ pub async fn dead_letter_count(url: &str, topic: &str, sub: &str) -> u64 {
         .into_inner()
         .total
 }
+pub mod tiered;

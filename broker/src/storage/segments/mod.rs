@@ -23,8 +23,8 @@
 //! are no record followed by a whole record are damage, refused); any other bad record, a broken chain of segments or a
 //! missing first segment refuses the store ([`StorageError::Corrupt`]).
 
-mod record;
-mod segment;
+pub(crate) mod record;
+pub(crate) mod segment;
 pub(crate) mod upgrade;
 
 use super::{StorageError, StorageResult as Result};
@@ -66,6 +66,9 @@ pub struct SegmentLog {
     pub torn: Vec<String>,
     /// Trims whose files are still to be deleted.
     trims: Mutex<Vec<PendingTrim>>,
+    /// Held while trims' files are deleted, so two callers never write
+    /// `start` files out of order.
+    finishing: Mutex<()>,
 }
 
 /// Segments dropped from a topic's log whose files are still on disk.
@@ -186,6 +189,7 @@ impl SegmentLog {
             dirty: Mutex::new(Vec::new()),
             torn: Vec::new(),
             trims: Mutex::new(Vec::new()),
+            finishing: Mutex::new(()),
         };
         let entries = match std::fs::read_dir(&root) {
             Ok(e) => e,
@@ -513,6 +517,7 @@ impl SegmentLog {
     /// file first (durably), then the files, then the directory fsynced.
     /// A trim of a topic deleted since is skipped.
     pub fn finish_trims(&self) -> std::io::Result<()> {
+        let _one_at_a_time = crate::util::lock(&self.finishing);
         let trims = std::mem::take(&mut *crate::util::lock(&self.trims));
         for trim in trims {
             if !trim.dir.is_dir() {
@@ -594,6 +599,108 @@ impl SegmentLog {
         self.root
             .join(dir_name(topic))
             .join(segment::file_name(first))
+    }
+}
+
+/// A segment as the tiered store sees it (see `storage::tiered`).
+#[derive(Debug, Clone)]
+pub struct SegmentInfo {
+    pub header: FileHeader,
+    pub path: PathBuf,
+    /// The file's valid length.
+    pub len: u64,
+    pub next: u64,
+    pub first_entry: Option<u64>,
+    pub entries: u64,
+    /// The active segment (being written; never offloaded).
+    pub active: bool,
+}
+
+impl SegmentLog {
+    /// A topic's local segments, oldest first, the active one last.
+    pub fn segment_infos(&self, topic: &str) -> Vec<SegmentInfo> {
+        let Some(t) = self.topic(topic) else {
+            return Vec::new();
+        };
+        let tl = crate::util::lock(&t);
+        let last = tl.segments.keys().next_back().copied();
+        tl.segments
+            .iter()
+            .map(|(k, s)| SegmentInfo {
+                header: s.header,
+                path: s.path.clone(),
+                len: s.len,
+                next: s.next,
+                first_entry: s.first_entry,
+                entries: s.entries,
+                active: Some(*k) == last,
+            })
+            .collect()
+    }
+
+    /// Seals `topic`'s active segment when it holds entries and, with
+    /// `older_than`, was created at least that long ago (the age roll of
+    /// an idle topic, which no append triggers): the next append goes to
+    /// a new segment. Returns whether it sealed one.
+    pub fn seal_active(&self, topic: &str, older_than: Option<Duration>) -> Result<bool> {
+        let Some(t) = self.topic(topic) else {
+            return Ok(false);
+        };
+        let mut tl = crate::util::lock(&t);
+        let Some(active) = tl.segments.values().next_back() else {
+            return Ok(false);
+        };
+        if active.first_entry.is_none() || active.cut_pending {
+            return Ok(false);
+        }
+        if let Some(age) = older_than
+            && crate::util::wall_ms().saturating_sub(active.header.created_ms)
+                < age.as_millis() as u64
+        {
+            return Ok(false);
+        }
+        let next = active.next;
+        self.roll(&mut tl, next)?;
+        Ok(true)
+    }
+
+    /// Age rolls of idle topics: seals every active segment older than
+    /// `segment_max_age` that holds entries.
+    pub fn seal_idle(&self) -> Result<usize> {
+        let mut sealed = 0;
+        for topic in self.topics() {
+            if self.seal_active(&topic, Some(self.settings.max_age))? {
+                sealed += 1;
+            }
+        }
+        Ok(sealed)
+    }
+
+    /// Drops the local copy of `topic`'s oldest segment, which must start
+    /// at `first` and be sealed (its copy elsewhere verified and durable):
+    /// at once from what is served, from disk by the next
+    /// [`Self::finish_trims`], as a retention trim. Returns whether it did.
+    pub fn drop_local(&self, topic: &str, first: u64) -> Result<bool> {
+        let Some(t) = self.topic(topic) else {
+            return Ok(false);
+        };
+        let mut tl = crate::util::lock(&t);
+        let mut keys = tl.segments.keys().copied();
+        let (Some(oldest), Some(keep)) = (keys.next(), keys.next()) else {
+            return Ok(false);
+        };
+        if oldest != first {
+            return Ok(false);
+        }
+        let Some(seg) = tl.segments.remove(&first) else {
+            return Ok(false);
+        };
+        crate::util::lock(&self.trims).push(PendingTrim {
+            dir: tl.dir.clone(),
+            keep,
+            files: vec![seg.path],
+        });
+        Ok(true)
     }
 }
 

@@ -227,3 +227,42 @@ fn topic_names_round_trip_through_directory_names() {
         assert_eq!(topic_of(&d).as_deref(), Some(name));
     }
 }
+
+#[test]
+fn an_idle_segment_past_its_age_is_sealed_and_a_local_copy_goes_oldest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogSettings {
+        max_age: Duration::from_millis(1),
+        ..settings()
+    };
+    let log = SegmentLog::open(dir.path(), s, true).unwrap();
+    assert_eq!(log.seal_idle().unwrap(), 0);
+    log.append(T, 0, &batch(0, 3)).unwrap();
+    // Younger than the age asked: not sealed.
+    assert!(!log.seal_active(T, Some(Duration::from_secs(3600))).unwrap());
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(log.seal_idle().unwrap(), 1);
+    assert_eq!(log.segment_starts(T), vec![0, 3]);
+    // The new active segment holds nothing: a second pass seals nothing.
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(log.seal_idle().unwrap(), 0);
+    log.append(T, 3, &batch(3, 2)).unwrap();
+    assert_eq!(log.segment_starts(T), vec![0, 3]);
+    let infos = log.segment_infos(T);
+    assert_eq!(
+        infos.iter().map(|i| i.active).collect::<Vec<_>>(),
+        vec![false, true]
+    );
+    // Only the oldest segment, never the active one, may go.
+    assert!(!log.drop_local(T, 3).unwrap());
+    assert!(log.drop_local(T, 0).unwrap());
+    assert!(!log.drop_local(T, 3).unwrap());
+    assert_eq!(log.range(T), Some((3, 5)));
+    log.finish_trims().unwrap();
+    drop(log);
+    // Reopened: the start file names the kept segment, the file is gone.
+    let log = SegmentLog::open(dir.path(), s, true).unwrap();
+    assert_eq!(log.segment_starts(T), vec![3]);
+    assert!(!log.segment_path(T, 0).exists());
+    assert_eq!(ids(&log.read(T, 0, 10, usize::MAX).unwrap()), vec![3, 4]);
+}

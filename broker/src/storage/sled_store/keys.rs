@@ -13,6 +13,10 @@ pub(super) const GRANT_PREFIX: &[u8] = b"g:";
 /// Retention policies, keyed by namespace or topic name.
 pub(super) const RETENTION_PREFIX: &[u8] = b"r:";
 
+/// Tiered storage's records (offload states and policies), as JSON:
+/// `o:s:<topic>\0<first>` and `o:p:<target>` (`storage::tiered`).
+pub(super) const TIERED_PREFIX: &[u8] = b"o:";
+
 pub(super) fn retention_key(target: &str) -> Vec<u8> {
     let mut k = RETENTION_PREFIX.to_vec();
     k.extend_from_slice(target.as_bytes());

@@ -171,6 +171,30 @@ impl SledStorage {
     }
 }
 
+impl SledStorage {
+    /// Tiered storage's records in `meta`: `value` as checked JSON under
+    /// `o:<key>` (not durable until flushed).
+    pub(crate) fn put_tiered<T: serde::Serialize>(&self, key: &str, value: &T) -> Result<()> {
+        let k = [TIERED_PREFIX, key.as_bytes()].concat();
+        self.meta.insert(k.as_slice(), seal(&k, &json(value)))?;
+        Ok(())
+    }
+
+    /// The tiered records under `o:<prefix>`, checked.
+    pub(crate) fn tiered_records<T: for<'de> serde::Deserialize<'de>>(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<T>> {
+        self.meta_records(&[TIERED_PREFIX, prefix.as_bytes()].concat())
+    }
+
+    /// Removes the tiered record `o:<key>`.
+    pub(crate) fn remove_tiered(&self, key: &str) -> Result<()> {
+        self.meta.remove([TIERED_PREFIX, key.as_bytes()].concat())?;
+        Ok(())
+    }
+}
+
 /// Replaces `dir/name` with `bytes`: written to a temporary file, fsynced,
 /// renamed over it, and the directory fsynced, so a crash leaves the old
 /// file or the new one.

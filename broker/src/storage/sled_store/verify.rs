@@ -197,6 +197,7 @@ fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
         }
         "meta" if k.starts_with(GRANT_PREFIX) => from_json::<GrantRecord>(body).map(|_| 0),
         "meta" if k.starts_with(RETENTION_PREFIX) => from_json::<RetentionRecord>(body).map(|_| 0),
+        "meta" if k.starts_with(TIERED_PREFIX) => from_json::<serde_json::Value>(body).map(|_| 0),
         "meta" if k == STORE_ID_KEY => std::str::from_utf8(body)
             .map(|_| 0)
             .map_err(|_| StorageError::Corrupt("unreadable store id".into())),

@@ -1,0 +1,195 @@
+//! The `Tiered` service on the wire: offloading a topic now, its offload
+//! status, and the offload policies of namespaces and topics (see
+//! [`crate::storage::tiered`]). Without a `[tiered]` section every call is
+//! FAILED_PRECONDITION; a bad name or a negative threshold is
+//! INVALID_ARGUMENT and changes nothing.
+
+use crate::core::BrokerCore;
+use crate::error::BrokerError;
+use crate::name::TopicName;
+use crate::retention::Target;
+use crate::storage::TopicKind;
+use crate::storage::tiered::policy::OffloadPolicy as Policy;
+use crate::storage::tiered::{Phase, Tiered};
+use ricochet_proto::tiered_server::Tiered as TieredRpc;
+use ricochet_proto::*;
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+
+/// The `Tiered` RPCs.
+#[derive(Debug, Clone)]
+pub struct TieredService {
+    core: Arc<BrokerCore>,
+    tiered: Option<Arc<Tiered>>,
+}
+
+impl TieredService {
+    /// A service over `core` and its object-store tier, if configured.
+    pub fn new(core: Arc<BrokerCore>, tiered: Option<Arc<Tiered>>) -> Self {
+        Self { core, tiered }
+    }
+
+    fn tiered(&self) -> Result<&Arc<Tiered>, BrokerError> {
+        self.tiered.as_ref().ok_or_else(|| {
+            BrokerError::Conflict(
+                "tiered storage is not configured on this broker (no [tiered] section)".into(),
+            )
+        })
+    }
+
+    /// An existing ordinary topic.
+    async fn ordinary(&self, topic: &str) -> Result<TopicName, BrokerError> {
+        let name = TopicName::parse(topic)?;
+        let entry = self.core.topic(&name).await?;
+        if entry.topic.kind() != TopicKind::Normal {
+            return Err(BrokerError::Conflict(format!(
+                "{name} is a retry or dead-letter tier: only ordinary topics are offloaded"
+            )));
+        }
+        Ok(name)
+    }
+
+    fn answer(&self, target: &Target) -> Result<OffloadPolicyResponse, BrokerError> {
+        let t = self.tiered()?;
+        let own = t.policies.get(target.key());
+        let (effective, from) = match target {
+            Target::Namespace(_) => (own.clone(), own.as_ref().map(|_| target.key().to_owned())),
+            Target::Topic(name) => match t.effective(name.as_str()) {
+                Some((p, from)) => (Some(p), Some(from)),
+                None => (None, None),
+            },
+        };
+        Ok(OffloadPolicyResponse {
+            target: target.key().to_owned(),
+            policy: own.as_ref().map(to_wire),
+            effective: effective.as_ref().map(to_wire),
+            effective_from: from.unwrap_or_default(),
+        })
+    }
+}
+
+fn to_wire(p: &Policy) -> OffloadPolicy {
+    let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    OffloadPolicy {
+        offload_after_ms: p.offload_after_ms.map(signed),
+        local_limit_bytes: p.local_limit_bytes.map(signed),
+        delete_lag_ms: p.delete_lag_ms.map(signed),
+        keep_local: p.keep_local,
+    }
+}
+
+fn from_wire(p: OffloadPolicy) -> Result<Policy, BrokerError> {
+    let check = |v: Option<i64>, what: &str, zero_ok: bool| match v {
+        None => Ok(None),
+        Some(n) if n > 0 || (zero_ok && n == 0) => Ok(Some(n as u64)),
+        Some(n) => Err(BrokerError::InvalidArgument(format!(
+            "{what} must be {}, got {n} (leave it unset for none)",
+            if zero_ok { "zero or more" } else { "positive" }
+        ))),
+    };
+    Ok(Policy {
+        offload_after_ms: check(p.offload_after_ms, "offload_after_ms", true)?,
+        local_limit_bytes: check(p.local_limit_bytes, "local_limit_bytes", true)?,
+        delete_lag_ms: check(p.delete_lag_ms, "delete_lag_ms", true)?,
+        keep_local: p.keep_local,
+    })
+}
+
+#[tonic::async_trait]
+impl TieredRpc for TieredService {
+    async fn offload(
+        &self,
+        r: Request<TieredOffloadRequest>,
+    ) -> Result<Response<TieredOffloadResponse>, Status> {
+        let t = self.tiered()?.clone();
+        let name = self.ordinary(&r.get_ref().topic).await?;
+        let done = t
+            .offload_topic(name.as_str(), true)
+            .await
+            .map_err(BrokerError::from)?;
+        Ok(Response::new(TieredOffloadResponse {
+            offloaded_segments: done.segments,
+            offloaded_bytes: done.bytes,
+            local_deleted: done.local_deleted,
+        }))
+    }
+
+    async fn offload_status(
+        &self,
+        r: Request<TieredStatusRequest>,
+    ) -> Result<Response<TieredStatusResponse>, Status> {
+        let t = self.tiered()?.clone();
+        let name = self.ordinary(&r.get_ref().topic).await?;
+        let topic = name.as_str();
+        let states = t.states(topic);
+        let mut resp = TieredStatusResponse {
+            topic: topic.to_owned(),
+            enabled: true,
+            last_error: t.last_error(topic).unwrap_or_default(),
+            ..Default::default()
+        };
+        let seg =
+            |first, next, state: &str, bytes, s: Option<&crate::storage::tiered::SegmentState>| {
+                TieredSegment {
+                    first,
+                    next,
+                    state: state.to_owned(),
+                    bytes,
+                    object: s.map(|s| s.key.clone()).unwrap_or_default(),
+                    offloaded_at_ms: s.map_or(0, |s| s.offloaded_ms),
+                }
+            };
+        for s in t.remote(topic) {
+            resp.offloaded_segments += 1;
+            resp.offloaded_bytes += s.file_len;
+            resp.remote_only_segments += 1;
+            resp.segments
+                .push(seg(s.first, s.next, "remote", s.file_len, Some(&s)));
+        }
+        for l in t.log().segment_infos(topic) {
+            resp.local_segments += 1;
+            resp.local_bytes += l.len;
+            let s = states.get(&l.header.first);
+            let state = match (l.active, s.map(|s| s.phase)) {
+                (true, _) => "active",
+                (false, Some(Phase::Offloaded)) => {
+                    resp.offloaded_segments += 1;
+                    resp.offloaded_bytes += l.len;
+                    "offloaded"
+                }
+                (false, Some(Phase::Offloading)) => "offloading",
+                (false, None) => "local",
+            };
+            resp.segments
+                .push(seg(l.header.first, l.next, state, l.len, s));
+        }
+        if let Some((p, from)) = t.effective(topic) {
+            resp.effective = Some(to_wire(&p));
+            resp.effective_from = from;
+        }
+        Ok(Response::new(resp))
+    }
+
+    async fn set_offload_policy(
+        &self,
+        r: Request<SetOffloadPolicyRequest>,
+    ) -> Result<Response<OffloadPolicyResponse>, Status> {
+        let t = self.tiered()?.clone();
+        let r = r.into_inner();
+        let target = Target::parse(&r.namespace, &r.topic)?;
+        let policy = from_wire(r.policy.unwrap_or_default())?;
+        t.set_policy(target.key(), policy)
+            .map_err(BrokerError::from)?;
+        self.core.flusher.durable().await?;
+        Ok(Response::new(self.answer(&target)?))
+    }
+
+    async fn get_offload_policy(
+        &self,
+        r: Request<GetOffloadPolicyRequest>,
+    ) -> Result<Response<OffloadPolicyResponse>, Status> {
+        let r = r.into_inner();
+        let target = Target::parse(&r.namespace, &r.topic)?;
+        Ok(Response::new(self.answer(&target)?))
+    }
+}
