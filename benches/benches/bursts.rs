@@ -21,7 +21,9 @@
 //!
 //! Both in `Durability::Sync` and `Durability::Interval` (50 ms).
 //! `cargo bench -p ricochet-benches --bench bursts`. Environment:
-//! `BURSTS_N` (burst size), `BURSTS_M` (loop size), `BURSTS_ONLY=burst|loop`,
+//! `BURSTS_N` (burst size), `BURSTS_DELAY_MS` (the delay, 200 by default;
+//! the issue's idle row is `BURSTS_N=1000 BURSTS_DELAY_MS=1000`),
+//! `BURSTS_M` (loop size), `BURSTS_ONLY=burst|loop`,
 //! `BURSTS_VARIANT=nack|broker|reconsume` (one burst variant),
 //! `BURSTS_MODE=sync|interval` (one durability mode).
 
@@ -36,7 +38,10 @@ use ricochet_testkit::InProcessBroker;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-const DELAY: Duration = Duration::from_millis(200);
+/// The failure delay: `BURSTS_DELAY_MS`, 200 ms by default.
+fn delay() -> Duration {
+    Duration::from_millis(env_usize("BURSTS_DELAY_MS", 200) as u64)
+}
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -134,7 +139,7 @@ async fn received(
         .subscription_type(SubscriptionType::Shared)
         .initial_position(InitialPosition::Earliest)
         .receiver_queue_size(u32::try_from(n + 1_000)?)
-        .negative_ack_delay(DELAY);
+        .negative_ack_delay(delay());
     let mut consumer = tune(builder).subscribe().await?;
     let mut got = Vec::with_capacity(n);
     while got.len() < n {
@@ -144,6 +149,7 @@ async fn received(
 }
 
 async fn burst(durability: Durability, v: Variant, n: usize) -> Result<(), BoxError> {
+    let delay = delay();
     let (broker, client) = broker(durability).await?;
     let topic = format!("burst-{v:?}-{durability:?}");
     let (mut consumer, got) = received(&client, &topic, n, |b| match v {
@@ -156,19 +162,19 @@ async fn burst(durability: Durability, v: Variant, n: usize) -> Result<(), BoxEr
         Variant::Nack | Variant::NackBrokerHeld => {
             for m in &got {
                 consumer.nack(m).await?;
-                due.insert(m.id().clone(), Instant::now() + DELAY);
+                due.insert(m.id().clone(), Instant::now() + delay);
             }
         }
         Variant::Reconsume => {
             let acker = consumer.acker();
             let sent = Instant::now();
-            let calls = got.iter().map(|m| acker.reconsume_later(m, DELAY));
+            let calls = got.iter().map(|m| acker.reconsume_later(m, delay));
             for r in join_all(calls).await {
                 r?;
             }
             // Each copy gets a new id in the retry tier: match by payload
             // order is impossible, so every due time is the burst's start.
-            due.insert(got[0].id().clone(), sent + DELAY);
+            due.insert(got[0].id().clone(), sent + delay);
         }
     }
     let first_due = due.values().min().copied().unwrap_or_else(Instant::now);
@@ -192,9 +198,10 @@ async fn burst(durability: Durability, v: Variant, n: usize) -> Result<(), BoxEr
     let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     let span = arrivals[n - 1].duration_since(arrivals[0]).as_secs_f64();
     println!(
-        "burst {durability:?}, {n} x {}, 200 ms: lateness p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; \
+        "burst {durability:?}, {n} x {}, {} ms: lateness p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; \
          beyond the drain p50 {:.1} ms, p99 {:.1} ms; drained at {:.0}/s; early {early}",
         v.label(),
+        delay.as_millis(),
         ms(&lateness, 0.5),
         ms(&lateness, 0.99),
         lateness.max() as f64 / 1000.0,

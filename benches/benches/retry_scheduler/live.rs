@@ -1,7 +1,10 @@
 //! Part 4: memory per parked retry in a live broker (issue #12, item 2) —
 //! the release broker binary on an empty data directory; `n` messages of
 //! 100 B published, each received once and sent to the retry tier with a
-//! 1 h `reconsume_later` (pipelined frames, no confirmation awaited); the
+//! 1 h `reconsume_later` (pipelined frames, no confirmation awaited), or
+//! with `RS_LIVE_KIND=nack` nacked with a 1 h delay the broker holds (in
+//! place, NATS' `NakWithDelay`; one confirmed frame per delivered batch);
+//! `RS_LIVE_KIND=reconsume,nack` runs both; the
 //! broker's resident memory idle, after publishing and once the retries are
 //! parked, per parked retry, for each count of `RS_LIVE_COUNTS`. Unlike
 //! part 3 the broker parks the retries itself, so its caches hold what
@@ -24,7 +27,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ricochet_client::{Admin, Client, ErrorKind};
-use ricochet_proto::{Ack, AckType, consume_request, reconsume_later};
+use ricochet_proto::{
+    Ack, AckType, FailedDelivery, FailureReason, Redeliver, consume_request, reconsume_later,
+};
 use ricochet_testkit::BrokerProcess;
 
 use crate::broker::{broker_bin, spawn_broker};
@@ -78,6 +83,28 @@ pub(crate) fn counts() -> Vec<usize> {
     )]
 }
 
+/// How a parked message is parked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    /// `reconsume_later(1 h)`: a retry in the retry tier.
+    Reconsume,
+    /// A nack with a 1 h delay the broker holds, in place.
+    Nack,
+}
+
+/// `RS_LIVE_KIND=reconsume|nack` (a comma list runs each); `reconsume` by default.
+fn kinds() -> Vec<Kind> {
+    std::env::var("RS_LIVE_KIND")
+        .unwrap_or_else(|_| "reconsume".into())
+        .split(',')
+        .filter_map(|k| match k.trim() {
+            "reconsume" => Some(Kind::Reconsume),
+            "nack" => Some(Kind::Nack),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The broker a count runs against: a child on a fresh directory, or the
 /// one named by `RS_LIVE_URL`.
 struct Target {
@@ -92,6 +119,7 @@ fn mb(b: u64) -> f64 {
 }
 
 struct Row {
+    kind: Kind,
     n: usize,
     idle: u64,
     published: u64,
@@ -165,7 +193,10 @@ pub(crate) async fn live_parked_retries() -> Result<(), BoxError> {
     }
     let largest = counts.iter().copied().max().unwrap_or(0);
     let mut rows = Vec::new();
-    for &n in &counts {
+    for (kind, n) in kinds()
+        .into_iter()
+        .flat_map(|k| counts.iter().map(move |&n| (k, n)))
+    {
         let target = match (&external, &bin) {
             (Some(url), _) => Target {
                 url: url.clone(),
@@ -187,7 +218,7 @@ pub(crate) async fn live_parked_retries() -> Result<(), BoxError> {
             }
             (None, None) => unreachable!("no binary and no URL returned above"),
         };
-        let mut row = park(&target, n).await?;
+        let mut row = park(&target, kind, n).await?;
         if n == largest
             && restarts > 0
             && let (Some(child), Some(dir), Some(bin)) = (target.child, &target.dir, &bin)
@@ -198,12 +229,13 @@ pub(crate) async fn live_parked_retries() -> Result<(), BoxError> {
         rows.push(row);
     }
     println!(
-        "\n  | parked | RSS idle → published → parked (peak) | per parked retry above idle (above published) |"
+        "\n  | kind | parked | RSS idle → published → parked (peak) | per parked retry above idle (above published) |"
     );
     for r in &rows {
         let per = |a: u64, b: u64| (a as f64 - b as f64) / r.n.max(1) as f64;
         println!(
-            "  | {} | {:.0} → {:.0} → {:.0} MB ({:.0} MB) | {:.0} B ({:.0} B) |",
+            "  | {:?} | {} | {:.0} → {:.0} → {:.0} MB ({:.0} MB) | {:.0} B ({:.0} B) |",
+            r.kind,
             r.n,
             mb(r.idle),
             mb(r.published),
@@ -215,14 +247,14 @@ pub(crate) async fn live_parked_retries() -> Result<(), BoxError> {
     }
     for r in &rows {
         if let Some((stop, figures)) = &r.restart {
-            print_restarts(&r.n.to_string(), Some(*stop), figures);
+            print_restarts(&format!("{} ({:?})", r.n, r.kind), Some(*stop), figures);
         }
     }
     Ok(())
 }
 
 /// Publishes `n`, parks every one for 1 h, and reads RSS at each stage.
-async fn park(target: &Target, n: usize) -> Result<Row, BoxError> {
+async fn park(target: &Target, kind: Kind, n: usize) -> Result<Row, BoxError> {
     let url = target.url.as_str();
     let rss_now = || target.pid.map_or((0, 0), rss);
     let mut c = RawConsumer::subscribe(url, TOPIC, None).await?;
@@ -240,10 +272,30 @@ async fn park(target: &Target, n: usize) -> Result<Row, BoxError> {
     let t = Instant::now();
     c.flow(n).await?;
     let mut parked = 0usize;
+    let mut frames = 0usize;
     while parked < n {
         let Some(batch) = c.messages(Duration::from_secs(60)).await? else {
             return Err(format!("only {parked} of {n} messages arrived").into());
         };
+        parked += batch.len();
+        if kind == Kind::Nack {
+            frames += 1;
+            let messages = batch
+                .into_iter()
+                .map(|m| FailedDelivery {
+                    id: m.id,
+                    reason: FailureReason::Nack as i32,
+                    detail: String::new(),
+                    delay_ms: HOUR_MS,
+                })
+                .collect();
+            c.send(consume_request::Request::Redeliver(Redeliver {
+                request_id: frames as u64,
+                messages,
+            }))
+            .await?;
+            continue;
+        }
         for m in batch {
             c.send(consume_request::Request::ReconsumeLater(
                 ricochet_proto::ReconsumeLater {
@@ -255,11 +307,14 @@ async fn park(target: &Target, n: usize) -> Result<Row, BoxError> {
                 },
             ))
             .await?;
-            parked += 1;
         }
     }
     let deadline = Instant::now() + Duration::from_secs(1_800);
-    loop {
+    if kind == Kind::Nack {
+        // Each frame is confirmed once its counts are durable.
+        c.confirmed(frames, Duration::from_secs(1_800)).await?;
+    }
+    while kind == Kind::Reconsume {
         let s = retry_tier_entries(url).await? - before;
         if s >= n as u64 {
             break;
@@ -279,12 +334,12 @@ async fn park(target: &Target, n: usize) -> Result<Row, BoxError> {
     }
     let per = |a: u64, b: u64| (a as f64 - b as f64) / n.max(1) as f64;
     println!(
-        "  {n}: published in {published:.1?} ({:.0} msg/s); parked in {parking:.1?} ({:.0} retries/s)",
+        "  {kind:?} {n}: published in {published:.1?} ({:.0} msg/s); parked in {parking:.1?} ({:.0} retries/s)",
         n as f64 / published.as_secs_f64(),
         n as f64 / parking.as_secs_f64()
     );
     println!(
-        "  {n}: RSS idle {:.1} MB, after publishing {:.1} MB, with {n} parked {:.1} MB (peak {:.1} MB); per parked retry {:.0} B above idle ({:.0} B above the published state); target <= 150 B",
+        "  {kind:?} {n}: RSS idle {:.1} MB, after publishing {:.1} MB, with {n} parked {:.1} MB (peak {:.1} MB); per parked retry {:.0} B above idle ({:.0} B above the published state); target <= 150 B",
         mb(idle),
         mb(after_publish),
         mb(parked_rss),
@@ -293,6 +348,7 @@ async fn park(target: &Target, n: usize) -> Result<Row, BoxError> {
         per(parked_rss, after_publish)
     );
     Ok(Row {
+        kind,
         n,
         idle,
         published: after_publish,

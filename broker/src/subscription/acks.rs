@@ -45,7 +45,9 @@ impl SubscriptionActor {
                 message: msg,
             });
         }
-        if self.deliveries.failures.remove(&entry).is_some() || entry.tier == TierId::Retry {
+        let held = self.deliveries.held.remove(&entry).is_some();
+        if self.deliveries.failures.remove(&entry).is_some() || held || entry.tier == TierId::Retry
+        {
             cleanup.records.push(msg);
         }
     }

@@ -39,9 +39,15 @@ pub(super) struct Deliveries {
     /// Fired schedule entries not yet loaded into `ready`, with due times.
     pub due: BTreeMap<TierEntry, u64>,
     pub in_flight: HashMap<TierEntry, InFlight>,
-    /// Failure records of main-tier messages (all of them) and of
-    /// retry-tier ones loaded for dispatch.
+    /// Failure records of main-tier messages (all but the held ones) and
+    /// of retry-tier ones loaded for dispatch.
     pub failures: HashMap<TierEntry, FailureRecord>,
+    /// Main-tier messages nacked with a delay the broker serves, with their
+    /// delivery counts: their failure records stay in storage only (read
+    /// when they fail again or are inspected), so a parked nack costs a
+    /// 24-byte map entry in memory, not a record with its attempt history.
+    /// An entry stays until the message is settled or fails again.
+    pub held: HashMap<TierEntry, u32>,
 }
 
 impl Deliveries {
@@ -49,7 +55,10 @@ impl Deliveries {
     /// makes sense: in flight, acked, or failed before (it then has a
     /// failure record and may be waiting for its redelivery).
     pub fn was_delivered(&self, entry: TierEntry, acked: bool) -> bool {
-        acked || self.in_flight.contains_key(&entry) || self.failures.contains_key(&entry)
+        acked
+            || self.in_flight.contains_key(&entry)
+            || self.failures.contains_key(&entry)
+            || self.held.contains_key(&entry)
     }
 
     /// The entries `consumer` holds.
@@ -63,7 +72,10 @@ impl Deliveries {
 
     /// The delivery count a message goes out with: its failures so far.
     pub fn delivery_count(&self, entry: TierEntry) -> u32 {
-        self.failures.get(&entry).map_or(0, |r| r.count)
+        match self.failures.get(&entry) {
+            Some(r) => r.count,
+            None => self.held.get(&entry).copied().unwrap_or(0),
+        }
     }
 
     /// Forgets a message waiting for (re)delivery; its schedule due time if
@@ -78,10 +90,13 @@ impl Deliveries {
     /// cursor state and how far the read-ahead has read.
     pub fn state_of(&self, entry_id: u64, acked: bool, read_pos: u64, now_ms: u64) -> MessageState {
         let entry = TierEntry::main(entry_id);
-        let held = self
-            .failures
-            .get(&entry)
-            .is_some_and(|r| r.hold_until_ms > now_ms);
+        // A held nack is scheduled until its hold fires (then it is due or ready).
+        let fired = self.ready.contains_key(&entry) || self.due.contains_key(&entry);
+        let held = (self.held.contains_key(&entry) && !fired)
+            || self
+                .failures
+                .get(&entry)
+                .is_some_and(|r| r.hold_until_ms > now_ms);
         if self.in_flight.contains_key(&entry) {
             MessageState::InFlight
         } else if acked {
@@ -107,6 +122,7 @@ impl Deliveries {
     pub fn shrink(&mut self) {
         shrink_map(&mut self.in_flight);
         shrink_map(&mut self.failures);
+        shrink_map(&mut self.held);
     }
 
     /// In-flight main-tier entries up to and including `through`.

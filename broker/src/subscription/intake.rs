@@ -8,7 +8,7 @@ use super::SubscriptionActor;
 use super::failure::{self, Failure, Rules, Step};
 use super::requests::{ConsumerId, ConsumerRequest, FailedItem, MessageRef};
 use crate::error::{BrokerError, Result};
-use crate::storage::{FailureRecord, ScheduleKey, TierEntry};
+use crate::storage::{FailureRecord, ScheduleKey, TierEntry, TierId};
 use ricochet_policy::FailureReason;
 use std::collections::HashSet;
 use std::time::Duration;
@@ -319,8 +319,18 @@ impl SubscriptionActor {
             let msg = f.entry.of(self.rec.id);
             let hold_until = (!hold.is_zero()).then(|| now.saturating_add(millis(hold)));
             rec.hold_until_ms = hold_until.unwrap_or(0);
-            records.push((msg, Some(rec.clone())));
-            self.deliveries.failures.insert(f.entry, rec);
+            if hold_until.is_some() {
+                // Parked: the record stays in storage until the hold ends.
+                self.deliveries.failures.remove(&f.entry);
+                if f.entry.tier == TierId::Main {
+                    self.deliveries.held.insert(f.entry, rec.count);
+                }
+                records.push((msg, Some(rec)));
+            } else {
+                records.push((msg, Some(rec.clone())));
+                self.deliveries.held.remove(&f.entry);
+                self.deliveries.failures.insert(f.entry, rec);
+            }
             let scheduled = self.release(f.entry).flatten();
             match (hold_until, scheduled) {
                 // A scheduled message keeps its schedule entry until it is

@@ -157,11 +157,17 @@ impl SubscriptionActor {
             dlq_size: storage.count_dead_letters(rec.id)?,
             ..Counters::default()
         };
-        // Main-tier failure records are few (unacked failed messages): keep
-        // them all. Retry-tier ones are read when their retry fires.
+        // Main-tier failure records of messages not held by a broker-served
+        // nack are few (failed, waiting for a redelivery): keep them. Held
+        // ones and retry-tier ones are read when their schedule fires.
         let mut deliveries = Deliveries::default();
+        let now_ms = deps.clock.now_ms();
         for (m, f) in storage.failures_of(rec.id, TierId::Main)? {
-            deliveries.failures.insert(m.entry(), f);
+            if f.hold_until_ms > now_ms {
+                deliveries.held.insert(m.entry(), f.count);
+            } else {
+                deliveries.failures.insert(m.entry(), f);
+            }
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let (fire_tx, fire_rx) = mpsc::unbounded_channel();
@@ -539,7 +545,19 @@ impl SubscriptionActor {
                 self.read_pos,
                 self.deps.clock.now_ms(),
             ),
-            failures: self.deliveries.failures.get(&entry).cloned(),
+            failures: match self.deliveries.failures.get(&entry) {
+                Some(r) => Some(r.clone()),
+                // A held nack's record is in storage only.
+                None if self.deliveries.held.contains_key(&entry) => self
+                    .deps
+                    .storage
+                    .failure(entry.of(self.rec.id), None)
+                    .unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "cannot read a failure record");
+                        None
+                    }),
+                None => None,
+            },
         }
     }
 

@@ -14,6 +14,10 @@ use ricochet_proto::Message;
 /// Most bytes read from the log in one read-ahead step.
 const READ_AHEAD_BYTES: usize = 8 * 1024 * 1024;
 
+/// Most read-ahead steps per [`SubscriptionActor::fill`] call that find
+/// nothing to dispatch.
+const FILL_STEPS: usize = 16;
+
 impl SubscriptionActor {
     /// The stored message behind `entry`.
     pub(super) fn source_message(&self, entry: TierEntry) -> Result<Message> {
@@ -97,6 +101,12 @@ impl SubscriptionActor {
                     message: entry.of(self.rec.id),
                 };
                 let _ = self.deps.storage.put_schedule(&[(stale, false)]);
+                if self.deliveries.held.remove(&entry).is_some() {
+                    let _ = self
+                        .deps
+                        .storage
+                        .put_failures(&[(entry.of(self.rec.id), None)]);
+                }
                 continue;
             }
             if self.deliveries.in_flight.contains_key(&entry) {
@@ -110,7 +120,29 @@ impl SubscriptionActor {
     }
 
     /// Reads the main topic from the read position into the read-ahead.
+    /// Past a stretch of entries that all wait elsewhere (nacks the broker
+    /// holds, delayed or acked messages) it reads on, up to [`FILL_STEPS`]
+    /// reads per call, then wakes the actor to go on after its other
+    /// commands: a consumer behind a million held nacks still gets the next
+    /// message, without one call reading them all.
     pub(super) fn fill(&mut self) {
+        for _ in 0..FILL_STEPS {
+            let before = self.read_pos;
+            self.fill_once();
+            if !self.deliveries.ready.is_empty()
+                || self.read_pos == before
+                || self.read_pos >= self.topic.durable_end()
+            {
+                return;
+            }
+        }
+        if let Some(tx) = self.self_tx.upgrade() {
+            let _ = tx.send(super::handle::Command::Ready(Vec::new()));
+        }
+    }
+
+    /// One read of the main topic into the read-ahead.
+    fn fill_once(&mut self) {
         self.skip_trimmed();
         let end = self.topic.durable_end();
         let ready = self.deliveries.ready.len();
@@ -142,6 +174,7 @@ impl SubscriptionActor {
             if self.rec.main.is_acked(id)
                 || self.deliveries.in_flight.contains_key(&entry)
                 // A held nack comes back through the schedule.
+                || self.deliveries.held.contains_key(&entry)
                 || self.deliveries.failures.get(&entry).is_some_and(held)
             {
                 continue;

@@ -45,11 +45,13 @@ impl SubscriptionActor {
             .deliveries
             .failures
             .keys()
+            .chain(self.deliveries.held.keys())
             .filter(|e| below(e))
             .copied()
             .collect();
         for e in failed {
             self.deliveries.failures.remove(&e);
+            self.deliveries.held.remove(&e);
             cleanup.records.push(e.of(self.rec.id));
         }
         self.rec.main.ack_through(first - 1);

@@ -25,7 +25,11 @@ const TOPIC: &str = "persistent://public/default/orders";
 const RETRY: &str = "persistent://public/default/orders-billing-RETRY";
 
 async fn harness() -> Harness {
-    let storage = Arc::new(MemoryStorage::new());
+    harness_on(Arc::new(MemoryStorage::new())).await
+}
+
+/// A broker core on `storage` (a restart when a core used it before).
+async fn harness_on(storage: Arc<MemoryStorage>) -> Harness {
     let clock = Arc::new(TokioClock::starting_at_us(1_700_000_000_000_000));
     // Sync durability; the periodic flush would only add virtual-time ticks.
     let config = BrokerConfig {
@@ -274,6 +278,85 @@ async fn a_nack_the_broker_holds_comes_back_in_place_after_its_delay() {
     let rid = c.ack(&again);
     assert!(c.done(rid).await.is_ok());
     assert!(h.storage.scheduled(None, u64::MAX, 10).unwrap().is_empty());
+}
+
+/// A nack the broker holds is parked compactly: its failure record (with
+/// the attempt history) stays in storage only, and the actor keeps the
+/// delivery count. Status reads come from storage, and the message comes
+/// back with its count.
+#[tokio::test(start_paused = true)]
+async fn a_held_nack_keeps_its_failure_record_in_storage_only() {
+    let h = harness().await;
+    h.publish(&["a"]).await;
+    let mut c = h.consumer(SubscriptionType::Exclusive, None).await;
+    let m = c.messages().await.remove(0);
+    let rid = c.nack_held(&m, Duration::from_secs(60));
+    assert!(c.done(rid).await.is_ok());
+    let key = TierEntry::main(0).of(c.handle.id());
+    let mut stored = h.storage.failure(key, None).unwrap().unwrap();
+    assert_eq!(stored.attempts.len(), 1);
+    // Change the stored record behind the actor's back: a status read that
+    // sees the change read storage, not a copy held in memory.
+    stored.attempts[0].detail = "edited in storage".into();
+    h.storage.put_failures(&[(key, Some(stored))]).unwrap();
+    let status = c.handle.message_status(0).await.unwrap();
+    assert_eq!(status.state, MessageState::Scheduled);
+    let failures = status.failures.expect("a failure record");
+    assert_eq!(failures.attempts[0].detail, "edited in storage");
+    let again = c.messages().await.remove(0);
+    assert_eq!((text(&again), again.delivery_count), ("a", 1));
+    // Failing it again counts on from the stored record.
+    let rid = c.nack_held(&again, Duration::from_secs(60));
+    assert!(c.done(rid).await.is_ok());
+    let stored = h.storage.failure(key, None).unwrap().unwrap();
+    assert_eq!(stored.count, 2);
+    assert_eq!(stored.attempts[0].detail, "edited in storage");
+    let third = c.messages().await.remove(0);
+    assert_eq!(third.delivery_count, 2);
+}
+
+/// After a restart a subscription reads its backlog again from its mark:
+/// a stretch of more than a read-ahead of held nacks (skipped, the schedule
+/// brings them back) must not stop it from reaching the message after them.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_message_behind_many_held_nacks_is_delivered_after_a_restart() {
+    const HELD: usize = 6_000;
+    let h = harness().await;
+    let payloads = vec!["held"; HELD];
+    h.publish(&payloads).await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    let mut held = 0;
+    while held < HELD {
+        let batch = c.messages().await;
+        let n = batch.len();
+        let items = batch
+            .iter()
+            .map(|m| FailedItem {
+                id: wire(m),
+                reason: ricochet_policy::FailureReason::Nack,
+                detail: String::new(),
+                hold: Duration::from_secs(3600),
+            })
+            .collect();
+        let rid = c.send(|request_id| ConsumerRequest::Redeliver { request_id, items });
+        assert!(c.done(rid).await.is_ok());
+        held += n;
+        c.handle
+            .request(c.id, ConsumerRequest::Flow(n as u32))
+            .unwrap();
+    }
+    let storage = h.storage.clone();
+    h.core.stop_clean().await.unwrap();
+    drop((c, h));
+    let h = harness_on(storage).await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    h.publish(&["fresh"]).await;
+    let got = c
+        .messages_within(Duration::from_secs(10))
+        .await
+        .expect("the fresh message is delivered");
+    assert_eq!(text(&got[0]), "fresh");
+    assert_eq!(got[0].id.as_ref().unwrap().entry_id, HELD as u64);
 }
 
 #[tokio::test(start_paused = true)]
