@@ -120,6 +120,7 @@
 //! ```
 
 mod backoff;
+pub mod breaker;
 mod context;
 mod delay_levels;
 mod error;
@@ -128,6 +129,10 @@ mod policy;
 mod registry;
 pub mod spec;
 
+pub use breaker::{
+    Breaker, BreakerMode, BreakerPhase, BreakerSnapshot, BreakerSpec, Gate, Settle, Transition,
+    TripCause,
+};
 pub use backoff::{Backoff, BackoffPolicy, DEFAULT_NACK_DELAY, MIN_FIXED_DELAY, MultiplierBackoff};
 pub use context::{AttemptOverride, Decision, FailureContext, FailureReason, Tier, jitter_seed};
 pub use delay_levels::{
