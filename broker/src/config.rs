@@ -178,6 +178,10 @@ pub struct PolicyRule {
     pub topic: String,
     /// The policy.
     pub policy: ricochet_policy::PolicySpec,
+    /// An outage breaker for the matching topics' subscriptions, e.g.
+    /// `breaker = { ratio = 0.5, window = 200 }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<ricochet_policy::BreakerSpec>,
 }
 
 impl PolicyRule {
@@ -467,6 +471,11 @@ impl BrokerConfig {
             rule.policy
                 .validate()
                 .map_err(|e| BrokerError::Config(format!("policy for {}: {e}", rule.topic)))?;
+            if let Some(b) = &rule.breaker {
+                b.validate().map_err(|e| {
+                    BrokerError::Config(format!("policy for {}: {e}", rule.topic))
+                })?;
+            }
             if let Some(d) = rule.policy.max_delay().filter(|d| *d > self.max_delay) {
                 return Err(BrokerError::Config(format!(
                     "policy for {} waits up to {}, more than max_delay ({})",
@@ -505,6 +514,15 @@ impl BrokerConfig {
             .iter()
             .find(|r| r.matches(topic))
             .map(|r| &r.policy)
+    }
+
+    /// The configured outage breaker for `topic`: the first matching
+    /// rule's, if it has one.
+    pub fn breaker_for(&self, topic: &str) -> Option<&ricochet_policy::BreakerSpec> {
+        self.policies
+            .iter()
+            .find(|r| r.matches(topic))
+            .and_then(|r| r.breaker.as_ref())
     }
 }
 
@@ -634,6 +652,7 @@ mod tests {
         let rule = PolicyRule {
             topic: "persistent://public/default/ord*".into(),
             policy: ricochet_policy::PolicySpec::default(),
+            breaker: None,
         };
         assert!(rule.matches("persistent://public/default/orders"));
         assert!(!rule.matches("persistent://public/default/payments"));

@@ -29,6 +29,13 @@ pub enum EventKind {
     Replayed,
     /// An operator purged dead letters.
     Purged,
+    /// A subscription's outage breaker opened (tripped, a probe failed, or
+    /// forced): dispatch stopped.
+    BreakerOpened,
+    /// The breaker sent a probe message.
+    BreakerProbing,
+    /// The breaker closed (a probe was acked, or forced): dispatch resumed.
+    BreakerClosed,
 }
 
 impl EventKind {
@@ -38,6 +45,9 @@ impl EventKind {
             EventKind::DeadLettered => "dead_lettered",
             EventKind::Replayed => "replayed",
             EventKind::Purged => "purged",
+            EventKind::BreakerOpened => "breaker_opened",
+            EventKind::BreakerProbing => "breaker_probing",
+            EventKind::BreakerClosed => "breaker_closed",
         }
     }
 }
@@ -54,14 +64,15 @@ pub struct FailureEvent {
     /// The subscription.
     pub subscription: String,
     /// Dead-lettered: the message's id in the dead-letter tier
-    /// (`<tier topic>:<entry id>`).
+    /// (`<tier topic>:<entry id>`). Breaker events: the probe, or the
+    /// message whose failure tripped it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message_id: Option<String>,
     /// Dead-lettered: where it came from (`<topic>:<entry id>`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub origin_id: Option<String>,
     /// Dead-lettered: why, as the consumer saw it (the last attempt's
-    /// detail, else its kind).
+    /// detail, else its kind). Breaker events: why it changed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cause: Option<String>,
     /// Dead-lettered: the policy's verdict.

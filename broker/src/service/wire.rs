@@ -23,6 +23,9 @@ pub(super) fn attempts(f: &FailureRecord) -> Vec<Attempt> {
 
 pub(super) fn policy_response(info: PolicyInfo) -> PolicyResponse {
     let mut policy: Option<DeadLetterPolicyConfig> = info.spec.as_ref().map(Into::into);
+    if let Some(b) = &info.breaker {
+        policy.get_or_insert_with(Default::default).breaker = Some(b.into());
+    }
     if let Some(p) = &mut policy {
         p.retry_topic = info.retry_topic;
         p.dead_letter_topic = info.dead_letter_topic;
@@ -66,5 +69,6 @@ pub(super) fn subscription_stats(s: SubscriptionStats) -> SubscriptionStatsRespo
                 count: b.count,
             })
             .collect(),
+        breaker: s.breaker.as_ref().map(super::breaker::status),
     }
 }

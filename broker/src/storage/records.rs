@@ -139,6 +139,13 @@ pub struct SubscriptionRecord {
     pub dead_letter_topic: Option<String>,
     /// Creation time, ms since the epoch.
     pub created_ms: u64,
+    /// The operator's outage breaker, if any (the config's rule applies
+    /// without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<ricochet_policy::BreakerSpec>,
+    /// The breaker's state, so an open breaker stays open across restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker_state: Option<ricochet_policy::BreakerSnapshot>,
 }
 
 impl SubscriptionRecord {
@@ -156,6 +163,8 @@ impl SubscriptionRecord {
             retry_topic: None,
             dead_letter_topic: None,
             created_ms: 0,
+            breaker: None,
+            breaker_state: None,
         }
     }
 

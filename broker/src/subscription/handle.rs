@@ -9,7 +9,8 @@ use super::requests::{
 use super::stats::{StatsSnapshot, SubscriptionStats};
 use crate::error::{BrokerError, Result};
 use crate::storage::{DeadLetterRecord, Storage, TierEntry};
-use ricochet_policy::PolicySpec;
+use super::breaker::BreakerStats;
+use ricochet_policy::{BreakerMode, BreakerSpec, PolicySpec};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
@@ -32,7 +33,14 @@ pub(super) enum Command {
     /// The policy in force.
     GetPolicy(oneshot::Sender<PolicyInfo>),
     /// Replace (or clear) the operator-set policy.
-    SetPolicy(Option<PolicySpec>, oneshot::Sender<Result<PolicyInfo>>),
+    SetPolicy(
+        Option<PolicySpec>,
+        Option<BreakerSpec>,
+        oneshot::Sender<Result<PolicyInfo>>,
+    ),
+    /// An operator forces the outage breaker open or closed, or hands it
+    /// back to its rules.
+    SetBreaker(BreakerMode, oneshot::Sender<Result<BreakerStats>>),
     /// State of one main-topic entry.
     MessageStatus(u64, oneshot::Sender<MessageStatus>),
     /// Replay dead letters (by DLQ entry id) as the order says: into the
@@ -112,9 +120,21 @@ impl SubscriptionHandle {
         self.ask(Command::GetPolicy).await
     }
 
-    /// Sets (or with `None` clears) the operator's policy.
-    pub async fn set_policy(&self, spec: Option<PolicySpec>) -> Result<PolicyInfo> {
-        self.ask(|r| Command::SetPolicy(spec, r)).await?
+    /// Sets (or with `None` clears) the operator's policy and outage
+    /// breaker (`None`: no breaker of the operator's).
+    pub async fn set_policy(
+        &self,
+        spec: Option<PolicySpec>,
+        breaker: Option<BreakerSpec>,
+    ) -> Result<PolicyInfo> {
+        self.ask(|r| Command::SetPolicy(spec, breaker, r)).await?
+    }
+
+    /// Forces the outage breaker open or closed, or back to auto; stored
+    /// (not yet flushed) when it answers. FAILED_PRECONDITION without a
+    /// breaker.
+    pub async fn set_breaker(&self, mode: BreakerMode) -> Result<BreakerStats> {
+        self.ask(|r| Command::SetBreaker(mode, r)).await?
     }
 
     /// Where main-topic entry `entry_id` stands in this subscription.

@@ -25,9 +25,10 @@
 //! Map: [`handle`] (the API), [`requests`] (the consumer boundary),
 //! [`consumers`], [`dispatch`], [`delivery`], [`acks`], [`intake`] (failure
 //! requests), [`failure`] (the planner), [`tiers`] (moves), [`read_ahead`],
-//! [`replay`], [`policy`], [`stats`].
+//! [`replay`], [`policy`], [`stats`], [`breaker`] (the outage breaker).
 
 mod acks;
+mod breaker;
 mod consumers;
 mod delivery;
 mod dispatch;
@@ -42,6 +43,7 @@ mod retention;
 mod stats;
 mod tiers;
 
+pub use breaker::BreakerStats;
 pub use handle::SubscriptionHandle;
 pub use requests::{
     ConsumerEvent, ConsumerId, ConsumerRequest, ConsumerSpec, ConsumerTx, FailedItem, MessageRef,
@@ -112,6 +114,7 @@ pub(crate) struct SubscriptionActor {
     tiers: Tiers,
     deps: SubscriptionDeps,
     policy: PolicyState,
+    breaker: breaker::BreakerState,
     consumers: Consumers,
     dispatcher: Dispatcher,
     deliveries: Deliveries,
@@ -165,6 +168,7 @@ impl SubscriptionActor {
             metrics: SubscriptionMetrics::new(&rec.topic, &rec.name),
             failures: deps.failure_log.register(&rec.topic, &rec.name),
             policy: PolicyState::default(),
+            breaker: Default::default(),
             consumers: Consumers::for_topic(&rec.topic),
             dispatcher: Dispatcher::default(),
             deliveries,
@@ -177,6 +181,7 @@ impl SubscriptionActor {
             rec,
         };
         actor.resolve_policy()?;
+        actor.resolve_breaker();
         let handle = SubscriptionHandle::new(actor.rec.id, actor.rec.name.clone(), tx);
         tokio::spawn(actor.run(rx, fire_rx));
         Ok(handle)
@@ -206,6 +211,8 @@ impl SubscriptionActor {
                 changed = end.changed() => {
                     if changed.is_err() { break; }
                 }
+                // The breaker's next probe is due: `dispatch` sends it.
+                () = breaker::wake_after(self.breaker_wakeup()) => {}
                 _ = self.deps.shutdown.cancelled() => {
                     // Consumers are gone with their streams; persist and stop.
                     self.persist();
@@ -284,17 +291,26 @@ impl SubscriptionActor {
             Command::GetPolicy(reply) => {
                 let _ = reply.send(self.policy_info());
             }
-            Command::SetPolicy(spec, reply) => {
+            Command::SetPolicy(spec, breaker, reply) => {
                 // Stored before the answer, so the flush the admin service
                 // waits for covers it (not left to this round's `persist`).
-                let r = self
-                    .set_policy(spec, crate::storage::PolicySource::Admin)
-                    .and_then(|info| {
+                // Both are checked before either changes.
+                let checked = match &breaker {
+                    Some(b) => b.validate().map_err(Into::into),
+                    None => Ok(()),
+                };
+                let r = checked
+                    .and_then(|()| self.set_policy(spec, crate::storage::PolicySource::Admin))
+                    .and_then(|_| {
+                        self.set_breaker_spec(breaker)?;
                         self.deps.storage.put_subscription(&self.rec)?;
                         self.dirty = false;
-                        Ok(info)
+                        Ok(self.policy_info())
                     });
                 let _ = reply.send(r);
+            }
+            Command::SetBreaker(mode, reply) => {
+                let _ = reply.send(self.breaker_force(mode));
             }
             Command::MessageStatus(entry_id, reply) => {
                 let _ = reply.send(self.message_status(entry_id));
@@ -415,16 +431,24 @@ impl SubscriptionActor {
         loop {
             self.load_due();
             self.fill();
+            // An open breaker sends nothing, or one probe.
+            let budget = self.breaker_budget();
             if self.deliveries.ready.is_empty()
+                || budget == Some(0)
                 || !self.consumers.iter().any(|c| c.can_take(max_unacked))
             {
                 return;
             }
             let active = self.consumers.active();
-            let offers = self.deliveries.ready.iter().map(|(entry, p)| Offer {
-                entry: *entry,
-                key: &p.msg.key,
-            });
+            let offers = self
+                .deliveries
+                .ready
+                .iter()
+                .take(budget.unwrap_or(usize::MAX))
+                .map(|(entry, p)| Offer {
+                    entry: *entry,
+                    key: &p.msg.key,
+                });
             let assigned = self.dispatcher.assign(
                 self.rec.sub_type,
                 self.consumers.as_mut_slice(),
@@ -434,6 +458,9 @@ impl SubscriptionActor {
             );
             if assigned.is_empty() {
                 return;
+            }
+            if budget.is_some() {
+                self.breaker_probe_sent(assigned[0].entry);
             }
             let mut out: HashMap<ConsumerId, Vec<Message>> = HashMap::new();
             for a in assigned {
@@ -586,5 +613,7 @@ impl SubscriptionActor {
     }
 }
 
+#[cfg(test)]
+mod breaker_tests;
 #[cfg(test)]
 mod tests;

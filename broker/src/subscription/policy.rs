@@ -72,6 +72,7 @@ impl SubscriptionActor {
             source: self.policy.source,
             retry_topic: self.tiers.retry_name.clone(),
             dead_letter_topic: self.tiers.dead_letter_name.clone(),
+            breaker: self.breaker_stats().map(|b| b.spec),
         }
     }
 

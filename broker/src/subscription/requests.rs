@@ -124,6 +124,8 @@ pub struct PolicyInfo {
     pub retry_topic: String,
     /// Dead-letter tier topic.
     pub dead_letter_topic: String,
+    /// The outage breaker in force, if any.
+    pub breaker: Option<ricochet_policy::BreakerSpec>,
 }
 
 /// Sent to a consumer.

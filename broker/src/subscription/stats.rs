@@ -65,6 +65,8 @@ pub struct SubscriptionStats {
     pub dead_letter_topic: String,
     /// Scheduled messages by due time.
     pub scheduled_by_due: Vec<DueBucket>,
+    /// The outage breaker, if the subscription has one.
+    pub breaker: Option<super::BreakerStats>,
 }
 
 /// What the actor knows for its stats; [`StatsSnapshot::complete`] adds the
@@ -191,6 +193,7 @@ impl SubscriptionActor {
             retry_topic: self.tiers.retry_name.clone(),
             dead_letter_topic: self.tiers.dead_letter_name.clone(),
             scheduled_by_due: Vec::new(),
+            breaker: self.breaker_stats(),
         };
         StatsSnapshot {
             stats,

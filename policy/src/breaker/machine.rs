@@ -244,6 +244,11 @@ impl Breaker {
         }
     }
 
+    /// Failures and settles in the ratio window.
+    pub fn window_counts(&self) -> (u32, u32) {
+        (self.window_failures, self.window.len() as u32)
+    }
+
     /// What may be dispatched at `now_ms`.
     pub fn gate(&self, now_ms: u64) -> Gate {
         match (self.snap.mode, self.snap.phase) {
