@@ -472,9 +472,8 @@ impl BrokerConfig {
                 .validate()
                 .map_err(|e| BrokerError::Config(format!("policy for {}: {e}", rule.topic)))?;
             if let Some(b) = &rule.breaker {
-                b.validate().map_err(|e| {
-                    BrokerError::Config(format!("policy for {}: {e}", rule.topic))
-                })?;
+                b.validate()
+                    .map_err(|e| BrokerError::Config(format!("policy for {}: {e}", rule.topic)))?;
             }
             if let Some(d) = rule.policy.max_delay().filter(|d| *d > self.max_delay) {
                 return Err(BrokerError::Config(format!(

@@ -307,6 +307,7 @@ pub(crate) async fn subscriptions(ctx: &mut Ctx<'_>, c: SubscriptionsCommand) ->
             writeln!(ctx.out, "deleted subscription {subscription} of {topic}")?;
             Ok(())
         }
+        SubscriptionsCommand::Breaker(a) => crate::breaker::force(ctx, a).await,
     }
 }
 
@@ -356,6 +357,9 @@ struct PolicyView {
     policy: Option<PolicySpec>,
     retry_topic: String,
     dead_letter_topic: String,
+    /// The outage breaker in force, compact form.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    breaker: Option<String>,
 }
 
 impl PolicyView {
@@ -379,6 +383,11 @@ impl PolicyView {
             },
             spec: policy.as_ref().map(ToString::to_string),
             policy,
+            breaker: cfg
+                .breaker
+                .as_ref()
+                .and_then(|b| ricochet_policy::BreakerSpec::try_from(b).ok())
+                .map(|b| b.to_string()),
             retry_topic: cfg.retry_topic,
             dead_letter_topic: cfg.dead_letter_topic,
         })
@@ -395,6 +404,9 @@ impl PolicyView {
                     .unwrap_or("none (nacks redeliver forever)"),
             )
             .kv("source", &self.source);
+        if let Some(br) = &self.breaker {
+            b.kv("breaker", br);
+        }
         if !self.retry_topic.is_empty() {
             b.kv("retry topic", &self.retry_topic);
         }
@@ -440,6 +452,9 @@ struct ExplainView {
     rows: Vec<ExplainRowView>,
     /// True when the schedule was cut before a dead letter.
     truncated: bool,
+    /// `--breaker`, described.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    breaker: Option<crate::breaker::BreakerExplainView>,
 }
 
 fn ms(d: std::time::Duration) -> u64 {
@@ -448,7 +463,11 @@ fn ms(d: std::time::Duration) -> u64 {
 
 pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
     match c {
-        PolicyCommand::Explain { spec, reason } => {
+        PolicyCommand::Explain {
+            spec,
+            reason,
+            breaker,
+        } => {
             let p = spec.build().map_err(|e| {
                 CliError::Usage(format!(
                     "cannot explain {spec}: {e} (named policies are only known to the broker that registers them)"
@@ -457,6 +476,9 @@ pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
             let reason = reason.unwrap_or_else(|| default_reason(&*p));
             if !ctx.json() {
                 write!(ctx.out, "{}", explain_table(&*p, reason))?;
+                if let Some(b) = &breaker {
+                    crate::breaker::explain(ctx.out, b)?;
+                }
                 return Ok(());
             }
             let rows = explain(&*p, reason);
@@ -465,6 +487,9 @@ pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
                 policy: spec.to_string(),
                 reason,
                 truncated,
+                breaker: breaker
+                    .as_ref()
+                    .map(crate::breaker::BreakerExplainView::new),
                 rows: rows
                     .into_iter()
                     .map(|r| {
@@ -504,12 +529,17 @@ pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
             target,
             spec,
             clear,
+            breaker,
         } => {
-            let policy = match (spec, clear) {
+            let mut policy = match (spec, clear) {
                 (Some(s), false) => Some(pb::DeadLetterPolicyConfig::from(&s)),
+                (None, false) if breaker.is_some() => Some(Default::default()),
                 (None, true) => None,
-                _ => return Err(CliError::Usage("give a SPEC or --clear".into())),
+                _ => return Err(CliError::Usage("give a SPEC, --breaker or --clear".into())),
             };
+            if let (Some(p), Some(b)) = (&mut policy, &breaker) {
+                p.breaker = Some(b.into());
+            }
             let mut admin = ctx.admin().await?;
             let r = admin
                 .set_policy(pb::SetPolicyRequest {

@@ -326,6 +326,8 @@ pub enum SubscriptionsCommand {
         #[arg(short = 'y', long)]
         yes: bool,
     },
+    /// Force the outage breaker open or closed, or back to its rules.
+    Breaker(crate::breaker::BreakerArgs),
 }
 
 /// `message …`.
@@ -590,6 +592,9 @@ pub enum PolicyCommand {
         /// delay levels, `nack` otherwise.
         #[arg(long, value_parser = parse_reason)]
         reason: Option<FailureReason>,
+        /// Also describe an outage breaker (`breaker:ratio=0.5,window=200`).
+        #[arg(long, value_name = "BREAKER", value_parser = crate::breaker::parse_breaker)]
+        breaker: Option<ricochet_policy::BreakerSpec>,
     },
     /// The policy in force on a subscription and where it came from.
     Get {
@@ -602,11 +607,17 @@ pub enum PolicyCommand {
         #[command(flatten)]
         target: SubscriptionArgs,
         /// The policy spec.
-        #[arg(value_parser = parse_policy, required_unless_present = "clear")]
+        #[arg(value_parser = parse_policy, required_unless_present_any = ["clear", "breaker"])]
         spec: Option<PolicySpec>,
-        /// Remove the operator's policy (the client's or config's applies again).
-        #[arg(long, conflicts_with = "spec")]
+        /// Remove the operator's policy and breaker (the client's or
+        /// config's apply again).
+        #[arg(long, conflicts_with_all = ["spec", "breaker"])]
         clear: bool,
+        /// An outage breaker (`breaker:ratio=0.5,window=200,probe=5s`). The
+        /// operator's policy and breaker are set together: without it, the
+        /// subscription keeps no breaker of the operator's.
+        #[arg(long, value_name = "BREAKER", value_parser = crate::breaker::parse_breaker)]
+        breaker: Option<ricochet_policy::BreakerSpec>,
     },
 }
 

@@ -319,6 +319,9 @@ pub struct SubscriptionStatsView {
     pub dead_letter_topic: String,
     /// Connected consumers.
     pub consumers: Vec<ConsumerView>,
+    /// The outage breaker, if the subscription has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<crate::breaker::BreakerView>,
 }
 
 /// One due-time bucket of scheduled messages.
@@ -367,6 +370,10 @@ impl SubscriptionStatsView {
                     blocked_on_unacked: c.blocked_on_unacked,
                 })
                 .collect(),
+            breaker: s
+                .breaker
+                .as_ref()
+                .map(crate::breaker::BreakerView::from_proto),
         }
     }
 
@@ -417,6 +424,9 @@ impl SubscriptionStatsView {
             .kv("retry topic", &self.retry_topic)
             .kv("dead-letter topic", &self.dead_letter_topic)
             .kv("consumers", self.consumers.len());
+        if let Some(br) = &self.breaker {
+            b.kv("breaker", br.summary());
+        }
         b.write(out, 0)?;
         if !self.consumers.is_empty() {
             writeln!(out)?;

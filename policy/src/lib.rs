@@ -129,11 +129,11 @@ mod policy;
 mod registry;
 pub mod spec;
 
+pub use backoff::{Backoff, BackoffPolicy, DEFAULT_NACK_DELAY, MIN_FIXED_DELAY, MultiplierBackoff};
 pub use breaker::{
     Breaker, BreakerMode, BreakerPhase, BreakerSnapshot, BreakerSpec, Gate, Settle, Transition,
     TripCause,
 };
-pub use backoff::{Backoff, BackoffPolicy, DEFAULT_NACK_DELAY, MIN_FIXED_DELAY, MultiplierBackoff};
 pub use context::{AttemptOverride, Decision, FailureContext, FailureReason, Tier, jitter_seed};
 pub use delay_levels::{
     DEFAULT_LEVELS, DEFAULT_MAX_RECONSUME_TIMES, DEFAULT_START_LEVEL, DelayLevelPolicy, LevelTable,

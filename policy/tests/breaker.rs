@@ -8,9 +8,7 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use ricochet_policy::{
-    Breaker, BreakerMode, BreakerPhase, BreakerSpec, Gate, Settle, Transition,
-};
+use ricochet_policy::{Breaker, BreakerMode, BreakerPhase, BreakerSpec, Gate, Settle, Transition};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -47,18 +45,21 @@ fn spec() -> impl Strategy<Value = BreakerSpec> {
         100u64..=10_000,
         1u64..=64,
     )
-        .prop_filter_map("needs a rule", |(ratio, window, failures, within, probe, cap)| {
-            let s = BreakerSpec {
-                ratio: ratio.map(|r| f64::from(r) / 100.0),
-                window,
-                min_settles: window.div_ceil(2),
-                failures,
-                within: Duration::from_millis(within),
-                probe_interval: Duration::from_millis(probe),
-                max_probe_interval: Duration::from_millis(probe * cap),
-            };
-            s.validate().ok().map(|()| s)
-        })
+        .prop_filter_map(
+            "needs a rule",
+            |(ratio, window, failures, within, probe, cap)| {
+                let s = BreakerSpec {
+                    ratio: ratio.map(|r| f64::from(r) / 100.0),
+                    window,
+                    min_settles: window.div_ceil(2),
+                    failures,
+                    within: Duration::from_millis(within),
+                    probe_interval: Duration::from_millis(probe),
+                    max_probe_interval: Duration::from_millis(probe * cap),
+                };
+                s.validate().ok().map(|()| s)
+            },
+        )
 }
 
 fn settle(ok: bool) -> Settle {

@@ -87,7 +87,10 @@ mod tests {
 
     #[test]
     fn specs_round_trip_and_zeros_take_defaults() {
-        for s in ["breaker", "breaker:failures=5,within=2s,probe=1s,max-probe=1m"] {
+        for s in [
+            "breaker",
+            "breaker:failures=5,within=2s,probe=1s,max-probe=1m",
+        ] {
             let spec: BreakerSpec = s.parse().unwrap();
             assert_eq!(BreakerSpec::try_from(&BreakerConfig::from(&spec)), Ok(spec));
         }
@@ -97,9 +100,15 @@ mod tests {
         };
         let spec = BreakerSpec::try_from(&c).unwrap();
         assert_eq!((spec.ratio, spec.failures), (None, Some(3)));
-        assert!(BreakerSpec::try_from(&BreakerConfig::default()).is_err(), "no rule");
+        assert!(
+            BreakerSpec::try_from(&BreakerConfig::default()).is_err(),
+            "no rule"
+        );
         assert_eq!(breaker_mode_from_i32(0), None);
-        assert_eq!(breaker_mode_from_i32(2), Some(PolicyBreakerMode::ForcedOpen));
+        assert_eq!(
+            breaker_mode_from_i32(2),
+            Some(PolicyBreakerMode::ForcedOpen)
+        );
         assert_eq!(breaker_mode_from_i32(9), None);
     }
 }

@@ -13,7 +13,9 @@ use ricochet_proto::{BreakerConfig, BreakerStatus, DeadLetterPolicyConfig, SetBr
 use tonic::Status;
 
 /// The breaker a `SetPolicy` request carries, validated.
-pub(super) fn requested(policy: Option<&DeadLetterPolicyConfig>) -> Result<Option<BreakerSpec>, Status> {
+pub(super) fn requested(
+    policy: Option<&DeadLetterPolicyConfig>,
+) -> Result<Option<BreakerSpec>, Status> {
     policy
         .and_then(|p| p.breaker.as_ref())
         .map(|b| {

@@ -106,7 +106,12 @@ impl SubscriptionActor {
     /// `entry` went out as the probe.
     pub(super) fn breaker_probe_sent(&mut self, entry: TierEntry) {
         let now = self.deps.clock.now_ms();
-        if let Some(t) = self.breaker.machine.as_mut().and_then(|b| b.probe_sent(now)) {
+        if let Some(t) = self
+            .breaker
+            .machine
+            .as_mut()
+            .and_then(|b| b.probe_sent(now))
+        {
             self.breaker.probe = Some(entry);
             self.breaker_changed(t, Some(entry));
         }
@@ -142,9 +147,15 @@ impl SubscriptionActor {
         for entry in acked {
             let t = if self.breaker.probe == Some(entry) {
                 self.breaker.probe = None;
-                self.breaker.machine.as_mut().and_then(|b| b.probe_settled(Settle::Success, now))
+                self.breaker
+                    .machine
+                    .as_mut()
+                    .and_then(|b| b.probe_settled(Settle::Success, now))
             } else {
-                self.breaker.machine.as_mut().and_then(|b| b.record(Settle::Success, now))
+                self.breaker
+                    .machine
+                    .as_mut()
+                    .and_then(|b| b.record(Settle::Success, now))
             };
             if let Some(t) = t {
                 self.breaker_changed(t, Some(entry));
@@ -155,7 +166,10 @@ impl SubscriptionActor {
     /// Counts `failures` and splits them: those that spend an attempt (the
     /// breaker was closed), and those it spares (open, half-open, or the
     /// probe), which the caller gives back unchanged.
-    pub(super) fn breaker_screen(&mut self, failures: Vec<Failure>) -> (Vec<Failure>, Vec<Failure>) {
+    pub(super) fn breaker_screen(
+        &mut self,
+        failures: Vec<Failure>,
+    ) -> (Vec<Failure>, Vec<Failure>) {
         if self.breaker.machine.is_none() {
             return (failures, Vec::new());
         }
@@ -180,15 +194,17 @@ impl SubscriptionActor {
                 } else {
                     b.probe_returned(now);
                 }
-            } else if counts
-                && let Some(t) = b.record(Settle::Failure, now)
-            {
+            } else if counts && let Some(t) = b.record(Settle::Failure, now) {
                 // The failure that trips the breaker happened while closed.
                 self.breaker_changed(t, Some(f.entry));
                 counted.push(f);
                 continue;
             }
-            let open = !self.breaker.machine.as_ref().is_some_and(Breaker::counts_attempts);
+            let open = !self
+                .breaker
+                .machine
+                .as_ref()
+                .is_some_and(Breaker::counts_attempts);
             if open && f.reason != FailureReason::Terminate {
                 spared.push(f);
             } else {

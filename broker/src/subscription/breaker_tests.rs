@@ -84,7 +84,11 @@ async fn consume_through_outage(n: usize, breaker: Option<&str>, outage: Duratio
 async fn a_30s_outage_sends_nothing_to_the_dlq_and_everything_is_delivered_after() {
     let seen = consume_through_outage(40, Some(BREAKER), Duration::from_secs(30)).await;
     assert_eq!(seen.dead_lettered, 0, "{seen:?}");
-    assert_eq!(seen.acked.len(), 40, "every message acked after recovery: {seen:?}");
+    assert_eq!(
+        seen.acked.len(),
+        40,
+        "every message acked after recovery: {seen:?}"
+    );
     // Attempts were spent only before the breaker opened: at most one each,
     // and the policy would dead-letter at the fourth.
     let worst = seen.max_count.values().max().copied().unwrap_or(0);
@@ -147,7 +151,11 @@ async fn an_operator_forces_it_open_and_closed() {
     );
     let s = stats(&h, &c).await;
     assert_eq!(s.breaker.unwrap().snapshot.mode, BreakerMode::ForcedOpen);
-    let closed = c.handle.set_breaker(BreakerMode::ForcedClosed).await.unwrap();
+    let closed = c
+        .handle
+        .set_breaker(BreakerMode::ForcedClosed)
+        .await
+        .unwrap();
     assert_eq!(closed.snapshot.phase, BreakerPhase::Closed);
     let again = c.messages().await;
     assert_eq!(again.len(), 3);
@@ -158,7 +166,11 @@ async fn an_operator_forces_it_open_and_closed() {
         .set_policy(Some(POLICY.parse().unwrap()), None)
         .await
         .unwrap();
-    let e = c.handle.set_breaker(BreakerMode::ForcedOpen).await.unwrap_err();
+    let e = c
+        .handle
+        .set_breaker(BreakerMode::ForcedOpen)
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("has no breaker"), "{e}");
 }
 

@@ -3,13 +3,13 @@
 //! [`Command`] on the actor's channel; those that need an answer carry a
 //! reply channel. The actor stops once every handle is gone.
 
+use super::breaker::BreakerStats;
 use super::requests::{
     ConsumerId, ConsumerRequest, ConsumerSpec, MessageRef, MessageStatus, PolicyInfo,
 };
 use super::stats::{StatsSnapshot, SubscriptionStats};
 use crate::error::{BrokerError, Result};
 use crate::storage::{DeadLetterRecord, Storage, TierEntry};
-use super::breaker::BreakerStats;
 use ricochet_policy::{BreakerMode, BreakerSpec, PolicySpec};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};

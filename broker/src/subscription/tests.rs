@@ -74,7 +74,11 @@ impl Harness {
         self.entry.topic.publish("", msgs).await.unwrap();
     }
 
-    pub(super) async fn consumer(&self, sub_type: SubscriptionType, policy: Option<&str>) -> TestConsumer {
+    pub(super) async fn consumer(
+        &self,
+        sub_type: SubscriptionType,
+        policy: Option<&str>,
+    ) -> TestConsumer {
         let handle = self
             .core
             .subscription_or_create(
@@ -124,7 +128,10 @@ impl TestConsumer {
     }
 
     /// Messages arriving within `wait` of virtual time, if any.
-    pub(super) async fn messages_within(&mut self, wait: Duration) -> Option<Vec<ricochet_proto::Message>> {
+    pub(super) async fn messages_within(
+        &mut self,
+        wait: Duration,
+    ) -> Option<Vec<ricochet_proto::Message>> {
         tokio::time::timeout(wait, self.messages()).await.ok()
     }
 

@@ -129,7 +129,9 @@ pub enum TripCause {
 impl std::fmt::Display for TripCause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            TripCause::Ratio { failed, of } => write!(f, "{failed} of the last {of} settles failed"),
+            TripCause::Ratio { failed, of } => {
+                write!(f, "{failed} of the last {of} settles failed")
+            }
             TripCause::Burst { failures, within } => write!(
                 f,
                 "{failures} failures within {}",
@@ -306,9 +308,7 @@ impl Breaker {
         let failed = settle == Settle::Failure;
         self.window.push_back(failed);
         self.window_failures += u32::from(failed);
-        if self.window.len() > self.spec.window as usize
-            && self.window.pop_front() == Some(true)
-        {
+        if self.window.len() > self.spec.window as usize && self.window.pop_front() == Some(true) {
             self.window_failures -= 1;
         }
         if !failed {
@@ -316,7 +316,8 @@ impl Breaker {
         }
         if let Some(ratio) = self.spec.ratio {
             let of = self.window.len() as u32;
-            if of >= self.spec.min_settles && f64::from(self.window_failures) >= ratio * f64::from(of)
+            if of >= self.spec.min_settles
+                && f64::from(self.window_failures) >= ratio * f64::from(of)
             {
                 let failed = self.window_failures;
                 return Some(self.open(TripCause::Ratio { failed, of }, now_ms));
@@ -328,10 +329,19 @@ impl Breaker {
                 self.burst.pop_front();
             }
             if self.burst.len() == n as usize
-                && self.burst.front().is_some_and(|t| now_ms.saturating_sub(*t) <= ms(self.spec.within))
+                && self
+                    .burst
+                    .front()
+                    .is_some_and(|t| now_ms.saturating_sub(*t) <= ms(self.spec.within))
             {
                 let within = self.spec.within;
-                return Some(self.open(TripCause::Burst { failures: n, within }, now_ms));
+                return Some(self.open(
+                    TripCause::Burst {
+                        failures: n,
+                        within,
+                    },
+                    now_ms,
+                ));
             }
         }
         None

@@ -33,7 +33,10 @@ fn bad_values_are_refused_with_the_field_named() {
         ("breaker:failures=0", "failures must be"),
         ("breaker:failures=3,within=0s", "within must be"),
         ("breaker:probe=10ms", "probe_interval must be"),
-        ("breaker:probe=1m,max-probe=10s", "max_probe_interval (10s) is below"),
+        (
+            "breaker:probe=1m,max-probe=10s",
+            "max_probe_interval (10s) is below",
+        ),
         ("breaker:speed=3", "unknown key `speed`"),
         ("backoff:max=3", "starts with `breaker`"),
         (r#"{"window": 5}"#, "give a trip rule"),
@@ -46,9 +49,15 @@ fn bad_values_are_refused_with_the_field_named() {
 #[test]
 fn describe_names_the_rules_and_the_probe_schedule() {
     let text = spec("breaker:ratio=0.5,window=200,min=20,failures=50,within=10s").describe();
-    assert!(text.contains("50% or more of the last 200 settles failed"), "{text}");
+    assert!(
+        text.contains("50% or more of the last 200 settles failed"),
+        "{text}"
+    );
     assert!(text.contains("50 failures within 10s"), "{text}");
-    assert!(text.contains("5s, 10s, 20s, 40s, 1m 20s, 2m 40s, 5m, 5m"), "{text}");
+    assert!(
+        text.contains("5s, 10s, 20s, 40s, 1m 20s, 2m 40s, 5m, 5m"),
+        "{text}"
+    );
 }
 
 const T0: u64 = 1_000_000;
@@ -72,7 +81,13 @@ fn ratio_trips_only_from_min_settles() {
 fn successes_never_trip_and_the_window_slides() {
     let mut b = Breaker::new(spec("breaker:ratio=0.5,window=4,min=4"), T0);
     // F S S S → 1/4; then S slides the F out; then F F → 2/4 trips.
-    for s in [Settle::Failure, Settle::Success, Settle::Success, Settle::Success, Settle::Success] {
+    for s in [
+        Settle::Failure,
+        Settle::Success,
+        Settle::Success,
+        Settle::Success,
+        Settle::Success,
+    ] {
         assert_eq!(b.record(s, T0), None);
     }
     assert_eq!(b.failure_ratio(), 0.0);
@@ -120,7 +135,11 @@ fn probes_double_to_the_cap_and_an_ack_closes() {
         Some(Transition::Closed { forced: false })
     );
     assert_eq!(b.gate(now), Gate::All);
-    assert_eq!(b.snapshot().probe_interval_ms, 1000, "interval reset on close");
+    assert_eq!(
+        b.snapshot().probe_interval_ms,
+        1000,
+        "interval reset on close"
+    );
 }
 
 #[test]
@@ -139,12 +158,20 @@ fn forced_modes_override_the_rules() {
         b.force(BreakerMode::ForcedOpen, T0),
         Some(Transition::Opened(TripCause::Forced))
     );
-    assert_eq!(b.gate(T0 + 3_600_000), Gate::Nothing, "forced open never probes");
+    assert_eq!(
+        b.gate(T0 + 3_600_000),
+        Gate::Nothing,
+        "forced open never probes"
+    );
     assert_eq!(
         b.force(BreakerMode::ForcedClosed, T0),
         Some(Transition::Closed { forced: true })
     );
-    assert_eq!(b.record(Settle::Failure, T0), None, "forced closed never trips");
+    assert_eq!(
+        b.record(Settle::Failure, T0),
+        None,
+        "forced closed never trips"
+    );
     assert_eq!(b.gate(T0), Gate::All);
     assert_eq!(b.force(BreakerMode::Auto, T0), None);
     assert!(b.record(Settle::Failure, T0).is_some(), "auto trips again");
@@ -166,6 +193,10 @@ fn a_snapshot_restores_an_open_breaker_and_a_lost_probe() {
     let json = serde_json::to_string(&b.snapshot()).unwrap();
     let back: BreakerSnapshot = serde_json::from_str(&json).unwrap();
     let r = Breaker::restore(s, back);
-    assert_eq!(r.phase(), BreakerPhase::Open, "the probe was lost with the restart");
+    assert_eq!(
+        r.phase(),
+        BreakerPhase::Open,
+        "the probe was lost with the restart"
+    );
     assert_eq!(r.gate(T0 + 1000), Gate::Probe);
 }
