@@ -174,7 +174,8 @@ pub struct EventsArgs {
     /// Only events of this subscription.
     #[arg(long)]
     pub subscription: Option<String>,
-    /// Only events of this kind: dead_lettered, replayed or purged.
+    /// Only events of this kind: dead_lettered, replayed, purged,
+    /// breaker_opened, breaker_probing or breaker_closed.
     #[arg(long, value_parser = ["dead_lettered", "replayed", "purged"])]
     pub kind: Option<String>,
     /// Keep waiting for new events (until Ctrl-C).
