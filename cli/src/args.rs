@@ -176,7 +176,14 @@ pub struct EventsArgs {
     pub subscription: Option<String>,
     /// Only events of this kind: dead_lettered, replayed, purged,
     /// breaker_opened, breaker_probing or breaker_closed.
-    #[arg(long, value_parser = ["dead_lettered", "replayed", "purged"])]
+    #[arg(long, value_parser = [
+        "dead_lettered",
+        "replayed",
+        "purged",
+        "breaker_opened",
+        "breaker_probing",
+        "breaker_closed",
+    ])]
     pub kind: Option<String>,
     /// Keep waiting for new events (until Ctrl-C).
     #[arg(short = 'f', long)]
