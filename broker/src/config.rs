@@ -55,6 +55,7 @@
 //! [[policies]]                   # default dead-letter policies by topic pattern
 //! topic = "persistent://public/default/orders*"
 //! policy = { type = "delay_levels" }
+//! breaker = { ratio = 0.5, window = 200 }   # optional outage breaker (docs: breaker.md)
 //! ```
 
 use crate::error::BrokerError;
@@ -655,5 +656,22 @@ mod tests {
         };
         assert!(rule.matches("persistent://public/default/orders"));
         assert!(!rule.matches("persistent://public/default/payments"));
+    }
+
+    #[test]
+    fn a_policy_rule_may_carry_a_breaker_which_is_validated() {
+        let text = r#"
+            [[policies]]
+            topic = "persistent://public/default/orders*"
+            policy = { type = "backoff", fixed = "10s", max_redeliver_count = 5 }
+            breaker = { ratio = 0.5, window = 200, min_settles = 20, probe_interval = "5s", max_probe_interval = "5m" }
+        "#;
+        let c: BrokerConfig = toml::from_str(text).unwrap();
+        let b = c.breaker_for("persistent://public/default/orders-eu").unwrap();
+        assert_eq!((b.ratio, b.window), (Some(0.5), 200));
+        assert!(c.breaker_for("persistent://public/default/payments").is_none());
+        let bad: BrokerConfig = toml::from_str(&text.replace("ratio = 0.5", "ratio = 3.0")).unwrap();
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("ratio must be above 0"), "{e}");
     }
 }
