@@ -2,9 +2,9 @@
 //! throughput of a stored backlog of 100-byte messages through the client,
 //! on an in-process broker in `Durability::Sync`, with the same dead-letter
 //! policy and the breaker configured (`breaker:ratio=0.5,window=200`; every
-//! settle is an ack, so it stays closed and only counts) or not. Rounds
-//! alternate off/on on fresh topics; a plain `main` prints each round and
-//! the median ratio.
+//! settle is an ack, so it stays closed and only counts) or not. Each round
+//! runs both on fresh topics (which goes first alternates); a plain `main`
+//! prints each round and the median ratio.
 //!
 //! `cargo bench -p ricochet-benches --bench breaker`. Environment:
 //! `BREAKER_BENCH_QUICK=1` for a short run, `BREAKER_BENCH_N` messages per
@@ -16,7 +16,6 @@ use futures::StreamExt;
 use ricochet_broker::Durability;
 use ricochet_client::{Client, InitialPosition};
 use ricochet_policy::{BreakerSpec, PolicySpec};
-use ricochet_proto::{DeadLetterPolicyConfig, SetPolicyRequest};
 use ricochet_testkit::InProcessBroker;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -40,14 +39,7 @@ async fn round(client: &Client, topic: &str, n: usize, breaker: bool) -> Result<
     let spec: BreakerSpec = "breaker:ratio=0.5,window=200".parse()?;
     client
         .admin()
-        .set_policy(SetPolicyRequest {
-            topic: topic.to_owned(),
-            subscription: "bench".into(),
-            policy: Some(DeadLetterPolicyConfig {
-                breaker: breaker.then(|| (&spec).into()),
-                ..(&policy).into()
-            }),
-        })
+        .set_policy_with_breaker(topic, "bench", Some(&policy), breaker.then_some(&spec))
         .await?;
     let producer = client.producer(topic).create().await?;
     let payload = vec![b'x'; 100];
@@ -75,16 +67,11 @@ async fn round(client: &Client, topic: &str, n: usize, breaker: bool) -> Result<
     }
     consumer.flush().await?;
     let took = start.elapsed();
-    let stats = client
-        .admin()
-        .subscription_stats(ricochet_proto::SubscriptionRequest {
-            topic: topic.to_owned(),
-            subscription: "bench".into(),
-        })
-        .await?
-        .into_inner();
+    let stats = client.admin().subscription_stats(topic, "bench").await?;
     if breaker {
-        let b = stats.breaker.ok_or("the breaker is missing from the stats")?;
+        let b = stats
+            .breaker
+            .ok_or("the breaker is missing from the stats")?;
         assert_eq!(b.state, "closed", "every settle was an ack");
     }
     consumer.close().await?;
@@ -117,14 +104,25 @@ fn main() -> Result<(), BoxError> {
         );
         let (mut off, mut on) = (Vec::new(), Vec::new());
         for r in 0..rounds {
-            for breaker in [false, true] {
+            // Alternate which goes first, so neither always meets the
+            // larger store.
+            let order = if r % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            };
+            for breaker in order {
                 let topic = format!("breaker-bench-{r}-{breaker}");
                 let rate = round(&client, &topic, n, breaker).await?;
                 println!(
                     "  round {r}, breaker {}: {rate:.0} msg/s",
                     if breaker { "on " } else { "off" }
                 );
-                if breaker { on.push(rate) } else { off.push(rate) }
+                if breaker {
+                    on.push(rate)
+                } else {
+                    off.push(rate)
+                }
             }
         }
         let (off, on) = (median(off), median(on));

@@ -13,11 +13,15 @@
 //!    receipts off and on (acks pipelined, up to 10 000 awaiting their
 //!    receipt), in both durability modes;
 //! 6. one producer, many in flight: 200 000 messages (100 B, then 1 KiB) on
-//!    a fresh topic, at most 256 sends awaiting their receipt, both modes.
+//!    a fresh topic, at most 256 sends awaiting their receipt, both modes;
+//! 7. the producer's queue bound: the same with 20 000 sends awaiting their
+//!    receipt, `Sync`, once with the default bound (1000 pending messages,
+//!    so `send_async` waits for room) and once with a bound of 1 000 000
+//!    messages and 4 GiB, and the ratio of the two.
 //!
 //! `cargo bench -p ricochet-benches --bench client_e2e`. Environment:
 //! `CLIENT_E2E_QUICK=1` for a short run, `CLIENT_E2E_ONLY=lateness` (or
-//! `tracker`, `receipts`, `window`) for part 4 (or 3, 5, 6) only, `CLIENT_E2E_NACKS=N` for another burst size,
+//! `tracker`, `receipts`, `window`, `queue`) for part 4 (or 3, 5, 6, 7) only, `CLIENT_E2E_NACKS=N` for another burst size,
 //! `CLIENT_E2E_DEBUG=1` to print when nacks and redeliveries happened.
 
 use std::collections::HashMap;
@@ -63,12 +67,29 @@ fn main() -> Result<(), BoxError> {
         rt.block_on(async {
             for durability in [Durability::Sync, Durability::Interval] {
                 for size in [100, 1024] {
-                    single_producer(durability, size, 256).await?;
+                    single_producer(durability, size, 256, None).await?;
                 }
             }
             Ok::<_, BoxError>(())
         })?;
         if only == "window" {
+            return Ok(());
+        }
+    }
+    if only.is_empty() || only == "queue" {
+        rt.block_on(async {
+            for size in [100, 1024] {
+                let bounded = single_producer(Durability::Sync, size, 20_000, None).await?;
+                let large =
+                    single_producer(Durability::Sync, size, 20_000, Some(1_000_000)).await?;
+                println!(
+                    "queue bound, Sync, {size} B: default (1000) / 1 000 000 = {:.2}",
+                    bounded / large
+                );
+            }
+            Ok::<_, BoxError>(())
+        })?;
+        if only == "queue" {
             return Ok(());
         }
     }
@@ -165,18 +186,22 @@ async fn throughput(durability: Durability) -> Result<(), BoxError> {
 
 /// One producer on one connection, `n` messages of `size` bytes, at most
 /// `window` sends awaiting their receipt: the usual "async publish with a
-/// window" shape.
+/// window" shape; with `max_pending`, that queue bound (and 4 GiB) instead
+/// of the default. Returns messages per second.
 async fn single_producer(
     durability: Durability,
     size: usize,
     window: usize,
-) -> Result<(), BoxError> {
+    max_pending: Option<usize>,
+) -> Result<f64, BoxError> {
     let n: usize = if quick() { 20_000 } else { 200_000 };
     let (broker, client) = broker(durability).await?;
-    let producer = client
-        .producer(format!("window-{durability:?}-{size}"))
-        .create()
-        .await?;
+    let mut builder = client.producer(format!("window-{durability:?}-{size}"));
+    if let Some(m) = max_pending {
+        builder = builder.max_pending_messages(m).max_pending_bytes(4 << 30);
+    }
+    let producer = builder.create().await?;
+    let bound = max_pending.map_or("default".to_owned(), |m| m.to_string());
     let payload = vec![b'x'; size];
     let start = Instant::now();
     let mut pending = std::collections::VecDeque::with_capacity(window);
@@ -192,14 +217,14 @@ async fn single_producer(
         f.await?;
     }
     let took = start.elapsed();
+    let rate = n as f64 / took.as_secs_f64();
     println!(
-        "one producer, window {window}, {durability:?}, {n} x {size} B: {:.0} msg/s ({took:.2?})",
-        n as f64 / took.as_secs_f64()
+        "one producer, window {window}, queue bound {bound}, {durability:?}, {n} x {size} B: {rate:.0} msg/s ({took:.2?})"
     );
     producer.close().await?;
     drop(client);
     broker.shutdown().await;
-    Ok(())
+    Ok(rate)
 }
 
 /// Consume + ack of a stored backlog of 100-byte messages: every message is

@@ -35,25 +35,22 @@
 //! it prints that it is skipped.
 
 use hdrhistogram::Histogram;
-use ricochet_proto::cluster_client::ClusterClient;
-use ricochet_proto::{LookupRequest, LookupResponse, produce_response};
-use ricochet_testkit::raw::{RawProducer, channel};
+use ricochet_client::{Admin, Client, ErrorKind, TopicOwner};
+use ricochet_proto::produce_response;
+use ricochet_testkit::raw::RawProducer;
 use ricochet_testkit::{SpawnOptions, etcd_or_skip, spawn_cluster};
 use std::time::{Duration, Instant};
 
 const LOOKUPS: usize = 2_000;
 const ROUNDS: usize = 3;
 
-async fn lookup(
-    client: &mut ClusterClient<tonic::transport::Channel>,
-    topic: &str,
-) -> Result<LookupResponse, tonic::Status> {
-    client
-        .lookup(LookupRequest {
-            topic: topic.into(),
-        })
-        .await
-        .map(|r| r.into_inner())
+/// The typed admin API through the broker at `url`.
+async fn admin(url: &str) -> Admin {
+    Client::connect(url).await.unwrap().admin()
+}
+
+async fn lookup(admin: &Admin, topic: &str) -> ricochet_client::Result<TopicOwner> {
+    admin.lookup(topic).await
 }
 
 fn topic(name: &str) -> String {
@@ -127,19 +124,19 @@ async fn main() {
     println!("3 brokers (release binary) + etcd 3.4 on loopback, lease TTL {ttl} s");
 
     // 1. Lookup latency.
-    let mut client = ClusterClient::new(channel(&urls[0]).await);
+    let client = admin(&urls[0]).await;
     let mut first = Histogram::<u64>::new(3).unwrap();
     let mut names = Vec::new();
     for i in 0..60 {
         let t = topic(&format!("lookup-{i}"));
         let started = Instant::now();
-        let owner = lookup(&mut client, &t).await.unwrap();
+        let owner = lookup(&client, &t).await.unwrap();
         first.record(started.elapsed().as_micros() as u64).unwrap();
         names.push((t, owner.url == urls[0]));
     }
     // Claimed by their owners (a lookup answers epoch 0 until then).
     for (t, _) in &names {
-        let owner = lookup(&mut client, t).await.unwrap();
+        let owner = lookup(&client, t).await.unwrap();
         let mut p = RawProducer::open(&owner.url, t, "bench").await.unwrap();
         let m = p.msg(b"x".to_vec());
         p.send_batch(vec![m]).await;
@@ -151,7 +148,7 @@ async fn main() {
     for i in 0..LOOKUPS {
         let (t, local) = &names[i % names.len()];
         let started = Instant::now();
-        lookup(&mut client, t).await.unwrap();
+        lookup(&client, t).await.unwrap();
         let took = started.elapsed().as_micros() as u64;
         let h = if *local { &mut here } else { &mut elsewhere };
         h.record(took).unwrap();
@@ -164,7 +161,7 @@ async fn main() {
     let key_of = |t: &str| format!("/ricochet/bench/owners/{t}");
     for round in 0..ROUNDS {
         let t = topic(&format!("frozen-{round}"));
-        let owner = lookup(&mut client, &t).await.unwrap();
+        let owner = lookup(&client, &t).await.unwrap();
         let mut p = RawProducer::open(&owner.url, &t, "bench").await.unwrap();
         let m = p.msg(b"x".to_vec());
         p.send_batch(vec![m]).await;
@@ -192,8 +189,8 @@ async fn main() {
         let back = until(Duration::from_millis(10), || {
             let (t, url) = (t.clone(), other_url.clone());
             async move {
-                let mut c = ClusterClient::new(channel(&url).await);
-                match lookup(&mut c, &t).await {
+                let c = admin(&url).await;
+                match lookup(&c, &t).await {
                     Ok(o) if o.epoch as i64 > old => Some(thawed.elapsed()),
                     _ => None,
                 }
@@ -210,7 +207,7 @@ async fn main() {
     // 3. Restart after kill -9.
     for round in 0..ROUNDS {
         let t = topic(&format!("killed-{round}"));
-        let owner = lookup(&mut client, &t).await.unwrap();
+        let owner = lookup(&client, &t).await.unwrap();
         let mut p = RawProducer::open(&owner.url, &t, "bench").await.unwrap();
         let m = p.msg(b"x".to_vec());
         p.send_batch(vec![m]).await;
@@ -222,9 +219,9 @@ async fn main() {
         let down = until(Duration::from_millis(20), || {
             let (t, url) = (t.clone(), other.clone());
             async move {
-                let mut c = ClusterClient::new(channel(&url).await);
-                match lookup(&mut c, &t).await {
-                    Err(e) if e.code() == tonic::Code::Unavailable => Some(killed.elapsed()),
+                let c = admin(&url).await;
+                match lookup(&c, &t).await {
+                    Err(e) if e.kind() == ErrorKind::OwnerDown => Some(killed.elapsed()),
                     _ => None,
                 }
             }
@@ -236,8 +233,8 @@ async fn main() {
         let served = until(Duration::from_millis(10), || {
             let (t, url) = (t.clone(), other.clone());
             async move {
-                let mut c = ClusterClient::new(channel(&url).await);
-                match lookup(&mut c, &t).await {
+                let c = admin(&url).await;
+                match lookup(&c, &t).await {
                     Ok(o) if o.epoch > 0 => Some(restarted.elapsed()),
                     _ => None,
                 }
@@ -282,14 +279,10 @@ async fn partitioned(
         &SpawnOptions::new(),
     )
     .await;
-    let client = ricochet_client::Client::connect(brokers[via].url())
-        .await
-        .unwrap();
-    ricochet_proto::partitions_client::PartitionsClient::new(client.transport())
-        .create_partitioned_topic(ricochet_proto::UpdatePartitionsRequest {
-            topic: t.into(),
-            partitions,
-        })
+    let client = Client::connect(brokers[via].url()).await.unwrap();
+    client
+        .admin()
+        .create_partitioned_topic(t, partitions)
         .await
         .unwrap();
     (root, brokers, client)
@@ -392,7 +385,7 @@ async fn drain_time() {
     drop(consumer);
     let victim = "b0";
     let started = Instant::now();
-    let report = client.drain_broker(victim).await.unwrap();
+    let report = client.admin().drain_broker(victim).await.unwrap();
     let took = started.elapsed();
     let mut unavailable = Histogram::<u64>::new(3).unwrap();
     let mut entries = 0;

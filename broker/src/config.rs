@@ -667,10 +667,16 @@ mod tests {
             breaker = { ratio = 0.5, window = 200, min_settles = 20, probe_interval = "5s", max_probe_interval = "5m" }
         "#;
         let c: BrokerConfig = toml::from_str(text).unwrap();
-        let b = c.breaker_for("persistent://public/default/orders-eu").unwrap();
+        let b = c
+            .breaker_for("persistent://public/default/orders-eu")
+            .unwrap();
         assert_eq!((b.ratio, b.window), (Some(0.5), 200));
-        assert!(c.breaker_for("persistent://public/default/payments").is_none());
-        let bad: BrokerConfig = toml::from_str(&text.replace("ratio = 0.5", "ratio = 3.0")).unwrap();
+        assert!(
+            c.breaker_for("persistent://public/default/payments")
+                .is_none()
+        );
+        let bad: BrokerConfig =
+            toml::from_str(&text.replace("ratio = 0.5", "ratio = 3.0")).unwrap();
         let e = bad.validate().unwrap_err().to_string();
         assert!(e.contains("ratio must be above 0"), "{e}");
     }

@@ -5,6 +5,7 @@
 
 use std::io::Write;
 
+use ricochet_client::MessageId;
 use ricochet_policy::{
     DeadLetterPolicy, FailureReason, Outcome, PolicySpec, Tier, explain, explain_table,
 };
@@ -56,19 +57,15 @@ fn is_zero(n: &u32) -> bool {
 }
 
 pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
-    let mut admin = ctx.admin().await?;
+    let admin = ctx.admin().await?;
     match c {
         TopicsCommand::List {
             namespace,
             include_system_topics,
         } => {
             let r = admin
-                .list_topics(pb::ListTopicsRequest {
-                    namespace: namespace.unwrap_or_default(),
-                    include_system_topics,
-                })
-                .await?
-                .into_inner();
+                .list_topics(namespace.as_deref(), include_system_topics)
+                .await?;
             let mut topics = r.topics;
             topics.sort();
             let partitioned = crate::partitions::views(r.partitioned);
@@ -99,10 +96,7 @@ pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
             topic,
             partitions: None,
         } => {
-            let r = admin
-                .create_topic(pb::TopicRequest { topic })
-                .await?
-                .into_inner();
+            let r = admin.create_topic(&topic).await?;
             if ctx.json() {
                 return write_json(
                     ctx.out,
@@ -118,12 +112,7 @@ pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
         }
         TopicsCommand::Delete { topic, force, yes } => {
             confirm(&format!("delete topic {topic} and all its messages"), yes)?;
-            admin
-                .delete_topic(pb::DeleteTopicRequest {
-                    topic: topic.clone(),
-                    force,
-                })
-                .await?;
+            admin.delete_topic(&topic, force).await?;
             if ctx.json() {
                 return write_json(
                     ctx.out,
@@ -144,10 +133,7 @@ pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
             crate::retention::get(ctx, String::new(), topic).await
         }
         TopicsCommand::Stats { topic } => {
-            let r = admin
-                .topic_stats(pb::TopicRequest { topic })
-                .await?
-                .into_inner();
+            let r = admin.topic_stats(&topic).await?;
             let partitions = crate::partitions::PartitionStatsView::list(&r.partitions);
             let view = TopicStatsView {
                 topic: r.topic,
@@ -234,26 +220,21 @@ struct SubscriptionDeleted {
 }
 
 pub(crate) async fn subscriptions(ctx: &mut Ctx<'_>, c: SubscriptionsCommand) -> Result<()> {
-    let mut admin = ctx.admin().await?;
+    let admin = ctx.admin().await?;
     match c {
         SubscriptionsCommand::List { topic } => {
-            let r = admin
-                .list_subscriptions(pb::TopicRequest {
-                    topic: topic.clone(),
-                })
-                .await?
-                .into_inner();
+            let subscriptions = admin.list_subscriptions(&topic).await?;
             if ctx.json() {
                 return write_json(
                     ctx.out,
                     &SubscriptionList {
                         topic: full_topic_name(&topic),
-                        subscriptions: r.subscriptions,
+                        subscriptions,
                     },
                 );
             }
             let mut t = Table::new(&["subscription"]);
-            for s in r.subscriptions {
+            for s in subscriptions {
                 t.row(vec![s]);
             }
             t.write(ctx.out)
@@ -262,13 +243,7 @@ pub(crate) async fn subscriptions(ctx: &mut Ctx<'_>, c: SubscriptionsCommand) ->
             topic,
             subscription,
         } => {
-            let r = admin
-                .subscription_stats(pb::SubscriptionRequest {
-                    topic,
-                    subscription,
-                })
-                .await?
-                .into_inner();
+            let r = admin.subscription_stats(&topic, &subscription).await?;
             let view = SubscriptionStatsView::from_proto(&r);
             if ctx.json() {
                 return write_json(ctx.out, &view);
@@ -288,11 +263,7 @@ pub(crate) async fn subscriptions(ctx: &mut Ctx<'_>, c: SubscriptionsCommand) ->
                 yes,
             )?;
             admin
-                .delete_subscription(pb::DeleteSubscriptionRequest {
-                    topic: topic.clone(),
-                    subscription: subscription.clone(),
-                    force,
-                })
+                .delete_subscription(&topic, &subscription, force)
                 .await?;
             if ctx.json() {
                 return write_json(
@@ -313,16 +284,8 @@ pub(crate) async fn subscriptions(ctx: &mut Ctx<'_>, c: SubscriptionsCommand) ->
 
 pub(crate) async fn message(ctx: &mut Ctx<'_>, c: MessageCommand) -> Result<()> {
     let MessageCommand::Get { topic, id } = c;
-    let mut admin = ctx.admin().await?;
-    let r = admin
-        .get_message(pb::GetMessageRequest {
-            id: Some(pb::MessageId {
-                topic,
-                entry_id: id,
-            }),
-        })
-        .await?
-        .into_inner();
+    let admin = ctx.admin().await?;
+    let r = admin.message(&MessageId::new(topic, id)).await?;
     let mut view = MessageInfoView::from_proto(&r);
     // The broker echoes the id as asked; show the full topic name.
     view.message.id.topic = full_topic_name(&view.message.id.topic);
@@ -511,14 +474,8 @@ pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
             write_json(ctx.out, &view)
         }
         PolicyCommand::Get { target } => {
-            let mut admin = ctx.admin().await?;
-            let r = admin
-                .get_policy(pb::SubscriptionRequest {
-                    topic: target.topic.clone(),
-                    subscription: target.subscription.clone(),
-                })
-                .await?
-                .into_inner();
+            let admin = ctx.admin().await?;
+            let r = admin.policy(&target.topic, &target.subscription).await?;
             let view = PolicyView::new(target.topic, target.subscription, r)?;
             if ctx.json() {
                 return write_json(ctx.out, &view);
@@ -531,24 +488,18 @@ pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
             clear,
             breaker,
         } => {
-            let mut policy = match (spec, clear) {
-                (Some(s), false) => Some(pb::DeadLetterPolicyConfig::from(&s)),
-                (None, false) if breaker.is_some() => Some(Default::default()),
-                (None, true) => None,
+            let (topic, sub) = (&target.topic, &target.subscription);
+            let admin = ctx.admin().await?;
+            let r = match (spec, clear, breaker) {
+                (None, true, None) => admin.clear_policy(topic, sub).await?,
+                (Some(s), false, None) => admin.set_policy(topic, sub, &s).await?,
+                (s, false, Some(b)) => {
+                    admin
+                        .set_policy_with_breaker(topic, sub, s.as_ref(), Some(&b))
+                        .await?
+                }
                 _ => return Err(CliError::Usage("give a SPEC, --breaker or --clear".into())),
             };
-            if let (Some(p), Some(b)) = (&mut policy, &breaker) {
-                p.breaker = Some(b.into());
-            }
-            let mut admin = ctx.admin().await?;
-            let r = admin
-                .set_policy(pb::SetPolicyRequest {
-                    topic: target.topic.clone(),
-                    subscription: target.subscription.clone(),
-                    policy,
-                })
-                .await?
-                .into_inner();
             let view = PolicyView::new(target.topic, target.subscription, r)?;
             if ctx.json() {
                 return write_json(ctx.out, &view);

@@ -7,8 +7,6 @@ use crate::output::{Block, Table, write_json};
 use crate::{CliError, Ctx, Result};
 use clap::{Args, Subcommand};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
-use ricochet_proto::auth_client::AuthClient;
-use ricochet_proto::{GrantRequest, ListGrantsRequest, RevokeRequest, WhoAmIRequest};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -236,8 +234,7 @@ fn grant_view(g: ricochet_proto::Grant) -> GrantView {
 
 /// `auth …`.
 pub async fn auth(ctx: &mut Ctx<'_>, cmd: AuthCommand) -> Result<()> {
-    let client = ctx.client().await?;
-    let mut rpc = AuthClient::new(client.transport());
+    let admin = ctx.admin().await?;
     let write_grants = |ctx: &mut Ctx<'_>, grants: Vec<GrantView>| -> Result<()> {
         if ctx.json() {
             return write_json(ctx.out, &grants);
@@ -250,44 +247,25 @@ pub async fn auth(ctx: &mut Ctx<'_>, cmd: AuthCommand) -> Result<()> {
     };
     match cmd {
         AuthCommand::Grant(a) => {
-            let g = rpc
-                .grant_permission(GrantRequest {
-                    role: a.role,
-                    resource: a.resource,
-                    permissions: a.permissions,
-                })
-                .await?
-                .into_inner()
-                .grant
-                .unwrap_or_default();
+            let g = admin
+                .grant(&a.role, &a.resource, &strs(&a.permissions))
+                .await?;
             write_grants(ctx, vec![grant_view(g)])
         }
         AuthCommand::Revoke(a) => {
-            let g = rpc
-                .revoke_permission(RevokeRequest {
-                    role: a.role,
-                    resource: a.resource,
-                    permissions: a.permissions,
-                })
-                .await?
-                .into_inner()
-                .grant
-                .unwrap_or_default();
+            let g = admin
+                .revoke(&a.role, &a.resource, &strs(&a.permissions))
+                .await?;
             write_grants(ctx, vec![grant_view(g)])
         }
         AuthCommand::List { role, namespace } => {
-            let grants = rpc
-                .list_grants(ListGrantsRequest {
-                    role: role.unwrap_or_default(),
-                    namespace: namespace.unwrap_or_default(),
-                })
-                .await?
-                .into_inner()
-                .grants;
+            let grants = admin
+                .list_grants(role.as_deref(), namespace.as_deref())
+                .await?;
             write_grants(ctx, grants.into_iter().map(grant_view).collect())
         }
         AuthCommand::Whoami => {
-            let me = rpc.who_am_i(WhoAmIRequest {}).await?.into_inner();
+            let me = admin.who_am_i().await?;
             #[derive(Serialize)]
             struct Me {
                 role: String,
@@ -309,4 +287,9 @@ pub async fn auth(ctx: &mut Ctx<'_>, cmd: AuthCommand) -> Result<()> {
             b.write(ctx.out, 0)
         }
     }
+}
+
+/// The permissions as the admin API takes them.
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
 }

@@ -6,7 +6,7 @@
 use std::io::Write;
 
 use clap::Args;
-use ricochet_policy::BreakerSpec;
+use ricochet_policy::{BreakerMode, BreakerSpec};
 use ricochet_proto as pb;
 use serde::Serialize;
 
@@ -126,24 +126,20 @@ impl BreakerView {
 /// `subscriptions breaker`.
 pub(crate) async fn force(ctx: &mut Ctx<'_>, a: BreakerArgs) -> Result<()> {
     let mode = match (a.open, a.close, a.auto) {
-        (true, false, false) => pb::BreakerMode::ForcedOpen,
-        (false, true, false) => pb::BreakerMode::ForcedClosed,
-        (false, false, true) => pb::BreakerMode::Auto,
+        (true, false, false) => BreakerMode::ForcedOpen,
+        (false, true, false) => BreakerMode::ForcedClosed,
+        (false, false, true) => BreakerMode::Auto,
         _ => {
             return Err(CliError::Usage(
                 "give one of --open, --close, --auto".into(),
             ));
         }
     };
-    let mut admin = ctx.admin().await?;
-    let r = admin
-        .set_breaker(pb::SetBreakerRequest {
-            topic: a.topic,
-            subscription: a.subscription,
-            mode: mode as i32,
-        })
+    let r = ctx
+        .admin()
         .await?
-        .into_inner();
+        .set_breaker(&a.topic, &a.subscription, mode)
+        .await?;
     let view = BreakerView::from_proto(&r);
     if ctx.json() {
         return write_json(ctx.out, &view);

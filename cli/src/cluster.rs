@@ -225,9 +225,9 @@ pub(crate) fn plan_moves(
 }
 
 async fn rebalance(ctx: &mut Ctx<'_>, dry_run: bool) -> Result<()> {
-    let client = ctx.client().await?;
-    let r = client
-        .list_brokers(true)
+    let admin = ctx.admin().await?;
+    let r = admin
+        .brokers(true)
         .await
         .map_err(|e| unimplemented(ctx, e.into()))?;
     let owned: std::collections::BTreeMap<String, Vec<String>> = r
@@ -249,7 +249,7 @@ async fn rebalance(ctx: &mut Ctx<'_>, dry_run: bool) -> Result<()> {
             });
             continue;
         }
-        match client.move_topic(topic, Some(to)).await {
+        match admin.move_topic(topic, Some(to)).await {
             Ok(m) => moved.push(moved_view(m)),
             Err(e) => failed.push(NotMovedView {
                 topic: topic.clone(),
@@ -371,8 +371,8 @@ fn moved_table(moved: &[MovedView]) -> Table {
 }
 
 async fn drain(ctx: &mut Ctx<'_>, broker: String) -> Result<()> {
-    let client = ctx.client().await?;
-    let r = client
+    let admin = ctx.admin().await?;
+    let r = admin
         .drain_broker(&broker)
         .await
         .map_err(|e| unimplemented(ctx, e.into()))?;
@@ -419,8 +419,8 @@ async fn drain(ctx: &mut Ctx<'_>, broker: String) -> Result<()> {
 }
 
 async fn move_topic(ctx: &mut Ctx<'_>, topic: String, to: Option<String>) -> Result<()> {
-    let client = ctx.client().await?;
-    let m = client
+    let admin = ctx.admin().await?;
+    let m = admin
         .move_topic(&topic, to.as_deref())
         .await
         .map_err(|e| unimplemented(ctx, e.into()))?;
@@ -433,9 +433,9 @@ async fn move_topic(ctx: &mut Ctx<'_>, topic: String, to: Option<String>) -> Res
 }
 
 async fn brokers(ctx: &mut Ctx<'_>, with_topics: bool) -> Result<()> {
-    let client = ctx.client().await?;
-    let r = client
-        .list_brokers(with_topics)
+    let admin = ctx.admin().await?;
+    let r = admin
+        .brokers(with_topics)
         .await
         .map_err(|e| unimplemented(ctx, e.into()))?;
     let mut brokers: Vec<BrokerView> = r
@@ -525,21 +525,11 @@ fn owner_view(o: TopicOwner) -> OwnerView {
 }
 
 async fn lookup(ctx: &mut Ctx<'_>, topic: String) -> Result<()> {
-    let client = ctx.client().await?;
-    let meta = pb::partitions_client::PartitionsClient::new(client.transport())
-        .get_partitions(pb::PartitionsRequest {
-            topic: topic.clone(),
-        })
-        .await;
-    let partitioned = match meta {
-        Ok(m) => {
-            let m = m.into_inner();
-            (m.partitions > 0).then_some((m.topic, m.partitions))
-        }
-        // A broker before partitioned topics.
-        Err(s) if s.code() == tonic::Code::Unimplemented => None,
-        Err(s) => return Err(s.into()),
-    };
+    let admin = ctx.admin().await?;
+    let partitioned = admin
+        .partitions(&topic)
+        .await?
+        .map(|m| (m.topic, m.partitions));
     let names: Vec<String> = match &partitioned {
         Some((base, n)) => (0..*n).map(|i| partition_name(base, i)).collect(),
         None => vec![topic.clone()],
@@ -548,7 +538,7 @@ async fn lookup(ctx: &mut Ctx<'_>, topic: String) -> Result<()> {
     let mut cluster = String::new();
     let mut down = Vec::new();
     for name in names {
-        match client.lookup(&name).await {
+        match admin.lookup(&name).await {
             Ok(o) => {
                 cluster.clone_from(&o.cluster);
                 owners.push(owner_view(o));

@@ -6,6 +6,7 @@
 //! what had been dead-lettered when the question was asked: a message
 //! dead-lettered while the operator reads the prompt is left alone.
 
+use ricochet_client::Admin;
 use ricochet_proto as pb;
 use serde::Serialize;
 
@@ -62,22 +63,21 @@ fn pinned(f: Option<pb::DeadLetterFilter>) -> pb::DeadLetterFilter {
 }
 
 async fn list(
-    admin: &mut ricochet_proto::admin_client::AdminClient<ricochet_client::Transport>,
+    admin: &Admin,
     target: &SubscriptionArgs,
     filter: Option<pb::DeadLetterFilter>,
     limit: u32,
     after: Option<u64>,
 ) -> Result<DeadLetters> {
     let r = admin
-        .list_dead_letters(pb::ListDeadLettersRequest {
-            topic: target.topic.clone(),
-            subscription: target.subscription.clone(),
-            filter,
+        .list_dead_letters(
+            &target.topic,
+            &target.subscription,
+            &filter.unwrap_or_default(),
             limit,
-            after_entry_id: after,
-        })
-        .await?
-        .into_inner();
+            after,
+        )
+        .await?;
     Ok(DeadLetters {
         topic: full_topic_name(&target.topic),
         subscription: target.subscription.clone(),
@@ -91,7 +91,7 @@ async fn list(
 }
 
 pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
-    let mut admin = ctx.admin().await?;
+    let admin = ctx.admin().await?;
     match c {
         DlqCommand::List {
             target,
@@ -101,12 +101,12 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
             group_by,
         } => {
             if let Some(by) = group_by {
-                return dlq_decide::group(ctx, &mut admin, target, filter(&f)?, by).await;
+                return dlq_decide::group(ctx, &admin, target, filter(&f)?, by).await;
             }
             if limit == 0 {
                 return Err(CliError::Usage("--limit must be at least 1".into()));
             }
-            let v = list(&mut admin, &target, filter(&f)?, limit, after).await?;
+            let v = list(&admin, &target, filter(&f)?, limit, after).await?;
             if ctx.json() {
                 return write_json(ctx.out, &v);
             }
@@ -148,7 +148,7 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
             if count == 0 {
                 return Err(CliError::Usage("-n/--count must be at least 1".into()));
             }
-            let v = list(&mut admin, &target, filter(&f)?, count, None).await?;
+            let v = list(&admin, &target, filter(&f)?, count, None).await?;
             if ctx.json() {
                 return write_json(ctx.out, &v);
             }
@@ -211,7 +211,7 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
                 detach,
                 yes,
             };
-            dlq_decide::replay(ctx, &mut admin, target, f, a).await
+            dlq_decide::replay(ctx, &admin, target, f, a).await
         }
         DlqCommand::Purge {
             target,
@@ -221,11 +221,9 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
         } => {
             let f = pinned(filter(&f)?);
             if dry_run {
-                return dlq_decide::purge_dry_run(ctx, &mut admin, target, f).await;
+                return dlq_decide::purge_dry_run(ctx, &admin, target, f).await;
             }
-            let total = list(&mut admin, &target, Some(f.clone()), 1, None)
-                .await?
-                .total;
+            let total = list(&admin, &target, Some(f.clone()), 1, None).await?.total;
             if total == 0 {
                 eprintln!("no dead letter matches; nothing purged");
             } else {
@@ -241,14 +239,8 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
                 0
             } else {
                 admin
-                    .purge_dead_letters(pb::PurgeDeadLettersRequest {
-                        topic: target.topic.clone(),
-                        subscription: target.subscription.clone(),
-                        filter: Some(f),
-                        ..Default::default()
-                    })
+                    .purge_dead_letters(&target.topic, &target.subscription, &f, false)
                     .await?
-                    .into_inner()
                     .purged
             };
             if ctx.json() {
@@ -258,7 +250,7 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
             Ok(())
         }
         DlqCommand::Export { target, filter: f } => {
-            dlq_decide::export(ctx, &mut admin, target, filter(&f)?).await
+            dlq_decide::export(ctx, &admin, target, filter(&f)?).await
         }
         DlqCommand::Import {
             target,
@@ -275,15 +267,13 @@ pub(crate) async fn run(ctx: &mut Ctx<'_>, c: DlqCommand) -> Result<()> {
                 dry_run,
                 yes,
             };
-            dlq_decide::import(ctx, &mut admin, target, a).await
+            dlq_decide::import(ctx, &admin, target, a).await
         }
         DlqCommand::Jobs {
             topic,
             subscription,
-        } => dlq_decide::jobs(ctx, &mut admin, topic, subscription).await,
-        DlqCommand::CancelJob { id, topic } => {
-            dlq_decide::cancel_job(ctx, &mut admin, id, topic).await
-        }
+        } => dlq_decide::jobs(ctx, &admin, topic, subscription).await,
+        DlqCommand::CancelJob { id, topic } => dlq_decide::cancel_job(ctx, &admin, id, topic).await,
     }
 }
 

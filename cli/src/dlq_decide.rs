@@ -22,7 +22,8 @@ use crate::output::{Table, write_json, write_json_line};
 use crate::timearg::{fmt_ms, now_ms};
 use crate::view::IdView;
 
-type Admin = pb::admin_client::AdminClient<ricochet_client::Transport>;
+use ricochet_client::Admin;
+use ricochet_client::admin::ReplayOptions;
 
 /// One exported dead letter (a line of `dlq export`, read by `dlq import`).
 #[derive(Debug, Serialize, Deserialize)]
@@ -110,17 +111,10 @@ fn write_dry_run(ctx: &mut Ctx<'_>, verb: &str, ids: Vec<u64>) -> Result<()> {
 }
 
 /// How many dead letters `filter` selects now.
-async fn count(admin: &mut Admin, t: &SubscriptionArgs, f: &pb::DeadLetterFilter) -> Result<u64> {
+async fn count(admin: &Admin, t: &SubscriptionArgs, f: &pb::DeadLetterFilter) -> Result<u64> {
     Ok(admin
-        .list_dead_letters(pb::ListDeadLettersRequest {
-            topic: t.topic.clone(),
-            subscription: t.subscription.clone(),
-            filter: Some(f.clone()),
-            limit: 1,
-            after_entry_id: None,
-        })
+        .list_dead_letters(&t.topic, &t.subscription, f, 1, None)
         .await?
-        .into_inner()
         .total)
 }
 
@@ -140,7 +134,7 @@ pub(crate) struct ReplayArgs {
 /// `dlq replay`.
 pub(crate) async fn replay(
     ctx: &mut Ctx<'_>,
-    admin: &mut Admin,
+    admin: &Admin,
     target: SubscriptionArgs,
     f: pb::DeadLetterFilter,
     a: ReplayArgs,
@@ -151,24 +145,22 @@ pub(crate) async fn replay(
         (None, Some(d)) => now_ms() + d.as_millis() as u64,
         (None, None) => 0,
     };
-    let req = pb::ReplayDeadLettersRequest {
-        topic: target.topic.clone(),
-        subscription: target.subscription.clone(),
-        filter: Some(f.clone()),
-        reset_delivery_count: a.count.wire(),
-        rate_per_second: a.rate.unwrap_or(0),
-        mode: if a.to_topic {
-            pb::ReplayMode::Topic
-        } else {
-            pb::ReplayMode::RetryTier
-        } as i32,
-        deliver_at_ms,
-        edit,
-        dry_run: a.dry_run,
-        detach: a.detach,
-    };
+    let mut options = ReplayOptions::new()
+        .filter(f.clone())
+        .rate_per_second(a.rate.unwrap_or(0))
+        .to_topic(a.to_topic)
+        .deliver_at_ms(deliver_at_ms)
+        .dry_run(a.dry_run)
+        .detach(a.detach);
+    if let Some(reset) = a.count.wire() {
+        options = options.reset_delivery_count(reset);
+    }
+    if let Some(e) = &edit {
+        options = options.edit(e.clone());
+    }
+    let (topic, sub) = (&target.topic, &target.subscription);
     if a.dry_run {
-        let r = admin.replay_dead_letters(req).await?.into_inner();
+        let r = admin.replay_dead_letters(topic, sub, &options).await?;
         return write_dry_run(ctx, "replay", r.dead_letter_ids);
     }
     let total = count(admin, &target, &f).await?;
@@ -189,10 +181,10 @@ pub(crate) async fn replay(
         format!("into its own retry tier{}", when(deliver_at_ms))
     };
     let mut extras = Vec::new();
-    if a.count.resets(req.edit.is_some()) {
+    if a.count.resets(edit.is_some()) {
         extras.push("their delivery count reset".to_owned());
     }
-    if let Some(e) = &req.edit {
+    if let Some(e) = &edit {
         extras.push(describe(e));
     }
     let with = if extras.is_empty() {
@@ -207,7 +199,7 @@ pub(crate) async fn replay(
         ),
         a.yes,
     )?;
-    let r = admin.replay_dead_letters(req).await?.into_inner();
+    let r = admin.replay_dead_letters(topic, sub, &options).await?;
     finish(
         ctx,
         Replayed {
@@ -281,45 +273,39 @@ fn finish(ctx: &mut Ctx<'_>, r: Replayed) -> Result<()> {
 /// `dlq purge --dry-run`.
 pub(crate) async fn purge_dry_run(
     ctx: &mut Ctx<'_>,
-    admin: &mut Admin,
+    admin: &Admin,
     target: SubscriptionArgs,
     f: pb::DeadLetterFilter,
 ) -> Result<()> {
     let r = admin
-        .purge_dead_letters(pb::PurgeDeadLettersRequest {
-            topic: target.topic,
-            subscription: target.subscription,
-            filter: Some(f),
-            dry_run: true,
-        })
-        .await?
-        .into_inner();
+        .purge_dead_letters(&target.topic, &target.subscription, &f, true)
+        .await?;
     write_dry_run(ctx, "purge", r.dead_letter_ids)
 }
 
 /// `dlq list --group-by`.
 pub(crate) async fn group(
     ctx: &mut Ctx<'_>,
-    admin: &mut Admin,
+    admin: &Admin,
     target: SubscriptionArgs,
     f: Option<pb::DeadLetterFilter>,
     by: GroupBy,
 ) -> Result<()> {
+    let group_by = match by {
+        GroupBy::Reason => pb::DeadLetterGroupBy::Reason,
+        GroupBy::Verdict => pb::DeadLetterGroupBy::Verdict,
+        GroupBy::Consumer => pb::DeadLetterGroupBy::Consumer,
+        GroupBy::Hour => pb::DeadLetterGroupBy::Hour,
+    };
     let r = admin
-        .group_dead_letters(pb::GroupDeadLettersRequest {
-            topic: target.topic,
-            subscription: target.subscription,
-            filter: f,
-            group_by: match by {
-                GroupBy::Reason => pb::DeadLetterGroupBy::Reason,
-                GroupBy::Verdict => pb::DeadLetterGroupBy::Verdict,
-                GroupBy::Consumer => pb::DeadLetterGroupBy::Consumer,
-                GroupBy::Hour => pb::DeadLetterGroupBy::Hour,
-            } as i32,
-            ids_per_group: 5,
-        })
-        .await?
-        .into_inner();
+        .group_dead_letters(
+            &target.topic,
+            &target.subscription,
+            &f.unwrap_or_default(),
+            group_by,
+            5,
+        )
+        .await?;
     #[derive(Serialize)]
     struct Group<'a> {
         key: &'a str,
@@ -395,22 +381,16 @@ pub(crate) async fn group(
 /// `dlq export`.
 pub(crate) async fn export(
     ctx: &mut Ctx<'_>,
-    admin: &mut Admin,
+    admin: &Admin,
     target: SubscriptionArgs,
     f: Option<pb::DeadLetterFilter>,
 ) -> Result<()> {
+    let f = f.unwrap_or_default();
     let mut after = None;
     loop {
         let page = admin
-            .list_dead_letters(pb::ListDeadLettersRequest {
-                topic: target.topic.clone(),
-                subscription: target.subscription.clone(),
-                filter: f.clone(),
-                limit: 500,
-                after_entry_id: after,
-            })
-            .await?
-            .into_inner();
+            .list_dead_letters(&target.topic, &target.subscription, &f, 500, after)
+            .await?;
         let Some(last) = page.dead_letters.last() else {
             return Ok(());
         };
@@ -478,7 +458,7 @@ pub(crate) struct ImportArgs {
 /// `dlq import`.
 pub(crate) async fn import(
     ctx: &mut Ctx<'_>,
-    admin: &mut Admin,
+    admin: &Admin,
     target: SubscriptionArgs,
     a: ImportArgs,
 ) -> Result<()> {
@@ -504,19 +484,19 @@ pub(crate) async fn import(
     let ids: Vec<u64> = lines.iter().map(|(l, _)| l.id).collect();
     let mut now: HashMap<u64, pb::Message> = HashMap::new();
     for chunk in ids.chunks(500) {
+        let only = pb::DeadLetterFilter {
+            entry_ids: chunk.to_vec(),
+            ..Default::default()
+        };
         let r = admin
-            .list_dead_letters(pb::ListDeadLettersRequest {
-                topic: target.topic.clone(),
-                subscription: target.subscription.clone(),
-                filter: Some(pb::DeadLetterFilter {
-                    entry_ids: chunk.to_vec(),
-                    ..Default::default()
-                }),
-                limit: chunk.len() as u32,
-                after_entry_id: None,
-            })
-            .await?
-            .into_inner();
+            .list_dead_letters(
+                &target.topic,
+                &target.subscription,
+                &only,
+                chunk.len() as u32,
+                None,
+            )
+            .await?;
         for d in r.dead_letters {
             if let Some(m) = d.message
                 && let Some(id) = m.id.as_ref().map(|i| i.entry_id)
@@ -612,25 +592,21 @@ pub(crate) async fn import(
         job_id: 0,
     };
     for (id, edit) in plan {
-        let r = admin
-            .replay_dead_letters(pb::ReplayDeadLettersRequest {
-                topic: target.topic.clone(),
-                subscription: target.subscription.clone(),
-                filter: Some(pb::DeadLetterFilter {
-                    entry_ids: vec![id],
-                    ..Default::default()
-                }),
-                reset_delivery_count: a.count.wire(),
-                mode: if a.to_topic {
-                    pb::ReplayMode::Topic
-                } else {
-                    pb::ReplayMode::RetryTier
-                } as i32,
-                edit,
+        let mut options = ReplayOptions::new()
+            .filter(pb::DeadLetterFilter {
+                entry_ids: vec![id],
                 ..Default::default()
             })
-            .await?
-            .into_inner();
+            .to_topic(a.to_topic);
+        if let Some(reset) = a.count.wire() {
+            options = options.reset_delivery_count(reset);
+        }
+        if let Some(e) = edit {
+            options = options.edit(e);
+        }
+        let r = admin
+            .replay_dead_letters(&target.topic, &target.subscription, &options)
+            .await?;
         out.replayed += r.replayed;
         out.new_ids
             .extend(r.new_ids.iter().map(|i| IdView::from_proto(Some(i))));
@@ -641,17 +617,13 @@ pub(crate) async fn import(
 /// `dlq jobs`.
 pub(crate) async fn jobs(
     ctx: &mut Ctx<'_>,
-    admin: &mut Admin,
+    admin: &Admin,
     topic: Option<String>,
     subscription: Option<String>,
 ) -> Result<()> {
-    let r = admin
-        .list_replay_jobs(pb::ListReplayJobsRequest {
-            topic: topic.unwrap_or_default(),
-            subscription: subscription.unwrap_or_default(),
-        })
-        .await?
-        .into_inner();
+    let jobs = admin
+        .list_replay_jobs(topic.as_deref(), subscription.as_deref())
+        .await?;
     #[derive(Serialize)]
     struct Job<'a> {
         id: u64,
@@ -665,8 +637,7 @@ pub(crate) async fn jobs(
         created_ms: u64,
         by: &'a str,
     }
-    let jobs: Vec<Job<'_>> = r
-        .jobs
+    let jobs: Vec<Job<'_>> = jobs
         .iter()
         .map(|j| Job {
             id: j.id,
@@ -716,16 +687,11 @@ pub(crate) async fn jobs(
 /// `dlq cancel-job`.
 pub(crate) async fn cancel_job(
     ctx: &mut Ctx<'_>,
-    admin: &mut Admin,
+    admin: &Admin,
     id: u64,
     topic: Option<String>,
 ) -> Result<()> {
-    admin
-        .cancel_replay_job(pb::CancelReplayJobRequest {
-            id,
-            topic: topic.unwrap_or_default(),
-        })
-        .await?;
+    admin.cancel_replay_job(id, topic.as_deref()).await?;
     writeln!(ctx.out, "replay job {id} cancelled")?;
     Ok(())
 }

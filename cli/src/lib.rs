@@ -18,7 +18,8 @@
 //! | `cluster brokers`, `cluster lookup` | the brokers of a cluster and what each owns; a topic's owner | `pulsar-admin brokers list`, `pulsar-admin topics lookup` |
 //!
 //! In a cluster, a command about one topic sends its calls to the broker
-//! that owns the topic (looked up through `--url`, see [`Ctx::admin`]).
+//! that owns the topic (looked up through `--url` by the typed admin API,
+//! see [`Ctx::admin`]).
 
 use std::io::Write;
 use std::time::Duration;
@@ -108,27 +109,10 @@ impl Ctx<'_> {
 }
 
 impl Ctx<'_> {
-    /// The admin client for the command: on the connection to its topic's
-    /// owner when it is about one topic ([`Client::admin_for`]), otherwise
-    /// on `--url`'s.
-    pub async fn admin(
-        &self,
-    ) -> Result<ricochet_proto::admin_client::AdminClient<ricochet_client::Transport>> {
-        let client = self.client().await?;
-        match &self.topic {
-            Some(t) => Ok(client.admin_for(t).await?),
-            None => Ok(client.admin()),
-        }
-    }
-
-    /// The transport for the command's other services (retention, …): to
-    /// its topic's owner when it is about one topic, otherwise `--url`'s.
-    pub async fn transport(&self) -> Result<ricochet_client::Transport> {
-        let client = self.client().await?;
-        match &self.topic {
-            Some(t) => Ok(client.transport_for(t).await?),
-            None => Ok(client.transport()),
-        }
+    /// The typed admin API on `--url`'s connection: a call about one topic
+    /// goes to the broker that owns it ([`ricochet_client::Admin`]).
+    pub async fn admin(&self) -> Result<ricochet_client::Admin> {
+        Ok(self.client().await?.admin())
     }
 }
 

@@ -106,35 +106,33 @@ pub(crate) async fn ensure(
     topic: &str,
     partitions: u32,
 ) -> Result<()> {
-    let r = pb::partitions_client::PartitionsClient::new(client.transport())
-        .create_partitioned_topic(pb::UpdatePartitionsRequest {
-            topic: topic.to_owned(),
-            partitions,
-        })
-        .await;
-    match r {
-        Err(s) if s.code() == tonic::Code::AlreadyExists => Ok(()),
-        r => r.map(|_| ()).map_err(Into::into),
+    match client
+        .admin()
+        .create_partitioned_topic(topic, partitions)
+        .await
+    {
+        Err(e) if e.kind() == ricochet_client::ErrorKind::AlreadyExists => Ok(()),
+        r => r.map(drop).map_err(Into::into),
     }
 }
 
 /// `topics create TOPIC --partitions N`.
 pub(crate) async fn create(ctx: &mut Ctx<'_>, topic: String, partitions: u32) -> Result<()> {
-    let channel = ctx.client().await?.transport();
-    let r = pb::partitions_client::PartitionsClient::new(channel)
-        .create_partitioned_topic(pb::UpdatePartitionsRequest { topic, partitions })
+    let r = ctx
+        .admin()
         .await?
-        .into_inner();
+        .create_partitioned_topic(&topic, partitions)
+        .await?;
     show(ctx, r, "created ", " with")
 }
 
 /// `topics update-partitions TOPIC N`.
 pub(crate) async fn update(ctx: &mut Ctx<'_>, topic: String, partitions: u32) -> Result<()> {
-    let channel = ctx.client().await?.transport();
-    let r = pb::partitions_client::PartitionsClient::new(channel)
-        .update_partitions(pb::UpdatePartitionsRequest { topic, partitions })
+    let r = ctx
+        .admin()
         .await?
-        .into_inner();
+        .update_partitions(&topic, partitions)
+        .await?;
     show(ctx, r, "", " has")
 }
 

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use ricochet_client::admin::RetentionTarget;
 use ricochet_proto as pb;
 use serde::Serialize;
 
@@ -87,12 +88,14 @@ fn bytes(b: i64) -> String {
     format!("{b} B")
 }
 
-async fn client(
-    ctx: &Ctx<'_>,
-) -> Result<pb::retention_client::RetentionClient<ricochet_client::Transport>> {
-    Ok(pb::retention_client::RetentionClient::new(
-        ctx.transport().await?,
-    ))
+/// What a command's policy is set on: exactly one of `namespace` and
+/// `topic` is given (the other is empty).
+fn target(namespace: String, topic: String) -> RetentionTarget {
+    if topic.is_empty() {
+        RetentionTarget::Namespace(namespace)
+    } else {
+        RetentionTarget::Topic(topic)
+    }
 }
 
 fn write(ctx: &mut Ctx<'_>, r: pb::RetentionResponse, topic: bool) -> Result<()> {
@@ -135,25 +138,21 @@ pub(crate) async fn set(
         },
     };
     let is_topic = !topic.is_empty();
-    let r = client(ctx)
+    let r = ctx
+        .admin()
         .await?
-        .set_retention(pb::SetRetentionRequest {
-            namespace,
-            topic,
-            policy: Some(policy),
-        })
-        .await?
-        .into_inner();
+        .set_retention(&target(namespace, topic), policy)
+        .await?;
     write(ctx, r, is_topic)
 }
 
 /// Shows a namespace's or topic's policy.
 pub(crate) async fn get(ctx: &mut Ctx<'_>, namespace: String, topic: String) -> Result<()> {
     let is_topic = !topic.is_empty();
-    let r = client(ctx)
+    let r = ctx
+        .admin()
         .await?
-        .get_retention(pb::GetRetentionRequest { namespace, topic })
-        .await?
-        .into_inner();
+        .retention(&target(namespace, topic))
+        .await?;
     write(ctx, r, is_topic)
 }

@@ -12,6 +12,7 @@ use ricochet_proto::broker_client::BrokerClient;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::admin::Admin;
 use crate::consumer::ConsumerBuilder;
 use crate::credentials::{Credentials, Transport};
 use crate::error::{Error, Result};
@@ -316,19 +317,29 @@ impl Client {
         ConsumerBuilder::new(self.clone(), topic.into())
     }
 
-    /// The generated admin client (topics, subscriptions, policies, dead
-    /// letters) on this client's connection.
-    pub fn admin(&self) -> AdminClient<Transport> {
-        Self::admin_on(self.transport())
+    /// The admin API (topics, subscriptions, policies, dead letters,
+    /// replay jobs, retention, partitions, grants, the cluster's brokers)
+    /// through this client: see [`Admin`].
+    pub fn admin(&self) -> Admin {
+        Admin::new(self.clone())
     }
 
     /// The underlying channel, without the client's credentials.
+    ///
+    /// Not part of the API (no semver promise: its type is tonic's): for
+    /// tests and tools that call generated gRPC clients themselves.
+    #[doc(hidden)]
     pub fn channel(&self) -> Channel {
         self.inner.channel.clone()
     }
 
     /// The channel with the client's credentials added to every call, for
-    /// other generated clients (e.g. `AuthClient::new(client.transport())`).
+    /// generated clients (e.g. `AuthClient::new(client.transport())`).
+    ///
+    /// Not part of the API (no semver promise: its type is tonic's): for
+    /// tests and tools that call generated gRPC clients themselves; the
+    /// typed [`Admin`] covers the admin services.
+    #[doc(hidden)]
     pub fn transport(&self) -> Transport {
         InterceptedService::new(self.inner.channel.clone(), self.inner.credentials.clone())
     }

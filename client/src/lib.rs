@@ -2,7 +2,8 @@
 //! around failure handling.
 //!
 //! * [`Client`]: one HTTP/2 connection, cheap to clone, shared by every
-//!   producer and consumer made from it; [`Client::admin`] gives the admin API.
+//!   producer and consumer made from it; [`Client::admin`] gives the typed
+//!   admin API, [`Admin`] (module [`admin`]).
 //!   Against a cluster of brokers it looks each topic up ([`Client::lookup`])
 //!   and opens the topic's streams on its owner, following ownership moves.
 //! * [`Producer`]: batched, pipelined sends with per-message receipts and
@@ -73,12 +74,12 @@
 //! tier and delivers it when due. An unacked message past the [ack timeout](ConsumerBuilder::ack_timeout)
 //! is sent back like a nack. [`terminate`](Acker::terminate) dead-letters.
 
+pub mod admin;
 mod client;
 mod consumer;
 mod credentials;
 mod error;
 mod message;
-mod moves;
 mod partitions;
 mod producer;
 mod reconnect;
@@ -87,12 +88,17 @@ mod tls_probe;
 #[doc(hidden)]
 pub mod tracker;
 
+pub use admin::Admin;
 pub use client::{Client, ClientBuilder, ClientConfig};
 pub use consumer::{
     Acker, Consumer, ConsumerBuilder, ConsumerConfig, ConsumerPolicy, InitialPosition,
     SubscriptionType,
 };
-pub use credentials::{Credentials, Transport};
+pub use credentials::Credentials;
+/// Not part of the API (no semver promise): the type of
+/// [`Client::transport`], tonic's.
+#[doc(hidden)]
+pub use credentials::Transport;
 pub use error::{Error, ErrorKind, Redirect, Result};
 pub use message::{Message, MessageBuilder, MessageId, OutgoingMessage};
 pub use producer::{Producer, ProducerBuilder, ProducerConfig, ProducerStats, Receipt};
@@ -101,7 +107,8 @@ pub use tls_probe::{speaks_tls, tls_advice};
 
 /// Re-exported for convenience: the policy vocabulary the consumer takes.
 pub use ricochet_policy::{DeadLetterPolicy, PolicySpec};
-/// Re-exported: the generated protocol types (for [`Client::admin`]).
+/// Re-exported: the generated protocol types (the admin API's answers are
+/// among them, re-exported again under their names in [`admin`]).
 pub use ricochet_proto as proto;
 
 /// Not part of the API (no semver promise): for the `ricochet` CLI and

@@ -26,7 +26,6 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::cluster_client::ClusterClient;
 use ricochet_proto::{ListBrokersRequest, ListBrokersResponse, LookupRequest, LookupResponse};
 use tonic::transport::Channel;
@@ -229,7 +228,7 @@ impl Client {
 
     /// The brokers of the cluster (`Cluster.ListBrokers`), with the topics
     /// each owns when `with_topics`.
-    pub async fn list_brokers(&self, with_topics: bool) -> Result<ListBrokersResponse> {
+    pub(crate) async fn list_brokers(&self, with_topics: bool) -> Result<ListBrokersResponse> {
         self.on_any_broker(|t, service| async move {
             let mut cluster = ClusterClient::new(t);
             let call = cluster.list_brokers(ListBrokersRequest { with_topics });
@@ -247,19 +246,15 @@ impl Client {
         .await
     }
 
-    /// The admin client on the connection to `topic`'s owner, for
-    /// topic-scoped calls (stats, subscriptions, dead letters, policies,
-    /// retention); see [`transport_for`](Self::transport_for).
-    pub async fn admin_for(&self, topic: &str) -> Result<AdminClient<Transport>> {
-        Ok(Self::admin_on(self.transport_for(topic).await?))
-    }
-
     /// The transport (channel with credentials) to `topic`'s owner, for
     /// generated clients of topic-scoped services (`RetentionClient`, …).
     /// On a standalone broker it is [`Client::transport`]; so it is for a
     /// partitioned topic's base name (the lookup answers INVALID_ARGUMENT),
     /// whose admin calls a standalone broker answers over the partitions
     /// (a cluster broker refuses them, naming the partitions).
+    ///
+    /// Not part of the API (no semver promise), as [`Client::transport`].
+    #[doc(hidden)]
     pub async fn transport_for(&self, topic: &str) -> Result<Transport> {
         match self.route(topic).await {
             Err(e) if e.kind() == ErrorKind::InvalidArgument && e.grpc_code().is_some() => {

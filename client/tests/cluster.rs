@@ -14,11 +14,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use common::{recv, text};
+use ricochet_client::proto::TopicRequest;
 use ricochet_client::proto::admin_client::AdminClient;
-use ricochet_client::proto::partitions_client::PartitionsClient;
-use ricochet_client::proto::{TopicRequest, UpdatePartitionsRequest};
 use ricochet_client::{Client, ErrorKind, InitialPosition, OutgoingMessage, SubscriptionType};
-use ricochet_testkit::{SpawnOptions, etcd_or_skip, spawn_cluster};
+use ricochet_testkit::{FakeAnswer, FakeCluster, SpawnOptions, etcd_or_skip, spawn_cluster};
 
 /// One cluster at a time: three brokers and an etcd renew leases on two
 /// shared cores.
@@ -55,13 +54,7 @@ async fn a_client_through_one_broker_uses_a_partitioned_topic_spread_over_three(
     // The client knows only the last broker.
     let c = client(&brokers[2].url()).await;
     let t = "orders";
-    PartitionsClient::new(c.transport())
-        .create_partitioned_topic(UpdatePartitionsRequest {
-            topic: t.into(),
-            partitions: 8,
-        })
-        .await
-        .unwrap();
+    c.admin().create_partitioned_topic(t, 8).await.unwrap();
     let mut owners = BTreeSet::new();
     for i in 0..8 {
         owners.insert(c.lookup(&format!("{t}-partition-{i}")).await.unwrap().url);
@@ -121,15 +114,7 @@ async fn a_client_through_one_broker_uses_a_partitioned_topic_spread_over_three(
     let mut stored = 0;
     for i in 0..8 {
         let p = format!("{t}-partition-{i}");
-        stored += c
-            .admin_for(&p)
-            .await
-            .unwrap()
-            .topic_stats(TopicRequest { topic: p.clone() })
-            .await
-            .unwrap()
-            .into_inner()
-            .message_count;
+        stored += c.admin().topic_stats(&p).await.unwrap().message_count;
     }
     assert_eq!(stored, (KEYS * PER_KEY) as u64);
 }
@@ -230,6 +215,19 @@ async fn killed_owner_fails_by_name_and_returns(test: &str, reworded: bool) {
         assert_eq!(r.owner, victim_id);
         assert_eq!(r.url.as_deref(), Some(victim.url.as_str()));
         assert_eq!(r.epoch, Some(victim.epoch));
+
+        // A typed admin call routed to that wrong broker (a stale lookup,
+        // here a stand-in cluster's) follows the redirect to the owner.
+        let fake = FakeCluster::start("e2e", FakeAnswer::Unimplemented).await;
+        fake.route(&victim_topic, FakeAnswer::owner("b0", brokers[0].url()));
+        let misled = client(&fake.url()).await;
+        let stats = misled
+            .admin()
+            .subscription_stats(&victim_topic, "s")
+            .await
+            .expect("the call is made again at the owner the refusal names");
+        assert_eq!(stats.subscription, "s");
+        assert_eq!(fake.lookups().len(), 1, "one lookup, then the redirect");
     }
 
     brokers[1].kill9();
@@ -276,15 +274,6 @@ async fn killed_owner_fails_by_name_and_returns(test: &str, reworded: bool) {
     let mut expected: Vec<String> = (10..50).map(|i| format!("before-{i}")).collect();
     expected.sort();
     assert_eq!(got, expected);
-    let stats = c
-        .admin_for(&victim_topic)
-        .await
-        .unwrap()
-        .topic_stats(TopicRequest {
-            topic: victim_topic.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = c.admin().topic_stats(&victim_topic).await.unwrap();
     assert!(stats.message_count >= 51, "{stats:?}");
 }

@@ -16,9 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{recv, text};
+use ricochet_client::proto::TopicRequest;
 use ricochet_client::proto::admin_client::AdminClient;
-use ricochet_client::proto::partitions_client::PartitionsClient;
-use ricochet_client::proto::{ListDeadLettersRequest, TopicRequest, UpdatePartitionsRequest};
 use ricochet_client::{Client, InitialPosition, OutgoingMessage, SubscriptionType};
 use ricochet_testkit::{SpawnOptions, etcd_or_skip, spawn_cluster};
 
@@ -68,16 +67,7 @@ async fn cluster(test: &str, name: &str, n: usize) -> Option<Cluster> {
 }
 
 async fn stored(c: &Client, topic: &str) -> u64 {
-    c.admin_for(topic)
-        .await
-        .unwrap()
-        .topic_stats(TopicRequest {
-            topic: topic.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .message_count
+    c.admin().topic_stats(topic).await.unwrap().message_count
 }
 
 #[tokio::test]
@@ -94,11 +84,8 @@ async fn a_drain_under_load_moves_every_partition_losing_and_duplicating_nothing
     let c = client(&brokers[0].url()).await;
     let t = "orders";
     const PARTITIONS: u32 = 6;
-    PartitionsClient::new(c.transport())
-        .create_partitioned_topic(UpdatePartitionsRequest {
-            topic: t.into(),
-            partitions: PARTITIONS,
-        })
+    c.admin()
+        .create_partitioned_topic(t, PARTITIONS)
         .await
         .unwrap();
     let partitions: Vec<String> = (0..PARTITIONS)
@@ -205,7 +192,7 @@ async fn a_drain_under_load_moves_every_partition_losing_and_duplicating_nothing
     });
     // Let the load run, then drain the victim in the middle of it.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let report = c.drain_broker(&victim).await.unwrap();
+    let report = c.admin().drain_broker(&victim).await.unwrap();
     assert!(report.not_moved.is_empty(), "{report:?}");
     let mut moved: Vec<&str> = report.moved.iter().map(|m| m.topic.as_str()).collect();
     moved.sort();
@@ -243,7 +230,7 @@ async fn a_drain_under_load_moves_every_partition_losing_and_duplicating_nothing
         total += stored(&c, p).await;
     }
     assert_eq!(total, N as u64, "every message stored exactly once");
-    let brokers_now = c.list_brokers(false).await.unwrap().brokers;
+    let brokers_now = c.admin().brokers(false).await.unwrap().brokers;
     let v = brokers_now.iter().find(|b| b.id == victim).unwrap();
     assert!(v.draining, "{v:?}");
     assert_eq!((v.placed_topics, v.owned_topics), (0, 0), "{v:?}");
@@ -301,7 +288,7 @@ async fn a_moved_topic_keeps_its_cursor_retries_delivery_counts_and_dead_letters
     // m6, m8, m9 are in flight, unacked.
 
     let from = c.lookup(t).await.unwrap();
-    let moved = c.move_topic(t, None).await.unwrap();
+    let moved = c.admin().move_topic(t, None).await.unwrap();
     assert_ne!(moved.to_broker, from.broker_id);
     assert!(
         moved.entries >= 12,
@@ -345,17 +332,10 @@ async fn a_moved_topic_keeps_its_cursor_retries_delivery_counts_and_dead_letters
 
     // The dead letter moved with its record.
     let dead = c
-        .admin_for(t)
+        .admin()
+        .list_dead_letters(t, "s", &Default::default(), 0, None)
         .await
         .unwrap()
-        .list_dead_letters(ListDeadLettersRequest {
-            topic: t.into(),
-            subscription: "s".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
         .dead_letters;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert!(format!("{:?}", dead[0]).contains("bad input"), "{dead:?}");
@@ -419,7 +399,7 @@ async fn a_move_the_target_refuses_leaves_the_topic_served_where_it_was() {
     let target = c.lookup(&clash).await.unwrap().broker_id;
     assert_ne!(target, source);
 
-    let e = c.move_topic(t, Some(&target)).await.unwrap_err();
+    let e = c.admin().move_topic(t, Some(&target)).await.unwrap_err();
     assert!(
         e.to_string().contains("exists on this broker already"),
         "{e}"
@@ -589,13 +569,9 @@ async fn a_bad_or_incomplete_import_is_refused_and_leaves_nothing() {
         let c = client(&url).await;
         let topics = c
             .admin()
-            .list_topics(ricochet_client::proto::ListTopicsRequest {
-                namespace: "public/default".into(),
-                ..Default::default()
-            })
+            .list_topics(Some("public/default"), false)
             .await
             .unwrap()
-            .into_inner()
             .topics;
         assert!(!topics.contains(&name.to_owned()), "{why}: left {topics:?}");
     }

@@ -13,7 +13,6 @@
 use std::time::Duration;
 
 use ricochet_client::{Client, ErrorKind, InitialPosition, SubscriptionType};
-use ricochet_proto::TopicRequest;
 use ricochet_proto::partitions::partition_name;
 use ricochet_testkit::fake_cluster::fq;
 use ricochet_testkit::{FakeAnswer, FakeCluster, InProcessBroker};
@@ -33,15 +32,9 @@ async fn client(url: &str) -> Client {
 /// How many messages `broker` stores on `topic` (`None`: no such topic).
 async fn stored(broker: &InProcessBroker, topic: &str) -> Option<u64> {
     let c = client(&broker.url()).await;
-    match c
-        .admin()
-        .topic_stats(TopicRequest {
-            topic: topic.into(),
-        })
-        .await
-    {
-        Ok(r) => Some(r.into_inner().message_count),
-        Err(s) if s.code() == tonic::Code::NotFound => None,
+    match c.admin().topic_stats(topic).await {
+        Ok(r) => Some(r.message_count),
+        Err(e) if e.kind() == ricochet_client::ErrorKind::NotFound => None,
         Err(s) => panic!("topic stats of {topic}: {s}"),
     }
 }
@@ -88,16 +81,7 @@ async fn producers_and_consumers_use_the_topics_owner() {
     assert_eq!(c.pooled_connections(), 2, "one channel per owner");
 
     // A topic-scoped admin call on the owner's connection.
-    let stats = c
-        .admin_for("on-a")
-        .await
-        .unwrap()
-        .topic_stats(TopicRequest {
-            topic: "on-a".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = c.admin().topic_stats("on-a").await.unwrap();
     assert_eq!(stats.message_count, 3);
     assert_eq!(c.pooled_connections(), 2, "the pool is reused");
 
@@ -368,7 +352,7 @@ async fn lookups_go_to_a_known_broker_when_the_service_url_is_down() {
     // `first` sends topic t1 to `second`: the client now has a channel there.
     first.route("t1", FakeAnswer::owner("x", second.url()));
     let c = client(&first.url()).await;
-    c.admin_for("t1").await.unwrap();
+    c.transport_for("t1").await.unwrap();
     assert_eq!(c.pooled_connections(), 1);
 
     first.stop().await;
@@ -382,7 +366,7 @@ async fn lookups_go_to_a_known_broker_when_the_service_url_is_down() {
         id: "y".into(),
         ..Default::default()
     }]);
-    assert_eq!(c.list_brokers(false).await.unwrap().brokers[0].id, "y");
+    assert_eq!(c.admin().brokers(false).await.unwrap().brokers[0].id, "y");
     let a = InProcessBroker::start().await;
     let base = fq("pt");
     second.partitioned(&base, 2);
@@ -401,16 +385,12 @@ async fn admin_on_a_partitioned_base_name_stays_on_the_service_url() {
     let c = client(&fake.url()).await;
     // The lookup refuses the base name: the admin call goes to the service
     // URL (here the fake, which has no Admin service), not anywhere else.
-    let e = c
-        .admin_for("orders")
-        .await
-        .unwrap()
-        .topic_stats(TopicRequest {
-            topic: "orders".into(),
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    let e = c.admin().topic_stats("orders").await.unwrap_err();
+    assert_eq!(
+        e.grpc_code(),
+        Some(tonic::Code::Unimplemented as i32),
+        "{e:?}"
+    );
     assert_eq!(fake.lookups(), [fq("orders")]);
     assert_eq!(c.pooled_connections(), 0);
     // A producer is not opened on a refused name.

@@ -10,7 +10,6 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::{Env, assert_quiet, recv, start, text, topic};
-use ricochet_client::proto::ListDeadLettersRequest;
 use ricochet_client::{Consumer, ErrorKind, InitialPosition, PolicySpec, SubscriptionType};
 use ricochet_policy::MultiplierBackoff;
 
@@ -32,14 +31,9 @@ async fn produce(env: &Env, t: &str, n: usize) {
 async fn dead_letters(env: &Env, t: &str, sub: &str) -> Vec<ricochet_client::proto::DeadLetter> {
     env.client
         .admin()
-        .list_dead_letters(ListDeadLettersRequest {
-            topic: t.into(),
-            subscription: sub.into(),
-            ..Default::default()
-        })
+        .list_dead_letters(t, sub, &Default::default(), 0, None)
         .await
         .unwrap()
-        .into_inner()
         .dead_letters
 }
 
@@ -406,18 +400,7 @@ async fn close_reports_held_nacks_and_gives_back_the_rest_uncounted() {
     }
     // The nacked message's attempt is recorded (NACK, with its reason), and
     // the broker serves the rest of its delay: it is scheduled, not back.
-    let state = env
-        .client
-        .admin()
-        .get_message(ricochet_client::proto::GetMessageRequest {
-            id: Some(ricochet_client::proto::MessageId {
-                topic: m.id().topic().to_string(),
-                entry_id: m.id().entry_id(),
-            }),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let state = env.client.admin().message(m.id()).await.unwrap();
     let sub = &state.subscriptions[0];
     assert_eq!(sub.state, "scheduled", "{sub:?}");
     assert_eq!(

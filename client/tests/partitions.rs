@@ -17,9 +17,9 @@ use std::time::Duration;
 use common::{recv, start, text, topic};
 use ricochet_client::{Client, Consumer, InitialPosition, OutgoingMessage, SubscriptionType};
 use ricochet_policy::PolicySpec;
+use ricochet_proto::UpdatePartitionsRequest;
 use ricochet_proto::partitions::{parse_partition, partition_for_key, partition_name};
 use ricochet_proto::partitions_client::PartitionsClient;
-use ricochet_proto::{ListDeadLettersRequest, UpdatePartitionsRequest};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -374,14 +374,9 @@ async fn settling_works_for_messages_of_any_partition_and_dead_letters_aggregate
     let dl = env
         .client
         .admin()
-        .list_dead_letters(ListDeadLettersRequest {
-            topic: t.clone(),
-            subscription: "s".into(),
-            ..Default::default()
-        })
+        .list_dead_letters(&t, "s", &Default::default(), 0, None)
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     assert_eq!(dl.total, 1);
     let origin = dl.dead_letters[0].origin.as_ref().unwrap();
     assert_eq!(origin.topic, partition_name(&full(&t), 2));
@@ -473,13 +468,7 @@ async fn a_named_producer_continues_each_partitions_sequence_after_a_restart() {
     assert!(again.last_sequence_id() > 0);
     let ids = send_all(again, 40).await;
     assert!(ids.iter().all(|id| !id.is_unknown()), "{ids:?}");
-    let stats = env
-        .client
-        .admin()
-        .topic_stats(ricochet_proto::TopicRequest { topic: t.clone() })
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = env.client.admin().topic_stats(&t).await.unwrap();
     assert_eq!(stats.message_count, 80);
     assert_eq!(stats.partition_count, 4);
 }

@@ -52,15 +52,7 @@ async fn redelivered(url: &str, t: &str, n: usize, held: u64) -> Vec<String> {
     if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), c.receive()).await {
         panic!("more than {n} came back: {out:?} and {}", text(&m));
     }
-    let stats = client
-        .admin()
-        .subscription_stats(ricochet_client::proto::SubscriptionRequest {
-            topic: t.to_owned(),
-            subscription: "s".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = client.admin().subscription_stats(t, "s").await.unwrap();
     assert_eq!(stats.unacked, n as u64, "{stats:?}");
     assert_eq!(stats.backlog, held + n as u64, "{stats:?}");
     out.sort();
@@ -305,13 +297,9 @@ async fn client_stats(url: &str, t: &str) -> ricochet_client::proto::Subscriptio
     client(url)
         .await
         .admin()
-        .subscription_stats(ricochet_client::proto::SubscriptionRequest {
-            topic: t.to_owned(),
-            subscription: "s".into(),
-        })
+        .subscription_stats(t, "s")
         .await
         .unwrap()
-        .into_inner()
 }
 
 #[tokio::test]

@@ -18,11 +18,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use ricochet_client::admin::{DeadLetter, DeadLetterFilter, ReplayOptions};
 use ricochet_client::{Client, InitialPosition, OutgoingMessage, PolicySpec, SubscriptionType};
-use ricochet_proto::{
-    DeadLetter, DeadLetterFilter, ListDeadLettersRequest, PurgeDeadLettersRequest,
-    ReplayDeadLettersRequest, ReplayMode, SubscriptionRequest, convert::failure_reason_from_i32,
-};
+use ricochet_proto::convert::failure_reason_from_i32;
 
 fn at(ms: u64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
@@ -101,18 +99,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The broker moves the last nacked ones right after the nacks arrive.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let mut admin = client.admin();
+    let admin = client.admin();
 
     // 2. List.
     let all = admin
-        .list_dead_letters(ListDeadLettersRequest {
-            topic: topic.clone(),
-            subscription: sub.into(),
-            limit: 100,
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+        .list_dead_letters(&topic, sub, &DeadLetterFilter::default(), 100, None)
+        .await?;
     println!("{} dead letter(s) on {topic} / {sub}:", all.total);
     for d in &all.dead_letters {
         println!(
@@ -160,20 +152,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         reason_contains: "gateway timeout".into(),
         ..Default::default()
     };
-    let replayed = admin
-        .replay_dead_letters(ReplayDeadLettersRequest {
-            topic: topic.clone(),
-            subscription: sub.into(),
-            filter: Some(timeouts),
-            reset_delivery_count: Some(true),
-            rate_per_second: 50,
-            // The default: back into this subscription's own retry tier (only
-            // it sees them again); `ReplayMode::Topic` republishes for all.
-            mode: ReplayMode::RetryTier as i32,
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    // The default: back into this subscription's own retry tier (only it
+    // sees them again); `.to_topic(true)` republishes for all.
+    let replay = ReplayOptions::new()
+        .filter(timeouts)
+        .reset_delivery_count(true)
+        .rate_per_second(50);
+    let replayed = admin.replay_dead_letters(&topic, sub, &replay).await?;
     println!(
         "\nreplayed {} into the retry tier of {sub}:",
         replayed.replayed
@@ -194,27 +179,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     producer.close().await?;
 
     // 5. The bad-schema ones cannot be fixed by retrying: purge them.
+    let bad_schema = DeadLetterFilter {
+        reason_contains: "schema mismatch".into(),
+        ..Default::default()
+    };
     let purged = admin
-        .purge_dead_letters(PurgeDeadLettersRequest {
-            topic: topic.clone(),
-            subscription: sub.into(),
-            filter: Some(DeadLetterFilter {
-                reason_contains: "schema mismatch".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+        .purge_dead_letters(&topic, sub, &bad_schema, false)
+        .await?;
     println!("\npurged {}", purged.purged);
 
-    let stats = admin
-        .subscription_stats(SubscriptionRequest {
-            topic,
-            subscription: sub.into(),
-        })
-        .await?
-        .into_inner();
+    let stats = admin.subscription_stats(&topic, sub).await?;
     println!(
         "subscription {sub}: backlog={} dead_lettered={} scheduled_retries={}",
         stats.backlog, stats.dead_lettered, stats.scheduled_retries

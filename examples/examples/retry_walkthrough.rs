@@ -18,9 +18,10 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ricochet_client::admin::DeadLetterFilter;
 use ricochet_client::{Client, InitialPosition, OutgoingMessage, PolicySpec, SubscriptionType};
 use ricochet_policy::{FailureReason, Outcome, explain, explain_table};
-use ricochet_proto::{ListDeadLettersRequest, convert::failure_reason_from_i32};
+use ricochet_proto::convert::failure_reason_from_i32;
 
 const LEVELS: &str = "10ms 20ms 40ms 80ms 160ms";
 
@@ -99,16 +100,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     consumer.close().await?;
     producer.close().await?;
 
-    let mut admin = client.admin();
-    let letters = admin
-        .list_dead_letters(ListDeadLettersRequest {
-            topic: topic.clone(),
-            subscription: subscription.into(),
-            limit: 10,
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let letters = client
+        .admin()
+        .list_dead_letters(&topic, subscription, &DeadLetterFilter::default(), 10, None)
+        .await?;
     println!("\ndead letters of {subscription}: {}", letters.total);
     for d in &letters.dead_letters {
         let m = d.message.clone().unwrap_or_default();

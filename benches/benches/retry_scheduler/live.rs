@@ -23,10 +23,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ricochet_proto::{
-    Ack, AckType, SubscriptionRequest, TopicRequest, admin_client::AdminClient, consume_request,
-    reconsume_later,
-};
+use ricochet_client::{Admin, Client, ErrorKind};
+use ricochet_proto::{Ack, AckType, consume_request, reconsume_later};
 use ricochet_testkit::BrokerProcess;
 
 use crate::broker::{broker_bin, spawn_broker};
@@ -41,31 +39,30 @@ const HOUR_MS: u64 = 3_600_000;
 /// id): cheap to ask, unlike the subscription stats, which scan the whole
 /// schedule index (and so page it through sled's cache) on every call.
 async fn retry_tier_entries(url: &str) -> Result<u64, BoxError> {
-    let mut admin = AdminClient::connect(url.to_owned()).await?;
-    let s = admin
-        .topic_stats(TopicRequest {
-            topic: format!("persistent://public/default/{TOPIC}-s-RETRY"),
-        })
+    let s = admin(url)
+        .await?
+        .topic_stats(&format!("persistent://public/default/{TOPIC}-s-RETRY"))
         .await;
     match s {
-        Ok(s) => Ok(s.into_inner().next_entry_id),
+        Ok(s) => Ok(s.next_entry_id),
         // Not created before the first retry.
-        Err(e) if e.code() == tonic::Code::NotFound => Ok(0),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(0),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The typed admin API of the broker at `url`.
+async fn admin(url: &str) -> Result<Admin, BoxError> {
+    Ok(Client::connect(url).await?.admin())
 }
 
 /// The subscription's scheduled retries, from its stats (a full scan of the
 /// schedule index: asked once the figures are taken).
 async fn scheduled(url: &str) -> Result<u64, BoxError> {
-    let mut admin = AdminClient::connect(url.to_owned()).await?;
-    let s = admin
-        .subscription_stats(SubscriptionRequest {
-            topic: format!("persistent://public/default/{TOPIC}"),
-            subscription: "s".into(),
-        })
+    let s = admin(url)
         .await?
-        .into_inner();
+        .subscription_stats(&format!("persistent://public/default/{TOPIC}"), "s")
+        .await?;
     Ok(s.scheduled_retries)
 }
 
