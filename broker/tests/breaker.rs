@@ -206,7 +206,7 @@ async fn bad_breaker_requests_are_refused_and_change_nothing() {
             ..burst()
         },
     ] {
-        let e = set_policy(&b, policy(Some(bad.clone()))).await.unwrap_err();
+        let e = set_policy(&b, policy(Some(bad))).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{bad:?}: {e:?}");
         assert!(e.message().contains("breaker"), "{e:?}");
     }
