@@ -260,7 +260,7 @@ pub struct BrokerConfig {
     /// at its size on disk, while a page in memory takes some 2–4 times
     /// that (its entries, keys and values are separate allocations), so the
     /// cache's resident share is a few times this figure. 16 MiB by default,
-    /// sized for a small broker (see the README's "Broker configuration");
+    /// sized for a small broker (see `docs/src/storage.md`, "Memory");
     /// more keeps more of a large backlog or retry tier in memory, at the
     /// cost of resident memory.
     pub cache_capacity: u64,

@@ -13,7 +13,7 @@
 //! `RICOCHET_CONSOLE_SCREENSHOTS=DIR` it also saves the subscription page
 //! the dead-letter list and the edit confirmation as
 //! `DIR/console-subscription.png`, `DIR/console-dead-letters.png` and
-//! `DIR/console-edit-confirm.png` (the README's pictures: `DIR=docs`).
+//! `DIR/console-edit-confirm.png` (the book's pictures: `DIR=docs/src/images`).
 
 mod common;
 use common::*;

@@ -130,3 +130,25 @@ fn a_setting_missing_from_the_example_is_noticed() {
     assert!(!keys(&all, "cluster").contains("broker_id"));
     assert!(known_fields("cluster").contains("broker_id"));
 }
+
+/// Every ```` ```toml ```` block of the README and the book is a config the
+/// broker takes: it parses as a `BrokerConfig` (which denies unknown
+/// settings, so a misspelt or removed one fails here) and validates.
+#[test]
+fn the_books_toml_blocks_are_broker_configs() {
+    let mut checked = 0;
+    let mut refused = Vec::new();
+    for page in ricochet_testkit::docs::pages() {
+        for block in page.code_blocks().iter().filter(|b| b.lang == "toml") {
+            checked += 1;
+            let parsed = toml::from_str::<BrokerConfig>(&block.text)
+                .map_err(|e| e.to_string())
+                .and_then(|c| c.validate().map_err(|e| e.to_string()));
+            if let Err(e) = parsed {
+                refused.push(format!("{}:{}: {e}", page.path.display(), block.line));
+            }
+        }
+    }
+    assert!(checked >= 2, "only {checked} TOML blocks in the book");
+    assert!(refused.is_empty(), "refused:\n{}", refused.join("\n"));
+}

@@ -243,3 +243,82 @@ async fn the_start_line_says_whether_tls_and_authentication_are_on() {
         "{secured}"
     );
 }
+
+/// The lines the book shows after a broker start command (`$ …` in a
+/// console block of `page` whose command starts with `start`), ports masked.
+fn documented_start(page: &str, start: &str) -> Vec<String> {
+    let page = ricochet_testkit::docs::page(std::path::Path::new(page));
+    let block = page
+        .code_blocks()
+        .into_iter()
+        .find(|b| b.lang == "console" && b.text.contains(start))
+        .unwrap_or_else(|| panic!("{} shows no `{start}`", page.path.display()));
+    let lines: Vec<String> = block
+        .text
+        .lines()
+        .skip_while(|l| !l.starts_with(&format!("$ {start}")))
+        .skip(1)
+        .skip_while(|l| l.starts_with("    ")) // the command's continuation
+        .take_while(|l| !l.starts_with("$ "))
+        .map(mask_ports)
+        .collect();
+    assert!(!lines.is_empty(), "no output shown after `{start}`");
+    lines
+}
+
+/// `line` with the digits after each `127.0.0.1:` and `0.0.0.0:` made `<port>`.
+fn mask_ports(line: &str) -> String {
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some(at) = ["127.0.0.1:", "0.0.0.0:"]
+        .iter()
+        .filter_map(|host| rest.find(host).map(|i| i + host.len()))
+        .min()
+    {
+        out.push_str(&rest[..at]);
+        rest = rest[at..].trim_start_matches(|c: char| c.is_ascii_digit());
+        out.push_str("<port>");
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The broker start commands the book shows with their output print that
+/// output: the web console page's start, and the security page's refusal
+/// to listen beyond loopback without authentication.
+#[tokio::test]
+async fn the_books_broker_start_lines_are_what_the_broker_prints() {
+    let console = documented_start(
+        "docs/src/console.md",
+        "cargo run --release -p ricochet-broker -- --data-dir ./data --console-listen",
+    );
+    let printed: Vec<String> = broker_output(&["--console-listen", "127.0.0.1:0"])
+        .await
+        .iter()
+        .filter(|l| l.starts_with("ricochet-broker "))
+        .map(|l| mask_ports(l))
+        .collect();
+    assert_eq!(printed, console);
+
+    let refusal = documented_start("docs/src/security.md", "ricochet-broker --listen 0.0.0.0:");
+    let dir = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ricochet-broker"))
+        .arg("--listen")
+        .arg(
+            ricochet_testkit::free_addr()
+                .to_string()
+                .replace("127.0.0.1", "0.0.0.0"),
+        )
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let said: Vec<String> = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .chain(String::from_utf8_lossy(&out.stdout).lines())
+        .map(mask_ports)
+        .collect();
+    assert_eq!(said, refusal);
+}

@@ -192,7 +192,7 @@ async fn retry_and_dead_letter_series_move_with_a_scripted_scenario() {
     let after = parse(&scrape(metrics).await);
     assert_eq!(value(&after, "ricochet_storage_healthy", &[]), 1.0);
     assert!(value(&after, "ricochet_storage_bytes", &[]) > 0.0);
-    // Every series the README documents is in the scrape.
+    // Every series the book's configuration page documents is in the scrape.
     let missing: Vec<String> = documented_metrics()
         .into_iter()
         .filter(|name| {
@@ -307,12 +307,13 @@ fn assert_deployed_in(scrape: &HashMap<String, f64>, wanted: impl Fn(&str) -> bo
     );
 }
 
-/// The metric names the README's "Metrics" paragraph lists.
+/// The metric names the "Metrics" paragraph of the book's configuration
+/// page lists.
 fn documented_metrics() -> Vec<String> {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/src/configuration.md");
     let start = readme
         .find("- **Metrics.**")
-        .expect("the README documents its metrics");
+        .expect("the configuration page documents the metrics");
     let rest = &readme[start + 2..];
     let paragraph = &rest[..rest.find("\n- **").unwrap_or(rest.len())];
     let mut names: Vec<String> = paragraph

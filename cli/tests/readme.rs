@@ -1,89 +1,118 @@
-//! The README's walk-throughs, followed in order as a new user would,
-//! against one fresh broker: every `$ ricochet …` command of the sections
-//! in [`SECTIONS`] runs through `sh` exactly as written (the `ricochet`
-//! binary first on the `PATH`, `RICOCHET_URL` pointing at the broker), and
-//! what it prints (stdout and stderr, interleaved as on a terminal) must be
-//! the README's output once what differs between runs is masked: times,
-//! durations and generated consumer and producer names (see [`mask`]). So a
-//! README command that stops working, or whose output changed, fails here.
-//! The commands whose output the README shows from another moment than
-//! "after the previous one" are run but not compared ([`NOT_COMPARED`]).
+//! The README's and the book's walk-throughs, followed in order as a new
+//! user would: for each page (`README.md`, `docs/src/*.md`) with a
+//! ```` ```console ```` block, one fresh broker, and every `$ ricochet …`
+//! command of the page runs through `sh` exactly as written (the `ricochet`
+//! binary first on the `PATH`, `RICOCHET_URL` pointing at the broker), in
+//! the page's order; what it prints (stdout and stderr, interleaved as on a
+//! terminal) must be what the page shows once what differs between runs is
+//! masked: times, durations and generated consumer and producer names (see
+//! [`mask`]). So a documented command that stops working, or whose output
+//! changed, fails here. Commands the page shows with only `…` as output
+//! are run and must succeed. The pages that need more than one
+//! standalone broker are not run ([`NOT_RUN`], with why), nor compared are
+//! the commands whose output a page shows from another moment than "after
+//! the previous one" ([`NOT_COMPARED`]). Console lines that are not a
+//! `ricochet` command (`cargo run`, `etcd`, `export`) are not run here.
+//!
+//! The same pages' links are checked by `docs_links`.
 
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
 use regex::Regex;
 use ricochet_testkit::InProcessBroker;
+use ricochet_testkit::docs::{self, Page};
 
-const README: &str = include_str!("../../README.md");
+/// Pages whose commands are not run, with why.
+const NOT_RUN: [(&str, &str); 2] = [
+    (
+        "docs/src/security.md",
+        "its commands need the TLS + token broker the page starts with openssl-made certificates; \
+         cli/tests/auth.rs runs the same commands (token create, auth grant|whoami, refusals, \
+         plaintext to a TLS port) against such a broker",
+    ),
+    (
+        "docs/src/cluster-clients.md",
+        "its output is from a cluster of brokers on etcd (b1, b2, b3); cli/tests/cluster.rs \
+         runs `cluster brokers|lookup|move|drain` against such a cluster \
+         (cluster_move_and_drain_on_a_real_cluster) and checks their tables",
+    ),
+];
 
-/// The sections run, in the README's order.
-const SECTIONS: [&str; 2] = ["Failure handling in five minutes", "Partitioned topics"];
+/// Commands run without comparing their output, with why: (page, the
+/// command's index among the page's commands, how it starts, why).
+const NOT_COMPARED: [(&str, usize, &str, &str); 4] = [
+    (
+        "docs/src/tour.md",
+        3,
+        "ricochet subscription stats",
+        "the first `subscription stats`: taken while step 3 runs, from another terminal",
+    ),
+    (
+        "docs/src/measuring.md",
+        0,
+        "ricochet perf produce",
+        "a measurement: the figures differ with every run and machine",
+    ),
+    (
+        "docs/src/measuring.md",
+        1,
+        "ricochet perf produce",
+        "a measurement: the figures differ with every run and machine",
+    ),
+    (
+        "docs/src/measuring.md",
+        2,
+        "ricochet perf redeliver",
+        "a measurement: the figures differ with every run and machine",
+    ),
+];
 
-/// Commands run without comparing their output, with why: the README shows
-/// what they print while step 3's consumer is still running ("from another
-/// terminal"), which a sequential run cannot reproduce.
-const NOT_COMPARED: [(usize, &str); 1] = [(
-    3,
-    "the first `subscription stats`: taken while step 3 runs, from another terminal",
-)];
-
-/// One `$ command` of a console block and the lines the README shows after it.
+/// One `$ command` of a console block and the lines the page shows after it.
 #[derive(Debug)]
 struct Step {
-    section: &'static str,
     command: String,
     expected: Vec<String>,
 }
 
-/// The text of `## name` up to the next `## ` heading.
-fn section(name: &str) -> &'static str {
-    let start = README
-        .find(&format!("\n## {name}\n"))
-        .unwrap_or_else(|| panic!("the README has no section {name:?}"));
-    let body = &README[start + 1..];
-    let end = body[3..].find("\n## ").map_or(body.len(), |e| e + 3);
-    &body[..end]
-}
-
-/// The commands of the ```` ```console ```` blocks of `name`, in order.
-fn steps(name: &'static str) -> Vec<Step> {
+/// The `$ ricochet …` commands of `page`'s console blocks, in order.
+fn steps(page: &Page) -> Vec<Step> {
     let mut out: Vec<Step> = Vec::new();
-    let mut in_block = false;
-    let mut continued = false;
-    for line in section(name).lines() {
-        let bare = line.trim_start();
-        if !in_block {
-            in_block = bare == "```console";
-            continue;
+    for block in page.code_blocks().iter().filter(|b| b.lang == "console") {
+        // Output after a command that is not run belongs to nobody.
+        let mut current: Option<Step> = None;
+        let mut continued = false;
+        for line in block.text.lines() {
+            if continued {
+                let step = current.as_mut().expect("a command being continued");
+                step.command.push('\n');
+                step.command.push_str(line);
+                continued = line.ends_with('\\');
+            } else if let Some(command) = line.strip_prefix("$ ") {
+                out.extend(current.take().filter(|s| is_ricochet(&s.command)));
+                current = Some(Step {
+                    command: command.to_owned(),
+                    expected: Vec::new(),
+                });
+                continued = command.ends_with('\\');
+            } else if let Some(step) = current.as_mut() {
+                step.expected.push(line.to_owned());
+            }
         }
-        if bare.starts_with("```") {
-            in_block = false;
-            continue;
-        }
-        if continued {
-            let step = out.last_mut().expect("a command being continued");
-            step.command.push('\n');
-            step.command.push_str(line);
-            continued = line.ends_with('\\');
-        } else if let Some(command) = line.strip_prefix("$ ") {
-            out.push(Step {
-                section: name,
-                command: command.to_owned(),
-                expected: Vec::new(),
-            });
-            continued = command.ends_with('\\');
-        } else if let Some(step) = out.last_mut() {
-            step.expected.push(line.to_owned());
-        }
+        out.extend(current.take().filter(|s| is_ricochet(&s.command)));
     }
     for step in &mut out {
         while step.expected.last().is_some_and(|l| l.trim().is_empty()) {
             step.expected.pop();
         }
     }
-    assert!(!out.is_empty(), "no console commands in {name:?}");
     out
+}
+
+/// A command of the `ricochet` CLI (not `ricochet-broker`, `cargo`…).
+fn is_ricochet(command: &str) -> bool {
+    command.starts_with("ricochet ")
 }
 
 /// `text`'s lines with what differs between runs masked and runs of spaces
@@ -109,8 +138,8 @@ fn mask(text: &[String]) -> Vec<String> {
 }
 
 /// Runs `command` through `sh` as a reader would type it; its output lines.
-async fn run(url: &str, dir: &std::path::Path, command: &str) -> (Vec<String>, bool) {
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ricochet"))
+async fn run(url: &str, dir: &Path, command: &str) -> (Vec<String>, bool) {
+    let bin = Path::new(env!("CARGO_BIN_EXE_ricochet"))
         .parent()
         .unwrap()
         .to_owned();
@@ -144,58 +173,112 @@ async fn run(url: &str, dir: &std::path::Path, command: &str) -> (Vec<String>, b
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_walk_throughs_work_as_written() {
+/// Follows one page against a fresh broker; what drifted, one entry each.
+async fn follow(page: &Page, steps: &[Step]) -> Vec<String> {
     let broker = InProcessBroker::start().await;
     let url = broker.url();
     let dir = tempfile::tempdir().unwrap();
-    let all: Vec<Step> = SECTIONS.into_iter().flat_map(steps).collect();
-    assert!(all.len() >= 19, "{all:#?}");
+    let name = page.path.display().to_string();
     let mut failures = Vec::new();
-    for (n, step) in all.iter().enumerate() {
+    for (n, step) in steps.iter().enumerate() {
         let (got, ok) = run(&url, dir.path(), &step.command).await;
         let refused = step.expected.iter().any(|l| l.starts_with("error: "));
         if !ok && !refused {
             failures.push(format!(
-                "[{}] step {n} `{}` failed:\n{}",
-                step.section,
+                "[{name}] step {n} `{}` failed:\n{}",
                 step.command,
                 got.join("\n")
             ));
             continue;
         }
-        if NOT_COMPARED.iter().any(|(i, _)| *i == n) {
+        let elided = step.expected == ["…"];
+        if elided
+            || NOT_COMPARED
+                .iter()
+                .any(|(p, i, _, _)| *p == name && *i == n)
+        {
             continue;
         }
         let (want, have) = (mask(&step.expected), mask(&got));
         if want != have {
             failures.push(format!(
-                "[{}] step {n} `{}`:\n--- README\n{}\n--- printed\n{}",
-                step.section,
+                "[{name}] step {n} `{}`:\n--- page\n{}\n--- printed\n{}",
                 step.command,
                 want.join("\n"),
                 have.join("\n")
             ));
         }
     }
-    for (i, why) in NOT_COMPARED {
+    failures
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_command_works_as_written() {
+    let pages = docs::pages();
+    let mut failures = Vec::new();
+    let mut followed = Vec::new();
+    for page in &pages {
+        let name = page.path.display().to_string();
+        let steps = steps(page);
+        if let Some((_, why)) = NOT_RUN.iter().find(|(p, _)| *p == name) {
+            assert!(
+                !steps.is_empty(),
+                "NOT_RUN lists {name} ({why}), which has no `$ ricochet` command now"
+            );
+            continue;
+        }
+        if steps.is_empty() {
+            continue;
+        }
+        for (p, i, start, why) in NOT_COMPARED.iter().filter(|(p, ..)| *p == name) {
+            assert!(
+                steps.get(*i).is_some_and(|s| s.command.starts_with(start)),
+                "NOT_COMPARED names step {i} of {p} ({why}), which is now {:?}",
+                steps.get(*i).map(|s| &s.command)
+            );
+        }
+        followed.push(format!("{name} ({} commands)", steps.len()));
+        failures.extend(follow(page, &steps).await);
+    }
+    for must in ["README.md", "docs/src/tour.md", "docs/src/retention.md"] {
         assert!(
-            all[i].command.starts_with("ricochet subscription stats"),
-            "NOT_COMPARED names step {i} ({why}), which is now `{}`",
-            all[i].command
+            followed.iter().any(|f| f.starts_with(must)),
+            "{must} was not followed: {followed:?}"
         );
     }
+    eprintln!("followed: {}", followed.join(", "));
     assert!(
         failures.is_empty(),
-        "the README's commands drifted:\n\n{}",
+        "the documented commands drifted:\n\n{}",
         failures.join("\n\n")
     );
 }
 
-/// The parser itself: commands, continuations, outputs with blank lines.
+/// Every relative link and `#anchor` of the README and the book resolves,
+/// and every page of the book is in its `SUMMARY.md`.
+#[test]
+fn docs_links() {
+    let pages = docs::pages();
+    assert!(pages.len() >= 15, "{} pages", pages.len());
+    let broken = docs::broken_links(&pages);
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    // Every page of the book is a chapter of it.
+    let summary = docs::page(Path::new("docs/src/SUMMARY.md"));
+    let chapters: Vec<String> = summary.links().into_iter().map(|l| l.dest).collect();
+    let orphans: Vec<String> = pages
+        .iter()
+        .filter(|p| p.path.starts_with("docs/src") && !p.path.ends_with("SUMMARY.md"))
+        .map(|p| p.path.file_name().unwrap().to_string_lossy().into_owned())
+        .filter(|name| !chapters.contains(name))
+        .collect();
+    assert!(orphans.is_empty(), "pages not in SUMMARY.md: {orphans:?}");
+}
+
+/// The parser itself: commands, continuations, outputs with blank lines,
+/// indented blocks, and commands that are not `ricochet`'s.
 #[test]
 fn console_blocks_parse_into_commands_and_outputs() {
-    let partitioned = steps("Partitioned topics");
+    let partitioned = steps(&docs::page(Path::new("docs/src/partitioned-topics.md")));
     assert_eq!(
         partitioned
             .iter()
@@ -208,12 +291,23 @@ fn console_blocks_parse_into_commands_and_outputs() {
         ]
     );
     assert_eq!(partitioned[1].expected.len(), 1);
-    let five = steps("Failure handling in five minutes");
-    let get = five
+    let tour = steps(&docs::page(Path::new("docs/src/tour.md")));
+    let get = tour
         .iter()
         .find(|s| s.command.starts_with("ricochet message get"))
         .unwrap();
     assert!(get.expected.iter().any(|l| l.is_empty()), "{get:?}");
+    // The retention page's backlog-quota block sits in a list item.
+    let retention = steps(&docs::page(Path::new("docs/src/retention.md")));
+    assert!(
+        retention
+            .iter()
+            .any(|s| s.command.contains("--quota-action drop-oldest")),
+        "{retention:#?}"
+    );
+    // The console page's broker start is not a `ricochet` command.
+    let console = steps(&docs::page(Path::new("docs/src/console.md")));
+    assert!(console.is_empty(), "{console:#?}");
     assert_eq!(
         mask(&["next retry due:       2026-11-29T15:02:44.018Z (in 544ms)".to_owned()]),
         vec!["next retry due: <time> (in <duration>)"]

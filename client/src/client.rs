@@ -255,6 +255,37 @@ impl Endpoints {
 /// Cheap to clone: clones share one `tonic` [`Channel`] (one HTTP/2
 /// connection, re-established on its own after a failure), which every
 /// producer and consumer made from the client multiplexes its stream over.
+///
+/// # Example
+///
+/// Connect, publish one message and read it back. The URL is a broker's
+/// (`http://127.0.0.1:6650` for one started with `cargo run --release -p
+/// ricochet-broker -- --data-dir ./data`); here a broker runs in the test.
+///
+/// ```
+/// # #[tokio::main] async fn main() -> ricochet_client::Result<()> {
+/// # let broker = ricochet_testkit::InProcessBroker::start().await;
+/// # let url = broker.url();
+/// use ricochet_client::{Client, InitialPosition};
+///
+/// let client = Client::connect(url).await?;
+/// let producer = client.producer("orders").create().await?;
+/// let id = producer.send("order 1").await?;
+/// assert_eq!(id.to_string(), "persistent://public/default/orders:0");
+///
+/// let mut consumer = client
+///     .consumer("orders")
+///     .subscription("billing")
+///     .initial_position(InitialPosition::Earliest)
+///     .subscribe()
+///     .await?;
+/// let msg = consumer.receive().await?;
+/// assert_eq!(msg.payload_str(), Some("order 1"));
+/// consumer.ack(&msg).await?;
+/// consumer.close().await?;
+/// producer.close().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Client {
     inner: Arc<ClientInner>,

@@ -74,6 +74,8 @@
 //! tier and delivers it when due. An unacked message past the [ack timeout](ConsumerBuilder::ack_timeout)
 //! is sent back like a nack. [`terminate`](Acker::terminate) dead-letters.
 
+#![warn(missing_docs)]
+
 pub mod admin;
 mod client;
 mod consumer;

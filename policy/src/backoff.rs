@@ -186,6 +186,32 @@ impl Backoff {
 /// Overrides: [`AttemptOverride::Delay(d)`](AttemptOverride::Delay) uses `d`;
 /// [`AttemptOverride::Level`] has no meaning for a backoff curve and is
 /// ignored (the policy decides, no error). Neither lifts the limit.
+///
+/// ```
+/// use std::time::Duration;
+/// use ricochet_policy::{
+///     BackoffPolicy, DeadLetterPolicy, Decision, FailureContext, FailureReason, MultiplierBackoff,
+///     Tier,
+/// };
+///
+/// // 1 s, 2 s, 4 s, 8 s, capped at 5 s; the 5th failure is dead-lettered.
+/// let curve = MultiplierBackoff {
+///     min: Duration::from_secs(1),
+///     max: Duration::from_secs(5),
+///     ..MultiplierBackoff::default()
+/// };
+/// let policy = BackoffPolicy::multiplier(curve, 4)?;
+/// let nack = |n| policy.decide(&FailureContext::new(n, FailureReason::Nack));
+/// assert_eq!(nack(1), Decision::Redeliver { after: Duration::from_secs(1), tier: Tier::Main });
+/// assert_eq!(nack(3).delay(), Some(Duration::from_secs(4)));
+/// assert_eq!(nack(4).delay(), Some(Duration::from_secs(5)));
+/// assert!(nack(5).is_dead_letter());
+///
+/// // A terminated message is dead-lettered whatever the attempt.
+/// let fixed = BackoffPolicy::fixed(Duration::from_secs(1), 3)?;
+/// assert!(fixed.decide(&FailureContext::new(1, FailureReason::Terminate)).is_dead_letter());
+/// # Ok::<(), ricochet_policy::PolicyError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BackoffPolicy {
     backoff: Backoff,

@@ -263,6 +263,28 @@ impl<'de> Deserialize<'de> for LevelTable {
 /// [`AttemptOverride::Delay(d)`](crate::AttemptOverride::Delay) uses `d`.
 /// Neither lifts the retry limit. A `start_level` must name a level of the
 /// table; attempts past the table's end use its last level.
+///
+/// ```
+/// use std::time::Duration;
+/// use ricochet_policy::{
+///     DeadLetterPolicy, Decision, DelayLevelPolicy, FailureContext, FailureReason, LevelTable, Tier,
+/// };
+///
+/// // Three retries after 1 s, 2 s and 4 s, then the dead-letter tier.
+/// let levels: LevelTable = "1s 2s 4s".parse()?;
+/// let policy = DelayLevelPolicy::new(levels, 1, 3)?;
+/// let later = |n| policy.decide(&FailureContext::new(n, FailureReason::ReconsumeLater));
+/// assert_eq!(later(1), Decision::Redeliver { after: Duration::from_secs(1), tier: Tier::Retry });
+/// assert_eq!(later(3).delay(), Some(Duration::from_secs(4)));
+/// assert!(later(4).is_dead_letter());
+///
+/// // RocketMQ's defaults: the first retry at level 3 (10 s), the 17th attempt dead-lettered.
+/// let rocketmq = DelayLevelPolicy::rocketmq();
+/// let nack = |n| rocketmq.decide(&FailureContext::new(n, FailureReason::Nack));
+/// assert_eq!(nack(1).delay(), Some(Duration::from_secs(10)));
+/// assert!(nack(17).is_dead_letter());
+/// # Ok::<(), ricochet_policy::PolicyError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DelayLevelPolicy {
     levels: LevelTable,

@@ -119,6 +119,8 @@
 //! # Ok::<(), PolicyError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod backoff;
 pub mod breaker;
 mod context;

@@ -3,15 +3,17 @@
 //! child process ([`BrokerProcess`], with SIGKILL, SIGTERM, SIGSTOP and
 //! SIGCONT), the broker binary's location from any crate ([`broker_bin`]),
 //! loopback ports ([`free_addr`]), wall clocks ([`now_ms`], [`now_us`]), a
-//! producer and consumer speaking the gRPC protocol directly ([`raw`]), and
+//! producer and consumer speaking the gRPC protocol directly ([`raw`]),
 //! calls carrying any bytes at all ([`wire`]), etcd with a cluster of
-//! broker processes for cluster tests ([`etcd`]), and a stand-in for a
-//! cluster's lookup service ([`FakeCluster`]).
+//! broker processes for cluster tests ([`etcd`]), a stand-in for a
+//! cluster's lookup service ([`FakeCluster`]), and the README and book
+//! pages with their code blocks and links ([`docs`]).
 //!
 //! A dev-dependency only: everything here panics on failure, as a test
 //! wants, unless its name says otherwise (`find_broker_bin`).
 
 pub mod clock;
+pub mod docs;
 pub mod etcd;
 pub mod fake_cluster;
 pub mod in_process;

@@ -102,6 +102,39 @@ use shared::{ACTIVE_NO, ACTIVE_YES, Cmd, Delivery};
 ///
 /// After [`close`](Self::close), `receive` and every settle method fail with
 /// [`ErrorKind::Closed`](crate::ErrorKind::Closed).
+///
+/// # Example
+///
+/// A failed message comes back after the subscription's policy's delay,
+/// its delivery count (stored by the broker) one higher; past the policy's
+/// limit it goes to the subscription's dead-letter tier.
+///
+/// ```
+/// # #[tokio::main] async fn main() -> ricochet_client::Result<()> {
+/// # let broker = ricochet_testkit::InProcessBroker::start().await;
+/// # let client = ricochet_client::Client::connect(broker.url()).await?;
+/// use ricochet_client::{InitialPosition, PolicySpec};
+///
+/// client.producer("orders").create().await?.send("order 1").await?;
+///
+/// let mut consumer = client
+///     .consumer("orders")
+///     .subscription("billing")
+///     .initial_position(InitialPosition::Earliest)
+///     // Redeliver 100 ms after a nack, at most 3 times, then dead-letter.
+///     .policy("backoff:fixed=100ms,max=3".parse::<PolicySpec>()?)
+///     .subscribe()
+///     .await?;
+/// let msg = consumer.receive().await?;
+/// assert_eq!(msg.delivery_count(), 0);
+/// consumer.nack_with_reason(&msg, "database busy").await?;
+///
+/// let again = consumer.receive().await?;
+/// assert_eq!((again.payload_str(), again.delivery_count()), (Some("order 1"), 1));
+/// consumer.ack(&again).await?;
+/// consumer.close().await?; // Ok once every ack is durable
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Consumer {
     rx: mpsc::UnboundedReceiver<Delivery>,

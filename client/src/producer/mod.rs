@@ -279,6 +279,40 @@ enum Cmd {
 /// closed by the [`close`](Self::close) of the last clone, or when the
 /// last clone is dropped (pending messages are then still sent, best
 /// effort); the `close` of a clone while others live only flushes.
+///
+/// # Example
+///
+/// [`send`](Self::send) waits for the broker's receipt (in the broker's
+/// default `sync` mode: the message is on disk); [`send_async`](Self::send_async)
+/// queues the message and returns a [`Receipt`] to await later, so many
+/// messages are in flight at once.
+///
+/// ```
+/// # #[tokio::main] async fn main() -> ricochet_client::Result<()> {
+/// # let broker = ricochet_testkit::InProcessBroker::start().await;
+/// # let client = ricochet_client::Client::connect(broker.url()).await?;
+/// use ricochet_client::OutgoingMessage;
+///
+/// let producer = client
+///     .producer("orders")
+///     .max_pending_messages(1000) // the queue bound send_async waits on
+///     .create()
+///     .await?;
+/// let first = producer
+///     .send(OutgoingMessage::builder("order 1").key("customer-7").property("source", "web"))
+///     .await?;
+/// assert_eq!(first.entry_id(), 0);
+///
+/// let mut receipts = Vec::new();
+/// for i in 2..=100 {
+///     receipts.push(producer.send_async(format!("order {i}")).await?);
+/// }
+/// for receipt in receipts {
+///     receipt.await?; // each message's id, once stored
+/// }
+/// producer.close().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Producer {
     inner: Inner,

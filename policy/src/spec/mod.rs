@@ -98,6 +98,25 @@ fn default_max_reconsume_times() -> u32 {
 ///
 /// Deserializing does not validate beyond the level table: call
 /// [`validate`](Self::validate) or [`build`](Self::build).
+///
+/// ```
+/// use std::time::Duration;
+/// use ricochet_policy::{FailureContext, FailureReason, PolicySpec};
+///
+/// // The same policy from a config file (TOML), a command line and code.
+/// let from_toml: PolicySpec =
+///     toml::from_str("type = \"backoff\"\nfixed = \"30s\"\nmax_redeliver_count = 5\n")?;
+/// let from_line: PolicySpec = "backoff:fixed=30s,max=5".parse()?;
+/// let from_code = PolicySpec::fixed_backoff(Duration::from_secs(30), 5);
+/// assert_eq!(from_toml, from_line);
+/// assert_eq!(from_line, from_code);
+/// assert_eq!(from_code.to_string(), "backoff:fixed=30s,max=5");
+///
+/// let policy = from_code.build()?;
+/// let sixth = policy.decide(&FailureContext::new(6, FailureReason::Nack));
+/// assert!(sixth.is_dead_letter());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum PolicySpec {
