@@ -63,6 +63,7 @@
 //! [[policies]]                   # default dead-letter policies by topic pattern
 //! topic = "persistent://public/default/orders*"
 //! policy = { type = "delay_levels" }
+//! breaker = { ratio = 0.5, window = 200 }   # optional outage breaker (docs: breaker.md)
 //! ```
 
 use crate::error::BrokerError;
@@ -186,6 +187,10 @@ pub struct PolicyRule {
     pub topic: String,
     /// The policy.
     pub policy: ricochet_policy::PolicySpec,
+    /// An outage breaker for the matching topics' subscriptions, e.g.
+    /// `breaker = { ratio = 0.5, window = 200 }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<ricochet_policy::BreakerSpec>,
 }
 
 impl PolicyRule {
@@ -486,6 +491,10 @@ impl BrokerConfig {
             rule.policy
                 .validate()
                 .map_err(|e| BrokerError::Config(format!("policy for {}: {e}", rule.topic)))?;
+            if let Some(b) = &rule.breaker {
+                b.validate()
+                    .map_err(|e| BrokerError::Config(format!("policy for {}: {e}", rule.topic)))?;
+            }
             if let Some(d) = rule.policy.max_delay().filter(|d| *d > self.max_delay) {
                 return Err(BrokerError::Config(format!(
                     "policy for {} waits up to {}, more than max_delay ({})",
@@ -524,6 +533,15 @@ impl BrokerConfig {
             .iter()
             .find(|r| r.matches(topic))
             .map(|r| &r.policy)
+    }
+
+    /// The configured outage breaker for `topic`: the first matching
+    /// rule's, if it has one.
+    pub fn breaker_for(&self, topic: &str) -> Option<&ricochet_policy::BreakerSpec> {
+        self.policies
+            .iter()
+            .find(|r| r.matches(topic))
+            .and_then(|r| r.breaker.as_ref())
     }
 }
 
@@ -653,8 +671,32 @@ mod tests {
         let rule = PolicyRule {
             topic: "persistent://public/default/ord*".into(),
             policy: ricochet_policy::PolicySpec::default(),
+            breaker: None,
         };
         assert!(rule.matches("persistent://public/default/orders"));
         assert!(!rule.matches("persistent://public/default/payments"));
+    }
+
+    #[test]
+    fn a_policy_rule_may_carry_a_breaker_which_is_validated() {
+        let text = r#"
+            [[policies]]
+            topic = "persistent://public/default/orders*"
+            policy = { type = "backoff", fixed = "10s", max_redeliver_count = 5 }
+            breaker = { ratio = 0.5, window = 200, min_settles = 20, probe_interval = "5s", max_probe_interval = "5m" }
+        "#;
+        let c: BrokerConfig = toml::from_str(text).unwrap();
+        let b = c
+            .breaker_for("persistent://public/default/orders-eu")
+            .unwrap();
+        assert_eq!((b.ratio, b.window), (Some(0.5), 200));
+        assert!(
+            c.breaker_for("persistent://public/default/payments")
+                .is_none()
+        );
+        let bad: BrokerConfig =
+            toml::from_str(&text.replace("ratio = 0.5", "ratio = 3.0")).unwrap();
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("ratio must be above 0"), "{e}");
     }
 }

@@ -139,6 +139,10 @@ impl BrokerLink for Link {
             core.emit_events(events);
         }
     }
+
+    fn configured_breaker(&self, topic: &str) -> Option<ricochet_policy::BreakerSpec> {
+        self.0.upgrade()?.config.breaker_for(topic).cloned()
+    }
 }
 
 impl BrokerCore {

@@ -37,6 +37,13 @@ pub enum EventKind {
     /// Key order: a key blocked past `poison_after`; its held messages went
     /// to the dead-letter tier.
     KeyPoisoned,
+    /// A subscription's outage breaker opened (tripped, a probe failed, or
+    /// forced): dispatch stopped.
+    BreakerOpened,
+    /// The breaker sent a probe message.
+    BreakerProbing,
+    /// The breaker closed (a probe was acked, or forced): dispatch resumed.
+    BreakerClosed,
 }
 
 impl EventKind {
@@ -49,6 +56,9 @@ impl EventKind {
             EventKind::KeyBlocked => "key_blocked",
             EventKind::KeyReleased => "key_released",
             EventKind::KeyPoisoned => "key_poisoned",
+            EventKind::BreakerOpened => "breaker_opened",
+            EventKind::BreakerProbing => "breaker_probing",
+            EventKind::BreakerClosed => "breaker_closed",
         }
     }
 }
@@ -65,14 +75,15 @@ pub struct FailureEvent {
     /// The subscription.
     pub subscription: String,
     /// Dead-lettered: the message's id in the dead-letter tier
-    /// (`<tier topic>:<entry id>`).
+    /// (`<tier topic>:<entry id>`). Breaker events: the probe, or the
+    /// message whose failure tripped it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message_id: Option<String>,
     /// Dead-lettered: where it came from (`<topic>:<entry id>`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub origin_id: Option<String>,
     /// Dead-lettered: why, as the consumer saw it (the last attempt's
-    /// detail, else its kind).
+    /// detail, else its kind). Breaker events: why it changed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cause: Option<String>,
     /// Dead-lettered: the policy's verdict.

@@ -776,3 +776,56 @@ async fn a_paced_replay_is_a_job_listed_on_the_subscription_and_cancelled_behind
     let (status, _) = get(&app, &sub_uri("/confirm/cancel-job", "s", "&job=999999")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+/// The outage breaker on the subscription page, forced open and closed
+/// behind a confirmation with a single-use token; a subscription without a
+/// breaker is refused (400) and nothing changes.
+#[tokio::test]
+async fn the_breaker_is_shown_and_forced_behind_a_confirmation() {
+    let b = InProcessBroker::start().await;
+    let app = ricochet_broker::console::router(b.core.clone());
+    let _c = RawConsumer::simple(&b.url(), TOPIC, "s", SubscriptionType::Shared).await;
+    let (status, _) = get(&app, &sub_uri("/confirm/breaker-open", "s", "")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "no breaker yet");
+    let spec: ricochet_policy::BreakerSpec = "breaker:failures=5,within=10s".parse().unwrap();
+    AdminClient::new(channel(&b.url()).await)
+        .set_policy(SetPolicyRequest {
+            topic: TOPIC.into(),
+            subscription: "s".into(),
+            policy: Some(ricochet_proto::DeadLetterPolicyConfig {
+                breaker: Some((&spec).into()),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    let text = |page: &str, id: &str| cell(page, id).rsplit('>').next().unwrap_or("").to_owned();
+    let state = |page: &str| text(page, "breaker-state");
+    let (_, page) = get(&app, &sub_uri("/subscription", "s", "")).await;
+    assert_eq!(state(&page), "closed", "{page}");
+    assert!(page.contains(&spec.to_string()), "{page}");
+    assert!(page.contains("/confirm/breaker-open?"), "{page}");
+
+    let (status, confirm) = get(&app, &sub_uri("/confirm/breaker-open", "s", "")).await;
+    assert_eq!(status, StatusCode::OK, "{confirm}");
+    assert!(confirm.contains("Force the breaker open?"), "{confirm}");
+    // Showing the confirmation changed nothing.
+    let (_, page) = get(&app, &sub_uri("/subscription", "s", "")).await;
+    assert_eq!(state(&page), "closed");
+    let token = token_of(&confirm);
+    let (status, done) = post(&app, &format!("token={token}")).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert!(done.contains("The breaker is open (forced open)"), "{done}");
+    let (_, page) = get(&app, &sub_uri("/subscription", "s", "")).await;
+    assert_eq!(state(&page), "open");
+    // The token is spent.
+    let (status, _) = post(&app, &format!("token={token}")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    let (_, confirm) = get(&app, &sub_uri("/confirm/breaker-close", "s", "")).await;
+    let (status, done) = post(&app, &format!("token={}", token_of(&confirm))).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    let (_, page) = get(&app, &sub_uri("/subscription", "s", "")).await;
+    assert_eq!(state(&page), "closed");
+    assert_eq!(text(&page, "breaker-mode"), "forced closed");
+}

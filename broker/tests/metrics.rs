@@ -209,12 +209,67 @@ async fn retry_and_dead_letter_series_move_with_a_scripted_scenario() {
     // So is every series the shipped alerting rules and dashboard use, but
     // the two only a refused limit and a count of connections produce
     // (checked in `limit_rejections_and_connections_are_counted`).
-    assert_deployed_in(&after, |name| !ONLY_UNDER_LIMITS.contains(&name));
+    assert_deployed_in(&after, |name| {
+        !ONLY_UNDER_LIMITS.contains(&name) && !ONLY_WITH_A_BREAKER.contains(&name)
+    });
     broker.kill9();
 }
 
 /// Deployed series this file's failure scenario does not produce.
 const ONLY_UNDER_LIMITS: [&str; 2] = ["ricochet_limit_rejections_total", "ricochet_connections"];
+
+/// Deployed series only a subscription with an outage breaker exports
+/// (checked in `breaker_state_and_trips_are_exported`).
+const ONLY_WITH_A_BREAKER: [&str; 2] = ["ricochet_breaker_state", "ricochet_breaker_trips_total"];
+
+/// A subscription's outage breaker: its state gauge (0 closed, 1 open) and
+/// its trips counter follow an operator forcing it open and closed.
+#[tokio::test]
+async fn breaker_state_and_trips_are_exported() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = free_addr();
+    let broker = BrokerProcess::spawn(dir.path(), &options().metrics_listen(metrics)).await;
+    let url = broker.url();
+    let _c = RawConsumer::simple(url, "guarded", "s", SubscriptionType::Shared).await;
+    let mut admin = ricochet_proto::admin_client::AdminClient::new(channel(url).await);
+    admin
+        .set_policy(SetPolicyRequest {
+            topic: "guarded".into(),
+            subscription: "s".into(),
+            policy: Some(DeadLetterPolicyConfig {
+                breaker: Some(BreakerConfig {
+                    failures: 3,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    let force = |mode: BreakerMode| SetBreakerRequest {
+        topic: "guarded".into(),
+        subscription: "s".into(),
+        mode: mode as i32,
+    };
+    let sub = "subscription=\"s\"";
+    let m = parse(&scrape(metrics).await);
+    assert_eq!(value(&m, "ricochet_breaker_state", &[sub]), 0.0);
+    admin
+        .set_breaker(force(BreakerMode::ForcedOpen))
+        .await
+        .unwrap();
+    let m = parse(&scrape(metrics).await);
+    assert_eq!(value(&m, "ricochet_breaker_state", &[sub]), 1.0);
+    assert_eq!(value(&m, "ricochet_breaker_trips_total", &[sub]), 1.0);
+    assert_deployed_in(&m, |name| ONLY_WITH_A_BREAKER.contains(&name));
+    admin
+        .set_breaker(force(BreakerMode::ForcedClosed))
+        .await
+        .unwrap();
+    let m = parse(&scrape(metrics).await);
+    assert_eq!(value(&m, "ricochet_breaker_state", &[sub]), 0.0);
+    broker.kill9();
+}
 
 /// The series names `deploy/` (Prometheus rules, Grafana dashboard) uses.
 fn deployed_metrics() -> Vec<String> {

@@ -284,6 +284,7 @@ pub(crate) async fn subscriptions(ctx: &mut Ctx<'_>, c: SubscriptionsCommand) ->
             writeln!(ctx.out, "deleted subscription {subscription} of {topic}")?;
             Ok(())
         }
+        SubscriptionsCommand::Breaker(a) => crate::breaker::force(ctx, a).await,
     }
 }
 
@@ -328,6 +329,9 @@ struct PolicyView {
     /// Per-key ordered retries, when on.
     #[serde(skip_serializing_if = "Option::is_none")]
     key_order: Option<ricochet_policy::KeyOrder>,
+    /// The outage breaker in force, compact form.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    breaker: Option<String>,
 }
 
 impl PolicyView {
@@ -351,6 +355,11 @@ impl PolicyView {
             },
             spec: policy.as_ref().map(ToString::to_string),
             policy,
+            breaker: cfg
+                .breaker
+                .as_ref()
+                .and_then(|b| ricochet_policy::BreakerSpec::try_from(b).ok())
+                .map(|b| b.to_string()),
             retry_topic: cfg.retry_topic,
             dead_letter_topic: cfg.dead_letter_topic,
             key_order: cfg.key_order.as_ref().map(Into::into),
@@ -370,6 +379,9 @@ impl PolicyView {
             .kv("source", &self.source);
         if let Some(k) = &self.key_order {
             b.kv("ordering", k.to_string());
+        }
+        if let Some(br) = &self.breaker {
+            b.kv("breaker", br);
         }
         if !self.retry_topic.is_empty() {
             b.kv("retry topic", &self.retry_topic);
@@ -416,6 +428,9 @@ struct ExplainView {
     rows: Vec<ExplainRowView>,
     /// True when the schedule was cut before a dead letter.
     truncated: bool,
+    /// `--breaker`, described.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    breaker: Option<crate::breaker::BreakerExplainView>,
 }
 
 fn ms(d: std::time::Duration) -> u64 {
@@ -424,7 +439,11 @@ fn ms(d: std::time::Duration) -> u64 {
 
 pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
     match c {
-        PolicyCommand::Explain { spec, reason } => {
+        PolicyCommand::Explain {
+            spec,
+            reason,
+            breaker,
+        } => {
             let p = spec.build().map_err(|e| {
                 CliError::Usage(format!(
                     "cannot explain {spec}: {e} (named policies are only known to the broker that registers them)"
@@ -433,6 +452,9 @@ pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
             let reason = reason.unwrap_or_else(|| default_reason(&*p));
             if !ctx.json() {
                 write!(ctx.out, "{}", explain_table(&*p, reason))?;
+                if let Some(b) = &breaker {
+                    crate::breaker::explain(ctx.out, b)?;
+                }
                 return Ok(());
             }
             let rows = explain(&*p, reason);
@@ -441,6 +463,9 @@ pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
                 policy: spec.to_string(),
                 reason,
                 truncated,
+                breaker: breaker
+                    .as_ref()
+                    .map(crate::breaker::BreakerExplainView::new),
                 rows: rows
                     .into_iter()
                     .map(|r| {
@@ -476,23 +501,24 @@ pub(crate) async fn policy(ctx: &mut Ctx<'_>, c: PolicyCommand) -> Result<()> {
             clear,
             key_order,
             poison_key_after,
+            breaker,
         } => {
             let (topic, sub) = (&target.topic, &target.subscription);
             let key_order = key_order.then_some(ricochet_policy::KeyOrder {
                 poison_after: poison_key_after,
             });
             let admin = ctx.admin().await?;
-            let r = match (spec, clear, key_order) {
-                (s, false, Some(k)) => {
+            let r = match (spec, clear, key_order, breaker) {
+                (None, true, None, None) => admin.clear_policy(topic, sub).await?,
+                (Some(s), false, None, None) => admin.set_policy(topic, sub, &s).await?,
+                (s, false, k, b) if k.is_some() || b.is_some() => {
                     admin
-                        .set_policy_with_key_order(topic, sub, s.as_ref(), k)
+                        .set_policy_options(topic, sub, s.as_ref(), k, b.as_ref())
                         .await?
                 }
-                (Some(s), false, None) => admin.set_policy(topic, sub, &s).await?,
-                (None, true, None) => admin.clear_policy(topic, sub).await?,
                 _ => {
                     return Err(CliError::Usage(
-                        "give a SPEC, --key-order or --clear".into(),
+                        "give a SPEC, --key-order, --breaker or --clear".into(),
                     ));
                 }
             };

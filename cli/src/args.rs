@@ -188,8 +188,18 @@ pub struct EventsArgs {
     /// Only events of this subscription.
     #[arg(long)]
     pub subscription: Option<String>,
-    /// Only events of this kind: dead_lettered, replayed or purged.
-    #[arg(long, value_parser = ["dead_lettered", "replayed", "purged", "key_blocked", "key_released", "key_poisoned"])]
+    /// Only events of this kind.
+    #[arg(long, value_parser = [
+        "dead_lettered",
+        "replayed",
+        "purged",
+        "breaker_opened",
+        "breaker_probing",
+        "breaker_closed",
+        "key_blocked",
+        "key_released",
+        "key_poisoned",
+    ])]
     pub kind: Option<String>,
     /// Keep waiting for new events (until Ctrl-C).
     #[arg(short = 'f', long)]
@@ -363,6 +373,8 @@ pub enum SubscriptionsCommand {
         #[arg(short = 'y', long)]
         yes: bool,
     },
+    /// Force the outage breaker open or closed, or back to its rules.
+    Breaker(crate::breaker::BreakerArgs),
 }
 
 /// `message …`.
@@ -627,6 +639,9 @@ pub enum PolicyCommand {
         /// delay levels, `nack` otherwise.
         #[arg(long, value_parser = parse_reason)]
         reason: Option<FailureReason>,
+        /// Also describe an outage breaker (`breaker:ratio=0.5,window=200`).
+        #[arg(long, value_name = "BREAKER", value_parser = crate::breaker::parse_breaker)]
+        breaker: Option<ricochet_policy::BreakerSpec>,
     },
     /// The policy in force on a subscription and where it came from.
     Get {
@@ -639,10 +654,11 @@ pub enum PolicyCommand {
         #[command(flatten)]
         target: SubscriptionArgs,
         /// The policy spec.
-        #[arg(value_parser = parse_policy, required_unless_present_any = ["clear", "key_order"])]
+        #[arg(value_parser = parse_policy, required_unless_present_any = ["clear", "key_order", "breaker"])]
         spec: Option<PolicySpec>,
-        /// Remove the operator's policy (the client's or config's applies again).
-        #[arg(long, conflicts_with_all = ["spec", "key_order"])]
+        /// Remove the operator's policy, key order and breaker (the
+        /// client's or config's apply again).
+        #[arg(long, conflicts_with_all = ["spec", "key_order", "breaker"])]
         clear: bool,
         /// Keep per-key order through retries (Key_Shared, Failover,
         /// Exclusive): later messages of a key wait while one is retried.
@@ -652,6 +668,11 @@ pub enum PolicyCommand {
         /// failed and held messages to the dead-letter tier.
         #[arg(long, value_parser = parse_duration, requires = "key_order")]
         poison_key_after: Option<Duration>,
+        /// An outage breaker (`breaker:ratio=0.5,window=200,probe=5s`). The
+        /// operator's policy, key order and breaker are set together:
+        /// without it, the subscription keeps no breaker of the operator's.
+        #[arg(long, value_name = "BREAKER", value_parser = crate::breaker::parse_breaker)]
+        breaker: Option<ricochet_policy::BreakerSpec>,
     },
 }
 

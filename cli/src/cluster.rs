@@ -92,6 +92,7 @@ pub(crate) fn topic_of(cmd: &Command) -> Option<String> {
             SubscriptionsCommand::List { topic }
             | SubscriptionsCommand::Stats { topic, .. }
             | SubscriptionsCommand::Delete { topic, .. } => t(topic),
+            SubscriptionsCommand::Breaker(a) => t(&a.topic),
         },
         Command::Message(MessageCommand::Get { topic, .. }) => t(topic),
         Command::Policy(c) => match c {

@@ -92,6 +92,10 @@ fn line(e: &Value) -> String {
             e["attempts"].as_u64().unwrap_or(0),
             s("consumer"),
         ),
+        Some(k) if k.starts_with("breaker_") => match e["message_id"].as_str() {
+            Some(m) => format!("{head}  {:?}  message={m}", s("cause")),
+            None => format!("{head}  {:?}", s("cause")),
+        },
         _ => {
             let ids: Vec<String> = e["dead_letter_ids"]
                 .as_array()
@@ -129,6 +133,15 @@ mod tests {
             "dead_letter_ids": [1, 2], "by": "ops"
         });
         assert!(line(&purged).ends_with("2 dead letter(s) [1 2] by ops"));
+        let opened = serde_json::json!({
+            "kind": "breaker_opened", "time_ms": 0, "topic": "t", "subscription": "s",
+            "cause": "10 of the last 10 settles failed", "message_id": "t:7"
+        });
+        let l = line(&opened);
+        assert!(
+            l.ends_with("breaker_opened  t s  \"10 of the last 10 settles failed\"  message=t:7"),
+            "{l}"
+        );
     }
 
     #[test]

@@ -30,6 +30,7 @@ use ricochet_client::Client;
 mod admin;
 pub mod args;
 pub mod auth;
+pub mod breaker;
 pub mod cluster;
 mod confirm;
 mod dlq;

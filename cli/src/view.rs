@@ -319,6 +319,9 @@ pub struct SubscriptionStatsView {
     pub dead_letter_topic: String,
     /// Connected consumers.
     pub consumers: Vec<ConsumerView>,
+    /// The outage breaker, if the subscription has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<crate::breaker::BreakerView>,
     /// Key order's blocked keys, when key order is on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_order: Option<KeyOrderView>,
@@ -401,6 +404,10 @@ impl SubscriptionStatsView {
                     })
                     .collect(),
             }),
+            breaker: s
+                .breaker
+                .as_ref()
+                .map(crate::breaker::BreakerView::from_proto),
         }
     }
 
@@ -471,6 +478,9 @@ impl SubscriptionStatsView {
                     ),
                 );
             }
+        }
+        if let Some(br) = &self.breaker {
+            b.kv("breaker", br.summary());
         }
         b.write(out, 0)?;
         if !self.consumers.is_empty() {

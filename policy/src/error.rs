@@ -185,6 +185,11 @@ pub enum PolicyError {
          reconsume_later, terminate"
     )]
     UnknownFailureReason(String),
+
+    /// An outage-breaker setting out of range (see
+    /// [`BreakerSpec`](crate::BreakerSpec)).
+    #[error("breaker: {0}")]
+    InvalidBreaker(String),
 }
 
 #[cfg(test)]

@@ -122,6 +122,7 @@
 #![warn(missing_docs)]
 
 mod backoff;
+pub mod breaker;
 mod context;
 mod delay_levels;
 mod error;
@@ -132,6 +133,10 @@ mod registry;
 pub mod spec;
 
 pub use backoff::{Backoff, BackoffPolicy, DEFAULT_NACK_DELAY, MIN_FIXED_DELAY, MultiplierBackoff};
+pub use breaker::{
+    Breaker, BreakerMode, BreakerPhase, BreakerSnapshot, BreakerSpec, Gate, Settle, Transition,
+    TripCause,
+};
 pub use context::{AttemptOverride, Decision, FailureContext, FailureReason, Tier, jitter_seed};
 pub use delay_levels::{
     DEFAULT_LEVELS, DEFAULT_MAX_RECONSUME_TIMES, DEFAULT_START_LEVEL, DelayLevelPolicy, LevelTable,

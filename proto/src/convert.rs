@@ -132,10 +132,8 @@ impl From<&PolicySpec> for DeadLetterPolicyConfig {
             }
         };
         DeadLetterPolicyConfig {
-            retry_topic: String::new(),
-            dead_letter_topic: String::new(),
             kind: Some(kind),
-            key_order: None,
+            ..Default::default()
         }
     }
 }

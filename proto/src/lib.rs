@@ -49,6 +49,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 pub use names::{MAX_GRPC_MESSAGE_BYTES, UnknownName, counted_size};
 pub use v1::*;
 
+pub mod breaker;
 pub mod codec;
 pub mod convert;
 pub mod error_details;

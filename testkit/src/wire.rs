@@ -17,7 +17,7 @@ pub mod methods {
     /// The consumer stream.
     pub const CONSUME: &str = "/ricochet.v1.Broker/Consume";
     /// Every admin RPC (all unary).
-    pub const ADMIN: [&str; 16] = [
+    pub const ADMIN: [&str; 17] = [
         "/ricochet.v1.Admin/ListTopics",
         "/ricochet.v1.Admin/CreateTopic",
         "/ricochet.v1.Admin/DeleteTopic",
@@ -34,6 +34,7 @@ pub mod methods {
         "/ricochet.v1.Admin/GroupDeadLetters",
         "/ricochet.v1.Admin/ListReplayJobs",
         "/ricochet.v1.Admin/CancelReplayJob",
+        "/ricochet.v1.Admin/SetBreaker",
     ];
 }
 

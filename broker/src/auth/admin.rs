@@ -44,7 +44,7 @@ pub fn required(method: &str) -> Option<Requirement> {
         | "Admin/ListSubscriptions"
         | "Admin/SubscriptionStats"
         | "Admin/GetPolicy" => R::Visible,
-        "Admin/SetPolicy" => R::Permission(Policy),
+        "Admin/SetPolicy" | "Admin/SetBreaker" => R::Permission(Policy),
         "Admin/GetMessage" => R::Permission(Consume),
         "Admin/ListDeadLetters"
         | "Admin/ReplayDeadLetters"
@@ -449,6 +449,31 @@ impl Admin for AuthorizedAdmin {
         }
         let resp = self.inner.cancel_replay_job(r).await?;
         tracing::info!(target: AUDIT, role = who(p.as_ref()), action = "cancel-replay-job", job = id, %topic);
+        Ok(resp)
+    }
+
+    async fn set_breaker(
+        &self,
+        r: Request<SetBreakerRequest>,
+    ) -> Result<Response<BreakerStatus>, Status> {
+        let (topic, sub, mode) = (
+            r.get_ref().topic.clone(),
+            r.get_ref().subscription.clone(),
+            r.get_ref().mode,
+        );
+        let p = self.check(&r, "Admin/SetBreaker", &topic)?;
+        self.route(&topic, false).await?;
+        let resp = self.inner.set_breaker(r).await?;
+        tracing::info!(
+            target: AUDIT,
+            role = who(p.as_ref()),
+            action = "set-breaker",
+            %topic,
+            subscription = %sub,
+            mode,
+            state = %resp.get_ref().state,
+            "breaker forced"
+        );
         Ok(resp)
     }
 }

@@ -49,6 +49,8 @@ enum Action {
     Purge,
     /// Cancel a replay job.
     CancelJob,
+    /// Force the outage breaker (or hand it back to its rules).
+    Breaker(ricochet_proto::BreakerMode),
 }
 
 impl Action {
@@ -57,7 +59,7 @@ impl Action {
             "replay" => Some(Self::Replay),
             "purge" => Some(Self::Purge),
             "cancel-job" => Some(Self::CancelJob),
-            _ => None,
+            other => super::breaker::parse(other).map(Self::Breaker),
         }
     }
 
@@ -67,6 +69,7 @@ impl Action {
             Self::Edit => "Edit and replay",
             Self::Purge => "Discard",
             Self::CancelJob => "Cancel",
+            Self::Breaker(mode) => super::breaker::verb(mode),
         }
     }
 }
@@ -206,8 +209,12 @@ fn replay_choices(topic: &str, sub: &str, others: &[String]) -> Markup {
 
 /// The confirmation page around a held plan.
 fn confirmation(title: &str, what: Markup, plan: Plan, st: &ConsoleState, extra: Markup) -> Page {
+    let page = match plan.action {
+        Action::Breaker(_) => "/subscription",
+        _ => "/dead-letters",
+    };
     let back = link(
-        "/dead-letters",
+        page,
         &[("topic", plan.topic.as_str()), ("sub", plan.sub.as_str())],
     );
     let action = plan.action;
@@ -226,6 +233,7 @@ fn confirmation(title: &str, what: Markup, plan: Plan, st: &ConsoleState, extra:
                     Action::Edit => button.go #confirm type="submit" { "Apply the edit and replay" },
                     Action::Purge => button.danger #confirm type="submit" { "Discard " (n) " now" },
                     Action::CancelJob => button.danger #confirm type="submit" { "Cancel the job" },
+                    Action::Breaker(_) => button.danger #confirm type="submit" { (action.verb()) },
                 }
                 " "
                 a #cancel href=(back) { "Back" }
@@ -274,9 +282,22 @@ pub(crate) async fn confirm(
     Query(p): Query<Params>,
 ) -> Page {
     let action = Action::parse(&action).ok_or_else(|| {
-        ConsoleError::not_found("no such action: use replay, purge or cancel-job")
+        ConsoleError::not_found(
+            "no such action: use replay, purge, cancel-job or breaker-open|close|auto",
+        )
     })?;
     let (topic, sub) = (p.topic()?, p.sub()?);
+    if let Action::Breaker(mode) = action {
+        let what = super::breaker::confirm_text(&st, topic, sub, mode).await?;
+        let title = format!("{}?", action.verb());
+        return confirmation(
+            &title,
+            what,
+            Plan::new(action, topic, sub, Vec::new()),
+            &st,
+            html! {},
+        );
+    }
     if action == Action::CancelJob {
         return confirm_cancel(&st, topic, sub, &p.job).await;
     }
@@ -726,6 +747,7 @@ pub(crate) async fn perform(State(st): State<ConsoleState>, body: Bytes) -> Page
                 }
             }
         }
+        Action::Breaker(mode) => super::breaker::perform(&st, topic, sub, mode).await?,
         Action::CancelJob => {
             st.api.cancel_replay_job(&plan.topic, plan.job).await?;
             tracing::info!(

@@ -313,6 +313,24 @@ impl ConsoleApi {
         Ok(())
     }
 
+    /// Forces the subscription's outage breaker (or hands it back).
+    pub(crate) async fn set_breaker(
+        &self,
+        topic: &str,
+        sub: &str,
+        mode: BreakerMode,
+    ) -> ApiResult<BreakerStatus> {
+        let r = self
+            .admin
+            .set_breaker(Request::new(SetBreakerRequest {
+                topic: topic.to_owned(),
+                subscription: sub.to_owned(),
+                mode: mode as i32,
+            }))
+            .await?;
+        Ok(r.into_inner())
+    }
+
     /// Discards exactly the dead letters `ids`; how many went. An empty
     /// `ids` is refused, as for [`replay`](Self::replay).
     pub(crate) async fn purge(&self, topic: &str, sub: &str, ids: &[u64]) -> ApiResult<u64> {

@@ -38,6 +38,7 @@
 
 mod actions;
 mod api;
+mod breaker;
 mod charts;
 mod key_order;
 mod pages;

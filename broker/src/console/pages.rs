@@ -367,6 +367,7 @@ pub(crate) async fn subscription(State(st): State<ConsoleState>, Query(p): Query
                     td.n { (s.mark_delete_position) }
                 }
             }
+            (super::breaker::section(&s, topic, sub))
             p {
                 "Retry tier " code { (s.retry_topic) } ", dead-letter tier " code { (s.dead_letter_topic) } ". "
                 a href=(sub_link("/dead-letters", topic, sub)) { "Dead letters →" }

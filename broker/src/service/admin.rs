@@ -266,7 +266,8 @@ impl Admin for AdminService {
         // Other names would be ignored, so they are refused.
         let s = SubscriptionName::parse(&r.subscription)?;
         self.core.check_tiers(&t, &s, &tiers)?;
-        let info = h.set_policy(spec, key_order).await?;
+        let breaker = super::breaker::requested(r.policy.as_ref())?;
+        let info = h.set_policy(spec, key_order, breaker).await?;
         self.core.flusher.durable().await?;
         Ok(Response::new(wire::policy_response(info)))
     }
@@ -406,6 +407,15 @@ impl Admin for AdminService {
     ) -> Result<Response<CancelReplayJobResponse>, Status> {
         Ok(Response::new(
             dead_letters::cancel_job(&self.core, r.into_inner()).await?,
+        ))
+    }
+
+    async fn set_breaker(
+        &self,
+        r: Request<SetBreakerRequest>,
+    ) -> Result<Response<BreakerStatus>, Status> {
+        Ok(Response::new(
+            super::breaker::set(&self.core, r.into_inner()).await?,
         ))
     }
 }

@@ -2,6 +2,7 @@
 //! streams) and the control plane ([`AdminService`]).
 
 mod admin;
+mod breaker;
 mod cluster;
 mod consume;
 mod dead_letters;

@@ -21,16 +21,18 @@ pub(super) fn attempts(f: &FailureRecord) -> Vec<Attempt> {
     f.attempts.iter().map(attempt).collect()
 }
 
-/// The policy in force on the wire: its spec and key order (a config
-/// without a `kind` when only key order is on); `None` with neither.
+/// The policy in force on the wire: its spec, key order and breaker (a
+/// config without a `kind` when only those are set); `None` with none.
 pub(super) fn policy_config(info: &PolicyInfo) -> Option<DeadLetterPolicyConfig> {
     let key_order = info.key_order.as_ref().map(Into::into);
+    let breaker = info.breaker.as_ref().map(Into::into);
     let mut policy = match &info.spec {
         Some(s) => DeadLetterPolicyConfig::from(s),
-        None if key_order.is_some() => DeadLetterPolicyConfig::default(),
+        None if key_order.is_some() || breaker.is_some() => DeadLetterPolicyConfig::default(),
         None => return None,
     };
     policy.key_order = key_order;
+    policy.breaker = breaker;
     Some(policy)
 }
 
@@ -95,5 +97,6 @@ pub(super) fn subscription_stats(s: SubscriptionStats) -> SubscriptionStatsRespo
                 held: b.held,
             })
             .collect(),
+        breaker: s.breaker.as_ref().map(super::breaker::status),
     }
 }

@@ -150,6 +150,13 @@ pub struct SubscriptionRecord {
     /// again by reading the unacked log.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub blocked_keys: BTreeMap<String, BlockedKey>,
+    /// The operator's outage breaker, if any (the config's rule applies
+    /// without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<ricochet_policy::BreakerSpec>,
+    /// The breaker's state, so an open breaker stays open across restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker_state: Option<ricochet_policy::BreakerSnapshot>,
 }
 
 /// A key held back by key order.
@@ -182,6 +189,8 @@ impl SubscriptionRecord {
             created_ms: 0,
             key_order: None,
             blocked_keys: BTreeMap::new(),
+            breaker: None,
+            breaker_state: None,
         }
     }
 

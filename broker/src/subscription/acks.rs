@@ -65,6 +65,7 @@ impl SubscriptionActor {
             Ok(e) => e,
             Err(e) => return self.reply(consumer, request_id, Err(e.into())),
         };
+        self.breaker_acked(&entries, cumulative);
         let mut cleanup = Cleanup::default();
         for entry in entries {
             if cumulative {

@@ -3,13 +3,14 @@
 //! [`Command`] on the actor's channel; those that need an answer carry a
 //! reply channel. The actor stops once every handle is gone.
 
+use super::breaker::BreakerStats;
 use super::requests::{
     ConsumerId, ConsumerRequest, ConsumerSpec, MessageRef, MessageStatus, PolicyInfo,
 };
 use super::stats::{StatsSnapshot, SubscriptionStats};
 use crate::error::{BrokerError, Result};
 use crate::storage::{DeadLetterRecord, Storage, TierEntry};
-use ricochet_policy::PolicySpec;
+use ricochet_policy::{BreakerMode, BreakerSpec, PolicySpec};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
@@ -35,8 +36,12 @@ pub(super) enum Command {
     SetPolicy(
         Option<PolicySpec>,
         Option<ricochet_policy::KeyOrder>,
+        Option<BreakerSpec>,
         oneshot::Sender<Result<PolicyInfo>>,
     ),
+    /// An operator forces the outage breaker open or closed, or hands it
+    /// back to its rules.
+    SetBreaker(BreakerMode, oneshot::Sender<Result<BreakerStats>>),
     /// State of one main-topic entry.
     MessageStatus(u64, oneshot::Sender<MessageStatus>),
     /// Replay dead letters (by DLQ entry id) as the order says: into the
@@ -116,14 +121,24 @@ impl SubscriptionHandle {
         self.ask(Command::GetPolicy).await
     }
 
-    /// Sets (or with `None` clears) the operator's policy.
-    /// With it, key order is set (`None`: off); see [`ricochet_policy::KeyOrder`].
+    /// Sets (or with `None` clears) the operator's policy, with key order
+    /// (`None`: off; see [`ricochet_policy::KeyOrder`]) and the outage
+    /// breaker (`None`: no breaker of the operator's).
     pub async fn set_policy(
         &self,
         spec: Option<PolicySpec>,
         key_order: Option<ricochet_policy::KeyOrder>,
+        breaker: Option<BreakerSpec>,
     ) -> Result<PolicyInfo> {
-        self.ask(|r| Command::SetPolicy(spec, key_order, r)).await?
+        self.ask(|r| Command::SetPolicy(spec, key_order, breaker, r))
+            .await?
+    }
+
+    /// Forces the outage breaker open or closed, or back to auto; stored
+    /// (not yet flushed) when it answers. FAILED_PRECONDITION without a
+    /// breaker.
+    pub async fn set_breaker(&self, mode: BreakerMode) -> Result<BreakerStats> {
+        self.ask(|r| Command::SetBreaker(mode, r)).await?
     }
 
     /// Where main-topic entry `entry_id` stands in this subscription.

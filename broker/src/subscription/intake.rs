@@ -67,8 +67,26 @@ impl SubscriptionActor {
         if self.consumers.get(consumer).is_none() {
             return;
         }
+        let held: Vec<TierEntry> = self
+            .deliveries
+            .held(consumer)
+            .into_iter()
+            .map(|(entry, _)| entry)
+            .collect();
+        for entry in &held {
+            self.breaker_released(*entry);
+        }
+        self.give_back(held);
+        self.consumers.remove(consumer);
+        self.consumers.elect(self.rec.sub_type, None);
+    }
+
+    /// Takes `entries` out of flight and makes them dispatchable again
+    /// where they were (ready, or due at their schedule time), with their
+    /// delivery counts unchanged.
+    pub(super) fn give_back(&mut self, entries: Vec<TierEntry>) {
         let mut back = Vec::new();
-        for (entry, _) in self.deliveries.held(consumer) {
+        for entry in entries {
             match self.release(entry).flatten() {
                 Some(due) => {
                     self.deliveries.due.insert(entry, due);
@@ -77,8 +95,6 @@ impl SubscriptionActor {
             }
         }
         self.load_into_ready(back);
-        self.consumers.remove(consumer);
-        self.consumers.elect(self.rec.sub_type, None);
     }
 
     /// Redeliver now: after a nack's client-held delay, or an ack timeout.
@@ -244,7 +260,10 @@ impl SubscriptionActor {
 
     /// Counts each failure, asks the planner, then redelivers or moves.
     /// `reconsume` sends redeliveries through the retry tier.
+    /// Failures the outage breaker spares (it is open) go back unchanged.
     pub(super) async fn fail(&mut self, failures: Vec<Failure>, reconsume: bool) -> Result<()> {
+        let (failures, spared) = self.breaker_screen(failures);
+        self.give_back_spared(spared);
         let now = self.deps.clock.now_ms();
         let mut in_place = Vec::new();
         let mut to_retry = Vec::new();

@@ -25,9 +25,10 @@
 //! Map: [`handle`] (the API), [`requests`] (the consumer boundary),
 //! [`consumers`], [`dispatch`], [`delivery`], [`acks`], [`intake`] (failure
 //! requests), [`failure`] (the planner), [`tiers`] (moves), [`read_ahead`],
-//! [`replay`], [`policy`], [`stats`], [`key_order`].
+//! [`replay`], [`policy`], [`stats`], [`key_order`], [`breaker`] (the outage breaker).
 
 mod acks;
+mod breaker;
 mod consumers;
 mod delivery;
 mod dispatch;
@@ -43,6 +44,7 @@ mod retention;
 mod stats;
 mod tiers;
 
+pub use breaker::BreakerStats;
 pub use handle::SubscriptionHandle;
 pub use requests::{
     ConsumerEvent, ConsumerId, ConsumerRequest, ConsumerSpec, ConsumerTx, FailedItem, MessageRef,
@@ -116,6 +118,7 @@ pub(crate) struct SubscriptionActor {
     tiers: Tiers,
     deps: SubscriptionDeps,
     policy: PolicyState,
+    breaker: breaker::BreakerState,
     consumers: Consumers,
     dispatcher: Dispatcher,
     deliveries: Deliveries,
@@ -177,6 +180,7 @@ impl SubscriptionActor {
             metrics: SubscriptionMetrics::new(&rec.topic, &rec.name),
             failures: deps.failure_log.register(&rec.topic, &rec.name),
             policy: PolicyState::default(),
+            breaker: Default::default(),
             consumers: Consumers::for_topic(&rec.topic),
             dispatcher: Dispatcher::default(),
             deliveries,
@@ -190,6 +194,7 @@ impl SubscriptionActor {
             rec,
         };
         actor.resolve_policy()?;
+        actor.resolve_breaker();
         let handle = SubscriptionHandle::new(actor.rec.id, actor.rec.name.clone(), tx);
         tokio::spawn(actor.run(rx, fire_rx));
         Ok(handle)
@@ -220,6 +225,8 @@ impl SubscriptionActor {
                 changed = end.changed() => {
                     if changed.is_err() { break; }
                 }
+                // The breaker's next probe is due: `dispatch` sends it.
+                () = breaker::wake_after(self.breaker_wakeup()) => {}
                 _ = self.deps.shutdown.cancelled() => {
                     // Consumers are gone with their streams; persist and stop.
                     self.persist();
@@ -300,20 +307,28 @@ impl SubscriptionActor {
             Command::GetPolicy(reply) => {
                 let _ = reply.send(self.policy_info());
             }
-            Command::SetPolicy(spec, key_order, reply) => {
+            Command::SetPolicy(spec, key_order, breaker, reply) => {
                 // Stored before the answer, so the flush the admin service
                 // waits for covers it (not left to this round's `persist`).
-                let r = self
-                    .check_key_order(key_order.as_ref())
+                // All are checked before any changes.
+                let checked = match &breaker {
+                    Some(b) => b.validate().map_err(Into::into),
+                    None => Ok(()),
+                };
+                let r = checked
+                    .and_then(|()| self.check_key_order(key_order.as_ref()))
                     .and_then(|()| self.set_policy(spec, crate::storage::PolicySource::Admin))
                     .and_then(|_| {
                         self.set_key_order(key_order);
-                        let info = self.policy_info();
+                        self.set_breaker_spec(breaker)?;
                         self.deps.storage.put_subscription(&self.rec)?;
                         self.dirty = false;
-                        Ok(info)
+                        Ok(self.policy_info())
                     });
                 let _ = reply.send(r);
+            }
+            Command::SetBreaker(mode, reply) => {
+                let _ = reply.send(self.breaker_force(mode));
             }
             Command::MessageStatus(entry_id, reply) => {
                 let _ = reply.send(self.message_status(entry_id));
@@ -445,7 +460,10 @@ impl SubscriptionActor {
         loop {
             self.load_due();
             self.fill();
+            // An open breaker sends nothing, or one probe.
+            let budget = self.breaker_budget();
             if self.deliveries.ready.is_empty()
+                || budget == Some(0)
                 || !self.consumers.iter().any(|c| c.can_take(max_unacked))
             {
                 return;
@@ -457,6 +475,7 @@ impl SubscriptionActor {
                 .ready
                 .iter()
                 .filter(|(e, _)| skip.as_ref().is_none_or(|s| !s.contains(*e)))
+                .take(budget.unwrap_or(usize::MAX))
                 .map(|(entry, p)| Offer {
                     entry: *entry,
                     key: &p.msg.key,
@@ -474,6 +493,9 @@ impl SubscriptionActor {
                     continue;
                 }
                 return;
+            }
+            if budget.is_some() {
+                self.breaker_probe_sent(assigned[0].entry);
             }
             let mut out: HashMap<ConsumerId, Vec<Message>> = HashMap::new();
             for a in assigned {
@@ -641,5 +663,7 @@ impl SubscriptionActor {
     }
 }
 
+#[cfg(test)]
+mod breaker_tests;
 #[cfg(test)]
 mod tests;

@@ -73,6 +73,7 @@ impl SubscriptionActor {
             retry_topic: self.tiers.retry_name.clone(),
             dead_letter_topic: self.tiers.dead_letter_name.clone(),
             key_order: self.rec.key_order,
+            breaker: self.breaker_stats().map(|b| b.spec),
         }
     }
 

@@ -126,6 +126,8 @@ pub struct PolicyInfo {
     pub dead_letter_topic: String,
     /// Key order, when on.
     pub key_order: Option<ricochet_policy::KeyOrder>,
+    /// The outage breaker in force, if any.
+    pub breaker: Option<ricochet_policy::BreakerSpec>,
 }
 
 /// Sent to a consumer.

@@ -67,6 +67,8 @@ pub struct SubscriptionStats {
     pub scheduled_by_due: Vec<DueBucket>,
     /// Key order's blocked keys, when it is on.
     pub key_order: Option<KeyOrderStats>,
+    /// The outage breaker, if the subscription has one.
+    pub breaker: Option<super::BreakerStats>,
 }
 
 /// Key order in a subscription's stats.
@@ -226,6 +228,7 @@ impl SubscriptionActor {
             dead_letter_topic: self.tiers.dead_letter_name.clone(),
             scheduled_by_due: Vec::new(),
             key_order: self.key_order_stats(),
+            breaker: self.breaker_stats(),
         };
         StatsSnapshot {
             stats,

@@ -14,17 +14,17 @@ use ricochet_policy::{AttemptOverride, PolicyRegistry, PolicySpec};
 use ricochet_proto::{InitialPosition, OutboundMessage, SubscriptionType, props};
 use std::time::Duration;
 
-struct Harness {
-    core: Arc<BrokerCore>,
-    storage: Arc<MemoryStorage>,
-    clock: Arc<TokioClock>,
-    entry: Arc<TopicEntry>,
+pub(super) struct Harness {
+    pub(super) core: Arc<BrokerCore>,
+    pub(super) storage: Arc<MemoryStorage>,
+    pub(super) clock: Arc<TokioClock>,
+    pub(super) entry: Arc<TopicEntry>,
 }
 
 const TOPIC: &str = "persistent://public/default/orders";
 const RETRY: &str = "persistent://public/default/orders-billing-RETRY";
 
-async fn harness() -> Harness {
+pub(super) async fn harness() -> Harness {
     harness_on(Arc::new(MemoryStorage::new())).await
 }
 
@@ -56,15 +56,15 @@ async fn harness_on(storage: Arc<MemoryStorage>) -> Harness {
     }
 }
 
-struct TestConsumer {
+pub(super) struct TestConsumer {
     id: ConsumerId,
-    handle: SubscriptionHandle,
+    pub(super) handle: SubscriptionHandle,
     rx: mpsc::UnboundedReceiver<ConsumerEvent>,
     next_request: u64,
 }
 
 impl Harness {
-    async fn publish(&self, payloads: &[&str]) {
+    pub(super) async fn publish(&self, payloads: &[&str]) {
         let msgs = payloads
             .iter()
             .enumerate()
@@ -78,7 +78,11 @@ impl Harness {
         self.entry.topic.publish("", msgs).await.unwrap();
     }
 
-    async fn consumer(&self, sub_type: SubscriptionType, policy: Option<&str>) -> TestConsumer {
+    pub(super) async fn consumer(
+        &self,
+        sub_type: SubscriptionType,
+        policy: Option<&str>,
+    ) -> TestConsumer {
         let handle = self
             .core
             .subscription_or_create(
@@ -116,7 +120,7 @@ impl Harness {
 
 impl TestConsumer {
     /// The next messages, skipping other events.
-    async fn messages(&mut self) -> Vec<ricochet_proto::Message> {
+    pub(super) async fn messages(&mut self) -> Vec<ricochet_proto::Message> {
         loop {
             match self.rx.recv().await.expect("consumer stream open") {
                 ConsumerEvent::Messages(m) => return m,
@@ -129,7 +133,10 @@ impl TestConsumer {
     }
 
     /// Messages arriving within `wait` of virtual time, if any.
-    async fn messages_within(&mut self, wait: Duration) -> Option<Vec<ricochet_proto::Message>> {
+    pub(super) async fn messages_within(
+        &mut self,
+        wait: Duration,
+    ) -> Option<Vec<ricochet_proto::Message>> {
         tokio::time::timeout(wait, self.messages()).await.ok()
     }
 
@@ -141,7 +148,7 @@ impl TestConsumer {
     }
 
     /// Waits for the outcome of request `rid`.
-    async fn done(&mut self, rid: u64) -> Outcome {
+    pub(super) async fn done(&mut self, rid: u64) -> Outcome {
         loop {
             if let ConsumerEvent::Done {
                 request_id,
@@ -154,7 +161,14 @@ impl TestConsumer {
         }
     }
 
-    fn nack(&mut self, m: &ricochet_proto::Message) -> u64 {
+    /// Grants more flow permits.
+    pub(super) fn flow(&self, permits: u32) {
+        self.handle
+            .request(self.id, ConsumerRequest::Flow(permits))
+            .unwrap();
+    }
+
+    pub(super) fn nack(&mut self, m: &ricochet_proto::Message) -> u64 {
         self.nack_held(m, Duration::ZERO)
     }
 
@@ -172,7 +186,7 @@ impl TestConsumer {
         })
     }
 
-    fn reconsume(&mut self, m: &ricochet_proto::Message, delay: Duration) -> u64 {
+    pub(super) fn reconsume(&mut self, m: &ricochet_proto::Message, delay: Duration) -> u64 {
         let id = wire(m);
         self.send(|request_id| ConsumerRequest::ReconsumeLater {
             request_id,
@@ -183,7 +197,7 @@ impl TestConsumer {
         })
     }
 
-    fn ack(&mut self, m: &ricochet_proto::Message) -> u64 {
+    pub(super) fn ack(&mut self, m: &ricochet_proto::Message) -> u64 {
         let id = wire(m);
         self.send(|request_id| ConsumerRequest::Ack {
             request_id,
@@ -193,7 +207,7 @@ impl TestConsumer {
     }
 }
 
-fn wire(m: &ricochet_proto::Message) -> MessageRef {
+pub(super) fn wire(m: &ricochet_proto::Message) -> MessageRef {
     let id = m.id.clone().unwrap();
     MessageRef {
         topic: id.topic,
@@ -201,7 +215,7 @@ fn wire(m: &ricochet_proto::Message) -> MessageRef {
     }
 }
 
-fn text(m: &ricochet_proto::Message) -> &str {
+pub(super) fn text(m: &ricochet_proto::Message) -> &str {
     std::str::from_utf8(&m.payload).unwrap()
 }
 

@@ -35,6 +35,10 @@ pub trait BrokerLink: Send + Sync + std::fmt::Debug {
     fn configured_policy(&self, topic: &str) -> Option<PolicySpec>;
     /// Publishes failure events (in the background; see `crate::events`).
     fn emit(&self, events: Vec<FailureEvent>);
+    /// The configured outage breaker for a topic.
+    fn configured_breaker(&self, _topic: &str) -> Option<ricochet_policy::BreakerSpec> {
+        None
+    }
 }
 
 /// The names of a subscription's tiers and, once used, their topics.

@@ -141,6 +141,17 @@ pub(crate) async fn call(url: &str, method: &str, token: Option<&str>) -> Result
             ))
             .await
             .map(drop),
+        "Admin/SetBreaker" => admin
+            .set_breaker(req(
+                SetBreakerRequest {
+                    topic: t(),
+                    subscription: s(),
+                    mode: BreakerMode::Auto as i32,
+                },
+                token,
+            ))
+            .await
+            .map(drop),
         "Admin/CancelReplayJob" => admin
             .cancel_replay_job(req(CancelReplayJobRequest { id: 1, topic: t() }, token))
             .await

@@ -526,6 +526,7 @@ async fn tier_overrides_that_cannot_be_honoured() {
         )),
         retry_topic: retry.into(),
         dead_letter_topic: dlq.into(),
+        breaker: None,
     };
     let huge = "t".repeat(MIB);
     // Subscription `b` on `topic` (the existing `orders`, or a topic the

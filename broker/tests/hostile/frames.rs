@@ -64,6 +64,7 @@ fn client_policy() -> DeadLetterPolicyConfig {
         )),
         retry_topic: String::new(),
         dead_letter_topic: String::new(),
+        breaker: None,
     }
 }
 

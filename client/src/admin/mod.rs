@@ -15,6 +15,7 @@
 //! Admin calls have no deadline of their own (a replay or a drain may take
 //! long): wrap one in `tokio::time::timeout` to bound it.
 
+mod breaker;
 mod cluster;
 mod dead_letters;
 mod grants;
@@ -39,9 +40,9 @@ pub use retention::RetentionTarget;
 /// The answer types of the admin API: the protocol's messages, re-exported
 /// under the names the admin API uses.
 pub use ricochet_proto::{
-    Attempt, BrokerInfo, ConsumerStats, DeadLetter, DeadLetterEdit, DeadLetterFilter,
-    DeadLetterGroup, DeadLetterGroupBy, DeadLetterPolicyConfig, DrainResponse as DrainReport,
-    DueBucket, GetMessageResponse as MessageInfo, Grant,
+    Attempt, BreakerStatus, BrokerInfo, ConsumerStats, DeadLetter, DeadLetterEdit,
+    DeadLetterFilter, DeadLetterGroup, DeadLetterGroupBy, DeadLetterPolicyConfig,
+    DrainResponse as DrainReport, DueBucket, GetMessageResponse as MessageInfo, Grant,
     GroupDeadLettersResponse as DeadLetterGroups, ListBrokersResponse as Brokers,
     ListDeadLettersResponse as DeadLetterPage, ListTopicsResponse as TopicList,
     Message as StoredMessage, MessageId as StoredMessageId,

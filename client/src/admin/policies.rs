@@ -52,6 +52,27 @@ impl Admin {
         self.put_policy(topic, subscription, Some(config)).await
     }
 
+    /// Sets the operator's policy, key order and outage breaker of
+    /// `subscription` together, durably (each may be `None`: none of the
+    /// operator's). Answers the policy in force.
+    pub async fn set_policy_options(
+        &self,
+        topic: &str,
+        subscription: &str,
+        policy: Option<&PolicySpec>,
+        key_order: Option<KeyOrder>,
+        breaker: Option<&ricochet_policy::BreakerSpec>,
+    ) -> Result<PolicyInForce> {
+        let mut config = policy.map(DeadLetterPolicyConfig::from);
+        if let Some(k) = &key_order {
+            config.get_or_insert_with(Default::default).key_order = Some(k.into());
+        }
+        if let Some(b) = breaker {
+            config.get_or_insert_with(Default::default).breaker = Some(b.into());
+        }
+        self.put_policy(topic, subscription, config).await
+    }
+
     /// Removes the operator's policy of `subscription`: the client's or the
     /// config's applies again. Answers the policy in force.
     pub async fn clear_policy(&self, topic: &str, subscription: &str) -> Result<PolicyInForce> {

@@ -60,7 +60,7 @@ impl fmt::Display for PolicySpec {
 }
 
 /// A key=value list being parsed, for one kind with its allowed keys.
-struct Args<'a> {
+pub(crate) struct Args<'a> {
     input: &'a str,
     kind: &'static str,
     pairs: Vec<(&'static str, &'a str)>,
@@ -68,7 +68,7 @@ struct Args<'a> {
 
 impl<'a> Args<'a> {
     /// Splits `args` and maps every key through `keys` (alias → canonical).
-    fn parse(
+    pub(crate) fn parse(
         input: &'a str,
         kind: &'static str,
         args: Option<&'a str>,
@@ -109,7 +109,7 @@ impl<'a> Args<'a> {
         Ok(Args { input, kind, pairs })
     }
 
-    fn get(&self, key: &str) -> Option<&'a str> {
+    pub(crate) fn get(&self, key: &str) -> Option<&'a str> {
         self.pairs.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
     }
 
@@ -117,7 +117,7 @@ impl<'a> Args<'a> {
         self.get(key).is_some()
     }
 
-    fn u32(&self, key: &str) -> Result<Option<u32>, PolicyError> {
+    pub(crate) fn u32(&self, key: &str) -> Result<Option<u32>, PolicyError> {
         self.get(key)
             .map(|v| {
                 v.parse::<u32>().map_err(|_| {
@@ -130,7 +130,7 @@ impl<'a> Args<'a> {
             .transpose()
     }
 
-    fn f64(&self, key: &str) -> Result<Option<f64>, PolicyError> {
+    pub(crate) fn f64(&self, key: &str) -> Result<Option<f64>, PolicyError> {
         self.get(key)
             .map(|v| {
                 v.parse::<f64>().map_err(|_| {
@@ -140,7 +140,7 @@ impl<'a> Args<'a> {
             .transpose()
     }
 
-    fn duration(&self, key: &str) -> Result<Option<Duration>, PolicyError> {
+    pub(crate) fn duration(&self, key: &str) -> Result<Option<Duration>, PolicyError> {
         self.get(key)
             .map(|v| {
                 humantime::parse_duration(v).map_err(|e| {
@@ -165,7 +165,7 @@ impl<'a> Args<'a> {
     }
 }
 
-fn parse_error(input: &str, reason: impl Into<String>) -> PolicyError {
+pub(crate) fn parse_error(input: &str, reason: impl Into<String>) -> PolicyError {
     PolicyError::Parse {
         input: input.to_owned(),
         reason: reason.into(),

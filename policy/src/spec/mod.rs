@@ -58,6 +58,7 @@ mod compact;
 mod tests;
 
 pub(crate) use build::validate_name;
+pub(crate) use compact::{Args, parse_error};
 
 fn default_start_level() -> u32 {
     DEFAULT_START_LEVEL

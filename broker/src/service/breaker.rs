@@ -1,0 +1,83 @@
+//! The admin side of the outage breaker: `SetBreaker` (force open, force
+//! closed, auto; on a partitioned topic's base name, every partition that
+//! has the subscription), the breaker's part of `SubscriptionStats`, and
+//! the breaker carried in a `SetPolicy` request.
+
+use super::partitions::partitioned;
+use crate::core::BrokerCore;
+use crate::error::BrokerError;
+use crate::name::{SubscriptionName, TopicName};
+use crate::subscription::BreakerStats;
+use ricochet_policy::BreakerSpec;
+use ricochet_proto::{BreakerConfig, BreakerStatus, DeadLetterPolicyConfig, SetBreakerRequest};
+use tonic::Status;
+
+/// The breaker a `SetPolicy` request carries, validated.
+pub(super) fn requested(
+    policy: Option<&DeadLetterPolicyConfig>,
+) -> Result<Option<BreakerSpec>, Status> {
+    policy
+        .and_then(|p| p.breaker.as_ref())
+        .map(|b| {
+            BreakerSpec::try_from(b)
+                .map_err(|e| Status::invalid_argument(format!("invalid breaker: {e}")))
+        })
+        .transpose()
+}
+
+/// A breaker's stats on the wire.
+pub(super) fn status(b: &BreakerStats) -> BreakerStatus {
+    let s = &b.snapshot;
+    BreakerStatus {
+        state: s.phase.as_str().to_owned(),
+        mode: ricochet_proto::BreakerMode::from(s.mode) as i32,
+        since_ms: s.since_ms,
+        window_failures: b.window_failures,
+        window_settles: b.window_settles,
+        trips: s.trips,
+        next_probe_ms: if s.phase == ricochet_policy::BreakerPhase::Open
+            && s.mode == ricochet_policy::BreakerMode::Auto
+        {
+            s.next_probe_ms
+        } else {
+            0
+        },
+        probe_interval_ms: s.probe_interval_ms,
+        config: Some(BreakerConfig::from(&b.spec)),
+    }
+}
+
+/// `SetBreaker`: forces (or frees) the subscription's breaker, durably.
+pub(super) async fn set(core: &BrokerCore, r: SetBreakerRequest) -> Result<BreakerStatus, Status> {
+    let mode = ricochet_proto::breaker::breaker_mode_from_i32(r.mode).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "mode {} is not a breaker mode: use BREAKER_MODE_AUTO, BREAKER_MODE_FORCED_OPEN or BREAKER_MODE_FORCED_CLOSED",
+            r.mode
+        ))
+    })?;
+    let s = SubscriptionName::parse(&r.subscription)?;
+    let topics = match partitioned(core, &r.topic) {
+        Some((_, parts)) => parts,
+        None => vec![TopicName::parse(&r.topic)?],
+    };
+    let mut first = None;
+    let mut missing = None;
+    for t in &topics {
+        match core.subscription(t, &s).await {
+            Ok(h) => {
+                let b = h.set_breaker(mode).await?;
+                first.get_or_insert(status(&b));
+            }
+            Err(e @ BrokerError::SubscriptionNotFound { .. }) if topics.len() > 1 => {
+                missing = Some(e);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    core.flusher.durable().await?;
+    match (first, missing) {
+        (Some(b), _) => Ok(b),
+        (None, Some(e)) => Err(e.into()),
+        (None, None) => Err(Status::not_found("no partition has the subscription")),
+    }
+}
