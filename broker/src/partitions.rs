@@ -187,8 +187,12 @@ async fn copy_subscriptions(core: &BrokerCore, name: &TopicName, from: u32, to: 
                 )
                 .await?;
             if policy.source == crate::storage::PolicySource::Admin {
-                new.set_policy(policy.spec.clone(), policy.key_order, policy.breaker.clone())
-                    .await?;
+                new.set_policy(
+                    policy.spec.clone(),
+                    policy.key_order,
+                    policy.breaker.clone(),
+                )
+                .await?;
             }
         }
     }

@@ -314,15 +314,17 @@ async fn park(target: &Target, kind: Kind, n: usize) -> Result<Row, BoxError> {
         // Each frame is confirmed once its counts are durable.
         c.confirmed(frames, Duration::from_secs(1_800)).await?;
     }
-    while kind == Kind::Reconsume {
-        let s = retry_tier_entries(url).await? - before;
-        if s >= n as u64 {
-            break;
+    if kind == Kind::Reconsume {
+        loop {
+            let s = retry_tier_entries(url).await? - before;
+            if s >= n as u64 {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("only {s} of {n} retries parked after 30 min").into());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        if Instant::now() > deadline {
-            return Err(format!("only {s} of {n} retries parked after 30 min").into());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let parking = t.elapsed();
     tokio::time::sleep(Duration::from_secs(5)).await;

@@ -428,7 +428,7 @@ impl SubscriptionActor {
             topic: self.rec.topic.clone(),
             subscription: self.rec.name.clone(),
             consumer_name: spec.name.clone(),
-            policy: info.clone(),
+            policy: Box::new(info.clone()),
         });
         let id = self.consumers.add(spec.name, spec.tx, spec.retry_enabled);
         self.consumers.elect(self.rec.sub_type, Some(id));

@@ -141,8 +141,9 @@ pub enum ConsumerEvent {
         subscription: String,
         /// The consumer's name.
         consumer_name: String,
-        /// The policy in force.
-        policy: PolicyInfo,
+        /// The policy in force (boxed: it is the largest variant by far,
+        /// and sent once per consumer).
+        policy: Box<PolicyInfo>,
     },
     /// Messages, in dispatch order.
     Messages(Vec<Message>),
