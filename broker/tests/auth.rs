@@ -21,6 +21,7 @@ use ricochet_proto::broker_client::BrokerClient;
 use ricochet_proto::cluster_client::ClusterClient;
 use ricochet_proto::partitions_client::PartitionsClient;
 use ricochet_proto::retention_client::RetentionClient;
+use ricochet_proto::tiered_client::TieredClient;
 use ricochet_proto::*;
 use ricochet_testkit::InProcessBroker;
 use std::path::Path;
@@ -160,7 +161,7 @@ fn delay_levels() -> dead_letter_policy_config::Kind {
     dead_letter_policy_config::Kind::DelayLevels(DelayLevelPolicyConfig::default())
 }
 
-/// Every RPC of every service (Admin, Auth, Broker, Cluster, Partitions, Retention), from the descriptors.
+/// Every RPC of every service (Admin, Auth, Broker, Cluster, Partitions, Retention, Tiered), from the descriptors.
 fn every_rpc() -> Vec<String> {
     let fds = prost_types::FileDescriptorSet::decode(ricochet_proto::FILE_DESCRIPTOR_SET).unwrap();
     let mut out = Vec::new();
@@ -189,7 +190,8 @@ async fn every_rpc_refuses_anonymous_callers_and_roles_without_its_permission() 
             "Broker",
             "Cluster",
             "Partitions",
-            "Retention"
+            "Retention",
+            "Tiered"
         ]
     );
     assert!(rpcs.len() >= 19, "{rpcs:?}");

@@ -10,6 +10,7 @@ pub(crate) async fn call(url: &str, method: &str, token: Option<&str>) -> Result
     let mut auth = AuthClient::new(ch.clone());
     let mut partitions = PartitionsClient::new(ch.clone());
     let mut retention = RetentionClient::new(ch.clone());
+    let mut tiered = TieredClient::new(ch.clone());
     let mut cluster = ClusterClient::new(ch);
     let t = || TOPIC.to_owned();
     let s = || "s".to_owned();
@@ -232,6 +233,38 @@ pub(crate) async fn call(url: &str, method: &str, token: Option<&str>) -> Result
         "Retention/GetRetention" => retention
             .get_retention(req(
                 GetRetentionRequest {
+                    namespace: String::new(),
+                    topic: t(),
+                },
+                token,
+            ))
+            .await
+            .map(drop),
+        "Tiered/Offload" => tiered
+            .offload(req(TieredOffloadRequest { topic: t() }, token))
+            .await
+            .map(drop),
+        "Tiered/OffloadStatus" => tiered
+            .offload_status(req(TieredStatusRequest { topic: t() }, token))
+            .await
+            .map(drop),
+        "Tiered/SetOffloadPolicy" => tiered
+            .set_offload_policy(req(
+                SetOffloadPolicyRequest {
+                    namespace: NS.into(),
+                    topic: String::new(),
+                    policy: Some(OffloadPolicy {
+                        offload_after_ms: Some(3_600_000),
+                        ..Default::default()
+                    }),
+                },
+                token,
+            ))
+            .await
+            .map(drop),
+        "Tiered/GetOffloadPolicy" => tiered
+            .get_offload_policy(req(
+                GetOffloadPolicyRequest {
                     namespace: String::new(),
                     topic: t(),
                 },
