@@ -12,7 +12,7 @@ use std::path::Path;
 const EXAMPLE: &str = include_str!("../../ricochet.example.toml");
 
 /// The sections (TOML tables) of the config, `""` being the top level.
-const SECTIONS: [&str; 4] = ["", "auth", "tls", "cluster"];
+const SECTIONS: [&str; 5] = ["", "auth", "tls", "cluster", "tiered"];
 
 /// The fields the config accepts in `section`, as serde lists them when it
 /// refuses an unknown one.

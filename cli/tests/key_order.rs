@@ -56,6 +56,14 @@ async fn policy_set_key_order() {
         .json(&["policy", "set", "ko", "ordered", "backoff:fixed=1s,max=3"])
         .await;
     assert!(off.get("key_order").is_none(), "{off}");
+    // And with --clear, the operator's choice (key order included) is gone.
+    env.json(&["policy", "set", "ko", "ordered", "--key-order"])
+        .await;
+    let cleared = env
+        .json(&["policy", "set", "ko", "ordered", "--clear"])
+        .await;
+    assert!(cleared.get("key_order").is_none(), "{cleared}");
+    assert_ne!(cleared["source"], "admin", "{cleared}");
 
     let refused = env
         .run(&["policy", "set", "ko", "shared", "--key-order"])

@@ -25,12 +25,18 @@ use ricochet_testkit::InProcessBroker;
 use ricochet_testkit::docs::{self, Page};
 
 /// Pages whose commands are not run, with why.
-const NOT_RUN: [(&str, &str); 2] = [
+const NOT_RUN: [(&str, &str); 3] = [
     (
         "docs/src/security.md",
         "its commands need the TLS + token broker the page starts with openssl-made certificates; \
          cli/tests/auth.rs runs the same commands (token create, auth grant|whoami, refusals, \
          plaintext to a TLS port) against such a broker",
+    ),
+    (
+        "docs/src/ordered-retries.md",
+        "its commands set key order on a Key_Shared/Failover/Exclusive subscription a consumer \
+         made first; cli/tests/key_order.rs runs `policy set --key-order [--poison-key-after]`, \
+         `policy get` and `policy set --clear` against such a subscription",
     ),
     (
         "docs/src/cluster-clients.md",

@@ -45,9 +45,18 @@ pub(super) struct Deliveries {
     /// Main-tier messages nacked with a delay the broker serves, with their
     /// delivery counts: their failure records stay in storage only (read
     /// when they fail again or are inspected), so a parked nack costs a
-    /// 24-byte map entry in memory, not a record with its attempt history.
+    /// small map entry in memory, not a record with its attempt history.
     /// An entry stays until the message is settled or fails again.
-    pub held: HashMap<TierEntry, u32>,
+    pub held: HashMap<TierEntry, Held>,
+}
+
+/// What memory keeps of a nack the broker holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// Its delivery count (failures so far).
+    pub count: u32,
+    /// When the hold ends, ms since the epoch.
+    pub until_ms: u64,
 }
 
 impl Deliveries {
@@ -74,7 +83,7 @@ impl Deliveries {
     pub fn delivery_count(&self, entry: TierEntry) -> u32 {
         match self.failures.get(&entry) {
             Some(r) => r.count,
-            None => self.held.get(&entry).copied().unwrap_or(0),
+            None => self.held.get(&entry).map_or(0, |h| h.count),
         }
     }
 
@@ -92,7 +101,7 @@ impl Deliveries {
         let entry = TierEntry::main(entry_id);
         // A held nack is scheduled until its hold fires (then it is due or ready).
         let fired = self.ready.contains_key(&entry) || self.due.contains_key(&entry);
-        let held = (self.held.contains_key(&entry) && !fired)
+        let held = (self.held.get(&entry).is_some_and(|h| h.until_ms > now_ms) && !fired)
             || self
                 .failures
                 .get(&entry)
@@ -106,6 +115,7 @@ impl Deliveries {
         } else if self.ready.contains_key(&entry)
             || entry_id >= read_pos
             || self.failures.contains_key(&entry)
+            || self.held.contains_key(&entry)
         {
             MessageState::Pending
         } else {

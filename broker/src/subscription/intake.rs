@@ -5,6 +5,7 @@
 //! close gives messages back with no attempt charged.
 
 use super::SubscriptionActor;
+use super::delivery::Held;
 use super::failure::{self, Failure, Rules, Step};
 use super::requests::{ConsumerId, ConsumerRequest, FailedItem, MessageRef};
 use crate::error::{BrokerError, Result};
@@ -342,7 +343,13 @@ impl SubscriptionActor {
                 // Parked: the record stays in storage until the hold ends.
                 self.deliveries.failures.remove(&f.entry);
                 if f.entry.tier == TierId::Main {
-                    self.deliveries.held.insert(f.entry, rec.count);
+                    self.deliveries.held.insert(
+                        f.entry,
+                        Held {
+                            count: rec.count,
+                            until_ms: rec.hold_until_ms,
+                        },
+                    );
                 }
                 records.push((msg, Some(rec)));
             } else {

@@ -167,7 +167,13 @@ impl SubscriptionActor {
         let now_ms = deps.clock.now_ms();
         for (m, f) in storage.failures_of(rec.id, TierId::Main)? {
             if f.hold_until_ms > now_ms {
-                deliveries.held.insert(m.entry(), f.count);
+                deliveries.held.insert(
+                    m.entry(),
+                    delivery::Held {
+                        count: f.count,
+                        until_ms: f.hold_until_ms,
+                    },
+                );
             } else {
                 deliveries.failures.insert(m.entry(), f);
             }
