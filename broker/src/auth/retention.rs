@@ -1,4 +1,5 @@
-//! [`AuthorizedRetention`]: the `Retention` service behind the permission
+//! [`TargetGuard`], the permission check of services about a namespace or
+//! a topic, and [`AuthorizedRetention`]: the `Retention` service behind the permission
 //! table ([`super::admin::required`]): setting a namespace's or topic's
 //! retention policy needs `admin` on it, reading it any permission on it.
 
@@ -12,17 +13,24 @@ use ricochet_proto::*;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
-/// The retention service, checked.
+/// A service whose calls each name a namespace or a topic (retention,
+/// tiered storage), behind the permission table: [`TargetGuard::check`]
+/// checks the caller against the method's requirement on that target, and
+/// [`TargetGuard::route`] refuses, in cluster mode, a topic this broker
+/// does not own (a namespace's policy is set on each broker it is sent to).
 #[derive(Debug, Clone)]
-pub struct AuthorizedRetention {
-    inner: RetentionService,
+pub struct TargetGuard<S> {
+    pub(super) inner: S,
     auth: Arc<Auth>,
     cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
-impl AuthorizedRetention {
+/// The retention service, checked.
+pub type AuthorizedRetention = TargetGuard<RetentionService>;
+
+impl<S> TargetGuard<S> {
     /// Checks calls to `inner` against `auth`.
-    pub fn new(inner: RetentionService, auth: Arc<Auth>) -> Self {
+    pub fn new(inner: S, auth: Arc<Auth>) -> Self {
         Self {
             inner,
             auth,
@@ -31,13 +39,13 @@ impl AuthorizedRetention {
     }
 
     /// In cluster mode, also refuses calls about a topic this broker does
-    /// not own (a namespace's policy is set on each broker it is sent to).
+    /// not own.
     pub fn routed(mut self, cluster: Option<Arc<crate::cluster::Cluster>>) -> Self {
         self.cluster = cluster;
         self
     }
 
-    async fn route(&self, topic: &str) -> Result<(), Status> {
+    pub(super) async fn route(&self, topic: &str) -> Result<(), Status> {
         if topic.is_empty() {
             return Ok(());
         }
@@ -45,7 +53,7 @@ impl AuthorizedRetention {
     }
 
     /// Checks `method` on a namespace or topic.
-    fn check<T>(
+    pub(super) fn check<T>(
         &self,
         r: &Request<T>,
         method: &str,
@@ -58,7 +66,7 @@ impl AuthorizedRetention {
 
 /// Checks `method` of a call about a namespace or a topic (exactly one of
 /// them named) against the permission table: the caller, if allowed.
-pub(super) fn check_target<T>(
+fn check_target<T>(
     auth: &Auth,
     r: &Request<T>,
     method: &str,
@@ -95,7 +103,7 @@ pub(super) fn check_target<T>(
 }
 
 #[tonic::async_trait]
-impl Retention for AuthorizedRetention {
+impl Retention for TargetGuard<RetentionService> {
     async fn set_retention(
         &self,
         r: Request<SetRetentionRequest>,

@@ -3,56 +3,25 @@
 //! policy need `admin` on the topic or namespace, reading status or a
 //! policy any permission on it.
 
+use super::AUDIT;
 use super::admin::who;
-use super::retention::check_target;
-use super::{AUDIT, Auth};
+use super::retention::TargetGuard;
 use crate::service::TieredService;
 use ricochet_proto::tiered_server::Tiered;
 use ricochet_proto::*;
-use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 /// The tiered-storage service, checked.
-#[derive(Debug, Clone)]
-pub struct AuthorizedTiered {
-    inner: TieredService,
-    auth: Arc<Auth>,
-    cluster: Option<Arc<crate::cluster::Cluster>>,
-}
-
-impl AuthorizedTiered {
-    /// Checks calls to `inner` against `auth`.
-    pub fn new(inner: TieredService, auth: Arc<Auth>) -> Self {
-        Self {
-            inner,
-            auth,
-            cluster: None,
-        }
-    }
-
-    /// In cluster mode, also refuses calls about a topic this broker does
-    /// not own.
-    pub fn routed(mut self, cluster: Option<Arc<crate::cluster::Cluster>>) -> Self {
-        self.cluster = cluster;
-        self
-    }
-
-    async fn route(&self, topic: &str) -> Result<(), Status> {
-        if topic.is_empty() {
-            return Ok(());
-        }
-        super::admin::route(self.cluster.as_ref(), topic, false).await
-    }
-}
+pub type AuthorizedTiered = TargetGuard<TieredService>;
 
 #[tonic::async_trait]
-impl Tiered for AuthorizedTiered {
+impl Tiered for TargetGuard<TieredService> {
     async fn offload(
         &self,
         r: Request<TieredOffloadRequest>,
     ) -> Result<Response<TieredOffloadResponse>, Status> {
         let topic = r.get_ref().topic.clone();
-        let p = check_target(&self.auth, &r, "Tiered/Offload", "", &topic)?;
+        let p = self.check(&r, "Tiered/Offload", "", &topic)?;
         self.route(&topic).await?;
         let resp = self.inner.offload(r).await?;
         tracing::info!(target: AUDIT, role = who(p.as_ref()), action = "offload", %topic);
@@ -64,7 +33,7 @@ impl Tiered for AuthorizedTiered {
         r: Request<TieredStatusRequest>,
     ) -> Result<Response<TieredStatusResponse>, Status> {
         let topic = r.get_ref().topic.clone();
-        check_target(&self.auth, &r, "Tiered/OffloadStatus", "", &topic)?;
+        self.check(&r, "Tiered/OffloadStatus", "", &topic)?;
         self.route(&topic).await?;
         self.inner.offload_status(r).await
     }
@@ -75,7 +44,7 @@ impl Tiered for AuthorizedTiered {
     ) -> Result<Response<OffloadPolicyResponse>, Status> {
         let (ns, topic) = (r.get_ref().namespace.clone(), r.get_ref().topic.clone());
         let policy = r.get_ref().policy;
-        let p = check_target(&self.auth, &r, "Tiered/SetOffloadPolicy", &ns, &topic)?;
+        let p = self.check(&r, "Tiered/SetOffloadPolicy", &ns, &topic)?;
         self.route(&topic).await?;
         let resp = self.inner.set_offload_policy(r).await?;
         tracing::info!(target: AUDIT, role = who(p.as_ref()), action = "set-offload-policy", namespace = %ns, %topic, ?policy);
@@ -87,7 +56,7 @@ impl Tiered for AuthorizedTiered {
         r: Request<GetOffloadPolicyRequest>,
     ) -> Result<Response<OffloadPolicyResponse>, Status> {
         let (ns, topic) = (r.get_ref().namespace.clone(), r.get_ref().topic.clone());
-        check_target(&self.auth, &r, "Tiered/GetOffloadPolicy", &ns, &topic)?;
+        self.check(&r, "Tiered/GetOffloadPolicy", &ns, &topic)?;
         self.route(&topic).await?;
         self.inner.get_offload_policy(r).await
     }
