@@ -90,15 +90,24 @@ async fn after_the_leader_is_killed_every_acknowledged_publish_is_there_once() {
     let mut acked: Vec<u64> = Vec::new();
     let mut seq = 1u64;
     let mut killed = None;
-    // 60 batches of 5; the leader is killed after the 20th acknowledged
-    // batch. A batch that gets no answer is sent again, with the same
-    // sequence ids, to whoever leads next.
+    let mut resent_duplicates = None;
+    // 60 batches of 5. After 20 acknowledged batches, the next one is
+    // committed (a follower applied it) and the leader killed before its
+    // receipt is read: the producer resends it, with the same sequence ids,
+    // to whoever leads next, as it resends any batch left unanswered.
     while acked.len() < 300 {
         if acked.len() == 100 && killed.is_none() {
+            let part = c.node(leader).part_arc();
+            let unanswered = tokio::spawn(async move { part.publish(batch("p", 101, 5)).await });
+            let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !sequences(&stored(c.node(follower).part().storage()), "p").contains(&101) {
+                assert!(std::time::Instant::now() < deadline, "batch not committed");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             c.node_mut(leader).kill();
+            unanswered.abort();
             killed = Some(leader);
-        }
-        if !c.node(leader).alive() {
             leader = c.leader_except(killed).await;
         }
         match publish_within(
@@ -110,6 +119,9 @@ async fn after_the_leader_is_killed_every_acknowledged_publish_is_there_once() {
         {
             Some(Ok(receipts)) => {
                 assert_eq!(receipts.len(), 5);
+                if seq == 101 {
+                    resent_duplicates = Some(receipts.iter().all(|r| r.entry_id.is_none()));
+                }
                 acked.extend(receipts.iter().map(|r| r.sequence_id));
                 seq += 5;
             }
@@ -118,6 +130,11 @@ async fn after_the_leader_is_killed_every_acknowledged_publish_is_there_once() {
     }
     let old = killed.expect("the leader was killed");
     assert_ne!(leader, old, "a new leader was elected");
+    assert_eq!(
+        resent_duplicates,
+        Some(true),
+        "the resent committed batch is a duplicate"
+    );
     let held = stored(c.node(leader).part().storage());
     let seqs = sequences(&held, "p");
     assert_eq!(seqs, acked, "every acknowledged publish once, in order");
