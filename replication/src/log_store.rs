@@ -16,6 +16,9 @@
 //! but not a crash of a majority within one interval (a power cut of the
 //! machine): Raft's guarantees assume the log is on disk.
 
+// openraft's traits fix these error types (StorageError, RPCError), large as they are.
+#![allow(clippy::result_large_err)]
+
 use crate::state_machine::storage_io;
 use crate::{Durability, NodeId, TypeConfig, decode, encode};
 use openraft::storage::{LogFlushed, RaftLogStorage};

@@ -7,6 +7,9 @@
 //! deadline) is `Unreachable` to openraft, which backs off before retrying;
 //! an error the peer's Raft returned travels back as that error.
 
+// openraft's traits fix these error types (StorageError, RPCError), large as they are.
+#![allow(clippy::result_large_err)]
+
 use crate::{NodeId, Raft, TypeConfig, decode, encode};
 use openraft::BasicNode;
 use openraft::error::{

@@ -15,6 +15,9 @@
 //! replica always catches up from the log); `docs/src/replication.md`
 //! describes the design (sealed segments plus a state snapshot).
 
+// openraft's traits fix these error types (StorageError, RPCError), large as they are.
+#![allow(clippy::result_large_err)]
+
 use crate::{Durability, NodeId, Reply, TypeConfig, decode, encode};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
