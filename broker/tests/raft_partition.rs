@@ -146,7 +146,18 @@ async fn after_the_leader_is_killed_every_acknowledged_publish_is_there_once() {
         .find(|id| *id != leader && *id != old)
         .expect("third node");
     c.caught_up(third, leader).await;
-    assert_eq!(stored(c.node(third).part().storage()), held);
+    let there = stored(c.node(third).part().storage());
+    let differ = there.iter().zip(&held).position(|(a, b)| a != b);
+    assert!(
+        there == held,
+        "node {third} holds {} entries, the leader {}; first difference at {differ:?}: {:?} / {:?}; applied {:?} / {:?}",
+        there.len(),
+        held.len(),
+        differ.map(|i| &there[i]),
+        differ.map(|i| &held[i]),
+        c.node(third).part().node().applied_index(),
+        c.node(leader).part().node().applied_index(),
+    );
 }
 
 fn subscription(id: u64, acked_to: u64) -> SubscriptionRecord {

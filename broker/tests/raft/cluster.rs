@@ -219,18 +219,28 @@ impl Cluster {
         self.leader_except(None).await
     }
 
-    /// Waits until node `id` applied everything node `leader` applied.
+    /// Waits until node `id` applied everything node `leader` committed
+    /// (its linearizable read point: at or past every acknowledged write).
     pub async fn caught_up(&self, id: u64, leader: u64) {
         let deadline = Instant::now() + Duration::from_secs(20);
+        let want = loop {
+            let raft = self.node(leader).part().node().raft();
+            match raft.ensure_linearizable().await {
+                Ok(read) => break read.map(|l| l.index),
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("node {leader} cannot confirm it leads: {e}"),
+            }
+        };
         loop {
-            let want = self.node(leader).part().node().applied_index();
             let have = self.node(id).part().node().applied_index();
-            if want.is_some() && have >= want {
+            if have >= want {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "node {id} applied {have:?}, leader {want:?}"
+                "node {id} applied {have:?}, leader committed {want:?}"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
