@@ -89,6 +89,18 @@ impl LogStore {
         }
     }
 
+    /// Removes the entries of `range` in one batch.
+    fn remove(&self, range: sled::Iter) -> StoreResult<()> {
+        let mut batch = sled::Batch::default();
+        for kv in range {
+            let (k, _) = kv.map_err(|e| storage_io(StorageIOError::write_logs(&e)))?;
+            batch.remove(k);
+        }
+        self.log
+            .apply_batch(batch)
+            .map_err(|e| storage_io(StorageIOError::write_logs(&e)))
+    }
+
     fn decode_entry(bytes: &[u8]) -> StoreResult<Entry<TypeConfig>> {
         decode(bytes).map_err(|e| storage_io(StorageIOError::read_logs(&e)))
     }
@@ -197,14 +209,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StoreResult<()> {
         // Entries from `log_id.index` on conflict with the leader's log.
-        let mut batch = sled::Batch::default();
-        for kv in self.log.range(key(log_id.index)..) {
-            let (k, _) = kv.map_err(|e| storage_io(StorageIOError::write_logs(&e)))?;
-            batch.remove(k);
-        }
-        self.log
-            .apply_batch(batch)
-            .map_err(|e| storage_io(StorageIOError::write_logs(&e)))?;
+        self.remove(self.log.range(key(log_id.index)..))?;
         self.flush_if_sync().await
     }
 
@@ -212,14 +217,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // The purge point first, so a crash never leaves a gap unexplained.
         self.put_meta(PURGED, &log_id)?;
         self.flush_if_sync().await?;
-        let mut batch = sled::Batch::default();
-        for kv in self.log.range(..=key(log_id.index)) {
-            let (k, _) = kv.map_err(|e| storage_io(StorageIOError::write_logs(&e)))?;
-            batch.remove(k);
-        }
-        self.log
-            .apply_batch(batch)
-            .map_err(|e| storage_io(StorageIOError::write_logs(&e)))?;
+        self.remove(self.log.range(..=key(log_id.index)))?;
         self.flush_if_sync().await
     }
 }
