@@ -34,6 +34,8 @@
 //! * [`auth`]: tokens, grants and the permission checks of every RPC;
 //! * [`cluster`]: cluster mode (membership, placement and fenced ownership
 //!   of topics through etcd);
+//! * [`replication`]: a partition's state changes as Raft commands, applied
+//!   through [`storage::Storage`] (issue 22; not wired to topics yet);
 //! * `config`, `name`, `error`, `util`.
 //!
 //! ```no_run
@@ -64,6 +66,7 @@ mod metrics;
 mod name;
 mod partitions;
 mod replay_jobs;
+pub mod replication;
 pub mod retention;
 mod scheduler;
 mod server;

@@ -41,6 +41,17 @@ pub mod etcd {
     pub use mvccpb::KeyValue;
 }
 
+/// The `Replication` service: Raft RPCs between the brokers of a
+/// replicated partition's group (`ricochet-replication` encodes the
+/// bodies). Server and client; not part of [`FILE_DESCRIPTOR_SET`].
+pub mod replication {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(
+        env!("OUT_DIR"),
+        "/replication/ricochet.replication.v1.rs"
+    ));
+}
+
 /// The encoded `FileDescriptorSet` of every `.proto` file (a
 /// `prost_types::FileDescriptorSet`), to enumerate services and RPCs.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -290,7 +290,7 @@ impl TierEntry {
 }
 
 /// Identifies a message within a subscription: its tier and entry id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct SubMessage {
     /// The subscription's numeric id.
     pub sub_id: u64,
@@ -524,7 +524,7 @@ impl DeadLetterRecord {
 }
 
 /// A schedule entry: `message` becomes deliverable at `due_ms`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ScheduleKey {
     /// Due time, ms since the epoch.
     pub due_ms: u64,
@@ -554,7 +554,7 @@ impl ScheduleKey {
 }
 
 /// Where a moved message lands.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Arrival {
     /// In the subscription's retry tier, due at `due_ms` (a schedule entry
     /// that also keeps its failure record, see [`super::Storage::failure`]).
@@ -568,7 +568,7 @@ pub enum Arrival {
 
 /// One message moving between tiers, applied atomically with others in a
 /// [`TierMove`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MoveItem {
     /// The message leaving its tier (acked there).
     pub from: SubMessage,
@@ -586,7 +586,7 @@ pub struct MoveItem {
 
 /// A batch of moves from one subscription into one tier topic, together
 /// with the subscription's new cursor state: all or nothing.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TierMove {
     /// The target tier topic.
     pub target_topic: String,

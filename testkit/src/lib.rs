@@ -7,7 +7,8 @@
 //! calls carrying any bytes at all ([`wire`]), etcd with a cluster of
 //! broker processes for cluster tests ([`etcd`]), an S3-compatible server for
 //! tiered storage ([`moto`]), a stand-in for a cluster's lookup service
-//! ([`FakeCluster`]), and the README and book pages with their code blocks
+//! ([`FakeCluster`]), a TCP proxy that delays, cuts one direction or drops
+//! connections ([`FaultProxy`]), and the README and book pages with their code blocks
 //! and links ([`docs`]).
 //!
 //! A dev-dependency only: everything here panics on failure, as a test
@@ -17,6 +18,7 @@ pub mod clock;
 pub mod docs;
 pub mod etcd;
 pub mod fake_cluster;
+pub mod fault_proxy;
 pub mod in_process;
 pub mod moto;
 pub mod net;
@@ -27,6 +29,7 @@ pub mod wire;
 pub use clock::{now_ms, now_us};
 pub use etcd::{ClusterBroker, EtcdProcess, etcd_or_skip, spawn_cluster};
 pub use fake_cluster::{FakeAnswer, FakeCluster};
+pub use fault_proxy::{Direction, FaultProxy};
 pub use in_process::InProcessBroker;
 pub use moto::{MotoServer, moto_or_skip};
 pub use net::free_addr;

@@ -1,0 +1,203 @@
+//! Applying a replicated partition's commands through [`Storage`].
+//!
+//! Every replica applies the same commands in the same order to its own
+//! store and so computes the same entry ids and receipts: ids come from the
+//! store's next entry id, de-duplication from its producer sequences (both
+//! read once, then kept here). Each command is harmless when applied again
+//! after a restart (the Raft state machine's mark may be behind the
+//! store): a batch is recognised by its producer sequence ids (an
+//! anonymous one by ids derived from its log index), a tier move by its
+//! target ids already being stored, and the other commands write values.
+
+use super::{
+    ANONYMOUS_PRODUCER, MAX_BATCH, PartitionCommand, PartitionReply, PublishBatch, PublishReceipt,
+};
+use crate::storage::{Storage, StorageError, TierMove, TopicRecord};
+use prost::Message as _;
+use ricochet_replication::{Apply, ReplicationError, decode, encode};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+/// A topic's writer state, as the store says (read once).
+#[derive(Debug)]
+struct Writer {
+    next_id: u64,
+    sequences: HashMap<String, u64>,
+}
+
+/// Applies [`PartitionCommand`]s to a store.
+#[derive(Debug)]
+pub struct StorageApplier {
+    storage: Arc<dyn Storage>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    topics: Option<HashSet<String>>,
+    writers: HashMap<String, Writer>,
+}
+
+type Applied = Result<PartitionReply, StorageError>;
+
+impl StorageApplier {
+    /// An applier writing to `storage`.
+    pub fn new(storage: Arc<dyn Storage>) -> Self {
+        Self {
+            storage,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn has_topic(&self, state: &mut State, name: &str) -> Result<bool, StorageError> {
+        if state.topics.is_none() {
+            let names = self.storage.list_topics()?.into_iter().map(|t| t.name);
+            state.topics = Some(names.collect());
+        }
+        Ok(state.topics.as_ref().is_some_and(|t| t.contains(name)))
+    }
+
+    fn create_topic(&self, state: &mut State, record: &TopicRecord) -> Applied {
+        if !self.has_topic(state, &record.name)? {
+            self.storage.put_topic(record)?;
+            if let Some(t) = state.topics.as_mut() {
+                t.insert(record.name.clone());
+            }
+        }
+        Ok(PartitionReply::Done)
+    }
+
+    fn publish(&self, state: &mut State, index: u64, batch: PublishBatch) -> Applied {
+        if !self.has_topic(state, &batch.topic)? {
+            return Ok(PartitionReply::Refused(format!(
+                "topic {} not found",
+                batch.topic
+            )));
+        }
+        if batch.messages.len() > MAX_BATCH {
+            return Ok(PartitionReply::Refused(format!(
+                "a batch holds at most {MAX_BATCH} messages, not {}",
+                batch.messages.len()
+            )));
+        }
+        if !state.writers.contains_key(&batch.topic) {
+            let (_, next_id) = self.storage.entry_range(&batch.topic)?;
+            let sequences = self.storage.producer_sequences(&batch.topic)?;
+            let writer = Writer {
+                next_id,
+                sequences: sequences.into_iter().collect(),
+            };
+            state.writers.insert(batch.topic.clone(), writer);
+        }
+        let Some(w) = state.writers.get_mut(&batch.topic) else {
+            return Ok(PartitionReply::Refused("no writer".to_owned()));
+        };
+        let anonymous = batch.producer.is_empty();
+        let producer = if anonymous {
+            ANONYMOUS_PRODUCER
+        } else {
+            batch.producer.as_str()
+        };
+        let mut last = w.sequences.get(producer).copied();
+        let mut receipts = Vec::with_capacity(batch.messages.len());
+        let mut encoded = Vec::with_capacity(batch.messages.len());
+        for (i, m) in batch.messages.into_iter().enumerate() {
+            let sequence_id = if anonymous {
+                (index << 16) | i as u64
+            } else {
+                m.sequence_id
+            };
+            if last.is_some_and(|l| sequence_id <= l) {
+                receipts.push(PublishReceipt {
+                    sequence_id,
+                    entry_id: None,
+                });
+                continue;
+            }
+            last = Some(sequence_id);
+            receipts.push(PublishReceipt {
+                sequence_id,
+                entry_id: Some(w.next_id + encoded.len() as u64),
+            });
+            let stored = ricochet_proto::Message {
+                id: None,
+                payload: m.payload,
+                key: m.key,
+                properties: m.properties,
+                publish_time_ms: batch.publish_time_ms,
+                event_time_ms: m.event_time_ms,
+                delivery_count: 0,
+                producer_name: producer.to_owned(),
+                sequence_id,
+                deliver_at_ms: m.deliver_at_ms,
+            };
+            encoded.push(stored.encode_to_vec());
+        }
+        if let (false, Some(l)) = (encoded.is_empty(), last) {
+            self.storage
+                .append(&batch.topic, w.next_id, &encoded, Some((producer, l)))?;
+            w.next_id += encoded.len() as u64;
+            w.sequences.insert(producer.to_owned(), l);
+        }
+        Ok(PartitionReply::Published(receipts))
+    }
+
+    fn move_messages(&self, state: &mut State, mv: &TierMove) -> Applied {
+        if !self.has_topic(state, &mv.target_topic)? {
+            return Ok(PartitionReply::Refused(format!(
+                "tier topic {} not found",
+                mv.target_topic
+            )));
+        }
+        let (_, next) = self.storage.entry_range(&mv.target_topic)?;
+        let first = mv.items.iter().map(|i| i.target_entry_id).min();
+        if first.is_some_and(|f| f < next) {
+            // Applied before a restart (the move is one transaction), or a
+            // target id already taken: either way, nothing to write.
+            return Ok(PartitionReply::Done);
+        }
+        self.storage.move_messages(mv)?;
+        Ok(PartitionReply::Done)
+    }
+
+    fn apply_command(&self, index: u64, command: PartitionCommand) -> Applied {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match command {
+            PartitionCommand::CreateTopic(record) => self.create_topic(&mut state, &record),
+            PartitionCommand::Publish(batch) => self.publish(&mut state, index, batch),
+            PartitionCommand::PutSubscription(record) => {
+                self.storage.put_subscription(&record)?;
+                Ok(PartitionReply::Done)
+            }
+            PartitionCommand::PutFailures(records) => {
+                self.storage.put_failures(&records)?;
+                Ok(PartitionReply::Done)
+            }
+            PartitionCommand::PutSchedule(keys) => {
+                self.storage.put_schedule(&keys)?;
+                Ok(PartitionReply::Done)
+            }
+            PartitionCommand::MoveMessages(mv) => self.move_messages(&mut state, &mv),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Apply for StorageApplier {
+    fn apply(&self, index: u64, command: &[u8]) -> ricochet_replication::Result<Vec<u8>> {
+        let reply = match decode::<PartitionCommand>(command) {
+            Ok(c) => self
+                .apply_command(index, c)
+                .map_err(|e| ReplicationError::Apply(e.to_string()))?,
+            Err(e) => PartitionReply::Refused(format!("undecodable command: {e}")),
+        };
+        encode(&reply)
+    }
+
+    async fn flush(&self) -> ricochet_replication::Result<()> {
+        self.storage
+            .flush()
+            .await
+            .map_err(|e| ReplicationError::Apply(e.to_string()))
+    }
+}

@@ -1,0 +1,188 @@
+//! Replicated partitions (issue 22, first slice): a partition's state
+//! changes as commands of a Raft group (`ricochet-replication`), applied on
+//! every replica through [`Storage`], so an applied replica holds the same
+//! store a standalone broker has.
+//!
+//! [`PartitionCommand`] names the changes: a topic created, a producer's
+//! batch published (with its sequence ids, de-duplicated when applied), a
+//! subscription record written (acks move its cursors; policy changes), failure
+//! records written (a nack's new delivery count), schedule entries, and a
+//! tier move (into the retry or the dead-letter tier, one transaction).
+//! [`StorageApplier`] applies them ([`apply`]); [`ReplicatedPartition`] is
+//! one replica of one partition: it proposes commands and answers once the
+//! group committed and applied them.
+//!
+//! Not wired to the broker's topics yet: a standalone or replication-factor-1
+//! topic takes exactly the path it took before. `docs/src/replication.md`
+//! says what exists and how the wiring will go.
+
+mod apply;
+
+pub use apply::StorageApplier;
+
+use crate::storage::{
+    FailureRecord, LogStorage, ScheduleKey, SledStorage, Storage, SubMessage, SubscriptionRecord,
+    TierMove, TopicRecord,
+};
+use crate::{BrokerConfig, BrokerError};
+pub use ricochet_replication::{
+    Durability, GroupRegistry, NodeSettings, ReplicaNode, ReplicationError, ReplicationService,
+};
+use ricochet_replication::{decode, encode};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The producer name under which a batch without one is stored: its
+/// sequence ids come from the Raft log (`index << 16 | position`), so a
+/// batch re-applied after a restart is recognised like a resend.
+pub const ANONYMOUS_PRODUCER: &str = "__ricochet_raft";
+
+/// Most messages in one replicated batch (an anonymous batch's positions
+/// use the low 16 bits of its sequence ids).
+pub const MAX_BATCH: usize = 1 << 16;
+
+/// One state change of a replicated partition, as the Raft log carries it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum PartitionCommand {
+    /// Creates a topic (the partition, or one of its tiers) if absent.
+    CreateTopic(TopicRecord),
+    /// A producer's batch.
+    Publish(PublishBatch),
+    /// A subscription's record: acks (its cursors), policy, key order.
+    PutSubscription(SubscriptionRecord),
+    /// Failure records written (a nack or timeout's new delivery count) or,
+    /// with `None`, deleted.
+    PutFailures(Vec<(SubMessage, Option<FailureRecord>)>),
+    /// Schedule entries added (`true`) or removed.
+    PutSchedule(Vec<(ScheduleKey, bool)>),
+    /// Messages moved into the retry or dead-letter tier, in one transaction.
+    MoveMessages(TierMove),
+}
+
+/// A producer's batch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PublishBatch {
+    /// The topic (partition).
+    pub topic: String,
+    /// The producer's name; empty for none (see [`ANONYMOUS_PRODUCER`]).
+    pub producer: String,
+    /// The publish time the leader gave the batch, ms since the epoch (so
+    /// every replica stores the same bytes).
+    pub publish_time_ms: u64,
+    /// The messages.
+    pub messages: Vec<PublishMessage>,
+}
+
+/// One message of a [`PublishBatch`] (the fields of `OutboundMessage`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PublishMessage {
+    /// The payload.
+    #[serde(with = "serde_bytes")]
+    pub payload: Vec<u8>,
+    /// Routing and user key; empty for none.
+    pub key: String,
+    /// User properties.
+    pub properties: HashMap<String, String>,
+    /// Event time, ms since the epoch; 0 for none.
+    pub event_time_ms: u64,
+    /// Not deliverable before, ms since the epoch; 0 for now.
+    pub deliver_at_ms: u64,
+    /// The producer's sequence id (ignored for an anonymous batch).
+    pub sequence_id: u64,
+}
+
+/// What applying a command answered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum PartitionReply {
+    /// A batch's receipts, in the batch's order.
+    Published(Vec<PublishReceipt>),
+    /// The change was made.
+    Done,
+    /// Nothing was changed, for this reason.
+    Refused(String),
+}
+
+/// One message's receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishReceipt {
+    /// The sequence id it was stored under.
+    pub sequence_id: u64,
+    /// Its entry id; `None` for a duplicate (already stored).
+    pub entry_id: Option<u64>,
+}
+
+/// Opens the store a replica applies to, as a standalone broker opens its
+/// own (`SledStorage` and the segment-file log in `config.data_dir`).
+pub async fn open_store(config: &BrokerConfig) -> Result<Arc<dyn Storage>, BrokerError> {
+    std::fs::create_dir_all(&config.data_dir)?;
+    let sled = Arc::new(SledStorage::open(
+        &config.data_dir,
+        config.segment_entries,
+        config.cache_capacity,
+    )?);
+    let log = LogStorage::open(sled, &config.data_dir, config.log_settings(), None).await?;
+    Ok(Arc::new(log))
+}
+
+/// One replica of one partition: its Raft node and the store it applies to.
+#[derive(Debug)]
+pub struct ReplicatedPartition {
+    node: ReplicaNode,
+    storage: Arc<dyn Storage>,
+}
+
+impl ReplicatedPartition {
+    /// Starts node `id` of the group `topic` on `storage`, with its Raft log
+    /// in `raft_dir`, and routes the group's RPCs through `registry`.
+    pub async fn start(
+        id: u64,
+        topic: &str,
+        raft_dir: &Path,
+        settings: &NodeSettings,
+        storage: Arc<dyn Storage>,
+        registry: &GroupRegistry,
+    ) -> Result<Self, ReplicationError> {
+        let db = ricochet_replication::open_db(raft_dir, settings)?;
+        let applier = Arc::new(StorageApplier::new(storage.clone()));
+        let node = ReplicaNode::start(id, topic, &db, settings, applier, registry).await?;
+        Ok(Self { node, storage })
+    }
+
+    /// Proposes `command`; its reply once committed by a majority and
+    /// applied here (the leader only).
+    pub async fn propose(
+        &self,
+        command: &PartitionCommand,
+    ) -> Result<PartitionReply, ReplicationError> {
+        let reply = self.node.write(encode(command)?).await?;
+        decode(&reply)
+    }
+
+    /// Publishes a batch: its receipts once a majority stored it. A
+    /// refused batch (unknown topic, too large) is
+    /// [`ReplicationError::Refused`].
+    pub async fn publish(
+        &self,
+        batch: PublishBatch,
+    ) -> Result<Vec<PublishReceipt>, ReplicationError> {
+        match self.propose(&PartitionCommand::Publish(batch)).await? {
+            PartitionReply::Published(r) => Ok(r),
+            PartitionReply::Refused(why) => Err(ReplicationError::Refused(why)),
+            PartitionReply::Done => Err(ReplicationError::Refused(
+                "a publish answered without receipts".to_owned(),
+            )),
+        }
+    }
+
+    /// The Raft node.
+    pub fn node(&self) -> &ReplicaNode {
+        &self.node
+    }
+
+    /// The store this replica applies to.
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+}

@@ -1,0 +1,3 @@
+//! Helpers of the replicated-partition tests.
+
+pub mod cluster;

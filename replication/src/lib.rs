@@ -1,0 +1,55 @@
+//! Raft groups for replicated partitions (issue 22), on openraft 0.9.
+//!
+//! A partition with replication factor R is one Raft group of R nodes
+//! (brokers). This crate owns what every group needs and knows nothing of
+//! topics: the openraft type configuration ([`TypeConfig`]: a command is
+//! opaque bytes the broker encodes), the durable log and vote in sled
+//! ([`log_store`]), the state machine that hands committed commands to an
+//! [`Apply`] implementation and remembers what it applied
+//! ([`state_machine`]), the `Replication` gRPC service and its client
+//! ([`network`]), and [`ReplicaNode`], which starts a group's Raft on one
+//! broker ([`node`]). The broker's side — which commands exist and how
+//! they are applied through its `Storage` trait — lives in
+//! `ricochet_broker::replication`.
+
+mod codec;
+mod error;
+pub mod log_store;
+pub mod network;
+pub mod node;
+pub mod state_machine;
+
+pub use codec::{decode, encode};
+pub use error::{ReplicationError, Result};
+pub use network::{GroupRegistry, ReplicationService};
+pub use node::{Durability, NodeSettings, ReplicaNode, open_db};
+pub use state_machine::Apply;
+
+use serde::{Deserialize, Serialize};
+
+/// A node's id within its group (a broker's numeric id).
+pub type NodeId = u64;
+
+/// A state change for the group's state machine: bytes the broker encoded
+/// (`ricochet_broker::replication::PartitionCommand`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Command(#[serde(with = "serde_bytes")] pub Vec<u8>);
+
+/// What applying a [`Command`] answered (the broker's encoded reply).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reply(#[serde(with = "serde_bytes")] pub Vec<u8>);
+
+openraft::declare_raft_types!(
+    /// The openraft types of a replicated partition's group.
+    pub TypeConfig:
+        D = Command,
+        R = Reply,
+        NodeId = NodeId,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = std::io::Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// A group's Raft handle.
+pub type Raft = openraft::Raft<TypeConfig>;

@@ -1,0 +1,268 @@
+//! Raft RPCs over tonic: the `Replication` service (server side, one per
+//! broker, routing each request to its group) and the client a group's
+//! Raft uses to reach its peers.
+//!
+//! Bodies are openraft's request, response and error values in CBOR
+//! ([`crate::encode`]). A transport failure (peer down, connection cut,
+//! deadline) is `Unreachable` to openraft, which backs off before retrying;
+//! an error the peer's Raft returned travels back as that error.
+
+// openraft's traits fix these error types (StorageError, RPCError), large as they are.
+#![allow(clippy::result_large_err)]
+
+use crate::{NodeId, Raft, TypeConfig, decode, encode};
+use openraft::BasicNode;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use ricochet_proto::replication::replication_client::ReplicationClient;
+use ricochet_proto::replication::replication_server::{Replication, ReplicationServer};
+use ricochet_proto::replication::{RaftReply, RaftRequest};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+/// The groups this broker is a member of, by name: where the
+/// `Replication` service sends each request.
+#[derive(Clone, Default)]
+pub struct GroupRegistry {
+    groups: Arc<RwLock<HashMap<String, Raft>>>,
+}
+
+impl std::fmt::Debug for GroupRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let groups = self.groups.read().unwrap_or_else(|p| p.into_inner());
+        f.debug_set().entries(groups.keys()).finish()
+    }
+}
+
+impl GroupRegistry {
+    /// Routes requests for `group` to `raft`.
+    pub fn insert(&self, group: &str, raft: Raft) {
+        self.groups
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(group.to_owned(), raft);
+    }
+
+    /// Stops routing requests for `group`.
+    pub fn remove(&self, group: &str) {
+        self.groups
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(group);
+    }
+
+    fn get(&self, group: &str) -> Result<Raft, Status> {
+        self.groups
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(group)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("no raft group {group:?} on this broker")))
+    }
+}
+
+/// The server side of the `Replication` service.
+#[derive(Debug, Clone)]
+pub struct ReplicationService {
+    registry: GroupRegistry,
+}
+
+impl ReplicationService {
+    /// A service routing to the groups of `registry`.
+    pub fn new(registry: GroupRegistry) -> Self {
+        Self { registry }
+    }
+
+    /// The tonic service, to add to a server.
+    pub fn into_server(self) -> ReplicationServer<Self> {
+        ReplicationServer::new(self)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX)
+    }
+
+    fn open<T: DeserializeOwned>(&self, req: Request<RaftRequest>) -> Result<(Raft, T), Status> {
+        let req = req.into_inner();
+        let raft = self.registry.get(&req.group)?;
+        let body = decode(&req.body)
+            .map_err(|e| Status::invalid_argument(format!("raft request body: {e}")))?;
+        Ok((raft, body))
+    }
+}
+
+fn reply<T: Serialize, E: Serialize>(r: Result<T, E>) -> Result<Response<RaftReply>, Status> {
+    let internal = |e: crate::ReplicationError| Status::internal(e.to_string());
+    let out = match r {
+        Ok(v) => RaftReply {
+            body: encode(&v).map_err(internal)?,
+            error: Vec::new(),
+        },
+        Err(e) => RaftReply {
+            body: Vec::new(),
+            error: encode(&e).map_err(internal)?,
+        },
+    };
+    Ok(Response::new(out))
+}
+
+#[tonic::async_trait]
+impl Replication for ReplicationService {
+    async fn append_entries(
+        &self,
+        req: Request<RaftRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
+        let (raft, rpc): (_, AppendEntriesRequest<TypeConfig>) = self.open(req)?;
+        reply(raft.append_entries(rpc).await)
+    }
+
+    async fn vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        let (raft, rpc): (_, VoteRequest<NodeId>) = self.open(req)?;
+        reply(raft.vote(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        req: Request<RaftRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
+        let (raft, rpc): (_, InstallSnapshotRequest<TypeConfig>) = self.open(req)?;
+        reply(raft.install_snapshot(rpc).await)
+    }
+}
+
+/// Makes a group's clients to its peers.
+#[derive(Debug, Clone)]
+pub struct NetworkFactory {
+    group: String,
+    from: NodeId,
+    overrides: BTreeMap<NodeId, String>,
+}
+
+impl NetworkFactory {
+    /// Clients for `group`, sent from node `from`, reaching the peers in
+    /// `overrides` there rather than at their membership address.
+    pub fn new(group: &str, from: NodeId, overrides: BTreeMap<NodeId, String>) -> Self {
+        Self {
+            group: group.to_owned(),
+            from,
+            overrides,
+        }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        let addr = self.overrides.get(&target).unwrap_or(&node.addr).clone();
+        let client = Endpoint::from_shared(addr.clone())
+            .map(|e| {
+                ReplicationClient::new(e.connect_timeout(Duration::from_secs(1)).connect_lazy())
+                    .max_decoding_message_size(usize::MAX)
+                    .max_encoding_message_size(usize::MAX)
+            })
+            .map_err(|e| format!("peer {target} address {addr:?}: {e}"));
+        PeerClient {
+            group: self.group.clone(),
+            from: self.from,
+            target,
+            client,
+        }
+    }
+}
+
+/// A group's connection to one peer.
+#[derive(Debug)]
+pub struct PeerClient {
+    group: String,
+    from: NodeId,
+    target: NodeId,
+    client: Result<ReplicationClient<Channel>, String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Rpc {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+
+impl PeerClient {
+    async fn call<Req, Resp, E>(
+        &mut self,
+        rpc: Rpc,
+        body: &Req,
+        option: &RPCOption,
+    ) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let client = match &mut self.client {
+            Ok(c) => c,
+            Err(e) => {
+                let e = std::io::Error::other(e.clone());
+                return Err(RPCError::Unreachable(Unreachable::new(&e)));
+            }
+        };
+        let body = encode(body).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut req = Request::new(RaftRequest {
+            group: self.group.clone(),
+            from: self.from,
+            body,
+        });
+        req.set_timeout(option.hard_ttl());
+        let sent = match rpc {
+            Rpc::Append => client.append_entries(req).await,
+            Rpc::Vote => client.vote(req).await,
+            Rpc::Snapshot => client.install_snapshot(req).await,
+        };
+        let reply = sent
+            .map_err(|status| RPCError::Unreachable(Unreachable::new(&status)))?
+            .into_inner();
+        if !reply.error.is_empty() {
+            let e: RaftError<NodeId, E> =
+                decode(&reply.error).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+            return Err(RPCError::RemoteError(RemoteError::new(self.target, e)));
+        }
+        decode(&reply.body).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        self.call(Rpc::Append, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        self.call(Rpc::Snapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
+        self.call(Rpc::Vote, &rpc, &option).await
+    }
+}

@@ -1,0 +1,231 @@
+//! One broker's member of one group: opens the group's log and state
+//! machine, starts openraft, registers the group with the broker's
+//! `Replication` service, and turns openraft's answers into this crate's
+//! errors.
+
+use crate::log_store::LogStore;
+use crate::network::{GroupRegistry, NetworkFactory};
+use crate::state_machine::StateMachine;
+use crate::{Apply, Command, NodeId, Raft, ReplicationError, Result};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, Config, SnapshotPolicy};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// When a write counts as stored on a node (the broker's `durability`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Log appends and applied state are flushed (fsync) before they are
+    /// reported: a commit is on the disks of a majority.
+    Sync,
+    /// Flushed every [`NodeSettings::flush_interval`]: a commit is in the
+    /// memory of a majority and on their disks within one interval.
+    Interval,
+}
+
+/// How a node runs its groups.
+#[derive(Debug, Clone)]
+pub struct NodeSettings {
+    /// When a write counts as stored.
+    pub durability: Durability,
+    /// `Interval` mode: how often the log and applied state are flushed.
+    pub flush_interval: Duration,
+    /// How often a leader sends heartbeats.
+    pub heartbeat: Duration,
+    /// A follower that heard no leader for a random time in this range
+    /// stands for election.
+    pub election_timeout: (Duration, Duration),
+    /// Addresses to reach these peers at instead of the ones in the
+    /// group's membership (a test routes each pair of nodes through its
+    /// own fault proxy this way).
+    pub peer_addrs: BTreeMap<NodeId, String>,
+}
+
+impl Default for NodeSettings {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Sync,
+            flush_interval: Duration::from_millis(500),
+            heartbeat: Duration::from_millis(100),
+            election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
+            peer_addrs: BTreeMap::new(),
+        }
+    }
+}
+
+impl NodeSettings {
+    fn raft_config(&self, group: &str) -> Result<Arc<Config>> {
+        let ms = |d: Duration| d.as_millis() as u64;
+        let config = Config {
+            cluster_name: group.to_owned(),
+            heartbeat_interval: ms(self.heartbeat),
+            election_timeout_min: ms(self.election_timeout.0),
+            election_timeout_max: ms(self.election_timeout.1),
+            // Never built yet: the log is kept whole (see state_machine).
+            snapshot_policy: SnapshotPolicy::Never,
+            ..Config::default()
+        };
+        Ok(Arc::new(
+            config
+                .validate()
+                .map_err(|e| ReplicationError::Raft(e.to_string()))?,
+        ))
+    }
+}
+
+/// Opens the node's Raft database (`<dir>/raft`), shared by its groups.
+pub fn open_db(dir: &Path, settings: &NodeSettings) -> Result<sled::Db> {
+    let flush_every = match settings.durability {
+        Durability::Sync => None,
+        Durability::Interval => Some(settings.flush_interval.as_millis().max(1) as u64),
+    };
+    Ok(sled::Config::new()
+        .path(dir.join("raft"))
+        .flush_every_ms(flush_every)
+        .open()?)
+}
+
+/// This node's member of one group.
+pub struct ReplicaNode {
+    id: NodeId,
+    group: String,
+    raft: Raft,
+    registry: GroupRegistry,
+    checkpoints: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ReplicaNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaNode")
+            .field("id", &self.id)
+            .field("group", &self.group)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplicaNode {
+    /// Starts node `id` of `group` on `db`, applying committed commands
+    /// through `apply`, and routes the group's requests to it. A node
+    /// restarted on the same `db` resumes from its log and vote.
+    pub async fn start(
+        id: NodeId,
+        group: &str,
+        db: &sled::Db,
+        settings: &NodeSettings,
+        apply: Arc<dyn Apply>,
+        registry: &GroupRegistry,
+    ) -> Result<Self> {
+        let log = LogStore::open(db, group, settings.durability)?;
+        let sm = StateMachine::open(db, group, settings.durability, apply)?;
+        let checkpoints = (settings.durability == Durability::Interval).then(|| {
+            let sm = sm.clone();
+            let every = settings.flush_interval;
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    if let Err(e) = sm.checkpoint().await {
+                        tracing::error!(error = %e, "raft state machine checkpoint failed");
+                    }
+                }
+            })
+        });
+        let raft = Raft::new(
+            id,
+            settings.raft_config(group)?,
+            NetworkFactory::new(group, id, settings.peer_addrs.clone()),
+            log,
+            sm,
+        )
+        .await
+        .map_err(|e| ReplicationError::Raft(e.to_string()))?;
+        registry.insert(group, raft.clone());
+        Ok(Self {
+            id,
+            group: group.to_owned(),
+            raft,
+            registry: registry.clone(),
+            checkpoints,
+        })
+    }
+
+    /// Makes this node's group `members` (id → `http://host:port` of its
+    /// broker's Replication service). Done once, on one node, for a new
+    /// group; a group that already has a membership refuses it.
+    pub async fn initialize(&self, members: BTreeMap<NodeId, String>) -> Result<()> {
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .into_iter()
+            .map(|(id, addr)| (id, BasicNode { addr }))
+            .collect();
+        self.raft
+            .initialize(nodes)
+            .await
+            .map_err(|e| ReplicationError::Raft(e.to_string()))
+    }
+
+    /// Proposes `command`; answers the applier's reply once the command is
+    /// committed (stored by a majority) and applied here. Only the leader
+    /// accepts: elsewhere [`ReplicationError::NotLeader`] names it. A leader
+    /// cut off from its majority never answers (the caller's deadline
+    /// decides how long to wait), and never answers `Ok` for a command the
+    /// group did not commit.
+    pub async fn write(&self, command: Vec<u8>) -> Result<Vec<u8>> {
+        match self.raft.client_write(Command(command)).await {
+            Ok(r) => Ok(r.data.0),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ReplicationError::NotLeader {
+                    group: self.group.clone(),
+                    leader: f.leader_id,
+                    leader_addr: f.leader_node.map(|n| n.addr),
+                })
+            }
+            Err(RaftError::APIError(e)) => Err(ReplicationError::Raft(e.to_string())),
+            Err(RaftError::Fatal(f)) => Err(ReplicationError::Stopped {
+                group: self.group.clone(),
+                message: f.to_string(),
+            }),
+        }
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The group's leader as this node knows it.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    /// The index of the last entry applied here.
+    pub fn applied_index(&self) -> Option<u64> {
+        self.raft.metrics().borrow().last_applied.map(|l| l.index)
+    }
+
+    /// The openraft handle (metrics, membership changes).
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// Stops the group on this node (clean: the Raft core ends, the
+    /// service stops routing to it).
+    pub async fn shutdown(mut self) {
+        self.stop_local();
+        let _ = self.raft.shutdown().await;
+    }
+
+    fn stop_local(&mut self) {
+        self.registry.remove(&self.group);
+        if let Some(t) = self.checkpoints.take() {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for ReplicaNode {
+    fn drop(&mut self) {
+        self.stop_local();
+    }
+}
