@@ -25,7 +25,9 @@
 //! the issue's idle row is `BURSTS_N=1000 BURSTS_DELAY_MS=1000`),
 //! `BURSTS_M` (loop size), `BURSTS_ONLY=burst|loop`,
 //! `BURSTS_VARIANT=nack|broker|reconsume` (one burst variant),
-//! `BURSTS_MODE=sync|interval` (one durability mode).
+//! `BURSTS_MODE=sync|interval` (one durability mode),
+//! `BURSTS_NACK_LEAD_MS` (the consumer's `nack_lead`, its default unless
+//! set; 0 sends a client-held nack at its due time, as before the lead).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -152,8 +154,13 @@ async fn burst(durability: Durability, v: Variant, n: usize) -> Result<(), BoxEr
     let delay = delay();
     let (broker, client) = broker(durability).await?;
     let topic = format!("burst-{v:?}-{durability:?}");
-    let (mut consumer, got) = received(&client, &topic, n, |b| match v {
-        Variant::NackBrokerHeld => b.broker_nack_threshold(Duration::ZERO),
+    let lead = std::env::var("BURSTS_NACK_LEAD_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis);
+    let (mut consumer, got) = received(&client, &topic, n, |b| match (v, lead) {
+        (Variant::NackBrokerHeld, _) => b.broker_nack_threshold(Duration::ZERO),
+        (Variant::Nack, Some(lead)) => b.nack_lead(lead),
         _ => b,
     })
     .await?;
@@ -198,9 +205,13 @@ async fn burst(durability: Durability, v: Variant, n: usize) -> Result<(), BoxEr
     let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     let span = arrivals[n - 1].duration_since(arrivals[0]).as_secs_f64();
     println!(
-        "burst {durability:?}, {n} x {}, {} ms: lateness p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; \
+        "burst {durability:?}, {n} x {}{}, {} ms: lateness p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; \
          beyond the drain p50 {:.1} ms, p99 {:.1} ms; drained at {:.0}/s; early {early}",
         v.label(),
+        match (v, lead) {
+            (Variant::Nack, Some(l)) => format!(" (nack lead {} ms)", l.as_millis()),
+            _ => String::new(),
+        },
         delay.as_millis(),
         ms(&lateness, 0.5),
         ms(&lateness, 0.99),

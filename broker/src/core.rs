@@ -149,10 +149,11 @@ impl BrokerCore {
     /// Publishes failure events to their namespaces' events topics (see
     /// `crate::events`), in the background: a failure to publish is a WARN
     /// line, never an error of the change the event tells of. In cluster mode
-    /// the events topic may be owned by another broker, so none is published
-    /// yet (issue #26).
+    /// the events topic is wherever the cluster placed it: written here when
+    /// this broker owns it, else forwarded to its owner
+    /// ([`crate::events_route`]).
     pub(crate) fn emit_events(&self, events: Vec<FailureEvent>) {
-        if events.is_empty() || self.cluster.get().is_some() {
+        if events.is_empty() {
             return;
         }
         let Some(core) = self.me.upgrade() else {
@@ -176,19 +177,68 @@ impl BrokerCore {
                     ..Default::default()
                 });
             }
+            let token = core.events_token();
             for (name, messages) in by_topic {
-                let written = match core
-                    .topic_or_create(&name, TopicKind::Normal, &|_| Ok(()))
-                    .await
-                {
-                    Ok(entry) => entry.topic.publish("", messages).await.map(|_| ()),
-                    Err(e) => Err(e),
-                };
+                let written = core.publish_events(&name, messages, token.as_ref()).await;
                 if let Err(e) = written {
                     tracing::warn!(topic = %name, error = %e, "failure events not published");
                 }
             }
         });
+    }
+
+    /// Writes events to the events topic `name`: here when this broker
+    /// owns it (or it is placed here now), else on its owner.
+    async fn publish_events(
+        &self,
+        name: &TopicName,
+        messages: Vec<OutboundMessage>,
+        token: Option<&tonic::metadata::AsciiMetadataValue>,
+    ) -> Result<()> {
+        if let Some(cluster) = self.cluster.get() {
+            match cluster.route(name, true).await {
+                Ok(_) => {}
+                Err(BrokerError::NotOwner {
+                    owner,
+                    url: Some(url),
+                    ..
+                }) => {
+                    return crate::events_route::forward_to_owner(
+                        (&owner, &url),
+                        name,
+                        messages,
+                        token,
+                    )
+                    .await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let entry = self
+            .topic_or_create(name, TopicKind::Normal, &|_| Ok(()))
+            .await?;
+        entry.topic.publish("", messages).await.map(|_| ())
+    }
+
+    /// The credential forwarded events carry in a cluster with `[auth]`
+    /// on: the token in `[cluster] events_token_file`, read when needed (so
+    /// a renewed token is picked up).
+    fn events_token(&self) -> Option<tonic::metadata::AsciiMetadataValue> {
+        let path = self.config.cluster.as_ref()?.events_token_file.as_ref()?;
+        let read = std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| {
+                format!("Bearer {}", t.trim_end())
+                    .parse()
+                    .map_err(|_| "not a valid header value".to_owned())
+            });
+        match read {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot read the events token");
+                None
+            }
+        }
     }
 
     /// Opens storage state: the store is checked against its manifest

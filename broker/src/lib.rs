@@ -58,6 +58,7 @@ mod core;
 mod disk;
 mod error;
 pub mod events;
+mod events_route;
 mod failure_log;
 mod flusher;
 mod keeper;

@@ -146,6 +146,13 @@ impl<K: Hash + Eq + Clone> DelayTracker<K> {
     /// `out`, in deadline order. Returns how many were added.
     pub fn pop_due(&mut self, now: Instant, out: &mut Vec<K>) -> usize {
         let before = out.len();
+        self.pop_due_with(now, |k, _| out.push(k));
+        out.len() - before
+    }
+
+    /// Hands every key whose (rounded) deadline is at or before `now` to
+    /// `f` with that deadline, in deadline order, and stops tracking it.
+    pub fn pop_due_with(&mut self, now: Instant, mut f: impl FnMut(K, Instant)) {
         let elapsed =
             u64::try_from(now.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX);
         let last_due = elapsed / self.resolution_ns;
@@ -156,10 +163,11 @@ impl<K: Hash + Eq + Clone> DelayTracker<K> {
             let Some((tick, keys)) = self.buckets.pop_first() else {
                 break;
             };
+            let at = self.instant_of(tick);
             for k in keys {
                 if self.due.get(&k) == Some(&tick) {
                     self.due.remove(&k);
-                    out.push(k);
+                    f(k, at);
                 }
             }
         }
@@ -170,7 +178,6 @@ impl<K: Hash + Eq + Clone> DelayTracker<K> {
         if self.due.capacity() > 4096 && self.due.len() * 4 < self.due.capacity() {
             self.due.shrink_to(self.due.len() * 2);
         }
-        out.len() - before
     }
 
     /// Approximate heap bytes held, from capacities: the key map (key,

@@ -155,6 +155,55 @@ async fn nack_waits_the_fixed_delay_without_a_policy() {
     c.ack(&m2).await.unwrap();
 }
 
+/// A nack held by the client goes to the broker `nack_lead` before it is
+/// due: from then on the broker holds it with its new delivery count
+/// already stored (the message reads `scheduled`, count 1), and still
+/// redelivers it no earlier than the full delay.
+#[tokio::test]
+async fn a_client_held_nack_reaches_the_broker_ahead_of_its_due_time() {
+    let env = start().await;
+    let t = topic("f-nack-lead");
+    produce(&env, &t, 1).await;
+    let delay = Duration::from_millis(2_000);
+    let mut c = env
+        .client
+        .consumer(&t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .negative_ack_delay(delay)
+        .nack_lead(Duration::from_millis(1_700))
+        .subscribe()
+        .await
+        .unwrap();
+    let m = recv(&mut c, T).await;
+    c.nack(&m).await.unwrap();
+    let nacked = Instant::now();
+    // Well before the due time the broker holds it, its count stored.
+    loop {
+        let info = env.client.admin().message(m.id()).await.unwrap();
+        let s = &info.subscriptions[0];
+        if s.state == "scheduled" {
+            assert_eq!(s.delivery_count, 1);
+            break;
+        }
+        assert!(
+            nacked.elapsed() < Duration::from_millis(1_500),
+            "not handed to the broker ahead of its due time: {} after {:?}",
+            s.state,
+            nacked.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again = recv(&mut c, T).await;
+    let waited = nacked.elapsed();
+    assert_eq!(again.id(), m.id());
+    assert_eq!(again.delivery_count(), 1);
+    assert!(waited >= delay, "early: {waited:?}");
+    assert!(waited < delay + LATE, "late: {waited:?}");
+    c.ack(&again).await.unwrap();
+}
+
 #[tokio::test]
 async fn nack_follows_the_multiplier_backoff_then_dead_letters() {
     let env = start().await;

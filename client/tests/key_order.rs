@@ -265,6 +265,35 @@ async fn other_keys_flow_while_one_is_blocked_and_an_ack_releases_it() {
 }
 
 /// Dead-lettering the failed message releases its key.
+/// A key with a message out (not failed, only not acked yet) does not
+/// fill the read-ahead with its later messages: 1 500 messages of a hot
+/// key (more than the broker's read-ahead of 1 000) are followed by
+/// messages of another key, which arrive while the hot key's first message
+/// is still unacked; the hot key's messages then come in order.
+#[tokio::test]
+async fn a_busy_key_does_not_hold_up_the_keys_behind_it() {
+    let env = start().await;
+    let t = topic("ko-busy");
+    publish(&env, &t, &["hot"], 1_500).await;
+    publish(&env, &t, &["cold"], 10).await;
+    let mut c = consumer(&env, &t, SubscriptionType::Exclusive, true, "c").await;
+    let first = recv(&mut c, T).await;
+    assert_eq!(seq_of(&first), ("hot".to_owned(), 0));
+    // hot:0 stays unacked: only the other key can come.
+    for i in 0..10 {
+        let m = recv(&mut c, T).await;
+        assert_eq!(seq_of(&m), ("cold".to_owned(), i));
+        c.ack(&m).await.unwrap();
+    }
+    c.ack(&first).await.unwrap();
+    for i in 1..1_500 {
+        let m = recv(&mut c, T).await;
+        assert_eq!(seq_of(&m), ("hot".to_owned(), i));
+        c.ack(&m).await.unwrap();
+    }
+    assert_quiet(&mut c, Duration::from_millis(200)).await;
+}
+
 #[tokio::test]
 async fn dead_lettering_the_failed_message_releases_its_key() {
     let env = start().await;

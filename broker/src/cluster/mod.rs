@@ -55,6 +55,11 @@ pub struct ClusterConfig {
     /// cannot renew its lease stops acknowledging after four fifths of it.
     #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
+    /// With `[auth]` on: a file holding the token (a role that may produce
+    /// to `__failure_events` topics) this broker sends failure events with
+    /// to the broker owning a namespace's events topic. Without it those
+    /// events are refused there (a WARN line here).
+    pub events_token_file: Option<std::path::PathBuf>,
 }
 
 impl Default for ClusterConfig {
@@ -64,6 +69,7 @@ impl Default for ClusterConfig {
             etcd: vec!["http://127.0.0.1:2379".into()],
             broker_id: None,
             lease_ttl: Duration::from_secs(10),
+            events_token_file: None,
         }
     }
 }

@@ -335,9 +335,12 @@ impl SubscriptionActor {
         let mut ready = Vec::with_capacity(items.len());
         let mut held = Vec::new();
         let mut unheld = Vec::new();
+        // A hold starts at the next whole millisecond, so it never ends
+        // before the consumer's (or its client's) due time.
+        let from = self.deps.clock.now_us().div_ceil(1000).max(now);
         for (f, mut rec, hold) in items {
             let msg = f.entry.of(self.rec.id);
-            let hold_until = (!hold.is_zero()).then(|| now.saturating_add(millis(hold)));
+            let hold_until = (!hold.is_zero()).then(|| from.saturating_add(millis(hold)));
             rec.hold_until_ms = hold_until.unwrap_or(0);
             if hold_until.is_some() {
                 // Parked: the record stays in storage until the hold ends.

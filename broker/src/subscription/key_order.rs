@@ -13,7 +13,10 @@
 //! * in memory, per key with held messages, the held entry ids (a
 //!   `BTreeSet<u64>`, no payload: a released message is read again from
 //!   the log); after a restart they are found again as the read-ahead reads
-//!   the unacked log from the mark-delete position;
+//!   the unacked log from the mark-delete position. A message whose key
+//!   is only busy (an earlier one is out, not failed) is held the same way,
+//!   up to a bound, so the read-ahead is not filled with messages that
+//!   cannot go out and other keys keep flowing;
 //! * the rule that a key has one message out at a time: a consumer that
 //!   failed K:1 is never also holding K:2, so no later message of a key can
 //!   be processed before an earlier one is settled.
@@ -35,6 +38,12 @@ use std::time::Duration;
 
 /// Held messages dead-lettered per tier move when a key turns poison.
 const POISON_CHUNK: usize = 1_000;
+
+/// Messages waiting behind a busy key (one of its messages out) leave the
+/// read-ahead for the key's lane while fewer than this many are held; past
+/// it they stay in the read-ahead (and hold it up), so memory stays bounded
+/// when one hot key has a long backlog.
+const BUSY_HOLD_CAP: usize = 10 * READ_AHEAD;
 
 /// How many of the longest-blocked keys the stats list.
 pub(super) const TOP_BLOCKED: usize = 5;
@@ -99,11 +108,6 @@ impl KeyLanes {
         if self.lanes.entry(key).or_default().held.insert(entry_id) {
             self.held_total += 1;
         }
-    }
-
-    /// Messages held now.
-    pub fn held_total(&self) -> usize {
-        self.held_total
     }
 
     fn held_of(&self, key: &str) -> usize {
@@ -203,7 +207,15 @@ impl SubscriptionActor {
                 }
             }
             if lanes.busy.contains_key(key) || !offered.insert(key) {
-                skip.insert(*entry);
+                // Waiting for an earlier message of its key: out of the
+                // read-ahead too (while the held set is small), so the
+                // read-ahead reads on and other keys flow; it comes back in
+                // order when the key is free.
+                if entry.tier == TierId::Main && lanes.held_total + hold.len() < BUSY_HOLD_CAP {
+                    hold.push((*entry, key.to_owned()));
+                } else {
+                    skip.insert(*entry);
+                }
             }
         }
         let moved = !hold.is_empty();
@@ -533,6 +545,25 @@ impl SubscriptionActor {
         }
     }
 
+    /// Messages held behind blocked keys (not those only waiting for a
+    /// busy key), for the stats and the gauge.
+    pub(super) fn held_behind_blocked(&self) -> usize {
+        if self.key_lanes.lanes.len() <= self.rec.blocked_keys.len() {
+            self.key_lanes
+                .lanes
+                .iter()
+                .filter(|(k, _)| self.rec.blocked_keys.contains_key(*k))
+                .map(|(_, l)| l.held.len())
+                .sum()
+        } else {
+            self.rec
+                .blocked_keys
+                .keys()
+                .map(|k| self.key_lanes.held_of(k))
+                .sum()
+        }
+    }
+
     /// Key order's part of the stats.
     pub(super) fn key_order_stats(&self) -> Option<super::stats::KeyOrderStats> {
         self.rec.key_order?;
@@ -544,7 +575,7 @@ impl SubscriptionActor {
             oldest_blocked_ms: keys
                 .first()
                 .map_or(0, |(_, b)| now.saturating_sub(b.since_ms)),
-            held_messages: self.key_lanes.held_total() as u64,
+            held_messages: self.held_behind_blocked() as u64,
             top: keys
                 .into_iter()
                 .take(TOP_BLOCKED)

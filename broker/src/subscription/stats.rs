@@ -184,7 +184,7 @@ impl SubscriptionActor {
             .set(self.rec.blocked_keys.len() as f64);
         self.metrics
             .held_messages
-            .set(self.key_lanes.held_total() as f64);
+            .set(self.held_behind_blocked() as f64);
     }
 
     pub(super) fn update_gauges(&self) {

@@ -262,7 +262,8 @@ async fn a_nack_the_broker_holds_comes_back_in_place_after_its_delay() {
     let mut c = h.consumer(SubscriptionType::Exclusive, None).await;
     let first = c.messages().await;
     let rid = c.nack_held(&first[0], Duration::from_secs(600));
-    let asked = h.clock.now_ms();
+    // The hold starts at the next whole millisecond (never ends early).
+    let asked = h.clock.now_us().div_ceil(1000);
     assert!(
         c.done(rid).await.is_ok(),
         "confirmed once the count is durable"

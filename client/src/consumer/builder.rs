@@ -177,6 +177,18 @@ impl ConsumerBuilder {
         self
     }
 
+    /// How long before a nack held here is due it is handed to the broker,
+    /// with the rest of its delay for the broker to hold (default zero: at
+    /// the due time, and the broker then makes the new delivery count
+    /// durable before it redelivers, a flush after the due time). A nack due
+    /// sooner than the lead goes at once with its whole delay. With a lead,
+    /// the attempt is counted up to the lead earlier, and an ack sent within
+    /// the lead no longer cancels the redelivery.
+    pub fn nack_lead(mut self, d: Duration) -> Self {
+        self.config.nack_lead = d;
+        self
+    }
+
     /// On a partitioned topic: how often the partition count is looked up
     /// again, to subscribe to partitions added later (default 60 s; zero
     /// never).

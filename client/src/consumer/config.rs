@@ -96,6 +96,12 @@ pub struct ConsumerConfig {
     /// redelivers it when due; shorter ones are held here (default 10 s).
     /// With ack receipts every nack goes to the broker.
     pub broker_nack_threshold: Duration,
+    /// How long before a nack held here is due it goes to the broker, with
+    /// the rest of its delay for the broker to hold (default zero: at the
+    /// due time). The broker makes the new delivery count durable
+    /// within the lead and redelivers at the due time from its timer, so no
+    /// flush sits between the due time and the redelivery.
+    pub nack_lead: Duration,
     /// On a partitioned topic: how often the partition count is looked up
     /// again to subscribe to partitions added later (default 60 s, as
     /// Pulsar's `autoUpdatePartitionsInterval`; zero never).
@@ -122,6 +128,7 @@ impl std::fmt::Debug for ConsumerConfig {
             .field("ack_group_max", &self.ack_group_max)
             .field("ack_receipts", &self.ack_receipts)
             .field("broker_nack_threshold", &self.broker_nack_threshold)
+            .field("nack_lead", &self.nack_lead)
             .field("partitions_refresh", &self.partitions_refresh)
             .finish()
     }
@@ -149,6 +156,7 @@ impl Default for ConsumerConfig {
             ack_group_max: 1000,
             ack_receipts: false,
             broker_nack_threshold: Duration::from_secs(10),
+            nack_lead: super::driver::NACK_LEAD,
             partitions_refresh: Duration::from_secs(60),
         }
     }

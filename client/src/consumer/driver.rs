@@ -11,6 +11,7 @@ use ricochet_proto::{
     Ack, AckType, CheckAcks, CloseConsumer, ConsumeResponse, Flow, ReconsumeLater, Redeliver,
     Subscribed, Terminate, consume_request, consume_response,
 };
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -25,6 +26,14 @@ use crate::client::{Client, next_frame, sleep_opt};
 use crate::error::{Error, Result};
 use crate::message::{Message, MessageId};
 use crate::reconnect::{Reconnector, Reopen};
+
+/// The default [`nack_lead`](super::ConsumerBuilder::nack_lead): none, a
+/// held nack goes to the broker at its due time. A lead (the nack sent early
+/// with the rest of its delay for the broker to serve) saved 3–5 ms of a
+/// 35–60 ms lateness in the one measurement taken, and an ack in the lead's
+/// window no longer cancels the redelivery, so it is an option, not the
+/// default.
+pub(super) const NACK_LEAD: Duration = Duration::ZERO;
 
 /// Starts the driver task on a freshly opened stream and returns the
 /// application's handle.
@@ -133,7 +142,10 @@ impl Driver {
     async fn run(mut self) {
         let mut rx_open = true;
         loop {
-            let nack_due = self.inflight.nack_deadline();
+            let nack_due = self
+                .inflight
+                .nack_deadline()
+                .map(|d| d.checked_sub(self.cfg.nack_lead).unwrap_or(d));
             let ack_timeout_due = self.inflight.ack_timeout_deadline();
             let reconnect = if self.conn.is_none() {
                 self.reconnect.due()
@@ -686,7 +698,8 @@ impl Driver {
     /// Readies for redelivery every held nack due by `until`, with its reason.
     fn fire_nacks(&mut self, until: Instant) {
         let covered = cumulative_covers(&self.ids, &self.acks);
-        self.inflight.fire_nacks(until, &self.ids, covered);
+        self.inflight
+            .fire_nacks(until, self.cfg.nack_lead, &self.ids, covered);
     }
 
     /// Readies for redelivery every outstanding id past its ack timeout.

@@ -94,7 +94,8 @@ fn failure(
         id: Some(id.to_proto()),
         reason: reason as i32,
         detail,
-        delay_ms: u64::try_from(hold.as_millis()).unwrap_or(u64::MAX),
+        // Rounded up: the broker never serves less than what is left.
+        delay_ms: u64::try_from(hold.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX),
     }
 }
 
@@ -266,29 +267,28 @@ impl InFlight {
             .and_then(|t| t.tracker.next_deadline())
     }
 
-    /// Readies every held nack due by `until`, with its reason, except ids
-    /// a cumulative ack `covered`.
+    /// Readies every held nack due by `now + lead`, with its reason and
+    /// what is left of its delay at `now` for the broker to serve, except
+    /// ids a cumulative ack `covered`.
     pub(super) fn fire_nacks(
         &mut self,
-        until: Instant,
+        now: Instant,
+        lead: Duration,
         ids: &TopicIds,
         covered: impl Fn(Key) -> bool,
     ) {
         let mut due = Vec::new();
-        self.nacks.pop_due(until, &mut due);
-        for k in due {
+        self.nacks.pop_due_with(now + lead, |k, at| {
+            due.push((k, at.saturating_duration_since(now)))
+        });
+        for (k, left) in due {
             let detail = self.nack_details.remove(&k).unwrap_or_default();
             if covered(k) {
                 continue;
             }
             if let Some(id) = ids.id(k) {
                 self.ready.push((
-                    failure(
-                        &id,
-                        ricochet_proto::FailureReason::Nack,
-                        detail,
-                        Duration::ZERO,
-                    ),
+                    failure(&id, ricochet_proto::FailureReason::Nack, detail, left),
                     None,
                 ));
             }
@@ -480,16 +480,34 @@ mod tests {
         f.nack(kb, &b, NackPlan::HoldFor(MS * 300), None, now, None);
         assert_eq!(f.nack_deadline(), Some(now + MS * 100));
 
-        f.fire_nacks(now + MS * 99, &ids, |_| false);
+        f.fire_nacks(now + MS * 99, Duration::ZERO, &ids, |_| false);
         assert!(f.take_ready().is_empty(), "never early");
-        f.fire_nacks(now + MS * 100, &ids, |_| false);
+        f.fire_nacks(now + MS * 100, Duration::ZERO, &ids, |_| false);
         assert_eq!(entries(&f.take_ready()), vec![(1, NACK, "boom")]);
         assert_eq!(f.nack_deadline(), Some(now + MS * 300));
-        f.fire_nacks(now + MS * 300, &ids, |_| false);
+        f.fire_nacks(now + MS * 300, Duration::ZERO, &ids, |_| false);
         let ready = f.take_ready();
         assert_eq!(entries(&ready), vec![(2, NACK, "")]);
         assert_eq!(ready[0].0.id.as_ref().unwrap().topic, "main-s-RETRY");
         assert_eq!(f.nack_deadline(), None);
+    }
+
+    /// A held nack goes to the broker `lead` before it is due, with what
+    /// is left of its delay for the broker to serve (never less, never early).
+    #[tokio::test(start_paused = true)]
+    async fn a_held_nack_goes_ahead_with_the_rest_of_its_delay() {
+        let (ids, a, _, ka, _) = setup();
+        let mut f = InFlight::new(None, None);
+        let now = Instant::now();
+        f.delivered(ka);
+        assert!(f.settle(&ka));
+        f.nack(ka, &a, NackPlan::HoldFor(MS * 1000), None, now, None);
+        f.fire_nacks(now + MS * 949, MS * 50, &ids, |_| false);
+        assert!(f.take_ready().is_empty(), "not before the lead");
+        f.fire_nacks(now + MS * 960, MS * 50, &ids, |_| false);
+        let ready = f.take_ready();
+        assert_eq!(entries(&ready), vec![(1, NACK, "")]);
+        assert_eq!(ready[0].0.delay_ms, 40, "the broker serves the last 40 ms");
     }
 
     #[tokio::test(start_paused = true)]
@@ -503,11 +521,11 @@ mod tests {
 
         f.nack(ka, &a, NackPlan::HoldFor(MS), Some("x".into()), now, None);
         f.nack(kb, &b, NackPlan::HoldFor(MS), None, now, None);
-        f.fire_nacks(now + MS, &ids, |k| k == ka);
+        f.fire_nacks(now + MS, Duration::ZERO, &ids, |k| k == ka);
         assert_eq!(entries(&f.take_ready()), vec![(2, NACK, "")]);
         // The covered nack's reason went with it.
         f.nack(ka, &a, NackPlan::HoldFor(MS), None, now, None);
-        f.fire_nacks(now + MS, &ids, |_| false);
+        f.fire_nacks(now + MS, Duration::ZERO, &ids, |_| false);
         assert_eq!(entries(&f.take_ready()), vec![(1, NACK, "")]);
     }
 
@@ -586,7 +604,7 @@ mod tests {
             None,
         );
         assert!(!f.settle(&ka), "not outstanding any more");
-        f.fire_nacks(now + MS * 10, &ids, |_| false);
+        f.fire_nacks(now + MS * 10, Duration::ZERO, &ids, |_| false);
         assert!(f.take_ready().is_empty());
     }
 
@@ -690,7 +708,7 @@ mod tests {
         assert_eq!(f.nack_deadline(), None);
         assert_eq!(f.ack_timeout_deadline(), None);
         assert!(!f.settle(&kb));
-        f.fire_nacks(now + MS * 100, &ids, |_| false);
+        f.fire_nacks(now + MS * 100, Duration::ZERO, &ids, |_| false);
         f.fire_ack_timeouts(now + MS * 100, &ids, |_| false);
         assert!(f.take_ready().is_empty());
     }
