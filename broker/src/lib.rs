@@ -23,7 +23,7 @@
 //!   that knows protobuf requests and gRPC statuses);
 //! * `metrics`: the Prometheus series; `failure_log`: the periodic summary
 //!   of retries and dead letters in the log; [`clock`]: injected wall time;
-//! * `claims`: which subscription owns each tier name; `limits`: what
+//! * `tier_owners`: which subscription owns each tier name; `limits`: what
 //!   clients may create or hold open;
 //! * `partitions`: partitioned topics (counts, names); [`retention`]:
 //!   retention policies and backlog quotas; `replay_jobs`: durable paced
@@ -31,7 +31,9 @@
 //! * [`check`]: `ricochet-broker check`, verifying a stopped store;
 //! * [`console`]: the web console (HTML over the admin service);
 //! * [`tls`]: TLS and mTLS on the listener;
-//! * [`auth`]: tokens, grants and the permission checks of every RPC;
+//! * [`gate`]: the RPC table (each RPC's permission, scope, route and
+//!   audit line) every service runs behind;
+//! * [`auth`]: tokens, grants and the permission check;
 //! * [`cluster`]: cluster mode (membership, placement and fenced ownership
 //!   of topics through etcd);
 //! * `config`, `name`, `error`, `util`.
@@ -46,7 +48,6 @@
 
 pub mod auth;
 pub mod check;
-mod claims;
 pub mod clock;
 pub mod cluster;
 mod config;
@@ -58,6 +59,7 @@ mod error;
 pub mod events;
 mod failure_log;
 mod flusher;
+pub mod gate;
 mod keeper;
 mod limits;
 mod metrics;
@@ -70,12 +72,12 @@ mod server;
 mod service;
 pub mod storage;
 mod subscription;
+mod tier_owners;
 pub mod tls;
 mod topic;
 mod transfer;
 mod util;
 
-pub use claims::TierOverrides;
 pub use config::{BrokerConfig, Durability, LogEngine, LogFormat, PolicyRule, VerifyOnStart};
 pub use core::{BrokerCore, TopicEntry};
 pub use error::{BrokerError, Result};
@@ -92,4 +94,5 @@ pub use subscription::{
     ConsumerTx, DueBucket, FailedItem, MessageRef, MessageState, MessageStatus, Outcome,
     PolicyInfo, SubscriptionDeps, SubscriptionHandle, SubscriptionStats,
 };
+pub use tier_owners::TierOverrides;
 pub use topic::{Topic, TopicCounters, Written};

@@ -14,7 +14,8 @@ use call::call;
 use common::*;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use prost::Message as _;
-use ricochet_broker::auth::{Claims, Permission, Requirement, required};
+use ricochet_broker::auth::{Permission, Requirement, TokenClaims};
+use ricochet_broker::gate::required;
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::auth_client::AuthClient;
 use ricochet_proto::broker_client::BrokerClient;
@@ -42,7 +43,7 @@ fn now() -> u64 {
 fn token_with(key: &[u8], sub: &str, exp: Option<u64>) -> String {
     jsonwebtoken::encode(
         &Header::new(Algorithm::HS256),
-        &Claims {
+        &TokenClaims {
             sub: sub.into(),
             exp,
         },

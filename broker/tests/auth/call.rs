@@ -307,7 +307,7 @@ pub(crate) async fn call(url: &str, method: &str, token: Option<&str>) -> Result
             .await
             .map(drop),
         other => panic!(
-            "no case for RPC {other}: give it a permission in ricochet_broker::auth::required and a case here"
+            "no case for RPC {other}: give it a row in the RPC table (ricochet_broker::gate) and a case here"
         ),
     }
 }

@@ -48,12 +48,12 @@ struct Owner {
 
 /// Every live subscription's tier names.
 #[derive(Debug, Default)]
-pub struct TierClaims {
+pub struct TierOwners {
     by_tier: HashMap<String, Owner>,
     by_subscription: HashMap<(String, String), (String, String)>,
 }
 
-impl TierClaims {
+impl TierOwners {
     /// Records `rec`'s tiers (at start, and once a subscription is created).
     pub fn claim(&mut self, rec: &SubscriptionRecord) -> Result<()> {
         let (retry, dead_letter) = tier_names(rec)?;
@@ -230,54 +230,54 @@ mod tests {
 
     #[test]
     fn overrides_must_be_free_distinct_and_of_their_kind() {
-        let mut claims = TierClaims::default();
-        claims
+        let mut owners = TierOwners::default();
+        owners
             .claim(&rec("orders", "a", Some("shared-dlq")))
             .unwrap();
         let none = |_: &TopicName| None;
         let (orders, b) = (t("orders"), s("b"));
         assert!(
-            claims
+            owners
                 .check_new(&orders, &b, &wants(None, Some("mine")), none)
                 .is_ok()
         );
-        let e = claims
+        let e = owners
             .check_new(&orders, &b, &wants(None, Some("shared-dlq")), none)
             .unwrap_err();
         assert!(matches!(e, BrokerError::Conflict(_)), "{e}");
-        let e = claims
+        let e = owners
             .check_new(&orders, &b, &wants(None, Some("orders-a-RETRY")), none)
             .unwrap_err();
         assert!(e.to_string().contains("subscription a"), "{e}");
-        let e = claims
+        let e = owners
             .check_new(&orders, &b, &wants(Some("x"), Some("x")), none)
             .unwrap_err();
         assert!(matches!(e, BrokerError::InvalidArgument(_)), "{e}");
-        let e = claims
+        let e = owners
             .check_new(&orders, &b, &wants(Some("orders"), None), none)
             .unwrap_err();
         assert!(matches!(e, BrokerError::InvalidArgument(_)), "{e}");
         let normal = |_: &TopicName| Some(TopicKind::Normal);
-        let e = claims
+        let e = owners
             .check_new(&orders, &b, &wants(Some("busy"), None), normal)
             .unwrap_err();
         assert!(e.to_string().contains("Normal"), "{e}");
         // A default name another subscription chose as its tier.
-        claims
+        owners
             .claim(&rec("other", "x", Some("orders-c-RETRY")))
             .unwrap();
-        let e = claims
+        let e = owners
             .check_new(&orders, &s("c"), &TierOverrides::default(), none)
             .unwrap_err();
         assert!(e.to_string().contains("subscription x"), "{e}");
         assert!(
-            claims
+            owners
                 .check_new(&orders, &b, &TierOverrides::default(), normal)
                 .is_ok()
         );
         let leftover = |_: &TopicName| Some(TopicKind::Retry);
         assert!(
-            claims
+            owners
                 .check_new(&orders, &b, &wants(Some("old-retry"), None), leftover)
                 .is_ok()
         );
@@ -285,38 +285,38 @@ mod tests {
 
     #[test]
     fn claimed_names_become_tiers_until_released() {
-        let mut claims = TierClaims::default();
-        claims
+        let mut owners = TierOwners::default();
+        owners
             .claim(&rec("orders", "a", Some("shared-dlq")))
             .unwrap();
         assert_eq!(
-            claims.kind_of(t("shared-dlq").as_str()),
+            owners.kind_of(t("shared-dlq").as_str()),
             TopicKind::DeadLetter
         );
         assert_eq!(
-            claims.kind_of(t("orders-a-RETRY").as_str()),
+            owners.kind_of(t("orders-a-RETRY").as_str()),
             TopicKind::Retry
         );
         assert_eq!(
-            claims.kind_of(t("orders-a-DLQ").as_str()),
+            owners.kind_of(t("orders-a-DLQ").as_str()),
             TopicKind::Normal
         );
         let (orders, a) = (t("orders"), s("a"));
         assert!(
-            claims
+            owners
                 .check_existing(&orders, &a, &TierOverrides::default())
                 .is_ok()
         );
         assert!(
-            claims
+            owners
                 .check_existing(&orders, &a, &wants(None, Some("shared-dlq")))
                 .is_ok()
         );
-        let e = claims
+        let e = owners
             .check_existing(&orders, &a, &wants(None, Some("other")))
             .unwrap_err();
         assert!(matches!(e, BrokerError::Conflict(_)), "{e}");
-        claims.release(orders.as_str(), "a");
-        assert_eq!(claims.kind_of(t("shared-dlq").as_str()), TopicKind::Normal);
+        owners.release(orders.as_str(), "a");
+        assert_eq!(owners.kind_of(t("shared-dlq").as_str()), TopicKind::Normal);
     }
 }
