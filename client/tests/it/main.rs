@@ -1,0 +1,14 @@
+//! The client's integration tests, one binary (one module per former test file).
+
+mod common;
+mod admin;
+mod cluster;
+mod cluster_drain;
+mod cluster_routing;
+mod failures;
+mod key_order;
+mod partitions;
+mod producer_queue;
+mod receipts;
+mod reconnect;
+mod roundtrip;
