@@ -7,7 +7,7 @@
 
 use super::codec::{self, decode_failures, from_json, read_be, unseal};
 use super::*;
-use crate::storage::manifest::SubCounts;
+use crate::manifest::SubCounts;
 
 /// What [`SledStorage::verify`] found.
 #[derive(Debug, Default)]
