@@ -3,12 +3,12 @@
 //! `metrics_token.rs` stay binaries of their own: each installs a process-wide recorder (the
 //! tracing subscriber, the Prometheus exporter) that would see every other test's broker.
 
-mod common;
 mod auth;
 mod bad_input;
 mod blocked;
 mod breaker;
 mod cluster;
+mod common;
 mod console_browser;
 mod console_http;
 mod corruption;

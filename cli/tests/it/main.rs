@@ -2,11 +2,11 @@
 //! `readme.rs`, which runs every command of the README and the book, stays a binary of its own:
 //! the README names it.
 
-mod common;
 mod admin;
 mod auth;
 mod breaker;
 mod cluster;
+mod common;
 mod dlq;
 mod dlq_fix;
 mod key_order;

@@ -1,10 +1,10 @@
 //! The client's integration tests, one binary (one module per former test file).
 
-mod common;
 mod admin;
 mod cluster;
 mod cluster_drain;
 mod cluster_routing;
+mod common;
 mod failures;
 mod key_order;
 mod partitions;
