@@ -3,7 +3,6 @@
 //! from it at start, creates topics and subscriptions on demand, hands out
 //! subscription actors, and writes the manifest of a clean stop.
 
-use crate::claims::{TierClaims, TierOverrides};
 use crate::clock::SharedClock;
 use crate::config::{BrokerConfig, Durability, VerifyOnStart};
 use crate::error::{BrokerError, Result};
@@ -16,6 +15,7 @@ use crate::name::{SubscriptionName, TopicName};
 use crate::scheduler::Scheduler;
 use crate::storage::{Storage, SubscriptionRecord, TopicKind, TopicRecord, Watched};
 use crate::subscription::{BrokerLink, SubscriptionActor, SubscriptionDeps, SubscriptionHandle};
+use crate::tier_owners::{TierOverrides, TierOwners};
 use crate::topic::Topic;
 use crate::util::lock;
 use ricochet_policy::{DeadLetterPolicy, PolicyRegistry, PolicySpec};
@@ -79,7 +79,7 @@ pub struct BrokerCore {
     actors: Arc<()>,
     /// Every live subscription's tier names. Lock order: `topics`, then a
     /// topic's `subscriptions`, then this (held briefly, never across an await).
-    claims: std::sync::Mutex<TierClaims>,
+    tier_owners: std::sync::Mutex<TierOwners>,
     /// Ordinary topics, for `max_topics` and `max_topics_per_namespace`;
     /// changed under the `topics` lock.
     counts: std::sync::Mutex<TopicCounts>,
@@ -306,7 +306,7 @@ impl BrokerCore {
             policies,
             topics: Mutex::new(HashMap::new()),
             actors: Arc::new(()),
-            claims: Default::default(),
+            tier_owners: Default::default(),
             counts: Default::default(),
             partitioned: Default::default(),
             partition_ops: Mutex::new(()),
@@ -361,7 +361,7 @@ impl BrokerCore {
                     core.storage.put_subscription(&sub)?;
                     acked_voids = true;
                 }
-                lock(&core.claims).claim(&sub)?;
+                lock(&core.tier_owners).claim(&sub)?;
                 let handle = core.spawn_subscription(sub, entry.topic.clone())?;
                 lock(&entry.subscriptions).insert(handle.name().to_owned(), handle);
                 subscriptions += 1;
@@ -532,7 +532,7 @@ impl BrokerCore {
             return Ok(t.clone());
         }
         let kind = match kind {
-            TopicKind::Normal => lock(&self.claims).kind_of(name.as_str()),
+            TopicKind::Normal => lock(&self.tier_owners).kind_of(name.as_str()),
             tier => tier,
         };
         allowed(kind)?;
@@ -626,7 +626,7 @@ impl BrokerCore {
     /// leave them pointing at nothing.
     pub async fn delete_topic(&self, name: &TopicName, force: bool) -> Result<()> {
         let entry = self.topic(name).await?;
-        if let Some((topic, sub)) = lock(&self.claims).owner_of(name.as_str()) {
+        if let Some((topic, sub)) = lock(&self.tier_owners).owner_of(name.as_str()) {
             return Err(BrokerError::Conflict(format!(
                 "{name} is a tier of subscription {sub} on {topic}; delete that subscription, or purge its dead letters, instead"
             )));
@@ -678,7 +678,7 @@ impl BrokerCore {
         let tiers = handle.delete(force).await?;
         drop(forgetting);
         lock(&entry.subscriptions).remove(handle.name());
-        lock(&self.claims).release(entry.topic.name().as_str(), handle.name());
+        lock(&self.tier_owners).release(entry.topic.name().as_str(), handle.name());
         for tier in tiers {
             let tier = TopicName::parse_stored(&tier)?;
             if self.topics.lock().await.contains_key(&tier) {
@@ -726,11 +726,11 @@ impl BrokerCore {
         rec.dead_letter_topic = tiers.dead_letter.as_ref().map(ToString::to_string);
         self.storage.put_subscription(&rec)?;
         self.keeper.changed();
-        lock(&self.claims).claim(&rec)?;
+        lock(&self.tier_owners).claim(&rec)?;
         let handle = match self.spawn_subscription(rec, entry.topic.clone()) {
             Ok(h) => h,
             Err(e) => {
-                lock(&self.claims).release(topic.as_str(), name.as_str());
+                lock(&self.tier_owners).release(topic.as_str(), name.as_str());
                 return Err(e);
             }
         };
@@ -773,7 +773,7 @@ impl BrokerCore {
         tiers: &TierOverrides,
     ) -> Result<()> {
         if subs.contains_key(sub.as_str()) {
-            return lock(&self.claims).check_existing(topic, sub, tiers);
+            return lock(&self.tier_owners).check_existing(topic, sub, tiers);
         }
         let max = self.config.max_subscriptions_per_topic;
         if Limit::reached(subs.len(), max) {
@@ -785,7 +785,8 @@ impl BrokerCore {
                 max,
             ));
         }
-        lock(&self.claims).check_new(topic, sub, tiers, |n| topics.get(n).map(|e| e.topic.kind()))
+        lock(&self.tier_owners)
+            .check_new(topic, sub, tiers, |n| topics.get(n).map(|e| e.topic.kind()))
     }
 
     /// Refuses tier names other than those the existing subscription has
@@ -796,7 +797,7 @@ impl BrokerCore {
         sub: &SubscriptionName,
         wanted: &TierOverrides,
     ) -> Result<()> {
-        lock(&self.claims).check_existing(topic, sub, wanted)
+        lock(&self.tier_owners).check_existing(topic, sub, wanted)
     }
 
     /// Deletes a subscription with its retry and dead-letter tiers.
@@ -853,7 +854,7 @@ impl BrokerCore {
         let main =
             main.ok_or_else(|| BrokerError::InvalidArgument("a move without its topic".into()))?;
         for rec in subs {
-            lock(&self.claims).claim(&rec)?;
+            lock(&self.tier_owners).claim(&rec)?;
             let handle = self.spawn_subscription(rec, main.topic.clone())?;
             lock(&main.subscriptions).insert(handle.name().to_owned(), handle);
         }
@@ -871,7 +872,7 @@ impl BrokerCore {
         next.insert(name.to_string(), entry.topic.seal());
         let subs = entry.subscriptions();
         for sub in &subs {
-            let tiers = lock(&self.claims).tiers_of(name.as_str(), sub.name());
+            let tiers = lock(&self.tier_owners).tiers_of(name.as_str(), sub.name());
             if let Some((retry, dlq)) = tiers {
                 for tier in [retry, dlq] {
                     if let Ok(t) = TopicName::parse_stored(&tier)

@@ -23,7 +23,7 @@
 //!   that knows protobuf requests and gRPC statuses);
 //! * `metrics`: the Prometheus series; `failure_log`: the periodic summary
 //!   of retries and dead letters in the log; [`clock`]: injected wall time;
-//! * `claims`: which subscription owns each tier name; `limits`: what
+//! * `tier_owners`: which subscription owns each tier name; `limits`: what
 //!   clients may create or hold open;
 //! * `partitions`: partitioned topics (counts, names); [`retention`]:
 //!   retention policies and backlog quotas; `replay_jobs`: durable paced
@@ -31,7 +31,9 @@
 //! * [`check`]: `ricochet-broker check`, verifying a stopped store;
 //! * [`console`]: the web console (HTML over the admin service);
 //! * [`tls`]: TLS and mTLS on the listener;
-//! * [`auth`]: tokens, grants and the permission checks of every RPC;
+//! * [`gate`]: the RPC table (each RPC's permission, scope, route and
+//!   audit line) every service runs behind;
+//! * [`auth`]: tokens, grants and the permission check;
 //! * [`cluster`]: cluster mode (membership, placement and fenced ownership
 //!   of topics through etcd);
 //! * [`replication`]: a partition's state changes as Raft commands, applied
@@ -48,7 +50,6 @@
 
 pub mod auth;
 pub mod check;
-mod claims;
 pub mod clock;
 pub mod cluster;
 mod config;
@@ -61,6 +62,7 @@ pub mod events;
 mod events_route;
 mod failure_log;
 mod flusher;
+pub mod gate;
 mod keeper;
 mod limits;
 mod metrics;
@@ -74,12 +76,12 @@ mod server;
 mod service;
 pub use ricochet_storage as storage;
 mod subscription;
+mod tier_owners;
 pub mod tls;
 mod topic;
 mod transfer;
 mod util;
 
-pub use claims::TierOverrides;
 pub use config::{BrokerConfig, Durability, LogEngine, LogFormat, PolicyRule, VerifyOnStart};
 pub use core::{BrokerCore, TopicEntry};
 pub use error::{BrokerError, Result};
@@ -96,4 +98,5 @@ pub use subscription::{
     ConsumerTx, DueBucket, FailedItem, MessageRef, MessageState, MessageStatus, Outcome,
     PolicyInfo, SubscriptionDeps, SubscriptionHandle, SubscriptionStats,
 };
+pub use tier_owners::TierOverrides;
 pub use topic::{Topic, TopicCounters, Written};

@@ -2,12 +2,13 @@
 //! (data plane, admin, grants, health; every call authenticated by
 //! [`AuthLayer`] when auth is on) until a shutdown signal, then flush.
 
-use crate::auth::{AuthLayer, AuthService, AuthorizedAdmin};
+use crate::auth::{AuthLayer, AuthService};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::{BrokerConfig, LogEngine, VerifyOnStart};
 use crate::core::BrokerCore;
 use crate::error::{BrokerError, Result};
-use crate::service::{AdminService, BrokerService};
+use crate::gate::{Gate, Guarded};
+use crate::service::{AdminService, BrokerService, Router};
 use crate::storage::SledStorage;
 use crate::storage::{Storage, StorageError};
 use ricochet_policy::PolicyRegistry;
@@ -218,6 +219,9 @@ impl Broker {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<()> {
+        // An RPC without a row in the table (or a row for none) is a bug
+        // caught here, before any call could meet it.
+        crate::gate::check_table()?;
         let url = match &self.core.config.advertise {
             Some(a) => a.clone(),
             None => {
@@ -251,41 +255,33 @@ impl Broker {
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES);
         crate::replay_jobs::resume_all(&self.core);
-        let admin = AdminService::new(self.core.clone());
-        let admin = AdminServer::new(
-            AuthorizedAdmin::new(admin, self.core.auth.clone()).routed(cluster.clone()),
-        )
+        // Every service but the data plane's runs behind the RPC table.
+        let gate = Gate::new(self.core.auth.clone(), Router::new(cluster.clone()));
+        let admin = AdminServer::new(Guarded::new(
+            AdminService::new(self.core.clone()),
+            gate.clone(),
+        ))
         .max_decoding_message_size(MAX_FRAME_BYTES)
         .max_encoding_message_size(MAX_FRAME_BYTES);
-        let partitions = ricochet_proto::partitions_server::PartitionsServer::new(
-            crate::auth::AuthorizedPartitions::new(
-                crate::service::PartitionsService::new(self.core.clone()),
-                self.core.auth.clone(),
-            ),
-        );
-        let retention = ricochet_proto::retention_server::RetentionServer::new(
-            crate::auth::AuthorizedRetention::new(
-                crate::service::RetentionService::new(self.core.clone()),
-                self.core.auth.clone(),
-            )
-            .routed(cluster.clone()),
-        );
-        let tiered = ricochet_proto::tiered_server::TieredServer::new(
-            crate::auth::AuthorizedTiered::new(
-                crate::service::TieredService::new(self.core.clone(), self.tiered.clone()),
-                self.core.auth.clone(),
-            )
-            .routed(cluster.clone()),
-        );
-        let cluster_service = ricochet_proto::cluster_server::ClusterServer::new(
-            crate::auth::AuthorizedCluster::new(
-                crate::service::ClusterService::new(self.core.clone(), url),
-                self.core.auth.clone(),
-            ),
-        );
+        let partitions = ricochet_proto::partitions_server::PartitionsServer::new(Guarded::new(
+            crate::service::PartitionsService::new(self.core.clone()),
+            gate.clone(),
+        ));
+        let retention = ricochet_proto::retention_server::RetentionServer::new(Guarded::new(
+            crate::service::RetentionService::new(self.core.clone()),
+            gate.clone(),
+        ));
+        let tiered = ricochet_proto::tiered_server::TieredServer::new(Guarded::new(
+            crate::service::TieredService::new(self.core.clone(), self.tiered.clone()),
+            gate.clone(),
+        ));
+        let cluster_service = ricochet_proto::cluster_server::ClusterServer::new(Guarded::new(
+            crate::service::ClusterService::new(self.core.clone(), url),
+            gate.clone(),
+        ));
         // Health turns bad for good when storage fails; the storage gauges
         // follow every half second.
-        let grants = AuthServer::new(AuthService::new(self.core.clone()))
+        let grants = AuthServer::new(Guarded::new(AuthService::new(self.core.clone()), gate))
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES);
         let core = self.core.clone();

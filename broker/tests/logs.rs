@@ -2,6 +2,7 @@
 //! INFO, not one per message; the binary writes JSON when asked, and plain
 //! text without colour codes when its output is not a terminal.
 
+#[path = "it/common/mod.rs"]
 mod common;
 use common::*;
 use ricochet_proto::*;

@@ -29,18 +29,18 @@ const NOT_RUN: [(&str, &str); 3] = [
     (
         "docs/src/security.md",
         "its commands need the TLS + token broker the page starts with openssl-made certificates; \
-         cli/tests/auth.rs runs the same commands (token create, auth grant|whoami, refusals, \
+         cli/tests/it/auth.rs runs the same commands (token create, auth grant|whoami, refusals, \
          plaintext to a TLS port) against such a broker",
     ),
     (
         "docs/src/ordered-retries.md",
         "its commands set key order on a Key_Shared/Failover/Exclusive subscription a consumer \
-         made first; cli/tests/key_order.rs runs `policy set --key-order [--poison-key-after]`, \
+         made first; cli/tests/it/key_order.rs runs `policy set --key-order [--poison-key-after]`, \
          `policy get` and `policy set --clear` against such a subscription",
     ),
     (
         "docs/src/cluster-clients.md",
-        "its output is from a cluster of brokers on etcd (b1, b2, b3); cli/tests/cluster.rs \
+        "its output is from a cluster of brokers on etcd (b1, b2, b3); cli/tests/it/cluster.rs \
          runs `cluster brokers|lookup|move|drain` against such a cluster \
          (cluster_move_and_drain_on_a_real_cluster) and checks their tables",
     ),

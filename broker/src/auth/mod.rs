@@ -7,7 +7,8 @@
 //! listed as superusers may do anything; every other role holds grants of
 //! [`Permission`]s per `tenant/namespace` or per topic, stored durably
 //! through [`crate::storage::Storage`] and held in memory by [`Auth`].
-//! [`AuthorizedAdmin`] checks each admin RPC, the data plane checks a
+//! [`Auth::authorize`] checks a call against its requirement, which the
+//! RPC table of [`crate::gate`] gives for every RPC; the data plane checks a
 //! producer's or consumer's topic once when its stream opens (never per
 //! message), and [`AuthService`] manages grants. With `auth.enabled` off
 //! (the default) every caller may do everything, as before.
@@ -15,27 +16,20 @@
 //! Every dead-letter replay and purge, policy change and grant or revoke
 //! is logged under the tracing target `ricochet::audit` with the role.
 
-mod admin;
-mod cluster;
+mod check;
 mod config;
 mod grants;
 mod layer;
-mod partitions;
-mod retention;
 mod service;
-mod tiered;
 mod token;
 
-pub use admin::{AuthorizedAdmin, Requirement, required};
-pub use cluster::AuthorizedCluster;
+pub use check::{Requirement, Scope};
+pub(crate) use check::{principal, who};
 pub use config::{AuthConfig, metrics_token};
 pub use grants::{Auth, Permission};
 pub use layer::AuthLayer;
-pub use partitions::AuthorizedPartitions;
-pub use retention::AuthorizedRetention;
 pub use service::AuthService;
-pub use tiered::AuthorizedTiered;
-pub use token::{Claims, Verifier};
+pub use token::{TokenClaims, Verifier};
 
 /// Who made a call, as [`AuthLayer`] established it.
 #[derive(Debug, Clone, PartialEq, Eq)]

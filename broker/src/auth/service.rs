@@ -1,8 +1,9 @@
 //! [`AuthService`]: the `Auth` gRPC service, granting, revoking and listing
 //! permissions. A superuser may change any grant; a role with `admin` on a
-//! namespace may change grants in it.
+//! namespace may change grants in it (checked by the RPC table,
+//! [`crate::gate`], before a change reaches this service).
 
-use super::admin::{Requirement, principal, required};
+use super::check::{principal, who};
 use super::grants::Resource;
 use super::{Auth, Permission, Principal};
 use crate::core::BrokerCore;
@@ -31,11 +32,11 @@ impl AuthService {
         &self.core.auth
     }
 
-    /// Parses a grant change and checks the caller may make it.
+    /// Parses a grant change (the caller's permission to make it is
+    /// checked before).
     fn change_request<T>(
         &self,
         r: &Request<T>,
-        method: &str,
         role: &str,
         resource: &str,
         permissions: &[String],
@@ -47,12 +48,6 @@ impl AuthService {
             .iter()
             .map(|s| Permission::parse(s))
             .collect::<Result<Vec<_>, _>>()?;
-        debug_assert_eq!(
-            required(method),
-            Some(Requirement::Permission(Permission::Admin))
-        );
-        self.auth()
-            .check_namespace(p.as_ref(), resource.namespace(), Permission::Admin)?;
         Ok((p, resource, perms))
     }
 }
@@ -81,13 +76,7 @@ impl AuthRpc for AuthService {
         r: Request<GrantRequest>,
     ) -> Result<Response<GrantResponse>, Status> {
         let g = r.get_ref();
-        let (p, resource, perms) = self.change_request(
-            &r,
-            "Auth/GrantPermission",
-            &g.role,
-            &g.resource,
-            &g.permissions,
-        )?;
+        let (p, resource, perms) = self.change_request(&r, &g.role, &g.resource, &g.permissions)?;
         if perms.is_empty() {
             return Err(Status::invalid_argument(
                 "name at least one permission to grant",
@@ -114,13 +103,7 @@ impl AuthRpc for AuthService {
         r: Request<RevokeRequest>,
     ) -> Result<Response<GrantResponse>, Status> {
         let g = r.get_ref();
-        let (p, resource, perms) = self.change_request(
-            &r,
-            "Auth/RevokePermission",
-            &g.role,
-            &g.resource,
-            &g.permissions,
-        )?;
+        let (p, resource, perms) = self.change_request(&r, &g.role, &g.resource, &g.permissions)?;
         let held = self
             .auth()
             .change(
@@ -158,7 +141,7 @@ impl AuthRpc for AuthService {
                 None => {
                     return Err(BrokerError::PermissionDenied(format!(
                         "role {:?} lacks the admin permission needed to list every grant: name a namespace or your own role",
-                        super::admin::who(p.as_ref())
+                        who(p.as_ref())
                     ))
                     .into());
                 }

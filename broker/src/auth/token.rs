@@ -9,9 +9,9 @@ use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::{Deserialize, Serialize};
 
-/// The claims Ricochet reads (and `ricochet token create` writes).
+/// The JWT claims Ricochet reads (and `ricochet token create` writes).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Claims {
+pub struct TokenClaims {
     /// The role.
     pub sub: String,
     /// Expiry, seconds since the epoch.
@@ -88,8 +88,8 @@ impl Verifier {
     /// The role `token` proves, or why it does not (a short reason for the
     /// client).
     pub fn verify(&self, token: &str) -> Result<String, &'static str> {
-        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(
-            |e| match e.kind() {
+        let data = jsonwebtoken::decode::<TokenClaims>(token, &self.key, &self.validation)
+            .map_err(|e| match e.kind() {
                 ErrorKind::ExpiredSignature => "token expired",
                 ErrorKind::InvalidSignature => "token signature does not verify",
                 ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
@@ -98,8 +98,7 @@ impl Verifier {
                 ErrorKind::MissingRequiredClaim(_) => "token has no subject (sub)",
                 ErrorKind::ImmatureSignature => "token not valid yet",
                 _ => "malformed token",
-            },
-        )?;
+            })?;
         if data.claims.sub.is_empty() {
             return Err("token has an empty subject");
         }
@@ -120,7 +119,7 @@ mod tests {
     }
 
     fn hs(secret: &[u8], sub: &str, exp: Option<u64>) -> String {
-        let claims = Claims {
+        let claims = TokenClaims {
             sub: sub.into(),
             exp,
         };

@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-pub use ownership::{BrokerView, Claim, Owner};
+pub use ownership::{BrokerView, Owner, Tenure};
 
 /// The `[cluster]` settings. Absent: the broker runs standalone.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

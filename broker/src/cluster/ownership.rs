@@ -32,11 +32,12 @@ pub(super) struct Owned {
     pub(super) released: CancellationToken,
 }
 
-/// The right to serve a topic here: its epoch, and the fence generation it
+/// A tenure: the right to serve a topic here (what claiming it in etcd
+/// gives), its epoch, and the fence generation it
 /// was claimed under (acknowledgements check
 /// [`Fence::check`](super::membership::Fence::check) with it).
 #[derive(Debug, Clone)]
-pub struct Claim {
+pub struct Tenure {
     /// The owner key's create revision.
     pub epoch: u64,
     /// The fence generation of the claim.
@@ -89,12 +90,12 @@ impl Cluster {
     /// placed here and not yet owned, and (with `place`) placing it if it is
     /// placed nowhere. `Ok(None)`: placed nowhere and not placed now (the
     /// call is answered here, as by a broker that has never heard of it).
-    pub async fn route(&self, topic: &TopicName, place: bool) -> Result<Option<Claim>> {
+    pub async fn route(&self, topic: &TopicName, place: bool) -> Result<Option<Tenure>> {
         self.check_not_moving(topic.as_str())?;
         let owned = read(&self.owned).get(topic.as_str()).cloned();
         if let Some(o) = owned {
             if self.fence.valid(o.generation) {
-                return Ok(Some(Claim {
+                return Ok(Some(Tenure {
                     epoch: o.epoch,
                     generation: o.generation,
                     released: o.released,
@@ -172,7 +173,7 @@ impl Cluster {
     }
 
     /// Claims `topic` (placed here) under the current lease.
-    async fn claim(&self, topic: &str) -> Result<Claim> {
+    async fn claim(&self, topic: &str) -> Result<Tenure> {
         self.check_not_moving(topic)?;
         if !self.fence.holds() {
             return Err(self.fence.fenced());
@@ -216,7 +217,7 @@ impl Cluster {
             },
         );
         tracing::debug!(%topic, epoch, "topic claimed");
-        Ok(Claim {
+        Ok(Tenure {
             epoch,
             generation,
             released,

@@ -15,7 +15,7 @@
 //!   with `<title>` tooltips. No JavaScript at all and no front-end build:
 //!   every page is a plain GET, every change a plain form POST, so the
 //!   console works in any browser and is tested in a real one
-//!   (`broker/tests/console_browser.rs`).
+//!   (`broker/tests/it/console_browser.rs`).
 //! * Every read and action goes through [`api::ConsoleApi`], a thin wrapper
 //!   over the in-process [`AdminService`] (the gRPC admin implementation
 //!   itself, called directly, no loopback connection): same validation, same

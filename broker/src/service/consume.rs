@@ -4,13 +4,13 @@
 //! its in-flight messages are redelivered (reason: consumer lost).
 
 use super::{BoxStream, status_of};
-use crate::claims::TierOverrides;
 use crate::config::BrokerConfig;
 use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
 use crate::storage::TopicKind;
 use crate::subscription::{ConsumerEvent, ConsumerRequest, ConsumerSpec, FailedItem, MessageRef};
+use crate::tier_owners::TierOverrides;
 use futures::StreamExt as _;
 use ricochet_policy::{AttemptOverride, FailureReason, PolicySpec};
 use ricochet_proto::{

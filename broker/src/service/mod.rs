@@ -10,6 +10,7 @@ mod input;
 mod partitions;
 mod produce;
 mod retention;
+mod routing;
 mod status;
 mod tiered;
 mod wire;
@@ -19,14 +20,15 @@ pub use cluster::ClusterService;
 pub use dead_letters::CallerRole;
 pub use partitions::PartitionsService;
 pub use retention::RetentionService;
+pub use routing::{Route, Router};
 pub use status::{OWNER_TRAILER, OWNER_URL_TRAILER};
 pub(crate) use status::{message_of, status_of};
 pub use tiered::TieredService;
 
-use crate::claims::TierOverrides;
 use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::TopicName;
+use crate::tier_owners::TierOverrides;
 use futures::Stream;
 use ricochet_proto::broker_server::Broker;
 use ricochet_proto::{ConsumeRequest, ConsumeResponse, ProduceRequest, ProduceResponse};
@@ -63,7 +65,7 @@ fn until_shutdown<T: Send + 'static>(
 #[derive(Debug, Clone)]
 pub(crate) struct Served {
     cluster: Arc<crate::cluster::Cluster>,
-    claim: crate::cluster::Claim,
+    claim: crate::cluster::Tenure,
     topic: String,
 }
 

@@ -53,7 +53,7 @@ pub(super) struct Tiers {
 impl Tiers {
     /// The tiers of `rec`: its overrides, or `<topic>-<sub>-RETRY` / `-DLQ`.
     pub fn for_subscription(rec: &SubscriptionRecord) -> Result<Self> {
-        let (retry_name, dead_letter_name) = crate::claims::tier_names(rec)?;
+        let (retry_name, dead_letter_name) = crate::tier_owners::tier_names(rec)?;
         Ok(Self {
             retry_name,
             dead_letter_name,

@@ -82,7 +82,7 @@ pub(crate) fn capture(
     let subs = storage.list_subscriptions(name.as_str())?;
     let mut names = vec![name.to_string()];
     for s in &subs {
-        let (retry, dlq) = crate::claims::tier_names(s)?;
+        let (retry, dlq) = crate::tier_owners::tier_names(s)?;
         names.extend([retry, dlq].into_iter().filter(|t| records.contains_key(t)));
     }
     let mut logs = Vec::with_capacity(names.len());

@@ -1,0 +1,55 @@
+//! [`Router`]: in cluster mode, which broker answers a call about a topic.
+//! A call about a topic another broker owns is refused with
+//! FAILED_PRECONDITION naming the owner (its `google.rpc.ErrorInfo` and
+//! the `ricochet-owner` trailers, see `status.rs`), or UNAVAILABLE when
+//! this broker lost its lease; standalone every call is answered here.
+//! The RPC table ([`crate::gate`]) says which calls are routed, and runs
+//! the route after the permission check, so a caller without the
+//! permission learns nothing about where a topic lives.
+
+use crate::cluster::Cluster;
+use crate::name::TopicName;
+use std::sync::Arc;
+use tonic::Status;
+
+/// How a call about a topic is routed in cluster mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Answered by whichever broker receives it (grants, partition counts,
+    /// cluster calls, or no topic named).
+    Here,
+    /// Answered by the topic's owner; a topic placed nowhere is answered
+    /// here without being placed.
+    Owner,
+    /// Answered by the topic's owner, placing the topic first if it has no
+    /// place (creating a topic).
+    Place,
+}
+
+/// Routes calls about topics to their owners (a no-op standalone).
+#[derive(Debug, Clone, Default)]
+pub struct Router {
+    cluster: Option<Arc<Cluster>>,
+}
+
+impl Router {
+    /// Routes through `cluster`; `None` on a standalone broker.
+    pub fn new(cluster: Option<Arc<Cluster>>) -> Self {
+        Self { cluster }
+    }
+
+    /// `Ok` when this broker serves `topic` for a call routed by `how`;
+    /// else the refusal naming the owner.
+    pub async fn route(&self, how: Route, topic: Option<&str>) -> Result<(), Status> {
+        let (Some(cluster), Some(topic)) = (&self.cluster, topic) else {
+            return Ok(());
+        };
+        let place = match how {
+            Route::Here => return Ok(()),
+            Route::Owner => false,
+            Route::Place => true,
+        };
+        cluster.route(&TopicName::parse(topic)?, place).await?;
+        Ok(())
+    }
+}

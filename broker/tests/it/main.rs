@@ -1,0 +1,39 @@
+//! The broker's integration tests, one binary (one module per former test file, so the
+//! workspace links one test binary per crate instead of one per file). `logs.rs` and
+//! `metrics_token.rs` stay binaries of their own: each installs a process-wide recorder (the
+//! tracing subscriber, the Prometheus exporter) that would see every other test's broker.
+
+mod auth;
+mod bad_input;
+mod blocked;
+mod breaker;
+mod cluster;
+mod common;
+mod console_browser;
+mod console_http;
+mod corruption;
+mod crash_dedup;
+mod crash_moves;
+mod crash_replay;
+mod delays;
+mod deletes;
+mod disk_full;
+mod dlq_listing;
+mod dlq_replay;
+mod durability;
+mod example_config;
+mod hostile;
+mod ids_across_crashes;
+mod metrics;
+mod ownership;
+mod partitions;
+mod raft;
+mod raft_partition;
+mod retention;
+mod retry_tiers;
+mod segment_log;
+mod signals;
+mod subscriptions;
+mod tiered;
+mod tiered_crash;
+mod tls;

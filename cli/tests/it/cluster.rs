@@ -1,0 +1,325 @@
+//! `ricochet cluster brokers|lookup` and topic-scoped commands against a
+//! stand-in for a cluster's lookup service (`ricochet_testkit::FakeCluster`)
+//! routing topics to two real in-process brokers: the tables and JSON, a
+//! partitioned topic's owners with one partition's broker down (shown, and
+//! a one-line error with exit code 1), `topics stats` and `produce` given the
+//! fake's URL reaching the owner, and a standalone broker answering for
+//! itself.
+
+use crate::common;
+
+use common::{Env, stderr, u};
+use ricochet_proto::BrokerInfo;
+use ricochet_proto::partitions::partition_name;
+use ricochet_testkit::fake_cluster::fq;
+use ricochet_testkit::{FakeAnswer, FakeCluster, InProcessBroker};
+
+fn broker(id: &str, url: &str, live: bool, topics: &[&str]) -> BrokerInfo {
+    BrokerInfo {
+        id: id.into(),
+        url: url.into(),
+        live,
+        placed_topics: topics.len() as u64 + 1,
+        owned_topics: if live { topics.len() as u64 } else { 0 },
+        load: 12.5,
+        registered_at_ms: 1_764_547_200_000, // 2025-12-01T00:00:00Z
+        topics: topics.iter().map(|t| fq(t)).collect(),
+        draining: false,
+    }
+}
+
+#[tokio::test]
+async fn cluster_brokers_table_and_json() {
+    let fake = FakeCluster::start("prod", FakeAnswer::Unimplemented).await;
+    fake.brokers(vec![
+        broker("b2", "http://10.0.0.2:6650", false, &[]),
+        broker("b1", "http://10.0.0.1:6650", true, &["orders", "audit"]),
+    ]);
+    let env = Env::at(fake.url());
+
+    let out = env.ok(&["cluster", "brokers"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "cluster prod", "{text}");
+    let header: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["id", "url", "live", "placed", "owned", "load", "registered"]
+    );
+    let b1: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(
+        &b1[..6],
+        ["b1", "http://10.0.0.1:6650", "yes", "3", "2", "12.5"],
+        "{text}"
+    );
+    assert!(b1[6].starts_with("2025-12-01T00:00:00"), "{text}");
+    let b2: Vec<&str> = lines[3].split_whitespace().collect();
+    assert_eq!(&b2[..5], ["b2", "http://10.0.0.2:6650", "no", "1", "0"]);
+    assert_eq!(lines.len(), 4, "no topics unless asked: {text}");
+
+    let out = env.ok(&["cluster", "brokers", "--topics"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "b1 owns 2 topic(s):\n  persistent://public/default/audit\n  persistent://public/default/orders\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("b2 owns 0 topic(s):"), "{text}");
+
+    let v = env.json(&["cluster", "brokers", "--topics"]).await;
+    assert_eq!(v["cluster"], "prod");
+    let bs = v["brokers"].as_array().unwrap();
+    assert_eq!(bs.len(), 2);
+    assert_eq!(bs[0]["id"], "b1");
+    assert_eq!(bs[0]["live"], true);
+    assert_eq!(u(&bs[0]["placed_topics"]), 3);
+    assert_eq!(u(&bs[0]["owned_topics"]), 2);
+    assert_eq!(bs[0]["load"], 12.5);
+    assert_eq!(u(&bs[0]["registered_at_ms"]), 1_764_547_200_000);
+    assert_eq!(bs[0]["topics"].as_array().unwrap().len(), 2);
+    assert_eq!(bs[1]["live"], false);
+    let v = env.json(&["cluster", "brokers"]).await;
+    assert!(v["brokers"][0].get("topics").is_none(), "{v}");
+}
+
+#[tokio::test]
+async fn cluster_lookup_of_a_topic_and_of_every_partition() {
+    let fake = FakeCluster::start("prod", FakeAnswer::Unimplemented).await;
+    fake.route(
+        "orders",
+        FakeAnswer::Owner {
+            id: "b1".into(),
+            url: "http://10.0.0.1:6650".into(),
+            epoch: 42,
+        },
+    );
+    let env = Env::at(fake.url());
+    let out = env.ok(&["cluster", "lookup", "orders"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        row,
+        [
+            "persistent://public/default/orders",
+            "b1",
+            "http://10.0.0.1:6650",
+            "42",
+            "yes"
+        ],
+        "{text}"
+    );
+    let v = env.json(&["cluster", "lookup", "orders"]).await;
+    assert_eq!(v["cluster"], "prod");
+    assert_eq!(v["owners"][0]["broker_id"], "b1");
+    assert_eq!(u(&v["owners"][0]["epoch"]), 42);
+    assert!(v.get("partitions").is_none());
+
+    // A partitioned topic: every partition, one of them on a down broker.
+    let base = fq("clicks");
+    fake.partitioned(&base, 3);
+    fake.route(
+        &partition_name(&base, 0),
+        FakeAnswer::owner("b1", "http://10.0.0.1:6650"),
+    );
+    fake.route(
+        &partition_name(&base, 1),
+        FakeAnswer::Down { id: "b2".into() },
+    );
+    fake.route(
+        &partition_name(&base, 2),
+        FakeAnswer::owner("b3", "http://10.0.0.3:6650"),
+    );
+    let out = env.run(&["cluster", "lookup", "clicks"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 3, "{text}");
+    assert_eq!(rows[0][..2], [partition_name(&base, 0).as_str(), "b1"]);
+    assert_eq!(
+        rows[1],
+        [partition_name(&base, 1).as_str(), "b2", "-", "0", "DOWN"]
+    );
+    assert_eq!(rows[2][..2], [partition_name(&base, 2).as_str(), "b3"]);
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: Unavailable: 1 partition(s) of persistent://public/default/clicks are unavailable: broker(s) b2 down"),
+        "{err}"
+    );
+
+    // An ordinary topic on a down broker: one line, exit 1.
+    fake.route("gone", FakeAnswer::Down { id: "b7".into() });
+    let out = env.run(&["cluster", "lookup", "gone"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: Unavailable: the topic's broker b7 is down"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn topic_scoped_commands_reach_the_owner() {
+    let a = InProcessBroker::start().await;
+    let b = InProcessBroker::start().await;
+    let fake = FakeCluster::start("prod", FakeAnswer::Unimplemented).await;
+    fake.route("routed", FakeAnswer::owner("b", b.url()));
+    fake.route("down", FakeAnswer::Down { id: "b5".into() });
+    let env = Env::at(fake.url());
+
+    env.ok(&["produce", "routed", "-m", "hello", "-n", "3"])
+        .await;
+    // The fake serves no Admin: the stats can only come from the owner.
+    let v = env.json(&["topics", "stats", "routed"]).await;
+    assert_eq!(u(&v["message_count"]), 3, "{v}");
+    let on_b = Env::at(b.url());
+    let v = on_b.json(&["topics", "stats", "routed"]).await;
+    assert_eq!(u(&v["message_count"]), 3);
+    let on_a = Env::at(a.url());
+    let out = on_a.run(&["topics", "stats", "routed"]).await;
+    assert_eq!(out.status.code(), Some(1), "nothing went to a");
+
+    let lines = env
+        .json_lines(&["consume", "routed", "-s", "s", "-n", "3"])
+        .await;
+    assert_eq!(lines.len(), 3);
+    let v = env.json(&["subscriptions", "list", "routed"]).await;
+    assert!(v.to_string().contains("\"s\""), "{v}");
+
+    let out = env.run(&["topics", "stats", "down"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: Unavailable: the topic's broker b5 is down"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_standalone_broker_answers_for_itself() {
+    let env = Env::start().await;
+    let v = env.json(&["cluster", "brokers"]).await;
+    let brokers = v["brokers"].as_array().expect("a list of brokers");
+    assert_eq!(brokers.len(), 1, "{v}");
+    assert_eq!(brokers[0]["live"], true, "{v}");
+    let v = env.json(&["cluster", "lookup", "plain"]).await;
+    assert!(v.to_string().contains("127.0.0.1"), "{v}");
+    // Topic-scoped commands work on it as before.
+    env.ok(&["produce", "plain", "-m", "x"]).await;
+    let v = env.json(&["topics", "stats", "plain"]).await;
+    assert_eq!(u(&v["message_count"]), 1);
+}
+
+/// `cluster move` and `cluster drain` against a real cluster (etcd and two
+/// brokers as child processes; skipped without `etcd` unless
+/// `RICOCHET_REQUIRE_ETCD=1`): the topic moves with its messages, the
+/// drained broker shows as draining and owns nothing, and mistakes exit 1
+/// with one line.
+#[tokio::test]
+async fn cluster_move_and_drain_on_a_real_cluster() {
+    let Some(etcd) =
+        ricochet_testkit::etcd_or_skip("cluster_move_and_drain_on_a_real_cluster").await
+    else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let mut brokers = ricochet_testkit::spawn_cluster(
+        &etcd,
+        "cli",
+        2,
+        root.path(),
+        std::time::Duration::from_secs(3),
+        &ricochet_testkit::SpawnOptions::new(),
+    )
+    .await;
+    let env = Env::at(brokers[0].url());
+    env.ok(&["produce", "jobs", "-m", "one", "-m", "two"]).await;
+    let owner = env.json(&["cluster", "lookup", "jobs"]).await["owners"][0]["broker_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let other = if owner == "b0" { "b1" } else { "b0" };
+
+    let moved = env.json(&["cluster", "move", "jobs"]).await;
+    assert_eq!(moved["to_broker"], other, "{moved}");
+    assert_eq!(u(&moved["entries"]), 2, "{moved}");
+    let lookup = env.json(&["cluster", "lookup", "jobs"]).await;
+    assert_eq!(lookup["owners"][0]["broker_id"], other, "{lookup}");
+    let stats = env.json(&["topics", "stats", "jobs"]).await;
+    assert_eq!(u(&stats["message_count"]), 2, "{stats}");
+
+    // Draining the broker that now holds it moves it back (the only other).
+    let out = env.ok(&["cluster", "drain", other]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("broker {other}: 1 topic(s) moved")),
+        "{text}"
+    );
+    assert!(text.contains("persistent://public/default/jobs"), "{text}");
+    let brokers_view = env.json(&["cluster", "brokers"]).await;
+    let drained = brokers_view["brokers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["id"] == other)
+        .unwrap()
+        .clone();
+    assert_eq!(drained["draining"], true, "{brokers_view}");
+    assert_eq!(u(&drained["placed_topics"]), 0, "{brokers_view}");
+
+    // Mistakes: one line, exit 1, nothing moved.
+    let out = env.run(&["cluster", "drain", "nope"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no broker nope"), "{}", stderr(&out));
+    let out = env.run(&["cluster", "move", "jobs", "--to", other]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("draining"), "{}", stderr(&out));
+    let stats = env.json(&["topics", "stats", "jobs"]).await;
+    assert_eq!(u(&stats["message_count"]), 2, "{stats}");
+
+    // Three more topics, all placed on `owner` while `other` drains; then
+    // `other` comes back (a restart ends its drain) and a rebalance gives
+    // it its share: 4 + 0 becomes 2 + 2.
+    for t in ["t1", "t2", "t3"] {
+        env.ok(&["produce", t, "-m", "x"]).await;
+    }
+    let i = if other == "b0" { 0 } else { 1 };
+    brokers[i].kill9();
+    brokers[i].restart().await;
+    // It listens before it joins: wait until it is registered again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let view = env.json(&["cluster", "brokers"]).await;
+        let back = view["brokers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["id"] == other && b["live"] == true && b["draining"] == false);
+        if back {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{view}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let dry = env.json(&["cluster", "rebalance", "--dry-run"]).await;
+    let view = env.json(&["cluster", "brokers", "--topics"]).await;
+    assert_eq!(dry["moved"].as_array().unwrap().len(), 2, "{dry}\n{view}");
+    let out = env.ok(&["cluster", "rebalance"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("moved 2 topic(s)"), "{text}");
+    let mut on_other = 0;
+    for t in ["jobs", "t1", "t2", "t3"] {
+        let l = env.json(&["cluster", "lookup", t]).await;
+        on_other += usize::from(l["owners"][0]["broker_id"] == other);
+    }
+    assert_eq!(on_other, 2);
+    let again = env.json(&["cluster", "rebalance", "--dry-run"]).await;
+    assert!(again["moved"].as_array().unwrap().is_empty(), "{again}");
+}

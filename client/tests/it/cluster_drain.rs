@@ -1,0 +1,585 @@
+//! Moving topics between brokers of a real cluster (etcd and three brokers
+//! as child processes on loopback; skipped with a printed line when `etcd`
+//! is missing, unless `RICOCHET_REQUIRE_ETCD=1`, which `.ci/run` sets):
+//! `drain_broker` under load moves every partition off a broker while
+//! producers and consumers keep going — every message sent is stored once
+//! and consumed, no message whose ack the broker confirmed comes back — and
+//! `move_topic` carries a subscription's whole state: cursor, messages in
+//! flight, a retry waiting in the retry tier with its delivery count, a
+//! dead letter, the producers' de-duplication.
+
+use crate::common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{recv, text};
+use ricochet_client::proto::TopicRequest;
+use ricochet_client::proto::admin_client::AdminClient;
+use ricochet_client::{Client, InitialPosition, OutgoingMessage, SubscriptionType};
+use ricochet_testkit::{SpawnOptions, etcd_or_skip, spawn_cluster};
+
+/// One cluster at a time on two shared cores.
+static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const LONG: Duration = Duration::from_secs(60);
+
+async fn client(url: &str) -> Client {
+    Client::builder(url)
+        .request_timeout(Duration::from_secs(10))
+        .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// etcd and `n` brokers (lease TTL 3 s) in a temporary directory; all of
+/// it stops when dropped, so bind every field for the whole test.
+struct Cluster {
+    etcd: ricochet_testkit::EtcdProcess,
+    brokers: Vec<ricochet_testkit::ClusterBroker>,
+    _root: tempfile::TempDir,
+}
+
+/// A fresh cluster named `name` for `test`; `None` (skipped) without etcd.
+/// `RICOCHET_TEST_BROKER_LOG=1` shows the brokers' logs (INFO).
+async fn cluster(test: &str, name: &str, n: usize) -> Option<Cluster> {
+    let etcd = etcd_or_skip(test).await?;
+    let root = tempfile::tempdir().unwrap();
+    let brokers = spawn_cluster(
+        &etcd,
+        name,
+        n,
+        root.path(),
+        Duration::from_secs(3),
+        &SpawnOptions::new()
+            .echo_log(std::env::var_os("RICOCHET_TEST_BROKER_LOG").is_some())
+            .rust_log("info"),
+    )
+    .await;
+    Some(Cluster {
+        etcd,
+        brokers,
+        _root: root,
+    })
+}
+
+async fn stored(c: &Client, topic: &str) -> u64 {
+    c.admin().topic_stats(topic).await.unwrap().message_count
+}
+
+#[tokio::test]
+async fn a_drain_under_load_moves_every_partition_losing_and_duplicating_nothing() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(Cluster {
+        etcd: _etcd,
+        brokers,
+        _root,
+    }) = cluster("a_drain_under_load_moves_every_partition", "drain", 3).await
+    else {
+        return;
+    };
+    let c = client(&brokers[0].url()).await;
+    let t = "orders";
+    const PARTITIONS: u32 = 6;
+    c.admin()
+        .create_partitioned_topic(t, PARTITIONS)
+        .await
+        .unwrap();
+    let partitions: Vec<String> = (0..PARTITIONS)
+        .map(|i| format!("{t}-partition-{i}"))
+        .collect();
+    let mut before = HashMap::new();
+    for p in &partitions {
+        before.insert(p.clone(), c.lookup(p).await.unwrap().broker_id);
+    }
+    // The broker the client was given is drained too: it keeps answering
+    // lookups and redirects while it owns nothing.
+    let victim = before[&partitions[0]].clone();
+    let victims: Vec<&String> = partitions.iter().filter(|p| before[*p] == victim).collect();
+    assert_eq!(victims.len(), 2, "6 partitions over 3 brokers: {before:?}");
+
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .ack_receipts(true)
+        .subscribe()
+        .await
+        .unwrap();
+    let producer = Arc::new(c.producer(t).create().await.unwrap());
+    const N: usize = 3_000;
+    let sending = {
+        let producer = producer.clone();
+        tokio::spawn(async move {
+            let mut sends = Vec::with_capacity(N);
+            for i in 0..N {
+                sends.push(
+                    producer
+                        .send_async(
+                            OutgoingMessage::builder(format!("m{i}")).key(format!("k{}", i % 10)),
+                        )
+                        .await
+                        .unwrap(),
+                );
+                if i % 50 == 49 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            let mut failed = Vec::new();
+            for (i, s) in sends.into_iter().enumerate() {
+                if let Err(e) = s.await {
+                    failed.push(format!("m{i}: {e}"));
+                }
+            }
+            failed
+        })
+    };
+    // Acks are confirmed by the broker (ack receipts) and sent without
+    // waiting for each other; a message delivered again after its ack was
+    // confirmed would be a duplicate.
+    let consuming = tokio::spawn(async move {
+        let acker = consumer.acker();
+        let confirmed = Arc::new(Mutex::new(HashSet::new()));
+        let refused = Arc::new(AtomicU64::new(0));
+        let mut after_ack = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut shown = Instant::now();
+        while confirmed.lock().unwrap().len() < N {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {N} acks confirmed in time",
+                confirmed.lock().unwrap().len()
+            );
+            if shown.elapsed() > Duration::from_secs(5) {
+                shown = Instant::now();
+                eprintln!(
+                    "consumer: {} confirmed, {} delivered again after it, {} acks refused",
+                    confirmed.lock().unwrap().len(),
+                    after_ack.len(),
+                    refused.load(Ordering::Relaxed)
+                );
+            }
+            let Ok(m) = tokio::time::timeout(Duration::from_millis(500), consumer.receive()).await
+            else {
+                continue;
+            };
+            let m = m.unwrap();
+            let body = text(&m);
+            if confirmed.lock().unwrap().contains(&body) {
+                after_ack.push(body);
+                continue;
+            }
+            let (acker, confirmed, refused) = (acker.clone(), confirmed.clone(), refused.clone());
+            tokio::spawn(async move {
+                match acker.ack(&m).await {
+                    Ok(()) => {
+                        confirmed.lock().unwrap().insert(body);
+                    }
+                    // Not confirmed (the stream ended as the topic moved):
+                    // the message comes back, and is acked then.
+                    Err(_) => {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        let n = confirmed.lock().unwrap().len();
+        (n, after_ack, refused.load(Ordering::Relaxed))
+    });
+    // Let the load run, then drain the victim in the middle of it.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let report = c.admin().drain_broker(&victim).await.unwrap();
+    assert!(report.not_moved.is_empty(), "{report:?}");
+    let mut moved: Vec<&str> = report.moved.iter().map(|m| m.topic.as_str()).collect();
+    moved.sort();
+    let mut expected: Vec<String> = victims
+        .iter()
+        .map(|p| format!("persistent://public/default/{p}"))
+        .collect();
+    expected.sort();
+    assert_eq!(moved, expected, "{report:?}");
+    assert!(report.moved.iter().all(|m| m.to_broker != victim));
+
+    let failed = tokio::time::timeout(LONG, sending).await.unwrap().unwrap();
+    assert!(failed.is_empty(), "sends that failed: {failed:?}");
+    let (acked, after_ack, refused_acks) = consuming.await.unwrap();
+    assert_eq!(acked, N);
+    assert!(
+        after_ack.is_empty(),
+        "messages delivered again after the broker confirmed their ack: {after_ack:?}"
+    );
+    println!(
+        "drain of {victim}: {} partitions in {} ms ({:?}); {refused_acks} acks not confirmed during the move",
+        report.moved.len(),
+        report.millis,
+        report
+            .moved
+            .iter()
+            .map(|m| (m.entries, m.millis))
+            .collect::<Vec<_>>()
+    );
+    // Stored once each: resends after the move were de-duplicated.
+    let mut total = 0;
+    for p in &partitions {
+        let owner = c.lookup(p).await.unwrap().broker_id;
+        assert_ne!(owner, victim, "{p} still on the drained broker");
+        total += stored(&c, p).await;
+    }
+    assert_eq!(total, N as u64, "every message stored exactly once");
+    let brokers_now = c.admin().brokers(false).await.unwrap().brokers;
+    let v = brokers_now.iter().find(|b| b.id == victim).unwrap();
+    assert!(v.draining, "{v:?}");
+    assert_eq!((v.placed_topics, v.owned_topics), (0, 0), "{v:?}");
+    // New topics go elsewhere while it drains.
+    for i in 0..4 {
+        let owner = c
+            .lookup(&format!("fresh-{i}"))
+            .await
+            .unwrap_or_else(|e| panic!("lookup of fresh-{i}: {e}"))
+            .broker_id;
+        assert_ne!(owner, victim);
+    }
+}
+
+#[tokio::test]
+async fn a_moved_topic_keeps_its_cursor_retries_delivery_counts_and_dead_letters() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(Cluster {
+        etcd: _etcd,
+        brokers,
+        _root,
+    }) = cluster("a_moved_topic_keeps_its_cursor", "move", 2).await
+    else {
+        return;
+    };
+    let c = client(&brokers[1].url()).await;
+    let t = "jobs";
+    let producer = c.producer(t).name("p").create().await.unwrap();
+    for i in 0..10 {
+        producer.send(format!("m{i}")).await.unwrap();
+    }
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .ack_receipts(true)
+        .subscribe()
+        .await
+        .unwrap();
+    let mut got = HashMap::new();
+    for _ in 0..10 {
+        let m = recv(&mut consumer, LONG).await;
+        got.insert(text(&m), m);
+    }
+    for i in 0..5 {
+        consumer.ack(&got[&format!("m{i}")]).await.unwrap();
+    }
+    consumer
+        .reconsume_later(&got["m5"], Duration::from_secs(3))
+        .await
+        .unwrap();
+    consumer.terminate(&got["m7"], "bad input").await.unwrap();
+    consumer.flush().await.unwrap();
+    // m6, m8, m9 are in flight, unacked.
+
+    let from = c.lookup(t).await.unwrap();
+    let moved = c.admin().move_topic(t, None).await.unwrap();
+    assert_ne!(moved.to_broker, from.broker_id);
+    assert!(
+        moved.entries >= 12,
+        "log, retry and dead-letter tiers: {moved:?}"
+    );
+    let to = c.lookup(t).await.unwrap();
+    assert_eq!(to.broker_id, moved.to_broker);
+    assert!(to.epoch > from.epoch, "a new claim: {from:?} → {to:?}");
+
+    // The old owner no longer serves it: it redirects.
+    let e = AdminClient::new(
+        tonic::transport::Channel::from_shared(from.url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    )
+    .topic_stats(TopicRequest { topic: t.into() })
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+
+    // The same consumer goes on at the new owner: the messages that were in
+    // flight come again, the retry comes from the retry tier with its
+    // delivery count, and nothing acked or dead-lettered comes back.
+    let mut again: HashMap<String, u32> = HashMap::new();
+    while again.len() < 4 {
+        let m = recv(&mut consumer, LONG).await;
+        let body = text(&m);
+        assert!(
+            ["m5", "m6", "m8", "m9"].contains(&body.as_str()),
+            "{body} came back after the move"
+        );
+        again.insert(body, m.delivery_count());
+        consumer.ack(&m).await.unwrap();
+    }
+    assert_eq!(
+        again["m5"], 1,
+        "the retry keeps its delivery count: {again:?}"
+    );
+
+    // The dead letter moved with its record.
+    let dead = c
+        .admin()
+        .list_dead_letters(t, "s", &Default::default(), 0, None)
+        .await
+        .unwrap()
+        .dead_letters;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert!(format!("{:?}", dead[0]).contains("bad input"), "{dead:?}");
+
+    // The producer follows, and its sequence ids still de-duplicate.
+    producer.send("m10").await.unwrap();
+    let m = recv(&mut consumer, LONG).await;
+    assert_eq!(text(&m), "m10");
+    consumer.ack(&m).await.unwrap();
+    assert_eq!(stored(&c, t).await, 11);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(800), consumer.receive())
+            .await
+            .is_err(),
+        "nothing else"
+    );
+}
+
+#[tokio::test]
+async fn a_move_the_target_refuses_leaves_the_topic_served_where_it_was() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(Cluster {
+        etcd: _etcd,
+        brokers,
+        _root,
+    }) = cluster("a_move_the_target_refuses", "refuse", 2).await
+    else {
+        return;
+    };
+    let c = client(&brokers[0].url()).await;
+    let t = "jobs";
+    let producer = c.producer(t).create().await.unwrap();
+    producer.send("m0").await.unwrap();
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .ack_receipts(true)
+        .subscribe()
+        .await
+        .unwrap();
+    let m = recv(&mut consumer, LONG).await;
+    // The retry tier exists on the owner now...
+    consumer
+        .reconsume_later(&m, Duration::from_millis(300))
+        .await
+        .unwrap();
+    consumer.flush().await.unwrap();
+    let source = c.lookup(t).await.unwrap().broker_id;
+    // ...and an ordinary topic of the same name on the other broker (the
+    // emptier one, so placed there), which the move cannot overwrite.
+    let clash = format!("{t}-s-RETRY");
+    c.producer(&clash)
+        .create()
+        .await
+        .unwrap()
+        .send("not a tier")
+        .await
+        .unwrap();
+    let target = c.lookup(&clash).await.unwrap().broker_id;
+    assert_ne!(target, source);
+
+    let e = c.admin().move_topic(t, Some(&target)).await.unwrap_err();
+    assert!(
+        e.to_string().contains("exists on this broker already"),
+        "{e}"
+    );
+    // Still placed and served where it was: the retry comes back there, the
+    // producer and the consumer go on.
+    assert_eq!(c.lookup(t).await.unwrap().broker_id, source);
+    let again = recv(&mut consumer, LONG).await;
+    assert_eq!((text(&again).as_str(), again.delivery_count()), ("m0", 1));
+    consumer.ack(&again).await.unwrap();
+    producer.send("m1").await.unwrap();
+    let m1 = recv(&mut consumer, LONG).await;
+    assert_eq!(text(&m1), "m1");
+    consumer.ack(&m1).await.unwrap();
+    assert_eq!(stored(&c, t).await, 2);
+    assert_eq!(stored(&c, &clash).await, 1, "the other topic untouched");
+}
+
+/// A broker that crashed in the middle of a move, after etcd placed the
+/// topic elsewhere but before it deleted its own copy, deletes that copy
+/// when it comes back (it would never serve it).
+#[tokio::test]
+async fn a_copy_left_by_an_unfinished_move_is_deleted_when_its_broker_returns() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(Cluster {
+        etcd,
+        mut brokers,
+        _root,
+    }) = cluster("a_copy_left_by_an_unfinished_move", "stale", 2).await
+    else {
+        return;
+    };
+    let c = client(&brokers[0].url()).await;
+    c.producer("x")
+        .create()
+        .await
+        .unwrap()
+        .send("m")
+        .await
+        .unwrap();
+    let owner = c.lookup("x").await.unwrap().broker_id;
+    let (i, other) = if owner == "b0" { (0, "b1") } else { (1, "b0") };
+    let local_topics = |url: String| async move {
+        AdminClient::new(
+            tonic::transport::Channel::from_shared(url)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        )
+        .list_topics(ricochet_client::proto::ListTopicsRequest {
+            namespace: "public/default".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .topics
+    };
+    assert!(
+        local_topics(brokers[i].url())
+            .await
+            .contains(&"persistent://public/default/x".to_owned())
+    );
+    // The crash: killed, and the placement switched as the hand-over does.
+    brokers[i].kill9();
+    etcd.kv()
+        .await
+        .put(ricochet_proto::etcd::PutRequest {
+            key: b"/ricochet/stale/placement/persistent://public/default/x".to_vec(),
+            value: other.as_bytes().to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    brokers[i].restart().await;
+    assert!(
+        !local_topics(brokers[i].url())
+            .await
+            .contains(&"persistent://public/default/x".to_owned()),
+        "the stale copy is gone"
+    );
+}
+
+/// `ImportTopic` is broker to broker, but its input is still checked: a
+/// state that does not decode, entries outside the moved logs, a transfer
+/// cut short or whose counts do not match are refused with
+/// INVALID_ARGUMENT, and leave nothing behind.
+#[tokio::test]
+async fn a_bad_or_incomplete_import_is_refused_and_leaves_nothing() {
+    use ricochet_client::proto::cluster_client::ClusterClient;
+    use ricochet_client::proto::{
+        TopicTransferPart, TransferBegin, TransferEnd, TransferEntries, topic_transfer_part::Part,
+    };
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(Cluster {
+        etcd: _etcd,
+        brokers,
+        _root,
+    }) = cluster("a_bad_or_incomplete_import_is_refused", "import", 1).await
+    else {
+        return;
+    };
+    let url = brokers[0].url();
+    let name = "persistent://public/default/imported";
+    let state = format!(
+        r#"{{"logs":[{{"record":{{"name":"{name}","created_ms":1,"kind":"normal"}},"first":0,"next":2,"sequences":[]}}],"subscriptions":[],"retention":null}}"#
+    );
+    let begin = |state: &str| {
+        Part::Begin(TransferBegin {
+            topic: name.into(),
+            from_broker: "elsewhere".into(),
+            state: state.as_bytes().to_vec(),
+        })
+    };
+    let entries = |topic: &str, first_id: u64| {
+        Part::Entries(TransferEntries {
+            topic: topic.into(),
+            first_id,
+            entries: vec![b"a".to_vec(), b"b".to_vec()],
+        })
+    };
+    let end = |n: u64| {
+        Part::End(TransferEnd {
+            entries: [(name.to_owned(), n)].into(),
+        })
+    };
+    let import = |parts: Vec<Part>| {
+        let url = url.clone();
+        async move {
+            let channel = tonic::transport::Channel::from_shared(url)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let parts: Vec<TopicTransferPart> = parts
+                .into_iter()
+                .map(|p| TopicTransferPart { part: Some(p) })
+                .collect();
+            ClusterClient::new(channel)
+                .import_topic(futures::stream::iter(parts))
+                .await
+                .map(|r| r.into_inner().entries)
+        }
+    };
+    let cases: Vec<(Vec<Part>, &str)> = vec![
+        (vec![begin("not json"), end(0)], "does not decode"),
+        (vec![begin(&state), entries(name, 0)], "without TransferEnd"),
+        (
+            vec![begin(&state), entries(name, 0), end(3)],
+            "2 entries arrived, 3 were sent",
+        ),
+        (vec![begin(&state), entries(name, 1), end(2)], "lie outside"),
+        (
+            vec![
+                begin(&state),
+                entries("persistent://public/default/other", 0),
+                end(2),
+            ],
+            "not part of this move",
+        ),
+    ];
+    for (parts, why) in cases {
+        let e = import(parts).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{why}: {e:?}");
+        assert!(e.message().contains(why), "{why}: {e:?}");
+        let c = client(&url).await;
+        let topics = c
+            .admin()
+            .list_topics(Some("public/default"), false)
+            .await
+            .unwrap()
+            .topics;
+        assert!(!topics.contains(&name.to_owned()), "{why}: left {topics:?}");
+    }
+    // The same transfer, whole, is taken.
+    assert_eq!(
+        import(vec![begin(&state), entries(name, 0), end(2)])
+            .await
+            .unwrap(),
+        2
+    );
+}

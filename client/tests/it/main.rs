@@ -1,0 +1,15 @@
+//! The client's integration tests, one binary (one module per former test file).
+
+mod admin;
+mod cluster;
+mod cluster_drain;
+mod cluster_events;
+mod cluster_routing;
+mod common;
+mod failures;
+mod key_order;
+mod partitions;
+mod producer_queue;
+mod receipts;
+mod reconnect;
+mod roundtrip;

@@ -1,0 +1,4 @@
+//! The policy crate's property tests, one binary (one module per former test file).
+
+mod breaker;
+mod properties;
