@@ -10,11 +10,9 @@
 //! carries `kind`, `topic` and `subscription` properties so a reader can
 //! filter without parsing the payload.
 
+pub use crate::name::EVENTS_TOPIC;
 use crate::name::TopicName;
 use serde::Serialize;
-
-/// The topic name (last part) of a namespace's failure events.
-pub const EVENTS_TOPIC: &str = "__failure_events";
 
 /// Bytes of a dead letter's payload an event repeats, at most.
 pub const EXCERPT_BYTES: usize = 64;

@@ -16,7 +16,7 @@
 //! * `subscription`: the actor that dispatches, acks, counts failures and
 //!   moves messages between tiers, split by concern;
 //! * `scheduler`: persisted due times with a near-term timer window;
-//! * [`storage`]: the storage trait, its records, sled and in-memory engines;
+//! * [`storage`]: the `ricochet-storage` crate, re-exported: the storage trait, its records, sled and in-memory engines;
 //! * `keeper`: the manifest (id reservations, what the store must hold);
 //! * `flusher`: group commit; `disk`: free space on the data directory
 //!   (publishes refused on a full disk, resumed once space returns); `service`: the gRPC services (the only place
@@ -68,7 +68,7 @@ pub mod retention;
 mod scheduler;
 mod server;
 mod service;
-pub mod storage;
+pub use ricochet_storage as storage;
 mod subscription;
 pub mod tls;
 mod topic;

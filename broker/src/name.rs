@@ -107,10 +107,13 @@ impl TopicName {
     }
 }
 
+/// The topic name (last part) of a namespace's failure events.
+pub const EVENTS_TOPIC: &str = "__failure_events";
+
 /// Whether `topic` (a full name) is a system topic the broker writes
 /// itself: a namespace's `__failure_events`.
 pub fn is_system_topic(topic: &str) -> bool {
-    topic.rsplit('/').next() == Some(crate::events::EVENTS_TOPIC)
+    topic.rsplit('/').next() == Some(EVENTS_TOPIC)
 }
 
 /// Checks a `tenant/namespace` a client sent (to filter topics by).

@@ -1,9 +1,9 @@
-//! Small helpers shared across the broker: poison-free locking, stable
-//! hashing, quoting client input in error messages, and the test
-//! failpoints (`RICOCHET_FAILPOINT`).
+//! Small helpers shared across the broker: stable hashing, quoting client
+//! input in error messages; poison-free locking, wall-clock time and the test
+//! failpoints (`RICOCHET_FAILPOINT`) come from the storage crate's `util`.
 
+pub(crate) use ricochet_storage::util::{failpoint, lock, read, wall_ms, write};
 use std::borrow::Cow;
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Characters of client input an error message repeats at most.
 pub(crate) const ECHO_CHARS: usize = 100;
@@ -27,31 +27,6 @@ pub(crate) fn echo(input: &str) -> String {
     }
 }
 
-/// Locks a mutex, recovering the guard if a panicking thread poisoned it: the
-/// broker's short critical sections leave consistent state behind, and
-/// refusing service for ever after one panic would be worse.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Reads an `RwLock`, recovering from poison as [`lock`] does.
-pub(crate) fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    m.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Writes an `RwLock`, recovering from poison as [`lock`] does.
-pub(crate) fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    m.write().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Wall-clock milliseconds since the Unix epoch (for registration times
-/// only; the broker's own timing uses [`crate::clock`]).
-pub(crate) fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// A stable 64-bit hash (same value across runs and builds), used for key
 /// routing and policy jitter seeds: FNV-1a followed by the SplitMix64
 /// finaliser, so every output bit depends on every input byte (plain FNV-1a
@@ -67,30 +42,6 @@ pub fn stable_hash(bytes: &[u8]) -> u64 {
     h ^= h >> 27;
     h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
     h ^ (h >> 31)
-}
-
-/// The failpoint named by `RICOCHET_FAILPOINT`, read once.
-fn armed_failpoint() -> Option<&'static str> {
-    static ARMED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    ARMED
-        .get_or_init(|| std::env::var("RICOCHET_FAILPOINT").ok())
-        .as_deref()
-}
-
-/// Whether `RICOCHET_FAILPOINT` names `name` (a step that must prepare its
-/// crash, e.g. flush what is written so far, before [`failpoint`]).
-pub(crate) fn failpoint_armed(name: &str) -> bool {
-    armed_failpoint() == Some(name)
-}
-
-/// Aborts the process when `RICOCHET_FAILPOINT` equals `name`: a test's way
-/// to crash the broker at an exact step (as a SIGKILL would, without
-/// flushing). Unset (always, outside tests), it does nothing.
-pub(crate) fn failpoint(name: &str) {
-    if failpoint_armed(name) {
-        eprintln!("failpoint {name}: aborting");
-        std::process::abort();
-    }
 }
 
 #[cfg(test)]

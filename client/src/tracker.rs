@@ -24,53 +24,15 @@
 //! what tokio-util's `DelayQueue` plus a key map would take.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::Hash;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// A multiply-rotate hasher (FxHash's): message ids are small integers the
-/// broker assigns, so SipHash's flooding resistance buys nothing here and
-/// costs a third of an insert.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct IdHasher(u64);
-
-const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl IdHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(SEED);
-    }
-}
-
-impl Hasher for IdHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(w));
-        }
-    }
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-    fn write_u32(&mut self, i: u32) {
-        self.add(u64::from(i));
-    }
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// A `BuildHasher` for [`IdHasher`].
-pub type IdBuildHasher = BuildHasherDefault<IdHasher>;
+/// The hasher of the tracker's maps: FxHash (`rustc-hash`). Message ids are
+/// small integers the broker assigns, so SipHash's flooding resistance buys
+/// nothing here and costs a third of an insert.
+pub type IdBuildHasher = rustc_hash::FxBuildHasher;
 
 /// A timer wheel of keys with deadlines, rounded up to a resolution.
 #[derive(Debug)]

@@ -286,7 +286,7 @@ impl Admin for AdminService {
             .core
             .storage
             .read_one(name.as_str(), id.entry_id)
-            .map_err(Status::from)?
+            .map_err(BrokerError::from)?
             .ok_or_else(|| {
                 Status::not_found(format!(
                     "message {}:{} not found (never written, or removed by retention)",
@@ -305,7 +305,8 @@ impl Admin for AdminService {
             let dead = self
                 .core
                 .storage
-                .dead_letters(h.id(), None)?
+                .dead_letters(h.id(), None)
+                .map_err(BrokerError::from)?
                 .into_iter()
                 .find(|(_, d)| d.origin_topic == name.as_str() && d.origin_entry_id == id.entry_id);
             let (state, failures) = match dead {

@@ -140,12 +140,6 @@ impl From<BrokerError> for Status {
     }
 }
 
-impl From<StorageError> for Status {
-    fn from(e: StorageError) -> Self {
-        BrokerError::from(e).into()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

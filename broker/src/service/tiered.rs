@@ -51,7 +51,7 @@ impl TieredService {
 
     fn answer(&self, target: &Target) -> Result<OffloadPolicyResponse, BrokerError> {
         let t = self.tiered()?;
-        let own = t.policies.get(target.key());
+        let own = t.policies().get(target.key());
         let (effective, from) = match target {
             Target::Namespace(_) => (own.clone(), own.as_ref().map(|_| target.key().to_owned())),
             Target::Topic(name) => match t.effective(name.as_str()) {

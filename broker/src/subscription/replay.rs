@@ -25,58 +25,12 @@ use super::SubscriptionActor;
 use super::requests::MessageRef;
 use crate::error::Result;
 use crate::storage::{
-    DeadLetterRecord, DeadLetterReturn, EditRecord, FailureRecord, MessageEdit, ReplayIntent,
-    ReplayOrder, ReplayTarget, ReturnItem, ScheduleKey, StorageError, TierEntry, TopicKind,
-    replay_producer,
+    DeadLetterRecord, DeadLetterReturn, FailureRecord, ReplayIntent, ReplayOrder, ReplayTarget,
+    ReturnItem, ScheduleKey, StorageError, TierEntry, TopicKind, replay_producer,
 };
 use crate::util::failpoint;
 use prost::Message as _;
 use ricochet_proto::{Message, OutboundMessage, props};
-
-impl MessageEdit {
-    /// Whether it changes nothing.
-    pub fn is_empty(&self) -> bool {
-        self.payload.is_none()
-            && self.set_properties.is_empty()
-            && self.unset_properties.is_empty()
-            && self.key.is_none()
-    }
-
-    /// Applies the edit to `m` and says what changed.
-    fn apply(&self, m: &mut Message, time_ms: u64, by: &str) -> EditRecord {
-        let before = m.payload.len() as u64;
-        if let Some(p) = &self.payload {
-            m.payload = p.clone();
-        }
-        let mut removed = Vec::new();
-        for k in &self.unset_properties {
-            if m.properties.remove(k).is_some() {
-                removed.push(k.clone());
-            }
-        }
-        let mut set = Vec::new();
-        for (k, v) in &self.set_properties {
-            if m.properties.get(k) != Some(v) {
-                set.push(k.clone());
-            }
-            m.properties.insert(k.clone(), v.clone());
-            removed.retain(|r| r != k);
-        }
-        let key_changed = self.key.as_ref().is_some_and(|k| *k != m.key);
-        if let Some(k) = &self.key {
-            m.key = k.clone();
-        }
-        EditRecord {
-            time_ms,
-            by: by.to_owned(),
-            payload_size_before: before,
-            payload_size_after: m.payload.len() as u64,
-            properties_set: set,
-            properties_removed: removed,
-            key_changed,
-        }
-    }
-}
 
 /// A dead letter ready to go: its DLQ entry id, the message to send (edits
 /// applied), and the failure record it carries on.

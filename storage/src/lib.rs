@@ -11,7 +11,7 @@
 //! replace them without touching dispatch logic.
 //!
 //! Writes are not durable until [`Storage::flush`] returns; the broker's
-//! [`crate::flusher::Flusher`] groups concurrent writers onto one flush.
+//! flusher groups concurrent writers onto one flush.
 //!
 //! Integrity: every stored value carries a checksum verified on read (a
 //! mismatch is [`StorageError::Corrupt`]), and a [`manifest::Manifest`]
@@ -28,6 +28,7 @@ pub mod refs;
 pub mod segments;
 mod sled_store;
 pub mod tiered;
+pub mod util;
 mod watch;
 
 pub use cursor::Cursor;

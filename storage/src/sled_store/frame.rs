@@ -10,7 +10,7 @@
 //! every reader finds an entry in the value with the greatest first id at or
 //! below it, whatever the runs' lengths.
 
-use crate::storage::{StorageError, StorageResult as Result};
+use crate::{StorageError, StorageResult as Result};
 
 const GONE: u32 = u32::MAX;
 

@@ -132,8 +132,9 @@ impl LogStorage {
 
     /// Stores `topic`'s entries in the log without a topic record (the
     /// contract tests' engines).
-    #[cfg(test)]
-    pub(crate) fn route_to_log(&self, topic: &str) {
+    #[cfg(any(test, feature = "testing"))]
+    #[doc(hidden)]
+    pub fn route_to_log(&self, topic: &str) {
         crate::util::write(&self.logged).insert(topic.to_owned());
     }
 

@@ -4,7 +4,7 @@
 //! policies; a topic's own replaces its namespace's, which replaces the
 //! `[tiered]` section's default. Pure decisions live here too.
 
-use crate::storage::{SledStorage, StorageResult as Result};
+use crate::{SledStorage, StorageResult as Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Mutex;

@@ -8,9 +8,9 @@
 
 use super::object::{self, Index};
 use super::{SegmentState, Tiered};
-use crate::storage::segments::record::{RECORD_HEADER_LEN, RecordHeader};
-use crate::storage::segments::segment;
-use crate::storage::{StorageError, StorageResult as Result};
+use crate::segments::record::{RECORD_HEADER_LEN, RecordHeader};
+use crate::segments::segment;
+use crate::{StorageError, StorageResult as Result};
 use object_store::path::Path as ObjectPath;
 use std::sync::Arc;
 use std::time::Instant;
@@ -172,7 +172,7 @@ impl Tiered {
     }
 
     /// Up to `max` entries `>= from` from the remote-only segments (as
-    /// [`crate::storage::Storage::read`]); `bytes` counts what was read.
+    /// [`crate::Storage::read`]); `bytes` counts what was read.
     pub fn read(
         &self,
         topic: &str,

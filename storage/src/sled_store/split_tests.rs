@@ -8,7 +8,7 @@
 use super::codec::{be, read_be, seal, unseal};
 use super::frame;
 use super::*;
-use crate::storage::MemoryStorage;
+use crate::MemoryStorage;
 
 const T: &str = "persistent://public/default/big";
 

@@ -254,7 +254,7 @@ impl super::LogStorage {
             if index.is_empty() {
                 continue;
             }
-            let retry = retry_tier_of(&sub)?;
+            let retry = retry_tier_of(&sub);
             for chunk in index.chunks(1024) {
                 let settle = self.settle(topic, &retry, chunk, true)?;
                 self.sled.settle_references(&retry, sub.id, &settle)?;
@@ -320,7 +320,7 @@ impl super::LogStorage {
             while let Some((source, target)) = self.sled.lowest_reference_of(sub.id)? {
                 let retry = match &retry {
                     Some(r) => r,
-                    None => retry.insert(retry_tier_of(&sub)?),
+                    None => retry.insert(retry_tier_of(&sub)),
                 };
                 let stale = self.settle(topic, retry, &[(source, target)], false)?;
                 if stale.is_empty() {
@@ -335,17 +335,11 @@ impl super::LogStorage {
 }
 
 /// The retry tier a subscription's references live in: its override, or
-/// `<topic>-<subscription>-RETRY` (as `crate::claims::tier_names` says).
-fn retry_tier_of(sub: &super::SubscriptionRecord) -> Result<String> {
-    if let Some(retry) = &sub.retry_topic {
-        return Ok(retry.clone());
-    }
-    let bad = |e: crate::error::BrokerError| {
-        StorageError::Corrupt(format!("subscription {}: {e}", sub.name))
-    };
-    let topic = crate::name::TopicName::parse_stored(&sub.topic).map_err(bad)?;
-    let name = crate::name::SubscriptionName::parse_stored(&sub.name).map_err(bad)?;
-    Ok(topic.retry_tier(&name).to_string())
+/// `<topic>-<subscription>-RETRY` (the broker's default tier name).
+fn retry_tier_of(sub: &super::SubscriptionRecord) -> String {
+    sub.retry_topic
+        .clone()
+        .unwrap_or_else(|| format!("{}-{}-RETRY", sub.topic, sub.name))
 }
 
 fn gone(r: &RetryRef) -> StorageError {

@@ -9,7 +9,7 @@
 //! different payload. Values of the unsealed format (stores written before
 //! storage format 2) do not read: such stores are refused at open.
 
-use crate::storage::{AttemptRecord, FailureRecord, StorageError, StorageResult as Result};
+use crate::{AttemptRecord, FailureRecord, StorageError, StorageResult as Result};
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
 
@@ -194,7 +194,7 @@ pub fn read_be(bytes: &[u8]) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::records::sample_history as record;
+    use crate::records::sample_history as record;
     use ricochet_policy::FailureReason;
 
     #[test]

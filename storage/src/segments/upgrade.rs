@@ -11,7 +11,7 @@
 //! after it finds the topic's directory in place and only drops the trees.
 
 use super::{LogSettings, SegmentLog, dir_name, sync_dir};
-use crate::storage::{SledStorage, Storage, StorageResult as Result, TopicKind};
+use crate::{SledStorage, Storage, StorageResult as Result, TopicKind};
 use std::collections::HashSet;
 use std::path::Path;
 

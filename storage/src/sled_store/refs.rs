@@ -1,4 +1,4 @@
-//! The sled side of retry-tier references ([`crate::storage::refs`]): the
+//! The sled side of retry-tier references ([`crate::refs`]): the
 //! index of the references a subscription's retry tier holds, in `meta`
 //! under `x:<sub id><source entry><tier entry>` (big-endian, an empty
 //! sealed value), written in the tier move's transaction; and replacing
@@ -7,7 +7,7 @@
 
 use super::codec::{be, read_be, seal, unseal};
 use super::*;
-use crate::storage::refs::{RetryRef, is_ref};
+use crate::refs::{RetryRef, is_ref};
 
 /// Where the index lives in `meta`.
 pub(super) const INDEX_PREFIX: &[u8] = b"x:";

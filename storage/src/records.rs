@@ -428,6 +428,51 @@ impl FailureRecord {
 
 /// A history of `count` nack failures by consumer `c` (times 1 001, 1 002, …),
 /// for tests.
+impl MessageEdit {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.payload.is_none()
+            && self.set_properties.is_empty()
+            && self.unset_properties.is_empty()
+            && self.key.is_none()
+    }
+
+    /// Applies the edit to a message and says what changed.
+    pub fn apply(&self, m: &mut ricochet_proto::Message, time_ms: u64, by: &str) -> EditRecord {
+        let before = m.payload.len() as u64;
+        if let Some(p) = &self.payload {
+            m.payload = p.clone();
+        }
+        let mut removed = Vec::new();
+        for k in &self.unset_properties {
+            if m.properties.remove(k).is_some() {
+                removed.push(k.clone());
+            }
+        }
+        let mut set = Vec::new();
+        for (k, v) in &self.set_properties {
+            if m.properties.get(k) != Some(v) {
+                set.push(k.clone());
+            }
+            m.properties.insert(k.clone(), v.clone());
+            removed.retain(|r| r != k);
+        }
+        let key_changed = self.key.as_ref().is_some_and(|k| *k != m.key);
+        if let Some(k) = &self.key {
+            m.key = k.clone();
+        }
+        EditRecord {
+            time_ms,
+            by: by.to_owned(),
+            payload_size_before: before,
+            payload_size_after: m.payload.len() as u64,
+            properties_set: set,
+            properties_removed: removed,
+            key_changed,
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn sample_history(count: u32) -> FailureRecord {
     let mut r = FailureRecord::default();

@@ -5,7 +5,7 @@
 
 use super::codec::{be, decode_failures, encode_failures, json, seal, unseal};
 use super::{SledStorage, dl_key};
-use crate::storage::{Result, ScheduleKey, StorageError, SubMessage, SubscriptionState, TierEntry};
+use crate::{Result, ScheduleKey, StorageError, SubMessage, SubscriptionState, TierEntry};
 use sled::Batch;
 
 impl SledStorage {
@@ -34,7 +34,7 @@ impl SledStorage {
                 .schedule
                 .push((key.due_ms, key.message.entry(), record));
         }
-        state.dead_letters = crate::storage::Storage::dead_letters(self, sub_id, None)?;
+        state.dead_letters = crate::Storage::dead_letters(self, sub_id, None)?;
         Ok(state)
     }
 

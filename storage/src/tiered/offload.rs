@@ -13,8 +13,8 @@
 //! abort the broker between the steps.
 
 use super::{Phase, SegmentState, Tiered};
-use crate::storage::segments::SegmentInfo;
-use crate::storage::{Storage as _, StorageError, StorageResult as Result};
+use crate::segments::SegmentInfo;
+use crate::{Storage as _, StorageError, StorageResult as Result};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutPayload};
 use std::sync::Arc;
@@ -128,10 +128,7 @@ impl Tiered {
 
     /// The policy in force for `topic` and where it comes from.
     pub fn effective(&self, topic: &str) -> Option<(super::policy::OffloadPolicy, String)> {
-        let namespace = crate::name::TopicName::parse(topic)
-            .map(|t| t.namespace().to_owned())
-            .unwrap_or_default();
-        self.policies.effective(topic, &namespace)
+        self.policies.effective(topic, namespace_of(topic))
     }
 
     /// `topic`'s sealed local segments and the bytes of all its local ones.
@@ -385,4 +382,14 @@ async fn put(store: Arc<dyn ObjectStore>, path: ObjectPath, obj: Vec<u8>, pace: 
         .await
         .map_err(|e| remote("complete upload", e))?;
     Ok(())
+}
+
+/// The `tenant/namespace` of a stored topic name (`persistent://tenant/namespace/topic`);
+/// empty for a name without both parts.
+fn namespace_of(topic: &str) -> &str {
+    let rest = topic.strip_prefix("persistent://").unwrap_or(topic);
+    match rest.rfind('/') {
+        Some(end) if rest[..end].contains('/') => &rest[..end],
+        _ => "",
+    }
 }

@@ -4,8 +4,8 @@
 //! recorded offloaded refuses the store at the next open.
 
 use super::*;
-use crate::storage::Storage as _;
-use crate::storage::segments::LogSettings;
+use crate::Storage as _;
+use crate::segments::LogSettings;
 use std::time::Duration;
 
 const T: &str = "persistent://public/default/t";

@@ -152,8 +152,9 @@ impl SledStorage {
 
     /// Flips one bit at byte `at` of the stored frame holding `topic`'s
     /// entry `id` (damage, for tests).
-    #[cfg(test)]
-    pub(crate) fn damage_entry(&self, topic: &str, id: u64, at: usize) {
+    #[cfg(any(test, feature = "testing"))]
+    #[doc(hidden)]
+    pub fn damage_entry(&self, topic: &str, id: u64, at: usize) {
         let tree = self.segment(topic, id / self.segment_entries).unwrap();
         let (k, v) = tree.range(..=be(id)).next_back().unwrap().unwrap();
         let mut v = v.to_vec();

@@ -137,7 +137,7 @@ pub struct Tiered {
     io: IoRuntime,
     /// Offload states by topic and first id.
     states: Mutex<HashMap<String, BTreeMap<u64, SegmentState>>>,
-    pub(crate) policies: policy::Policies,
+    policies: policy::Policies,
     cache: Mutex<cache::BlockCache>,
     /// One offload pass at a time (background or triggered).
     offloading: tokio::sync::Mutex<()>,
@@ -154,6 +154,11 @@ impl std::fmt::Debug for Tiered {
 }
 
 impl Tiered {
+    /// The offload policies of namespaces and topics.
+    pub fn policies(&self) -> &policy::Policies {
+        &self.policies
+    }
+
     /// Opens the second tier over `log` and `sled`: loads the offload
     /// states and policies and checks that every segment below the first
     /// local one of each topic is offloaded (`logged`: the ordinary

@@ -4,7 +4,7 @@
 //! reads may cache, and the default offload policy.
 
 use super::policy::OffloadPolicy;
-use crate::storage::{StorageError, StorageResult as Result};
+use crate::{StorageError, StorageResult as Result};
 use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;

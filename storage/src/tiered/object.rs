@@ -12,7 +12,7 @@
 //! it is written and read back once to verify it; every record read later
 //! is checked against its own CRC.
 
-use crate::storage::segments::record::{FILE_HEADER_LEN, RECORD_HEADER_LEN, RecordHeader};
+use crate::segments::record::{FILE_HEADER_LEN, RECORD_HEADER_LEN, RecordHeader};
 
 /// Last bytes of every object.
 const MAGIC: &[u8; 8] = b"RCTIX001";
@@ -120,7 +120,7 @@ pub fn offset_for(index: &Index, id: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::segments::record::{self, FileHeader};
+    use crate::segments::record::{self, FileHeader};
 
     fn segment(records: u64, entry: usize) -> Vec<u8> {
         let mut b = FileHeader {
