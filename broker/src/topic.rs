@@ -447,14 +447,22 @@ impl Topic {
         if self.kind == TopicKind::DeadLetter {
             return Ok(());
         }
-        let min = {
+        let mut min = {
             let mut marks = crate::util::lock(&self.marks);
             marks.insert(sub_id, mark);
             marks.values().copied().min().unwrap_or(0)
         };
         // Only whole segments are dropped: skip the work until one is done.
         let first = self.first_entry.load(Ordering::Relaxed);
-        if min >= (first / self.segment_entries + 1) * self.segment_entries {
+        let boundary = (first / self.segment_entries + 1) * self.segment_entries;
+        if min >= boundary {
+            // Entries parked retries refer to stay (not copied, as a
+            // retention trim would have to).
+            if let Some(r) = self.storage.lowest_reference(self.name.as_str())? {
+                min = min.min(r);
+            }
+        }
+        if min >= boundary {
             self.storage.trim(self.name.as_str(), min)?;
             let (first, _) = self.storage.entry_range(self.name.as_str())?;
             self.first_entry.store(first, Ordering::Relaxed);

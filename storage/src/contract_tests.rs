@@ -158,6 +158,7 @@ fn retry_moves_keep_the_failure_record_in_the_schedule_entry() {
                 target_entry_id,
                 failures: record(count),
                 arrival: Arrival::Retry { due_ms },
+                source: None,
             }],
         };
         s.move_messages(&mv(from, None, 0, 5_000, 2)).unwrap();
@@ -240,6 +241,7 @@ fn dead_letter_moves_list_page_and_remove() {
                     failures: record(2),
                     replay: None,
                 }),
+                source: None,
             })
             .collect();
         s.move_messages(&TierMove {
@@ -401,6 +403,7 @@ fn three_dead_letters(s: &dyn Storage) {
                 failures: record(2),
                 replay: None,
             }),
+            source: None,
         })
         .collect();
     s.move_messages(&TierMove {
@@ -684,6 +687,7 @@ fn a_subscription_state_reads_out_whole_and_restores_under_another_id() {
                 target_entry_id: 0,
                 failures: record(2),
                 arrival: Arrival::Retry { due_ms: 5_000 },
+                source: None,
             }],
         })
         .unwrap();

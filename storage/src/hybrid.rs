@@ -35,12 +35,16 @@ use std::sync::{Arc, RwLock};
 /// Segment-file log for ordinary topics, sled for the rest.
 #[derive(Debug)]
 pub struct LogStorage {
-    sled: Arc<SledStorage>,
+    pub(super) sled: Arc<SledStorage>,
     log: Arc<SegmentLog>,
     /// Ordinary topics (their entries are in the log).
     logged: RwLock<HashSet<String>>,
     /// The object-store tier, when configured.
     tiered: Option<Arc<Tiered>>,
+    /// Held to write retry-tier references (shared) and to trim a topic
+    /// (alone), so no reference is written into a segment a trim is
+    /// dropping ([`super::refs`]).
+    refs_lock: RwLock<()>,
 }
 
 impl LogStorage {
@@ -82,6 +86,7 @@ impl LogStorage {
             log: Arc::new(log),
             logged: RwLock::new(logged),
             tiered: None,
+            refs_lock: RwLock::new(()),
         })
     }
 
@@ -133,7 +138,7 @@ impl LogStorage {
         crate::util::write(&self.logged).insert(topic.to_owned());
     }
 
-    fn logged(&self, topic: &str) -> bool {
+    pub(super) fn logged(&self, topic: &str) -> bool {
         crate::util::read(&self.logged).contains(topic)
     }
 
@@ -205,6 +210,9 @@ impl Storage for LogStorage {
     }
 
     fn delete_topic(&self, name: &str) -> Result<()> {
+        for sub in self.sled.list_subscriptions(name)? {
+            self.sled.forget_references_of(sub.id)?;
+        }
         self.sled.delete_topic(name)?;
         if crate::util::write(&self.logged).remove(name) {
             self.log.delete_topic(name)?;
@@ -274,7 +282,10 @@ impl Storage for LogStorage {
                 None => self.log.read(topic, from, max, max_bytes),
             }
         } else {
-            self.sled.read(topic, from, max, max_bytes)
+            let mut out = self.sled.read(topic, from, max, max_bytes)?;
+            let mut entries: Vec<&mut Vec<u8>> = out.iter_mut().map(|(_, e)| e).collect();
+            self.resolve_entries(&mut entries)?;
+            Ok(out)
         }
     }
 
@@ -282,7 +293,11 @@ impl Storage for LogStorage {
         if self.logged(topic) {
             Ok(self.read_many(topic, &[id])?.pop().flatten())
         } else {
-            self.sled.read_one(topic, id)
+            let mut one = self.sled.read_one(topic, id)?;
+            if let Some(e) = one.as_mut() {
+                self.resolve_entries(&mut [e])?;
+            }
+            Ok(one)
         }
     }
 
@@ -307,7 +322,10 @@ impl Storage for LogStorage {
             }
             Ok(found)
         } else {
-            self.sled.read_many(topic, ids)
+            let mut found = self.sled.read_many(topic, ids)?;
+            let mut entries: Vec<&mut Vec<u8>> = found.iter_mut().flatten().collect();
+            self.resolve_entries(&mut entries)?;
+            Ok(found)
         }
     }
 
@@ -335,6 +353,8 @@ impl Storage for LogStorage {
 
     fn trim(&self, topic: &str, below: u64) -> Result<()> {
         if self.logged(topic) {
+            let _alone = crate::util::write(&self.refs_lock);
+            self.copy_references_below(topic, below)?;
             self.log.trim(topic, below)?;
             match &self.tiered {
                 Some(t) => t.trim(topic, below),
@@ -343,6 +363,13 @@ impl Storage for LogStorage {
         } else {
             self.sled.trim(topic, below)
         }
+    }
+
+    fn lowest_reference(&self, topic: &str) -> Result<Option<u64>> {
+        if !self.logged(topic) {
+            return Ok(None);
+        }
+        self.lowest_live_reference(topic)
     }
 
     fn remove_entries(&self, topic: &str, ids: &[u64]) -> Result<()> {
@@ -377,7 +404,8 @@ impl Storage for LogStorage {
     }
 
     fn delete_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
-        self.sled.delete_subscription(record)
+        self.sled.delete_subscription(record)?;
+        self.sled.forget_references_of(record.id)
     }
 
     fn next_id(&self) -> Result<u64> {
@@ -410,7 +438,14 @@ impl Storage for LogStorage {
     }
 
     fn move_messages(&self, mv: &TierMove) -> Result<()> {
-        self.sled.move_messages(mv)
+        if mv.items.iter().all(|i| i.source.is_none()) {
+            return self.sled.move_messages(mv);
+        }
+        let _shared = crate::util::read(&self.refs_lock);
+        match self.with_references(mv)? {
+            Some(with_refs) => self.sled.move_messages(&with_refs),
+            None => self.sled.move_messages(mv),
+        }
     }
 
     fn dead_letters(

@@ -24,6 +24,7 @@ mod hybrid;
 pub mod manifest;
 mod memory;
 mod records;
+pub mod refs;
 pub mod segments;
 mod sled_store;
 pub mod tiered;
@@ -90,8 +91,15 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     }
     /// `(first, next)` entry ids stored for a topic (`first == next` when empty).
     fn entry_range(&self, topic: &str) -> Result<(u64, u64)>;
-    /// Drops whole segments that hold only ids `< below`.
+    /// Drops whole segments that hold only ids `< below`. An engine whose
+    /// retry tiers hold references into `topic` ([`refs`]) first replaces
+    /// those pointing below `below` with copies.
     fn trim(&self, topic: &str, below: u64) -> Result<()>;
+    /// The lowest entry of `topic` a retry-tier reference still points to
+    /// (a consumer-driven drop keeps it); `None` when there is none.
+    fn lowest_reference(&self, _topic: &str) -> Result<Option<u64>> {
+        Ok(None)
+    }
     /// Removes entries with ids in `ids` from a topic (dead-letter purge).
     fn remove_entries(&self, topic: &str, ids: &[u64]) -> Result<()>;
     /// Last stored sequence id per producer name.
@@ -206,3 +214,5 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
 
 #[cfg(test)]
 mod contract_tests;
+#[cfg(test)]
+mod refs_tests;

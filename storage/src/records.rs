@@ -582,6 +582,11 @@ pub struct MoveItem {
     pub failures: FailureRecord,
     /// Where it lands.
     pub arrival: Arrival,
+    /// Where `payload`'s message was read from (topic, entry id), when a
+    /// retry tier may hold a reference to it instead of the copy (no
+    /// properties of the retry's own). An engine that cannot keep the
+    /// source ignores it and stores the copy ([`super::refs`]).
+    pub source: Option<(String, u64)>,
 }
 
 /// A batch of moves from one subscription into one tier topic, together

@@ -108,6 +108,9 @@ impl Storage for Watched {
     fn trim(&self, topic: &str, below: u64) -> Result<()> {
         self.note(self.inner.trim(topic, below))
     }
+    fn lowest_reference(&self, topic: &str) -> Result<Option<u64>> {
+        self.note(self.inner.lowest_reference(topic))
+    }
     fn remove_entries(&self, topic: &str, ids: &[u64]) -> Result<()> {
         self.note(self.inner.remove_entries(topic, ids))
     }

@@ -100,6 +100,7 @@ async fn write_scheduled(dir: &Path, n: usize) -> Result<(u64, Duration), BoxErr
                     edits: Vec::new(),
                 },
                 arrival: Arrival::Retry { due_ms: due },
+                source: None,
             });
         }
         // The failed originals, published as one batch (one stored frame).

@@ -219,6 +219,11 @@ impl SubscriptionActor {
                 target_entry_id: target,
                 failures: rec.clone(),
                 arrival: Arrival::Retry { due_ms },
+                // A retry with properties of its own is always a copy.
+                source: f.extra_props.is_empty().then(|| {
+                    let topic = self.tiers.topic_of(&self.rec, f.entry.tier);
+                    (topic.to_owned(), f.entry.entry_id)
+                }),
             });
         }
         let sources: Vec<TierEntry> = items.iter().map(|(f, _, _)| f.entry).collect();
@@ -300,6 +305,7 @@ impl SubscriptionActor {
                 target_entry_id: first_id + i as u64,
                 failures: rec.clone(),
                 arrival: Arrival::DeadLetter(record),
+                source: None,
             });
         }
         let sources: Vec<TierEntry> = items.iter().map(|(f, _, _)| f.entry).collect();

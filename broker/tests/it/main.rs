@@ -30,6 +30,7 @@ mod partitions;
 mod raft;
 mod raft_partition;
 mod retention;
+mod retry_refs;
 mod retry_tiers;
 mod segment_log;
 mod signals;

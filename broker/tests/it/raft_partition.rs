@@ -245,6 +245,7 @@ async fn a_replica_that_was_down_catches_up_entries_and_subscription_state() {
                 entry_id: 10,
             },
             from_schedule: None,
+            source: None,
             payload: b"retry me".to_vec(),
             target_entry_id: 0,
             failures: FailureRecord {
@@ -279,6 +280,7 @@ async fn a_replica_that_was_down_catches_up_entries_and_subscription_state() {
                 entry_id: 11,
             },
             from_schedule: None,
+            source: None,
             payload: b"dead".to_vec(),
             target_entry_id: 0,
             failures: FailureRecord {

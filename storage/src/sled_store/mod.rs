@@ -24,6 +24,7 @@ mod frame;
 mod keys;
 mod open;
 mod reads;
+mod refs;
 mod returns;
 #[cfg(test)]
 mod split_tests;
@@ -33,6 +34,7 @@ mod verify;
 use super::*;
 use codec::{be, decode_failures, encode_failures, from_json, json, read_be, seal, unseal};
 use keys::*;
+pub use refs::Settle;
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::{Batch, Db, Tree};
@@ -602,6 +604,8 @@ impl Storage for SledStorage {
             entry_key: [u8; 8],
             frame: Vec<u8>,
             landing: Landing,
+            /// The retry-reference index entry, for a reference.
+            index: Option<[u8; refs::INDEX_KEY_LEN]>,
         }
         let encoded: Vec<Encoded> = mv
             .items
@@ -636,6 +640,7 @@ impl Storage for SledStorage {
                         &frame::encode(std::slice::from_ref(&item.payload)),
                     ),
                     landing,
+                    index: refs::index_key_of(mv.subscription.id, item),
                 }
             })
             .collect();
@@ -649,6 +654,9 @@ impl Storage for SledStorage {
                     schedule.remove(s)?;
                 }
                 segments[e.segment].insert(&e.entry_key, e.frame.as_slice())?;
+                if let Some(k) = &e.index {
+                    meta.insert(k, seal(k, &[]))?;
+                }
                 match &e.landing {
                     Landing::Schedule(k, v) => schedule.insert(k, v.as_slice())?,
                     Landing::DeadLetter(k, v) => deadletters.insert(k, v.as_slice())?,

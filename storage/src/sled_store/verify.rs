@@ -198,6 +198,13 @@ fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
         "meta" if k.starts_with(GRANT_PREFIX) => from_json::<GrantRecord>(body).map(|_| 0),
         "meta" if k.starts_with(RETENTION_PREFIX) => from_json::<RetentionRecord>(body).map(|_| 0),
         "meta" if k.starts_with(TIERED_PREFIX) => from_json::<serde_json::Value>(body).map(|_| 0),
+        "meta" if k.starts_with(super::refs::INDEX_PREFIX) => {
+            if k.len() == super::refs::INDEX_KEY_LEN && body.is_empty() {
+                Ok(0)
+            } else {
+                Err(bad_key())
+            }
+        }
         "meta" if k == STORE_ID_KEY => std::str::from_utf8(body)
             .map(|_| 0)
             .map_err(|_| StorageError::Corrupt("unreadable store id".into())),
@@ -225,9 +232,13 @@ fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
             let first = read_be(k)?;
             let mut n = 0;
             for (id, entry) in frame::entries(first, body)? {
-                ricochet_proto::Message::decode(entry).map_err(|e| {
-                    StorageError::Corrupt(format!("entry {id} does not decode: {e}"))
-                })?;
+                if crate::refs::is_ref(entry) {
+                    crate::refs::RetryRef::parse(entry)?;
+                } else {
+                    ricochet_proto::Message::decode(entry).map_err(|e| {
+                        StorageError::Corrupt(format!("entry {id} does not decode: {e}"))
+                    })?;
+                }
                 n += 1;
             }
             Ok(n)

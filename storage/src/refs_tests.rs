@@ -1,0 +1,269 @@
+//! Retry-tier references in [`LogStorage`]: a retry move stores a
+//! reference (and its index entry) when it can, every read of the tier
+//! gives back the copy it stands for, copies written before references
+//! (or carrying properties of their own) are read beside them, a
+//! consumer-driven drop sees the lowest referenced entry, and a trim first
+//! replaces references with copies.
+
+use super::refs::{RetryRef, is_ref};
+use super::*;
+use prost::Message as _;
+use records::sample_history as record;
+use ricochet_proto::{Message, props};
+use std::sync::Arc;
+
+const T: &str = "persistent://public/default/t";
+const RETRY: &str = "persistent://public/default/t-s-RETRY";
+
+struct Fixture {
+    store: LogStorage,
+    sled: Arc<SledStorage>,
+    _dir: tempfile::TempDir,
+}
+
+/// `T` in the log (segments of 16 entries) with 48 messages `m0..m47`
+/// and subscription `s` (id 7).
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = segments::LogSettings {
+        segment_entries: 16,
+        max_bytes: 64 << 20,
+        max_age: std::time::Duration::from_secs(3600),
+    };
+    let sled = Arc::new(SledStorage::open(dir.path(), 16, 8 << 20).unwrap());
+    let store = LogStorage::with(
+        sled.clone(),
+        segments::SegmentLog::open(dir.path(), settings, true).unwrap(),
+    )
+    .unwrap();
+    for (name, kind) in [(T, TopicKind::Normal), (RETRY, TopicKind::Retry)] {
+        store
+            .put_topic(&TopicRecord {
+                name: name.into(),
+                created_ms: 0,
+                kind,
+            })
+            .unwrap();
+    }
+    // One batch per segment.
+    for first in [0, 16, 32] {
+        let entries: Vec<Vec<u8>> = (first..first + 16)
+            .map(|i| source(i).encode_to_vec())
+            .collect();
+        store.append(T, first, &entries, None).unwrap();
+    }
+    store
+        .put_subscription(&SubscriptionRecord::new(
+            7,
+            T,
+            "s",
+            ricochet_proto::SubscriptionType::Shared,
+            0,
+        ))
+        .unwrap();
+    Fixture {
+        store,
+        sled,
+        _dir: dir,
+    }
+}
+
+fn source(i: u64) -> Message {
+    Message {
+        payload: format!("m{i}").into_bytes(),
+        key: format!("k{i}"),
+        properties: [("user".to_owned(), i.to_string())].into(),
+        publish_time_ms: 1_000 + i,
+        producer_name: "p".into(),
+        sequence_id: i,
+        ..Default::default()
+    }
+}
+
+/// The copy of `T`'s entry `i` the actor builds for a retry (as
+/// `subscription::tiers` does).
+fn copy(i: u64, count: u32) -> Message {
+    let mut m = source(i);
+    m.properties.insert(props::REAL_TOPIC.into(), T.into());
+    m.properties
+        .insert(props::ORIGIN_MESSAGE_ID.into(), format!("{T}:{i}"));
+    m.properties
+        .insert(props::RECONSUME_TIMES.into(), count.to_string());
+    m.properties
+        .insert(props::DELAY_TIME.into(), "60000".into());
+    m.deliver_at_ms = 70_000 + i;
+    m
+}
+
+/// Moves `(from topic, entry, copy, source given?)` into retry entries
+/// `first..`.
+fn retry(f: &Fixture, first: u64, items: Vec<(TierEntry, Message, bool)>) {
+    let from_topic = |e: TierEntry| if e.tier == TierId::Main { T } else { RETRY };
+    let items = items
+        .into_iter()
+        .enumerate()
+        .map(|(i, (from, m, source))| MoveItem {
+            from: from.of(7),
+            from_schedule: None,
+            payload: m.encode_to_vec(),
+            target_entry_id: first + i as u64,
+            failures: record(1),
+            arrival: Arrival::Retry { due_ms: 70_000 },
+            source: source.then(|| (from_topic(from).to_owned(), from.entry_id)),
+        })
+        .collect();
+    let mut sub = f.store.list_subscriptions(T).unwrap().remove(0);
+    sub.main.mark_delete = 0;
+    f.store
+        .move_messages(&TierMove {
+            target_topic: RETRY.into(),
+            subscription: sub,
+            items,
+        })
+        .unwrap();
+}
+
+fn raw(f: &Fixture, ids: &[u64]) -> Vec<Vec<u8>> {
+    f.sled
+        .read_many(RETRY, ids)
+        .unwrap()
+        .into_iter()
+        .map(Option::unwrap)
+        .collect()
+}
+
+fn read(f: &Fixture, ids: &[u64]) -> Vec<Message> {
+    f.store
+        .read_many(RETRY, ids)
+        .unwrap()
+        .into_iter()
+        .map(|b| Message::decode(b.unwrap().as_slice()).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_retry_stores_a_reference_that_reads_back_as_the_copy() {
+    let f = fixture();
+    retry(
+        &f,
+        0,
+        (0..3)
+            .map(|i| (TierEntry::main(i), copy(i, 1), true))
+            .collect(),
+    );
+    let stored = raw(&f, &[0, 1, 2]);
+    assert!(stored.iter().all(|b| is_ref(b)), "{stored:?}");
+    assert!(stored[0].len() < copy(0, 1).encoded_len());
+    let want: Vec<Message> = (0..3).map(|i| copy(i, 1)).collect();
+    assert_eq!(read(&f, &[0, 1, 2]), want);
+    // Every read path resolves: a range, one entry.
+    let range: Vec<Message> = f
+        .store
+        .read(RETRY, 0, 10, 1 << 20)
+        .unwrap()
+        .into_iter()
+        .map(|(_, b)| Message::decode(b.as_slice()).unwrap())
+        .collect();
+    assert_eq!(range, want);
+    let one = f.store.read_one(RETRY, 1).unwrap().unwrap();
+    assert_eq!(Message::decode(one.as_slice()).unwrap(), want[1]);
+    assert_eq!(f.store.lowest_reference(T).unwrap(), Some(0));
+    let report = f.sled.verify();
+    assert_eq!(report.problem_count, 0, "{:?}", report.problems);
+}
+
+#[test]
+fn a_retry_of_a_retry_refers_to_the_topic_entry() {
+    let f = fixture();
+    retry(&f, 0, vec![(TierEntry::main(5), copy(5, 1), true)]);
+    // The actor reads retry entry 0 (resolved) and retries it again.
+    let mut again = read(&f, &[0]).remove(0);
+    again
+        .properties
+        .insert(props::RECONSUME_TIMES.into(), "2".into());
+    again.deliver_at_ms = 99_000;
+    retry(&f, 1, vec![(TierEntry::retry(0), again.clone(), true)]);
+    let r = RetryRef::parse(&raw(&f, &[1])[0]).unwrap().unwrap();
+    assert_eq!((r.source_topic.as_str(), r.source_entry), (T, 5));
+    assert_eq!(read(&f, &[1]), vec![again]);
+}
+
+#[test]
+fn copies_old_and_with_properties_of_their_own_read_beside_references() {
+    let f = fixture();
+    let mut own = copy(1, 1);
+    own.properties.insert("why".into(), "mine".into());
+    retry(
+        &f,
+        0,
+        vec![
+            // Written before references existed: no source.
+            (TierEntry::main(0), copy(0, 1), false),
+            // A property the reference cannot carry: stays a copy.
+            (TierEntry::main(1), own.clone(), true),
+            (TierEntry::main(2), copy(2, 1), true),
+        ],
+    );
+    let stored = raw(&f, &[0, 1, 2]);
+    assert_eq!(
+        stored.iter().map(|b| is_ref(b)).collect::<Vec<_>>(),
+        [false, false, true]
+    );
+    assert_eq!(read(&f, &[0, 1, 2]), vec![copy(0, 1), own, copy(2, 1)]);
+    assert_eq!(f.store.lowest_reference(T).unwrap(), Some(2));
+}
+
+#[test]
+fn a_trim_replaces_references_into_dropped_segments_with_copies() {
+    let f = fixture();
+    retry(
+        &f,
+        0,
+        [3, 20, 40]
+            .into_iter()
+            .map(|i| (TierEntry::main(i), copy(i, 1), true))
+            .collect(),
+    );
+    assert_eq!(f.store.lowest_reference(T).unwrap(), Some(3));
+    // Segments 0 and 1 (entries 0..32) go.
+    f.store.trim(T, 32).unwrap();
+    assert_eq!(f.store.entry_range(T).unwrap().0, 32);
+    let stored = raw(&f, &[0, 1, 2]);
+    assert_eq!(
+        stored.iter().map(|b| is_ref(b)).collect::<Vec<_>>(),
+        [false, false, true],
+        "only the references into dropped segments became copies"
+    );
+    assert_eq!(
+        read(&f, &[0, 1, 2]),
+        vec![copy(3, 1), copy(20, 1), copy(40, 1)]
+    );
+    assert_eq!(f.store.lowest_reference(T).unwrap(), Some(40));
+    let report = f.sled.verify();
+    assert_eq!(report.problem_count, 0, "{:?}", report.problems);
+}
+
+#[test]
+fn index_entries_of_references_gone_from_the_tier_are_dropped() {
+    let f = fixture();
+    retry(
+        &f,
+        0,
+        (0..16)
+            .map(|i| (TierEntry::main(i), copy(i, 1), true))
+            .collect(),
+    );
+    retry(&f, 16, vec![(TierEntry::main(30), copy(30, 1), true)]);
+    assert_eq!(f.store.lowest_reference(T).unwrap(), Some(0));
+    // The tier's first segment (entries 0..16) consumed and dropped.
+    f.store.trim(RETRY, 16).unwrap();
+    assert_eq!(f.store.lowest_reference(T).unwrap(), Some(30));
+    assert_eq!(
+        f.sled.references_below(7, u64::MAX).unwrap(),
+        vec![(30, 16)]
+    );
+    // A deleted subscription leaves no index behind.
+    let sub = f.store.list_subscriptions(T).unwrap().remove(0);
+    f.store.delete_subscription(&sub).unwrap();
+    assert_eq!(f.sled.references_below(7, u64::MAX).unwrap(), vec![]);
+}
