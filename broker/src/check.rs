@@ -9,8 +9,9 @@
 
 use crate::error::{BrokerError, Result};
 use crate::storage::manifest::{self, Manifest};
+use crate::storage::prelude::*;
 use crate::storage::segments::{self, LogSettings, SegmentLog};
-use crate::storage::{LogStorage, SledStorage, Storage, StorageError};
+use crate::storage::{LogStorage, SledStorage, StorageError};
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;

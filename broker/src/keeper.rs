@@ -343,6 +343,7 @@ fn refusal(problems: &[String], legacy: bool) -> String {
 mod tests {
     use super::*;
     use crate::clock::SystemClock;
+    use crate::storage::prelude::*;
     use crate::storage::{MemoryStorage, TopicKind, TopicRecord};
 
     async fn open(s: &Arc<MemoryStorage>, accept: bool) -> Result<ManifestKeeper> {

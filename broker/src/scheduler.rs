@@ -293,6 +293,7 @@ mod tests {
     use super::*;
     use crate::clock::{Clock, TokioClock};
     use crate::storage::MemoryStorage;
+    use crate::storage::prelude::*;
 
     const WINDOW: Duration = Duration::from_secs(60);
 

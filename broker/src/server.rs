@@ -473,6 +473,7 @@ impl TestBroker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::prelude::*;
     use prost::Message as _;
     use std::time::Duration;
 

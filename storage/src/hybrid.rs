@@ -190,51 +190,7 @@ impl LogStorage {
 /// de-duplication).
 const COVERED: &str = "";
 
-#[async_trait::async_trait]
-impl Storage for LogStorage {
-    fn list_topics(&self) -> Result<Vec<TopicRecord>> {
-        self.sled.list_topics()
-    }
-
-    fn put_topic(&self, record: &TopicRecord) -> Result<()> {
-        if record.kind == TopicKind::Normal && !self.logged(&record.name) {
-            // A new topic: a directory left by a delete a crash
-            // interrupted (its record gone) is not its log.
-            self.log.delete_topic(&record.name)?;
-        }
-        self.sled.put_topic(record)?;
-        if record.kind == TopicKind::Normal {
-            crate::util::write(&self.logged).insert(record.name.clone());
-        }
-        Ok(())
-    }
-
-    fn delete_topic(&self, name: &str) -> Result<()> {
-        for sub in self.sled.list_subscriptions(name)? {
-            self.sled.forget_references_of(sub.id)?;
-        }
-        self.sled.delete_topic(name)?;
-        if crate::util::write(&self.logged).remove(name) {
-            self.log.delete_topic(name)?;
-            if let Some(t) = &self.tiered {
-                t.delete_topic(name)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>> {
-        self.sled.list_partitioned()
-    }
-
-    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()> {
-        self.sled.put_partitioned(record)
-    }
-
-    fn delete_partitioned(&self, name: &str) -> Result<()> {
-        self.sled.delete_partitioned(name)
-    }
-
+impl LogStore for LogStorage {
     fn append(
         &self,
         topic: &str,
@@ -395,6 +351,12 @@ impl Storage for LogStorage {
         Ok(sequences.into_iter().collect())
     }
 
+    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
+        self.sled.restore_producer_sequences(topic, sequences)
+    }
+}
+
+impl SubscriptionStore for LogStorage {
     fn list_subscriptions(&self, topic: &str) -> Result<Vec<SubscriptionRecord>> {
         self.sled.list_subscriptions(topic)
     }
@@ -406,10 +368,6 @@ impl Storage for LogStorage {
     fn delete_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
         self.sled.delete_subscription(record)?;
         self.sled.forget_references_of(record.id)
-    }
-
-    fn next_id(&self) -> Result<u64> {
-        self.sled.next_id()
     }
 
     fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>> {
@@ -495,9 +453,55 @@ impl Storage for LogStorage {
     fn restore_subscription_state(&self, sub_id: u64, state: &SubscriptionState) -> Result<()> {
         self.sled.restore_subscription_state(sub_id, state)
     }
+}
 
-    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
-        self.sled.restore_producer_sequences(topic, sequences)
+#[async_trait::async_trait]
+impl MetaStore for LogStorage {
+    fn list_topics(&self) -> Result<Vec<TopicRecord>> {
+        self.sled.list_topics()
+    }
+
+    fn put_topic(&self, record: &TopicRecord) -> Result<()> {
+        if record.kind == TopicKind::Normal && !self.logged(&record.name) {
+            // A new topic: a directory left by a delete a crash
+            // interrupted (its record gone) is not its log.
+            self.log.delete_topic(&record.name)?;
+        }
+        self.sled.put_topic(record)?;
+        if record.kind == TopicKind::Normal {
+            crate::util::write(&self.logged).insert(record.name.clone());
+        }
+        Ok(())
+    }
+
+    fn delete_topic(&self, name: &str) -> Result<()> {
+        for sub in self.sled.list_subscriptions(name)? {
+            self.sled.forget_references_of(sub.id)?;
+        }
+        self.sled.delete_topic(name)?;
+        if crate::util::write(&self.logged).remove(name) {
+            self.log.delete_topic(name)?;
+            if let Some(t) = &self.tiered {
+                t.delete_topic(name)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>> {
+        self.sled.list_partitioned()
+    }
+
+    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()> {
+        self.sled.put_partitioned(record)
+    }
+
+    fn delete_partitioned(&self, name: &str) -> Result<()> {
+        self.sled.delete_partitioned(name)
+    }
+
+    fn next_id(&self) -> Result<u64> {
+        self.sled.next_id()
     }
 
     fn grants(&self) -> Result<Vec<GrantRecord>> {

@@ -41,23 +41,21 @@ pub use records::*;
 pub use sled_store::{SledStorage, VerifyReport};
 pub use watch::Watched;
 
-/// The persistence interface the broker's dispatch logic is written against.
-#[async_trait::async_trait]
-pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
-    /// All topics.
-    fn list_topics(&self) -> Result<Vec<TopicRecord>>;
-    /// Creates or updates a topic's record.
-    fn put_topic(&self, record: &TopicRecord) -> Result<()>;
-    /// Removes a topic, its entries, producer sequences and subscriptions.
-    fn delete_topic(&self, name: &str) -> Result<()>;
-    /// All partitioned topics' metadata.
-    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>>;
-    /// Creates or updates a partitioned topic's metadata (not durable
-    /// until flushed).
-    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()>;
-    /// Removes a partitioned topic's metadata (not its partitions).
-    fn delete_partitioned(&self, name: &str) -> Result<()>;
+/// The storage traits, to call their methods on a `dyn Storage`: `use ricochet_storage::prelude::*;`.
+pub mod prelude {
+    pub use super::{LogStore, MetaStore, Storage, SubscriptionStore};
+}
 
+/// The persistence interface the broker's dispatch logic is written against:
+/// the three concerns below, which every engine implements. Callers import
+/// [`prelude`] to call their methods on a `dyn Storage`.
+pub trait Storage: LogStore + SubscriptionStore + MetaStore {}
+
+impl<T: LogStore + SubscriptionStore + MetaStore> Storage for T {}
+
+/// Topic logs: entries appended in batches with their producers' sequence ids,
+/// read in order or by id, trimmed by whole segments.
+pub trait LogStore: Send + Sync + std::fmt::Debug + 'static {
     /// Writes entries `first_id..first_id + len` (not durable until flushed),
     /// and records `producer`'s last sequence id with them, atomically
     /// against a crash: after one, all of the entries and the sequence id
@@ -71,6 +69,7 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
         entries: &[Vec<u8>],
         producer: Option<(&str, u64)>,
     ) -> Result<()>;
+
     /// Up to `max` entries with id `>= from`, in order, stopping early once
     /// `max_bytes` is exceeded.
     fn read(
@@ -80,8 +79,10 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
         max: usize,
         max_bytes: usize,
     ) -> Result<Vec<(u64, Vec<u8>)>>;
+
     /// One entry.
     fn read_one(&self, topic: &str, id: u64) -> Result<Option<Vec<u8>>>;
+
     /// The entries `ids` (any order, duplicates allowed), each `None` when
     /// missing, in the order asked. An engine that stores entries in
     /// frames reads (and checks) each frame once, however many of its
@@ -89,38 +90,54 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     fn read_many(&self, topic: &str, ids: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
         ids.iter().map(|&id| self.read_one(topic, id)).collect()
     }
+
     /// `(first, next)` entry ids stored for a topic (`first == next` when empty).
     fn entry_range(&self, topic: &str) -> Result<(u64, u64)>;
+
     /// Drops whole segments that hold only ids `< below`. An engine whose
     /// retry tiers hold references into `topic` ([`refs`]) first replaces
     /// those pointing below `below` with copies.
     fn trim(&self, topic: &str, below: u64) -> Result<()>;
+
     /// The lowest entry of `topic` a retry-tier reference still points to
     /// (a consumer-driven drop keeps it); `None` when there is none.
     fn lowest_reference(&self, _topic: &str) -> Result<Option<u64>> {
         Ok(None)
     }
+
     /// Removes entries with ids in `ids` from a topic (dead-letter purge).
     fn remove_entries(&self, topic: &str, ids: &[u64]) -> Result<()>;
+
     /// Last stored sequence id per producer name.
     fn producer_sequences(&self, topic: &str) -> Result<Vec<(String, u64)>>;
 
+    /// Sets producers' last stored sequence ids on `topic` (a moved topic's
+    /// de-duplication state; not durable until flushed).
+    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()>;
+}
+
+/// Subscription state: cursors' records, failure records (delivery counts and
+/// attempt history), the retry schedule, tier moves, dead letters, replay jobs,
+/// and a subscription's whole state for a move to another broker.
+pub trait SubscriptionStore: Send + Sync + std::fmt::Debug + 'static {
     /// Subscriptions of a topic.
     fn list_subscriptions(&self, topic: &str) -> Result<Vec<SubscriptionRecord>>;
+
     /// Creates or updates a subscription.
     fn put_subscription(&self, record: &SubscriptionRecord) -> Result<()>;
+
     /// Removes a subscription with its failure records and schedule.
     fn delete_subscription(&self, record: &SubscriptionRecord) -> Result<()>;
-    /// A fresh broker-unique id.
-    fn next_id(&self) -> Result<u64>;
 
     /// A message's failure record. A tier move into the retry tier keeps the
     /// record in the message's schedule entry (one stored key fewer per
     /// scheduled retry), so a retry-tier lookup needs its due time;
     /// records written by [`Storage::put_failures`] take precedence.
     fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>>;
+
     /// All failure records of one tier of a subscription.
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>>;
+
     /// Writes (or with `None`, deletes) failure records.
     fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()>;
 
@@ -132,34 +149,44 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
         to_ms: u64,
         limit: usize,
     ) -> Result<Vec<ScheduleKey>>;
+
     /// Adds (`true`, with no failure record) or removes (`false`) schedule entries.
     fn put_schedule(&self, keys: &[(ScheduleKey, bool)]) -> Result<()>;
 
     /// Applies a batch of tier moves in one transaction.
     fn move_messages(&self, mv: &TierMove) -> Result<()>;
+
     /// Dead letters of a subscription, in DLQ entry order, from `after` exclusive.
     fn dead_letters(&self, sub_id: u64, after: Option<u64>)
     -> Result<Vec<(u64, DeadLetterRecord)>>;
+
     /// Number of dead letters a subscription holds (without decoding them).
     fn count_dead_letters(&self, sub_id: u64) -> Result<u64>;
+
     /// Removes dead-letter records.
     fn remove_dead_letters(&self, sub_id: u64, ids: &[u64]) -> Result<()>;
+
     /// The dead letters of a subscription among `ids` (those still there).
     fn dead_letters_by_id(&self, sub_id: u64, ids: &[u64]) -> Result<Vec<(u64, DeadLetterRecord)>>;
+
     /// Replaces dead-letter records (that exist) of a subscription.
     fn put_dead_letters(&self, sub_id: u64, records: &[(u64, DeadLetterRecord)]) -> Result<()>;
+
     /// Moves dead letters back into the subscription's retry tier in one
     /// transaction (see [`DeadLetterReturn`]); `Missing` (and no change) if
     /// one of them is gone.
     fn return_dead_letters(&self, mv: &DeadLetterReturn) -> Result<()>;
+
     /// Replay jobs in progress, by id; `with_ids: false` leaves their
     /// (possibly long) id lists out.
     fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>>;
+
     /// Creates a replay job (`cursor == 0`) or updates its progress: the id
     /// list is written with the first put only, so progress updates stay
     /// small. A progress update of a job no longer stored (cancelled) is
     /// ignored.
     fn put_replay_job(&self, job: &ReplayJobRecord) -> Result<()>;
+
     /// Removes a finished replay job.
     fn remove_replay_job(&self, id: u64) -> Result<()>;
 
@@ -167,32 +194,63 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// subscription `sub_id` (a scan of the schedule), to move it to
     /// another broker.
     fn subscription_state(&self, sub_id: u64) -> Result<SubscriptionState>;
+
     /// Writes `state` as subscription `sub_id`'s (not durable until
     /// flushed); records already there under the same keys are replaced.
     fn restore_subscription_state(&self, sub_id: u64, state: &SubscriptionState) -> Result<()>;
-    /// Sets producers' last stored sequence ids on `topic` (a moved topic's
-    /// de-duplication state; not durable until flushed).
-    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()>;
+}
+
+/// Metadata and the store itself: topic and partitioned-topic records, ids,
+/// grants, retention policies, size, durability (`flush`) and integrity (the
+/// manifest).
+#[async_trait::async_trait]
+pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
+    /// All topics.
+    fn list_topics(&self) -> Result<Vec<TopicRecord>>;
+
+    /// Creates or updates a topic's record.
+    fn put_topic(&self, record: &TopicRecord) -> Result<()>;
+
+    /// Removes a topic, its entries, producer sequences and subscriptions.
+    fn delete_topic(&self, name: &str) -> Result<()>;
+
+    /// All partitioned topics' metadata.
+    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>>;
+
+    /// Creates or updates a partitioned topic's metadata (not durable
+    /// until flushed).
+    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()>;
+
+    /// Removes a partitioned topic's metadata (not its partitions).
+    fn delete_partitioned(&self, name: &str) -> Result<()>;
+
+    /// A fresh broker-unique id.
+    fn next_id(&self) -> Result<u64>;
 
     /// Every authorization grant.
     fn grants(&self) -> Result<Vec<GrantRecord>>;
+
     /// Creates or replaces the grant of `record.role` on `record.resource`
     /// (not durable until flushed).
     fn put_grant(&self, record: &GrantRecord) -> Result<()>;
+
     /// Removes a role's grant on a resource (nothing if there is none).
     fn delete_grant(&self, role: &str, resource: &str) -> Result<()>;
 
     /// Every retention policy (of namespaces and topics).
     fn retention_policies(&self) -> Result<Vec<RetentionRecord>>;
+
     /// Creates or replaces the retention policy of `record.target` (not
     /// durable until flushed).
     fn put_retention(&self, record: &RetentionRecord) -> Result<()>;
+
     /// Removes the retention policy of a namespace or topic (nothing if
     /// there is none).
     fn delete_retention(&self, target: &str) -> Result<()>;
 
     /// Bytes on disk.
     fn size_on_disk(&self) -> Result<u64>;
+
     /// Makes every write so far durable.
     async fn flush(&self) -> Result<()>;
 
@@ -200,12 +258,16 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// every topic's entry range, segments and subscriptions, and with
     /// `counts` the number of dead letters and schedule entries (a scan).
     fn inventory(&self, counts: bool) -> Result<Inventory>;
+
     /// Writes the store's identity into it (durable after the next flush).
     fn set_store_id(&self, id: &str) -> Result<()>;
+
     /// The manifest last saved, if any; `Corrupt` if it does not verify.
     fn load_manifest(&self) -> Result<Option<Manifest>>;
+
     /// Replaces the manifest durably before returning.
     async fn save_manifest(&self, manifest: &Manifest) -> Result<()>;
+
     /// False once a read found damaged data.
     fn intact(&self) -> bool {
         true

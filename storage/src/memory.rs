@@ -63,81 +63,7 @@ impl MemoryStorage {
     }
 }
 
-#[async_trait::async_trait]
-impl Storage for MemoryStorage {
-    fn grants(&self) -> Result<Vec<GrantRecord>> {
-        Ok(lock(&self.state).grants.values().cloned().collect())
-    }
-
-    fn put_grant(&self, record: &GrantRecord) -> Result<()> {
-        lock(&self.state).grants.insert(
-            (record.role.clone(), record.resource.clone()),
-            record.clone(),
-        );
-        Ok(())
-    }
-
-    fn delete_grant(&self, role: &str, resource: &str) -> Result<()> {
-        lock(&self.state)
-            .grants
-            .remove(&(role.to_owned(), resource.to_owned()));
-        Ok(())
-    }
-
-    fn retention_policies(&self) -> Result<Vec<RetentionRecord>> {
-        Ok(lock(&self.state).retention.values().cloned().collect())
-    }
-
-    fn put_retention(&self, record: &RetentionRecord) -> Result<()> {
-        lock(&self.state)
-            .retention
-            .insert(record.target.clone(), record.clone());
-        Ok(())
-    }
-
-    fn delete_retention(&self, target: &str) -> Result<()> {
-        lock(&self.state).retention.remove(target);
-        Ok(())
-    }
-
-    fn list_topics(&self) -> Result<Vec<TopicRecord>> {
-        Ok(lock(&self.state).topics.values().cloned().collect())
-    }
-
-    fn put_topic(&self, record: &TopicRecord) -> Result<()> {
-        lock(&self.state)
-            .topics
-            .insert(record.name.clone(), record.clone());
-        Ok(())
-    }
-
-    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>> {
-        Ok(lock(&self.state).partitioned.values().cloned().collect())
-    }
-
-    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()> {
-        lock(&self.state)
-            .partitioned
-            .insert(record.name.clone(), record.clone());
-        Ok(())
-    }
-
-    fn delete_partitioned(&self, name: &str) -> Result<()> {
-        lock(&self.state).partitioned.remove(name);
-        Ok(())
-    }
-
-    fn delete_topic(&self, name: &str) -> Result<()> {
-        for sub in self.list_subscriptions(name)? {
-            self.delete_subscription(&sub)?;
-        }
-        let mut s = lock(&self.state);
-        s.topics.remove(name);
-        s.logs.remove(name);
-        s.sequences.retain(|(t, _), _| t != name);
-        Ok(())
-    }
-
+impl LogStore for MemoryStorage {
     fn append(
         &self,
         topic: &str,
@@ -226,6 +152,16 @@ impl Storage for MemoryStorage {
             .collect())
     }
 
+    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
+        let mut s = lock(&self.state);
+        for (name, seq) in sequences {
+            s.sequences.insert((topic.to_owned(), name.clone()), *seq);
+        }
+        Ok(())
+    }
+}
+
+impl SubscriptionStore for MemoryStorage {
     fn list_subscriptions(&self, topic: &str) -> Result<Vec<SubscriptionRecord>> {
         Ok(lock(&self.state)
             .subscriptions
@@ -251,12 +187,6 @@ impl Storage for MemoryStorage {
         s.subscriptions
             .remove(&(record.topic.clone(), record.name.clone()));
         Ok(())
-    }
-
-    fn next_id(&self) -> Result<u64> {
-        let mut s = lock(&self.state);
-        s.next_id += 1;
-        Ok(s.next_id)
     }
 
     fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>> {
@@ -359,14 +289,6 @@ impl Storage for MemoryStorage {
         }
         for (id, r) in &state.dead_letters {
             s.dead_letters.insert((sub_id, *id), r.clone());
-        }
-        Ok(())
-    }
-
-    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
-        let mut s = lock(&self.state);
-        for (name, seq) in sequences {
-            s.sequences.insert((topic.to_owned(), name.clone()), *seq);
         }
         Ok(())
     }
@@ -524,6 +446,88 @@ impl Storage for MemoryStorage {
             s.schedule.insert(key, Some(item.failures.clone()));
         }
         Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl MetaStore for MemoryStorage {
+    fn grants(&self) -> Result<Vec<GrantRecord>> {
+        Ok(lock(&self.state).grants.values().cloned().collect())
+    }
+
+    fn put_grant(&self, record: &GrantRecord) -> Result<()> {
+        lock(&self.state).grants.insert(
+            (record.role.clone(), record.resource.clone()),
+            record.clone(),
+        );
+        Ok(())
+    }
+
+    fn delete_grant(&self, role: &str, resource: &str) -> Result<()> {
+        lock(&self.state)
+            .grants
+            .remove(&(role.to_owned(), resource.to_owned()));
+        Ok(())
+    }
+
+    fn retention_policies(&self) -> Result<Vec<RetentionRecord>> {
+        Ok(lock(&self.state).retention.values().cloned().collect())
+    }
+
+    fn put_retention(&self, record: &RetentionRecord) -> Result<()> {
+        lock(&self.state)
+            .retention
+            .insert(record.target.clone(), record.clone());
+        Ok(())
+    }
+
+    fn delete_retention(&self, target: &str) -> Result<()> {
+        lock(&self.state).retention.remove(target);
+        Ok(())
+    }
+
+    fn list_topics(&self) -> Result<Vec<TopicRecord>> {
+        Ok(lock(&self.state).topics.values().cloned().collect())
+    }
+
+    fn put_topic(&self, record: &TopicRecord) -> Result<()> {
+        lock(&self.state)
+            .topics
+            .insert(record.name.clone(), record.clone());
+        Ok(())
+    }
+
+    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>> {
+        Ok(lock(&self.state).partitioned.values().cloned().collect())
+    }
+
+    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()> {
+        lock(&self.state)
+            .partitioned
+            .insert(record.name.clone(), record.clone());
+        Ok(())
+    }
+
+    fn delete_partitioned(&self, name: &str) -> Result<()> {
+        lock(&self.state).partitioned.remove(name);
+        Ok(())
+    }
+
+    fn delete_topic(&self, name: &str) -> Result<()> {
+        for sub in self.list_subscriptions(name)? {
+            self.delete_subscription(&sub)?;
+        }
+        let mut s = lock(&self.state);
+        s.topics.remove(name);
+        s.logs.remove(name);
+        s.sequences.retain(|(t, _), _| t != name);
+        Ok(())
+    }
+
+    fn next_id(&self) -> Result<u64> {
+        let mut s = lock(&self.state);
+        s.next_id += 1;
+        Ok(s.next_id)
     }
 
     fn size_on_disk(&self) -> Result<u64> {

@@ -17,7 +17,8 @@
 //! (subscription, source entry → tier entry) in sled, and replaces
 //! references with copies before a trim drops the segment they point into.
 
-use super::{Arrival, Storage, StorageError, StorageResult as Result, TierMove, sled_store};
+use super::{Arrival, StorageError, StorageResult as Result, TierMove, sled_store};
+use crate::prelude::*;
 use prost::Message as _;
 use ricochet_proto::{Message, props};
 

@@ -40,44 +40,7 @@ impl Watched {
     }
 }
 
-#[async_trait::async_trait]
-impl Storage for Watched {
-    fn grants(&self) -> Result<Vec<GrantRecord>> {
-        self.note(self.inner.grants())
-    }
-    fn put_grant(&self, record: &GrantRecord) -> Result<()> {
-        self.note(self.inner.put_grant(record))
-    }
-    fn delete_grant(&self, role: &str, resource: &str) -> Result<()> {
-        self.note(self.inner.delete_grant(role, resource))
-    }
-    fn retention_policies(&self) -> Result<Vec<RetentionRecord>> {
-        self.note(self.inner.retention_policies())
-    }
-    fn put_retention(&self, record: &RetentionRecord) -> Result<()> {
-        self.note(self.inner.put_retention(record))
-    }
-    fn delete_retention(&self, target: &str) -> Result<()> {
-        self.note(self.inner.delete_retention(target))
-    }
-    fn list_topics(&self) -> Result<Vec<TopicRecord>> {
-        self.note(self.inner.list_topics())
-    }
-    fn put_topic(&self, record: &TopicRecord) -> Result<()> {
-        self.note(self.inner.put_topic(record))
-    }
-    fn delete_topic(&self, name: &str) -> Result<()> {
-        self.note(self.inner.delete_topic(name))
-    }
-    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>> {
-        self.note(self.inner.list_partitioned())
-    }
-    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()> {
-        self.note(self.inner.put_partitioned(record))
-    }
-    fn delete_partitioned(&self, name: &str) -> Result<()> {
-        self.note(self.inner.delete_partitioned(name))
-    }
+impl LogStore for Watched {
     fn append(
         &self,
         topic: &str,
@@ -87,6 +50,7 @@ impl Storage for Watched {
     ) -> Result<()> {
         self.note(self.inner.append(topic, first_id, entries, producer))
     }
+
     fn read(
         &self,
         topic: &str,
@@ -96,48 +60,65 @@ impl Storage for Watched {
     ) -> Result<Vec<(u64, Vec<u8>)>> {
         self.note(self.inner.read(topic, from, max, max_bytes))
     }
+
     fn read_one(&self, topic: &str, id: u64) -> Result<Option<Vec<u8>>> {
         self.note(self.inner.read_one(topic, id))
     }
+
     fn read_many(&self, topic: &str, ids: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
         self.note(self.inner.read_many(topic, ids))
     }
+
     fn entry_range(&self, topic: &str) -> Result<(u64, u64)> {
         self.note(self.inner.entry_range(topic))
     }
+
     fn trim(&self, topic: &str, below: u64) -> Result<()> {
         self.note(self.inner.trim(topic, below))
     }
+
     fn lowest_reference(&self, topic: &str) -> Result<Option<u64>> {
         self.note(self.inner.lowest_reference(topic))
     }
+
     fn remove_entries(&self, topic: &str, ids: &[u64]) -> Result<()> {
         self.note(self.inner.remove_entries(topic, ids))
     }
+
     fn producer_sequences(&self, topic: &str) -> Result<Vec<(String, u64)>> {
         self.note(self.inner.producer_sequences(topic))
     }
+
+    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
+        self.note(self.inner.restore_producer_sequences(topic, sequences))
+    }
+}
+
+impl SubscriptionStore for Watched {
     fn list_subscriptions(&self, topic: &str) -> Result<Vec<SubscriptionRecord>> {
         self.note(self.inner.list_subscriptions(topic))
     }
+
     fn put_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
         self.note(self.inner.put_subscription(record))
     }
+
     fn delete_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
         self.note(self.inner.delete_subscription(record))
     }
-    fn next_id(&self) -> Result<u64> {
-        self.note(self.inner.next_id())
-    }
+
     fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>> {
         self.note(self.inner.failure(message, due_ms))
     }
+
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {
         self.note(self.inner.failures_of(sub_id, tier))
     }
+
     fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()> {
         self.note(self.inner.put_failures(records))
     }
+
     fn scheduled(
         &self,
         after: Option<ScheduleKey>,
@@ -146,21 +127,23 @@ impl Storage for Watched {
     ) -> Result<Vec<ScheduleKey>> {
         self.note(self.inner.scheduled(after, to_ms, limit))
     }
+
     fn put_schedule(&self, keys: &[(ScheduleKey, bool)]) -> Result<()> {
         self.note(self.inner.put_schedule(keys))
     }
+
     fn subscription_state(&self, sub_id: u64) -> Result<SubscriptionState> {
         self.note(self.inner.subscription_state(sub_id))
     }
+
     fn restore_subscription_state(&self, sub_id: u64, state: &SubscriptionState) -> Result<()> {
         self.note(self.inner.restore_subscription_state(sub_id, state))
     }
-    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
-        self.note(self.inner.restore_producer_sequences(topic, sequences))
-    }
+
     fn move_messages(&self, mv: &TierMove) -> Result<()> {
         self.note(self.inner.move_messages(mv))
     }
+
     fn dead_letters(
         &self,
         sub_id: u64,
@@ -168,50 +151,120 @@ impl Storage for Watched {
     ) -> Result<Vec<(u64, DeadLetterRecord)>> {
         self.note(self.inner.dead_letters(sub_id, after))
     }
+
     fn count_dead_letters(&self, sub_id: u64) -> Result<u64> {
         self.note(self.inner.count_dead_letters(sub_id))
     }
+
     fn remove_dead_letters(&self, sub_id: u64, ids: &[u64]) -> Result<()> {
         self.note(self.inner.remove_dead_letters(sub_id, ids))
     }
+
     fn dead_letters_by_id(&self, sub_id: u64, ids: &[u64]) -> Result<Vec<(u64, DeadLetterRecord)>> {
         self.note(self.inner.dead_letters_by_id(sub_id, ids))
     }
+
     fn put_dead_letters(&self, sub_id: u64, records: &[(u64, DeadLetterRecord)]) -> Result<()> {
         self.note(self.inner.put_dead_letters(sub_id, records))
     }
+
     fn return_dead_letters(&self, mv: &DeadLetterReturn) -> Result<()> {
         self.note(self.inner.return_dead_letters(mv))
     }
+
     fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>> {
         self.note(self.inner.replay_jobs(with_ids))
     }
+
     fn put_replay_job(&self, job: &ReplayJobRecord) -> Result<()> {
         self.note(self.inner.put_replay_job(job))
     }
+
     fn remove_replay_job(&self, id: u64) -> Result<()> {
         self.note(self.inner.remove_replay_job(id))
     }
+}
+
+#[async_trait::async_trait]
+impl MetaStore for Watched {
+    fn grants(&self) -> Result<Vec<GrantRecord>> {
+        self.note(self.inner.grants())
+    }
+
+    fn put_grant(&self, record: &GrantRecord) -> Result<()> {
+        self.note(self.inner.put_grant(record))
+    }
+
+    fn delete_grant(&self, role: &str, resource: &str) -> Result<()> {
+        self.note(self.inner.delete_grant(role, resource))
+    }
+
+    fn retention_policies(&self) -> Result<Vec<RetentionRecord>> {
+        self.note(self.inner.retention_policies())
+    }
+
+    fn put_retention(&self, record: &RetentionRecord) -> Result<()> {
+        self.note(self.inner.put_retention(record))
+    }
+
+    fn delete_retention(&self, target: &str) -> Result<()> {
+        self.note(self.inner.delete_retention(target))
+    }
+
+    fn list_topics(&self) -> Result<Vec<TopicRecord>> {
+        self.note(self.inner.list_topics())
+    }
+
+    fn put_topic(&self, record: &TopicRecord) -> Result<()> {
+        self.note(self.inner.put_topic(record))
+    }
+
+    fn delete_topic(&self, name: &str) -> Result<()> {
+        self.note(self.inner.delete_topic(name))
+    }
+
+    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>> {
+        self.note(self.inner.list_partitioned())
+    }
+
+    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()> {
+        self.note(self.inner.put_partitioned(record))
+    }
+
+    fn delete_partitioned(&self, name: &str) -> Result<()> {
+        self.note(self.inner.delete_partitioned(name))
+    }
+
+    fn next_id(&self) -> Result<u64> {
+        self.note(self.inner.next_id())
+    }
+
     fn size_on_disk(&self) -> Result<u64> {
         self.note(self.inner.size_on_disk())
     }
+
     async fn flush(&self) -> Result<()> {
         let r = self.inner.flush().await;
         self.note(r)
     }
+
     fn inventory(&self, counts: bool) -> Result<Inventory> {
         self.note(self.inner.inventory(counts))
     }
+
     fn set_store_id(&self, id: &str) -> Result<()> {
         self.note(self.inner.set_store_id(id))
     }
+
     fn load_manifest(&self) -> Result<Option<Manifest>> {
         self.note(self.inner.load_manifest())
     }
+
     async fn save_manifest(&self, manifest: &Manifest) -> Result<()> {
         let r = self.inner.save_manifest(manifest).await;
         self.note(r)
     }
+
     fn intact(&self) -> bool {
         !self.damaged.load(Ordering::Acquire) && self.inner.intact()
     }

@@ -3,13 +3,14 @@
 //! binary started on it (and on an empty baseline) three times: time to
 //! listen, time to dispatch a fresh message, and resident memory once idle.
 
+use ricochet_broker::storage::prelude::*;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use prost::Message as _;
 use ricochet_broker::storage::{
-    Arrival, AttemptRecord, FailureRecord, MoveItem, SledStorage, Storage, SubMessage,
-    SubscriptionRecord, TierId, TierMove, TopicKind, TopicRecord,
+    Arrival, AttemptRecord, FailureRecord, MoveItem, SledStorage, SubMessage, SubscriptionRecord,
+    TierId, TierMove, TopicKind, TopicRecord,
 };
 use ricochet_proto::{Ack, AckType, SubscriptionType, consume_request, props};
 use ricochet_testkit::now_ms;

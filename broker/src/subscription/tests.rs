@@ -10,6 +10,7 @@ use crate::config::BrokerConfig;
 use crate::core::{BrokerCore, TopicEntry};
 use crate::name::{SubscriptionName, TopicName};
 use crate::storage::MemoryStorage;
+use crate::storage::prelude::*;
 use ricochet_policy::{AttemptOverride, PolicyRegistry, PolicySpec};
 use ricochet_proto::{InitialPosition, OutboundMessage, SubscriptionType, props};
 use std::time::Duration;

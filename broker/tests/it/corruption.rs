@@ -19,6 +19,7 @@
 
 use crate::common;
 use common::*;
+use ricochet_broker::storage::prelude::*;
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::*;
 use std::io::{BufRead, BufReader, Read};
@@ -590,7 +591,7 @@ fn start_accepting_loss(dir: &Path) -> (Child, String, Vec<String>) {
 /// damage sled does not notice leaves it (no checksum fails: the record is
 /// simply gone).
 async fn lose_one(dir: &Path, dead_letter: bool) {
-    use ricochet_broker::storage::{SledStorage, Storage};
+    use ricochet_broker::storage::SledStorage;
     let s = SledStorage::open(dir, 16_384, 8 << 20).unwrap();
     let topic = format!("persistent://public/default/{TOPIC}");
     let sub = s
@@ -680,7 +681,7 @@ async fn by_default_a_store_that_lost_dead_letters_or_retries_is_refused_before_
 
 #[tokio::test]
 async fn a_store_sled_panics_on_while_opening_is_refused_with_one_line() {
-    use ricochet_broker::storage::{SledStorage, Storage};
+    use ricochet_broker::storage::SledStorage;
     let dir = tempfile::tempdir().unwrap();
     {
         // Written in one session: sled reads every segment header at the

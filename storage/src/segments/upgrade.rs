@@ -11,7 +11,8 @@
 //! after it finds the topic's directory in place and only drops the trees.
 
 use super::{LogSettings, SegmentLog, dir_name, sync_dir};
-use crate::{SledStorage, Storage, StorageResult as Result, TopicKind};
+use crate::prelude::*;
+use crate::{SledStorage, StorageResult as Result, TopicKind};
 use std::collections::HashSet;
 use std::path::Path;
 

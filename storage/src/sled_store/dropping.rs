@@ -33,6 +33,7 @@
 
 use super::{SledStorage, seg_tree_name};
 use crate::StorageResult as Result;
+use crate::prelude::*;
 
 impl SledStorage {
     /// Empties and drops `topic`'s segment tree `seg`.
@@ -54,7 +55,6 @@ impl SledStorage {
     /// (the upgrade to the segment-file log), its id floor raised to its
     /// end first so the ids stay taken. Not durable until flushed.
     pub(crate) fn retire_trees(&self, topic: &str) -> Result<()> {
-        use crate::Storage as _;
         let (_, next) = self.entry_range(topic)?;
         self.raise_id_floor(topic, next)?;
         let segs = crate::util::lock(&self.segments)
@@ -70,7 +70,6 @@ impl SledStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Storage;
 
     fn blob_bytes(dir: &std::path::Path) -> u64 {
         std::fs::read_dir(dir.join("blobs"))

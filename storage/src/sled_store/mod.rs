@@ -212,88 +212,7 @@ pub(super) fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Re
     std::fs::File::open(dir)?.sync_all()
 }
 
-#[async_trait::async_trait]
-impl Storage for SledStorage {
-    fn grants(&self) -> Result<Vec<GrantRecord>> {
-        self.meta_records(GRANT_PREFIX)
-    }
-
-    fn put_grant(&self, record: &GrantRecord) -> Result<()> {
-        let key = grant_key(&record.role, &record.resource);
-        self.meta
-            .insert(key.as_slice(), seal(&key, &json(record)))?;
-        Ok(())
-    }
-
-    fn delete_grant(&self, role: &str, resource: &str) -> Result<()> {
-        self.meta.remove(grant_key(role, resource))?;
-        Ok(())
-    }
-
-    fn retention_policies(&self) -> Result<Vec<RetentionRecord>> {
-        self.meta_records(RETENTION_PREFIX)
-    }
-
-    fn put_retention(&self, record: &RetentionRecord) -> Result<()> {
-        let key = retention_key(&record.target);
-        self.meta
-            .insert(key.as_slice(), seal(&key, &json(record)))?;
-        Ok(())
-    }
-
-    fn delete_retention(&self, target: &str) -> Result<()> {
-        self.meta.remove(retention_key(target))?;
-        Ok(())
-    }
-
-    fn list_topics(&self) -> Result<Vec<TopicRecord>> {
-        self.meta_records(b"t:")
-    }
-
-    fn put_topic(&self, record: &TopicRecord) -> Result<()> {
-        let key = format!("t:{}", record.name);
-        self.meta
-            .insert(key.as_bytes(), seal(key.as_bytes(), &json(record)))?;
-        Ok(())
-    }
-
-    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>> {
-        self.meta_records(b"p:")
-    }
-
-    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()> {
-        let key = format!("p:{}", record.name);
-        self.meta
-            .insert(key.as_bytes(), seal(key.as_bytes(), &json(record)))?;
-        Ok(())
-    }
-
-    fn delete_partitioned(&self, name: &str) -> Result<()> {
-        self.meta.remove(format!("p:{name}"))?;
-        Ok(())
-    }
-
-    fn delete_topic(&self, name: &str) -> Result<()> {
-        for sub in self.list_subscriptions(name)? {
-            self.delete_subscription(&sub)?;
-        }
-        let segs = {
-            let mut map = crate::util::lock(&self.segments);
-            map.remove(name).unwrap_or_default()
-        };
-        for seg in segs.keys() {
-            self.drop_segment(name, *seg)?;
-        }
-        let mut batch = Batch::default();
-        for k in self.prodseq.scan_prefix(format!("{name}\0")).keys() {
-            batch.remove(k?);
-        }
-        self.prodseq.apply_batch(batch)?;
-        self.meta.remove(format!("t:{name}"))?;
-        self.meta.remove(format!("n:{name}"))?;
-        Ok(())
-    }
-
+impl LogStore for SledStorage {
     fn append(
         &self,
         topic: &str,
@@ -447,6 +366,12 @@ impl Storage for SledStorage {
             .collect()
     }
 
+    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
+        self.write_producer_sequences(topic, sequences)
+    }
+}
+
+impl SubscriptionStore for SledStorage {
     fn list_subscriptions(&self, topic: &str) -> Result<Vec<SubscriptionRecord>> {
         self.meta_records(&sub_key(topic, ""))
     }
@@ -479,10 +404,6 @@ impl Storage for SledStorage {
         self.schedule.apply_batch(batch)?;
         self.meta.remove(sub_key(&record.topic, &record.name))?;
         Ok(())
-    }
-
-    fn next_id(&self) -> Result<u64> {
-        Ok(self.db.generate_id()?)
     }
 
     fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>> {
@@ -747,10 +668,6 @@ impl Storage for SledStorage {
         self.write_subscription_state(sub_id, state)
     }
 
-    fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
-        self.write_producer_sequences(topic, sequences)
-    }
-
     fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>> {
         self.replay_jobs_stored(with_ids)
     }
@@ -761,6 +678,93 @@ impl Storage for SledStorage {
 
     fn remove_replay_job(&self, id: u64) -> Result<()> {
         self.remove_replay_job_stored(id)
+    }
+}
+
+#[async_trait::async_trait]
+impl MetaStore for SledStorage {
+    fn grants(&self) -> Result<Vec<GrantRecord>> {
+        self.meta_records(GRANT_PREFIX)
+    }
+
+    fn put_grant(&self, record: &GrantRecord) -> Result<()> {
+        let key = grant_key(&record.role, &record.resource);
+        self.meta
+            .insert(key.as_slice(), seal(&key, &json(record)))?;
+        Ok(())
+    }
+
+    fn delete_grant(&self, role: &str, resource: &str) -> Result<()> {
+        self.meta.remove(grant_key(role, resource))?;
+        Ok(())
+    }
+
+    fn retention_policies(&self) -> Result<Vec<RetentionRecord>> {
+        self.meta_records(RETENTION_PREFIX)
+    }
+
+    fn put_retention(&self, record: &RetentionRecord) -> Result<()> {
+        let key = retention_key(&record.target);
+        self.meta
+            .insert(key.as_slice(), seal(&key, &json(record)))?;
+        Ok(())
+    }
+
+    fn delete_retention(&self, target: &str) -> Result<()> {
+        self.meta.remove(retention_key(target))?;
+        Ok(())
+    }
+
+    fn list_topics(&self) -> Result<Vec<TopicRecord>> {
+        self.meta_records(b"t:")
+    }
+
+    fn put_topic(&self, record: &TopicRecord) -> Result<()> {
+        let key = format!("t:{}", record.name);
+        self.meta
+            .insert(key.as_bytes(), seal(key.as_bytes(), &json(record)))?;
+        Ok(())
+    }
+
+    fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>> {
+        self.meta_records(b"p:")
+    }
+
+    fn put_partitioned(&self, record: &PartitionedRecord) -> Result<()> {
+        let key = format!("p:{}", record.name);
+        self.meta
+            .insert(key.as_bytes(), seal(key.as_bytes(), &json(record)))?;
+        Ok(())
+    }
+
+    fn delete_partitioned(&self, name: &str) -> Result<()> {
+        self.meta.remove(format!("p:{name}"))?;
+        Ok(())
+    }
+
+    fn delete_topic(&self, name: &str) -> Result<()> {
+        for sub in self.list_subscriptions(name)? {
+            self.delete_subscription(&sub)?;
+        }
+        let segs = {
+            let mut map = crate::util::lock(&self.segments);
+            map.remove(name).unwrap_or_default()
+        };
+        for seg in segs.keys() {
+            self.drop_segment(name, *seg)?;
+        }
+        let mut batch = Batch::default();
+        for k in self.prodseq.scan_prefix(format!("{name}\0")).keys() {
+            batch.remove(k?);
+        }
+        self.prodseq.apply_batch(batch)?;
+        self.meta.remove(format!("t:{name}"))?;
+        self.meta.remove(format!("n:{name}"))?;
+        Ok(())
+    }
+
+    fn next_id(&self) -> Result<u64> {
+        Ok(self.db.generate_id()?)
     }
 
     fn size_on_disk(&self) -> Result<u64> {

@@ -34,7 +34,7 @@ impl SledStorage {
                 .schedule
                 .push((key.due_ms, key.message.entry(), record));
         }
-        state.dead_letters = crate::Storage::dead_letters(self, sub_id, None)?;
+        state.dead_letters = crate::SubscriptionStore::dead_letters(self, sub_id, None)?;
         Ok(state)
     }
 

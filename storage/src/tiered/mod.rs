@@ -21,6 +21,7 @@
 //! and a slow store never occupies the broker's workers; publishing never
 //! waits for the object store.
 
+use crate::prelude::*;
 mod cache;
 pub mod config;
 mod object;
@@ -381,7 +382,6 @@ impl Tiered {
         let sled = self.sled.clone();
         let prefixes: Vec<ObjectPath> = topics.iter().map(|t| self.topic_prefix(t)).collect();
         rt.spawn(async move {
-            use super::Storage as _;
             use futures::TryStreamExt as _;
             if let Err(e) = sled.flush().await {
                 tracing::warn!(error = %e, "tiered: flush failed; unreferenced objects stay");

@@ -13,8 +13,9 @@
 //! abort the broker between the steps.
 
 use super::{Phase, SegmentState, Tiered};
+use crate::prelude::*;
 use crate::segments::SegmentInfo;
-use crate::{Storage as _, StorageError, StorageResult as Result};
+use crate::{StorageError, StorageResult as Result};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutPayload};
 use std::sync::Arc;

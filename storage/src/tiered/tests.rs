@@ -4,7 +4,6 @@
 //! recorded offloaded refuses the store at the next open.
 
 use super::*;
-use crate::Storage as _;
 use crate::segments::LogSettings;
 use std::time::Duration;
 
