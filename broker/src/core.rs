@@ -6,7 +6,7 @@
 use crate::clock::SharedClock;
 use crate::config::{BrokerConfig, Durability, VerifyOnStart};
 use crate::error::{BrokerError, Result};
-use crate::events::{FailureEvent, events_topic_of};
+use crate::events::FailureEvent;
 use crate::failure_log::FailureLog;
 use crate::flusher::Flusher;
 use crate::keeper::ManifestKeeper;
@@ -146,12 +146,9 @@ impl BrokerLink for Link {
 }
 
 impl BrokerCore {
-    /// Publishes failure events to their namespaces' events topics (see
-    /// `crate::events`), in the background: a failure to publish is a WARN
-    /// line, never an error of the change the event tells of. In cluster mode
-    /// the events topic is wherever the cluster placed it: written here when
-    /// this broker owns it, else forwarded to its owner
-    /// ([`crate::events_route`]).
+    /// Publishes failure events to their namespaces' events topics in the
+    /// background (a failure is a WARN line, never an error of the change);
+    /// in a cluster, on the topic's owner ([`crate::events_route`]).
     pub(crate) fn emit_events(&self, events: Vec<FailureEvent>) {
         if events.is_empty() {
             return;
@@ -160,25 +157,13 @@ impl BrokerCore {
             return;
         };
         tokio::spawn(async move {
-            let mut by_topic: HashMap<TopicName, Vec<OutboundMessage>> = HashMap::new();
-            for e in events {
-                let Some(name) = events_topic_of(&e.topic) else {
-                    continue;
-                };
-                let properties = HashMap::from([
-                    ("kind".to_owned(), e.kind.as_str().to_owned()),
-                    ("topic".to_owned(), e.topic.clone()),
-                    ("subscription".to_owned(), e.subscription.clone()),
-                ]);
-                by_topic.entry(name).or_default().push(OutboundMessage {
-                    payload: e.to_json(),
-                    key: e.subscription.clone(),
-                    properties,
-                    ..Default::default()
-                });
-            }
-            let token = core.events_token();
-            for (name, messages) in by_topic {
+            let token = crate::events_route::events_token(
+                core.config
+                    .cluster
+                    .as_ref()
+                    .and_then(|c| c.events_token_file.as_deref()),
+            );
+            for (name, messages) in crate::events::by_events_topic(events) {
                 let written = core.publish_events(&name, messages, token.as_ref()).await;
                 if let Err(e) = written {
                     tracing::warn!(topic = %name, error = %e, "failure events not published");
@@ -218,27 +203,6 @@ impl BrokerCore {
             .topic_or_create(name, TopicKind::Normal, &|_| Ok(()))
             .await?;
         entry.topic.publish("", messages).await.map(|_| ())
-    }
-
-    /// The credential forwarded events carry in a cluster with `[auth]`
-    /// on: the token in `[cluster] events_token_file`, read when needed (so
-    /// a renewed token is picked up).
-    fn events_token(&self) -> Option<tonic::metadata::AsciiMetadataValue> {
-        let path = self.config.cluster.as_ref()?.events_token_file.as_ref()?;
-        let read = std::fs::read_to_string(path)
-            .map_err(|e| e.to_string())
-            .and_then(|t| {
-                format!("Bearer {}", t.trim_end())
-                    .parse()
-                    .map_err(|_| "not a valid header value".to_owned())
-            });
-        match read {
-            Ok(v) => Some(v),
-            Err(e) => {
-                tracing::warn!(file = %path.display(), error = %e, "cannot read the events token");
-                None
-            }
-        }
     }
 
     /// Opens storage state: the store is checked against its manifest

@@ -134,6 +134,22 @@ impl FailureEvent {
         }
     }
 
+    /// The message that carries this event on its events topic: the JSON
+    /// payload, keyed by subscription, with kind, topic and subscription as
+    /// properties (to filter on without decoding).
+    pub fn to_message(&self) -> ricochet_proto::OutboundMessage {
+        ricochet_proto::OutboundMessage {
+            payload: self.to_json(),
+            key: self.subscription.clone(),
+            properties: std::collections::HashMap::from([
+                ("kind".to_owned(), self.kind.as_str().to_owned()),
+                ("topic".to_owned(), self.topic.clone()),
+                ("subscription".to_owned(), self.subscription.clone()),
+            ]),
+            ..Default::default()
+        }
+    }
+
     /// The JSON payload.
     pub fn to_json(&self) -> Vec<u8> {
         // A struct of strings and numbers always serialises.
@@ -144,6 +160,20 @@ impl FailureEvent {
 /// The first [`EXCERPT_BYTES`] of `payload`, as text.
 pub fn excerpt(payload: &[u8]) -> String {
     String::from_utf8_lossy(&payload[..payload.len().min(EXCERPT_BYTES)]).into_owned()
+}
+
+/// `events` as messages, grouped by the events topic each goes to (events
+/// of a topic without a namespace are left out).
+pub fn by_events_topic(
+    events: Vec<FailureEvent>,
+) -> std::collections::HashMap<TopicName, Vec<ricochet_proto::OutboundMessage>> {
+    let mut by_topic = std::collections::HashMap::<_, Vec<_>>::new();
+    for e in events {
+        if let Some(name) = events_topic_of(&e.topic) {
+            by_topic.entry(name).or_default().push(e.to_message());
+        }
+    }
+    by_topic
 }
 
 /// The events topic of the namespace `topic` is in.

@@ -25,6 +25,27 @@ use tonic::metadata::AsciiMetadataValue;
 /// How long a forward may take (connect, open, write).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The credential forwarded events carry in a cluster with `[auth]`
+/// on: the token in `[cluster] events_token_file`, read when needed (so
+/// a renewed token is picked up).
+pub(crate) fn events_token(file: Option<&std::path::Path>) -> Option<AsciiMetadataValue> {
+    let path = file?;
+    let read = std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| {
+            format!("Bearer {}", t.trim_end())
+                .parse()
+                .map_err(|_| "not a valid header value".to_owned())
+        });
+    match read {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "cannot read the events token");
+            None
+        }
+    }
+}
+
 /// Writes `messages` to the events topic `name` on its owner `owner` at
 /// `url` (the cluster's routing named it), within [`FORWARD_TIMEOUT`].
 pub(crate) async fn forward_to_owner(
