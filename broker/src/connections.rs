@@ -17,7 +17,7 @@
 //! served.
 
 use crate::limits::Limit;
-use crate::service::status_of;
+use crate::status::status_of;
 use futures::Stream;
 use std::future::Future;
 use std::io;

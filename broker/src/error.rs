@@ -54,7 +54,7 @@ pub enum BrokerError {
     Config(String),
     /// Cluster mode: the topic is placed on (owned by) another broker. The
     /// status carries the owner, its URL and epoch as structured details
-    /// (`service::status_of`).
+    /// (`status::status_of`).
     #[error("topic {topic} is owned by broker {owner}")]
     NotOwner {
         /// The topic.

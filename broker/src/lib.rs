@@ -11,7 +11,10 @@
 //! the path of a publish, a delivery and a failure):
 //! * `server`: [`Broker`] (open, serve, shut down) and [`TestBroker`];
 //!   `connections`: connection and per-connection call limits, idle timeout;
-//! * `core`: [`BrokerCore`], the registry of topics and subscriptions;
+//! * `core`: [`BrokerCore`], the registry of topics and subscriptions; it
+//!   knows nothing of the features below, which give it hooks;
+//! * `node`: [`Node`], the core composed with authorization, partitioned
+//!   topics, retention and the cluster: what the services receive;
 //! * `topic`: a topic's writer and retention;
 //! * `subscription`: the actor that dispatches, acks, counts failures and
 //!   moves messages between tiers, split by concern;
@@ -67,6 +70,7 @@ mod keeper;
 mod limits;
 mod metrics;
 mod name;
+mod node;
 mod partitions;
 mod replay_jobs;
 pub mod replication;
@@ -74,6 +78,7 @@ pub mod retention;
 mod scheduler;
 mod server;
 mod service;
+mod status;
 pub use ricochet_storage as storage;
 mod subscription;
 mod tier_owners;
@@ -88,6 +93,7 @@ pub use error::{BrokerError, Result};
 pub use flusher::Flusher;
 pub use metrics::{install_prometheus, install_prometheus_secured};
 pub use name::{SubscriptionName, TopicName};
+pub use node::Node;
 pub use scheduler::{FireSender, Scheduler, SchedulerStats};
 pub use server::{Broker, BrokerBuilder, TestBroker};
 pub use service::{

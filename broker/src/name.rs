@@ -189,6 +189,75 @@ impl fmt::Debug for SubscriptionName {
     }
 }
 
+/// The most partitions a topic may have.
+pub const MAX_PARTITIONS: u32 = 1024;
+
+/// Partition `index` of `base`.
+pub fn partition(base: &TopicName, index: u32) -> TopicName {
+    TopicName::parse_stored(&ricochet_proto::partitions::partition_name(
+        base.as_str(),
+        index,
+    ))
+    // A valid name plus `-partition-<digits>` is valid unless it grows
+    // past the length limit, which `check_partition_count` refuses first.
+    .unwrap_or_else(|_| base.clone())
+}
+
+/// Whether `name` may be a partitioned topic of `partitions` partitions:
+/// a count in 1 ..= [`MAX_PARTITIONS`], a name not itself a partition's, and
+/// short enough to name its last partition.
+pub fn check_partition_count(name: &TopicName, partitions: u32) -> Result<(), BrokerError> {
+    if partitions == 0 || partitions > MAX_PARTITIONS {
+        return Err(BrokerError::InvalidArgument(format!(
+            "partition count must be 1 to {MAX_PARTITIONS}, got {partitions}"
+        )));
+    }
+    if ricochet_proto::partitions::parse_partition(name.as_str()).is_some() {
+        return Err(BrokerError::InvalidArgument(format!(
+            "{name} is named as a partition; a partitioned topic's name must not end in -partition-<n>"
+        )));
+    }
+    let last = ricochet_proto::partitions::partition_name(name.as_str(), partitions - 1);
+    TopicName::parse(&last).map_err(|_| {
+        BrokerError::InvalidArgument(format!(
+            "{name} is too long to name its partitions ({last})"
+        ))
+    })?;
+    Ok(())
+}
+
+/// What a policy (retention, tiered storage) or a grant check is about: a
+/// namespace or one topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Every topic of a `tenant/namespace` without a policy of its own.
+    Namespace(String),
+    /// One topic.
+    Topic(TopicName),
+}
+
+impl Target {
+    /// Parses a namespace (`tenant/namespace`) or a topic name (anything
+    /// with a scheme, or three parts).
+    pub fn parse(namespace: &str, topic: &str) -> Result<Self, BrokerError> {
+        match (namespace.is_empty(), topic.is_empty()) {
+            (false, true) => Ok(Self::Namespace(parse_namespace(namespace)?.to_owned())),
+            (true, false) => Ok(Self::Topic(TopicName::parse(topic)?)),
+            _ => Err(BrokerError::InvalidArgument(
+                "name exactly one of namespace or topic".into(),
+            )),
+        }
+    }
+
+    /// The stored key: `tenant/namespace` or the full topic name.
+    pub fn key(&self) -> &str {
+        match self {
+            Self::Namespace(ns) => ns,
+            Self::Topic(t) => t.as_str(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

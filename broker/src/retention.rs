@@ -16,47 +16,22 @@
 //! every `retention_interval` by [`Topic::enforce_retention`], which drops
 //! whole segments, oldest first. Retry and dead-letter tiers are never
 //! trimmed by it.
+//!
+//! [`Policies`] (the policies in force) is loaded before the core opens and
+//! given to it as the hook that sets each opened topic's quota;
+//! [`Retention`] is the feature over the core: setting policies, moving
+//! them with a topic, the enforcing task.
 
-use crate::core::BrokerCore;
+use crate::core::{BrokerCore, TopicOpened};
 use crate::error::{BrokerError, Result};
-use crate::name::{TopicName, parse_namespace};
+pub use crate::name::Target;
+use crate::name::TopicName;
 use crate::storage::{QuotaAction, RetentionRecord, Storage, TopicKind};
 use crate::topic::Topic;
 use std::collections::BTreeMap;
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-
-/// What a policy is set on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    /// Every topic of a `tenant/namespace` without a policy of its own.
-    Namespace(String),
-    /// One topic.
-    Topic(TopicName),
-}
-
-impl Target {
-    /// Parses a namespace (`tenant/namespace`) or a topic name (anything
-    /// with a scheme, or three parts).
-    pub fn parse(namespace: &str, topic: &str) -> Result<Self> {
-        match (namespace.is_empty(), topic.is_empty()) {
-            (false, true) => Ok(Self::Namespace(parse_namespace(namespace)?.to_owned())),
-            (true, false) => Ok(Self::Topic(TopicName::parse(topic)?)),
-            _ => Err(BrokerError::InvalidArgument(
-                "name exactly one of namespace or topic".into(),
-            )),
-        }
-    }
-
-    /// The stored key: `tenant/namespace` or the full topic name.
-    pub fn key(&self) -> &str {
-        match self {
-            Self::Namespace(ns) => ns,
-            Self::Topic(t) => t.as_str(),
-        }
-    }
-}
 
 /// The policies in force, by namespace or topic name.
 #[derive(Debug, Default)]
@@ -105,15 +80,58 @@ impl Policies {
         crate::util::lock(&self.by_target).is_empty()
     }
 
+    /// Tells `topic` the backlog quota that refuses its publishes, if any.
+    pub fn apply_quota(&self, topic: &Topic) {
+        let refuse = (topic.kind() == TopicKind::Normal)
+            .then(|| self.effective(topic.name()))
+            .flatten()
+            .filter(|p| p.quota_action == QuotaAction::Refuse)
+            .and_then(|p| p.backlog_quota_bytes);
+        topic.set_refusing_quota(refuse);
+    }
+}
+
+impl TopicOpened for Policies {
+    fn opened(&self, topic: &Topic) {
+        self.apply_quota(topic);
+    }
+}
+
+/// Retention over the core: the policies in force and the topics they
+/// apply to.
+#[derive(Debug, Clone)]
+pub struct Retention {
+    policies: Arc<Policies>,
+    core: Arc<BrokerCore>,
+}
+
+impl Retention {
+    /// Retention of `core`'s topics by `policies` (the ones the core opened
+    /// with); starts the task enforcing them every `retention_interval`.
+    pub fn start(policies: Arc<Policies>, core: Arc<BrokerCore>) -> Self {
+        spawn(
+            Arc::downgrade(&core),
+            policies.clone(),
+            core.config.retention_interval,
+            core.shutdown.clone(),
+        );
+        Self { policies, core }
+    }
+
+    /// The policies in force.
+    pub fn policies(&self) -> &Policies {
+        &self.policies
+    }
+
     /// Sets (or with no limit at all, clears) the policy of `target`,
     /// durably before returning, and applies its quota to the open topics.
     /// `record.target` is ignored (the target's key is used).
     pub async fn set(
         &self,
-        core: &BrokerCore,
         target: &Target,
         record: RetentionRecord,
     ) -> Result<Option<RetentionRecord>> {
+        let core = &self.core;
         let positive = |v: Option<u64>, what: &str| match v {
             Some(0) => Err(BrokerError::InvalidArgument(format!(
                 "{what} must be positive (leave it unset for no limit)"
@@ -137,26 +155,26 @@ impl Policies {
         }
         core.flusher.durable().await?;
         {
-            let mut map = crate::util::lock(&self.by_target);
+            let mut map = crate::util::lock(&self.policies.by_target);
             match &record {
                 Some(r) => map.insert(key, r.clone()),
                 None => map.remove(&key),
             };
         }
         for topic in core.all_topics().await {
-            self.apply_quota(&topic);
+            self.policies.apply_quota(&topic);
         }
         Ok(record)
     }
 
-    /// Tells `topic` the backlog quota that refuses its publishes, if any.
-    pub fn apply_quota(&self, topic: &Topic) {
-        let refuse = (topic.kind() == TopicKind::Normal)
-            .then(|| self.effective(topic.name()))
-            .flatten()
-            .filter(|p| p.quota_action == QuotaAction::Refuse)
-            .and_then(|p| p.backlog_quota_bytes);
-        topic.set_refusing_quota(refuse);
+    /// Deletes the stored policy of a topic that moved away and drops it
+    /// from those in force.
+    pub(crate) fn forget_moved(&self, topic: &TopicName) -> Result<()> {
+        if self.policies.get(topic.as_str()).is_some() {
+            self.core.storage.delete_retention(topic.as_str())?;
+            self.policies.forget(topic.as_str());
+        }
+        Ok(())
     }
 }
 
@@ -182,7 +200,12 @@ pub fn enforce(policies: &Policies, topic: &Topic) -> Result<crate::topic::Dropp
 }
 
 /// Enforces every policy every `every`, until `stop`.
-pub fn spawn(core: Weak<BrokerCore>, every: Duration, stop: CancellationToken) {
+fn spawn(
+    core: Weak<BrokerCore>,
+    policies: Arc<Policies>,
+    every: Duration,
+    stop: CancellationToken,
+) {
     if every.is_zero() {
         return;
     }
@@ -195,15 +218,14 @@ pub fn spawn(core: Weak<BrokerCore>, every: Duration, stop: CancellationToken) {
                 _ = stop.cancelled() => break,
             }
             let Some(core) = core.upgrade() else { break };
-            if core.retention.is_empty() {
+            if policies.is_empty() {
                 continue;
             }
             for topic in core.all_topics().await {
-                core.retention.apply_quota(&topic);
-                let (core, topic) = (core.clone(), topic.clone());
+                policies.apply_quota(&topic);
+                let (policies, topic) = (policies.clone(), topic.clone());
                 // Scans and trims are blocking storage work.
-                let done =
-                    tokio::task::spawn_blocking(move || enforce(&core.retention, &topic)).await;
+                let done = tokio::task::spawn_blocking(move || enforce(&policies, &topic)).await;
                 match done {
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => tracing::warn!(error = %e, "retention pass failed"),

@@ -8,6 +8,7 @@ use crate::config::{BrokerConfig, LogEngine, VerifyOnStart};
 use crate::core::BrokerCore;
 use crate::error::{BrokerError, Result};
 use crate::gate::{Gate, Guarded};
+use crate::node::Node;
 use crate::service::{AdminService, BrokerService, Router};
 use crate::storage::SledStorage;
 use crate::storage::{Storage, StorageError};
@@ -88,17 +89,21 @@ impl BrokerBuilder {
                 }
                 LogEngine::Sled => sled.clone(),
             };
-            let core = BrokerCore::open(self.config, storage, self.policies, self.clock).await?;
+            let node = Node::open(self.config, storage, self.policies, self.clock).await?;
             if mode == VerifyOnStart::Background {
-                verify_in_background(sled, &core);
+                verify_in_background(sled, &node.core);
             }
             if let Some(t) = &tiered {
-                t.spawn(core.shutdown.clone());
+                t.spawn(node.core.shutdown.clone());
             }
-            Ok((core, tiered))
+            Ok((node, tiered))
         };
         match opened.await {
-            Ok((core, tiered)) => Ok(Broker { core, tiered }),
+            Ok((node, tiered)) => Ok(Broker {
+                core: node.core.clone(),
+                node,
+                tiered,
+            }),
             Err(BrokerError::Storage(StorageError::Corrupt(what))) => Err(BrokerError::DataLoss(
                 format!("{what} (`ricochet-broker check` lists everything)"),
             )),
@@ -192,6 +197,8 @@ fn verify_in_background(sled: Arc<SledStorage>, core: &Arc<BrokerCore>) {
 /// A broker with its state loaded, ready to serve.
 #[derive(Debug, Clone)]
 pub struct Broker {
+    node: Arc<Node>,
+    /// `node.core`.
     core: Arc<BrokerCore>,
     /// The object-store tier, when `[tiered]` is configured.
     tiered: Option<Arc<crate::storage::tiered::Tiered>>,
@@ -210,6 +217,11 @@ impl Broker {
     /// Shared state (for embedding and tests).
     pub fn core(&self) -> &Arc<BrokerCore> {
         &self.core
+    }
+
+    /// The core with the features composed over it.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
     }
 
     /// Serves on `listener` until `shutdown` resolves, then stops accepting,
@@ -233,57 +245,46 @@ impl Broker {
                 format!("{scheme}://{}", listener.local_addr()?)
             }
         };
-        if let Some(config) = &self.core.config.cluster {
-            let id = config
-                .broker_id
-                .clone()
-                .unwrap_or_else(|| self.core.keeper.store_id());
-            let cluster = crate::cluster::Cluster::join(
-                config,
-                id,
-                url.clone(),
-                self.core.weak(),
-                self.core.shutdown.clone(),
-            )
-            .await?;
-            self.core.set_cluster(cluster);
-        }
-        let cluster = self.core.cluster().cloned();
+        self.node.join_cluster(url.clone()).await?;
+        let cluster = self.node.cluster().cloned();
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<BrokerServer<BrokerService>>().await;
-        let broker = BrokerServer::new(BrokerService::new(self.core.clone()))
+        let broker = BrokerServer::new(BrokerService::new(self.node.clone()))
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES);
         crate::replay_jobs::resume_all(&self.core);
         // Every service but the data plane's runs behind the RPC table.
-        let gate = Gate::new(self.core.auth.clone(), Router::new(cluster.clone()));
+        let gate = Gate::new(self.node.auth.clone(), Router::new(cluster.clone()));
         let admin = AdminServer::new(Guarded::new(
-            AdminService::new(self.core.clone()),
+            AdminService::new(self.node.clone()),
             gate.clone(),
         ))
         .max_decoding_message_size(MAX_FRAME_BYTES)
         .max_encoding_message_size(MAX_FRAME_BYTES);
         let partitions = ricochet_proto::partitions_server::PartitionsServer::new(Guarded::new(
-            crate::service::PartitionsService::new(self.core.clone()),
+            crate::service::PartitionsService::new(self.node.clone()),
             gate.clone(),
         ));
         let retention = ricochet_proto::retention_server::RetentionServer::new(Guarded::new(
-            crate::service::RetentionService::new(self.core.clone()),
+            crate::service::RetentionService::new(self.node.clone()),
             gate.clone(),
         ));
         let tiered = ricochet_proto::tiered_server::TieredServer::new(Guarded::new(
-            crate::service::TieredService::new(self.core.clone(), self.tiered.clone()),
+            crate::service::TieredService::new(self.node.clone(), self.tiered.clone()),
             gate.clone(),
         ));
         let cluster_service = ricochet_proto::cluster_server::ClusterServer::new(Guarded::new(
-            crate::service::ClusterService::new(self.core.clone(), url),
+            crate::service::ClusterService::new(self.node.clone(), url),
             gate.clone(),
         ));
         // Health turns bad for good when storage fails; the storage gauges
         // follow every half second.
-        let grants = AuthServer::new(Guarded::new(AuthService::new(self.core.clone()), gate))
-            .max_decoding_message_size(MAX_FRAME_BYTES)
-            .max_encoding_message_size(MAX_FRAME_BYTES);
+        let grants = AuthServer::new(Guarded::new(
+            AuthService::new(self.node.auth.clone(), self.core.flusher.clone()),
+            gate,
+        ))
+        .max_decoding_message_size(MAX_FRAME_BYTES)
+        .max_encoding_message_size(MAX_FRAME_BYTES);
         let core = self.core.clone();
         let health_task = tokio::spawn(async move {
             let mut reported_bad = false;
@@ -342,7 +343,7 @@ impl Broker {
             .http2_keepalive_timeout(nonzero(config.keepalive_timeout))
             .max_concurrent_streams(h2_streams)
             .layer(crate::connections::StreamLimitLayer)
-            .layer(AuthLayer::new(self.core.auth.clone()))
+            .layer(AuthLayer::new(self.node.auth.clone()))
             .add_service(health_service)
             .add_service(broker)
             .add_service(admin)
@@ -368,7 +369,7 @@ impl Broker {
     /// serves until `shutdown`.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
         if let Some(addr) = self.core.config.metrics_listen {
-            let token = self.core.auth.metrics_token().map(<[u8]>::to_vec);
+            let token = self.node.auth.metrics_token().map(<[u8]>::to_vec);
             crate::metrics::install_prometheus_secured(addr, token)?;
         }
         self.start_console().await?;
@@ -384,7 +385,7 @@ impl Broker {
         let Some(addr) = self.core.config.console_listen else {
             return Ok(None);
         };
-        let console = crate::console::bind(self.core.clone(), addr).await?;
+        let console = crate::console::bind(self.node.clone(), addr).await?;
         let bound = console.local_addr()?;
         console.spawn();
         Ok(Some(bound))
@@ -398,6 +399,8 @@ pub struct TestBroker {
     pub addr: SocketAddr,
     /// Its shared state.
     pub core: Arc<BrokerCore>,
+    /// The core with the features composed over it.
+    pub node: Arc<Node>,
     /// Where its web console listens, when the config set `console_listen`
     /// (port 0 picks a free one).
     pub console_addr: Option<SocketAddr>,
@@ -417,6 +420,7 @@ impl TestBroker {
         let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
         let addr = listener.local_addr()?;
         let core = broker.core().clone();
+        let node = broker.node().clone();
         let console_addr = broker.start_console().await?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(broker.serve(listener, async {
@@ -425,6 +429,7 @@ impl TestBroker {
         Ok(Self {
             addr,
             core,
+            node,
             console_addr,
             stop: Some(stop),
             task: Some(task),

@@ -6,8 +6,8 @@
 use super::grants::Resource;
 use super::{Auth, Permission, Principal};
 use crate::error::BrokerError;
+use crate::name::Target;
 use crate::name::TopicName;
-use crate::retention::Target;
 use tonic::{Request, Status};
 
 /// What an RPC asks of its caller.

@@ -17,15 +17,14 @@
 //! is logged under the tracing target `ricochet::audit` with the role.
 
 mod check;
-mod config;
 mod grants;
 mod layer;
 mod service;
 mod token;
 
+pub use crate::config::{AuthConfig, metrics_token};
 pub use check::{Requirement, Scope};
 pub(crate) use check::{principal, who};
-pub use config::{AuthConfig, metrics_token};
 pub use grants::{Auth, Permission};
 pub use layer::AuthLayer;
 pub use service::AuthService;

@@ -6,8 +6,8 @@
 use super::check::{principal, who};
 use super::grants::Resource;
 use super::{Auth, Permission, Principal};
-use crate::core::BrokerCore;
 use crate::error::BrokerError;
+use crate::flusher::Flusher;
 use ricochet_proto::auth_server::Auth as AuthRpc;
 use ricochet_proto::{
     Grant, GrantRequest, GrantResponse, ListGrantsRequest, ListGrantsResponse, RevokeRequest,
@@ -19,17 +19,19 @@ use tonic::{Request, Response, Status};
 /// Grants management.
 #[derive(Debug, Clone)]
 pub struct AuthService {
-    core: Arc<BrokerCore>,
+    auth: Arc<Auth>,
+    /// Makes a grant change durable before it is answered.
+    flusher: Flusher,
 }
 
 impl AuthService {
-    /// A service over `core`'s grants.
-    pub fn new(core: Arc<BrokerCore>) -> Self {
-        Self { core }
+    /// A service over `auth`'s grants, made durable through `flusher`.
+    pub fn new(auth: Arc<Auth>, flusher: Flusher) -> Self {
+        Self { auth, flusher }
     }
 
     fn auth(&self) -> &Auth {
-        &self.core.auth
+        &self.auth
     }
 
     /// Parses a grant change (the caller's permission to make it is
@@ -84,14 +86,7 @@ impl AuthRpc for AuthService {
         }
         let held = self
             .auth()
-            .change(
-                p.as_ref(),
-                &g.role,
-                &resource,
-                &perms,
-                true,
-                &self.core.flusher,
-            )
+            .change(p.as_ref(), &g.role, &resource, &perms, true, &self.flusher)
             .await?;
         Ok(Response::new(GrantResponse {
             grant: Some(grant_of(&g.role, &resource, held)),
@@ -106,14 +101,7 @@ impl AuthRpc for AuthService {
         let (p, resource, perms) = self.change_request(&r, &g.role, &g.resource, &g.permissions)?;
         let held = self
             .auth()
-            .change(
-                p.as_ref(),
-                &g.role,
-                &resource,
-                &perms,
-                false,
-                &self.core.flusher,
-            )
+            .change(p.as_ref(), &g.role, &resource, &perms, false, &self.flusher)
             .await?;
         Ok(Response::new(GrantResponse {
             grant: Some(grant_of(&g.role, &resource, held)),

@@ -3,7 +3,7 @@
 //! token has one, is enforced (tokens without one never expire, as in
 //! Pulsar).
 
-use super::config::{AuthConfig, read_secret};
+use crate::config::{AuthConfig, read_secret};
 use crate::error::BrokerError;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};

@@ -21,7 +21,9 @@
 //! (lease, registration, keepalive, the local fence deadline), [`placement`]
 //! (the pure choice of a broker), [`ownership`] (claims, the in-memory table
 //! of owned topics the hot path reads, lookups). A standalone broker has no
-//! [`Cluster`] at all: its hot path pays one `None` check.
+//! [`Cluster`] at all: its hot path pays one `None` check. What the cluster
+//! needs of the broker it runs in is [`Host`], which the broker's node
+//! implements: this module does not know the core.
 
 pub mod etcd;
 pub mod membership;
@@ -32,93 +34,24 @@ pub mod placement;
 use crate::error::{BrokerError, Result};
 use etcd::Etcd;
 use membership::{Fence, Registration};
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+pub use crate::config::{ClusterConfig, valid_id};
 pub use ownership::{BrokerView, Owner, Tenure};
 
-/// The `[cluster]` settings. Absent: the broker runs standalone.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct ClusterConfig {
-    /// The cluster's name (keys live under `/ricochet/<name>/`).
-    pub name: String,
-    /// etcd client URLs (`http://host:2379`).
-    pub etcd: Vec<String>,
-    /// This broker's id; default: the store id of its data directory, so
-    /// it is stable across restarts (placement is sticky to the data).
-    pub broker_id: Option<String>,
-    /// The etcd lease TTL (whole seconds, at least 2 s). A broker that
-    /// cannot renew its lease stops acknowledging after four fifths of it.
-    #[serde(with = "humantime_serde")]
-    pub lease_ttl: Duration,
-    /// With `[auth]` on: a file holding the token (a role that may produce
-    /// to `__failure_events` topics) this broker sends failure events with
-    /// to the broker owning a namespace's events topic. Without it those
-    /// events are refused there (a WARN line here).
-    pub events_token_file: Option<std::path::PathBuf>,
-}
-
-impl Default for ClusterConfig {
-    fn default() -> Self {
-        Self {
-            name: String::new(),
-            etcd: vec!["http://127.0.0.1:2379".into()],
-            broker_id: None,
-            lease_ttl: Duration::from_secs(10),
-            events_token_file: None,
-        }
-    }
-}
-
-/// Whether `s` may name a cluster or a broker: 1–128 of `[A-Za-z0-9._-]`
-/// (they go into etcd keys and gRPC metadata).
-pub fn valid_id(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
-
-impl ClusterConfig {
-    /// Rejects settings that cannot work; `advertise` is the broker's.
-    pub fn validate(&self, advertise: Option<&str>) -> Result<()> {
-        let bad = |m: String| Err(BrokerError::Config(m));
-        if !valid_id(&self.name) {
-            return bad(format!(
-                "cluster name {:?} must be 1 to 128 of A-Z a-z 0-9 . _ -",
-                self.name
-            ));
-        }
-        if let Some(id) = &self.broker_id
-            && !valid_id(id)
-        {
-            return bad(format!(
-                "broker id {id:?} must be 1 to 128 of A-Z a-z 0-9 . _ -"
-            ));
-        }
-        if self.etcd.is_empty() || self.etcd.iter().any(|u| !u.starts_with("http")) {
-            return bad(format!(
-                "cluster mode needs etcd URLs like http://127.0.0.1:2379, got {:?}",
-                self.etcd
-            ));
-        }
-        if self.lease_ttl < Duration::from_secs(2) {
-            return bad("lease_ttl must be at least 2s".into());
-        }
-        match advertise {
-            Some(a) if a.starts_with("http://") || a.starts_with("https://") => Ok(()),
-            Some(a) => bad(format!(
-                "advertise {a:?} must be a URL clients can reach, like http://host:6650"
-            )),
-            None => bad(
-                "cluster mode needs an advertised URL (--advertise http://host:port): other brokers send clients there".into(),
-            ),
-        }
-    }
+/// What cluster mode needs of the broker it runs in.
+#[async_trait::async_trait]
+pub trait Host: Send + Sync {
+    /// The ordinary topics (not retry or dead-letter tiers) held here.
+    async fn topics(&self) -> Vec<crate::name::TopicName>;
+    /// Messages stored in those topics so far (the load figure).
+    async fn messages_in(&self) -> u64;
+    /// Deletes this broker's copy of a topic that lives elsewhere now,
+    /// with everything that belongs to it.
+    async fn forget_moved(&self, topic: &crate::name::TopicName) -> Result<()>;
 }
 
 /// How long an etcd call may take before it counts as failed.
@@ -157,12 +90,13 @@ impl Cluster {
     /// Joins the cluster: grants a lease (revoking the one a previous
     /// process of this broker id left behind, whose topics it takes over),
     /// registers, claims every topic placed here, and keeps the lease
-    /// alive until `shutdown`. `core` gives the load figure.
+    /// alive until `shutdown`. `host` gives the load figure and deletes the
+    /// copies of topics placed elsewhere.
     pub async fn join(
         config: &ClusterConfig,
         id: String,
         url: String,
-        core: Weak<crate::core::BrokerCore>,
+        host: Weak<dyn Host>,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Result<Arc<Self>> {
         let etcd = Etcd::connect(&config.etcd, ETCD_TIMEOUT)?;
@@ -203,8 +137,8 @@ impl Cluster {
             cluster.etcd.revoke(prev.lease).await?;
         }
         cluster.acquire().await?;
-        if let Some(core) = core.upgrade() {
-            cluster.sweep_moved_away(&core).await;
+        if let Some(host) = host.upgrade() {
+            cluster.sweep_moved_away(host.as_ref()).await;
         }
         tracing::info!(
             cluster = %cluster.name,
@@ -214,7 +148,7 @@ impl Cluster {
             owned = cluster.owned_count(),
             "joined the cluster"
         );
-        tokio::spawn(cluster.clone().keep(core, shutdown));
+        tokio::spawn(cluster.clone().keep(host, shutdown));
         Ok(cluster)
     }
 
@@ -287,14 +221,14 @@ impl Cluster {
     /// claim what others placed here. Revokes the lease on `shutdown`.
     async fn keep(
         self: Arc<Self>,
-        core: Weak<crate::core::BrokerCore>,
+        host: Weak<dyn Host>,
         shutdown: tokio_util::sync::CancellationToken,
     ) {
         let period = self.ttl / 3;
         let renew_timeout = period.max(Duration::from_millis(300));
         let mut keepalive = self.etcd.keepalive(self.lease_id(), renew_timeout);
         let mut round = 0u64;
-        let mut last_load = (Instant::now(), messages_in(&core).await);
+        let mut last_load = (Instant::now(), messages_in(&host).await);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -317,7 +251,7 @@ impl Cluster {
             }
             round += 1;
             if round.is_multiple_of(3) && self.fence.holds() {
-                let now = (Instant::now(), messages_in(&core).await);
+                let now = (Instant::now(), messages_in(&host).await);
                 let secs = now.0.duration_since(last_load.0).as_secs_f64().max(0.001);
                 let rate = now.1.saturating_sub(last_load.1) as f64 / secs;
                 self.load_bits.store(rate.to_bits(), Ordering::Relaxed);
@@ -364,63 +298,9 @@ impl Cluster {
 }
 
 /// Messages stored in the broker's ordinary topics so far.
-async fn messages_in(core: &Weak<crate::core::BrokerCore>) -> u64 {
-    let Some(core) = core.upgrade() else {
-        return 0;
-    };
-    core.all_topics()
-        .await
-        .iter()
-        .filter(|t| t.kind() == crate::storage::TopicKind::Normal)
-        .map(|t| t.counters.messages_in.load(Ordering::Relaxed))
-        .sum()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cluster_settings_are_checked() {
-        let ok = ClusterConfig {
-            name: "prod".into(),
-            ..Default::default()
-        };
-        ok.validate(Some("http://10.0.0.5:6650")).unwrap();
-        let e = ok.validate(None).unwrap_err().to_string();
-        assert!(e.contains("--advertise"), "{e}");
-        assert!(ok.validate(Some("10.0.0.5:6650")).is_err());
-        for bad in [
-            ClusterConfig::default(),
-            ClusterConfig {
-                name: "a/b".into(),
-                ..ok.clone()
-            },
-            ClusterConfig {
-                broker_id: Some("b 1".into()),
-                ..ok.clone()
-            },
-            ClusterConfig {
-                etcd: vec![],
-                ..ok.clone()
-            },
-            ClusterConfig {
-                lease_ttl: Duration::from_secs(1),
-                ..ok.clone()
-            },
-        ] {
-            assert!(bad.validate(Some("http://h:1")).is_err(), "{bad:?}");
-        }
-        // The TOML form.
-        let c: crate::BrokerConfig = toml::from_str(
-            "advertise = \"http://h:6650\"\n[cluster]\nname = \"c\"\netcd = [\"http://e:2379\"]\nlease_ttl = \"3s\"",
-        )
-        .unwrap();
-        c.validate().unwrap();
-        let cluster = c.cluster.unwrap();
-        assert_eq!(
-            (cluster.name.as_str(), cluster.lease_ttl),
-            ("c", Duration::from_secs(3))
-        );
+async fn messages_in(host: &Weak<dyn Host>) -> u64 {
+    match host.upgrade() {
+        Some(host) => host.messages_in().await,
+        None => 0,
     }
 }

@@ -176,7 +176,7 @@ impl Cluster {
     /// left by a move this broker (the source) crashed in before deleting
     /// its copy, or received (as the target) without the move finishing.
     /// Never served either way; run when the broker joins.
-    pub(super) async fn sweep_moved_away(&self, core: &crate::core::BrokerCore) {
+    pub(super) async fn sweep_moved_away(&self, host: &dyn super::Host) {
         let strip = format!("{}placement/", self.prefix);
         let placements: std::collections::HashMap<String, String> =
             match self.etcd.get_prefix(&strip).await {
@@ -189,19 +189,16 @@ impl Cluster {
                     return;
                 }
             };
-        for topic in core.all_topics().await {
-            if topic.kind() != crate::storage::TopicKind::Normal {
-                continue;
-            }
-            let Some(owner) = placements.get(topic.name().as_str()) else {
+        for topic in host.topics().await {
+            let Some(owner) = placements.get(topic.as_str()) else {
                 continue;
             };
             if *owner == self.id {
                 continue;
             }
-            tracing::warn!(topic = %topic.name(), %owner, "deleting the stale copy of a topic placed on another broker (an unfinished move)");
-            if let Err(e) = core.forget_moved(topic.name()).await {
-                tracing::warn!(topic = %topic.name(), error = %e, "cannot delete a stale copy");
+            tracing::warn!(topic = %topic, %owner, "deleting the stale copy of a topic placed on another broker (an unfinished move)");
+            if let Err(e) = host.forget_moved(&topic).await {
+                tracing::warn!(topic = %topic, error = %e, "cannot delete a stale copy");
             }
         }
     }

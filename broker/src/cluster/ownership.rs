@@ -398,7 +398,7 @@ impl Cluster {
     /// partitions, spread over the live brokers (each creates its
     /// partitions' logs on first use).
     pub async fn create_partitioned(&self, base: &TopicName, partitions: u32) -> Result<()> {
-        crate::partitions::check_count_and_name(base, partitions)?;
+        crate::name::check_partition_count(base, partitions)?;
         if self
             .etcd
             .get(&self.placement_key(base.as_str()))
@@ -447,7 +447,7 @@ impl Cluster {
             if partitions == current {
                 return Ok(current);
             }
-            crate::partitions::check_count_and_name(base, partitions)?;
+            crate::name::check_partition_count(base, partitions)?;
             if self
                 .etcd
                 .replace_if_unchanged(&key, &partitions.to_string(), kv.mod_revision, 0)
@@ -468,7 +468,7 @@ impl Cluster {
             ));
         }
         for (i, broker) in (from..to).zip(chosen) {
-            let p = crate::partitions::partition(base, i);
+            let p = crate::name::partition(base, i);
             self.place(p.as_str(), &broker).await?;
         }
         Ok(())

@@ -43,7 +43,7 @@ mod charts;
 mod key_order;
 mod pages;
 
-use crate::core::BrokerCore;
+use crate::node::Node;
 use crate::service::AdminService;
 use axum::Router;
 use axum::http::StatusCode;
@@ -61,12 +61,12 @@ struct ConsoleState {
     pending: Arc<actions::Pending>,
 }
 
-/// The console's routes over `core` (for serving, or for tests that call
+/// The console's routes over `node` (for serving, or for tests that call
 /// the handlers without a socket).
-pub fn router(core: Arc<BrokerCore>) -> Router {
-    let allow_remote = core.config.console_allow_remote;
+pub fn router(node: Arc<Node>) -> Router {
+    let allow_remote = node.core.config.console_allow_remote;
     let state = ConsoleState {
-        api: api::ConsoleApi::new(AdminService::new(core)),
+        api: api::ConsoleApi::new(AdminService::new(node)),
         pending: Arc::new(actions::Pending::default()),
     };
     Router::new()
@@ -118,16 +118,16 @@ fn loopback_host(req: &axum::extract::Request) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// Binds `addr` for the console of `core`; [`ConsoleServer::spawn`] serves it.
-pub async fn bind(core: Arc<BrokerCore>, addr: SocketAddr) -> crate::Result<ConsoleServer> {
+/// Binds `addr` for the console of `node`; [`ConsoleServer::spawn`] serves it.
+pub async fn bind(node: Arc<Node>, addr: SocketAddr) -> crate::Result<ConsoleServer> {
     let listener = TcpListener::bind(addr).await?;
-    Ok(ConsoleServer { core, listener })
+    Ok(ConsoleServer { node, listener })
 }
 
 /// A bound console listener.
 #[derive(Debug)]
 pub struct ConsoleServer {
-    core: Arc<BrokerCore>,
+    node: Arc<Node>,
     listener: TcpListener,
 }
 
@@ -139,8 +139,8 @@ impl ConsoleServer {
 
     /// Serves in the background until the broker starts shutting down.
     pub fn spawn(self) -> tokio::task::JoinHandle<()> {
-        let token = self.core.shutdown.clone();
-        let app = router(self.core);
+        let token = self.node.core.shutdown.clone();
+        let app = router(self.node);
         let addr = self.listener.local_addr().ok();
         tokio::spawn(async move {
             tracing::info!(addr = ?addr, "web console serving");

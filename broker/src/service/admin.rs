@@ -5,9 +5,9 @@
 use super::dead_letters::{self, passes};
 use super::partitions::{self as parts, partitioned};
 use super::wire;
-use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
+use crate::node::Node;
 use crate::storage::{DeadLetterRecord, StorageError};
 use crate::subscription::SubscriptionHandle;
 use prost::Message as _;
@@ -21,13 +21,13 @@ use tonic::{Request, Response, Status};
 /// Admin RPCs.
 #[derive(Debug, Clone)]
 pub struct AdminService {
-    core: Arc<BrokerCore>,
+    node: Arc<Node>,
 }
 
 impl AdminService {
-    /// A service over `core`.
-    pub fn new(core: Arc<BrokerCore>) -> Self {
-        Self { core }
+    /// A service over `node`.
+    pub fn new(node: Arc<Node>) -> Self {
+        Self { node }
     }
 
     async fn sub(
@@ -37,7 +37,7 @@ impl AdminService {
     ) -> Result<(TopicName, SubscriptionHandle), BrokerError> {
         let t = TopicName::parse(topic)?;
         let s = SubscriptionName::parse(sub)?;
-        let h = self.core.subscription(&t, &s).await?;
+        let h = self.node.core.subscription(&t, &s).await?;
         Ok((t, h))
     }
 
@@ -50,6 +50,7 @@ impl AdminService {
         after: Option<u64>,
     ) -> Result<Vec<(u64, DeadLetterRecord)>, BrokerError> {
         Ok(self
+            .node
             .core
             .storage
             .dead_letters(handle.id(), after)?
@@ -66,7 +67,7 @@ impl AdminService {
     ) -> Result<Vec<DeadLetter>, BrokerError> {
         let mut out = Vec::with_capacity(records.len());
         for (id, rec) in records {
-            let Some(bytes) = self.core.storage.read_one(dlq_topic, id)? else {
+            let Some(bytes) = self.node.core.storage.read_one(dlq_topic, id)? else {
                 continue;
             };
             let mut msg = Message::decode(bytes.as_slice()).map_err(StorageError::from)?;
@@ -103,13 +104,16 @@ impl Admin for AdminService {
             "" => None,
             given => Some(crate::name::parse_namespace(given)?),
         };
-        let mut topics = self.core.list_topics(ns).await;
+        let mut topics = self.node.core.list_topics(ns).await;
         if !r.include_system_topics {
             topics.retain(|t| !crate::name::is_system_topic(t));
         }
         Ok(Response::new(ListTopicsResponse {
             topics,
-            partitioned: crate::partitions::list(&self.core, ns)
+            partitioned: self
+                .node
+                .partitions
+                .list(ns)
                 .into_iter()
                 .map(|(n, partitions)| PartitionedTopicMetadata {
                     topic: n.to_string(),
@@ -121,8 +125,8 @@ impl Admin for AdminService {
 
     async fn create_topic(&self, r: Request<TopicRequest>) -> Result<Response<TopicInfo>, Status> {
         let name = TopicName::parse(&r.into_inner().topic)?;
-        self.core.create_topic(&name).await?;
-        self.core.flusher.durable().await?;
+        self.node.core.create_topic(&name).await?;
+        self.node.core.flusher.durable().await?;
         Ok(Response::new(TopicInfo {
             topic: name.to_string(),
             created: true,
@@ -135,12 +139,12 @@ impl Admin for AdminService {
     ) -> Result<Response<DeleteTopicResponse>, Status> {
         let r = r.into_inner();
         let name = TopicName::parse(&r.topic)?;
-        if partitioned(&self.core, &r.topic).is_some() {
-            crate::partitions::delete(&self.core, &name, r.force).await?;
+        if partitioned(&self.node, &r.topic).is_some() {
+            self.node.partitions.delete(&name, r.force).await?;
             return Ok(Response::new(DeleteTopicResponse {}));
         }
-        self.core.delete_topic(&name, r.force).await?;
-        self.core.flusher.durable().await?;
+        self.node.core.delete_topic(&name, r.force).await?;
+        self.node.core.flusher.durable().await?;
         Ok(Response::new(DeleteTopicResponse {}))
     }
 
@@ -149,16 +153,16 @@ impl Admin for AdminService {
         r: Request<TopicRequest>,
     ) -> Result<Response<TopicStatsResponse>, Status> {
         let r = r.into_inner();
-        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+        if let Some((name, ps)) = partitioned(&self.node, &r.topic) {
             return Ok(Response::new(parts::topic_stats(self, &name, ps).await?));
         }
         let name = TopicName::parse(&r.topic)?;
-        let entry = self.core.topic(&name).await?;
+        let entry = self.node.core.topic(&name).await?;
         let (first, next) = entry.topic.entry_range();
         let mut subscriptions = Vec::new();
         for h in entry.subscriptions() {
             subscriptions.push(wire::subscription_stats(
-                h.stats(self.core.storage.clone()).await?,
+                h.stats(self.node.core.storage.clone()).await?,
             ));
         }
         subscriptions.sort_by(|a, b| a.subscription.cmp(&b.subscription));
@@ -182,11 +186,11 @@ impl Admin for AdminService {
         r: Request<TopicRequest>,
     ) -> Result<Response<ListSubscriptionsResponse>, Status> {
         let r = r.into_inner();
-        if let Some((_, ps)) = partitioned(&self.core, &r.topic) {
+        if let Some((_, ps)) = partitioned(&self.node, &r.topic) {
             return Ok(Response::new(parts::list_subscriptions(self, ps).await?));
         }
         let name = TopicName::parse(&r.topic)?;
-        let entry = self.core.topic(&name).await?;
+        let entry = self.node.core.topic(&name).await?;
         let mut subscriptions: Vec<String> = entry
             .subscriptions()
             .iter()
@@ -201,13 +205,13 @@ impl Admin for AdminService {
         r: Request<SubscriptionRequest>,
     ) -> Result<Response<SubscriptionStatsResponse>, Status> {
         let r = r.into_inner();
-        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+        if let Some((name, ps)) = partitioned(&self.node, &r.topic) {
             let s = parts::subscription_stats(self, &name, ps, &r.subscription).await?;
             return Ok(Response::new(s));
         }
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         Ok(Response::new(wire::subscription_stats(
-            h.stats(self.core.storage.clone()).await?,
+            h.stats(self.node.core.storage.clone()).await?,
         )))
     }
 
@@ -216,15 +220,15 @@ impl Admin for AdminService {
         r: Request<DeleteSubscriptionRequest>,
     ) -> Result<Response<DeleteSubscriptionResponse>, Status> {
         let r = r.into_inner();
-        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+        if let Some((name, ps)) = partitioned(&self.node, &r.topic) {
             return Ok(Response::new(
                 parts::delete_subscription(self, &name, ps, r).await?,
             ));
         }
         let t = TopicName::parse(&r.topic)?;
         let s = SubscriptionName::parse(&r.subscription)?;
-        self.core.delete_subscription(&t, &s, r.force).await?;
-        self.core.flusher.durable().await?;
+        self.node.core.delete_subscription(&t, &s, r.force).await?;
+        self.node.core.flusher.durable().await?;
         Ok(Response::new(DeleteSubscriptionResponse {}))
     }
 
@@ -233,7 +237,7 @@ impl Admin for AdminService {
         r: Request<SubscriptionRequest>,
     ) -> Result<Response<PolicyResponse>, Status> {
         let r = r.into_inner();
-        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+        if let Some((name, ps)) = partitioned(&self.node, &r.topic) {
             let p = parts::get_policy(self, &name, ps, &r.subscription).await?;
             return Ok(Response::new(p));
         }
@@ -246,7 +250,7 @@ impl Admin for AdminService {
         r: Request<SetPolicyRequest>,
     ) -> Result<Response<PolicyResponse>, Status> {
         let r = r.into_inner();
-        if let Some((name, ps)) = partitioned(&self.core, &r.topic) {
+        if let Some((name, ps)) = partitioned(&self.node, &r.topic) {
             return Ok(Response::new(parts::set_policy(self, &name, ps, r).await?));
         }
         let spec = match &r.policy {
@@ -265,10 +269,10 @@ impl Admin for AdminService {
         // A policy read back with GetPolicy names the tiers in force: fine.
         // Other names would be ignored, so they are refused.
         let s = SubscriptionName::parse(&r.subscription)?;
-        self.core.check_tiers(&t, &s, &tiers)?;
+        self.node.core.check_tiers(&t, &s, &tiers)?;
         let breaker = super::breaker::requested(r.policy.as_ref())?;
         let info = h.set_policy(spec, key_order, breaker).await?;
-        self.core.flusher.durable().await?;
+        self.node.core.flusher.durable().await?;
         Ok(Response::new(wire::policy_response(info)))
     }
 
@@ -281,8 +285,9 @@ impl Admin for AdminService {
             .id
             .ok_or_else(|| Status::invalid_argument("id is required"))?;
         let name = TopicName::parse(&id.topic)?;
-        let entry = self.core.topic(&name).await?;
+        let entry = self.node.core.topic(&name).await?;
         let bytes = self
+            .node
             .core
             .storage
             .read_one(name.as_str(), id.entry_id)
@@ -303,6 +308,7 @@ impl Admin for AdminService {
         for h in entry.subscriptions() {
             let st = h.message_status(id.entry_id).await?;
             let dead = self
+                .node
                 .core
                 .storage
                 .dead_letters(h.id(), None)
@@ -336,7 +342,7 @@ impl Admin for AdminService {
         r: Request<ListDeadLettersRequest>,
     ) -> Result<Response<ListDeadLettersResponse>, Status> {
         let r = r.into_inner();
-        if let Some((_, ps)) = partitioned(&self.core, &r.topic) {
+        if let Some((_, ps)) = partitioned(&self.node, &r.topic) {
             return Ok(Response::new(parts::list_dead_letters(self, ps, r).await?));
         }
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
@@ -361,12 +367,14 @@ impl Admin for AdminService {
         &self,
         r: Request<ReplayDeadLettersRequest>,
     ) -> Result<Response<ReplayDeadLettersResponse>, Status> {
-        if let Some((_, ps)) = partitioned(&self.core, &r.get_ref().topic) {
+        if let Some((_, ps)) = partitioned(&self.node, &r.get_ref().topic) {
             return Ok(Response::new(
                 parts::replay_dead_letters(self, ps, r).await?,
             ));
         }
-        Ok(Response::new(dead_letters::replay(&self.core, r).await?))
+        Ok(Response::new(
+            dead_letters::replay(&self.node.core, r).await?,
+        ))
     }
 
     async fn purge_dead_letters(
@@ -375,10 +383,12 @@ impl Admin for AdminService {
     ) -> Result<Response<PurgeDeadLettersResponse>, Status> {
         let by = dead_letters::caller(&r);
         let r = r.into_inner();
-        if let Some((_, ps)) = partitioned(&self.core, &r.topic) {
+        if let Some((_, ps)) = partitioned(&self.node, &r.topic) {
             return Ok(Response::new(parts::purge_dead_letters(self, ps, r).await?));
         }
-        Ok(Response::new(dead_letters::purge(&self.core, r, by).await?))
+        Ok(Response::new(
+            dead_letters::purge(&self.node.core, r, by).await?,
+        ))
     }
 
     async fn group_dead_letters(
@@ -386,10 +396,12 @@ impl Admin for AdminService {
         r: Request<GroupDeadLettersRequest>,
     ) -> Result<Response<GroupDeadLettersResponse>, Status> {
         let r = r.into_inner();
-        if let Some((_, ps)) = partitioned(&self.core, &r.topic) {
+        if let Some((_, ps)) = partitioned(&self.node, &r.topic) {
             return Ok(Response::new(parts::group_dead_letters(self, ps, r).await?));
         }
-        Ok(Response::new(dead_letters::group(&self.core, r).await?))
+        Ok(Response::new(
+            dead_letters::group(&self.node.core, r).await?,
+        ))
     }
 
     async fn list_replay_jobs(
@@ -397,7 +409,7 @@ impl Admin for AdminService {
         r: Request<ListReplayJobsRequest>,
     ) -> Result<Response<ListReplayJobsResponse>, Status> {
         Ok(Response::new(dead_letters::list_jobs(
-            &self.core,
+            &self.node.core,
             r.into_inner(),
         )?))
     }
@@ -407,7 +419,7 @@ impl Admin for AdminService {
         r: Request<CancelReplayJobRequest>,
     ) -> Result<Response<CancelReplayJobResponse>, Status> {
         Ok(Response::new(
-            dead_letters::cancel_job(&self.core, r.into_inner()).await?,
+            dead_letters::cancel_job(&self.node.core, r.into_inner()).await?,
         ))
     }
 
@@ -416,7 +428,7 @@ impl Admin for AdminService {
         r: Request<SetBreakerRequest>,
     ) -> Result<Response<BreakerStatus>, Status> {
         Ok(Response::new(
-            super::breaker::set(&self.core, r.into_inner()).await?,
+            super::breaker::set(&self.node, r.into_inner()).await?,
         ))
     }
 }

@@ -4,9 +4,9 @@
 //! the breaker carried in a `SetPolicy` request.
 
 use super::partitions::partitioned;
-use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
+use crate::node::Node;
 use crate::subscription::BreakerStats;
 use ricochet_policy::BreakerSpec;
 use ricochet_proto::{BreakerConfig, BreakerStatus, DeadLetterPolicyConfig, SetBreakerRequest};
@@ -48,7 +48,8 @@ pub(super) fn status(b: &BreakerStats) -> BreakerStatus {
 }
 
 /// `SetBreaker`: forces (or frees) the subscription's breaker, durably.
-pub(super) async fn set(core: &BrokerCore, r: SetBreakerRequest) -> Result<BreakerStatus, Status> {
+pub(super) async fn set(node: &Node, r: SetBreakerRequest) -> Result<BreakerStatus, Status> {
+    let core = &node.core;
     let mode = ricochet_proto::breaker::breaker_mode_from_i32(r.mode).ok_or_else(|| {
         Status::invalid_argument(format!(
             "mode {} is not a breaker mode: use BREAKER_MODE_AUTO, BREAKER_MODE_FORCED_OPEN or BREAKER_MODE_FORCED_CLOSED",
@@ -56,7 +57,7 @@ pub(super) async fn set(core: &BrokerCore, r: SetBreakerRequest) -> Result<Break
         ))
     })?;
     let s = SubscriptionName::parse(&r.subscription)?;
-    let topics = match partitioned(core, &r.topic) {
+    let topics = match partitioned(node, &r.topic) {
         Some((_, parts)) => parts,
         None => vec![TopicName::parse(&r.topic)?],
     };

@@ -4,9 +4,9 @@
 //! every topic is its own (`cluster` empty, `live`, epoch 0, its
 //! advertised or listen URL, its store id), and it is the only broker.
 
-use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::TopicName;
+use crate::node::Node;
 use crate::storage::TopicKind;
 use crate::transfer::{Incoming, TopicState, mover};
 use ricochet_proto::cluster_server::Cluster;
@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status, Streaming};
 /// The `Cluster` RPCs.
 #[derive(Debug, Clone)]
 pub struct ClusterService {
-    core: Arc<BrokerCore>,
+    node: Arc<Node>,
     /// This broker's id and URL when standalone (in cluster mode the
     /// cluster's own are used).
     id: String,
@@ -29,10 +29,10 @@ pub struct ClusterService {
 }
 
 impl ClusterService {
-    /// A service over `core`; `url` is where this broker is reached.
-    pub fn new(core: Arc<BrokerCore>, url: String) -> Self {
-        let id = core.keeper.store_id();
-        Self { core, id, url }
+    /// A service over `node`; `url` is where this broker is reached.
+    pub fn new(node: Arc<Node>, url: String) -> Self {
+        let id = node.core.keeper.store_id();
+        Self { node, id, url }
     }
 }
 
@@ -40,8 +40,8 @@ impl ClusterService {
 impl Cluster for ClusterService {
     async fn lookup(&self, r: Request<LookupRequest>) -> Result<Response<LookupResponse>, Status> {
         let name = TopicName::parse(&r.into_inner().topic)?;
-        let Some(cluster) = self.core.cluster() else {
-            if let Some(n) = crate::partitions::count(&self.core, &name) {
+        let Some(cluster) = self.node.cluster() else {
+            if let Some(n) = self.node.partitions.count(&name) {
                 return Err(BrokerError::InvalidArgument(format!(
                     "{name} is a partitioned topic ({n} partitions): look up its partitions"
                 ))
@@ -72,8 +72,9 @@ impl Cluster for ClusterService {
         r: Request<ListBrokersRequest>,
     ) -> Result<Response<ListBrokersResponse>, Status> {
         let with_topics = r.into_inner().with_topics;
-        let Some(cluster) = self.core.cluster() else {
+        let Some(cluster) = self.node.cluster() else {
             let topics: Vec<String> = self
+                .node
                 .core
                 .all_topics()
                 .await
@@ -124,7 +125,7 @@ impl Cluster for ClusterService {
     async fn drain(&self, r: Request<DrainRequest>) -> Result<Response<DrainResponse>, Status> {
         let auth = r.metadata().get("authorization").cloned();
         let broker_id = r.into_inner().broker_id;
-        let report = mover::drain(&self.core, &broker_id, auth.as_ref()).await?;
+        let report = mover::drain(&self.node, &broker_id, auth.as_ref()).await?;
         Ok(Response::new(DrainResponse {
             broker_id,
             moved: report.moved.into_iter().map(moved).collect(),
@@ -145,7 +146,7 @@ impl Cluster for ClusterService {
         let r = r.into_inner();
         let topic = TopicName::parse(&r.topic)?;
         let to = Some(r.to_broker.as_str()).filter(|t| !t.is_empty());
-        let m = mover::move_topic(&self.core, &topic, to, auth.as_ref()).await?;
+        let m = mover::move_topic(&self.node, &topic, to, auth.as_ref()).await?;
         Ok(Response::new(MoveTopicResponse {
             moved: Some(moved(m)),
         }))
@@ -156,7 +157,7 @@ impl Cluster for ClusterService {
         r: Request<Streaming<TopicTransferPart>>,
     ) -> Result<Response<ImportTopicResponse>, Status> {
         let bad = |m: &str| Status::from(BrokerError::InvalidArgument(m.to_owned()));
-        let Some(cluster) = self.core.cluster() else {
+        let Some(cluster) = self.node.cluster() else {
             return Err(bad(
                 "this broker runs standalone and takes no topics from others",
             ));
@@ -184,20 +185,20 @@ impl Cluster for ClusterService {
             ))
             .into());
         }
-        let mut incoming = Incoming::begin(&self.core, state).await?;
+        let mut incoming = Incoming::begin(&self.node.core, state).await?;
         let received = async {
             let mut part = first_entries;
             loop {
                 match part {
                     Some(Part::Entries(e)) => {
-                        incoming.entries(&self.core, &e.topic, e.first_id, &e.entries)?
+                        incoming.entries(&self.node.core, &e.topic, e.first_id, &e.entries)?
                     }
                     Some(Part::End(end)) => {
                         if inbound.message().await?.is_some() {
                             return Err(bad("parts after TransferEnd"));
                         }
                         let sent = end.entries.into_iter().collect();
-                        return Ok(incoming.finish(&self.core, &sent).await?);
+                        return Ok(incoming.finish(&self.node, &sent).await?);
                     }
                     Some(Part::Begin(_)) => {
                         return Err(bad("the topic's state must come before its entries"));
@@ -214,7 +215,7 @@ impl Cluster for ClusterService {
                 Ok(Response::new(ImportTopicResponse { entries }))
             }
             Err(e) => {
-                incoming.abort(&self.core).await;
+                incoming.abort(&self.node.core).await;
                 Err(e)
             }
         }

@@ -5,9 +5,9 @@
 
 use super::{BoxStream, status_of};
 use crate::config::BrokerConfig;
-use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
+use crate::node::Node;
 use crate::storage::TopicKind;
 use crate::subscription::{ConsumerEvent, ConsumerRequest, ConsumerSpec, FailedItem, MessageRef};
 use crate::tier_owners::TierOverrides;
@@ -31,10 +31,11 @@ const MESSAGES_PER_FRAME: usize = 500;
 const FRAME_SOFT_BYTES: usize = 4 * 1024 * 1024;
 
 pub(super) async fn consume(
-    core: Arc<BrokerCore>,
+    node: Arc<Node>,
     principal: Option<crate::auth::Principal>,
     mut inbound: Streaming<ConsumeRequest>,
 ) -> Result<Response<BoxStream<ConsumeResponse>>, Status> {
+    let core = node.core.clone();
     let first = inbound
         .message()
         .await?
@@ -46,7 +47,7 @@ pub(super) async fn consume(
     };
     let (tx, rx) = mpsc::unbounded_channel();
     let (handle, consumer_id, served) =
-        subscribe(&core, principal.as_ref(), sub, tx.clone()).await?;
+        subscribe(&node, principal.as_ref(), sub, tx.clone()).await?;
     let served_in = served.clone();
     let stop = core.shutdown.clone();
     let config = core.config.clone();
@@ -113,7 +114,7 @@ pub(super) async fn consume(
 
 /// Checks a `Subscribe`, finds or creates the subscription and joins it.
 async fn subscribe(
-    core: &BrokerCore,
+    node: &Node,
     principal: Option<&crate::auth::Principal>,
     sub: Subscribe,
     tx: mpsc::UnboundedSender<ConsumerEvent>,
@@ -125,6 +126,7 @@ async fn subscribe(
     ),
     Status,
 > {
+    let core = &node.core;
     let topic = TopicName::parse(&sub.topic)?;
     let name = SubscriptionName::parse(&sub.subscription)?;
     // Once per stream: acks and permits that follow are not checked again.
@@ -133,10 +135,10 @@ async fn subscribe(
     } else {
         crate::auth::Permission::Consume
     };
-    core.auth.check(principal, &topic, needed)?;
+    node.auth.check(principal, &topic, needed)?;
     super::input::check_label("consumer name", &sub.consumer_name)?;
     // Cluster mode: served only by the topic's owner.
-    let served = super::Served::route(core, &topic).await?;
+    let served = super::Served::route(node, &topic).await?;
     let sub_type = SubscriptionType::try_from(sub.subscription_type).map_err(|_| {
         Status::invalid_argument(format!(
             "unknown subscription type {}",
@@ -165,7 +167,7 @@ async fn subscribe(
     // role's behalf: it must be allowed to produce there (no writing into
     // another tenant's namespace through a policy).
     for tier in [&tiers.retry, &tiers.dead_letter].into_iter().flatten() {
-        core.auth
+        node.auth
             .check(principal, tier, crate::auth::Permission::Produce)?;
     }
     core.check_subscription(&topic, &name, &tiers).await?;

@@ -11,23 +11,22 @@ mod partitions;
 mod produce;
 mod retention;
 mod routing;
-mod status;
 mod tiered;
 mod wire;
 
+pub use crate::status::{OWNER_TRAILER, OWNER_URL_TRAILER};
+pub(crate) use crate::status::{message_of, status_of};
 pub use admin::AdminService;
 pub use cluster::ClusterService;
 pub use dead_letters::CallerRole;
 pub use partitions::PartitionsService;
 pub use retention::RetentionService;
 pub use routing::{Route, Router};
-pub use status::{OWNER_TRAILER, OWNER_URL_TRAILER};
-pub(crate) use status::{message_of, status_of};
 pub use tiered::TieredService;
 
-use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::TopicName;
+use crate::node::Node;
 use crate::tier_owners::TierOverrides;
 use futures::Stream;
 use ricochet_proto::broker_server::Broker;
@@ -72,11 +71,8 @@ pub(crate) struct Served {
 impl Served {
     /// In cluster mode, whether this broker may serve `topic` (placing it
     /// on first use, claiming it if placed here); `None` when standalone.
-    pub(crate) async fn route(
-        core: &BrokerCore,
-        topic: &TopicName,
-    ) -> Result<Option<Self>, Status> {
-        let Some(cluster) = core.cluster() else {
+    pub(crate) async fn route(node: &Node, topic: &TopicName) -> Result<Option<Self>, Status> {
+        let Some(cluster) = node.cluster() else {
             return Ok(None);
         };
         match cluster.route(topic, true).await? {
@@ -195,13 +191,13 @@ fn tier_overrides(p: &ricochet_proto::DeadLetterPolicyConfig) -> Result<TierOver
 /// The producer and consumer streams.
 #[derive(Debug, Clone)]
 pub struct BrokerService {
-    core: Arc<BrokerCore>,
+    node: Arc<Node>,
 }
 
 impl BrokerService {
-    /// A service over `core`.
-    pub fn new(core: Arc<BrokerCore>) -> Self {
-        Self { core }
+    /// A service over `node`.
+    pub fn new(node: Arc<Node>) -> Self {
+        Self { node }
     }
 }
 
@@ -218,7 +214,7 @@ impl Broker for BrokerService {
             .extensions()
             .get::<crate::auth::Principal>()
             .cloned();
-        produce::produce(self.core.clone(), principal, request.into_inner()).await
+        produce::produce(self.node.clone(), principal, request.into_inner()).await
     }
 
     async fn consume(
@@ -229,6 +225,6 @@ impl Broker for BrokerService {
             .extensions()
             .get::<crate::auth::Principal>()
             .cloned();
-        consume::consume(self.core.clone(), principal, request.into_inner()).await
+        consume::consume(self.node.clone(), principal, request.into_inner()).await
     }
 }

@@ -13,10 +13,9 @@
 
 use super::admin::AdminService;
 use super::dead_letters::CallerRole;
-use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::TopicName;
-use crate::partitions;
+use crate::node::Node;
 use ricochet_proto::admin_server::Admin;
 use ricochet_proto::partitions_server::Partitions;
 use ricochet_proto::*;
@@ -27,13 +26,13 @@ use tonic::{Request, Response, Status};
 /// The `Partitions` RPCs.
 #[derive(Debug, Clone)]
 pub struct PartitionsService {
-    core: Arc<BrokerCore>,
+    node: Arc<Node>,
 }
 
 impl PartitionsService {
-    /// A service over `core`.
-    pub fn new(core: Arc<BrokerCore>) -> Self {
-        Self { core }
+    /// A service over `node`.
+    pub fn new(node: Arc<Node>) -> Self {
+        Self { node }
     }
 }
 
@@ -45,11 +44,11 @@ impl Partitions for PartitionsService {
     ) -> Result<Response<PartitionedTopicMetadata>, Status> {
         let r = r.into_inner();
         let name = TopicName::parse(&r.topic)?;
-        match self.core.cluster() {
+        match self.node.cluster() {
             // The count lives in etcd; the partitions are placed over the
             // brokers and created by each on first use.
             Some(c) => c.create_partitioned(&name, r.partitions).await?,
-            None => partitions::create(&self.core, &name, r.partitions).await?,
+            None => self.node.partitions.create(&name, r.partitions).await?,
         }
         Ok(Response::new(PartitionedTopicMetadata {
             topic: name.to_string(),
@@ -62,9 +61,9 @@ impl Partitions for PartitionsService {
         r: Request<PartitionsRequest>,
     ) -> Result<Response<PartitionedTopicMetadata>, Status> {
         let name = TopicName::parse(&r.into_inner().topic)?;
-        let count = match self.core.cluster() {
+        let count = match self.node.cluster() {
             Some(c) => c.partition_count(&name).await?,
-            None => partitions::count(&self.core, &name),
+            None => self.node.partitions.count(&name),
         };
         Ok(Response::new(PartitionedTopicMetadata {
             partitions: count.unwrap_or(0),
@@ -78,9 +77,9 @@ impl Partitions for PartitionsService {
     ) -> Result<Response<PartitionedTopicMetadata>, Status> {
         let r = r.into_inner();
         let name = TopicName::parse(&r.topic)?;
-        let partitions = match self.core.cluster() {
+        let partitions = match self.node.cluster() {
             Some(c) => c.update_partitions(&name, r.partitions).await?,
-            None => partitions::update(&self.core, &name, r.partitions).await?,
+            None => self.node.partitions.update(&name, r.partitions).await?,
         };
         Ok(Response::new(PartitionedTopicMetadata {
             topic: name.to_string(),
@@ -90,10 +89,10 @@ impl Partitions for PartitionsService {
 }
 
 /// The partitions of `topic` when it names a partitioned topic.
-pub(super) fn partitioned(core: &BrokerCore, topic: &str) -> Option<(TopicName, Vec<TopicName>)> {
+pub(super) fn partitioned(node: &Node, topic: &str) -> Option<(TopicName, Vec<TopicName>)> {
     let name = TopicName::parse(topic).ok()?;
-    partitions::count(core, &name)?;
-    let parts = partitions::partitions_of(core, &name);
+    node.partitions.count(&name)?;
+    let parts = node.partitions.partitions_of(&name);
     Some((name, parts))
 }
 

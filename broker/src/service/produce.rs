@@ -4,9 +4,9 @@
 
 use super::BoxStream;
 use crate::config::BrokerConfig;
-use crate::core::BrokerCore;
 use crate::error::BrokerError;
 use crate::name::TopicName;
+use crate::node::Node;
 use crate::storage::TopicKind;
 use ricochet_proto::{
     ProduceRequest, ProduceResponse, ProducerOpened, SendBatch, SendError, SendReceipts,
@@ -22,10 +22,11 @@ use tonic::{Response, Status, Streaming};
 const PIPELINE_DEPTH: usize = 64;
 
 pub(super) async fn produce(
-    core: Arc<BrokerCore>,
+    node: Arc<Node>,
     principal: Option<crate::auth::Principal>,
     mut inbound: Streaming<ProduceRequest>,
 ) -> Result<Response<BoxStream<ProduceResponse>>, Status> {
+    let core = node.core.clone();
     let first = inbound
         .message()
         .await?
@@ -37,11 +38,11 @@ pub(super) async fn produce(
     };
     let name = TopicName::parse(&open.topic)?;
     // Once per stream: the batches that follow are not checked again.
-    core.auth
+    node.auth
         .check(principal.as_ref(), &name, crate::auth::Permission::Produce)?;
     super::input::check_label("producer name", &open.producer_name)?;
     // Cluster mode: served only by the topic's owner (standalone: `None`).
-    let served = super::Served::route(&core, &name).await?;
+    let served = super::Served::route(&node, &name).await?;
     let entry = core
         .topic_for_use(&name, |kind| match kind {
             TopicKind::Normal => Ok(()),

@@ -3,8 +3,8 @@
 //! must be positive; a negative or zero one, both or neither of namespace
 //! and topic, or a bad name is INVALID_ARGUMENT and changes nothing.
 
-use crate::core::BrokerCore;
 use crate::error::BrokerError;
+use crate::node::Node;
 use crate::retention::Target;
 use crate::storage::{QuotaAction, RetentionRecord};
 use ricochet_proto::retention_server::Retention;
@@ -15,17 +15,17 @@ use tonic::{Request, Response, Status};
 /// The `Retention` RPCs.
 #[derive(Debug, Clone)]
 pub struct RetentionService {
-    core: Arc<BrokerCore>,
+    node: Arc<Node>,
 }
 
 impl RetentionService {
-    /// A service over `core`.
-    pub fn new(core: Arc<BrokerCore>) -> Self {
-        Self { core }
+    /// A service over `node`.
+    pub fn new(node: Arc<Node>) -> Self {
+        Self { node }
     }
 
     fn answer(&self, target: &Target) -> RetentionResponse {
-        let policies = &self.core.retention;
+        let policies = self.node.retention.policies();
         let own = policies.get(target.key());
         let (effective, from) = match target {
             Target::Namespace(_) => (own.clone(), own.as_ref().map(|r| r.target.clone())),
@@ -103,7 +103,7 @@ impl Retention for RetentionService {
             backlog_quota_bytes: quota,
             quota_action,
         };
-        let set = self.core.retention.set(&self.core, &target, record).await?;
+        let set = self.node.retention.set(&target, record).await?;
         tracing::info!(target = target.key(), policy = ?set, "retention policy set");
         Ok(Response::new(self.answer(&target)))
     }

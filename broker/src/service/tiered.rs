@@ -4,10 +4,10 @@
 //! FAILED_PRECONDITION; a bad name or a negative threshold is
 //! INVALID_ARGUMENT and changes nothing.
 
-use crate::core::BrokerCore;
 use crate::error::BrokerError;
+use crate::name::Target;
 use crate::name::TopicName;
-use crate::retention::Target;
+use crate::node::Node;
 use crate::storage::TopicKind;
 use crate::storage::tiered::policy::OffloadPolicy as Policy;
 use crate::storage::tiered::{Phase, Tiered};
@@ -19,14 +19,14 @@ use tonic::{Request, Response, Status};
 /// The `Tiered` RPCs.
 #[derive(Debug, Clone)]
 pub struct TieredService {
-    core: Arc<BrokerCore>,
+    node: Arc<Node>,
     tiered: Option<Arc<Tiered>>,
 }
 
 impl TieredService {
-    /// A service over `core` and its object-store tier, if configured.
-    pub fn new(core: Arc<BrokerCore>, tiered: Option<Arc<Tiered>>) -> Self {
-        Self { core, tiered }
+    /// A service over `node` and its object-store tier, if configured.
+    pub fn new(node: Arc<Node>, tiered: Option<Arc<Tiered>>) -> Self {
+        Self { node, tiered }
     }
 
     fn tiered(&self) -> Result<&Arc<Tiered>, BrokerError> {
@@ -40,7 +40,7 @@ impl TieredService {
     /// An existing ordinary topic.
     async fn ordinary(&self, topic: &str) -> Result<TopicName, BrokerError> {
         let name = TopicName::parse(topic)?;
-        let entry = self.core.topic(&name).await?;
+        let entry = self.node.core.topic(&name).await?;
         if entry.topic.kind() != TopicKind::Normal {
             return Err(BrokerError::Conflict(format!(
                 "{name} is a retry or dead-letter tier: only ordinary topics are offloaded"
@@ -180,7 +180,7 @@ impl TieredRpc for TieredService {
         let policy = from_wire(r.policy.unwrap_or_default())?;
         t.set_policy(target.key(), policy)
             .map_err(BrokerError::from)?;
-        self.core.flusher.durable().await?;
+        self.node.core.flusher.durable().await?;
         Ok(Response::new(self.answer(&target)?))
     }
 

@@ -78,7 +78,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Commands handled before the actor dispatches again, so a burst of acks or
 /// nacks does not hold back deliveries.
-const COMMANDS_PER_ROUND: usize = 64;
+pub(crate) const COMMANDS_PER_ROUND: usize = 64;
 
 /// What every subscription actor shares with the rest of the broker.
 #[derive(Debug, Clone)]
@@ -668,8 +668,3 @@ impl SubscriptionActor {
         })
     }
 }
-
-#[cfg(test)]
-mod breaker_tests;
-#[cfg(test)]
-mod tests;

@@ -23,6 +23,7 @@ pub mod mover;
 use crate::core::BrokerCore;
 use crate::error::{BrokerError, Result};
 use crate::name::TopicName;
+use crate::node::Node;
 use crate::storage::{
     RetentionRecord, ScheduleKey, SubscriptionRecord, SubscriptionState, TopicKind, TopicRecord,
 };
@@ -69,11 +70,11 @@ impl TopicState {
 /// The state of `name` on this broker, once it is sealed and its
 /// subscriptions have settled (see [`BrokerCore::unload`]).
 pub(crate) fn capture(
-    core: &BrokerCore,
+    node: &Node,
     name: &TopicName,
     next: &HashMap<String, u64>,
 ) -> Result<TopicState> {
-    let storage = &core.storage;
+    let storage = &node.core.storage;
     let records: HashMap<String, TopicRecord> = storage
         .list_topics()?
         .into_iter()
@@ -108,7 +109,7 @@ pub(crate) fn capture(
     Ok(TopicState {
         logs,
         subscriptions,
-        retention: core.retention.get(name.as_str()),
+        retention: node.retention.policies().get(name.as_str()),
     })
 }
 
@@ -216,11 +217,8 @@ impl Incoming {
     /// the source sent them), writes the subscriptions under new
     /// ids, makes it all durable and starts serving-ready state (the topic
     /// is served once etcd places it here). Entries stored.
-    pub(crate) async fn finish(
-        &mut self,
-        core: &BrokerCore,
-        sent: &HashMap<String, u64>,
-    ) -> Result<u64> {
+    pub(crate) async fn finish(&mut self, node: &Node, sent: &HashMap<String, u64>) -> Result<u64> {
+        let core = &node.core;
         for log in &self.state.logs {
             let got = self.received.get(&log.record.name).map_or(0, |r| r.0);
             let expected = sent.get(&log.record.name).copied().unwrap_or(0);
@@ -259,8 +257,11 @@ impl Incoming {
             .iter()
             .map(|l| Ok((TopicName::parse_stored(&l.record.name)?, l.record.kind)))
             .collect::<Result<_>>()?;
-        core.adopt(&logs, subs, self.state.retention.clone())
-            .await?;
+        // The policy first: the topic's quota is set as it opens.
+        if let Some(r) = self.state.retention.clone() {
+            node.retention.policies().adopt(r);
+        }
+        core.adopt(&logs, subs).await?;
         core.scheduler.add(schedule);
         Ok(self.received.values().map(|(n, _)| n).sum())
     }

@@ -10,6 +10,7 @@ use crate::cluster::Cluster;
 use crate::core::BrokerCore;
 use crate::error::{BrokerError, Result};
 use crate::name::TopicName;
+use crate::node::Node;
 use futures::StreamExt;
 use ricochet_proto::TransferEnd;
 use ricochet_proto::cluster_client::ClusterClient;
@@ -56,8 +57,8 @@ pub struct DrainReport {
     pub millis: u64,
 }
 
-fn cluster_of(core: &BrokerCore) -> Result<Arc<Cluster>> {
-    core.cluster().cloned().ok_or_else(|| {
+fn cluster_of(node: &Node) -> Result<Arc<Cluster>> {
+    node.cluster().cloned().ok_or_else(|| {
         BrokerError::InvalidArgument(
             "this broker runs standalone: topics move only between brokers of a cluster".into(),
         )
@@ -67,12 +68,12 @@ fn cluster_of(core: &BrokerCore) -> Result<Arc<Cluster>> {
 /// Moves `topic` (owned here) to broker `to`, or to the live broker with
 /// the fewest topics. `auth`: the caller's credentials, shown to the target.
 pub async fn move_topic(
-    core: &BrokerCore,
+    node: &Node,
     topic: &TopicName,
     to: Option<&str>,
     auth: Option<&AsciiMetadataValue>,
 ) -> Result<Moved> {
-    let cluster = cluster_of(core)?;
+    let cluster = cluster_of(node)?;
     if cluster.route(topic, false).await?.is_none() {
         return Err(BrokerError::TopicNotFound(format!(
             "{topic} (not placed on any broker)"
@@ -84,19 +85,19 @@ pub async fn move_topic(
         .into_iter()
         .next()
         .ok_or_else(|| BrokerError::Etcd("no broker to move to".into()))?;
-    transfer(core, &cluster, topic, &to, &url, auth).await
+    transfer(node, &cluster, topic, &to, &url, auth).await
 }
 
 /// Drains this broker (`broker_id` must be its id): registers it as
 /// draining, then moves every topic placed on it to the other live
 /// brokers, spread evenly, [`DRAIN_PARALLEL`] at a time.
 pub async fn drain(
-    core: &BrokerCore,
+    node: &Node,
     broker_id: &str,
     auth: Option<&AsciiMetadataValue>,
 ) -> Result<DrainReport> {
     let started = Instant::now();
-    let cluster = cluster_of(core)?;
+    let cluster = cluster_of(node)?;
     if broker_id != cluster.id() {
         let url = cluster.url_of(broker_id).await?;
         return Err(BrokerError::Conflict(match url {
@@ -120,7 +121,7 @@ pub async fn drain(
                 let cluster = cluster.clone();
                 async move {
                     let r = match TopicName::parse_stored(&topic) {
-                        Ok(name) => transfer(core, &cluster, &name, &to, &url, auth).await,
+                        Ok(name) => transfer(node, &cluster, &name, &to, &url, auth).await,
                         Err(e) => Err(e),
                     };
                     (topic, r)
@@ -154,13 +155,14 @@ pub async fn drain(
 
 /// Moves `name` to broker `to` at `url` (see the module docs for the order).
 async fn transfer(
-    core: &BrokerCore,
+    node: &Node,
     cluster: &Cluster,
     name: &TopicName,
     to: &str,
     url: &str,
     auth: Option<&AsciiMetadataValue>,
 ) -> Result<Moved> {
+    let core = &node.core;
     if core
         .storage
         .replay_jobs(false)?
@@ -179,7 +181,7 @@ async fn transfer(
         let mut entries = 0;
         if core.topic(name).await.is_ok() {
             sealed = core.seal_for_move(name).await?;
-            let state = capture(core, name, &sealed)?;
+            let state = capture(node, name, &sealed)?;
             entries = send(core, cluster.id(), (url, channel.clone()), auth, state).await?;
         }
         cluster.hand_over(name.as_str(), to).await?;
@@ -189,7 +191,7 @@ async fn transfer(
     match handed {
         Ok(entries) => {
             claim_there(channel, auth, name).await;
-            if let Err(e) = core.forget_moved(name).await {
+            if let Err(e) = node.forget_moved(name).await {
                 tracing::warn!(topic = %name, error = %e, "moved, but the local copy could not be deleted (it is not served)");
             }
             cluster.end_move(name.as_str());

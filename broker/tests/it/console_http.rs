@@ -84,7 +84,7 @@ const MARKUP: [&str; 5] = [
 #[tokio::test]
 async fn hostile_message_text_is_shown_as_text_on_every_page() {
     let b = InProcessBroker::start().await;
-    let app = ricochet_broker::console::router(b.core.clone());
+    let app = ricochet_broker::console::router(b.node.clone());
     let origin = dead_letter_all(
         &b.url(),
         TOPIC,
@@ -141,7 +141,7 @@ async fn hostile_message_text_is_shown_as_text_on_every_page() {
 #[tokio::test]
 async fn unknown_things_are_404_and_bad_names_400() {
     let b = InProcessBroker::start().await;
-    let app = ricochet_broker::console::router(b.core.clone());
+    let app = ricochet_broker::console::router(b.node.clone());
     dead_letter_all(
         &b.url(),
         TOPIC,
@@ -178,7 +178,7 @@ async fn unknown_things_are_404_and_bad_names_400() {
 #[tokio::test]
 async fn malformed_filters_are_400_naming_the_field() {
     let b = InProcessBroker::start().await;
-    let app = ricochet_broker::console::router(b.core.clone());
+    let app = ricochet_broker::console::router(b.node.clone());
     dead_letter_all(
         &b.url(),
         TOPIC,
@@ -226,7 +226,7 @@ async fn malformed_filters_are_400_naming_the_field() {
 #[tokio::test]
 async fn a_change_needs_the_confirmation_token_and_does_exactly_what_it_showed_once() {
     let b = InProcessBroker::start().await;
-    let app = ricochet_broker::console::router(b.core.clone());
+    let app = ricochet_broker::console::router(b.node.clone());
     let doomed: Vec<Doomed> = ["keep-1", "keep-2", "drop-1", "drop-2"]
         .iter()
         .map(|p| Doomed {
@@ -308,7 +308,7 @@ async fn a_change_needs_the_confirmation_token_and_does_exactly_what_it_showed_o
 #[tokio::test]
 async fn the_list_groups_by_reason_consumer_and_hour() {
     let b = InProcessBroker::start().await;
-    let app = ricochet_broker::console::router(b.core.clone());
+    let app = ricochet_broker::console::router(b.node.clone());
     let doomed: Vec<Doomed> = [("a", "timeout"), ("b", "timeout"), ("c", "schema")]
         .iter()
         .map(|(p, d)| Doomed {
@@ -406,7 +406,7 @@ async fn the_list_groups_by_reason_consumer_and_hour() {
 #[tokio::test]
 async fn a_loopback_console_refuses_other_host_names() {
     let b = InProcessBroker::start().await;
-    let app = ricochet_broker::console::router(b.core.clone());
+    let app = ricochet_broker::console::router(b.node.clone());
     for (host, expected) in [
         ("127.0.0.1:8080", StatusCode::OK),
         ("localhost:8080", StatusCode::OK),
@@ -433,7 +433,7 @@ async fn a_loopback_console_refuses_other_host_names() {
     assert_eq!(call(&app, req).await.0, StatusCode::FORBIDDEN);
     // With console_allow_remote, any name is served.
     let open = InProcessBroker::start_with(|c| c.console_allow_remote = true).await;
-    let app = ricochet_broker::console::router(open.core.clone());
+    let app = ricochet_broker::console::router(open.node.clone());
     let req = Request::get("/")
         .header(header::HOST, "console.example:8080")
         .body(Body::empty())
@@ -469,7 +469,7 @@ fn cell<'a>(page: &'a str, id: &str) -> &'a str {
 #[tokio::test]
 async fn an_edit_is_shown_as_a_diff_then_replayed_into_this_subscription_only() {
     let b = InProcessBroker::start().await;
-    let app = ricochet_broker::console::router(b.core.clone());
+    let app = ricochet_broker::console::router(b.node.clone());
     // A second subscription on the same topic, which must not see the edit.
     let mut other = RawConsumer::simple(&b.url(), TOPIC, "other", SubscriptionType::Shared).await;
     other.flow(10).await;
@@ -606,7 +606,7 @@ async fn an_edit_is_shown_as_a_diff_then_replayed_into_this_subscription_only() 
 #[tokio::test]
 async fn hostile_text_in_an_edit_is_shown_as_text() {
     let b = InProcessBroker::start().await;
-    let app = ricochet_broker::console::router(b.core.clone());
+    let app = ricochet_broker::console::router(b.node.clone());
     dead_letter_all(
         &b.url(),
         TOPIC,
@@ -670,7 +670,7 @@ async fn hostile_text_in_an_edit_is_shown_as_text() {
 #[tokio::test]
 async fn an_edit_is_made_only_by_a_post_with_its_token() {
     let b = InProcessBroker::start().await;
-    let app = ricochet_broker::console::router(b.core.clone());
+    let app = ricochet_broker::console::router(b.node.clone());
     dead_letter_all(
         &b.url(),
         TOPIC,
@@ -727,7 +727,7 @@ async fn an_edit_is_made_only_by_a_post_with_its_token() {
 #[tokio::test]
 async fn a_paced_replay_is_a_job_listed_on_the_subscription_and_cancelled_behind_a_confirmation() {
     let b = InProcessBroker::start().await;
-    let app = ricochet_broker::console::router(b.core.clone());
+    let app = ricochet_broker::console::router(b.node.clone());
     let payloads: Vec<String> = (0..40).map(|i| format!("m-{i}")).collect();
     let doomed: Vec<Doomed> = payloads
         .iter()
@@ -783,7 +783,7 @@ async fn a_paced_replay_is_a_job_listed_on_the_subscription_and_cancelled_behind
 #[tokio::test]
 async fn the_breaker_is_shown_and_forced_behind_a_confirmation() {
     let b = InProcessBroker::start().await;
-    let app = ricochet_broker::console::router(b.core.clone());
+    let app = ricochet_broker::console::router(b.node.clone());
     let _c = RawConsumer::simple(&b.url(), TOPIC, "s", SubscriptionType::Shared).await;
     let (status, _) = get(&app, &sub_uri("/confirm/breaker-open", "s", "")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "no breaker yet");

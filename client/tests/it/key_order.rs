@@ -564,7 +564,7 @@ async fn blocked_keys_show_in_the_console_and_as_events() {
         assert!(Instant::now() < deadline, "not held in time");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let app = ricochet_broker::console::router(env.broker.core.clone());
+    let app = ricochet_broker::console::router(env.broker.node.clone());
     let uri = format!("/subscription?topic=persistent%3A%2F%2Fpublic%2Fdefault%2F{t}&sub=s");
     let resp = app
         .oneshot(

@@ -1,19 +1,22 @@
-//! The subscription actor on virtual time: a broker core over
+//! The subscription actor on virtual time (its tests live with the core
+//! they run through): a broker core over
 //! [`MemoryStorage`](crate::storage::MemoryStorage) and a
 //! [`TokioClock`](crate::clock::TokioClock), driven through the same
 //! handle API the gRPC service uses. An hour-long retry takes an hour of
 //! virtual time and no real time.
 
-use super::*;
 use crate::clock::{Clock, TokioClock};
 use crate::config::BrokerConfig;
 use crate::core::{BrokerCore, TopicEntry};
 use crate::name::{SubscriptionName, TopicName};
-use crate::storage::MemoryStorage;
 use crate::storage::prelude::*;
+use crate::storage::{MemoryStorage, TierEntry};
+use crate::subscription::*;
 use ricochet_policy::{AttemptOverride, PolicyRegistry, PolicySpec};
 use ricochet_proto::{InitialPosition, OutboundMessage, SubscriptionType, props};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
 
 pub(super) struct Harness {
     pub(super) core: Arc<BrokerCore>,
@@ -42,6 +45,7 @@ async fn harness_on(storage: Arc<MemoryStorage>) -> Harness {
         storage.clone(),
         PolicyRegistry::default(),
         clock.clone(),
+        crate::core::Hooks::default(),
     )
     .await
     .unwrap();
@@ -493,7 +497,7 @@ async fn every_queued_request_is_answered_across_rounds() {
         topic: h.entry.topic.name().to_string(),
         entry_id: 99,
     };
-    let n = 3 * super::COMMANDS_PER_ROUND as u64 + 1;
+    let n = 3 * crate::subscription::COMMANDS_PER_ROUND as u64 + 1;
     for _ in 0..n {
         let id = never.clone();
         c.send(|request_id| ConsumerRequest::Ack {

@@ -1,14 +1,15 @@
 //! The outage breaker in the subscription actor, on virtual time (the
-//! harness of [`super::tests`]): a 30-second outage of a consumer's
+//! harness of [`super::actor_tests`]): a 30-second outage of a consumer's
 //! dependency takes 30 s of virtual time and no real time.
 
-use super::tests::{Harness, TestConsumer, harness, text};
-use super::*;
+use super::actor_tests::{Harness, TestConsumer, harness, text};
 use crate::clock::Clock;
 use crate::storage::Storage;
+use crate::subscription::*;
 use ricochet_policy::{BreakerMode, BreakerPhase, BreakerSpec, PolicySpec};
 use ricochet_proto::SubscriptionType;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Dead-letters on the 4th failure of a message.

@@ -66,6 +66,13 @@
 //! breaker = { ratio = 0.5, window = 200 }   # optional outage breaker (docs: breaker.md)
 //! ```
 
+mod auth;
+mod cluster;
+
+pub(crate) use auth::read_secret;
+pub use auth::{AuthConfig, metrics_token};
+pub use cluster::{ClusterConfig, valid_id};
+
 use crate::error::BrokerError;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -325,9 +332,9 @@ pub struct BrokerConfig {
     pub advertise: Option<String>,
     /// Cluster mode (see [`crate::cluster`]); `None`, the default, serves
     /// standalone, with no etcd.
-    pub cluster: Option<crate::cluster::ClusterConfig>,
+    pub cluster: Option<ClusterConfig>,
     /// Authentication and authorization (off by default).
-    pub auth: crate::auth::AuthConfig,
+    pub auth: AuthConfig,
     /// TLS on the listener (off by default).
     pub tls: crate::tls::TlsConfig,
     /// Tiered storage: sealed segments offloaded to an object store
@@ -376,7 +383,7 @@ impl Default for BrokerConfig {
             console_allow_remote: false,
             advertise: None,
             cluster: None,
-            auth: crate::auth::AuthConfig::default(),
+            auth: AuthConfig::default(),
             tls: crate::tls::TlsConfig::default(),
             tiered: None,
         }
@@ -565,7 +572,7 @@ mod tests {
     /// value it shows is the default.
     #[test]
     fn the_documented_example_shows_the_defaults() {
-        let source = include_str!("config.rs");
+        let source = include_str!("mod.rs");
         let example: String = source
             .lines()
             .map_while(|l| l.strip_prefix("//!"))
@@ -643,7 +650,7 @@ mod tests {
         c.auth.metrics_token_file = Some("/etc/ricochet/metrics.token".into());
         c.validate().unwrap();
         // Without [auth] a public broker needs --allow-insecure anyway.
-        c.auth = crate::auth::AuthConfig {
+        c.auth = AuthConfig {
             allow_insecure: true,
             ..Default::default()
         };

@@ -1,7 +1,18 @@
 //! The broker's registry of topics and subscriptions, shared by the gRPC
 //! services. It checks the store against its manifest and loads everything
 //! from it at start, creates topics and subscriptions on demand, hands out
-//! subscription actors, and writes the manifest of a clean stop.
+//! subscription actors, and writes the manifest of a clean stop. It knows
+//! nothing of the features built on it (cluster, authorization, partitioned
+//! topics, retention, transport): they give it [`Hooks`] when it opens and
+//! call it, never the reverse.
+
+#[cfg(test)]
+mod actor_tests;
+#[cfg(test)]
+mod breaker_tests;
+mod hooks;
+
+pub use hooks::{Hooks, Placement, ReservedNames, TopicOpened};
 
 use crate::clock::SharedClock;
 use crate::config::{BrokerConfig, Durability, VerifyOnStart};
@@ -13,7 +24,7 @@ use crate::keeper::ManifestKeeper;
 use crate::limits::{Limit, TopicCounts};
 use crate::name::{SubscriptionName, TopicName};
 use crate::scheduler::Scheduler;
-use crate::storage::{Storage, SubscriptionRecord, TopicKind, TopicRecord, Watched};
+use crate::storage::{Storage, SubscriptionRecord, TopicKind, TopicRecord};
 use crate::subscription::{BrokerLink, SubscriptionActor, SubscriptionDeps, SubscriptionHandle};
 use crate::tier_owners::{TierOverrides, TierOwners};
 use crate::topic::Topic;
@@ -71,8 +82,6 @@ pub struct BrokerCore {
     pub failure_log: Arc<FailureLog>,
     /// The manifest: id reservations and what the store must hold.
     pub keeper: Arc<ManifestKeeper>,
-    /// Who may do what: token verification and grants.
-    pub auth: Arc<crate::auth::Auth>,
     policies: PolicyRegistry,
     topics: Mutex<HashMap<TopicName, Arc<TopicEntry>>>,
     /// Held by every subscription actor while it runs.
@@ -83,16 +92,11 @@ pub struct BrokerCore {
     /// Ordinary topics, for `max_topics` and `max_topics_per_namespace`;
     /// changed under the `topics` lock.
     counts: std::sync::Mutex<TopicCounts>,
-    /// Partitioned topics' partition counts (see `crate::partitions`);
-    /// read under the `topics` lock when a topic is created.
-    pub(crate) partitioned: std::sync::Mutex<std::collections::BTreeMap<TopicName, u32>>,
-    /// Serialises creating, raising and deleting partitioned topics.
-    pub(crate) partition_ops: Mutex<()>,
-    /// Retention policies of namespaces and topics (see `crate::retention`).
-    pub(crate) retention: crate::retention::Policies,
-    /// Cluster mode: set once when the broker joins (see `crate::cluster`);
+    /// What the features built on the core gave it when it opened.
+    hooks: Hooks,
+    /// Where topics are served: set once when the broker joins a cluster;
     /// empty on a standalone broker.
-    cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
+    placement: std::sync::OnceLock<Arc<dyn Placement>>,
     /// Set when the verify pass run in the background after start found
     /// damage (see [`BrokerCore::report_damage`]).
     damage_found: std::sync::atomic::AtomicBool,
@@ -180,9 +184,9 @@ impl BrokerCore {
         messages: Vec<OutboundMessage>,
         token: Option<&tonic::metadata::AsciiMetadataValue>,
     ) -> Result<()> {
-        if let Some(cluster) = self.cluster.get() {
-            match cluster.route(name, true).await {
-                Ok(_) => {}
+        if let Some(placement) = self.placement.get() {
+            match placement.serve_here(name).await {
+                Ok(()) => {}
                 Err(BrokerError::NotOwner {
                     owner,
                     url: Some(url),
@@ -209,14 +213,15 @@ impl BrokerCore {
     /// (refused with [`BrokerError::DataLoss`] when it lacks something the
     /// manifest records, unless `config.accept_data_loss`), every topic and
     /// subscription is loaded and its actor started; the scheduler then
-    /// fires overdue retries.
+    /// fires overdue retries. `hooks`: what the features built on the core
+    /// give it ([`Hooks::default`]: none).
     pub async fn open(
         config: BrokerConfig,
         storage: Arc<dyn Storage>,
         policies: PolicyRegistry,
         clock: SharedClock,
+        hooks: Hooks,
     ) -> Result<Arc<Self>> {
-        let storage: Arc<dyn Storage> = Arc::new(Watched::new(storage));
         let phase = std::time::Instant::now();
         let keeper = Arc::new(
             ManifestKeeper::open(
@@ -232,11 +237,6 @@ impl BrokerCore {
             "start: store checked against its manifest"
         );
         let phase = std::time::Instant::now();
-        let auth = Arc::new(crate::auth::Auth::open(
-            &config.auth,
-            &config.tls,
-            storage.clone(),
-        )?);
         let shutdown = CancellationToken::new();
         let flusher = Flusher::start(
             storage.clone(),
@@ -251,7 +251,6 @@ impl BrokerCore {
             shutdown.clone(),
         );
         let failure_log = Arc::new(FailureLog::default());
-        let retention = crate::retention::Policies::load(storage.as_ref())?;
         if !config.failure_summary_interval.is_zero() {
             failure_log
                 .clone()
@@ -266,28 +265,16 @@ impl BrokerCore {
             clock,
             failure_log,
             keeper,
-            auth,
             policies,
             topics: Mutex::new(HashMap::new()),
             actors: Arc::new(()),
             tier_owners: Default::default(),
             counts: Default::default(),
-            partitioned: Default::default(),
-            partition_ops: Mutex::new(()),
-            retention,
-            cluster: std::sync::OnceLock::new(),
+            hooks,
+            placement: std::sync::OnceLock::new(),
             damage_found: Default::default(),
             me: me.clone(),
         });
-        for rec in core.storage.list_partitioned()? {
-            let name = TopicName::parse_stored(&rec.name)?;
-            lock(&core.partitioned).insert(name, rec.partitions);
-        }
-        tracing::info!(
-            took_ms = phase.elapsed().as_millis() as u64,
-            "start: grants and retention policies loaded"
-        );
-        let phase = std::time::Instant::now();
         let mut opened = Vec::new();
         for rec in core.storage.list_topics()? {
             let name = TopicName::parse_stored(&rec.name)?;
@@ -342,11 +329,6 @@ impl BrokerCore {
             "start: subscriptions loaded"
         );
         core.start_snapshots();
-        crate::retention::spawn(
-            core.me.clone(),
-            core.config.retention_interval,
-            core.shutdown.clone(),
-        );
         Ok(core)
     }
 
@@ -406,7 +388,7 @@ impl BrokerCore {
             self.clock.clone(),
             self.keeper.clone(),
         )?;
-        self.retention.apply_quota(&topic);
+        self.hooks.opened.opened(&topic);
         Ok(Arc::new(TopicEntry {
             topic: Arc::new(topic),
             subscriptions: Default::default(),
@@ -443,19 +425,10 @@ impl BrokerCore {
             .ok_or_else(|| BrokerError::TopicNotFound(name.to_string()))
     }
 
-    /// This broker's cluster membership; `None` when standalone.
-    pub fn cluster(&self) -> Option<&Arc<crate::cluster::Cluster>> {
-        self.cluster.get()
-    }
-
-    /// Records the cluster this broker joined (once).
-    pub(crate) fn set_cluster(&self, cluster: Arc<crate::cluster::Cluster>) {
-        let _ = self.cluster.set(cluster);
-    }
-
-    /// A weak handle to this core (for tasks that must not keep it alive).
-    pub(crate) fn weak(&self) -> Weak<BrokerCore> {
-        self.me.clone()
+    /// Records where topics are served, once the broker joined a cluster
+    /// (once; later calls change nothing).
+    pub fn set_placement(&self, placement: Arc<dyn Placement>) {
+        let _ = self.placement.set(placement);
     }
 
     /// An existing topic, or a new one when auto-creation is on, for a
@@ -467,8 +440,8 @@ impl BrokerCore {
         name: &TopicName,
         allowed: impl Fn(TopicKind) -> Result<()> + Sync,
     ) -> Result<Arc<TopicEntry>> {
-        if let Some(n) = lock(&self.partitioned).get(name) {
-            return Err(crate::partitions::base_name_refused(name, *n));
+        if let Some(refused) = self.hooks.reserved.refuse(name) {
+            return Err(refused);
         }
         if self.config.auto_create_topics {
             self.topic_or_create(name, TopicKind::Normal, &allowed)
@@ -500,8 +473,8 @@ impl BrokerCore {
             tier => tier,
         };
         allowed(kind)?;
-        if let Some(n) = lock(&self.partitioned).get(name) {
-            return Err(crate::partitions::base_name_refused(name, *n));
+        if let Some(refused) = self.hooks.reserved.refuse(name) {
+            return Err(refused);
         }
         if kind == TopicKind::Normal {
             let c = &self.config;
@@ -524,7 +497,7 @@ impl BrokerCore {
 
     /// The ordinary topic `name`, created if it does not exist (a partition
     /// of a partitioned topic); refused if it exists as a tier.
-    pub(crate) async fn ensure_topic(&self, name: &TopicName) -> Result<Arc<TopicEntry>> {
+    pub async fn ensure_topic(&self, name: &TopicName) -> Result<Arc<TopicEntry>> {
         self.topic_or_create(name, TopicKind::Normal, &|kind| match kind {
             TopicKind::Normal => Ok(()),
             other => Err(BrokerError::Conflict(format!(
@@ -534,23 +507,25 @@ impl BrokerCore {
         .await
     }
 
-    /// Claims `name` for a partitioned topic of `partitions`: refused when
-    /// an ordinary topic or a partitioned one has that name. Checked and
-    /// recorded under the `topics` lock, so no producer creates the base
-    /// name as an ordinary topic meanwhile.
-    pub(crate) async fn claim_partitioned(&self, name: &TopicName, partitions: u32) -> Result<()> {
+    /// Runs `reserve` (which records `name` as reserved, see
+    /// [`ReservedNames`]) unless a topic named `name` exists: refused with
+    /// [`BrokerError::TopicExists`] then. Both under the `topics` lock, so
+    /// no producer creates the name meanwhile.
+    pub async fn reserve_name(
+        &self,
+        name: &TopicName,
+        reserve: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         let topics = self.topics.lock().await;
-        let mut partitioned = lock(&self.partitioned);
-        if topics.contains_key(name) || partitioned.contains_key(name) {
+        if topics.contains_key(name) {
             return Err(BrokerError::TopicExists(name.to_string()));
         }
-        partitioned.insert(name.clone(), partitions);
-        Ok(())
+        reserve()
     }
 
     /// Creates a topic explicitly; fails if it exists.
     pub async fn create_topic(&self, name: &TopicName) -> Result<Arc<TopicEntry>> {
-        if self.topics.lock().await.contains_key(name) || lock(&self.partitioned).contains_key(name)
+        if self.topics.lock().await.contains_key(name) || self.hooks.reserved.refuse(name).is_some()
         {
             return Err(BrokerError::TopicExists(name.to_string()));
         }
@@ -559,7 +534,7 @@ impl BrokerCore {
     }
 
     /// Every open topic (ordinary ones and tiers).
-    pub(crate) async fn all_topics(&self) -> Vec<Arc<Topic>> {
+    pub async fn all_topics(&self) -> Vec<Arc<Topic>> {
         self.topics
             .lock()
             .await
@@ -800,11 +775,7 @@ impl BrokerCore {
         &self,
         logs: &[(TopicName, TopicKind)],
         subs: Vec<SubscriptionRecord>,
-        retention: Option<crate::storage::RetentionRecord>,
     ) -> Result<()> {
-        if let Some(r) = retention {
-            self.retention.adopt(r);
-        }
         let mut topics = self.topics.lock().await;
         let mut main = None;
         for (name, kind) in logs {
@@ -871,12 +842,8 @@ impl BrokerCore {
     }
 
     /// Deletes this broker's copy of a topic that now lives elsewhere,
-    /// with its subscriptions, their tiers and its retention policy.
+    /// with its subscriptions and their tiers.
     pub(crate) async fn forget_moved(&self, name: &TopicName) -> Result<()> {
-        if self.retention.get(name.as_str()).is_some() {
-            self.storage.delete_retention(name.as_str())?;
-            self.retention.forget(name.as_str());
-        }
         match self.delete_topic(name, true).await {
             Ok(()) | Err(BrokerError::TopicNotFound(_)) => Ok(()),
             Err(e) => Err(e),

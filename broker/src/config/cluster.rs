@@ -1,0 +1,136 @@
+//! The `[cluster]` section of the broker's configuration (cluster mode
+//! itself lives in `crate::cluster`).
+
+use crate::error::{BrokerError, Result};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The `[cluster]` settings. Absent: the broker runs standalone.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// The cluster's name (keys live under `/ricochet/<name>/`).
+    pub name: String,
+    /// etcd client URLs (`http://host:2379`).
+    pub etcd: Vec<String>,
+    /// This broker's id; default: the store id of its data directory, so
+    /// it is stable across restarts (placement is sticky to the data).
+    pub broker_id: Option<String>,
+    /// The etcd lease TTL (whole seconds, at least 2 s). A broker that
+    /// cannot renew its lease stops acknowledging after four fifths of it.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// With `[auth]` on: a file holding the token (a role that may produce
+    /// to `__failure_events` topics) this broker sends failure events with
+    /// to the broker owning a namespace's events topic. Without it those
+    /// events are refused there (a WARN line here).
+    pub events_token_file: Option<std::path::PathBuf>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            etcd: vec!["http://127.0.0.1:2379".into()],
+            broker_id: None,
+            lease_ttl: Duration::from_secs(10),
+            events_token_file: None,
+        }
+    }
+}
+
+/// Whether `s` may name a cluster or a broker: 1–128 of `[A-Za-z0-9._-]`
+/// (they go into etcd keys and gRPC metadata).
+pub fn valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+impl ClusterConfig {
+    /// Rejects settings that cannot work; `advertise` is the broker's.
+    pub fn validate(&self, advertise: Option<&str>) -> Result<()> {
+        let bad = |m: String| Err(BrokerError::Config(m));
+        if !valid_id(&self.name) {
+            return bad(format!(
+                "cluster name {:?} must be 1 to 128 of A-Z a-z 0-9 . _ -",
+                self.name
+            ));
+        }
+        if let Some(id) = &self.broker_id
+            && !valid_id(id)
+        {
+            return bad(format!(
+                "broker id {id:?} must be 1 to 128 of A-Z a-z 0-9 . _ -"
+            ));
+        }
+        if self.etcd.is_empty() || self.etcd.iter().any(|u| !u.starts_with("http")) {
+            return bad(format!(
+                "cluster mode needs etcd URLs like http://127.0.0.1:2379, got {:?}",
+                self.etcd
+            ));
+        }
+        if self.lease_ttl < Duration::from_secs(2) {
+            return bad("lease_ttl must be at least 2s".into());
+        }
+        match advertise {
+            Some(a) if a.starts_with("http://") || a.starts_with("https://") => Ok(()),
+            Some(a) => bad(format!(
+                "advertise {a:?} must be a URL clients can reach, like http://host:6650"
+            )),
+            None => bad(
+                "cluster mode needs an advertised URL (--advertise http://host:port): other brokers send clients there".into(),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_settings_are_checked() {
+        let ok = ClusterConfig {
+            name: "prod".into(),
+            ..Default::default()
+        };
+        ok.validate(Some("http://10.0.0.5:6650")).unwrap();
+        let e = ok.validate(None).unwrap_err().to_string();
+        assert!(e.contains("--advertise"), "{e}");
+        assert!(ok.validate(Some("10.0.0.5:6650")).is_err());
+        for bad in [
+            ClusterConfig::default(),
+            ClusterConfig {
+                name: "a/b".into(),
+                ..ok.clone()
+            },
+            ClusterConfig {
+                broker_id: Some("b 1".into()),
+                ..ok.clone()
+            },
+            ClusterConfig {
+                etcd: vec![],
+                ..ok.clone()
+            },
+            ClusterConfig {
+                lease_ttl: Duration::from_secs(1),
+                ..ok.clone()
+            },
+        ] {
+            assert!(bad.validate(Some("http://h:1")).is_err(), "{bad:?}");
+        }
+        // The TOML form.
+        let c: crate::BrokerConfig = toml::from_str(
+            "advertise = \"http://h:6650\"\n[cluster]\nname = \"c\"\netcd = [\"http://e:2379\"]\nlease_ttl = \"3s\"",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let cluster = c.cluster.unwrap();
+        assert_eq!(
+            (cluster.name.as_str(), cluster.lease_ttl),
+            ("c", Duration::from_secs(3))
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! A broker node: the core (topics, subscriptions, storage) composed with
+//! the features built on it: authorization ([`Auth`]), partitioned topics
+//! ([`Partitions`]), retention ([`Retention`]) and, once the broker joined
+//! one, its cluster ([`Cluster`]). The services receive a node. The core
+//! knows none of these: they give it hooks when it opens
+//! ([`crate::core::Hooks`]), and the cluster sees the node through
+//! [`cluster::Host`](crate::cluster::Host), implemented here.
+
+use crate::auth::Auth;
+use crate::clock::SharedClock;
+use crate::cluster::{Cluster, Host};
+use crate::config::BrokerConfig;
+use crate::core::{BrokerCore, Hooks, Placement};
+use crate::error::Result;
+use crate::name::TopicName;
+use crate::partitions::{PartitionCounts, Partitions};
+use crate::retention::{Policies, Retention};
+use crate::storage::{Storage, TopicKind, Watched};
+use ricochet_policy::PolicyRegistry;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock, Weak};
+
+/// The core and the features composed over it.
+#[derive(Debug)]
+pub struct Node {
+    /// The registry of topics and subscriptions, with storage.
+    pub core: Arc<BrokerCore>,
+    /// Who may do what: token verification and grants.
+    pub auth: Arc<Auth>,
+    /// Partitioned topics.
+    pub partitions: Partitions,
+    /// Retention policies and backlog quotas.
+    pub retention: Retention,
+    /// Set once when the broker joins a cluster; empty when standalone.
+    cluster: OnceLock<Arc<Cluster>>,
+}
+
+impl Node {
+    /// Opens a node on `storage` (watched for damage, see [`Watched`]):
+    /// grants, partition counts and retention policies are loaded, then
+    /// the core opens with them as its hooks (see [`BrokerCore::open`]).
+    pub async fn open(
+        config: BrokerConfig,
+        storage: Arc<dyn Storage>,
+        policies: PolicyRegistry,
+        clock: SharedClock,
+    ) -> Result<Arc<Self>> {
+        let storage: Arc<dyn Storage> = Arc::new(Watched::new(storage));
+        let phase = std::time::Instant::now();
+        let auth = Arc::new(Auth::open(&config.auth, &config.tls, storage.clone())?);
+        let counts = Arc::new(PartitionCounts::load(storage.as_ref())?);
+        let retention = Arc::new(Policies::load(storage.as_ref())?);
+        tracing::info!(
+            took_ms = phase.elapsed().as_millis() as u64,
+            "start: grants, partitioned topics and retention policies loaded"
+        );
+        let hooks = Hooks {
+            reserved: counts.clone(),
+            opened: retention.clone(),
+        };
+        let core = BrokerCore::open(config, storage, policies, clock, hooks).await?;
+        Ok(Arc::new(Self {
+            auth,
+            partitions: Partitions::new(counts, core.clone()),
+            retention: Retention::start(retention, core.clone()),
+            core,
+            cluster: OnceLock::new(),
+        }))
+    }
+
+    /// This broker's cluster membership; `None` when standalone.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.get()
+    }
+
+    /// In cluster mode (`[cluster]` configured), joins the cluster as the
+    /// broker clients reach at `url`; standalone, does nothing.
+    pub async fn join_cluster(self: &Arc<Self>, url: String) -> Result<()> {
+        let Some(config) = &self.core.config.cluster else {
+            return Ok(());
+        };
+        let id = config
+            .broker_id
+            .clone()
+            .unwrap_or_else(|| self.core.keeper.store_id());
+        let node: Weak<Self> = Arc::downgrade(self);
+        let host: Weak<dyn Host> = node;
+        let cluster = Cluster::join(config, id, url, host, self.core.shutdown.clone()).await?;
+        self.core.set_placement(cluster.clone());
+        let _ = self.cluster.set(cluster);
+        Ok(())
+    }
+
+    /// Deletes this broker's copy of a topic that now lives elsewhere:
+    /// its retention policy, then the topic with its subscriptions and
+    /// their tiers.
+    pub(crate) async fn forget_moved(&self, name: &TopicName) -> Result<()> {
+        self.retention.forget_moved(name)?;
+        self.core.forget_moved(name).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Host for Node {
+    async fn topics(&self) -> Vec<TopicName> {
+        self.core
+            .all_topics()
+            .await
+            .iter()
+            .filter(|t| t.kind() == TopicKind::Normal)
+            .map(|t| t.name().clone())
+            .collect()
+    }
+
+    async fn messages_in(&self) -> u64 {
+        self.core
+            .all_topics()
+            .await
+            .iter()
+            .filter(|t| t.kind() == TopicKind::Normal)
+            .map(|t| t.counters.messages_in.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    async fn forget_moved(&self, topic: &TopicName) -> Result<()> {
+        Node::forget_moved(self, topic).await
+    }
+}
+
+/// The core's failure events go to their topic's owner.
+#[async_trait::async_trait]
+impl Placement for Cluster {
+    async fn serve_here(&self, topic: &TopicName) -> Result<()> {
+        self.route(topic, true).await.map(|_| ())
+    }
+}
