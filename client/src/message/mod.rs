@@ -10,7 +10,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use ricochet_proto::props;
 
-use crate::consumer::TopicIds;
+pub(crate) mod ids;
+
+use ids::TopicIds;
 
 /// Identifies one stored message: its topic (a main topic, or a
 /// subscription's retry or dead-letter tier) and its per-topic entry id.
