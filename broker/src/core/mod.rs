@@ -214,7 +214,10 @@ impl BrokerCore {
     /// manifest records, unless `config.accept_data_loss`), every topic and
     /// subscription is loaded and its actor started; the scheduler then
     /// fires overdue retries. `hooks`: what the features built on the core
-    /// give it ([`Hooks::default`]: none).
+    /// give it ([`Hooks::default`]: none). `storage` is used as given: the
+    /// broker's [`Node`](crate::Node) wraps it in
+    /// [`Watched`](crate::storage::Watched) first, so damage a read meets
+    /// turns storage unhealthy.
     pub async fn open(
         config: BrokerConfig,
         storage: Arc<dyn Storage>,
