@@ -88,15 +88,6 @@ pub struct Admin {
 /// What a generated client's call answers.
 type Answer<T> = std::result::Result<tonic::Response<T>, tonic::Status>;
 
-impl Client {
-    /// The admin API (topics, subscriptions, policies, dead letters,
-    /// replay jobs, retention, partitions, grants, the cluster's brokers)
-    /// through this client: see [`Admin`].
-    pub fn admin(&self) -> Admin {
-        Admin::new(self.clone())
-    }
-}
-
 impl Admin {
     pub(crate) fn new(client: Client) -> Self {
         Self { client }

@@ -27,13 +27,6 @@ pub struct ConsumerBuilder {
     config: ConsumerConfig,
 }
 
-impl Client {
-    /// Starts building a consumer on `topic`.
-    pub fn consumer(&self, topic: impl Into<String>) -> ConsumerBuilder {
-        ConsumerBuilder::new(self.clone(), topic.into())
-    }
-}
-
 impl ConsumerBuilder {
     pub(crate) fn new(client: Client, topic: String) -> Self {
         Self {

@@ -19,9 +19,9 @@ use ricochet_policy::{
 use ricochet_proto::FailedDelivery;
 use tokio::time::Instant;
 
+use super::ids::{Key, TopicIds};
 use super::shared::Reply;
 use crate::message::MessageId;
-use crate::message::ids::{Key, TopicIds};
 use crate::tracker::DelayTracker;
 
 /// What to do with a nacked message.

@@ -14,10 +14,10 @@
 
 use std::collections::BTreeMap;
 
+use super::ids::Key;
 use super::shared::Reply;
 use crate::error::Result;
 use crate::message::MessageId;
-use crate::message::ids::Key;
 
 /// A `reconsume_later` or `terminate` waiting for the broker.
 #[derive(Debug)]

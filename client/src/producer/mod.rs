@@ -111,14 +111,6 @@ pub struct ProducerBuilder {
     queue: Option<Arc<Queue>>,
 }
 
-impl Client {
-    /// Starts building a producer on `topic` (`orders` means
-    /// `persistent://public/default/orders`).
-    pub fn producer(&self, topic: impl Into<String>) -> ProducerBuilder {
-        ProducerBuilder::new(self.clone(), topic.into())
-    }
-}
-
 impl ProducerBuilder {
     pub(crate) fn new(client: Client, topic: String) -> Self {
         Self {

@@ -10,9 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use ricochet_proto::props;
 
-pub(crate) mod ids;
-
-use ids::TopicIds;
+use crate::consumer::TopicIds;
 
 /// Identifies one stored message: its topic (a main topic, or a
 /// subscription's retry or dead-letter tier) and its per-topic entry id.

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::MessageId;
+use crate::message::MessageId;
 
 /// A compact id: (the topic's number in [`TopicIds`], entry id).
 pub(crate) type Key = (u32, u64);

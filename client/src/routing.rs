@@ -30,7 +30,7 @@ use ricochet_proto::cluster_client::ClusterClient;
 use ricochet_proto::{ListBrokersRequest, ListBrokersResponse, LookupRequest, LookupResponse};
 use tonic::transport::Channel;
 
-use super::Client;
+use crate::client::Client;
 use crate::credentials::Transport;
 use crate::error::{Error, ErrorKind, Result};
 
