@@ -19,6 +19,14 @@ use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::reconnect::open_with_retry;
 
+/// Consumers are made from a [`Client`].
+impl Client {
+    /// Starts building a consumer on `topic`.
+    pub fn consumer(&self, topic: impl Into<String>) -> ConsumerBuilder {
+        ConsumerBuilder::new(self.clone(), topic.into())
+    }
+}
+
 /// Builds a [`Consumer`]; see [`Client::consumer`].
 #[derive(Debug)]
 pub struct ConsumerBuilder {

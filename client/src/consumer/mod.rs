@@ -66,7 +66,6 @@ mod acks;
 mod builder;
 mod config;
 mod driver;
-mod ids;
 mod partitioned;
 mod redelivery;
 mod requests;
@@ -85,7 +84,6 @@ use tokio::time::Instant;
 pub use acker::Acker;
 pub use builder::ConsumerBuilder;
 pub use config::{ConsumerConfig, ConsumerPolicy};
-pub(crate) use ids::TopicIds;
 /// How a subscription shares messages between its consumers, and where a
 /// new one starts: the protocol's own enums, shared with the broker and CLI.
 pub use ricochet_proto::{InitialPosition, SubscriptionType};
