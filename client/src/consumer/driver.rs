@@ -179,6 +179,12 @@ impl Driver {
                             Err(_) => break,
                         }
                     }
+                    // Acks someone awaits (ack receipts) go once every
+                    // command queued so far is in: those awaited together
+                    // share a frame, and none waits out the window.
+                    if self.cfg.ack_flush_on_idle && self.acks.awaited() {
+                        self.flush_acks();
+                    }
                 }
                 Event::Cmd(None) => {
                     // Every handle is gone: flush acks and stop.

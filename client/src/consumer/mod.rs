@@ -9,8 +9,9 @@
 //! * **groups acks**: individual acks are sent together every
 //!   `ack_group_time` (100 ms) or `ack_group_max` (1000) ids, whichever
 //!   comes first, or as soon as the application waits on an empty queue
-//!   (`ack_flush_on_idle`, on by default: once it has caught up, holding
-//!   acks would only delay what the broker waits for). By default `ack` returns once queued;
+//!   or awaits an ack's receipt (`ack_flush_on_idle`, on by default: then
+//!   holding acks would only delay what the broker or the application
+//!   waits for). By default `ack` returns once queued;
 //!   [`flush`](Acker::flush) and [`close`](Consumer::close) confirm that
 //!   every ack so far is durable (or fail naming how many are not). With
 //!   [ack receipts](ConsumerBuilder::ack_receipts) each `ack`,

@@ -30,8 +30,7 @@ fn poison(id: &str) -> bool {
         .is_some_and(|n| n % 5 == 0)
 }
 
-/// With ack receipts (`receipts`) each ack waits for its group to go, so
-/// the group window is short (acks are awaited one at a time here).
+/// A consumer of the subscription, with ack receipts or not.
 async fn subscribe(client: &Client, t: &str, receipts: bool) -> ricochet_client::Consumer {
     client
         .consumer(t)
@@ -39,7 +38,6 @@ async fn subscribe(client: &Client, t: &str, receipts: bool) -> ricochet_client:
         .subscription_type(SubscriptionType::Shared)
         .initial_position(InitialPosition::Earliest)
         .ack_receipts(receipts)
-        .ack_group_time(Duration::from_millis(5))
         .policy("backoff:fixed=100ms,max=2".parse::<PolicySpec>().unwrap())
         .subscribe()
         .await
