@@ -88,7 +88,7 @@ mod transfer;
 mod util;
 
 pub use config::{BrokerConfig, Durability, LogEngine, LogFormat, PolicyRule, VerifyOnStart};
-pub use core::{BrokerCore, TopicEntry};
+pub use core::{BrokerCore, Hooks, Placement, ReservedNames, TopicEntry, TopicOpened};
 pub use error::{BrokerError, Result};
 pub use flusher::Flusher;
 pub use metrics::{install_prometheus, install_prometheus_secured};
