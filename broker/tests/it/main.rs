@@ -34,6 +34,7 @@ mod retry_refs;
 mod retry_tiers;
 mod segment_log;
 mod signals;
+mod storage_contract;
 mod subscriptions;
 mod tiered;
 mod tiered_crash;
