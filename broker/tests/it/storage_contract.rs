@@ -27,7 +27,8 @@ impl BrokerEngine {
 impl Engine for BrokerEngine {
     fn open(&self, dir: &Path) -> Box<dyn Storage> {
         let cfg = Self::config();
-        let sled = Arc::new(SledStorage::open(dir, cfg.segment_entries, cfg.cache_capacity).unwrap());
+        let sled =
+            Arc::new(SledStorage::open(dir, cfg.segment_entries, cfg.cache_capacity).unwrap());
         let log = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

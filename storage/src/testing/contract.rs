@@ -205,28 +205,19 @@ pub fn check_logs_append_read_trim_and_never_reuse_ids(s: &dyn Storage) {
     let got = s.read(T, 10, 5, usize::MAX).unwrap();
     assert_eq!(
         got.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
-        vec![10, 11, 12, 13, 14]);
-    assert_eq!(got[0].1, b"a10");
-    assert_eq!(
-        s.read(T, 0, 100, 10).unwrap().len(),
-        5,
-        "byte bound"
+        vec![10, 11, 12, 13, 14]
     );
-    assert_eq!(
-        s.read_one(T, 39).unwrap().as_deref(),
-        Some(&b"a39"[..]));
+    assert_eq!(got[0].1, b"a10");
+    assert_eq!(s.read(T, 0, 100, 10).unwrap().len(), 5, "byte bound");
+    assert_eq!(s.read_one(T, 39).unwrap().as_deref(), Some(&b"a39"[..]));
     assert_eq!(s.read_one(T, 40).unwrap(), None);
-    assert_eq!(
-        s.producer_sequences(T).unwrap(),
-        vec![("p".to_owned(), 39)]);
+    assert_eq!(s.producer_sequences(T).unwrap(), vec![("p".to_owned(), 39)]);
 
     s.trim(T, 35).unwrap();
     let (first, next) = s.entry_range(T).unwrap();
     assert!(first <= 35 && first > 0, "trimmed to {first}");
     assert_eq!(next, 40);
-    assert_eq!(
-        s.read_one(T, 36).unwrap().as_deref(),
-        Some(&b"a36"[..]));
+    assert_eq!(s.read_one(T, 36).unwrap().as_deref(), Some(&b"a36"[..]));
 
     if s.remove_entries(T, &[38, 39]).is_err() {
         // Refused (immutable segment files): nothing is gone.
@@ -236,7 +227,11 @@ pub fn check_logs_append_read_trim_and_never_reuse_ids(s: &dyn Storage) {
             .iter()
             .map(|(i, _)| *i)
             .collect();
-        assert_eq!(ids, vec![36, 37, 38, 39], "a refused removal removes nothing");
+        assert_eq!(
+            ids,
+            vec![36, 37, 38, 39],
+            "a refused removal removes nothing"
+        );
         return;
     }
     // Removing the newest entries must not let their ids be handed out again.
@@ -288,32 +283,23 @@ pub fn check_retry_moves_keep_the_failure_record_in_the_schedule_entry(s: &dyn S
         None,
         "wrong due time"
     );
-    assert_eq!(
-        s.failure(first, Some(5_000)).unwrap(),
-        Some(record(2)));
-    assert!(
-        s.failures_of(7, TierId::Retry).unwrap().is_empty());
-    assert_eq!(
-        s.read_one(RETRY, 0).unwrap().as_deref(),
-        Some(&b"m"[..]));
+    assert_eq!(s.failure(first, Some(5_000)).unwrap(), Some(record(2)));
+    assert!(s.failures_of(7, TierId::Retry).unwrap().is_empty());
+    assert_eq!(s.read_one(RETRY, 0).unwrap().as_deref(), Some(&b"m"[..]));
     let due = s.scheduled(None, u64::MAX, 10).unwrap();
     assert_eq!(due.len(), 1);
     assert_eq!((due[0].due_ms, due[0].message), (5_000, first));
 
     // An in-place redelivery writes the record the ordinary way: it wins.
     s.put_failures(&[(first, Some(record(3)))]).unwrap();
-    assert_eq!(
-        s.failure(first, Some(5_000)).unwrap(),
-        Some(record(3)));
+    assert_eq!(s.failure(first, Some(5_000)).unwrap(), Some(record(3)));
 
     // Moving on to a second retry entry drops the first's entry and record.
     s.move_messages(&mv(first, Some(due[0]), 1, 9_000, 4))
         .unwrap();
     let second = TierEntry::retry(1).of(7);
     assert_eq!(s.failure(first, Some(5_000)).unwrap(), None);
-    assert_eq!(
-        s.failure(second, Some(9_000)).unwrap(),
-        Some(record(4)));
+    assert_eq!(s.failure(second, Some(9_000)).unwrap(), Some(record(4)));
     let due = s.scheduled(None, u64::MAX, 10).unwrap();
     assert_eq!(due.len(), 1);
     assert_eq!(due[0].message, second);
@@ -356,16 +342,12 @@ pub fn check_dead_letter_moves_list_page_and_remove(s: &dyn Storage) {
         .map(|(i, _)| *i)
         .collect();
     assert_eq!(after_first, vec![1, 2]);
-    assert_eq!(
-        s.dead_letters(7, None).unwrap()[2].1.failures,
-        record(2));
+    assert_eq!(s.dead_letters(7, None).unwrap()[2].1.failures, record(2));
     s.remove_dead_letters(7, &[1]).unwrap();
     s.remove_entries(DLQ, &[1]).unwrap();
     assert_eq!(s.count_dead_letters(7).unwrap(), 2);
     assert_eq!(s.read_one(DLQ, 1).unwrap(), None);
-    assert_eq!(
-        s.read_one(DLQ, 2).unwrap().as_deref(),
-        Some(&b"d2"[..]));
+    assert_eq!(s.read_one(DLQ, 2).unwrap().as_deref(), Some(&b"d2"[..]));
     // Deleting the subscription takes its dead letters with it.
     s.delete_subscription(&sub()).unwrap();
     assert_eq!(s.count_dead_letters(7).unwrap(), 0);
@@ -382,11 +364,7 @@ pub fn check_the_schedule_is_a_time_index_paged_in_key_order(s: &dyn Storage) {
     let page = s.scheduled(None, 25, 2).unwrap();
     assert_eq!(page, vec![key(10, 2), key(20, 3)]);
     let rest = s.scheduled(Some(page[1]), 25, 10).unwrap();
-    assert_eq!(
-        rest,
-        vec![key(20, 4)],
-        "up to the window's end only"
-    );
+    assert_eq!(rest, vec![key(20, 4)], "up to the window's end only");
     s.put_schedule(&[(key(10, 2), false)]).unwrap();
     assert_eq!(s.scheduled(None, u64::MAX, 10).unwrap().len(), 3);
 }
@@ -423,14 +401,8 @@ pub fn check_the_inventory_describes_the_store_and_the_manifest_reads_back(engin
         let inv = s.inventory(true).unwrap();
         assert!(inv.has_data);
         let t = &inv.topics[T];
-        assert_eq!(
-            (t.kind, t.first, t.next),
-            (TopicKind::Normal, 0, 40),
-        );
-        assert_eq!(
-            t.subscriptions.iter().collect::<Vec<_>>(),
-            vec!["s"],
-        );
+        assert_eq!((t.kind, t.first, t.next), (TopicKind::Normal, 0, 40),);
+        assert_eq!(t.subscriptions.iter().collect::<Vec<_>>(), vec!["s"],);
         assert!(
             t.segments.windows(2).all(|w| w[0] < w[1]),
             "segments ascend: {:?}",
@@ -439,10 +411,7 @@ pub fn check_the_inventory_describes_the_store_and_the_manifest_reads_back(engin
         if let Some(segments) = engine.segments_of_one_batch() {
             assert_eq!(t.segments, segments);
         }
-        assert_eq!(
-            (inv.dead_letters, inv.scheduled),
-            (Some(0), Some(1)),
-        );
+        assert_eq!((inv.dead_letters, inv.scheduled), (Some(0), Some(1)),);
 
         assert_eq!(s.load_manifest().unwrap(), None);
         let mut m = Manifest {
@@ -465,8 +434,7 @@ pub fn check_the_inventory_describes_the_store_and_the_manifest_reads_back(engin
             let last = bytes.len() - 3;
             bytes[last] ^= 1;
             std::fs::write(&path, bytes).unwrap();
-            assert!(
-                matches!(s.load_manifest(), Err(StorageError::Corrupt(_))));
+            assert!(matches!(s.load_manifest(), Err(StorageError::Corrupt(_))));
         }
     }
 }
@@ -516,15 +484,11 @@ pub fn check_dead_letters_return_to_the_retry_tier_all_or_nothing(s: &dyn Storag
     };
     // One of them is not a dead letter: nothing changes.
     let err = s.return_dead_letters(&mv(vec![item(0, 0), item(9, 1)]));
-    assert!(
-        matches!(err, Err(StorageError::Missing(_))),
-        "{err:?}"
-    );
+    assert!(matches!(err, Err(StorageError::Missing(_))), "{err:?}");
     assert_eq!(s.count_dead_letters(7).unwrap(), 3);
     assert!(s.read_one(DLQ, 0).unwrap().is_some());
     assert_eq!(s.read_one(RETRY, 0).unwrap(), None);
-    assert!(
-        s.scheduled(None, u64::MAX, 10).unwrap().is_empty());
+    assert!(s.scheduled(None, u64::MAX, 10).unwrap().is_empty());
 
     s.return_dead_letters(&mv(vec![item(0, 0), item(2, 1)]))
         .unwrap();
@@ -537,12 +501,8 @@ pub fn check_dead_letters_return_to_the_retry_tier_all_or_nothing(s: &dyn Storag
     assert_eq!(left, vec![1]);
     assert_eq!(s.read_one(DLQ, 0).unwrap(), None);
     assert_eq!(s.read_one(DLQ, 2).unwrap(), None);
-    assert_eq!(
-        s.read_one(DLQ, 1).unwrap().as_deref(),
-        Some(&b"d1"[..]));
-    assert_eq!(
-        s.read_one(RETRY, 1).unwrap().as_deref(),
-        Some(&b"r2"[..]));
+    assert_eq!(s.read_one(DLQ, 1).unwrap().as_deref(), Some(&b"d1"[..]));
+    assert_eq!(s.read_one(RETRY, 1).unwrap().as_deref(), Some(&b"r2"[..]));
     let due = s.scheduled(None, u64::MAX, 10).unwrap();
     assert_eq!(due.len(), 2);
     assert_eq!(due[1].message, TierEntry::retry(1).of(7));
@@ -648,7 +608,12 @@ pub fn check_partitioned_metadata_is_put_listed_raised_and_deleted(s: &dyn Stora
 /// Flushes `s`, closes it, and hands the store reopened from `dir` to
 /// `check` when the engine is persistent; then the engine's own integrity
 /// check (if any) must find nothing wrong.
-fn reopened(engine: &dyn Engine, dir: &Path, s: Box<dyn Storage>, check: impl FnOnce(&dyn Storage)) {
+fn reopened(
+    engine: &dyn Engine,
+    dir: &Path,
+    s: Box<dyn Storage>,
+    check: impl FnOnce(&dyn Storage),
+) {
     block_on(s.flush()).unwrap();
     if !engine.persistent() {
         return;
@@ -772,9 +737,7 @@ pub fn check_a_subscription_state_reads_out_whole_and_restores_under_another_id(
         .unwrap();
 
     let state = s.subscription_state(7).unwrap();
-    assert_eq!(
-        state.failures,
-        vec![(TierEntry::main(10), record(1))]);
+    assert_eq!(state.failures, vec![(TierEntry::main(10), record(1))]);
     let mut schedule = state.schedule.clone();
     schedule.sort_by_key(|(due, ..)| *due);
     assert_eq!(
@@ -782,7 +745,8 @@ pub fn check_a_subscription_state_reads_out_whole_and_restores_under_another_id(
         vec![
             (5_000, TierEntry::retry(0), Some(record(2))),
             (6_000, TierEntry::main(10), None)
-        ]);
+        ]
+    );
     assert_eq!(state.dead_letters.len(), 3);
 
     // Restored into another store as subscription 99.
