@@ -19,6 +19,14 @@ use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::reconnect::open_with_retry;
 
+/// Consumers are made from a [`Client`].
+impl Client {
+    /// Starts building a consumer on `topic`.
+    pub fn consumer(&self, topic: impl Into<String>) -> ConsumerBuilder {
+        ConsumerBuilder::new(self.clone(), topic.into())
+    }
+}
+
 /// Builds a [`Consumer`]; see [`Client::consumer`].
 #[derive(Debug)]
 pub struct ConsumerBuilder {
@@ -157,6 +165,21 @@ impl ConsumerBuilder {
     /// Ack grouping size (default 1000).
     pub fn ack_group_max(mut self, n: usize) -> Self {
         self.config.ack_group_max = n.max(1);
+        self
+    }
+
+    /// Whether held acks go to the broker as soon as the application waits
+    /// on an empty queue (`receive`, or polling the stream) or awaits an
+    /// ack's receipt ([`ack_receipts`](Self::ack_receipts): the acks
+    /// awaited at that moment share a frame), instead of only at the end
+    /// of `ack_group_time` or at `ack_group_max` (default on). Grouping saves frames while messages keep coming; once the
+    /// application has caught up, holding acks only delays what the broker
+    /// waits for: the next message of a key under
+    /// [`key_order`](Self::key_order), a consumer's `max_unacked` room,
+    /// the cursor. Off, a consumer that receives one message at a time is
+    /// held to one message per `ack_group_time` on those paths.
+    pub fn ack_flush_on_idle(mut self, on: bool) -> Self {
+        self.config.ack_flush_on_idle = on;
         self
     }
 

@@ -1,5 +1,6 @@
 //! The client's integration tests, one binary (one module per former test file).
 
+mod ack_grouping;
 mod admin;
 mod cluster;
 mod cluster_drain;
@@ -7,6 +8,7 @@ mod cluster_events;
 mod cluster_routing;
 mod common;
 mod failures;
+mod history;
 mod key_order;
 mod partitions;
 mod producer_queue;
