@@ -47,7 +47,7 @@ impl Engine for BrokerEngine {
     fn verify(&self, dir: &Path) -> Option<u64> {
         let cfg = Self::config();
         let sled = SledStorage::open(dir, cfg.segment_entries, cfg.cache_capacity).unwrap();
-        Some(sled.verify().problem_count as u64)
+        Some(sled.verify().problem_count)
     }
 }
 

@@ -77,7 +77,7 @@ impl Engine for SledEngine {
 
     fn verify(&self, dir: &Path) -> Option<u64> {
         let s = SledStorage::open(dir, 16, 8 << 20).expect("reopen sled");
-        Some(s.verify().problem_count as u64)
+        Some(s.verify().problem_count)
     }
 }
 
