@@ -109,13 +109,16 @@ impl SubscriptionActor {
         // An empty list asks for everything in flight: not when it held
         // only nacks counted ahead.
         let only_ahead = !ahead.is_empty() && items.is_empty();
-        let outcome = match self.count_ahead(consumer, ahead) {
-            Ok(()) if only_ahead => Ok(()),
-            Ok(()) => match self.redeliver_failures(consumer, items) {
+        // Nacks coming due in the same frame go on whatever the counting did.
+        let counted = self.count_ahead(consumer, ahead);
+        let outcome = if only_ahead {
+            counted
+        } else {
+            let due = match self.redeliver_failures(consumer, items) {
                 Ok(f) => self.fail(f, false).await,
                 Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
+            };
+            due.and(counted)
         };
         self.finish_request(consumer, request_id, outcome);
     }
@@ -136,7 +139,11 @@ impl SubscriptionActor {
         let mut records = Vec::with_capacity(items.len());
         let mut counted = Vec::with_capacity(items.len());
         for item in items {
-            let entry = self.locate(&item.id)?;
+            // Not a message of this subscription: nothing to count (its
+            // redelivery, if asked for, is refused).
+            let Ok(entry) = self.locate(&item.id) else {
+                continue;
+            };
             let due = match self.deliveries.in_flight.get(&entry) {
                 // Settled or given back since: nothing to count.
                 Some(f) if f.consumer == consumer => f.due_ms,
