@@ -62,8 +62,8 @@ struct Args {
     /// only unless --console-allow-remote).
     #[arg(long)]
     console_listen: Option<SocketAddr>,
-    /// Allow a non-loopback --console-listen: the console has no
-    /// authentication of its own yet.
+    /// Allow a non-loopback --console-listen: the console serves plain
+    /// HTTP (put a TLS proxy in front).
     #[arg(long)]
     console_allow_remote: bool,
     /// Cluster flags (override the config's `advertise` and `[cluster]`).
