@@ -160,6 +160,20 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Whether held acks go to the broker as soon as the application waits
+    /// on an empty queue (`receive`, or polling the stream), instead of
+    /// only at the end of `ack_group_time` or at `ack_group_max` (default
+    /// on). Grouping saves frames while messages keep coming; once the
+    /// application has caught up, holding acks only delays what the broker
+    /// waits for: the next message of a key under
+    /// [`key_order`](Self::key_order), a consumer's `max_unacked` room,
+    /// the cursor. Off, a consumer that receives one message at a time is
+    /// held to one message per `ack_group_time` on those paths.
+    pub fn ack_flush_on_idle(mut self, on: bool) -> Self {
+        self.config.ack_flush_on_idle = on;
+        self
+    }
+
     /// Ack receipts (Pulsar's `isAckReceiptEnabled`): `ack`,
     /// `ack_cumulative` and `nack` complete only once the broker has made
     /// them durable, and fail if it refuses or the stream breaks first.

@@ -87,6 +87,9 @@ pub struct ConsumerConfig {
     pub ack_group_time: Duration,
     /// Ack grouping size (default 1000 ids).
     pub ack_group_max: usize,
+    /// Held acks are sent as soon as the application waits on an empty
+    /// queue, not only when `ack_group_time` ends (default on).
+    pub ack_flush_on_idle: bool,
     /// Ack receipts (Pulsar's `isAckReceiptEnabled`, NATS's `AckSync`): each
     /// ack, cumulative ack and nack completes only once the broker has made
     /// it durable (default off: they complete once queued).
@@ -126,6 +129,7 @@ impl std::fmt::Debug for ConsumerConfig {
             .field("dead_letter_reader", &self.dead_letter_reader)
             .field("ack_group_time", &self.ack_group_time)
             .field("ack_group_max", &self.ack_group_max)
+            .field("ack_flush_on_idle", &self.ack_flush_on_idle)
             .field("ack_receipts", &self.ack_receipts)
             .field("broker_nack_threshold", &self.broker_nack_threshold)
             .field("nack_lead", &self.nack_lead)
@@ -154,6 +158,7 @@ impl Default for ConsumerConfig {
             dead_letter_reader: false,
             ack_group_time: Duration::from_millis(100),
             ack_group_max: 1000,
+            ack_flush_on_idle: true,
             ack_receipts: false,
             broker_nack_threshold: Duration::from_secs(10),
             nack_lead: super::driver::NACK_LEAD,

@@ -475,6 +475,11 @@ impl Driver {
                 }
                 self.schedule_ack_flush();
             }
+            Cmd::Idle => {
+                if self.cfg.ack_flush_on_idle && self.acks.unsent() > 0 {
+                    self.flush_acks();
+                }
+            }
             Cmd::AckCumulative { id, epoch, reply } => {
                 let Some(reply) = self.refuse_stale(&id, epoch, reply) else {
                     return;

@@ -8,7 +8,9 @@
 //!   queue has been consumed (Pulsar's rule);
 //! * **groups acks**: individual acks are sent together every
 //!   `ack_group_time` (100 ms) or `ack_group_max` (1000) ids, whichever
-//!   comes first. By default `ack` returns once queued;
+//!   comes first, or as soon as the application waits on an empty queue
+//!   (`ack_flush_on_idle`, on by default: once it has caught up, holding
+//!   acks would only delay what the broker waits for). By default `ack` returns once queued;
 //!   [`flush`](Acker::flush) and [`close`](Consumer::close) confirm that
 //!   every ack so far is durable (or fail naming how many are not). With
 //!   [ack receipts](ConsumerBuilder::ack_receipts) each `ack`,
@@ -142,6 +144,9 @@ pub struct Consumer {
     /// On a partitioned topic, the partitions' merged deliveries (`rx` is
     /// then unused).
     merged: Option<partitioned::Merged>,
+    /// The driver(s) were told the application waits on an empty queue,
+    /// and no message was taken since.
+    idle_told: bool,
 }
 
 impl Consumer {
@@ -150,6 +155,7 @@ impl Consumer {
             rx,
             acker,
             merged: None,
+            idle_told: false,
         }
     }
 
@@ -158,21 +164,33 @@ impl Consumer {
             rx: mpsc::unbounded_channel().1,
             acker,
             merged: Some(merged),
+            idle_told: false,
         }
     }
 
     /// The next message. Fails with [`ErrorKind::Closed`](crate::ErrorKind::Closed) once the consumer is
     /// closed, or once with the cause if it could not reconnect.
     pub async fn receive(&mut self) -> Result<Message> {
-        if let Some(m) = &mut self.merged {
-            return m.next().await.unwrap_or(Err(Error::closed()));
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx))
+            .await
+            .unwrap_or(Err(Error::closed()))
+    }
+
+    /// The application waits on an empty queue: tells the driver(s) once
+    /// per wait, so held acks go now (`ack_flush_on_idle`).
+    fn idle(&mut self) {
+        if self.idle_told {
+            return;
         }
-        loop {
-            let Some(d) = self.rx.recv().await else {
-                return Err(Error::closed());
-            };
-            if let Some(item) = self.accept(d) {
-                return item;
+        self.idle_told = true;
+        match &self.acker.parts {
+            None => {
+                let _ = self.acker.tx.send(Cmd::Idle);
+            }
+            Some(parts) => {
+                for a in parts.all() {
+                    let _ = a.tx.send(Cmd::Idle);
+                }
             }
         }
     }
@@ -387,19 +405,23 @@ impl Stream for Consumer {
     type Item = Result<Message>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if let Some(m) = &mut self.merged {
-            return m.poll_next(cx);
-        }
+        let this = &mut *self;
         loop {
-            match self.rx.poll_recv(cx) {
-                Poll::Ready(Some(d)) => {
-                    if let Some(item) = self.accept(d) {
-                        return Poll::Ready(Some(item));
-                    }
-                }
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Pending => return Poll::Pending,
+            let polled = match &mut this.merged {
+                Some(m) => m.poll_next(cx),
+                None => match this.rx.poll_recv(cx) {
+                    Poll::Ready(Some(d)) => match this.accept(d) {
+                        Some(item) => Poll::Ready(Some(item)),
+                        None => continue,
+                    },
+                    other => other.map(|_| None),
+                },
+            };
+            match polled {
+                Poll::Pending => this.idle(),
+                Poll::Ready(_) => this.idle_told = false,
             }
+            return polled;
         }
     }
 }

@@ -131,10 +131,6 @@ impl Merged {
             Poll::Pending => Poll::Pending,
         }
     }
-
-    pub(crate) async fn next(&mut self) -> Option<Result<Message>> {
-        std::future::poll_fn(|cx| self.poll_next(cx)).await
-    }
 }
 
 /// What the refresh task needs to subscribe to new partitions.

@@ -93,6 +93,10 @@ pub(super) enum Cmd {
         at: Instant,
     },
     Flow(u32),
+    /// The application waits for a message and its queue is empty: held
+    /// acks go now (when `ack_flush_on_idle` is on), as grouping them
+    /// longer would only delay what the broker waits for.
+    Idle,
     /// Send every held ack now and confirm every ack so far.
     Flush(Reply),
     Close(Reply),

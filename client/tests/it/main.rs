@@ -1,5 +1,6 @@
 //! The client's integration tests, one binary (one module per former test file).
 
+mod ack_grouping;
 mod admin;
 mod cluster;
 mod cluster_drain;
