@@ -141,7 +141,10 @@ pub(crate) async fn sign_in(st: ConsoleState, headers: HeaderMap, body: Bytes) -
         Ok(who) => who,
         Err(s) => {
             let status = ConsoleError::from(s.clone()).status;
-            return refuse(status, &format!("the broker refused the token: {}", s.message()));
+            return refuse(
+                status,
+                &format!("the broker refused the token: {}", s.message()),
+            );
         }
     };
     if !who.auth_enabled {
@@ -210,7 +213,14 @@ mod tests {
     #[test]
     fn a_token_that_would_change_the_cookie_is_not_well_formed() {
         assert!(well_formed(JWT));
-        for bad in ["", "a.b", "a.b.c;Domain=x", "a.b.c d", "a.b.c\r\n", "a.b.c,d"] {
+        for bad in [
+            "",
+            "a.b",
+            "a.b.c;Domain=x",
+            "a.b.c d",
+            "a.b.c\r\n",
+            "a.b.c,d",
+        ] {
             assert!(!well_formed(bad), "{bad:?}");
         }
         assert!(!well_formed(&format!("a.b.{}", "c".repeat(MAX_TOKEN))));

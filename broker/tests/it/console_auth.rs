@@ -143,7 +143,11 @@ async fn send(
     let body = axum::body::to_bytes(resp.into_body(), 16 << 20)
         .await
         .unwrap();
-    (status, set_cookie, String::from_utf8(body.to_vec()).unwrap())
+    (
+        status,
+        set_cookie,
+        String::from_utf8(body.to_vec()).unwrap(),
+    )
 }
 
 async fn get(app: &Router, uri: &str, token: Option<&str>) -> (StatusCode, String) {
@@ -257,8 +261,14 @@ async fn with_auth_a_console_request_without_a_token_is_refused_and_sign_in_chec
     assert_eq!(status, StatusCode::SEE_OTHER);
     let cookie = cookie.expect("a cookie is set");
     assert!(cookie.starts_with(&format!("{COOKIE}={root};")), "{cookie}");
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
-    assert!(!cookie.contains("Secure"), "served over plain HTTP: {cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        !cookie.contains("Secure"),
+        "served over plain HTTP: {cookie}"
+    );
     // Through a TLS proxy that says so, it is Secure too.
     let mut proxied = form_post("/sign-in", &format!("token={root}"));
     proxied
@@ -269,7 +279,10 @@ async fn with_auth_a_console_request_without_a_token_is_refused_and_sign_in_chec
     let (status, page) = get(&app, "/", Some(&root)).await;
     assert_eq!(status, StatusCode::OK, "{page}");
     assert!(page.contains(TOPIC), "{page}");
-    assert!(page.contains("signed in as <strong>root</strong>"), "{page}");
+    assert!(
+        page.contains("signed in as <strong>root</strong>"),
+        "{page}"
+    );
     // A sign-in form posted from another site is refused before it runs.
     let mut cross = form_post("/sign-in", &format!("token={root}"));
     cross
@@ -319,8 +332,12 @@ async fn a_role_without_the_dead_letters_permission_cannot_purge_or_replay_from_
     // A confirmation the operator opened, posted with the viewer's cookie:
     // the broker checks the action itself, and refuses it.
     for action in ["purge", "replay"] {
-        let (status, confirm) =
-            get(&app, &sub_uri(&format!("/confirm/{action}"), &one), Some(&operator)).await;
+        let (status, confirm) = get(
+            &app,
+            &sub_uri(&format!("/confirm/{action}"), &one),
+            Some(&operator),
+        )
+        .await;
         assert_eq!(status, StatusCode::OK, "{confirm}");
         let (status, _, page) = send(
             &app,
@@ -338,9 +355,9 @@ async fn a_role_without_the_dead_letters_permission_cannot_purge_or_replay_from_
     let audit = log.audit();
     for method in ["Admin/PurgeDeadLetters", "Admin/ReplayDeadLetters"] {
         assert!(
-            audit
-                .iter()
-                .any(|l| l.contains("refused") && l.contains("role=\"viewer\"") && l.contains(method)),
+            audit.iter().any(|l| l.contains("refused")
+                && l.contains("role=\"viewer\"")
+                && l.contains(method)),
             "no refusal of {method} in the audit log:\n{}",
             audit.join("\n")
         );
@@ -394,9 +411,11 @@ async fn a_role_holding_the_dead_letters_permission_purges_and_replays_under_its
         ("purge-dead-letters", "purged=1"),
     ] {
         assert!(
-            audit.iter().any(|l| l.contains(&format!("action=\"{action}\""))
-                && l.contains("role=\"operator\"")
-                && l.contains(what)),
+            audit
+                .iter()
+                .any(|l| l.contains(&format!("action=\"{action}\""))
+                    && l.contains("role=\"operator\"")
+                    && l.contains(what)),
             "no {action} by operator in the audit log:\n{}",
             audit.join("\n")
         );
