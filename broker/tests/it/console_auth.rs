@@ -6,7 +6,9 @@
 //! dead-letters permission can neither purge nor replay (the broker's
 //! PERMISSION_DENIED message on the page, nothing changed, a refusal in
 //! the audit log) even with a confirmation another role opened; a role
-//! holding it can, and the audit lines name that role.
+//! holding it can, and the audit lines name that role. The same console
+//! over a gRPC channel to the broker (as a console in another process
+//! would run) is checked alike.
 
 use crate::common;
 use axum::Router;
@@ -420,4 +422,30 @@ async fn a_role_holding_the_dead_letters_permission_purges_and_replays_under_its
             audit.join("\n")
         );
     }
+}
+
+/// The console is generic over the service answering the admin API: over
+/// a gRPC channel to the broker (a console in another process) the same
+/// pages are refused, signed in and permitted by the broker alike.
+#[tokio::test]
+async fn over_a_grpc_channel_the_console_is_checked_by_the_broker_alike() {
+    let (b, ids) = secured_with_dead_letters(false).await;
+    let app = ricochet_console::router(channel(&b.url()).await, Default::default());
+    let (status, page) = get(&app, "/", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{page}");
+    let viewer = token("viewer");
+    let (status, page) = get(&app, &sub_uri("/dead-letters", ""), Some(&viewer)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{page}");
+    let operator = token("operator");
+    let (_, confirm) = get(
+        &app,
+        &sub_uri("/confirm/purge", &format!("&ids={}", ids[0])),
+        Some(&operator),
+    )
+    .await;
+    let form = format!("token={}", confirmation_of(&confirm));
+    let (status, _, done) = send(&app, form_post("/act", &form), Some(&operator)).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert!(done.contains("Discarded 1 of 1"), "{done}");
+    assert_eq!(dead_letter_ids(&b).await, ids[1..].to_vec());
 }
