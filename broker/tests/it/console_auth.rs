@@ -449,3 +449,22 @@ async fn over_a_grpc_channel_the_console_is_checked_by_the_broker_alike() {
     assert!(done.contains("Discarded 1 of 1"), "{done}");
     assert_eq!(dead_letter_ids(&b).await, ids[1..].to_vec());
 }
+
+/// Without `[auth]` pages need no sign-in, and a token offered anyway is
+/// not kept.
+#[tokio::test]
+async fn without_auth_no_sign_in_is_needed_and_none_is_kept() {
+    let b = InProcessBroker::start().await;
+    let app = ricochet_broker::console::router(b.core.clone());
+    let (status, page) = get(&app, "/", None).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let (status, cookie, page) = send(
+        &app,
+        form_post("/sign-in", &format!("token={}", token("root"))),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("No sign-in needed"), "{page}");
+    assert_eq!(cookie, None);
+}
