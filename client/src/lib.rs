@@ -81,16 +81,17 @@ mod client;
 mod consumer;
 mod credentials;
 mod error;
+mod ids;
 mod message;
 mod partitions;
 mod producer;
 mod reconnect;
-mod routing;
 mod tls_probe;
 #[doc(hidden)]
 pub mod tracker;
 
 pub use admin::Admin;
+pub use client::TopicOwner;
 pub use client::{Client, ClientBuilder, ClientConfig};
 pub use consumer::{
     Acker, Consumer, ConsumerBuilder, ConsumerConfig, ConsumerPolicy, InitialPosition,
@@ -104,7 +105,6 @@ pub use credentials::Transport;
 pub use error::{Error, ErrorKind, Redirect, Result};
 pub use message::{Message, MessageBuilder, MessageId, OutgoingMessage};
 pub use producer::{Producer, ProducerBuilder, ProducerConfig, ProducerStats, Receipt};
-pub use routing::TopicOwner;
 pub use tls_probe::{speaks_tls, tls_advice};
 
 /// Re-exported for convenience: the policy vocabulary the consumer takes.

@@ -10,8 +10,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use ricochet_proto::props;
 
-use crate::consumer::TopicIds;
-
 /// Identifies one stored message: its topic (a main topic, or a
 /// subscription's retry or dead-letter tier) and its per-topic entry id.
 ///
@@ -105,14 +103,15 @@ pub struct Message {
 }
 
 impl Message {
-    /// Builds a message from a frame; `None` when the broker sent no id.
+    /// Builds a message from a frame, its topic name shared through
+    /// `intern`; `None` when the broker sent no id.
     pub(crate) fn from_proto(
         m: ricochet_proto::Message,
         epoch: u64,
-        ids: &mut TopicIds,
+        intern: impl FnOnce(&str) -> Arc<str>,
     ) -> Option<Self> {
         let id = m.id.as_ref()?;
-        let id = MessageId::new(ids.intern(&id.topic), id.entry_id);
+        let id = MessageId::new(intern(&id.topic), id.entry_id);
         Some(Self {
             id,
             payload: Bytes::from(m.payload),

@@ -28,7 +28,7 @@ pub(crate) async fn count_once(client: &Client, topic: &str) -> Result<Option<(S
                     return if service {
                         Ok(None)
                     } else {
-                        Err(crate::routing::not_a_cluster_broker())
+                        Err(crate::client::not_a_cluster_broker())
                     };
                 }
                 Ok(r) => r.map_err(Error::from_status)?.into_inner(),

@@ -8,7 +8,8 @@
 //! broker processes for cluster tests ([`etcd`]), an S3-compatible server for
 //! tiered storage ([`moto`]), a stand-in for a cluster's lookup service
 //! ([`FakeCluster`]), a TCP proxy that delays, cuts one direction or drops
-//! connections ([`FaultProxy`]), and the README and book pages with their code blocks
+//! connections ([`FaultProxy`]), a checker of what a run with faults confirmed against
+//! where its messages ended ([`history`]), and the README and book pages with their code blocks
 //! and links ([`docs`]).
 //!
 //! A dev-dependency only: everything here panics on failure, as a test
@@ -19,6 +20,7 @@ pub mod docs;
 pub mod etcd;
 pub mod fake_cluster;
 pub mod fault_proxy;
+pub mod history;
 pub mod in_process;
 pub mod moto;
 pub mod net;
@@ -30,6 +32,7 @@ pub use clock::{now_ms, now_us};
 pub use etcd::{ClusterBroker, EtcdProcess, etcd_or_skip, spawn_cluster};
 pub use fake_cluster::{FakeAnswer, FakeCluster};
 pub use fault_proxy::{Direction, FaultProxy};
+pub use history::{History, Place, Violation};
 pub use in_process::InProcessBroker;
 pub use moto::{MotoServer, moto_or_skip};
 pub use net::free_addr;

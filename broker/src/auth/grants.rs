@@ -216,8 +216,20 @@ impl Auth {
         }
     }
 
-    /// Whether `p` holds `perm` on `topic` (through its namespace or the
-    /// topic itself).
+    /// What a grant may name to cover `topic`: its namespace, the topic,
+    /// and for a partition (`<base>-partition-<i>`) its partitioned topic,
+    /// as in Pulsar, where a grant on a partitioned topic covers its
+    /// partitions.
+    fn covering(topic: &TopicName) -> Vec<&str> {
+        let mut on = vec![topic.namespace(), topic.as_str()];
+        if let Some((base, _)) = ricochet_proto::partitions::parse_partition(topic.as_str()) {
+            on.push(base);
+        }
+        on
+    }
+
+    /// Whether `p` holds `perm` on `topic` (through its namespace, the
+    /// topic itself, or for a partition its partitioned topic).
     pub fn check(
         &self,
         p: Option<&Principal>,
@@ -228,7 +240,7 @@ impl Auth {
             return Ok(());
         }
         let role = p.map(|p| p.role.as_str()).unwrap_or_default();
-        if self.bits(role, &[topic.namespace(), topic.as_str()]) & perm.bit() != 0 {
+        if self.bits(role, &Self::covering(topic)) & perm.bit() != 0 {
             return Ok(());
         }
         Err(Self::denied(p, perm.name(), topic.as_str()))
@@ -262,7 +274,7 @@ impl Auth {
             return Ok(());
         }
         let role = p.map(|p| p.role.as_str()).unwrap_or_default();
-        if self.bits(role, &[topic.namespace(), topic.as_str()]) != 0 {
+        if self.bits(role, &Self::covering(topic)) != 0 {
             return Ok(());
         }
         Err(Self::not_visible(p, topic.as_str()))

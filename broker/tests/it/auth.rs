@@ -502,6 +502,39 @@ async fn a_tenant_role_cannot_see_or_touch_another_tenants_topics() {
 }
 
 #[tokio::test]
+async fn a_grant_on_a_partitioned_topic_covers_its_partitions_only() {
+    let b = secured().await;
+    let url = &b.url();
+    let base = "persistent://a/ns/parted";
+    PartitionsClient::new(channel(url).await)
+        .create_partitioned_topic(req(
+            UpdatePartitionsRequest {
+                topic: base.into(),
+                partitions: 2,
+            },
+            Some(&token("root")),
+        ))
+        .await
+        .unwrap();
+    grant(url, "writer", base, &["produce"]).await;
+    let writer = token("writer");
+    for i in 0..2 {
+        let partition = format!("{base}-partition-{i}");
+        produce(url, &partition, Some(&writer)).await.unwrap();
+    }
+    // Not another topic of the namespace, nor one whose name merely starts
+    // with the base's.
+    let denied = produce(url, "persistent://a/ns/other", Some(&writer))
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    let denied = produce(url, "persistent://a/ns/parted-x-partition-0", Some(&writer))
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+}
+
+#[tokio::test]
 async fn grants_are_durable_and_revocable_and_health_needs_no_token() {
     let broker = secured().await;
     let url = broker.url();

@@ -9,8 +9,8 @@ use ricochet_proto::cluster_client::ClusterClient;
 use ricochet_proto::{DrainRequest, MoveTopicRequest};
 
 use super::{Admin, Brokers, DrainReport, TopicMoved, answer};
+use crate::client::TopicOwner;
 use crate::error::{Error, ErrorKind, Result};
-use crate::routing::TopicOwner;
 
 impl Admin {
     /// Which broker owns `topic`; see [`Client::lookup`](crate::Client::lookup).

@@ -53,6 +53,16 @@ pub use ricochet_proto::{
     TopicMoved, TopicNotMoved, TopicStatsResponse as TopicStats, WhoAmIResponse as WhoAmI,
 };
 
+/// The admin API is reached from a [`Client`].
+impl Client {
+    /// The admin API (topics, subscriptions, policies, dead letters,
+    /// replay jobs, retention, partitions, grants, the cluster's brokers)
+    /// through this client: see [`Admin`].
+    pub fn admin(&self) -> Admin {
+        Admin::new(self.clone())
+    }
+}
+
 /// The admin API of a broker (or of a cluster, through any of its brokers),
 /// on the connection of the [`Client`] it came from, with its credentials.
 /// Cheap to clone.

@@ -127,6 +127,13 @@ impl AckGroup {
         false
     }
 
+    /// Whether an application task waits for a held ack (ack receipts).
+    pub(super) fn awaited(&self) -> bool {
+        [&self.individual, &self.loose, &self.cumulative]
+            .iter()
+            .any(|h| !h.waiters.is_empty())
+    }
+
     /// When the held acks are due, if armed.
     pub(super) fn deadline(&self) -> Option<Instant> {
         self.deadline

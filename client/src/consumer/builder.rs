@@ -19,6 +19,14 @@ use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::reconnect::open_with_retry;
 
+/// Consumers are made from a [`Client`].
+impl Client {
+    /// Starts building a consumer on `topic`.
+    pub fn consumer(&self, topic: impl Into<String>) -> ConsumerBuilder {
+        ConsumerBuilder::new(self.clone(), topic.into())
+    }
+}
+
 /// Builds a [`Consumer`]; see [`Client::consumer`].
 #[derive(Debug)]
 pub struct ConsumerBuilder {
@@ -161,9 +169,10 @@ impl ConsumerBuilder {
     }
 
     /// Whether held acks go to the broker as soon as the application waits
-    /// on an empty queue (`receive`, or polling the stream), instead of
-    /// only at the end of `ack_group_time` or at `ack_group_max` (default
-    /// on). Grouping saves frames while messages keep coming; once the
+    /// on an empty queue (`receive`, or polling the stream) or awaits an
+    /// ack's receipt ([`ack_receipts`](Self::ack_receipts): the acks
+    /// awaited at that moment share a frame), instead of only at the end
+    /// of `ack_group_time` or at `ack_group_max` (default on). Grouping saves frames while messages keep coming; once the
     /// application has caught up, holding acks only delays what the broker
     /// waits for: the next message of a key under
     /// [`key_order`](Self::key_order), a consumer's `max_unacked` room,

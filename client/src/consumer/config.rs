@@ -88,7 +88,8 @@ pub struct ConsumerConfig {
     /// Ack grouping size (default 1000 ids).
     pub ack_group_max: usize,
     /// Held acks are sent as soon as the application waits on an empty
-    /// queue, not only when `ack_group_time` ends (default on).
+    /// queue or awaits an ack's receipt, not only when `ack_group_time`
+    /// ends (default on).
     pub ack_flush_on_idle: bool,
     /// Ack receipts (Pulsar's `isAckReceiptEnabled`, NATS's `AckSync`): each
     /// ack, cumulative ack and nack completes only once the broker has made

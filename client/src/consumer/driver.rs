@@ -17,13 +17,13 @@ use tokio::time::Instant;
 
 use super::acks::AckGroup;
 use super::builder::{Conn, open_stream};
-use super::ids::{Key, TopicIds};
 use super::redelivery::{InFlight, plan_nack};
 use super::requests::{Pending, PendingMove, Requests};
 use super::shared::{ACTIVE_NO, ACTIVE_UNKNOWN, ACTIVE_YES, Cmd, Delivery, Reply, Shared};
 use super::{Acker, Consumer, ConsumerConfig};
 use crate::client::{Client, next_frame, sleep_opt};
 use crate::error::{Error, Result};
+use crate::ids::{Key, TopicIds};
 use crate::message::{Message, MessageId};
 use crate::reconnect::{Reconnector, Reopen};
 
@@ -179,6 +179,12 @@ impl Driver {
                             Err(_) => break,
                         }
                     }
+                    // Acks someone awaits (ack receipts) go once every
+                    // command queued so far is in: those awaited together
+                    // share a frame, and none waits out the window.
+                    if self.cfg.ack_flush_on_idle && self.acks.awaited() {
+                        self.flush_acks();
+                    }
                 }
                 Event::Cmd(None) => {
                     // Every handle is gone: flush acks and stop.
@@ -260,7 +266,8 @@ impl Driver {
         match r.response {
             Some(consume_response::Response::Messages(batch)) => {
                 for m in batch.messages {
-                    let Some(msg) = Message::from_proto(m, self.epoch, &mut self.ids) else {
+                    let Some(msg) = Message::from_proto(m, self.epoch, |t| self.ids.intern(t))
+                    else {
                         tracing::warn!("dropping a message without an id");
                         continue;
                     };

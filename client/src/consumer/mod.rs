@@ -9,8 +9,9 @@
 //! * **groups acks**: individual acks are sent together every
 //!   `ack_group_time` (100 ms) or `ack_group_max` (1000) ids, whichever
 //!   comes first, or as soon as the application waits on an empty queue
-//!   (`ack_flush_on_idle`, on by default: once it has caught up, holding
-//!   acks would only delay what the broker waits for). By default `ack` returns once queued;
+//!   or awaits an ack's receipt (`ack_flush_on_idle`, on by default: then
+//!   holding acks would only delay what the broker or the application
+//!   waits for). By default `ack` returns once queued;
 //!   [`flush`](Acker::flush) and [`close`](Consumer::close) confirm that
 //!   every ack so far is durable (or fail naming how many are not). With
 //!   [ack receipts](ConsumerBuilder::ack_receipts) each `ack`,
@@ -66,7 +67,6 @@ mod acks;
 mod builder;
 mod config;
 mod driver;
-mod ids;
 mod partitioned;
 mod redelivery;
 mod requests;
@@ -85,7 +85,6 @@ use tokio::time::Instant;
 pub use acker::Acker;
 pub use builder::ConsumerBuilder;
 pub use config::{ConsumerConfig, ConsumerPolicy};
-pub(crate) use ids::TopicIds;
 /// How a subscription shares messages between its consumers, and where a
 /// new one starts: the protocol's own enums, shared with the broker and CLI.
 pub use ricochet_proto::{InitialPosition, SubscriptionType};

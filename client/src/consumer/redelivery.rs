@@ -19,8 +19,8 @@ use ricochet_policy::{
 use ricochet_proto::FailedDelivery;
 use tokio::time::Instant;
 
-use super::ids::{Key, TopicIds};
 use super::shared::Reply;
+use crate::ids::{Key, TopicIds};
 use crate::message::MessageId;
 use crate::tracker::DelayTracker;
 

@@ -14,9 +14,9 @@
 
 use std::collections::BTreeMap;
 
-use super::ids::Key;
 use super::shared::Reply;
 use crate::error::Result;
+use crate::ids::Key;
 use crate::message::MessageId;
 
 /// A `reconsume_later` or `terminate` waiting for the broker.

@@ -101,6 +101,15 @@ impl Default for ProducerConfig {
     }
 }
 
+/// Producers are made from a [`Client`].
+impl Client {
+    /// Starts building a producer on `topic` (`orders` means
+    /// `persistent://public/default/orders`).
+    pub fn producer(&self, topic: impl Into<String>) -> ProducerBuilder {
+        ProducerBuilder::new(self.clone(), topic.into())
+    }
+}
+
 /// Builds a [`Producer`]; see [`Client::producer`].
 #[derive(Debug)]
 pub struct ProducerBuilder {

@@ -117,6 +117,35 @@ async fn a_partitioned_consumer_flushes_every_partition_when_idle() {
 }
 
 #[tokio::test]
+async fn an_awaited_ack_receipt_does_not_wait_out_the_group_window() {
+    let env = start().await;
+    let t = topic("ag-receipts");
+    publish(&env, &t, 3, "").await;
+    let mut c = env
+        .client
+        .consumer(&t)
+        .subscription("s")
+        .initial_position(InitialPosition::Earliest)
+        .ack_receipts(true)
+        .ack_group_time(LONG)
+        .subscribe()
+        .await
+        .unwrap();
+    // Receive all three first, so no wait on an empty queue flushes them.
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(recv(&mut c, T).await);
+    }
+    for m in &got {
+        tokio::time::timeout(T, c.ack(m))
+            .await
+            .expect("the receipt came before the group window")
+            .unwrap();
+    }
+    assert_eq!(unacked_settles(&env, &t, 0, T).await, 0);
+}
+
+#[tokio::test]
 async fn one_key_in_order_is_not_held_to_one_message_per_group_window() {
     // Key order lets one message of a key out at a time: the next goes
     // only once the broker has the ack. With a group window longer than

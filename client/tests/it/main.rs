@@ -8,6 +8,7 @@ mod cluster_events;
 mod cluster_routing;
 mod common;
 mod failures;
+mod history;
 mod key_order;
 mod partitions;
 mod producer_queue;

@@ -2,7 +2,7 @@
 //! and consumer made from it, and [`ClientBuilder`] for its timeouts and
 //! reconnect backoff. In a cluster the client also keeps a pool of
 //! connections to the topics' owners, keyed by URL and made with the same
-//! settings (see `crate::routing`).
+//! settings (see [`routing`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,12 +12,13 @@ use ricochet_proto::broker_client::BrokerClient;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::admin::Admin;
-use crate::consumer::ConsumerBuilder;
 use crate::credentials::{Credentials, Transport};
 use crate::error::{Error, Result};
-use crate::producer::ProducerBuilder;
-use crate::routing::Routes;
+pub(crate) mod routing;
+
+use routing::Routes;
+pub use routing::TopicOwner;
+pub(crate) use routing::not_a_cluster_broker;
 
 use ricochet_proto::MAX_GRPC_MESSAGE_BYTES as MAX_FRAME_BYTES;
 
@@ -298,7 +299,7 @@ struct ClientInner {
     url: String,
     endpoints: Endpoints,
     /// Where topics are served (the standalone answer, the owners'
-    /// channels); see `crate::routing`.
+    /// channels); see [`routing`].
     routes: Routes,
 }
 
@@ -337,24 +338,6 @@ impl Client {
         }
     }
 
-    /// Starts building a producer on `topic` (`orders` means
-    /// `persistent://public/default/orders`).
-    pub fn producer(&self, topic: impl Into<String>) -> ProducerBuilder {
-        ProducerBuilder::new(self.clone(), topic.into())
-    }
-
-    /// Starts building a consumer on `topic`.
-    pub fn consumer(&self, topic: impl Into<String>) -> ConsumerBuilder {
-        ConsumerBuilder::new(self.clone(), topic.into())
-    }
-
-    /// The admin API (topics, subscriptions, policies, dead letters,
-    /// replay jobs, retention, partitions, grants, the cluster's brokers)
-    /// through this client: see [`Admin`].
-    pub fn admin(&self) -> Admin {
-        Admin::new(self.clone())
-    }
-
     /// The underlying channel, without the client's credentials.
     ///
     /// Not part of the API (no semver promise: its type is tonic's): for
@@ -386,7 +369,7 @@ impl Client {
     }
 
     /// The broker stream client on `transport` (the service URL's, or a
-    /// topic owner's from `crate::routing`).
+    /// topic owner's from [`routing`]).
     pub(crate) fn broker_on(transport: Transport) -> BrokerClient<Transport> {
         BrokerClient::new(transport)
             .max_decoding_message_size(MAX_FRAME_BYTES)
