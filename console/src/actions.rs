@@ -16,7 +16,8 @@
 //! can be due later, or paced as a background replay job.
 
 use super::api::ReplayOptions;
-use super::pages::{Params, fmt_ms, link, parse_time};
+use super::format::{fmt_ms, link};
+use super::pages::{Params, parse_time};
 use super::{ConsoleError, ConsoleState, Page, layout};
 use axum::body::Bytes;
 use axum::extract::{Path, Query};

@@ -58,6 +58,7 @@ mod actions;
 mod api;
 mod breaker;
 mod charts;
+mod format;
 mod key_order;
 mod pages;
 pub mod session;

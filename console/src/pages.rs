@@ -4,10 +4,11 @@
 //! filters and the broker's group-by; one dead letter with every attempt,
 //! its edit history and the fix-and-resend form; any stored message with
 //! its state in each subscription; the subscription's replay jobs. Also the query-string parsing they share
-//! (a bad filter is a 400 naming the field) and the small formatters.
+//! (a bad filter is a 400 naming the field) and the text formatters (reasons, payloads).
 
 use super::api::{ApiResult, ConsoleApi, DeadLetterQuery, GroupBy};
 use super::charts;
+use super::format::{fmt_ms, link};
 use super::{ConsoleError, ConsoleState, Page, layout};
 use axum::extract::Query;
 use base64::Engine;
@@ -141,27 +142,8 @@ fn parse_id(s: &str) -> Result<u64, ConsoleError> {
     })
 }
 
-/// `path?k=v&...`, the values URL-encoded.
-pub(crate) fn link(path: &str, pairs: &[(&str, &str)]) -> String {
-    match serde_urlencoded::to_string(pairs) {
-        Ok(q) if !q.is_empty() => format!("{path}?{q}"),
-        _ => path.to_owned(),
-    }
-}
-
 fn sub_link(path: &str, topic: &str, sub: &str) -> String {
     link(path, &[("topic", topic), ("sub", sub)])
-}
-
-/// Milliseconds since the epoch as a UTC time; `—` for 0.
-pub(crate) fn fmt_ms(ms: u64) -> String {
-    if ms == 0 {
-        return "—".to_owned();
-    }
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-    humantime::format_rfc3339_seconds(t)
-        .to_string()
-        .replace('T', " ")
 }
 
 /// A failure reason's short name (`nack`, `ack_timeout`, ...).
@@ -875,16 +857,5 @@ mod tests {
         assert!(parse_ids("").unwrap().is_empty());
         assert!(parse_ids("4,x").is_err());
         assert!(parse_ids("-1").is_err());
-    }
-
-    #[test]
-    fn links_encode_their_values() {
-        assert_eq!(
-            link(
-                "/x",
-                &[("topic", "persistent://a/b/c"), ("reason", "a&b c")]
-            ),
-            "/x?topic=persistent%3A%2F%2Fa%2Fb%2Fc&reason=a%26b+c"
-        );
     }
 }
