@@ -6,7 +6,8 @@
 //! dead-letters permission can neither purge nor replay (the broker's
 //! PERMISSION_DENIED message on the page, nothing changed, a refusal in
 //! the audit log) even with a confirmation another role opened; a role
-//! holding it can, and the audit lines name that role. The same console
+//! holding it can, the audit lines name that role, and so does the edit
+//! history of a dead letter it fixed and resent. The same console
 //! over a gRPC channel to the broker (as a console in another process
 //! would run) is checked alike.
 
@@ -19,7 +20,7 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use ricochet_broker::auth::TokenClaims;
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::auth_client::AuthClient;
-use ricochet_proto::{GrantRequest, ListDeadLettersRequest};
+use ricochet_proto::{GrantRequest, ListDeadLettersRequest, SubscriptionType};
 use ricochet_testkit::InProcessBroker;
 use std::sync::{Arc, Mutex};
 use tower::ServiceExt;
@@ -407,6 +408,53 @@ async fn a_role_holding_the_dead_letters_permission_purges_and_replays_under_its
     assert!(done.contains("Discarded 1 of 1"), "{done}");
 
     assert_eq!(dead_letter_ids(&b).await, vec![ids[2]]);
+
+    // Fix and resend: the edit is recorded under the signed-in role (seen
+    // once the message dies again, on a restart without auth: the raw test
+    // consumer carries no token).
+    let edit = serde_urlencoded::to_string([
+        ("topic", TOPIC),
+        ("sub", "s"),
+        ("id", &ids[2].to_string()),
+        ("payload", "fixed"),
+    ])
+    .unwrap();
+    let (status, _, confirm) = send(&app, form_post("/confirm/edit", &edit), Some(&operator)).await;
+    assert_eq!(status, StatusCode::OK, "{confirm}");
+    let form = format!("token={}", confirmation_of(&confirm));
+    let (status, _, done) = send(&app, form_post("/act", &form), Some(&operator)).await;
+    assert!(
+        done.contains("Edited and replayed 1 of 1"),
+        "{status}: {done}"
+    );
+    drop(app);
+    let plain = InProcessBroker::start_in(b.shutdown().await, |_| {}).await;
+    let mut c = RawConsumer::simple(&plain.url(), TOPIC, "s", SubscriptionType::Shared).await;
+    c.flow(10).await;
+    // The one replayed earlier, and the fixed one.
+    let got = c.take(2, WAIT).await;
+    let m = got
+        .into_iter()
+        .find(|m| m.payload == b"fixed")
+        .expect("the fixed message");
+    c.terminate(m.id.unwrap(), "still broken", 1).await;
+    assert_eq!(c.result(WAIT).await.unwrap().code, 0);
+    let dead = AdminClient::new(channel(&plain.url()).await)
+        .list_dead_letters(ListDeadLettersRequest {
+            topic: TOPIC.into(),
+            subscription: "s".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let by: Vec<&str> = dead
+        .dead_letters
+        .iter()
+        .flat_map(|d| &d.edits)
+        .map(|e| e.by.as_str())
+        .collect();
+    assert_eq!(by, ["operator"], "{dead:?}");
     let audit = log.audit();
     for (action, what) in [
         ("replay-dead-letters", "replayed=1"),
