@@ -38,7 +38,7 @@
 //!                                # "before": before serving (refuse damage; slower start), "off"
 //! # console_listen = "127.0.0.1:8080"  # the web console (off unless set; sign-in by token
 //!                                #   with [auth]; loopback only ...)
-//! console_allow_remote = false   # ... unless this is true: it serves plain HTTP
+//! console_allow_remote = false   # ... unless this is true (HTTPS with [tls])
 //!
 //! # advertise = "http://10.0.0.5:6650"  # the URL clients are sent to (default: http(s)://<listen>)
 //!
@@ -317,10 +317,10 @@ pub struct BrokerConfig {
     /// Where the web console (`crate::console`) listens; `None` (the
     /// default) serves no console.
     pub console_listen: Option<SocketAddr>,
-    /// Serve the console on an address other than loopback. The console
-    /// serves plain HTTP (with `[auth]`, its sign-in token would cross the
-    /// network in clear; without, whoever reaches it may act), so without
-    /// this a non-loopback `console_listen` is refused.
+    /// Serve the console on an address other than loopback. Without
+    /// `[auth]` whoever reaches it may act, and without `[tls]` (which the
+    /// console is served with too) a signed-in token crosses the network in
+    /// clear, so without this a non-loopback `console_listen` is refused.
     pub console_allow_remote: bool,
     /// The URL clients are told to reach this broker at (`Lookup`, the
     /// not-owner redirect); default `http://<listen>` (`https` with TLS).
@@ -460,10 +460,9 @@ impl BrokerConfig {
             && !self.console_allow_remote
         {
             return Err(BrokerError::Config(format!(
-                "console_listen {addr} is not a loopback address, and the console serves plain \
-                 HTTP (a signed-in token would cross the network in clear; without [auth], whoever \
-                 reaches it may act): set console_allow_remote (--console-allow-remote) to serve it \
-                 anyway, behind a TLS proxy"
+                "console_listen {addr} is not a loopback address: set console_allow_remote \
+                 (--console-allow-remote) to serve the console there, with [auth] (or whoever \
+                 reaches it may act) and [tls] (or a signed-in token crosses the network in clear)"
             )));
         }
         if let Some(addr) = self.metrics_listen

@@ -72,20 +72,25 @@ impl Service<http::Request<Body>> for InProcessAdmin {
 pub fn router(core: Arc<BrokerCore>) -> axum::Router {
     let options = ricochet_console::Options {
         allow_remote: core.config.console_allow_remote,
-        secure_cookie: false,
+        // With `[tls]` the console is served over TLS too.
+        secure_cookie: core.config.tls.enabled(),
     };
     ricochet_console::router(InProcessAdmin::new(core), options)
 }
 
-/// Binds `addr` and serves the console of `core` there until the broker
+/// Binds `addr` and serves the console of `core` there (over TLS, with the
+/// gRPC listener's certificate, when `[tls]` is set) until the broker
 /// starts shutting down; where it listens.
 pub async fn start(core: Arc<BrokerCore>, addr: SocketAddr) -> crate::Result<SocketAddr> {
     let server = ricochet_console::ConsoleServer::bind(addr)
         .await
         .map_err(console_error)?;
     let bound = server.local_addr().map_err(console_error)?;
-    let stop = core.shutdown.clone();
-    server.spawn(router(core), stop.cancelled_owned());
+    let stop = core.shutdown.clone().cancelled_owned();
+    match core.config.tls.console_config()? {
+        Some(tls) => server.spawn_tls(router(core), tls, stop),
+        None => server.spawn(router(core), stop),
+    };
     Ok(bound)
 }
 

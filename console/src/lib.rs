@@ -259,6 +259,59 @@ impl ConsoleServer {
         Ok(self.listener.local_addr()?)
     }
 
+    /// Serves `app` over TLS with `tls` (the sign-in cookie should then be
+    /// [`Options::secure_cookie`]) in the background until `shutdown`
+    /// resolves. Each connection's handshake runs on a task of its own
+    /// (given 10 s), so a client that never finishes one holds up no other.
+    pub fn spawn_tls(
+        self,
+        app: Router,
+        tls: Arc<tokio_rustls::rustls::ServerConfig>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        let addr = self.listener.local_addr().ok();
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let listener = self.listener;
+        let accepting = tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "web console: accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let handshake = acceptor.accept(tcp);
+                    match tokio::time::timeout(std::time::Duration::from_secs(10), handshake).await
+                    {
+                        Ok(Ok(stream)) => {
+                            let _ = tx.send((stream, peer)).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "web console: TLS handshake failed")
+                        }
+                        Err(_) => tracing::debug!(%peer, "web console: TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        let listener = TlsListener { rx, addr };
+        tokio::spawn(async move {
+            tracing::info!(addr = ?addr, "web console serving (TLS)");
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await;
+            accepting.abort();
+            if let Err(e) = served {
+                tracing::error!(error = %e, "web console stopped");
+            }
+        })
+    }
+
     /// Serves `app` in the background until `shutdown` resolves.
     pub fn spawn(
         self,
@@ -275,6 +328,33 @@ impl ConsoleServer {
                 tracing::error!(error = %e, "web console stopped");
             }
         })
+    }
+}
+
+/// Connections whose TLS handshake is done, for `axum::serve`.
+struct TlsListener {
+    rx: tokio::sync::mpsc::Receiver<(
+        tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+        SocketAddr,
+    )>,
+    addr: Option<SocketAddr>,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.rx.recv().await {
+            Some(c) => c,
+            // The accepting task is gone: no connection comes any more.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.addr
+            .ok_or_else(|| std::io::Error::other("the console listener has no address"))
     }
 }
 
