@@ -9,6 +9,7 @@ mod blocked;
 mod breaker;
 mod cluster;
 mod common;
+mod console_auth;
 mod console_browser;
 mod console_http;
 mod corruption;
