@@ -32,7 +32,8 @@
 //!   retention policies and backlog quotas; `replay_jobs`: durable paced
 //!   dead-letter replays;
 //! * [`check`]: `ricochet-broker check`, verifying a stopped store;
-//! * [`console`]: the web console (HTML over the admin service);
+//! * [`console`]: serves the web console (`ricochet-console`) over the
+//!   broker's own authenticated, guarded admin services;
 //! * [`tls`]: TLS and mTLS on the listener;
 //! * [`gate`]: the RPC table (each RPC's permission, scope, route and
 //!   audit line) every service runs behind;

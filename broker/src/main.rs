@@ -62,8 +62,8 @@ struct Args {
     /// only unless --console-allow-remote).
     #[arg(long)]
     console_listen: Option<SocketAddr>,
-    /// Allow a non-loopback --console-listen: the console has no
-    /// authentication of its own yet.
+    /// Allow a non-loopback --console-listen (use it with [auth], and
+    /// [tls], which the console is served with too).
     #[arg(long)]
     console_allow_remote: bool,
     /// Cluster flags (override the config's `advertise` and `[cluster]`).
@@ -377,7 +377,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         listener.local_addr()?
     );
     if let Some(console) = broker.start_console().await? {
-        println!("ricochet-broker console on http://{console}/");
+        let scheme = if broker.core().config.tls.enabled() {
+            "https"
+        } else {
+            "http"
+        };
+        println!("ricochet-broker console on {scheme}://{console}/");
     }
     broker.serve(listener, shutdown_signal()).await?;
     Ok(())

@@ -385,10 +385,7 @@ impl Broker {
         let Some(addr) = self.core.config.console_listen else {
             return Ok(None);
         };
-        let console = crate::console::bind(self.node.clone(), addr).await?;
-        let bound = console.local_addr()?;
-        console.spawn();
-        Ok(Some(bound))
+        Ok(Some(crate::console::start(self.node.clone(), addr).await?))
     }
 }
 

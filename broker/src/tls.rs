@@ -1,5 +1,6 @@
 //! TLS on the gRPC listener (rustls through tonic), optionally verifying
-//! client certificates (mTLS), and the role a client certificate names.
+//! client certificates (mTLS), and the role a client certificate names;
+//! the web console is served with the same certificate.
 //!
 //! ```toml
 //! [tls]
@@ -87,6 +88,36 @@ impl TlsConfig {
                 ))
             })?;
         Ok(Some(tls))
+    }
+}
+
+impl TlsConfig {
+    /// The rustls setup for the web console (same certificate and key as
+    /// the gRPC listener; no client certificates: the console signs in by
+    /// token), or `None` without TLS.
+    pub fn console_config(
+        &self,
+    ) -> Result<Option<std::sync::Arc<rustls::ServerConfig>>, BrokerError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let (Some(cert), Some(key)) = (&self.cert_file, &self.key_file) else {
+            return Ok(None);
+        };
+        let certs =
+            CertificateDer::pem_slice_iter(&read_pem(cert, "tls.cert_file", "CERTIFICATE")?)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| {
+                    BrokerError::Config(format!("tls.cert_file {}: {e}", cert.display()))
+                })?;
+        let key_der = PrivateKeyDer::from_pem_slice(&read_pem(key, "tls.key_file", "PRIVATE KEY")?)
+            .map_err(|e| BrokerError::Config(format!("tls.key_file {}: {e}", key.display())))?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key_der))
+            .map_err(|e| BrokerError::Config(format!("TLS for the web console: {e}")))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Some(std::sync::Arc::new(config)))
     }
 }
 

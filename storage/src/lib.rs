@@ -27,6 +27,8 @@ mod records;
 pub mod refs;
 pub mod segments;
 mod sled_store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tiered;
 pub mod util;
 mod watch;

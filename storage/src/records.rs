@@ -473,7 +473,7 @@ impl MessageEdit {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn sample_history(count: u32) -> FailureRecord {
     let mut r = FailureRecord::default();
     for n in 1..=count {

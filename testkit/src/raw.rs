@@ -361,6 +361,7 @@ impl RawConsumer {
                 reason: FailureReason::Nack as i32,
                 detail: detail.into(),
                 delay_ms,
+                ahead: false,
             }],
         }))
         .await;

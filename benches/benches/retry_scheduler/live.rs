@@ -287,6 +287,7 @@ async fn park(target: &Target, kind: Kind, n: usize) -> Result<Row, BoxError> {
                     reason: FailureReason::Nack as i32,
                     detail: String::new(),
                     delay_ms: HOUR_MS,
+                    ahead: false,
                 })
                 .collect();
             c.send(consume_request::Request::Redeliver(Redeliver {

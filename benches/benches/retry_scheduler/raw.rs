@@ -129,6 +129,7 @@ impl RawConsumer {
                 reason: FailureReason::Nack as i32,
                 detail: String::new(),
                 delay_ms: 0,
+                ahead: false,
             })
             .collect();
         self.send(consume_request::Request::Redeliver(Redeliver {

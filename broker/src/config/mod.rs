@@ -36,8 +36,9 @@
 //! accept_data_loss = false       # start on a store that lacks what its manifest records
 //! verify_on_start = "background" # read every stored value once serving (report damage);
 //!                                # "before": before serving (refuse damage; slower start), "off"
-//! # console_listen = "127.0.0.1:8080"  # the web console (off unless set; loopback only ...)
-//! console_allow_remote = false   # ... unless this is true: the console has no authentication yet
+//! # console_listen = "127.0.0.1:8080"  # the web console (off unless set; sign-in by token
+//!                                #   with [auth]; loopback only ...)
+//! console_allow_remote = false   # ... unless this is true (HTTPS with [tls])
 //!
 //! # advertise = "http://10.0.0.5:6650"  # the URL clients are sent to (default: http(s)://<listen>)
 //!
@@ -323,9 +324,10 @@ pub struct BrokerConfig {
     /// Where the web console (`crate::console`) listens; `None` (the
     /// default) serves no console.
     pub console_listen: Option<SocketAddr>,
-    /// Serve the console on an address other than loopback. The console has
-    /// no authentication of its own yet, so without this a non-loopback
-    /// `console_listen` is refused.
+    /// Serve the console on an address other than loopback. Without
+    /// `[auth]` whoever reaches it may act, and without `[tls]` (which the
+    /// console is served with too) a signed-in token crosses the network in
+    /// clear, so without this a non-loopback `console_listen` is refused.
     pub console_allow_remote: bool,
     /// The URL clients are told to reach this broker at (`Lookup`, the
     /// not-owner redirect); default `http://<listen>` (`https` with TLS).
@@ -465,17 +467,10 @@ impl BrokerConfig {
             && !self.console_allow_remote
         {
             return Err(BrokerError::Config(format!(
-                "console_listen {addr} is not a loopback address, and the console has no \
-                 authentication yet: set console_allow_remote (--console-allow-remote) to serve it anyway"
+                "console_listen {addr} is not a loopback address: set console_allow_remote \
+                 (--console-allow-remote) to serve the console there, with [auth] (or whoever \
+                 reaches it may act) and [tls] (or a signed-in token crosses the network in clear)"
             )));
-        }
-        if self.console_listen.is_some() && self.auth.enabled {
-            // The console calls the admin service in process, unchecked.
-            return Err(BrokerError::Config(
-                "console_listen with [auth] enabled: the console has no sign-in yet, so it would \
-                 bypass authentication; leave console_listen unset on a secured broker"
-                    .into(),
-            ));
         }
         if let Some(addr) = self.metrics_listen
             && self.auth.enabled
@@ -626,11 +621,11 @@ mod tests {
         assert!(refused.contains("console_allow_remote"), "{refused}");
         c.console_allow_remote = true;
         c.validate().unwrap();
-        // Never beside authentication, which it would bypass.
+        // Beside authentication too: it signs in by token.
         c.console_listen = Some("127.0.0.1:8080".parse().unwrap());
         c.auth.enabled = true;
-        let refused = c.validate().unwrap_err().to_string();
-        assert!(refused.contains("bypass authentication"), "{refused}");
+        c.auth.token_secret_file = Some("/tmp/x/secret".into());
+        c.validate().unwrap();
     }
 
     #[test]

@@ -187,6 +187,22 @@ impl TestConsumer {
                 reason: ricochet_policy::FailureReason::Nack,
                 detail: "nope".into(),
                 hold,
+                ahead: false,
+            }],
+        })
+    }
+
+    /// A client-held nack announced when made (`FailedItem::ahead`).
+    fn nack_ahead(&mut self, m: &ricochet_proto::Message) -> u64 {
+        let id = wire(m);
+        self.send(|request_id| ConsumerRequest::Redeliver {
+            request_id,
+            items: vec![FailedItem {
+                id,
+                reason: ricochet_policy::FailureReason::Nack,
+                detail: "held".into(),
+                hold: Duration::ZERO,
+                ahead: true,
             }],
         })
     }
@@ -356,6 +372,7 @@ async fn a_fresh_message_behind_many_held_nacks_is_delivered_after_a_restart() {
                 reason: ricochet_policy::FailureReason::Nack,
                 detail: String::new(),
                 hold: Duration::from_secs(3600),
+                ahead: false,
             })
             .collect();
         let rid = c.send(|request_id| ConsumerRequest::Redeliver { request_id, items });
@@ -520,4 +537,77 @@ async fn every_queued_request_is_answered_across_rounds() {
             other => panic!("{} of {n} answered, then {other:?}", answered.len()),
         }
     }
+}
+
+/// A client-held nack announced when made is counted then (its record
+/// stored while the message stays in flight); the redelivery the client
+/// asks for at the due time comes at once with that count, not counted again.
+#[tokio::test(start_paused = true)]
+async fn a_nack_counted_ahead_is_stored_at_once_and_not_counted_again() {
+    let h = harness().await;
+    h.publish(&["a"]).await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    let m = c.messages().await.remove(0);
+    let rid = c.nack_ahead(&m);
+    assert!(c.done(rid).await.is_ok());
+    let key = TierEntry::main(0).of(c.handle.id());
+    let stored = h.storage.failure(key, None).unwrap().unwrap();
+    assert_eq!(stored.count, 1, "counted when made");
+    assert_eq!(stored.attempts[0].detail, "held");
+    assert!(
+        c.messages_within(Duration::from_secs(5)).await.is_none(),
+        "still in flight: the client holds the delay"
+    );
+    let status = c.handle.message_status(0).await.unwrap();
+    assert_eq!(status.state, MessageState::InFlight);
+    assert_eq!(status.failures.map(|f| f.count), Some(1));
+
+    // Redelivered at once (the record is durable): the messages may come
+    // before the request's answer, which `messages` skips (or fails on).
+    c.nack(&m);
+    let again = c.messages().await;
+    assert_eq!((text(&again[0]), again[0].delivery_count), ("a", 1));
+    assert_eq!(h.storage.failure(key, None).unwrap().unwrap().count, 1);
+}
+
+/// An ack after a nack counted ahead (the client cancelled the nack)
+/// settles the message and drops the record stored for the nack.
+#[tokio::test(start_paused = true)]
+async fn an_ack_after_a_nack_counted_ahead_drops_its_record() {
+    let h = harness().await;
+    h.publish(&["a"]).await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    let m = c.messages().await.remove(0);
+    let rid = c.nack_ahead(&m);
+    assert!(c.done(rid).await.is_ok());
+    let key = TierEntry::main(0).of(c.handle.id());
+    assert!(h.storage.failure(key, None).unwrap().is_some());
+    let rid = c.ack(&m);
+    assert!(c.done(rid).await.is_ok());
+    assert_eq!(h.storage.failure(key, None).unwrap(), None);
+    assert!(c.messages_within(Duration::from_secs(5)).await.is_none());
+}
+
+/// A consumer lost while it holds a nack counted ahead: the message goes
+/// back counted once (consumer lost, from the record before the nack), as
+/// when the nack was only held by the client.
+#[tokio::test(start_paused = true)]
+async fn a_consumer_lost_after_a_nack_counted_ahead_counts_once() {
+    let h = harness().await;
+    h.publish(&["a"]).await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    let m = c.messages().await.remove(0);
+    let rid = c.nack_ahead(&m);
+    assert!(c.done(rid).await.is_ok());
+    c.handle.remove_consumer(c.id).unwrap();
+    let mut c2 = h.consumer(SubscriptionType::Shared, None).await;
+    let again = c2.messages().await;
+    assert_eq!((text(&again[0]), again[0].delivery_count), ("a", 1));
+    let key = TierEntry::main(0).of(c2.handle.id());
+    let stored = h.storage.failure(key, None).unwrap().unwrap();
+    assert_eq!(stored.count, 1);
+    assert_eq!(
+        stored.attempts[0].reason,
+        ricochet_policy::FailureReason::ConsumerLost
+    );
 }

@@ -129,7 +129,10 @@ impl Gate {
     }
 
     /// [`Gate::call`], then `audit` with the caller's role, the request and
-    /// the answer, once the call succeeded.
+    /// the answer, once the call succeeded. A call refused as not permitted
+    /// (PERMISSION_DENIED) writes an audit line too, with the role, the
+    /// method and the reason: an attempt at a change is on record even when
+    /// it changed nothing.
     pub(crate) async fn call_audited<Req, Resp, F, Fut>(
         &self,
         method: &'static str,
@@ -144,9 +147,24 @@ impl Gate {
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
         let kept = r.get_ref().clone();
-        let (p, resp) = self.call(method, rule, r, inner).await?;
-        audit(who(p.as_ref()), &kept, resp.get_ref());
-        Ok(resp)
+        let caller = r.extensions().get::<Principal>().cloned();
+        match self.call(method, rule, r, inner).await {
+            Ok((p, resp)) => {
+                audit(who(p.as_ref()), &kept, resp.get_ref());
+                Ok(resp)
+            }
+            Err(s) if s.code() == tonic::Code::PermissionDenied => {
+                tracing::warn!(
+                    target: crate::auth::AUDIT,
+                    role = who(caller.as_ref()),
+                    method,
+                    reason = s.message(),
+                    "refused"
+                );
+                Err(s)
+            }
+            Err(s) => Err(s),
+        }
     }
 }
 

@@ -277,6 +277,7 @@ fn parse(req: consume_request::Request, config: &BrokerConfig) -> Parsed {
                     reason,
                     detail: m.detail,
                     hold,
+                    ahead: m.ahead,
                 });
             }
             ConsumerRequest::Redeliver {
@@ -364,6 +365,7 @@ fn frames_of(event: ConsumerEvent) -> Vec<Result<ConsumeResponse, Status>> {
             dead_letter_policy: super::wire::policy_config(&policy),
             retry_topic: policy.retry_topic,
             dead_letter_topic: policy.dead_letter_topic,
+            counts_ahead: true,
         }))],
         ConsumerEvent::Messages(msgs) => message_frames(msgs)
             .into_iter()

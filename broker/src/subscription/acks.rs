@@ -46,7 +46,11 @@ impl SubscriptionActor {
             });
         }
         let held = self.deliveries.held.remove(&entry).is_some();
-        if self.deliveries.failures.remove(&entry).is_some() || held || entry.tier == TierId::Retry
+        let counted = self.deliveries.counted.remove(&entry).is_some();
+        if self.deliveries.failures.remove(&entry).is_some()
+            || held
+            || counted
+            || entry.tier == TierId::Retry
         {
             cleanup.records.push(msg);
         }

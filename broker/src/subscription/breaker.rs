@@ -92,6 +92,11 @@ impl SubscriptionActor {
         }
     }
 
+    /// Whether the subscription has an outage breaker.
+    pub(super) fn has_breaker(&self) -> bool {
+        self.breaker.machine.is_some()
+    }
+
     /// How many ready messages dispatch may offer now: `None` for any,
     /// `Some(1)` for the probe, `Some(0)` for none.
     pub(super) fn breaker_budget(&self) -> Option<usize> {

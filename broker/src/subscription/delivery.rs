@@ -48,6 +48,26 @@ pub(super) struct Deliveries {
     /// small map entry in memory, not a record with its attempt history.
     /// An entry stays until the message is settled or fails again.
     pub held: HashMap<TierEntry, Held>,
+    /// In-flight messages whose client-held nack was counted ahead
+    /// (`FailedDelivery.ahead`): the record stored then, and the one
+    /// before it (the base if the message fails another way instead).
+    pub counted: HashMap<TierEntry, Counted>,
+    /// The last [`Counted::seq`] handed out.
+    pub counted_seq: u64,
+}
+
+/// A nack counted ahead of its redelivery.
+#[derive(Debug, Clone)]
+pub struct Counted {
+    /// The record before the nack.
+    pub before: FailureRecord,
+    /// The record with the nack's attempt, stored when it was counted.
+    pub after: FailureRecord,
+    /// Which counting this is (an entry may be counted again after a
+    /// redelivery), so a late flush report marks only its own.
+    pub seq: u64,
+    /// Whether `after` is known to be durable.
+    pub durable: bool,
 }
 
 /// What memory keeps of a nack the broker holds.
@@ -133,6 +153,7 @@ impl Deliveries {
         shrink_map(&mut self.in_flight);
         shrink_map(&mut self.failures);
         shrink_map(&mut self.held);
+        shrink_map(&mut self.counted);
     }
 
     /// In-flight main-tier entries up to and including `through`.

@@ -28,6 +28,9 @@ pub(super) enum Command {
     Request(ConsumerId, ConsumerRequest),
     /// Messages whose new delivery counts are durable: dispatch them.
     Ready(Vec<TierEntry>),
+    /// Nacks counted ahead (entry, [`Counted::seq`](super::delivery::Counted::seq))
+    /// whose records are durable now.
+    CountedDurable(Vec<(TierEntry, u64)>),
     /// Stats, without the schedule part (see [`SubscriptionHandle::stats`]).
     Stats(oneshot::Sender<StatsSnapshot>),
     /// The policy in force.

@@ -5,7 +5,7 @@
 //! close gives messages back with no attempt charged.
 
 use super::SubscriptionActor;
-use super::delivery::Held;
+use super::delivery::{Counted, Held};
 use super::failure::{self, Failure, Rules, Step};
 use super::requests::{ConsumerId, ConsumerRequest, FailedItem, MessageRef};
 use crate::error::{BrokerError, Result};
@@ -105,11 +105,124 @@ impl SubscriptionActor {
         request_id: u64,
         items: Vec<FailedItem>,
     ) {
-        let outcome = match self.redeliver_failures(consumer, items) {
-            Ok(f) => self.fail(f, false).await,
-            Err(e) => Err(e),
+        let (ahead, items): (Vec<_>, Vec<_>) = items.into_iter().partition(|i| i.ahead);
+        // An empty list asks for everything in flight: not when it held
+        // only nacks counted ahead.
+        let only_ahead = !ahead.is_empty() && items.is_empty();
+        // Nacks coming due in the same frame go on whatever the counting did.
+        let counted = self.count_ahead(consumer, ahead);
+        let outcome = if only_ahead {
+            counted
+        } else {
+            let due = match self.redeliver_failures(consumer, items) {
+                Ok(f) => self.fail(f, false).await,
+                Err(e) => Err(e),
+            };
+            due.and(counted)
         };
         self.finish_request(consumer, request_id, outcome);
+    }
+
+    /// Counts client-held nacks when they are made (`FailedItem::ahead`):
+    /// each attempt is planned and stored now, the message stays in flight
+    /// with `consumer` (an ack still settles it), and its redelivery when
+    /// the client asks for it does no storage write and, once the record is
+    /// durable, no flush. A nack the policy would not redeliver in place at
+    /// once, or any under an outage breaker, is counted when it comes due,
+    /// as without.
+    fn count_ahead(&mut self, consumer: ConsumerId, items: Vec<FailedItem>) -> Result<()> {
+        if items.is_empty() || self.has_breaker() {
+            return Ok(());
+        }
+        let now = self.deps.clock.now_ms();
+        let name = self.consumers.name_of(consumer);
+        let mut records = Vec::with_capacity(items.len());
+        let mut counted = Vec::with_capacity(items.len());
+        for item in items {
+            // Not a message of this subscription: nothing to count (its
+            // redelivery, if asked for, is refused).
+            let Ok(entry) = self.locate(&item.id) else {
+                continue;
+            };
+            let due = match self.deliveries.in_flight.get(&entry) {
+                // Settled or given back since: nothing to count.
+                Some(f) if f.consumer == consumer => f.due_ms,
+                _ => continue,
+            };
+            if self.deliveries.counted.contains_key(&entry) {
+                continue;
+            }
+            let before = match self.deliveries.failures.get(&entry) {
+                Some(r) => r.clone(),
+                None => self
+                    .deps
+                    .storage
+                    .failure(entry.of(self.rec.id), due)?
+                    .unwrap_or_default(),
+            };
+            let f = Failure {
+                detail: item.detail,
+                ..Failure::new(entry, FailureReason::Nack, name.clone())
+            };
+            let rules = Rules {
+                policy: self.policy.policy.as_deref(),
+                fallback: self.policy.fallback.as_deref(),
+                now_ms: now,
+                max_delay: self.deps.max_delay,
+            };
+            let mut after = before.clone();
+            let step = failure::plan(rules, &f, &mut after, &self.wire_id(entry), false);
+            if step != Step::InPlace(Duration::ZERO) {
+                continue;
+            }
+            self.deliveries.counted_seq += 1;
+            let seq = self.deliveries.counted_seq;
+            records.push((entry.of(self.rec.id), Some(after.clone())));
+            counted.push((
+                entry,
+                Counted {
+                    before,
+                    after,
+                    seq,
+                    durable: false,
+                },
+            ));
+        }
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.deps.storage.put_failures(&records)?;
+        let flushed: Vec<(TierEntry, u64)> = counted.iter().map(|(e, c)| (*e, c.seq)).collect();
+        self.deliveries.counted.extend(counted);
+        let tx = self.self_tx.clone();
+        let flusher = self.deps.flusher.clone();
+        tokio::spawn(async move {
+            if flusher.durable().await.is_ok()
+                && let Some(tx) = tx.upgrade()
+            {
+                let _ = tx.send(super::handle::Command::CountedDurable(flushed));
+            }
+        });
+        Ok(())
+    }
+
+    /// `consumer` closes: its nacks counted ahead and not yet sent back
+    /// come due now (the attempt was made), rather than go back uncounted.
+    pub(super) async fn counted_come_due(&mut self, consumer: ConsumerId) {
+        let name = self.consumers.name_of(consumer);
+        let due: Vec<Failure> = self
+            .deliveries
+            .held(consumer)
+            .into_iter()
+            .filter(|(e, _)| self.deliveries.counted.contains_key(e))
+            .map(|(e, _)| Failure::new(e, FailureReason::Nack, name.clone()))
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        if let Err(e) = self.fail(due, false).await {
+            tracing::error!(error = %e, sub = %self.rec.name, "cannot redeliver nacks counted ahead");
+        }
     }
 
     fn redeliver_failures(
@@ -132,6 +245,7 @@ impl SubscriptionActor {
             reason,
             detail,
             hold,
+            ..
         } in items
         {
             let entry = self.locate(&id)?;
@@ -270,8 +384,25 @@ impl SubscriptionActor {
         let mut to_retry = Vec::new();
         let mut to_dlq = Vec::new();
         for f in failures {
-            let mut record = match self.deliveries.failures.get(&f.entry) {
-                Some(r) => r.clone(),
+            let counted = self.deliveries.counted.remove(&f.entry);
+            if let Some(c) = &counted
+                && f.reason == FailureReason::Nack
+            {
+                // A nack counted ahead comes due: stored already.
+                self.metrics.redelivery(f.reason.as_str());
+                let hold = f.hold.min(self.deps.max_delay);
+                let durable = c.durable;
+                in_place.push((f, c.after.clone(), hold, Some(durable)));
+                continue;
+            }
+            // Failed another way since its nack was counted (the client
+            // cancelled the nack): counted from the record before it.
+            let base = match counted {
+                Some(c) => Some(c.before),
+                None => self.deliveries.failures.get(&f.entry).cloned(),
+            };
+            let mut record = match base {
+                Some(r) => r,
                 None => {
                     let due = self
                         .deliveries
@@ -299,14 +430,14 @@ impl SubscriptionActor {
                 "delivery failed"
             );
             match step {
-                Step::InPlace(hold) => in_place.push((f, record, hold)),
+                Step::InPlace(hold) => in_place.push((f, record, hold, None)),
                 Step::Retry(after) => to_retry.push((f, record, after)),
                 Step::DeadLetter(reason) => to_dlq.push((f, record, reason)),
             }
         }
         let waiting: Vec<TierEntry> = in_place
             .iter()
-            .map(|(f, _, _)| f.entry)
+            .map(|(f, ..)| f.entry)
             .chain(to_retry.iter().map(|(f, _, _)| f.entry))
             .collect();
         self.block_keys(&waiting, now)?;
@@ -325,9 +456,11 @@ impl SubscriptionActor {
     /// Persists the new counts, then (once durable, in either mode) makes the messages
     /// dispatchable again in their current tier: at once, or when their
     /// hold ends (a schedule entry, so the hold survives a restart).
+    /// `Some(durable)` marks a record stored ahead (a nack counted when it
+    /// was made): not written again, and dispatchable at once when durable.
     fn redeliver_in_place(
         &mut self,
-        items: Vec<(Failure, FailureRecord, Duration)>,
+        items: Vec<(Failure, FailureRecord, Duration, Option<bool>)>,
         now: u64,
     ) -> Result<()> {
         let mut records = Vec::with_capacity(items.len());
@@ -335,10 +468,11 @@ impl SubscriptionActor {
         let mut ready = Vec::with_capacity(items.len());
         let mut held = Vec::new();
         let mut unheld = Vec::new();
+        let mut at_once = Vec::new();
         // A hold starts at the next whole millisecond, so it never ends
         // before the consumer's (or its client's) due time.
         let from = self.deps.clock.now_us().div_ceil(1000).max(now);
-        for (f, mut rec, hold) in items {
+        for (f, mut rec, hold, stored) in items {
             let msg = f.entry.of(self.rec.id);
             let hold_until = (!hold.is_zero()).then(|| from.saturating_add(millis(hold)));
             rec.hold_until_ms = hold_until.unwrap_or(0);
@@ -356,7 +490,9 @@ impl SubscriptionActor {
                 }
                 records.push((msg, Some(rec)));
             } else {
-                records.push((msg, Some(rec.clone())));
+                if stored.is_none() {
+                    records.push((msg, Some(rec.clone())));
+                }
                 self.deliveries.held.remove(&f.entry);
                 self.deliveries.failures.insert(f.entry, rec);
             }
@@ -367,6 +503,8 @@ impl SubscriptionActor {
                 (None, Some(due)) => {
                     self.deliveries.due.insert(f.entry, due);
                 }
+                // Stored ahead and durable: no flush to wait for.
+                (None, None) if stored == Some(true) => at_once.push((f.entry, None)),
                 (None, None) => ready.push(f.entry),
                 (Some(until), old) => {
                     if let Some(due_ms) = old {
@@ -386,9 +524,17 @@ impl SubscriptionActor {
                 }
             }
         }
-        self.deps.storage.put_failures(&records)?;
+        if !records.is_empty() {
+            self.deps.storage.put_failures(&records)?;
+        }
         self.deps.storage.put_schedule(&schedule)?;
         self.deps.scheduler.remove(unheld);
+        if !at_once.is_empty() {
+            self.load_into_ready(at_once);
+        }
+        if ready.is_empty() && held.is_empty() {
+            return Ok(());
+        }
         let tx = self.self_tx.clone();
         let flusher = self.deps.flusher.clone();
         let scheduler = self.deps.scheduler.clone();

@@ -307,6 +307,15 @@ impl SubscriptionActor {
                     .collect();
                 self.load_into_ready(entries);
             }
+            Command::CountedDurable(entries) => {
+                for (entry, seq) in entries {
+                    if let Some(c) = self.deliveries.counted.get_mut(&entry)
+                        && c.seq == seq
+                    {
+                        c.durable = true;
+                    }
+                }
+            }
             Command::Stats(reply) => {
                 let _ = reply.send(self.stats_snapshot());
             }
@@ -374,7 +383,10 @@ impl SubscriptionActor {
                 id,
                 detail,
             } => self.terminate(consumer, request_id, &id, detail).await,
-            ConsumerRequest::Close => self.close_consumer(consumer),
+            ConsumerRequest::Close => {
+                self.counted_come_due(consumer).await;
+                self.close_consumer(consumer);
+            }
             ConsumerRequest::CheckAcks { request_id, ids } => {
                 let acked = ids
                     .into_iter()
@@ -574,6 +586,10 @@ impl SubscriptionActor {
                 self.deps.clock.now_ms(),
             ),
             failures: match self.deliveries.failures.get(&entry) {
+                // A nack counted ahead: the record stored then.
+                _ if self.deliveries.counted.contains_key(&entry) => {
+                    self.deliveries.counted.get(&entry).map(|c| c.after.clone())
+                }
                 Some(r) => Some(r.clone()),
                 // A held nack's record is in storage only.
                 None if self.deliveries.held.contains_key(&entry) => self

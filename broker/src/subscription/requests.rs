@@ -50,6 +50,9 @@ pub struct FailedItem {
     pub detail: String,
     /// Hold it this long before redelivering it in place (zero: at once).
     pub hold: std::time::Duration,
+    /// A nack the client holds, sent when made: count it now, keep it in
+    /// flight, and redeliver it without a recount when the client asks.
+    pub ahead: bool,
 }
 
 /// A consumer's request. `request_id` 0 asks for no reply; any other value

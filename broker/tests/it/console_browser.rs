@@ -156,9 +156,11 @@ async fn screenshot(c: &Client, name: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn find_why_messages_died_replay_one_and_discard_the_rest() {
-    let Some(chromedriver) = find_chromedriver() else {
+/// `chromedriver`'s path; `None` (said loudly) when there is none and
+/// `RICOCHET_REQUIRE_BROWSER` is not `1` (with it, a missing browser fails).
+fn chromedriver_or_skip() -> Option<PathBuf> {
+    let found = find_chromedriver();
+    if found.is_none() {
         let msg = "\n\n######## SKIPPED: console_browser needs chromedriver (Debian: \
                    apt-get install chromium chromium-driver), none found on PATH or in \
                    CHROMEDRIVER ########\n";
@@ -166,6 +168,13 @@ async fn find_why_messages_died_replay_one_and_discard_the_rest() {
             panic!("{msg}RICOCHET_REQUIRE_BROWSER=1: a missing browser is a failure");
         }
         eprintln!("{msg}");
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn find_why_messages_died_replay_one_and_discard_the_rest() {
+    let Some(chromedriver) = chromedriver_or_skip() else {
         return;
     };
     let b = InProcessBroker::start_with_console().await;
@@ -482,6 +491,60 @@ async fn find_why_messages_died_replay_one_and_discard_the_rest() {
             && history.contains("currency"),
         "{history}"
     );
+    c.close().await.unwrap();
+}
+
+/// With `[auth]`: a page opened without signing in shows the broker's
+/// refusal and a way to sign in; the sign-in form keeps the token in a
+/// cookie no script can read; the signed-in role discards a dead letter
+/// through the confirmation page; signing out makes pages refused again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_with_a_token_act_and_sign_out() {
+    let Some(chromedriver) = chromedriver_or_skip() else {
+        return;
+    };
+    let (b, ids) = crate::console_auth::secured_with_dead_letters(true).await;
+    let console = b.console_url();
+    let driver = Driver::start(&chromedriver).await;
+    let profile = tempfile::tempdir().unwrap();
+    let c = driver.session(profile.path()).await;
+
+    c.goto(&format!("{console}/")).await.unwrap();
+    wait_text(&c, "h1", "401 Unauthorized").await;
+    click(&c, "#sign-in").await;
+    let token = crate::console_auth::token("operator");
+    c.wait()
+        .at_most(BROWSER_WAIT)
+        .for_element(Locator::Css("#token"))
+        .await
+        .unwrap()
+        .send_keys(&token)
+        .await
+        .unwrap();
+    click(&c, "#sign-in-submit").await;
+    wait_text(&c, "#signed-in", "· signed in as operator").await;
+    let script_sees = c.execute("return document.cookie", vec![]).await.unwrap();
+    assert_eq!(script_sees, serde_json::json!(""), "the cookie is HttpOnly");
+
+    c.goto(&format!(
+        "{console}/dead-letters?topic={}&sub=s",
+        encode(crate::console_auth::TOPIC)
+    ))
+    .await
+    .unwrap();
+    wait_text(&c, "#matching", "3 dead letters match.").await;
+    click(&c, &format!("#dl-{} a.purge", ids[0])).await;
+    click(&c, "#confirm").await;
+    wait_text(&c, "#done", "Discarded 1 of 1").await;
+    assert_eq!(
+        crate::console_auth::dead_letter_ids(&b).await,
+        ids[1..].to_vec()
+    );
+
+    click(&c, "#sign-out").await;
+    wait_text(&c, "#signed-out", "Signed out").await;
+    c.goto(&format!("{console}/")).await.unwrap();
+    wait_text(&c, "h1", "401 Unauthorized").await;
     c.close().await.unwrap();
 }
 

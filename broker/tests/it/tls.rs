@@ -2,7 +2,8 @@
 //! client that trusts another CA is refused, a plaintext client is refused,
 //! a broker that requires client certificates refuses a client without one
 //! or with one another CA signed, a verified certificate's CN can be the
-//! role, and a missing or mismatched key stops the broker at start.
+//! role, and a missing or mismatched key stops the broker at start. The
+//! web console is served over TLS too, its sign-in cookie Secure.
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use ricochet_proto::WhoAmIRequest;
@@ -185,4 +186,101 @@ async fn a_missing_or_mismatched_key_stops_the_broker_at_start() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("key_file"), "{e}");
+}
+
+/// An HTTP/1.1 `request` over TLS to `addr`, trusting `ca`: the whole
+/// response as text.
+fn https(addr: std::net::SocketAddr, ca: &str, request: &str) -> std::io::Result<String> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    use std::io::{Read, Write};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let conn =
+        rustls::ClientConnection::new(std::sync::Arc::new(config), "localhost".try_into().unwrap())
+            .unwrap();
+    let sock = std::net::TcpStream::connect(addr)?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    tls.write_all(request.as_bytes())?;
+    let mut out = Vec::new();
+    match tls.read_to_end(&mut out) {
+        Ok(_) => {}
+        // A peer that closes without close_notify: what came is the answer.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
+        Err(e) => return Err(e),
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// With `[tls]` the web console is served over TLS with the same
+/// certificate (plaintext gets no page), and its sign-in cookie is Secure.
+#[tokio::test]
+async fn with_tls_the_console_is_served_over_tls_and_its_sign_in_cookie_is_secure() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("ricochet test ca");
+    let (cert, key) = ca.leaf("broker", &["localhost"]);
+    let (cert, key) = (
+        write(dir.path(), "b.pem", &cert),
+        write(dir.path(), "b.key", &key),
+    );
+    let secret = write(dir.path(), "secret.key", "console-tls-secret-0123456789");
+    let broker = InProcessBroker::start_with(|c| {
+        c.tls.cert_file = Some(cert);
+        c.tls.key_file = Some(key);
+        c.auth.enabled = true;
+        c.auth.token_secret_file = Some(secret);
+        c.auth.superusers = vec!["root".into()];
+        c.console_listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    })
+    .await;
+    let addr = broker.console_addr.expect("a console");
+    let token = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &ricochet_broker::auth::TokenClaims {
+            sub: "root".into(),
+            exp: None,
+        },
+        &jsonwebtoken::EncodingKey::from_secret(b"console-tls-secret-0123456789").unwrap(),
+    )
+    .unwrap();
+    let body = format!("token={token}");
+    let request = format!(
+        "POST /sign-in HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let ca_pem = ca.pem();
+    let resp = tokio::task::spawn_blocking(move || https(addr, &ca_pem, &request))
+        .await
+        .unwrap()
+        .expect("an answer over TLS");
+    assert!(resp.starts_with("HTTP/1.1 303"), "{resp}");
+    let cookie = resp
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_else(|| panic!("no cookie set: {resp}"));
+    assert!(
+        cookie.contains("; Secure") && cookie.contains("HttpOnly"),
+        "{cookie}"
+    );
+    // Plaintext HTTP to the same port gets no page.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut plain = tokio::net::TcpStream::connect(addr).await.unwrap();
+    plain
+        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), plain.read_to_end(&mut got)).await;
+    assert!(
+        !String::from_utf8_lossy(&got).starts_with("HTTP/1.1"),
+        "plaintext got a page"
+    );
 }

@@ -225,6 +225,7 @@ impl Driver {
     /// A fresh stream is up: reset per-stream state, grant permits.
     fn connected(&mut self, conn: Conn, s: &Subscribed) {
         self.policy = self.effective_policy(s);
+        self.inflight.set_counts_ahead(s.counts_ahead);
         if !s.retry_topic.is_empty() {
             self.ids.intern(&s.retry_topic);
         }

@@ -96,6 +96,7 @@ fn failure(
         detail,
         // Rounded up: the broker never serves less than what is left.
         delay_ms: u64::try_from(hold.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX),
+        ahead: false,
     }
 }
 
@@ -120,6 +121,10 @@ pub(super) struct InFlight {
     /// Failures to send in the next `Redeliver` request, with who waits
     /// for the broker's confirmation (ack receipts).
     ready: Vec<(FailedDelivery, Option<Reply>)>,
+    /// The broker counts a held nack when it is made
+    /// (`Subscribed.counts_ahead`): each one is announced at once, so that
+    /// its redelivery at the due time costs the broker no storage write.
+    counts_ahead: bool,
 }
 
 impl InFlight {
@@ -135,7 +140,13 @@ impl InFlight {
             nacks: DelayTracker::new(Duration::from_millis(1)),
             nack_details: HashMap::new(),
             ready: Vec::new(),
+            counts_ahead: false,
         }
+    }
+
+    /// Whether the broker of the current stream counts held nacks ahead.
+    pub(super) fn set_counts_ahead(&mut self, on: bool) {
+        self.counts_ahead = on;
     }
 
     /// The stream delivered `key`: outstanding until settled. (A nack still
@@ -213,6 +224,14 @@ impl InFlight {
         };
         match plan {
             NackPlan::HoldFor(after) => {
+                if self.counts_ahead {
+                    // Counted by the broker now; redelivered when due.
+                    let notice = FailedDelivery {
+                        ahead: true,
+                        ..nack(Duration::ZERO)
+                    };
+                    self.ready.push((notice, None));
+                }
                 self.nacks.insert_after(key, after, now);
                 if let Some(d) = detail {
                     self.nack_details.insert(key, d);
@@ -508,6 +527,41 @@ mod tests {
         let ready = f.take_ready();
         assert_eq!(entries(&ready), vec![(1, NACK, "")]);
         assert_eq!(ready[0].0.delay_ms, 40, "the broker serves the last 40 ms");
+    }
+
+    /// With a broker that counts held nacks ahead, a held nack is announced
+    /// at once (`ahead`, nothing for the broker to hold) and still sent
+    /// again when due; without one, nothing goes before the due time.
+    #[tokio::test(start_paused = true)]
+    async fn a_held_nack_is_announced_at_once_when_the_broker_counts_ahead() {
+        let (ids, a, _, ka, _) = setup();
+        let now = Instant::now();
+        for counts_ahead in [true, false] {
+            let mut f = InFlight::new(None, None);
+            f.set_counts_ahead(counts_ahead);
+            f.delivered(ka);
+            assert!(f.settle(&ka));
+            f.nack(
+                ka,
+                &a,
+                NackPlan::HoldFor(MS * 100),
+                Some("x".into()),
+                now,
+                None,
+            );
+            let notice = f.take_ready();
+            if counts_ahead {
+                assert_eq!(entries(&notice), vec![(1, NACK, "x")]);
+                assert!(notice[0].0.ahead);
+                assert_eq!(notice[0].0.delay_ms, 0);
+            } else {
+                assert!(notice.is_empty(), "held until due");
+            }
+            f.fire_nacks(now + MS * 100, Duration::ZERO, &ids, |_| false);
+            let due = f.take_ready();
+            assert_eq!(entries(&due), vec![(1, NACK, "x")]);
+            assert!(!due[0].0.ahead, "the redelivery itself");
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -204,6 +204,54 @@ async fn a_client_held_nack_reaches_the_broker_ahead_of_its_due_time() {
     c.ack(&again).await.unwrap();
 }
 
+/// A nack the client holds is counted by the broker when it is made (the
+/// broker takes `FailedDelivery.ahead`): its stored count reads 1 at once
+/// while the message stays in flight with the consumer, and the redelivery
+/// at the due time comes no earlier than the delay, counted once.
+#[tokio::test]
+async fn a_client_held_nack_is_counted_when_made_and_not_again_when_due() {
+    let env = start().await;
+    let t = topic("f-nack-ahead");
+    produce(&env, &t, 1).await;
+    let delay = Duration::from_millis(2_000);
+    let mut c = env
+        .client
+        .consumer(&t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .negative_ack_delay(delay)
+        .subscribe()
+        .await
+        .unwrap();
+    let m = recv(&mut c, T).await;
+    c.nack(&m).await.unwrap();
+    let nacked = Instant::now();
+    loop {
+        let info = env.client.admin().message(m.id()).await.unwrap();
+        let s = &info.subscriptions[0];
+        if s.delivery_count == 1 {
+            assert_eq!(s.state, "in_flight", "the client holds the delay");
+            break;
+        }
+        assert!(
+            nacked.elapsed() < Duration::from_millis(1_500),
+            "not counted ahead of its due time: {} count {} after {:?}",
+            s.state,
+            s.delivery_count,
+            nacked.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again = recv(&mut c, T).await;
+    let waited = nacked.elapsed();
+    assert_eq!(again.id(), m.id());
+    assert_eq!(again.delivery_count(), 1, "counted once");
+    assert!(waited >= delay, "early: {waited:?}");
+    assert!(waited < delay + LATE, "late: {waited:?}");
+    c.ack(&again).await.unwrap();
+}
+
 #[tokio::test]
 async fn nack_follows_the_multiplier_backoff_then_dead_letters() {
     let env = start().await;

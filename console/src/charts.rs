@@ -5,7 +5,7 @@
 //! and dead-lettering times ([`Inflow`]). Each bar carries a `<title>`, the
 //! browser's own tooltip; no script.
 
-use super::pages::fmt_ms;
+use super::format::fmt_ms;
 use maud::{Markup, html};
 use ricochet_proto::DueBucket;
 

@@ -4,12 +4,13 @@
 //! filters and the broker's group-by; one dead letter with every attempt,
 //! its edit history and the fix-and-resend form; any stored message with
 //! its state in each subscription; the subscription's replay jobs. Also the query-string parsing they share
-//! (a bad filter is a 400 naming the field) and the small formatters.
+//! (a bad filter is a 400 naming the field) and the text formatters (reasons, payloads).
 
-use super::api::{ConsoleApi, DeadLetterQuery, GroupBy};
+use super::api::{ApiResult, ConsoleApi, DeadLetterQuery, GroupBy};
 use super::charts;
+use super::format::{fmt_ms, link};
 use super::{ConsoleError, ConsoleState, Page, layout};
-use axum::extract::{Query, State};
+use axum::extract::Query;
 use base64::Engine;
 use maud::{Markup, html};
 use ricochet_policy::{FailureContext, PolicySpec, ScheduleTable, explain_with};
@@ -111,7 +112,7 @@ pub(crate) fn parse_time(field: &str, s: &str) -> Result<u64, ConsoleError> {
 fn bad_time(field: &str, s: &str) -> ConsoleError {
     ConsoleError::bad_request(format!(
         "`{field}` is not a time: {} (give a UTC time like 2026-11-30 20:15, a duration ago like 2h, or ms since the epoch)",
-        crate::util::echo(s)
+        crate::echo(s)
     ))
 }
 
@@ -124,7 +125,7 @@ pub(crate) fn parse_ids(s: &str) -> Result<Vec<u64>, ConsoleError> {
             p.parse::<u64>().map_err(|_| {
                 ConsoleError::bad_request(format!(
                     "`ids` must be entry ids (numbers) separated by commas: {} is not one",
-                    crate::util::echo(p)
+                    crate::echo(p)
                 ))
             })
         })
@@ -136,32 +137,13 @@ fn parse_id(s: &str) -> Result<u64, ConsoleError> {
     required("id", s)?.parse().map_err(|_| {
         ConsoleError::bad_request(format!(
             "`id` must be an entry id (a number), not {}",
-            crate::util::echo(s)
+            crate::echo(s)
         ))
     })
 }
 
-/// `path?k=v&...`, the values URL-encoded.
-pub(crate) fn link(path: &str, pairs: &[(&str, &str)]) -> String {
-    match serde_urlencoded::to_string(pairs) {
-        Ok(q) if !q.is_empty() => format!("{path}?{q}"),
-        _ => path.to_owned(),
-    }
-}
-
 fn sub_link(path: &str, topic: &str, sub: &str) -> String {
     link(path, &[("topic", topic), ("sub", sub)])
-}
-
-/// Milliseconds since the epoch as a UTC time; `—` for 0.
-pub(crate) fn fmt_ms(ms: u64) -> String {
-    if ms == 0 {
-        return "—".to_owned();
-    }
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-    humantime::format_rfc3339_seconds(t)
-        .to_string()
-        .replace('T', " ")
 }
 
 /// A failure reason's short name (`nack`, `ack_timeout`, ...).
@@ -262,7 +244,7 @@ fn subscriptions_table(subs: &[SubscriptionStatsResponse]) -> Markup {
 }
 
 /// `/`: every topic with its subscriptions; tier topics listed apart.
-pub(crate) async fn index(State(st): State<ConsoleState>) -> Page {
+pub(crate) async fn index(st: ConsoleState) -> Page {
     let mut topics = Vec::new();
     for name in st.api.topics().await? {
         match st.api.topic_stats(&name).await {
@@ -306,7 +288,7 @@ pub(crate) async fn index(State(st): State<ConsoleState>) -> Page {
 }
 
 /// `/topic?topic=T`: one topic and its subscriptions.
-pub(crate) async fn topic(State(st): State<ConsoleState>, Query(p): Query<Params>) -> Page {
+pub(crate) async fn topic(st: ConsoleState, Query(p): Query<Params>) -> Page {
     let t = st.api.topic_stats(p.topic()?).await?;
     Ok(layout(
         &t.topic,
@@ -327,29 +309,31 @@ pub(crate) async fn topic(State(st): State<ConsoleState>, Query(p): Query<Params
 
 /// `/subscription?topic=T&sub=S`: counters, policy, consumers, and the
 /// pictures: retries by due time, dead letters by reason over time.
-pub(crate) async fn subscription(State(st): State<ConsoleState>, Query(p): Query<Params>) -> Page {
+pub(crate) async fn subscription(st: ConsoleState, Query(p): Query<Params>) -> Page {
     let (topic, sub) = (p.topic()?, p.sub()?);
     let s = st.api.subscription_stats(topic, sub).await?;
     let policy = st.api.policy(topic, sub).await?;
-    let dead = st
-        .api
-        .dead_letters(topic, sub, &DeadLetterQuery::default(), CHART_LIMIT, None)
-        .await?;
-    let points: Vec<(u64, &str)> = dead
-        .dead_letters
-        .iter()
-        .map(|d| (d.dead_lettered_at_ms, d.cause.as_str()))
-        .collect();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    let inflow = charts::Inflow::from_points(&points, now_ms);
-    let reasons = st
-        .api
-        .group_dead_letters(topic, sub, &DeadLetterQuery::default(), GroupBy::Reason)
-        .await?
-        .groups;
-    let jobs = st.api.replay_jobs(topic, sub).await?;
+    // Dead letters need the dead-letters permission, the counters do not:
+    // a role without it sees the rest of the page and why this is missing.
+    let dead = permitted(
+        async {
+            let dead = st
+                .api
+                .dead_letters(topic, sub, &DeadLetterQuery::default(), CHART_LIMIT, None)
+                .await?;
+            let reasons = st
+                .api
+                .group_dead_letters(topic, sub, &DeadLetterQuery::default(), GroupBy::Reason)
+                .await?
+                .groups;
+            let jobs = st.api.replay_jobs(topic, sub).await?;
+            Ok((dead, reasons, jobs))
+        }
+        .await,
+    )?;
     let title = format!("{sub} on {topic}");
     Ok(layout(
         &title,
@@ -378,51 +362,17 @@ pub(crate) async fn subscription(State(st): State<ConsoleState>, Query(p): Query
                     (charts::retry_schedule(&s.scheduled_by_due))
                 }
                 div {
-                    h2 { "Dead letters by reason over time" }
-                    @match &inflow {
-                        Some(f) => {
-                            (charts::inflow_chart(f))
-                            @if dead.total > dead.dead_letters.len() as u64 {
-                                p.warn { "Drawn from the first " (dead.dead_letters.len()) " of " (dead.total) " dead letters." }
-                            }
-                        }
-                        None => p { "No dead letters." },
-                    }
-                }
-            }
-            @if !reasons.is_empty() {
-                h2 { "Why messages died" }
-                table.reasons {
-                    tr { th { "Reason" } th { "Dead letters" } th { "First" } th { "Last" } th { "Policy's verdict" } }
-                    @for g in &reasons {
-                        tr {
-                            td { a href=(link("/dead-letters", &[("topic", topic), ("sub", sub), ("reason", &g.key)])) { (g.key) } }
-                            td.n { (g.count) }
-                            td { (fmt_ms(g.first_at_ms)) }
-                            td { (fmt_ms(g.last_at_ms)) }
-                            td.verdict { (g.verdicts.join("; ")) }
+                    @match &dead {
+                        Ok((dead, _, _)) => (inflow_section(dead, now_ms)),
+                        Err(why) => {
+                            h2 { "Dead letters" }
+                            p.warn #dead-letters-refused { "Not shown: " (why) }
                         }
                     }
                 }
             }
-            h2 { "Replay jobs" }
-            @if jobs.is_empty() { p #no-jobs { "No replay job running." } } @else {
-                table #jobs {
-                    tr { th { "Job" } th { "Started" } th { "By" } th { "Into" } th { "Done" } th { "Replayed" } th { "Per second" } th {} }
-                    @for j in &jobs {
-                        @let job = j.id.to_string();
-                        tr id=(format!("job-{job}")) {
-                            td.n { (j.id) }
-                            td { (fmt_ms(j.created_ms)) }
-                            td { (j.by) }
-                            td { @if j.mode == ReplayMode::Topic as i32 { "the topic (every subscription)" } @else { (sub) "'s retry tier" } }
-                            td.n { (j.done) " of " (j.total) }
-                            td.n { (j.replayed) }
-                            td.n { (j.rate_per_second) }
-                            td { a.cancel-job href=(link("/confirm/cancel-job", &[("topic", topic), ("sub", sub), ("job", &job)])) { "cancel…" } }
-                        }
-                    }
-                }
+            @if let Ok((_, reasons, jobs)) = &dead {
+                (reasons_and_jobs(topic, sub, reasons, jobs))
             }
             (super::key_order::section(&s, policy.policy.as_ref(), now_ms))
             h2 { "Consumers" }
@@ -448,6 +398,83 @@ pub(crate) async fn subscription(State(st): State<ConsoleState>, Query(p): Query
             }
         },
     ))
+}
+
+/// The call's answer, or (`Err`) the broker's reason when it refused the
+/// caller the permission; any other failure fails the page.
+fn permitted<T>(r: ApiResult<T>) -> Result<Result<T, String>, ConsoleError> {
+    match r {
+        Ok(v) => Ok(Ok(v)),
+        Err(s) if s.code() == tonic::Code::PermissionDenied => Ok(Err(s.message().to_owned())),
+        Err(s) => Err(s.into()),
+    }
+}
+
+/// The subscription page's picture of dead letters by reason over time.
+fn inflow_section(dead: &ListDeadLettersResponse, now_ms: u64) -> Markup {
+    let points: Vec<(u64, &str)> = dead
+        .dead_letters
+        .iter()
+        .map(|d| (d.dead_lettered_at_ms, d.cause.as_str()))
+        .collect();
+    let inflow = charts::Inflow::from_points(&points, now_ms);
+    html! {
+        h2 { "Dead letters by reason over time" }
+        @match &inflow {
+            Some(f) => {
+                (charts::inflow_chart(f))
+                @if dead.total > dead.dead_letters.len() as u64 {
+                    p.warn { "Drawn from the first " (dead.dead_letters.len()) " of " (dead.total) " dead letters." }
+                }
+            }
+            None => p { "No dead letters." },
+        }
+    }
+}
+
+/// The subscription page's table of reasons and its replay jobs.
+fn reasons_and_jobs(
+    topic: &str,
+    sub: &str,
+    reasons: &[DeadLetterGroup],
+    jobs: &[ReplayJob],
+) -> Markup {
+    html! {
+        @if !reasons.is_empty() {
+            h2 { "Why messages died" }
+            table.reasons {
+                tr { th { "Reason" } th { "Dead letters" } th { "First" } th { "Last" } th { "Policy's verdict" } }
+                @for g in reasons {
+                    tr {
+                        td { a href=(link("/dead-letters", &[("topic", topic), ("sub", sub), ("reason", &g.key)])) { (g.key) } }
+                        td.n { (g.count) }
+                        td { (fmt_ms(g.first_at_ms)) }
+                        td { (fmt_ms(g.last_at_ms)) }
+                        td.verdict { (g.verdicts.join("; ")) }
+                    }
+                }
+            }
+        }
+        h2 { "Replay jobs" }
+        @if jobs.is_empty() { p #no-jobs { "No replay job running." } } @else {
+            table #jobs {
+                tr { th { "Job" } th { "Started" } th { "By" } th { "Into" } th { "Done" } th { "Replayed" } th { "Per second" } th {} }
+                @for j in jobs {
+                    @let job = j.id.to_string();
+                    tr id=(format!("job-{job}")) {
+                        td.n { (j.id) }
+                        td { (fmt_ms(j.created_ms)) }
+                        td { (j.by) }
+                        td { @if j.mode == ReplayMode::Topic as i32 { "the topic (every subscription)" } @else { (sub) "'s retry tier" } }
+                        td.n { (j.done) " of " (j.total) }
+                        td.n { (j.replayed) }
+                        td.n { (j.rate_per_second) }
+                        td { a.cancel-job href=(link("/confirm/cancel-job", &[("topic", topic), ("sub", sub), ("job", &job)])) { "cancel…" } }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// `SUBSCRIPTION_TYPE_KEY_SHARED` (the stats' wire name) as `key_shared`.
@@ -487,7 +514,7 @@ fn schedule_view(spec: &PolicySpec, reason: ricochet_policy::FailureReason) -> M
 }
 
 /// `/dead-letters?topic=T&sub=S[&reason=&since=&until=&ids=&after=]`.
-pub(crate) async fn dead_letters(State(st): State<ConsoleState>, Query(p): Query<Params>) -> Page {
+pub(crate) async fn dead_letters(st: ConsoleState, Query(p): Query<Params>) -> Page {
     let (topic, sub) = (p.topic()?, p.sub()?);
     let query = p.query()?;
     let after = match p.after.trim() {
@@ -497,7 +524,7 @@ pub(crate) async fn dead_letters(State(st): State<ConsoleState>, Query(p): Query
     let group_by = GroupBy::parse(p.group.trim()).ok_or_else(|| {
         ConsoleError::bad_request(format!(
             "`group` must be reason, verdict, consumer or hour, not {}",
-            crate::util::echo(&p.group)
+            crate::echo(&p.group)
         ))
     })?;
     let page = st
@@ -697,7 +724,7 @@ fn edit_form(topic: &str, sub: &str, id: u64, m: &Message) -> Markup {
 
 /// `/dead-letter?topic=T&sub=S&id=N`: one dead letter, every attempt, its
 /// properties and payload.
-pub(crate) async fn dead_letter(State(st): State<ConsoleState>, Query(p): Query<Params>) -> Page {
+pub(crate) async fn dead_letter(st: ConsoleState, Query(p): Query<Params>) -> Page {
     let (topic, sub) = (p.topic()?, p.sub()?);
     let id = parse_id(&p.id)?;
     let d = one_dead_letter(&st.api, topic, sub, id).await?;
@@ -763,7 +790,7 @@ pub(crate) async fn one_dead_letter(
 
 /// `/message?topic=T&id=N`: a stored message and its state in every
 /// subscription of its topic, with each one's attempts.
-pub(crate) async fn message(State(st): State<ConsoleState>, Query(p): Query<Params>) -> Page {
+pub(crate) async fn message(st: ConsoleState, Query(p): Query<Params>) -> Page {
     let topic = p.topic()?;
     let id = parse_id(&p.id)?;
     let r = st.api.message(topic, id).await?;
@@ -830,16 +857,5 @@ mod tests {
         assert!(parse_ids("").unwrap().is_empty());
         assert!(parse_ids("4,x").is_err());
         assert!(parse_ids("-1").is_err());
-    }
-
-    #[test]
-    fn links_encode_their_values() {
-        assert_eq!(
-            link(
-                "/x",
-                &[("topic", "persistent://a/b/c"), ("reason", "a&b c")]
-            ),
-            "/x?topic=persistent%3A%2F%2Fa%2Fb%2Fc&reason=a%26b+c"
-        );
     }
 }

@@ -1,19 +1,53 @@
 //! The console's one door into the broker: every read and every action the
-//! console takes goes through the in-process [`AdminService`], the same
-//! implementation the gRPC admin API serves, so the console can show and do
-//! nothing an operator could not do with `ricochet` or a gRPC client, and
-//! answers with the same validation and the same errors (a
-//! [`tonic::Status`], mapped to an HTTP status by [`super::ConsoleError`]).
+//! console takes is a call of the admin gRPC API through the [`Backend`]
+//! the console was given (in the broker, its own authentication layer and
+//! guarded services, called in process), with the signed-in user's token as
+//! `authorization: Bearer …` metadata. So the console can show and do
+//! nothing its user could not do with `ricochet` or a gRPC client, and
+//! answers with the same validation, permission checks, audit lines and
+//! errors (a [`tonic::Status`], mapped to an HTTP status by
+//! [`super::ConsoleError`]).
 //!
 //! Pages and actions only see these methods: listings, the broker's own
 //! group-by, dry runs that resolve a filter to the exact ids a change would
 //! touch, replay (retry tier or topic, now or later, with an edit, at once
 //! or as a paced job), purge, and replay jobs.
 
-use crate::service::AdminService;
-use ricochet_proto::admin_server::Admin;
+use ricochet_proto::admin_client::AdminClient;
+use ricochet_proto::auth_client::AuthClient;
 use ricochet_proto::*;
+use std::sync::Arc;
 use tonic::{Request, Status};
+
+/// An error a service handed to the console may fail with (its transport,
+/// not a gRPC status).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A [`Backend`]'s failure. A type of its own rather than [`BoxError`]: the
+/// generated clients need their service's error to convert into a boxed
+/// error of every lifetime, which a concrete error type does.
+#[derive(Debug)]
+pub struct BackendError(BoxError);
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// The service the console calls: any service answering the `Admin` and
+/// `Auth` gRPC services, boxed.
+pub type Backend = tower::util::BoxCloneSyncService<
+    axum::http::Request<tonic::body::Body>,
+    axum::http::Response<tonic::body::Body>,
+    BackendError,
+>;
 
 /// The result of an admin call.
 pub(crate) type ApiResult<T> = Result<T, Status>;
@@ -98,22 +132,88 @@ pub(crate) struct ReplayOptions {
     pub keep_count: bool,
 }
 
-/// The admin calls the console makes.
-#[derive(Debug, Clone)]
+/// The admin calls the console makes, as one caller.
+#[derive(Clone)]
 pub(crate) struct ConsoleApi {
-    admin: AdminService,
+    admin: AdminClient<Backend>,
+    auth: AuthClient<Backend>,
+    /// The caller's token (none: an anonymous call, which a broker with
+    /// `[auth]` refuses).
+    token: Option<Arc<str>>,
+}
+
+impl std::fmt::Debug for ConsoleApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsoleApi")
+            .field("signed_in", &self.token.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl ConsoleApi {
-    pub(crate) fn new(admin: AdminService) -> Self {
-        Self { admin }
+    pub(crate) fn new<S>(service: S) -> Self
+    where
+        S: tower::Service<
+                axum::http::Request<tonic::body::Body>,
+                Response = axum::http::Response<tonic::body::Body>,
+            > + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Error: Into<BoxError>,
+        S::Future: Send + 'static,
+    {
+        use tower::ServiceExt as _;
+        let backend = Backend::new(service.map_err(|e| BackendError(e.into())));
+        let limit = ricochet_proto::MAX_GRPC_MESSAGE_BYTES;
+        Self {
+            admin: AdminClient::new(backend.clone())
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit),
+            auth: AuthClient::new(backend)
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit),
+            token: None,
+        }
+    }
+
+    /// The same API, calling as the holder of `token`.
+    pub(crate) fn signed(&self, token: Option<String>) -> Self {
+        Self {
+            token: token.map(Arc::from),
+            ..self.clone()
+        }
+    }
+
+    /// `message` as a call of this caller: its token as bearer metadata.
+    fn req<T>(&self, message: T) -> Request<T> {
+        let mut r = Request::new(message);
+        if let Some(t) = &self.token {
+            // A token that is no header value (the sign-in refuses those)
+            // is sent as none: the broker answers UNAUTHENTICATED.
+            if let Ok(v) = format!("Bearer {t}").parse() {
+                r.metadata_mut().insert("authorization", v);
+            }
+        }
+        r
+    }
+
+    /// Who the broker takes this caller for (`Auth/WhoAmI`).
+    pub(crate) async fn who_am_i(&self) -> ApiResult<WhoAmIResponse> {
+        let r = self
+            .auth
+            .clone()
+            .who_am_i(self.req(WhoAmIRequest {}))
+            .await?;
+        Ok(r.into_inner())
     }
 
     /// Every topic, tier topics included, sorted.
     pub(crate) async fn topics(&self) -> ApiResult<Vec<String>> {
         let r = self
             .admin
-            .list_topics(Request::new(ListTopicsRequest::default()))
+            .clone()
+            .list_topics(self.req(ListTopicsRequest::default()))
             .await?;
         Ok(r.into_inner().topics)
     }
@@ -122,7 +222,8 @@ impl ConsoleApi {
     pub(crate) async fn topic_stats(&self, topic: &str) -> ApiResult<TopicStatsResponse> {
         let r = self
             .admin
-            .topic_stats(Request::new(TopicRequest {
+            .clone()
+            .topic_stats(self.req(TopicRequest {
                 topic: topic.to_owned(),
             }))
             .await?;
@@ -137,7 +238,8 @@ impl ConsoleApi {
     ) -> ApiResult<SubscriptionStatsResponse> {
         let r = self
             .admin
-            .subscription_stats(Request::new(sub_request(topic, sub)))
+            .clone()
+            .subscription_stats(self.req(sub_request(topic, sub)))
             .await?;
         Ok(r.into_inner())
     }
@@ -146,7 +248,8 @@ impl ConsoleApi {
     pub(crate) async fn policy(&self, topic: &str, sub: &str) -> ApiResult<PolicyResponse> {
         let r = self
             .admin
-            .get_policy(Request::new(sub_request(topic, sub)))
+            .clone()
+            .get_policy(self.req(sub_request(topic, sub)))
             .await?;
         Ok(r.into_inner())
     }
@@ -159,7 +262,8 @@ impl ConsoleApi {
     ) -> ApiResult<GetMessageResponse> {
         let r = self
             .admin
-            .get_message(Request::new(GetMessageRequest {
+            .clone()
+            .get_message(self.req(GetMessageRequest {
                 id: Some(MessageId {
                     topic: topic.to_owned(),
                     entry_id,
@@ -181,7 +285,8 @@ impl ConsoleApi {
     ) -> ApiResult<ListDeadLettersResponse> {
         let r = self
             .admin
-            .list_dead_letters(Request::new(ListDeadLettersRequest {
+            .clone()
+            .list_dead_letters(self.req(ListDeadLettersRequest {
                 topic: topic.to_owned(),
                 subscription: sub.to_owned(),
                 filter: query.to_filter(),
@@ -202,7 +307,8 @@ impl ConsoleApi {
     ) -> ApiResult<GroupDeadLettersResponse> {
         let r = self
             .admin
-            .group_dead_letters(Request::new(GroupDeadLettersRequest {
+            .clone()
+            .group_dead_letters(self.req(GroupDeadLettersRequest {
                 topic: topic.to_owned(),
                 subscription: sub.to_owned(),
                 filter: query.to_filter(),
@@ -223,7 +329,8 @@ impl ConsoleApi {
     ) -> ApiResult<Vec<u64>> {
         let r = self
             .admin
-            .replay_dead_letters(Request::new(ReplayDeadLettersRequest {
+            .clone()
+            .replay_dead_letters(self.req(ReplayDeadLettersRequest {
                 topic: topic.to_owned(),
                 subscription: sub.to_owned(),
                 filter: query.to_filter(),
@@ -244,7 +351,8 @@ impl ConsoleApi {
     ) -> ApiResult<Vec<u64>> {
         let r = self
             .admin
-            .purge_dead_letters(Request::new(PurgeDeadLettersRequest {
+            .clone()
+            .purge_dead_letters(self.req(PurgeDeadLettersRequest {
                 topic: topic.to_owned(),
                 subscription: sub.to_owned(),
                 filter: query.to_filter(),
@@ -273,7 +381,8 @@ impl ConsoleApi {
         };
         let r = self
             .admin
-            .replay_dead_letters(Request::new(ReplayDeadLettersRequest {
+            .clone()
+            .replay_dead_letters(self.req(ReplayDeadLettersRequest {
                 topic: topic.to_owned(),
                 subscription: sub.to_owned(),
                 filter: Some(filter),
@@ -293,7 +402,8 @@ impl ConsoleApi {
     pub(crate) async fn replay_jobs(&self, topic: &str, sub: &str) -> ApiResult<Vec<ReplayJob>> {
         let r = self
             .admin
-            .list_replay_jobs(Request::new(ListReplayJobsRequest {
+            .clone()
+            .list_replay_jobs(self.req(ListReplayJobsRequest {
                 topic: topic.to_owned(),
                 subscription: sub.to_owned(),
             }))
@@ -305,7 +415,8 @@ impl ConsoleApi {
     /// replayed); a job of another topic is not found.
     pub(crate) async fn cancel_replay_job(&self, topic: &str, id: u64) -> ApiResult<()> {
         self.admin
-            .cancel_replay_job(Request::new(CancelReplayJobRequest {
+            .clone()
+            .cancel_replay_job(self.req(CancelReplayJobRequest {
                 id,
                 topic: topic.to_owned(),
             }))
@@ -322,7 +433,8 @@ impl ConsoleApi {
     ) -> ApiResult<BreakerStatus> {
         let r = self
             .admin
-            .set_breaker(Request::new(SetBreakerRequest {
+            .clone()
+            .set_breaker(self.req(SetBreakerRequest {
                 topic: topic.to_owned(),
                 subscription: sub.to_owned(),
                 mode: mode as i32,
@@ -337,7 +449,8 @@ impl ConsoleApi {
         let filter = explicit_ids(ids)?;
         let r = self
             .admin
-            .purge_dead_letters(Request::new(PurgeDeadLettersRequest {
+            .clone()
+            .purge_dead_letters(self.req(PurgeDeadLettersRequest {
                 topic: topic.to_owned(),
                 subscription: sub.to_owned(),
                 filter: Some(filter),

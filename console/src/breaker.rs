@@ -5,7 +5,7 @@
 //! [`super::actions`]; and what the confirmation says and the POST does.
 
 use super::api::ApiResult;
-use super::pages::{fmt_ms, link};
+use super::format::{fmt_ms, link};
 use super::{ConsoleError, ConsoleState};
 use maud::{Markup, html};
 use ricochet_policy::BreakerSpec;

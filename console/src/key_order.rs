@@ -3,7 +3,7 @@
 //! held) and the longest-blocked few, each with the failed message it waits
 //! for. Read from the subscription stats; nothing here acts.
 
-use super::pages::fmt_ms;
+use super::format::fmt_ms;
 use maud::{Markup, html};
 use ricochet_proto::{DeadLetterPolicyConfig, SubscriptionStatsResponse};
 

@@ -16,18 +16,18 @@
 //! can be due later, or paced as a background replay job.
 
 use super::api::ReplayOptions;
-use super::pages::{Params, fmt_ms, link, parse_time};
+use super::format::{fmt_ms, link};
+use super::pages::{Params, parse_time};
 use super::{ConsoleError, ConsoleState, Page, layout};
-use crate::util::lock;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query};
 use axum::http::StatusCode;
 use base64::Engine;
 use maud::{Markup, html};
 use ricochet_proto::{DeadLetter, ReplayEdit};
 use serde::Deserialize;
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Most dead letters one confirmation may name (narrow the filter for more).
@@ -140,6 +140,11 @@ impl Pending {
             .remove(token)
             .filter(|p| p.shown_at.elapsed() < TOKEN_TTL)
     }
+}
+
+/// `m` locked, poisoned or not (a plan map stays consistent).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn entry_id(d: &DeadLetter) -> u64 {
@@ -277,7 +282,7 @@ fn letters_table(letters: &[DeadLetter]) -> Markup {
 /// `GET /confirm/{replay|purge}?topic=T&sub=S&<filter>`, or
 /// `GET /confirm/cancel-job?topic=T&sub=S&job=N`: what will happen.
 pub(crate) async fn confirm(
-    State(st): State<ConsoleState>,
+    st: ConsoleState,
     Path(action): Path<String>,
     Query(p): Query<Params>,
 ) -> Page {
@@ -356,7 +361,7 @@ async fn confirm_cancel(st: &ConsoleState, topic: &str, sub: &str, job: &str) ->
     let id: u64 = job.trim().parse().map_err(|_| {
         ConsoleError::bad_request(format!(
             "`job` must be a replay job id (a number), not {}",
-            crate::util::echo(job)
+            crate::echo(job)
         ))
     })?;
     let j = st
@@ -432,14 +437,14 @@ fn edit_of(f: &EditForm, m: &ricochet_proto::Message) -> Result<Option<ReplayEdi
         let (name, value) = line.split_once('=').ok_or_else(|| {
             ConsoleError::bad_request(format!(
                 "`set`: each line is name=value; {} is not",
-                crate::util::echo(line)
+                crate::echo(line)
             ))
         })?;
         let name = name.trim();
         if name.is_empty() {
             return Err(ConsoleError::bad_request(format!(
                 "`set`: a property needs a name: {}",
-                crate::util::echo(line)
+                crate::echo(line)
             )));
         }
         set_properties.insert(name.to_owned(), value.trim().to_owned());
@@ -454,7 +459,7 @@ fn edit_of(f: &EditForm, m: &ricochet_proto::Message) -> Result<Option<ReplayEdi
     if let Some(both) = unset.iter().find(|n| set_properties.contains_key(*n)) {
         return Err(ConsoleError::bad_request(format!(
             "property {} is both set and removed: choose one",
-            crate::util::echo(both)
+            crate::echo(both)
         )));
     }
     let key = f.key.clone().filter(|k| *k != m.key);
@@ -537,7 +542,7 @@ fn edit_diff(m: &ricochet_proto::Message, e: &ReplayEdit) -> Markup {
 
 /// `POST /confirm/edit` (the dead letter's edit form): what the edit
 /// changes and who receives the result. Changes nothing.
-pub(crate) async fn confirm_edit(State(st): State<ConsoleState>, body: Bytes) -> Page {
+pub(crate) async fn confirm_edit(st: ConsoleState, body: Bytes) -> Page {
     let form: EditForm = serde_urlencoded::from_bytes(&body)
         .map_err(|e| ConsoleError::bad_request(format!("malformed form: {e}")))?;
     let p = Params {
@@ -550,7 +555,7 @@ pub(crate) async fn confirm_edit(State(st): State<ConsoleState>, body: Bytes) ->
     let id: u64 = form.id.trim().parse().map_err(|_| {
         ConsoleError::bad_request(format!(
             "`id` must be an entry id (a number), not {}",
-            crate::util::echo(&form.id)
+            crate::echo(&form.id)
         ))
     })?;
     let d = super::pages::one_dead_letter(&st.api, topic, sub, id).await?;
@@ -619,7 +624,7 @@ impl ActForm {
             other => {
                 return Err(ConsoleError::bad_request(format!(
                     "`mode` must be retry or topic, not {}",
-                    crate::util::echo(other)
+                    crate::echo(other)
                 )));
             }
         };
@@ -634,7 +639,7 @@ impl ActForm {
             r => r.parse::<u32>().ok().filter(|r| *r > 0).ok_or_else(|| {
                 ConsoleError::bad_request(format!(
                     "`rate` must be a whole number of messages per second, not {}",
-                    crate::util::echo(r)
+                    crate::echo(r)
                 ))
             })?,
         };
@@ -666,7 +671,7 @@ fn parse_at(s: &str) -> Result<u64, ConsoleError> {
 
 /// `POST /act` with `token` (and the replay choices): carries out the plan
 /// the confirmation page showed.
-pub(crate) async fn perform(State(st): State<ConsoleState>, body: Bytes) -> Page {
+pub(crate) async fn perform(st: ConsoleState, body: Bytes) -> Page {
     let form: ActForm = serde_urlencoded::from_bytes(&body)
         .map_err(|e| ConsoleError::bad_request(format!("malformed form: {e}")))?;
     if form.token.is_empty() {
