@@ -151,8 +151,14 @@ fn main() -> Result<(), BoxError> {
         let n: usize = env_or("RS_MEM_RETRIES", if quick() { 100_000 } else { 1_000_000 });
         rt.block_on(memory_and_restart(n))?;
     }
-    if part("live") {
-        rt.block_on(live::live_parked_retries())?;
+    if part("live")
+        && let Err(e) = rt.block_on(live::live_parked_retries())
+    {
+        // Said before the runtime is dropped: a task it still waits for
+        // must not hide the error.
+        eprintln!("live parked retries: {e}");
+        rt.shutdown_timeout(std::time::Duration::from_secs(1));
+        return Err(e);
     }
     Ok(())
 }

@@ -165,10 +165,9 @@ impl RawConsumer {
         let deadline = tokio::time::Instant::now() + wait;
         while self.confirmed < n {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left.is_zero() {
+            if left.is_zero() || self.frame(left).await?.is_none() {
                 return Err(format!("{} of {n} requests confirmed", self.confirmed).into());
             }
-            self.messages(left).await?;
         }
         Ok(())
     }
@@ -178,22 +177,37 @@ impl RawConsumer {
         &mut self,
         wait: Duration,
     ) -> Result<Option<Vec<Message>>, BoxError> {
+        let deadline = tokio::time::Instant::now() + wait;
         loop {
-            match tokio::time::timeout(wait, self.rx.message()).await {
-                Err(_) => return Ok(None),
-                Ok(r) => match r?.and_then(|r| r.response) {
-                    Some(consume_response::Response::Messages(b)) => return Ok(Some(b.messages)),
-                    Some(consume_response::Response::Result(r)) if r.code != 0 => {
-                        return Err(format!("request failed: {r:?}").into());
-                    }
-                    Some(consume_response::Response::Result(_)) => {
-                        self.confirmed += 1;
-                        self.last_confirmed_ms = now_ms();
-                    }
-                    Some(_) => {}
-                    None => return Err("consumer stream ended".into()),
-                },
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.frame(left).await? {
+                None => return Ok(None),
+                Some(Some(batch)) => return Ok(Some(batch)),
+                Some(None) => {}
             }
+        }
+    }
+
+    /// Reads one frame within `wait` (`None`: none came): its messages, or
+    /// `Some(None)` for any other frame (a confirmation is counted). A
+    /// confirmation returns at once, so waiting for confirmations never
+    /// waits for messages that are not coming (nacks held for an hour).
+    async fn frame(&mut self, wait: Duration) -> Result<Option<Option<Vec<Message>>>, BoxError> {
+        match tokio::time::timeout(wait, self.rx.message()).await {
+            Err(_) => Ok(None),
+            Ok(r) => match r?.and_then(|r| r.response) {
+                Some(consume_response::Response::Messages(b)) => Ok(Some(Some(b.messages))),
+                Some(consume_response::Response::Result(r)) if r.code != 0 => {
+                    Err(format!("request failed: {r:?}").into())
+                }
+                Some(consume_response::Response::Result(_)) => {
+                    self.confirmed += 1;
+                    self.last_confirmed_ms = now_ms();
+                    Ok(Some(None))
+                }
+                Some(_) => Ok(Some(None)),
+                None => Err("consumer stream ended".into()),
+            },
         }
     }
 }
