@@ -250,9 +250,7 @@ impl History {
                     }
                 }
                 match m {
-                    None => violations.push(Violation::Unknown { id: id.clone() }),
-                    Some(m) if !m.sent => violations.push(Violation::Unknown { id: id.clone() }),
-                    Some(m) => {
+                    Some(m) if m.sent => {
                         if m.receipted {
                             summary.receipted += 1;
                         } else {
@@ -266,6 +264,7 @@ impl History {
                             violations.push(Violation::Lost { id: id.clone() });
                         }
                     }
+                    _ => violations.push(Violation::Unknown { id: id.clone() }),
                 }
                 places.sort();
                 if places.len() > 1 {
