@@ -378,6 +378,10 @@ impl SubscriptionStore for LogStorage {
         self.sled.failures_of(sub_id, tier)
     }
 
+    fn failure_heads(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureHead)>> {
+        self.sled.failure_heads(sub_id, tier)
+    }
+
     fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()> {
         self.sled.put_failures(records)
     }

@@ -140,6 +140,19 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug + 'static {
     /// All failure records of one tier of a subscription.
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>>;
 
+    /// The delivery count and hold end of every failure record of one tier
+    /// of a subscription, without the attempt histories: what a
+    /// subscription's start needs of its held nacks, which can be
+    /// millions. Checksums are checked as on every read; an engine that can
+    /// skip decoding the histories does.
+    fn failure_heads(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureHead)>> {
+        Ok(self
+            .failures_of(sub_id, tier)?
+            .into_iter()
+            .map(|(m, f)| (m, FailureHead::of(&f)))
+            .collect())
+    }
+
     /// Writes (or with `None`, deletes) failure records.
     fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()>;
 

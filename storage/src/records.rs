@@ -350,6 +350,26 @@ pub struct FailureRecord {
     pub edits: Vec<EditRecord>,
 }
 
+/// What a subscription's start needs of a failure record: its count and
+/// hold ([`SubscriptionStore::failure_heads`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailureHead {
+    /// See [`FailureRecord::count`].
+    pub count: u32,
+    /// See [`FailureRecord::hold_until_ms`].
+    pub hold_until_ms: u64,
+}
+
+impl FailureHead {
+    /// The head of `record`.
+    pub fn of(record: &FailureRecord) -> Self {
+        Self {
+            count: record.count,
+            hold_until_ms: record.hold_until_ms,
+        }
+    }
+}
+
 /// One operator edit of a dead letter, made when it was replayed: who, when,
 /// and what changed.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

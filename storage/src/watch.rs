@@ -115,6 +115,10 @@ impl SubscriptionStore for Watched {
         self.note(self.inner.failures_of(sub_id, tier))
     }
 
+    fn failure_heads(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureHead)>> {
+        self.note(self.inner.failure_heads(sub_id, tier))
+    }
+
     fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()> {
         self.note(self.inner.put_failures(records))
     }

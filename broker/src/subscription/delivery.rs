@@ -47,7 +47,7 @@ pub(super) struct Deliveries {
     /// when they fail again or are inspected), so a parked nack costs a
     /// small map entry in memory, not a record with its attempt history.
     /// An entry stays until the message is settled or fails again.
-    pub held: HashMap<TierEntry, Held>,
+    pub held: HeldNacks,
     /// In-flight messages whose client-held nack was counted ahead
     /// (`FailedDelivery.ahead`): the record stored then, and the one
     /// before it (the base if the message fails another way instead).
@@ -152,7 +152,8 @@ impl Deliveries {
     pub fn shrink(&mut self) {
         shrink_map(&mut self.in_flight);
         shrink_map(&mut self.failures);
-        shrink_map(&mut self.held);
+        shrink_map(&mut self.held.packed);
+        shrink_map(&mut self.held.wide);
         shrink_map(&mut self.counted);
     }
 
@@ -163,6 +164,102 @@ impl Deliveries {
             .filter(|e| e.tier == TierId::Main && e.entry_id <= through)
             .copied()
             .collect()
+    }
+}
+
+/// Main-tier messages under a nack the broker holds: entry id → [`Held`].
+///
+/// A subscription can hold millions of them (one per parked nack), so each
+/// costs one 16-byte slot of a hash table: the entry id, and the count and
+/// hold end packed into one word ([`pack`]), against 32 bytes for a
+/// `HashMap<TierEntry, Held>` slot. A count or time too large to pack (a
+/// count over a million, a time past the year 2527) goes to a second,
+/// unpacked table, so nothing is rounded.
+#[derive(Debug, Default)]
+pub(super) struct HeldNacks {
+    packed: HashMap<u64, u64>,
+    wide: HashMap<u64, Held>,
+}
+
+/// Bits of a packed slot that hold the hold's end (ms since the epoch).
+const UNTIL_BITS: u32 = 44;
+
+/// `held` in one word, `None` when a field does not fit.
+fn pack(held: Held) -> Option<u64> {
+    (held.until_ms >> UNTIL_BITS == 0 && u64::from(held.count) >> (64 - UNTIL_BITS) == 0)
+        .then(|| u64::from(held.count) << UNTIL_BITS | held.until_ms)
+}
+
+fn unpack(word: u64) -> Held {
+    Held {
+        count: (word >> UNTIL_BITS) as u32,
+        until_ms: word & ((1 << UNTIL_BITS) - 1),
+    }
+}
+
+impl HeldNacks {
+    /// Records (or replaces) the hold of main-tier message `entry`; an
+    /// entry of another tier is never held (a retry-tier message waits in
+    /// its schedule) and is ignored.
+    pub fn insert(&mut self, entry: TierEntry, held: Held) {
+        debug_assert_eq!(entry.tier, TierId::Main, "only main-tier nacks are held");
+        if entry.tier != TierId::Main {
+            return;
+        }
+        let id = entry.entry_id;
+        match pack(held) {
+            Some(word) => {
+                self.wide.remove(&id);
+                self.packed.insert(id, word);
+            }
+            None => {
+                self.packed.remove(&id);
+                self.wide.insert(id, held);
+            }
+        }
+    }
+
+    /// The hold of `entry`, if it is held.
+    pub fn get(&self, entry: &TierEntry) -> Option<Held> {
+        if entry.tier != TierId::Main {
+            return None;
+        }
+        let id = entry.entry_id;
+        self.packed
+            .get(&id)
+            .map(|w| unpack(*w))
+            .or_else(|| self.wide.get(&id).copied())
+    }
+
+    /// Whether `entry` is held.
+    pub fn contains_key(&self, entry: &TierEntry) -> bool {
+        self.get(entry).is_some()
+    }
+
+    /// Forgets the hold of `entry`; what it was.
+    pub fn remove(&mut self, entry: &TierEntry) -> Option<Held> {
+        if entry.tier != TierId::Main {
+            return None;
+        }
+        let id = entry.entry_id;
+        self.packed
+            .remove(&id)
+            .map(unpack)
+            .or_else(|| self.wide.remove(&id))
+    }
+
+    /// Every held entry, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = TierEntry> + '_ {
+        self.packed
+            .keys()
+            .chain(self.wide.keys())
+            .map(|id| TierEntry::main(*id))
+    }
+
+    /// How many are held.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.packed.len() + self.wide.len()
     }
 }
 
@@ -219,6 +316,43 @@ mod tests {
         assert_eq!(d.in_flight.len(), 10);
         assert!(d.in_flight.contains_key(&TierEntry::main(49_995)));
         assert_eq!(d.failures.len(), 10);
+    }
+
+    #[test]
+    fn held_nacks_keep_counts_and_times_exactly_packed_or_not() {
+        let mut h = HeldNacks::default();
+        let now = 1_764_000_000_000; // Late 2025, in ms.
+        let cases = [
+            (1, Held { count: 1, until_ms: now }),
+            (2, Held { count: (1 << 20) - 1, until_ms: (1 << UNTIL_BITS) - 1 }),
+            // Too large to pack: kept whole in the second table.
+            (3, Held { count: 1 << 20, until_ms: now }),
+            (4, Held { count: u32::MAX, until_ms: u64::MAX }),
+            (5, Held { count: 0, until_ms: 1 << UNTIL_BITS }),
+        ];
+        for (id, held) in cases {
+            h.insert(TierEntry::main(id), held);
+        }
+        assert_eq!(h.len(), 5);
+        assert_eq!((h.packed.len(), h.wide.len()), (2, 3));
+        for (id, held) in cases {
+            assert_eq!(h.get(&TierEntry::main(id)), Some(held), "{id}");
+        }
+        // Replaced across the two tables, never in both.
+        h.insert(TierEntry::main(3), Held { count: 2, until_ms: now });
+        h.insert(TierEntry::main(1), Held { count: u32::MAX, until_ms: now });
+        assert_eq!(h.len(), 5);
+        assert_eq!(h.get(&TierEntry::main(3)), Some(Held { count: 2, until_ms: now }));
+        assert_eq!(h.get(&TierEntry::main(1)).map(|x| x.count), Some(u32::MAX));
+        // Another tier is never held.
+        assert_eq!(h.get(&TierEntry::retry(2)), None);
+        assert_eq!(h.remove(&TierEntry::retry(2)), None);
+        let mut keys: Vec<u64> = h.keys().map(|e| e.entry_id).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, [1, 2, 3, 4, 5]);
+        assert_eq!(h.remove(&TierEntry::main(4)).map(|x| x.until_ms), Some(u64::MAX));
+        assert!(!h.contains_key(&TierEntry::main(4)));
+        assert_eq!(h.len(), 4);
     }
 
     #[test]

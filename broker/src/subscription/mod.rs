@@ -162,19 +162,20 @@ impl SubscriptionActor {
         };
         // Main-tier failure records of messages not held by a broker-served
         // nack are few (failed, waiting for a redelivery): keep them. Held
-        // ones and retry-tier ones are read when their schedule fires.
+        // ones (there can be millions: only their counts and holds are
+        // read here) and retry-tier ones are read when their schedule fires.
         let mut deliveries = Deliveries::default();
         let now_ms = deps.clock.now_ms();
-        for (m, f) in storage.failures_of(rec.id, TierId::Main)? {
-            if f.hold_until_ms > now_ms {
+        for (m, head) in storage.failure_heads(rec.id, TierId::Main)? {
+            if head.hold_until_ms > now_ms {
                 deliveries.held.insert(
                     m.entry(),
                     delivery::Held {
-                        count: f.count,
-                        until_ms: f.hold_until_ms,
+                        count: head.count,
+                        until_ms: head.hold_until_ms,
                     },
                 );
-            } else {
+            } else if let Some(f) = storage.failure(m, None)? {
                 deliveries.failures.insert(m.entry(), f);
             }
         }

@@ -45,9 +45,9 @@ impl SubscriptionActor {
             .deliveries
             .failures
             .keys()
+            .copied()
             .chain(self.deliveries.held.keys())
             .filter(|e| below(e))
-            .copied()
             .collect();
         for e in failed {
             self.deliveries.failures.remove(&e);

@@ -9,7 +9,7 @@
 //! different payload. Values of the unsealed format (stores written before
 //! storage format 2) do not read: such stores are refused at open.
 
-use crate::{AttemptRecord, FailureRecord, StorageError, StorageResult as Result};
+use crate::{AttemptRecord, FailureHead, FailureRecord, StorageError, StorageResult as Result};
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
 
@@ -140,6 +140,30 @@ pub fn encode_failures(r: &FailureRecord) -> Vec<u8> {
     out
 }
 
+/// The fields of [`StoredFailures`] a [`FailureHead`] needs; decoding
+/// skips the others (the attempt history) without allocating them.
+#[derive(Clone, PartialEq, prost::Message)]
+struct StoredFailureHead {
+    #[prost(uint32, tag = "1")]
+    count: u32,
+    #[prost(uint64, tag = "4")]
+    hold_until_ms: u64,
+}
+
+/// A failure record's count and hold, from either form.
+pub fn decode_failure_head(bytes: &[u8]) -> Result<FailureHead> {
+    match bytes.split_first() {
+        Some((&PROTOBUF_V1, rest)) => {
+            let h = StoredFailureHead::decode(rest)?;
+            Ok(FailureHead {
+                count: h.count,
+                hold_until_ms: h.hold_until_ms,
+            })
+        }
+        _ => decode_failures(bytes).map(|f| FailureHead::of(&f)),
+    }
+}
+
 /// A failure record from either form.
 pub fn decode_failures(bytes: &[u8]) -> Result<FailureRecord> {
     match bytes.split_first() {
@@ -224,6 +248,25 @@ mod tests {
         assert!(unseal(key, &[0, 0, 0, 1, 0, 0, 0, 0]).is_err());
         let e = unseal(&[0, 1, 0xff], &[1]).unwrap_err().to_string();
         assert!(e.contains("0001ff"), "{e}");
+    }
+
+    #[test]
+    fn a_failure_head_reads_count_and_hold_of_either_form() {
+        let mut r = record(3);
+        r.hold_until_ms = 1_764_000_000_123;
+        let head = FailureHead::of(&r);
+        assert_eq!((head.count, head.hold_until_ms), (3, 1_764_000_000_123));
+        assert_eq!(decode_failure_head(&encode_failures(&r)).unwrap(), head);
+        assert_eq!(decode_failure_head(&json(&r)).unwrap(), head);
+        // Not held, no history.
+        let plain = FailureRecord::default();
+        assert_eq!(
+            decode_failure_head(&encode_failures(&plain)).unwrap(),
+            FailureHead::default()
+        );
+        // A body that is not a record is damage, not a zero head.
+        assert!(decode_failure_head(&[PROTOBUF_V1, 0x0a, 0x7f]).is_err());
+        assert!(decode_failure_head(b"{not json").is_err());
     }
 
     #[test]

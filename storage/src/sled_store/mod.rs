@@ -438,6 +438,20 @@ impl SubscriptionStore for SledStorage {
             .collect()
     }
 
+    fn failure_heads(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureHead)>> {
+        let mut prefix = be(sub_id).to_vec();
+        prefix.push(tier as u8);
+        self.failures
+            .scan_prefix(prefix)
+            .map(|kv| {
+                let (k, v) = kv?;
+                let m = SubMessage::from_key(&k)
+                    .ok_or_else(|| StorageError::Corrupt("bad failure key".into()))?;
+                Ok((m, codec::decode_failure_head(unseal(&k, &v)?)?))
+            })
+            .collect()
+    }
+
     fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()> {
         let mut batch = Batch::default();
         for (m, rec) in records {

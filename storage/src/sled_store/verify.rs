@@ -91,11 +91,11 @@ impl SledStorage {
     /// covers them), and the pass ends early once `stop()` is true (checked
     /// every few thousand values). Damage in a value is reported as by
     /// `verify`.
-    pub fn verify_live(&self, stop: &dyn Fn() -> bool) -> VerifyReport {
+    pub fn verify_live(&self, stop: &(dyn Fn() -> bool + Sync)) -> VerifyReport {
         self.verify_with(true, stop)
     }
 
-    fn verify_with(&self, live: bool, stop: &dyn Fn() -> bool) -> VerifyReport {
+    fn verify_with(&self, live: bool, stop: &(dyn Fn() -> bool + Sync)) -> VerifyReport {
         let mut report = VerifyReport {
             complete: true,
             ..VerifyReport::default()
@@ -125,43 +125,102 @@ impl SledStorage {
                 trees.push((seg_tree_name(topic, *seg), tree.clone()));
             }
         }
-        for (name, tree) in trees {
-            for kv in tree.iter() {
-                let (k, v) = match kv {
-                    Ok(kv) => kv,
-                    // Dropped while the pass ran (a live store's segment).
-                    Err(sled::Error::CollectionNotFound(_)) if live => break,
-                    Err(e) => {
-                        report.problem(format!("{name}: {}", StorageError::from(e)));
-                        break;
-                    }
-                };
-                if report.values.is_multiple_of(4096) && stop() {
-                    report.complete = false;
-                    return report;
-                }
-                report.values += 1;
-                match name.as_str() {
-                    "schedule" => {
-                        report.scheduled += 1;
-                        let sub = schedule_sub(&k);
-                        report.by_subscription.entry(sub).or_default().scheduled += 1;
-                    }
-                    "deadletters" => {
-                        report.dead_letters += 1;
-                        let sub = dl_sub(&k);
-                        report.by_subscription.entry(sub).or_default().dead_letters += 1;
-                    }
-                    _ => {}
-                }
-                match check_value(&name, &k, &v) {
-                    Ok(entries) => report.entries += entries,
-                    Err(e) => report.problem(format!("{name}: {e}")),
+        // The trees are read on up to `VERIFY_THREADS` threads, each tree
+        // by one; the reports are joined in the trees' order, so the pass
+        // finds and lists exactly what one thread reading them in turn
+        // would.
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, VERIFY_THREADS)
+            .min(trees.len());
+        let mut parts: Vec<(usize, VerifyReport)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some((name, tree)) = trees.get(i) else {
+                                return done;
+                            };
+                            done.push((i, verify_tree(name, tree, live, stop)));
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        parts.sort_by_key(|(i, _)| *i);
+        for (_, part) in parts {
+            report.values += part.values;
+            report.entries += part.entries;
+            report.scheduled += part.scheduled;
+            report.dead_letters += part.dead_letters;
+            report.problem_count += part.problem_count;
+            for p in part.problems {
+                if report.problems.len() < MAX_LISTED {
+                    report.problems.push(p);
                 }
             }
+            for (sub, c) in part.by_subscription {
+                let mine = report.by_subscription.entry(sub).or_default();
+                mine.scheduled += c.scheduled;
+                mine.dead_letters += c.dead_letters;
+            }
+            report.complete &= part.complete;
         }
         report
     }
+}
+
+/// Most threads a verify pass reads trees on.
+const VERIFY_THREADS: usize = 4;
+
+/// One tree's share of a verify pass (see [`SledStorage::verify_live`]
+/// for `live` and `stop`).
+fn verify_tree(name: &str, tree: &Tree, live: bool, stop: &dyn Fn() -> bool) -> VerifyReport {
+    let mut report = VerifyReport {
+        complete: true,
+        ..VerifyReport::default()
+    };
+    for kv in tree.iter() {
+        let (k, v) = match kv {
+            Ok(kv) => kv,
+            // Dropped while the pass ran (a live store's segment).
+            Err(sled::Error::CollectionNotFound(_)) if live => break,
+            Err(e) => {
+                report.problem(format!("{name}: {}", StorageError::from(e)));
+                break;
+            }
+        };
+        if report.values.is_multiple_of(4096) && stop() {
+            report.complete = false;
+            return report;
+        }
+        report.values += 1;
+        match name {
+            "schedule" => {
+                report.scheduled += 1;
+                let sub = schedule_sub(&k);
+                report.by_subscription.entry(sub).or_default().scheduled += 1;
+            }
+            "deadletters" => {
+                report.dead_letters += 1;
+                let sub = dl_sub(&k);
+                report.by_subscription.entry(sub).or_default().dead_letters += 1;
+            }
+            _ => {}
+        }
+        match check_value(name, &k, &v) {
+            Ok(entries) => report.entries += entries,
+            Err(e) => report.problem(format!("{name}: {e}")),
+        }
+    }
+    report
 }
 
 /// The subscription id a dead-letter key starts with (`u64::MAX` for a
