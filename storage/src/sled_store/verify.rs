@@ -350,6 +350,37 @@ mod tests {
     }
 
     #[test]
+    fn trees_read_in_parallel_report_as_one_reader_in_turn_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path());
+        for topic in ["a", "b"] {
+            s.put_topic(&TopicRecord {
+                name: topic.into(),
+                created_ms: 0,
+                kind: TopicKind::Normal,
+            })
+            .unwrap();
+        }
+        // Damage in several trees: each segment tree of both topics.
+        for id in [1, 5, 9] {
+            s.damage_entry("a", id, 7);
+            s.damage_entry("b", id, 7);
+        }
+        let first = s.verify();
+        assert_eq!(first.problem_count, 6, "{:?}", first.problems);
+        assert!(first.complete);
+        // Listed in the trees' order whichever thread read which tree.
+        for _ in 0..20 {
+            let again = s.verify();
+            assert_eq!(again.problems, first.problems);
+            assert_eq!(
+                (again.values, again.entries),
+                (first.values, first.entries)
+            );
+        }
+    }
+
+    #[test]
     fn the_live_pass_skips_segments_dropped_under_it_and_stops_when_told() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path());
