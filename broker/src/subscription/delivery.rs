@@ -323,12 +323,42 @@ mod tests {
         let mut h = HeldNacks::default();
         let now = 1_764_000_000_000; // Late 2025, in ms.
         let cases = [
-            (1, Held { count: 1, until_ms: now }),
-            (2, Held { count: (1 << 20) - 1, until_ms: (1 << UNTIL_BITS) - 1 }),
+            (
+                1,
+                Held {
+                    count: 1,
+                    until_ms: now,
+                },
+            ),
+            (
+                2,
+                Held {
+                    count: (1 << 20) - 1,
+                    until_ms: (1 << UNTIL_BITS) - 1,
+                },
+            ),
             // Too large to pack: kept whole in the second table.
-            (3, Held { count: 1 << 20, until_ms: now }),
-            (4, Held { count: u32::MAX, until_ms: u64::MAX }),
-            (5, Held { count: 0, until_ms: 1 << UNTIL_BITS }),
+            (
+                3,
+                Held {
+                    count: 1 << 20,
+                    until_ms: now,
+                },
+            ),
+            (
+                4,
+                Held {
+                    count: u32::MAX,
+                    until_ms: u64::MAX,
+                },
+            ),
+            (
+                5,
+                Held {
+                    count: 0,
+                    until_ms: 1 << UNTIL_BITS,
+                },
+            ),
         ];
         for (id, held) in cases {
             h.insert(TierEntry::main(id), held);
@@ -339,10 +369,28 @@ mod tests {
             assert_eq!(h.get(&TierEntry::main(id)), Some(held), "{id}");
         }
         // Replaced across the two tables, never in both.
-        h.insert(TierEntry::main(3), Held { count: 2, until_ms: now });
-        h.insert(TierEntry::main(1), Held { count: u32::MAX, until_ms: now });
+        h.insert(
+            TierEntry::main(3),
+            Held {
+                count: 2,
+                until_ms: now,
+            },
+        );
+        h.insert(
+            TierEntry::main(1),
+            Held {
+                count: u32::MAX,
+                until_ms: now,
+            },
+        );
         assert_eq!(h.len(), 5);
-        assert_eq!(h.get(&TierEntry::main(3)), Some(Held { count: 2, until_ms: now }));
+        assert_eq!(
+            h.get(&TierEntry::main(3)),
+            Some(Held {
+                count: 2,
+                until_ms: now
+            })
+        );
         assert_eq!(h.get(&TierEntry::main(1)).map(|x| x.count), Some(u32::MAX));
         // Another tier is never held.
         assert_eq!(h.get(&TierEntry::retry(2)), None);
@@ -350,7 +398,10 @@ mod tests {
         let mut keys: Vec<u64> = h.keys().map(|e| e.entry_id).collect();
         keys.sort_unstable();
         assert_eq!(keys, [1, 2, 3, 4, 5]);
-        assert_eq!(h.remove(&TierEntry::main(4)).map(|x| x.until_ms), Some(u64::MAX));
+        assert_eq!(
+            h.remove(&TierEntry::main(4)).map(|x| x.until_ms),
+            Some(u64::MAX)
+        );
         assert!(!h.contains_key(&TierEntry::main(4)));
         assert_eq!(h.len(), 4);
     }

@@ -373,10 +373,7 @@ mod tests {
         for _ in 0..20 {
             let again = s.verify();
             assert_eq!(again.problems, first.problems);
-            assert_eq!(
-                (again.values, again.entries),
-                (first.values, first.entries)
-            );
+            assert_eq!((again.values, again.entries), (first.values, first.entries));
         }
     }
 

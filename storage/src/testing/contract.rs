@@ -308,6 +308,32 @@ pub fn check_retry_moves_keep_the_failure_record_in_the_schedule_entry(s: &dyn S
     assert_eq!(subs.len(), 1);
 }
 
+/// A failure record's head is its count and hold, for every record of the
+/// tier asked (and only those), histories or not.
+pub fn check_failure_heads_are_the_records_counts_and_holds(s: &dyn Storage) {
+    let mut held = record(3);
+    held.hold_until_ms = 1_764_000_000_000;
+    let records = [
+        (TierEntry::main(1).of(7), record(0)),
+        (TierEntry::main(2).of(7), held),
+        (TierEntry::main(3).of(7), record(64)),
+    ];
+    let mut writes: Vec<_> = records.iter().map(|(m, r)| (*m, Some(r.clone()))).collect();
+    // Another tier and another subscription are not listed.
+    writes.push((TierEntry::retry(1).of(7), Some(record(5))));
+    writes.push((TierEntry::main(1).of(8), Some(record(6))));
+    s.put_failures(&writes).unwrap();
+    let mut heads = s.failure_heads(7, TierId::Main).unwrap();
+    heads.sort_by_key(|(m, _)| m.entry_id);
+    let want: Vec<_> = records
+        .iter()
+        .map(|(m, r)| (*m, FailureHead::of(r)))
+        .collect();
+    assert_eq!(heads, want);
+    assert_eq!(want[1].1.hold_until_ms, 1_764_000_000_000);
+    assert_eq!(want[2].1.count, 64);
+}
+
 pub fn check_dead_letter_moves_list_page_and_remove(s: &dyn Storage) {
     let items = (0..3)
         .map(|i| MoveItem {
@@ -786,6 +812,7 @@ macro_rules! storage_contract {
             check_read_many_answers_as_read_one_does_in_the_order_asked,
             check_logs_append_read_trim_and_never_reuse_ids,
             check_retry_moves_keep_the_failure_record_in_the_schedule_entry,
+            check_failure_heads_are_the_records_counts_and_holds,
             check_dead_letter_moves_list_page_and_remove,
             check_the_schedule_is_a_time_index_paged_in_key_order,
             check_dead_letters_return_to_the_retry_tier_all_or_nothing,
