@@ -1,4 +1,4 @@
-//! A typed wrapper over the etcd v3 API subset in `ricochet_proto::etcd`:
+//! A typed wrapper over the etcd v3 API subset in `ricochet_cluster::proto`:
 //! reads of one key or a prefix, the "create if absent" transaction every
 //! claim and placement goes through, puts under a lease, deletes, and the
 //! lease calls (grant, keepalive, revoke). Every call has a deadline; an
@@ -7,7 +7,7 @@
 //! strings here: Ricochet stores UTF-8 names and JSON.
 
 use crate::error::{BrokerError, Result};
-use ricochet_proto::etcd::{
+use ricochet_cluster::proto::{
     Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
     LeaseRevokeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, TxnResponse, compare,
     kv_client, lease_client, request_op, response_op,
@@ -32,8 +32,8 @@ pub struct Kv {
     pub lease: i64,
 }
 
-impl From<ricochet_proto::etcd::KeyValue> for Kv {
-    fn from(kv: ricochet_proto::etcd::KeyValue) -> Self {
+impl From<ricochet_cluster::proto::KeyValue> for Kv {
+    fn from(kv: ricochet_cluster::proto::KeyValue) -> Self {
         Self {
             key: String::from_utf8_lossy(&kv.key).into_owned(),
             value: String::from_utf8_lossy(&kv.value).into_owned(),
