@@ -14,7 +14,7 @@
 use super::admin::AdminService;
 use super::dead_letters::CallerRole;
 use crate::error::BrokerError;
-use crate::name::TopicName;
+use crate::name::{TopicName, check_partition_count};
 use crate::node::Node;
 use ricochet_proto::admin_server::Admin;
 use ricochet_proto::partitions_server::Partitions;
@@ -47,7 +47,12 @@ impl Partitions for PartitionsService {
         match self.node.cluster() {
             // The count lives in etcd; the partitions are placed over the
             // brokers and created by each on first use.
-            Some(c) => c.create_partitioned(&name, r.partitions).await?,
+            Some(c) => {
+                check_partition_count(&name, r.partitions)?;
+                c.create_partitioned(name.as_str(), r.partitions)
+                    .await
+                    .map_err(BrokerError::from)?
+            }
             None => self.node.partitions.create(&name, r.partitions).await?,
         }
         Ok(Response::new(PartitionedTopicMetadata {
@@ -62,7 +67,10 @@ impl Partitions for PartitionsService {
     ) -> Result<Response<PartitionedTopicMetadata>, Status> {
         let name = TopicName::parse(&r.into_inner().topic)?;
         let count = match self.node.cluster() {
-            Some(c) => c.partition_count(&name).await?,
+            Some(c) => c
+                .partition_count(name.as_str())
+                .await
+                .map_err(BrokerError::from)?,
             None => self.node.partitions.count(&name),
         };
         Ok(Response::new(PartitionedTopicMetadata {
@@ -78,7 +86,12 @@ impl Partitions for PartitionsService {
         let r = r.into_inner();
         let name = TopicName::parse(&r.topic)?;
         let partitions = match self.node.cluster() {
-            Some(c) => c.update_partitions(&name, r.partitions).await?,
+            Some(c) => {
+                c.update_partitions(name.as_str(), r.partitions, |n| {
+                    check_partition_count(&name, n)
+                })
+                .await?
+            }
             None => self.node.partitions.update(&name, r.partitions).await?,
         };
         Ok(Response::new(PartitionedTopicMetadata {
