@@ -6,6 +6,7 @@ mod breaker;
 mod cluster;
 mod consume;
 mod dead_letters;
+mod fanout;
 mod input;
 mod partitions;
 mod produce;
