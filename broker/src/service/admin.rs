@@ -3,7 +3,7 @@
 //! automatically: replays and purges are operator decisions.
 
 use super::dead_letters::{self, passes};
-use super::partitions::{self as parts, partitioned};
+use super::fanout::{self as parts, partitioned};
 use super::wire;
 use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};

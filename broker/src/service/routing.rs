@@ -7,8 +7,9 @@
 //! the route after the permission check, so a caller without the
 //! permission learns nothing about where a topic lives.
 
-use crate::cluster::Cluster;
+use crate::error::BrokerError;
 use crate::name::TopicName;
+use ricochet_cluster::Cluster;
 use std::sync::Arc;
 use tonic::Status;
 
@@ -49,7 +50,11 @@ impl Router {
             Route::Owner => false,
             Route::Place => true,
         };
-        cluster.route(&TopicName::parse(topic)?, place).await?;
+        let topic = TopicName::parse(topic)?;
+        cluster
+            .route(topic.as_str(), place)
+            .await
+            .map_err(BrokerError::from)?;
         Ok(())
     }
 }

@@ -1,90 +1,27 @@
-//! Cluster mode: several brokers coordinated through etcd
-//! (`--cluster NAME --etcd URL --advertise URL`). Every topic (each
-//! partition of a partitioned topic is a topic) is *placed* on one broker,
-//! which keeps its data; it *owns* the topic while it holds its etcd lease,
-//! and serves it only then. Any broker answers where a topic lives; a call
-//! about a topic sent to another broker is refused with the owner's id and
-//! URL ([`BrokerError::NotOwner`]). There is no replication in this step: a
-//! broker that is down leaves its topics unavailable until it returns.
-//!
-//! etcd keys, all under `/ricochet/<cluster>/`:
-//! * `brokers/<id>`: a [`membership::Registration`] (JSON), under the
-//!   broker's lease;
-//! * `placement/<topic>`: the id of the broker the topic's data lives on;
-//!   persistent, written once ([`placement`]);
-//! * `owners/<topic>`: the owner's id under its lease, created by a
-//!   "create if absent" transaction; its create revision is the topic's
-//!   fencing *epoch* ([`ownership`]);
-//! * `partitioned/<topic>`: a partitioned topic's partition count.
-//!
-//! Split by concern: [`etcd`] (the typed etcd client), [`membership`]
-//! (lease, registration, keepalive, the local fence deadline), [`placement`]
-//! (the pure choice of a broker), [`ownership`] (claims, the in-memory table
-//! of owned topics the hot path reads, lookups). A standalone broker has no
-//! [`Cluster`] at all: its hot path pays one `None` check. What the cluster
-//! needs of the broker it runs in is [`Host`], which the broker's node
-//! implements: this module does not know the core.
+//! Joining the cluster and keeping this broker's lease: [`Cluster::join`]
+//! grants a lease (revoking one an earlier process of the same broker id
+//! left), registers, claims the topics placed here and deletes stale
+//! copies of topics placed elsewhere; then a loop renews the lease every
+//! third of its TTL, moves the fence deadline on each renewal, re-joins
+//! after etcd expired the lease, refreshes the registration (load, placed
+//! count) and claims what others placed here, and revokes the lease when
+//! the broker stops ([`Cluster::leave`]).
 
-pub mod etcd;
-pub mod membership;
-mod moves;
-pub mod ownership;
-pub mod placement;
-
-use crate::error::{BrokerError, Result};
-use etcd::Etcd;
-use membership::{Fence, Registration};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use crate::Host;
+use crate::cluster::Cluster;
+use crate::config::ClusterConfig;
+use crate::error::Result;
+use crate::etcd::Etcd;
+use crate::sync::write;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
-
-pub use crate::config::{ClusterConfig, valid_id};
-pub use ownership::{BrokerView, Owner, Tenure};
-
-/// What cluster mode needs of the broker it runs in.
-#[async_trait::async_trait]
-pub trait Host: Send + Sync {
-    /// The ordinary topics (not retry or dead-letter tiers) held here.
-    async fn topics(&self) -> Vec<crate::name::TopicName>;
-    /// Messages stored in those topics so far (the load figure).
-    async fn messages_in(&self) -> u64;
-    /// Deletes this broker's copy of a topic that lives elsewhere now,
-    /// with everything that belongs to it.
-    async fn forget_moved(&self, topic: &crate::name::TopicName) -> Result<()>;
-}
+use tokio_util::sync::CancellationToken;
 
 /// How long an etcd call may take before it counts as failed.
 const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a starting broker waits for etcd to answer.
 const JOIN_WAIT: Duration = Duration::from_secs(30);
-
-/// This broker's membership of a cluster: its lease, fence and owned
-/// topics. Shared by the services; one per broker process.
-#[derive(Debug)]
-pub struct Cluster {
-    name: String,
-    id: String,
-    url: String,
-    prefix: String,
-    etcd: Etcd,
-    ttl: Duration,
-    registered_at_ms: u64,
-    lease: AtomicI64,
-    /// The local lease deadline every acknowledgement checks.
-    pub fence: Fence,
-    owned: std::sync::RwLock<HashMap<String, ownership::Owned>>,
-    /// Topics moving away now, to the broker each goes to: not served.
-    moving: std::sync::RwLock<HashMap<String, String>>,
-    /// Draining: registered as such, so no new topic is placed here.
-    draining: std::sync::atomic::AtomicBool,
-    /// Serialises re-joining after a lost lease.
-    rejoin: tokio::sync::Mutex<()>,
-    /// Load (messages per second, f64 bits) and placed count, as last
-    /// registered.
-    load_bits: AtomicU64,
-    placed: AtomicU64,
-}
 
 impl Cluster {
     /// Joins the cluster: grants a lease (revoking the one a previous
@@ -97,26 +34,11 @@ impl Cluster {
         id: String,
         url: String,
         host: Weak<dyn Host>,
-        shutdown: tokio_util::sync::CancellationToken,
+        shutdown: CancellationToken,
     ) -> Result<Arc<Self>> {
         let etcd = Etcd::connect(&config.etcd, ETCD_TIMEOUT)?;
-        let cluster = Arc::new(Self {
-            prefix: format!("/ricochet/{}/", config.name),
-            name: config.name.clone(),
-            fence: Fence::new(&id),
-            id,
-            url,
-            etcd,
-            ttl: Duration::from_secs(config.lease_ttl.as_secs_f64().ceil() as u64),
-            registered_at_ms: crate::util::wall_ms(),
-            lease: AtomicI64::new(0),
-            owned: Default::default(),
-            moving: Default::default(),
-            draining: Default::default(),
-            rejoin: tokio::sync::Mutex::new(()),
-            load_bits: AtomicU64::new(0f64.to_bits()),
-            placed: AtomicU64::new(0),
-        });
+        let ttl = Duration::from_secs(config.lease_ttl.as_secs_f64().ceil() as u64);
+        let cluster = Arc::new(Self::new(&config.name, id, url, etcd, ttl));
         let started = Instant::now();
         let previous = loop {
             match cluster.etcd.get(&cluster.broker_key(&cluster.id)).await {
@@ -152,41 +74,6 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// The cluster's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// This broker's id.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// This broker's advertised URL.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
-    fn broker_key(&self, id: &str) -> String {
-        format!("{}brokers/{id}", self.prefix)
-    }
-
-    fn placement_key(&self, topic: &str) -> String {
-        format!("{}placement/{topic}", self.prefix)
-    }
-
-    fn owner_key(&self, topic: &str) -> String {
-        format!("{}owners/{topic}", self.prefix)
-    }
-
-    fn partitioned_key(&self, topic: &str) -> String {
-        format!("{}partitioned/{topic}", self.prefix)
-    }
-
-    fn lease_id(&self) -> i64 {
-        self.lease.load(Ordering::Acquire)
-    }
-
     /// Grants a lease, registers under it and claims the topics placed
     /// here.
     async fn acquire(&self) -> Result<()> {
@@ -199,31 +86,10 @@ impl Cluster {
         Ok(())
     }
 
-    /// Writes `brokers/<id>` under the current lease.
-    async fn register(&self) -> Result<()> {
-        let reg = Registration {
-            url: self.url.clone(),
-            registered_at_ms: self.registered_at_ms,
-            load: f64::from_bits(self.load_bits.load(Ordering::Relaxed)),
-            placed: self.placed.load(Ordering::Relaxed),
-            draining: self.draining.load(Ordering::Relaxed),
-        };
-        let json = serde_json::to_string(&reg)
-            .map_err(|e| BrokerError::Etcd(format!("cannot encode the registration: {e}")))?;
-        self.etcd
-            .put(&self.broker_key(&self.id), &json, self.lease_id())
-            .await?;
-        Ok(())
-    }
-
     /// The lease loop: renew every third of the TTL; after an expired
     /// lease, re-join; every third round, refresh the registration and
     /// claim what others placed here. Revokes the lease on `shutdown`.
-    async fn keep(
-        self: Arc<Self>,
-        host: Weak<dyn Host>,
-        shutdown: tokio_util::sync::CancellationToken,
-    ) {
+    async fn keep(self: Arc<Self>, host: Weak<dyn Host>, shutdown: CancellationToken) {
         let period = self.ttl / 3;
         let renew_timeout = period.max(Duration::from_millis(300));
         let mut keepalive = self.etcd.keepalive(self.lease_id(), renew_timeout);
@@ -268,10 +134,10 @@ impl Cluster {
     /// After etcd expired the lease: void every claim, then grant a new
     /// lease, register and re-claim, retrying until it works or the broker
     /// stops.
-    async fn rejoin_after_loss(&self, shutdown: &tokio_util::sync::CancellationToken) {
+    async fn rejoin_after_loss(&self, shutdown: &CancellationToken) {
         let _one = self.rejoin.lock().await;
         self.fence.lose();
-        crate::util::write(&self.owned).clear();
+        write(&self.owned).clear();
         loop {
             match self.acquire().await {
                 Ok(()) => {
