@@ -62,6 +62,11 @@ pub struct SledStorage {
     /// clean [`Self::verify`] pass, taken by the next counted inventory
     /// instead of a second scan.
     verified_counts: Mutex<Option<HashMap<u64, manifest::SubCounts>>>,
+    /// The main-tier failure heads per subscription id a clean
+    /// [`Self::verify`] pass decoded on its way, taken by the subscriptions'
+    /// start ([`SubscriptionStore::failure_heads`]) instead of a second
+    /// scan; dropped by any write to the failures tree.
+    verified_heads: Mutex<Option<HashMap<u64, Vec<(SubMessage, FailureHead)>>>>,
 }
 
 impl std::fmt::Debug for SledStorage {
@@ -105,6 +110,7 @@ impl SledStorage {
             segment_entries,
             segments: Mutex::new(segments),
             verified_counts: Mutex::new(None),
+            verified_heads: Mutex::new(None),
         })
     }
 
@@ -131,6 +137,12 @@ impl SledStorage {
         Ok(crate::util::lock(&self.segments)
             .get(topic)
             .and_then(|m| m.get(&seg).cloned()))
+    }
+
+    /// Drops what the last verify pass read of the failures tree (it is
+    /// about to change).
+    fn forget_verified_heads(&self) {
+        crate::util::lock(&self.verified_heads).take();
     }
 
     fn id_floor(&self, topic: &str) -> Result<u64> {
@@ -384,6 +396,7 @@ impl SubscriptionStore for SledStorage {
     }
 
     fn delete_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
+        self.forget_verified_heads();
         let mut batch = Batch::default();
         for k in self.failures.scan_prefix(be(record.id)).keys() {
             batch.remove(k?);
@@ -439,6 +452,12 @@ impl SubscriptionStore for SledStorage {
     }
 
     fn failure_heads(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureHead)>> {
+        if tier == TierId::Main
+            && let Some(verified) = crate::util::lock(&self.verified_heads).as_mut()
+        {
+            // Read by the verify pass, and nothing written since.
+            return Ok(verified.remove(&sub_id).unwrap_or_default());
+        }
         let mut prefix = be(sub_id).to_vec();
         prefix.push(tier as u8);
         self.failures
@@ -453,6 +472,7 @@ impl SubscriptionStore for SledStorage {
     }
 
     fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()> {
+        self.forget_verified_heads();
         let mut batch = Batch::default();
         for (m, rec) in records {
             match rec {
@@ -506,6 +526,7 @@ impl SubscriptionStore for SledStorage {
     }
 
     fn move_messages(&self, mv: &TierMove) -> Result<()> {
+        self.forget_verified_heads();
         // Everything is encoded before the transaction: its closure may re-run.
         let sub_key = sub_key(&mv.subscription.topic, &mv.subscription.name);
         let sub_val = seal(&sub_key, &json(&mv.subscription));
@@ -671,6 +692,7 @@ impl SubscriptionStore for SledStorage {
     }
 
     fn return_dead_letters(&self, mv: &DeadLetterReturn) -> Result<()> {
+        self.forget_verified_heads();
         self.return_dead_letters_tx(mv)
     }
 
@@ -679,6 +701,7 @@ impl SubscriptionStore for SledStorage {
     }
 
     fn restore_subscription_state(&self, sub_id: u64, state: &SubscriptionState) -> Result<()> {
+        self.forget_verified_heads();
         self.write_subscription_state(sub_id, state)
     }
 

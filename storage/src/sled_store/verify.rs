@@ -51,9 +51,11 @@ impl SledStorage {
     /// counted [`Storage::inventory`] (the manifest check at start), which
     /// then needs no second scan of those trees.
     pub fn verify(&self) -> VerifyReport {
-        let report = self.verify_with(false, &|| false);
+        let mut heads = HashMap::new();
+        let report = self.verify_with(false, &|| false, Some(&mut heads));
         if report.complete && report.problem_count == 0 {
             *crate::util::lock(&self.verified_counts) = Some(report.by_subscription.clone());
+            *crate::util::lock(&self.verified_heads) = Some(heads);
         }
         report
     }
@@ -92,10 +94,18 @@ impl SledStorage {
     /// every few thousand values). Damage in a value is reported as by
     /// `verify`.
     pub fn verify_live(&self, stop: &(dyn Fn() -> bool + Sync)) -> VerifyReport {
-        self.verify_with(true, stop)
+        self.verify_with(true, stop, None)
     }
 
-    fn verify_with(&self, live: bool, stop: &(dyn Fn() -> bool + Sync)) -> VerifyReport {
+    /// The pass; with `heads`, the main-tier failure heads it decodes are
+    /// gathered there per subscription.
+    fn verify_with(
+        &self,
+        live: bool,
+        stop: &(dyn Fn() -> bool + Sync),
+        heads: Option<&mut Heads>,
+    ) -> VerifyReport {
+        let want_heads = heads.is_some();
         let mut report = VerifyReport {
             complete: true,
             ..VerifyReport::default()
@@ -134,28 +144,39 @@ impl SledStorage {
             .map_or(1, |n| n.get())
             .clamp(1, VERIFY_THREADS)
             .min(trees.len());
-        let mut parts: Vec<(usize, VerifyReport)> = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut done = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some((name, tree)) = trees.get(i) else {
-                                return done;
-                            };
-                            done.push((i, verify_tree(name, tree, live, stop)));
-                        }
+        let mut parts: Vec<(usize, VerifyReport, Vec<(SubMessage, FailureHead)>)> =
+            std::thread::scope(|scope| {
+                let workers: Vec<_> = (0..threads)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            let mut done = Vec::new();
+                            loop {
+                                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                let Some((name, tree)) = trees.get(i) else {
+                                    return done;
+                                };
+                                let mut found = Vec::new();
+                                let gather =
+                                    (want_heads && name == "failures").then_some(&mut found);
+                                let report = verify_tree(name, tree, live, stop, gather);
+                                done.push((i, report, found));
+                            }
+                        })
                     })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .collect()
-        });
-        parts.sort_by_key(|(i, _)| *i);
-        for (_, part) in parts {
+                    .collect();
+                workers
+                    .into_iter()
+                    .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            });
+        parts.sort_by_key(|(i, _, _)| *i);
+        let mut heads = heads;
+        for (_, part, found) in parts {
+            if let Some(heads) = heads.as_deref_mut() {
+                for (m, head) in found {
+                    heads.entry(m.sub_id).or_default().push((m, head));
+                }
+            }
             report.values += part.values;
             report.entries += part.entries;
             report.scheduled += part.scheduled;
@@ -180,9 +201,19 @@ impl SledStorage {
 /// Most threads a verify pass reads trees on.
 const VERIFY_THREADS: usize = 4;
 
+/// Main-tier failure heads per subscription id.
+type Heads = HashMap<u64, Vec<(SubMessage, FailureHead)>>;
+
 /// One tree's share of a verify pass (see [`SledStorage::verify_live`]
-/// for `live` and `stop`).
-fn verify_tree(name: &str, tree: &Tree, live: bool, stop: &dyn Fn() -> bool) -> VerifyReport {
+/// for `live` and `stop`); with `heads`, the failure heads of the
+/// main-tier records it checked.
+fn verify_tree(
+    name: &str,
+    tree: &Tree,
+    live: bool,
+    stop: &dyn Fn() -> bool,
+    mut heads: Option<&mut Vec<(SubMessage, FailureHead)>>,
+) -> VerifyReport {
     let mut report = VerifyReport {
         complete: true,
         ..VerifyReport::default()
@@ -218,6 +249,12 @@ fn verify_tree(name: &str, tree: &Tree, live: bool, stop: &dyn Fn() -> bool) -> 
         match check_value(name, &k, &v) {
             Ok(entries) => report.entries += entries,
             Err(e) => report.problem(format!("{name}: {e}")),
+        }
+        if let Some(heads) = heads.as_deref_mut()
+            && let Some(m) = SubMessage::from_key(&k).filter(|m| m.tier == TierId::Main)
+            && let Ok(head) = unseal(&k, &v).and_then(codec::decode_failure_head)
+        {
+            heads.push((m, head));
         }
     }
     report
@@ -347,6 +384,62 @@ mod tests {
             "{:?}",
             stopped.problems
         );
+    }
+
+    #[test]
+    fn the_subscriptions_start_takes_the_heads_a_clean_pass_read_until_a_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledStorage::open(dir.path(), 4, 8 << 20).unwrap();
+        let mut held = crate::records::sample_history(2);
+        held.hold_until_ms = 9_000;
+        let m = |sub: u64, tier: TierId, id: u64| SubMessage {
+            sub_id: sub,
+            tier,
+            entry_id: id,
+        };
+        s.put_failures(&[
+            (m(1, TierId::Main, 3), Some(held.clone())),
+            (m(1, TierId::Main, 4), Some(FailureRecord::default())),
+            (m(1, TierId::Retry, 4), Some(held.clone())),
+            (m(2, TierId::Main, 5), Some(held.clone())),
+        ])
+        .unwrap();
+        let scanned = |s: &SledStorage, sub| {
+            let mut prefix = be(sub).to_vec();
+            prefix.push(TierId::Main as u8);
+            s.failures.scan_prefix(prefix).count()
+        };
+        assert_eq!(s.verify().problem_count, 0);
+        assert!(crate::util::lock(&s.verified_heads).is_some());
+        let one = s.failure_heads(1, TierId::Main).unwrap();
+        assert_eq!(
+            one,
+            vec![
+                (m(1, TierId::Main, 3), FailureHead::of(&held)),
+                (m(1, TierId::Main, 4), FailureHead::default()),
+            ]
+        );
+        assert_eq!(scanned(&s, 1), 2);
+        // A write to the failures tree drops what the pass read: the next
+        // start reads the tree again and sees the write.
+        s.put_failures(&[(m(2, TierId::Main, 6), Some(held.clone()))])
+            .unwrap();
+        assert!(crate::util::lock(&s.verified_heads).is_none());
+        assert_eq!(s.failure_heads(2, TierId::Main).unwrap().len(), 2);
+        // A pass that finds damage hands nothing over.
+        s.verify();
+        assert!(crate::util::lock(&s.verified_heads).is_some());
+        s.put_topic(&TopicRecord {
+            name: "t".into(),
+            created_ms: 0,
+            kind: TopicKind::Normal,
+        })
+        .unwrap();
+        s.append("t", 0, &[entry(0)], None).unwrap();
+        s.damage_entry("t", 0, 7);
+        *crate::util::lock(&s.verified_heads) = None;
+        assert!(s.verify().problem_count > 0);
+        assert!(crate::util::lock(&s.verified_heads).is_none());
     }
 
     #[test]
