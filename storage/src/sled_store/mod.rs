@@ -66,8 +66,14 @@ pub struct SledStorage {
     /// [`Self::verify`] pass decoded on its way, taken by the subscriptions'
     /// start ([`SubscriptionStore::failure_heads`]) instead of a second
     /// scan; dropped by any write to the failures tree.
-    verified_heads: Mutex<Option<HashMap<u64, Vec<(SubMessage, FailureHead)>>>>,
+    verified_heads: Mutex<Option<Heads>>,
 }
+
+/// Failure heads of messages.
+type HeadList = Vec<(SubMessage, FailureHead)>;
+
+/// Main-tier failure heads per subscription id.
+type Heads = HashMap<u64, HeadList>;
 
 impl std::fmt::Debug for SledStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

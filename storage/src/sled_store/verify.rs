@@ -144,31 +144,29 @@ impl SledStorage {
             .map_or(1, |n| n.get())
             .clamp(1, VERIFY_THREADS)
             .min(trees.len());
-        let mut parts: Vec<(usize, VerifyReport, Vec<(SubMessage, FailureHead)>)> =
-            std::thread::scope(|scope| {
-                let workers: Vec<_> = (0..threads)
-                    .map(|_| {
-                        scope.spawn(|| {
-                            let mut done = Vec::new();
-                            loop {
-                                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                let Some((name, tree)) = trees.get(i) else {
-                                    return done;
-                                };
-                                let mut found = Vec::new();
-                                let gather =
-                                    (want_heads && name == "failures").then_some(&mut found);
-                                let report = verify_tree(name, tree, live, stop, gather);
-                                done.push((i, report, found));
-                            }
-                        })
+        let mut parts: Vec<(usize, VerifyReport, HeadList)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some((name, tree)) = trees.get(i) else {
+                                return done;
+                            };
+                            let mut found = Vec::new();
+                            let gather = (want_heads && name == "failures").then_some(&mut found);
+                            let report = verify_tree(name, tree, live, stop, gather);
+                            done.push((i, report, found));
+                        }
                     })
-                    .collect();
-                workers
-                    .into_iter()
-                    .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .collect()
-            });
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
         parts.sort_by_key(|(i, _, _)| *i);
         let mut heads = heads;
         for (_, part, found) in parts {
@@ -201,9 +199,6 @@ impl SledStorage {
 /// Most threads a verify pass reads trees on.
 const VERIFY_THREADS: usize = 4;
 
-/// Main-tier failure heads per subscription id.
-type Heads = HashMap<u64, Vec<(SubMessage, FailureHead)>>;
-
 /// One tree's share of a verify pass (see [`SledStorage::verify_live`]
 /// for `live` and `stop`); with `heads`, the failure heads of the
 /// main-tier records it checked.
@@ -212,7 +207,7 @@ fn verify_tree(
     tree: &Tree,
     live: bool,
     stop: &dyn Fn() -> bool,
-    mut heads: Option<&mut Vec<(SubMessage, FailureHead)>>,
+    mut heads: Option<&mut HeadList>,
 ) -> VerifyReport {
     let mut report = VerifyReport {
         complete: true,
