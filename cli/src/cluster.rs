@@ -75,6 +75,7 @@ pub(crate) fn topic_of(cmd: &Command) -> Option<String> {
             TopicsCommand::Create {
                 topic,
                 partitions: None,
+                ..
             }
             | TopicsCommand::Delete { topic, .. }
             | TopicsCommand::Stats { topic }

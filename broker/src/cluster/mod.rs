@@ -167,6 +167,16 @@ impl Cluster {
         &self.url
     }
 
+    /// The etcd client (for replication groups' keys, `crate::replication`).
+    pub fn etcd(&self) -> &Etcd {
+        &self.etcd
+    }
+
+    /// The etcd key `rel` under this cluster's prefix.
+    pub fn key(&self, rel: &str) -> String {
+        format!("{}{rel}", self.prefix)
+    }
+
     fn broker_key(&self, id: &str) -> String {
         format!("{}brokers/{id}", self.prefix)
     }

@@ -280,6 +280,10 @@ impl BrokerCore {
         });
         let mut opened = Vec::new();
         for rec in core.storage.list_topics()? {
+            if rec.replicas > 1 {
+                // A replicated partition's copy: its group serves it.
+                continue;
+            }
             let name = TopicName::parse_stored(&rec.name)?;
             let entry = core.open_topic(name.clone(), rec.kind)?;
             if rec.kind == TopicKind::Normal {
@@ -487,6 +491,7 @@ impl BrokerCore {
             name: name.to_string(),
             created_ms: self.clock.now_ms(),
             kind,
+            replicas: 1,
         })?;
         let entry = self.open_topic(name.clone(), kind)?;
         if kind == TopicKind::Normal {

@@ -17,6 +17,8 @@
 //! says what exists and how the wiring will go.
 
 mod apply;
+pub mod factor;
+pub mod groups;
 
 pub use apply::StorageApplier;
 
@@ -145,8 +147,21 @@ impl ReplicatedPartition {
         registry: &GroupRegistry,
     ) -> Result<Self, ReplicationError> {
         let db = ricochet_replication::open_db(raft_dir, settings)?;
+        Self::start_on(id, topic, &db, settings, storage, registry).await
+    }
+
+    /// [`ReplicatedPartition::start`] on a Raft database the broker opened
+    /// once for all its groups.
+    pub async fn start_on(
+        id: u64,
+        topic: &str,
+        db: &sled::Db,
+        settings: &NodeSettings,
+        storage: Arc<dyn Storage>,
+        registry: &GroupRegistry,
+    ) -> Result<Self, ReplicationError> {
         let applier = Arc::new(StorageApplier::new(storage.clone()));
-        let node = ReplicaNode::start(id, topic, &db, settings, applier, registry).await?;
+        let node = ReplicaNode::start(id, topic, db, settings, applier, registry).await?;
         Ok(Self { node, storage })
     }
 

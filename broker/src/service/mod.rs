@@ -75,7 +75,11 @@ impl Served {
         let Some(cluster) = node.cluster() else {
             return Ok(None);
         };
-        match cluster.route(topic, true).await? {
+        let route = cluster.route(topic, true).await?;
+        if let Some(g) = node.groups().and_then(|g| g.group_of(topic.as_str())) {
+            return Err(routing::not_served(topic, g.replicas).into());
+        }
+        match route {
             Some(claim) => Ok(Some(Self {
                 cluster: cluster.clone(),
                 claim,
