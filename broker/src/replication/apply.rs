@@ -10,7 +10,8 @@
 //! target ids already being stored, and the other commands write values.
 
 use super::{
-    ANONYMOUS_PRODUCER, MAX_BATCH, PartitionCommand, PartitionReply, PublishBatch, PublishReceipt,
+    ANONYMOUS_PRODUCER, AppendBatch, MAX_BATCH, PartitionCommand, PartitionReply, PublishBatch,
+    PublishReceipt,
 };
 use crate::storage::{Storage, StorageError, TierMove, TopicRecord};
 use prost::Message as _;
@@ -160,6 +161,28 @@ impl StorageApplier {
         Ok(PartitionReply::Done)
     }
 
+    /// Entries at the leader's ids; a batch whose first id is below the
+    /// stored end was applied before a restart (appends are whole).
+    fn append(&self, state: &mut State, batch: AppendBatch) -> Applied {
+        if !self.has_topic(state, &batch.topic)? {
+            return Ok(PartitionReply::Refused(format!(
+                "topic {} not found",
+                batch.topic
+            )));
+        }
+        // Publish's cached writer state no longer holds for this log.
+        state.writers.remove(&batch.topic);
+        let (_, next) = self.storage.entry_range(&batch.topic)?;
+        if batch.first_id < next || batch.entries.is_empty() {
+            return Ok(PartitionReply::Done);
+        }
+        let entries: Vec<Vec<u8>> = batch.entries.into_iter().map(|e| e.into_vec()).collect();
+        let producer = batch.producer.as_ref().map(|(p, s)| (p.as_str(), *s));
+        self.storage
+            .append(&batch.topic, batch.first_id, &entries, producer)?;
+        Ok(PartitionReply::Done)
+    }
+
     fn apply_command(&self, index: u64, command: PartitionCommand) -> Applied {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match command {
@@ -178,6 +201,11 @@ impl StorageApplier {
                 Ok(PartitionReply::Done)
             }
             PartitionCommand::MoveMessages(mv) => self.move_messages(&mut state, &mv),
+            PartitionCommand::Append(batch) => self.append(&mut state, batch),
+            PartitionCommand::DeleteSubscription(record) => {
+                self.storage.delete_subscription(&record)?;
+                Ok(PartitionReply::Done)
+            }
         }
     }
 }

@@ -19,8 +19,10 @@
 mod apply;
 pub mod factor;
 pub mod groups;
+mod storage;
 
 pub use apply::StorageApplier;
+pub use storage::ReplicatedStorage;
 
 use crate::storage::{
     FailureRecord, LogStorage, ScheduleKey, SledStorage, Storage, SubMessage, SubscriptionRecord,
@@ -61,6 +63,26 @@ pub enum PartitionCommand {
     PutSchedule(Vec<(ScheduleKey, bool)>),
     /// Messages moved into the retry or dead-letter tier, in one transaction.
     MoveMessages(TierMove),
+    /// Entries at ids the leader's topic writer chose (what
+    /// [`ReplicatedStorage`]'s `append` proposes).
+    Append(AppendBatch),
+    /// A subscription deleted, with its failure records, schedule and dead
+    /// letters.
+    DeleteSubscription(SubscriptionRecord),
+}
+
+/// Entries appended at ids the leader chose, as `Storage::append` takes
+/// them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AppendBatch {
+    /// The topic (the partition or one of its tiers).
+    pub topic: String,
+    /// The id of the first entry; the others follow it.
+    pub first_id: u64,
+    /// The encoded entries.
+    pub entries: Vec<serde_bytes::ByteBuf>,
+    /// The producer and its last sequence id in the batch, if any.
+    pub producer: Option<(String, u64)>,
 }
 
 /// A producer's batch.
