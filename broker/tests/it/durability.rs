@@ -4,6 +4,8 @@
 use crate::common;
 use common::*;
 use ricochet_proto::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 #[tokio::test]
@@ -76,7 +78,11 @@ async fn repeated_kills_during_publish_lose_no_receipted_message() {
         let broker = spawn(dir.path()).await;
         let url = broker.url();
         let mut p = RawProducer::open(url, "kills", "p").await.unwrap();
-        // Publish in the background; kill mid-stream.
+        // Publish in the background; kill mid-stream, once receipts flow
+        // (a fixed sleep killed before the first receipt on a loaded
+        // machine).
+        let receipts = Arc::new(AtomicUsize::new(0));
+        let counted = receipts.clone();
         let task = tokio::spawn(async move {
             let mut ok = Vec::new();
             for i in 0..10_000 {
@@ -84,13 +90,20 @@ async fn repeated_kills_during_publish_lose_no_receipted_message() {
                 let m = p.msg(payload.clone());
                 match tokio::time::timeout(Duration::from_secs(2), p.try_send_batch(vec![m])).await
                 {
-                    Ok(Some(produce_response::Response::Receipts(_))) => ok.push(payload),
+                    Ok(Some(produce_response::Response::Receipts(_))) => {
+                        ok.push(payload);
+                        counted.fetch_add(1, Ordering::Release);
+                    }
                     _ => break,
                 }
             }
             ok
         });
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = std::time::Instant::now();
+        while receipts.load(Ordering::Acquire) < 20 && started.elapsed() < Duration::from_secs(30) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50 * round)).await;
         broker.kill9();
         let ok = task.await.unwrap_or_default();
         assert!(!ok.is_empty(), "round {round} published nothing");
@@ -100,11 +113,15 @@ async fn repeated_kills_during_publish_lose_no_receipted_message() {
     let url = broker.url();
     let mut c = RawConsumer::simple(url, "kills", "s", SubscriptionType::Exclusive).await;
     c.flow(100_000).await;
-    let mut stored = std::collections::HashSet::new();
-    while let Some(m) = c.next(Duration::from_millis(500)).await {
-        stored.insert(text(&m));
+    // Read until every receipted message is in, or nothing came for 5 s.
+    let mut missing: std::collections::HashSet<String> = receipted.iter().cloned().collect();
+    while !missing.is_empty() {
+        let Some(m) = c.next(Duration::from_secs(5)).await else {
+            break;
+        };
+        missing.remove(&text(&m));
     }
-    let lost: Vec<&String> = receipted.iter().filter(|r| !stored.contains(*r)).collect();
+    let lost: Vec<&String> = missing.iter().collect();
     assert!(
         lost.is_empty(),
         "{} receipted messages lost, e.g. {:?}",
