@@ -98,7 +98,7 @@ impl Node {
         self.core.set_placement(cluster.clone());
         let groups = Groups::start(
             cluster.clone(),
-            self.core.storage.clone(),
+            self.core.clone(),
             self.registry.clone(),
             raft_settings(&self.core.config),
             &self.core.config.data_dir,

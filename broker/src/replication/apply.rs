@@ -37,6 +37,8 @@ pub struct StorageApplier {
 struct State {
     topics: Option<HashSet<String>>,
     writers: HashMap<String, Writer>,
+    /// Subscription ids seen applied.
+    subscriptions: HashSet<u64>,
 }
 
 type Applied = Result<PartitionReply, StorageError>;
@@ -173,8 +175,22 @@ impl StorageApplier {
         // Publish's cached writer state no longer holds for this log.
         state.writers.remove(&batch.topic);
         let (_, next) = self.storage.entry_range(&batch.topic)?;
-        if batch.first_id < next || batch.entries.is_empty() {
+        let Some(first) = batch.entries.first() else {
             return Ok(PartitionReply::Done);
+        };
+        if batch.first_id < next {
+            // Applied before (a restart re-applies) when the entry there is
+            // this one; else a write whose outcome its leader never learned
+            // took the ids, and this batch is refused, not dropped.
+            let there = self.storage.read_one(&batch.topic, batch.first_id)?;
+            return Ok(if there.as_deref() == Some(first.as_slice()) {
+                PartitionReply::Done
+            } else {
+                PartitionReply::Refused(format!(
+                    "entry ids from {} of {} are taken",
+                    batch.first_id, batch.topic
+                ))
+            });
         }
         let entries: Vec<Vec<u8>> = batch.entries.into_iter().map(|e| e.into_vec()).collect();
         let producer = batch.producer.as_ref().map(|(p, s)| (p.as_str(), *s));
@@ -189,6 +205,12 @@ impl StorageApplier {
             PartitionCommand::CreateTopic(record) => self.create_topic(&mut state, &record),
             PartitionCommand::Publish(batch) => self.publish(&mut state, index, batch),
             PartitionCommand::PutSubscription(record) => {
+                if state.subscriptions.insert(record.id) {
+                    // The local id counter passes every replicated
+                    // subscription id, so a subscription this broker creates
+                    // later never takes one.
+                    while self.storage.next_id()? <= record.id {}
+                }
                 self.storage.put_subscription(&record)?;
                 Ok(PartitionReply::Done)
             }

@@ -18,9 +18,12 @@
 //! brokers redirect to it; a member that stops leading hands the topic to
 //! the new leader (its streams end, clients look it up again).
 
-use super::{NodeSettings, PartitionCommand, PartitionReply, ReplicatedPartition};
+use super::{
+    NodeSettings, PartitionCommand, PartitionReply, ReplicatedPartition, ReplicatedStorage,
+};
 use crate::cluster::Cluster;
 use crate::cluster::etcd::Created;
+use crate::core::BrokerCore;
 use crate::error::{BrokerError, Result};
 use crate::name::TopicName;
 use crate::storage::{Storage, TopicKind, TopicRecord};
@@ -33,6 +36,9 @@ use std::time::Duration;
 /// How often the group records are read (a new group's other members
 /// start within this).
 pub const WATCH_EVERY: Duration = Duration::from_millis(500);
+
+/// How long a replicated write waits for the group to commit it.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a create waits for the new group to commit its first entry.
 const FORM_TIMEOUT: Duration = Duration::from_secs(20);
@@ -84,6 +90,7 @@ struct Member {
 /// This broker's groups.
 pub struct Groups {
     cluster: Arc<Cluster>,
+    core: Arc<BrokerCore>,
     storage: Arc<dyn Storage>,
     registry: GroupRegistry,
     settings: NodeSettings,
@@ -94,6 +101,8 @@ pub struct Groups {
     started: tokio::sync::Mutex<HashMap<String, Member>>,
     /// What this broker does for each of its groups' topics.
     leaders: Mutex<HashMap<String, Role>>,
+    /// The storage of each topic served here (led by this broker).
+    serving: Mutex<HashMap<String, ReplicatedStorage>>,
 }
 
 impl std::fmt::Debug for Groups {
@@ -109,7 +118,7 @@ impl Groups {
     /// the group records (until `shutdown`).
     pub fn start(
         cluster: Arc<Cluster>,
-        storage: Arc<dyn Storage>,
+        core: Arc<BrokerCore>,
         registry: GroupRegistry,
         settings: NodeSettings,
         data_dir: &std::path::Path,
@@ -118,13 +127,15 @@ impl Groups {
         let db = ricochet_replication::open_db(data_dir, &settings).map_err(replication)?;
         let groups = Arc::new(Self {
             cluster,
-            storage,
+            storage: core.storage.clone(),
+            core,
             registry,
             settings,
             db,
             known: Default::default(),
             started: Default::default(),
             leaders: Default::default(),
+            serving: Default::default(),
         });
         let g = groups.clone();
         tokio::spawn(async move {
@@ -310,7 +321,7 @@ impl Groups {
                 .collect()
         };
         for (topic, partition, record) in members {
-            self.follow_leader(&topic, &partition, &record).await;
+            self.follow_leader(&topic, partition, &record).await;
         }
         Ok(())
     }
@@ -322,7 +333,7 @@ impl Groups {
     async fn follow_leader(
         &self,
         topic: &str,
-        partition: &ReplicatedPartition,
+        partition: Arc<ReplicatedPartition>,
         record: &GroupRecord,
     ) {
         let me = partition.node().id();
@@ -332,11 +343,29 @@ impl Groups {
             .copied()
             .unwrap_or(Role::Follower);
         let next = match (state, leader) {
-            (Role::Serving, Some(l)) if l == me => return,
+            (Role::Serving, Some(l)) if l == me => {
+                if !self.poisoned(topic) {
+                    return;
+                }
+                // A write failed or its outcome is unknown: open the topic
+                // again from what the group applied here.
+                tracing::info!(%topic, "reopening the replicated topic after a failed write");
+                let _ = self.cluster.begin_move(topic, self.cluster.id());
+                self.close(topic).await;
+                self.cluster.end_move(topic);
+                match self.take(topic, &partition, record).await {
+                    Ok(()) => Role::Serving,
+                    Err(e) => {
+                        tracing::warn!(%topic, error = %e, "cannot reopen the topic yet");
+                        Role::Follower
+                    }
+                }
+            }
             (Role::Follower, l) if l != Some(me) => return,
             (Role::Parked, None) => return,
             (Role::Serving, None) => {
                 tracing::info!(%topic, "no longer leading the replicated topic; no leader yet");
+                self.close(topic).await;
                 if let Err(e) = self.cluster.begin_move(topic, "the group's next leader") {
                     tracing::debug!(%topic, error = %e, "cannot mark the topic as moving");
                 }
@@ -349,6 +378,7 @@ impl Groups {
             (Role::Serving | Role::Parked, Some(l)) if l != me => {
                 let to = record.broker_of(l).unwrap_or_default().to_owned();
                 tracing::info!(%topic, %to, "no longer leading the replicated topic");
+                self.close(topic).await;
                 if state == Role::Serving
                     && let Err(e) = self.cluster.begin_move(topic, &to)
                 {
@@ -365,7 +395,7 @@ impl Groups {
                 if state == Role::Parked {
                     self.cluster.end_move(topic);
                 }
-                match self.take(topic, partition).await {
+                match self.take(topic, &partition, record).await {
                     Ok(()) => {
                         tracing::info!(%topic, broker = %self.cluster.id(), "leading the replicated topic");
                         Role::Serving
@@ -384,13 +414,24 @@ impl Groups {
     /// applied here, points `placement/<topic>` at this broker, drops an
     /// owner key another broker left (a leader that died: Raft chose this
     /// one), and claims the topic.
-    async fn take(&self, topic: &str, partition: &ReplicatedPartition) -> Result<()> {
+    async fn take(
+        &self,
+        topic: &str,
+        partition: &Arc<ReplicatedPartition>,
+        record: &GroupRecord,
+    ) -> Result<()> {
         partition
             .node()
             .raft()
             .ensure_linearizable()
             .await
             .map_err(|e| BrokerError::Peer(format!("not confirmed as leader: {e}")))?;
+        let name = TopicName::parse_stored(topic)?;
+        let storage = ReplicatedStorage::new(partition.clone(), WRITE_TIMEOUT);
+        self.core
+            .open_replicated(&name, Arc::new(storage.clone()), record.replicas)
+            .await?;
+        crate::util::lock(&self.serving).insert(topic.to_owned(), storage);
         let me = self.cluster.id();
         let etcd = self.cluster.etcd();
         let placement = self.cluster.key(&format!("placement/{topic}"));
@@ -415,10 +456,32 @@ impl Groups {
             tracing::info!(%topic, previous = %kv.value, "dropping the previous leader's claim");
             etcd.delete(&owner).await?;
         }
-        self.cluster
-            .route(&TopicName::parse_stored(topic)?, false)
-            .await?;
+        self.cluster.route(&name, false).await?;
         Ok(())
+    }
+
+    /// Stops serving `topic` here: its storage refuses writes from now on
+    /// and the topic leaves the core's registry.
+    async fn close(&self, topic: &str) {
+        let storage = crate::util::lock(&self.serving).remove(topic);
+        if let Some(s) = storage {
+            s.retire();
+        }
+        if let Ok(name) = TopicName::parse_stored(topic) {
+            self.core.close_replicated(&name).await;
+        }
+    }
+
+    fn poisoned(&self, topic: &str) -> bool {
+        crate::util::lock(&self.serving)
+            .get(topic)
+            .is_none_or(ReplicatedStorage::is_poisoned)
+    }
+
+    /// Whether this broker serves replicated `topic` now (it leads its
+    /// group and opened it).
+    pub fn is_serving(&self, topic: &str) -> bool {
+        !self.poisoned(topic)
     }
 
     /// This broker's member of `topic`'s group, if started.

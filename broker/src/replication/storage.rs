@@ -25,6 +25,7 @@ use crate::storage::{
     TierMove, TopicRecord,
 };
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 type Result<T> = std::result::Result<T, StorageError>;
@@ -35,6 +36,11 @@ pub struct ReplicatedStorage {
     partition: Arc<ReplicatedPartition>,
     local: Arc<dyn Storage>,
     timeout: Duration,
+    /// Set once a write failed or its outcome is unknown, or the broker
+    /// stopped leading: every later write fails, and the topic must be
+    /// opened again from the applied store (its writer's next id and the
+    /// actors' state may be behind what the group committed).
+    poisoned: Arc<AtomicBool>,
 }
 
 impl ReplicatedStorage {
@@ -47,11 +53,36 @@ impl ReplicatedStorage {
             partition,
             local,
             timeout,
+            poisoned: Arc::default(),
         }
     }
 
-    /// Proposes `command` and waits for its reply in place.
+    /// Whether a write failed (or [`ReplicatedStorage::retire`] was
+    /// called): no write goes through any more.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    /// Refuses every later write (this broker stopped leading the group).
+    pub fn retire(&self) {
+        self.poisoned.store(true, Ordering::Release);
+    }
+
     fn propose(&self, command: PartitionCommand) -> Result<()> {
+        if self.is_poisoned() {
+            return Err(StorageError::Replication(
+                "this replica's topic is being reopened or no longer leads; write again".into(),
+            ));
+        }
+        let r = self.propose_now(command);
+        if r.is_err() {
+            self.retire();
+        }
+        r
+    }
+
+    /// Proposes `command` and waits for its reply in place.
+    fn propose_now(&self, command: PartitionCommand) -> Result<()> {
         let handle = tokio::runtime::Handle::try_current().map_err(|_| {
             StorageError::Replication("a replicated write outside a tokio runtime".into())
         })?;

@@ -76,8 +76,14 @@ impl Served {
             return Ok(None);
         };
         let route = cluster.route(topic, true).await?;
-        if let Some(g) = node.groups().and_then(|g| g.group_of(topic.as_str())) {
-            return Err(routing::not_served(topic, g.replicas).into());
+        if let Some(groups) = node.groups()
+            && groups.group_of(topic.as_str()).is_some()
+            && !groups.is_serving(topic.as_str())
+        {
+            return Err(BrokerError::Peer(format!(
+                "{topic} is replicated and its leader is taking it over; look it up again"
+            ))
+            .into());
         }
         match route {
             Some(claim) => Ok(Some(Self {

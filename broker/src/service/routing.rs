@@ -68,7 +68,7 @@ impl Router {
 /// creation, lookup and placement work in this version.
 pub(crate) fn not_served(topic: &TopicName, replicas: u32) -> BrokerError {
     BrokerError::Conflict(format!(
-        "{topic} is replicated (factor {replicas}): its group is placed and led, but producers, \
-         consumers and topic calls on replicated topics are not served yet"
+        "{topic} is replicated (factor {replicas}): producers and consumers are served, \
+         topic admin calls on replicated topics are not yet"
     ))
 }
