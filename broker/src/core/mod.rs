@@ -103,7 +103,7 @@ pub struct BrokerCore {
     damage_found: std::sync::atomic::AtomicBool,
     /// The replicated topics served here (their Raft leader is this
     /// broker): the storage each writes through, with its factor.
-    replicated: std::sync::Mutex<HashMap<String, (Arc<dyn Storage>, u32)>>,
+    replicated: std::sync::Mutex<HashMap<String, replicated::Served>>,
     me: Weak<BrokerCore>,
 }
 

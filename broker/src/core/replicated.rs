@@ -13,6 +13,10 @@ use crate::storage::{Storage, TopicKind};
 use crate::util::lock;
 use std::sync::Arc;
 
+/// A replicated topic served here: the storage it writes through, and
+/// its replication factor.
+pub(super) type Served = (Arc<dyn Storage>, u32);
+
 impl BrokerCore {
     /// The storage a topic (or a tier, through the subscription that owns
     /// it) writes through.

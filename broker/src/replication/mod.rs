@@ -12,9 +12,11 @@
 //! one replica of one partition: it proposes commands and answers once the
 //! group committed and applied them.
 //!
-//! Not wired to the broker's topics yet: a standalone or replication-factor-1
-//! topic takes exactly the path it took before. `docs/src/replication.md`
-//! says what exists and how the wiring will go.
+//! In cluster mode a topic created with a factor above 1 is such a group
+//! ([`groups`]: placement in etcd, leadership), whose leader writes through
+//! [`ReplicatedStorage`]; a standalone or factor-1 topic takes exactly the
+//! path it took before. `docs/src/replication.md` says what works and what
+//! is missing.
 
 mod apply;
 pub mod factor;
