@@ -374,7 +374,7 @@ impl SegmentLog {
                         continue;
                     }
                     bytes += entry.len();
-                    out.push((id, entry));
+                    out.push((id, entry.to_vec()));
                     if out.len() >= max || bytes >= max_bytes {
                         return Ok(out);
                     }
@@ -439,7 +439,7 @@ impl SegmentLog {
                     let end = header.next_id();
                     for (eid, e) in segment::entries_of(&header, &body)? {
                         if sorted[i..].binary_search(&eid).is_ok() {
-                            found.insert(eid, e);
+                            found.insert(eid, e.to_vec());
                         }
                     }
                     while i < sorted.len() && sorted[i] < end {

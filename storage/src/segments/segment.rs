@@ -347,9 +347,9 @@ impl WriteAll for &File {
     }
 }
 
-/// Decodes a checked record's entries (for readers).
-pub fn entries_of(header: &RecordHeader, body: &[u8]) -> io::Result<Vec<(u64, Vec<u8>)>> {
-    record::entries(header.first_id, body)
-        .map(|v| v.into_iter().map(|(i, e)| (i, e.to_vec())).collect())
-        .map_err(io::Error::other)
+/// Decodes a checked record's entries (for readers), borrowing from
+/// `body`: a reader copies only the entries it keeps (a batch record can
+/// hold thousands while one is asked for).
+pub fn entries_of<'a>(header: &RecordHeader, body: &'a [u8]) -> io::Result<Vec<(u64, &'a [u8])>> {
+    record::entries(header.first_id, body).map_err(io::Error::other)
 }

@@ -161,7 +161,7 @@ impl Tiered {
                     continue;
                 }
                 *bytes += entry.len();
-                out.push((id, entry));
+                out.push((id, entry.to_vec()));
                 if out.len() >= max || *bytes >= max_bytes {
                     return Ok(true);
                 }
