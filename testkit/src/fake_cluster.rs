@@ -172,6 +172,7 @@ impl Cluster for Svc {
         Ok(Response::new(ListBrokersResponse {
             cluster: st.cluster.clone(),
             brokers,
+            groups: Vec::new(),
         }))
     }
 

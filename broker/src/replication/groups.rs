@@ -163,6 +163,14 @@ impl Groups {
         crate::util::read(&self.known).get(topic).cloned()
     }
 
+    /// Every replicated topic of the cluster with its group, as last read.
+    pub fn all(&self) -> Vec<(String, GroupRecord)> {
+        let known = crate::util::read(&self.known);
+        let mut all: Vec<_> = known.iter().map(|(t, r)| (t.clone(), r.clone())).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
     /// The group of `topic` from etcd now.
     pub async fn read_group(&self, topic: &str) -> Result<Option<GroupRecord>> {
         let Some(kv) = self.cluster.etcd().get(&self.group_key(topic)).await? else {
@@ -491,23 +499,6 @@ impl Groups {
             .await
             .get(topic)
             .map(|m| m.partition.clone())
-    }
-
-    /// The groups this broker is a member of, with the leader each knows
-    /// (broker id), for `ricochet cluster`.
-    pub async fn members(&self) -> Vec<(String, GroupRecord, Option<String>)> {
-        let started = self.started.lock().await;
-        started
-            .iter()
-            .map(|(t, m)| {
-                let leader = m
-                    .partition
-                    .node()
-                    .leader()
-                    .and_then(|l| m.record.broker_of(l).map(str::to_owned));
-                (t.clone(), m.record.clone(), leader)
-            })
-            .collect()
     }
 
     /// The Raft registry the `Replication` service routes to.

@@ -122,6 +122,15 @@ async fn a_replicated_topic_is_a_group_of_three_led_by_the_broker_lookup_answers
         let o = client(&b.url()).await.lookup(t).await.unwrap();
         assert_eq!(o.broker_id, leader, "asked of {}", b.url());
     }
+    // The cluster listing shows the group, its members and its leader.
+    let listed = admin.brokers(false).await.unwrap();
+    let g = listed
+        .groups
+        .iter()
+        .find(|g| g.topic.ends_with("/orders"))
+        .expect("the group is listed");
+    assert_eq!((g.replicas, g.members.len()), (3, 3), "{g:?}");
+    assert_eq!(g.leader, leader, "{g:?}");
     // Topic admin calls on a replicated topic are not served yet: refused
     // with a clear error rather than answered from one replica.
     let e = client(&leader_url)
