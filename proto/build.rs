@@ -7,13 +7,10 @@
 //! tonic's codec and the messages of the first pass. The file descriptor set
 //! is written to `OUT_DIR/ricochet_descriptor.bin` (`FILE_DESCRIPTOR_SET`).
 //!
-//! A fourth pass compiles `proto/ricochet/replication/v1/` (the Raft
-//! RPCs between brokers, server and client) into `OUT_DIR/replication`,
-//! also kept out of `FILE_DESCRIPTOR_SET`.
-//!
-//! A third pass compiles the minimal etcd v3 API subset under
-//! `proto/etcd/` (clients only, tonic's codec) into `OUT_DIR/etcd`; it is
-//! kept out of `FILE_DESCRIPTOR_SET`, which lists Ricochet's own services.
+//! Only Ricochet's public API is compiled here, so every crate that speaks
+//! it (the client above all) compiles nothing else: the etcd v3 subset is
+//! compiled by `ricochet-cluster` (`cluster/build.rs`) and the Raft RPCs
+//! between brokers by `ricochet-replication` (`replication/build.rs`).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
@@ -49,29 +46,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .extern_path(".ricochet.v1", "crate::v1")
         .out_dir(client_dir)
         .compile_fds(fds)?;
-    let etcd_files = ["proto/etcd/kv.proto", "proto/etcd/rpc.proto"];
-    for f in &etcd_files {
-        println!("cargo:rerun-if-changed={f}");
-    }
-    let etcd_dir = out_dir.join("etcd");
-    std::fs::create_dir_all(&etcd_dir)?;
-    tonic_prost_build::configure()
-        .build_server(false)
-        .build_client(true)
-        .out_dir(etcd_dir)
-        .compile_fds(protox::compile(etcd_files, ["proto"])?)?;
-    // Raft between brokers (issue 22): server and client in one module,
-    // kept out of `FILE_DESCRIPTOR_SET` (a broker-to-broker service).
-    let replication_files = ["proto/ricochet/replication/v1/replication.proto"];
-    for f in &replication_files {
-        println!("cargo:rerun-if-changed={f}");
-    }
-    let replication_dir = out_dir.join("replication");
-    std::fs::create_dir_all(&replication_dir)?;
-    tonic_prost_build::configure()
-        .build_server(true)
-        .build_client(true)
-        .out_dir(replication_dir)
-        .compile_fds(protox::compile(replication_files, ["proto"])?)?;
     Ok(())
 }

@@ -109,5 +109,36 @@ pub enum BrokerError {
     DataLoss(String),
 }
 
+/// The cluster's errors are the broker's of the same name and text, so what
+/// a client is told for them (code, message, structured details) is
+/// decided by the broker's one status mapping, as for every other error.
+impl From<ricochet_cluster::ClusterError> for BrokerError {
+    fn from(e: ricochet_cluster::ClusterError) -> Self {
+        use ricochet_cluster::ClusterError as C;
+        match e {
+            C::InvalidArgument(m) => Self::InvalidArgument(m),
+            C::TopicNotFound(t) => Self::TopicNotFound(t),
+            C::TopicExists(t) => Self::TopicExists(t),
+            C::Conflict(m) => Self::Conflict(m),
+            C::Config(m) => Self::Config(m),
+            C::NotOwner {
+                topic,
+                owner,
+                url,
+                epoch,
+            } => Self::NotOwner {
+                topic,
+                owner,
+                url,
+                epoch,
+            },
+            C::OwnerDown { topic, owner } => Self::OwnerDown { topic, owner },
+            C::Fenced(broker) => Self::Fenced(broker),
+            C::Moving { topic, from, to } => Self::Moving { topic, from, to },
+            C::Etcd(m) => Self::Etcd(m),
+        }
+    }
+}
+
 /// Result alias for the broker.
 pub type Result<T, E = BrokerError> = std::result::Result<T, E>;

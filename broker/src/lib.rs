@@ -56,7 +56,6 @@
 pub mod auth;
 pub mod check;
 pub mod clock;
-pub mod cluster;
 mod config;
 mod connections;
 pub mod console;

@@ -1,14 +1,13 @@
 //! A broker node: the core (topics, subscriptions, storage) composed with
 //! the features built on it: authorization ([`Auth`]), partitioned topics
 //! ([`Partitions`]), retention ([`Retention`]) and, once the broker joined
-//! one, its cluster ([`Cluster`]). The services receive a node. The core
-//! knows none of these: they give it hooks when it opens
-//! ([`crate::core::Hooks`]), and the cluster sees the node through
-//! [`cluster::Host`](crate::cluster::Host), implemented here.
+//! one, its cluster ([`Cluster`], from the `ricochet-cluster` crate). The
+//! services receive a node. The core knows none of these: they give it
+//! hooks when it opens ([`crate::core::Hooks`]), and the cluster sees the
+//! node through [`Host`], implemented here.
 
 use crate::auth::Auth;
 use crate::clock::SharedClock;
-use crate::cluster::{Cluster, Host};
 use crate::config::BrokerConfig;
 use crate::core::{BrokerCore, Hooks, Placement};
 use crate::error::Result;
@@ -18,6 +17,7 @@ use crate::replication::groups::Groups;
 use crate::replication::{GroupRegistry, NodeSettings};
 use crate::retention::{Policies, Retention};
 use crate::storage::{Storage, TopicKind, Watched};
+use ricochet_cluster::{Cluster, Host, HostError};
 use ricochet_policy::PolicyRegistry;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock, Weak};
@@ -125,13 +125,13 @@ impl Node {
 
 #[async_trait::async_trait]
 impl Host for Node {
-    async fn topics(&self) -> Vec<TopicName> {
+    async fn topics(&self) -> Vec<String> {
         self.core
             .all_topics()
             .await
             .iter()
             .filter(|t| t.kind() == TopicKind::Normal)
-            .map(|t| t.name().clone())
+            .map(|t| t.name().to_string())
             .collect()
     }
 
@@ -145,8 +145,10 @@ impl Host for Node {
             .sum()
     }
 
-    async fn forget_moved(&self, topic: &TopicName) -> Result<()> {
-        Node::forget_moved(self, topic).await
+    async fn forget_moved(&self, topic: &str) -> Result<(), HostError> {
+        // A name this broker stored: held to the rules it was stored under.
+        let name = TopicName::parse_stored(topic)?;
+        Ok(Node::forget_moved(self, &name).await?)
     }
 }
 
@@ -154,7 +156,8 @@ impl Host for Node {
 #[async_trait::async_trait]
 impl Placement for Cluster {
     async fn serve_here(&self, topic: &TopicName) -> Result<()> {
-        self.route(topic, true).await.map(|_| ())
+        self.route(topic.as_str(), true).await?;
+        Ok(())
     }
 }
 

@@ -228,6 +228,73 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_error_reaches_the_client_as_the_broker_error_of_its_name() {
+        use ricochet_cluster::ClusterError as C;
+        let not_owner = C::NotOwner {
+            topic: "persistent://a/b/t".into(),
+            owner: "b2".into(),
+            url: Some("http://10.0.0.2:6650".into()),
+            epoch: Some(7),
+        };
+        let cases = [
+            (
+                C::InvalidArgument("bad".into()),
+                Code::InvalidArgument,
+                None,
+            ),
+            (C::TopicNotFound("t".into()), Code::NotFound, None),
+            (C::TopicExists("t".into()), Code::AlreadyExists, None),
+            (C::Conflict("moving".into()), Code::FailedPrecondition, None),
+            (C::Config("no etcd".into()), Code::Internal, None),
+            (not_owner, Code::FailedPrecondition, Some(Reason::NotOwner)),
+            (
+                C::OwnerDown {
+                    topic: "t".into(),
+                    owner: "b2".into(),
+                },
+                Code::Unavailable,
+                Some(Reason::OwnerDown),
+            ),
+            (
+                C::Fenced("b1".into()),
+                Code::Unavailable,
+                Some(Reason::Fenced),
+            ),
+            (
+                C::Moving {
+                    topic: "t".into(),
+                    from: "b3".into(),
+                    to: "b4".into(),
+                },
+                Code::Unavailable,
+                Some(Reason::Moving),
+            ),
+            (C::Etcd("timeout".into()), Code::Unavailable, None),
+        ];
+        for (e, code, reason) in cases {
+            let text = e.to_string();
+            let status = status_of(&BrokerError::from(e));
+            assert_eq!(status.code(), code, "{text}");
+            assert_eq!(status.message(), text, "the message is the cluster's own");
+            let got = error_details::read(&status).map(|d| d.reason);
+            assert_eq!(got, reason, "{text}");
+        }
+        // The owner's trailers and details come through too.
+        let status = status_of(&BrokerError::from(C::NotOwner {
+            topic: "persistent://a/b/t".into(),
+            owner: "b2".into(),
+            url: Some("http://10.0.0.2:6650".into()),
+            epoch: Some(7),
+        }));
+        assert_eq!(status.metadata().get(OWNER_TRAILER).unwrap(), "b2");
+        let d = error_details::read(&status).unwrap();
+        assert_eq!(
+            (d.owner_url.as_deref(), d.epoch),
+            (Some("http://10.0.0.2:6650"), Some(7))
+        );
+    }
+
+    #[test]
     fn reworded_messages_keep_no_original_sentence() {
         let r = reword("topic t is owned by broker b2");
         assert_eq!(r, "[reworded] b2 broker by owned is t topic");

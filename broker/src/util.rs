@@ -1,8 +1,8 @@
 //! Small helpers shared across the broker: stable hashing, quoting client
-//! input in error messages; poison-free locking, wall-clock time and the test
-//! failpoints (`RICOCHET_FAILPOINT`) come from the storage crate's `util`.
+//! input in error messages; poison-free locking and the test failpoints
+//! (`RICOCHET_FAILPOINT`) come from the storage crate's `util`.
 
-pub(crate) use ricochet_storage::util::{failpoint, lock, read, wall_ms, write};
+pub(crate) use ricochet_storage::util::{failpoint, lock};
 use std::borrow::Cow;
 
 /// Characters of client input an error message repeats at most.

@@ -21,37 +21,6 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/client/ricochet.v1.rs"));
 }
 
-/// A minimal client of etcd's v3 API (KV Range/Put/DeleteRange/Txn and
-/// the Lease calls), generated from Ricochet's own subset of etcd's
-/// `rpc.proto` and `kv.proto` (same names and field numbers), for the
-/// broker's cluster mode. Not part of [`FILE_DESCRIPTOR_SET`].
-pub mod etcd {
-    /// etcd's `etcdserverpb` package: requests, responses, `kv_client` and
-    /// `lease_client`.
-    pub mod etcdserverpb {
-        #![allow(clippy::all, missing_docs)]
-        include!(concat!(env!("OUT_DIR"), "/etcd/etcdserverpb.rs"));
-    }
-    /// etcd's `mvccpb` package: [`mvccpb::KeyValue`].
-    pub mod mvccpb {
-        #![allow(clippy::all, missing_docs)]
-        include!(concat!(env!("OUT_DIR"), "/etcd/mvccpb.rs"));
-    }
-    pub use etcdserverpb::*;
-    pub use mvccpb::KeyValue;
-}
-
-/// The `Replication` service: Raft RPCs between the brokers of a
-/// replicated partition's group (`ricochet-replication` encodes the
-/// bodies). Server and client; not part of [`FILE_DESCRIPTOR_SET`].
-pub mod replication {
-    #![allow(clippy::all, missing_docs)]
-    include!(concat!(
-        env!("OUT_DIR"),
-        "/replication/ricochet.replication.v1.rs"
-    ));
-}
-
 /// The encoded `FileDescriptorSet` of every `.proto` file (a
 /// `prost_types::FileDescriptorSet`), to enumerate services and RPCs.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

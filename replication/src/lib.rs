@@ -7,7 +7,8 @@
 //! ([`log_store`]), the state machine that hands committed commands to an
 //! [`Apply`] implementation and remembers what it applied
 //! ([`state_machine`]), the `Replication` gRPC service and its client
-//! ([`network`]), and [`ReplicaNode`], which starts a group's Raft on one
+//! ([`network`]; the code generated from this crate's own `.proto` is
+//! [`proto`]), and [`ReplicaNode`], which starts a group's Raft on one
 //! broker ([`node`]). The broker's side — which commands exist and how
 //! they are applied through its `Storage` trait — lives in
 //! `ricochet_broker::replication`.
@@ -18,6 +19,16 @@ pub mod log_store;
 pub mod network;
 pub mod node;
 pub mod state_machine;
+
+/// The `Replication` service's generated code (package
+/// `ricochet.replication.v1`, compiled by this crate's `build.rs`): the
+/// bodies ([`proto::RaftRequest`], [`proto::RaftReply`]), the server and
+/// the client. A broker-to-broker service, not part of
+/// `ricochet_proto::FILE_DESCRIPTOR_SET`.
+pub mod proto {
+    #![allow(clippy::all, missing_docs, missing_debug_implementations)]
+    include!(concat!(env!("OUT_DIR"), "/ricochet.replication.v1.rs"));
+}
 
 pub use codec::{decode, encode};
 pub use error::{ReplicationError, Result};

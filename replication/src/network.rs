@@ -10,6 +10,9 @@
 // openraft's traits fix these error types (StorageError, RPCError), large as they are.
 #![allow(clippy::result_large_err)]
 
+use crate::proto::replication_client::ReplicationClient;
+use crate::proto::replication_server::{Replication, ReplicationServer};
+use crate::proto::{RaftReply, RaftRequest};
 use crate::{NodeId, Raft, TypeConfig, decode, encode};
 use openraft::BasicNode;
 use openraft::error::{
@@ -20,9 +23,6 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use ricochet_proto::replication::replication_client::ReplicationClient;
-use ricochet_proto::replication::replication_server::{Replication, ReplicationServer};
-use ricochet_proto::replication::{RaftReply, RaftRequest};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, HashMap};

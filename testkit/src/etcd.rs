@@ -8,7 +8,7 @@
 
 use crate::net::free_addr;
 use crate::process::{BrokerProcess, SpawnOptions};
-use ricochet_proto::etcd::{RangeRequest, kv_client::KvClient};
+use ricochet_cluster::proto::{RangeRequest, kv_client::KvClient};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -68,11 +68,10 @@
 //! ```
 
 mod auth;
-mod cluster;
 
 pub(crate) use auth::read_secret;
 pub use auth::{AuthConfig, metrics_token};
-pub use cluster::{ClusterConfig, valid_id};
+pub use ricochet_cluster::ClusterConfig;
 
 use crate::error::BrokerError;
 use serde::{Deserialize, Serialize};
@@ -332,7 +331,7 @@ pub struct BrokerConfig {
     /// The URL clients are told to reach this broker at (`Lookup`, the
     /// not-owner redirect); default `http://<listen>` (`https` with TLS).
     pub advertise: Option<String>,
-    /// Cluster mode (see [`crate::cluster`]); `None`, the default, serves
+    /// Cluster mode (see `ricochet_cluster`); `None`, the default, serves
     /// standalone, with no etcd.
     pub cluster: Option<ClusterConfig>,
     /// Authentication and authorization (off by default).
@@ -550,6 +549,29 @@ impl BrokerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cluster_table_parses_and_is_checked() {
+        let c: BrokerConfig = toml::from_str(
+            "advertise = \"http://h:6650\"\n[cluster]\nname = \"c\"\netcd = [\"http://e:2379\"]\nlease_ttl = \"3s\"",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let cluster = c.cluster.clone().unwrap();
+        assert_eq!(
+            (cluster.name.as_str(), cluster.lease_ttl),
+            ("c", Duration::from_secs(3))
+        );
+        // A cluster setting that cannot work fails the broker's check, as
+        // an invalid configuration.
+        let bad = BrokerConfig {
+            advertise: None,
+            ..c
+        };
+        let e = bad.validate().unwrap_err();
+        assert!(matches!(e, BrokerError::Config(_)), "{e:?}");
+        assert!(e.to_string().contains("--advertise"), "{e}");
+    }
 
     #[test]
     fn empty_file_gives_defaults_and_unknown_keys_fail() {

@@ -21,12 +21,12 @@
 use super::{
     NodeSettings, PartitionCommand, PartitionReply, ReplicatedPartition, ReplicatedStorage,
 };
-use crate::cluster::Cluster;
-use crate::cluster::etcd::Created;
 use crate::core::BrokerCore;
 use crate::error::{BrokerError, Result};
 use crate::name::TopicName;
 use crate::storage::{Storage, TopicKind, TopicRecord};
+use ricochet_cluster::Cluster;
+use ricochet_cluster::etcd::Created;
 use ricochet_replication::{GroupRegistry, NodeId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -160,12 +160,14 @@ impl Groups {
     /// read; a group created a moment ago elsewhere may be missed until
     /// the next read).
     pub fn group_of(&self, topic: &str) -> Option<GroupRecord> {
-        crate::util::read(&self.known).get(topic).cloned()
+        ricochet_storage::util::read(&self.known)
+            .get(topic)
+            .cloned()
     }
 
     /// Every replicated topic of the cluster with its group, as last read.
     pub fn all(&self) -> Vec<(String, GroupRecord)> {
-        let known = crate::util::read(&self.known);
+        let known = ricochet_storage::util::read(&self.known);
         let mut all: Vec<_> = known.iter().map(|(t, r)| (t.clone(), r.clone())).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
@@ -178,7 +180,7 @@ impl Groups {
         };
         let record: GroupRecord = serde_json::from_str(&kv.value)
             .map_err(|e| BrokerError::Etcd(format!("bad group record of {topic}: {e}")))?;
-        crate::util::write(&self.known).insert(topic.to_owned(), record.clone());
+        ricochet_storage::util::write(&self.known).insert(topic.to_owned(), record.clone());
         Ok(Some(record))
     }
 
@@ -233,7 +235,7 @@ impl Groups {
                 return exists(topic, &existing, replicas);
             }
         }
-        crate::util::write(&self.known).insert(topic.to_string(), record.clone());
+        ricochet_storage::util::write(&self.known).insert(topic.to_string(), record.clone());
         tracing::info!(%topic, replicas, members = ?record.members, "replication group placed");
         let partition = self.start_member(topic.as_str(), &record).await?;
         partition
@@ -243,7 +245,7 @@ impl Groups {
             .map_err(replication)?;
         let command = PartitionCommand::CreateTopic(TopicRecord {
             name: topic.to_string(),
-            created_ms: crate::util::wall_ms(),
+            created_ms: ricochet_storage::util::wall_ms(),
             kind: TopicKind::Normal,
             replicas,
         });
@@ -313,7 +315,7 @@ impl Groups {
                 Err(e) => tracing::warn!(%topic, error = %e, "bad group record"),
             }
         }
-        *crate::util::write(&self.known) = known.clone();
+        *ricochet_storage::util::write(&self.known) = known.clone();
         for (topic, record) in &known {
             if record.node_id(self.cluster.id()).is_some()
                 && let Err(e) = self.start_member(topic, record).await
@@ -464,7 +466,7 @@ impl Groups {
             tracing::info!(%topic, previous = %kv.value, "dropping the previous leader's claim");
             etcd.delete(&owner).await?;
         }
-        self.cluster.route(&name, false).await?;
+        self.cluster.route(name.as_str(), false).await?;
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 //! automatically: replays and purges are operator decisions.
 
 use super::dead_letters::{self, passes};
-use super::partitions::{self as parts, partitioned};
+use super::fanout::{self as parts, partitioned};
 use super::wire;
 use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
@@ -160,7 +160,8 @@ impl Admin for AdminService {
         let live = match self.node.cluster() {
             Some(c) if r.replicas > 1 => Some(
                 c.brokers()
-                    .await?
+                    .await
+                    .map_err(BrokerError::from)?
                     .iter()
                     .filter(|b| b.live && !b.draining)
                     .count(),

@@ -3,7 +3,7 @@
 //! has the subscription), the breaker's part of `SubscriptionStats`, and
 //! the breaker carried in a `SetPolicy` request.
 
-use super::partitions::partitioned;
+use super::fanout::partitioned;
 use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
 use crate::node::Node;

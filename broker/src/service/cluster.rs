@@ -1,6 +1,6 @@
 //! The `Cluster` service: `Lookup` (which broker owns a topic) and
 //! `ListBrokers`. In cluster mode the answers come from etcd through
-//! [`crate::cluster::Cluster`]; a standalone broker answers them itself:
+//! [`ricochet_cluster::Cluster`]; a standalone broker answers them itself:
 //! every topic is its own (`cluster` empty, `live`, epoch 0, its
 //! advertised or listen URL, its store id), and it is the only broker.
 
@@ -56,7 +56,10 @@ impl Cluster for ClusterService {
                 cluster: String::new(),
             }));
         };
-        let owner = cluster.lookup(&name).await?;
+        let owner = cluster
+            .lookup(name.as_str())
+            .await
+            .map_err(BrokerError::from)?;
         Ok(Response::new(LookupResponse {
             topic: name.to_string(),
             broker_id: owner.broker_id,
@@ -103,7 +106,8 @@ impl Cluster for ClusterService {
         };
         let brokers = cluster
             .brokers()
-            .await?
+            .await
+            .map_err(BrokerError::from)?
             .into_iter()
             .map(|b| BrokerInfo {
                 id: b.id,
@@ -120,7 +124,11 @@ impl Cluster for ClusterService {
         let mut groups = Vec::new();
         if let Some(g) = self.node.groups() {
             for (topic, record) in g.all() {
-                let leader = cluster.placement(&topic).await?.unwrap_or_default();
+                let leader = cluster
+                    .placement(&topic)
+                    .await
+                    .map_err(BrokerError::from)?
+                    .unwrap_or_default();
                 groups.push(ricochet_proto::ReplicationGroup {
                     topic,
                     replicas: record.replicas,
@@ -192,7 +200,11 @@ impl Cluster for ClusterService {
         let state: TopicState = serde_json::from_slice(&encoded)
             .map_err(|e| bad(&format!("the topic's state does not decode: {e}")))?;
         let name = TopicName::parse_stored(state.topic())?;
-        if cluster.placement(name.as_str()).await?.as_deref() == Some(cluster.id()) {
+        let placed = cluster
+            .placement(name.as_str())
+            .await
+            .map_err(BrokerError::from)?;
+        if placed.as_deref() == Some(cluster.id()) {
             return Err(BrokerError::Conflict(format!(
                 "{name} is placed on this broker ({}) already",
                 cluster.id()

@@ -6,6 +6,7 @@ mod breaker;
 mod cluster;
 mod consume;
 mod dead_letters;
+mod fanout;
 mod input;
 mod partitions;
 mod produce;
@@ -63,8 +64,8 @@ fn until_shutdown<T: Send + 'static>(
 /// claim the stream was opened under.
 #[derive(Debug, Clone)]
 pub(crate) struct Served {
-    cluster: Arc<crate::cluster::Cluster>,
-    claim: crate::cluster::Tenure,
+    cluster: Arc<ricochet_cluster::Cluster>,
+    claim: ricochet_cluster::Tenure,
     topic: String,
 }
 
@@ -75,7 +76,10 @@ impl Served {
         let Some(cluster) = node.cluster() else {
             return Ok(None);
         };
-        let route = cluster.route(topic, true).await?;
+        let route = cluster
+            .route(topic.as_str(), true)
+            .await
+            .map_err(BrokerError::from)?;
         if let Some(groups) = node.groups()
             && groups.group_of(topic.as_str()).is_some()
             && !groups.is_serving(topic.as_str())
@@ -105,18 +109,19 @@ impl Served {
     pub(crate) fn check(&self) -> Result<(), BrokerError> {
         self.cluster.fence.check(self.claim.generation)?;
         if self.claim.released.is_cancelled() {
-            return Err(self.cluster.released_error(&self.topic));
+            return Err(self.cluster.released_error(&self.topic).into());
         }
         Ok(())
     }
 
     /// The error a stream ends with once its claim lapses or is released.
     fn lapse_error(&self) -> Status {
-        if self.claim.released.is_cancelled() {
-            self.cluster.released_error(&self.topic).into()
+        let e = if self.claim.released.is_cancelled() {
+            self.cluster.released_error(&self.topic)
         } else {
-            self.cluster.fence.fenced().into()
-        }
+            self.cluster.fence.fenced()
+        };
+        BrokerError::from(e).into()
     }
 }
 

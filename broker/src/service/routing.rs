@@ -7,10 +7,10 @@
 //! the route after the permission check, so a caller without the
 //! permission learns nothing about where a topic lives.
 
-use crate::cluster::Cluster;
 use crate::error::BrokerError;
 use crate::name::TopicName;
 use crate::replication::groups::Groups;
+use ricochet_cluster::Cluster;
 use std::sync::Arc;
 use tonic::Status;
 
@@ -54,7 +54,10 @@ impl Router {
             Route::Place => true,
         };
         let name = TopicName::parse(topic)?;
-        cluster.route(&name, place).await?;
+        cluster
+            .route(name.as_str(), place)
+            .await
+            .map_err(BrokerError::from)?;
         if how == Route::Owner
             && let Some(g) = self.groups.as_ref().and_then(|g| g.group_of(name.as_str()))
         {

@@ -6,12 +6,12 @@
 //! topic here, served again; the caller is told which topics stayed and why.
 
 use super::{CHUNK_BYTES, CHUNK_ENTRIES, TopicState, capture, runs};
-use crate::cluster::Cluster;
 use crate::core::BrokerCore;
 use crate::error::{BrokerError, Result};
 use crate::name::TopicName;
 use crate::node::Node;
 use futures::StreamExt;
+use ricochet_cluster::Cluster;
 use ricochet_proto::TransferEnd;
 use ricochet_proto::cluster_client::ClusterClient;
 use ricochet_proto::{TopicTransferPart, TransferBegin, TransferEntries, topic_transfer_part};
@@ -74,7 +74,7 @@ pub async fn move_topic(
     auth: Option<&AsciiMetadataValue>,
 ) -> Result<Moved> {
     let cluster = cluster_of(node)?;
-    if cluster.route(topic, false).await?.is_none() {
+    if cluster.route(topic.as_str(), false).await?.is_none() {
         return Err(BrokerError::TopicNotFound(format!(
             "{topic} (not placed on any broker)"
         )));

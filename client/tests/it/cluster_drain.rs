@@ -503,7 +503,7 @@ async fn a_copy_left_by_an_unfinished_move_is_deleted_when_its_broker_returns() 
     brokers[i].kill9();
     etcd.kv()
         .await
-        .put(ricochet_proto::etcd::PutRequest {
+        .put(ricochet_cluster::proto::PutRequest {
             key: b"/ricochet/stale/placement/persistent://public/default/x".to_vec(),
             value: other.as_bytes().to_vec(),
             ..Default::default()

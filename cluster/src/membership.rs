@@ -15,7 +15,7 @@
 //! registration (load, placed count) and claims topics placed on this
 //! broker by others.
 
-use crate::error::BrokerError;
+use crate::error::ClusterError;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -34,6 +34,14 @@ pub struct Registration {
     pub placed: u64,
     /// Being drained: no new topic is placed on it.
     pub draining: bool,
+}
+
+impl Registration {
+    /// The registration stored in `value`; an unreadable one reads as the
+    /// default (no URL, no load), as a broker that has not registered.
+    pub fn parse(value: &str) -> Self {
+        serde_json::from_str(value).unwrap_or_default()
+    }
 }
 
 /// The local lease deadline and its generation: whether this broker may
@@ -82,8 +90,8 @@ impl Fence {
     }
 
     /// `Ok` while a claim made under `generation` may acknowledge, else
-    /// [`BrokerError::Fenced`].
-    pub fn check(&self, generation: u64) -> Result<(), BrokerError> {
+    /// [`ClusterError::Fenced`].
+    pub fn check(&self, generation: u64) -> Result<(), ClusterError> {
         if self.valid(generation) {
             Ok(())
         } else {
@@ -92,8 +100,8 @@ impl Fence {
     }
 
     /// The error for acknowledging past the deadline.
-    pub fn fenced(&self) -> BrokerError {
-        BrokerError::Fenced(self.broker.clone())
+    pub fn fenced(&self) -> ClusterError {
+        ClusterError::Fenced(self.broker.clone())
     }
 
     /// A renewal (or grant) of `ttl` whose request was sent at `sent`.

@@ -1,13 +1,13 @@
-//! A typed wrapper over the etcd v3 API subset in `ricochet_proto::etcd`:
+//! A typed wrapper over the etcd v3 API subset in [`crate::proto`]:
 //! reads of one key or a prefix, the "create if absent" transaction every
 //! claim and placement goes through, puts under a lease, deletes, and the
 //! lease calls (grant, keepalive, revoke). Every call has a deadline; an
 //! etcd that does not answer, or answers with an error, becomes
-//! [`BrokerError::Etcd`] (UNAVAILABLE to a client). Keys and values are
+//! [`ClusterError::Etcd`] (UNAVAILABLE to a client). Keys and values are
 //! strings here: Ricochet stores UTF-8 names and JSON.
 
-use crate::error::{BrokerError, Result};
-use ricochet_proto::etcd::{
+use crate::error::{ClusterError, Result};
+use crate::proto::{
     Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
     LeaseRevokeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, TxnResponse, compare,
     kv_client, lease_client, request_op, response_op,
@@ -32,8 +32,8 @@ pub struct Kv {
     pub lease: i64,
 }
 
-impl From<ricochet_proto::etcd::KeyValue> for Kv {
-    fn from(kv: ricochet_proto::etcd::KeyValue) -> Self {
+impl From<crate::proto::KeyValue> for Kv {
+    fn from(kv: crate::proto::KeyValue) -> Self {
         Self {
             key: String::from_utf8_lossy(&kv.key).into_owned(),
             value: String::from_utf8_lossy(&kv.value).into_owned(),
@@ -79,12 +79,14 @@ impl Etcd {
     /// gives up after `timeout`.
     pub fn connect(endpoints: &[String], timeout: Duration) -> Result<Self> {
         if endpoints.is_empty() {
-            return Err(BrokerError::Config("cluster mode needs an etcd URL".into()));
+            return Err(ClusterError::Config(
+                "cluster mode needs an etcd URL".into(),
+            ));
         }
         let mut list = Vec::with_capacity(endpoints.len());
         for url in endpoints {
             let e = Endpoint::from_shared(url.clone())
-                .map_err(|e| BrokerError::Config(format!("etcd URL {url:?}: {e}")))?
+                .map_err(|e| ClusterError::Config(format!("etcd URL {url:?}: {e}")))?
                 .connect_timeout(timeout)
                 .tcp_nodelay(true);
             list.push(e);
@@ -108,8 +110,8 @@ impl Etcd {
     ) -> Result<T> {
         match tokio::time::timeout(self.timeout, f).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
-            Ok(Err(s)) => Err(BrokerError::Etcd(format!("{what}: {}", s.message()))),
-            Err(_) => Err(BrokerError::Etcd(format!(
+            Ok(Err(s)) => Err(ClusterError::Etcd(format!("{what}: {}", s.message()))),
+            Err(_) => Err(ClusterError::Etcd(format!(
                 "{what}: no answer within {:?}",
                 self.timeout
             ))),
@@ -289,7 +291,7 @@ impl Etcd {
             )
             .await?;
         if !r.error.is_empty() {
-            return Err(BrokerError::Etcd(format!("lease grant: {}", r.error)));
+            return Err(ClusterError::Etcd(format!("lease grant: {}", r.error)));
         }
         Ok((r.id, Duration::from_secs(r.ttl.max(0) as u64)))
     }
@@ -305,7 +307,7 @@ impl Etcd {
             .await
         {
             Ok(_) => Ok(()),
-            Err(BrokerError::Etcd(m)) if m.contains("not found") => Ok(()),
+            Err(ClusterError::Etcd(m)) if m.contains("not found") => Ok(()),
             Err(e) => Err(e),
         }
     }
@@ -348,7 +350,7 @@ impl KeepAlive {
             }
             Err(_) => {
                 self.open = None;
-                Err(BrokerError::Etcd(format!(
+                Err(ClusterError::Etcd(format!(
                     "lease keepalive: no answer within {:?}",
                     self.timeout
                 )))
@@ -359,7 +361,7 @@ impl KeepAlive {
     async fn renew_inner(&mut self) -> Result<i64> {
         let request = LeaseKeepAliveRequest { id: self.id };
         let etcd_err =
-            |s: tonic::Status| BrokerError::Etcd(format!("lease keepalive: {}", s.message()));
+            |s: tonic::Status| ClusterError::Etcd(format!("lease keepalive: {}", s.message()));
         if self.open.is_none() {
             // etcd answers the call's headers with its first response, so the
             // first request goes in before the call is awaited.
@@ -375,14 +377,14 @@ impl KeepAlive {
         } else if let Some((tx, _)) = &self.open {
             tx.send(request)
                 .await
-                .map_err(|_| BrokerError::Etcd("lease keepalive: stream closed".into()))?;
+                .map_err(|_| ClusterError::Etcd("lease keepalive: stream closed".into()))?;
         }
         let Some((_, stream)) = &mut self.open else {
-            return Err(BrokerError::Etcd("lease keepalive: stream closed".into()));
+            return Err(ClusterError::Etcd("lease keepalive: stream closed".into()));
         };
         match stream.message().await.map_err(etcd_err)? {
             Some(r) => Ok(r.ttl),
-            None => Err(BrokerError::Etcd("lease keepalive: stream ended".into())),
+            None => Err(ClusterError::Etcd("lease keepalive: stream ended".into())),
         }
     }
 }

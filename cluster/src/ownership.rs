@@ -8,34 +8,28 @@
 //! ([`Cluster::route`] on a topic owned here) is a map read and the fence
 //! check, with no etcd round trip. A topic not placed yet is placed on
 //! first use (a produce, a consume, a lookup); a topic placed elsewhere is
-//! refused with [`BrokerError::NotOwner`] (its URL only when that broker is
+//! refused with [`ClusterError::NotOwner`] (its URL only when that broker is
 //! live), one placed on a broker that is down with
-//! [`BrokerError::OwnerDown`] from a lookup.
+//! [`ClusterError::OwnerDown`] from a lookup.
+//!
+//! Topic names arrive as the broker validated them; partitioned topics'
+//! counts live in etcd too (`partitioned/<base>`), and their partitions are
+//! named as `ricochet_proto::partitions` names them.
 
-use super::Cluster;
-use super::etcd::Created;
-use super::membership::Registration;
-use super::placement::{self, Candidate};
-use crate::error::{BrokerError, Result};
-use crate::name::TopicName;
-use crate::util::{read, write};
-use std::collections::{BTreeMap, HashMap};
+use crate::cluster::{Cluster, Owned};
+use crate::error::{ClusterError, Result};
+use crate::etcd::Created;
+use crate::membership::Registration;
+use crate::placement;
+use crate::sync::{read, write};
+use ricochet_proto::partitions::partition_name;
+use std::collections::BTreeMap;
 use tokio_util::sync::CancellationToken;
-
-/// A topic in the table of owned topics.
-#[derive(Debug, Clone)]
-pub(super) struct Owned {
-    epoch: u64,
-    generation: u64,
-    /// Cancelled when this broker gives the topic up (a move): the streams
-    /// serving it end.
-    pub(super) released: CancellationToken,
-}
 
 /// A tenure: the right to serve a topic here (what claiming it in etcd
 /// gives), its epoch, and the fence generation it
 /// was claimed under (acknowledgements check
-/// [`Fence::check`](super::membership::Fence::check) with it).
+/// [`Fence::check`](crate::membership::Fence::check) with it).
 #[derive(Debug, Clone)]
 pub struct Tenure {
     /// The owner key's create revision.
@@ -81,18 +75,14 @@ pub struct BrokerView {
     pub draining: bool,
 }
 
-pub(super) fn registration(value: &str) -> Registration {
-    serde_json::from_str(value).unwrap_or_default()
-}
-
 impl Cluster {
     /// Whether this broker may serve `topic` now, claiming it if it is
     /// placed here and not yet owned, and (with `place`) placing it if it is
     /// placed nowhere. `Ok(None)`: placed nowhere and not placed now (the
     /// call is answered here, as by a broker that has never heard of it).
-    pub async fn route(&self, topic: &TopicName, place: bool) -> Result<Option<Tenure>> {
-        self.check_not_moving(topic.as_str())?;
-        let owned = read(&self.owned).get(topic.as_str()).cloned();
+    pub async fn route(&self, topic: &str, place: bool) -> Result<Option<Tenure>> {
+        self.check_not_moving(topic)?;
+        let owned = read(&self.owned).get(topic).cloned();
         if let Some(o) = owned {
             if self.fence.valid(o.generation) {
                 return Ok(Some(Tenure {
@@ -107,27 +97,27 @@ impl Cluster {
         }
         match self.placement_of(topic, place).await? {
             None => Ok(None),
-            Some(b) if b == self.id => self.claim(topic.as_str()).await.map(Some),
-            Some(b) => Err(self.not_owner(topic.as_str(), b).await),
+            Some(b) if b == self.id => self.claim(topic).await.map(Some),
+            Some(b) => Err(self.not_owner(topic, b).await),
         }
     }
 
     /// The refusal for `topic`, placed on broker `owner`: its URL when it
     /// is live, and the epoch of its claim when it holds one (both read
     /// from etcd at once).
-    async fn not_owner(&self, topic: &str, owner: String) -> BrokerError {
+    async fn not_owner(&self, topic: &str, owner: String) -> ClusterError {
         let (broker_key, owner_key) = (self.broker_key(&owner), self.owner_key(topic));
         let (registered, claimed) =
             tokio::join!(self.etcd.get(&broker_key), self.etcd.get(&owner_key));
         let url = match registered {
-            Ok(Some(kv)) => Some(registration(&kv.value).url).filter(|u| !u.is_empty()),
+            Ok(Some(kv)) => Some(Registration::parse(&kv.value).url).filter(|u| !u.is_empty()),
             _ => None,
         };
         let epoch = match claimed {
             Ok(Some(kv)) if kv.value == owner => u64::try_from(kv.create_revision).ok(),
             _ => None,
         };
-        BrokerError::NotOwner {
+        ClusterError::NotOwner {
             topic: topic.to_owned(),
             owner,
             url,
@@ -137,12 +127,12 @@ impl Cluster {
 
     /// The broker `topic` is placed on; placed now when `place` and it has
     /// no place yet. A partitioned topic's base name is refused.
-    async fn placement_of(&self, topic: &TopicName, place: bool) -> Result<Option<String>> {
-        if let Some(kv) = self.etcd.get(&self.placement_key(topic.as_str())).await? {
+    async fn placement_of(&self, topic: &str, place: bool) -> Result<Option<String>> {
+        if let Some(kv) = self.etcd.get(&self.placement_key(topic)).await? {
             return Ok(Some(kv.value));
         }
         if let Some(n) = self.partition_count(topic).await? {
-            return Err(BrokerError::InvalidArgument(format!(
+            return Err(ClusterError::InvalidArgument(format!(
                 "{topic} is a partitioned topic ({n} partitions): look up and address its partitions ({}-partition-0 ..)",
                 topic
             )));
@@ -152,8 +142,8 @@ impl Cluster {
         }
         let (live, placed) = (self.live().await?, self.placed_counts().await?);
         let choice = placement::choose(&live, &placed)
-            .ok_or_else(|| BrokerError::Etcd("no live broker to place the topic on".into()))?;
-        self.place(topic.as_str(), &choice).await.map(Some)
+            .ok_or_else(|| ClusterError::Etcd("no live broker to place the topic on".into()))?;
+        self.place(topic, &choice).await.map(Some)
     }
 
     /// Writes `placement/<topic>` = `broker` unless the topic has a place
@@ -227,24 +217,14 @@ impl Cluster {
     /// Claims every topic placed here that this broker does not own under
     /// its current generation (at join, after a lost lease, and now and
     /// then for topics other brokers placed here).
-    pub(super) async fn claim_placed(&self) {
-        let placements = match self
-            .etcd
-            .get_prefix(&format!("{}placement/", self.prefix))
-            .await
-        {
-            Ok(p) => p,
+    pub(crate) async fn claim_placed(&self) {
+        let mine = match self.placed_here().await {
+            Ok(mine) => mine,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read placements");
                 return;
             }
         };
-        let strip = format!("{}placement/", self.prefix);
-        let mine: Vec<String> = placements
-            .into_iter()
-            .filter(|kv| kv.value == self.id)
-            .filter_map(|kv| kv.key.strip_prefix(&strip).map(str::to_owned))
-            .collect();
         self.placed
             .store(mine.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let generation = self.fence.generation();
@@ -264,55 +244,17 @@ impl Cluster {
         }
     }
 
-    /// How many topics this broker owns now.
-    pub fn owned_count(&self) -> usize {
-        let g = self.fence.generation();
-        read(&self.owned)
-            .values()
-            .filter(|o| o.generation == g)
-            .count()
-    }
-
-    /// Live brokers that take new topics (not draining), with their load.
-    pub(super) async fn live(&self) -> Result<Vec<Candidate>> {
-        let strip = format!("{}brokers/", self.prefix);
-        Ok(self
-            .etcd
-            .get_prefix(&strip)
-            .await?
-            .into_iter()
-            .filter_map(|kv| {
-                let id = kv.key.strip_prefix(&strip)?.to_owned();
-                let reg = registration(&kv.value);
-                (!reg.draining).then_some(Candidate { id, load: reg.load })
-            })
-            .collect())
-    }
-
-    /// Topics placed per broker id.
-    pub(super) async fn placed_counts(&self) -> Result<HashMap<String, u64>> {
-        let mut counts = HashMap::new();
-        for kv in self
-            .etcd
-            .get_prefix(&format!("{}placement/", self.prefix))
-            .await?
-        {
-            *counts.entry(kv.value).or_default() += 1;
-        }
-        Ok(counts)
-    }
-
     /// Where `topic` lives, placing it if it has no place yet.
-    /// [`BrokerError::OwnerDown`] when its broker is not live.
-    pub async fn lookup(&self, topic: &TopicName) -> Result<Owner> {
+    /// [`ClusterError::OwnerDown`] when its broker is not live.
+    pub async fn lookup(&self, topic: &str) -> Result<Owner> {
         let Some(broker) = self.placement_of(topic, true).await? else {
-            return Err(BrokerError::Etcd("the topic could not be placed".into()));
+            return Err(ClusterError::Etcd("the topic could not be placed".into()));
         };
         if broker == self.id {
             let claim = self
                 .route(topic, false)
                 .await?
-                .ok_or_else(|| BrokerError::Etcd("placed here but not claimed".into()))?;
+                .ok_or_else(|| ClusterError::Etcd("placed here but not claimed".into()))?;
             return Ok(Owner {
                 broker_id: broker,
                 url: self.url.clone(),
@@ -320,18 +262,18 @@ impl Cluster {
             });
         }
         let Some(reg) = self.etcd.get(&self.broker_key(&broker)).await? else {
-            return Err(BrokerError::OwnerDown {
-                topic: topic.to_string(),
+            return Err(ClusterError::OwnerDown {
+                topic: topic.to_owned(),
                 owner: broker,
             });
         };
-        let epoch = match self.etcd.get(&self.owner_key(topic.as_str())).await? {
+        let epoch = match self.etcd.get(&self.owner_key(topic)).await? {
             Some(kv) if kv.value == broker => u64::try_from(kv.create_revision).unwrap_or(0),
             _ => 0,
         };
         Ok(Owner {
             broker_id: broker,
-            url: registration(&reg.value).url,
+            url: Registration::parse(&reg.value).url,
             epoch,
         })
     }
@@ -355,7 +297,7 @@ impl Cluster {
                 continue;
             };
             view(&mut views, id);
-            let reg = registration(&kv.value);
+            let reg = Registration::parse(&kv.value);
             if let Some(v) = views.get_mut(id) {
                 v.live = true;
                 v.url = reg.url;
@@ -385,41 +327,32 @@ impl Cluster {
     }
 
     /// The partition count of partitioned topic `base`, cluster-wide.
-    pub async fn partition_count(&self, base: &TopicName) -> Result<Option<u32>> {
-        let Some(kv) = self.etcd.get(&self.partitioned_key(base.as_str())).await? else {
+    pub async fn partition_count(&self, base: &str) -> Result<Option<u32>> {
+        let Some(kv) = self.etcd.get(&self.partitioned_key(base)).await? else {
             return Ok(None);
         };
         kv.value.parse().map(Some).map_err(|_| {
-            BrokerError::Etcd(format!("bad partition count {:?} for {base}", kv.value))
+            ClusterError::Etcd(format!("bad partition count {:?} for {base}", kv.value))
         })
     }
 
     /// Creates partitioned topic `base` cluster-wide and places its
     /// partitions, spread over the live brokers (each creates its
-    /// partitions' logs on first use).
-    pub async fn create_partitioned(&self, base: &TopicName, partitions: u32) -> Result<()> {
-        crate::name::check_partition_count(base, partitions)?;
-        if self
-            .etcd
-            .get(&self.placement_key(base.as_str()))
-            .await?
-            .is_some()
-        {
-            return Err(BrokerError::TopicExists(format!(
+    /// partitions' logs on first use). The caller has checked the name and
+    /// the count (`1 ..= MAX_PARTITIONS`, a name not itself a partition's).
+    pub async fn create_partitioned(&self, base: &str, partitions: u32) -> Result<()> {
+        if self.etcd.get(&self.placement_key(base)).await?.is_some() {
+            return Err(ClusterError::TopicExists(format!(
                 "{base} (an ordinary topic of that name exists)"
             )));
         }
         match self
             .etcd
-            .create_if_absent(
-                &self.partitioned_key(base.as_str()),
-                &partitions.to_string(),
-                0,
-            )
+            .create_if_absent(&self.partitioned_key(base), &partitions.to_string(), 0)
             .await?
         {
             Created::Created(_) => {}
-            Created::Exists(_) => return Err(BrokerError::TopicExists(base.to_string())),
+            Created::Exists(_) => return Err(ClusterError::TopicExists(base.to_string())),
         }
         self.place_partitions(base, 0, partitions).await?;
         tracing::info!(topic = %base, partitions, "partitioned topic created in the cluster");
@@ -427,27 +360,35 @@ impl Cluster {
     }
 
     /// Raises the partition count of `base` (never lowers it); the count in
-    /// force.
-    pub async fn update_partitions(&self, base: &TopicName, partitions: u32) -> Result<u32> {
-        let key = self.partitioned_key(base.as_str());
+    /// force. `check` judges a new, higher count (the broker's limits and
+    /// name rules) before anything changes; its error comes back as it is.
+    pub async fn update_partitions<E: From<ClusterError>>(
+        &self,
+        base: &str,
+        partitions: u32,
+        check: impl Fn(u32) -> Result<(), E>,
+    ) -> Result<u32, E> {
+        let key = self.partitioned_key(base);
         loop {
             let Some(kv) = self.etcd.get(&key).await? else {
-                return Err(BrokerError::TopicNotFound(format!(
+                return Err(ClusterError::TopicNotFound(format!(
                     "{base} (no partitioned topic of that name)"
-                )));
+                ))
+                .into());
             };
             let current: u32 = kv.value.parse().map_err(|_| {
-                BrokerError::Etcd(format!("bad partition count {:?} for {base}", kv.value))
+                ClusterError::Etcd(format!("bad partition count {:?} for {base}", kv.value))
             })?;
             if partitions < current {
-                return Err(BrokerError::InvalidArgument(format!(
+                return Err(ClusterError::InvalidArgument(format!(
                     "cannot lower the partition count of {base} from {current} to {partitions}: partitions can only be added"
-                )));
+                ))
+                .into());
             }
             if partitions == current {
                 return Ok(current);
             }
-            crate::name::check_partition_count(base, partitions)?;
+            check(partitions)?;
             if self
                 .etcd
                 .replace_if_unchanged(&key, &partitions.to_string(), kv.mod_revision, 0)
@@ -459,17 +400,16 @@ impl Cluster {
         }
     }
 
-    async fn place_partitions(&self, base: &TopicName, from: u32, to: u32) -> Result<()> {
+    async fn place_partitions(&self, base: &str, from: u32, to: u32) -> Result<()> {
         let (live, placed) = (self.live().await?, self.placed_counts().await?);
         let chosen = placement::spread(&live, &placed, (to - from) as usize);
         if chosen.len() < (to - from) as usize {
-            return Err(BrokerError::Etcd(
+            return Err(ClusterError::Etcd(
                 "no live broker to place the partitions on".into(),
             ));
         }
         for (i, broker) in (from..to).zip(chosen) {
-            let p = crate::name::partition(base, i);
-            self.place(p.as_str(), &broker).await?;
+            self.place(&partition_name(base, i), &broker).await?;
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
-//! The `[cluster]` section of the broker's configuration (cluster mode
-//! itself lives in `crate::cluster`).
+//! The `[cluster]` section of the broker's configuration: its settings
+//! and their checks (the broker's configuration embeds it).
 
-use crate::error::{BrokerError, Result};
+use crate::error::{ClusterError, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -51,7 +51,7 @@ pub fn valid_id(s: &str) -> bool {
 impl ClusterConfig {
     /// Rejects settings that cannot work; `advertise` is the broker's.
     pub fn validate(&self, advertise: Option<&str>) -> Result<()> {
-        let bad = |m: String| Err(BrokerError::Config(m));
+        let bad = |m: String| Err(ClusterError::Config(m));
         if !valid_id(&self.name) {
             return bad(format!(
                 "cluster name {:?} must be 1 to 128 of A-Z a-z 0-9 . _ -",
@@ -121,16 +121,5 @@ mod tests {
         ] {
             assert!(bad.validate(Some("http://h:1")).is_err(), "{bad:?}");
         }
-        // The TOML form.
-        let c: crate::BrokerConfig = toml::from_str(
-            "advertise = \"http://h:6650\"\n[cluster]\nname = \"c\"\netcd = [\"http://e:2379\"]\nlease_ttl = \"3s\"",
-        )
-        .unwrap();
-        c.validate().unwrap();
-        let cluster = c.cluster.unwrap();
-        assert_eq!(
-            (cluster.name.as_str(), cluster.lease_ttl),
-            ("c", Duration::from_secs(3))
-        );
     }
 }

@@ -1,5 +1,5 @@
 //! The cluster's side of moving topics between brokers (drain and
-//! `MoveTopic`; the data is copied by `crate::transfer`): a topic that is
+//! `MoveTopic`; the broker copies the data, in its `transfer` module): a topic that is
 //! moving is served by nobody — this broker stops at once (its streams end
 //! with UNAVAILABLE, new calls are refused), the target only once etcd
 //! places the topic there; the hand-over is one etcd transaction that
@@ -7,29 +7,18 @@
 //! the topic is still placed here. A draining broker is registered as such,
 //! so placement leaves it out.
 
-use super::Cluster;
-use super::ownership::registration;
-use super::placement;
-use crate::error::{BrokerError, Result};
-use crate::util::{read, write};
+use crate::Host;
+use crate::cluster::Cluster;
+use crate::error::{ClusterError, Result};
+use crate::membership::Registration;
+use crate::placement;
+use crate::sync::{read, write};
 use std::sync::atomic::Ordering;
 
 impl Cluster {
-    /// `Err(Moving)` while `topic` moves away from this broker.
-    pub(super) fn check_not_moving(&self, topic: &str) -> Result<()> {
-        match read(&self.moving).get(topic) {
-            Some(to) => Err(BrokerError::Moving {
-                topic: topic.to_owned(),
-                from: self.id.clone(),
-                to: to.clone(),
-            }),
-            None => Ok(()),
-        }
-    }
-
     /// What a stream serving `topic` ends with once this broker released it.
-    pub fn released_error(&self, topic: &str) -> BrokerError {
-        BrokerError::Moving {
+    pub fn released_error(&self, topic: &str) -> ClusterError {
+        ClusterError::Moving {
             topic: topic.to_owned(),
             from: self.id.clone(),
             to: read(&self.moving)
@@ -48,7 +37,7 @@ impl Cluster {
         {
             let mut moving = write(&self.moving);
             if let Some(other) = moving.get(topic) {
-                return Err(BrokerError::Conflict(format!(
+                return Err(ClusterError::Conflict(format!(
                     "{topic} is already moving to broker {other}"
                 )));
             }
@@ -79,7 +68,7 @@ impl Cluster {
             )
             .await?;
         if !moved {
-            return Err(BrokerError::Conflict(format!(
+            return Err(ClusterError::Conflict(format!(
                 "{topic} is no longer placed on broker {}",
                 self.id
             )));
@@ -97,28 +86,13 @@ impl Cluster {
             .map(|kv| kv.value))
     }
 
-    /// The topics placed on this broker, by name.
-    pub async fn placed_here(&self) -> Result<Vec<String>> {
-        let strip = format!("{}placement/", self.prefix);
-        let mut mine: Vec<String> = self
-            .etcd
-            .get_prefix(&strip)
-            .await?
-            .into_iter()
-            .filter(|kv| kv.value == self.id)
-            .filter_map(|kv| kv.key.strip_prefix(&strip).map(str::to_owned))
-            .collect();
-        mine.sort();
-        Ok(mine)
-    }
-
     /// The advertised URL of live broker `id`; `None` when it is not live.
     pub async fn url_of(&self, id: &str) -> Result<Option<String>> {
         Ok(self
             .etcd
             .get(&self.broker_key(id))
             .await?
-            .map(|kv| registration(&kv.value).url)
+            .map(|kv| Registration::parse(&kv.value).url)
             .filter(|u| !u.is_empty()))
     }
 
@@ -135,13 +109,13 @@ impl Cluster {
             .collect();
         let chosen = match to {
             Some(to) if to == self.id => {
-                return Err(BrokerError::InvalidArgument(format!(
+                return Err(ClusterError::InvalidArgument(format!(
                     "the topic is on broker {to} already"
                 )));
             }
             Some(to) => {
                 if !live.iter().any(|c| c.id == to) {
-                    return Err(BrokerError::InvalidArgument(format!(
+                    return Err(ClusterError::InvalidArgument(format!(
                         "broker {to} is not live, or is draining"
                     )));
                 }
@@ -150,7 +124,7 @@ impl Cluster {
             None => placement::spread(&live, &self.placed_counts().await?, n),
         };
         if chosen.len() < n {
-            return Err(BrokerError::Etcd(
+            return Err(ClusterError::Etcd(
                 "no other live broker to move topics to".into(),
             ));
         }
@@ -159,7 +133,7 @@ impl Cluster {
             let url = self
                 .url_of(&id)
                 .await?
-                .ok_or_else(|| BrokerError::Etcd(format!("broker {id} went down")))?;
+                .ok_or_else(|| ClusterError::Etcd(format!("broker {id} went down")))?;
             out.push((id, url));
         }
         Ok(out)
@@ -176,7 +150,7 @@ impl Cluster {
     /// left by a move this broker (the source) crashed in before deleting
     /// its copy, or received (as the target) without the move finishing.
     /// Never served either way; run when the broker joins.
-    pub(super) async fn sweep_moved_away(&self, host: &dyn super::Host) {
+    pub(crate) async fn sweep_moved_away(&self, host: &dyn Host) {
         let strip = format!("{}placement/", self.prefix);
         let placements: std::collections::HashMap<String, String> =
             match self.etcd.get_prefix(&strip).await {
@@ -190,7 +164,7 @@ impl Cluster {
                 }
             };
         for topic in host.topics().await {
-            let Some(owner) = placements.get(topic.as_str()) else {
+            let Some(owner) = placements.get(&topic) else {
                 continue;
             };
             if *owner == self.id {
@@ -201,10 +175,5 @@ impl Cluster {
                 tracing::warn!(topic = %topic, error = %e, "cannot delete a stale copy");
             }
         }
-    }
-
-    /// Whether this broker is draining.
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
     }
 }
