@@ -191,7 +191,22 @@ impl Groups {
     /// with this factor already.
     pub async fn create(&self, topic: &TopicName, replicas: u32) -> Result<bool> {
         if let Some(existing) = self.read_group(topic.as_str()).await? {
-            return exists(topic, &existing, replicas);
+            let created = exists(topic, &existing, replicas)?;
+            // A create that timed out may have left the group without its
+            // topic: the leader commits it again (creating is idempotent).
+            if let Some(p) = self.member(topic.as_str()).await
+                && p.node().leader() == Some(p.node().id())
+            {
+                let command = create_command(topic, replicas);
+                tokio::time::timeout(FORM_TIMEOUT, propose_as_leader(&p, &command))
+                    .await
+                    .map_err(|_| {
+                        BrokerError::Peer(format!(
+                            "the replication group of {topic} did not commit within {FORM_TIMEOUT:?}"
+                        ))
+                    })??;
+            }
+            return Ok(created);
         }
         let me = self.cluster.id().to_owned();
         let mut others: Vec<_> = self
@@ -243,12 +258,7 @@ impl Groups {
             .initialize(urls)
             .await
             .map_err(replication)?;
-        let command = PartitionCommand::CreateTopic(TopicRecord {
-            name: topic.to_string(),
-            created_ms: ricochet_storage::util::wall_ms(),
-            kind: TopicKind::Normal,
-            replicas,
-        });
+        let command = create_command(topic, replicas);
         match tokio::time::timeout(FORM_TIMEOUT, propose_as_leader(&partition, &command)).await {
             Ok(Ok(())) => Ok(true),
             Ok(Err(e)) => Err(e),
@@ -507,6 +517,16 @@ impl Groups {
     pub fn registry(&self) -> &GroupRegistry {
         &self.registry
     }
+}
+
+/// The command creating replicated `topic` (a no-op once it exists).
+fn create_command(topic: &TopicName, replicas: u32) -> PartitionCommand {
+    PartitionCommand::CreateTopic(TopicRecord {
+        name: topic.to_string(),
+        created_ms: ricochet_storage::util::wall_ms(),
+        kind: TopicKind::Normal,
+        replicas,
+    })
 }
 
 /// The answer to a create of `topic` with factor `replicas` whose group
