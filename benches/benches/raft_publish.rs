@@ -57,6 +57,7 @@ fn create() -> PartitionCommand {
         name: TOPIC.to_owned(),
         created_ms: 1,
         kind: TopicKind::Normal,
+        replicas: 1,
     })
 }
 

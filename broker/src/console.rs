@@ -52,7 +52,10 @@ impl Service<http::Request<Body>> for InProcessAdmin {
         let node = &self.node;
         // Built per call (a few reference counts): the cluster, which the
         // route needs, is joined after the console starts.
-        let gate = Gate::new(node.auth.clone(), Router::new(node.cluster().cloned()));
+        let gate = Gate::new(
+            node.auth.clone(),
+            Router::new(node.cluster().cloned(), node.groups().cloned()),
+        );
         let admin = AdminServer::new(Guarded::new(AdminService::new(node.clone()), gate.clone()))
             .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);

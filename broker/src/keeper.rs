@@ -355,6 +355,7 @@ mod tests {
             name: name.into(),
             created_ms: 0,
             kind: TopicKind::Normal,
+            replicas: 1,
         })
         .unwrap();
         let e: Vec<Vec<u8>> = (0..entries).map(|i| vec![i as u8]).collect();

@@ -41,7 +41,8 @@
 //! * [`cluster`]: cluster mode (membership, placement and fenced ownership
 //!   of topics through etcd);
 //! * [`replication`]: a partition's state changes as Raft commands, applied
-//!   through [`storage::Storage`] (issue 22; not wired to topics yet);
+//!   through [`storage::Storage`], and topics created with a factor above 1
+//!   in cluster mode (issue 22, first slice);
 //! * `config`, `name`, `error`, `util`.
 //!
 //! ```no_run

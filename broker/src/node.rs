@@ -13,6 +13,8 @@ use crate::core::{BrokerCore, Hooks, Placement};
 use crate::error::Result;
 use crate::name::TopicName;
 use crate::partitions::{PartitionCounts, Partitions};
+use crate::replication::groups::Groups;
+use crate::replication::{GroupRegistry, NodeSettings};
 use crate::retention::{Policies, Retention};
 use crate::storage::{Storage, TopicKind, Watched};
 use ricochet_cluster::{Cluster, Host, HostError};
@@ -33,6 +35,11 @@ pub struct Node {
     pub retention: Retention,
     /// Set once when the broker joins a cluster; empty when standalone.
     cluster: OnceLock<Arc<Cluster>>,
+    /// The Raft groups of replicated topics held here, by name: what the
+    /// `Replication` service routes to (empty when standalone).
+    pub registry: GroupRegistry,
+    /// This broker's replication groups; set with the cluster.
+    groups: OnceLock<Arc<Groups>>,
 }
 
 impl Node {
@@ -65,6 +72,8 @@ impl Node {
             retention: Retention::start(retention, core.clone()),
             core,
             cluster: OnceLock::new(),
+            registry: GroupRegistry::default(),
+            groups: OnceLock::new(),
         }))
     }
 
@@ -87,8 +96,22 @@ impl Node {
         let host: Weak<dyn Host> = node;
         let cluster = Cluster::join(config, id, url, host, self.core.shutdown.clone()).await?;
         self.core.set_placement(cluster.clone());
+        let groups = Groups::start(
+            cluster.clone(),
+            self.core.clone(),
+            self.registry.clone(),
+            raft_settings(&self.core.config),
+            &self.core.config.data_dir,
+            self.core.shutdown.clone(),
+        )?;
+        let _ = self.groups.set(groups);
         let _ = self.cluster.set(cluster);
         Ok(())
+    }
+
+    /// This broker's replication groups; `None` when standalone.
+    pub fn groups(&self) -> Option<&Arc<Groups>> {
+        self.groups.get()
     }
 
     /// Deletes this broker's copy of a topic that now lives elsewhere:
@@ -135,5 +158,19 @@ impl Placement for Cluster {
     async fn serve_here(&self, topic: &TopicName) -> Result<()> {
         self.route(topic.as_str(), true).await?;
         Ok(())
+    }
+}
+
+/// How this broker's Raft groups run: its durability (`sync`: every log
+/// append and applied batch flushed before it counts; `interval`: flushed
+/// every `flush_interval`), Raft's default timing.
+fn raft_settings(config: &BrokerConfig) -> NodeSettings {
+    NodeSettings {
+        durability: match config.durability {
+            crate::config::Durability::Sync => crate::replication::Durability::Sync,
+            crate::config::Durability::Interval => crate::replication::Durability::Interval,
+        },
+        flush_interval: config.flush_interval,
+        ..NodeSettings::default()
     }
 }

@@ -254,7 +254,10 @@ impl Broker {
             .max_encoding_message_size(MAX_FRAME_BYTES);
         crate::replay_jobs::resume_all(&self.core);
         // Every service but the data plane's runs behind the RPC table.
-        let gate = Gate::new(self.node.auth.clone(), Router::new(cluster.clone()));
+        let gate = Gate::new(
+            self.node.auth.clone(),
+            Router::new(cluster.clone(), self.node.groups().cloned()),
+        );
         let admin = AdminServer::new(Guarded::new(
             AdminService::new(self.node.clone()),
             gate.clone(),
@@ -285,6 +288,12 @@ impl Broker {
         ))
         .max_decoding_message_size(MAX_FRAME_BYTES)
         .max_encoding_message_size(MAX_FRAME_BYTES);
+        // Broker-to-broker Raft calls carry no credentials yet: the service
+        // is served in cluster mode without auth only (where replicated
+        // topics can be created, see `replication::factor`).
+        let replication = (cluster.is_some() && !self.node.auth.enabled()).then(|| {
+            crate::replication::ReplicationService::new(self.node.registry.clone()).into_server()
+        });
         let core = self.core.clone();
         let health_task = tokio::spawn(async move {
             let mut reported_bad = false;
@@ -352,6 +361,7 @@ impl Broker {
             .add_service(tiered)
             .add_service(cluster_service)
             .add_service(grants)
+            .add_optional_service(replication)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         health_task.abort();
@@ -495,6 +505,7 @@ mod tests {
             name: TOPIC.into(),
             created_ms: 0,
             kind: crate::storage::TopicKind::Normal,
+            replicas: 1,
         })
         .unwrap();
         for id in 0..3 {

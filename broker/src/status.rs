@@ -22,7 +22,9 @@ pub fn code_of(e: &BrokerError) -> Code {
         | BrokerError::Moving { .. }
         | BrokerError::Peer(_)
         | BrokerError::Etcd(_)
-        | BrokerError::Storage(StorageError::Remote(_)) => Code::Unavailable,
+        | BrokerError::Storage(StorageError::Remote(_) | StorageError::Replication(_)) => {
+            Code::Unavailable
+        }
         BrokerError::NotOwner { .. } => Code::FailedPrecondition,
         // sled met a full disk (the free-space guard was overrun).
         BrokerError::Storage(e) if e.is_disk_full() => Code::ResourceExhausted,

@@ -91,12 +91,16 @@ pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
         TopicsCommand::Create {
             topic,
             partitions: Some(n),
+            ..
         } => crate::partitions::create(ctx, topic, n).await,
         TopicsCommand::Create {
             topic,
             partitions: None,
+            replicas,
         } => {
-            let r = admin.create_topic(&topic).await?;
+            let r = admin
+                .create_replicated_topic(&topic, replicas.unwrap_or(0))
+                .await?;
             if ctx.json() {
                 return write_json(
                     ctx.out,

@@ -281,6 +281,10 @@ pub enum TopicsCommand {
         /// (`<topic>-partition-0` ..); producers route to them by key.
         #[arg(long)]
         partitions: Option<u32>,
+        /// Replication factor: how many brokers of a cluster hold the topic
+        /// (default 1). Above 1 needs cluster mode and that many live brokers.
+        #[arg(long, conflicts_with = "partitions")]
+        replicas: Option<u32>,
     },
     /// Raise a partitioned topic's partition count (it is never lowered).
     UpdatePartitions {

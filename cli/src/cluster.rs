@@ -75,6 +75,7 @@ pub(crate) fn topic_of(cmd: &Command) -> Option<String> {
             TopicsCommand::Create {
                 topic,
                 partitions: None,
+                ..
             }
             | TopicsCommand::Delete { topic, .. }
             | TopicsCommand::Stats { topic }
@@ -138,6 +139,20 @@ struct BrokerView {
 struct BrokersView {
     cluster: String,
     brokers: Vec<BrokerView>,
+    /// Replicated topics' Raft groups (absent when there are none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    groups: Vec<GroupView>,
+}
+
+/// A replicated topic's group as printed.
+#[derive(Debug, Serialize)]
+struct GroupView {
+    topic: String,
+    replicas: u32,
+    members: Vec<String>,
+    /// The member that leads and serves it (where it is placed); empty
+    /// while none has taken it.
+    leader: String,
 }
 
 /// One topic's (or partition's) owner as printed.
@@ -462,9 +477,21 @@ async fn brokers(ctx: &mut Ctx<'_>, with_topics: bool) -> Result<()> {
         })
         .collect();
     brokers.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut groups: Vec<GroupView> = r
+        .groups
+        .into_iter()
+        .map(|g| GroupView {
+            topic: g.topic,
+            replicas: g.replicas,
+            members: g.members,
+            leader: g.leader,
+        })
+        .collect();
+    groups.sort_by(|a, b| a.topic.cmp(&b.topic));
     let view = BrokersView {
         cluster: r.cluster,
         brokers,
+        groups,
     };
     if ctx.json() {
         return write_json(ctx.out, &view);
@@ -504,6 +531,23 @@ async fn brokers(ctx: &mut Ctx<'_>, with_topics: bool) -> Result<()> {
         ]);
     }
     t.write(ctx.out)?;
+    if !view.groups.is_empty() {
+        writeln!(ctx.out)?;
+        let mut t = Table::new(&["replicated topic", ">replicas", "members", "leader"]);
+        for g in &view.groups {
+            t.row(vec![
+                g.topic.clone(),
+                g.replicas.to_string(),
+                g.members.join(","),
+                if g.leader.is_empty() {
+                    "-".into()
+                } else {
+                    g.leader.clone()
+                },
+            ]);
+        }
+        t.write(ctx.out)?;
+    }
     if with_topics {
         for b in &view.brokers {
             let topics = b.topics.as_deref().unwrap_or_default();

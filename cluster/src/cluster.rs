@@ -92,6 +92,17 @@ impl Cluster {
         &self.url
     }
 
+    /// The etcd client (the broker's replication groups keep their keys
+    /// beside the cluster's, under [`Cluster::key`]).
+    pub fn etcd(&self) -> &Etcd {
+        &self.etcd
+    }
+
+    /// The etcd key `rel` under this cluster's prefix.
+    pub fn key(&self, rel: &str) -> String {
+        format!("{}{rel}", self.prefix)
+    }
+
     pub(crate) fn broker_key(&self, id: &str) -> String {
         format!("{}brokers/{id}", self.prefix)
     }

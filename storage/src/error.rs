@@ -26,6 +26,10 @@ pub enum StorageError {
     /// A flush failed earlier: the store refuses writes for good.
     #[error("storage failed to flush; the broker refuses writes")]
     Unhealthy,
+    /// A replicated partition's write was not committed by its group (no
+    /// majority, not the leader, timed out) or has no replicated form.
+    #[error("replication: {0}")]
+    Replication(String),
 }
 
 impl From<sled::Error> for StorageError {

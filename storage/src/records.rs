@@ -84,6 +84,16 @@ pub struct TopicRecord {
     pub created_ms: u64,
     /// What the topic is for.
     pub kind: TopicKind,
+    /// Replication factor: above 1, the topic is one partition of a Raft
+    /// group (cluster mode), its store written by the group's state machine
+    /// only; a broker neither opens it as its own topic nor deletes its copy
+    /// as a moved topic. Records written before the field are factor 1.
+    #[serde(default = "factor_one")]
+    pub replicas: u32,
+}
+
+fn factor_one() -> u32 {
+    1
 }
 
 /// Who chose a subscription's dead-letter policy. Precedence, highest

@@ -42,6 +42,7 @@ fn fixture() -> Fixture {
                 name: name.into(),
                 created_ms: 0,
                 kind,
+                replicas: 1,
             })
             .unwrap();
     }

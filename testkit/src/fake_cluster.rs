@@ -64,6 +64,7 @@ struct State {
     fallback: FakeAnswer,
     partitions: HashMap<String, u32>,
     brokers: Vec<BrokerInfo>,
+    groups: Vec<ricochet_proto::ReplicationGroup>,
     lookups: Vec<String>,
 }
 
@@ -172,6 +173,7 @@ impl Cluster for Svc {
         Ok(Response::new(ListBrokersResponse {
             cluster: st.cluster.clone(),
             brokers,
+            groups: st.groups.clone(),
         }))
     }
 
@@ -244,6 +246,7 @@ impl FakeCluster {
             fallback,
             partitions: HashMap::new(),
             brokers: Vec::new(),
+            groups: Vec::new(),
             lookups: Vec::new(),
         }));
         let svc = Svc(state.clone());
@@ -305,6 +308,11 @@ impl FakeCluster {
     /// What `ListBrokers` answers (its `topics` dropped unless asked for).
     pub fn brokers(&self, brokers: Vec<BrokerInfo>) {
         self.state().brokers = brokers;
+    }
+
+    /// What `ListBrokers` answers as the replicated topics' groups.
+    pub fn groups(&self, groups: Vec<ricochet_proto::ReplicationGroup>) {
+        self.state().groups = groups;
     }
 
     /// Every topic looked up so far, fully qualified, in order.

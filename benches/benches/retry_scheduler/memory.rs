@@ -40,6 +40,7 @@ async fn write_scheduled(dir: &Path, n: usize) -> Result<(u64, Duration), BoxErr
             name: name.into(),
             created_ms: now,
             kind,
+            replicas: 1,
         })?;
     }
     let mut sub = SubscriptionRecord::new(

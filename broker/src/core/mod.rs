@@ -11,6 +11,7 @@ mod actor_tests;
 #[cfg(test)]
 mod breaker_tests;
 mod hooks;
+mod replicated;
 
 pub use hooks::{Hooks, Placement, ReservedNames, TopicOpened};
 
@@ -100,6 +101,9 @@ pub struct BrokerCore {
     /// Set when the verify pass run in the background after start found
     /// damage (see [`BrokerCore::report_damage`]).
     damage_found: std::sync::atomic::AtomicBool,
+    /// The replicated topics served here (their Raft leader is this
+    /// broker): the storage each writes through, with its factor.
+    replicated: std::sync::Mutex<HashMap<String, replicated::Served>>,
     me: Weak<BrokerCore>,
 }
 
@@ -276,10 +280,15 @@ impl BrokerCore {
             hooks,
             placement: std::sync::OnceLock::new(),
             damage_found: Default::default(),
+            replicated: Default::default(),
             me: me.clone(),
         });
         let mut opened = Vec::new();
         for rec in core.storage.list_topics()? {
+            if rec.replicas > 1 {
+                // A replicated partition's copy: its group serves it.
+                continue;
+            }
             let name = TopicName::parse_stored(&rec.name)?;
             let entry = core.open_topic(name.clone(), rec.kind)?;
             if rec.kind == TopicKind::Normal {
@@ -381,10 +390,11 @@ impl BrokerCore {
 
     fn open_topic(&self, name: TopicName, kind: TopicKind) -> Result<Arc<TopicEntry>> {
         let sync = self.config.durability == Durability::Sync;
+        let storage = self.storage_for(name.as_str());
         let topic = Topic::open(
             name,
             kind,
-            self.storage.clone(),
+            storage,
             self.flusher.clone(),
             sync,
             self.config.segment_entries,
@@ -404,7 +414,7 @@ impl BrokerCore {
         topic: Arc<Topic>,
     ) -> Result<SubscriptionHandle> {
         let deps = SubscriptionDeps {
-            storage: self.storage.clone(),
+            storage: self.storage_for(topic.name().as_str()),
             flusher: self.flusher.clone(),
             scheduler: self.scheduler.clone(),
             link: Arc::new(Link(self.me.clone())),
@@ -483,10 +493,11 @@ impl BrokerCore {
             let c = &self.config;
             lock(&self.counts).check(name, c.max_topics, c.max_topics_per_namespace)?;
         }
-        self.storage.put_topic(&TopicRecord {
+        self.storage_for(name.as_str()).put_topic(&TopicRecord {
             name: name.to_string(),
             created_ms: self.clock.now_ms(),
             kind,
+            replicas: self.factor_of(name.as_str()),
         })?;
         let entry = self.open_topic(name.clone(), kind)?;
         if kind == TopicKind::Normal {
@@ -666,7 +677,7 @@ impl BrokerCore {
         rec.created_ms = self.clock.now_ms();
         rec.retry_topic = tiers.retry.as_ref().map(ToString::to_string);
         rec.dead_letter_topic = tiers.dead_letter.as_ref().map(ToString::to_string);
-        self.storage.put_subscription(&rec)?;
+        self.storage_for(topic.as_str()).put_subscription(&rec)?;
         self.keeper.changed();
         lock(&self.tier_owners).claim(&rec)?;
         let handle = match self.spawn_subscription(rec, entry.topic.clone()) {

@@ -77,10 +77,10 @@ table! {
     service Admin (admin_server::Admin) for AdminService {
         ListTopics => list_topics(ListTopicsRequest) -> ListTopicsResponse:
             Visible, |r| Scope::NamespaceOrAll(&r.namespace), .shown(visible_topics);
-        CreateTopic => create_topic(TopicRequest) -> TopicInfo:
+        CreateTopic => create_topic(CreateTopicRequest) -> TopicInfo:
             Requirement::Permission(Admin), |r| Scope::Topic(&r.topic), .route(Route::Place),
             audit |role, r, _| {
-                tracing::info!(target: AUDIT, role, action = "create-topic", topic = %r.topic)
+                tracing::info!(target: AUDIT, role, action = "create-topic", topic = %r.topic, replicas = r.replicas)
             };
         DeleteTopic => delete_topic(DeleteTopicRequest) -> DeleteTopicResponse:
             Requirement::Permission(Admin), |r| Scope::Topic(&r.topic), .route(Route::Owner),

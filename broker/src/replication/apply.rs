@@ -10,7 +10,8 @@
 //! target ids already being stored, and the other commands write values.
 
 use super::{
-    ANONYMOUS_PRODUCER, MAX_BATCH, PartitionCommand, PartitionReply, PublishBatch, PublishReceipt,
+    ANONYMOUS_PRODUCER, AppendBatch, MAX_BATCH, PartitionCommand, PartitionReply, PublishBatch,
+    PublishReceipt,
 };
 use crate::storage::{Storage, StorageError, TierMove, TopicRecord};
 use prost::Message as _;
@@ -36,6 +37,8 @@ pub struct StorageApplier {
 struct State {
     topics: Option<HashSet<String>>,
     writers: HashMap<String, Writer>,
+    /// Subscription ids seen applied.
+    subscriptions: HashSet<u64>,
 }
 
 type Applied = Result<PartitionReply, StorageError>;
@@ -160,12 +163,54 @@ impl StorageApplier {
         Ok(PartitionReply::Done)
     }
 
+    /// Entries at the leader's ids; a batch whose first id is below the
+    /// stored end was applied before a restart (appends are whole).
+    fn append(&self, state: &mut State, batch: AppendBatch) -> Applied {
+        if !self.has_topic(state, &batch.topic)? {
+            return Ok(PartitionReply::Refused(format!(
+                "topic {} not found",
+                batch.topic
+            )));
+        }
+        // Publish's cached writer state no longer holds for this log.
+        state.writers.remove(&batch.topic);
+        let (_, next) = self.storage.entry_range(&batch.topic)?;
+        let Some(first) = batch.entries.first() else {
+            return Ok(PartitionReply::Done);
+        };
+        if batch.first_id < next {
+            // Applied before (a restart re-applies) when the entry there is
+            // this one; else a write whose outcome its leader never learned
+            // took the ids, and this batch is refused, not dropped.
+            let there = self.storage.read_one(&batch.topic, batch.first_id)?;
+            return Ok(if there.as_deref() == Some(first.as_slice()) {
+                PartitionReply::Done
+            } else {
+                PartitionReply::Refused(format!(
+                    "entry ids from {} of {} are taken",
+                    batch.first_id, batch.topic
+                ))
+            });
+        }
+        let entries: Vec<Vec<u8>> = batch.entries.into_iter().map(|e| e.into_vec()).collect();
+        let producer = batch.producer.as_ref().map(|(p, s)| (p.as_str(), *s));
+        self.storage
+            .append(&batch.topic, batch.first_id, &entries, producer)?;
+        Ok(PartitionReply::Done)
+    }
+
     fn apply_command(&self, index: u64, command: PartitionCommand) -> Applied {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match command {
             PartitionCommand::CreateTopic(record) => self.create_topic(&mut state, &record),
             PartitionCommand::Publish(batch) => self.publish(&mut state, index, batch),
             PartitionCommand::PutSubscription(record) => {
+                if state.subscriptions.insert(record.id) {
+                    // The local id counter passes every replicated
+                    // subscription id, so a subscription this broker creates
+                    // later never takes one.
+                    while self.storage.next_id()? <= record.id {}
+                }
                 self.storage.put_subscription(&record)?;
                 Ok(PartitionReply::Done)
             }
@@ -178,6 +223,11 @@ impl StorageApplier {
                 Ok(PartitionReply::Done)
             }
             PartitionCommand::MoveMessages(mv) => self.move_messages(&mut state, &mv),
+            PartitionCommand::Append(batch) => self.append(&mut state, batch),
+            PartitionCommand::DeleteSubscription(record) => {
+                self.storage.delete_subscription(&record)?;
+                Ok(PartitionReply::Done)
+            }
         }
     }
 }

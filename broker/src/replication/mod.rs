@@ -12,13 +12,19 @@
 //! one replica of one partition: it proposes commands and answers once the
 //! group committed and applied them.
 //!
-//! Not wired to the broker's topics yet: a standalone or replication-factor-1
-//! topic takes exactly the path it took before. `docs/src/replication.md`
-//! says what exists and how the wiring will go.
+//! In cluster mode a topic created with a factor above 1 is such a group
+//! ([`groups`]: placement in etcd, leadership), whose leader writes through
+//! [`ReplicatedStorage`]; a standalone or factor-1 topic takes exactly the
+//! path it took before. `docs/src/replication.md` says what works and what
+//! is missing.
 
 mod apply;
+pub mod factor;
+pub mod groups;
+mod storage;
 
 pub use apply::StorageApplier;
+pub use storage::ReplicatedStorage;
 
 use crate::storage::{
     FailureRecord, LogStorage, ScheduleKey, SledStorage, Storage, SubMessage, SubscriptionRecord,
@@ -59,6 +65,26 @@ pub enum PartitionCommand {
     PutSchedule(Vec<(ScheduleKey, bool)>),
     /// Messages moved into the retry or dead-letter tier, in one transaction.
     MoveMessages(TierMove),
+    /// Entries at ids the leader's topic writer chose (what
+    /// [`ReplicatedStorage`]'s `append` proposes).
+    Append(AppendBatch),
+    /// A subscription deleted, with its failure records, schedule and dead
+    /// letters.
+    DeleteSubscription(SubscriptionRecord),
+}
+
+/// Entries appended at ids the leader chose, as `Storage::append` takes
+/// them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AppendBatch {
+    /// The topic (the partition or one of its tiers).
+    pub topic: String,
+    /// The id of the first entry; the others follow it.
+    pub first_id: u64,
+    /// The encoded entries.
+    pub entries: Vec<serde_bytes::ByteBuf>,
+    /// The producer and its last sequence id in the batch, if any.
+    pub producer: Option<(String, u64)>,
 }
 
 /// A producer's batch.
@@ -145,8 +171,21 @@ impl ReplicatedPartition {
         registry: &GroupRegistry,
     ) -> Result<Self, ReplicationError> {
         let db = ricochet_replication::open_db(raft_dir, settings)?;
+        Self::start_on(id, topic, &db, settings, storage, registry).await
+    }
+
+    /// [`ReplicatedPartition::start`] on a Raft database the broker opened
+    /// once for all its groups.
+    pub async fn start_on(
+        id: u64,
+        topic: &str,
+        db: &sled::Db,
+        settings: &NodeSettings,
+        storage: Arc<dyn Storage>,
+        registry: &GroupRegistry,
+    ) -> Result<Self, ReplicationError> {
         let applier = Arc::new(StorageApplier::new(storage.clone()));
-        let node = ReplicaNode::start(id, topic, &db, settings, applier, registry).await?;
+        let node = ReplicaNode::start(id, topic, db, settings, applier, registry).await?;
         Ok(Self { node, storage })
     }
 

@@ -41,6 +41,34 @@ impl AdminService {
         Ok((t, h))
     }
 
+    /// Creates `name` as a replicated topic of factor `replicas` (> 1) in
+    /// cluster mode: its group placed in etcd with this broker first.
+    async fn create_replicated(
+        &self,
+        groups: &crate::replication::groups::Groups,
+        name: TopicName,
+        replicas: u32,
+    ) -> Result<Response<TopicInfo>, Status> {
+        let config = &self.node.core.config;
+        if self.node.auth.enabled() || config.tls.cert_file.is_some() {
+            return Err(BrokerError::Conflict(format!(
+                "replication factor {replicas} needs a cluster without auth and TLS for now: \
+                 the brokers' Raft calls to each other carry no credentials yet"
+            ))
+            .into());
+        }
+        if self.node.core.topic(&name).await.is_ok() {
+            return Err(
+                BrokerError::TopicExists(format!("{name} (with replication factor 1)")).into(),
+            );
+        }
+        let created = groups.create(&name, replicas).await?;
+        Ok(Response::new(TopicInfo {
+            topic: name.to_string(),
+            created,
+        }))
+    }
+
     /// Dead letters of a subscription that pass `filter` (ids and records),
     /// after `after`, and how many there are.
     fn matching_records(
@@ -123,8 +151,37 @@ impl Admin for AdminService {
         }))
     }
 
-    async fn create_topic(&self, r: Request<TopicRequest>) -> Result<Response<TopicInfo>, Status> {
-        let name = TopicName::parse(&r.into_inner().topic)?;
+    async fn create_topic(
+        &self,
+        r: Request<CreateTopicRequest>,
+    ) -> Result<Response<TopicInfo>, Status> {
+        let r = r.into_inner();
+        let name = TopicName::parse(&r.topic)?;
+        let live = match self.node.cluster() {
+            Some(c) if r.replicas > 1 => Some(
+                c.brokers()
+                    .await
+                    .map_err(BrokerError::from)?
+                    .iter()
+                    .filter(|b| b.live && !b.draining)
+                    .count(),
+            ),
+            Some(_) => Some(1),
+            None => None,
+        };
+        let replicas = crate::replication::factor::check(r.replicas, live)?;
+        if let Some(groups) = self.node.groups() {
+            if replicas > 1 {
+                return self.create_replicated(groups, name, replicas).await;
+            }
+            if let Some(g) = groups.read_group(name.as_str()).await? {
+                return Err(BrokerError::TopicExists(format!(
+                    "{name} (with replication factor {})",
+                    g.replicas
+                ))
+                .into());
+            }
+        }
         self.node.core.create_topic(&name).await?;
         self.node.core.flusher.durable().await?;
         Ok(Response::new(TopicInfo {

@@ -89,6 +89,7 @@ impl Cluster for ClusterService {
             let mut topics = if with_topics { topics } else { Vec::new() };
             topics.sort();
             return Ok(Response::new(ListBrokersResponse {
+                groups: Vec::new(),
                 cluster: String::new(),
                 brokers: vec![BrokerInfo {
                     id: self.id.clone(),
@@ -120,9 +121,26 @@ impl Cluster for ClusterService {
                 draining: b.draining,
             })
             .collect();
+        let mut groups = Vec::new();
+        if let Some(g) = self.node.groups() {
+            for (topic, record) in g.all() {
+                let leader = cluster
+                    .placement(&topic)
+                    .await
+                    .map_err(BrokerError::from)?
+                    .unwrap_or_default();
+                groups.push(ricochet_proto::ReplicationGroup {
+                    topic,
+                    replicas: record.replicas,
+                    members: record.members,
+                    leader,
+                });
+            }
+        }
         Ok(Response::new(ListBrokersResponse {
             cluster: cluster.name().to_owned(),
             brokers,
+            groups,
         }))
     }
 

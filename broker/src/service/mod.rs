@@ -76,11 +76,20 @@ impl Served {
         let Some(cluster) = node.cluster() else {
             return Ok(None);
         };
-        match cluster
+        let route = cluster
             .route(topic.as_str(), true)
             .await
-            .map_err(BrokerError::from)?
+            .map_err(BrokerError::from)?;
+        if let Some(groups) = node.groups()
+            && groups.group_of(topic.as_str()).is_some()
+            && !groups.is_serving(topic.as_str())
         {
+            return Err(BrokerError::Peer(format!(
+                "{topic} is replicated and its leader is taking it over; look it up again"
+            ))
+            .into());
+        }
+        match route {
             Some(claim) => Ok(Some(Self {
                 cluster: cluster.clone(),
                 claim,

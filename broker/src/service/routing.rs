@@ -9,6 +9,7 @@
 
 use crate::error::BrokerError;
 use crate::name::TopicName;
+use crate::replication::groups::Groups;
 use ricochet_cluster::Cluster;
 use std::sync::Arc;
 use tonic::Status;
@@ -31,12 +32,14 @@ pub enum Route {
 #[derive(Debug, Clone, Default)]
 pub struct Router {
     cluster: Option<Arc<Cluster>>,
+    groups: Option<Arc<Groups>>,
 }
 
 impl Router {
-    /// Routes through `cluster`; `None` on a standalone broker.
-    pub fn new(cluster: Option<Arc<Cluster>>) -> Self {
-        Self { cluster }
+    /// Routes through `cluster` and its replication `groups`; `None` on a
+    /// standalone broker.
+    pub fn new(cluster: Option<Arc<Cluster>>, groups: Option<Arc<Groups>>) -> Self {
+        Self { cluster, groups }
     }
 
     /// `Ok` when this broker serves `topic` for a call routed by `how`;
@@ -50,11 +53,25 @@ impl Router {
             Route::Owner => false,
             Route::Place => true,
         };
-        let topic = TopicName::parse(topic)?;
+        let name = TopicName::parse(topic)?;
         cluster
-            .route(topic.as_str(), place)
+            .route(name.as_str(), place)
             .await
             .map_err(BrokerError::from)?;
+        if how == Route::Owner
+            && let Some(g) = self.groups.as_ref().and_then(|g| g.group_of(name.as_str()))
+        {
+            return Err(not_served(&name, g.replicas).into());
+        }
         Ok(())
     }
+}
+
+/// The refusal of a call about a replicated topic on its leader: only its
+/// creation, lookup and placement work in this version.
+pub(crate) fn not_served(topic: &TopicName, replicas: u32) -> BrokerError {
+    BrokerError::Conflict(format!(
+        "{topic} is replicated (factor {replicas}): producers and consumers are served, \
+         topic admin calls on replicated topics are not yet"
+    ))
 }

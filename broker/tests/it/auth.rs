@@ -322,7 +322,13 @@ async fn a_tenant_role_cannot_see_or_touch_another_tenants_topics() {
     let root = token("root");
     for t in [TOPIC, OTHER, "persistent://a/other/t"] {
         AdminClient::new(channel(&url).await)
-            .create_topic(req(TopicRequest { topic: t.into() }, Some(&root)))
+            .create_topic(req(
+                CreateTopicRequest {
+                    topic: t.into(),
+                    replicas: 0,
+                },
+                Some(&root),
+            ))
             .await
             .unwrap();
     }

@@ -17,7 +17,10 @@ async fn malformed_names_and_unknown_things_are_rejected() {
             .expect_err("rejected");
         assert_eq!(e.code(), Code::InvalidArgument, "{bad:?}: {e}");
         let e = admin
-            .create_topic(TopicRequest { topic: bad.into() })
+            .create_topic(CreateTopicRequest {
+                topic: bad.into(),
+                replicas: 0,
+            })
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
@@ -35,11 +38,17 @@ async fn malformed_names_and_unknown_things_are_rejected() {
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
     admin
-        .create_topic(TopicRequest { topic: "t".into() })
+        .create_topic(CreateTopicRequest {
+            topic: "t".into(),
+            replicas: 0,
+        })
         .await
         .unwrap();
     let e = admin
-        .create_topic(TopicRequest { topic: "t".into() })
+        .create_topic(CreateTopicRequest {
+            topic: "t".into(),
+            replicas: 0,
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists);
@@ -247,8 +256,9 @@ async fn auto_create_off_means_unknown_topics_are_not_found() {
     assert_eq!(e.code(), Code::NotFound);
     let mut admin = AdminClient::new(channel(&b.url()).await);
     admin
-        .create_topic(TopicRequest {
+        .create_topic(CreateTopicRequest {
             topic: "real".into(),
+            replicas: 0,
         })
         .await
         .unwrap();
@@ -368,7 +378,10 @@ async fn path_like_and_huge_names_get_short_invalid_argument() {
         huge.as_str(),
     ] {
         let e = admin
-            .create_topic(TopicRequest { topic: bad.into() })
+            .create_topic(CreateTopicRequest {
+                topic: bad.into(),
+                replicas: 0,
+            })
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{e}");
@@ -386,4 +399,36 @@ async fn path_like_and_huge_names_get_short_invalid_argument() {
         .into_inner()
         .topics;
     assert!(topics.is_empty(), "{topics:?}");
+}
+
+#[tokio::test]
+async fn a_replication_factor_above_one_on_a_standalone_broker_is_refused() {
+    let b = InProcessBroker::start().await;
+    let mut admin = AdminClient::new(channel(&b.url()).await);
+    let create = |topic: &str, replicas| CreateTopicRequest {
+        topic: topic.into(),
+        replicas,
+    };
+    let e = admin.create_topic(create("r3", 3)).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    assert!(e.message().contains("standalone"), "{e}");
+    let e = admin.create_topic(create("r99", 99)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    let topics = admin
+        .list_topics(ListTopicsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .topics;
+    assert!(topics.is_empty(), "refused creates created {topics:?}");
+    // Factor 1, asked for or by default, is today's topic.
+    admin.create_topic(create("r1", 1)).await.unwrap();
+    admin.create_topic(create("r0", 0)).await.unwrap();
+    let topics = admin
+        .list_topics(ListTopicsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .topics;
+    assert_eq!(topics.len(), 2, "{topics:?}");
 }

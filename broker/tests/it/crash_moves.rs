@@ -537,6 +537,7 @@ async fn overdue_retries_fire_after_a_restart_that_loads_many_topics() {
                 name: format!("persistent://public/default/a-{i:04}"),
                 created_ms: 0,
                 kind: TopicKind::Normal,
+                replicas: 1,
             })
             .unwrap();
     }

@@ -30,6 +30,7 @@ mod ownership;
 mod partitions;
 mod raft;
 mod raft_partition;
+mod raft_storage;
 mod retention;
 mod retry_refs;
 mod retry_tiers;

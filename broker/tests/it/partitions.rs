@@ -88,8 +88,9 @@ async fn create_raise_never_lower_and_survive_a_restart() {
         create(&url, T, 2).await.unwrap_err().code(),
         Code::AlreadyExists
     );
-    let plain = |topic: &str| TopicRequest {
+    let plain = |topic: &str| CreateTopicRequest {
         topic: topic.into(),
+        replicas: 0,
     };
     let e = admin(&url).await.create_topic(plain(T)).await.unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists);

@@ -323,3 +323,50 @@ async fn cluster_move_and_drain_on_a_real_cluster() {
     let again = env.json(&["cluster", "rebalance", "--dry-run"]).await;
     assert!(again["moved"].as_array().unwrap().is_empty(), "{again}");
 }
+
+#[tokio::test]
+async fn cluster_brokers_lists_replicated_topics_groups() {
+    let fake = FakeCluster::start("prod", FakeAnswer::Unimplemented).await;
+    fake.brokers(vec![broker("b1", "http://10.0.0.1:6650", true, &[])]);
+    fake.groups(vec![ricochet_proto::ReplicationGroup {
+        topic: fq("orders"),
+        replicas: 3,
+        members: vec!["b1".into(), "b0".into(), "b2".into()],
+        leader: "b0".into(),
+    }]);
+    let env = Env::at(fake.url());
+    let out = env.ok(&["cluster", "brokers"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    let header: Vec<&str> = lines[4].split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["replicated", "topic", "replicas", "members", "leader"],
+        "{text}"
+    );
+    let row: Vec<&str> = lines[5].split_whitespace().collect();
+    assert_eq!(
+        row,
+        [fq("orders").as_str(), "3", "b1,b0,b2", "b0"],
+        "{text}"
+    );
+    let v = env.json(&["cluster", "brokers"]).await;
+    assert_eq!(v["groups"][0]["replicas"], 3, "{v}");
+    assert_eq!(v["groups"][0]["leader"], "b0", "{v}");
+}
+
+#[tokio::test]
+async fn topics_create_with_replicas_on_a_standalone_broker_is_one_line_and_exit_1() {
+    let b = InProcessBroker::start().await;
+    let env = Env::at(b.url());
+    let out = env
+        .run(&["topics", "create", "orders", "--replicas", "3"])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("needs cluster mode"), "{err}");
+    // Factor 1 is an ordinary create.
+    env.ok(&["topics", "create", "orders", "--replicas", "1"])
+        .await;
+}

@@ -1,7 +1,9 @@
 //! Topics ([`Admin::list_topics`], create, delete, stats) and one stored
 //! message with its state per subscription ([`Admin::message`]).
 
-use ricochet_proto::{DeleteTopicRequest, GetMessageRequest, ListTopicsRequest, TopicRequest};
+use ricochet_proto::{
+    CreateTopicRequest, DeleteTopicRequest, GetMessageRequest, ListTopicsRequest, TopicRequest,
+};
 
 use super::{Admin, MessageInfo, TopicInfo, TopicList, TopicStats, or_empty};
 use crate::error::Result;
@@ -27,8 +29,17 @@ impl Admin {
     /// Creates `topic` (`orders` means `persistent://public/default/orders`);
     /// [`TopicInfo::created`] is false when it existed already.
     pub async fn create_topic(&self, topic: &str) -> Result<TopicInfo> {
-        let req = TopicRequest {
+        self.create_replicated_topic(topic, 0).await
+    }
+
+    /// Creates `topic` with replication factor `replicas` (0: the default,
+    /// 1). Above 1 it needs a cluster of at least that many live brokers:
+    /// a standalone broker, or too few brokers, answer
+    /// [`ErrorKind::FailedPrecondition`](crate::ErrorKind).
+    pub async fn create_replicated_topic(&self, topic: &str, replicas: u32) -> Result<TopicInfo> {
+        let req = CreateTopicRequest {
             topic: topic.to_owned(),
+            replicas,
         };
         self.on_topic(topic, req, |t, r| async move {
             Self::rpc(t).create_topic(r).await

@@ -14,4 +14,5 @@ mod partitions;
 mod producer_queue;
 mod receipts;
 mod reconnect;
+mod replicated;
 mod roundtrip;

@@ -417,20 +417,16 @@ impl SegmentLog {
             // The record holding `id` (and whichever later ids it holds).
             let mut hit = None;
             for (file, offset, end) in self.views(topic, id, 1) {
-                let mut records = Records::new(&file, offset, end);
-                loop {
-                    match records.next_record()? {
-                        Next::Record { header, body, .. } if header.next_id() > id => {
-                            if header.first_id <= id {
-                                hit = Some((header, body));
-                            }
-                            break;
+                let mut records = Records::for_lookup(&file, offset, end);
+                match records.next_holding(id)? {
+                    Next::Record { header, body, .. } => {
+                        if header.first_id <= id {
+                            hit = Some((header, body));
                         }
-                        Next::Record { .. } => {}
-                        Next::End => break,
-                        Next::Bad { at, why } => {
-                            return Err(corrupt(topic, format!("offset {at}: {why}")));
-                        }
+                    }
+                    Next::End => {}
+                    Next::Bad { at, why } => {
+                        return Err(corrupt(topic, format!("offset {at}: {why}")));
                     }
                 }
             }

@@ -79,6 +79,18 @@ impl Read for At<'_> {
     }
 }
 
+impl io::Seek for At<'_> {
+    fn seek(&mut self, to: io::SeekFrom) -> io::Result<u64> {
+        let pos = match to {
+            io::SeekFrom::Start(p) => Some(p),
+            io::SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+            io::SeekFrom::End(d) => self.end.checked_add_signed(d),
+        };
+        self.pos = pos.ok_or_else(|| io::Error::other("seek before the start of a segment"))?;
+        Ok(self.pos)
+    }
+}
+
 /// Reads records from `offset` up to `end` of `file`, in order.
 pub struct Records<'a> {
     reader: io::BufReader<At<'a>>,
@@ -101,10 +113,22 @@ pub enum Next {
 }
 
 impl<'a> Records<'a> {
+    /// For reading records in order (a 64 KiB buffer).
     pub fn new(file: &'a File, offset: u64, end: u64) -> Self {
+        Self::with_buffer(file, offset, end, 64 * 1024)
+    }
+
+    /// For finding one record ([`Records::next_holding`]): the index
+    /// points every [`INDEX_EVERY`] bytes, so a small buffer reads little
+    /// more than the record asked for.
+    pub fn for_lookup(file: &'a File, offset: u64, end: u64) -> Self {
+        Self::with_buffer(file, offset, end, 2 * INDEX_EVERY as usize)
+    }
+
+    fn with_buffer(file: &'a File, offset: u64, end: u64, capacity: usize) -> Self {
         Self {
             reader: io::BufReader::with_capacity(
-                64 * 1024,
+                capacity,
                 At {
                     file,
                     pos: offset,
@@ -148,6 +172,42 @@ impl<'a> Records<'a> {
             body,
             offset: at,
         })
+    }
+
+    /// The next record holding entry `id` or a later one: records wholly
+    /// before `id` are skipped by their headers, their bodies neither read
+    /// nor checked (nothing of them is served). The record returned is
+    /// checked as [`Records::next_record`] checks it.
+    pub fn next_holding(&mut self, id: u64) -> io::Result<Next> {
+        loop {
+            if self.pos >= self.end {
+                return Ok(Next::End);
+            }
+            let at = self.pos;
+            let mut head = [0u8; RECORD_HEADER_LEN];
+            if let Err(e) = self.reader.read_exact(&mut head) {
+                return short(e, at, "a record header");
+            }
+            let Some(header) = RecordHeader::decode(&head) else {
+                return Ok(Next::Bad {
+                    at,
+                    why: "no record header".into(),
+                });
+            };
+            if header.next_id() > id {
+                // Back to the header: read and checked as a whole.
+                self.reader.seek_relative(-(RECORD_HEADER_LEN as i64))?;
+                return self.next_record();
+            }
+            if at + header.len() > self.end {
+                return Ok(Next::Bad {
+                    at,
+                    why: "the file ends inside a record body".into(),
+                });
+            }
+            self.reader.seek_relative(i64::from(header.body_len))?;
+            self.pos += header.len();
+        }
     }
 }
 

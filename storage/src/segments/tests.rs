@@ -266,3 +266,49 @@ fn an_idle_segment_past_its_age_is_sealed_and_a_local_copy_goes_oldest_first() {
     assert!(!log.segment_path(T, 0).exists());
     assert_eq!(ids(&log.read(T, 0, 10, usize::MAX).unwrap()), vec![3, 4]);
 }
+
+#[test]
+fn lookups_skip_whole_records_by_header_and_still_refuse_a_damaged_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let roomy = LogSettings {
+        segment_entries: 10_000,
+        ..settings()
+    };
+    let log = SegmentLog::open(dir.path(), roomy, true).unwrap();
+    // 300 one-entry records of ~100 B: several records per index point.
+    let entry = |i: u64| format!("{i:0>100}").into_bytes();
+    for i in 0..300 {
+        log.append(T, i, &[entry(i)]).unwrap();
+    }
+    log.sync().unwrap();
+    let wanted: Vec<u64> = (0..300).rev().step_by(7).collect();
+    let got = log.read_many(T, &wanted).unwrap();
+    for (id, e) in wanted.iter().zip(&got) {
+        assert_eq!(e.as_deref(), Some(entry(*id).as_slice()), "entry {id}");
+    }
+    // The body of entry 150's record damaged under the open log (opening
+    // would refuse it): a lookup of 150 is refused, one of 151 (its record
+    // follows, skipped by the header) is served.
+    let file = dir
+        .path()
+        .join(DIR_NAME)
+        .join(dir_name(T))
+        .join(segment::file_name(0));
+    let mut bytes = std::fs::read(&file).unwrap();
+    let needle = entry(150);
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle.as_slice())
+        .unwrap();
+    bytes[at + 50] ^= 0x01;
+    std::fs::write(&file, &bytes).unwrap();
+    let err = log.read_many(T, &[150]).unwrap_err();
+    assert!(
+        matches!(err, StorageError::Corrupt(ref m) if m.contains("checksum")),
+        "{err}"
+    );
+    assert_eq!(
+        log.read_many(T, &[151]).unwrap()[0].as_deref(),
+        Some(entry(151).as_slice())
+    );
+}

@@ -30,7 +30,13 @@ pub(crate) async fn call(url: &str, method: &str, token: Option<&str>) -> Result
             .await
             .map(drop),
         "Admin/CreateTopic" => admin
-            .create_topic(req(TopicRequest { topic: t() }, token))
+            .create_topic(req(
+                CreateTopicRequest {
+                    topic: t(),
+                    replicas: 0,
+                },
+                token,
+            ))
             .await
             .map(drop),
         "Admin/DeleteTopic" => admin

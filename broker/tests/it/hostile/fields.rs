@@ -54,7 +54,10 @@ async fn admin_refuses(admin: &mut AdminClient<tonic::transport::Channel>, bad: 
         (
             "CreateTopic",
             admin
-                .create_topic(TopicRequest { topic: t() })
+                .create_topic(CreateTopicRequest {
+                    topic: t(),
+                    replicas: 0,
+                })
                 .await
                 .map(drop),
         ),
@@ -203,7 +206,10 @@ async fn empty_requests() {
                 .is_ok()
         );
         let codes = [
-            admin.create_topic(TopicRequest::default()).await.map(drop),
+            admin
+                .create_topic(CreateTopicRequest::default())
+                .await
+                .map(drop),
             admin
                 .delete_topic(DeleteTopicRequest::default())
                 .await
@@ -674,8 +680,9 @@ fn arbitrary_topic_names_follow_the_rule() {
             let mut created = created.lock().unwrap();
             rt.block_on(async {
                 let r = admin
-                    .create_topic(TopicRequest {
+                    .create_topic(CreateTopicRequest {
                         topic: name.clone(),
+                        replicas: 0,
                     })
                     .await;
                 match model_topic(&name) {

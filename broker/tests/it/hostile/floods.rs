@@ -30,8 +30,9 @@ async fn topics_beyond_the_limits() {
         let mut admin = admin.clone();
         flood.spawn(async move {
             admin
-                .create_topic(TopicRequest {
+                .create_topic(CreateTopicRequest {
                     topic: format!("flood-{i}"),
+                    replicas: 0,
                 })
                 .await
                 .map_err(|e| e.code())
@@ -53,8 +54,9 @@ async fn topics_beyond_the_limits() {
     };
     unchanged(&url, "a full namespace", async {
         let e = admin
-            .create_topic(TopicRequest {
+            .create_topic(CreateTopicRequest {
                 topic: "one-more".into(),
+                replicas: 0,
             })
             .await
             .unwrap_err();
@@ -85,16 +87,18 @@ async fn topics_beyond_the_limits() {
     // Other namespaces fill the rest of the broker-wide limit.
     for i in 0..10 {
         admin
-            .create_topic(TopicRequest {
+            .create_topic(CreateTopicRequest {
                 topic: format!("t{i}/ns/x"),
+                replicas: 0,
             })
             .await
             .unwrap();
     }
     unchanged(&url, "a full broker", async {
         let e = admin
-            .create_topic(TopicRequest {
+            .create_topic(CreateTopicRequest {
                 topic: "elsewhere/ns/x".into(),
+                replicas: 0,
             })
             .await
             .unwrap_err();
@@ -110,8 +114,9 @@ async fn topics_beyond_the_limits() {
         .await
         .unwrap();
     admin
-        .create_topic(TopicRequest {
+        .create_topic(CreateTopicRequest {
             topic: "elsewhere/ns/x".into(),
+            replicas: 0,
         })
         .await
         .unwrap();

@@ -273,6 +273,7 @@ pub fn topic_record(name: &str, kind: TopicKind) -> TopicRecord {
         name: name.to_owned(),
         created_ms: 1,
         kind,
+        replicas: 1,
     }
 }
 

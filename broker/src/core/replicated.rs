@@ -1,0 +1,103 @@
+//! Replicated topics in the core: a topic whose Raft group this broker
+//! leads is opened from the replica's applied store, as a restarted
+//! broker opens its topics (cursors, delivery counts, schedule, tiers from
+//! storage), and its writer and subscription actors write through the
+//! group's storage ([`crate::replication::ReplicatedStorage`]); when the
+//! broker stops leading, the topic leaves the registry. Every other topic
+//! writes to the broker's own store, as before.
+
+use super::BrokerCore;
+use crate::error::Result;
+use crate::name::TopicName;
+use crate::storage::{Storage, TopicKind};
+use crate::util::lock;
+use std::sync::Arc;
+
+/// A replicated topic served here: the storage it writes through, and
+/// its replication factor.
+pub(super) type Served = (Arc<dyn Storage>, u32);
+
+impl BrokerCore {
+    /// The storage a topic (or a tier, through the subscription that owns
+    /// it) writes through.
+    pub(crate) fn storage_for(&self, name: &str) -> Arc<dyn Storage> {
+        let replicated = lock(&self.replicated);
+        if replicated.is_empty() {
+            return self.storage.clone();
+        }
+        let owner = || lock(&self.tier_owners).owner_of(name).map(|(t, _)| t);
+        replicated
+            .get(name)
+            .or_else(|| owner().and_then(|t| replicated.get(&t)))
+            .map_or_else(|| self.storage.clone(), |(s, _)| s.clone())
+    }
+
+    /// The replication factor of a topic (or tier) served here.
+    pub(crate) fn factor_of(&self, name: &str) -> u32 {
+        let replicated = lock(&self.replicated);
+        if replicated.is_empty() {
+            return 1;
+        }
+        let owner = || lock(&self.tier_owners).owner_of(name).map(|(t, _)| t);
+        replicated
+            .get(name)
+            .or_else(|| owner().and_then(|t| replicated.get(&t)))
+            .map_or(1, |(_, r)| *r)
+    }
+
+    /// Opens replicated topic `name` (factor `replicas`) from this
+    /// replica's store, writing through `storage` from now on: its log,
+    /// its subscriptions with their actors, and the tiers they hold.
+    pub(crate) async fn open_replicated(
+        &self,
+        name: &TopicName,
+        storage: Arc<dyn Storage>,
+        replicas: u32,
+    ) -> Result<()> {
+        self.close_replicated(name).await;
+        lock(&self.replicated).insert(name.to_string(), (storage, replicas));
+        let stored = self.storage.list_topics()?;
+        let subs = self.storage.list_subscriptions(name.as_str())?;
+        let mut logs = vec![(name.clone(), TopicKind::Normal)];
+        for sub in &subs {
+            let (retry, dlq) = crate::tier_owners::tier_names(sub)?;
+            for tier in [retry, dlq] {
+                if let Some(t) = stored.iter().find(|t| t.name == tier) {
+                    logs.push((TopicName::parse_stored(&t.name)?, t.kind));
+                }
+            }
+        }
+        let opened = self.adopt(&logs, subs).await;
+        if opened.is_err() {
+            self.close_replicated(name).await;
+        }
+        opened
+    }
+
+    /// Takes replicated topic `name` out of the registry (this broker no
+    /// longer leads its group): its logs are sealed, its subscriptions'
+    /// tier names released. Their actors end with their streams; a write
+    /// one still attempts fails (its storage no longer leads).
+    pub(crate) async fn close_replicated(&self, name: &TopicName) {
+        let mut topics = self.topics.lock().await;
+        if let Some(entry) = topics.remove(name) {
+            entry.topic.seal();
+            lock(&self.counts).remove(name);
+            let subs = lock(&entry.subscriptions).drain().collect::<Vec<_>>();
+            for (sub, _) in subs {
+                let tiers = lock(&self.tier_owners).tiers_of(name.as_str(), &sub);
+                if let Some((retry, dlq)) = tiers {
+                    for tier in [retry, dlq] {
+                        if let Ok(t) = TopicName::parse_stored(&tier)
+                            && let Some(e) = topics.remove(&t)
+                        {
+                            e.topic.seal();
+                        }
+                    }
+                }
+                lock(&self.tier_owners).release(name.as_str(), &sub);
+            }
+        }
+        lock(&self.replicated).remove(name.as_str());
+    }
+}

@@ -1,0 +1,566 @@
+//! This broker's replication groups in cluster mode: which brokers hold a
+//! replicated topic (recorded in etcd), starting this broker's member of
+//! each group it belongs to, and following who leads.
+//!
+//! etcd keys beside the cluster's own (under `/ricochet/<cluster>/`):
+//! `groups/<topic>`, a [`GroupRecord`] (JSON, persistent, written once by
+//! the broker the create was placed on, which is its first member). A
+//! member's Raft node id is its position in the record plus one. Every
+//! broker reads the records every [`WATCH_EVERY`] and starts its member of
+//! the groups that name it; the first member initializes the membership
+//! with the members' advertised URLs (the `Replication` service runs on
+//! the broker's gRPC port).
+//!
+//! Leadership (the Raft leader owns the topic): a member that becomes the
+//! group's leader waits until it applied everything committed, then points
+//! `placement/<topic>` at itself (a compare-and-set on what it read) and
+//! claims the topic as any owner does, so `Lookup` answers it and other
+//! brokers redirect to it; a member that stops leading hands the topic to
+//! the new leader (its streams end, clients look it up again).
+
+use super::{
+    NodeSettings, PartitionCommand, PartitionReply, ReplicatedPartition, ReplicatedStorage,
+};
+use crate::core::BrokerCore;
+use crate::error::{BrokerError, Result};
+use crate::name::TopicName;
+use crate::storage::{Storage, TopicKind, TopicRecord};
+use ricochet_cluster::Cluster;
+use ricochet_cluster::etcd::Created;
+use ricochet_replication::{GroupRegistry, NodeId};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+/// How often the group records are read (a new group's other members
+/// start within this).
+pub const WATCH_EVERY: Duration = Duration::from_millis(500);
+
+/// How long a replicated write waits for the group to commit it.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a create waits for the new group to commit its first entry.
+const FORM_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A replicated topic's group, as etcd records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupRecord {
+    /// The replication factor.
+    pub replicas: u32,
+    /// The member brokers' ids; the first initialized the group.
+    pub members: Vec<String>,
+}
+
+impl GroupRecord {
+    /// Broker `id`'s Raft node id in this group.
+    pub fn node_id(&self, id: &str) -> Option<NodeId> {
+        self.members
+            .iter()
+            .position(|m| m == id)
+            .map(|i| i as NodeId + 1)
+    }
+
+    /// The broker id of Raft node `node`.
+    pub fn broker_of(&self, node: NodeId) -> Option<&str> {
+        let i = usize::try_from(node.checked_sub(1)?).ok()?;
+        self.members.get(i).map(String::as_str)
+    }
+}
+
+/// What this broker does for a replicated topic it holds a replica of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Another member leads (or none is known and this one never led).
+    Follower,
+    /// This member leads and the topic is placed and claimed here.
+    Serving,
+    /// This member led, stopped, and no new leader is known yet: not
+    /// served here, still placed here.
+    Parked,
+}
+
+/// One started member: its Raft node and the group it belongs to.
+#[derive(Debug)]
+struct Member {
+    partition: Arc<ReplicatedPartition>,
+    record: GroupRecord,
+}
+
+/// This broker's groups.
+pub struct Groups {
+    cluster: Arc<Cluster>,
+    core: Arc<BrokerCore>,
+    storage: Arc<dyn Storage>,
+    registry: GroupRegistry,
+    settings: NodeSettings,
+    db: sled::Db,
+    /// Every replicated topic of the cluster, as last read.
+    known: RwLock<HashMap<String, GroupRecord>>,
+    /// The members started here.
+    started: tokio::sync::Mutex<HashMap<String, Member>>,
+    /// What this broker does for each of its groups' topics.
+    leaders: Mutex<HashMap<String, Role>>,
+    /// The storage of each topic served here (led by this broker).
+    serving: Mutex<HashMap<String, ReplicatedStorage>>,
+}
+
+impl std::fmt::Debug for Groups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Groups")
+            .field("registry", &self.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Groups {
+    /// Opens the groups' Raft database under `data_dir` and starts reading
+    /// the group records (until `shutdown`).
+    pub fn start(
+        cluster: Arc<Cluster>,
+        core: Arc<BrokerCore>,
+        registry: GroupRegistry,
+        settings: NodeSettings,
+        data_dir: &std::path::Path,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Result<Arc<Self>> {
+        let db = ricochet_replication::open_db(data_dir, &settings).map_err(replication)?;
+        let groups = Arc::new(Self {
+            cluster,
+            storage: core.storage.clone(),
+            core,
+            registry,
+            settings,
+            db,
+            known: Default::default(),
+            started: Default::default(),
+            leaders: Default::default(),
+            serving: Default::default(),
+        });
+        let g = groups.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = g.refresh().await {
+                    tracing::warn!(error = %e, "cannot read the replication groups");
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(WATCH_EVERY) => {}
+                }
+            }
+        });
+        Ok(groups)
+    }
+
+    fn group_key(&self, topic: &str) -> String {
+        self.cluster.key(&format!("groups/{topic}"))
+    }
+
+    /// The group of `topic` when it is replicated, as last read (one map
+    /// read; a group created a moment ago elsewhere may be missed until
+    /// the next read).
+    pub fn group_of(&self, topic: &str) -> Option<GroupRecord> {
+        ricochet_storage::util::read(&self.known)
+            .get(topic)
+            .cloned()
+    }
+
+    /// Every replicated topic of the cluster with its group, as last read.
+    pub fn all(&self) -> Vec<(String, GroupRecord)> {
+        let known = ricochet_storage::util::read(&self.known);
+        let mut all: Vec<_> = known.iter().map(|(t, r)| (t.clone(), r.clone())).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// The group of `topic` from etcd now.
+    pub async fn read_group(&self, topic: &str) -> Result<Option<GroupRecord>> {
+        let Some(kv) = self.cluster.etcd().get(&self.group_key(topic)).await? else {
+            return Ok(None);
+        };
+        let record: GroupRecord = serde_json::from_str(&kv.value)
+            .map_err(|e| BrokerError::Etcd(format!("bad group record of {topic}: {e}")))?;
+        ricochet_storage::util::write(&self.known).insert(topic.to_owned(), record.clone());
+        Ok(Some(record))
+    }
+
+    /// Creates `topic` with factor `replicas` (> 1) as a group led first by
+    /// this broker (the one the create was placed on) and `replicas - 1`
+    /// other live brokers, fewest placed topics first. Answers once the
+    /// group committed the topic's creation; `false` when the group existed
+    /// with this factor already.
+    pub async fn create(&self, topic: &TopicName, replicas: u32) -> Result<bool> {
+        if let Some(existing) = self.read_group(topic.as_str()).await? {
+            let created = exists(topic, &existing, replicas)?;
+            // A create that timed out may have left the group without its
+            // topic: the leader commits it again (creating is idempotent).
+            if let Some(p) = self.member(topic.as_str()).await
+                && p.node().leader() == Some(p.node().id())
+            {
+                let command = create_command(topic, replicas);
+                tokio::time::timeout(FORM_TIMEOUT, propose_as_leader(&p, &command))
+                    .await
+                    .map_err(|_| {
+                        BrokerError::Peer(format!(
+                            "the replication group of {topic} did not commit within {FORM_TIMEOUT:?}"
+                        ))
+                    })??;
+            }
+            return Ok(created);
+        }
+        let me = self.cluster.id().to_owned();
+        let mut others: Vec<_> = self
+            .cluster
+            .brokers()
+            .await?
+            .into_iter()
+            .filter(|b| b.live && !b.draining && b.id != me)
+            .collect();
+        others.sort_by(|a, b| (a.placed, &a.id).cmp(&(b.placed, &b.id)));
+        let need = replicas as usize - 1;
+        if others.len() < need {
+            return Err(BrokerError::Conflict(format!(
+                "replication factor {replicas} needs {replicas} live brokers; {} are live (and not draining)",
+                others.len() + 1
+            )));
+        }
+        let urls: BTreeMap<NodeId, String> = std::iter::once(self.cluster.url().to_owned())
+            .chain(others.iter().take(need).map(|b| b.url.clone()))
+            .enumerate()
+            .map(|(i, u)| (i as NodeId + 1, u))
+            .collect();
+        let record = GroupRecord {
+            replicas,
+            members: std::iter::once(me)
+                .chain(others.into_iter().take(need).map(|b| b.id))
+                .collect(),
+        };
+        let json = serde_json::to_string(&record)
+            .map_err(|e| BrokerError::Etcd(format!("cannot encode a group record: {e}")))?;
+        match self
+            .cluster
+            .etcd()
+            .create_if_absent(&self.group_key(topic.as_str()), &json, 0)
+            .await?
+        {
+            Created::Created(_) => {}
+            Created::Exists(kv) => {
+                let existing: GroupRecord = serde_json::from_str(&kv.value)
+                    .map_err(|e| BrokerError::Etcd(format!("bad group record of {topic}: {e}")))?;
+                return exists(topic, &existing, replicas);
+            }
+        }
+        ricochet_storage::util::write(&self.known).insert(topic.to_string(), record.clone());
+        tracing::info!(%topic, replicas, members = ?record.members, "replication group placed");
+        let partition = self.start_member(topic.as_str(), &record).await?;
+        partition
+            .node()
+            .initialize(urls)
+            .await
+            .map_err(replication)?;
+        let command = create_command(topic, replicas);
+        match tokio::time::timeout(FORM_TIMEOUT, propose_as_leader(&partition, &command)).await {
+            Ok(Ok(())) => Ok(true),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(BrokerError::Peer(format!(
+                "the replication group of {topic} did not commit its creation within {FORM_TIMEOUT:?} \
+                 (are its members {:?} reachable?)",
+                record.members
+            ))),
+        }
+    }
+
+    /// Starts this broker's member of `topic`'s group (once).
+    async fn start_member(
+        &self,
+        topic: &str,
+        record: &GroupRecord,
+    ) -> Result<Arc<ReplicatedPartition>> {
+        let mut started = self.started.lock().await;
+        if let Some(m) = started.get(topic) {
+            return Ok(m.partition.clone());
+        }
+        let Some(id) = record.node_id(self.cluster.id()) else {
+            return Err(BrokerError::Conflict(format!(
+                "broker {} is not a member of the group of {topic}",
+                self.cluster.id()
+            )));
+        };
+        let partition = Arc::new(
+            ReplicatedPartition::start_on(
+                id,
+                topic,
+                &self.db,
+                &self.settings,
+                self.storage.clone(),
+                &self.registry,
+            )
+            .await
+            .map_err(replication)?,
+        );
+        tracing::info!(%topic, node = id, "replica started");
+        started.insert(
+            topic.to_owned(),
+            Member {
+                partition: partition.clone(),
+                record: record.clone(),
+            },
+        );
+        Ok(partition)
+    }
+
+    /// Reads every group record, starts this broker's members of new ones,
+    /// and acts on leadership changes.
+    async fn refresh(&self) -> Result<()> {
+        let prefix = self.cluster.key("groups/");
+        let mut known = HashMap::new();
+        for kv in self.cluster.etcd().get_prefix(&prefix).await? {
+            let Some(topic) = kv.key.strip_prefix(&prefix) else {
+                continue;
+            };
+            match serde_json::from_str::<GroupRecord>(&kv.value) {
+                Ok(r) => {
+                    known.insert(topic.to_owned(), r);
+                }
+                Err(e) => tracing::warn!(%topic, error = %e, "bad group record"),
+            }
+        }
+        *ricochet_storage::util::write(&self.known) = known.clone();
+        for (topic, record) in &known {
+            if record.node_id(self.cluster.id()).is_some()
+                && let Err(e) = self.start_member(topic, record).await
+            {
+                tracing::warn!(%topic, error = %e, "cannot start this broker's replica");
+            }
+        }
+        let members: Vec<(String, Arc<ReplicatedPartition>, GroupRecord)> = {
+            let started = self.started.lock().await;
+            started
+                .iter()
+                .map(|(t, m)| (t.clone(), m.partition.clone(), m.record.clone()))
+                .collect()
+        };
+        for (topic, partition, record) in members {
+            self.follow_leader(&topic, partition, &record).await;
+        }
+        Ok(())
+    }
+
+    /// Acts on a change of `topic`'s leader as this member sees it: a
+    /// member that now leads takes the topic; one that led and no longer
+    /// does stops serving it and, once the new leader is known, hands it
+    /// over.
+    async fn follow_leader(
+        &self,
+        topic: &str,
+        partition: Arc<ReplicatedPartition>,
+        record: &GroupRecord,
+    ) {
+        let me = partition.node().id();
+        let leader = partition.node().leader();
+        let state = crate::util::lock(&self.leaders)
+            .get(topic)
+            .copied()
+            .unwrap_or(Role::Follower);
+        let next = match (state, leader) {
+            (Role::Serving, Some(l)) if l == me => {
+                if !self.poisoned(topic) {
+                    return;
+                }
+                // A write failed or its outcome is unknown: open the topic
+                // again from what the group applied here.
+                tracing::info!(%topic, "reopening the replicated topic after a failed write");
+                let _ = self.cluster.begin_move(topic, self.cluster.id());
+                self.close(topic).await;
+                self.cluster.end_move(topic);
+                match self.take(topic, &partition, record).await {
+                    Ok(()) => Role::Serving,
+                    Err(e) => {
+                        tracing::warn!(%topic, error = %e, "cannot reopen the topic yet");
+                        Role::Follower
+                    }
+                }
+            }
+            (Role::Follower, l) if l != Some(me) => return,
+            (Role::Parked, None) => return,
+            (Role::Serving, None) => {
+                tracing::info!(%topic, "no longer leading the replicated topic; no leader yet");
+                self.close(topic).await;
+                if let Err(e) = self.cluster.begin_move(topic, "the group's next leader") {
+                    tracing::debug!(%topic, error = %e, "cannot mark the topic as moving");
+                }
+                let owner = self.cluster.key(&format!("owners/{topic}"));
+                if let Err(e) = self.cluster.etcd().delete(&owner).await {
+                    tracing::warn!(%topic, error = %e, "cannot drop this broker's claim");
+                }
+                Role::Parked
+            }
+            (Role::Serving | Role::Parked, Some(l)) if l != me => {
+                let to = record.broker_of(l).unwrap_or_default().to_owned();
+                tracing::info!(%topic, %to, "no longer leading the replicated topic");
+                self.close(topic).await;
+                if state == Role::Serving
+                    && let Err(e) = self.cluster.begin_move(topic, &to)
+                {
+                    tracing::debug!(%topic, error = %e, "cannot mark the topic as moving");
+                }
+                // Fails harmlessly when the new leader placed it already.
+                if let Err(e) = self.cluster.hand_over(topic, &to).await {
+                    tracing::debug!(%topic, error = %e, "topic not handed over");
+                }
+                self.cluster.end_move(topic);
+                Role::Follower
+            }
+            (Role::Follower | Role::Parked, _) | (Role::Serving, _) => {
+                if state == Role::Parked {
+                    self.cluster.end_move(topic);
+                }
+                match self.take(topic, &partition, record).await {
+                    Ok(()) => {
+                        tracing::info!(%topic, broker = %self.cluster.id(), "leading the replicated topic");
+                        Role::Serving
+                    }
+                    Err(e) => {
+                        tracing::warn!(%topic, error = %e, "cannot take the topic as its leader yet");
+                        Role::Follower
+                    }
+                }
+            }
+        };
+        crate::util::lock(&self.leaders).insert(topic.to_owned(), next);
+    }
+
+    /// Takes `topic` as its group's leader: once everything committed is
+    /// applied here, points `placement/<topic>` at this broker, drops an
+    /// owner key another broker left (a leader that died: Raft chose this
+    /// one), and claims the topic.
+    async fn take(
+        &self,
+        topic: &str,
+        partition: &Arc<ReplicatedPartition>,
+        record: &GroupRecord,
+    ) -> Result<()> {
+        partition
+            .node()
+            .raft()
+            .ensure_linearizable()
+            .await
+            .map_err(|e| BrokerError::Peer(format!("not confirmed as leader: {e}")))?;
+        let name = TopicName::parse_stored(topic)?;
+        let storage = ReplicatedStorage::new(partition.clone(), WRITE_TIMEOUT);
+        self.core
+            .open_replicated(&name, Arc::new(storage.clone()), record.replicas)
+            .await?;
+        crate::util::lock(&self.serving).insert(topic.to_owned(), storage);
+        let me = self.cluster.id();
+        let etcd = self.cluster.etcd();
+        let placement = self.cluster.key(&format!("placement/{topic}"));
+        match etcd.get(&placement).await? {
+            Some(kv) if kv.value == me => {}
+            Some(kv) => {
+                if !etcd
+                    .replace_if_unchanged(&placement, me, kv.mod_revision, 0)
+                    .await?
+                {
+                    return Err(BrokerError::Conflict("placement changed meanwhile".into()));
+                }
+            }
+            None => {
+                etcd.create_if_absent(&placement, me, 0).await?;
+            }
+        }
+        let owner = self.cluster.key(&format!("owners/{topic}"));
+        if let Some(kv) = etcd.get(&owner).await?
+            && kv.value != me
+        {
+            tracing::info!(%topic, previous = %kv.value, "dropping the previous leader's claim");
+            etcd.delete(&owner).await?;
+        }
+        self.cluster.route(name.as_str(), false).await?;
+        Ok(())
+    }
+
+    /// Stops serving `topic` here: its storage refuses writes from now on
+    /// and the topic leaves the core's registry.
+    async fn close(&self, topic: &str) {
+        let storage = crate::util::lock(&self.serving).remove(topic);
+        if let Some(s) = storage {
+            s.retire();
+        }
+        if let Ok(name) = TopicName::parse_stored(topic) {
+            self.core.close_replicated(&name).await;
+        }
+    }
+
+    fn poisoned(&self, topic: &str) -> bool {
+        crate::util::lock(&self.serving)
+            .get(topic)
+            .is_none_or(ReplicatedStorage::is_poisoned)
+    }
+
+    /// Whether this broker serves replicated `topic` now (it leads its
+    /// group and opened it).
+    pub fn is_serving(&self, topic: &str) -> bool {
+        !self.poisoned(topic)
+    }
+
+    /// This broker's member of `topic`'s group, if started.
+    pub async fn member(&self, topic: &str) -> Option<Arc<ReplicatedPartition>> {
+        self.started
+            .lock()
+            .await
+            .get(topic)
+            .map(|m| m.partition.clone())
+    }
+
+    /// The Raft registry the `Replication` service routes to.
+    pub fn registry(&self) -> &GroupRegistry {
+        &self.registry
+    }
+}
+
+/// The command creating replicated `topic` (a no-op once it exists).
+fn create_command(topic: &TopicName, replicas: u32) -> PartitionCommand {
+    PartitionCommand::CreateTopic(TopicRecord {
+        name: topic.to_string(),
+        created_ms: ricochet_storage::util::wall_ms(),
+        kind: TopicKind::Normal,
+        replicas,
+    })
+}
+
+/// The answer to a create of `topic` with factor `replicas` whose group
+/// exists already as `existing`.
+fn exists(topic: &TopicName, existing: &GroupRecord, replicas: u32) -> Result<bool> {
+    if existing.replicas == replicas {
+        Ok(false)
+    } else {
+        Err(BrokerError::TopicExists(format!(
+            "{topic} (with replication factor {}, not {replicas})",
+            existing.replicas
+        )))
+    }
+}
+
+/// Proposes `command` on `partition`, waiting out the first election of a
+/// new group (this member initialized it, so it stands first).
+async fn propose_as_leader(
+    partition: &ReplicatedPartition,
+    command: &PartitionCommand,
+) -> Result<()> {
+    loop {
+        match partition.propose(command).await {
+            Ok(PartitionReply::Refused(why)) => return Err(BrokerError::Conflict(why)),
+            Ok(_) => return Ok(()),
+            Err(ricochet_replication::ReplicationError::NotLeader { leader: None, .. }) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(replication(e)),
+        }
+    }
+}
+
+/// A replication error as the broker's.
+pub(crate) fn replication(e: ricochet_replication::ReplicationError) -> BrokerError {
+    BrokerError::Peer(e.to_string())
+}

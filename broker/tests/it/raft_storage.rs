@@ -1,0 +1,133 @@
+//! `ReplicatedStorage` (issue 22, step 4's interception point) on three
+//! in-process replicas: a write through it returns only once the group
+//! committed it, every replica's store then holds it, a leader without a
+//! majority answers an error (never `Ok`) and applies nothing, and a
+//! mutating method no command replicates fails instead of writing one
+//! replica.
+
+use crate::raft::cluster::{Cluster, TOPIC};
+use ricochet_broker::replication::ReplicatedStorage;
+use ricochet_broker::storage::prelude::*;
+use ricochet_broker::storage::{
+    Cursor, FailureRecord, Storage, StorageError, SubMessage, SubscriptionRecord, TierId,
+};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn subscription(id: u64, acked_to: u64) -> SubscriptionRecord {
+    let mut main = Cursor::default();
+    main.ack_range(0..acked_to);
+    SubscriptionRecord {
+        id,
+        topic: TOPIC.to_owned(),
+        name: "sub".to_owned(),
+        sub_type: ricochet_proto::SubscriptionType::Shared,
+        main,
+        retry: Cursor::default(),
+        policy: None,
+        policy_source: None,
+        retry_topic: None,
+        dead_letter_topic: None,
+        created_ms: 1,
+        key_order: None,
+        blocked_keys: BTreeMap::new(),
+        breaker: None,
+        breaker_state: None,
+    }
+}
+
+fn entries(from: u64, n: u64) -> Vec<Vec<u8>> {
+    (from..from + n)
+        .map(|i| {
+            use prost::Message as _;
+            ricochet_proto::Message {
+                payload: format!("m{i}").into_bytes(),
+                producer_name: "p".into(),
+                sequence_id: i,
+                ..Default::default()
+            }
+            .encode_to_vec()
+        })
+        .collect()
+}
+
+fn held(storage: &Arc<dyn Storage>) -> (u64, u64) {
+    storage.entry_range(TOPIC).expect("entry range")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_through_replicated_storage_are_committed_before_they_return() {
+    let mut c = Cluster::start(false).await;
+    let leader = c.leader().await;
+    c.create_topic(leader).await;
+    let rs = ReplicatedStorage::new(c.node(leader).part_arc(), Duration::from_secs(2));
+
+    let (_, next) = rs.entry_range(TOPIC).unwrap();
+    rs.append(TOPIC, next, &entries(next, 5), Some(("p", 4)))
+        .expect("append committed");
+    rs.put_subscription(&subscription(7, 3)).expect("acks");
+    let nacked = SubMessage {
+        sub_id: 7,
+        tier: TierId::Main,
+        entry_id: 3,
+    };
+    let count2 = FailureRecord {
+        count: 2,
+        ..FailureRecord::default()
+    };
+    rs.put_failures(&[(nacked, Some(count2.clone()))])
+        .expect("failure record");
+    // Read back through the wrapper: the leader's local store.
+    assert_eq!(rs.entry_range(TOPIC).unwrap(), (next, next + 5));
+    assert_eq!(rs.producer_sequences(TOPIC).unwrap(), [("p".into(), 4)]);
+
+    // Every replica applied the same.
+    for id in (1..=3).filter(|id| *id != leader) {
+        c.caught_up(id, leader).await;
+        let s = c.node(id).part().storage();
+        assert_eq!(held(s), (next, next + 5), "node {id}");
+        let subs = s.list_subscriptions(TOPIC).unwrap();
+        assert_eq!(subs.len(), 1, "node {id}");
+        assert!(subs[0].main.is_acked(2) && !subs[0].main.is_acked(3));
+        let f = s.failure(nacked, None).unwrap().expect("failure record");
+        assert_eq!(f.count, 2, "node {id}");
+    }
+
+    // A method without a replicated command fails and writes nothing.
+    let e = rs.remove_dead_letters(7, &[1]).unwrap_err();
+    assert!(
+        matches!(&e, StorageError::Replication(m) if m.contains("remove_dead_letters")),
+        "{e:?}"
+    );
+    assert!(matches!(rs.next_id(), Err(StorageError::Replication(_))));
+    assert!(matches!(
+        rs.restore_producer_sequences(TOPIC, &[("q".into(), 9)]),
+        Err(StorageError::Replication(_))
+    ));
+    assert_eq!(rs.producer_sequences(TOPIC).unwrap(), [("p".into(), 4)]);
+
+    // Both followers down: the append is refused, not acknowledged, and
+    // the leader applied nothing.
+    for id in (1..=3).filter(|id| *id != leader) {
+        c.node_mut(id).kill();
+    }
+    let e = rs
+        .append(TOPIC, next + 5, &entries(next + 5, 5), Some(("p", 9)))
+        .unwrap_err();
+    assert!(matches!(e, StorageError::Replication(_)), "{e:?}");
+    assert_eq!(held(c.node(leader).part().storage()), (next, next + 5));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_replicated_write_on_a_current_thread_runtime_is_an_error_not_a_panic() {
+    let c = Cluster::start(false).await;
+    let leader = c.leader().await;
+    c.create_topic(leader).await;
+    let rs = ReplicatedStorage::new(c.node(leader).part_arc(), Duration::from_secs(2));
+    let e = rs.put_subscription(&subscription(1, 0)).unwrap_err();
+    assert!(
+        matches!(&e, StorageError::Replication(m) if m.contains("multi-thread")),
+        "{e:?}"
+    );
+}
