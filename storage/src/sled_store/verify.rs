@@ -428,6 +428,7 @@ mod tests {
             name: "t".into(),
             created_ms: 0,
             kind: TopicKind::Normal,
+            replicas: 1,
         })
         .unwrap();
         s.append("t", 0, &[entry(0)], None).unwrap();
@@ -446,6 +447,7 @@ mod tests {
                 name: topic.into(),
                 created_ms: 0,
                 kind: TopicKind::Normal,
+                replicas: 1,
             })
             .unwrap();
         }
