@@ -5,13 +5,13 @@
 //! subscription state (acks, delivery counts, tier moves) as well as the
 //! entries; a leader cut off by the network acknowledges nothing more.
 
-use crate::raft::cluster::{Cluster, TOPIC, batch, publish_within, stored, topic_record};
+use crate::raft::cluster::{
+    Cluster, TOPIC, batch, publish_within, stored, subscription, topic_record,
+};
 use ricochet_broker::replication::{PartitionCommand, PartitionReply};
 use ricochet_broker::storage::{
-    Arrival, Cursor, DeadLetterRecord, FailureRecord, MoveItem, SubMessage, SubscriptionRecord,
-    TierId, TierMove, TopicKind,
+    Arrival, DeadLetterRecord, FailureRecord, MoveItem, SubMessage, TierId, TierMove, TopicKind,
 };
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 fn sequences(entries: &[(u64, String, u64)], producer: &str) -> Vec<u64> {
@@ -156,28 +156,6 @@ async fn after_the_leader_is_killed_every_acknowledged_publish_is_there_once() {
         c.node(third).part().node().applied_index(),
         c.node(leader).part().node().applied_index(),
     );
-}
-
-fn subscription(id: u64, acked_to: u64) -> SubscriptionRecord {
-    let mut main = Cursor::default();
-    main.ack_range(0..acked_to);
-    SubscriptionRecord {
-        id,
-        topic: TOPIC.to_owned(),
-        name: "sub".to_owned(),
-        sub_type: ricochet_proto::SubscriptionType::Shared,
-        main,
-        retry: Cursor::default(),
-        policy: None,
-        policy_source: None,
-        retry_topic: None,
-        dead_letter_topic: None,
-        created_ms: 1,
-        key_order: None,
-        blocked_keys: BTreeMap::new(),
-        breaker: None,
-        breaker_state: None,
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,37 +5,12 @@
 //! mutating method no command replicates fails instead of writing one
 //! replica.
 
-use crate::raft::cluster::{Cluster, TOPIC};
+use crate::raft::cluster::{Cluster, TOPIC, subscription};
 use ricochet_broker::replication::ReplicatedStorage;
 use ricochet_broker::storage::prelude::*;
-use ricochet_broker::storage::{
-    Cursor, FailureRecord, Storage, StorageError, SubMessage, SubscriptionRecord, TierId,
-};
-use std::collections::BTreeMap;
+use ricochet_broker::storage::{FailureRecord, Storage, StorageError, SubMessage, TierId};
 use std::sync::Arc;
 use std::time::Duration;
-
-fn subscription(id: u64, acked_to: u64) -> SubscriptionRecord {
-    let mut main = Cursor::default();
-    main.ack_range(0..acked_to);
-    SubscriptionRecord {
-        id,
-        topic: TOPIC.to_owned(),
-        name: "sub".to_owned(),
-        sub_type: ricochet_proto::SubscriptionType::Shared,
-        main,
-        retry: Cursor::default(),
-        policy: None,
-        policy_source: None,
-        retry_topic: None,
-        dead_letter_topic: None,
-        created_ms: 1,
-        key_order: None,
-        blocked_keys: BTreeMap::new(),
-        breaker: None,
-        breaker_state: None,
-    }
-}
 
 fn entries(from: u64, n: u64) -> Vec<Vec<u8>> {
     (from..from + n)

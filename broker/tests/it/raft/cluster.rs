@@ -9,7 +9,7 @@ use ricochet_broker::replication::{
     GroupRegistry, NodeSettings, PartitionCommand, PublishBatch, PublishMessage, PublishReceipt,
     ReplicatedPartition, ReplicationError, ReplicationService, open_store,
 };
-use ricochet_broker::storage::{Storage, TopicKind, TopicRecord};
+use ricochet_broker::storage::{Cursor, Storage, SubscriptionRecord, TopicKind, TopicRecord};
 use ricochet_testkit::FaultProxy;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -265,6 +265,29 @@ impl Drop for Cluster {
         for n in &mut self.nodes {
             n.kill();
         }
+    }
+}
+
+/// A Shared subscription `sub` of [`TOPIC`] with entries below `acked_to` acked.
+pub fn subscription(id: u64, acked_to: u64) -> SubscriptionRecord {
+    let mut main = Cursor::default();
+    main.ack_range(0..acked_to);
+    SubscriptionRecord {
+        id,
+        topic: TOPIC.to_owned(),
+        name: "sub".to_owned(),
+        sub_type: ricochet_proto::SubscriptionType::Shared,
+        main,
+        retry: Cursor::default(),
+        policy: None,
+        policy_source: None,
+        retry_topic: None,
+        dead_letter_topic: None,
+        created_ms: 1,
+        key_order: None,
+        blocked_keys: BTreeMap::new(),
+        breaker: None,
+        breaker_state: None,
     }
 }
 
