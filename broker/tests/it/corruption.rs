@@ -82,6 +82,24 @@ async fn build_store(dir: &Path) {
     }
     drop(c);
     drop(p);
+    // Each dead-lettering's failure event is published after the move is
+    // answered: wait for all of them, so the store holds a known count.
+    let mut admin = AdminClient::new(channel(url).await);
+    let events = "persistent://public/default/__failure_events";
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let stored = admin
+            .topic_stats(TopicRequest {
+                topic: events.into(),
+            })
+            .await
+            .map(|r| r.into_inner().message_count)
+            .unwrap_or(0);
+        if stored >= DEAD.len() as u64 || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(broker.stop().await.success(), "clean stop");
 }
 
