@@ -57,7 +57,11 @@ impl AdminService {
             ))
             .into());
         }
-        if self.node.core.topic(&name).await.is_ok() {
+        // A member of the group opens the topic locally too, so the local
+        // check only counts when no group is recorded for the name.
+        if groups.read_group(name.as_str()).await?.is_none()
+            && self.node.core.topic(&name).await.is_ok()
+        {
             return Err(
                 BrokerError::TopicExists(format!("{name} (with replication factor 1)")).into(),
             );
