@@ -68,6 +68,9 @@ impl BrokerBuilder {
             if mode == VerifyOnStart::Before {
                 verify(&sled, self.config.accept_data_loss)?;
             }
+            // A store written before held messages took one key each is
+            // converted (once; logged when anything moved).
+            sled.upgrade_held()?;
             let mut tiered = None;
             let storage: Arc<dyn Storage> = match self.config.log_engine {
                 LogEngine::Segments => {

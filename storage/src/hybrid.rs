@@ -386,6 +386,14 @@ impl SubscriptionStore for LogStorage {
         self.sled.put_failures(records)
     }
 
+    fn put_held(
+        &self,
+        held: &[(ScheduleKey, FailureRecord)],
+        unschedule: &[ScheduleKey],
+    ) -> Result<()> {
+        self.sled.put_held(held, unschedule)
+    }
+
     fn scheduled(
         &self,
         after: Option<ScheduleKey>,

@@ -156,6 +156,33 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug + 'static {
     /// Writes (or with `None`, deletes) failure records.
     fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()>;
 
+    /// Holds messages in place until their hold ends, atomically against a
+    /// crash: removes the schedule entries `unschedule`, then stores each
+    /// `(key, record)`'s record (whose `hold_until_ms` is `key.due_ms`)
+    /// and its schedule entry `key`. The record is then found by
+    /// [`Self::failure`] given `key.due_ms`, and by
+    /// [`Self::failure_heads`]; one written later by
+    /// [`Self::put_failures`] takes precedence. An engine may keep the
+    /// record as the schedule entry's value (sled does: one stored key per
+    /// held message).
+    fn put_held(
+        &self,
+        held: &[(ScheduleKey, FailureRecord)],
+        unschedule: &[ScheduleKey],
+    ) -> Result<()> {
+        let records: Vec<_> = held
+            .iter()
+            .map(|(k, r)| (k.message, Some(r.clone())))
+            .collect();
+        self.put_failures(&records)?;
+        let keys: Vec<_> = unschedule
+            .iter()
+            .map(|k| (*k, false))
+            .chain(held.iter().map(|(k, _)| (*k, true)))
+            .collect();
+        self.put_schedule(&keys)
+    }
+
     /// Schedule entries after `after` (exclusive; `None` = from the start) with
     /// `due < to_ms`, in key order, at most `limit`.
     fn scheduled(

@@ -194,7 +194,7 @@ impl SubscriptionStore for MemoryStorage {
         if let Some(r) = s.failures.get(&message) {
             return Ok(Some(r.clone()));
         }
-        let Some(due_ms) = due_ms.filter(|_| message.tier == TierId::Retry) else {
+        let Some(due_ms) = due_ms else {
             return Ok(None);
         };
         Ok(s.schedule

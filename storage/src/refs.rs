@@ -216,22 +216,22 @@ impl super::LogStorage {
         Ok(())
     }
 
-    /// What to do with the indexed references `chunk` (source, tier
-    /// entry) of `retry`: those still references to `topic` get their
-    /// copy (`copy`) or are kept out (`!copy`, left alone); the others
-    /// only lose their index entry.
+    /// What to do with the indexed references `chunk` of `retry`: those
+    /// still references to `topic` get their copy (`copy`) or are kept out
+    /// (`!copy`, left alone); the others only lose their index entry.
     fn settle(
         &self,
         topic: &str,
         retry: &str,
-        chunk: &[(u64, u64)],
+        chunk: &[sled_store::Indexed],
         copy: bool,
     ) -> Result<Vec<sled_store::Settle>> {
-        let targets: Vec<u64> = chunk.iter().map(|(_, t)| *t).collect();
+        let targets: Vec<u64> = chunk.iter().map(|i| i.target).collect();
         let raw = self.sled.read_many(retry, &targets)?;
         let mut live = Vec::new();
         let mut out = Vec::new();
-        for (&(source, target), raw) in chunk.iter().zip(raw) {
+        for (&indexed, raw) in chunk.iter().zip(raw) {
+            let source = indexed.source;
             let r = raw
                 .as_deref()
                 .map(RetryRef::parse)
@@ -244,8 +244,7 @@ impl super::LogStorage {
                 None => {}
             }
             out.push(sled_store::Settle {
-                source,
-                target,
+                indexed,
                 copy: None,
             });
         }
@@ -265,13 +264,14 @@ impl super::LogStorage {
         let mut lowest: Option<u64> = None;
         for sub in self.sled.list_subscriptions(topic)? {
             let mut retry = None;
-            while let Some((source, target)) = self.sled.lowest_reference_of(sub.id)? {
+            while let Some(indexed) = self.sled.lowest_reference_of(sub.id)? {
                 let retry = match &retry {
                     Some(r) => r,
                     None => retry.insert(retry_tier_of(&sub)),
                 };
-                let stale = self.settle(topic, retry, &[(source, target)], false)?;
+                let stale = self.settle(topic, retry, &[indexed], false)?;
                 if stale.is_empty() {
+                    let source = indexed.source;
                     lowest = Some(lowest.map_or(source, |l| l.min(source)));
                     break;
                 }

@@ -259,12 +259,58 @@ fn index_entries_of_references_gone_from_the_tier_are_dropped() {
     // The tier's first segment (entries 0..16) consumed and dropped.
     f.store.trim(RETRY, 16).unwrap();
     assert_eq!(f.store.lowest_reference(T).unwrap(), Some(30));
-    assert_eq!(
-        f.sled.references_below(7, u64::MAX).unwrap(),
-        vec![(30, 16)]
-    );
+    let pairs = |f: &Fixture| -> Vec<(u64, u64)> {
+        f.sled
+            .references_below(7, u64::MAX)
+            .unwrap()
+            .iter()
+            .map(|i| (i.source, i.target))
+            .collect()
+    };
+    assert_eq!(pairs(&f), vec![(30, 16)]);
     // A deleted subscription leaves no index behind.
     let sub = f.store.list_subscriptions(T).unwrap().remove(0);
     f.store.delete_subscription(&sub).unwrap();
-    assert_eq!(f.sled.references_below(7, u64::MAX).unwrap(), vec![]);
+    assert_eq!(pairs(&f), vec![]);
+}
+
+#[test]
+fn a_move_of_references_is_one_frame_and_one_index_key_trimmed_in_part() {
+    let f = fixture();
+    // Ten retries of entries 10..20 in one move (retry entries 0..10).
+    retry(
+        &f,
+        0,
+        (10..20)
+            .map(|i| (TierEntry::main(i), copy(i, 1), true))
+            .collect(),
+    );
+    assert_eq!(
+        f.sled.stored_keys(RETRY),
+        (1, 1),
+        "one frame, one index key"
+    );
+    assert!(
+        raw(&f, &(0..10).collect::<Vec<_>>())
+            .iter()
+            .all(|e| is_ref(e))
+    );
+    assert_eq!(f.store.lowest_reference(T).unwrap(), Some(10));
+    // Retention drops entries 0..16: the references to 10..16 become
+    // copies, the group keeps the other four under its new lowest.
+    f.store.trim(T, 16).unwrap();
+    let stored = raw(&f, &(0..10).collect::<Vec<_>>());
+    assert!(stored[..6].iter().all(|e| !is_ref(e)));
+    assert!(stored[6..].iter().all(|e| is_ref(e)));
+    assert_eq!(f.sled.stored_keys(RETRY), (1, 1));
+    assert_eq!(f.store.lowest_reference(T).unwrap(), Some(16));
+    let want: Vec<Message> = (10..20).map(|i| copy(i, 1)).collect();
+    assert_eq!(read(&f, &(0..10).collect::<Vec<_>>()), want);
+    // The rest once their source goes too.
+    f.store.trim(T, 32).unwrap();
+    assert_eq!(f.sled.stored_keys(RETRY), (1, 0));
+    assert_eq!(f.store.lowest_reference(T).unwrap(), None);
+    assert_eq!(read(&f, &(0..10).collect::<Vec<_>>()), want);
+    let report = f.sled.verify();
+    assert_eq!(report.problem_count, 0, "{:?}", report.problems);
 }

@@ -123,6 +123,14 @@ impl SubscriptionStore for Watched {
         self.note(self.inner.put_failures(records))
     }
 
+    fn put_held(
+        &self,
+        held: &[(ScheduleKey, FailureRecord)],
+        unschedule: &[ScheduleKey],
+    ) -> Result<()> {
+        self.note(self.inner.put_held(held, unschedule))
+    }
+
     fn scheduled(
         &self,
         after: Option<ScheduleKey>,

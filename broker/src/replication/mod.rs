@@ -148,6 +148,7 @@ pub async fn open_store(config: &BrokerConfig) -> Result<Arc<dyn Storage>, Broke
         config.segment_entries,
         config.cache_capacity,
     )?);
+    sled.upgrade_held()?;
     let log = LogStorage::open(sled, &config.data_dir, config.log_settings(), None).await?;
     Ok(Arc::new(log))
 }

@@ -19,10 +19,10 @@
 
 use super::{AppendBatch, PartitionCommand, PartitionReply, ReplicatedPartition};
 use crate::storage::{
-    DeadLetterRecord, DeadLetterReturn, FailureRecord, GrantRecord, Inventory, LogStore, Manifest,
-    MetaStore, PartitionedRecord, ReplayJobRecord, RetentionRecord, ScheduleKey, Storage,
-    StorageError, SubMessage, SubscriptionRecord, SubscriptionState, SubscriptionStore, TierId,
-    TierMove, TopicRecord,
+    DeadLetterRecord, DeadLetterReturn, FailureHead, FailureRecord, GrantRecord, Inventory,
+    LogStore, Manifest, MetaStore, PartitionedRecord, ReplayJobRecord, RetentionRecord,
+    ScheduleKey, Storage, StorageError, SubMessage, SubscriptionRecord, SubscriptionState,
+    SubscriptionStore, TierId, TierMove, TopicRecord,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -195,6 +195,10 @@ impl SubscriptionStore for ReplicatedStorage {
 
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {
         self.local.failures_of(sub_id, tier)
+    }
+
+    fn failure_heads(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureHead)>> {
+        self.local.failure_heads(sub_id, tier)
     }
 
     fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()> {

@@ -464,7 +464,8 @@ impl SubscriptionActor {
         now: u64,
     ) -> Result<()> {
         let mut records = Vec::with_capacity(items.len());
-        let mut schedule = Vec::new();
+        // Held: each record with its schedule entry, in one write.
+        let mut held_records = Vec::new();
         let mut ready = Vec::with_capacity(items.len());
         let mut held = Vec::new();
         let mut unheld = Vec::new();
@@ -476,6 +477,7 @@ impl SubscriptionActor {
             let msg = f.entry.of(self.rec.id);
             let hold_until = (!hold.is_zero()).then(|| from.saturating_add(millis(hold)));
             rec.hold_until_ms = hold_until.unwrap_or(0);
+            let mut parked = None;
             if hold_until.is_some() {
                 // Parked: the record stays in storage until the hold ends.
                 self.deliveries.failures.remove(&f.entry);
@@ -488,7 +490,7 @@ impl SubscriptionActor {
                         },
                     );
                 }
-                records.push((msg, Some(rec)));
+                parked = Some(rec);
             } else {
                 if stored.is_none() {
                     records.push((msg, Some(rec.clone())));
@@ -508,18 +510,18 @@ impl SubscriptionActor {
                 (None, None) => ready.push(f.entry),
                 (Some(until), old) => {
                     if let Some(due_ms) = old {
-                        let old = ScheduleKey {
+                        unheld.push(ScheduleKey {
                             due_ms,
                             message: msg,
-                        };
-                        schedule.push((old, false));
-                        unheld.push(old);
+                        });
                     }
                     let key = ScheduleKey {
                         due_ms: until,
                         message: msg,
                     };
-                    schedule.push((key, true));
+                    if let Some(rec) = parked.take() {
+                        held_records.push((key, rec));
+                    }
                     held.push(key);
                 }
             }
@@ -527,7 +529,9 @@ impl SubscriptionActor {
         if !records.is_empty() {
             self.deps.storage.put_failures(&records)?;
         }
-        self.deps.storage.put_schedule(&schedule)?;
+        if !held_records.is_empty() || !unheld.is_empty() {
+            self.deps.storage.put_held(&held_records, &unheld)?;
+        }
         self.deps.scheduler.remove(unheld);
         if !at_once.is_empty() {
             self.load_into_ready(at_once);

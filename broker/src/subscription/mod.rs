@@ -175,7 +175,10 @@ impl SubscriptionActor {
                         until_ms: head.hold_until_ms,
                     },
                 );
-            } else if let Some(f) = storage.failure(m, None)? {
+            } else if let Some(f) =
+                // A hold that ended keeps its record in its schedule entry.
+                storage.failure(m, Some(head.hold_until_ms).filter(|h| *h > 0))?
+            {
                 deliveries.failures.insert(m.entry(), f);
             }
         }
@@ -596,7 +599,10 @@ impl SubscriptionActor {
                 None if self.deliveries.held.contains_key(&entry) => self
                     .deps
                     .storage
-                    .failure(entry.of(self.rec.id), None)
+                    .failure(
+                        entry.of(self.rec.id),
+                        self.deliveries.held.get(&entry).map(|h| h.until_ms),
+                    )
                     .unwrap_or_else(|e| {
                         tracing::warn!(error = %e, "cannot read a failure record");
                         None

@@ -72,6 +72,23 @@ pub fn encode(entries: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
+/// A frame of `slots`, each an entry or `None` for a removed one.
+pub fn encode_slots(slots: &[Option<Vec<u8>>]) -> Vec<u8> {
+    let size = 4 + slots.iter().flatten().map(|e| 4 + e.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(size + 4 * slots.len());
+    out.extend_from_slice(&(slots.len() as u32).to_be_bytes());
+    for e in slots {
+        match e {
+            Some(e) => {
+                out.extend_from_slice(&(e.len() as u32).to_be_bytes());
+                out.extend_from_slice(e);
+            }
+            None => out.extend_from_slice(&GONE.to_be_bytes()),
+        }
+    }
+    out
+}
+
 fn u32_at(b: &[u8], at: usize) -> Result<u32> {
     let bytes: [u8; 4] = b
         .get(at..at + 4)

@@ -10,7 +10,8 @@
 //! and `deadletters`. Tier moves are one multi-tree transaction; a move into
 //! the retry tier stores the failure record as the schedule entry's value
 //! rather than under its own key, because sled holds page metadata in memory
-//! per stored key and scheduled retries are the records that pile up.
+//! per stored key and scheduled retries are the records that pile up; a
+//! message held in place (a broker-held nack) does the same ([`held`]).
 //!
 //! Every value is sealed with a CRC-32C of its key and body
 //! ([`codec::seal`]) and checked on every read; `meta` also holds the store
@@ -21,8 +22,10 @@ mod append;
 mod codec;
 mod dropping;
 mod frame;
+mod held;
 mod keys;
 mod meta;
+mod moves;
 mod open;
 mod reads;
 mod refs;
@@ -35,7 +38,7 @@ mod verify;
 use super::*;
 use codec::{be, decode_failures, encode_failures, from_json, json, read_be, seal, unseal};
 use keys::*;
-pub use refs::Settle;
+pub use refs::{Indexed, Settle};
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::{Batch, Db, Tree};
@@ -63,11 +66,12 @@ pub struct SledStorage {
     /// clean [`Self::verify`] pass, taken by the next counted inventory
     /// instead of a second scan.
     verified_counts: Mutex<Option<HashMap<u64, manifest::SubCounts>>>,
-    /// The main-tier failure heads per subscription id a clean
-    /// [`Self::verify`] pass decoded on its way, taken by the subscriptions'
-    /// start ([`SubscriptionStore::failure_heads`]) instead of a second
-    /// scan; dropped by any write to the failures tree.
-    verified_heads: Mutex<Option<Heads>>,
+    /// The main-tier failure heads per subscription id, from a clean
+    /// [`Self::verify`] pass or one scan of the failures and schedule
+    /// trees, each subscription's taken once by its start
+    /// ([`SubscriptionStore::failure_heads`]); a subscription's are read
+    /// afresh once its records are written ([`held`]).
+    heads: Mutex<Option<held::HeadCache>>,
 }
 
 /// Failure heads of messages.
@@ -117,7 +121,7 @@ impl SledStorage {
             segment_entries,
             segments: Mutex::new(segments),
             verified_counts: Mutex::new(None),
-            verified_heads: Mutex::new(None),
+            heads: Mutex::new(None),
         })
     }
 
@@ -144,12 +148,6 @@ impl SledStorage {
         Ok(crate::util::lock(&self.segments)
             .get(topic)
             .and_then(|m| m.get(&seg).cloned()))
-    }
-
-    /// Drops what the last verify pass read of the failures tree (it is
-    /// about to change).
-    fn forget_verified_heads(&self) {
-        crate::util::lock(&self.verified_heads).take();
     }
 
     fn id_floor(&self, topic: &str) -> Result<u64> {
@@ -403,7 +401,6 @@ impl SubscriptionStore for SledStorage {
     }
 
     fn delete_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
-        self.forget_verified_heads();
         let mut batch = Batch::default();
         for k in self.failures.scan_prefix(be(record.id)).keys() {
             batch.remove(k?);
@@ -423,6 +420,7 @@ impl SubscriptionStore for SledStorage {
         }
         self.schedule.apply_batch(batch)?;
         self.meta.remove(sub_key(&record.topic, &record.name))?;
+        self.touch_heads([record.id]);
         Ok(())
     }
 
@@ -431,7 +429,8 @@ impl SubscriptionStore for SledStorage {
         if let Some(v) = self.failures.get(key)? {
             return decode_failures(unseal(&key, &v)?).map(Some);
         }
-        let Some(due_ms) = due_ms.filter(|_| message.tier == TierId::Retry) else {
+        // A retry-tier move or a hold keeps it in the schedule entry.
+        let Some(due_ms) = due_ms else {
             return Ok(None);
         };
         let key = ScheduleKey { due_ms, message }.key();
@@ -447,7 +446,8 @@ impl SubscriptionStore for SledStorage {
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {
         let mut prefix = be(sub_id).to_vec();
         prefix.push(tier as u8);
-        self.failures
+        let own: Vec<(SubMessage, FailureRecord)> = self
+            .failures
             .scan_prefix(prefix)
             .map(|kv| {
                 let (k, v) = kv?;
@@ -455,15 +455,26 @@ impl SubscriptionStore for SledStorage {
                     .ok_or_else(|| StorageError::Corrupt("bad failure key".into()))?;
                 Ok((m, decode_failures(unseal(&k, &v)?)?))
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        if tier != TierId::Main {
+            return Ok(own);
+        }
+        // Held messages' records are in their schedule entries; a record
+        // under its own key wins.
+        let mut all: BTreeMap<u64, (SubMessage, FailureRecord)> = self
+            .held_records(sub_id)?
+            .into_iter()
+            .map(|(m, r)| (m.entry_id, (m, r)))
+            .collect();
+        for (m, r) in own {
+            all.insert(m.entry_id, (m, r));
+        }
+        Ok(all.into_values().collect())
     }
 
     fn failure_heads(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureHead)>> {
-        if tier == TierId::Main
-            && let Some(verified) = crate::util::lock(&self.verified_heads).as_mut()
-        {
-            // Read by the verify pass, and nothing written since.
-            return Ok(verified.remove(&sub_id).unwrap_or_default());
+        if tier == TierId::Main {
+            return self.main_heads(sub_id);
         }
         let mut prefix = be(sub_id).to_vec();
         prefix.push(tier as u8);
@@ -479,7 +490,6 @@ impl SubscriptionStore for SledStorage {
     }
 
     fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()> {
-        self.forget_verified_heads();
         let mut batch = Batch::default();
         for (m, rec) in records {
             match rec {
@@ -487,8 +497,17 @@ impl SubscriptionStore for SledStorage {
                 None => batch.remove(&m.key()),
             }
         }
-        self.failures.apply_batch(batch)?;
-        Ok(())
+        let written = self.failures.apply_batch(batch);
+        self.touch_heads(records.iter().map(|(m, _)| m.sub_id));
+        Ok(written?)
+    }
+
+    fn put_held(
+        &self,
+        held: &[(ScheduleKey, FailureRecord)],
+        unschedule: &[ScheduleKey],
+    ) -> Result<()> {
+        self.put_held_tx(held, unschedule)
     }
 
     fn scheduled(
@@ -522,116 +541,23 @@ impl SubscriptionStore for SledStorage {
     fn put_schedule(&self, keys: &[(ScheduleKey, bool)]) -> Result<()> {
         let mut batch = Batch::default();
         for (k, add) in keys {
-            if *add {
-                batch.insert(&k.key(), seal(&k.key(), &[]));
-            } else {
+            if !*add {
                 batch.remove(&k.key());
+            } else if !self.schedule.contains_key(k.key())? {
+                // An entry already there keeps the record it holds (a
+                // retry's, a hold's); its subscription alone writes it.
+                batch.insert(&k.key(), seal(&k.key(), &[]));
             }
         }
-        self.schedule.apply_batch(batch)?;
-        Ok(())
+        let written = self.schedule.apply_batch(batch);
+        self.touch_heads(keys.iter().map(|(k, _)| k.message.sub_id));
+        Ok(written?)
     }
 
     fn move_messages(&self, mv: &TierMove) -> Result<()> {
-        self.forget_verified_heads();
-        // Everything is encoded before the transaction: its closure may re-run.
-        let sub_key = sub_key(&mv.subscription.topic, &mv.subscription.name);
-        let sub_val = seal(&sub_key, &json(&mv.subscription));
-        let mut seg_numbers: Vec<u64> = mv
-            .items
-            .iter()
-            .map(|i| i.target_entry_id / self.segment_entries)
-            .collect();
-        seg_numbers.sort_unstable();
-        seg_numbers.dedup();
-        let mut trees = vec![
-            self.meta.clone(),
-            self.failures.clone(),
-            self.schedule.clone(),
-            self.deadletters.clone(),
-        ];
-        const SHARED_TREES: usize = 4;
-        for seg in &seg_numbers {
-            trees.push(self.segment(&mv.target_topic, *seg)?);
-        }
-        /// Where an item's record goes: with its schedule entry (a retry)
-        /// or under its dead-letter key.
-        enum Landing {
-            Schedule([u8; 25], Vec<u8>),
-            DeadLetter([u8; 16], Vec<u8>),
-        }
-        struct Encoded {
-            from_key: [u8; 17],
-            from_schedule: Option<[u8; 25]>,
-            segment: usize,
-            entry_key: [u8; 8],
-            frame: Vec<u8>,
-            landing: Landing,
-            /// The retry-reference index entry, for a reference.
-            index: Option<[u8; refs::INDEX_KEY_LEN]>,
-        }
-        let encoded: Vec<Encoded> = mv
-            .items
-            .iter()
-            .map(|item| {
-                let seg = item.target_entry_id / self.segment_entries;
-                let landing = match &item.arrival {
-                    // A retry keeps its failure record in its schedule entry:
-                    // sled holds some 45 bytes of page metadata in memory per
-                    // stored key, and millions of scheduled retries are the
-                    // case to size for.
-                    Arrival::Retry { due_ms } => {
-                        let key = ScheduleKey {
-                            due_ms: *due_ms,
-                            message: TierEntry::retry(item.target_entry_id).of(mv.subscription.id),
-                        };
-                        let k = key.key();
-                        Landing::Schedule(k, seal(&k, &encode_failures(&item.failures)))
-                    }
-                    Arrival::DeadLetter(d) => {
-                        let k = dl_key(mv.subscription.id, item.target_entry_id);
-                        Landing::DeadLetter(k, seal(&k, &json(d)))
-                    }
-                };
-                Encoded {
-                    from_key: item.from.key(),
-                    from_schedule: item.from_schedule.map(|s| s.key()),
-                    segment: seg_numbers.binary_search(&seg).unwrap_or(0),
-                    entry_key: be(item.target_entry_id),
-                    frame: seal(
-                        &be(item.target_entry_id),
-                        &frame::encode(std::slice::from_ref(&item.payload)),
-                    ),
-                    landing,
-                    index: refs::index_key_of(mv.subscription.id, item),
-                }
-            })
-            .collect();
-        let result = trees.as_slice().transaction(|t| {
-            let (meta, failures, schedule, deadletters) = (&t[0], &t[1], &t[2], &t[3]);
-            let segments = &t[SHARED_TREES..];
-            meta.insert(sub_key.as_slice(), sub_val.as_slice())?;
-            for e in &encoded {
-                failures.remove(&e.from_key)?;
-                if let Some(s) = &e.from_schedule {
-                    schedule.remove(s)?;
-                }
-                segments[e.segment].insert(&e.entry_key, e.frame.as_slice())?;
-                if let Some(k) = &e.index {
-                    meta.insert(k, seal(k, &[]))?;
-                }
-                match &e.landing {
-                    Landing::Schedule(k, v) => schedule.insert(k, v.as_slice())?,
-                    Landing::DeadLetter(k, v) => deadletters.insert(k, v.as_slice())?,
-                };
-            }
-            Ok::<_, ConflictableTransactionError<StorageError>>(())
-        });
-        match result {
-            Ok(()) => Ok(()),
-            Err(TransactionError::Abort(e)) => Err(e),
-            Err(TransactionError::Storage(e)) => Err(e.into()),
-        }
+        let written = self.move_messages_tx(mv);
+        self.touch_heads([mv.subscription.id]);
+        written
     }
 
     fn dead_letters(
@@ -699,8 +625,9 @@ impl SubscriptionStore for SledStorage {
     }
 
     fn return_dead_letters(&self, mv: &DeadLetterReturn) -> Result<()> {
-        self.forget_verified_heads();
-        self.return_dead_letters_tx(mv)
+        let written = self.return_dead_letters_tx(mv);
+        self.touch_heads([mv.subscription.id]);
+        written
     }
 
     fn subscription_state(&self, sub_id: u64) -> Result<SubscriptionState> {
@@ -708,8 +635,9 @@ impl SubscriptionStore for SledStorage {
     }
 
     fn restore_subscription_state(&self, sub_id: u64, state: &SubscriptionState) -> Result<()> {
-        self.forget_verified_heads();
-        self.write_subscription_state(sub_id, state)
+        let written = self.write_subscription_state(sub_id, state);
+        self.touch_heads([sub_id]);
+        written
     }
 
     fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>> {

@@ -1,9 +1,15 @@
 //! The sled side of retry-tier references ([`crate::refs`]): the
-//! index of the references a subscription's retry tier holds, in `meta`
-//! under `x:<sub id><source entry><tier entry>` (big-endian, an empty
-//! sealed value), written in the tier move's transaction; and replacing
-//! references with copies, each with its index entry removed, in one
-//! transaction.
+//! index of the references a subscription's retry tier holds, in `meta`,
+//! one key per tier move (not per reference: sled keeps some 45 bytes of
+//! page metadata in memory per stored key, and parked retries are what
+//! piles up): `x:<sub id><lowest source entry><its tier entry>`
+//! (big-endian), whose sealed value lists the move's `(source entry, tier
+//! entry)` pairs, 16 bytes each. A key with an empty value (the layout
+//! before) is a group of the one pair its key names. The index is written
+//! in the tier move's transaction; replacing references with copies
+//! removes their pairs (a group losing its lowest pair is stored again
+//! under its new lowest, so the first key always names the lowest
+//! reference) in the same transaction.
 
 use super::codec::{be, read_be, seal, unseal};
 use super::*;
@@ -13,6 +19,8 @@ use crate::refs::{RetryRef, is_ref};
 pub(super) const INDEX_PREFIX: &[u8] = b"x:";
 /// Prefix, subscription id, source entry, tier entry.
 pub(super) const INDEX_KEY_LEN: usize = 2 + 24;
+/// Bytes per listed pair.
+const PAIR_LEN: usize = 16;
 
 fn index_key(sub_id: u64, source: u64, target: u64) -> [u8; INDEX_KEY_LEN] {
     let mut k = [0u8; INDEX_KEY_LEN];
@@ -23,23 +31,72 @@ fn index_key(sub_id: u64, source: u64, target: u64) -> [u8; INDEX_KEY_LEN] {
     k
 }
 
-/// The index entry a tier move writes for `item`, when it stores a
-/// reference.
-pub(super) fn index_key_of(sub_id: u64, item: &MoveItem) -> Option<[u8; INDEX_KEY_LEN]> {
-    if !matches!(item.arrival, Arrival::Retry { .. }) {
-        return None;
+/// The pairs an index value lists (`key`'s own pair for an empty one).
+fn pairs_of(key: &[u8], body: &[u8]) -> Result<Vec<(u64, u64)>> {
+    if key.len() != INDEX_KEY_LEN || !body.len().is_multiple_of(PAIR_LEN) {
+        return Err(StorageError::Corrupt(
+            "bad retry reference index entry".into(),
+        ));
     }
-    let r = RetryRef::parse(&item.payload).ok()??;
-    Some(index_key(sub_id, r.source_entry, item.target_entry_id))
+    if body.is_empty() {
+        return Ok(vec![(read_be(&key[10..18])?, read_be(&key[18..])?)]);
+    }
+    body.chunks(PAIR_LEN)
+        .map(|p| Ok((read_be(&p[..8])?, read_be(&p[8..])?)))
+        .collect()
+}
+
+/// Checks an index entry (the verify pass).
+pub(super) fn check_index(key: &[u8], body: &[u8]) -> Result<()> {
+    pairs_of(key, body).map(|_| ())
+}
+
+/// The key and value of a group of `pairs` (at least one).
+fn group_entry(sub_id: u64, pairs: &[(u64, u64)]) -> ([u8; INDEX_KEY_LEN], Vec<u8>) {
+    let (source, target) = pairs.iter().min().copied().unwrap_or_default();
+    let key = index_key(sub_id, source, target);
+    let mut body = Vec::with_capacity(pairs.len() * PAIR_LEN);
+    for (s, t) in pairs {
+        body.extend_from_slice(&be(*s));
+        body.extend_from_slice(&be(*t));
+    }
+    let sealed = seal(&key, &body);
+    (key, sealed)
+}
+
+/// The index entry a tier move writes for the references among `items`
+/// (one for the whole move), if any.
+pub(super) fn index_of_move(
+    sub_id: u64,
+    items: &[MoveItem],
+) -> Option<([u8; INDEX_KEY_LEN], Vec<u8>)> {
+    let pairs: Vec<(u64, u64)> = items
+        .iter()
+        .filter(|i| matches!(i.arrival, Arrival::Retry { .. }))
+        .filter_map(|i| {
+            let r = RetryRef::parse(&i.payload).ok()??;
+            Some((r.source_entry, i.target_entry_id))
+        })
+        .collect();
+    (!pairs.is_empty()).then(|| group_entry(sub_id, &pairs))
+}
+
+/// One indexed reference: its source entry, its tier entry, and the index
+/// key listing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Indexed {
+    /// The source entry.
+    pub source: u64,
+    /// The retry-tier entry.
+    pub target: u64,
+    group: [u8; INDEX_KEY_LEN],
 }
 
 /// One reference to settle before its source goes.
 #[derive(Debug)]
 pub struct Settle {
-    /// The source entry.
-    pub source: u64,
-    /// The retry-tier entry.
-    pub target: u64,
+    /// The reference, as the index lists it.
+    pub indexed: Indexed,
     /// The full copy to store in place of the reference; `None` when the
     /// tier entry is gone (or no longer a reference) and only the index
     /// entry is left to drop.
@@ -47,23 +104,36 @@ pub struct Settle {
 }
 
 impl SledStorage {
-    /// `(source, tier entry)` of subscription `sub_id`'s indexed
-    /// references with a source entry `< below`, by source entry.
-    pub fn references_below(&self, sub_id: u64, below: u64) -> Result<Vec<(u64, u64)>> {
+    /// Subscription `sub_id`'s indexed references with a source entry
+    /// `< below`, by source entry.
+    pub fn references_below(&self, sub_id: u64, below: u64) -> Result<Vec<Indexed>> {
         let mut out = Vec::new();
         for kv in self
             .meta
             .range(index_key(sub_id, 0, 0)..index_key(sub_id, below, 0))
         {
             let (k, v) = kv?;
-            unseal(&k, &v)?;
-            out.push((read_be(&k[10..18])?, read_be(&k[18..])?));
+            let group: [u8; INDEX_KEY_LEN] = k
+                .as_ref()
+                .try_into()
+                .map_err(|_| StorageError::Corrupt("bad retry reference index key".into()))?;
+            for (source, target) in pairs_of(&k, unseal(&k, &v)?)? {
+                if source < below {
+                    out.push(Indexed {
+                        source,
+                        target,
+                        group,
+                    });
+                }
+            }
         }
+        out.sort_by_key(|i| (i.source, i.target));
         Ok(out)
     }
 
-    /// The lowest indexed `(source, tier entry)` of subscription `sub_id`.
-    pub fn lowest_reference_of(&self, sub_id: u64) -> Result<Option<(u64, u64)>> {
+    /// The lowest indexed reference of subscription `sub_id` (the first
+    /// index key names it).
+    pub fn lowest_reference_of(&self, sub_id: u64) -> Result<Option<Indexed>> {
         let first = self
             .meta
             .range(index_key(sub_id, 0, 0)..=index_key(sub_id, u64::MAX, u64::MAX))
@@ -72,15 +142,25 @@ impl SledStorage {
             None => Ok(None),
             Some(kv) => {
                 let (k, v) = kv?;
-                unseal(&k, &v)?;
-                Ok(Some((read_be(&k[10..18])?, read_be(&k[18..])?)))
+                let group: [u8; INDEX_KEY_LEN] = k
+                    .as_ref()
+                    .try_into()
+                    .map_err(|_| StorageError::Corrupt("bad retry reference index key".into()))?;
+                let lowest = pairs_of(&k, unseal(&k, &v)?)?.into_iter().min();
+                Ok(lowest.map(|(source, target)| Indexed {
+                    source,
+                    target,
+                    group,
+                }))
             }
         }
     }
 
     /// In one transaction: stores each [`Settle::copy`] in place of the
     /// reference at its tier entry of `retry_topic` (only where a
-    /// reference still is), and drops the index entries of `items`.
+    /// reference still is), and drops the index pairs of `items` (a group
+    /// left without pairs goes; one that lost its lowest is stored again
+    /// under its new lowest).
     pub fn settle_references(
         &self,
         retry_topic: &str,
@@ -88,45 +168,66 @@ impl SledStorage {
         items: &[Settle],
     ) -> Result<()> {
         let mut trees = vec![self.meta.clone()];
-        let mut slots = Vec::with_capacity(items.len());
+        // The frames holding the tier entries to copy into, by tree and
+        // frame key; found before the transaction (it cannot range).
+        let mut frames: BTreeMap<(usize, [u8; 8]), Vec<(u64, &[u8])>> = BTreeMap::new();
         let mut segs: Vec<u64> = Vec::new();
         for item in items {
-            let seg = item.target / self.segment_entries;
-            let slot = match (&item.copy, self.segment_if_open(retry_topic, seg)?) {
-                (Some(copy), Some(tree)) => {
-                    let at = match segs.iter().position(|s| *s == seg) {
-                        Some(at) => at,
-                        None => {
-                            segs.push(seg);
-                            trees.push(tree);
-                            segs.len() - 1
-                        }
-                    };
-                    let key = be(item.target);
-                    Some((
-                        at + 1,
-                        key,
-                        seal(&key, &frame::encode(std::slice::from_ref(copy))),
-                    ))
-                }
-                _ => None,
+            let Some(copy) = &item.copy else { continue };
+            let target = item.indexed.target;
+            let seg = target / self.segment_entries;
+            let Some(tree) = self.segment_if_open(retry_topic, seg)? else {
+                continue;
             };
-            slots.push((index_key(sub_id, item.source, item.target), slot));
+            let Some(kv) = tree.range(..=be(target)).next_back() else {
+                continue;
+            };
+            let (k, _) = kv?;
+            let Ok(frame_key) = <[u8; 8]>::try_from(k.as_ref()) else {
+                continue;
+            };
+            let at = match segs.iter().position(|s| *s == seg) {
+                Some(at) => at,
+                None => {
+                    segs.push(seg);
+                    trees.push(tree);
+                    segs.len() - 1
+                }
+            };
+            frames
+                .entry((at + 1, frame_key))
+                .or_default()
+                .push((target, copy.as_slice()));
+        }
+        let mut groups: BTreeMap<[u8; INDEX_KEY_LEN], Vec<(u64, u64)>> = BTreeMap::new();
+        for item in items {
+            groups
+                .entry(item.indexed.group)
+                .or_default()
+                .push((item.indexed.source, item.indexed.target));
         }
         let result = trees.as_slice().transaction(|t| {
-            for (index, slot) in &slots {
-                t[0].remove(index.as_slice())?;
-                let Some((tree, key, value)) = slot else {
+            for (group, settled) in &groups {
+                let Some(v) = t[0].get(group)? else { continue };
+                let pairs = unseal(group, &v)
+                    .and_then(|body| pairs_of(group, body))
+                    .map_err(ConflictableTransactionError::Abort)?;
+                let rest: Vec<(u64, u64)> =
+                    pairs.into_iter().filter(|p| !settled.contains(p)).collect();
+                t[0].remove(group.as_slice())?;
+                if !rest.is_empty() {
+                    let (k, v) = group_entry(sub_id, &rest);
+                    t[0].insert(k.as_slice(), v)?;
+                }
+            }
+            for ((tree, key), copies) in &frames {
+                let Some(v) = t[*tree].get(key)? else {
                     continue;
                 };
                 // Only a reference is replaced: an entry that went (a
                 // trimmed tier segment) stays gone.
-                let still_ref = match t[*tree].get(key)? {
-                    Some(v) => single_entry(key, &v).is_some_and(is_ref),
-                    None => false,
-                };
-                if still_ref {
-                    t[*tree].insert(key.as_slice(), value.as_slice())?;
+                if let Some(value) = with_copies(key, &v, copies) {
+                    t[*tree].insert(key.as_slice(), value)?;
                 }
             }
             Ok::<_, ConflictableTransactionError<StorageError>>(())
@@ -136,6 +237,20 @@ impl SledStorage {
             Err(TransactionError::Abort(e)) => Err(e),
             Err(TransactionError::Storage(e)) => Err(e.into()),
         }
+    }
+
+    /// Stored frames of `topic` and index keys of every subscription (for
+    /// tests of the layout).
+    #[cfg(test)]
+    pub(crate) fn stored_keys(&self, topic: &str) -> (usize, usize) {
+        let frames = self
+            .segments_of(topic)
+            .unwrap()
+            .iter()
+            .map(|(_, t)| t.len())
+            .sum();
+        let index = self.meta.scan_prefix(INDEX_PREFIX).count();
+        (frames, index)
     }
 
     /// Drops every index entry of subscription `sub_id` (deleted).
@@ -153,10 +268,23 @@ impl SledStorage {
     }
 }
 
-/// The entry of a one-entry frame stored under `key`.
-fn single_entry<'a>(key: &[u8; 8], value: &'a [u8]) -> Option<&'a [u8]> {
+/// The frame stored under `key` (value `value`) with each of `copies`
+/// `(entry, copy)` in place of its entry where that entry is still a
+/// reference; `None` when nothing changes (or the frame does not read:
+/// left for the verify pass to report).
+fn with_copies(key: &[u8; 8], value: &[u8], copies: &[(u64, &[u8])]) -> Option<Vec<u8>> {
     let body = unseal(key, value).ok()?;
-    let mut entries = frame::entries(u64::from_be_bytes(*key), body).ok()?;
-    let (_, entry) = entries.next()?;
-    entries.next().is_none().then_some(entry)
+    let slots = frame::slots(u64::from_be_bytes(*key), body).ok()?;
+    let mut changed = false;
+    let entries: Vec<Option<Vec<u8>>> = slots
+        .into_iter()
+        .map(|(id, e)| match (e, copies.iter().find(|(t, _)| *t == id)) {
+            (Some(e), Some((_, copy))) if is_ref(e) => {
+                changed = true;
+                Some(copy.to_vec())
+            }
+            (e, _) => e.map(<[u8]>::to_vec),
+        })
+        .collect();
+    changed.then(|| seal(key, &frame::encode_slots(&entries)))
 }

@@ -55,7 +55,7 @@ impl SledStorage {
         let report = self.verify_with(false, &|| false, Some(&mut heads));
         if report.complete && report.problem_count == 0 {
             *crate::util::lock(&self.verified_counts) = Some(report.by_subscription.clone());
-            *crate::util::lock(&self.verified_heads) = Some(heads);
+            self.keep_verified_heads(held::finish_all(heads));
         }
         report
     }
@@ -97,13 +97,14 @@ impl SledStorage {
         self.verify_with(true, stop, None)
     }
 
-    /// The pass; with `heads`, the main-tier failure heads it decodes are
-    /// gathered there per subscription.
+    /// The pass; with `heads`, the main-tier failure heads it decodes (of
+    /// records under their own keys and in schedule entries) are gathered
+    /// there per subscription.
     fn verify_with(
         &self,
         live: bool,
         stop: &(dyn Fn() -> bool + Sync),
-        heads: Option<&mut Heads>,
+        heads: Option<&mut HashMap<u64, held::Gathered>>,
     ) -> VerifyReport {
         let want_heads = heads.is_some();
         let mut report = VerifyReport {
@@ -144,35 +145,38 @@ impl SledStorage {
             .map_or(1, |n| n.get())
             .clamp(1, VERIFY_THREADS)
             .min(trees.len());
-        let mut parts: Vec<(usize, VerifyReport, HeadList)> = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut done = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some((name, tree)) = trees.get(i) else {
-                                return done;
-                            };
-                            let mut found = Vec::new();
-                            let gather = (want_heads && name == "failures").then_some(&mut found);
-                            let report = verify_tree(name, tree, live, stop, gather);
-                            done.push((i, report, found));
-                        }
+        let mut parts: Vec<(usize, VerifyReport, HashMap<u64, held::Gathered>)> =
+            std::thread::scope(|scope| {
+                let workers: Vec<_> = (0..threads)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            let mut done = Vec::new();
+                            loop {
+                                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                let Some((name, tree)) = trees.get(i) else {
+                                    return done;
+                                };
+                                let mut found = HashMap::new();
+                                let gather = (want_heads
+                                    && (name == "failures" || name == "schedule"))
+                                    .then_some(&mut found);
+                                let report = verify_tree(name, tree, live, stop, gather);
+                                done.push((i, report, found));
+                            }
+                        })
                     })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .collect()
-        });
+                    .collect();
+                workers
+                    .into_iter()
+                    .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            });
         parts.sort_by_key(|(i, _, _)| *i);
         let mut heads = heads;
         for (_, part, found) in parts {
             if let Some(heads) = heads.as_deref_mut() {
-                for (m, head) in found {
-                    heads.entry(m.sub_id).or_default().push((m, head));
+                for (sub, g) in found {
+                    heads.entry(sub).or_default().absorb(g);
                 }
             }
             report.values += part.values;
@@ -207,7 +211,7 @@ fn verify_tree(
     tree: &Tree,
     live: bool,
     stop: &dyn Fn() -> bool,
-    mut heads: Option<&mut HeadList>,
+    mut heads: Option<&mut HashMap<u64, held::Gathered>>,
 ) -> VerifyReport {
     let mut report = VerifyReport {
         complete: true,
@@ -245,11 +249,12 @@ fn verify_tree(
             Ok(entries) => report.entries += entries,
             Err(e) => report.problem(format!("{name}: {e}")),
         }
-        if let Some(heads) = heads.as_deref_mut()
-            && let Some(m) = SubMessage::from_key(&k).filter(|m| m.tier == TierId::Main)
-            && let Ok(head) = unseal(&k, &v).and_then(codec::decode_failure_head)
-        {
-            heads.push((m, head));
+        if let Some(heads) = heads.as_deref_mut() {
+            if name == "schedule" {
+                held::gather_scheduled(heads, &k, &v);
+            } else {
+                held::gather_own(heads, &k, &v);
+            }
         }
     }
     report
@@ -290,11 +295,7 @@ fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
         "meta" if k.starts_with(RETENTION_PREFIX) => from_json::<RetentionRecord>(body).map(|_| 0),
         "meta" if k.starts_with(TIERED_PREFIX) => from_json::<serde_json::Value>(body).map(|_| 0),
         "meta" if k.starts_with(super::refs::INDEX_PREFIX) => {
-            if k.len() == super::refs::INDEX_KEY_LEN && body.is_empty() {
-                Ok(0)
-            } else {
-                Err(bad_key())
-            }
+            super::refs::check_index(k, body).map(|_| 0)
         }
         "meta" if k == STORE_ID_KEY => std::str::from_utf8(body)
             .map(|_| 0)
@@ -382,7 +383,7 @@ mod tests {
     }
 
     #[test]
-    fn the_subscriptions_start_takes_the_heads_a_clean_pass_read_until_a_write() {
+    fn the_subscriptions_start_takes_the_heads_a_clean_pass_read_until_its_records_are_written() {
         let dir = tempfile::tempdir().unwrap();
         let s = SledStorage::open(dir.path(), 4, 8 << 20).unwrap();
         let mut held = crate::records::sample_history(2);
@@ -399,31 +400,35 @@ mod tests {
             (m(2, TierId::Main, 5), Some(held.clone())),
         ])
         .unwrap();
-        let scanned = |s: &SledStorage, sub| {
-            let mut prefix = be(sub).to_vec();
-            prefix.push(TierId::Main as u8);
-            s.failures.scan_prefix(prefix).count()
+        // A held message: its record in its schedule entry.
+        let key = ScheduleKey {
+            due_ms: 9_000,
+            message: m(1, TierId::Main, 6),
         };
+        s.put_held(&[(key, held.clone())], &[]).unwrap();
         assert_eq!(s.verify().problem_count, 0);
-        assert!(crate::util::lock(&s.verified_heads).is_some());
-        let one = s.failure_heads(1, TierId::Main).unwrap();
-        assert_eq!(
-            one,
-            vec![
-                (m(1, TierId::Main, 3), FailureHead::of(&held)),
-                (m(1, TierId::Main, 4), FailureHead::default()),
-            ]
-        );
-        assert_eq!(scanned(&s, 1), 2);
-        // A write to the failures tree drops what the pass read: the next
-        // start reads the tree again and sees the write.
+        let cached = |s: &SledStorage, sub| {
+            crate::util::lock(&s.heads)
+                .as_ref()
+                .is_some_and(|c| c.holds(sub))
+        };
+        assert!(cached(&s, 1) && cached(&s, 2));
+        let want = vec![
+            (m(1, TierId::Main, 3), FailureHead::of(&held)),
+            (m(1, TierId::Main, 4), FailureHead::default()),
+            (m(1, TierId::Main, 6), FailureHead::of(&held)),
+        ];
+        assert_eq!(s.failure_heads(1, TierId::Main).unwrap(), want);
+        // Taken once; asked again, they are read afresh, not lost.
+        assert!(!cached(&s, 1));
+        assert_eq!(s.failure_heads(1, TierId::Main).unwrap(), want);
+        // A write to a subscription's records drops its share only: its
+        // next start reads the trees again and sees the write.
         s.put_failures(&[(m(2, TierId::Main, 6), Some(held.clone()))])
             .unwrap();
-        assert!(crate::util::lock(&s.verified_heads).is_none());
+        assert!(!cached(&s, 2));
         assert_eq!(s.failure_heads(2, TierId::Main).unwrap().len(), 2);
         // A pass that finds damage hands nothing over.
-        s.verify();
-        assert!(crate::util::lock(&s.verified_heads).is_some());
         s.put_topic(&TopicRecord {
             name: "t".into(),
             created_ms: 0,
@@ -433,9 +438,9 @@ mod tests {
         .unwrap();
         s.append("t", 0, &[entry(0)], None).unwrap();
         s.damage_entry("t", 0, 7);
-        *crate::util::lock(&s.verified_heads) = None;
+        *crate::util::lock(&s.heads) = None;
         assert!(s.verify().problem_count > 0);
-        assert!(crate::util::lock(&s.verified_heads).is_none());
+        assert!(crate::util::lock(&s.heads).is_none());
     }
 
     #[test]

@@ -308,6 +308,76 @@ pub fn check_retry_moves_keep_the_failure_record_in_the_schedule_entry(s: &dyn S
     assert_eq!(subs.len(), 1);
 }
 
+/// A message held in place ([`Storage::put_held`]): its record is found
+/// with its hold's end, listed by the heads and `failures_of`, moves with a
+/// new hold (the old schedule entry going in the same write), survives a
+/// schedule entry added again, yields to a record written later the
+/// ordinary way, travels with the subscription's state, and goes with its
+/// schedule entry.
+pub fn check_held_messages_keep_their_records_with_their_schedule_entries(s: &dyn Storage) {
+    let m = TierEntry::main(4).of(7);
+    let held = |count: u32, until: u64| {
+        let mut r = record(count);
+        r.hold_until_ms = until;
+        r
+    };
+    // An earlier record under the message's own key is replaced.
+    s.put_failures(&[(m, Some(record(0)))]).unwrap();
+    let first = ScheduleKey {
+        due_ms: 5_000,
+        message: m,
+    };
+    s.put_held(&[(first, held(1, 5_000))], &[]).unwrap();
+    assert_eq!(s.failure(m, Some(5_000)).unwrap(), Some(held(1, 5_000)));
+    assert_eq!(s.scheduled(None, u64::MAX, 10).unwrap(), vec![first]);
+    assert_eq!(
+        s.failure_heads(7, TierId::Main).unwrap(),
+        vec![(m, FailureHead::of(&held(1, 5_000)))]
+    );
+    assert_eq!(
+        s.failures_of(7, TierId::Main).unwrap(),
+        vec![(m, held(1, 5_000))]
+    );
+    // Held again: the old entry goes with the same write.
+    let second = ScheduleKey {
+        due_ms: 9_000,
+        message: m,
+    };
+    s.put_held(&[(second, held(2, 9_000))], &[first]).unwrap();
+    assert_eq!(s.scheduled(None, u64::MAX, 10).unwrap(), vec![second]);
+    assert_eq!(s.failure(m, Some(9_000)).unwrap(), Some(held(2, 9_000)));
+    // Adding the schedule entry again (a delayed message read again)
+    // keeps the record.
+    s.put_schedule(&[(second, true)]).unwrap();
+    assert_eq!(s.failure(m, Some(9_000)).unwrap(), Some(held(2, 9_000)));
+    assert_eq!(
+        s.failure_heads(7, TierId::Main).unwrap(),
+        vec![(m, FailureHead::of(&held(2, 9_000)))]
+    );
+    // The subscription's state carries it to another id.
+    let state = s.subscription_state(7).unwrap();
+    s.restore_subscription_state(99, &state).unwrap();
+    let moved = TierEntry::main(4).of(99);
+    assert_eq!(s.failure(moved, Some(9_000)).unwrap(), Some(held(2, 9_000)));
+    assert_eq!(
+        s.failure_heads(99, TierId::Main).unwrap(),
+        vec![(moved, FailureHead::of(&held(2, 9_000)))]
+    );
+    // A record written later the ordinary way wins.
+    s.put_failures(&[(m, Some(record(3)))]).unwrap();
+    assert_eq!(s.failure(m, Some(9_000)).unwrap(), Some(record(3)));
+    assert_eq!(
+        s.failure_heads(7, TierId::Main).unwrap(),
+        vec![(m, FailureHead::of(&record(3)))]
+    );
+    // Acked: the record and the entry go.
+    s.put_failures(&[(m, None)]).unwrap();
+    s.put_schedule(&[(second, false)]).unwrap();
+    assert_eq!(s.failure(m, Some(9_000)).unwrap(), None);
+    assert!(s.failure_heads(7, TierId::Main).unwrap().is_empty());
+    assert!(s.failures_of(7, TierId::Main).unwrap().is_empty());
+}
+
 /// A failure record's head is its count and hold, for every record of the
 /// tier asked (and only those), histories or not.
 pub fn check_failure_heads_are_the_records_counts_and_holds(s: &dyn Storage) {
@@ -820,6 +890,7 @@ macro_rules! storage_contract {
             check_edits_and_replay_intents_are_kept,
             check_replay_jobs_are_stored_updated_and_removed,
             check_partitioned_metadata_is_put_listed_raised_and_deleted,
+            check_held_messages_keep_their_records_with_their_schedule_entries,
         );
         $crate::storage_contract!(@engine $engine;
             check_the_inventory_describes_the_store_and_the_manifest_reads_back,

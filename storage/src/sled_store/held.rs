@@ -1,0 +1,514 @@
+//! Held messages in one key each: a message the broker holds in place (a
+//! broker-held nack) keeps its failure record as the value of its schedule
+//! entry (`schedule`, keyed by the hold's end), not under its own key in
+//! `failures`, because sled keeps some 45 bytes of page metadata in memory
+//! per stored key and held nacks are what piles up (millions).
+//!
+//! Where a message's record is: under its own key in `failures` when one is
+//! there (a failure that is not held, written by
+//! [`SubscriptionStore::put_failures`]), else in the schedule entry of the
+//! hold's end (written by [`SubscriptionStore::put_held`] in one
+//! transaction that also removes the `failures` key), else in the schedule
+//! entry of a retry-tier move. A subscription's start needs the heads
+//! (count, hold) of all its main-tier records; the schedule is keyed by due
+//! time, so they come from one scan of both trees for all subscriptions,
+//! kept in a [`HeadCache`] that each subscription takes its share of
+//! (or from the verify pass, which reads both trees anyway).
+//!
+//! Upgrade: a store written before this layout holds a held nack's record
+//! in `failures` beside an empty schedule entry. It reads as before (the
+//! `failures` key comes first); [`SledStorage::upgrade_held`] moves such
+//! records into their schedule entries at the broker's start, in
+//! transactions of [`UPGRADE_CHUNK`], so a crash leaves each record in one
+//! place or the other, and the next start finishes the job.
+
+use super::codec::{decode_failure_head, encode_failures, seal, unseal};
+use super::*;
+use std::collections::HashSet;
+
+/// Records moved per transaction by [`SledStorage::upgrade_held`].
+pub(super) const UPGRADE_CHUNK: usize = 1024;
+
+/// Main-tier failure heads per subscription, from one scan (or a verify
+/// pass); a subscription's share is taken once.
+#[derive(Debug, Default)]
+pub(super) struct HeadCache {
+    by_sub: HashMap<u64, HeadList>,
+    /// Subscriptions whose share was taken or whose records were written
+    /// since the scan: their heads are read afresh.
+    stale: HashSet<u64>,
+}
+
+/// Heads of one subscription being gathered: those of records in schedule
+/// entries, and those under their own keys (which win).
+#[derive(Debug, Default)]
+pub(super) struct Gathered {
+    scheduled: BTreeMap<u64, FailureHead>,
+    own: BTreeMap<u64, FailureHead>,
+}
+
+impl Gathered {
+    /// The head of a record kept in a schedule entry. Two entries for one
+    /// message (never written by this engine, but possible in a store
+    /// restored from elsewhere) give the later count and hold.
+    pub(super) fn scheduled(&mut self, entry: u64, head: FailureHead) {
+        let slot = self.scheduled.entry(entry).or_insert(head);
+        if (head.count, head.hold_until_ms) > (slot.count, slot.hold_until_ms) {
+            *slot = head;
+        }
+    }
+
+    /// The head of a record under its own key.
+    pub(super) fn own(&mut self, entry: u64, head: FailureHead) {
+        self.own.insert(entry, head);
+    }
+
+    /// Adds what another tree's reader gathered.
+    pub(super) fn absorb(&mut self, other: Gathered) {
+        for (entry, head) in other.scheduled {
+            self.scheduled(entry, head);
+        }
+        self.own.extend(other.own);
+    }
+
+    /// The heads, by entry id.
+    pub(super) fn finish(mut self, sub_id: u64) -> HeadList {
+        self.scheduled.append(&mut self.own);
+        self.scheduled
+            .into_iter()
+            .map(|(entry_id, h)| {
+                (
+                    SubMessage {
+                        sub_id,
+                        tier: TierId::Main,
+                        entry_id,
+                    },
+                    h,
+                )
+            })
+            .collect()
+    }
+}
+
+/// Joins gathered heads per subscription into the cache's form.
+pub(super) fn finish_all(gathered: HashMap<u64, Gathered>) -> Heads {
+    gathered
+        .into_iter()
+        .map(|(sub, g)| (sub, g.finish(sub)))
+        .collect()
+}
+
+impl HeadCache {
+    pub(super) fn new(by_sub: Heads) -> Self {
+        Self {
+            by_sub,
+            stale: HashSet::new(),
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn holds(&self, sub_id: u64) -> bool {
+        !self.stale.contains(&sub_id)
+    }
+}
+
+/// The head of a schedule value, when it holds a main-tier record.
+fn scheduled_head(k: &[u8], v: &[u8]) -> Result<Option<(ScheduleKey, FailureHead)>> {
+    let key =
+        ScheduleKey::from_key(k).ok_or_else(|| StorageError::Corrupt("bad schedule key".into()))?;
+    if key.message.tier != TierId::Main {
+        return Ok(None);
+    }
+    match unseal(k, v)? {
+        [] => Ok(None),
+        body => Ok(Some((key, decode_failure_head(body)?))),
+    }
+}
+
+/// Gathers into `into` the head a schedule value holds (a main-tier record;
+/// an unreadable value is for the verify pass to report).
+pub(super) fn gather_scheduled(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]) {
+    if let Ok(Some((key, head))) = scheduled_head(k, v) {
+        into.entry(key.message.sub_id)
+            .or_default()
+            .scheduled(key.message.entry_id, head);
+    }
+}
+
+/// Gathers into `into` the head of a `failures` value (main tier only).
+pub(super) fn gather_own(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]) {
+    if let Some(m) = SubMessage::from_key(k).filter(|m| m.tier == TierId::Main)
+        && let Ok(head) = unseal(k, v).and_then(decode_failure_head)
+    {
+        into.entry(m.sub_id).or_default().own(m.entry_id, head);
+    }
+}
+
+impl SledStorage {
+    /// Notes that the records of subscriptions `subs` were written: their
+    /// cached heads are read afresh. Called after the write, so a scan
+    /// running meanwhile cannot leave an old head behind.
+    pub(super) fn touch_heads(&self, subs: impl IntoIterator<Item = u64>) {
+        if let Some(cache) = crate::util::lock(&self.heads).as_mut() {
+            for sub in subs {
+                cache.by_sub.remove(&sub);
+                cache.stale.insert(sub);
+            }
+        }
+    }
+
+    /// Hands the verify pass's heads to the subscriptions' start.
+    pub(super) fn keep_verified_heads(&self, heads: Heads) {
+        *crate::util::lock(&self.heads) = Some(HeadCache::new(heads));
+    }
+
+    /// [`SubscriptionStore::failure_heads`] of the main tier: the share of
+    /// the cache (filled by one scan of both trees on the first call),
+    /// or, once taken or written, a scan for this subscription.
+    pub(super) fn main_heads(&self, sub_id: u64) -> Result<HeadList> {
+        let mut guard = crate::util::lock(&self.heads);
+        if guard.is_none() {
+            let started = std::time::Instant::now();
+            let all = self.scan_heads(None)?;
+            tracing::info!(
+                subscriptions = all.len(),
+                heads = all.values().map(Vec::len).sum::<usize>(),
+                took_ms = started.elapsed().as_millis() as u64,
+                "failure heads read for every subscription (a scan of failures and schedule)"
+            );
+            *guard = Some(HeadCache::new(all));
+        }
+        if let Some(cache) = guard.as_mut()
+            && cache.stale.insert(sub_id)
+        {
+            return Ok(cache.by_sub.remove(&sub_id).unwrap_or_default());
+        }
+        drop(guard);
+        Ok(self
+            .scan_heads(Some(sub_id))?
+            .remove(&sub_id)
+            .unwrap_or_default())
+    }
+
+    /// Main-tier heads of subscription `only` (or of all), from both trees.
+    fn scan_heads(&self, only: Option<u64>) -> Result<Heads> {
+        let mut gathered: HashMap<u64, Gathered> = HashMap::new();
+        for kv in self.schedule.iter() {
+            let (k, v) = kv?;
+            if let Some(only) = only
+                && ScheduleKey::from_key(&k).is_some_and(|s| s.message.sub_id != only)
+            {
+                continue;
+            }
+            if let Some((key, head)) = scheduled_head(&k, &v)? {
+                gathered
+                    .entry(key.message.sub_id)
+                    .or_default()
+                    .scheduled(key.message.entry_id, head);
+            }
+        }
+        let failures = match only {
+            Some(sub) => {
+                let mut prefix = be(sub).to_vec();
+                prefix.push(TierId::Main as u8);
+                self.failures.scan_prefix(prefix)
+            }
+            None => self.failures.iter(),
+        };
+        for kv in failures {
+            let (k, v) = kv?;
+            let m = SubMessage::from_key(&k)
+                .ok_or_else(|| StorageError::Corrupt("bad failure key".into()))?;
+            if m.tier == TierId::Main {
+                let head = decode_failure_head(unseal(&k, &v)?)?;
+                gathered.entry(m.sub_id).or_default().own(m.entry_id, head);
+            }
+        }
+        Ok(finish_all(gathered))
+    }
+
+    /// Main-tier records kept in schedule entries of subscription `sub_id`
+    /// (a scan of the schedule), for [`SubscriptionStore::failures_of`].
+    pub(super) fn held_records(&self, sub_id: u64) -> Result<Vec<(SubMessage, FailureRecord)>> {
+        let mut out: BTreeMap<u64, FailureRecord> = BTreeMap::new();
+        for kv in self.schedule.iter() {
+            let (k, v) = kv?;
+            let key = ScheduleKey::from_key(&k)
+                .ok_or_else(|| StorageError::Corrupt("bad schedule key".into()))?;
+            if key.message.sub_id != sub_id || key.message.tier != TierId::Main {
+                continue;
+            }
+            if let body @ [_, ..] = unseal(&k, &v)? {
+                let r = decode_failures(body)?;
+                let slot = out.entry(key.message.entry_id).or_insert_with(|| r.clone());
+                if (r.count, r.hold_until_ms) > (slot.count, slot.hold_until_ms) {
+                    *slot = r;
+                }
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|(entry_id, r)| {
+                (
+                    SubMessage {
+                        sub_id,
+                        tier: TierId::Main,
+                        entry_id,
+                    },
+                    r,
+                )
+            })
+            .collect())
+    }
+
+    /// [`SubscriptionStore::put_held`]: in one transaction, the schedule
+    /// entries `unschedule` go, and each held record is stored as its
+    /// schedule entry's value with its own `failures` key removed.
+    pub(super) fn put_held_tx(
+        &self,
+        held: &[(ScheduleKey, FailureRecord)],
+        unschedule: &[ScheduleKey],
+    ) -> Result<()> {
+        // Encoded before the transaction: its closure may re-run.
+        let gone: Vec<[u8; 25]> = unschedule.iter().map(ScheduleKey::key).collect();
+        let put: Vec<([u8; 17], [u8; 25], Vec<u8>)> = held
+            .iter()
+            .map(|(key, r)| {
+                let k = key.key();
+                (key.message.key(), k, seal(&k, &encode_failures(r)))
+            })
+            .collect();
+        let result = (&self.failures, &self.schedule).transaction(|(failures, schedule)| {
+            for k in &gone {
+                schedule.remove(k)?;
+            }
+            for (own, k, v) in &put {
+                failures.remove(own)?;
+                schedule.insert(k, v.as_slice())?;
+            }
+            Ok::<_, ConflictableTransactionError<StorageError>>(())
+        });
+        let result = match result {
+            Ok(()) => Ok(()),
+            Err(TransactionError::Abort(e)) => Err(e),
+            Err(TransactionError::Storage(e)) => Err(e.into()),
+        };
+        self.touch_heads(
+            held.iter()
+                .map(|(k, _)| k.message.sub_id)
+                .chain(unschedule.iter().map(|k| k.message.sub_id)),
+        );
+        result
+    }
+
+    /// Main-tier records with a hold under their own keys (the layout
+    /// before [`Self::upgrade_held`]; for tests).
+    #[cfg(any(test, feature = "testing"))]
+    #[doc(hidden)]
+    pub fn held_under_own_keys(&self) -> usize {
+        self.failures
+            .iter()
+            .filter_map(|kv| kv.ok())
+            .filter(|(k, v)| {
+                SubMessage::from_key(k).is_some_and(|m| m.tier == TierId::Main)
+                    && unseal(k, v)
+                        .and_then(decode_failure_head)
+                        .is_ok_and(|h| h.hold_until_ms > 0)
+            })
+            .count()
+    }
+
+    /// The upgrade to one key per held message (see the module's text):
+    /// every main-tier record under its own key whose hold has a schedule
+    /// entry without a record moves into that entry. Returns how many
+    /// moved; logs once when any did. A value that does not read is left
+    /// where it is (the verify pass and `ricochet-broker check` report
+    /// it). Not durable until the next flush; idempotent.
+    pub fn upgrade_held(&self) -> Result<u64> {
+        let started = std::time::Instant::now();
+        let mut moved = 0u64;
+        let mut chunk: Vec<([u8; 17], [u8; 25], Vec<u8>)> = Vec::new();
+        let mut after: Option<sled::IVec> = None;
+        loop {
+            let range = match &after {
+                Some(a) => self.failures.range::<&[u8], _>((
+                    std::ops::Bound::Excluded(a.as_ref()),
+                    std::ops::Bound::Unbounded,
+                )),
+                None => self.failures.iter(),
+            };
+            chunk.clear();
+            let mut last = None;
+            for kv in range {
+                let (k, v) = kv?;
+                last = Some(k.clone());
+                let Some(m) = SubMessage::from_key(&k).filter(|m| m.tier == TierId::Main) else {
+                    continue;
+                };
+                let Ok(head) = unseal(&k, &v).and_then(decode_failure_head) else {
+                    continue;
+                };
+                if head.hold_until_ms == 0 {
+                    continue;
+                }
+                let sk = ScheduleKey {
+                    due_ms: head.hold_until_ms,
+                    message: m,
+                }
+                .key();
+                let empty = match self.schedule.get(sk)? {
+                    Some(sv) => matches!(unseal(&sk, &sv), Ok([])),
+                    None => false,
+                };
+                if !empty {
+                    continue;
+                }
+                let body = unseal(&k, &v)?.to_vec();
+                chunk.push((m.key(), sk, seal(&sk, &body)));
+                if chunk.len() >= UPGRADE_CHUNK {
+                    break;
+                }
+            }
+            if !chunk.is_empty() {
+                let result =
+                    (&self.failures, &self.schedule).transaction(|(failures, schedule)| {
+                        for (own, sk, v) in &chunk {
+                            failures.remove(own)?;
+                            schedule.insert(sk, v.as_slice())?;
+                        }
+                        Ok::<_, ConflictableTransactionError<StorageError>>(())
+                    });
+                match result {
+                    Ok(()) => {}
+                    Err(TransactionError::Abort(e)) => return Err(e),
+                    Err(TransactionError::Storage(e)) => return Err(e.into()),
+                }
+                moved += chunk.len() as u64;
+                if crate::util::failpoint_armed("upgrade.held.after_chunk") {
+                    self.flush_blocking();
+                    crate::util::failpoint("upgrade.held.after_chunk");
+                }
+            }
+            match last {
+                Some(l) if chunk.len() >= UPGRADE_CHUNK => after = Some(l),
+                _ => break,
+            }
+        }
+        if moved > 0 {
+            crate::util::lock(&self.heads).take();
+            tracing::info!(
+                moved,
+                took_ms = started.elapsed().as_millis() as u64,
+                "storage upgraded: held messages' failure records moved into their schedule entries (one key each; once)"
+            );
+        }
+        Ok(moved)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(count: u32, until: u64) -> FailureRecord {
+        let mut r = crate::records::sample_history(count);
+        r.hold_until_ms = until;
+        r
+    }
+
+    fn main(sub: u64, id: u64) -> SubMessage {
+        TierEntry::main(id).of(sub)
+    }
+
+    #[test]
+    fn a_held_message_is_one_stored_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+        let keys: Vec<ScheduleKey> = (0..10)
+            .map(|i| ScheduleKey {
+                due_ms: 5_000 + i,
+                message: main(1, i),
+            })
+            .collect();
+        // Records under their own keys before (a first, hold-less failure).
+        let before: Vec<_> = keys.iter().map(|k| (k.message, Some(held(1, 0)))).collect();
+        s.put_failures(&before).unwrap();
+        let records: Vec<_> = keys.iter().map(|k| (*k, held(2, k.due_ms))).collect();
+        s.put_held(&records, &[]).unwrap();
+        assert_eq!(s.failures.len(), 0, "no key of their own");
+        assert_eq!(s.schedule.len(), 10, "one schedule entry each");
+        for (k, r) in &records {
+            assert_eq!(
+                s.failure(k.message, Some(k.due_ms)).unwrap().as_ref(),
+                Some(r)
+            );
+        }
+    }
+
+    #[test]
+    fn a_store_in_the_previous_layout_is_converted_once_in_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 2 * UPGRADE_CHUNK as u64 + 5;
+        let keys: Vec<ScheduleKey> = (0..n)
+            .map(|i| ScheduleKey {
+                due_ms: 1_000_000 + i % 7,
+                message: main(1 + i % 3, i),
+            })
+            .collect();
+        let heads_of = |s: &SledStorage| -> Vec<_> {
+            (1..=3)
+                .flat_map(|sub| s.failure_heads(sub, TierId::Main).unwrap())
+                .collect()
+        };
+        let before = {
+            let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+            // What the previous release wrote for a held nack: the record
+            // under its own key, then an empty schedule entry.
+            for k in &keys {
+                s.put_failures(&[(k.message, Some(held(3, k.due_ms)))])
+                    .unwrap();
+                s.put_schedule(&[(*k, true)]).unwrap();
+            }
+            // Records that stay under their own keys: not held, held with
+            // no schedule entry of that time, and a retry-tier one.
+            s.put_failures(&[
+                (main(1, n), Some(held(1, 0))),
+                (main(1, n + 1), Some(held(1, 77))),
+                (TierEntry::retry(0).of(1), Some(held(1, 1_000_000))),
+            ])
+            .unwrap();
+            s.put_schedule(&[(
+                ScheduleKey {
+                    due_ms: 1_000_000,
+                    message: TierEntry::retry(0).of(1),
+                },
+                true,
+            )])
+            .unwrap();
+            assert_eq!(s.held_under_own_keys(), n as usize + 1);
+            s.flush_blocking();
+            heads_of(&s)
+        };
+        let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+        assert_eq!(s.upgrade_held().unwrap(), n);
+        assert_eq!(s.failures.len(), 3, "the others stay where they were");
+        assert_eq!(s.held_under_own_keys(), 1);
+        assert_eq!(heads_of(&s), before, "every count and hold as before");
+        for k in &keys {
+            assert_eq!(
+                s.failure(k.message, Some(k.due_ms)).unwrap(),
+                Some(held(3, k.due_ms))
+            );
+        }
+        let report = s.verify();
+        assert_eq!(report.problem_count, 0, "{:?}", report.problems);
+        assert_eq!(report.scheduled, n + 1);
+        // Once: nothing is left to move.
+        assert_eq!(s.upgrade_held().unwrap(), 0);
+        s.flush_blocking();
+        drop(s);
+        let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+        assert_eq!(s.upgrade_held().unwrap(), 0);
+        assert_eq!(heads_of(&s), before);
+    }
+}
