@@ -202,7 +202,7 @@ impl super::LogStorage {
             if index.is_empty() {
                 continue;
             }
-            let retry = retry_tier_of(&sub);
+            let retry = sub.retry_tier();
             for chunk in index.chunks(1024) {
                 let settle = self.settle(topic, &retry, chunk, true)?;
                 self.sled.settle_references(&retry, sub.id, &settle)?;
@@ -268,7 +268,7 @@ impl super::LogStorage {
             while let Some((source, target)) = self.sled.lowest_reference_of(sub.id)? {
                 let retry = match &retry {
                     Some(r) => r,
-                    None => retry.insert(retry_tier_of(&sub)),
+                    None => retry.insert(sub.retry_tier()),
                 };
                 let stale = self.settle(topic, retry, &[(source, target)], false)?;
                 if stale.is_empty() {
@@ -280,14 +280,6 @@ impl super::LogStorage {
         }
         Ok(lowest)
     }
-}
-
-/// The retry tier a subscription's references live in: its override, or
-/// `<topic>-<subscription>-RETRY` (the broker's default tier name).
-fn retry_tier_of(sub: &super::SubscriptionRecord) -> String {
-    sub.retry_topic
-        .clone()
-        .unwrap_or_else(|| format!("{}-{}-RETRY", sub.topic, sub.name))
 }
 
 fn gone(r: &RetryRef) -> StorageError {
