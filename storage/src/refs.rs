@@ -17,7 +17,7 @@
 //! (subscription, source entry → tier entry) in sled, and replaces
 //! references with copies before a trim drops the segment they point into.
 
-use super::{Arrival, StorageError, StorageResult as Result, TierMove, sled_store};
+use super::{Arrival, StorageError, StorageResult as Result, TierMove};
 use crate::prelude::*;
 use prost::Message as _;
 use ricochet_proto::{Message, props};
@@ -226,7 +226,7 @@ impl super::LogStorage {
         retry: &str,
         chunk: &[(u64, u64)],
         copy: bool,
-    ) -> Result<Vec<sled_store::Settle>> {
+    ) -> Result<Vec<Settle>> {
         let targets: Vec<u64> = chunk.iter().map(|(_, t)| *t).collect();
         let raw = self.sled.read_many(retry, &targets)?;
         let mut live = Vec::new();
@@ -243,7 +243,7 @@ impl super::LogStorage {
                 Some(_) => continue,
                 None => {}
             }
-            out.push(sled_store::Settle {
+            out.push(Settle {
                 source,
                 target,
                 copy: None,
@@ -280,6 +280,19 @@ impl super::LogStorage {
         }
         Ok(lowest)
     }
+}
+
+/// One reference to settle before its source goes.
+#[derive(Debug)]
+pub struct Settle {
+    /// The source entry.
+    pub source: u64,
+    /// The retry-tier entry.
+    pub target: u64,
+    /// The full copy to store in place of the reference; `None` when the
+    /// tier entry is gone (or no longer a reference) and only the index
+    /// entry is left to drop.
+    pub copy: Option<Vec<u8>>,
 }
 
 fn gone(r: &RetryRef) -> StorageError {
