@@ -17,7 +17,7 @@
 //! (subscription, source entry → tier entry) in sled, and replaces
 //! references with copies before a trim drops the segment they point into.
 
-use super::{Arrival, StorageError, StorageResult as Result, TierMove, sled_store};
+use super::{Arrival, StorageError, StorageResult as Result, TierMove};
 use crate::prelude::*;
 use prost::Message as _;
 use ricochet_proto::{Message, props};
@@ -202,7 +202,7 @@ impl super::LogStorage {
             if index.is_empty() {
                 continue;
             }
-            let retry = retry_tier_of(&sub);
+            let retry = sub.retry_tier();
             for chunk in index.chunks(1024) {
                 let settle = self.settle(topic, &retry, chunk, true)?;
                 self.sled.settle_references(&retry, sub.id, &settle)?;
@@ -223,14 +223,14 @@ impl super::LogStorage {
         &self,
         topic: &str,
         retry: &str,
-        chunk: &[sled_store::Indexed],
+        chunk: &[Indexed],
         copy: bool,
-    ) -> Result<Vec<sled_store::Settle>> {
+    ) -> Result<Vec<Settle>> {
         let targets: Vec<u64> = chunk.iter().map(|i| i.target).collect();
         let raw = self.sled.read_many(retry, &targets)?;
         let mut live = Vec::new();
         let mut out = Vec::new();
-        for (&indexed, raw) in chunk.iter().zip(raw) {
+        for (indexed, raw) in chunk.iter().zip(raw) {
             let source = indexed.source;
             let r = raw
                 .as_deref()
@@ -243,8 +243,8 @@ impl super::LogStorage {
                 Some(_) => continue,
                 None => {}
             }
-            out.push(sled_store::Settle {
-                indexed,
+            out.push(Settle {
+                indexed: indexed.clone(),
                 copy: None,
             });
         }
@@ -267,11 +267,11 @@ impl super::LogStorage {
             while let Some(indexed) = self.sled.lowest_reference_of(sub.id)? {
                 let retry = match &retry {
                     Some(r) => r,
-                    None => retry.insert(retry_tier_of(&sub)),
+                    None => retry.insert(sub.retry_tier()),
                 };
+                let source = indexed.source;
                 let stale = self.settle(topic, retry, &[indexed], false)?;
                 if stale.is_empty() {
-                    let source = indexed.source;
                     lowest = Some(lowest.map_or(source, |l| l.min(source)));
                     break;
                 }
@@ -282,12 +282,28 @@ impl super::LogStorage {
     }
 }
 
-/// The retry tier a subscription's references live in: its override, or
-/// `<topic>-<subscription>-RETRY` (the broker's default tier name).
-fn retry_tier_of(sub: &super::SubscriptionRecord) -> String {
-    sub.retry_topic
-        .clone()
-        .unwrap_or_else(|| format!("{}-{}-RETRY", sub.topic, sub.name))
+/// One indexed reference: its source entry, its tier entry, and the key
+/// of the index entry listing it (the engine's own; see
+/// `sled_store::refs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Indexed {
+    /// The source entry.
+    pub source: u64,
+    /// The retry-tier entry.
+    pub target: u64,
+    /// The index entry listing it.
+    pub index_key: Vec<u8>,
+}
+
+/// One reference to settle before its source goes.
+#[derive(Debug)]
+pub struct Settle {
+    /// The reference, as the index lists it.
+    pub indexed: Indexed,
+    /// The full copy to store in place of the reference; `None` when the
+    /// tier entry is gone (or no longer a reference) and only the index
+    /// entry is left to drop.
+    pub copy: Option<Vec<u8>>,
 }
 
 fn gone(r: &RetryRef) -> StorageError {

@@ -13,7 +13,7 @@
 
 use super::codec::{be, read_be, seal, unseal};
 use super::*;
-use crate::refs::{RetryRef, is_ref};
+use crate::refs::{Indexed, RetryRef, Settle, is_ref};
 
 /// Where the index lives in `meta`.
 pub(super) const INDEX_PREFIX: &[u8] = b"x:";
@@ -81,28 +81,6 @@ pub(super) fn index_of_move(
     (!pairs.is_empty()).then(|| group_entry(sub_id, &pairs))
 }
 
-/// One indexed reference: its source entry, its tier entry, and the index
-/// key listing it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Indexed {
-    /// The source entry.
-    pub source: u64,
-    /// The retry-tier entry.
-    pub target: u64,
-    group: [u8; INDEX_KEY_LEN],
-}
-
-/// One reference to settle before its source goes.
-#[derive(Debug)]
-pub struct Settle {
-    /// The reference, as the index lists it.
-    pub indexed: Indexed,
-    /// The full copy to store in place of the reference; `None` when the
-    /// tier entry is gone (or no longer a reference) and only the index
-    /// entry is left to drop.
-    pub copy: Option<Vec<u8>>,
-}
-
 impl SledStorage {
     /// Subscription `sub_id`'s indexed references with a source entry
     /// `< below`, by source entry.
@@ -113,16 +91,12 @@ impl SledStorage {
             .range(index_key(sub_id, 0, 0)..index_key(sub_id, below, 0))
         {
             let (k, v) = kv?;
-            let group: [u8; INDEX_KEY_LEN] = k
-                .as_ref()
-                .try_into()
-                .map_err(|_| StorageError::Corrupt("bad retry reference index key".into()))?;
             for (source, target) in pairs_of(&k, unseal(&k, &v)?)? {
                 if source < below {
                     out.push(Indexed {
                         source,
                         target,
-                        group,
+                        index_key: k.to_vec(),
                     });
                 }
             }
@@ -142,15 +116,11 @@ impl SledStorage {
             None => Ok(None),
             Some(kv) => {
                 let (k, v) = kv?;
-                let group: [u8; INDEX_KEY_LEN] = k
-                    .as_ref()
-                    .try_into()
-                    .map_err(|_| StorageError::Corrupt("bad retry reference index key".into()))?;
                 let lowest = pairs_of(&k, unseal(&k, &v)?)?.into_iter().min();
                 Ok(lowest.map(|(source, target)| Indexed {
                     source,
                     target,
-                    group,
+                    index_key: k.to_vec(),
                 }))
             }
         }
@@ -199,22 +169,22 @@ impl SledStorage {
                 .or_default()
                 .push((target, copy.as_slice()));
         }
-        let mut groups: BTreeMap<[u8; INDEX_KEY_LEN], Vec<(u64, u64)>> = BTreeMap::new();
+        let mut groups: BTreeMap<&[u8], Vec<(u64, u64)>> = BTreeMap::new();
         for item in items {
             groups
-                .entry(item.indexed.group)
+                .entry(item.indexed.index_key.as_slice())
                 .or_default()
                 .push((item.indexed.source, item.indexed.target));
         }
         let result = trees.as_slice().transaction(|t| {
             for (group, settled) in &groups {
-                let Some(v) = t[0].get(group)? else { continue };
+                let Some(v) = t[0].get(*group)? else { continue };
                 let pairs = unseal(group, &v)
                     .and_then(|body| pairs_of(group, body))
                     .map_err(ConflictableTransactionError::Abort)?;
                 let rest: Vec<(u64, u64)> =
                     pairs.into_iter().filter(|p| !settled.contains(p)).collect();
-                t[0].remove(group.as_slice())?;
+                t[0].remove(*group)?;
                 if !rest.is_empty() {
                     let (k, v) = group_entry(sub_id, &rest);
                     t[0].insert(k.as_slice(), v)?;
