@@ -140,7 +140,7 @@ impl SledStorage {
         let mut trees = vec![self.meta.clone()];
         // The frames holding the tier entries to copy into, by tree and
         // frame key; found before the transaction (it cannot range).
-        let mut frames: BTreeMap<(usize, [u8; 8]), Vec<(u64, &[u8])>> = BTreeMap::new();
+        let mut frames: BTreeMap<(usize, [u8; 8]), Copies> = BTreeMap::new();
         let mut segs: Vec<u64> = Vec::new();
         for item in items {
             let Some(copy) = &item.copy else { continue };
@@ -237,6 +237,9 @@ impl SledStorage {
         Ok(())
     }
 }
+
+/// `(tier entry, copy)` pairs to store in one frame.
+type Copies<'a> = Vec<(u64, &'a [u8])>;
 
 /// The frame stored under `key` (value `value`) with each of `copies`
 /// `(entry, copy)` in place of its entry where that entry is still a
