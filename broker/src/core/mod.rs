@@ -10,6 +10,7 @@
 mod actor_tests;
 #[cfg(test)]
 mod breaker_tests;
+mod events;
 mod hooks;
 mod replicated;
 
@@ -31,7 +32,7 @@ use crate::tier_owners::{TierOverrides, TierOwners};
 use crate::topic::Topic;
 use crate::util::lock;
 use ricochet_policy::{DeadLetterPolicy, PolicyRegistry, PolicySpec};
-use ricochet_proto::{InitialPosition, OutboundMessage, SubscriptionType};
+use ricochet_proto::{InitialPosition, SubscriptionType};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -159,69 +160,6 @@ impl BrokerLink for Link {
 }
 
 impl BrokerCore {
-    /// Publishes failure events to their namespaces' events topics in the
-    /// background (a failure is a WARN line, never an error of the change);
-    /// in a cluster, on the topic's owner ([`crate::events_route`]).
-    pub(crate) fn emit_events(&self, events: Vec<FailureEvent>) {
-        if events.is_empty() {
-            return;
-        }
-        let Some(core) = self.me.upgrade() else {
-            return;
-        };
-        self.events_in_flight.spawn(async move {
-            if crate::util::failpoint_armed("events.publish.slow") {
-                // Tests: an event still being published when a stop begins.
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            let token = crate::events_route::events_token(
-                core.config
-                    .cluster
-                    .as_ref()
-                    .and_then(|c| c.events_token_file.as_deref()),
-            );
-            for (name, messages) in crate::events::by_events_topic(events) {
-                let written = core.publish_events(&name, messages, token.as_ref()).await;
-                if let Err(e) = written {
-                    tracing::warn!(topic = %name, error = %e, "failure events not published");
-                }
-            }
-        });
-    }
-
-    /// Writes events to the events topic `name`: here when this broker
-    /// owns it (or it is placed here now), else on its owner.
-    async fn publish_events(
-        &self,
-        name: &TopicName,
-        messages: Vec<OutboundMessage>,
-        token: Option<&tonic::metadata::AsciiMetadataValue>,
-    ) -> Result<()> {
-        if let Some(placement) = self.placement.get() {
-            match placement.serve_here(name).await {
-                Ok(()) => {}
-                Err(BrokerError::NotOwner {
-                    owner,
-                    url: Some(url),
-                    ..
-                }) => {
-                    return crate::events_route::forward_to_owner(
-                        (&owner, &url),
-                        name,
-                        messages,
-                        token,
-                    )
-                    .await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let entry = self
-            .topic_or_create(name, TopicKind::Normal, &|_| Ok(()))
-            .await?;
-        entry.topic.publish("", messages).await.map(|_| ())
-    }
-
     /// Opens storage state: the store is checked against its manifest
     /// (refused with [`BrokerError::DataLoss`] when it lacks something the
     /// manifest records, unless `config.accept_data_loss`), every topic and

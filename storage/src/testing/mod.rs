@@ -6,3 +6,4 @@
 //! entries in the log without a topic record).
 
 pub mod contract;
+mod engines;
