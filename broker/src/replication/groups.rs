@@ -11,8 +11,9 @@
 //! with the members' advertised URLs (the `Replication` service runs on
 //! the broker's gRPC port).
 //!
-//! Leadership (the Raft leader owns the topic): a member that becomes the
-//! group's leader waits until it applied everything committed, then points
+//! Leadership (the Raft leader owns the topic; a change a member sees
+//! wakes the reading at once): a member that becomes the group's leader
+//! waits until it applied everything committed, then points
 //! `placement/<topic>` at itself (a compare-and-set on what it read) and
 //! claims the topic as any owner does, so `Lookup` answers it and other
 //! brokers redirect to it; a member that stops leading hands the topic to
@@ -105,6 +106,8 @@ pub struct Groups {
     serving: Mutex<HashMap<String, ReplicatedStorage>>,
     /// Where the groups' Raft nodes run (see [`RaftRuntime`]).
     runtime: RaftRuntime,
+    /// Woken when a member here sees its group's leader change.
+    leader_changed: Arc<tokio::sync::Notify>,
 }
 
 /// The runtime the Raft nodes of this broker's groups run on, apart from
@@ -173,6 +176,7 @@ impl Groups {
             leaders: Default::default(),
             serving: Default::default(),
             runtime: RaftRuntime::start()?,
+            leader_changed: Default::default(),
         });
         let g = groups.clone();
         tokio::spawn(async move {
@@ -183,6 +187,9 @@ impl Groups {
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep(WATCH_EVERY) => {}
+                    // A member saw its group's leader change: act now, not
+                    // at the next read.
+                    _ = g.leader_changed.notified() => {}
                 }
             }
         });
@@ -343,6 +350,19 @@ impl Groups {
             None => start.await,
         };
         let partition = Arc::new(opened.map_err(replication)?);
+        let mut metrics = partition.node().raft().metrics();
+        let changed = self.leader_changed.clone();
+        tokio::spawn(async move {
+            let mut last = metrics.borrow().current_leader;
+            // Ends with the node (its metrics' sender goes).
+            while metrics.changed().await.is_ok() {
+                let now = metrics.borrow().current_leader;
+                if now != last {
+                    last = now;
+                    changed.notify_one();
+                }
+            }
+        });
         tracing::info!(%topic, node = id, "replica started");
         started.insert(
             topic.to_owned(),
