@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::acks::AckGroup;
 use super::builder::{Conn, open_stream};
 use super::redelivery::{InFlight, plan_nack};
-use super::requests::{Pending, PendingMove, Requests};
+use super::requests::{Checking, Pending, PendingMove, Requests};
 use super::shared::{ACTIVE_NO, ACTIVE_UNKNOWN, ACTIVE_YES, Cmd, Delivery, Reply, Shared};
 use super::{Acker, Consumer, ConsumerConfig};
 use crate::client::{Client, next_frame, sleep_opt};
@@ -81,6 +81,7 @@ pub(super) fn spawn(
         acks,
         requests: Requests::new(),
         to_check: Vec::new(),
+        checking: Checking::default(),
         acks_lost: 0,
         moves_lost: 0,
         reconnect,
@@ -128,6 +129,8 @@ struct Driver {
     to_check: Vec<MessageId>,
     /// Acks lost (with broken streams, or refused) since a `flush` or
     /// `close` last reported them.
+    /// Callers of acks sent on a broken stream, until the check answers.
+    checking: Checking,
     acks_lost: u64,
     /// Queued `reconsume_later`s refused by the broker or unanswered when
     /// a stream broke, since a `flush` or `close` last reported them.
@@ -219,7 +222,8 @@ impl Driver {
             let r = self.confirmed("the consumer stopped before the broker confirmed them");
             let _ = self.shared.outcome.set(r);
         }
-        let _ = self.fail_waiting(Error::closed);
+        let _ = self.fail_waiting(Error::closed, false);
+        self.checking.fail(Error::closed);
     }
 
     /// A fresh stream is up: reset per-stream state, grant permits.
@@ -237,10 +241,11 @@ impl Driver {
         self.reconnect.connected();
         if !self.to_check.is_empty() {
             let ids = std::mem::take(&mut self.to_check);
-            let request_id = self.requests.start(Pending::Check { asked: ids.len() });
+            let proto = ids.iter().map(MessageId::to_proto).collect();
+            let request_id = self.requests.start(Pending::Check { ids });
             self.send(consume_request::Request::CheckAcks(CheckAcks {
                 request_id,
-                ids: ids.iter().map(MessageId::to_proto).collect(),
+                ids: proto,
             }));
         }
     }
@@ -370,20 +375,30 @@ impl Driver {
     /// are lost (their messages are redelivered); the applied ones become
     /// durable with the next confirmed request.
     fn on_acked_ids(&mut self, a: ricochet_proto::AckedIds) {
-        let Some((Pending::Check { asked }, _)) = self.requests.answer(a.request_id, Ok(())) else {
+        let Some((Pending::Check { ids: asked }, _)) = self.requests.answer(a.request_id, Ok(()))
+        else {
             return;
         };
-        self.acks_lost += asked.saturating_sub(a.ids.len()) as u64;
-        if !a.ids.is_empty() {
-            let ids = a
-                .ids
-                .iter()
-                .map(|id| MessageId::new(self.ids.intern(&id.topic), id.entry_id))
-                .collect();
-            self.requests.start(Pending::Settled {
-                waiters: Vec::new(),
-                ids,
-            });
+        self.acks_lost += asked.len().saturating_sub(a.ids.len()) as u64;
+        let applied: Vec<MessageId> = a
+            .ids
+            .iter()
+            .map(|id| MessageId::new(self.ids.intern(&id.topic), id.entry_id))
+            .collect();
+        // Callers whose acks were all applied learn so once they are durable.
+        let waiters = self.checking.answer(&applied);
+        if applied.is_empty() {
+            return;
+        }
+        let someone_waits = !waiters.is_empty();
+        let pending = Pending::Settled {
+            waiters,
+            ids: applied,
+        };
+        if someone_waits {
+            self.barrier(pending);
+        } else {
+            self.requests.start(pending);
         }
     }
 
@@ -430,9 +445,11 @@ impl Driver {
         ))
     }
 
-    /// Answers everything still waiting on this stream with `error()`;
-    /// returns the acks made and never confirmed, to check on the next one.
-    fn fail_waiting(&mut self, error: impl Fn() -> Error) -> Vec<MessageId> {
+    /// Answers everything still waiting on this stream with `error()`, but
+    /// with `hold` the callers of acks sent (they learn from the next
+    /// stream's check); returns the acks made and never confirmed, to check
+    /// on the next one.
+    fn fail_waiting(&mut self, error: impl Fn() -> Error, hold: bool) -> Vec<MessageId> {
         let (mut unconfirmed, held) = self.acks.reset();
         for w in held {
             let _ = w.send(Err(error()));
@@ -451,15 +468,21 @@ impl Driver {
                     None => self.moves_lost += 1,
                 },
                 Pending::Settled { waiters, ids } => {
-                    unconfirmed.extend(ids);
-                    for w in waiters {
-                        let _ = w.send(Err(error()));
+                    unconfirmed.extend(ids.iter().cloned());
+                    if hold && !ids.is_empty() && !waiters.is_empty() {
+                        self.checking.hold(ids, waiters);
+                    } else {
+                        for w in waiters {
+                            let _ = w.send(Err(error()));
+                        }
                     }
                 }
                 Pending::Flush(reply) => {
                     let _ = reply.send(Err(error()));
                 }
-                Pending::Close | Pending::Check { .. } => {}
+                // Asked again on the next stream.
+                Pending::Check { ids } => unconfirmed.extend(ids),
+                Pending::Close => {}
             }
         }
         unconfirmed
@@ -756,8 +779,10 @@ impl Driver {
             return;
         }
         let broke = format!("the stream broke before the broker confirmed: {why}");
-        let unconfirmed = self.fail_waiting(|| Error::disconnected(broke.clone()));
+        let hold = self.closing.is_none();
+        let unconfirmed = self.fail_waiting(|| Error::disconnected(broke.clone()), hold);
         if self.closing.is_some() {
+            self.checking.fail(|| Error::disconnected(broke.clone()));
             // No next stream to ask on: every unconfirmed ack counts.
             self.acks_lost += unconfirmed.len() as u64;
             let r = self.confirmed(&format!("the stream broke: {why}"));

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use super::shared::Reply;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ids::Key;
 use crate::message::MessageId;
 
@@ -46,8 +46,55 @@ pub(super) enum Pending {
     Flush(Reply),
     /// The final barrier of `close`.
     Close,
-    /// Which of `asked` acks, sent on a stream that broke, were applied.
-    Check { asked: usize },
+    /// Which of these acks, sent on a stream that broke, were applied.
+    Check { ids: Vec<MessageId> },
+}
+
+/// Callers of acks (under ack receipts) whose stream broke before the
+/// receipt came: held until the next stream's check says whether the
+/// broker applied their acks, rather than told at once that it failed (it
+/// may not have). Each caller's own `request_timeout` bounds the wait.
+#[derive(Debug, Default)]
+pub(super) struct Checking(Vec<(Vec<MessageId>, Vec<Reply>)>);
+
+impl Checking {
+    /// Holds `waiters` of the acks `ids` until the check answers.
+    pub(super) fn hold(&mut self, ids: Vec<MessageId>, waiters: Vec<Reply>) {
+        self.0.push((ids, waiters));
+    }
+
+    /// The check answered that `applied` were applied: the waiters whose
+    /// acks all were (to answer once those are durable); the others are
+    /// answered now with an error naming how many were not.
+    pub(super) fn answer(&mut self, applied: &[MessageId]) -> Vec<Reply> {
+        let applied: std::collections::HashSet<&MessageId> = applied.iter().collect();
+        let mut ok = Vec::new();
+        for (ids, waiters) in self.0.drain(..) {
+            let missing = ids.iter().filter(|id| !applied.contains(id)).count();
+            if missing == 0 {
+                ok.extend(waiters);
+                continue;
+            }
+            let e = Error::disconnected(format!(
+                "the stream broke before the broker confirmed, and it had not applied {missing} \
+                 of these {} acks (their messages are redelivered)",
+                ids.len()
+            ));
+            for w in waiters {
+                let _ = w.send(Err(e.clone()));
+            }
+        }
+        ok
+    }
+
+    /// No check will answer: every held caller gets `error()`.
+    pub(super) fn fail(&mut self, error: impl Fn() -> Error) {
+        for (_, waiters) in self.0.drain(..) {
+            for w in waiters {
+                let _ = w.send(Err(error()));
+            }
+        }
+    }
 }
 
 /// The requests of one consumer awaiting an answer, by id (send order).
@@ -131,7 +178,7 @@ impl Requests {
         self.waiting
             .values()
             .map(|p| match p {
-                Pending::Settled { ids, .. } => ids.len(),
+                Pending::Settled { ids, .. } | Pending::Check { ids } => ids.len(),
                 _ => 0,
             })
             .sum()
@@ -280,7 +327,9 @@ mod tests {
         let id = r.start(Pending::Move(a));
         r.start(acks(3));
         r.start(Pending::Close);
-        r.start(Pending::Check { asked: 2 });
+        r.start(Pending::Check {
+            ids: vec![MessageId::new(std::sync::Arc::from("t"), 1)],
+        });
         let drained = r.drain();
         assert_eq!(drained.len(), 4);
         assert!(!r.close_pending());

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use common::{client, recv, text, topic};
 use ricochet_client::{Client, Consumer, ErrorKind, InitialPosition, SubscriptionType};
-use ricochet_testkit::{BrokerProcess, SpawnOptions};
+use ricochet_testkit::{BrokerProcess, Direction, FaultProxy, InProcessBroker, SpawnOptions};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -189,7 +189,9 @@ async fn with_receipts_an_ack_is_ok_only_once_durable() {
     c.ack(&m1).await.unwrap();
     // A nack with receipts is held by the broker, durably.
     c.nack_with_reason(&m2, "later").await.unwrap();
-    // Frozen: the ack cannot be confirmed; killed: it fails.
+    // Frozen: the ack cannot be confirmed; killed (and not back): it fails
+    // once the client's request timeout (5 s) ends the wait for the next
+    // stream's check, which would have said whether it was applied.
     b.freeze();
     let acker = c.acker();
     let m3_name = text(&m3);
@@ -198,7 +200,7 @@ async fn with_receipts_an_ack_is_ok_only_once_durable() {
     assert!(!pending.is_finished(), "no receipt from a frozen broker");
     b.kill9();
     let err = pending.await.unwrap().expect_err("never confirmed");
-    assert!(err.kind() == ErrorKind::Disconnected, "{err}");
+    assert!(err.kind() == ErrorKind::Timeout, "{err}");
 
     // Only the unconfirmed ack's message comes back: the confirmed ack is
     // durable, and the nack was recorded before the kill (the broker holds
@@ -337,4 +339,107 @@ async fn produce_to(client: &Client, t: &str, n: usize) {
     for i in 0..n {
         p.send(format!("m{i}")).await.unwrap();
     }
+}
+
+/// A consumer with ack receipts behind a fault proxy, with two messages
+/// received: the proxy, the in-process broker, the consumer and both
+/// messages.
+async fn behind_a_proxy(
+    name: &str,
+) -> (
+    FaultProxy,
+    InProcessBroker,
+    Consumer,
+    ricochet_client::Message,
+    ricochet_client::Message,
+) {
+    let broker = InProcessBroker::start().await;
+    let upstream = broker.url().trim_start_matches("http://").parse().unwrap();
+    let proxy = FaultProxy::start(upstream).await;
+    let client = client(&proxy.url()).await;
+    let t = topic(name);
+    let mut c = consumer(&client, &t, true).await;
+    produce_to(&client, &t, 2).await;
+    let m1 = recv(&mut c, T).await;
+    let m2 = recv(&mut c, T).await;
+    (proxy, broker, c, m1, m2)
+}
+
+/// The subscription's unacked count, asked of the broker directly.
+async fn unacked(broker: &InProcessBroker, t: &str) -> u64 {
+    client(&broker.url())
+        .await
+        .admin()
+        .subscription_stats(t, "s")
+        .await
+        .unwrap()
+        .unacked
+}
+
+/// Breaks every connection through `proxy`, then lets new ones through.
+async fn break_stream(proxy: &FaultProxy) {
+    proxy.drop_connections();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.heal();
+}
+
+#[tokio::test]
+async fn an_ack_applied_before_its_stream_broke_is_confirmed_by_the_next_streams_check() {
+    let (proxy, broker, mut c, m1, m2) = behind_a_proxy("r-check-applied").await;
+    let t = c.topic().to_owned();
+    // The broker's answers stop coming back: the ack goes in and is
+    // applied, its receipt is lost with the stream.
+    proxy.cut(Direction::FromUpstream);
+    let acker = c.acker();
+    let acking = tokio::spawn(async move { acker.ack(&m1).await });
+    let deadline = std::time::Instant::now() + T;
+    while unacked(&broker, &t).await != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ack never applied"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    break_stream(&proxy).await;
+    let r = tokio::time::timeout(T, acking).await.unwrap().unwrap();
+    assert!(
+        r.is_ok(),
+        "the broker applied the ack, so its receipt is Ok: {r:?}"
+    );
+    // Only the unacked message comes back on the new stream.
+    assert_eq!(text(&recv(&mut c, T).await), text(&m2));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), c.receive())
+            .await
+            .is_err(),
+        "the acked message is not redelivered"
+    );
+}
+
+#[tokio::test]
+async fn an_ack_lost_with_its_stream_fails_once_the_next_streams_check_says_so() {
+    let (proxy, broker, mut c, m1, _m2) = behind_a_proxy("r-check-lost").await;
+    let t = c.topic().to_owned();
+    // The ack never reaches the broker.
+    proxy.cut(Direction::ToUpstream);
+    let acker = c.acker();
+    let m1_text = text(&m1);
+    let acking = tokio::spawn(async move { acker.ack(&m1).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(unacked(&broker, &t).await, 2, "nothing applied");
+    break_stream(&proxy).await;
+    let e = tokio::time::timeout(T, acking)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect_err("an ack the broker never applied fails");
+    assert_eq!(e.kind(), ErrorKind::Disconnected, "{e:?}");
+    assert!(
+        e.to_string().contains("had not applied 1 of these 1"),
+        "{e}"
+    );
+    // Its message comes back (with the other one) on the new stream.
+    let mut again = vec![text(&recv(&mut c, T).await), text(&recv(&mut c, T).await)];
+    again.sort();
+    assert!(again.contains(&m1_text), "{again:?}");
 }
