@@ -11,7 +11,7 @@
 
 use crate::clock::SharedClock;
 use crate::storage::{ScheduleKey, Storage, SubMessage, TierId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -30,7 +30,8 @@ enum Cmd {
     Add(Vec<ScheduleKey>),
     Remove(Vec<ScheduleKey>),
     Register(u64, FireSender),
-    Unregister(u64),
+    Unregister(u64, FireSender),
+    Reload(HashSet<u64>),
 }
 
 /// Scheduler counters.
@@ -110,9 +111,23 @@ impl Scheduler {
         let _ = self.tx.send(Cmd::Register(sub_id, tx));
     }
 
-    /// Stops routing to a subscription.
-    pub fn unregister(&self, sub_id: u64) {
-        let _ = self.tx.send(Cmd::Unregister(sub_id));
+    /// Stops routing to a subscription, if `tx` is still where its entries
+    /// go: an actor that ends after another one of the same subscription
+    /// registered (a replicated topic this broker stopped leading and leads
+    /// again) leaves the newer one registered.
+    pub fn unregister(&self, sub_id: u64, tx: &FireSender) {
+        let _ = self.tx.send(Cmd::Unregister(sub_id, tx.clone()));
+    }
+
+    /// Forgets what memory holds of subscriptions `sub_ids` (timers, entries
+    /// fired while none of them was registered) and loads their window
+    /// again from the index: their schedule was written to the store
+    /// without this scheduler being told (a replica applied it while another
+    /// broker led their topic). Send it before they register.
+    pub fn reload(&self, sub_ids: HashSet<u64>) {
+        if !sub_ids.is_empty() {
+            let _ = self.tx.send(Cmd::Reload(sub_ids));
+        }
     }
 }
 
@@ -150,6 +165,7 @@ impl Task {
             tokio::select! {
                 biased;
                 cmd = rx.recv() => match cmd {
+                    Some(Cmd::Reload(subs)) => self.reload(&subs).await,
                     Some(cmd) => self.command(cmd),
                     None => break,
                 },
@@ -197,10 +213,64 @@ impl Task {
                 }
                 self.subs.insert(id, tx);
             }
-            Cmd::Unregister(id) => {
-                self.subs.remove(&id);
-                self.orphans.remove(&id);
+            Cmd::Unregister(id, tx) => {
+                if self.subs.get(&id).is_some_and(|t| t.same_channel(&tx)) {
+                    self.subs.remove(&id);
+                    self.orphans.remove(&id);
+                }
             }
+            Cmd::Reload(subs) => {
+                // Handled by `run` (it reads the index in steps).
+                let _ = subs;
+            }
+        }
+    }
+
+    /// [`Scheduler::reload`]: drops the timers and orphans of `subs`, then
+    /// inserts every index entry of theirs up to `covered` (the refill loads
+    /// the later ones as time goes), reading the index in steps.
+    async fn reload(&mut self, subs: &HashSet<u64>) {
+        for id in subs {
+            self.orphans.remove(id);
+        }
+        let held: Vec<ScheduleKey> = self
+            .keys
+            .keys()
+            .filter(|k| subs.contains(&k.message.sub_id))
+            .copied()
+            .collect();
+        for k in held {
+            if let Some(dk) = self.keys.remove(&k) {
+                self.queue.try_remove(&dk);
+            }
+        }
+        // Before the first refill step nothing is covered: the refill loads
+        // them.
+        let Some(covered) = self.covered else { return };
+        let mut after = None;
+        loop {
+            let found =
+                match self
+                    .storage
+                    .scheduled(after, covered.due_ms.saturating_add(1), REFILL_BATCH)
+                {
+                    Ok(f) => f,
+                    Err(e) => {
+                        tracing::error!(error = %e, "retry scheduler cannot read its index");
+                        return;
+                    }
+                };
+            let more = found.len() >= REFILL_BATCH;
+            after = found.last().copied();
+            for k in found {
+                if k <= covered && subs.contains(&k.message.sub_id) {
+                    self.insert(k);
+                }
+            }
+            if !more {
+                return;
+            }
+            tokio::task::yield_now().await;
         }
     }
 
@@ -415,6 +485,59 @@ mod tests {
             got += batch.len();
         }
         assert!(clock.now_ms() >= now + 2 * 3_600_000 + 999);
+        stop.cancel();
+    }
+
+    /// Entries written to the index behind the scheduler's back (a replica
+    /// applying a group's schedule while another broker leads) once its
+    /// window covered their due times are loaded by `reload` and fire on
+    /// time; what fired meanwhile for nobody and left the index is dropped.
+    #[tokio::test(start_paused = true)]
+    async fn reload_loads_entries_written_behind_it_and_drops_stale_orphans() {
+        let (scheduler, storage, clock, stop) = start();
+        let now = clock.now_ms();
+        let stale = key(now - 1_000, 9, 1);
+        persist(&storage, &[stale]);
+        // The first refill fires it while nobody is registered; then it
+        // leaves the index (acked where the topic was led).
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(scheduler.stats.fired.load(Ordering::Relaxed), 1);
+        storage.put_schedule(&[(stale, false)]).unwrap();
+        let behind = key(clock.now_ms() + 500, 9, 2);
+        let other = key(clock.now_ms() + 400, 10, 3);
+        persist(&storage, &[behind, other]);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        scheduler.reload([9].into_iter().collect());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        scheduler.register(9, tx);
+        let fired = tokio::time::timeout(WINDOW * 2, rx.recv()).await;
+        assert_eq!(
+            fired.expect("the reloaded entry fires").unwrap(),
+            vec![behind],
+            "not the stale one"
+        );
+        assert_eq!(clock.now_ms(), behind.due_ms, "at its due time");
+        // Only the subscriptions named are reloaded.
+        assert_eq!(scheduler.stats.fired.load(Ordering::Relaxed), 2);
+        stop.cancel();
+    }
+
+    /// An actor ending after a newer one of its subscription registered
+    /// does not take the newer one's entries away.
+    #[tokio::test(start_paused = true)]
+    async fn an_older_actor_unregistering_leaves_the_newer_one() {
+        let (scheduler, storage, clock, stop) = start();
+        let (old_tx, _old_rx) = mpsc::unbounded_channel();
+        scheduler.register(5, old_tx.clone());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        scheduler.register(5, tx);
+        scheduler.unregister(5, &old_tx);
+        let k = key(clock.now_ms() + 100, 5, 1);
+        persist(&storage, &[k]);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        scheduler.add(vec![k]);
+        let fired = tokio::time::timeout(WINDOW, rx.recv()).await;
+        assert_eq!(fired.expect("the newer actor gets it").unwrap(), vec![k]);
         stop.cancel();
     }
 

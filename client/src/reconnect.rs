@@ -12,7 +12,22 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::client::ClientConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
+
+/// The longest wait between attempts while the topic's broker cannot be
+/// reached and is not known to be down (its lease still held): in a
+/// cluster the topic may be moving to another broker (a replicated
+/// topic's new leader takes it within seconds), which a lookup finds as
+/// soon as it happens. Once the broker is known down
+/// ([`ErrorKind::OwnerDown`]), or on any other failure, the backoff grows
+/// to `reconnect_max` as usual.
+const MOVING_RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// Whether `e` says the topic's broker could not be reached, or could not
+/// serve, while nothing says it is down: the topic may have moved.
+fn may_have_moved(e: &Error) -> bool {
+    matches!(e.kind(), ErrorKind::Disconnected | ErrorKind::Unavailable)
+}
 
 /// Exponential reconnect delays with jitter: `reconnect_min`, doubling up
 /// to `reconnect_max`, each scaled by a random factor in 0.8..1.2 (and
@@ -137,7 +152,10 @@ impl Reconnector {
                 Reopen::Open(t)
             }
             Err(e) if retry(&e) => {
-                let wait = self.backoff.next_delay();
+                let mut wait = self.backoff.next_delay();
+                if may_have_moved(&e) {
+                    wait = wait.min(MOVING_RETRY_MAX);
+                }
                 tracing::debug!(error = %e, retry_in = ?wait, "{what} reconnect failed");
                 self.at = Some(Instant::now() + wait);
                 Reopen::Later(e)
@@ -185,6 +203,36 @@ mod tests {
         b.reset();
         let d = b.next_delay();
         assert!(within_jitter(d, 100), "{d:?}");
+    }
+
+    /// An unreachable broker not known to be down is tried again at least
+    /// every `MOVING_RETRY_MAX`; one known down backs off to the cap.
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_owner_is_retried_often_a_down_one_backs_off() {
+        let retry = |_: &Error| true;
+        let mut r = Reconnector::new(ReconnectBackoff::new(&config(100, 30_000)));
+        for _ in 0..10 {
+            let start = Instant::now();
+            let _ = r
+                .attempt(
+                    async { Err::<(), _>(Error::disconnected("tcp connect error")) },
+                    retry,
+                    "test",
+                )
+                .await;
+            let wait = r.due().unwrap() - start;
+            assert!(wait <= MOVING_RETRY_MAX, "{wait:?}");
+        }
+        let start = Instant::now();
+        let _ = r
+            .attempt(
+                async { Err::<(), _>(Error::owner_is_down("b1", "down")) },
+                retry,
+                "test",
+            )
+            .await;
+        let wait = r.due().unwrap() - start;
+        assert!(wait > Duration::from_secs(10), "{wait:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -83,6 +83,9 @@ pub struct Summary {
     pub failures_confirmed: usize,
     /// Messages per final place.
     pub places: BTreeMap<Place, usize>,
+    /// Receipted publishes found in exactly one place at the end (read
+    /// once: acked, or found once by the auditor).
+    pub exactly_once: usize,
 }
 
 #[derive(Debug, Default)]
@@ -221,6 +224,17 @@ impl History {
     /// Every violation in the history with the auditor's findings, or what
     /// the run amounted to.
     pub fn check(&self) -> Result<Summary, Vec<Violation>> {
+        let (summary, violations) = self.report();
+        if violations.is_empty() {
+            Ok(summary)
+        } else {
+            Err(violations)
+        }
+    }
+
+    /// What the run amounted to and every violation in it (a bench prints
+    /// both, violations or not).
+    pub fn report(&self) -> (Summary, Vec<Violation>) {
         self.with(|s| {
             let mut violations = s.violations.clone();
             let mut summary = Summary {
@@ -267,6 +281,9 @@ impl History {
                     _ => violations.push(Violation::Unknown { id: id.clone() }),
                 }
                 places.sort();
+                if places.len() == 1 && m.is_some_and(|m| m.receipted) {
+                    summary.exactly_once += 1;
+                }
                 if places.len() > 1 {
                     violations.push(Violation::Doubled {
                         id: id.clone(),
@@ -277,11 +294,7 @@ impl History {
                     *summary.places.entry(*p).or_default() += 1;
                 }
             }
-            if violations.is_empty() {
-                Ok(summary)
-            } else {
-                Err(violations)
-            }
+            (summary, violations)
         })
     }
 

@@ -1,7 +1,7 @@
 //! Replicated topics in the core: a topic whose Raft group this broker
 //! leads is opened from the replica's applied store, as a restarted
 //! broker opens its topics (cursors, delivery counts, schedule, tiers from
-//! storage), and its writer and subscription actors write through the
+//! storage; the retry scheduler reloads their schedule), and its writer and subscription actors write through the
 //! group's storage ([`crate::replication::ReplicatedStorage`]); when the
 //! broker stops leading, the topic leaves the registry. Every other topic
 //! writes to the broker's own store, as before.
@@ -67,6 +67,11 @@ impl BrokerCore {
                 }
             }
         }
+        // The schedule of these subscriptions was applied to the store
+        // while another broker led: the scheduler's window may have passed
+        // its due times already. Reloaded before the actors register, so
+        // what fired meanwhile (stale now) is dropped, not handed to them.
+        self.scheduler.reload(subs.iter().map(|s| s.id).collect());
         let opened = self.adopt(&logs, subs).await;
         if opened.is_err() {
             self.close_replicated(name).await;

@@ -11,8 +11,9 @@
 //! with the members' advertised URLs (the `Replication` service runs on
 //! the broker's gRPC port).
 //!
-//! Leadership (the Raft leader owns the topic): a member that becomes the
-//! group's leader waits until it applied everything committed, then points
+//! Leadership (the Raft leader owns the topic; a change a member sees
+//! wakes the reading at once): a member that becomes the group's leader
+//! waits until it applied everything committed, then points
 //! `placement/<topic>` at itself (a compare-and-set on what it read) and
 //! claims the topic as any owner does, so `Lookup` answers it and other
 //! brokers redirect to it; a member that stops leading hands the topic to
@@ -103,6 +104,44 @@ pub struct Groups {
     leaders: Mutex<HashMap<String, Role>>,
     /// The storage of each topic served here (led by this broker).
     serving: Mutex<HashMap<String, ReplicatedStorage>>,
+    /// Where the groups' Raft nodes run (see [`RaftRuntime`]).
+    runtime: RaftRuntime,
+    /// Woken when a member here sees its group's leader change.
+    leader_changed: Arc<tokio::sync::Notify>,
+}
+
+/// The runtime the Raft nodes of this broker's groups run on, apart from
+/// the broker's: a leader's replicated write blocks the thread that makes
+/// it until the group commits (`ReplicatedStorage`), some of them holding
+/// a lock other tasks then wait for on their worker threads (a topic's
+/// writer). On one runtime, enough such waits leave no worker to run the
+/// Raft node the commit needs (and no timer to end the wait): the broker
+/// stops, its etcd lease with it. Here the commit never needs the
+/// broker's workers.
+struct RaftRuntime(Option<tokio::runtime::Runtime>);
+
+impl RaftRuntime {
+    fn start() -> Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ricochet-raft")
+            .enable_all()
+            .build()?;
+        Ok(Self(Some(rt)))
+    }
+
+    fn handle(&self) -> Option<tokio::runtime::Handle> {
+        self.0.as_ref().map(|r| r.handle().clone())
+    }
+}
+
+impl Drop for RaftRuntime {
+    fn drop(&mut self) {
+        // Dropped in async code too, where a runtime may not block.
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl std::fmt::Debug for Groups {
@@ -136,6 +175,8 @@ impl Groups {
             started: Default::default(),
             leaders: Default::default(),
             serving: Default::default(),
+            runtime: RaftRuntime::start()?,
+            leader_changed: Default::default(),
         });
         let g = groups.clone();
         tokio::spawn(async move {
@@ -146,6 +187,9 @@ impl Groups {
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep(WATCH_EVERY) => {}
+                    // A member saw its group's leader change: act now, not
+                    // at the next read.
+                    _ = g.leader_changed.notified() => {}
                 }
             }
         });
@@ -286,18 +330,39 @@ impl Groups {
                 self.cluster.id()
             )));
         };
-        let partition = Arc::new(
-            ReplicatedPartition::start_on(
-                id,
-                topic,
-                &self.db,
-                &self.settings,
-                self.storage.clone(),
-                &self.registry,
-            )
-            .await
-            .map_err(replication)?,
+        let (db, settings, storage, registry, name) = (
+            self.db.clone(),
+            self.settings.clone(),
+            self.storage.clone(),
+            self.registry.clone(),
+            topic.to_owned(),
         );
+        let start = async move {
+            ReplicatedPartition::start_on(id, &name, &db, &settings, storage, &registry).await
+        };
+        // Started on the Raft runtime: its tasks (Raft core, replication
+        // to peers, their connections) are spawned there.
+        let opened = match self.runtime.handle() {
+            Some(rt) => rt
+                .spawn(start)
+                .await
+                .map_err(|e| BrokerError::Peer(format!("starting a replica: {e}")))?,
+            None => start.await,
+        };
+        let partition = Arc::new(opened.map_err(replication)?);
+        let mut metrics = partition.node().raft().metrics();
+        let changed = self.leader_changed.clone();
+        tokio::spawn(async move {
+            let mut last = metrics.borrow().current_leader;
+            // Ends with the node (its metrics' sender goes).
+            while metrics.changed().await.is_ok() {
+                let now = metrics.borrow().current_leader;
+                if now != last {
+                    last = now;
+                    changed.notify_one();
+                }
+            }
+        });
         tracing::info!(%topic, node = id, "replica started");
         started.insert(
             topic.to_owned(),
@@ -447,7 +512,10 @@ impl Groups {
             .await
             .map_err(|e| BrokerError::Peer(format!("not confirmed as leader: {e}")))?;
         let name = TopicName::parse_stored(topic)?;
-        let storage = ReplicatedStorage::new(partition.clone(), WRITE_TIMEOUT);
+        let mut storage = ReplicatedStorage::new(partition.clone(), WRITE_TIMEOUT);
+        if let Some(rt) = self.runtime.handle() {
+            storage = storage.with_raft_runtime(rt);
+        }
         self.core
             .open_replicated(&name, Arc::new(storage.clone()), record.replicas)
             .await?;

@@ -41,6 +41,11 @@ pub struct ReplicatedStorage {
     /// opened again from the applied store (its writer's next id and the
     /// actors' state may be behind what the group committed).
     poisoned: Arc<AtomicBool>,
+    /// The runtime the group's Raft node runs on, when not the caller's:
+    /// the proposal is awaited there, so a caller's runtime whose workers
+    /// all wait (on a lock held across this very write) cannot hold up the
+    /// commit it waits for.
+    raft: Option<tokio::runtime::Handle>,
 }
 
 impl ReplicatedStorage {
@@ -54,7 +59,14 @@ impl ReplicatedStorage {
             local,
             timeout,
             poisoned: Arc::default(),
+            raft: None,
         }
+    }
+
+    /// Awaits proposals on `raft`, the runtime the group's node runs on.
+    pub fn with_raft_runtime(mut self, raft: tokio::runtime::Handle) -> Self {
+        self.raft = Some(raft);
+        self
     }
 
     /// Whether a write failed (or [`ReplicatedStorage::retire`] was
@@ -93,7 +105,8 @@ impl ReplicatedStorage {
         }
         let proposal =
             async { tokio::time::timeout(self.timeout, self.partition.propose(&command)).await };
-        match tokio::task::block_in_place(|| handle.block_on(proposal)) {
+        let on = self.raft.as_ref().unwrap_or(&handle);
+        match tokio::task::block_in_place(|| on.block_on(proposal)) {
             Ok(Ok(PartitionReply::Refused(why))) => Err(StorageError::Replication(format!(
                 "the group refused the write: {why}"
             ))),

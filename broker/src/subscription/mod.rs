@@ -135,6 +135,9 @@ pub(crate) struct SubscriptionActor {
     /// For messages the actor sends itself once a write is durable; weak, so
     /// the actor stops once every handle is gone.
     self_tx: mpsc::WeakUnboundedSender<Command>,
+    /// Where the scheduler sends this actor's fired entries (to unregister
+    /// this actor only, not a newer one of the same subscription).
+    fire_tx: crate::scheduler::FireSender,
 }
 
 impl std::fmt::Debug for SubscriptionActor {
@@ -184,7 +187,7 @@ impl SubscriptionActor {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let (fire_tx, fire_rx) = mpsc::unbounded_channel();
-        deps.scheduler.register(rec.id, fire_tx);
+        deps.scheduler.register(rec.id, fire_tx.clone());
         let mut actor = SubscriptionActor {
             read_pos: rec.main.mark_delete,
             metrics: SubscriptionMetrics::new(&rec.topic, &rec.name),
@@ -200,6 +203,7 @@ impl SubscriptionActor {
             deps,
             dirty: false,
             self_tx: tx.downgrade(),
+            fire_tx,
             topic,
             rec,
         };
@@ -250,7 +254,7 @@ impl SubscriptionActor {
             self.persist();
             self.deliveries.shrink();
         }
-        self.deps.scheduler.unregister(self.rec.id);
+        self.deps.scheduler.unregister(self.rec.id, &self.fire_tx);
     }
 
     /// Handles `first` and whatever else is queued, up to a bound; true when
@@ -633,7 +637,7 @@ impl SubscriptionActor {
                 },
             ));
         }
-        self.deps.scheduler.unregister(self.rec.id);
+        self.deps.scheduler.unregister(self.rec.id, &self.fire_tx);
         self.topic.remove_mark(self.rec.id);
         self.deps.storage.delete_subscription(&self.rec)?;
         self.metrics.clear();

@@ -70,6 +70,7 @@ impl Default for ClientConfig {
 #[derive(Debug, Clone)]
 pub struct ClientBuilder {
     url: String,
+    fallbacks: Vec<String>,
     config: ClientConfig,
     token: Option<String>,
     tls_ca: Option<Vec<u8>>,
@@ -94,6 +95,17 @@ impl ClientBuilder {
     pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
         self.config.reconnect_min = min.max(Duration::from_millis(1));
         self.config.reconnect_max = max.max(self.config.reconnect_min);
+        self
+    }
+
+    /// Another broker of the cluster, asked for lookups (and the broker
+    /// list) when the service URL's broker cannot be reached; repeatable.
+    /// Without one, a client whose service URL's broker is down finds
+    /// topics only through brokers it already has connections to (the
+    /// owners it was sent to), and none if its service URL's broker owned
+    /// them all. Connected on first use.
+    pub fn fallback_url(mut self, url: impl Into<String>) -> Self {
+        self.fallbacks.push(url.into());
         self
     }
 
@@ -162,12 +174,7 @@ impl ClientBuilder {
             }
             Err(_) => return Err(Error::timeout(format!("connecting to {}", self.url))),
         };
-        Ok(Client::from_parts(
-            channel,
-            credentials,
-            self.url,
-            endpoints,
-        ))
+        Client::from_parts(channel, credentials, self.url, self.fallbacks, endpoints)
     }
 
     /// A client that connects on first use (and never fails here, except
@@ -175,12 +182,13 @@ impl ClientBuilder {
     pub fn connect_lazy(self) -> Result<Client> {
         let endpoints = self.endpoints();
         let channel = endpoints.endpoint(&self.url)?.connect_lazy();
-        Ok(Client::from_parts(
+        Client::from_parts(
             channel,
             self.credentials()?,
             self.url,
+            self.fallbacks,
             endpoints,
-        ))
+        )
     }
 }
 
@@ -313,6 +321,7 @@ impl Client {
     pub fn builder(url: impl Into<String>) -> ClientBuilder {
         ClientBuilder {
             url: url.into(),
+            fallbacks: Vec::new(),
             config: ClientConfig::default(),
             token: None,
             tls_ca: None,
@@ -325,9 +334,10 @@ impl Client {
         channel: Channel,
         credentials: Credentials,
         url: String,
+        fallbacks: Vec<String>,
         endpoints: Endpoints,
-    ) -> Self {
-        Self {
+    ) -> Result<Self> {
+        let client = Self {
             inner: Arc::new(ClientInner {
                 channel,
                 credentials,
@@ -335,7 +345,13 @@ impl Client {
                 endpoints,
                 routes: Routes::default(),
             }),
+        };
+        // Pooled like an owner's channel: the lookups' fallback asks every
+        // pooled broker.
+        for f in &fallbacks {
+            client.transport_to(f)?;
         }
+        Ok(client)
     }
 
     /// The underlying channel, without the client's credentials.

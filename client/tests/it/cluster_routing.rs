@@ -8,7 +8,8 @@
 //! `ErrorKind::OwnerDown` naming it (so do sends that time out while it is
 //! down), a stream whose broker goes away looks the topic up again and
 //! reconnects to the new owner, and lookups, partition counts and the
-//! broker list go to another known broker when the service URL is down.
+//! broker list go to another known broker (one it was sent to, or a
+//! fallback URL it was given) when the service URL is down.
 
 use std::time::Duration;
 
@@ -377,6 +378,36 @@ async fn lookups_go_to_a_known_broker_when_the_service_url_is_down() {
     assert_eq!(p.partitions(), Some(2));
     p.send("x").await.unwrap();
     p.close().await.unwrap();
+}
+
+/// A client that never was sent to another broker knows only its service
+/// URL's; its fallback URLs are asked once that one is down.
+#[tokio::test]
+async fn lookups_go_to_a_fallback_url_when_the_service_url_is_down() {
+    let first = FakeCluster::start("test", FakeAnswer::owner("x", "http://127.0.0.1:9")).await;
+    let second = FakeCluster::start("test", FakeAnswer::owner("y", "http://127.0.0.1:9")).await;
+    let with = Client::builder(first.url())
+        .request_timeout(Duration::from_secs(5))
+        .fallback_url(second.url())
+        .connect()
+        .await
+        .unwrap();
+    let without = client(&first.url()).await;
+    assert_eq!(with.lookup("t1").await.unwrap().broker_id, "x");
+    assert!(
+        second.lookups().is_empty(),
+        "asked only while the first is down"
+    );
+
+    first.stop().await;
+    let e = without.lookup("t2").await.unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::Disconnected | ErrorKind::Timeout),
+        "{e:?}"
+    );
+    let owner = with.lookup("t2").await.expect("asked of the fallback");
+    assert_eq!(owner.broker_id, "y");
+    assert_eq!(second.lookups(), [fq("t2")]);
 }
 
 #[tokio::test]
