@@ -87,13 +87,22 @@ pub fn open_db(dir: &Path, settings: &NodeSettings) -> Result<sled::Db> {
         .open()?)
 }
 
+/// Removes `group`'s Raft log, vote and applied mark from `db` (its
+/// member on this node stopped: the group was deleted), so a group of the
+/// same name starts afresh.
+pub fn remove_group(db: &sled::Db, group: &str) -> Result<()> {
+    db.drop_tree(format!("log/{group}"))?;
+    db.drop_tree(format!("meta/{group}"))?;
+    Ok(())
+}
+
 /// This node's member of one group.
 pub struct ReplicaNode {
     id: NodeId,
     group: String,
     raft: Raft,
     registry: GroupRegistry,
-    checkpoints: Option<tokio::task::JoinHandle<()>>,
+    checkpoints: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for ReplicaNode {
@@ -147,7 +156,7 @@ impl ReplicaNode {
             group: group.to_owned(),
             raft,
             registry: registry.clone(),
-            checkpoints,
+            checkpoints: std::sync::Mutex::new(checkpoints),
         })
     }
 
@@ -211,14 +220,25 @@ impl ReplicaNode {
 
     /// Stops the group on this node (clean: the Raft core ends, the
     /// service stops routing to it).
-    pub async fn shutdown(mut self) {
+    pub async fn shutdown(self) {
+        self.stop().await;
+    }
+
+    /// [`ReplicaNode::shutdown`] through a shared handle: later writes
+    /// fail with [`ReplicationError::Stopped`].
+    pub async fn stop(&self) {
         self.stop_local();
         let _ = self.raft.shutdown().await;
     }
 
-    fn stop_local(&mut self) {
+    fn stop_local(&self) {
         self.registry.remove(&self.group);
-        if let Some(t) = self.checkpoints.take() {
+        let task = self
+            .checkpoints
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(t) = task {
             t.abort();
         }
     }

@@ -594,12 +594,14 @@ impl BrokerCore {
         for sub in subs {
             self.remove_subscription(&entry, &sub, true).await?;
         }
-        self.drop_topic(name).await
+        let storage = self.storage_for(name.as_str());
+        self.drop_topic(name, &storage).await
     }
 
-    /// Removes a topic from the registry and storage; its producers are told
+    /// Removes a topic from the registry and from `storage` (the store it
+    /// writes through: a replicated topic's group); its producers are told
     /// it is gone.
-    async fn drop_topic(&self, name: &TopicName) -> Result<()> {
+    async fn drop_topic(&self, name: &TopicName, storage: &Arc<dyn Storage>) -> Result<()> {
         // The manifest forgets the topic first: a crash in between leaves a
         // topic the manifest does not require, never the reverse.
         let forgetting = self.keeper.forgetting().await;
@@ -611,7 +613,7 @@ impl BrokerCore {
                 lock(&self.counts).remove(name);
             }
         }
-        self.storage.delete_topic(name.as_str())?;
+        storage.delete_topic(name.as_str())?;
         drop(forgetting);
         tracing::info!(topic = %name, "topic deleted");
         Ok(())
@@ -626,6 +628,8 @@ impl BrokerCore {
         force: bool,
     ) -> Result<()> {
         let topic = entry.topic.name().as_str();
+        // The tiers are written through the topic's store (its group's).
+        let storage = self.storage_for(topic);
         let forgetting = self.keeper.forgetting().await;
         forgetting.subscription(topic, handle.name()).await?;
         let tiers = handle.delete(force).await?;
@@ -635,7 +639,7 @@ impl BrokerCore {
         for tier in tiers {
             let tier = TopicName::parse_stored(&tier)?;
             if self.topics.lock().await.contains_key(&tier) {
-                self.drop_topic(&tier).await?;
+                self.drop_topic(&tier, &storage).await?;
             }
         }
         Ok(())

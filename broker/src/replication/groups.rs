@@ -326,6 +326,27 @@ impl Groups {
             }
         }
         *ricochet_storage::util::write(&self.known) = known.clone();
+        let gone: Vec<String> = {
+            let started = self.started.lock().await;
+            started
+                .keys()
+                .filter(|t| !known.contains_key(*t))
+                .cloned()
+                .collect()
+        };
+        for topic in gone {
+            // Read again: a group created since the prefix was read has a
+            // record by the time its member started.
+            if self
+                .cluster
+                .etcd()
+                .get(&self.group_key(&topic))
+                .await?
+                .is_none()
+            {
+                self.stop_member(&topic).await;
+            }
+        }
         for (topic, record) in &known {
             if record.node_id(self.cluster.id()).is_some()
                 && let Err(e) = self.start_member(topic, record).await
@@ -452,6 +473,8 @@ impl Groups {
             .open_replicated(&name, Arc::new(storage.clone()), record.replicas)
             .await?;
         crate::util::lock(&self.serving).insert(topic.to_owned(), storage);
+        // Replay jobs stored through the group run where it is led.
+        crate::replay_jobs::resume_topic(&self.core, topic);
         let me = self.cluster.id();
         let etcd = self.cluster.etcd();
         let placement = self.cluster.key(&format!("placement/{topic}"));
@@ -496,6 +519,50 @@ impl Groups {
         crate::util::lock(&self.serving)
             .get(topic)
             .is_none_or(ReplicatedStorage::is_poisoned)
+    }
+
+    /// Deletes `topic`'s group, once its topic was deleted through it
+    /// (every replica applied or will apply the delete): the record leaves
+    /// etcd, this member stops now, the others at their next read of the
+    /// records.
+    pub async fn dissolve(&self, topic: &str) -> Result<()> {
+        self.cluster.etcd().delete(&self.group_key(topic)).await?;
+        ricochet_storage::util::write(&self.known).remove(topic);
+        self.stop_member(topic).await;
+        tracing::info!(%topic, "replication group deleted");
+        Ok(())
+    }
+
+    /// Stops this broker's member of `topic`'s group (the group is gone):
+    /// the topic is no longer served nor written through it, the Raft node
+    /// ends, and its log is removed once this replica's copy of the topic
+    /// is gone (the group's delete applied here). A member that had not
+    /// applied it keeps both, unopened (a factor above 1 is never opened
+    /// as this broker's own topic), and says so.
+    async fn stop_member(&self, topic: &str) {
+        let member = self.started.lock().await.remove(topic);
+        crate::util::lock(&self.leaders).remove(topic);
+        if let Some(s) = crate::util::lock(&self.serving).remove(topic) {
+            s.retire();
+        }
+        if let Ok(name) = TopicName::parse_stored(topic) {
+            self.core.forget_replicated(&name).await;
+        }
+        let Some(member) = member else { return };
+        member.partition.node().stop().await;
+        let copy_left = match self.storage.list_topics() {
+            Ok(topics) => topics.iter().any(|t| t.name == topic),
+            Err(e) => {
+                tracing::warn!(%topic, error = %e, "cannot read this replica's topics");
+                true
+            }
+        };
+        if copy_left {
+            tracing::warn!(%topic, "replication group deleted before this replica applied the topic's delete: its copy and Raft log are kept, unopened");
+        } else if let Err(e) = ricochet_replication::remove_group(&self.db, topic) {
+            tracing::warn!(%topic, error = %e, "cannot remove the deleted group's Raft log");
+        }
+        tracing::info!(%topic, "replica stopped: its group was deleted");
     }
 
     /// Whether this broker serves replicated `topic` now (it leads its

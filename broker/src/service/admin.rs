@@ -206,6 +206,13 @@ impl Admin for AdminService {
         }
         self.node.core.delete_topic(&name, r.force).await?;
         self.node.core.flusher.durable().await?;
+        // A replicated topic was deleted through its group (every replica
+        // applies it); the group goes with it.
+        if let Some(groups) = self.node.groups()
+            && groups.group_of(name.as_str()).is_some()
+        {
+            groups.dissolve(name.as_str()).await?;
+        }
         Ok(Response::new(DeleteTopicResponse {}))
     }
 

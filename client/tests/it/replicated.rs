@@ -7,8 +7,11 @@
 //! producer and a consumer recording a history through a leader's kill -9
 //! follow it to the new leader, and the history checker finds nothing
 //! acknowledged lost, nothing acked delivered again, no count going back.
-//! What is not built yet is checked as refused, not assumed: topic admin
-//! calls on a replicated topic get FAILED_PRECONDITION saying so.
+//! Topic admin calls on a replicated topic are answered by its leader,
+//! and their changes go through the group: a dead letter replayed or
+//! purged on the leader is gone on every replica, and a new leader shows
+//! the same dead letters and policies. A call with no replicated form is
+//! refused with FAILED_PRECONDITION naming it.
 
 use std::time::{Duration, Instant};
 
@@ -131,16 +134,31 @@ async fn a_replicated_topic_is_a_group_of_three_led_by_the_broker_lookup_answers
         .expect("the group is listed");
     assert_eq!((g.replicas, g.members.len()), (3, 3), "{g:?}");
     assert_eq!(g.leader, leader, "{g:?}");
-    // Topic admin calls on a replicated topic are not served yet: refused
-    // with a clear error rather than answered from one replica.
+    // Topic admin calls are answered by the leader, also when asked of a
+    // follower (the client follows its redirect).
+    let follower = members.iter().position(|m| *m != leader).unwrap();
+    let via_follower = client(&brokers[follower].url()).await;
+    let stats = via_follower.admin().topic_stats(t).await.unwrap();
+    assert_eq!(
+        (stats.message_count, stats.next_entry_id),
+        (0, 0),
+        "{stats:?}"
+    );
+    // A call with no replicated form is refused, naming itself.
     let e = client(&leader_url)
         .await
         .admin()
-        .topic_stats(t)
+        .set_retention(
+            &ricochet_client::admin::RetentionTarget::Topic(t.to_owned()),
+            ricochet_client::admin::RetentionPolicy {
+                max_age_ms: Some(60_000),
+                ..Default::default()
+            },
+        )
         .await
-        .expect_err("topic stats of a replicated topic are refused");
+        .expect_err("a topic's retention on a replicated topic is refused");
     assert_eq!(e.kind(), ErrorKind::FailedPrecondition, "{e:?}");
-    assert!(e.to_string().contains("not yet"), "{e}");
+    assert!(e.to_string().contains("Retention/SetRetention"), "{e}");
 
     // kill -9 of the leader: another member leads, and Lookup says so.
     let victim = members.iter().position(|m| *m == leader).unwrap();
@@ -359,4 +377,215 @@ async fn a_leader_killed_mid_run_loses_nothing_acknowledged_and_clients_follow_t
         "replicated takeover: {checked} of {} nacked messages seen again after the kill",
         nacked.len()
     );
+}
+
+/// The dead letters (entry id, payload) of subscription `s` on `t`, as
+/// the leader lists them.
+async fn dead_letter_list(admin: &ricochet_client::Admin, t: &str) -> Vec<(u64, String)> {
+    let all = ricochet_client::admin::DeadLetterFilter::default();
+    let listed = admin
+        .list_dead_letters(t, "s", &all, 100, None)
+        .await
+        .unwrap();
+    assert_eq!(listed.total as usize, listed.dead_letters.len());
+    listed
+        .dead_letters
+        .iter()
+        .map(|d| {
+            let m = d.message.as_ref().unwrap();
+            let payload = String::from_utf8_lossy(&m.payload).into_owned();
+            (m.id.as_ref().unwrap().entry_id, payload)
+        })
+        .collect()
+}
+
+/// Subscription `s` of `topic` in the store of a killed broker: its dead
+/// letters' ids and the policy its record holds.
+fn stored_state(dir: &std::path::Path, topic: &str) -> (Vec<u64>, Option<PolicySpec>) {
+    use ricochet_broker::storage::{MetaStore, SledStorage, SubscriptionStore};
+    let store = SledStorage::open(dir, 16_384, 16 << 20).unwrap();
+    assert!(
+        store.list_topics().unwrap().iter().any(|r| r.name == topic),
+        "{topic} in {}",
+        dir.display()
+    );
+    let subs = store.list_subscriptions(topic).unwrap();
+    let sub = subs.iter().find(|r| r.name == "s").expect("subscription s");
+    let ids = store
+        .dead_letters(sub.id, None)
+        .unwrap()
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    (ids, sub.policy.clone())
+}
+
+#[tokio::test]
+async fn admin_changes_on_a_replicated_topic_reach_every_replica_and_outlive_the_leader() {
+    use ricochet_client::admin::{DeadLetterFilter, ReplayOptions};
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("admin_changes_on_a_replicated_topic").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let mut brokers = spawn_cluster(
+        &etcd,
+        "radm",
+        3,
+        root.path(),
+        Duration::from_secs(3),
+        &SpawnOptions::new(),
+    )
+    .await;
+    let t = "ledger";
+    let full = "persistent://public/default/ledger";
+    client(&brokers[0].url())
+        .await
+        .admin()
+        .create_replicated_topic(t, 3)
+        .await
+        .unwrap();
+    let ids: Vec<String> = (0..3).map(|i| format!("b{i}")).collect();
+    let (leader, _) = stable_leader(&brokers[0].url(), t, &ids, Duration::from_secs(20))
+        .await
+        .expect("a leader");
+    let victim = ids.iter().position(|m| *m == leader).unwrap();
+    // Everything goes through a broker that survives: producers, consumers
+    // and admin calls find the leader.
+    let survivor = brokers[(victim + 1) % 3].url();
+    let c = client(&survivor).await;
+    let admin = c.admin();
+
+    // Ten messages: m0..m5 terminated (dead letters), m6..m9 acked.
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .ack_receipts(true)
+        .subscribe()
+        .await
+        .unwrap();
+    let p = c.producer(t).create().await.unwrap();
+    for i in 0..10 {
+        p.send(format!("m{i}")).await.unwrap();
+    }
+    for _ in 0..10 {
+        let m = tokio::time::timeout(Duration::from_secs(10), consumer.receive())
+            .await
+            .expect("a delivery")
+            .unwrap();
+        let body = String::from_utf8_lossy(m.payload()).into_owned();
+        let n: u32 = body[1..].parse().unwrap();
+        if n < 6 {
+            consumer
+                .terminate(&m, &format!("bad {body}"))
+                .await
+                .unwrap();
+        } else {
+            consumer.ack(&m).await.unwrap();
+        }
+    }
+    consumer.flush().await.unwrap();
+    let start = Instant::now();
+    let mut dlq = dead_letter_list(&admin, t).await;
+    while dlq.len() < 6 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        dlq = dead_letter_list(&admin, t).await;
+    }
+    assert_eq!(dlq.len(), 6, "{dlq:?}");
+
+    // Stats agree with what was published, acked and dead-lettered.
+    let stats = admin.topic_stats(t).await.unwrap();
+    assert_eq!(
+        (stats.message_count, stats.next_entry_id),
+        (10, 10),
+        "{stats:?}"
+    );
+    let sub = admin.subscription_stats(t, "s").await.unwrap();
+    assert_eq!((sub.backlog, sub.dead_lettered), (0, 6), "{sub:?}");
+
+    // A policy set on the leader.
+    let policy: PolicySpec = "backoff:fixed=1s,max=7".parse().unwrap();
+    admin.set_policy(t, "s", &policy).await.unwrap();
+    let in_force = admin.policy(t, "s").await.unwrap();
+
+    // Two dead letters replayed into the retry tier (delivered again), one
+    // purged: three are left.
+    let id_of = |payload: &str| dlq.iter().find(|(_, p)| p == payload).unwrap().0;
+    let replay = DeadLetterFilter {
+        entry_ids: vec![id_of("m0"), id_of("m1")],
+        ..Default::default()
+    };
+    let done = admin
+        .replay_dead_letters(t, "s", &ReplayOptions::new().filter(replay))
+        .await
+        .unwrap();
+    assert_eq!(done.replayed, 2, "{done:?}");
+    let purge = DeadLetterFilter {
+        entry_ids: vec![id_of("m2")],
+        ..Default::default()
+    };
+    let purged = admin
+        .purge_dead_letters(t, "s", &purge, false)
+        .await
+        .unwrap();
+    assert_eq!(purged.purged, 1, "{purged:?}");
+    let mut again = Vec::new();
+    while again.len() < 2 {
+        let m = tokio::time::timeout(Duration::from_secs(10), consumer.receive())
+            .await
+            .expect("the replayed dead letters are delivered again")
+            .unwrap();
+        again.push(String::from_utf8_lossy(m.payload()).into_owned());
+        consumer.ack(&m).await.unwrap();
+    }
+    again.sort();
+    assert_eq!(again, ["m0", "m1"]);
+    consumer.flush().await.unwrap();
+    let left = dead_letter_list(&admin, t).await;
+    let payloads: Vec<&str> = left.iter().map(|(_, p)| p.as_str()).collect();
+    assert_eq!(payloads, ["m3", "m4", "m5"], "{left:?}");
+    drop(consumer);
+
+    // kill -9 of the leader: the new one shows the same dead letters,
+    // policy and counts.
+    brokers[victim].kill9();
+    let others: Vec<String> = ids.iter().filter(|m| **m != leader).cloned().collect();
+    let (next, _) = stable_leader(&survivor, t, &others, Duration::from_secs(30))
+        .await
+        .expect("a new leader");
+    let start = Instant::now();
+    let after = loop {
+        match tokio::time::timeout(Duration::from_secs(5), admin.topic_stats(t)).await {
+            Ok(Ok(_)) => break dead_letter_list(&admin, t).await,
+            _ if start.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => panic!("the new leader {next} does not answer: {other:?}"),
+        }
+    };
+    assert_eq!(after, left, "the new leader {next}'s dead letters");
+    assert_eq!(admin.policy(t, "s").await.unwrap(), in_force);
+    let sub = admin.subscription_stats(t, "s").await.unwrap();
+    assert_eq!((sub.backlog, sub.dead_lettered), (0, 3), "{sub:?}");
+    let stats = admin.topic_stats(t).await.unwrap();
+    assert_eq!(stats.next_entry_id, 10, "{stats:?}");
+
+    // Every replica's store holds the same: the victim's (it made the
+    // changes as leader), and both others' once killed.
+    for b in brokers.iter_mut() {
+        b.kill9();
+    }
+    let left_ids: Vec<u64> = left.iter().map(|(id, _)| *id).collect();
+    for b in &brokers {
+        let (dead, stored) = stored_state(&b.dir, full);
+        assert_eq!(dead, left_ids, "dead letters stored by {}", b.id);
+        assert_eq!(
+            stored.as_ref(),
+            Some(&policy),
+            "the policy stored by {}",
+            b.id
+        );
+    }
 }
