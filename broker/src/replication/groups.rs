@@ -50,9 +50,24 @@ pub struct GroupRecord {
     pub replicas: u32,
     /// The member brokers' ids; the first initialized the group.
     pub members: Vec<String>,
+    /// Which group of this topic's name it is (its creation time, ms): a
+    /// topic deleted and created again is a new group with a Raft log of
+    /// its own. 0 in records written before it existed.
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 impl GroupRecord {
+    /// The Raft group's name (its log's, and what its RPCs are routed by):
+    /// the topic, with the incarnation when it has one.
+    pub fn raft_group(&self, topic: &str) -> String {
+        if self.incarnation == 0 {
+            topic.to_owned()
+        } else {
+            format!("{topic}@{}", self.incarnation)
+        }
+    }
+
     /// Broker `id`'s Raft node id in this group.
     pub fn node_id(&self, id: &str) -> Option<NodeId> {
         self.members
@@ -230,6 +245,7 @@ impl Groups {
             .map(|(i, u)| (i as NodeId + 1, u))
             .collect();
         let record = GroupRecord {
+            incarnation: ricochet_storage::util::wall_ms(),
             replicas,
             members: std::iter::once(me)
                 .chain(others.into_iter().take(need).map(|b| b.id))
@@ -276,8 +292,20 @@ impl Groups {
         topic: &str,
         record: &GroupRecord,
     ) -> Result<Arc<ReplicatedPartition>> {
+        let stale = self
+            .started
+            .lock()
+            .await
+            .get(topic)
+            .is_some_and(|m| m.record.incarnation != record.incarnation);
+        if stale {
+            // A member of a deleted group of the same name.
+            self.stop_member(topic).await;
+        }
         let mut started = self.started.lock().await;
-        if let Some(m) = started.get(topic) {
+        if let Some(m) = started.get(topic)
+            && m.record.incarnation == record.incarnation
+        {
             return Ok(m.partition.clone());
         }
         let Some(id) = record.node_id(self.cluster.id()) else {
@@ -289,7 +317,7 @@ impl Groups {
         let partition = Arc::new(
             ReplicatedPartition::start_on(
                 id,
-                topic,
+                &record.raft_group(topic),
                 &self.db,
                 &self.settings,
                 self.storage.clone(),
@@ -326,24 +354,25 @@ impl Groups {
             }
         }
         *ricochet_storage::util::write(&self.known) = known.clone();
-        let gone: Vec<String> = {
+        // Members of groups deleted since (no record, or a record of a
+        // new group of the same name).
+        let gone: Vec<(String, u64)> = {
             let started = self.started.lock().await;
             started
-                .keys()
-                .filter(|t| !known.contains_key(*t))
-                .cloned()
+                .iter()
+                .filter(|(t, m)| {
+                    known
+                        .get(*t)
+                        .is_none_or(|r| r.incarnation != m.record.incarnation)
+                })
+                .map(|(t, m)| (t.clone(), m.record.incarnation))
                 .collect()
         };
-        for topic in gone {
+        for (topic, incarnation) in gone {
             // Read again: a group created since the prefix was read has a
             // record by the time its member started.
-            if self
-                .cluster
-                .etcd()
-                .get(&self.group_key(&topic))
-                .await?
-                .is_none()
-            {
+            let now = self.read_group(&topic).await?;
+            if now.is_none_or(|r| r.incarnation != incarnation) {
                 self.stop_member(&topic).await;
             }
         }
@@ -533,12 +562,12 @@ impl Groups {
         Ok(())
     }
 
-    /// Stops this broker's member of `topic`'s group (the group is gone):
-    /// the topic is no longer served nor written through it, the Raft node
-    /// ends, and its log is removed once this replica's copy of the topic
-    /// is gone (the group's delete applied here). A member that had not
-    /// applied it keeps both, unopened (a factor above 1 is never opened
-    /// as this broker's own topic), and says so.
+    /// Stops this broker's member of `topic`'s group (the group is gone:
+    /// deleted through the group, which committed the topic's delete
+    /// first): the topic is no longer served nor written through it, the
+    /// Raft node ends, its log is removed, and this replica's copy of the
+    /// topic and its tiers is deleted if the delete was not applied here
+    /// (so a new group of the same name starts from nothing).
     async fn stop_member(&self, topic: &str) {
         let member = self.started.lock().await.remove(topic);
         crate::util::lock(&self.leaders).remove(topic);
@@ -550,19 +579,35 @@ impl Groups {
         }
         let Some(member) = member else { return };
         member.partition.node().stop().await;
-        let copy_left = match self.storage.list_topics() {
-            Ok(topics) => topics.iter().any(|t| t.name == topic),
-            Err(e) => {
-                tracing::warn!(%topic, error = %e, "cannot read this replica's topics");
-                true
-            }
-        };
-        if copy_left {
-            tracing::warn!(%topic, "replication group deleted before this replica applied the topic's delete: its copy and Raft log are kept, unopened");
-        } else if let Err(e) = ricochet_replication::remove_group(&self.db, topic) {
+        let group = member.record.raft_group(topic);
+        if let Err(e) = ricochet_replication::remove_group(&self.db, &group) {
             tracing::warn!(%topic, error = %e, "cannot remove the deleted group's Raft log");
         }
+        if let Err(e) = self.drop_copy(topic) {
+            tracing::warn!(%topic, error = %e, "cannot delete this replica's copy of a deleted topic");
+        }
         tracing::info!(%topic, "replica stopped: its group was deleted");
+    }
+
+    /// Deletes what is left of replicated `topic` in this broker's store
+    /// (its group deleted it before this replica applied the delete).
+    fn drop_copy(&self, topic: &str) -> Result<()> {
+        let stored = self.storage.list_topics()?;
+        if !stored.iter().any(|t| t.name == topic && t.replicas > 1) {
+            return Ok(());
+        }
+        tracing::warn!(%topic, "deleting this replica's copy of a topic its group deleted");
+        for sub in self.storage.list_subscriptions(topic)? {
+            let (retry, dlq) = crate::tier_owners::tier_names(&sub)?;
+            self.storage.delete_subscription(&sub)?;
+            for tier in [retry, dlq] {
+                if stored.iter().any(|t| t.name == tier) {
+                    self.storage.delete_topic(&tier)?;
+                }
+            }
+        }
+        self.storage.delete_topic(topic)?;
+        Ok(())
     }
 
     /// Whether this broker serves replicated `topic` now (it leads its

@@ -185,6 +185,40 @@ async fn a_replicated_topic_is_a_group_of_three_led_by_the_broker_lookup_answers
         let o = client(&b.url()).await.lookup(t).await.unwrap();
         assert_eq!(o.broker_id, after, "asked of {}", b.url());
     }
+
+    // A subscription deleted through the group, then the topic: its group
+    // leaves etcd, and a topic of the same name is a new group.
+    let c = client(&brokers[0].url()).await;
+    let admin = c.admin();
+    let consumer = c
+        .consumer(t)
+        .subscription("gone")
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    consumer.close().await.unwrap();
+    let subs = admin.list_subscriptions(t).await.unwrap();
+    assert_eq!(subs, ["gone"]);
+    admin.delete_subscription(t, "gone", false).await.unwrap();
+    assert!(admin.list_subscriptions(t).await.unwrap().is_empty());
+    admin.delete_topic(t, false).await.unwrap();
+    assert_eq!(etcd.get(&format!("{groups}{t}")).await, None);
+    let e = admin.topic_stats(t).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e:?}");
+    let info = admin.create_replicated_topic(t, 3).await.unwrap();
+    assert!(info.created, "a new group: {info:?}");
+    let (leader, _) = stable_leader(&brokers[0].url(), t, &members, Duration::from_secs(20))
+        .await
+        .expect("the new group leads");
+    let p = c.producer(t).create().await.unwrap();
+    p.send("fresh").await.unwrap();
+    let stats = admin.topic_stats(t).await.unwrap();
+    assert_eq!(
+        (stats.message_count, stats.next_entry_id),
+        (1, 1),
+        "the new group's topic starts empty (led by {leader}): {stats:?}"
+    );
 }
 
 /// Every fifth message is nacked on its first two deliveries.
