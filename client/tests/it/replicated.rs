@@ -622,4 +622,69 @@ async fn admin_changes_on_a_replicated_topic_reach_every_replica_and_outlive_the
             b.id
         );
     }
+
+    // A replay job is stored through the group and resumes on the next
+    // leader: a slow job started on the leader, the leader killed, the job
+    // finishes on the new one, each dead letter delivered again once.
+    for b in brokers.iter_mut() {
+        b.restart().await;
+    }
+    let (leader, _) = stable_leader(&brokers[0].url(), t, &ids, Duration::from_secs(30))
+        .await
+        .expect("a leader after the restart");
+    let victim = ids.iter().position(|m| *m == leader).unwrap();
+    let survivor = brokers[(victim + 1) % 3].url();
+    let c = client(&survivor).await;
+    let admin = c.admin();
+    let start = Instant::now();
+    while admin.topic_stats(t).await.is_err() && start.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let slow = ReplayOptions::new().rate_per_second(1).detach(true);
+    let job = admin.replay_dead_letters(t, "s", &slow).await.unwrap();
+    assert_ne!(job.job_id, 0, "{job:?}");
+    let jobs = admin.list_replay_jobs(Some(t), None).await.unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    brokers[victim].kill9();
+    let others: Vec<String> = ids.iter().filter(|m| **m != leader).cloned().collect();
+    let (next, _) = stable_leader(&survivor, t, &others, Duration::from_secs(30))
+        .await
+        .expect("a new leader");
+    let start = Instant::now();
+    loop {
+        let done = match (
+            admin.list_replay_jobs(Some(t), None).await,
+            admin
+                .list_dead_letters(t, "s", &DeadLetterFilter::default(), 10, None)
+                .await,
+        ) {
+            (Ok(jobs), Ok(dlq)) => jobs.is_empty() && dlq.total == 0,
+            _ => false,
+        };
+        if done {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(40),
+            "the replay job did not finish on the new leader {next}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    let mut again = Vec::new();
+    // Two quiet seconds after the third: a doubled replay would show.
+    let wait = |n: usize| Duration::from_secs(if n < 3 { 20 } else { 2 });
+    while let Ok(Ok(m)) = tokio::time::timeout(wait(again.len()), consumer.receive()).await {
+        again.push(String::from_utf8_lossy(m.payload()).into_owned());
+        consumer.ack(&m).await.unwrap();
+    }
+    again.sort();
+    assert_eq!(again, ["m3", "m4", "m5"], "delivered after the replay");
 }
