@@ -51,6 +51,12 @@ impl BrokerCore {
         Ok(self.storage.clone())
     }
 
+    /// Whether `name` is the retry or dead-letter tier of a subscription
+    /// served here.
+    pub(crate) fn is_tier_name(&self, name: &str) -> bool {
+        lock(&self.tier_owners).owner_of(name).is_some()
+    }
+
     /// The replication factor of a topic (or tier) served here.
     pub(crate) fn factor_of(&self, name: &str) -> u32 {
         let replicated = lock(&self.replicated);

@@ -286,6 +286,57 @@ impl Groups {
         }
     }
 
+    /// A topic used before it exists (a producer or consumer, with
+    /// auto-creation on) whose namespace's default factor, else the
+    /// cluster's `cluster_default`, is above 1: created here (the broker it
+    /// was placed on) as a group, answering once this broker serves it.
+    /// `false`, creating nothing, when the default is 1, or for a name the
+    /// default does not apply to (a partition, a system topic, a tier).
+    pub async fn create_on_first_use(
+        &self,
+        topic: &TopicName,
+        cluster_default: u32,
+    ) -> Result<bool> {
+        let name = topic.as_str();
+        if ricochet_proto::partitions::parse_partition(name).is_some()
+            || crate::name::is_system_topic(name)
+            || self.core.is_tier_name(name)
+            || self.core.topic(topic).await.is_ok()
+        {
+            return Ok(false);
+        }
+        let wanted =
+            super::namespaces::default_factor(&self.cluster, topic.namespace(), cluster_default)
+                .await?;
+        if wanted <= 1 {
+            return Ok(false);
+        }
+        let live = self
+            .cluster
+            .brokers()
+            .await?
+            .iter()
+            .filter(|b| b.live && !b.draining)
+            .count();
+        let replicas = super::factor::check(wanted, Some(live))?;
+        self.create(topic, replicas).await?;
+        let deadline = tokio::time::Instant::now() + FORM_TIMEOUT;
+        while !self.is_serving(name) {
+            let elsewhere = self
+                .member(name)
+                .await
+                .is_some_and(|p| p.node().leader().is_some_and(|l| l != p.node().id()));
+            if elsewhere || tokio::time::Instant::now() >= deadline {
+                return Err(BrokerError::Peer(format!(
+                    "{topic} was created with replication factor {replicas} and is led by another \
+                     member, or not taken by this one yet; look it up again"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(true)
+    }
+
     /// Starts this broker's member of `topic`'s group (once).
     async fn start_member(
         &self,

@@ -21,6 +21,7 @@
 mod apply;
 pub mod factor;
 pub mod groups;
+pub mod namespaces;
 mod storage;
 
 pub use apply::StorageApplier;

@@ -103,7 +103,11 @@ async fn writes_through_replicated_storage_are_committed_before_they_return() {
     for id in 1..=3 {
         c.caught_up(id, leader).await;
         let s = c.node(id).part().storage();
-        assert_eq!(s.replay_jobs(true).unwrap(), [job.clone()], "node {id}");
+        assert_eq!(
+            s.replay_jobs(true).unwrap(),
+            std::slice::from_ref(&job),
+            "node {id}"
+        );
         let next = s.next_id().unwrap();
         assert!(next > job.id, "node {id}: next id {next}, job {}", job.id);
     }

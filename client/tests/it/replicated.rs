@@ -688,3 +688,90 @@ async fn admin_changes_on_a_replicated_topic_reach_every_replica_and_outlive_the
     again.sort();
     assert_eq!(again, ["m3", "m4", "m5"], "delivered after the replay");
 }
+
+#[tokio::test]
+async fn a_namespaces_default_factor_is_what_its_new_topics_get() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("a_namespaces_default_factor").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let brokers = spawn_cluster(
+        &etcd,
+        "rns",
+        3,
+        root.path(),
+        Duration::from_secs(3),
+        &SpawnOptions::new(),
+    )
+    .await;
+    let groups = "/ricochet/rns/groups/persistent://";
+    let factor_of = |topic: &'static str| {
+        let etcd = &etcd;
+        async move {
+            let (record, _) = etcd.get(&format!("{groups}{topic}")).await?;
+            let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+            record["replicas"].as_u64()
+        }
+    };
+    let c = client(&brokers[0].url()).await;
+    let admin = c.admin();
+    let ns = "acme/ledgers";
+    let r = admin.namespace_replication(ns).await.unwrap();
+    assert_eq!((r.replicas, r.effective), (0, 1), "{r:?}");
+    let e = admin.set_namespace_replication(ns, 4).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::FailedPrecondition, "{e:?}");
+    assert!(
+        e.to_string().contains("needs 4 live brokers; 3 are live"),
+        "{e}"
+    );
+    let e = admin.set_namespace_replication(ns, 0).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e:?}");
+    let r = admin.set_namespace_replication(ns, 3).await.unwrap();
+    assert_eq!((r.replicas, r.effective), (3, 3), "{r:?}");
+    // Every broker sees it (etcd).
+    for b in &brokers {
+        let r = client(&b.url())
+            .await
+            .admin()
+            .namespace_replication(ns)
+            .await
+            .unwrap();
+        assert_eq!((r.replicas, r.effective), (3, 3), "asked of {}", b.url());
+    }
+
+    // Created without a factor: the namespace's.
+    let info = admin
+        .create_topic("persistent://acme/ledgers/made")
+        .await
+        .unwrap();
+    assert!(info.created, "{info:?}");
+    assert_eq!(factor_of("acme/ledgers/made").await, Some(3));
+    // An explicit factor still wins.
+    admin
+        .create_replicated_topic("persistent://acme/ledgers/single", 1)
+        .await
+        .unwrap();
+    assert_eq!(factor_of("acme/ledgers/single").await, None);
+
+    // Auto-created by a producer, through another broker: a group of three
+    // that takes the message.
+    let auto = "persistent://acme/ledgers/auto";
+    let other = client(&brokers[1].url()).await;
+    let p = other
+        .producer(auto)
+        .send_timeout(Duration::from_secs(30))
+        .create()
+        .await
+        .unwrap();
+    p.send("first").await.unwrap();
+    assert_eq!(factor_of("acme/ledgers/auto").await, Some(3));
+    let stats = admin.topic_stats(auto).await.unwrap();
+    assert_eq!(stats.message_count, 1, "{stats:?}");
+
+    // Another namespace keeps the cluster's default (1).
+    let plain = "persistent://acme/other/plain";
+    let p = other.producer(plain).create().await.unwrap();
+    p.send("x").await.unwrap();
+    assert_eq!(factor_of("acme/other/plain").await, None);
+}
