@@ -15,6 +15,7 @@ use metrics::{
     gauge, histogram,
 };
 use metrics_exporter_prometheus::PrometheusBuilder;
+use ricochet_policy::FailureReason;
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 
@@ -259,6 +260,10 @@ pub struct SubscriptionMetrics {
     pub held_messages: Gauge,
     /// Delivery counts at dispatch.
     pub delivery_count: Histogram,
+    /// `ricochet_redeliveries_total` by reason, registered on first use
+    /// (a lookup in the registry per failed message cost more than the
+    /// failure's own bookkeeping in a burst).
+    redeliveries: [OnceLock<Counter>; FailureReason::ALL.len()],
 }
 
 impl SubscriptionMetrics {
@@ -290,16 +295,25 @@ impl SubscriptionMetrics {
             blocked_keys: gauge!("ricochet_key_order_blocked_keys", &l()),
             held_messages: gauge!("ricochet_key_order_held_messages", &l()),
             delivery_count: histogram!("ricochet_delivery_attempts", &l()),
+            redeliveries: Default::default(),
         }
     }
 
     /// Counts a failed delivery by reason.
-    pub fn redelivery(&self, reason: &str) {
-        counter!(
-            "ricochet_redeliveries_total",
-            "topic" => self.topic.clone(), "subscription" => self.subscription.clone(), "reason" => reason.to_owned()
-        )
-        .increment(1);
+    pub fn redelivery(&self, reason: FailureReason) {
+        let slot = FailureReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        self.redeliveries[slot]
+            .get_or_init(|| {
+                counter!(
+                    "ricochet_redeliveries_total",
+                    "topic" => self.topic.clone(), "subscription" => self.subscription.clone(),
+                    "reason" => reason.as_str()
+                )
+            })
+            .increment(1);
     }
 
     /// The subscription was deleted: its gauges read zero from now on (the

@@ -385,16 +385,16 @@ impl SubscriptionActor {
         let mut to_dlq = Vec::new();
         for f in failures {
             let counted = self.deliveries.counted.remove(&f.entry);
-            if let Some(c) = &counted
-                && f.reason == FailureReason::Nack
-            {
-                // A nack counted ahead comes due: stored already.
-                self.metrics.redelivery(f.reason.as_str());
-                let hold = f.hold.min(self.deps.max_delay);
-                let durable = c.durable;
-                in_place.push((f, c.after.clone(), hold, Some(durable)));
-                continue;
-            }
+            let counted = match counted {
+                Some(c) if f.reason == FailureReason::Nack => {
+                    // A nack counted ahead comes due: stored already.
+                    self.metrics.redelivery(f.reason);
+                    let hold = f.hold.min(self.deps.max_delay);
+                    in_place.push((f, c.after, hold, Some(c.durable)));
+                    continue;
+                }
+                other => other,
+            };
             // Failed another way since its nack was counted (the client
             // cancelled the nack): counted from the record before it.
             let base = match counted {
@@ -415,7 +415,7 @@ impl SubscriptionActor {
                         .unwrap_or_default()
                 }
             };
-            self.metrics.redelivery(f.reason.as_str());
+            self.metrics.redelivery(f.reason);
             let rules = Rules {
                 policy: self.policy.policy.as_deref(),
                 fallback: self.policy.fallback.as_deref(),
