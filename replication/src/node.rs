@@ -96,6 +96,15 @@ pub fn remove_group(db: &sled::Db, group: &str) -> Result<()> {
     Ok(())
 }
 
+/// A leader's view of its group's replication ([`ReplicaNode::progress`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// The leader's last log index.
+    pub last_index: u64,
+    /// Each other member's matched index (what the leader knows it holds).
+    pub matched: BTreeMap<NodeId, Option<u64>>,
+}
+
 /// This node's member of one group.
 pub struct ReplicaNode {
     id: NodeId,
@@ -211,6 +220,27 @@ impl ReplicaNode {
     /// The index of the last entry applied here.
     pub fn applied_index(&self) -> Option<u64> {
         self.raft.metrics().borrow().last_applied.map(|l| l.index)
+    }
+
+    /// The group's replication as this node sees it when it leads: its
+    /// last log index and each other member's matched index (`None` while
+    /// the leader knows nothing it holds); `None` when it does not lead.
+    pub fn progress(&self) -> Option<Progress> {
+        let m = self.raft.metrics().borrow().clone();
+        if m.current_leader != Some(self.id) {
+            return None;
+        }
+        let matched = m
+            .replication
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(id, _)| *id != self.id)
+            .map(|(id, log)| (id, log.map(|l| l.index)))
+            .collect();
+        Some(Progress {
+            last_index: m.last_log_index.unwrap_or(0),
+            matched,
+        })
     }
 
     /// The openraft handle (metrics, membership changes).

@@ -118,6 +118,9 @@ pub struct Groups {
     leaders: Mutex<HashMap<String, Role>>,
     /// The storage of each topic served here (led by this broker).
     serving: Mutex<HashMap<String, ReplicatedStorage>>,
+    /// What this broker remembers between its reports on the groups it
+    /// leads.
+    reports: Mutex<HashMap<String, super::status::Tracker>>,
 }
 
 impl std::fmt::Debug for Groups {
@@ -151,6 +154,7 @@ impl Groups {
             started: Default::default(),
             leaders: Default::default(),
             serving: Default::default(),
+            reports: Default::default(),
         });
         let g = groups.clone();
         tokio::spawn(async move {
@@ -441,8 +445,53 @@ impl Groups {
                 .map(|(t, m)| (t.clone(), m.partition.clone(), m.record.clone()))
                 .collect()
         };
-        for (topic, partition, record) in members {
-            self.follow_leader(&topic, partition, &record).await;
+        for (topic, partition, record) in &members {
+            self.follow_leader(topic, partition.clone(), record).await;
+        }
+        self.report(&members).await
+    }
+
+    /// Reports the replication of each group this broker leads, when due
+    /// (see [`super::status`]).
+    async fn report(
+        &self,
+        members: &[(String, Arc<ReplicatedPartition>, GroupRecord)],
+    ) -> Result<()> {
+        let now = std::time::Instant::now();
+        let mut due = Vec::new();
+        {
+            let mut reports = crate::util::lock(&self.reports);
+            reports.retain(|t, _| members.iter().any(|(m, _, _)| m == t));
+            for (topic, partition, record) in members {
+                match partition.node().progress() {
+                    Some(p) if reports.entry(topic.clone()).or_default().due(now) => {
+                        due.push((topic, record, p));
+                    }
+                    Some(_) => {}
+                    None => {
+                        reports.remove(topic);
+                    }
+                }
+            }
+        }
+        if due.is_empty() {
+            return Ok(());
+        }
+        let live: std::collections::HashSet<String> = self
+            .cluster
+            .brokers()
+            .await?
+            .into_iter()
+            .filter(|b| b.live)
+            .map(|b| b.id)
+            .collect();
+        for (topic, record, progress) in due {
+            let status = {
+                let mut reports = crate::util::lock(&self.reports);
+                let tracker = reports.entry(topic.clone()).or_default();
+                tracker.report(self.cluster.id(), record, &progress, &live, now)
+            };
+            super::status::write(&self.cluster, topic, &status).await?;
         }
         Ok(())
     }
@@ -608,6 +657,7 @@ impl Groups {
     pub async fn dissolve(&self, topic: &str) -> Result<()> {
         self.cluster.etcd().delete(&self.group_key(topic)).await?;
         ricochet_storage::util::write(&self.known).remove(topic);
+        super::status::remove(&self.cluster, topic).await?;
         self.stop_member(topic).await;
         tracing::info!(%topic, "replication group deleted");
         Ok(())

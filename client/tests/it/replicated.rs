@@ -134,6 +134,40 @@ async fn a_replicated_topic_is_a_group_of_three_led_by_the_broker_lookup_answers
         .expect("the group is listed");
     assert_eq!((g.replicas, g.members.len()), (3, 3), "{g:?}");
     assert_eq!(g.leader, leader, "{g:?}");
+    // Its leader reports each member caught up.
+    let healths = |want: &'static [(&'static str, &'static str)], url: String| async move {
+        let admin = client(&url).await.admin();
+        let start = Instant::now();
+        loop {
+            let listed = admin.brokers(false).await.unwrap();
+            let g = listed
+                .groups
+                .iter()
+                .find(|g| g.topic.ends_with("/orders"))
+                .cloned();
+            let seen: Vec<(String, String)> = g
+                .iter()
+                .flat_map(|g| &g.member_status)
+                .map(|m| (m.broker_id.clone(), m.health.clone()))
+                .collect();
+            let wanted = want
+                .iter()
+                .all(|(b, h)| seen.iter().any(|(sb, sh)| sb == b && sh == h));
+            if wanted {
+                return g.unwrap();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "member health {seen:?}, wanted {want:?}: {g:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    let all_ok: &'static [(&'static str, &'static str)] =
+        &[("b0", "ok"), ("b1", "ok"), ("b2", "ok")];
+    let g = healths(all_ok, brokers[0].url()).await;
+    assert!(g.last_index > 0, "{g:?}");
+    assert!(g.member_status.iter().all(|m| m.lag == 0), "{g:?}");
     // Topic admin calls are answered by the leader, also when asked of a
     // follower (the client follows its redirect).
     let follower = members.iter().position(|m| *m != leader).unwrap();
@@ -174,6 +208,20 @@ async fn a_replicated_topic_is_a_group_of_three_led_by_the_broker_lookup_answers
         killed.elapsed().as_millis()
     );
     assert_ne!(next, leader);
+    // The new leader reports the killed member down, the other ok.
+    let down: &'static [(&'static str, &'static str)] = match victim {
+        0 => &[("b0", "down")],
+        1 => &[("b1", "down")],
+        _ => &[("b2", "down")],
+    };
+    let g = healths(down, survivor.clone()).await;
+    assert_eq!(g.leader, next, "{g:?}");
+    let others_ok = g
+        .member_status
+        .iter()
+        .filter(|m| m.broker_id != leader)
+        .all(|m| m.health == "ok");
+    assert!(others_ok, "{g:?}");
 
     // The old leader returns and rejoins the group: one member leads and
     // every broker answers the same one (Raft may elect any of them).
