@@ -11,6 +11,7 @@ use crate::error::{BrokerError, Result};
 use crate::name::TopicName;
 use crate::storage::{Storage, TopicKind};
 use crate::util::lock;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// A replicated topic served here: the storage it writes through, and
@@ -92,11 +93,37 @@ impl BrokerCore {
                 }
             }
         }
+        let ids: HashSet<u64> = subs.iter().map(|s| s.id).collect();
         let opened = self.adopt(&logs, subs).await;
         if opened.is_err() {
             self.close_replicated(name).await;
+            return opened;
         }
-        opened
+        self.schedule_applied(&ids)
+    }
+
+    /// Hands the scheduler the schedule entries of subscriptions `ids` due
+    /// within its window. While this replica followed, it applied them
+    /// behind the scheduler's back: the scheduler loads entries as its
+    /// window moves ahead, so one applied with a due time it had passed
+    /// already (a retry due now) would wait for the broker's next start.
+    fn schedule_applied(&self, ids: &HashSet<u64>) -> Result<()> {
+        const BATCH: usize = 10_000;
+        let to_ms = self.clock.now_ms() + self.config.retry_window.as_millis() as u64;
+        let mut after = None;
+        loop {
+            let batch = self.storage.scheduled(after, to_ms, BATCH)?;
+            let more = batch.len() >= BATCH;
+            after = batch.last().copied();
+            let ours: Vec<_> = batch
+                .into_iter()
+                .filter(|k| ids.contains(&k.message.sub_id))
+                .collect();
+            self.scheduler.add(ours);
+            if !more {
+                return Ok(());
+            }
+        }
     }
 
     /// Takes replicated topic `name` out of the registry (this broker no
