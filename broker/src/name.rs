@@ -98,12 +98,15 @@ impl TopicName {
 
     /// The default retry tier of `subscription` on this topic: `<topic>-<sub>-RETRY`.
     pub fn retry_tier(&self, subscription: &SubscriptionName) -> TopicName {
-        TopicName(format!("{}-{}-RETRY", self.0, subscription.0))
+        TopicName(crate::storage::default_retry_tier(&self.0, &subscription.0))
     }
 
     /// The default dead-letter tier of `subscription`: `<topic>-<sub>-DLQ`.
     pub fn dead_letter_tier(&self, subscription: &SubscriptionName) -> TopicName {
-        TopicName(format!("{}-{}-DLQ", self.0, subscription.0))
+        TopicName(crate::storage::default_dead_letter_tier(
+            &self.0,
+            &subscription.0,
+        ))
     }
 }
 

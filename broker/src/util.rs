@@ -2,7 +2,7 @@
 //! input in error messages; poison-free locking and the test failpoints
 //! (`RICOCHET_FAILPOINT`) come from the storage crate's `util`.
 
-pub(crate) use ricochet_storage::util::{failpoint, lock};
+pub(crate) use ricochet_storage::util::{failpoint, failpoint_armed, lock};
 use std::borrow::Cow;
 
 /// Characters of client input an error message repeats at most.

@@ -182,7 +182,26 @@ pub struct BlockedKey {
     pub failed_due_ms: Option<u64>,
 }
 
+/// The default retry tier of `subscription` on `topic`: `<topic>-<subscription>-RETRY`
+/// (Pulsar's naming; the one place the suffix is spelled).
+pub fn default_retry_tier(topic: &str, subscription: &str) -> String {
+    format!("{topic}-{subscription}-RETRY")
+}
+
+/// The default dead-letter tier of `subscription` on `topic`: `<topic>-<subscription>-DLQ`.
+pub fn default_dead_letter_tier(topic: &str, subscription: &str) -> String {
+    format!("{topic}-{subscription}-DLQ")
+}
+
 impl SubscriptionRecord {
+    /// The retry tier this subscription's retries live in: its override,
+    /// or the default name.
+    pub fn retry_tier(&self) -> String {
+        self.retry_topic
+            .clone()
+            .unwrap_or_else(|| default_retry_tier(&self.topic, &self.name))
+    }
+
     /// A new subscription whose main cursor starts at `start`.
     pub fn new(id: u64, topic: &str, name: &str, sub_type: SubscriptionType, start: u64) -> Self {
         Self {

@@ -17,7 +17,7 @@
 //! (subscription, source entry → tier entry) in sled, and replaces
 //! references with copies before a trim drops the segment they point into.
 
-use super::{Arrival, StorageError, StorageResult as Result, TierMove, sled_store};
+use super::{Arrival, StorageError, StorageResult as Result, TierMove};
 use crate::prelude::*;
 use prost::Message as _;
 use ricochet_proto::{Message, props};
@@ -202,7 +202,7 @@ impl super::LogStorage {
             if index.is_empty() {
                 continue;
             }
-            let retry = retry_tier_of(&sub);
+            let retry = sub.retry_tier();
             for chunk in index.chunks(1024) {
                 let settle = self.settle(topic, &retry, chunk, true)?;
                 self.sled.settle_references(&retry, sub.id, &settle)?;
@@ -226,7 +226,7 @@ impl super::LogStorage {
         retry: &str,
         chunk: &[(u64, u64)],
         copy: bool,
-    ) -> Result<Vec<sled_store::Settle>> {
+    ) -> Result<Vec<Settle>> {
         let targets: Vec<u64> = chunk.iter().map(|(_, t)| *t).collect();
         let raw = self.sled.read_many(retry, &targets)?;
         let mut live = Vec::new();
@@ -243,7 +243,7 @@ impl super::LogStorage {
                 Some(_) => continue,
                 None => {}
             }
-            out.push(sled_store::Settle {
+            out.push(Settle {
                 source,
                 target,
                 copy: None,
@@ -268,7 +268,7 @@ impl super::LogStorage {
             while let Some((source, target)) = self.sled.lowest_reference_of(sub.id)? {
                 let retry = match &retry {
                     Some(r) => r,
-                    None => retry.insert(retry_tier_of(&sub)),
+                    None => retry.insert(sub.retry_tier()),
                 };
                 let stale = self.settle(topic, retry, &[(source, target)], false)?;
                 if stale.is_empty() {
@@ -282,12 +282,17 @@ impl super::LogStorage {
     }
 }
 
-/// The retry tier a subscription's references live in: its override, or
-/// `<topic>-<subscription>-RETRY` (the broker's default tier name).
-fn retry_tier_of(sub: &super::SubscriptionRecord) -> String {
-    sub.retry_topic
-        .clone()
-        .unwrap_or_else(|| format!("{}-{}-RETRY", sub.topic, sub.name))
+/// One reference to settle before its source goes.
+#[derive(Debug)]
+pub struct Settle {
+    /// The source entry.
+    pub source: u64,
+    /// The retry-tier entry.
+    pub target: u64,
+    /// The full copy to store in place of the reference; `None` when the
+    /// tier entry is gone (or no longer a reference) and only the index
+    /// entry is left to drop.
+    pub copy: Option<Vec<u8>>,
 }
 
 fn gone(r: &RetryRef) -> StorageError {

@@ -63,6 +63,8 @@ impl TopicEntry {
 const SNAPSHOT_EVERY: Duration = Duration::from_secs(2);
 /// How long a clean stop waits for subscription actors to end.
 const ACTORS_STOP_WAIT: Duration = Duration::from_secs(5);
+/// How long a clean stop waits for failure events still being published.
+const EVENTS_STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// Shared broker state.
 #[derive(Debug)]
@@ -104,6 +106,9 @@ pub struct BrokerCore {
     /// The replicated topics served here (their Raft leader is this
     /// broker): the storage each writes through, with its factor.
     replicated: std::sync::Mutex<HashMap<String, replicated::Served>>,
+    /// Failure events being published in the background: a clean stop
+    /// waits for them (up to [`EVENTS_STOP_WAIT`]).
+    events_in_flight: tokio_util::task::TaskTracker,
     me: Weak<BrokerCore>,
 }
 
@@ -164,7 +169,11 @@ impl BrokerCore {
         let Some(core) = self.me.upgrade() else {
             return;
         };
-        tokio::spawn(async move {
+        self.events_in_flight.spawn(async move {
+            if crate::util::failpoint_armed("events.publish.slow") {
+                // Tests: an event still being published when a stop begins.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
             let token = crate::events_route::events_token(
                 core.config
                     .cluster
@@ -281,6 +290,7 @@ impl BrokerCore {
             placement: std::sync::OnceLock::new(),
             damage_found: Default::default(),
             replicated: Default::default(),
+            events_in_flight: Default::default(),
             me: me.clone(),
         });
         let mut opened = Vec::new();
@@ -372,6 +382,18 @@ impl BrokerCore {
     /// the keys of both trees, compared at the next start), except with
     /// `verify_on_start = "off"`, the fast mode, which never compares them.
     pub async fn stop_clean(&self) -> Result<()> {
+        // The events of changes already answered go out first: a client
+        // told its message was dead-lettered finds the event after a restart.
+        self.events_in_flight.close();
+        if tokio::time::timeout(EVENTS_STOP_WAIT, self.events_in_flight.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                pending = self.events_in_flight.len(),
+                "stopping with failure events still unpublished"
+            );
+        }
         self.keeper.close();
         let entries: Vec<Arc<TopicEntry>> = self.topics.lock().await.values().cloned().collect();
         let handed_out: Vec<(String, u64)> = entries

@@ -23,6 +23,7 @@ mod dlq_listing;
 mod dlq_replay;
 mod durability;
 mod example_config;
+mod failure_events;
 mod hostile;
 mod ids_across_crashes;
 mod metrics;

@@ -35,7 +35,6 @@ mod verify;
 use super::*;
 use codec::{be, decode_failures, encode_failures, from_json, json, read_be, seal, unseal};
 use keys::*;
-pub use refs::Settle;
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::{Batch, Db, Tree};

@@ -7,7 +7,7 @@
 
 use super::codec::{be, read_be, seal, unseal};
 use super::*;
-use crate::refs::{RetryRef, is_ref};
+use crate::refs::{RetryRef, Settle, is_ref};
 
 /// Where the index lives in `meta`.
 pub(super) const INDEX_PREFIX: &[u8] = b"x:";
@@ -31,19 +31,6 @@ pub(super) fn index_key_of(sub_id: u64, item: &MoveItem) -> Option<[u8; INDEX_KE
     }
     let r = RetryRef::parse(&item.payload).ok()??;
     Some(index_key(sub_id, r.source_entry, item.target_entry_id))
-}
-
-/// One reference to settle before its source goes.
-#[derive(Debug)]
-pub struct Settle {
-    /// The source entry.
-    pub source: u64,
-    /// The retry-tier entry.
-    pub target: u64,
-    /// The full copy to store in place of the reference; `None` when the
-    /// tier entry is gone (or no longer a reference) and only the index
-    /// entry is left to drop.
-    pub copy: Option<Vec<u8>>,
 }
 
 impl SledStorage {
