@@ -489,7 +489,7 @@ impl Groups {
             let status = {
                 let mut reports = crate::util::lock(&self.reports);
                 let tracker = reports.entry(topic.clone()).or_default();
-                tracker.report(self.cluster.id(), record, &progress, &live, now)
+                tracker.report(self.cluster.id(), &record.members, &progress, &live, now)
             };
             super::status::write(&self.cluster, topic, &status).await?;
         }

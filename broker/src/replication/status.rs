@@ -13,7 +13,6 @@
 //! was cut off) is not believed: the listing says `unknown` (or `down`
 //! for a broker that is not live).
 
-use super::groups::GroupRecord;
 use crate::error::{BrokerError, Result};
 use ricochet_cluster::Cluster;
 use ricochet_replication::{NodeId, Progress};
@@ -120,20 +119,21 @@ impl Tracker {
             .is_none_or(|(at, _)| now.duration_since(at) >= REPORT_EVERY)
     }
 
-    /// The report on `record`'s group from the leader's `progress`, as
-    /// `me` (the leader's broker id); `live` holds the live brokers.
+    /// The report on the group of `members` (broker ids, node id = position
+    /// plus one) from the leader's `progress`, as `me` (the leader's broker
+    /// id); `live` holds the live brokers.
     pub fn report(
         &mut self,
         me: &str,
-        record: &GroupRecord,
+        members: &[String],
         progress: &Progress,
         live: &HashSet<String>,
         now: Instant,
     ) -> GroupStatus {
         let last = progress.last_index;
         let previous = self.last_report.map(|(_, l)| l);
-        let mut members = Vec::with_capacity(record.members.len());
-        for (i, broker) in record.members.iter().enumerate() {
+        let mut reported = Vec::with_capacity(members.len());
+        for (i, broker) in members.iter().enumerate() {
             let node = i as NodeId + 1;
             let (matched, health) = if broker == me {
                 (last, Health::Ok)
@@ -148,7 +148,7 @@ impl Tracker {
                 let h = health(live.contains(broker), matched, last, previous, stalled);
                 (matched, h)
             };
-            members.push(MemberStatus {
+            reported.push(MemberStatus {
                 broker: broker.clone(),
                 matched,
                 health,
@@ -159,7 +159,7 @@ impl Tracker {
             leader: me.to_owned(),
             at_ms: ricochet_storage::util::wall_ms(),
             last_index: last,
-            members,
+            members: reported,
         }
     }
 }
@@ -222,12 +222,8 @@ mod tests {
         assert_eq!(health(true, 7, 10, Some(8), DOWN_AFTER), Health::Down);
     }
 
-    fn record() -> GroupRecord {
-        GroupRecord {
-            replicas: 3,
-            members: vec!["b0".into(), "b1".into(), "b2".into()],
-            incarnation: 1,
-        }
+    fn record() -> Vec<String> {
+        vec!["b0".into(), "b1".into(), "b2".into()]
     }
 
     fn progress(last: u64, b1: Option<u64>, b2: Option<u64>) -> Progress {
