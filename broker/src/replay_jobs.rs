@@ -11,6 +11,11 @@
 //! dead-letter tier are skipped, so nothing is replayed twice. Jobs still
 //! stored when the broker starts are resumed. Cancelling a job removes its
 //! record; the runner stops before its next chunk.
+//!
+//! A job on a replicated topic is stored through the topic's group, like
+//! every change of its dead letters, so every replica holds it: it runs on
+//! the group's leader, is skipped at a broker's start, and resumes on the
+//! member that takes the topic over ([`resume_topic`]).
 
 use crate::core::BrokerCore;
 use crate::error::{BrokerError, Result};
@@ -38,13 +43,85 @@ pub async fn start(
     core: &Arc<BrokerCore>,
     job: ReplayJobRecord,
 ) -> Result<tokio::task::JoinHandle<Result<JobOutcome>>> {
-    core.storage.put_replay_job(&job)?;
+    core.writer_for(&job.topic)?.put_replay_job(&job)?;
     core.flusher.durable().await?;
-    Ok(tokio::spawn(run(core.clone(), job)))
+    let running = Running::claim(core, job.id);
+    Ok(tokio::spawn(async move {
+        let outcome = run(running.core.clone(), job).await;
+        drop(running);
+        outcome
+    }))
 }
 
-/// Resumes every stored job (at broker start).
+/// The jobs running in this process, by broker core and job id: a job is
+/// resumed only when no runner has it (a replicated topic reopened on its
+/// leader resumes its jobs again).
+static RUNNING: std::sync::Mutex<Vec<(usize, u64)>> = std::sync::Mutex::new(Vec::new());
+
+/// A running job's place in [`RUNNING`], left when dropped.
+struct Running {
+    core: Arc<BrokerCore>,
+    id: u64,
+}
+
+impl Running {
+    /// Claims job `id` for a runner; `None` when one runs it already.
+    fn try_claim(core: &Arc<BrokerCore>, id: u64) -> Option<Self> {
+        let key = (Arc::as_ptr(core) as usize, id);
+        let mut running = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
+        if running.contains(&key) {
+            return None;
+        }
+        running.push(key);
+        Some(Self {
+            core: core.clone(),
+            id,
+        })
+    }
+
+    /// Claims a new job's id (no runner can have it yet).
+    fn claim(core: &Arc<BrokerCore>, id: u64) -> Self {
+        Self::try_claim(core, id).unwrap_or(Self {
+            core: core.clone(),
+            id,
+        })
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let key = (Arc::as_ptr(&self.core) as usize, self.id);
+        RUNNING
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|k| *k != key);
+    }
+}
+
+/// Resumes every stored job (at broker start), but those of replicated
+/// topics: their group's leader runs them once it takes the topic.
 pub fn resume_all(core: &Arc<BrokerCore>) {
+    let replicated: std::collections::HashSet<String> = match core.storage.list_topics() {
+        Ok(topics) => topics
+            .into_iter()
+            .filter(|t| t.replicas > 1)
+            .map(|t| t.name)
+            .collect(),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read topics to resume replay jobs");
+            return;
+        }
+    };
+    resume(core, |topic| !replicated.contains(topic));
+}
+
+/// Resumes the stored jobs of replicated `topic`, now served here (its
+/// group's leader took it).
+pub fn resume_topic(core: &Arc<BrokerCore>, topic: &str) {
+    resume(core, |t| t == topic);
+}
+
+fn resume(core: &Arc<BrokerCore>, wanted: impl Fn(&str) -> bool) {
     let jobs = match core.storage.replay_jobs(true) {
         Ok(jobs) => jobs,
         Err(e) => {
@@ -52,13 +129,15 @@ pub fn resume_all(core: &Arc<BrokerCore>) {
             return;
         }
     };
-    for job in jobs {
+    for job in jobs.into_iter().filter(|j| wanted(&j.topic)) {
+        let Some(running) = Running::try_claim(core, job.id) else {
+            continue;
+        };
         tracing::warn!(job = job.id, topic = %job.topic, subscription = %job.subscription,
             done = job.cursor, total = job.dead_letter_ids.len(), "resuming dead-letter replay job");
-        let core = core.clone();
         tokio::spawn(async move {
             let id = job.id;
-            if let Err(e) = run(core, job).await {
+            if let Err(e) = run(running.core.clone(), job).await {
                 tracing::error!(job = id, error = %e, "dead-letter replay job failed");
             }
         });
@@ -88,7 +167,7 @@ async fn run(core: Arc<BrokerCore>, mut job: ReplayJobRecord) -> Result<JobOutco
         Ok(h) => h,
         Err(BrokerError::TopicNotFound(_) | BrokerError::SubscriptionNotFound { .. }) => {
             // Deleted meanwhile: nothing is left to replay.
-            core.storage.remove_replay_job(job.id)?;
+            core.writer_for(&job.topic)?.remove_replay_job(job.id)?;
             core.flusher.durable().await?;
             return Ok(JobOutcome::default());
         }
@@ -133,7 +212,7 @@ async fn run(core: Arc<BrokerCore>, mut job: ReplayJobRecord) -> Result<JobOutco
                 Err(e) => {
                     // Not retried at every start: the operator decides again.
                     tracing::error!(job = job.id, error = %e, "dead-letter replay job stopped");
-                    core.storage.remove_replay_job(job.id)?;
+                    core.writer_for(&job.topic)?.remove_replay_job(job.id)?;
                     core.flusher.durable().await?;
                     return Err(e);
                 }
@@ -142,9 +221,9 @@ async fn run(core: Arc<BrokerCore>, mut job: ReplayJobRecord) -> Result<JobOutco
         job.cursor = end;
         job.replayed += n;
         // Durable with the next chunk's flush (or the removal's below).
-        core.storage.put_replay_job(&job)?;
+        core.writer_for(&job.topic)?.put_replay_job(&job)?;
     }
-    core.storage.remove_replay_job(job.id)?;
+    core.writer_for(&job.topic)?.remove_replay_job(job.id)?;
     core.flusher.durable().await?;
     out.replayed = job.replayed;
     out.finished = true;

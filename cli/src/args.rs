@@ -70,7 +70,7 @@ pub enum Command {
     /// Grant, revoke and list permissions; show who you are.
     #[command(subcommand)]
     Auth(crate::auth::AuthCommand),
-    /// Namespace-wide settings: retention, offload.
+    /// Namespace-wide settings: retention, offload, replication factor.
     #[command(subcommand, visible_alias = "namespace")]
     Namespaces(NamespacesCommand),
     /// A cluster of brokers: the brokers and their load, who owns a topic.
@@ -109,6 +109,19 @@ pub enum NamespacesCommand {
     },
     /// The offload policy set on a namespace.
     GetOffload {
+        /// `tenant/namespace`.
+        namespace: String,
+    },
+    /// Set the replication factor of every topic created in a namespace
+    /// without one (auto-created ones too); cluster mode above 1.
+    SetReplication {
+        /// `tenant/namespace`.
+        namespace: String,
+        /// Replicas, 1 to 7: each topic is a Raft group of that many brokers.
+        replicas: u32,
+    },
+    /// A namespace's default replication factor, and the one in force.
+    GetReplication {
         /// `tenant/namespace`.
         namespace: String,
     },

@@ -153,6 +153,22 @@ struct GroupView {
     /// The member that leads and serves it (where it is placed); empty
     /// while none has taken it.
     leader: String,
+    /// The leader's last log index, as its latest report says.
+    last_index: u64,
+    /// Each member's matched index, lag and health, from that report.
+    member_status: Vec<MemberView>,
+    /// How old the report is, ms (0: none).
+    status_age_ms: u64,
+}
+
+/// A member of a replicated topic's group as printed.
+#[derive(Debug, Serialize)]
+struct MemberView {
+    broker_id: String,
+    matched_index: u64,
+    lag: u64,
+    /// `ok`, `lagging`, `down` or `unknown`.
+    health: String,
 }
 
 /// One topic's (or partition's) owner as printed.
@@ -485,6 +501,18 @@ async fn brokers(ctx: &mut Ctx<'_>, with_topics: bool) -> Result<()> {
             replicas: g.replicas,
             members: g.members,
             leader: g.leader,
+            last_index: g.last_index,
+            member_status: g
+                .member_status
+                .into_iter()
+                .map(|m| MemberView {
+                    broker_id: m.broker_id,
+                    matched_index: m.matched_index,
+                    lag: m.lag,
+                    health: m.health,
+                })
+                .collect(),
+            status_age_ms: g.status_age_ms,
         })
         .collect();
     groups.sort_by(|a, b| a.topic.cmp(&b.topic));
@@ -545,6 +573,20 @@ async fn brokers(ctx: &mut Ctx<'_>, with_topics: bool) -> Result<()> {
                     g.leader.clone()
                 },
             ]);
+        }
+        t.write(ctx.out)?;
+        writeln!(ctx.out)?;
+        let mut t = Table::new(&["replicated topic", "member", ">matched", ">lag", "health"]);
+        for g in &view.groups {
+            for m in &g.member_status {
+                t.row(vec![
+                    g.topic.clone(),
+                    m.broker_id.clone(),
+                    m.matched_index.to_string(),
+                    m.lag.to_string(),
+                    m.health.clone(),
+                ]);
+            }
         }
         t.write(ctx.out)?;
     }

@@ -14,6 +14,7 @@
 //! | `policy explain/get/set` | a policy's schedule; a subscription's policy at runtime | — |
 //! | `perf produce/consume/redeliver` | throughput and HDR latency percentiles | `pulsar-perf` |
 //! | `namespaces set-retention/get-retention`, `topics set-retention/get-retention` | how much of a topic is kept, by age and size | `pulsar-admin namespaces set-retention`, Kafka `retention.ms` |
+//! | `namespaces set-replication/get-replication`, `topics create --replicas` | how many brokers hold each topic (a Raft group; cluster mode) | `pulsar-admin namespaces set-persistence`, Kafka `replication.factor` |
 //! | `topics offload/offload-status`, `namespaces/topics set-offload/get-offload` | tiered storage: sealed segments in an object store, read back transparently | `pulsar-admin topics offload`, `namespaces set-offload-threshold` |
 //! | `token create`, `auth grant/revoke/list/whoami` | tokens and permissions (`--token`, `--token-file` on every command) | `pulsar tokens`, `pulsar-admin namespaces grant-permission` |
 //! | `cluster brokers`, `cluster lookup` | the brokers of a cluster and what each owns; a topic's owner | `pulsar-admin brokers list`, `pulsar-admin topics lookup` |

@@ -1,6 +1,7 @@
 //! Retention on the command line: `namespaces set-retention|get-retention`
 //! and `topics set-retention|get-retention`, over the broker's `Retention`
-//! service. A limit is shown as a duration or a byte count with its unit.
+//! service; and a namespace's replication factor, `namespaces
+//! set-replication|get-replication`. A limit is shown as a duration or a byte count with its unit.
 
 use std::time::Duration;
 
@@ -26,7 +27,49 @@ pub(crate) async fn namespaces(ctx: &mut Ctx<'_>, c: NamespacesCommand) -> Resul
         NamespacesCommand::GetOffload { namespace } => {
             crate::tiered::get(ctx, namespace, String::new()).await
         }
+        NamespacesCommand::SetReplication {
+            namespace,
+            replicas,
+        } => {
+            let admin = ctx.admin().await?;
+            let r = admin
+                .set_namespace_replication(&namespace, replicas)
+                .await?;
+            write_replication(ctx, r)
+        }
+        NamespacesCommand::GetReplication { namespace } => {
+            let r = ctx.admin().await?.namespace_replication(&namespace).await?;
+            write_replication(ctx, r)
+        }
     }
+}
+
+/// A namespace's replication factor as printed.
+#[derive(Debug, Serialize)]
+struct ReplicationView {
+    namespace: String,
+    replicas: Option<u32>,
+    effective: u32,
+}
+
+fn write_replication(ctx: &mut Ctx<'_>, r: pb::NamespaceReplication) -> Result<()> {
+    let v = ReplicationView {
+        namespace: r.namespace,
+        replicas: (r.replicas > 0).then_some(r.replicas),
+        effective: r.effective,
+    };
+    if ctx.json() {
+        return write_json(ctx.out, &v);
+    }
+    match v.replicas {
+        Some(n) => writeln!(ctx.out, "{}: replication factor {n}", v.namespace)?,
+        None => writeln!(
+            ctx.out,
+            "{}: no replication factor of its own; new topics get {} (the cluster's default)",
+            v.namespace, v.effective
+        )?,
+    }
+    Ok(())
 }
 
 /// A policy as printed.

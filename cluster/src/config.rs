@@ -25,6 +25,10 @@ pub struct ClusterConfig {
     /// to the broker owning a namespace's events topic. Without it those
     /// events are refused there (a WARN line here).
     pub events_token_file: Option<std::path::PathBuf>,
+    /// The replication factor of a topic created without one in a
+    /// namespace that has no default of its own (`namespaces
+    /// set-replication`): 1 to 7, default 1.
+    pub default_replicas: u32,
 }
 
 impl Default for ClusterConfig {
@@ -35,6 +39,7 @@ impl Default for ClusterConfig {
             broker_id: None,
             lease_ttl: Duration::from_secs(10),
             events_token_file: None,
+            default_replicas: 1,
         }
     }
 }
@@ -74,6 +79,12 @@ impl ClusterConfig {
         if self.lease_ttl < Duration::from_secs(2) {
             return bad("lease_ttl must be at least 2s".into());
         }
+        if !(1..=7).contains(&self.default_replicas) {
+            return bad(format!(
+                "default_replicas must be 1 to 7, not {}",
+                self.default_replicas
+            ));
+        }
         match advertise {
             Some(a) if a.starts_with("http://") || a.starts_with("https://") => Ok(()),
             Some(a) => bad(format!(
@@ -97,6 +108,12 @@ mod tests {
             ..Default::default()
         };
         ok.validate(Some("http://10.0.0.5:6650")).unwrap();
+        assert_eq!(ok.default_replicas, 1);
+        let three = ClusterConfig {
+            default_replicas: 3,
+            ..ok.clone()
+        };
+        three.validate(Some("http://10.0.0.5:6650")).unwrap();
         let e = ok.validate(None).unwrap_err().to_string();
         assert!(e.contains("--advertise"), "{e}");
         assert!(ok.validate(Some("10.0.0.5:6650")).is_err());
@@ -116,6 +133,14 @@ mod tests {
             },
             ClusterConfig {
                 lease_ttl: Duration::from_secs(1),
+                ..ok.clone()
+            },
+            ClusterConfig {
+                default_replicas: 0,
+                ..ok.clone()
+            },
+            ClusterConfig {
+                default_replicas: 8,
                 ..ok.clone()
             },
         ] {

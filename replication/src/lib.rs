@@ -33,7 +33,7 @@ pub mod proto {
 pub use codec::{decode, encode};
 pub use error::{ReplicationError, Result};
 pub use network::{GroupRegistry, ReplicationService};
-pub use node::{Durability, NodeSettings, ReplicaNode, open_db};
+pub use node::{Durability, NodeSettings, Progress, ReplicaNode, open_db, remove_group};
 pub use state_machine::Apply;
 
 use serde::{Deserialize, Serialize};

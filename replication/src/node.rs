@@ -87,13 +87,31 @@ pub fn open_db(dir: &Path, settings: &NodeSettings) -> Result<sled::Db> {
         .open()?)
 }
 
+/// Removes `group`'s Raft log, vote and applied mark from `db` (its
+/// member on this node stopped: the group was deleted), so a group of the
+/// same name starts afresh.
+pub fn remove_group(db: &sled::Db, group: &str) -> Result<()> {
+    db.drop_tree(format!("log/{group}"))?;
+    db.drop_tree(format!("meta/{group}"))?;
+    Ok(())
+}
+
+/// A leader's view of its group's replication ([`ReplicaNode::progress`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// The leader's last log index.
+    pub last_index: u64,
+    /// Each other member's matched index (what the leader knows it holds).
+    pub matched: BTreeMap<NodeId, Option<u64>>,
+}
+
 /// This node's member of one group.
 pub struct ReplicaNode {
     id: NodeId,
     group: String,
     raft: Raft,
     registry: GroupRegistry,
-    checkpoints: Option<tokio::task::JoinHandle<()>>,
+    checkpoints: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for ReplicaNode {
@@ -147,7 +165,7 @@ impl ReplicaNode {
             group: group.to_owned(),
             raft,
             registry: registry.clone(),
-            checkpoints,
+            checkpoints: std::sync::Mutex::new(checkpoints),
         })
     }
 
@@ -204,6 +222,27 @@ impl ReplicaNode {
         self.raft.metrics().borrow().last_applied.map(|l| l.index)
     }
 
+    /// The group's replication as this node sees it when it leads: its
+    /// last log index and each other member's matched index (`None` while
+    /// the leader knows nothing it holds); `None` when it does not lead.
+    pub fn progress(&self) -> Option<Progress> {
+        let m = self.raft.metrics().borrow().clone();
+        if m.current_leader != Some(self.id) {
+            return None;
+        }
+        let matched = m
+            .replication
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(id, _)| *id != self.id)
+            .map(|(id, log)| (id, log.map(|l| l.index)))
+            .collect();
+        Some(Progress {
+            last_index: m.last_log_index.unwrap_or(0),
+            matched,
+        })
+    }
+
     /// The openraft handle (metrics, membership changes).
     pub fn raft(&self) -> &Raft {
         &self.raft
@@ -211,14 +250,25 @@ impl ReplicaNode {
 
     /// Stops the group on this node (clean: the Raft core ends, the
     /// service stops routing to it).
-    pub async fn shutdown(mut self) {
+    pub async fn shutdown(self) {
+        self.stop().await;
+    }
+
+    /// [`ReplicaNode::shutdown`] through a shared handle: later writes
+    /// fail with [`ReplicationError::Stopped`].
+    pub async fn stop(&self) {
         self.stop_local();
         let _ = self.raft.shutdown().await;
     }
 
-    fn stop_local(&mut self) {
+    fn stop_local(&self) {
         self.registry.remove(&self.group);
-        if let Some(t) = self.checkpoints.take() {
+        let task = self
+            .checkpoints
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(t) = task {
             t.abort();
         }
     }

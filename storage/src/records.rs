@@ -655,7 +655,7 @@ pub struct TierMove {
 /// removed, and a copy is appended to the retry tier with a schedule entry
 /// holding its failure record. All or nothing; if any dead letter is no
 /// longer there (purged meanwhile) nothing is changed.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeadLetterReturn {
     /// The subscription's dead-letter tier topic.
     pub dead_letter_topic: String,
@@ -668,7 +668,7 @@ pub struct DeadLetterReturn {
 }
 
 /// One dead letter of a [`DeadLetterReturn`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReturnItem {
     /// Its dead-letter tier entry id (and dead-letter record key).
     pub dead_letter_id: u64,

@@ -47,6 +47,7 @@
 //! # etcd = ["http://127.0.0.1:2379"]
 //! # broker_id = "b1"             # default: the data directory's store id
 //! # lease_ttl = "10s"            # fenced after 4/5 of it without a renewal
+//! # default_replicas = 1         # factor of a topic created without one (1..7)
 //!
 //! # [tiered]                     # offload sealed segments to an object store (off unless set)
 //! # url = "s3://bucket/prefix"   # or "file:///var/lib/ricochet-tier"

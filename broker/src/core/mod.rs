@@ -12,6 +12,7 @@ mod actor_tests;
 mod breaker_tests;
 mod events;
 mod hooks;
+mod moves;
 mod replicated;
 
 pub use hooks::{Hooks, Placement, ReservedNames, TopicOpened};
@@ -554,12 +555,14 @@ impl BrokerCore {
         for sub in subs {
             self.remove_subscription(&entry, &sub, true).await?;
         }
-        self.drop_topic(name).await
+        let storage = self.storage_for(name.as_str());
+        self.drop_topic(name, &storage).await
     }
 
-    /// Removes a topic from the registry and storage; its producers are told
+    /// Removes a topic from the registry and from `storage` (the store it
+    /// writes through: a replicated topic's group); its producers are told
     /// it is gone.
-    async fn drop_topic(&self, name: &TopicName) -> Result<()> {
+    async fn drop_topic(&self, name: &TopicName, storage: &Arc<dyn Storage>) -> Result<()> {
         // The manifest forgets the topic first: a crash in between leaves a
         // topic the manifest does not require, never the reverse.
         let forgetting = self.keeper.forgetting().await;
@@ -571,7 +574,7 @@ impl BrokerCore {
                 lock(&self.counts).remove(name);
             }
         }
-        self.storage.delete_topic(name.as_str())?;
+        storage.delete_topic(name.as_str())?;
         drop(forgetting);
         tracing::info!(topic = %name, "topic deleted");
         Ok(())
@@ -586,6 +589,8 @@ impl BrokerCore {
         force: bool,
     ) -> Result<()> {
         let topic = entry.topic.name().as_str();
+        // The tiers are written through the topic's store (its group's).
+        let storage = self.storage_for(topic);
         let forgetting = self.keeper.forgetting().await;
         forgetting.subscription(topic, handle.name()).await?;
         let tiers = handle.delete(force).await?;
@@ -595,7 +600,7 @@ impl BrokerCore {
         for tier in tiers {
             let tier = TopicName::parse_stored(&tier)?;
             if self.topics.lock().await.contains_key(&tier) {
-                self.drop_topic(&tier).await?;
+                self.drop_topic(&tier, &storage).await?;
             }
         }
         Ok(())
@@ -770,49 +775,6 @@ impl BrokerCore {
         drop(topics);
         self.keeper.changed();
         Ok(())
-    }
-
-    /// Stops `name` and its subscriptions' tiers taking writes, lets its
-    /// subscriptions settle (their streams have ended) and makes what they
-    /// wrote durable; the next id of each log. [`Self::reopen`] undoes it.
-    pub(crate) async fn seal_for_move(&self, name: &TopicName) -> Result<HashMap<String, u64>> {
-        let entry = self.topic(name).await?;
-        let mut next = HashMap::new();
-        next.insert(name.to_string(), entry.topic.seal());
-        let subs = entry.subscriptions();
-        for sub in &subs {
-            let tiers = lock(&self.tier_owners).tiers_of(name.as_str(), sub.name());
-            if let Some((retry, dlq)) = tiers {
-                for tier in [retry, dlq] {
-                    if let Ok(t) = TopicName::parse_stored(&tier)
-                        && let Some(e) = self.topics.lock().await.get(&t)
-                    {
-                        next.insert(tier, e.topic.seal());
-                    }
-                }
-            }
-        }
-        // A round trip through each actor's queue once no log takes writes
-        // (its tier moves included): what it was doing is then in storage.
-        for sub in &subs {
-            let _ = sub.policy().await;
-        }
-        self.storage.flush().await?;
-        Ok(next)
-    }
-
-    /// Takes writes again on the logs [`Self::seal_for_move`] sealed (the
-    /// move failed before the topic changed hands).
-    pub(crate) async fn reopen(&self, logs: impl IntoIterator<Item = String>) {
-        let topics = self.topics.lock().await;
-        for log in logs {
-            if let Some(e) = TopicName::parse_stored(&log)
-                .ok()
-                .and_then(|n| topics.get(&n))
-            {
-                e.topic.unseal();
-            }
-        }
     }
 
     /// Deletes this broker's copy of a topic that now lives elsewhere,

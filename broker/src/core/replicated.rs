@@ -7,7 +7,7 @@
 //! writes to the broker's own store, as before.
 
 use super::BrokerCore;
-use crate::error::Result;
+use crate::error::{BrokerError, Result};
 use crate::name::TopicName;
 use crate::storage::{Storage, TopicKind};
 use crate::util::lock;
@@ -30,6 +30,31 @@ impl BrokerCore {
             .get(name)
             .or_else(|| owner().and_then(|t| replicated.get(&t)))
             .map_or_else(|| self.storage.clone(), |(s, _)| s.clone())
+    }
+
+    /// The storage a write about `name` (a topic, a tier, or the topic a
+    /// replay job names) goes through, for a caller that did not come
+    /// through the topic's route (a replay job, a call naming no topic):
+    /// [`Self::storage_for`], but refused for a replicated topic another
+    /// member leads, whose copy here is written by its group only.
+    pub(crate) fn writer_for(&self, name: &str) -> Result<Arc<dyn Storage>> {
+        if self.is_replicated(name) || lock(&self.tier_owners).owner_of(name).is_some() {
+            return Ok(self.storage_for(name));
+        }
+        let copy = self.storage.list_topics()?;
+        if copy.iter().any(|t| t.name == name && t.replicas > 1) {
+            return Err(BrokerError::Conflict(format!(
+                "{name} is replicated and this broker does not lead its group: \
+                 ask its leader (name the topic)"
+            )));
+        }
+        Ok(self.storage.clone())
+    }
+
+    /// Whether `name` is the retry or dead-letter tier of a subscription
+    /// served here.
+    pub(crate) fn is_tier_name(&self, name: &str) -> bool {
+        lock(&self.tier_owners).owner_of(name).is_some()
     }
 
     /// The replication factor of a topic (or tier) served here.
@@ -103,6 +128,22 @@ impl BrokerCore {
                 lock(&self.tier_owners).release(name.as_str(), &sub);
             }
         }
+        // The entry stays, with the storage the caller retired: a write
+        // still attempted on the topic (a replay job's progress) is refused,
+        // never made to this replica's store alone. [`Self::forget_replicated`]
+        // drops it once the group is gone.
+    }
+
+    /// Forgets replicated topic `name` (its group was deleted): closed if
+    /// served here, and no longer written through a group.
+    pub(crate) async fn forget_replicated(&self, name: &TopicName) {
+        self.close_replicated(name).await;
         lock(&self.replicated).remove(name.as_str());
+    }
+
+    /// Whether `name` is a replicated topic this broker knows (served here
+    /// now, or served here before).
+    pub(crate) fn is_replicated(&self, name: &str) -> bool {
+        lock(&self.replicated).contains_key(name)
     }
 }

@@ -109,7 +109,9 @@ impl Gate {
             self.auth.authorize(p.as_ref(), method, rule.need, scope)?;
             (p, scope.topic().map(str::to_owned))
         };
-        self.router.route(rule.route, topic.as_deref()).await?;
+        self.router
+            .route(method, rule.route, topic.as_deref())
+            .await?;
         for tier in (rule.writes_to)(r.get_ref()) {
             let tier = crate::name::TopicName::parse(tier)?;
             self.auth

@@ -173,6 +173,13 @@ table! {
                     "breaker forced"
                 )
             };
+        SetNamespaceReplication => set_namespace_replication(SetNamespaceReplicationRequest) -> NamespaceReplication:
+            Requirement::Permission(Admin), |r| Scope::Target { namespace: &r.namespace, topic: "" },
+            audit |role, r, resp| {
+                tracing::info!(target: AUDIT, role, action = "set-namespace-replication", namespace = %r.namespace, replicas = resp.replicas)
+            };
+        GetNamespaceReplication => get_namespace_replication(GetNamespaceReplicationRequest) -> NamespaceReplication:
+            Visible, |r| Scope::Target { namespace: &r.namespace, topic: "" };
     }
 
     service Partitions (partitions_server::Partitions) for PartitionsService {

@@ -13,7 +13,7 @@ use super::{
     ANONYMOUS_PRODUCER, AppendBatch, MAX_BATCH, PartitionCommand, PartitionReply, PublishBatch,
     PublishReceipt,
 };
-use crate::storage::{Storage, StorageError, TierMove, TopicRecord};
+use crate::storage::{DeadLetterReturn, Storage, StorageError, TierMove, TopicRecord};
 use prost::Message as _;
 use ricochet_replication::{Apply, ReplicationError, decode, encode};
 use std::collections::{HashMap, HashSet};
@@ -37,11 +37,16 @@ pub struct StorageApplier {
 struct State {
     topics: Option<HashSet<String>>,
     writers: HashMap<String, Writer>,
-    /// Subscription ids seen applied.
-    subscriptions: HashSet<u64>,
+    /// Issued ids seen applied (the id counter passed them).
+    issued: HashSet<u64>,
 }
 
 type Applied = Result<PartitionReply, StorageError>;
+
+/// The largest distance an issued id may be ahead of this store's id
+/// counter for the counter to be raised past it (sled's counter jumps by
+/// about a million at each restart).
+const MAX_ID_GAP: u64 = 1 << 28;
 
 impl StorageApplier {
     /// An applier writing to `storage`.
@@ -199,18 +204,67 @@ impl StorageApplier {
         Ok(PartitionReply::Done)
     }
 
+    /// Raises the store's id counter past `id` (an id another replica
+    /// handed out, see [`PartitionCommand::issued_ids`]).
+    fn raise_ids_past(&self, id: u64) -> Result<(), StorageError> {
+        let mut next = self.storage.next_id()?;
+        if id.saturating_sub(next) > MAX_ID_GAP {
+            // Not an id a broker's counter reaches: leave the counter be
+            // rather than spin (the id came from a bad command).
+            tracing::warn!(
+                id,
+                next,
+                "an issued id too far ahead of this store's counter"
+            );
+            return Ok(());
+        }
+        while next <= id {
+            next = self.storage.next_id()?;
+        }
+        Ok(())
+    }
+
+    /// Dead letters back into the retry tier; one whose retry ids are
+    /// taken was applied before a restart (the return is one
+    /// transaction). One whose dead letters are gone changes nothing.
+    fn return_dead_letters(&self, state: &mut State, mv: &DeadLetterReturn) -> Applied {
+        if !self.has_topic(state, &mv.retry_topic)? {
+            return Ok(PartitionReply::Refused(format!(
+                "tier topic {} not found",
+                mv.retry_topic
+            )));
+        }
+        let (_, next) = self.storage.entry_range(&mv.retry_topic)?;
+        let first = mv.items.iter().map(|i| i.target_entry_id).min();
+        if first.is_some_and(|f| f < next) {
+            return Ok(PartitionReply::Done);
+        }
+        self.storage.return_dead_letters(mv)?;
+        Ok(PartitionReply::Done)
+    }
+
+    fn delete_topic(&self, state: &mut State, name: &str) -> Applied {
+        if self.has_topic(state, name)? {
+            self.storage.delete_topic(name)?;
+        }
+        if let Some(t) = state.topics.as_mut() {
+            t.remove(name);
+        }
+        state.writers.remove(name);
+        Ok(PartitionReply::Done)
+    }
+
     fn apply_command(&self, index: u64, command: PartitionCommand) -> Applied {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        match command {
+        for id in command.issued_ids() {
+            if state.issued.insert(id) {
+                self.raise_ids_past(id)?;
+            }
+        }
+        let applied = match command {
             PartitionCommand::CreateTopic(record) => self.create_topic(&mut state, &record),
             PartitionCommand::Publish(batch) => self.publish(&mut state, index, batch),
             PartitionCommand::PutSubscription(record) => {
-                if state.subscriptions.insert(record.id) {
-                    // The local id counter passes every replicated
-                    // subscription id, so a subscription this broker creates
-                    // later never takes one.
-                    while self.storage.next_id()? <= record.id {}
-                }
                 self.storage.put_subscription(&record)?;
                 Ok(PartitionReply::Done)
             }
@@ -228,6 +282,39 @@ impl StorageApplier {
                 self.storage.delete_subscription(&record)?;
                 Ok(PartitionReply::Done)
             }
+            PartitionCommand::RemoveDeadLetters { sub_id, ids } => {
+                self.storage.remove_dead_letters(sub_id, &ids)?;
+                Ok(PartitionReply::Done)
+            }
+            PartitionCommand::RemoveEntries { topic, ids } => {
+                if self.has_topic(&mut state, &topic)? {
+                    self.storage.remove_entries(&topic, &ids)?;
+                }
+                Ok(PartitionReply::Done)
+            }
+            PartitionCommand::PutDeadLetters { sub_id, records } => {
+                self.storage.put_dead_letters(sub_id, &records)?;
+                Ok(PartitionReply::Done)
+            }
+            PartitionCommand::ReturnDeadLetters(mv) => self.return_dead_letters(&mut state, &mv),
+            PartitionCommand::PutReplayJob(job) => {
+                self.storage.put_replay_job(&job)?;
+                Ok(PartitionReply::Done)
+            }
+            PartitionCommand::RemoveReplayJob(id) => {
+                self.storage.remove_replay_job(id)?;
+                Ok(PartitionReply::Done)
+            }
+            PartitionCommand::DeleteTopic(name) => self.delete_topic(&mut state, &name),
+        };
+        match applied {
+            // Something the command needs is not there (dead letters
+            // purged meanwhile): the same on every replica, so an answer,
+            // not a failure of the store (which would stop the Raft node).
+            Err(StorageError::Missing(what)) => Ok(PartitionReply::Refused(format!(
+                "missing from storage: {what}"
+            ))),
+            other => other,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! A topic's replication factor: what `CreateTopic`'s `replicas` field
-//! asks for, checked against where the broker runs. Pure: the caller says
-//! how many brokers are live (none on a standalone broker).
+//! asks for (or, without one, its namespace's default, else the cluster's),
+//! checked against where the broker runs. Pure: the caller says how many
+//! brokers are live (none on a standalone broker) and what the defaults are.
 
 use crate::error::{BrokerError, Result};
 
@@ -35,6 +36,27 @@ pub fn check(requested: u32, live: Option<usize>) -> Result<u32> {
     }
 }
 
+/// The factor a topic created without one gets: its namespace's default
+/// when it has one, else the cluster's `default_replicas` (1 standalone).
+pub fn default_for(namespace: Option<u32>, cluster_default: u32) -> u32 {
+    namespace
+        .filter(|n| *n > 0)
+        .unwrap_or(cluster_default)
+        .max(1)
+}
+
+/// A namespace's default factor as `namespaces set-replication` asks for
+/// it, checked like a topic's: 0 is INVALID_ARGUMENT (there is no "default
+/// of the default"), the rest as [`check`].
+pub fn check_namespace(requested: u32, live: Option<usize>) -> Result<u32> {
+    if requested == 0 {
+        return Err(BrokerError::InvalidArgument(
+            "a namespace's replication factor is 1 to 7, not 0".into(),
+        ));
+    }
+    check(requested, live)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,6 +86,27 @@ mod tests {
         );
         assert_eq!(check(3, Some(3)).unwrap(), 3);
         assert_eq!(check(2, Some(5)).unwrap(), 2);
+    }
+
+    #[test]
+    fn a_namespace_default_comes_before_the_clusters() {
+        assert_eq!(default_for(None, 1), 1);
+        assert_eq!(default_for(None, 3), 3);
+        assert_eq!(default_for(Some(3), 1), 3);
+        assert_eq!(default_for(Some(1), 3), 1);
+        assert_eq!(default_for(Some(0), 2), 2);
+    }
+
+    #[test]
+    fn a_namespace_factor_is_checked_like_a_topics_but_zero_is_invalid() {
+        let e = check_namespace(0, Some(3)).unwrap_err();
+        assert!(matches!(e, BrokerError::InvalidArgument(_)), "{e:?}");
+        let e = check_namespace(3, None).unwrap_err();
+        assert!(e.to_string().contains("standalone"), "{e}");
+        let e = check_namespace(4, Some(3)).unwrap_err();
+        assert!(e.to_string().contains("needs 4 live brokers"), "{e}");
+        assert_eq!(check_namespace(1, None).unwrap(), 1);
+        assert_eq!(check_namespace(3, Some(3)).unwrap(), 3);
     }
 
     #[test]

@@ -51,9 +51,24 @@ pub struct GroupRecord {
     pub replicas: u32,
     /// The member brokers' ids; the first initialized the group.
     pub members: Vec<String>,
+    /// Which group of this topic's name it is (its creation time, ms): a
+    /// topic deleted and created again is a new group with a Raft log of
+    /// its own. 0 in records written before it existed.
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 impl GroupRecord {
+    /// The Raft group's name (its log's, and what its RPCs are routed by):
+    /// the topic, with the incarnation when it has one.
+    pub fn raft_group(&self, topic: &str) -> String {
+        if self.incarnation == 0 {
+            topic.to_owned()
+        } else {
+            format!("{topic}@{}", self.incarnation)
+        }
+    }
+
     /// Broker `id`'s Raft node id in this group.
     pub fn node_id(&self, id: &str) -> Option<NodeId> {
         self.members
@@ -108,6 +123,9 @@ pub struct Groups {
     runtime: RaftRuntime,
     /// Woken when a member here sees its group's leader change.
     leader_changed: Arc<tokio::sync::Notify>,
+    /// What this broker remembers between its reports on the groups it
+    /// leads.
+    reports: Mutex<HashMap<String, super::status::Tracker>>,
 }
 
 /// The runtime the Raft nodes of this broker's groups run on, apart from
@@ -177,6 +195,7 @@ impl Groups {
             serving: Default::default(),
             runtime: RaftRuntime::start()?,
             leader_changed: Default::default(),
+            reports: Default::default(),
         });
         let g = groups.clone();
         tokio::spawn(async move {
@@ -274,6 +293,7 @@ impl Groups {
             .map(|(i, u)| (i as NodeId + 1, u))
             .collect();
         let record = GroupRecord {
+            incarnation: ricochet_storage::util::wall_ms(),
             replicas,
             members: std::iter::once(me)
                 .chain(others.into_iter().take(need).map(|b| b.id))
@@ -314,14 +334,77 @@ impl Groups {
         }
     }
 
+    /// A topic used before it exists (a producer or consumer, with
+    /// auto-creation on) whose namespace's default factor, else the
+    /// cluster's `cluster_default`, is above 1: created here (the broker it
+    /// was placed on) as a group, answering once this broker serves it.
+    /// `false`, creating nothing, when the default is 1, or for a name the
+    /// default does not apply to (a partition, a system topic, a tier).
+    pub async fn create_on_first_use(
+        &self,
+        topic: &TopicName,
+        cluster_default: u32,
+    ) -> Result<bool> {
+        let name = topic.as_str();
+        if ricochet_proto::partitions::parse_partition(name).is_some()
+            || crate::name::is_system_topic(name)
+            || self.core.is_tier_name(name)
+            || self.core.topic(topic).await.is_ok()
+        {
+            return Ok(false);
+        }
+        let wanted =
+            super::namespaces::default_factor(&self.cluster, topic.namespace(), cluster_default)
+                .await?;
+        if wanted <= 1 {
+            return Ok(false);
+        }
+        let live = self
+            .cluster
+            .brokers()
+            .await?
+            .iter()
+            .filter(|b| b.live && !b.draining)
+            .count();
+        let replicas = super::factor::check(wanted, Some(live))?;
+        self.create(topic, replicas).await?;
+        let deadline = tokio::time::Instant::now() + FORM_TIMEOUT;
+        while !self.is_serving(name) {
+            let elsewhere = self
+                .member(name)
+                .await
+                .is_some_and(|p| p.node().leader().is_some_and(|l| l != p.node().id()));
+            if elsewhere || tokio::time::Instant::now() >= deadline {
+                return Err(BrokerError::Peer(format!(
+                    "{topic} was created with replication factor {replicas} and is led by another \
+                     member, or not taken by this one yet; look it up again"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(true)
+    }
+
     /// Starts this broker's member of `topic`'s group (once).
     async fn start_member(
         &self,
         topic: &str,
         record: &GroupRecord,
     ) -> Result<Arc<ReplicatedPartition>> {
+        let stale = self
+            .started
+            .lock()
+            .await
+            .get(topic)
+            .is_some_and(|m| m.record.incarnation != record.incarnation);
+        if stale {
+            // A member of a deleted group of the same name.
+            self.stop_member(topic).await;
+        }
         let mut started = self.started.lock().await;
-        if let Some(m) = started.get(topic) {
+        if let Some(m) = started.get(topic)
+            && m.record.incarnation == record.incarnation
+        {
             return Ok(m.partition.clone());
         }
         let Some(id) = record.node_id(self.cluster.id()) else {
@@ -335,7 +418,7 @@ impl Groups {
             self.settings.clone(),
             self.storage.clone(),
             self.registry.clone(),
-            topic.to_owned(),
+            record.raft_group(topic),
         );
         let start = async move {
             ReplicatedPartition::start_on(id, &name, &db, &settings, storage, &registry).await
@@ -391,6 +474,28 @@ impl Groups {
             }
         }
         *ricochet_storage::util::write(&self.known) = known.clone();
+        // Members of groups deleted since (no record, or a record of a
+        // new group of the same name).
+        let gone: Vec<(String, u64)> = {
+            let started = self.started.lock().await;
+            started
+                .iter()
+                .filter(|(t, m)| {
+                    known
+                        .get(*t)
+                        .is_none_or(|r| r.incarnation != m.record.incarnation)
+                })
+                .map(|(t, m)| (t.clone(), m.record.incarnation))
+                .collect()
+        };
+        for (topic, incarnation) in gone {
+            // Read again: a group created since the prefix was read has a
+            // record by the time its member started.
+            let now = self.read_group(&topic).await?;
+            if now.is_none_or(|r| r.incarnation != incarnation) {
+                self.stop_member(&topic).await;
+            }
+        }
         for (topic, record) in &known {
             if record.node_id(self.cluster.id()).is_some()
                 && let Err(e) = self.start_member(topic, record).await
@@ -405,8 +510,53 @@ impl Groups {
                 .map(|(t, m)| (t.clone(), m.partition.clone(), m.record.clone()))
                 .collect()
         };
-        for (topic, partition, record) in members {
-            self.follow_leader(&topic, partition, &record).await;
+        for (topic, partition, record) in &members {
+            self.follow_leader(topic, partition.clone(), record).await;
+        }
+        self.report(&members).await
+    }
+
+    /// Reports the replication of each group this broker leads, when due
+    /// (see [`super::status`]).
+    async fn report(
+        &self,
+        members: &[(String, Arc<ReplicatedPartition>, GroupRecord)],
+    ) -> Result<()> {
+        let now = std::time::Instant::now();
+        let mut due = Vec::new();
+        {
+            let mut reports = crate::util::lock(&self.reports);
+            reports.retain(|t, _| members.iter().any(|(m, _, _)| m == t));
+            for (topic, partition, record) in members {
+                match partition.node().progress() {
+                    Some(p) if reports.entry(topic.clone()).or_default().due(now) => {
+                        due.push((topic, record, p));
+                    }
+                    Some(_) => {}
+                    None => {
+                        reports.remove(topic);
+                    }
+                }
+            }
+        }
+        if due.is_empty() {
+            return Ok(());
+        }
+        let live: std::collections::HashSet<String> = self
+            .cluster
+            .brokers()
+            .await?
+            .into_iter()
+            .filter(|b| b.live)
+            .map(|b| b.id)
+            .collect();
+        for (topic, record, progress) in due {
+            let status = {
+                let mut reports = crate::util::lock(&self.reports);
+                let tracker = reports.entry(topic.clone()).or_default();
+                tracker.report(self.cluster.id(), &record.members, &progress, &live, now)
+            };
+            super::status::write(&self.cluster, topic, &status).await?;
         }
         Ok(())
     }
@@ -520,6 +670,8 @@ impl Groups {
             .open_replicated(&name, Arc::new(storage.clone()), record.replicas)
             .await?;
         crate::util::lock(&self.serving).insert(topic.to_owned(), storage);
+        // Replay jobs stored through the group run where it is led.
+        crate::replay_jobs::resume_topic(&self.core, topic);
         let me = self.cluster.id();
         let etcd = self.cluster.etcd();
         let placement = self.cluster.key(&format!("placement/{topic}"));
@@ -564,6 +716,67 @@ impl Groups {
         crate::util::lock(&self.serving)
             .get(topic)
             .is_none_or(ReplicatedStorage::is_poisoned)
+    }
+
+    /// Deletes `topic`'s group, once its topic was deleted through it
+    /// (every replica applied or will apply the delete): the record leaves
+    /// etcd, this member stops now, the others at their next read of the
+    /// records.
+    pub async fn dissolve(&self, topic: &str) -> Result<()> {
+        self.cluster.etcd().delete(&self.group_key(topic)).await?;
+        ricochet_storage::util::write(&self.known).remove(topic);
+        super::status::remove(&self.cluster, topic).await?;
+        self.stop_member(topic).await;
+        tracing::info!(%topic, "replication group deleted");
+        Ok(())
+    }
+
+    /// Stops this broker's member of `topic`'s group (the group is gone:
+    /// deleted through the group, which committed the topic's delete
+    /// first): the topic is no longer served nor written through it, the
+    /// Raft node ends, its log is removed, and this replica's copy of the
+    /// topic and its tiers is deleted if the delete was not applied here
+    /// (so a new group of the same name starts from nothing).
+    async fn stop_member(&self, topic: &str) {
+        let member = self.started.lock().await.remove(topic);
+        crate::util::lock(&self.leaders).remove(topic);
+        if let Some(s) = crate::util::lock(&self.serving).remove(topic) {
+            s.retire();
+        }
+        if let Ok(name) = TopicName::parse_stored(topic) {
+            self.core.forget_replicated(&name).await;
+        }
+        let Some(member) = member else { return };
+        member.partition.node().stop().await;
+        let group = member.record.raft_group(topic);
+        if let Err(e) = ricochet_replication::remove_group(&self.db, &group) {
+            tracing::warn!(%topic, error = %e, "cannot remove the deleted group's Raft log");
+        }
+        if let Err(e) = self.drop_copy(topic) {
+            tracing::warn!(%topic, error = %e, "cannot delete this replica's copy of a deleted topic");
+        }
+        tracing::info!(%topic, "replica stopped: its group was deleted");
+    }
+
+    /// Deletes what is left of replicated `topic` in this broker's store
+    /// (its group deleted it before this replica applied the delete).
+    fn drop_copy(&self, topic: &str) -> Result<()> {
+        let stored = self.storage.list_topics()?;
+        if !stored.iter().any(|t| t.name == topic && t.replicas > 1) {
+            return Ok(());
+        }
+        tracing::warn!(%topic, "deleting this replica's copy of a topic its group deleted");
+        for sub in self.storage.list_subscriptions(topic)? {
+            let (retry, dlq) = crate::tier_owners::tier_names(&sub)?;
+            self.storage.delete_subscription(&sub)?;
+            for tier in [retry, dlq] {
+                if stored.iter().any(|t| t.name == tier) {
+                    self.storage.delete_topic(&tier)?;
+                }
+            }
+        }
+        self.storage.delete_topic(topic)?;
+        Ok(())
     }
 
     /// Whether this broker serves replicated `topic` now (it leads its

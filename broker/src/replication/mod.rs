@@ -21,14 +21,16 @@
 mod apply;
 pub mod factor;
 pub mod groups;
+pub mod namespaces;
+pub mod status;
 mod storage;
 
 pub use apply::StorageApplier;
 pub use storage::ReplicatedStorage;
 
 use crate::storage::{
-    FailureRecord, LogStorage, ScheduleKey, SledStorage, Storage, SubMessage, SubscriptionRecord,
-    TierMove, TopicRecord,
+    DeadLetterRecord, DeadLetterReturn, FailureRecord, LogStorage, ReplayJobRecord, ScheduleKey,
+    SledStorage, Storage, SubMessage, SubscriptionRecord, TierMove, TopicRecord,
 };
 use crate::{BrokerConfig, BrokerError};
 pub use ricochet_replication::{
@@ -71,6 +73,58 @@ pub enum PartitionCommand {
     /// A subscription deleted, with its failure records, schedule and dead
     /// letters.
     DeleteSubscription(SubscriptionRecord),
+    /// Dead-letter records of a subscription removed (a purge, a replay
+    /// onto the topic).
+    RemoveDeadLetters {
+        /// The subscription.
+        sub_id: u64,
+        /// The dead-letter tier entry ids.
+        ids: Vec<u64>,
+    },
+    /// Entries removed from a log (a purged or replayed dead letter's
+    /// entry in the dead-letter tier).
+    RemoveEntries {
+        /// The topic (a tier).
+        topic: String,
+        /// Their ids.
+        ids: Vec<u64>,
+    },
+    /// Dead-letter records replaced (a replay's intent written into them).
+    PutDeadLetters {
+        /// The subscription.
+        sub_id: u64,
+        /// The records by dead-letter tier entry id.
+        records: Vec<(u64, DeadLetterRecord)>,
+    },
+    /// Dead letters moved back into the retry tier, in one transaction (a
+    /// replay into the retry tier).
+    ReturnDeadLetters(DeadLetterReturn),
+    /// A replay job stored, or its progress.
+    PutReplayJob(ReplayJobRecord),
+    /// A replay job removed (finished or cancelled).
+    RemoveReplayJob(u64),
+    /// A topic deleted with its entries, producer sequences and
+    /// subscriptions (a subscription's tier, or the replicated topic).
+    DeleteTopic(String),
+}
+
+impl PartitionCommand {
+    /// Ids a command carries that the broker handed out from its id
+    /// counter (`next_id`): every replica raises its own counter past them
+    /// when it applies the command, so the member that leads next never
+    /// hands one out again (a subscription id, a replay job's id, a replay
+    /// intent's sequence id, which the topic's de-duplication compares).
+    pub fn issued_ids(&self) -> Vec<u64> {
+        match self {
+            PartitionCommand::PutSubscription(r) => vec![r.id],
+            PartitionCommand::PutReplayJob(j) => vec![j.id],
+            PartitionCommand::PutDeadLetters { records, .. } => records
+                .iter()
+                .filter_map(|(_, r)| r.replay.as_ref().map(|i| i.sequence_id))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// Entries appended at ids the leader chose, as `Storage::append` takes

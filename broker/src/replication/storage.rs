@@ -9,13 +9,17 @@
 //!
 //! Covered (a command each): `append`, `put_subscription`,
 //! `delete_subscription`, `put_failures`, `put_schedule`, `move_messages`,
-//! `put_topic` (tier topics). `trim` is applied locally only (it drops
-//! segments every subscription consumed, by cursors that are themselves
-//! replicated; a follower keeps them until it leads). Every other
-//! mutating method fails with [`StorageError::Replication`] naming it:
-//! dead-letter edits, replay jobs, restores, deletes of topics and
-//! entries, ids, grants, retention and partition counts are not
-//! replicated yet, and must not be written to one replica silently.
+//! `put_topic` (tier topics), `delete_topic`, `remove_entries`, the
+//! dead-letter edits (`remove_dead_letters`, `put_dead_letters`,
+//! `return_dead_letters`) and replay jobs (`put_replay_job`,
+//! `remove_replay_job`). `next_id` reads this replica's counter, which
+//! every replica raises past the ids the group's commands carry. `trim` is
+//! applied locally only (it drops segments every subscription consumed, by
+//! cursors that are themselves replicated; a follower keeps them until it
+//! leads). Every other mutating method fails with
+//! [`StorageError::Replication`] naming it: restores, grants, retention,
+//! partition counts and the manifest are not replicated, and must not be
+//! written to one replica silently.
 
 use super::{AppendBatch, PartitionCommand, PartitionReply, ReplicatedPartition};
 use crate::storage::{
@@ -176,8 +180,11 @@ impl LogStore for ReplicatedStorage {
         self.local.lowest_reference(topic)
     }
 
-    fn remove_entries(&self, _topic: &str, _ids: &[u64]) -> Result<()> {
-        Err(not_replicated("remove_entries"))
+    fn remove_entries(&self, topic: &str, ids: &[u64]) -> Result<()> {
+        self.propose(PartitionCommand::RemoveEntries {
+            topic: topic.to_owned(),
+            ids: ids.to_vec(),
+        })
     }
 
     fn producer_sequences(&self, topic: &str) -> Result<Vec<(String, u64)>> {
@@ -247,32 +254,38 @@ impl SubscriptionStore for ReplicatedStorage {
         self.local.count_dead_letters(sub_id)
     }
 
-    fn remove_dead_letters(&self, _sub_id: u64, _ids: &[u64]) -> Result<()> {
-        Err(not_replicated("remove_dead_letters"))
+    fn remove_dead_letters(&self, sub_id: u64, ids: &[u64]) -> Result<()> {
+        self.propose(PartitionCommand::RemoveDeadLetters {
+            sub_id,
+            ids: ids.to_vec(),
+        })
     }
 
     fn dead_letters_by_id(&self, sub_id: u64, ids: &[u64]) -> Result<Vec<(u64, DeadLetterRecord)>> {
         self.local.dead_letters_by_id(sub_id, ids)
     }
 
-    fn put_dead_letters(&self, _sub_id: u64, _r: &[(u64, DeadLetterRecord)]) -> Result<()> {
-        Err(not_replicated("put_dead_letters"))
+    fn put_dead_letters(&self, sub_id: u64, records: &[(u64, DeadLetterRecord)]) -> Result<()> {
+        self.propose(PartitionCommand::PutDeadLetters {
+            sub_id,
+            records: records.to_vec(),
+        })
     }
 
-    fn return_dead_letters(&self, _mv: &DeadLetterReturn) -> Result<()> {
-        Err(not_replicated("return_dead_letters"))
+    fn return_dead_letters(&self, mv: &DeadLetterReturn) -> Result<()> {
+        self.propose(PartitionCommand::ReturnDeadLetters(mv.clone()))
     }
 
     fn replay_jobs(&self, with_ids: bool) -> Result<Vec<ReplayJobRecord>> {
         self.local.replay_jobs(with_ids)
     }
 
-    fn put_replay_job(&self, _job: &ReplayJobRecord) -> Result<()> {
-        Err(not_replicated("put_replay_job"))
+    fn put_replay_job(&self, job: &ReplayJobRecord) -> Result<()> {
+        self.propose(PartitionCommand::PutReplayJob(job.clone()))
     }
 
-    fn remove_replay_job(&self, _id: u64) -> Result<()> {
-        Err(not_replicated("remove_replay_job"))
+    fn remove_replay_job(&self, id: u64) -> Result<()> {
+        self.propose(PartitionCommand::RemoveReplayJob(id))
     }
 
     fn subscription_state(&self, sub_id: u64) -> Result<SubscriptionState> {
@@ -294,8 +307,8 @@ impl MetaStore for ReplicatedStorage {
         self.propose(PartitionCommand::CreateTopic(record.clone()))
     }
 
-    fn delete_topic(&self, _name: &str) -> Result<()> {
-        Err(not_replicated("delete_topic"))
+    fn delete_topic(&self, name: &str) -> Result<()> {
+        self.propose(PartitionCommand::DeleteTopic(name.to_owned()))
     }
 
     fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>> {
@@ -310,8 +323,11 @@ impl MetaStore for ReplicatedStorage {
         Err(not_replicated("delete_partitioned"))
     }
 
+    /// From this replica's counter: every replica raises its own past the
+    /// ids a command carries ([`PartitionCommand::issued_ids`]), so an id
+    /// the group committed is never handed out again by a later leader.
     fn next_id(&self) -> Result<u64> {
-        Err(not_replicated("next_id"))
+        self.local.next_id()
     }
 
     fn grants(&self) -> Result<Vec<GrantRecord>> {

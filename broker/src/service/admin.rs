@@ -8,6 +8,7 @@ use super::wire;
 use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
 use crate::node::Node;
+use crate::replication::namespaces;
 use crate::storage::{DeadLetterRecord, StorageError};
 use crate::subscription::SubscriptionHandle;
 use prost::Message as _;
@@ -71,6 +72,32 @@ impl AdminService {
             topic: name.to_string(),
             created,
         }))
+    }
+
+    /// The cluster's `default_replicas` (1 standalone).
+    fn cluster_default(&self) -> u32 {
+        self.node
+            .core
+            .config
+            .cluster
+            .as_ref()
+            .map_or(1, |c| c.default_replicas)
+    }
+
+    /// How many brokers are live and take topics, for a factor check of
+    /// `factor` (counted only above 1); `None` on a standalone broker.
+    async fn live_brokers(&self, factor: u32) -> Result<Option<usize>, BrokerError> {
+        Ok(match self.node.cluster() {
+            Some(c) if factor > 1 => Some(
+                c.brokers()
+                    .await?
+                    .iter()
+                    .filter(|b| b.live && !b.draining)
+                    .count(),
+            ),
+            Some(_) => Some(1),
+            None => None,
+        })
     }
 
     /// Dead letters of a subscription that pass `filter` (ids and records),
@@ -161,19 +188,15 @@ impl Admin for AdminService {
     ) -> Result<Response<TopicInfo>, Status> {
         let r = r.into_inner();
         let name = TopicName::parse(&r.topic)?;
-        let live = match self.node.cluster() {
-            Some(c) if r.replicas > 1 => Some(
-                c.brokers()
-                    .await
-                    .map_err(BrokerError::from)?
-                    .iter()
-                    .filter(|b| b.live && !b.draining)
-                    .count(),
-            ),
-            Some(_) => Some(1),
-            None => None,
+        // Without a factor: the namespace's default, else the cluster's.
+        let requested = match (r.replicas, self.node.cluster()) {
+            (0, Some(c)) => {
+                namespaces::default_factor(c, name.namespace(), self.cluster_default()).await?
+            }
+            (n, _) => n,
         };
-        let replicas = crate::replication::factor::check(r.replicas, live)?;
+        let live = self.live_brokers(requested).await?;
+        let replicas = crate::replication::factor::check(requested, live)?;
         if let Some(groups) = self.node.groups() {
             if replicas > 1 {
                 return self.create_replicated(groups, name, replicas).await;
@@ -206,6 +229,13 @@ impl Admin for AdminService {
         }
         self.node.core.delete_topic(&name, r.force).await?;
         self.node.core.flusher.durable().await?;
+        // A replicated topic was deleted through its group (every replica
+        // applies it); the group goes with it.
+        if let Some(groups) = self.node.groups()
+            && groups.group_of(name.as_str()).is_some()
+        {
+            groups.dissolve(name.as_str()).await?;
+        }
         Ok(Response::new(DeleteTopicResponse {}))
     }
 
@@ -491,5 +521,42 @@ impl Admin for AdminService {
         Ok(Response::new(
             super::breaker::set(&self.node, r.into_inner()).await?,
         ))
+    }
+
+    async fn set_namespace_replication(
+        &self,
+        r: Request<SetNamespaceReplicationRequest>,
+    ) -> Result<Response<NamespaceReplication>, Status> {
+        let r = r.into_inner();
+        let ns = crate::name::parse_namespace(&r.namespace)?;
+        let live = self.live_brokers(r.replicas).await?;
+        let replicas = crate::replication::factor::check_namespace(r.replicas, live)?;
+        // Standalone only 1 passes the check: every topic has it already.
+        if let Some(c) = self.node.cluster() {
+            namespaces::set(c, ns, replicas).await?;
+        }
+        Ok(Response::new(NamespaceReplication {
+            namespace: ns.to_owned(),
+            replicas,
+            effective: replicas,
+        }))
+    }
+
+    async fn get_namespace_replication(
+        &self,
+        r: Request<GetNamespaceReplicationRequest>,
+    ) -> Result<Response<NamespaceReplication>, Status> {
+        let r = r.into_inner();
+        let ns = crate::name::parse_namespace(&r.namespace)?;
+        let own = match self.node.cluster() {
+            Some(c) => namespaces::get(c, ns).await?,
+            None => None,
+        };
+        let effective = crate::replication::factor::default_for(own, self.cluster_default());
+        Ok(Response::new(NamespaceReplication {
+            namespace: ns.to_owned(),
+            replicas: own.unwrap_or(0),
+            effective,
+        }))
     }
 }

@@ -7,6 +7,7 @@
 use crate::error::BrokerError;
 use crate::name::TopicName;
 use crate::node::Node;
+use crate::replication::status;
 use crate::storage::TopicKind;
 use crate::transfer::{Incoming, TopicState, mover};
 use ricochet_proto::cluster_server::Cluster;
@@ -120,20 +121,38 @@ impl Cluster for ClusterService {
                 topics: if with_topics { b.topics } else { Vec::new() },
                 draining: b.draining,
             })
-            .collect();
+            .collect::<Vec<_>>();
         let mut groups = Vec::new();
         if let Some(g) = self.node.groups() {
+            let live: Vec<&str> = brokers
+                .iter()
+                .filter(|b| b.live)
+                .map(|b| b.id.as_str())
+                .collect();
+            let reports = status::read_all(cluster).await?;
+            let now_ms = ricochet_storage::util::wall_ms();
             for (topic, record) in g.all() {
                 let leader = cluster
                     .placement(&topic)
                     .await
                     .map_err(BrokerError::from)?
                     .unwrap_or_default();
+                let report = reports.get(&topic);
+                let fresh =
+                    report.filter(|r| r.leader == leader && !status::stale(r.at_ms, now_ms));
+                let member_status = record
+                    .members
+                    .iter()
+                    .map(|m| member(m, fresh, live.contains(&m.as_str())))
+                    .collect();
                 groups.push(ricochet_proto::ReplicationGroup {
                     topic,
                     replicas: record.replicas,
                     members: record.members,
                     leader,
+                    last_index: fresh.map_or(0, |r| r.last_index),
+                    member_status,
+                    status_age_ms: report.map_or(0, |r| now_ms.saturating_sub(r.at_ms)),
                 });
             }
         }
@@ -254,5 +273,38 @@ fn moved(m: mover::Moved) -> TopicMoved {
         to_broker: m.to,
         entries: m.entries,
         millis: m.millis,
+    }
+}
+
+/// Member `broker` of a group as listed: from the leader's `report` when it
+/// is fresh, else its health `unknown` (`down` when its broker is not live).
+fn member(
+    broker: &str,
+    report: Option<&status::GroupStatus>,
+    live: bool,
+) -> ricochet_proto::GroupMember {
+    let reported = report.and_then(|r| {
+        let m = r.members.iter().find(|m| m.broker == broker)?;
+        Some((r.last_index, m))
+    });
+    match reported {
+        Some((last, m)) => ricochet_proto::GroupMember {
+            broker_id: broker.to_owned(),
+            matched_index: m.matched,
+            lag: last.saturating_sub(m.matched),
+            health: m.health.as_str().to_owned(),
+        },
+        None => ricochet_proto::GroupMember {
+            broker_id: broker.to_owned(),
+            matched_index: 0,
+            lag: 0,
+            health: if live {
+                status::Health::Unknown
+            } else {
+                status::Health::Down
+            }
+            .as_str()
+            .to_owned(),
+        },
     }
 }

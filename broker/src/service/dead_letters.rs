@@ -261,10 +261,12 @@ pub(super) async fn purge(
         });
     }
     let info = h.policy().await?;
-    core.storage
+    // A replicated topic's dead letters go through its group.
+    let storage = core.storage_for(&full_topic_name(&r.topic)?);
+    storage
         .remove_dead_letters(h.id(), &ids)
         .map_err(BrokerError::from)?;
-    core.storage
+    storage
         .remove_entries(&info.dead_letter_topic, &ids)
         .map_err(BrokerError::from)?;
     core.flusher.durable().await?;
@@ -394,11 +396,22 @@ pub(super) fn list_jobs(
     } else {
         Some(full_topic_name(&r.topic)?)
     };
+    // A replica's copy of another leader's jobs is not listed here: its
+    // leader lists them.
+    let elsewhere: std::collections::HashSet<String> = core
+        .storage
+        .list_topics()
+        .map_err(BrokerError::from)?
+        .into_iter()
+        .filter(|t| t.replicas > 1 && !core.is_replicated(&t.name))
+        .map(|t| t.name)
+        .collect();
     let jobs = core
         .storage
         .replay_jobs(false)
         .map_err(BrokerError::from)?
         .iter()
+        .filter(|j| !elsewhere.contains(&j.topic))
         .filter(|j| topic.as_ref().is_none_or(|t| *t == j.topic))
         .filter(|j| r.subscription.is_empty() || r.subscription == j.subscription)
         .map(job_wire)
@@ -419,14 +432,14 @@ pub(super) async fn cancel_job(
     let jobs = core.storage.replay_jobs(false).map_err(BrokerError::from)?;
     let found = jobs
         .iter()
-        .any(|j| j.id == r.id && topic.as_ref().is_none_or(|t| *t == j.topic));
-    if !found {
+        .find(|j| j.id == r.id && topic.as_ref().is_none_or(|t| *t == j.topic));
+    let Some(job) = found else {
         return Err(Status::not_found(match &topic {
             Some(t) => format!("no replay job {} on {t}", r.id),
             None => format!("no replay job {}", r.id),
         }));
-    }
-    core.storage
+    };
+    core.writer_for(&job.topic)?
         .remove_replay_job(r.id)
         .map_err(BrokerError::from)?;
     core.flusher.durable().await?;

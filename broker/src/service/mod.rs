@@ -80,6 +80,20 @@ impl Served {
             .route(topic.as_str(), true)
             .await
             .map_err(BrokerError::from)?;
+        // A new topic takes its namespace's default factor (else the
+        // cluster's): above 1 it is created here as a group first.
+        if let Some(groups) = node.groups()
+            && node.core.config.auto_create_topics
+            && groups.group_of(topic.as_str()).is_none()
+        {
+            let cluster_default = node
+                .core
+                .config
+                .cluster
+                .as_ref()
+                .map_or(1, |c| c.default_replicas);
+            groups.create_on_first_use(topic, cluster_default).await?;
+        }
         if let Some(groups) = node.groups()
             && groups.group_of(topic.as_str()).is_some()
             && !groups.is_serving(topic.as_str())

@@ -42,9 +42,12 @@ impl Router {
         Self { cluster, groups }
     }
 
-    /// `Ok` when this broker serves `topic` for a call routed by `how`;
-    /// else the refusal naming the owner.
-    pub async fn route(&self, how: Route, topic: Option<&str>) -> Result<(), Status> {
+    /// `Ok` when this broker serves `topic` for a call (`method`, as
+    /// `Service/Method`) routed by `how`; else the refusal naming the
+    /// owner. A replicated topic is served by its group's leader once it
+    /// opened it; a call with no replicated form is refused there, naming
+    /// itself.
+    pub async fn route(&self, method: &str, how: Route, topic: Option<&str>) -> Result<(), Status> {
         let (Some(cluster), Some(topic)) = (&self.cluster, topic) else {
             return Ok(());
         };
@@ -59,19 +62,41 @@ impl Router {
             .await
             .map_err(BrokerError::from)?;
         if how == Route::Owner
-            && let Some(g) = self.groups.as_ref().and_then(|g| g.group_of(name.as_str()))
+            && let Some(groups) = self.groups.as_ref()
+            && let Some(g) = groups.group_of(name.as_str())
         {
-            return Err(not_served(&name, g.replicas).into());
+            if let Some(why) = not_replicated(method) {
+                return Err(not_served(&name, g.replicas, method, why).into());
+            }
+            if !groups.is_serving(name.as_str()) {
+                return Err(BrokerError::Peer(format!(
+                    "{name} is replicated and its leader is taking it over; look it up again"
+                ))
+                .into());
+            }
         }
         Ok(())
     }
 }
 
-/// The refusal of a call about a replicated topic on its leader: only its
-/// creation, lookup and placement work in this version.
-pub(crate) fn not_served(topic: &TopicName, replicas: u32) -> BrokerError {
+/// Why a call routed to a topic's owner has no replicated form (it would
+/// write to one replica's store only), or `None` when the group's leader
+/// answers it.
+fn not_replicated(method: &str) -> Option<&'static str> {
+    match method {
+        "Retention/SetRetention" => Some("a topic's retention policy is stored per broker"),
+        "Tiered/Offload" | "Tiered/SetOffloadPolicy" => {
+            Some("offloading moves one broker's segments to the object store")
+        }
+        _ => None,
+    }
+}
+
+/// The refusal of `method` on a replicated topic: it has no replicated
+/// form yet.
+pub(crate) fn not_served(topic: &TopicName, replicas: u32, method: &str, why: &str) -> BrokerError {
     BrokerError::Conflict(format!(
-        "{topic} is replicated (factor {replicas}): producers and consumers are served, \
-         topic admin calls on replicated topics are not yet"
+        "{method} is not served on replicated topics yet ({topic} has replication factor \
+         {replicas}; {why})"
     ))
 }

@@ -1,14 +1,17 @@
 //! `ReplicatedStorage` (issue 22, step 4's interception point) on three
 //! in-process replicas: a write through it returns only once the group
 //! committed it, every replica's store then holds it, a leader without a
-//! majority answers an error (never `Ok`) and applies nothing, and a
-//! mutating method no command replicates fails instead of writing one
-//! replica.
+//! majority answers an error (never `Ok`) and applies nothing, a replay
+//! job's id raises every replica's id counter, and a mutating method no
+//! command replicates fails instead of writing one replica.
 
 use crate::raft::cluster::{Cluster, TOPIC, subscription};
 use ricochet_broker::replication::ReplicatedStorage;
 use ricochet_broker::storage::prelude::*;
-use ricochet_broker::storage::{FailureRecord, Storage, StorageError, SubMessage, TierId};
+use ricochet_broker::storage::{
+    FailureRecord, ReplayJobRecord, ReplayOrder, ReplayTarget, Storage, StorageError, SubMessage,
+    TierId,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +28,26 @@ fn entries(from: u64, n: u64) -> Vec<Vec<u8>> {
             .encode_to_vec()
         })
         .collect()
+}
+
+fn replay_job(id: u64) -> ReplayJobRecord {
+    ReplayJobRecord {
+        id,
+        topic: TOPIC.to_owned(),
+        subscription: "s".to_owned(),
+        dead_letter_ids: vec![1, 2],
+        total: 2,
+        cursor: 0,
+        replayed: 0,
+        rate_per_second: 1,
+        order: ReplayOrder {
+            target: ReplayTarget::Topic,
+            reset_count: false,
+            edit: None,
+            by: "test".to_owned(),
+        },
+        created_ms: 1,
+    }
 }
 
 fn held(storage: &Arc<dyn Storage>) -> (u64, u64) {
@@ -69,17 +92,40 @@ async fn writes_through_replicated_storage_are_committed_before_they_return() {
         assert_eq!(f.count, 2, "node {id}");
     }
 
+    // A replay job is stored on every replica, and every replica's id
+    // counter passes its id (a later leader never hands it out again).
+    let mut above = 0;
+    for id in 1..=3 {
+        above = above.max(c.node(id).part().storage().next_id().unwrap());
+    }
+    let job = replay_job(above + 1000);
+    rs.put_replay_job(&job).expect("replay job committed");
+    for id in 1..=3 {
+        c.caught_up(id, leader).await;
+        let s = c.node(id).part().storage();
+        assert_eq!(
+            s.replay_jobs(true).unwrap(),
+            std::slice::from_ref(&job),
+            "node {id}"
+        );
+        let next = s.next_id().unwrap();
+        assert!(next > job.id, "node {id}: next id {next}, job {}", job.id);
+    }
+    rs.remove_replay_job(job.id).expect("removal committed");
+    for id in 1..=3 {
+        c.caught_up(id, leader).await;
+        let jobs = c.node(id).part().storage().replay_jobs(false).unwrap();
+        assert!(jobs.is_empty(), "node {id}: {jobs:?}");
+    }
+
     // A method without a replicated command fails and writes nothing.
-    let e = rs.remove_dead_letters(7, &[1]).unwrap_err();
+    let e = rs
+        .restore_producer_sequences(TOPIC, &[("q".into(), 9)])
+        .unwrap_err();
     assert!(
-        matches!(&e, StorageError::Replication(m) if m.contains("remove_dead_letters")),
+        matches!(&e, StorageError::Replication(m) if m.contains("restore_producer_sequences")),
         "{e:?}"
     );
-    assert!(matches!(rs.next_id(), Err(StorageError::Replication(_))));
-    assert!(matches!(
-        rs.restore_producer_sequences(TOPIC, &[("q".into(), 9)]),
-        Err(StorageError::Replication(_))
-    ));
     assert_eq!(rs.producer_sequences(TOPIC).unwrap(), [("p".into(), 4)]);
 
     // Both followers down: the append is refused, not acknowledged, and

@@ -333,6 +333,16 @@ async fn cluster_brokers_lists_replicated_topics_groups() {
         replicas: 3,
         members: vec!["b1".into(), "b0".into(), "b2".into()],
         leader: "b0".into(),
+        last_index: 120,
+        member_status: [("b1", 120, "ok"), ("b0", 120, "ok"), ("b2", 7, "lagging")]
+            .map(|(id, matched, health)| ricochet_proto::GroupMember {
+                broker_id: id.into(),
+                matched_index: matched,
+                lag: 120 - matched,
+                health: health.into(),
+            })
+            .to_vec(),
+        status_age_ms: 900,
     }]);
     let env = Env::at(fake.url());
     let out = env.ok(&["cluster", "brokers"]).await;
@@ -350,9 +360,35 @@ async fn cluster_brokers_lists_replicated_topics_groups() {
         [fq("orders").as_str(), "3", "b1,b0,b2", "b0"],
         "{text}"
     );
+    // Each member's matched index, lag and health.
+    let header: Vec<&str> = lines[7].split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["replicated", "topic", "member", "matched", "lag", "health"],
+        "{text}"
+    );
+    let rows: Vec<Vec<&str>> = lines[8..11]
+        .iter()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let t = fq("orders");
+    assert_eq!(
+        rows,
+        [
+            [t.as_str(), "b1", "120", "0", "ok"],
+            [t.as_str(), "b0", "120", "0", "ok"],
+            [t.as_str(), "b2", "7", "113", "lagging"],
+        ],
+        "{text}"
+    );
     let v = env.json(&["cluster", "brokers"]).await;
     assert_eq!(v["groups"][0]["replicas"], 3, "{v}");
     assert_eq!(v["groups"][0]["leader"], "b0", "{v}");
+    assert_eq!(
+        v["groups"][0]["member_status"][2]["health"], "lagging",
+        "{v}"
+    );
+    assert_eq!(v["groups"][0]["member_status"][2]["lag"], 113, "{v}");
 }
 
 #[tokio::test]

@@ -2,7 +2,9 @@
 //! set-retention|get-retention`: sizes and durations with units reach the
 //! broker as bytes and milliseconds, a topic shows the policy in force and
 //! where it comes from, `--clear` removes one, and bad values are usage
-//! errors (exit 2) or the broker's INVALID_ARGUMENT (exit 1).
+//! errors (exit 2) or the broker's INVALID_ARGUMENT (exit 1). And a
+//! namespace's replication factor on a standalone broker: 1 is accepted,
+//! above 1 refused in one line (exit 1).
 
 use crate::common;
 
@@ -104,4 +106,38 @@ async fn retention_on_the_command_line() {
         .await;
     assert_eq!(r.status.code(), Some(1));
     assert!(stderr(&r).contains("InvalidArgument"), "{}", stderr(&r));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaces_replication_factor_on_a_standalone_broker() {
+    let env = Env::start().await;
+    let r = env
+        .json(&["namespaces", "get-replication", "public/default"])
+        .await;
+    assert!(r["replicas"].is_null(), "{r}");
+    assert_eq!(u(&r["effective"]), 1, "{r}");
+    // Factor 1 is every topic's here already; above 1 needs a cluster.
+    let one = env
+        .json(&["namespaces", "set-replication", "public/default", "1"])
+        .await;
+    assert_eq!(u(&one["replicas"]), 1, "{one}");
+    let r = env
+        .run(&["namespaces", "set-replication", "public/default", "3"])
+        .await;
+    assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+    let e = stderr(&r);
+    assert_eq!(e.trim().lines().count(), 1, "one line: {e}");
+    assert!(
+        e.contains("FailedPrecondition") && e.contains("standalone"),
+        "{e}"
+    );
+    let r = env
+        .run(&["namespaces", "set-replication", "public/default", "0"])
+        .await;
+    assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+    assert!(stderr(&r).contains("InvalidArgument"), "{}", stderr(&r));
+    let r = env
+        .run(&["namespaces", "set-replication", "public/default", "many"])
+        .await;
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
 }

@@ -19,6 +19,7 @@ mod breaker;
 mod cluster;
 mod dead_letters;
 mod grants;
+mod namespaces;
 mod partitions;
 mod policies;
 mod replay_jobs;
@@ -45,7 +46,7 @@ pub use ricochet_proto::{
     DrainResponse as DrainReport, DueBucket, GetMessageResponse as MessageInfo, Grant,
     GroupDeadLettersResponse as DeadLetterGroups, ListBrokersResponse as Brokers,
     ListDeadLettersResponse as DeadLetterPage, ListTopicsResponse as TopicList,
-    Message as StoredMessage, MessageId as StoredMessageId,
+    Message as StoredMessage, MessageId as StoredMessageId, NamespaceReplication,
     PartitionedTopicMetadata as PartitionedTopic, PolicyResponse as PolicyInForce,
     PurgeDeadLettersResponse as PurgeOutcome, ReplayDeadLettersResponse as ReplayOutcome,
     ReplayEdit, ReplayJob, ReplayMode, RetentionPolicy, RetentionResponse as RetentionInfo,

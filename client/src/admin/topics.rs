@@ -33,7 +33,8 @@ impl Admin {
     }
 
     /// Creates `topic` with replication factor `replicas` (0: the default,
-    /// 1). Above 1 it needs a cluster of at least that many live brokers:
+    /// its namespace's if it has one, else the cluster's `default_replicas`,
+    /// 1 unless configured). Above 1 it needs a cluster of at least that many live brokers:
     /// a standalone broker, or too few brokers, answer
     /// [`ErrorKind::FailedPrecondition`](crate::ErrorKind).
     pub async fn create_replicated_topic(&self, topic: &str, replicas: u32) -> Result<TopicInfo> {

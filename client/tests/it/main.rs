@@ -15,4 +15,5 @@ mod producer_queue;
 mod receipts;
 mod reconnect;
 mod replicated;
+mod replicated_retries;
 mod roundtrip;

@@ -7,8 +7,11 @@
 //! producer and a consumer recording a history through a leader's kill -9
 //! follow it to the new leader, and the history checker finds nothing
 //! acknowledged lost, nothing acked delivered again, no count going back.
-//! What is not built yet is checked as refused, not assumed: topic admin
-//! calls on a replicated topic get FAILED_PRECONDITION saying so.
+//! Topic admin calls on a replicated topic are answered by its leader,
+//! and their changes go through the group: a dead letter replayed or
+//! purged on the leader is gone on every replica, and a new leader shows
+//! the same dead letters and policies. A call with no replicated form is
+//! refused with FAILED_PRECONDITION naming it.
 
 use std::time::{Duration, Instant};
 
@@ -19,9 +22,9 @@ use ricochet_client::{Client, ErrorKind, InitialPosition, PolicySpec, Subscripti
 use ricochet_testkit::{History, Place, SpawnOptions, etcd_or_skip, spawn_cluster};
 
 /// One cluster at a time (shared with nothing else in this module).
-static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn client(url: &str) -> Client {
+pub(crate) async fn client(url: &str) -> Client {
     Client::builder(url)
         .request_timeout(Duration::from_secs(5))
         .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(500))
@@ -33,7 +36,7 @@ async fn client(url: &str) -> Client {
 /// The member `Lookup` (asked of `url`) names for `topic`, once it names
 /// one of `among` and the answer held for two reads 300 ms apart; `None`
 /// after `within`.
-async fn stable_leader(
+pub(crate) async fn stable_leader(
     url: &str,
     topic: &str,
     among: &[String],
@@ -131,16 +134,65 @@ async fn a_replicated_topic_is_a_group_of_three_led_by_the_broker_lookup_answers
         .expect("the group is listed");
     assert_eq!((g.replicas, g.members.len()), (3, 3), "{g:?}");
     assert_eq!(g.leader, leader, "{g:?}");
-    // Topic admin calls on a replicated topic are not served yet: refused
-    // with a clear error rather than answered from one replica.
+    // Its leader reports each member caught up.
+    let healths = |want: &'static [(&'static str, &'static str)], url: String| async move {
+        let admin = client(&url).await.admin();
+        let start = Instant::now();
+        loop {
+            let listed = admin.brokers(false).await.unwrap();
+            let g = listed
+                .groups
+                .iter()
+                .find(|g| g.topic.ends_with("/orders"))
+                .cloned();
+            let seen: Vec<(String, String)> = g
+                .iter()
+                .flat_map(|g| &g.member_status)
+                .map(|m| (m.broker_id.clone(), m.health.clone()))
+                .collect();
+            let wanted = want
+                .iter()
+                .all(|(b, h)| seen.iter().any(|(sb, sh)| sb == b && sh == h));
+            if wanted {
+                return g.unwrap();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "member health {seen:?}, wanted {want:?}: {g:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    let all_ok: &'static [(&'static str, &'static str)] =
+        &[("b0", "ok"), ("b1", "ok"), ("b2", "ok")];
+    let g = healths(all_ok, brokers[0].url()).await;
+    assert!(g.last_index > 0, "{g:?}");
+    assert!(g.member_status.iter().all(|m| m.lag == 0), "{g:?}");
+    // Topic admin calls are answered by the leader, also when asked of a
+    // follower (the client follows its redirect).
+    let follower = members.iter().position(|m| *m != leader).unwrap();
+    let via_follower = client(&brokers[follower].url()).await;
+    let stats = via_follower.admin().topic_stats(t).await.unwrap();
+    assert_eq!(
+        (stats.message_count, stats.next_entry_id),
+        (0, 0),
+        "{stats:?}"
+    );
+    // A call with no replicated form is refused, naming itself.
     let e = client(&leader_url)
         .await
         .admin()
-        .topic_stats(t)
+        .set_retention(
+            &ricochet_client::admin::RetentionTarget::Topic(t.to_owned()),
+            ricochet_client::admin::RetentionPolicy {
+                max_age_ms: Some(60_000),
+                ..Default::default()
+            },
+        )
         .await
-        .expect_err("topic stats of a replicated topic are refused");
+        .expect_err("a topic's retention on a replicated topic is refused");
     assert_eq!(e.kind(), ErrorKind::FailedPrecondition, "{e:?}");
-    assert!(e.to_string().contains("not yet"), "{e}");
+    assert!(e.to_string().contains("Retention/SetRetention"), "{e}");
 
     // kill -9 of the leader: another member leads, and Lookup says so.
     let victim = members.iter().position(|m| *m == leader).unwrap();
@@ -156,6 +208,20 @@ async fn a_replicated_topic_is_a_group_of_three_led_by_the_broker_lookup_answers
         killed.elapsed().as_millis()
     );
     assert_ne!(next, leader);
+    // The new leader reports the killed member down, the other ok.
+    let down: &'static [(&'static str, &'static str)] = match victim {
+        0 => &[("b0", "down")],
+        1 => &[("b1", "down")],
+        _ => &[("b2", "down")],
+    };
+    let g = healths(down, survivor.clone()).await;
+    assert_eq!(g.leader, next, "{g:?}");
+    let others_ok = g
+        .member_status
+        .iter()
+        .filter(|m| m.broker_id != leader)
+        .all(|m| m.health == "ok");
+    assert!(others_ok, "{g:?}");
 
     // The old leader returns and rejoins the group: one member leads and
     // every broker answers the same one (Raft may elect any of them).
@@ -167,6 +233,40 @@ async fn a_replicated_topic_is_a_group_of_three_led_by_the_broker_lookup_answers
         let o = client(&b.url()).await.lookup(t).await.unwrap();
         assert_eq!(o.broker_id, after, "asked of {}", b.url());
     }
+
+    // A subscription deleted through the group, then the topic: its group
+    // leaves etcd, and a topic of the same name is a new group.
+    let c = client(&brokers[0].url()).await;
+    let admin = c.admin();
+    let consumer = c
+        .consumer(t)
+        .subscription("gone")
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    consumer.close().await.unwrap();
+    let subs = admin.list_subscriptions(t).await.unwrap();
+    assert_eq!(subs, ["gone"]);
+    admin.delete_subscription(t, "gone", false).await.unwrap();
+    assert!(admin.list_subscriptions(t).await.unwrap().is_empty());
+    admin.delete_topic(t, false).await.unwrap();
+    assert_eq!(etcd.get(&format!("{groups}{t}")).await, None);
+    let e = admin.topic_stats(t).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e:?}");
+    let info = admin.create_replicated_topic(t, 3).await.unwrap();
+    assert!(info.created, "a new group: {info:?}");
+    let (leader, _) = stable_leader(&brokers[0].url(), t, &members, Duration::from_secs(20))
+        .await
+        .expect("the new group leads");
+    let p = c.producer(t).create().await.unwrap();
+    p.send("fresh").await.unwrap();
+    let stats = admin.topic_stats(t).await.unwrap();
+    assert_eq!(
+        (stats.message_count, stats.next_entry_id),
+        (1, 1),
+        "the new group's topic starts empty (led by {leader}): {stats:?}"
+    );
 }
 
 /// Every fifth message is nacked on its first two deliveries.
@@ -361,29 +461,66 @@ async fn a_leader_killed_mid_run_loses_nothing_acknowledged_and_clients_follow_t
     );
 }
 
-/// A retry scheduled on the leader (a `reconsume_later` into the retry tier
-/// and a nack the broker holds) is applied by the followers after their
-/// schedulers loaded their windows; the leader is killed before it is due.
-/// The new leader fires both at their due time, with the delivery count one
-/// higher, once each.
+/// The dead letters (entry id, payload) of subscription `s` on `t`, as
+/// the leader lists them.
+async fn dead_letter_list(admin: &ricochet_client::Admin, t: &str) -> Vec<(u64, String)> {
+    let all = ricochet_client::admin::DeadLetterFilter::default();
+    let listed = admin
+        .list_dead_letters(t, "s", &all, 100, None)
+        .await
+        .unwrap();
+    assert_eq!(listed.total as usize, listed.dead_letters.len());
+    listed
+        .dead_letters
+        .iter()
+        .map(|d| {
+            let m = d.message.as_ref().unwrap();
+            let payload = String::from_utf8_lossy(&m.payload).into_owned();
+            (m.id.as_ref().unwrap().entry_id, payload)
+        })
+        .collect()
+}
+
+/// Subscription `s` of `topic` in the store of a killed broker: its dead
+/// letters' ids and the policy its record holds.
+fn stored_state(dir: &std::path::Path, topic: &str) -> (Vec<u64>, Option<PolicySpec>) {
+    use ricochet_broker::storage::{MetaStore, SledStorage, SubscriptionStore};
+    let store = SledStorage::open(dir, 16_384, 16 << 20).unwrap();
+    assert!(
+        store.list_topics().unwrap().iter().any(|r| r.name == topic),
+        "{topic} in {}",
+        dir.display()
+    );
+    let subs = store.list_subscriptions(topic).unwrap();
+    let sub = subs.iter().find(|r| r.name == "s").expect("subscription s");
+    let ids = store
+        .dead_letters(sub.id, None)
+        .unwrap()
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    (ids, sub.policy.clone())
+}
+
 #[tokio::test]
-async fn a_retry_scheduled_on_a_killed_leader_fires_on_the_new_one_at_its_due_time() {
-    const DELAY: Duration = Duration::from_secs(10);
+async fn admin_changes_on_a_replicated_topic_reach_every_replica_and_outlive_the_leader() {
+    use ricochet_client::admin::{DeadLetterFilter, ReplayOptions};
     let _one = ONE_CLUSTER.lock().await;
-    let Some(etcd) = etcd_or_skip("a_retry_scheduled_on_a_killed_leader_fires").await else {
+    let Some(etcd) = etcd_or_skip("admin_changes_on_a_replicated_topic").await else {
         return;
     };
     let root = tempfile::tempdir().unwrap();
     let mut brokers = spawn_cluster(
         &etcd,
-        "due",
+        "radm",
         3,
         root.path(),
         Duration::from_secs(3),
         &SpawnOptions::new(),
     )
     .await;
-    let t = "later";
+    let t = "ledger";
+    let full = "persistent://public/default/ledger";
     client(&brokers[0].url())
         .await
         .admin()
@@ -395,82 +532,294 @@ async fn a_retry_scheduled_on_a_killed_leader_fires_on_the_new_one_at_its_due_ti
         .await
         .expect("a leader");
     let victim = ids.iter().position(|m| *m == leader).unwrap();
-    let c = client(&brokers[(victim + 1) % 3].url()).await;
-    let producer = c.producer(t).name("p").create().await.unwrap();
-    producer.send("retry").await.unwrap();
-    producer.send("held").await.unwrap();
-    // With ack receipts every nack is held by the broker, for the policy's
-    // delay.
-    let policy = format!("backoff:fixed={}s,max=50", DELAY.as_secs());
+    // Everything goes through a broker that survives: producers, consumers
+    // and admin calls find the leader.
+    let survivor = brokers[(victim + 1) % 3].url();
+    let c = client(&survivor).await;
+    let admin = c.admin();
+
+    // Ten messages: m0..m5 terminated (dead letters), m6..m9 acked.
     let mut consumer = c
         .consumer(t)
         .subscription("s")
         .subscription_type(SubscriptionType::Shared)
         .initial_position(InitialPosition::Earliest)
         .ack_receipts(true)
-        .policy(policy.parse::<PolicySpec>().unwrap())
         .subscribe()
         .await
         .unwrap();
-    let mut first = std::collections::HashMap::new();
-    while first.len() < 2 {
-        let m = tokio::time::timeout(Duration::from_secs(20), consumer.receive())
-            .await
-            .expect("both messages delivered")
-            .unwrap();
-        first.insert(String::from_utf8_lossy(m.payload()).into_owned(), m);
+    let p = c.producer(t).create().await.unwrap();
+    for i in 0..10 {
+        p.send(format!("m{i}")).await.unwrap();
     }
-    let asked = Instant::now();
-    consumer
-        .reconsume_later(&first["retry"], DELAY)
+    for _ in 0..10 {
+        let m = tokio::time::timeout(Duration::from_secs(10), consumer.receive())
+            .await
+            .expect("a delivery")
+            .unwrap();
+        let body = String::from_utf8_lossy(m.payload()).into_owned();
+        let n: u32 = body[1..].parse().unwrap();
+        if n < 6 {
+            consumer
+                .terminate(&m, &format!("bad {body}"))
+                .await
+                .unwrap();
+        } else {
+            consumer.ack(&m).await.unwrap();
+        }
+    }
+    consumer.flush().await.unwrap();
+    let start = Instant::now();
+    let mut dlq = dead_letter_list(&admin, t).await;
+    while dlq.len() < 6 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        dlq = dead_letter_list(&admin, t).await;
+    }
+    assert_eq!(dlq.len(), 6, "{dlq:?}");
+
+    // Stats agree with what was published, acked and dead-lettered.
+    let stats = admin.topic_stats(t).await.unwrap();
+    assert_eq!(
+        (stats.message_count, stats.next_entry_id),
+        (10, 10),
+        "{stats:?}"
+    );
+    let sub = admin.subscription_stats(t, "s").await.unwrap();
+    assert_eq!((sub.backlog, sub.dead_lettered), (0, 6), "{sub:?}");
+
+    // A policy set on the leader.
+    let policy: PolicySpec = "backoff:fixed=1s,max=7".parse().unwrap();
+    admin.set_policy(t, "s", &policy).await.unwrap();
+    let in_force = admin.policy(t, "s").await.unwrap();
+
+    // Two dead letters replayed into the retry tier (delivered again), one
+    // purged: three are left.
+    let id_of = |payload: &str| dlq.iter().find(|(_, p)| p == payload).unwrap().0;
+    let replay = DeadLetterFilter {
+        entry_ids: vec![id_of("m0"), id_of("m1")],
+        ..Default::default()
+    };
+    let done = admin
+        .replay_dead_letters(t, "s", &ReplayOptions::new().filter(replay))
         .await
         .unwrap();
-    consumer.nack(&first["held"]).await.unwrap();
-    consumer.flush().await.unwrap();
-    let confirmed = Instant::now();
-    // Both are committed (ack receipts): kill the leader well before they
-    // are due.
-    brokers[victim].kill9();
-    let killed = confirmed.elapsed();
-    assert!(
-        killed < DELAY / 2,
-        "killed {killed:?} after the confirmations"
-    );
-
-    // Due between `asked + DELAY` and `confirmed + DELAY`; the broker never
-    // fires early, and late by at most a takeover's worth.
-    let mut again: Vec<(String, u32, Duration)> = Vec::new();
-    let listen_until = confirmed + DELAY + Duration::from_secs(8);
-    while Instant::now() < listen_until {
-        let left = listen_until.saturating_duration_since(Instant::now());
-        let Ok(got) = tokio::time::timeout(left, consumer.receive()).await else {
-            break;
-        };
-        let Ok(m) = got else { continue };
-        let body = String::from_utf8_lossy(m.payload()).into_owned();
-        again.push((body, m.delivery_count(), asked.elapsed()));
+    assert_eq!(done.replayed, 2, "{done:?}");
+    let purge = DeadLetterFilter {
+        entry_ids: vec![id_of("m2")],
+        ..Default::default()
+    };
+    let purged = admin
+        .purge_dead_letters(t, "s", &purge, false)
+        .await
+        .unwrap();
+    assert_eq!(purged.purged, 1, "{purged:?}");
+    let mut again = Vec::new();
+    while again.len() < 2 {
+        let m = tokio::time::timeout(Duration::from_secs(10), consumer.receive())
+            .await
+            .expect("the replayed dead letters are delivered again")
+            .unwrap();
+        again.push(String::from_utf8_lossy(m.payload()).into_owned());
         consumer.ack(&m).await.unwrap();
     }
-    println!(
-        "replicated retries after the leader's kill: {again:?} (asked at 0, due at {DELAY:?})"
-    );
-    for body in ["retry", "held"] {
-        let seen: Vec<_> = again.iter().filter(|(b, _, _)| b == body).collect();
-        assert_eq!(seen.len(), 1, "{body} delivered once: {again:?}");
-        let (_, count, at) = seen[0];
+    again.sort();
+    assert_eq!(again, ["m0", "m1"]);
+    consumer.flush().await.unwrap();
+    let left = dead_letter_list(&admin, t).await;
+    let payloads: Vec<&str> = left.iter().map(|(_, p)| p.as_str()).collect();
+    assert_eq!(payloads, ["m3", "m4", "m5"], "{left:?}");
+    drop(consumer);
+
+    // kill -9 of the leader: the new one shows the same dead letters,
+    // policy and counts.
+    brokers[victim].kill9();
+    let others: Vec<String> = ids.iter().filter(|m| **m != leader).cloned().collect();
+    let (next, _) = stable_leader(&survivor, t, &others, Duration::from_secs(30))
+        .await
+        .expect("a new leader");
+    let start = Instant::now();
+    let after = loop {
+        match tokio::time::timeout(Duration::from_secs(5), admin.topic_stats(t)).await {
+            Ok(Ok(_)) => break dead_letter_list(&admin, t).await,
+            _ if start.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => panic!("the new leader {next} does not answer: {other:?}"),
+        }
+    };
+    assert_eq!(after, left, "the new leader {next}'s dead letters");
+    assert_eq!(admin.policy(t, "s").await.unwrap(), in_force);
+    let sub = admin.subscription_stats(t, "s").await.unwrap();
+    assert_eq!((sub.backlog, sub.dead_lettered), (0, 3), "{sub:?}");
+    let stats = admin.topic_stats(t).await.unwrap();
+    assert_eq!(stats.next_entry_id, 10, "{stats:?}");
+
+    // Every replica's store holds the same: the victim's (it made the
+    // changes as leader), and both others' once killed.
+    for b in brokers.iter_mut() {
+        b.kill9();
+    }
+    let left_ids: Vec<u64> = left.iter().map(|(id, _)| *id).collect();
+    for b in &brokers {
+        let (dead, stored) = stored_state(&b.dir, full);
+        assert_eq!(dead, left_ids, "dead letters stored by {}", b.id);
         assert_eq!(
-            *count,
-            first[body].delivery_count() + 1,
-            "{body}: the delivery count one higher"
-        );
-        assert!(
-            *at + Duration::from_millis(5) >= DELAY,
-            "{body} came {at:?} after the request, before its delay"
-        );
-        assert!(
-            *at <= confirmed.duration_since(asked) + DELAY + Duration::from_secs(3),
-            "{body} came {at:?} after the request: late"
+            stored.as_ref(),
+            Some(&policy),
+            "the policy stored by {}",
+            b.id
         );
     }
-    assert_eq!(again.len(), 2, "nothing else came: {again:?}");
+
+    // A replay job is stored through the group and resumes on the next
+    // leader: a slow job started on the leader, the leader killed, the job
+    // finishes on the new one, each dead letter delivered again once.
+    for b in brokers.iter_mut() {
+        b.restart().await;
+    }
+    let (leader, _) = stable_leader(&brokers[0].url(), t, &ids, Duration::from_secs(30))
+        .await
+        .expect("a leader after the restart");
+    let victim = ids.iter().position(|m| *m == leader).unwrap();
+    let survivor = brokers[(victim + 1) % 3].url();
+    let c = client(&survivor).await;
+    let admin = c.admin();
+    let start = Instant::now();
+    while admin.topic_stats(t).await.is_err() && start.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let slow = ReplayOptions::new().rate_per_second(1).detach(true);
+    let job = admin.replay_dead_letters(t, "s", &slow).await.unwrap();
+    assert_ne!(job.job_id, 0, "{job:?}");
+    let jobs = admin.list_replay_jobs(Some(t), None).await.unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    brokers[victim].kill9();
+    let others: Vec<String> = ids.iter().filter(|m| **m != leader).cloned().collect();
+    let (next, _) = stable_leader(&survivor, t, &others, Duration::from_secs(30))
+        .await
+        .expect("a new leader");
+    let start = Instant::now();
+    loop {
+        let done = match (
+            admin.list_replay_jobs(Some(t), None).await,
+            admin
+                .list_dead_letters(t, "s", &DeadLetterFilter::default(), 10, None)
+                .await,
+        ) {
+            (Ok(jobs), Ok(dlq)) => jobs.is_empty() && dlq.total == 0,
+            _ => false,
+        };
+        if done {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(40),
+            "the replay job did not finish on the new leader {next}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    let mut again = Vec::new();
+    // Two quiet seconds after the third: a doubled replay would show.
+    let wait = |n: usize| Duration::from_secs(if n < 3 { 20 } else { 2 });
+    while let Ok(Ok(m)) = tokio::time::timeout(wait(again.len()), consumer.receive()).await {
+        again.push(String::from_utf8_lossy(m.payload()).into_owned());
+        consumer.ack(&m).await.unwrap();
+    }
+    again.sort();
+    assert_eq!(again, ["m3", "m4", "m5"], "delivered after the replay");
+}
+
+#[tokio::test]
+async fn a_namespaces_default_factor_is_what_its_new_topics_get() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("a_namespaces_default_factor").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let brokers = spawn_cluster(
+        &etcd,
+        "rns",
+        3,
+        root.path(),
+        Duration::from_secs(3),
+        &SpawnOptions::new(),
+    )
+    .await;
+    let groups = "/ricochet/rns/groups/persistent://";
+    let factor_of = |topic: &'static str| {
+        let etcd = &etcd;
+        async move {
+            let (record, _) = etcd.get(&format!("{groups}{topic}")).await?;
+            let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+            record["replicas"].as_u64()
+        }
+    };
+    let c = client(&brokers[0].url()).await;
+    let admin = c.admin();
+    let ns = "acme/ledgers";
+    let r = admin.namespace_replication(ns).await.unwrap();
+    assert_eq!((r.replicas, r.effective), (0, 1), "{r:?}");
+    let e = admin.set_namespace_replication(ns, 4).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::FailedPrecondition, "{e:?}");
+    assert!(
+        e.to_string().contains("needs 4 live brokers; 3 are live"),
+        "{e}"
+    );
+    let e = admin.set_namespace_replication(ns, 0).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e:?}");
+    let r = admin.set_namespace_replication(ns, 3).await.unwrap();
+    assert_eq!((r.replicas, r.effective), (3, 3), "{r:?}");
+    // Every broker sees it (etcd).
+    for b in &brokers {
+        let r = client(&b.url())
+            .await
+            .admin()
+            .namespace_replication(ns)
+            .await
+            .unwrap();
+        assert_eq!((r.replicas, r.effective), (3, 3), "asked of {}", b.url());
+    }
+
+    // Created without a factor: the namespace's.
+    let info = admin
+        .create_topic("persistent://acme/ledgers/made")
+        .await
+        .unwrap();
+    assert!(info.created, "{info:?}");
+    assert_eq!(factor_of("acme/ledgers/made").await, Some(3));
+    // An explicit factor still wins.
+    admin
+        .create_replicated_topic("persistent://acme/ledgers/single", 1)
+        .await
+        .unwrap();
+    assert_eq!(factor_of("acme/ledgers/single").await, None);
+
+    // Auto-created by a producer, through another broker: a group of three
+    // that takes the message.
+    let auto = "persistent://acme/ledgers/auto";
+    let other = client(&brokers[1].url()).await;
+    let p = other
+        .producer(auto)
+        .send_timeout(Duration::from_secs(30))
+        .create()
+        .await
+        .unwrap();
+    p.send("first").await.unwrap();
+    assert_eq!(factor_of("acme/ledgers/auto").await, Some(3));
+    let stats = admin.topic_stats(auto).await.unwrap();
+    assert_eq!(stats.message_count, 1, "{stats:?}");
+
+    // Another namespace keeps the cluster's default (1).
+    let plain = "persistent://acme/other/plain";
+    let p = other.producer(plain).create().await.unwrap();
+    p.send("x").await.unwrap();
+    assert_eq!(factor_of("acme/other/plain").await, None);
 }

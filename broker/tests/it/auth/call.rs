@@ -159,6 +159,25 @@ pub(crate) async fn call(url: &str, method: &str, token: Option<&str>) -> Result
             ))
             .await
             .map(drop),
+        "Admin/SetNamespaceReplication" => admin
+            .set_namespace_replication(req(
+                SetNamespaceReplicationRequest {
+                    namespace: NS.into(),
+                    replicas: 1,
+                },
+                token,
+            ))
+            .await
+            .map(drop),
+        "Admin/GetNamespaceReplication" => admin
+            .get_namespace_replication(req(
+                GetNamespaceReplicationRequest {
+                    namespace: NS.into(),
+                },
+                token,
+            ))
+            .await
+            .map(drop),
         "Admin/CancelReplayJob" => admin
             .cancel_replay_job(req(CancelReplayJobRequest { id: 1, topic: t() }, token))
             .await
