@@ -19,7 +19,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use ricochet_client::{Client, ErrorKind, InitialPosition, PolicySpec, SubscriptionType};
-use ricochet_testkit::{History, Place, SpawnOptions, etcd_or_skip, spawn_cluster};
+use ricochet_testkit::{
+    ClusterBroker, EtcdProcess, History, Place, SpawnOptions, etcd_or_skip, spawn_cluster,
+};
 
 /// One cluster at a time (shared with nothing else in this module).
 pub(crate) static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -60,6 +62,38 @@ pub(crate) async fn stable_leader(
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     None
+}
+
+/// Three brokers of cluster `name` on `etcd` (data under `root`), with
+/// `topic` created at factor 3 and led by one of them: the brokers, their
+/// ids, the leader's id and its index.
+pub(crate) async fn led_group(
+    etcd: &EtcdProcess,
+    name: &str,
+    root: &std::path::Path,
+    topic: &str,
+) -> (Vec<ClusterBroker>, Vec<String>, String, usize) {
+    let brokers = spawn_cluster(
+        etcd,
+        name,
+        3,
+        root,
+        Duration::from_secs(3),
+        &SpawnOptions::new(),
+    )
+    .await;
+    client(&brokers[0].url())
+        .await
+        .admin()
+        .create_replicated_topic(topic, 3)
+        .await
+        .unwrap();
+    let ids: Vec<String> = (0..3).map(|i| format!("b{i}")).collect();
+    let (leader, _) = stable_leader(&brokers[0].url(), topic, &ids, Duration::from_secs(20))
+        .await
+        .expect("a leader");
+    let victim = ids.iter().position(|m| *m == leader).unwrap();
+    (brokers, ids, leader, victim)
 }
 
 #[tokio::test]
@@ -165,9 +199,21 @@ async fn a_replicated_topic_is_a_group_of_three_led_by_the_broker_lookup_answers
     };
     let all_ok: &'static [(&'static str, &'static str)] =
         &[("b0", "ok"), ("b1", "ok"), ("b2", "ok")];
-    let g = healths(all_ok, brokers[0].url()).await;
+    // `ok` means a member held what the leader had at its previous report,
+    // so a fresh report may still show a lag: all caught up comes after.
+    let caught_up = Instant::now();
+    let g = loop {
+        let g = healths(all_ok, brokers[0].url()).await;
+        if g.member_status.iter().all(|m| m.lag == 0) {
+            break g;
+        }
+        assert!(
+            caught_up.elapsed() < Duration::from_secs(20),
+            "members never caught up: {g:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
     assert!(g.last_index > 0, "{g:?}");
-    assert!(g.member_status.iter().all(|m| m.lag == 0), "{g:?}");
     // Topic admin calls are answered by the leader, also when asked of a
     // follower (the client follows its redirect).
     let follower = members.iter().position(|m| *m != leader).unwrap();
@@ -293,27 +339,8 @@ async fn a_leader_killed_mid_run_loses_nothing_acknowledged_and_clients_follow_t
         return;
     };
     let root = tempfile::tempdir().unwrap();
-    let mut brokers = spawn_cluster(
-        &etcd,
-        "take",
-        3,
-        root.path(),
-        Duration::from_secs(3),
-        &SpawnOptions::new(),
-    )
-    .await;
     let t = "jobs";
-    client(&brokers[0].url())
-        .await
-        .admin()
-        .create_replicated_topic(t, 3)
-        .await
-        .unwrap();
-    let ids: Vec<String> = (0..3).map(|i| format!("b{i}")).collect();
-    let (leader, _) = stable_leader(&brokers[0].url(), t, &ids, Duration::from_secs(20))
-        .await
-        .expect("a leader");
-    let victim = ids.iter().position(|m| *m == leader).unwrap();
+    let (mut brokers, _, _, victim) = led_group(&etcd, "take", root.path(), t).await;
     // The clients know a broker that survives; they find the leader.
     let survivor = brokers[(victim + 1) % 3].url();
     let c = client(&survivor).await;
@@ -510,28 +537,9 @@ async fn admin_changes_on_a_replicated_topic_reach_every_replica_and_outlive_the
         return;
     };
     let root = tempfile::tempdir().unwrap();
-    let mut brokers = spawn_cluster(
-        &etcd,
-        "radm",
-        3,
-        root.path(),
-        Duration::from_secs(3),
-        &SpawnOptions::new(),
-    )
-    .await;
     let t = "ledger";
     let full = "persistent://public/default/ledger";
-    client(&brokers[0].url())
-        .await
-        .admin()
-        .create_replicated_topic(t, 3)
-        .await
-        .unwrap();
-    let ids: Vec<String> = (0..3).map(|i| format!("b{i}")).collect();
-    let (leader, _) = stable_leader(&brokers[0].url(), t, &ids, Duration::from_secs(20))
-        .await
-        .expect("a leader");
-    let victim = ids.iter().position(|m| *m == leader).unwrap();
+    let (mut brokers, ids, leader, victim) = led_group(&etcd, "radm", root.path(), t).await;
     // Everything goes through a broker that survives: producers, consumers
     // and admin calls find the leader.
     let survivor = brokers[(victim + 1) % 3].url();

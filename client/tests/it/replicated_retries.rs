@@ -2,9 +2,9 @@
 //! killed fires on the next leader at its due time (the suite's other tests
 //! are in `replicated`, whose cluster lock and helpers these share).
 
-use crate::replicated::{ONE_CLUSTER, client, stable_leader};
+use crate::replicated::{ONE_CLUSTER, client, led_group};
 use ricochet_client::{InitialPosition, PolicySpec, SubscriptionType};
-use ricochet_testkit::{SpawnOptions, etcd_or_skip, spawn_cluster};
+use ricochet_testkit::etcd_or_skip;
 use std::time::{Duration, Instant};
 
 /// A retry scheduled on the leader (a `reconsume_later` into the retry tier
@@ -20,27 +20,8 @@ async fn a_retry_scheduled_on_a_killed_leader_fires_on_the_new_one_at_its_due_ti
         return;
     };
     let root = tempfile::tempdir().unwrap();
-    let mut brokers = spawn_cluster(
-        &etcd,
-        "due",
-        3,
-        root.path(),
-        Duration::from_secs(3),
-        &SpawnOptions::new(),
-    )
-    .await;
     let t = "later";
-    client(&brokers[0].url())
-        .await
-        .admin()
-        .create_replicated_topic(t, 3)
-        .await
-        .unwrap();
-    let ids: Vec<String> = (0..3).map(|i| format!("b{i}")).collect();
-    let (leader, _) = stable_leader(&brokers[0].url(), t, &ids, Duration::from_secs(20))
-        .await
-        .expect("a leader");
-    let victim = ids.iter().position(|m| *m == leader).unwrap();
+    let (mut brokers, _, _, victim) = led_group(&etcd, "due", root.path(), t).await;
     let c = client(&brokers[(victim + 1) % 3].url()).await;
     let producer = c.producer(t).name("p").create().await.unwrap();
     producer.send("retry").await.unwrap();
