@@ -27,7 +27,9 @@
 //! `BURSTS_VARIANT=nack|broker|reconsume` (one burst variant),
 //! `BURSTS_MODE=sync|interval` (one durability mode),
 //! `BURSTS_NACK_LEAD_MS` (the consumer's `nack_lead`, its default unless
-//! set; 0 sends a client-held nack at its due time, as before the lead).
+//! set; 0 sends a client-held nack at its due time, as before the lead),
+//! `BURSTS_LOCAL=on|off` (the consumer's `local_redelivery`; unset, its
+//! default, which is off on the bench's Shared subscription).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -158,10 +160,21 @@ async fn burst(durability: Durability, v: Variant, n: usize) -> Result<(), BoxEr
         .ok()
         .and_then(|v| v.parse().ok())
         .map(Duration::from_millis);
-    let (mut consumer, got) = received(&client, &topic, n, |b| match (v, lead) {
-        (Variant::NackBrokerHeld, _) => b.broker_nack_threshold(Duration::ZERO),
-        (Variant::Nack, Some(lead)) => b.nack_lead(lead),
-        _ => b,
+    let local = match std::env::var("BURSTS_LOCAL").as_deref() {
+        Ok("on") => Some(true),
+        Ok("off") => Some(false),
+        _ => None,
+    };
+    let (mut consumer, got) = received(&client, &topic, n, |b| {
+        let b = match (v, local) {
+            (Variant::Nack, Some(on)) => b.local_redelivery(on),
+            _ => b,
+        };
+        match (v, lead) {
+            (Variant::NackBrokerHeld, _) => b.broker_nack_threshold(Duration::ZERO),
+            (Variant::Nack, Some(lead)) => b.nack_lead(lead),
+            _ => b,
+        }
     })
     .await?;
     let mut due = HashMap::with_capacity(n);
@@ -211,6 +224,10 @@ async fn burst(durability: Durability, v: Variant, n: usize) -> Result<(), BoxEr
         match (v, lead) {
             (Variant::Nack, Some(l)) => format!(" (nack lead {} ms)", l.as_millis()),
             _ => String::new(),
+        } + match (v, local) {
+            (Variant::Nack, Some(true)) => " (local redelivery)",
+            (Variant::Nack, Some(false)) => " (local redelivery off)",
+            _ => "",
         },
         delay.as_millis(),
         ms(&lateness, 0.5),

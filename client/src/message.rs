@@ -127,6 +127,13 @@ impl Message {
         })
     }
 
+    /// The same message delivered again by the client itself (a nack
+    /// counted ahead by the broker), at `delivery_count`.
+    pub(crate) fn redelivered(mut self, delivery_count: u32) -> Self {
+        self.delivery_count = delivery_count;
+        self
+    }
+
     /// Where the message is stored; pass it to [`Acker::ack_id`](crate::Acker::ack_id).
     pub fn id(&self) -> &MessageId {
         &self.id

@@ -265,8 +265,9 @@ impl RawConsumer {
             consume_response::Response::Messages(b) => self.buffered.extend(b.messages),
             consume_response::Response::Result(r) => self.results.push_back(r),
             consume_response::Response::ActiveChange(a) => self.active_changes.push(a.active),
-            consume_response::Response::Subscribed(_) | consume_response::Response::AckedIds(_) => {
-            }
+            consume_response::Response::Subscribed(_)
+            | consume_response::Response::AckedIds(_)
+            | consume_response::Response::CountedAhead(_) => {}
         }
     }
 
@@ -361,7 +362,7 @@ impl RawConsumer {
                 reason: FailureReason::Nack as i32,
                 detail: detail.into(),
                 delay_ms,
-                ahead: false,
+                ..FailedDelivery::default()
             }],
         }))
         .await;

@@ -288,6 +288,7 @@ async fn park(target: &Target, kind: Kind, n: usize) -> Result<Row, BoxError> {
                     detail: String::new(),
                     delay_ms: HOUR_MS,
                     ahead: false,
+                    local: false,
                 })
                 .collect();
             c.send(consume_request::Request::Redeliver(Redeliver {

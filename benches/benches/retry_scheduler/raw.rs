@@ -130,6 +130,7 @@ impl RawConsumer {
                 detail: String::new(),
                 delay_ms: 0,
                 ahead: false,
+                local: false,
             })
             .collect();
         self.send(consume_request::Request::Redeliver(Redeliver {

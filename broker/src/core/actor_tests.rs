@@ -188,12 +188,23 @@ impl TestConsumer {
                 detail: "nope".into(),
                 hold,
                 ahead: false,
+                local: false,
             }],
         })
     }
 
     /// A client-held nack announced when made (`FailedItem::ahead`).
     fn nack_ahead(&mut self, m: &ricochet_proto::Message) -> u64 {
+        self.held_nack(m, true, false)
+    }
+
+    /// A nack counted ahead that the client redelivered itself when due
+    /// (`FailedItem::local`).
+    fn redelivered_locally(&mut self, m: &ricochet_proto::Message) -> u64 {
+        self.held_nack(m, false, true)
+    }
+
+    fn held_nack(&mut self, m: &ricochet_proto::Message, ahead: bool, local: bool) -> u64 {
         let id = wire(m);
         self.send(|request_id| ConsumerRequest::Redeliver {
             request_id,
@@ -202,9 +213,26 @@ impl TestConsumer {
                 reason: ricochet_policy::FailureReason::Nack,
                 detail: "held".into(),
                 hold: Duration::ZERO,
-                ahead: true,
+                ahead,
+                local,
             }],
         })
+    }
+
+    /// The next `CountedAhead` notice: (entry id, delivery count) pairs.
+    async fn counted_ahead(&mut self) -> Vec<(u64, u32)> {
+        let notice = async {
+            loop {
+                if let ConsumerEvent::CountedAhead(c) =
+                    self.rx.recv().await.expect("consumer stream open")
+                {
+                    return c.into_iter().map(|(id, n)| (id.entry_id, n)).collect();
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), notice)
+            .await
+            .expect("a CountedAhead notice")
     }
 
     pub(super) fn reconsume(&mut self, m: &ricochet_proto::Message, delay: Duration) -> u64 {
@@ -373,6 +401,7 @@ async fn a_fresh_message_behind_many_held_nacks_is_delivered_after_a_restart() {
                 detail: String::new(),
                 hold: Duration::from_secs(3600),
                 ahead: false,
+                local: false,
             })
             .collect();
         let rid = c.send(|request_id| ConsumerRequest::Redeliver { request_id, items });
@@ -568,6 +597,84 @@ async fn a_nack_counted_ahead_is_stored_at_once_and_not_counted_again() {
     let again = c.messages().await;
     assert_eq!((text(&again[0]), again[0].delivery_count), ("a", 1));
     assert_eq!(h.storage.failure(key, None).unwrap().unwrap().count, 1);
+}
+
+/// Once a nack counted ahead is durable the holder is told it may
+/// redeliver the message itself, with the count the broker would send; a
+/// local redelivery keeps it in flight at that count with nothing sent, and
+/// the next nack of it counts the next attempt.
+#[tokio::test(start_paused = true)]
+async fn a_nack_counted_ahead_may_be_redelivered_by_the_client_itself() {
+    let h = harness().await;
+    h.publish(&["a"]).await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    let m = c.messages().await.remove(0);
+    c.nack_ahead(&m);
+    assert_eq!(c.counted_ahead().await, vec![(0, 1)]);
+    let rid = c.redelivered_locally(&m);
+    assert!(c.done(rid).await.is_ok());
+    assert!(
+        c.messages_within(Duration::from_secs(5)).await.is_none(),
+        "the broker sends nothing for a local redelivery"
+    );
+    let status = c.handle.message_status(0).await.unwrap();
+    assert_eq!(status.state, MessageState::InFlight);
+    assert_eq!(status.failures.map(|f| f.count), Some(1));
+
+    // The local delivery failed too: counted ahead again, as attempt 2.
+    c.nack_ahead(&m);
+    assert_eq!(c.counted_ahead().await, vec![(0, 2)]);
+    let key = TierEntry::main(0).of(c.handle.id());
+    assert_eq!(h.storage.failure(key, None).unwrap().unwrap().count, 2);
+    // This time the client asks the broker: redelivered at count 2.
+    c.nack(&m);
+    let again = c.messages().await;
+    assert_eq!((text(&again[0]), again[0].delivery_count), ("a", 2));
+}
+
+/// A consumer lost after a local redelivery is charged from the count it
+/// was redelivered at: the next consumer gets the message at count 2.
+#[tokio::test(start_paused = true)]
+async fn a_consumer_lost_after_a_local_redelivery_counts_from_it() {
+    let h = harness().await;
+    h.publish(&["a"]).await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    let m = c.messages().await.remove(0);
+    c.nack_ahead(&m);
+    assert_eq!(c.counted_ahead().await, vec![(0, 1)]);
+    let rid = c.redelivered_locally(&m);
+    assert!(c.done(rid).await.is_ok());
+    c.handle.remove_consumer(c.id).unwrap();
+    let mut c2 = h.consumer(SubscriptionType::Shared, None).await;
+    let again = c2.messages().await;
+    assert_eq!((text(&again[0]), again[0].delivery_count), ("a", 2));
+}
+
+/// A local redelivery from a consumer that no longer holds the message
+/// (its stream was replaced, the message went to another consumer) changes
+/// nothing: the other consumer's delivery and count stand.
+#[tokio::test(start_paused = true)]
+async fn a_local_redelivery_of_a_message_held_elsewhere_changes_nothing() {
+    let h = harness().await;
+    h.publish(&["a"]).await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    let m = c.messages().await.remove(0);
+    c.nack_ahead(&m);
+    assert_eq!(c.counted_ahead().await, vec![(0, 1)]);
+    c.handle.remove_consumer(c.id).unwrap();
+    let mut c2 = h.consumer(SubscriptionType::Shared, None).await;
+    let again = c2.messages().await;
+    assert_eq!(again[0].delivery_count, 1);
+    let rid = c.redelivered_locally(&m);
+    let _ = rid;
+    let rid = c2.redelivered_locally(&again[0]);
+    assert!(c2.done(rid).await.is_ok());
+    let status = c2.handle.message_status(0).await.unwrap();
+    assert_eq!(status.state, MessageState::InFlight);
+    assert_eq!(status.failures.map(|f| f.count), Some(1));
+    // c2's nack is counted from there: attempt 2, not 3.
+    c2.nack_ahead(&again[0]);
+    assert_eq!(c2.counted_ahead().await, vec![(0, 2)]);
 }
 
 /// An ack after a nack counted ahead (the client cancelled the nack)

@@ -278,6 +278,7 @@ fn parse(req: consume_request::Request, config: &BrokerConfig) -> Parsed {
                     detail: m.detail,
                     hold,
                     ahead: m.ahead,
+                    local: m.local,
                 });
             }
             ConsumerRequest::Redeliver {
@@ -397,14 +398,19 @@ fn frames_of(event: ConsumerEvent) -> Vec<Result<ConsumeResponse, Status>> {
         ConsumerEvent::End(e) => vec![Err(status_of(&e))],
         ConsumerEvent::Acked { request_id, ids } => vec![response(R::AckedIds(AckedIds {
             request_id,
-            ids: ids
-                .into_iter()
-                .map(|id| ricochet_proto::MessageId {
-                    topic: id.topic,
-                    entry_id: id.entry_id,
-                })
-                .collect(),
+            ids: ids.into_iter().map(wire_ref).collect(),
         }))],
+        ConsumerEvent::CountedAhead(counted) => {
+            vec![response(R::CountedAhead(ricochet_proto::CountedAhead {
+                messages: counted
+                    .into_iter()
+                    .map(|(id, delivery_count)| ricochet_proto::CountedMessage {
+                        id: Some(wire_ref(id)),
+                        delivery_count,
+                    })
+                    .collect(),
+            }))]
+        }
     }
 }
 
@@ -427,6 +433,13 @@ fn message_frames(msgs: Vec<Message>) -> Vec<Vec<Message>> {
         frames.push(frame);
     }
     frames
+}
+
+fn wire_ref(id: MessageRef) -> ricochet_proto::MessageId {
+    ricochet_proto::MessageId {
+        topic: id.topic,
+        entry_id: id.entry_id,
+    }
 }
 
 #[cfg(test)]

@@ -7,11 +7,11 @@
 use super::SubscriptionActor;
 use super::delivery::{Counted, Held};
 use super::failure::{self, Failure, Rules, Step};
-use super::requests::{ConsumerId, ConsumerRequest, FailedItem, MessageRef};
+use super::requests::{ConsumerEvent, ConsumerId, ConsumerRequest, FailedItem, MessageRef};
 use crate::error::{BrokerError, Result};
 use crate::storage::{FailureRecord, ScheduleKey, TierEntry, TierId};
 use ricochet_policy::FailureReason;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 impl SubscriptionActor {
@@ -105,13 +105,15 @@ impl SubscriptionActor {
         request_id: u64,
         items: Vec<FailedItem>,
     ) {
-        let (ahead, items): (Vec<_>, Vec<_>) = items.into_iter().partition(|i| i.ahead);
         // An empty list asks for everything in flight: not when it held
-        // only nacks counted ahead.
-        let only_ahead = !ahead.is_empty() && items.is_empty();
+        // only nacks counted ahead or redelivered by the client.
+        let only_notices = !items.is_empty() && items.iter().all(|i| i.ahead || i.local);
+        let (local, items): (Vec<_>, Vec<_>) = items.into_iter().partition(|i| i.local);
+        self.redelivered_locally(consumer, local);
+        let (ahead, items): (Vec<_>, Vec<_>) = items.into_iter().partition(|i| i.ahead);
         // Nacks coming due in the same frame go on whatever the counting did.
         let counted = self.count_ahead(consumer, ahead);
-        let outcome = if only_ahead {
+        let outcome = if only_notices {
             counted
         } else {
             let due = match self.redeliver_failures(consumer, items) {
@@ -204,6 +206,66 @@ impl SubscriptionActor {
             }
         });
         Ok(())
+    }
+
+    /// The flush after [`count_ahead`](Self::count_ahead) is done: those
+    /// records are durable, so each holder may redeliver its nacks itself
+    /// when due (a count never goes back, whoever redelivers). Not offered
+    /// under an outage breaker or key order: their redeliveries must come
+    /// through here.
+    pub(super) fn counted_durable(&mut self, entries: Vec<(TierEntry, u64)>) {
+        let offer = !self.has_breaker() && self.rec.key_order.is_none();
+        let mut notices: HashMap<ConsumerId, Vec<(MessageRef, u32)>> = HashMap::new();
+        for (entry, seq) in entries {
+            let Some(c) = self.deliveries.counted.get_mut(&entry) else {
+                continue;
+            };
+            if c.seq != seq {
+                continue;
+            }
+            c.durable = true;
+            let count = c.after.count;
+            if offer && let Some(f) = self.deliveries.in_flight.get(&entry) {
+                let consumer = f.consumer;
+                notices
+                    .entry(consumer)
+                    .or_default()
+                    .push((self.wire_ref(entry), count));
+            }
+        }
+        for (consumer, counted) in notices {
+            self.consumers
+                .send(consumer, ConsumerEvent::CountedAhead(counted));
+        }
+    }
+
+    /// Nacks counted ahead that `consumer` redelivered to its application
+    /// itself when due: each stays in flight with it, now at its counted
+    /// attempt (where the broker's own redelivery would have left it), and
+    /// nothing is read, written or sent. One that is no longer counted
+    /// ahead for this consumer (acked since, or the consumer's stream was
+    /// replaced) is left as it is.
+    fn redelivered_locally(&mut self, consumer: ConsumerId, items: Vec<FailedItem>) {
+        for item in items {
+            let Ok(entry) = self.locate(&item.id) else {
+                continue;
+            };
+            let holds = self
+                .deliveries
+                .in_flight
+                .get(&entry)
+                .is_some_and(|f| f.consumer == consumer);
+            if !holds {
+                continue;
+            }
+            let Some(c) = self.deliveries.counted.remove(&entry) else {
+                continue;
+            };
+            self.metrics.redelivery(FailureReason::Nack);
+            self.metrics.delivery_count.record(f64::from(c.after.count));
+            self.deliveries.held.remove(&entry);
+            self.deliveries.failures.insert(entry, c.after);
+        }
     }
 
     /// `consumer` closes: its nacks counted ahead and not yet sent back

@@ -315,15 +315,7 @@ impl SubscriptionActor {
                     .collect();
                 self.load_into_ready(entries);
             }
-            Command::CountedDurable(entries) => {
-                for (entry, seq) in entries {
-                    if let Some(c) = self.deliveries.counted.get_mut(&entry)
-                        && c.seq == seq
-                    {
-                        c.durable = true;
-                    }
-                }
-            }
+            Command::CountedDurable(entries) => self.counted_durable(entries),
             Command::Stats(reply) => {
                 let _ = reply.send(self.stats_snapshot());
             }

@@ -53,6 +53,10 @@ pub struct FailedItem {
     /// A nack the client holds, sent when made: count it now, keep it in
     /// flight, and redeliver it without a recount when the client asks.
     pub ahead: bool,
+    /// A nack counted ahead that the client redelivered itself when due
+    /// (after [`ConsumerEvent::CountedAhead`]): kept in flight as a fresh
+    /// delivery at its counted attempt, nothing read or sent.
+    pub local: bool,
 }
 
 /// A consumer's request. `request_id` 0 asks for no reply; any other value
@@ -166,6 +170,9 @@ pub enum ConsumerEvent {
         /// The acked ones.
         ids: Vec<MessageRef>,
     },
+    /// Nacks counted ahead whose records are durable: the client may
+    /// redeliver them itself when due, with these delivery counts.
+    CountedAhead(Vec<(MessageRef, u32)>),
     /// The stream ends with this error (a protocol violation).
     End(BrokerError),
 }

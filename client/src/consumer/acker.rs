@@ -193,6 +193,7 @@ impl Acker {
             delivery_count: msg.delivery_count(),
             detail,
             reply,
+            copy: this.shared.keeps_copies.then(|| Box::new(msg.clone())),
         })
         .await
     }

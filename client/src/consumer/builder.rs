@@ -212,6 +212,25 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Redeliver held nacks from a copy kept here once the broker has
+    /// counted them ahead (default: on, except on Shared subscriptions,
+    /// where a nacked message would then always come back to the consumer
+    /// that nacked it). The delivery count is the broker's, stored before
+    /// the copy may be used, so a crash of either side loses no count; the
+    /// redelivery skips the broker's storage read and dispatch.
+    pub fn local_redelivery(mut self, on: bool) -> Self {
+        self.config.local_redelivery = Some(on);
+        self
+    }
+
+    /// At most this many payload bytes of nacked messages are kept for
+    /// [`local_redelivery`](Self::local_redelivery) (default 16 MiB); the
+    /// broker redelivers the rest.
+    pub fn local_redelivery_budget(mut self, bytes: usize) -> Self {
+        self.config.local_redelivery_budget = bytes;
+        self
+    }
+
     /// On a partitioned topic: how often the partition count is looked up
     /// again, to subscribe to partitions added later (default 60 s; zero
     /// never).

@@ -106,6 +106,17 @@ pub struct ConsumerConfig {
     /// within the lead and redelivers at the due time from its timer, so no
     /// flush sits between the due time and the redelivery.
     pub nack_lead: Duration,
+    /// Whether a nack held here, once the broker has counted it ahead
+    /// (stored its new delivery count durably), is redelivered from a copy
+    /// kept here when its delay is over, with the broker told afterwards
+    /// (no storage read, dispatch or round trip on the way). `None`
+    /// (default): on, except on Shared subscriptions, where a nacked
+    /// message then comes back to the consumer that nacked it rather than
+    /// to whichever consumer has room, as it does through the broker.
+    pub local_redelivery: Option<bool>,
+    /// The payload bytes of those copies kept at most (default 16 MiB);
+    /// nacks beyond it are redelivered by the broker.
+    pub local_redelivery_budget: usize,
     /// On a partitioned topic: how often the partition count is looked up
     /// again to subscribe to partitions added later (default 60 s, as
     /// Pulsar's `autoUpdatePartitionsInterval`; zero never).
@@ -134,6 +145,8 @@ impl std::fmt::Debug for ConsumerConfig {
             .field("ack_receipts", &self.ack_receipts)
             .field("broker_nack_threshold", &self.broker_nack_threshold)
             .field("nack_lead", &self.nack_lead)
+            .field("local_redelivery", &self.local_redelivery)
+            .field("local_redelivery_budget", &self.local_redelivery_budget)
             .field("partitions_refresh", &self.partitions_refresh)
             .finish()
     }
@@ -163,6 +176,8 @@ impl Default for ConsumerConfig {
             ack_receipts: false,
             broker_nack_threshold: Duration::from_secs(10),
             nack_lead: super::driver::NACK_LEAD,
+            local_redelivery: None,
+            local_redelivery_budget: 16 << 20,
             partitions_refresh: Duration::from_secs(60),
         }
     }
@@ -199,6 +214,15 @@ impl ConsumerConfig {
             self.ack_timeout_tick = Some(tick.max(Duration::from_millis(1)));
         }
         Ok(self)
+    }
+
+    /// The payload budget of copies kept for local redelivery; zero when
+    /// it is off.
+    pub(super) fn local_budget(&self) -> usize {
+        let on = self
+            .local_redelivery
+            .unwrap_or(self.subscription_type != SubscriptionType::Shared);
+        if on { self.local_redelivery_budget } else { 0 }
     }
 
     /// The policy sent to the broker: the spec, else the policy object's

@@ -60,12 +60,14 @@ pub(super) fn spawn(
         closed: AtomicBool::new(false),
         track_taken: cfg.ack_timeout.is_some(),
         receipts: cfg.ack_receipts,
+        keeps_copies: cfg.local_budget() > 0,
         request_timeout: client.config().request_timeout,
         outcome: std::sync::OnceLock::new(),
     });
     let ids = TopicIds::new(&subscribed.topic);
     let acks = AckGroup::new(cfg.ack_group_time, cfg.ack_group_max);
-    let inflight = InFlight::new(cfg.ack_timeout, cfg.ack_timeout_tick);
+    let mut inflight = InFlight::new(cfg.ack_timeout, cfg.ack_timeout_tick);
+    inflight.set_local_budget(cfg.local_budget());
     let mut driver = Driver {
         client,
         topic,
@@ -287,6 +289,7 @@ impl Driver {
                         .send(Delivery {
                             epoch: self.epoch,
                             item: Ok(msg),
+                            local: false,
                         })
                         .is_err()
                     {
@@ -302,6 +305,15 @@ impl Driver {
                 );
             }
             Some(consume_response::Response::AckedIds(a)) => self.on_acked_ids(a),
+            Some(consume_response::Response::CountedAhead(c)) => {
+                for m in c.messages {
+                    let Some(id) = m.id else { continue };
+                    let id = MessageId::new(self.ids.intern(&id.topic), id.entry_id);
+                    if let Some(key) = self.ids.key(&id) {
+                        self.inflight.counted_ahead(key, m.delivery_count);
+                    }
+                }
+            }
             Some(consume_response::Response::Subscribed(_)) | None => {
                 tracing::debug!("ignoring an unexpected consumer frame");
             }
@@ -524,6 +536,7 @@ impl Driver {
                 delivery_count,
                 detail,
                 reply,
+                copy,
             } => {
                 let Some(reply) = self.refuse_stale(&id, Some(epoch), reply) else {
                     return;
@@ -536,7 +549,7 @@ impl Driver {
                     }
                     return;
                 };
-                self.nack(key, &id, delivery_count, detail, reply);
+                self.nack(key, &id, delivery_count, detail, reply, copy.map(|c| *c));
             }
             Cmd::ReconsumeLater {
                 id,
@@ -629,6 +642,7 @@ impl Driver {
         delivery_count: u32,
         detail: Option<String>,
         reply: Option<Reply>,
+        copy: Option<Message>,
     ) {
         let now = Instant::now();
         let tier = if self.ids.is_main(key) {
@@ -645,7 +659,7 @@ impl Driver {
             detail.as_deref(),
         )
         .holder(self.cfg.broker_nack_threshold, self.cfg.ack_receipts);
-        self.inflight.nack(key, id, plan, detail, now, reply);
+        self.inflight.nack(key, id, plan, detail, now, reply, copy);
     }
 
     /// Sends a move request (built by `request` from its id) for the
@@ -731,11 +745,24 @@ impl Driver {
         }
     }
 
-    /// Readies for redelivery every held nack due by `until`, with its reason.
+    /// Readies for redelivery every held nack due by `until`, with its
+    /// reason; those the broker counted ahead, with a copy kept here, go
+    /// straight back to the application.
     fn fire_nacks(&mut self, until: Instant) {
         let covered = cumulative_covers(&self.ids, &self.acks);
-        self.inflight
+        let here = self
+            .inflight
             .fire_nacks(until, self.cfg.nack_lead, &self.ids, covered);
+        for msg in here {
+            let delivery = Delivery {
+                epoch: self.epoch,
+                item: Ok(msg),
+                local: true,
+            };
+            if self.out.send(delivery).is_err() {
+                break;
+            }
+        }
     }
 
     /// Readies for redelivery every outstanding id past its ack timeout.
@@ -814,6 +841,7 @@ impl Driver {
                 let _ = self.out.send(Delivery {
                     epoch: self.epoch,
                     item: Err(e),
+                    local: false,
                 });
                 self.closing = Some(Instant::now());
             }

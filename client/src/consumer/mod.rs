@@ -67,6 +67,7 @@ mod acks;
 mod builder;
 mod config;
 mod driver;
+mod local;
 mod partitioned;
 mod redelivery;
 mod requests;
@@ -202,7 +203,9 @@ impl Consumer {
                 if d.epoch != self.acker.shared.epoch.load(Ordering::Acquire) {
                     return None;
                 }
-                self.consumed(1);
+                if !d.local {
+                    self.consumed(1);
+                }
                 if self.acker.shared.track_taken {
                     // The ack timeout runs from here (Pulsar's rule): a
                     // message waiting in the prefetch queue cannot time out.

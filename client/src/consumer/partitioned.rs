@@ -189,6 +189,7 @@ pub(crate) async fn subscribe(
         closed: AtomicBool::new(false),
         track_taken: cfg.ack_timeout.is_some(),
         receipts: cfg.ack_receipts,
+        keeps_copies: false,
         request_timeout: client.config().request_timeout,
         outcome: std::sync::OnceLock::new(),
     });

@@ -19,9 +19,10 @@ use ricochet_policy::{
 use ricochet_proto::FailedDelivery;
 use tokio::time::Instant;
 
+use super::local::LocalCopies;
 use super::shared::Reply;
 use crate::ids::{Key, TopicIds};
-use crate::message::MessageId;
+use crate::message::{Message, MessageId};
 use crate::tracker::DelayTracker;
 
 /// What to do with a nacked message.
@@ -96,7 +97,7 @@ fn failure(
         detail,
         // Rounded up: the broker never serves less than what is left.
         delay_ms: u64::try_from(hold.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX),
-        ahead: false,
+        ..FailedDelivery::default()
     }
 }
 
@@ -125,6 +126,8 @@ pub(super) struct InFlight {
     /// (`Subscribed.counts_ahead`): each one is announced at once, so that
     /// its redelivery at the due time costs the broker no storage write.
     counts_ahead: bool,
+    /// Copies of held nacks counted ahead, redelivered here when due.
+    local: LocalCopies,
 }
 
 impl InFlight {
@@ -141,7 +144,20 @@ impl InFlight {
             nack_details: HashMap::new(),
             ready: Vec::new(),
             counts_ahead: false,
+            local: LocalCopies::new(0),
         }
+    }
+
+    /// Redelivers held nacks the broker counted ahead from a copy kept
+    /// here, up to `budget` payload bytes of copies (zero: never).
+    pub(super) fn set_local_budget(&mut self, budget: usize) {
+        self.local = LocalCopies::new(budget);
+    }
+
+    /// The broker stored the held nack of `key` durably, for a next
+    /// delivery at `delivery_count`: its copy may be redelivered here.
+    pub(super) fn counted_ahead(&mut self, key: Key, delivery_count: u32) {
+        self.local.confirm(key, delivery_count);
     }
 
     /// Whether the broker of the current stream counts held nacks ahead.
@@ -155,6 +171,7 @@ impl InFlight {
     pub(super) fn delivered(&mut self, key: Key) {
         self.outstanding.insert(key);
         self.nacks.remove(&key);
+        self.local.forget(&key);
     }
 
     /// The application took `key` at `at` (or asked for more time): its
@@ -185,6 +202,7 @@ impl InFlight {
         if self.nacks.remove(key) {
             self.nack_details.remove(key);
         }
+        self.local.forget(key);
         self.outstanding.remove(key)
     }
 
@@ -204,7 +222,9 @@ impl InFlight {
 
     /// Acts on a nack of `key` (already settled) as `plan` says; `reply`
     /// waits for the broker (a nack held here has none: it is only sent
-    /// later).
+    /// later). `message`, when given, is kept for a local redelivery of a
+    /// nack held here and counted ahead.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn nack(
         &mut self,
         key: Key,
@@ -213,6 +233,7 @@ impl InFlight {
         detail: Option<String>,
         now: Instant,
         reply: Option<Reply>,
+        message: Option<Message>,
     ) {
         let nack = |hold| {
             failure(
@@ -231,6 +252,9 @@ impl InFlight {
                         ..nack(Duration::ZERO)
                     };
                     self.ready.push((notice, None));
+                    if let Some(m) = message {
+                        self.local.keep(key, m);
+                    }
                 }
                 self.nacks.insert_after(key, after, now);
                 if let Some(d) = detail {
@@ -259,6 +283,7 @@ impl InFlight {
             .filter_map(|k| self.nacks.deadline(k).map(|d| (*k, d)))
             .collect();
         self.nacks.clear();
+        self.local.clear();
         for (k, deadline) in held {
             let detail = self.nack_details.remove(&k).unwrap_or_default();
             if covered(k) {
@@ -288,21 +313,37 @@ impl InFlight {
 
     /// Readies every held nack due by `now + lead`, with its reason and
     /// what is left of its delay at `now` for the broker to serve, except
-    /// ids a cumulative ack `covered`.
+    /// ids a cumulative ack `covered`. Returns the messages to redeliver
+    /// here (a copy kept and counted ahead, due now): outstanding again,
+    /// the broker only told.
     pub(super) fn fire_nacks(
         &mut self,
         now: Instant,
         lead: Duration,
         ids: &TopicIds,
         covered: impl Fn(Key) -> bool,
-    ) {
+    ) -> Vec<Message> {
         let mut due = Vec::new();
         self.nacks.pop_due_with(now + lead, |k, at| {
             due.push((k, at.saturating_duration_since(now)))
         });
+        let mut here = Vec::new();
         for (k, left) in due {
             let detail = self.nack_details.remove(&k).unwrap_or_default();
+            let copy = self.local.take(&k);
             if covered(k) {
+                continue;
+            }
+            if let Some(m) = copy.filter(|_| left.is_zero()) {
+                let notice = FailedDelivery {
+                    id: Some(m.id().to_proto()),
+                    reason: ricochet_proto::FailureReason::Nack as i32,
+                    local: true,
+                    ..FailedDelivery::default()
+                };
+                self.ready.push((notice, None));
+                self.outstanding.insert(k);
+                here.push(m);
                 continue;
             }
             if let Some(id) = ids.id(k) {
@@ -312,6 +353,7 @@ impl InFlight {
                 ));
             }
         }
+        here
     }
 
     /// Readies every outstanding id whose ack timeout is due by `now`,
@@ -360,6 +402,7 @@ impl InFlight {
         }
         self.nacks.clear();
         self.nack_details = HashMap::new();
+        self.local.clear();
         self.ready.drain(..).filter_map(|(_, r)| r).collect()
     }
 }
@@ -494,9 +537,10 @@ mod tests {
             Some("boom".into()),
             now,
             None,
+            None,
         );
         assert!(f.settle(&kb));
-        f.nack(kb, &b, NackPlan::HoldFor(MS * 300), None, now, None);
+        f.nack(kb, &b, NackPlan::HoldFor(MS * 300), None, now, None, None);
         assert_eq!(f.nack_deadline(), Some(now + MS * 100));
 
         f.fire_nacks(now + MS * 99, Duration::ZERO, &ids, |_| false);
@@ -520,7 +564,7 @@ mod tests {
         let now = Instant::now();
         f.delivered(ka);
         assert!(f.settle(&ka));
-        f.nack(ka, &a, NackPlan::HoldFor(MS * 1000), None, now, None);
+        f.nack(ka, &a, NackPlan::HoldFor(MS * 1000), None, now, None, None);
         f.fire_nacks(now + MS * 949, MS * 50, &ids, |_| false);
         assert!(f.take_ready().is_empty(), "not before the lead");
         f.fire_nacks(now + MS * 960, MS * 50, &ids, |_| false);
@@ -548,6 +592,7 @@ mod tests {
                 Some("x".into()),
                 now,
                 None,
+                None,
             );
             let notice = f.take_ready();
             if counts_ahead {
@@ -564,21 +609,76 @@ mod tests {
         }
     }
 
+    /// A held nack counted ahead whose count the broker confirmed comes
+    /// back here when due, at the confirmed count, outstanding again, with
+    /// a `local` notice for the broker; one never confirmed goes to the
+    /// broker as before.
+    #[tokio::test(start_paused = true)]
+    async fn a_confirmed_nack_is_redelivered_here_and_an_unconfirmed_one_by_the_broker() {
+        let (ids, a, b, ka, kb) = setup();
+        let copy = |id: &MessageId| {
+            let m = ricochet_proto::Message {
+                id: Some(id.to_proto()),
+                payload: b"p".to_vec(),
+                ..Default::default()
+            };
+            Message::from_proto(m, 1, |t: &str| std::sync::Arc::from(t)).unwrap()
+        };
+        let now = Instant::now();
+        let mut f = InFlight::new(None, None);
+        f.set_counts_ahead(true);
+        f.set_local_budget(1024);
+        for (k, id) in [(ka, &a), (kb, &b)] {
+            f.delivered(k);
+            assert!(f.settle(&k));
+            let plan = NackPlan::HoldFor(MS * 100);
+            f.nack(k, id, plan, None, now, None, Some(copy(id)));
+        }
+        assert_eq!(f.take_ready().len(), 2, "both announced ahead");
+        f.counted_ahead(ka, 7);
+        let here = f.fire_nacks(now + MS * 100, Duration::ZERO, &ids, |_| false);
+        assert_eq!(here.len(), 1);
+        assert_eq!((here[0].id(), here[0].delivery_count()), (&a, 7));
+        assert!(f.settle(&ka), "outstanding again");
+        let sent = f.take_ready();
+        assert_eq!(sent.len(), 2);
+        let (local, broker): (Vec<_>, Vec<_>) = sent.iter().partition(|(d, _)| d.local);
+        assert_eq!(local[0].0.id, Some(a.to_proto()));
+        assert_eq!(broker[0].0.id, Some(b.to_proto()));
+        assert!(!broker[0].0.ahead && !broker[0].0.local);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn send_now_readies_at_once_and_covered_nacks_are_dropped() {
         let (ids, a, b, ka, kb) = setup();
         let mut f = InFlight::new(None, None);
         let now = Instant::now();
-        f.nack(ka, &a, NackPlan::SendNow, Some("dead".into()), now, None);
+        f.nack(
+            ka,
+            &a,
+            NackPlan::SendNow,
+            Some("dead".into()),
+            now,
+            None,
+            None,
+        );
         assert_eq!(entries(&f.take_ready()), vec![(1, NACK, "dead")]);
         assert!(f.take_ready().is_empty(), "taken once");
 
-        f.nack(ka, &a, NackPlan::HoldFor(MS), Some("x".into()), now, None);
-        f.nack(kb, &b, NackPlan::HoldFor(MS), None, now, None);
+        f.nack(
+            ka,
+            &a,
+            NackPlan::HoldFor(MS),
+            Some("x".into()),
+            now,
+            None,
+            None,
+        );
+        f.nack(kb, &b, NackPlan::HoldFor(MS), None, now, None, None);
         f.fire_nacks(now + MS, Duration::ZERO, &ids, |k| k == ka);
         assert_eq!(entries(&f.take_ready()), vec![(2, NACK, "")]);
         // The covered nack's reason went with it.
-        f.nack(ka, &a, NackPlan::HoldFor(MS), None, now, None);
+        f.nack(ka, &a, NackPlan::HoldFor(MS), None, now, None, None);
         f.fire_nacks(now + MS, Duration::ZERO, &ids, |_| false);
         assert_eq!(entries(&f.take_ready()), vec![(1, NACK, "")]);
     }
@@ -610,6 +710,7 @@ mod tests {
             Some("later".into()),
             Instant::now(),
             Some(tx),
+            None,
         );
         assert_eq!(f.nack_deadline(), None, "not held here");
         let ready = f.take_ready();
@@ -630,8 +731,9 @@ mod tests {
             Some("x".into()),
             now,
             None,
+            None,
         );
-        f.nack(kb, &b, NackPlan::HoldFor(MS * 5_000), None, now, None);
+        f.nack(kb, &b, NackPlan::HoldFor(MS * 5_000), None, now, None, None);
         f.hand_over_nacks(now + MS * 400, &ids, |_| false);
         let mut ready = f.take_ready();
         ready.sort_by_key(|(d, _)| d.delay_ms);
@@ -655,6 +757,7 @@ mod tests {
             NackPlan::HoldFor(MS * 10),
             Some("x".into()),
             now,
+            None,
             None,
         );
         assert!(!f.settle(&ka), "not outstanding any more");
@@ -755,8 +858,16 @@ mod tests {
         let now = Instant::now();
         f.delivered(kb);
         f.taken(kb, now);
-        f.nack(ka, &a, NackPlan::HoldFor(MS), Some("x".into()), now, None);
-        f.nack(ka, &a, NackPlan::SendNow, None, now, None);
+        f.nack(
+            ka,
+            &a,
+            NackPlan::HoldFor(MS),
+            Some("x".into()),
+            now,
+            None,
+            None,
+        );
+        f.nack(ka, &a, NackPlan::SendNow, None, now, None, None);
         f.clear();
         assert!(f.take_ready().is_empty());
         assert_eq!(f.nack_deadline(), None);

@@ -40,6 +40,9 @@ pub(super) struct Shared {
     pub(super) track_taken: bool,
     /// Whether settling waits for the broker's durable confirmation.
     pub(super) receipts: bool,
+    /// Whether a nack carries a copy of its message, for a local
+    /// redelivery ([`ConsumerConfig::local_redelivery`](super::ConsumerConfig::local_redelivery)).
+    pub(super) keeps_copies: bool,
     pub(super) request_timeout: Duration,
     /// What `close` found (or, when the driver stopped on its own, what it
     /// found then), set once before the driver stops: a `close` that finds
@@ -70,6 +73,8 @@ pub(super) enum Cmd {
         delivery_count: u32,
         detail: Option<String>,
         reply: Option<Reply>,
+        /// A copy for a local redelivery (boxed: most commands are small).
+        copy: Option<Box<Message>>,
     },
     ReconsumeLater {
         id: MessageId,
@@ -107,6 +112,8 @@ pub(super) enum Cmd {
 pub(super) struct Delivery {
     pub(super) epoch: u64,
     pub(super) item: Result<Message>,
+    /// Redelivered by the client itself: it took no flow permit.
+    pub(super) local: bool,
 }
 
 impl std::fmt::Debug for Delivery {

@@ -10,6 +10,7 @@ mod common;
 mod failures;
 mod history;
 mod key_order;
+mod local_redelivery;
 mod partitions;
 mod producer_queue;
 mod receipts;
