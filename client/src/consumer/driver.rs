@@ -299,6 +299,11 @@ impl Driver {
             }
             Some(consume_response::Response::Result(r)) => self.on_result(r),
             Some(consume_response::Response::ActiveChange(a)) => {
+                if !a.active {
+                    // Its held nacks are redelivered by the broker, to
+                    // the consumer that is active now.
+                    self.inflight.forget_local_copies();
+                }
                 self.shared.active.store(
                     if a.active { ACTIVE_YES } else { ACTIVE_NO },
                     Ordering::Relaxed,

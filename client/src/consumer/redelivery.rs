@@ -154,6 +154,13 @@ impl InFlight {
         self.local = LocalCopies::new(budget);
     }
 
+    /// Drops every copy kept for local redelivery: the held nacks go back
+    /// through the broker (a Failover consumer that stopped being the
+    /// active one, whose redeliveries belong to the new one).
+    pub(super) fn forget_local_copies(&mut self) {
+        self.local.clear();
+    }
+
     /// The broker stored the held nack of `key` durably, for a next
     /// delivery at `delivery_count`: its copy may be redelivered here.
     pub(super) fn counted_ahead(&mut self, key: Key, delivery_count: u32) {
@@ -646,6 +653,25 @@ mod tests {
         assert_eq!(local[0].0.id, Some(a.to_proto()));
         assert_eq!(broker[0].0.id, Some(b.to_proto()));
         assert!(!broker[0].0.ahead && !broker[0].0.local);
+
+        // Copies dropped (no longer the active consumer): a confirmed
+        // nack goes back through the broker.
+        f.delivered(ka);
+        assert!(f.settle(&ka));
+        let plan = NackPlan::HoldFor(MS * 100);
+        f.nack(ka, &a, plan, None, now, None, Some(copy(&a)));
+        f.counted_ahead(ka, 8);
+        f.forget_local_copies();
+        let later = now + MS * 300;
+        assert!(
+            f.fire_nacks(later, Duration::ZERO, &ids, |_| false)
+                .is_empty()
+        );
+        let sent = f.take_ready();
+        assert!(
+            sent.iter()
+                .any(|(d, _)| d.id == Some(a.to_proto()) && !d.local && !d.ahead)
+        );
     }
 
     #[tokio::test(start_paused = true)]
