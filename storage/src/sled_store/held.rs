@@ -240,7 +240,7 @@ impl SledStorage {
     }
 
     /// Main-tier heads of subscription `only` (or of all), from both trees.
-    fn scan_heads(&self, only: Option<u64>) -> Result<Heads> {
+    pub(super) fn scan_heads(&self, only: Option<u64>) -> Result<Heads> {
         Ok(self.scan_heads_with(only, false)?.0)
     }
 
