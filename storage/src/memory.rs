@@ -49,6 +49,7 @@ struct State {
 pub struct MemoryStorage {
     state: Mutex<State>,
     flushes: AtomicU64,
+    entries_read: AtomicU64,
 }
 
 impl MemoryStorage {
@@ -60,6 +61,11 @@ impl MemoryStorage {
     /// How many times `flush` was called.
     pub fn flushes(&self) -> u64 {
         self.flushes.load(Ordering::Relaxed)
+    }
+
+    /// How many log entries range reads ([`LogStore::read`]) returned.
+    pub fn entries_read(&self) -> u64 {
+        self.entries_read.load(Ordering::Relaxed)
     }
 }
 
@@ -103,6 +109,8 @@ impl LogStore for MemoryStorage {
                 break;
             }
         }
+        self.entries_read
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
         Ok(out)
     }
 

@@ -19,6 +19,8 @@
 //!
 //! `RS_LIVE_URL` (with `RS_LIVE_PID` for RSS) drives a broker started by
 //! hand instead, e.g. under a heap profiler; it is left running.
+//! `RS_LIVE_KEEP=path` copies the store the parking broker left (stopped)
+//! to `path` before the restarts.
 //! `RS_LIVE_RESTART_DIR=dir` only restarts: the binary on a store kept from
 //! an earlier run (stopped), nothing parked first (the store is written to
 //! by the restarts: copy it to repeat a first restart).
@@ -402,6 +404,19 @@ async fn restart(
         }
     }
     let stop = t.elapsed();
+    // RS_LIVE_KEEP=path: a copy of the store as the parking broker left it,
+    // before any restart writes to it (for RS_LIVE_RESTART_DIR or a profile).
+    if let Some(keep) = std::env::var_os("RS_LIVE_KEEP") {
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(dir)
+            .arg(&keep)
+            .status()?;
+        if !status.success() {
+            return Err(format!("cp -a {} {keep:?}: {status}", dir.display()).into());
+        }
+        println!("  the stopped store copied to {keep:?}");
+    }
     let base = config.map(std::fs::read_to_string).transpose()?;
     let mut out = Vec::new();
     for mode in verify_modes() {

@@ -18,6 +18,10 @@ const READ_AHEAD_BYTES: usize = 8 * 1024 * 1024;
 /// nothing to dispatch.
 const FILL_STEPS: usize = 16;
 
+/// Most entries one read-ahead step passes over in memory (see
+/// [`SubscriptionActor::skip_waiting`]).
+const SKIP_STEP: u64 = 1 << 18;
+
 impl SubscriptionActor {
     /// The stored message behind `entry`.
     pub(super) fn source_message(&self, entry: TierEntry) -> Result<Message> {
@@ -141,12 +145,45 @@ impl SubscriptionActor {
         }
     }
 
+    /// Whether main-tier entry `id` waits elsewhere than in the log: acked,
+    /// in flight, a nack the broker holds (its schedule brings it back), or a
+    /// failed message still held.
+    fn waits_elsewhere(&self, id: u64, now_ms: u64) -> bool {
+        let entry = TierEntry::main(id);
+        self.rec.main.is_acked(id)
+            || self.deliveries.in_flight.contains_key(&entry)
+            || self.deliveries.held.contains_key(&entry)
+            || self
+                .deliveries
+                .failures
+                .get(&entry)
+                .is_some_and(|r| r.hold_until_ms > now_ms)
+    }
+
+    /// Moves the read position past the entries that wait elsewhere
+    /// ([`Self::waits_elsewhere`], known from memory) without reading them
+    /// from the log: a subscription restarted behind millions of held nacks
+    /// reads none of them to reach the next message. Passes at most
+    /// [`SKIP_STEP`]; true when it stopped there (more may follow).
+    fn skip_waiting(&mut self, end: u64) -> bool {
+        let now = self.deps.clock.now_ms();
+        let stop = self.read_pos.saturating_add(SKIP_STEP).min(end);
+        while self.read_pos < stop && self.waits_elsewhere(self.read_pos, now) {
+            self.read_pos += 1;
+        }
+        self.read_pos == stop && stop < end
+    }
+
     /// One read of the main topic into the read-ahead.
     fn fill_once(&mut self) {
         self.skip_trimmed();
         let end = self.topic.durable_end();
         let ready = self.deliveries.ready.len();
         if ready >= READ_AHEAD || self.read_pos >= end {
+            return;
+        }
+        if self.skip_waiting(end) || self.read_pos >= end {
+            // Moved on by a whole step (`fill` goes on), or to the end.
             return;
         }
         let entries = match self.deps.storage.read(
@@ -170,13 +207,7 @@ impl SubscriptionActor {
             }
             last = Some(id);
             let entry = TierEntry::main(id);
-            let held = |r: &crate::storage::FailureRecord| r.hold_until_ms > now;
-            if self.rec.main.is_acked(id)
-                || self.deliveries.in_flight.contains_key(&entry)
-                // A held nack comes back through the schedule.
-                || self.deliveries.held.contains_key(&entry)
-                || self.deliveries.failures.get(&entry).is_some_and(held)
-            {
+            if self.waits_elsewhere(id, now) {
                 continue;
             }
             let msg = match Message::decode(bytes.as_slice()) {

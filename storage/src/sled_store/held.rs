@@ -29,6 +29,16 @@ use std::collections::HashSet;
 /// Records moved per transaction by [`SledStorage::upgrade_held`].
 pub(super) const UPGRADE_CHUNK: usize = 1024;
 
+/// Most threads the scan of the schedule for every subscription's heads
+/// reads slices of it on.
+const SCAN_THREADS: usize = 4;
+
+/// A slice of the schedule by due time: from (included), to (excluded).
+type Slice = (Option<u64>, Option<u64>);
+
+/// Schedule entries per subscription id.
+type Counted = HashMap<u64, u64>;
+
 /// Main-tier failure heads per subscription, from one scan (or a verify
 /// pass); a subscription's share is taken once.
 #[derive(Debug, Default)]
@@ -40,11 +50,13 @@ pub(super) struct HeadCache {
 }
 
 /// Heads of one subscription being gathered: those of records in schedule
-/// entries, and those under their own keys (which win).
+/// entries, and those under their own keys (which win). Gathered as they
+/// come (the schedule is ordered by due time) and sorted by entry once, in
+/// [`Gathered::finish`], rather than kept in ordered maps entry by entry.
 #[derive(Debug, Default)]
 pub(super) struct Gathered {
-    scheduled: BTreeMap<u64, FailureHead>,
-    own: BTreeMap<u64, FailureHead>,
+    scheduled: Vec<(u64, FailureHead)>,
+    own: Vec<(u64, FailureHead)>,
 }
 
 impl Gathered {
@@ -52,30 +64,53 @@ impl Gathered {
     /// message (never written by this engine, but possible in a store
     /// restored from elsewhere) give the later count and hold.
     pub(super) fn scheduled(&mut self, entry: u64, head: FailureHead) {
-        let slot = self.scheduled.entry(entry).or_insert(head);
-        if (head.count, head.hold_until_ms) > (slot.count, slot.hold_until_ms) {
-            *slot = head;
-        }
+        self.scheduled.push((entry, head));
     }
 
     /// The head of a record under its own key.
     pub(super) fn own(&mut self, entry: u64, head: FailureHead) {
-        self.own.insert(entry, head);
+        self.own.push((entry, head));
     }
 
     /// Adds what another tree's reader gathered.
-    pub(super) fn absorb(&mut self, other: Gathered) {
-        for (entry, head) in other.scheduled {
-            self.scheduled(entry, head);
-        }
-        self.own.extend(other.own);
+    pub(super) fn absorb(&mut self, mut other: Gathered) {
+        self.scheduled.append(&mut other.scheduled);
+        self.own.append(&mut other.own);
     }
 
-    /// The heads, by entry id.
+    /// The heads, by entry id: per entry, the record under its own key if
+    /// there is one (the last gathered), else the schedule entry with the
+    /// highest count and hold.
     pub(super) fn finish(mut self, sub_id: u64) -> HeadList {
-        self.scheduled.append(&mut self.own);
-        self.scheduled
-            .into_iter()
+        let by_value = |(e, h): &(u64, FailureHead)| (*e, h.count, h.hold_until_ms);
+        self.scheduled.sort_unstable_by_key(by_value);
+        // Stable: of two own records for one entry, the later one wins.
+        self.own.sort_by_key(|(e, _)| *e);
+        let last_per_entry = |v: Vec<(u64, FailureHead)>| {
+            let mut out: Vec<(u64, FailureHead)> = Vec::with_capacity(v.len());
+            for (e, h) in v {
+                match out.last_mut() {
+                    Some(last) if last.0 == e => *last = (e, h),
+                    _ => out.push((e, h)),
+                }
+            }
+            out
+        };
+        let scheduled = last_per_entry(self.scheduled);
+        let own = last_per_entry(self.own);
+        let mut out = Vec::with_capacity(scheduled.len() + own.len());
+        let mut own = own.into_iter().peekable();
+        for (e, h) in scheduled {
+            while let Some(o) = own.next_if(|o| o.0 < e) {
+                out.push(o);
+            }
+            match own.next_if(|o| o.0 == e) {
+                Some(o) => out.push(o),
+                None => out.push((e, h)),
+            }
+        }
+        out.extend(own);
+        out.into_iter()
             .map(|(entry_id, h)| {
                 (
                     SubMessage {
@@ -190,21 +225,59 @@ impl SledStorage {
             .unwrap_or_default())
     }
 
+    /// Main-tier heads of every subscription, from both trees, counting
+    /// each subscription's schedule entries into `counts` on the way (one
+    /// scan of the schedule for the manifest check and the heads).
+    pub(super) fn scan_heads_counting(
+        &self,
+        counts: &mut HashMap<u64, crate::manifest::SubCounts>,
+    ) -> Result<Heads> {
+        let (heads, counted) = self.scan_heads_with(None, true)?;
+        for (sub, c) in counted {
+            counts.entry(sub).or_default().scheduled += c;
+        }
+        Ok(heads)
+    }
+
     /// Main-tier heads of subscription `only` (or of all), from both trees.
-    fn scan_heads(&self, only: Option<u64>) -> Result<Heads> {
+    pub(super) fn scan_heads(&self, only: Option<u64>) -> Result<Heads> {
+        Ok(self.scan_heads_with(only, false)?.0)
+    }
+
+    /// The heads of `only` (or of all), and with `counting` the schedule
+    /// entries of each subscription. For all subscriptions the schedule is
+    /// read in slices of due time on up to [`SCAN_THREADS`] threads (the
+    /// heads are sorted by entry at the end, whatever order they came in).
+    fn scan_heads_with(&self, only: Option<u64>, counting: bool) -> Result<(Heads, Counted)> {
+        let slices = match only {
+            Some(_) => vec![(None, None)],
+            None => self.schedule_slices()?,
+        };
+        let parts: Vec<Result<(HashMap<u64, Gathered>, Counted)>> = if slices.len() == 1 {
+            vec![self.scan_schedule_slice(slices[0], only, counting)]
+        } else {
+            std::thread::scope(|scope| {
+                let workers: Vec<_> = slices
+                    .iter()
+                    .map(|&slice| {
+                        scope.spawn(move || self.scan_schedule_slice(slice, only, counting))
+                    })
+                    .collect();
+                workers
+                    .into_iter()
+                    .map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            })
+        };
         let mut gathered: HashMap<u64, Gathered> = HashMap::new();
-        for kv in self.schedule.iter() {
-            let (k, v) = kv?;
-            if let Some(only) = only
-                && ScheduleKey::from_key(&k).is_some_and(|s| s.message.sub_id != only)
-            {
-                continue;
+        let mut counted = Counted::new();
+        for part in parts {
+            let (g, c) = part?;
+            for (sub, g) in g {
+                gathered.entry(sub).or_default().absorb(g);
             }
-            if let Some((key, head)) = scheduled_head(&k, &v)? {
-                gathered
-                    .entry(key.message.sub_id)
-                    .or_default()
-                    .scheduled(key.message.entry_id, head);
+            for (sub, c) in c {
+                *counted.entry(sub).or_default() += c;
             }
         }
         let failures = match only {
@@ -224,7 +297,76 @@ impl SledStorage {
                 gathered.entry(m.sub_id).or_default().own(m.entry_id, head);
             }
         }
-        Ok(finish_all(gathered))
+        Ok((finish_all(gathered), counted))
+    }
+
+    /// The schedule split into up to [`SCAN_THREADS`] slices of equal spans
+    /// of due time (`(from, to)`: `to` excluded, `None` open), from its first
+    /// and last keys; one slice when it is empty or its keys are malformed.
+    fn schedule_slices(&self) -> Result<Vec<Slice>> {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, SCAN_THREADS) as u64;
+        let due = |k: &[u8]| k.get(..8).and_then(|b| super::codec::read_be(b).ok());
+        let (Some((first, _)), Some((last, _))) = (self.schedule.first()?, self.schedule.last()?)
+        else {
+            return Ok(vec![(None, None)]);
+        };
+        let (Some(lo), Some(hi)) = (due(&first), due(&last)) else {
+            return Ok(vec![(None, None)]);
+        };
+        if threads == 1 || hi <= lo {
+            return Ok(vec![(None, None)]);
+        }
+        let span = u128::from(hi - lo) + 1;
+        let bounds: Vec<u64> = (1..threads)
+            .map(|i| lo + (span * u128::from(i) / u128::from(threads)) as u64)
+            .collect();
+        let mut slices = Vec::with_capacity(threads as usize);
+        let mut from = None;
+        for b in bounds {
+            slices.push((from, Some(b)));
+            from = Some(b);
+        }
+        slices.push((from, None));
+        Ok(slices)
+    }
+
+    /// One slice of the schedule: the heads of `only` (or of all) and, with
+    /// `counting`, every subscription's entries in it.
+    fn scan_schedule_slice(
+        &self,
+        (from, to): Slice,
+        only: Option<u64>,
+        counting: bool,
+    ) -> Result<(HashMap<u64, Gathered>, Counted)> {
+        use std::ops::Bound;
+        let lower = from.map_or(Bound::Unbounded, |d| Bound::Included(be(d)));
+        let upper = to.map_or(Bound::Unbounded, |d| Bound::Excluded(be(d)));
+        let mut gathered: HashMap<u64, Gathered> = HashMap::new();
+        let mut counted = Counted::new();
+        for kv in self.schedule.range::<[u8; 8], _>((lower, upper)) {
+            let (k, v) = kv?;
+            let key = ScheduleKey::from_key(&k);
+            if counting {
+                // A malformed key counts under `u64::MAX`, as in a key scan.
+                *counted
+                    .entry(key.map_or(u64::MAX, |s| s.message.sub_id))
+                    .or_default() += 1;
+            }
+            if let Some(only) = only
+                && key.is_some_and(|s| s.message.sub_id != only)
+            {
+                continue;
+            }
+            if let Some((key, head)) = scheduled_head(&k, &v)? {
+                gathered
+                    .entry(key.message.sub_id)
+                    .or_default()
+                    .scheduled(key.message.entry_id, head);
+            }
+        }
+        Ok((gathered, counted))
     }
 
     /// Main-tier records kept in schedule entries of subscription `sub_id`
@@ -418,6 +560,34 @@ mod tests {
 
     fn main(sub: u64, id: u64) -> SubMessage {
         TierEntry::main(id).of(sub)
+    }
+
+    #[test]
+    fn gathered_heads_keep_the_own_record_else_the_highest_scheduled_one_by_entry() {
+        let h = |count, hold_until_ms| FailureHead {
+            count,
+            hold_until_ms,
+        };
+        let mut g = Gathered::default();
+        // As the schedule gives them: by due time, not by entry.
+        g.scheduled(9, h(1, 100));
+        g.scheduled(3, h(2, 200));
+        g.scheduled(9, h(3, 300));
+        g.scheduled(5, h(1, 400));
+        let mut other = Gathered::default();
+        other.own(5, h(7, 0));
+        other.own(1, h(4, 0));
+        other.own(5, h(8, 0));
+        g.absorb(other);
+        let got: Vec<(u64, FailureHead)> = g
+            .finish(2)
+            .into_iter()
+            .map(|(m, h)| (m.entry_id, h))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(1, h(4, 0)), (3, h(2, 200)), (5, h(8, 0)), (9, h(3, 300))]
+        );
     }
 
     #[test]

@@ -94,6 +94,35 @@ impl SledStorage {
         open::guarded(|| Self::open_unguarded(dir, segment_entries, cache_capacity))
     }
 
+    /// After a clean stop, once every handle on the store is gone: opens
+    /// it once more and closes it, so that sled records a snapshot of where
+    /// its pages live now. sled 0.34 writes that snapshot only when it opens,
+    /// so otherwise the next start replays every write made since the
+    /// previous start (seconds after a long run: 5.19 s at 5 million parked
+    /// retries); this moves that replay to the stop. Waits up to `wait` for
+    /// the stopped store's lock to be released. Writes no data of its own.
+    pub fn snapshot_stopped(dir: &Path, wait: std::time::Duration) -> Result<()> {
+        let until = std::time::Instant::now() + wait;
+        loop {
+            let opened =
+                open::guarded(|| Ok(sled::Config::new().path(dir).flush_every_ms(None).open()?));
+            match opened {
+                Ok(db) => {
+                    db.flush()?;
+                    return Ok(());
+                }
+                // The stopped broker's last handle is still closing.
+                Err(StorageError::Engine(e))
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < until =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     fn open_unguarded(dir: &Path, segment_entries: u64, cache_capacity: u64) -> Result<Self> {
         let db = sled::Config::new()
             .path(dir)

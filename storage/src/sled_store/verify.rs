@@ -52,7 +52,7 @@ impl SledStorage {
     /// then needs no second scan of those trees.
     pub fn verify(&self) -> VerifyReport {
         let mut heads = HashMap::new();
-        let report = self.verify_with(false, &|| false, Some(&mut heads));
+        let report = self.verify_with(false, &|| false, Some(&mut heads), &|| {});
         if report.complete && report.problem_count == 0 {
             *crate::util::lock(&self.verified_counts) = Some(report.by_subscription.clone());
             self.keep_verified_heads(held::finish_all(heads));
@@ -73,13 +73,28 @@ impl SledStorage {
         for k in self.deadletters.iter().keys() {
             by_sub.entry(dl_sub(&k?)).or_default().dead_letters += 1;
         }
-        for k in self.schedule.iter().keys() {
-            by_sub.entry(schedule_sub(&k?)).or_default().scheduled += 1;
+        // At a start nobody has read the failure heads yet: the scan of the
+        // schedule that counts its keys gathers them on its way (with those
+        // of `failures`), so the subscriptions' start does not scan the
+        // schedule a second time. The lock is held through the scan, as
+        // `main_heads` does: a write meanwhile marks its subscription's
+        // share stale once the cache is in place.
+        let mut cache = crate::util::lock(&self.heads);
+        let gather = cache.is_none();
+        if gather {
+            let counted = self.scan_heads_counting(&mut by_sub)?;
+            *cache = Some(held::HeadCache::new(counted));
+        } else {
+            drop(cache);
+            for k in self.schedule.iter().keys() {
+                by_sub.entry(schedule_sub(&k?)).or_default().scheduled += 1;
+            }
         }
         tracing::info!(
             subscriptions = by_sub.len(),
             dead_letters = by_sub.values().map(|c| c.dead_letters).sum::<u64>(),
             scheduled = by_sub.values().map(|c| c.scheduled).sum::<u64>(),
+            heads_gathered = gather,
             took_ms = started.elapsed().as_millis() as u64,
             "dead letters and schedule entries counted per subscription (a scan of both trees)"
         );
@@ -94,7 +109,18 @@ impl SledStorage {
     /// every few thousand values). Damage in a value is reported as by
     /// `verify`.
     pub fn verify_live(&self, stop: &(dyn Fn() -> bool + Sync)) -> VerifyReport {
-        self.verify_with(true, stop, None)
+        self.verify_with(true, stop, None, &|| {})
+    }
+
+    /// [`Self::verify_live`], calling `on_worker` first on each thread
+    /// the pass reads on (the broker lowers their priority there, so the
+    /// pass yields the cores to serving).
+    pub fn verify_live_on(
+        &self,
+        stop: &(dyn Fn() -> bool + Sync),
+        on_worker: &(dyn Fn() + Sync),
+    ) -> VerifyReport {
+        self.verify_with(true, stop, None, on_worker)
     }
 
     /// The pass; with `heads`, the main-tier failure heads it decodes (of
@@ -105,6 +131,7 @@ impl SledStorage {
         live: bool,
         stop: &(dyn Fn() -> bool + Sync),
         heads: Option<&mut HashMap<u64, held::Gathered>>,
+        on_worker: &(dyn Fn() + Sync),
     ) -> VerifyReport {
         let want_heads = heads.is_some();
         let mut report = VerifyReport {
@@ -150,6 +177,7 @@ impl SledStorage {
                 let workers: Vec<_> = (0..threads)
                     .map(|_| {
                         scope.spawn(|| {
+                            on_worker();
                             let mut done = Vec::new();
                             loop {
                                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -380,6 +408,74 @@ mod tests {
             "{:?}",
             stopped.problems
         );
+    }
+
+    #[test]
+    fn a_counted_inventory_gathers_the_heads_on_its_scan_of_the_schedule() {
+        use crate::MetaStore as _;
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledStorage::open(dir.path(), 4, 8 << 20).unwrap();
+        let mut held = crate::records::sample_history(2);
+        held.hold_until_ms = 9_000;
+        let m = |sub: u64, tier: TierId, id: u64| SubMessage {
+            sub_id: sub,
+            tier,
+            entry_id: id,
+        };
+        s.put_failures(&[
+            (m(1, TierId::Main, 3), Some(held.clone())),
+            (m(2, TierId::Main, 5), Some(FailureRecord::default())),
+        ])
+        .unwrap();
+        // Held messages (records in schedule entries), out of entry order by
+        // due time, and a retry-tier schedule entry.
+        let key = |due_ms, sub, id| ScheduleKey {
+            due_ms,
+            message: m(sub, TierId::Main, id),
+        };
+        s.put_held(
+            &[
+                (key(9_000, 1, 8), held.clone()),
+                (key(9_500, 1, 6), held.clone()),
+            ],
+            &[],
+        )
+        .unwrap();
+        s.put_schedule(&[(
+            ScheduleKey {
+                due_ms: 9_100,
+                message: m(2, TierId::Retry, 1),
+            },
+            true,
+        )])
+        .unwrap();
+        let want1 = s.scan_heads(Some(1)).unwrap().remove(&1).unwrap();
+        let want2 = s.scan_heads(Some(2)).unwrap().remove(&2).unwrap();
+        assert_eq!(want1.len(), 3);
+        assert!(crate::util::lock(&s.heads).is_none());
+        let inv = s.inventory(true).unwrap();
+        assert_eq!(inv.scheduled, Some(3));
+        let counts = s.counts_by_subscription().unwrap();
+        assert_eq!(counts[&1].scheduled, 2);
+        assert_eq!(counts[&2].scheduled, 1);
+        // The inventory's scan left the heads for the subscriptions' start.
+        let cached = |s: &SledStorage, sub| {
+            crate::util::lock(&s.heads)
+                .as_ref()
+                .is_some_and(|c| c.holds(sub))
+        };
+        assert!(cached(&s, 1) && cached(&s, 2));
+        assert_eq!(s.failure_heads(1, TierId::Main).unwrap(), want1);
+        assert_eq!(s.failure_heads(2, TierId::Main).unwrap(), want2);
+        // A damaged held record fails the counted inventory, as the
+        // subscriptions' own scan would have failed their start.
+        *crate::util::lock(&s.heads) = None;
+        let k = key(9_000, 1, 8).key();
+        let mut v = s.schedule.get(k).unwrap().unwrap().to_vec();
+        let last = v.len() - 1;
+        v[last] ^= 0x5a;
+        s.schedule.insert(k, v).unwrap();
+        assert!(s.inventory(true).is_err());
     }
 
     #[test]
