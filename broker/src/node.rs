@@ -171,6 +171,10 @@ fn raft_settings(config: &BrokerConfig) -> NodeSettings {
             crate::config::Durability::Interval => crate::replication::Durability::Interval,
         },
         flush_interval: config.flush_interval,
+        snapshot_every: config
+            .cluster
+            .as_ref()
+            .map_or(NodeSettings::default().snapshot_every, |c| c.snapshot_every),
         ..NodeSettings::default()
     }
 }

@@ -10,7 +10,7 @@ use crate::{Apply, Command, NodeId, Raft, ReplicationError, Result};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, SnapshotPolicy};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +41,24 @@ pub struct NodeSettings {
     /// group's membership (a test routes each pair of nodes through its
     /// own fault proxy this way).
     pub peer_addrs: BTreeMap<NodeId, String>,
+    /// Where the groups' snapshot files are kept (a directory per group);
+    /// `None`: no snapshots: the log is kept whole and a snapshot offered
+    /// by a leader is refused.
+    pub snapshot_dir: Option<PathBuf>,
+    /// A snapshot is built once this many entries were applied since the
+    /// last one (0: never built here; one sent by a leader is still
+    /// installed), and the log purged up to it.
+    pub snapshot_every: u64,
+    /// Entries kept in the log behind a snapshot, so a follower a little
+    /// behind catches up from the log rather than a whole snapshot.
+    pub snapshot_keep: u64,
+    /// How long a leader waits for a follower to take the last chunk of a
+    /// snapshot and install it.
+    pub install_timeout: Duration,
+    /// Test fault: every snapshot install on this node stops with an error
+    /// after reading this many bytes (as a crash part-way would stop it).
+    #[doc(hidden)]
+    pub cut_installs_after: Option<u64>,
 }
 
 impl Default for NodeSettings {
@@ -51,6 +69,11 @@ impl Default for NodeSettings {
             heartbeat: Duration::from_millis(100),
             election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
             peer_addrs: BTreeMap::new(),
+            snapshot_dir: None,
+            snapshot_every: 10_000,
+            snapshot_keep: 1_000,
+            install_timeout: Duration::from_secs(60),
+            cut_installs_after: None,
         }
     }
 }
@@ -63,8 +86,12 @@ impl NodeSettings {
             heartbeat_interval: ms(self.heartbeat),
             election_timeout_min: ms(self.election_timeout.0),
             election_timeout_max: ms(self.election_timeout.1),
-            // Never built yet: the log is kept whole (see state_machine).
-            snapshot_policy: SnapshotPolicy::Never,
+            snapshot_policy: match (&self.snapshot_dir, self.snapshot_every) {
+                (Some(_), every) if every > 0 => SnapshotPolicy::LogsSinceLast(every),
+                _ => SnapshotPolicy::Never,
+            },
+            max_in_snapshot_log_to_keep: self.snapshot_keep,
+            install_snapshot_timeout: ms(self.install_timeout),
             ..Config::default()
         };
         Ok(Arc::new(
@@ -87,12 +114,18 @@ pub fn open_db(dir: &Path, settings: &NodeSettings) -> Result<sled::Db> {
         .open()?)
 }
 
-/// Removes `group`'s Raft log, vote and applied mark from `db` (its
-/// member on this node stopped: the group was deleted), so a group of the
-/// same name starts afresh.
-pub fn remove_group(db: &sled::Db, group: &str) -> Result<()> {
+/// Removes `group`'s Raft log, vote, applied mark and snapshots (its
+/// member on this node stopped: the group was deleted, or this node left
+/// it), so a group of the same name starts afresh.
+pub fn remove_group(db: &sled::Db, settings: &NodeSettings, group: &str) -> Result<()> {
     db.drop_tree(format!("log/{group}"))?;
     db.drop_tree(format!("meta/{group}"))?;
+    if let Some(root) = &settings.snapshot_dir {
+        let dir = crate::snapshot::group_dir(root, group);
+        if dir.exists() {
+            std::fs::remove_dir_all(dir)?;
+        }
+    }
     Ok(())
 }
 
@@ -136,7 +169,15 @@ impl ReplicaNode {
         registry: &GroupRegistry,
     ) -> Result<Self> {
         let log = LogStore::open(db, group, settings.durability)?;
-        let sm = StateMachine::open(db, group, settings.durability, apply)?;
+        let mut sm = StateMachine::open(
+            db,
+            group,
+            settings.durability,
+            apply,
+            settings.snapshot_dir.as_deref(),
+        )?;
+        sm.cut_installs_after(settings.cut_installs_after);
+        sm.recover().await?;
         let checkpoints = (settings.durability == Durability::Interval).then(|| {
             let sm = sm.clone();
             let every = settings.flush_interval;
@@ -220,6 +261,17 @@ impl ReplicaNode {
     /// The index of the last entry applied here.
     pub fn applied_index(&self) -> Option<u64> {
         self.raft.metrics().borrow().last_applied.map(|l| l.index)
+    }
+
+    /// The last log index covered by this node's current snapshot (built
+    /// here or installed from a leader), if any.
+    pub fn snapshot_index(&self) -> Option<u64> {
+        self.raft.metrics().borrow().snapshot.map(|l| l.index)
+    }
+
+    /// The last log index purged from this node's log, if any.
+    pub fn purged_index(&self) -> Option<u64> {
+        self.raft.metrics().borrow().purged.map(|l| l.index)
     }
 
     /// The group's replication as this node sees it when it leads: its

@@ -182,6 +182,10 @@ impl Groups {
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Result<Arc<Self>> {
         let db = ricochet_replication::open_db(data_dir, &settings).map_err(replication)?;
+        let mut settings = settings;
+        if settings.snapshot_dir.is_none() {
+            settings.snapshot_dir = Some(data_dir.join("raft-snapshots"));
+        }
         let groups = Arc::new(Self {
             cluster,
             storage: core.storage.clone(),
@@ -749,7 +753,7 @@ impl Groups {
         let Some(member) = member else { return };
         member.partition.node().stop().await;
         let group = member.record.raft_group(topic);
-        if let Err(e) = ricochet_replication::remove_group(&self.db, &group) {
+        if let Err(e) = ricochet_replication::remove_group(&self.db, &self.settings, &group) {
             tracing::warn!(%topic, error = %e, "cannot remove the deleted group's Raft log");
         }
         if let Err(e) = self.drop_copy(topic) {

@@ -51,7 +51,8 @@ impl Node {
 pub struct Cluster {
     _root: tempfile::TempDir,
     pub nodes: Vec<Node>,
-    settings: NodeSettings,
+    /// The settings nodes start (and restart) with.
+    pub settings: NodeSettings,
     /// `proxies[(from, to)]`: the proxy node `from` reaches node `to` by.
     pub proxies: BTreeMap<(u64, u64), FaultProxy>,
 }
@@ -122,11 +123,16 @@ impl Cluster {
     /// Three nodes, ids 1..=3; with `proxied`, every ordered pair of nodes
     /// talks through its own [`FaultProxy`].
     pub async fn start(proxied: bool) -> Self {
+        Self::start_with(proxied, settings()).await
+    }
+
+    /// [`Cluster::start`] with these node settings.
+    pub async fn start_with(proxied: bool, settings: NodeSettings) -> Self {
         let root = tempfile::tempdir().expect("temp dir");
         let mut cluster = Self {
             _root: root,
             nodes: Vec::new(),
-            settings: settings(),
+            settings,
             proxies: BTreeMap::new(),
         };
         let ids = [1u64, 2, 3];
