@@ -295,6 +295,75 @@ impl ReplicaNode {
         })
     }
 
+    /// The group's voters as this node knows them (the last membership
+    /// it holds, joint or not: every voter of either side).
+    pub fn voters(&self) -> std::collections::BTreeSet<NodeId> {
+        self.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect()
+    }
+
+    /// Makes the group's voters exactly `wanted` (id → address of its
+    /// broker's Replication service), on the leader: each new one is added
+    /// as a learner and caught up (a snapshot and the log after it) before
+    /// the membership switches (openraft's joint consensus); voters not in
+    /// `wanted` are removed with the switch. `within` bounds the whole.
+    pub async fn change_voters(
+        &self,
+        wanted: BTreeMap<NodeId, String>,
+        within: Duration,
+    ) -> Result<()> {
+        let work = async {
+            let have = self.voters();
+            for (id, addr) in &wanted {
+                if !have.contains(id) {
+                    tracing::info!(group = %self.group, node = id, %addr, "adding a learner");
+                    self.raft
+                        .add_learner(*id, BasicNode { addr: addr.clone() }, true)
+                        .await
+                        .map_err(|e| self.write_error(e))?;
+                    tracing::info!(group = %self.group, node = id, "learner caught up");
+                }
+            }
+            let ids: std::collections::BTreeSet<NodeId> = wanted.keys().copied().collect();
+            self.raft
+                .change_membership(ids, false)
+                .await
+                .map_err(|e| self.write_error(e))?;
+            Ok(())
+        };
+        tokio::time::timeout(within, work).await.map_err(|_| {
+            ReplicationError::Raft(format!(
+                "group {}: the membership change did not finish within {within:?}",
+                self.group
+            ))
+        })?
+    }
+
+    fn write_error(
+        &self,
+        e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>,
+    ) -> ReplicationError {
+        match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                ReplicationError::NotLeader {
+                    group: self.group.clone(),
+                    leader: f.leader_id,
+                    leader_addr: f.leader_node.map(|n| n.addr),
+                }
+            }
+            RaftError::APIError(e) => ReplicationError::Raft(e.to_string()),
+            RaftError::Fatal(f) => ReplicationError::Stopped {
+                group: self.group.clone(),
+                message: f.to_string(),
+            },
+        }
+    }
+
     /// The openraft handle (metrics, membership changes).
     pub fn raft(&self) -> &Raft {
         &self.raft

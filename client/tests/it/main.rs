@@ -15,5 +15,6 @@ mod producer_queue;
 mod receipts;
 mod reconnect;
 mod replicated;
+mod replicated_members;
 mod replicated_retries;
 mod roundtrip;
