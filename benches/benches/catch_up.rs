@@ -141,7 +141,7 @@ fn main() {
         let batches = (mib << 20) / (BATCH * PAYLOAD as u64);
         println!(
             "catch-up: {batches} batches of {BATCH} x {PAYLOAD} B ({} MiB of payload), sync, loopback",
-            batches * BATCH * PAYLOAD as u64 >> 20
+            (batches * BATCH * PAYLOAD as u64) >> 20
         );
         let window = Arc::new(Semaphore::new(IN_FLIGHT));
         let started = Instant::now();

@@ -85,7 +85,7 @@ impl<R: Read> FrameReader<R> {
 
     /// The next frame's value; `None` at the end of the input (exactly
     /// between two frames).
-    pub fn next<T: serde::de::DeserializeOwned>(&mut self) -> Result<Option<T>> {
+    pub fn read<T: serde::de::DeserializeOwned>(&mut self) -> Result<Option<T>> {
         match self.next_bytes()? {
             Some(b) => Ok(Some(crate::decode(&b)?)),
             None => Ok(None),
@@ -199,7 +199,7 @@ mod tests {
         assert_eq!(w.written().0, 2);
         let bytes = w.into_inner();
         let mut r = FrameReader::new(bytes.as_slice());
-        assert_eq!(r.next::<(String, u64)>().unwrap(), Some(("a".into(), 1)));
+        assert_eq!(r.read::<(String, u64)>().unwrap(), Some(("a".into(), 1)));
         assert_eq!(r.next_bytes().unwrap(), Some(b"raw".to_vec()));
         assert_eq!(r.next_bytes().unwrap(), None);
 

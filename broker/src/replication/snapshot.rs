@@ -243,7 +243,7 @@ pub(super) fn install(
     from: &mut dyn std::io::Read,
 ) -> Result<u64> {
     let mut r = FrameReader::new(from);
-    match r.next::<Record>()? {
+    match r.read::<Record>()? {
         Some(Record::Begin { topic: t, format }) if t == topic && format == FORMAT => {}
         Some(Record::Begin { topic: t, format }) => {
             return Err(ReplicationError::Codec(format!(
@@ -261,7 +261,7 @@ pub(super) fn install(
     let mut highest = 0u64;
     let mut entries = 0u64;
     loop {
-        let Some(record) = r.next::<Record>()? else {
+        let Some(record) = r.read::<Record>()? else {
             return Err(ReplicationError::Codec("a snapshot without its end".into()));
         };
         match record {

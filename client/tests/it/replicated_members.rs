@@ -75,11 +75,11 @@ fn snapshot_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 }
 
 fn dead(id: u64) -> bool {
-    id % 10 == 0
+    id.is_multiple_of(10)
 }
 
 fn nacked(id: u64) -> bool {
-    id % 5 == 0 && !dead(id)
+    id.is_multiple_of(5) && !dead(id)
 }
 
 async fn replaced_member_run(kill_leader_first: bool, name: &str) {
