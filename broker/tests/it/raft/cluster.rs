@@ -78,7 +78,18 @@ async fn start_node(
         .expect("node runtime");
     let d = dir.clone();
     let started = runtime.spawn(async move {
-        let listener = tokio::net::TcpListener::bind(bind).await.expect("bind");
+        // A killed node's runtime releases its port as it winds down:
+        // retry the bind for a while.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let listener = loop {
+            match tokio::net::TcpListener::bind(bind).await {
+                Ok(l) => break l,
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("bind {bind}: {e}"),
+            }
+        };
         let addr = listener.local_addr().expect("addr");
         let registry = GroupRegistry::default();
         let server = ReplicationService::new(registry.clone()).into_server();
