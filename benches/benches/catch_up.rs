@@ -35,10 +35,14 @@ const PAYLOAD: usize = 16 << 10;
 const IN_FLIGHT: usize = 8;
 const TOPIC: &str = "persistent://public/default/catch-up-partition-0";
 
-fn batch(seq: u64) -> PublishBatch {
+/// Batch `b` (its own producer: batches in flight together may be applied
+/// in any order, and one producer's lower sequence ids after higher ones
+/// would be dropped as duplicates).
+fn batch(b: u64) -> PublishBatch {
+    let seq = 1 + b * BATCH;
     PublishBatch {
         topic: TOPIC.to_owned(),
-        producer: "bench".to_owned(),
+        producer: format!("bench-{b}"),
         publish_time_ms: 1,
         messages: (seq..seq + BATCH)
             .map(|s| PublishMessage {
@@ -150,7 +154,7 @@ fn main() {
             let permit = window.clone().acquire_owned().await.unwrap();
             let leader = leader.clone();
             tasks.push(tokio::spawn(async move {
-                leader.publish(batch(1 + b * BATCH)).await.unwrap();
+                leader.publish(batch(b)).await.unwrap();
                 drop(permit);
             }));
         }
@@ -234,6 +238,11 @@ fn main() {
             "    log after it + switch  {:>8.1} s  (joint consensus, two membership entries)",
             total.saturating_sub(i).as_secs_f64()
         );
+        let held = |p: &ReplicatedPartition| p.storage().entry_range(TOPIC).unwrap();
+        let (want, have) = (held(&leader), held(&learner));
+        println!("  entries: leader {want:?}, new replica {have:?}");
+        assert_eq!(want, have, "the new replica holds other entries");
+        assert_eq!(want.1 - want.0, batches * BATCH, "entries missing");
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         println!(
             "  load average at the end: {}",
