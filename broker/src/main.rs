@@ -94,6 +94,14 @@ struct ClusterArgs {
     /// The etcd lease TTL (default 10s; at least 2s).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     lease_ttl: Option<std::time::Duration>,
+    /// Replace a replication group's member whose broker is down this long
+    /// (default 5m; "0s": never).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    replace_after: Option<std::time::Duration>,
+    /// Raft entries between snapshots of a replicated partition (default
+    /// 10000; 0: never).
+    #[arg(long, value_name = "N")]
+    snapshot_every: Option<u64>,
 }
 
 impl ClusterArgs {
@@ -104,11 +112,15 @@ impl ClusterArgs {
         if let Some(name) = self.cluster {
             config.cluster.get_or_insert_with(Default::default).name = name;
         }
-        let given = !self.etcd.is_empty() || self.broker_id.is_some() || self.lease_ttl.is_some();
+        let given = !self.etcd.is_empty()
+            || self.broker_id.is_some()
+            || self.lease_ttl.is_some()
+            || self.replace_after.is_some()
+            || self.snapshot_every.is_some();
         let Some(cluster) = config.cluster.as_mut() else {
             anyhow::ensure!(
                 !given,
-                "--etcd, --broker-id and --lease-ttl need --cluster NAME (or a [cluster] table in the config)"
+                "--etcd, --broker-id, --lease-ttl, --replace-after and --snapshot-every need --cluster NAME (or a [cluster] table in the config)"
             );
             return Ok(());
         };
@@ -120,6 +132,12 @@ impl ClusterArgs {
         }
         if let Some(ttl) = self.lease_ttl {
             cluster.lease_ttl = ttl;
+        }
+        if let Some(after) = self.replace_after {
+            cluster.replace_after = after;
+        }
+        if let Some(n) = self.snapshot_every {
+            cluster.snapshot_every = n;
         }
         Ok(())
     }

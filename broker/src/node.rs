@@ -163,14 +163,24 @@ impl Placement for Cluster {
 
 /// How this broker's Raft groups run: its durability (`sync`: every log
 /// append and applied batch flushed before it counts; `interval`: flushed
-/// every `flush_interval`), Raft's default timing.
+/// every `flush_interval`), Raft's default timing, snapshots every
+/// `[cluster] snapshot_every` entries.
 fn raft_settings(config: &BrokerConfig) -> NodeSettings {
+    let snapshot_every = config
+        .cluster
+        .as_ref()
+        .map_or(NodeSettings::default().snapshot_every, |c| c.snapshot_every);
     NodeSettings {
         durability: match config.durability {
             crate::config::Durability::Sync => crate::replication::Durability::Sync,
             crate::config::Durability::Interval => crate::replication::Durability::Interval,
         },
         flush_interval: config.flush_interval,
+        snapshot_every,
+        // A tenth of the interval kept behind each snapshot (at most the
+        // default 1 000): a follower a little behind catches up from the
+        // log, one further behind from the snapshot.
+        snapshot_keep: (snapshot_every / 10).min(NodeSettings::default().snapshot_keep),
         ..NodeSettings::default()
     }
 }

@@ -29,6 +29,16 @@ pub struct ClusterConfig {
     /// namespace that has no default of its own (`namespaces
     /// set-replication`): 1 to 7, default 1.
     pub default_replicas: u32,
+    /// A replication group's member whose broker has not been live for
+    /// this long is replaced by a live broker outside the group (`"0s"`:
+    /// never). Default 5 minutes.
+    #[serde(with = "humantime_serde")]
+    pub replace_after: Duration,
+    /// A replication group's member builds a snapshot of its partition
+    /// once this many Raft entries were applied since its last one, and
+    /// purges its log up to it (0: never; the log is kept whole). Default
+    /// 10 000.
+    pub snapshot_every: u64,
 }
 
 impl Default for ClusterConfig {
@@ -40,6 +50,8 @@ impl Default for ClusterConfig {
             lease_ttl: Duration::from_secs(10),
             events_token_file: None,
             default_replicas: 1,
+            replace_after: Duration::from_secs(300),
+            snapshot_every: 10_000,
         }
     }
 }
@@ -84,6 +96,9 @@ impl ClusterConfig {
                 "default_replicas must be 1 to 7, not {}",
                 self.default_replicas
             ));
+        }
+        if !self.replace_after.is_zero() && self.replace_after < Duration::from_secs(1) {
+            return bad("replace_after must be at least 1s (or \"0s\": never)".into());
         }
         match advertise {
             Some(a) if a.starts_with("http://") || a.starts_with("https://") => Ok(()),

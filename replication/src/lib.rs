@@ -8,8 +8,10 @@
 //! [`Apply`] implementation and remembers what it applied
 //! ([`state_machine`]), the `Replication` gRPC service and its client
 //! ([`network`]; the code generated from this crate's own `.proto` is
-//! [`proto`]), and [`ReplicaNode`], which starts a group's Raft on one
-//! broker ([`node`]). The broker's side — which commands exist and how
+//! [`proto`]), [`ReplicaNode`], which starts a group's Raft on one
+//! broker ([`node`]), and snapshot files ([`snapshot`]: a state machine's
+//! applied state, so the log can be purged and a member far behind, or
+//! new, catches up from it). The broker's side — which commands exist and how
 //! they are applied through its `Storage` trait — lives in
 //! `ricochet_broker::replication`.
 
@@ -18,6 +20,7 @@ mod error;
 pub mod log_store;
 pub mod network;
 pub mod node;
+pub mod snapshot;
 pub mod state_machine;
 
 /// The `Replication` service's generated code (package
@@ -34,7 +37,7 @@ pub use codec::{decode, encode};
 pub use error::{ReplicationError, Result};
 pub use network::{GroupRegistry, ReplicationService};
 pub use node::{Durability, NodeSettings, Progress, ReplicaNode, open_db, remove_group};
-pub use state_machine::Apply;
+pub use state_machine::{Apply, SnapshotWriter};
 
 use serde::{Deserialize, Serialize};
 
@@ -58,7 +61,7 @@ openraft::declare_raft_types!(
         NodeId = NodeId,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = std::io::Cursor<Vec<u8>>,
+        SnapshotData = tokio::fs::File,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

@@ -134,8 +134,43 @@ impl Replication for ReplicationService {
         &self,
         req: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
-        let (raft, rpc): (_, InstallSnapshotRequest<TypeConfig>) = self.open(req)?;
-        reply(raft.install_snapshot(rpc).await)
+        let (raft, chunk): (_, SnapshotChunk) = self.open(req)?;
+        reply(raft.install_snapshot(chunk.into_request()).await)
+    }
+}
+
+/// A snapshot chunk as it travels: openraft's `InstallSnapshotRequest`
+/// with its data as one CBOR byte string (serde would write a `Vec<u8>`
+/// as an array of numbers, a byte each, and decode it as slowly).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct SnapshotChunk {
+    vote: openraft::Vote<NodeId>,
+    meta: openraft::SnapshotMeta<NodeId, BasicNode>,
+    offset: u64,
+    #[serde(with = "serde_bytes")]
+    data: Vec<u8>,
+    done: bool,
+}
+
+impl SnapshotChunk {
+    fn from_request(r: InstallSnapshotRequest<TypeConfig>) -> Self {
+        Self {
+            vote: r.vote,
+            meta: r.meta,
+            offset: r.offset,
+            data: r.data,
+            done: r.done,
+        }
+    }
+
+    fn into_request(self) -> InstallSnapshotRequest<TypeConfig> {
+        InstallSnapshotRequest {
+            vote: self.vote,
+            meta: self.meta,
+            offset: self.offset,
+            data: self.data,
+            done: self.done,
+        }
     }
 }
 
@@ -255,7 +290,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-        self.call(Rpc::Snapshot, &rpc, &option).await
+        self.call(Rpc::Snapshot, &SnapshotChunk::from_request(rpc), &option)
+            .await
     }
 
     async fn vote(

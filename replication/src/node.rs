@@ -10,7 +10,7 @@ use crate::{Apply, Command, NodeId, Raft, ReplicationError, Result};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, SnapshotPolicy};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +41,24 @@ pub struct NodeSettings {
     /// group's membership (a test routes each pair of nodes through its
     /// own fault proxy this way).
     pub peer_addrs: BTreeMap<NodeId, String>,
+    /// Where the groups' snapshot files are kept (a directory per group);
+    /// `None`: no snapshots: the log is kept whole and a snapshot offered
+    /// by a leader is refused.
+    pub snapshot_dir: Option<PathBuf>,
+    /// A snapshot is built once this many entries were applied since the
+    /// last one (0: never built here; one sent by a leader is still
+    /// installed), and the log purged up to it.
+    pub snapshot_every: u64,
+    /// Entries kept in the log behind a snapshot, so a follower a little
+    /// behind catches up from the log rather than a whole snapshot.
+    pub snapshot_keep: u64,
+    /// How long a leader waits for a follower to take the last chunk of a
+    /// snapshot and install it.
+    pub install_timeout: Duration,
+    /// Test fault: every snapshot install on this node stops with an error
+    /// after reading this many bytes (as a crash part-way would stop it).
+    #[doc(hidden)]
+    pub cut_installs_after: Option<u64>,
 }
 
 impl Default for NodeSettings {
@@ -51,6 +69,11 @@ impl Default for NodeSettings {
             heartbeat: Duration::from_millis(100),
             election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
             peer_addrs: BTreeMap::new(),
+            snapshot_dir: None,
+            snapshot_every: 10_000,
+            snapshot_keep: 1_000,
+            install_timeout: Duration::from_secs(60),
+            cut_installs_after: None,
         }
     }
 }
@@ -63,8 +86,12 @@ impl NodeSettings {
             heartbeat_interval: ms(self.heartbeat),
             election_timeout_min: ms(self.election_timeout.0),
             election_timeout_max: ms(self.election_timeout.1),
-            // Never built yet: the log is kept whole (see state_machine).
-            snapshot_policy: SnapshotPolicy::Never,
+            snapshot_policy: match (&self.snapshot_dir, self.snapshot_every) {
+                (Some(_), every) if every > 0 => SnapshotPolicy::LogsSinceLast(every),
+                _ => SnapshotPolicy::Never,
+            },
+            max_in_snapshot_log_to_keep: self.snapshot_keep,
+            install_snapshot_timeout: ms(self.install_timeout),
             ..Config::default()
         };
         Ok(Arc::new(
@@ -87,12 +114,18 @@ pub fn open_db(dir: &Path, settings: &NodeSettings) -> Result<sled::Db> {
         .open()?)
 }
 
-/// Removes `group`'s Raft log, vote and applied mark from `db` (its
-/// member on this node stopped: the group was deleted), so a group of the
-/// same name starts afresh.
-pub fn remove_group(db: &sled::Db, group: &str) -> Result<()> {
+/// Removes `group`'s Raft log, vote, applied mark and snapshots (its
+/// member on this node stopped: the group was deleted, or this node left
+/// it), so a group of the same name starts afresh.
+pub fn remove_group(db: &sled::Db, settings: &NodeSettings, group: &str) -> Result<()> {
     db.drop_tree(format!("log/{group}"))?;
     db.drop_tree(format!("meta/{group}"))?;
+    if let Some(root) = &settings.snapshot_dir {
+        let dir = crate::snapshot::group_dir(root, group);
+        if dir.exists() {
+            std::fs::remove_dir_all(dir)?;
+        }
+    }
     Ok(())
 }
 
@@ -136,7 +169,15 @@ impl ReplicaNode {
         registry: &GroupRegistry,
     ) -> Result<Self> {
         let log = LogStore::open(db, group, settings.durability)?;
-        let sm = StateMachine::open(db, group, settings.durability, apply)?;
+        let mut sm = StateMachine::open(
+            db,
+            group,
+            settings.durability,
+            apply,
+            settings.snapshot_dir.as_deref(),
+        )?;
+        sm.cut_installs_after(settings.cut_installs_after);
+        sm.recover().await?;
         let checkpoints = (settings.durability == Durability::Interval).then(|| {
             let sm = sm.clone();
             let every = settings.flush_interval;
@@ -222,6 +263,17 @@ impl ReplicaNode {
         self.raft.metrics().borrow().last_applied.map(|l| l.index)
     }
 
+    /// The last log index covered by this node's current snapshot (built
+    /// here or installed from a leader), if any.
+    pub fn snapshot_index(&self) -> Option<u64> {
+        self.raft.metrics().borrow().snapshot.map(|l| l.index)
+    }
+
+    /// The last log index purged from this node's log, if any.
+    pub fn purged_index(&self) -> Option<u64> {
+        self.raft.metrics().borrow().purged.map(|l| l.index)
+    }
+
     /// The group's replication as this node sees it when it leads: its
     /// last log index and each other member's matched index (`None` while
     /// the leader knows nothing it holds); `None` when it does not lead.
@@ -241,6 +293,75 @@ impl ReplicaNode {
             last_index: m.last_log_index.unwrap_or(0),
             matched,
         })
+    }
+
+    /// The group's voters as this node knows them (the last membership
+    /// it holds, joint or not: every voter of either side).
+    pub fn voters(&self) -> std::collections::BTreeSet<NodeId> {
+        self.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect()
+    }
+
+    /// Makes the group's voters exactly `wanted` (id → address of its
+    /// broker's Replication service), on the leader: each new one is added
+    /// as a learner and caught up (a snapshot and the log after it) before
+    /// the membership switches (openraft's joint consensus); voters not in
+    /// `wanted` are removed with the switch. `within` bounds the whole.
+    pub async fn change_voters(
+        &self,
+        wanted: BTreeMap<NodeId, String>,
+        within: Duration,
+    ) -> Result<()> {
+        let work = async {
+            let have = self.voters();
+            for (id, addr) in &wanted {
+                if !have.contains(id) {
+                    tracing::info!(group = %self.group, node = id, %addr, "adding a learner");
+                    self.raft
+                        .add_learner(*id, BasicNode { addr: addr.clone() }, true)
+                        .await
+                        .map_err(|e| self.write_error(e))?;
+                    tracing::info!(group = %self.group, node = id, "learner caught up");
+                }
+            }
+            let ids: std::collections::BTreeSet<NodeId> = wanted.keys().copied().collect();
+            self.raft
+                .change_membership(ids, false)
+                .await
+                .map_err(|e| self.write_error(e))?;
+            Ok(())
+        };
+        tokio::time::timeout(within, work).await.map_err(|_| {
+            ReplicationError::Raft(format!(
+                "group {}: the membership change did not finish within {within:?}",
+                self.group
+            ))
+        })?
+    }
+
+    fn write_error(
+        &self,
+        e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>,
+    ) -> ReplicationError {
+        match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                ReplicationError::NotLeader {
+                    group: self.group.clone(),
+                    leader: f.leader_id,
+                    leader_addr: f.leader_node.map(|n| n.addr),
+                }
+            }
+            RaftError::APIError(e) => ReplicationError::Raft(e.to_string()),
+            RaftError::Fatal(f) => ReplicationError::Stopped {
+                group: self.group.clone(),
+                message: f.to_string(),
+            },
+        }
     }
 
     /// The openraft handle (metrics, membership changes).

@@ -48,6 +48,8 @@
 //! # broker_id = "b1"             # default: the data directory's store id
 //! # lease_ttl = "10s"            # fenced after 4/5 of it without a renewal
 //! # default_replicas = 1         # factor of a topic created without one (1..7)
+//! # replace_after = "5m"         # a group member's broker down this long is replaced ("0s": never)
+//! # snapshot_every = 10000       # Raft entries between snapshots of a partition (0: never)
 //!
 //! # [tiered]                     # offload sealed segments to an object store (off unless set)
 //! # url = "s3://bucket/prefix"   # or "file:///var/lib/ricochet-tier"

@@ -15,7 +15,7 @@ use super::{
 };
 use crate::storage::{DeadLetterReturn, Storage, StorageError, TierMove, TopicRecord};
 use prost::Message as _;
-use ricochet_replication::{Apply, ReplicationError, decode, encode};
+use ricochet_replication::{Apply, ReplicationError, SnapshotWriter, decode, encode};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -30,6 +30,8 @@ struct Writer {
 #[derive(Debug)]
 pub struct StorageApplier {
     storage: Arc<dyn Storage>,
+    /// The partition's topic (what a snapshot holds), when known.
+    topic: Option<String>,
     state: Mutex<State>,
 }
 
@@ -53,8 +55,24 @@ impl StorageApplier {
     pub fn new(storage: Arc<dyn Storage>) -> Self {
         Self {
             storage,
+            topic: None,
             state: Mutex::new(State::default()),
         }
+    }
+
+    /// An applier of partition `topic`'s group (it builds and installs
+    /// snapshots of that partition, see [`super::snapshot`]).
+    pub fn for_partition(storage: Arc<dyn Storage>, topic: &str) -> Self {
+        Self {
+            topic: Some(topic.to_owned()),
+            ..Self::new(storage)
+        }
+    }
+
+    fn partition(&self) -> ricochet_replication::Result<&str> {
+        self.topic.as_deref().ok_or_else(|| {
+            ReplicationError::Apply("this applier knows no partition to snapshot".into())
+        })
     }
 
     fn has_topic(&self, state: &mut State, name: &str) -> Result<bool, StorageError> {
@@ -335,6 +353,20 @@ impl Apply for StorageApplier {
         self.storage
             .flush()
             .await
+            .map_err(|e| ReplicationError::Apply(e.to_string()))
+    }
+
+    fn snapshot(&self) -> ricochet_replication::Result<Box<dyn SnapshotWriter>> {
+        super::snapshot::capture(&self.storage, self.partition()?)
+    }
+
+    fn install(&self, from: &mut dyn std::io::Read) -> ricochet_replication::Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // What was cached of the old copy no longer holds, whatever the
+        // install's outcome.
+        *state = State::default();
+        let highest = super::snapshot::install(&self.storage, self.partition()?, from)?;
+        self.raise_ids_past(highest)
             .map_err(|e| ReplicationError::Apply(e.to_string()))
     }
 }

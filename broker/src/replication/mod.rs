@@ -22,6 +22,8 @@ mod apply;
 pub mod factor;
 pub mod groups;
 pub mod namespaces;
+mod record;
+mod snapshot;
 pub mod status;
 mod storage;
 
@@ -207,6 +209,15 @@ pub async fn open_store(config: &BrokerConfig) -> Result<Arc<dyn Storage>, Broke
     Ok(Arc::new(log))
 }
 
+/// The partition (topic) a Raft group's name names: the group name is the
+/// topic, or `<topic>@<incarnation>` (see `groups::GroupRecord::raft_group`).
+pub fn partition_of(group: &str) -> &str {
+    match group.rsplit_once('@') {
+        Some((topic, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => topic,
+        _ => group,
+    }
+}
+
 /// One replica of one partition: its Raft node and the store it applies to.
 #[derive(Debug)]
 pub struct ReplicatedPartition {
@@ -216,7 +227,9 @@ pub struct ReplicatedPartition {
 
 impl ReplicatedPartition {
     /// Starts node `id` of the group `topic` on `storage`, with its Raft log
-    /// in `raft_dir`, and routes the group's RPCs through `registry`.
+    /// in `raft_dir` (and its snapshots in `raft_dir/raft-snapshots` unless
+    /// `settings` names a place), and routes the group's RPCs through
+    /// `registry`.
     pub async fn start(
         id: u64,
         topic: &str,
@@ -226,7 +239,11 @@ impl ReplicatedPartition {
         registry: &GroupRegistry,
     ) -> Result<Self, ReplicationError> {
         let db = ricochet_replication::open_db(raft_dir, settings)?;
-        Self::start_on(id, topic, &db, settings, storage, registry).await
+        let mut settings = settings.clone();
+        if settings.snapshot_dir.is_none() {
+            settings.snapshot_dir = Some(raft_dir.join("raft-snapshots"));
+        }
+        Self::start_on(id, topic, &db, &settings, storage, registry).await
     }
 
     /// [`ReplicatedPartition::start`] on a Raft database the broker opened
@@ -239,7 +256,10 @@ impl ReplicatedPartition {
         storage: Arc<dyn Storage>,
         registry: &GroupRegistry,
     ) -> Result<Self, ReplicationError> {
-        let applier = Arc::new(StorageApplier::new(storage.clone()));
+        let applier = Arc::new(StorageApplier::for_partition(
+            storage.clone(),
+            partition_of(topic),
+        ));
         let node = ReplicaNode::start(id, topic, db, settings, applier, registry).await?;
         Ok(Self { node, storage })
     }

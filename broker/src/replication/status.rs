@@ -102,6 +102,10 @@ pub struct GroupStatus {
     pub last_index: u64,
     /// The members, in the group record's order.
     pub members: Vec<MemberStatus>,
+    /// A member has been down longer than `replace_after` and no live
+    /// broker outside the group can replace it: the group stays degraded.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unreplaced: bool,
 }
 
 /// What a leader remembers between two reports on one group.
@@ -119,13 +123,13 @@ impl Tracker {
             .is_none_or(|(at, _)| now.duration_since(at) >= REPORT_EVERY)
     }
 
-    /// The report on the group of `members` (broker ids, node id = position
-    /// plus one) from the leader's `progress`, as `me` (the leader's broker
+    /// The report on the group of `members` (broker ids with their Raft
+    /// node ids) from the leader's `progress`, as `me` (the leader's broker
     /// id); `live` holds the live brokers.
     pub fn report(
         &mut self,
         me: &str,
-        members: &[String],
+        members: &[(String, NodeId)],
         progress: &Progress,
         live: &HashSet<String>,
         now: Instant,
@@ -133,8 +137,8 @@ impl Tracker {
         let last = progress.last_index;
         let previous = self.last_report.map(|(_, l)| l);
         let mut reported = Vec::with_capacity(members.len());
-        for (i, broker) in members.iter().enumerate() {
-            let node = i as NodeId + 1;
+        for (broker, node) in members {
+            let node = *node;
             let (matched, health) = if broker == me {
                 (last, Health::Ok)
             } else {
@@ -160,6 +164,7 @@ impl Tracker {
             at_ms: ricochet_storage::util::wall_ms(),
             last_index: last,
             members: reported,
+            unreplaced: false,
         }
     }
 }
@@ -222,8 +227,8 @@ mod tests {
         assert_eq!(health(true, 7, 10, Some(8), DOWN_AFTER), Health::Down);
     }
 
-    fn record() -> Vec<String> {
-        vec!["b0".into(), "b1".into(), "b2".into()]
+    fn record() -> Vec<(String, NodeId)> {
+        vec![("b0".into(), 1), ("b1".into(), 2), ("b2".into(), 3)]
     }
 
     fn progress(last: u64, b1: Option<u64>, b2: Option<u64>) -> Progress {

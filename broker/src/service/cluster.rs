@@ -292,7 +292,10 @@ fn member(
             broker_id: broker.to_owned(),
             matched_index: m.matched,
             lag: last.saturating_sub(m.matched),
-            health: m.health.as_str().to_owned(),
+            health: match (m.health, report.is_some_and(|r| r.unreplaced)) {
+                (status::Health::Down, true) => "down, no spare broker to replace it".to_owned(),
+                (h, _) => h.as_str().to_owned(),
+            },
         },
         None => ricochet_proto::GroupMember {
             broker_id: broker.to_owned(),

@@ -32,6 +32,7 @@ mod ownership;
 mod partitions;
 mod raft;
 mod raft_partition;
+mod raft_snapshot;
 mod raft_storage;
 mod retention;
 mod retry_refs;

@@ -16,5 +16,6 @@ mod producer_queue;
 mod receipts;
 mod reconnect;
 mod replicated;
+mod replicated_members;
 mod replicated_retries;
 mod roundtrip;

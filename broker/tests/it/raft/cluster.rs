@@ -51,7 +51,8 @@ impl Node {
 pub struct Cluster {
     _root: tempfile::TempDir,
     pub nodes: Vec<Node>,
-    settings: NodeSettings,
+    /// The settings nodes start (and restart) with.
+    pub settings: NodeSettings,
     /// `proxies[(from, to)]`: the proxy node `from` reaches node `to` by.
     pub proxies: BTreeMap<(u64, u64), FaultProxy>,
 }
@@ -77,7 +78,18 @@ async fn start_node(
         .expect("node runtime");
     let d = dir.clone();
     let started = runtime.spawn(async move {
-        let listener = tokio::net::TcpListener::bind(bind).await.expect("bind");
+        // A killed node's runtime releases its port as it winds down:
+        // retry the bind for a while.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let listener = loop {
+            match tokio::net::TcpListener::bind(bind).await {
+                Ok(l) => break l,
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("bind {bind}: {e}"),
+            }
+        };
         let addr = listener.local_addr().expect("addr");
         let registry = GroupRegistry::default();
         let server = ReplicationService::new(registry.clone()).into_server();
@@ -122,11 +134,16 @@ impl Cluster {
     /// Three nodes, ids 1..=3; with `proxied`, every ordered pair of nodes
     /// talks through its own [`FaultProxy`].
     pub async fn start(proxied: bool) -> Self {
+        Self::start_with(proxied, settings()).await
+    }
+
+    /// [`Cluster::start`] with these node settings.
+    pub async fn start_with(proxied: bool, settings: NodeSettings) -> Self {
         let root = tempfile::tempdir().expect("temp dir");
         let mut cluster = Self {
             _root: root,
             nodes: Vec::new(),
-            settings: settings(),
+            settings,
             proxies: BTreeMap::new(),
         };
         let ids = [1u64, 2, 3];

@@ -19,6 +19,8 @@
 //! brokers redirect to it; a member that stops leading hands the topic to
 //! the new leader (its streams end, clients look it up again).
 
+mod members;
+
 use super::{
     NodeSettings, PartitionCommand, PartitionReply, ReplicatedPartition, ReplicatedStorage,
 };
@@ -29,7 +31,6 @@ use crate::storage::{Storage, TopicKind, TopicRecord};
 use ricochet_cluster::Cluster;
 use ricochet_cluster::etcd::Created;
 use ricochet_replication::{GroupRegistry, NodeId};
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -44,45 +45,7 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a create waits for the new group to commit its first entry.
 const FORM_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A replicated topic's group, as etcd records it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GroupRecord {
-    /// The replication factor.
-    pub replicas: u32,
-    /// The member brokers' ids; the first initialized the group.
-    pub members: Vec<String>,
-    /// Which group of this topic's name it is (its creation time, ms): a
-    /// topic deleted and created again is a new group with a Raft log of
-    /// its own. 0 in records written before it existed.
-    #[serde(default)]
-    pub incarnation: u64,
-}
-
-impl GroupRecord {
-    /// The Raft group's name (its log's, and what its RPCs are routed by):
-    /// the topic, with the incarnation when it has one.
-    pub fn raft_group(&self, topic: &str) -> String {
-        if self.incarnation == 0 {
-            topic.to_owned()
-        } else {
-            format!("{topic}@{}", self.incarnation)
-        }
-    }
-
-    /// Broker `id`'s Raft node id in this group.
-    pub fn node_id(&self, id: &str) -> Option<NodeId> {
-        self.members
-            .iter()
-            .position(|m| m == id)
-            .map(|i| i as NodeId + 1)
-    }
-
-    /// The broker id of Raft node `node`.
-    pub fn broker_of(&self, node: NodeId) -> Option<&str> {
-        let i = usize::try_from(node.checked_sub(1)?).ok()?;
-        self.members.get(i).map(String::as_str)
-    }
-}
+pub use super::record::GroupRecord;
 
 /// What this broker does for a replicated topic it holds a replica of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +89,18 @@ pub struct Groups {
     /// What this broker remembers between its reports on the groups it
     /// leads.
     reports: Mutex<HashMap<String, super::status::Tracker>>,
+    /// `[cluster] replace_after` (zero: never).
+    replace_after: Duration,
+    /// Since when this broker, leading, has seen each (topic, member
+    /// broker) not live.
+    down_since: Mutex<HashMap<(String, String), std::time::Instant>>,
+    /// Groups led here with a member down too long and no broker to
+    /// replace it.
+    unreplaced: Mutex<std::collections::HashSet<String>>,
+    /// Groups whose membership change is under way here.
+    changing: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// Copies of groups that replaced this broker were looked for.
+    swept: std::sync::atomic::AtomicBool,
 }
 
 /// The runtime the Raft nodes of this broker's groups run on, apart from
@@ -182,7 +157,21 @@ impl Groups {
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Result<Arc<Self>> {
         let db = ricochet_replication::open_db(data_dir, &settings).map_err(replication)?;
+        let mut settings = settings;
+        if settings.snapshot_dir.is_none() {
+            settings.snapshot_dir = Some(data_dir.join("raft-snapshots"));
+        }
+        let replace_after = core
+            .config
+            .cluster
+            .as_ref()
+            .map_or(Duration::ZERO, |c| c.replace_after);
         let groups = Arc::new(Self {
+            replace_after,
+            down_since: Default::default(),
+            unreplaced: Default::default(),
+            changing: Default::default(),
+            swept: Default::default(),
             cluster,
             storage: core.storage.clone(),
             core,
@@ -293,6 +282,8 @@ impl Groups {
             .map(|(i, u)| (i as NodeId + 1, u))
             .collect();
         let record = GroupRecord {
+            ids: Vec::new(),
+            next_id: 0,
             incarnation: ricochet_storage::util::wall_ms(),
             replicas,
             members: std::iter::once(me)
@@ -474,16 +465,27 @@ impl Groups {
             }
         }
         *ricochet_storage::util::write(&self.known) = known.clone();
+        self.sweep_replaced(&known).await;
         // Members of groups deleted since (no record, or a record of a
-        // new group of the same name).
+        // new group of the same name), or that no longer name this broker
+        // (it was replaced while down); the others follow their record's
+        // member changes.
+        let me = self.cluster.id();
         let gone: Vec<(String, u64)> = {
-            let started = self.started.lock().await;
+            let mut started = self.started.lock().await;
+            for (t, m) in started.iter_mut() {
+                if let Some(r) = known.get(t)
+                    && r.incarnation == m.record.incarnation
+                {
+                    m.record = r.clone();
+                }
+            }
             started
                 .iter()
                 .filter(|(t, m)| {
-                    known
-                        .get(*t)
-                        .is_none_or(|r| r.incarnation != m.record.incarnation)
+                    known.get(*t).is_none_or(|r| {
+                        r.incarnation != m.record.incarnation || r.node_id(me).is_none()
+                    })
                 })
                 .map(|(t, m)| (t.clone(), m.record.incarnation))
                 .collect()
@@ -492,7 +494,13 @@ impl Groups {
             // Read again: a group created since the prefix was read has a
             // record by the time its member started.
             let now = self.read_group(&topic).await?;
-            if now.is_none_or(|r| r.incarnation != incarnation) {
+            if now
+                .as_ref()
+                .is_none_or(|r| r.incarnation != incarnation || r.node_id(me).is_none())
+            {
+                if now.is_some_and(|r| r.incarnation == incarnation) {
+                    tracing::info!(%topic, "this broker was replaced in the group while it was away: dropping its copy");
+                }
                 self.stop_member(&topic).await;
             }
         }
@@ -512,6 +520,9 @@ impl Groups {
         };
         for (topic, partition, record) in &members {
             self.follow_leader(topic, partition.clone(), record).await;
+        }
+        if let Err(e) = self.maintain(&members).await {
+            tracing::warn!(error = %e, "cannot check the groups' members");
         }
         self.report(&members).await
     }
@@ -551,11 +562,18 @@ impl Groups {
             .map(|b| b.id)
             .collect();
         for (topic, record, progress) in due {
-            let status = {
+            let mut status = {
                 let mut reports = crate::util::lock(&self.reports);
                 let tracker = reports.entry(topic.clone()).or_default();
-                tracker.report(self.cluster.id(), &record.members, &progress, &live, now)
+                tracker.report(
+                    self.cluster.id(),
+                    &record.member_ids(),
+                    &progress,
+                    &live,
+                    now,
+                )
             };
+            status.unreplaced = crate::util::lock(&self.unreplaced).contains(topic.as_str());
             super::status::write(&self.cluster, topic, &status).await?;
         }
         Ok(())
@@ -749,7 +767,7 @@ impl Groups {
         let Some(member) = member else { return };
         member.partition.node().stop().await;
         let group = member.record.raft_group(topic);
-        if let Err(e) = ricochet_replication::remove_group(&self.db, &group) {
+        if let Err(e) = ricochet_replication::remove_group(&self.db, &self.settings, &group) {
             tracing::warn!(%topic, error = %e, "cannot remove the deleted group's Raft log");
         }
         if let Err(e) = self.drop_copy(topic) {

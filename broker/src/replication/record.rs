@@ -1,0 +1,116 @@
+//! A replicated topic's group record in etcd (`groups/<topic>`): its
+//! factor, member brokers and their Raft node ids.
+
+use ricochet_replication::NodeId;
+use serde::{Deserialize, Serialize};
+
+/// A replicated topic's group, as etcd records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupRecord {
+    /// The replication factor.
+    pub replicas: u32,
+    /// The member brokers' ids; the first initialized the group.
+    pub members: Vec<String>,
+    /// Which group of this topic's name it is (its creation time, ms): a
+    /// topic deleted and created again is a new group with a Raft log of
+    /// its own. 0 in records written before it existed.
+    #[serde(default)]
+    pub incarnation: u64,
+    /// Each member's Raft node id, in `members`' order; empty in records
+    /// of groups that never changed members (then a member's id is its
+    /// position plus one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ids: Vec<NodeId>,
+    /// The node id the next member added gets (ids are never reused: a
+    /// replaced member's id may still sit in a returning broker's log);
+    /// 0: one past the members.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub next_id: NodeId,
+}
+
+fn is_zero(n: &NodeId) -> bool {
+    *n == 0
+}
+
+impl GroupRecord {
+    /// The Raft group's name (its log's, and what its RPCs are routed by):
+    /// the topic, with the incarnation when it has one.
+    pub fn raft_group(&self, topic: &str) -> String {
+        if self.incarnation == 0 {
+            topic.to_owned()
+        } else {
+            format!("{topic}@{}", self.incarnation)
+        }
+    }
+
+    /// Broker `id`'s Raft node id in this group.
+    pub fn node_id(&self, id: &str) -> Option<NodeId> {
+        let i = self.members.iter().position(|m| m == id)?;
+        Some(self.id_at(i))
+    }
+
+    fn id_at(&self, i: usize) -> NodeId {
+        self.ids.get(i).copied().unwrap_or(i as NodeId + 1)
+    }
+
+    /// The broker id of Raft node `node`.
+    pub fn broker_of(&self, node: NodeId) -> Option<&str> {
+        let i = (0..self.members.len()).find(|i| self.id_at(*i) == node)?;
+        self.members.get(i).map(String::as_str)
+    }
+
+    /// Each member with its Raft node id, in the record's order.
+    pub fn member_ids(&self) -> Vec<(String, NodeId)> {
+        (0..self.members.len())
+            .map(|i| (self.members[i].clone(), self.id_at(i)))
+            .collect()
+    }
+
+    /// The record with member `old` replaced by broker `new`, under a node
+    /// id never used in this group; `None` when `old` is no member.
+    pub fn replacing(&self, old: &str, new: &str) -> Option<GroupRecord> {
+        let i = self.members.iter().position(|m| m == old)?;
+        let mut ids: Vec<NodeId> = (0..self.members.len()).map(|i| self.id_at(i)).collect();
+        let fresh = self.next_id.max(ids.iter().copied().max().unwrap_or(0) + 1);
+        ids[i] = fresh;
+        let mut members = self.members.clone();
+        members[i] = new.to_owned();
+        Some(GroupRecord {
+            members,
+            ids,
+            next_id: fresh + 1,
+            ..self.clone()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replaced_member_gets_an_id_never_used() {
+        let r = GroupRecord {
+            replicas: 3,
+            members: vec!["b0".into(), "b1".into(), "b2".into()],
+            incarnation: 1,
+            ids: Vec::new(),
+            next_id: 0,
+        };
+        assert_eq!(r.node_id("b1"), Some(2));
+        let r2 = r.replacing("b2", "b3").expect("b2 is a member");
+        assert_eq!(r2.node_id("b3"), Some(4));
+        assert_eq!(r2.node_id("b2"), None);
+        assert_eq!(r2.broker_of(4), Some("b3"));
+        assert_eq!(r2.broker_of(3), None);
+        // b3 replaced in turn: 5, not 4 again nor 3.
+        let r3 = r2.replacing("b3", "b2").expect("b3 is a member");
+        assert_eq!(r3.node_id("b2"), Some(5));
+        assert_eq!(r3.member_ids()[..2], [("b0".into(), 1), ("b1".into(), 2)]);
+        assert!(r.replacing("b9", "b3").is_none());
+        // An old record (no ids) reads as before.
+        let old: GroupRecord =
+            serde_json::from_str(r#"{"replicas":3,"members":["a","b","c"]}"#).unwrap();
+        assert_eq!(old.node_id("c"), Some(3));
+    }
+}

@@ -1,0 +1,298 @@
+//! Replacing a replication group's member that stays down (issue 22), in a
+//! real cluster: etcd and four brokers as child processes on loopback
+//! (`--replace-after 5s`, a snapshot every 50 Raft entries), one topic of
+//! factor 3 with published, acked, nacked and dead-lettered messages
+//! recorded in a `History`. A member is killed with SIGKILL (a follower in
+//! one test, the leader in the other); the group's leader puts the fourth
+//! broker in its place (a learner caught up from a snapshot and the log,
+//! then the membership switched), so the group has three members again.
+//! Then the current leader, an original member, is killed too: the two
+//! left (one of them the new member) elect a leader that holds everything
+//! — every receipted publish readable once, delivery counts not gone back,
+//! the dead letters there — and with no broker left to replace the second
+//! dead member, the listing says the group stays degraded, until the first
+//! one killed comes back and takes that place.
+
+use crate::replicated::{ONE_CLUSTER, client, stable_leader};
+use ricochet_client::{InitialPosition, PolicySpec, SubscriptionType};
+use ricochet_testkit::{History, Place, SpawnOptions, etcd_or_skip, spawn_cluster};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+const TOPIC: &str = "members";
+
+/// The group of [`TOPIC`] as broker `url` lists it: members and each
+/// member's (health, lag).
+async fn group(url: &str) -> Option<(Vec<String>, BTreeMap<String, (String, u64)>)> {
+    let listed = client(url).await.admin().brokers(false).await.ok()?;
+    let g = listed
+        .groups
+        .into_iter()
+        .find(|g| g.topic.ends_with(TOPIC))?;
+    let status = g
+        .member_status
+        .iter()
+        .map(|m| (m.broker_id.clone(), (m.health.clone(), m.lag)))
+        .collect();
+    Some((g.members, status))
+}
+
+/// Waits until the group's members are `want`, each `ok` with lag 0.
+async fn members_become(url: &str, want: &BTreeSet<String>, within: Duration) {
+    let start = Instant::now();
+    loop {
+        let g = group(url).await;
+        if let Some((members, status)) = &g {
+            let set: BTreeSet<String> = members.iter().cloned().collect();
+            if set == *want
+                && members.len() == 3
+                && want
+                    .iter()
+                    .all(|m| status.get(m).is_some_and(|(h, lag)| h == "ok" && *lag == 0))
+            {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < within,
+            "the group did not become {want:?} (all ok, lag 0) within {within:?}: {g:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The snapshot files under a broker's data directory.
+fn snapshot_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let Ok(groups) = std::fs::read_dir(dir.join("raft-snapshots")) else {
+        return Vec::new();
+    };
+    groups
+        .flatten()
+        .flat_map(|g| std::fs::read_dir(g.path()).into_iter().flatten().flatten())
+        .map(|f| f.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "snap"))
+        .collect()
+}
+
+fn dead(id: u64) -> bool {
+    id.is_multiple_of(10)
+}
+
+fn nacked(id: u64) -> bool {
+    id.is_multiple_of(5) && !dead(id)
+}
+
+async fn replaced_member_run(kill_leader_first: bool, name: &str) {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip(name).await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let options = SpawnOptions::new().args(["--replace-after", "5s", "--snapshot-every", "50"]);
+    let mut brokers = spawn_cluster(
+        &etcd,
+        name,
+        4,
+        root.path(),
+        Duration::from_secs(3),
+        &options,
+    )
+    .await;
+    let ids: Vec<String> = brokers.iter().map(|b| b.id.clone()).collect();
+    client(&brokers[0].url())
+        .await
+        .admin()
+        .create_replicated_topic(TOPIC, 3)
+        .await
+        .unwrap();
+    let (leader, _) = stable_leader(&brokers[0].url(), TOPIC, &ids, Duration::from_secs(20))
+        .await
+        .expect("a leader");
+    let (original, _) = group(&brokers[0].url()).await.expect("the group is listed");
+    assert_eq!(original.len(), 3, "{original:?}");
+    let spare_id = ids
+        .iter()
+        .find(|b| !original.contains(b))
+        .expect("a fourth broker")
+        .clone();
+    let spare = ids.iter().position(|b| *b == spare_id).unwrap();
+    // Everything goes through the spare, which is never killed.
+    let url = brokers[spare].url();
+    let c = client(&url).await;
+    let h = History::new();
+
+    // 60 messages: every tenth dead-lettered, the other fifths nacked
+    // (held, delivered again with a higher count), the rest acked.
+    let p = c.producer(TOPIC).create().await.unwrap();
+    for i in 0..60u64 {
+        let id = i.to_string();
+        h.sent(&id);
+        p.send(id.clone()).await.unwrap();
+        h.receipted(&id);
+    }
+    let subscribe = |receipts: bool| {
+        c.consumer(TOPIC)
+            .subscription("s")
+            .subscription_type(SubscriptionType::Shared)
+            .initial_position(InitialPosition::Earliest)
+            .ack_receipts(receipts)
+            .policy("backoff:fixed=200ms,max=50".parse::<PolicySpec>().unwrap())
+            .subscribe()
+    };
+    let mut consumer = subscribe(true).await.unwrap();
+    let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
+    let (mut acked, mut terminated) = (0, 0);
+    let start = Instant::now();
+    while acked + terminated < 54 || counts.values().filter(|c| **c >= 2).count() < 6 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "first phase: {acked} acked, {terminated} dead-lettered, nacked counts {counts:?}"
+        );
+        let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(5), consumer.receive()).await
+        else {
+            continue;
+        };
+        let id: u64 = String::from_utf8_lossy(m.payload()).parse().unwrap();
+        h.delivered(&id.to_string(), m.delivery_count());
+        if dead(id) {
+            consumer.terminate(&m, "bad").await.unwrap();
+            terminated += 1;
+        } else if nacked(id) {
+            counts.insert(id, m.delivery_count());
+            if consumer.nack_with_reason(&m, "later").await.is_ok() {
+                h.failure_confirmed(&id.to_string());
+            }
+        } else {
+            h.ack_sent(&id.to_string());
+            consumer.ack(&m).await.unwrap();
+            h.ack_confirmed(&id.to_string());
+            acked += 1;
+        }
+    }
+    consumer.flush().await.unwrap();
+    drop(consumer);
+
+    // The first kill: a member stays down past replace_after.
+    let first = if kill_leader_first {
+        leader.clone()
+    } else {
+        original.iter().find(|m| **m != leader).unwrap().clone()
+    };
+    let killed_at = Instant::now();
+    brokers[ids.iter().position(|b| *b == first).unwrap()].kill9();
+    let want: BTreeSet<String> = original
+        .iter()
+        .filter(|m| **m != first)
+        .cloned()
+        .chain([spare_id.clone()])
+        .collect();
+    members_become(&url, &want, Duration::from_secs(90)).await;
+    // It caught up from a snapshot (the log behind the last one was
+    // purged): the file it installed is in its data directory.
+    let snaps = snapshot_files(&brokers[spare].dir);
+    assert!(
+        !snaps.is_empty(),
+        "no snapshot installed on the new member {spare_id}"
+    );
+    println!(
+        "replicated members: {first} replaced by {spare_id} within {} ms of its kill -9",
+        killed_at.elapsed().as_millis()
+    );
+
+    // The second kill: the current leader, an original member.
+    let among: Vec<String> = want.iter().cloned().collect();
+    let (second, _) = stable_leader(&url, TOPIC, &among, Duration::from_secs(30))
+        .await
+        .expect("a leader after the replacement");
+    assert_ne!(second, spare_id, "the new member leads before any kill");
+    brokers[ids.iter().position(|b| *b == second).unwrap()].kill9();
+    let left: Vec<String> = want.iter().filter(|m| **m != second).cloned().collect();
+    let (third, _) = stable_leader(&url, TOPIC, &left, Duration::from_secs(30))
+        .await
+        .expect("a leader among the original member left and the new one");
+
+    // Audit through the leader left: the dead letters, then whatever is
+    // still deliverable, acked.
+    let admin = c.admin();
+    let all = ricochet_client::admin::DeadLetterFilter::default();
+    let listed = admin
+        .list_dead_letters(TOPIC, "s", &all, 100, None)
+        .await
+        .unwrap();
+    let mut dlq: Vec<u64> = listed
+        .dead_letters
+        .iter()
+        .map(|d| {
+            let m = d.message.as_ref().unwrap();
+            String::from_utf8_lossy(&m.payload).parse().unwrap()
+        })
+        .collect();
+    dlq.sort();
+    assert_eq!(dlq, (0..60).filter(|i| dead(*i)).collect::<Vec<_>>());
+    for id in &dlq {
+        h.found(&id.to_string(), Place::DeadLettered);
+    }
+    let mut auditor = subscribe(false).await.unwrap();
+    let mut again = BTreeMap::new();
+    while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(5), auditor.receive()).await {
+        let id: u64 = String::from_utf8_lossy(m.payload()).parse().unwrap();
+        h.delivered(&id.to_string(), m.delivery_count());
+        h.found(&id.to_string(), Place::Pending);
+        again.insert(id, m.delivery_count());
+        auditor.ack(&m).await.unwrap();
+    }
+    let summary = h.assert_ok();
+    println!("replicated members history (leader {third}): {summary:?}");
+    // The nacked ones, and only they, were still pending, each with a
+    // count above the one it was nacked at.
+    assert_eq!(
+        again.keys().copied().collect::<Vec<_>>(),
+        counts.keys().copied().collect::<Vec<_>>(),
+        "{again:?}"
+    );
+    for (id, count) in &counts {
+        assert!(
+            again[id] > *count,
+            "{id}: nacked at {count}, then {}",
+            again[id]
+        );
+    }
+
+    // No broker is left to replace the second dead member: the listing
+    // says so.
+    let start = Instant::now();
+    loop {
+        let g = group(&url).await;
+        if let Some((_, status)) = &g
+            && status
+                .get(&second)
+                .is_some_and(|(h, _)| h == "down, no spare broker to replace it")
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the listing does not say the group stays degraded: {g:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // The first broker killed comes back: no longer a member, it drops
+    // its copy, and as the only broker outside the group it takes the
+    // second dead member's place: the group is whole again.
+    brokers[ids.iter().position(|b| *b == first).unwrap()]
+        .restart()
+        .await;
+    let whole: BTreeSet<String> = left.iter().cloned().chain([first.clone()]).collect();
+    members_become(&url, &whole, Duration::from_secs(90)).await;
+}
+
+#[tokio::test]
+async fn a_follower_down_past_replace_after_is_replaced_and_a_later_kill_loses_nothing() {
+    replaced_member_run(false, "rfollow").await;
+}
+
+#[tokio::test]
+async fn a_leader_down_past_replace_after_is_replaced_and_a_later_kill_loses_nothing() {
+    replaced_member_run(true, "rlead").await;
+}
