@@ -96,6 +96,18 @@ pub fn remove_group(db: &sled::Db, group: &str) -> Result<()> {
     Ok(())
 }
 
+/// The error a write's refusal by openraft becomes.
+fn write_error(group: &str, e: ClientWriteError<NodeId, BasicNode>) -> ReplicationError {
+    match e {
+        ClientWriteError::ForwardToLeader(f) => ReplicationError::NotLeader {
+            group: group.to_owned(),
+            leader: f.leader_id,
+            leader_addr: f.leader_node.map(|n| n.addr),
+        },
+        e => ReplicationError::Raft(e.to_string()),
+    }
+}
+
 /// A leader's view of its group's replication ([`ReplicaNode::progress`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Progress {
@@ -192,19 +204,44 @@ impl ReplicaNode {
     pub async fn write(&self, command: Vec<u8>) -> Result<Vec<u8>> {
         match self.raft.client_write(Command(command)).await {
             Ok(r) => Ok(r.data.0),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(ReplicationError::NotLeader {
-                    group: self.group.clone(),
-                    leader: f.leader_id,
-                    leader_addr: f.leader_node.map(|n| n.addr),
-                })
-            }
-            Err(RaftError::APIError(e)) => Err(ReplicationError::Raft(e.to_string())),
+            Err(RaftError::APIError(e)) => Err(write_error(&self.group, e)),
             Err(RaftError::Fatal(f)) => Err(ReplicationError::Stopped {
                 group: self.group.clone(),
                 message: f.to_string(),
             }),
         }
+    }
+
+    /// [`ReplicaNode::write`] in two steps: hands `command` to the Raft
+    /// core and returns at once with the future of its reply. Commands
+    /// submitted one after another (each submit awaited before the next)
+    /// take log entries in that order, and several may be in flight: the
+    /// leader appends the entries that arrived together in one append (one
+    /// flush) and replicates them in one message. The reply comes under the
+    /// same conditions as [`ReplicaNode::write`]'s.
+    pub async fn submit(
+        &self,
+        command: Vec<u8>,
+    ) -> Result<impl std::future::Future<Output = Result<Vec<u8>>> + Send + 'static> {
+        let rx = self
+            .raft
+            .client_write_ff(Command(command))
+            .await
+            .map_err(|f| ReplicationError::Stopped {
+                group: self.group.clone(),
+                message: f.to_string(),
+            })?;
+        let group = self.group.clone();
+        Ok(async move {
+            match rx.await {
+                Ok(Ok(r)) => Ok(r.data.0),
+                Ok(Err(e)) => Err(write_error(&group, e)),
+                Err(_) => Err(ReplicationError::Stopped {
+                    group,
+                    message: "the Raft core ended before it answered the write".to_owned(),
+                }),
+            }
+        })
     }
 
     /// This node's id.
