@@ -30,7 +30,8 @@ pub enum Durability {
 pub struct NodeSettings {
     /// When a write counts as stored.
     pub durability: Durability,
-    /// `Interval` mode: how often the log and applied state are flushed.
+    /// How often the applied state is flushed and its mark written (both
+    /// modes), and in `Interval` mode how often the log is flushed.
     pub flush_interval: Duration,
     /// How often a leader sends heartbeats.
     pub heartbeat: Duration,
@@ -149,7 +150,9 @@ impl ReplicaNode {
     ) -> Result<Self> {
         let log = LogStore::open(db, group, settings.durability)?;
         let sm = StateMachine::open(db, group, settings.durability, apply)?;
-        let checkpoints = (settings.durability == Durability::Interval).then(|| {
+        // Both modes: the log is what makes a commit durable (see
+        // `state_machine`); the applied state is flushed every interval.
+        let checkpoints = Some({
             let sm = sm.clone();
             let every = settings.flush_interval;
             tokio::spawn(async move {

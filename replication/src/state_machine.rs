@@ -6,10 +6,11 @@
 //! up to it is durable, so on restart it is at or behind the store:
 //! openraft re-applies the committed entries after it, and the applier
 //! must make re-applying an entry harmless (the broker's commands are
-//! idempotent by construction). In `Sync` mode the applier is flushed and
-//! the mark written after every batch of applied entries, before openraft
-//! answers the writer; in `Interval` mode [`StateMachine::checkpoint`] does
-//! it every flush interval.
+//! idempotent by construction). In both durability modes
+//! [`StateMachine::checkpoint`] flushes the applier and writes the mark
+//! every flush interval, not after each batch: what a writer is answered
+//! for is committed, durable in the logs of a majority in `Sync` mode, and
+//! a node that crashed re-applies it from its log.
 //!
 //! Snapshots are not built yet (the group's log is never purged, so a
 //! replica always catches up from the log); `docs/src/replication.md`
@@ -56,7 +57,6 @@ type Mark = (Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>);
 pub struct StateMachine {
     apply: Arc<dyn Apply>,
     meta: sled::Tree,
-    durability: Durability,
     /// What has been applied (in memory; the stored mark may be behind).
     current: Arc<Mutex<Mark>>,
 }
@@ -66,7 +66,7 @@ impl StateMachine {
     pub fn open(
         db: &sled::Db,
         group: &str,
-        durability: Durability,
+        _durability: Durability,
         apply: Arc<dyn Apply>,
     ) -> crate::Result<Self> {
         let meta = db.open_tree(format!("meta/{group}"))?;
@@ -77,7 +77,6 @@ impl StateMachine {
         Ok(Self {
             apply,
             meta,
-            durability,
             current: Arc::new(Mutex::new(current)),
         })
     }
@@ -148,11 +147,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             if let Some(m) = membership {
                 current.1 = m;
             }
-        }
-        if self.durability == Durability::Sync && last.is_some() {
-            self.checkpoint()
-                .await
-                .map_err(|e| storage_io(StorageIOError::write_state_machine(&e)))?;
         }
         Ok(replies)
     }
