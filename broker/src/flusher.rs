@@ -26,6 +26,10 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone)]
 pub struct Flusher {
     inner: Arc<Inner>,
+    /// A replicated partition's storage: [`Flusher::durable`] waits for
+    /// its `flush` (every write queued before committed by the group's
+    /// majority and applied) instead of a flush of the broker's store.
+    through: Option<Arc<dyn Storage>>,
 }
 
 #[derive(Debug)]
@@ -94,12 +98,30 @@ impl Flusher {
                 }
             }
         });
-        Self { inner }
+        Self {
+            inner,
+            through: None,
+        }
     }
 
-    /// Resolves once every write made before this call is on disk.
+    /// This flusher for the writers of a replicated partition on its
+    /// leader, whose writes go through `storage` (the group's): their
+    /// [`Flusher::durable`] waits for `storage`'s commits.
+    pub fn through(&self, storage: Arc<dyn Storage>) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            through: Some(storage),
+        }
+    }
+
+    /// Resolves once every write made before this call is on disk (for a
+    /// replicated partition's writers: committed by the group, see
+    /// [`Flusher::through`]).
     pub async fn durable(&self) -> Result<()> {
         self.check()?;
+        if let Some(storage) = &self.through {
+            return Ok(storage.flush().await?);
+        }
         let ticket = self.inner.requested.fetch_add(1, Ordering::AcqRel) + 1;
         self.inner.wake.notify_one();
         let mut rx = self.inner.completed.clone();

@@ -118,6 +118,10 @@ pub struct Topic {
     /// Backlog quota that refuses publishes, in bytes (0: none); set from
     /// the effective retention policy (see `crate::retention`).
     refuse_above: AtomicU64,
+    /// Written through a replicated partition's group: an append is only
+    /// queued there, and [`Topic::settle`] waits for its commit
+    /// (`Storage::flush` of that storage) instead of the flusher.
+    replicated: bool,
 }
 
 /// What one retention pass dropped.
@@ -193,7 +197,15 @@ impl Topic {
             closed: Default::default(),
             segment_bytes: Mutex::new(None),
             refuse_above: AtomicU64::new(0),
+            replicated: false,
         })
+    }
+
+    /// Marks the topic as written through a replicated partition's group
+    /// (see [`Topic::settle`]).
+    pub fn replicated(mut self) -> Self {
+        self.replicated = true;
+        self
     }
 
     /// Marks the topic deleted: later publishes fail with NOT_FOUND.
@@ -398,7 +410,11 @@ impl Topic {
     /// and returns its receipts.
     pub async fn settle(&self, written: Written) -> Result<Vec<SendReceipt>> {
         let Written { receipts, end } = written;
-        if self.sync {
+        if self.replicated {
+            // Committed by a majority and applied here, in either
+            // durability mode: this and every batch written before it.
+            self.storage.flush().await?;
+        } else if self.sync {
             self.flusher.durable().await?;
         }
         crate::util::failpoint("publish.after_flush");

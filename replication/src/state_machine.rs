@@ -7,10 +7,11 @@
 //! up to it is durable, so on restart it is at or behind the store:
 //! openraft re-applies the committed entries after it, and the applier
 //! must make re-applying an entry harmless (the broker's commands are
-//! idempotent by construction). In `Sync` mode the applier is flushed and
-//! the mark written after every batch of applied entries, before openraft
-//! answers the writer; in `Interval` mode [`StateMachine::checkpoint`] does
-//! it every flush interval.
+//! idempotent by construction). In both durability modes
+//! [`StateMachine::checkpoint`] flushes the applier and writes the mark
+//! every flush interval, not after each batch: what a writer is answered
+//! for is committed, durable in the logs of a majority in `Sync` mode, and
+//! a node that crashed re-applies it from its log.
 //!
 //! Snapshots ([`crate::snapshot`] for the files): building one captures
 //! the applier's state between two applies ([`Apply::snapshot`], quick),
@@ -101,7 +102,6 @@ type Mark = (Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>);
 pub struct StateMachine {
     apply: Arc<dyn Apply>,
     meta: sled::Tree,
-    durability: Durability,
     /// What has been applied (in memory; the stored mark may be behind).
     current: Arc<Mutex<Mark>>,
     /// Held while a batch is applied and while a snapshot is captured.
@@ -120,7 +120,7 @@ impl StateMachine {
     pub fn open(
         db: &sled::Db,
         group: &str,
-        durability: Durability,
+        _durability: Durability,
         apply: Arc<dyn Apply>,
         snapshot_root: Option<&Path>,
     ) -> crate::Result<Self> {
@@ -140,7 +140,6 @@ impl StateMachine {
         Ok(Self {
             apply,
             meta,
-            durability,
             current: Arc::new(Mutex::new(current)),
             applying: Default::default(),
             dir,
@@ -162,8 +161,8 @@ impl StateMachine {
             .clone()
     }
 
-    /// Flushes the applier, then stores the mark of what it holds (the
-    /// `Interval` mode's periodic step; `Sync` does it after each batch).
+    /// Flushes the applier, then stores the mark of what it holds (every
+    /// flush interval in both modes, and before a snapshot is built).
     pub async fn checkpoint(&self) -> crate::Result<()> {
         let mark = self.mark();
         self.apply.flush().await?;
@@ -395,11 +394,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             if let Some(m) = membership {
                 current.1 = m;
             }
-        }
-        if self.durability == Durability::Sync && last.is_some() {
-            self.checkpoint()
-                .await
-                .map_err(|e| storage_io(StorageIOError::write_state_machine(&e)))?;
         }
         Ok(replies)
     }

@@ -128,6 +128,15 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug + 'static {
     /// Creates or updates a subscription.
     fn put_subscription(&self, record: &SubscriptionRecord) -> Result<()>;
 
+    /// [`SubscriptionStore::put_subscription`] for a caller that waits for
+    /// [`MetaStore::flush`] (through the broker's group commit) before it
+    /// reports the change, as a subscription's cursor moves are: an engine
+    /// may queue the write and have `flush` wait for it (a replicated
+    /// partition's leader does). By default the same write.
+    fn put_subscription_queued(&self, record: &SubscriptionRecord) -> Result<()> {
+        self.put_subscription(record)
+    }
+
     /// Removes a subscription with its failure records and schedule.
     fn delete_subscription(&self, record: &SubscriptionRecord) -> Result<()>;
 

@@ -352,7 +352,8 @@ impl BrokerCore {
     fn open_topic(&self, name: TopicName, kind: TopicKind) -> Result<Arc<TopicEntry>> {
         let sync = self.config.durability == Durability::Sync;
         let storage = self.storage_for(name.as_str());
-        let topic = Topic::open(
+        let replicated = self.factor_of(name.as_str()) > 1;
+        let mut topic = Topic::open(
             name,
             kind,
             storage,
@@ -362,6 +363,9 @@ impl BrokerCore {
             self.clock.clone(),
             self.keeper.clone(),
         )?;
+        if replicated {
+            topic = topic.replicated();
+        }
         self.hooks.opened.opened(&topic);
         Ok(Arc::new(TopicEntry {
             topic: Arc::new(topic),
@@ -374,9 +378,15 @@ impl BrokerCore {
         rec: SubscriptionRecord,
         topic: Arc<Topic>,
     ) -> Result<SubscriptionHandle> {
+        let storage = self.storage_for(topic.name().as_str());
+        let flusher = if self.factor_of(topic.name().as_str()) > 1 {
+            self.flusher.through(storage.clone())
+        } else {
+            self.flusher.clone()
+        };
         let deps = SubscriptionDeps {
-            storage: self.storage_for(topic.name().as_str()),
-            flusher: self.flusher.clone(),
+            storage,
+            flusher,
             scheduler: self.scheduler.clone(),
             link: Arc::new(Link(self.me.clone())),
             clock: self.clock.clone(),

@@ -22,6 +22,7 @@ mod apply;
 pub mod factor;
 pub mod groups;
 pub mod namespaces;
+mod pipeline;
 mod record;
 mod snapshot;
 pub mod status;

@@ -1,18 +1,30 @@
 //! [`ReplicatedStorage`]: the [`Storage`] a replicated partition's topic
-//! and subscription actors would write through on the group's leader.
+//! and subscription actors write through on the group's leader.
 //! Every mutating call a topic's actors make is proposed to the group as a
-//! [`PartitionCommand`] and returns only once a majority committed it and
-//! this replica applied it to its local store; reads go to that local
-//! store. A call is synchronous (the `Storage` trait is), so the proposal
-//! is awaited in place ([`tokio::task::block_in_place`]); on a
-//! current-thread runtime that cannot be done and the call fails.
+//! [`PartitionCommand`], through one ordered queue per partition
+//! ([`super::pipeline`]) that keeps many commands in flight (the leader
+//! appends and replicates those that arrive together at once); reads go to
+//! this replica's local store.
+//!
+//! Most calls wait in place until their command is committed by a majority
+//! and applied here (the `Storage` trait is synchronous: the wait is a
+//! [`tokio::task::block_in_place`]; on a current-thread runtime that cannot
+//! be done and the call fails). Two are queued and not awaited, because
+//! their callers wait for [`MetaStore::flush`] before they report anything:
+//! `append` (the topic's writer queues its batches in id order under its
+//! lock, and `Topic::settle` waits for the flush after releasing it) and
+//! `put_subscription_queued` (a subscription's cursor moves, whose acks are
+//! confirmed after its flusher's `durable`, which waits for this storage's
+//! `flush`). `flush` waits until every command queued before it was
+//! committed and applied; a failed command fails it.
 //!
 //! Covered (a command each): `append`, `put_subscription`,
 //! `delete_subscription`, `put_failures`, `put_schedule`, `move_messages`,
 //! `put_topic` (tier topics), `delete_topic`, `remove_entries`, the
 //! dead-letter edits (`remove_dead_letters`, `put_dead_letters`,
 //! `return_dead_letters`) and replay jobs (`put_replay_job`,
-//! `remove_replay_job`). `next_id` reads this replica's counter, which
+//! `remove_replay_job`); an empty `put_failures` or `put_schedule` writes
+//! nothing and proposes nothing. `next_id` reads this replica's counter, which
 //! every replica raises past the ids the group's commands carry. `trim` is
 //! applied locally only (it drops segments every subscription consumed, by
 //! cursors that are themselves replicated; a follower keeps them until it
@@ -21,7 +33,8 @@
 //! partition counts and the manifest are not replicated, and must not be
 //! written to one replica silently.
 
-use super::{AppendBatch, PartitionCommand, PartitionReply, ReplicatedPartition};
+use super::pipeline::Pipeline;
+use super::{AppendBatch, PartitionCommand, ReplicatedPartition};
 use crate::storage::{
     DeadLetterRecord, DeadLetterReturn, FailureHead, FailureRecord, GrantRecord, Inventory,
     LogStore, Manifest, MetaStore, PartitionedRecord, ReplayJobRecord, RetentionRecord,
@@ -37,9 +50,7 @@ type Result<T> = std::result::Result<T, StorageError>;
 /// The store of one replicated partition on its leader (see the module).
 #[derive(Debug, Clone)]
 pub struct ReplicatedStorage {
-    partition: Arc<ReplicatedPartition>,
     local: Arc<dyn Storage>,
-    timeout: Duration,
     /// Set once a write failed or its outcome is unknown, or the broker
     /// stopped leading: every later write fails, and the topic must be
     /// opened again from the applied store (its writer's next id and the
@@ -50,6 +61,8 @@ pub struct ReplicatedStorage {
     /// all wait (on a lock held across this very write) cannot hold up the
     /// commit it waits for.
     raft: Option<tokio::runtime::Handle>,
+    /// The ordered queue every write goes through.
+    pipeline: Arc<Pipeline>,
 }
 
 impl ReplicatedStorage {
@@ -58,12 +71,13 @@ impl ReplicatedStorage {
     /// commit later: the caller answers nobody it succeeded).
     pub fn new(partition: Arc<ReplicatedPartition>, timeout: Duration) -> Self {
         let local = partition.storage().clone();
+        let poisoned: Arc<AtomicBool> = Arc::default();
+        let pipeline = Arc::new(Pipeline::new(partition, timeout, poisoned.clone()));
         Self {
-            partition,
             local,
-            timeout,
-            poisoned: Arc::default(),
+            poisoned,
             raft: None,
+            pipeline,
         }
     }
 
@@ -84,21 +98,33 @@ impl ReplicatedStorage {
         self.poisoned.store(true, Ordering::Release);
     }
 
+    /// Proposes `command` behind every write queued before it and waits
+    /// in place until it is committed and applied here.
     fn propose(&self, command: PartitionCommand) -> Result<()> {
-        if self.is_poisoned() {
-            return Err(StorageError::Replication(
-                "this replica's topic is being reopened or no longer leads; write again".into(),
-            ));
+        let handle = self.runtime()?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.pipeline
+            .submit(&command, Some(tx), self.raft.as_ref())
+            .map_err(StorageError::Replication)?;
+        match tokio::task::block_in_place(|| handle.block_on(rx)) {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(why)) => Err(StorageError::Replication(why)),
+            Err(_) => Err(StorageError::Replication(
+                "the write queue ended before the write was answered".into(),
+            )),
         }
-        let r = self.propose_now(command);
-        if r.is_err() {
-            self.retire();
-        }
-        r
     }
 
-    /// Proposes `command` and waits for its reply in place.
-    fn propose_now(&self, command: PartitionCommand) -> Result<()> {
+    /// Waits in place until every write queued so far is committed.
+    fn wait_queued(&self) -> Result<()> {
+        let handle = self.runtime()?;
+        let last = self.pipeline.last_submitted();
+        tokio::task::block_in_place(|| handle.block_on(self.pipeline.wait_for(last)))
+            .map_err(StorageError::Replication)
+    }
+
+    /// The caller's runtime, if a write may wait in place on it.
+    fn runtime(&self) -> Result<tokio::runtime::Handle> {
         let handle = tokio::runtime::Handle::try_current().map_err(|_| {
             StorageError::Replication("a replicated write outside a tokio runtime".into())
         })?;
@@ -107,20 +133,17 @@ impl ReplicatedStorage {
                 "a replicated write needs the multi-thread tokio runtime".into(),
             ));
         }
-        let proposal =
-            async { tokio::time::timeout(self.timeout, self.partition.propose(&command)).await };
-        let on = self.raft.as_ref().unwrap_or(&handle);
-        match tokio::task::block_in_place(|| on.block_on(proposal)) {
-            Ok(Ok(PartitionReply::Refused(why))) => Err(StorageError::Replication(format!(
-                "the group refused the write: {why}"
-            ))),
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(StorageError::Replication(e.to_string())),
-            Err(_) => Err(StorageError::Replication(format!(
-                "not committed by a majority within {:?}",
-                self.timeout
-            ))),
-        }
+        Ok(handle)
+    }
+
+    /// Queues `command` behind every write queued before it and returns at
+    /// once: [`MetaStore::flush`] waits until it is committed and applied
+    /// (a failure then poisons the storage and fails that wait).
+    fn propose_later(&self, command: PartitionCommand) -> Result<()> {
+        self.pipeline
+            .submit(&command, None, self.raft.as_ref())
+            .map(|_| ())
+            .map_err(StorageError::Replication)
     }
 }
 
@@ -139,7 +162,10 @@ impl LogStore for ReplicatedStorage {
         entries: &[Vec<u8>],
         producer: Option<(&str, u64)>,
     ) -> Result<()> {
-        self.propose(PartitionCommand::Append(AppendBatch {
+        // Not awaited here: the topic's writer queues its batches in id
+        // order under its lock and waits for them after releasing it
+        // (`Topic::settle` calls `flush`).
+        self.propose_later(PartitionCommand::Append(AppendBatch {
             topic: topic.to_owned(),
             first_id,
             entries: entries
@@ -172,7 +198,11 @@ impl LogStore for ReplicatedStorage {
         self.local.entry_range(topic)
     }
 
+    /// Local, once every write queued before is committed: the cursors
+    /// that allow the trim may have been queued just now, and a replica
+    /// must not drop entries the group's committed cursors still need.
     fn trim(&self, topic: &str, below: u64) -> Result<()> {
+        self.wait_queued()?;
         self.local.trim(topic, below)
     }
 
@@ -205,6 +235,13 @@ impl SubscriptionStore for ReplicatedStorage {
         self.propose(PartitionCommand::PutSubscription(record.clone()))
     }
 
+    /// Queued, not awaited: the subscription's actor answers its acks
+    /// after its flusher's `durable`, which on a replicated topic waits for
+    /// [`MetaStore::flush`] here.
+    fn put_subscription_queued(&self, record: &SubscriptionRecord) -> Result<()> {
+        self.propose_later(PartitionCommand::PutSubscription(record.clone()))
+    }
+
     fn delete_subscription(&self, record: &SubscriptionRecord) -> Result<()> {
         self.propose(PartitionCommand::DeleteSubscription(record.clone()))
     }
@@ -222,6 +259,9 @@ impl SubscriptionStore for ReplicatedStorage {
     }
 
     fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
         self.propose(PartitionCommand::PutFailures(records.to_vec()))
     }
 
@@ -235,6 +275,9 @@ impl SubscriptionStore for ReplicatedStorage {
     }
 
     fn put_schedule(&self, keys: &[(ScheduleKey, bool)]) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
         self.propose(PartitionCommand::PutSchedule(keys.to_vec()))
     }
 
@@ -358,10 +401,16 @@ impl MetaStore for ReplicatedStorage {
         self.local.size_on_disk()
     }
 
-    /// Every write was committed by a majority before it returned, and
-    /// the state machine flushes what it applies (`sync`): nothing to do.
+    /// Waits until every write queued before the call was committed by a
+    /// majority and applied here (a write queued without waiting, as a
+    /// topic's appends are); fails if one of them failed. The state
+    /// machine flushes what it applies (`sync`).
     async fn flush(&self) -> Result<()> {
-        Ok(())
+        let last = self.pipeline.last_submitted();
+        self.pipeline
+            .wait_for(last)
+            .await
+            .map_err(StorageError::Replication)
     }
 
     fn inventory(&self, counts: bool) -> Result<Inventory> {

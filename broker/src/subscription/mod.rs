@@ -559,7 +559,9 @@ impl SubscriptionActor {
             return;
         }
         self.dirty = false;
-        if let Err(e) = self.deps.storage.put_subscription(&self.rec) {
+        // Made durable by `flusher.durable()`, which every confirmation
+        // that depends on it awaits.
+        if let Err(e) = self.deps.storage.put_subscription_queued(&self.rec) {
             tracing::error!(error = %e, sub = %self.rec.name, "cannot persist subscription");
             return;
         }

@@ -1,6 +1,8 @@
 //! `ReplicatedStorage` (issue 22, step 4's interception point) on three
 //! in-process replicas: a write through it returns only once the group
-//! committed it, every replica's store then holds it, a leader without a
+//! committed it (a queued append or cursor: its `flush` returns only then,
+//! and many queued at once commit in their order), every replica's store
+//! then holds it, a leader without a
 //! majority answers an error (never `Ok`) and applies nothing, a replay
 //! job's id raises every replica's id counter, and a mutating method no
 //! command replicates fails instead of writing one replica.
@@ -62,8 +64,10 @@ async fn writes_through_replicated_storage_are_committed_before_they_return() {
     let rs = ReplicatedStorage::new(c.node(leader).part_arc(), Duration::from_secs(2));
 
     let (_, next) = rs.entry_range(TOPIC).unwrap();
+    // An append is queued, not awaited: `flush` waits for its commit.
     rs.append(TOPIC, next, &entries(next, 5), Some(("p", 4)))
-        .expect("append committed");
+        .expect("append queued");
+    rs.flush().await.expect("append committed");
     rs.put_subscription(&subscription(7, 3)).expect("acks");
     let nacked = SubMessage {
         sub_id: 7,
@@ -128,16 +132,48 @@ async fn writes_through_replicated_storage_are_committed_before_they_return() {
     );
     assert_eq!(rs.producer_sequences(TOPIC).unwrap(), [("p".into(), 4)]);
 
-    // Both followers down: the append is refused, not acknowledged, and
-    // the leader applied nothing.
+    // Many appends queued at once, none awaited: one flush waits for all,
+    // and every replica holds them in the order they were queued.
+    let mut at = next + 5;
+    for i in 0..50u64 {
+        rs.append(TOPIC, at, &entries(at, 3), Some(("p", 10 + i)))
+            .expect("append queued");
+        at += 3;
+    }
+    rs.put_subscription_queued(&subscription(7, 100))
+        .expect("cursor queued");
+    rs.flush().await.expect("every queued write committed");
+    for id in 1..=3 {
+        c.caught_up(id, leader).await;
+        let s = c.node(id).part().storage();
+        assert_eq!(held(s), (next, at), "node {id}");
+        for probe in [next + 5, next + 80, at - 1] {
+            let e = s.read_one(TOPIC, probe).unwrap().expect("entry");
+            assert_eq!(e, entries(probe, 1)[0], "node {id}, entry {probe}");
+        }
+        let subs = s.list_subscriptions(TOPIC).unwrap();
+        assert!(subs[0].main.is_acked(99), "node {id}");
+    }
+    assert_eq!(rs.producer_sequences(TOPIC).unwrap(), [("p".into(), 59)]);
+
+    // Both followers down: the appends are queued but never committed:
+    // the flush fails, the leader applied nothing, and the storage refuses
+    // every later write (its topic is reopened from what the group applied).
     for id in (1..=3).filter(|id| *id != leader) {
         c.node_mut(id).kill();
     }
+    rs.append(TOPIC, at, &entries(at, 5), Some(("p", 60)))
+        .expect("queued");
+    rs.append(TOPIC, at + 5, &entries(at + 5, 5), Some(("p", 61)))
+        .expect("queued behind it");
+    let e = rs.flush().await.unwrap_err();
+    assert!(matches!(e, StorageError::Replication(_)), "{e:?}");
+    assert_eq!(held(c.node(leader).part().storage()), (next, at));
+    assert!(rs.is_poisoned());
     let e = rs
-        .append(TOPIC, next + 5, &entries(next + 5, 5), Some(("p", 9)))
+        .append(TOPIC, at + 10, &entries(at + 10, 1), Some(("p", 62)))
         .unwrap_err();
     assert!(matches!(e, StorageError::Replication(_)), "{e:?}");
-    assert_eq!(held(c.node(leader).part().storage()), (next, next + 5));
 }
 
 #[tokio::test(flavor = "current_thread")]
