@@ -3,7 +3,7 @@
 //! delay).
 //!
 //! [`DelayTracker`] is a bucketed timer wheel: deadlines are rounded **up**
-//! to a resolution (1 ms for nacks, the ack-timeout tick for unacked
+//! to a resolution (0.25 ms for nacks, the ack-timeout tick for unacked
 //! messages) and each bucket holds the keys due at that instant, in a
 //! `BTreeMap` ordered by time. A side `HashMap` holds each live key's bucket,
 //! so removal (an ack) is O(1) and lazy: the key is dropped from the map and
@@ -45,11 +45,11 @@ pub struct DelayTracker<K> {
 
 impl<K: Hash + Eq + Clone> DelayTracker<K> {
     /// An empty tracker whose deadlines are rounded up to `resolution`
-    /// (at least 1 ms).
+    /// (at least 0.1 ms).
     pub fn new(resolution: Duration) -> Self {
         let resolution_ns = u64::try_from(resolution.as_nanos())
             .unwrap_or(u64::MAX)
-            .max(1_000_000);
+            .max(100_000);
         Self {
             base: Instant::now(),
             resolution_ns,

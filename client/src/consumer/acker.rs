@@ -194,6 +194,7 @@ impl Acker {
             detail,
             reply,
             copy: this.shared.keeps_copies.then(|| Box::new(msg.clone())),
+            at: Instant::now(),
         })
         .await
     }

@@ -542,6 +542,7 @@ impl Driver {
                 detail,
                 reply,
                 copy,
+                at,
             } => {
                 let Some(reply) = self.refuse_stale(&id, Some(epoch), reply) else {
                     return;
@@ -554,7 +555,8 @@ impl Driver {
                     }
                     return;
                 };
-                self.nack(key, &id, delivery_count, detail, reply, copy.map(|c| *c));
+                let copy = copy.map(|c| *c);
+                self.nack(key, &id, delivery_count, detail, reply, copy, at);
             }
             Cmd::ReconsumeLater {
                 id,
@@ -640,6 +642,9 @@ impl Driver {
         self.barrier(Pending::Flush(reply));
     }
 
+    /// Plans the nack of `key` made by the application at `now` (its delay
+    /// runs from then, not from when this driver got to it).
+    #[allow(clippy::too_many_arguments)]
     fn nack(
         &mut self,
         key: Key,
@@ -648,8 +653,8 @@ impl Driver {
         detail: Option<String>,
         reply: Option<Reply>,
         copy: Option<Message>,
+        now: Instant,
     ) {
-        let now = Instant::now();
         let tier = if self.ids.is_main(key) {
             Tier::Main
         } else {

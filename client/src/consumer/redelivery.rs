@@ -140,7 +140,9 @@ impl InFlight {
                 timeout,
                 tracker: DelayTracker::new(tick),
             }),
-            nacks: DelayTracker::new(Duration::from_millis(1)),
+            // Finer than tokio's 1 ms timer, so the rounding up here adds
+            // at most a quarter of a millisecond to the timer's own.
+            nacks: DelayTracker::new(Duration::from_micros(250)),
             nack_details: HashMap::new(),
             ready: Vec::new(),
             counts_ahead: false,

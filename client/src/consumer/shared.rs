@@ -75,6 +75,8 @@ pub(super) enum Cmd {
         reply: Option<Reply>,
         /// A copy for a local redelivery (boxed: most commands are small).
         copy: Option<Box<Message>>,
+        /// When the application nacked: the delay runs from here.
+        at: Instant,
     },
     ReconsumeLater {
         id: MessageId,
