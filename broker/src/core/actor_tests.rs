@@ -607,18 +607,25 @@ async fn a_nack_counted_ahead_is_stored_at_once_and_not_counted_again() {
     assert_eq!(h.storage.failure(key, None).unwrap().unwrap().count, 1);
 }
 
-/// Once a nack counted ahead is durable the holder is told it may
-/// redeliver the message itself, with the count the broker would send; a
-/// local redelivery keeps it in flight at that count with nothing sent, and
-/// the next nack of it counts the next attempt.
-#[tokio::test(start_paused = true)]
-async fn a_nack_counted_ahead_may_be_redelivered_by_the_client_itself() {
+/// One message "a" received on a Shared consumer and nacked ahead, the
+/// broker's `CountedAhead` notice (count 1) received.
+async fn nacked_and_confirmed() -> (Harness, TestConsumer, ricochet_proto::Message) {
     let h = harness().await;
     h.publish(&["a"]).await;
     let mut c = h.consumer(SubscriptionType::Shared, None).await;
     let m = c.messages().await.remove(0);
     c.nack_ahead(&m);
     assert_eq!(c.counted_ahead().await, vec![(0, 1)]);
+    (h, c, m)
+}
+
+/// Once a nack counted ahead is durable the holder is told it may
+/// redeliver the message itself, with the count the broker would send; a
+/// local redelivery keeps it in flight at that count with nothing sent, and
+/// the next nack of it counts the next attempt.
+#[tokio::test(start_paused = true)]
+async fn a_nack_counted_ahead_may_be_redelivered_by_the_client_itself() {
+    let (h, mut c, m) = nacked_and_confirmed().await;
     let rid = c.redelivered_locally(&m);
     assert!(c.done(rid).await.is_ok());
     assert!(
@@ -644,12 +651,7 @@ async fn a_nack_counted_ahead_may_be_redelivered_by_the_client_itself() {
 /// was redelivered at: the next consumer gets the message at count 2.
 #[tokio::test(start_paused = true)]
 async fn a_consumer_lost_after_a_local_redelivery_counts_from_it() {
-    let h = harness().await;
-    h.publish(&["a"]).await;
-    let mut c = h.consumer(SubscriptionType::Shared, None).await;
-    let m = c.messages().await.remove(0);
-    c.nack_ahead(&m);
-    assert_eq!(c.counted_ahead().await, vec![(0, 1)]);
+    let (h, mut c, m) = nacked_and_confirmed().await;
     let rid = c.redelivered_locally(&m);
     assert!(c.done(rid).await.is_ok());
     c.handle.remove_consumer(c.id).unwrap();
@@ -663,18 +665,14 @@ async fn a_consumer_lost_after_a_local_redelivery_counts_from_it() {
 /// nothing: the other consumer's delivery and count stand.
 #[tokio::test(start_paused = true)]
 async fn a_local_redelivery_of_a_message_held_elsewhere_changes_nothing() {
-    let h = harness().await;
-    h.publish(&["a"]).await;
-    let mut c = h.consumer(SubscriptionType::Shared, None).await;
-    let m = c.messages().await.remove(0);
-    c.nack_ahead(&m);
-    assert_eq!(c.counted_ahead().await, vec![(0, 1)]);
+    let (h, mut c, m) = nacked_and_confirmed().await;
     c.handle.remove_consumer(c.id).unwrap();
     let mut c2 = h.consumer(SubscriptionType::Shared, None).await;
     let again = c2.messages().await;
     assert_eq!(again[0].delivery_count, 1);
-    let rid = c.redelivered_locally(&m);
-    let _ = rid;
+    // The old consumer's notice, then the new one's (not counted ahead):
+    // the actor takes them in this order.
+    c.redelivered_locally(&m);
     let rid = c2.redelivered_locally(&again[0]);
     assert!(c2.done(rid).await.is_ok());
     let status = c2.handle.message_status(0).await.unwrap();
