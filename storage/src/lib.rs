@@ -26,6 +26,7 @@ mod memory;
 mod records;
 pub mod refs;
 pub mod segments;
+pub mod sled_blobs;
 mod sled_store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

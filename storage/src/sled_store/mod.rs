@@ -58,6 +58,8 @@ pub struct SledStorage {
     failures: Tree,
     schedule: Tree,
     deadletters: Tree,
+    /// sled's blob files, fsynced before each flush.
+    blobs: crate::sled_blobs::BlobSync,
     segment_entries: u64,
     /// Open segment trees per topic, by segment number.
     segments: Mutex<HashMap<String, BTreeMap<u64, Tree>>>,
@@ -144,6 +146,7 @@ impl SledStorage {
             failures: db.open_tree("failures")?,
             schedule: db.open_tree("schedule")?,
             deadletters: db.open_tree("deadletters")?,
+            blobs: crate::sled_blobs::BlobSync::new(dir),
             db,
             dir: dir.to_owned(),
             segment_entries,

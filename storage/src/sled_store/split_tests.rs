@@ -259,3 +259,26 @@ async fn log_leaves_of_1kib_batches_are_not_blob_files() {
         blob_files(whole.path())
     );
 }
+
+/// A failure record of 64 attempts with 4 KiB reasons (the most the broker
+/// accepts) is about 260 KiB: sled writes it as a blob file, which its own
+/// flush never fsyncs. The store's flush does, before sled's.
+#[tokio::test]
+async fn the_stores_flush_makes_sled_blob_files_durable_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SledStorage::open(dir.path(), 16_384, 8 << 20).unwrap();
+    let mut record = crate::records::sample_history(64);
+    for a in &mut record.attempts {
+        a.detail = "x".repeat(4096);
+    }
+    let at = crate::records::TierEntry::retry(7).of(3);
+    s.put_failures(&[(at, Some(record.clone()))]).unwrap();
+    assert!(blob_files(dir.path()) >= 1, "no blob file: the test needs one");
+    s.flush().await.unwrap();
+    // Everything sled wrote as a blob was synced by the flush: nothing is
+    // left for another pass to sync.
+    assert_eq!(s.blobs.sync_new().unwrap(), 0);
+    drop(s);
+    let s = SledStorage::open(dir.path(), 16_384, 8 << 20).unwrap();
+    assert_eq!(s.failure(at, None).unwrap(), Some(record));
+}
