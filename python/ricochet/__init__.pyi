@@ -195,6 +195,8 @@ class Client:
         ack_receipts: bool = False,
         ack_group_time: Optional[Seconds] = None,
         broker_nack_threshold: Optional[Seconds] = None,
+        local_redelivery: Optional[bool] = None,
+        local_redelivery_budget: Optional[int] = None,
     ) -> Consumer: ...
 
 class ScheduleRow:

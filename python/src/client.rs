@@ -124,7 +124,7 @@ impl PyClient {
     /// (default), `failover`, `shared` or `key_shared`; `policy` a policy
     /// spec in the compact form (`"backoff:fixed=1s,max=3"`, `"delay-levels"`)
     /// or JSON. See the stubs for each option.
-    #[pyo3(signature = (topic, subscription, *, r#type = "exclusive", policy = None, ack_timeout = None, initial_position = "latest", name = None, receiver_queue_size = None, negative_ack_delay = None, retry_topic = None, dead_letter_topic = None, retry_enabled = None, dead_letter_reader = false, ack_receipts = false, ack_group_time = None, broker_nack_threshold = None))]
+    #[pyo3(signature = (topic, subscription, *, r#type = "exclusive", policy = None, ack_timeout = None, initial_position = "latest", name = None, receiver_queue_size = None, negative_ack_delay = None, retry_topic = None, dead_letter_topic = None, retry_enabled = None, dead_letter_reader = false, ack_receipts = false, ack_group_time = None, broker_nack_threshold = None, local_redelivery = None, local_redelivery_budget = None))]
     #[allow(clippy::too_many_arguments)]
     fn consumer<'py>(
         &self,
@@ -145,6 +145,8 @@ impl PyClient {
         ack_receipts: bool,
         ack_group_time: Option<&Bound<'py, PyAny>>,
         broker_nack_threshold: Option<&Bound<'py, PyAny>>,
+        local_redelivery: Option<bool>,
+        local_redelivery_budget: Option<usize>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let kind: SubscriptionType = r#type.parse().map_err(|e| invalid(format!("{e}")))?;
         let position: InitialPosition = initial_position
@@ -188,6 +190,12 @@ impl PyClient {
         }
         if let Some(d) = opt_duration(broker_nack_threshold, "broker_nack_threshold")? {
             b = b.broker_nack_threshold(d);
+        }
+        if let Some(on) = local_redelivery {
+            b = b.local_redelivery(on);
+        }
+        if let Some(bytes) = local_redelivery_budget {
+            b = b.local_redelivery_budget(bytes);
         }
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             Ok(PyConsumer::new(b.subscribe().await.py()?))

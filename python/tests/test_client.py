@@ -65,12 +65,17 @@ def test_produce_and_consume(broker):
     run(main())
 
 
-def test_a_nack_comes_back_with_a_higher_delivery_count(broker):
+@pytest.mark.parametrize("local", [None, True, False])
+def test_a_nack_comes_back_with_a_higher_delivery_count(broker, local):
     async def main():
         client = await ricochet.Client.connect(broker.url)
         topic = unique("nacks")
         consumer = await client.consumer(
-            topic, "s", initial_position="earliest", policy="backoff:fixed=100ms,max=5"
+            topic,
+            "s",
+            initial_position="earliest",
+            policy="backoff:fixed=100ms,max=5",
+            local_redelivery=local,
         )
         producer = await client.producer(topic)
         sent = await producer.send(b"flaky")
