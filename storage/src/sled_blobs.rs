@@ -93,7 +93,11 @@ mod tests {
         let on_disk = std::fs::read_dir(dir.path().join("blobs")).unwrap().count();
         assert!(on_disk >= 1, "sled wrote no blob file");
         assert_eq!(blobs.sync_new().unwrap(), on_disk);
-        assert_eq!(blobs.sync_new().unwrap(), 0, "synced files are not synced again");
+        assert_eq!(
+            blobs.sync_new().unwrap(),
+            0,
+            "synced files are not synced again"
+        );
         db.flush().unwrap();
     }
 }

@@ -273,7 +273,10 @@ async fn the_stores_flush_makes_sled_blob_files_durable_first() {
     }
     let at = crate::records::TierEntry::retry(7).of(3);
     s.put_failures(&[(at, Some(record.clone()))]).unwrap();
-    assert!(blob_files(dir.path()) >= 1, "no blob file: the test needs one");
+    assert!(
+        blob_files(dir.path()) >= 1,
+        "no blob file: the test needs one"
+    );
     s.flush().await.unwrap();
     // Everything sled wrote as a blob was synced by the flush: nothing is
     // left for another pass to sync.
