@@ -23,15 +23,30 @@ const FILL_STEPS: usize = 16;
 const SKIP_STEP: u64 = 1 << 18;
 
 impl SubscriptionActor {
-    /// The stored message behind `entry`.
-    pub(super) fn source_message(&self, entry: TierEntry) -> Result<Message> {
-        let topic = self.tiers.topic_of(&self.rec, entry.tier);
-        let bytes = self
-            .deps
-            .storage
-            .read_one(topic, entry.entry_id)?
-            .ok_or_else(|| StorageError::Missing(format!("entry {topic}:{}", entry.entry_id)))?;
-        Ok(Message::decode(bytes.as_slice()).map_err(StorageError::from)?)
+    /// The stored messages behind `entries`, in their order: one read per
+    /// tier, so a stored batch is read and checked once however many of
+    /// its messages a burst of failures moves (a read per message read the
+    /// whole batch record each time).
+    pub(super) fn source_messages(&self, entries: &[TierEntry]) -> Result<Vec<Message>> {
+        let mut out: Vec<Option<Message>> = vec![None; entries.len()];
+        for tier in [TierId::Main, TierId::Retry] {
+            let at: Vec<usize> = (0..entries.len())
+                .filter(|&i| entries[i].tier == tier)
+                .collect();
+            if at.is_empty() {
+                continue;
+            }
+            let topic = self.tiers.topic_of(&self.rec, tier);
+            let ids: Vec<u64> = at.iter().map(|&i| entries[i].entry_id).collect();
+            let read = self.deps.storage.read_many(topic, &ids)?;
+            for (&i, bytes) in at.iter().zip(read) {
+                let bytes = bytes.ok_or_else(|| {
+                    StorageError::Missing(format!("entry {topic}:{}", entries[i].entry_id))
+                })?;
+                out[i] = Some(Message::decode(bytes.as_slice()).map_err(StorageError::from)?);
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
     }
 
     /// Reads messages for dispatch (with their failure records, for

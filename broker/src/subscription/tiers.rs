@@ -124,11 +124,11 @@ impl SubscriptionActor {
     /// and the consumer's extra properties.
     fn tier_copy(
         &self,
+        mut m: Message,
         entry: TierEntry,
         rec: &FailureRecord,
         extra: &HashMap<String, String>,
-    ) -> Result<Message> {
-        let mut m = self.source_message(entry)?;
+    ) -> Message {
         m.properties
             .entry(props::REAL_TOPIC.into())
             .or_insert_with(|| self.rec.topic.clone());
@@ -141,7 +141,14 @@ impl SubscriptionActor {
         for (k, v) in extra {
             m.properties.insert(k.clone(), v.clone());
         }
-        Ok(m)
+        m
+    }
+
+    /// The stored messages of `items`' failed entries (see
+    /// [`Self::source_messages`]).
+    fn failed_sources<T, U>(&self, items: &[(Failure, T, U)]) -> Result<Vec<Message>> {
+        let entries: Vec<TierEntry> = items.iter().map(|(f, _, _)| f.entry).collect();
+        self.source_messages(&entries)
     }
 
     /// Where a message first came from: its `ORIGIN_MESSAGE_ID`, or itself.
@@ -190,9 +197,10 @@ impl SubscriptionActor {
         let mut sub = self.rec.clone();
         let mut move_items = Vec::with_capacity(items.len());
         let mut new_keys = Vec::with_capacity(items.len());
-        for (i, (f, rec, after)) in items.iter().enumerate() {
+        let stored = self.failed_sources(&items)?;
+        for (i, ((f, rec, after), m)) in items.iter().zip(stored).enumerate() {
             let due_ms = now.saturating_add(millis(*after));
-            let mut m = self.tier_copy(f.entry, rec, &f.extra_props)?;
+            let mut m = self.tier_copy(m, f.entry, rec, &f.extra_props);
             m.properties
                 .insert(props::DELAY_TIME.into(), millis(*after).to_string());
             m.deliver_at_ms = due_ms;
@@ -262,8 +270,9 @@ impl SubscriptionActor {
         let mut sub = self.rec.clone();
         let mut move_items = Vec::with_capacity(items.len());
         let mut events = Vec::with_capacity(items.len());
-        for (i, (f, rec, reason)) in items.iter().enumerate() {
-            let mut m = self.tier_copy(f.entry, rec, &f.extra_props)?;
+        let stored = self.failed_sources(&items)?;
+        for (i, ((f, rec, reason), m)) in items.iter().zip(stored).enumerate() {
+            let mut m = self.tier_copy(m, f.entry, rec, &f.extra_props);
             m.properties
                 .insert(props::DEAD_LETTER_REASON.into(), reason.clone());
             m.deliver_at_ms = 0;
