@@ -30,6 +30,7 @@ mod open;
 mod reads;
 mod refs;
 mod returns;
+mod sched;
 #[cfg(test)]
 mod split_tests;
 mod transfer;
@@ -56,7 +57,13 @@ pub struct SledStorage {
     meta: Tree,
     prodseq: Tree,
     failures: Tree,
+    /// The schedule as it was stored before chunks (one key per entry):
+    /// emptied into `sched` at open ([`sched`]).
     schedule: Tree,
+    /// The schedule in chunks per due-time bucket ([`sched`]).
+    sched: Tree,
+    /// Schedule entries' records too large for their chunk.
+    sched_big: Tree,
     deadletters: Tree,
     segment_entries: u64,
     /// Open segment trees per topic, by segment number.
@@ -138,11 +145,13 @@ impl SledStorage {
                     .insert(seg, db.open_tree(&name)?);
             }
         }
-        Ok(Self {
+        let store = Self {
             meta: db.open_tree("meta")?,
             prodseq: db.open_tree("prodseq")?,
             failures: db.open_tree("failures")?,
             schedule: db.open_tree("schedule")?,
+            sched: db.open_tree("sched")?,
+            sched_big: db.open_tree("sched_big")?,
             deadletters: db.open_tree("deadletters")?,
             db,
             dir: dir.to_owned(),
@@ -150,7 +159,11 @@ impl SledStorage {
             segments: Mutex::new(segments),
             verified_counts: Mutex::new(None),
             heads: Mutex::new(None),
-        })
+        };
+        // A store written with one schedule key per entry is converted
+        // (once; logged when anything moved).
+        store.upgrade_schedule()?;
+        Ok(store)
     }
 
     fn segment(&self, topic: &str, seg: u64) -> Result<Tree> {
@@ -439,14 +452,21 @@ impl SubscriptionStore for SledStorage {
             batch.remove(k?);
         }
         self.deadletters.apply_batch(batch)?;
-        let mut batch = Batch::default();
-        for k in self.schedule.iter().keys() {
-            let k = k?;
-            if ScheduleKey::from_key(&k).is_some_and(|s| s.message.sub_id == record.id) {
-                batch.remove(k);
+        let mut mine = Vec::new();
+        for chunk in self.chunks_in(None, None) {
+            let (ck, chunk) = chunk?;
+            if sched::chunk_sub(&ck) == record.id {
+                mine.extend(chunk.keys(&ck).map(|(k, _)| k));
             }
         }
-        self.schedule.apply_batch(batch)?;
+        for keys in mine.chunks(sched::UPGRADE_BATCH) {
+            self.sched_tx(|w| {
+                for k in keys {
+                    w.remove(k)?;
+                }
+                Ok(())
+            })?;
+        }
         self.meta.remove(sub_key(&record.topic, &record.name))?;
         self.touch_heads([record.id]);
         Ok(())
@@ -461,13 +481,9 @@ impl SubscriptionStore for SledStorage {
         let Some(due_ms) = due_ms else {
             return Ok(None);
         };
-        let key = ScheduleKey { due_ms, message }.key();
-        match self.schedule.get(key)? {
-            Some(v) => match unseal(&key, &v)? {
-                [] => Ok(None),
-                body => decode_failures(body).map(Some),
-            },
-            None => Ok(None),
+        match self.sched_get(&ScheduleKey { due_ms, message })? {
+            Some(body) if !body.is_empty() => decode_failures(&body).map(Some),
+            _ => Ok(None),
         }
     }
 
@@ -544,42 +560,47 @@ impl SubscriptionStore for SledStorage {
         to_ms: u64,
         limit: usize,
     ) -> Result<Vec<ScheduleKey>> {
-        use std::ops::Bound;
-        let start = match after {
-            Some(a) => Bound::Excluded(a.key().to_vec()),
-            None => Bound::Unbounded,
-        };
-        let mut out = Vec::new();
-        for k in self
-            .schedule
-            .range::<Vec<u8>, _>((start, Bound::Excluded(be(to_ms).to_vec())))
-            .keys()
-        {
-            let k = k?;
-            let key = ScheduleKey::from_key(&k)
-                .ok_or_else(|| StorageError::Corrupt("bad schedule key".into()))?;
-            out.push(key);
-            if out.len() >= limit {
+        // Chunks are ordered by bucket, then subscription, tier and ids:
+        // a bucket is read whole and sorted, and the read stops at the end
+        // of the bucket that fills `limit`.
+        let from = after.map(|a| a.due_ms - a.due_ms % sched::BUCKET_MS);
+        let after = after.map(|a| a.key());
+        let mut out: Vec<ScheduleKey> = Vec::new();
+        let mut bucket: Option<u64> = None;
+        for chunk in self.chunks_in(from, Some(to_ms)) {
+            let (ck, chunk) = chunk?;
+            let this = read_be(&ck[..8])?;
+            if bucket.is_some_and(|b| b != this) && out.len() >= limit {
                 break;
             }
+            bucket = Some(this);
+            out.extend(
+                chunk
+                    .keys(&ck)
+                    .map(|(k, _)| k)
+                    .filter(|k| k.due_ms < to_ms && after.is_none_or(|a| k.key() > a)),
+            );
         }
+        out.sort_unstable_by_key(ScheduleKey::key);
+        out.truncate(limit);
         Ok(out)
     }
 
     fn put_schedule(&self, keys: &[(ScheduleKey, bool)]) -> Result<()> {
-        let mut batch = Batch::default();
-        for (k, add) in keys {
-            if !*add {
-                batch.remove(&k.key());
-            } else if !self.schedule.contains_key(k.key())? {
-                // An entry already there keeps the record it holds (a
-                // retry's, a hold's); its subscription alone writes it.
-                batch.insert(&k.key(), seal(&k.key(), &[]));
+        let written = self.sched_tx(|w| {
+            for (k, add) in keys {
+                if !*add {
+                    w.remove(k)?;
+                } else if !w.contains(k)? {
+                    // An entry already there keeps the record it holds (a
+                    // retry's, a hold's); its subscription alone writes it.
+                    w.insert(k, &[])?;
+                }
             }
-        }
-        let written = self.schedule.apply_batch(batch);
+            Ok(())
+        });
         self.touch_heads(keys.iter().map(|(k, _)| k.message.sub_id));
-        Ok(written?)
+        written
     }
 
     fn move_messages(&self, mv: &TierMove) -> Result<()> {
