@@ -170,22 +170,27 @@ pub(super) fn gather_scheduled(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &
     }
 }
 
-/// Gathers into `into` the heads of a chunk's inline main-tier records
-/// (those in `sched_big` are gathered from there; an unreadable chunk is
-/// for the verify pass to report).
+/// Gathers into `into` the heads of a chunk's main-tier records, from the
+/// heads stored beside them (an unreadable chunk is for the verify pass to
+/// report, which also checks each head against its record).
 pub(super) fn gather_chunk(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]) {
-    let Ok(chunk) = sched::read_chunk(k, v) else {
-        return;
-    };
-    if k[16] != TierId::Main as u8 {
+    if k.get(16) != Some(&(TierId::Main as u8)) {
         return;
     }
-    let mine = into.entry(sched::chunk_sub(k)).or_default();
-    for item in &chunk.items {
-        if item.slot == sched::Slot::Inline
-            && let Ok(head) = decode_failure_head(&item.body)
-        {
-            mine.scheduled(item.entry_id, head);
+    let Ok(body) = unseal(k, v) else {
+        return;
+    };
+    let mut found = Vec::new();
+    if sched::visit(body, |i| {
+        if i.slot != sched::Slot::Empty {
+            found.push((i.entry_id, i.head));
+        }
+    })
+    .is_ok()
+    {
+        let mine = into.entry(sched::chunk_sub(k)).or_default();
+        for (entry, head) in found {
+            mine.scheduled(entry, head);
         }
     }
 }
@@ -362,24 +367,28 @@ impl SledStorage {
     ) -> Result<(HashMap<u64, Gathered>, Counted)> {
         let mut gathered: HashMap<u64, Gathered> = HashMap::new();
         let mut counted = Counted::new();
-        for chunk in self.chunks_in(from, to) {
-            let (ck, chunk) = chunk?;
+        for kv in self.raw_chunks(from, to) {
+            let (ck, v) = kv?;
+            let body = unseal(&ck, &v)?;
             let sub = sched::chunk_sub(&ck);
             if counting {
-                *counted.entry(sub).or_default() += chunk.items.len() as u64;
+                *counted.entry(sub).or_default() += sched::chunk_count(body)?;
             }
-            if only.is_some_and(|o| o != sub) || ck[16] != TierId::Main as u8 {
+            if only.is_some_and(|o| o != sub) {
                 continue;
             }
-            let mine = gathered.entry(sub).or_default();
-            for (key, item) in chunk.keys(&ck) {
-                let body = match item.slot {
-                    sched::Slot::Empty => continue,
-                    sched::Slot::Inline => std::borrow::Cow::Borrowed(item.body.as_slice()),
-                    sched::Slot::Big => std::borrow::Cow::Owned(self.big_record(&key)?),
-                };
-                mine.scheduled(key.message.entry_id, decode_failure_head(&body)?);
+            if ck.get(16) != Some(&(TierId::Main as u8)) {
+                // Only the layout is checked (the records are not read).
+                sched::visit(body, |_| {})?;
+                continue;
             }
+            // Each record's head is stored beside it: nothing is decoded.
+            let mine = gathered.entry(sub).or_default();
+            sched::visit(body, |i| {
+                if i.slot != sched::Slot::Empty {
+                    mine.scheduled(i.entry_id, i.head);
+                }
+            })?;
         }
         Ok((gathered, counted))
     }

@@ -567,19 +567,24 @@ impl SubscriptionStore for SledStorage {
         let after = after.map(|a| a.key());
         let mut out: Vec<ScheduleKey> = Vec::new();
         let mut bucket: Option<u64> = None;
-        for chunk in self.chunks_in(from, Some(to_ms)) {
-            let (ck, chunk) = chunk?;
+        for kv in self.raw_chunks(from, Some(to_ms)) {
+            let (ck, v) = kv?;
             let this = read_be(&ck[..8])?;
             if bucket.is_some_and(|b| b != this) && out.len() >= limit {
                 break;
             }
             bucket = Some(this);
-            out.extend(
-                chunk
-                    .keys(&ck)
-                    .map(|(k, _)| k)
-                    .filter(|k| k.due_ms < to_ms && after.is_none_or(|a| k.key() > a)),
-            );
+            let bad_key = || StorageError::Corrupt("bad schedule chunk key".into());
+            let mut keys = Vec::new();
+            sched::visit(unseal(&ck, &v)?, |i| {
+                keys.push(sched::key_of(&ck, i.due_ms, i.entry_id))
+            })?;
+            for k in keys {
+                let k = k.ok_or_else(bad_key)?;
+                if k.due_ms < to_ms && after.is_none_or(|a| k.key() > a) {
+                    out.push(k);
+                }
+            }
         }
         out.sort_unstable_by_key(ScheduleKey::key);
         out.truncate(limit);

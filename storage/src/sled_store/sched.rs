@@ -15,10 +15,12 @@
 //! due-time bucket, each with its exact due time and its failure record
 //! inline when that is at most [`INLINE_MAX`] bytes, else in `sched_big`
 //! under the entry's own 25-byte schedule key: a chunk value stays under
-//! `CHUNK_ENTRIES * (INLINE_MAX + 21) + 5` bytes (about 34 KiB), well under
+//! `CHUNK_ENTRIES * (INLINE_MAX + 33) + 5` bytes (about 35 KiB), well under
 //! sled's blob threshold, whatever the burst (10 000 nacks due at once are
-//! some 160 chunks). Every chunk carries its entry count and is sealed with
-//! a CRC-32C of key and body like every other value.
+//! some 160 chunks). Every chunk carries its entry count, and each entry
+//! the head of its record (count, hold: what a subscription's start needs,
+//! read without decoding the record); it is sealed with a CRC-32C of key
+//! and body like every other value.
 //!
 //! Upgrade: a store written before keeps one key per entry in `schedule`;
 //! [`SledStorage::upgrade_schedule`] moves them into chunks at open, in
@@ -77,14 +79,84 @@ pub(super) enum Slot {
     Big = 2,
 }
 
-/// One entry of a chunk: due time, entry id, where its record is, and the
-/// record (inline only).
+/// One entry of a chunk: due time, entry id, where its record is, the
+/// record's head (count and hold, kept beside it so that a start gathers
+/// heads without decoding records), and the record (inline only).
 #[derive(Debug, Clone)]
 pub(super) struct Item {
     pub due_ms: u64,
     pub entry_id: u64,
     pub slot: Slot,
+    pub head: FailureHead,
     pub body: Vec<u8>,
+}
+
+/// An entry of a stored chunk, borrowed from its value.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ItemRef<'a> {
+    pub due_ms: u64,
+    pub entry_id: u64,
+    pub slot: Slot,
+    pub head: FailureHead,
+    pub body: &'a [u8],
+}
+
+/// Bytes of an item before its record: due time, entry id, slot, count,
+/// hold, record length.
+const ITEM_HEADER: usize = 8 + 8 + 1 + 4 + 8 + 4;
+
+/// Calls `f` with each item of chunk body `body`, in stored order, checking
+/// the layout (not the records).
+pub(super) fn visit<'a>(body: &'a [u8], mut f: impl FnMut(ItemRef<'a>)) -> Result<()> {
+    let bad = || StorageError::Corrupt("bad schedule chunk".into());
+    let n = chunk_count(body)?;
+    if n > CHUNK_ENTRIES * 4 {
+        return Err(bad());
+    }
+    let mut rest = &body[5..];
+    for _ in 0..n {
+        let h = rest.get(..ITEM_HEADER).ok_or_else(bad)?;
+        let slot = match h[16] {
+            0 => Slot::Empty,
+            1 => Slot::Inline,
+            2 => Slot::Big,
+            _ => return Err(bad()),
+        };
+        let word = |at: usize| u64::from_be_bytes(h[at..at + 8].try_into().expect("8 bytes"));
+        let count = u32::from_be_bytes(h[17..21].try_into().expect("4 bytes"));
+        let len = u32::from_be_bytes(h[29..33].try_into().expect("4 bytes")) as usize;
+        rest = &rest[ITEM_HEADER..];
+        if rest.len() < len || (slot != Slot::Inline && len != 0) {
+            return Err(bad());
+        }
+        f(ItemRef {
+            due_ms: word(0),
+            entry_id: word(8),
+            slot,
+            head: FailureHead {
+                count,
+                hold_until_ms: word(21),
+            },
+            body: &rest[..len],
+        });
+        rest = &rest[len..];
+    }
+    if !rest.is_empty() {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+/// The schedule key of an item of chunk `ck` (`None` when the key is malformed).
+pub(super) fn key_of(ck: &[u8], due_ms: u64, entry_id: u64) -> Option<ScheduleKey> {
+    Some(ScheduleKey {
+        due_ms,
+        message: SubMessage {
+            sub_id: read_be(ck.get(8..16)?).ok()?,
+            tier: TierId::from_byte(*ck.get(16)?)?,
+            entry_id,
+        },
+    })
 }
 
 /// A decoded chunk, its items sorted by (due time, entry id).
@@ -103,46 +175,21 @@ pub(super) fn chunk_count(body: &[u8]) -> Result<u64> {
 
 impl Chunk {
     pub(super) fn decode(body: &[u8]) -> Result<Self> {
-        let bad = || StorageError::Corrupt("bad schedule chunk".into());
-        let n = chunk_count(body)? as usize;
-        if n as u64 > CHUNK_ENTRIES * 4 {
-            return Err(bad());
-        }
-        let mut rest = &body[5..];
-        let mut items = Vec::with_capacity(n);
-        for _ in 0..n {
-            if rest.len() < 21 {
-                return Err(bad());
-            }
-            let due_ms = read_be(&rest[..8])?;
-            let entry_id = read_be(&rest[8..16])?;
-            let slot = match rest[16] {
-                0 => Slot::Empty,
-                1 => Slot::Inline,
-                2 => Slot::Big,
-                _ => return Err(bad()),
-            };
-            let len = u32::from_be_bytes(rest[17..21].try_into().map_err(|_| bad())?) as usize;
-            rest = &rest[21..];
-            if rest.len() < len || (slot != Slot::Inline && len != 0) {
-                return Err(bad());
-            }
+        let mut items = Vec::new();
+        visit(body, |i| {
             items.push(Item {
-                due_ms,
-                entry_id,
-                slot,
-                body: rest[..len].to_vec(),
-            });
-            rest = &rest[len..];
-        }
-        if !rest.is_empty() {
-            return Err(bad());
-        }
+                due_ms: i.due_ms,
+                entry_id: i.entry_id,
+                slot: i.slot,
+                head: i.head,
+                body: i.body.to_vec(),
+            })
+        })?;
         Ok(Self { items })
     }
 
     pub(super) fn encode(&self) -> Vec<u8> {
-        let size: usize = self.items.iter().map(|i| 21 + i.body.len()).sum();
+        let size: usize = self.items.iter().map(|i| ITEM_HEADER + i.body.len()).sum();
         let mut out = Vec::with_capacity(5 + size);
         out.push(CHUNK_V1);
         out.extend_from_slice(&(self.items.len() as u32).to_be_bytes());
@@ -150,6 +197,8 @@ impl Chunk {
             out.extend_from_slice(&be(i.due_ms));
             out.extend_from_slice(&be(i.entry_id));
             out.push(i.slot as u8);
+            out.extend_from_slice(&i.head.count.to_be_bytes());
+            out.extend_from_slice(&be(i.head.hold_until_ms));
             out.extend_from_slice(&(i.body.len() as u32).to_be_bytes());
             out.extend_from_slice(&i.body);
         }
@@ -245,8 +294,13 @@ impl<'t> SchedWrites<'t> {
     pub(super) fn insert(&mut self, key: &ScheduleKey, body: &[u8]) -> TxResult<()> {
         let big = body.len() > INLINE_MAX;
         let k = key.key();
+        let head = match body {
+            [] => FailureHead::default(),
+            body => codec::decode_failure_head(body).map_err(abort)?,
+        };
         let chunk = self.chunk(chunk_key(key))?;
         let item = Item {
+            head,
             due_ms: key.due_ms,
             entry_id: key.message.entry_id,
             slot: match (body.is_empty(), big) {
@@ -323,6 +377,21 @@ impl SledStorage {
                 codec::show_key(&k)
             ))),
         }
+    }
+
+    /// Every stored chunk whose bucket starts in `[from, to)` (`None`:
+    /// open), as sled gives it: key and sealed body.
+    pub(super) fn raw_chunks(
+        &self,
+        from: Option<u64>,
+        to: Option<u64>,
+    ) -> impl Iterator<Item = Result<(sled::IVec, sled::IVec)>> + '_ {
+        use std::ops::Bound;
+        let lower = from.map_or(Bound::Unbounded, |d| Bound::Included(be(d)));
+        let upper = to.map_or(Bound::Unbounded, |d| Bound::Excluded(be(d)));
+        self.sched
+            .range::<[u8; 8], _>((lower, upper))
+            .map(|kv| kv.map_err(StorageError::from))
     }
 
     /// Every chunk whose bucket starts in `[from, to)` (`None`: open), checked.

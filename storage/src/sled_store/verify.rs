@@ -296,8 +296,10 @@ fn verify_tree(
             Err(e) => report.problem(format!("{name}: {e}")),
         }
         if let Some(heads) = heads.as_deref_mut() {
-            if name == "schedule" || name == "sched_big" {
+            if name == "schedule" {
                 held::gather_scheduled(heads, &k, &v);
+            } else if name == "sched_big" {
+                // Gathered from the chunk, which keeps each record's head.
             } else if name == "sched" {
                 held::gather_chunk(heads, &k, &v);
             } else {
@@ -363,10 +365,19 @@ fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
             }
         }
         "sched" => {
+            // Each inline record decodes and matches the head stored beside
+            // it (a record in `sched_big` is checked there).
             let chunk = sched::read_chunk(k, v)?;
             for item in &chunk.items {
                 if item.slot == sched::Slot::Inline {
-                    decode_failures(&item.body)?;
+                    let r = decode_failures(&item.body)?;
+                    if FailureHead::of(&r) != item.head {
+                        return Err(StorageError::Corrupt(format!(
+                            "schedule entry of entry {} in chunk {}: its head does not match its record",
+                            item.entry_id,
+                            codec::show_key(k)
+                        )));
+                    }
                 }
             }
             Ok(0)
