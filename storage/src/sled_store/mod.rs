@@ -6,12 +6,15 @@
 //! Each value is a run of at most 7 KiB of one batch's entries, keyed by its
 //! first id ([`frame`]), so that log leaves stay under sled's blob threshold.
 //! Small records live in shared trees: `meta` (topics, subscriptions, id
-//! floors), `prodseq`, `failures`, `schedule` (keyed by big-endian due time)
-//! and `deadletters`. Tier moves are one multi-tree transaction; a move into
-//! the retry tier stores the failure record as the schedule entry's value
-//! rather than under its own key, because sled holds page metadata in memory
-//! per stored key and scheduled retries are the records that pile up; a
-//! message held in place (a broker-held nack) does the same ([`held`]).
+//! floors), `prodseq`, `failures`, the retry schedule in chunks per due-time
+//! bucket (`sched`, keyed by big-endian bucket start; records too large for
+//! a chunk in `sched_big`; [`sched`]) and `deadletters`. Tier moves are one
+//! multi-tree transaction; a move into the retry tier stores the failure
+//! record in the schedule entry rather than under its own key, because sled
+//! holds page metadata in memory per stored key and scheduled retries are
+//! the records that pile up; a message held in place (a broker-held nack)
+//! does the same ([`held`]). The `schedule` tree is the layout before
+//! chunks (one key per entry), emptied into chunks at open.
 //!
 //! Every value is sealed with a CRC-32C of its key and body
 //! ([`codec::seal`]) and checked on every read; `meta` also holds the store
