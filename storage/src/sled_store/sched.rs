@@ -660,6 +660,42 @@ mod tests {
     }
 
     #[test]
+    fn an_upgrade_cut_between_transactions_is_finished_by_the_next_open() {
+        // What a kill -9 between two of the upgrade's transactions leaves:
+        // some entries still in the per-key layout, the others in chunks
+        // (each transaction removes what it adds, so none is in both).
+        let dir = tempfile::tempdir().unwrap();
+        let key = |i: u64| ScheduleKey {
+            due_ms: 10_000 + i * 37,
+            message: main(1, i),
+        };
+        {
+            let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+            let moved: Vec<_> = (0..300).map(|i| (key(i), record(1, key(i).due_ms))).collect();
+            s.put_held(&moved, &[]).unwrap();
+            for i in 300..700 {
+                let k = key(i);
+                let body = encode_failures(&record(2, k.due_ms));
+                s.schedule.insert(k.key(), seal(&k.key(), &body)).unwrap();
+            }
+            s.flush_blocking();
+        }
+        let s = reopen(dir.path());
+        assert_eq!(s.schedule.len(), 0);
+        let want: Vec<ScheduleKey> = (0..700).map(key).collect();
+        assert_eq!(s.scheduled(None, u64::MAX, usize::MAX).unwrap(), want);
+        for i in 0..700 {
+            let count = if i < 300 { 1 } else { 2 };
+            let k = key(i);
+            assert_eq!(
+                s.failure(k.message, Some(k.due_ms)).unwrap(),
+                Some(record(count, k.due_ms))
+            );
+        }
+        assert_eq!(s.counts_by_subscription().unwrap()[&1].scheduled, 700);
+    }
+
+    #[test]
     fn a_damaged_chunk_is_reported_by_the_verify_pass_and_refused_on_read() {
         let dir = tempfile::tempdir().unwrap();
         let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
