@@ -333,8 +333,7 @@ impl SledStorage {
             .map_or(1, |n| n.get())
             .clamp(1, SCAN_THREADS) as u64;
         let due = |k: &[u8]| k.get(..8).and_then(|b| super::codec::read_be(b).ok());
-        let (Some((first, _)), Some((last, _))) = (self.sched.first()?, self.sched.last()?)
-        else {
+        let (Some((first, _)), Some((last, _))) = (self.sched.first()?, self.sched.last()?) else {
             return Ok(vec![(None, None)]);
         };
         let (Some(lo), Some(hi)) = (due(&first), due(&last)) else {
@@ -446,21 +445,19 @@ impl SledStorage {
             .iter()
             .map(|(key, r)| (key.message.key(), key, encode_failures(r)))
             .collect();
-        let result = sched::tx_result(
-            (&self.failures, &self.sched, &self.sched_big).transaction(
-                |(failures, chunks, big)| {
-                    let mut w = sched::SchedWrites::new(chunks, big);
-                    for k in unschedule {
-                        w.remove(k)?;
-                    }
-                    for (own, k, body) in &put {
-                        failures.remove(own)?;
-                        w.insert(k, body)?;
-                    }
-                    w.finish()
-                },
-            ),
-        );
+        let result = sched::tx_result((&self.failures, &self.sched, &self.sched_big).transaction(
+            |(failures, chunks, big)| {
+                let mut w = sched::SchedWrites::new(chunks, big);
+                for k in unschedule {
+                    w.remove(k)?;
+                }
+                for (own, k, body) in &put {
+                    failures.remove(own)?;
+                    w.insert(k, body)?;
+                }
+                w.finish()
+            },
+        ));
         self.touch_heads(
             held.iter()
                 .map(|(k, _)| k.message.sub_id)

@@ -444,18 +444,16 @@ impl SledStorage {
             if batch.is_empty() {
                 break;
             }
-            tx_result(
-                (&self.schedule, &self.sched, &self.sched_big).transaction(
-                    |(legacy, chunks, big)| {
-                        let mut w = SchedWrites::new(chunks, big);
-                        for (k, key, body) in &batch {
-                            legacy.remove(k)?;
-                            w.insert(key, body)?;
-                        }
-                        w.finish()
-                    },
-                ),
-            )?;
+            tx_result((&self.schedule, &self.sched, &self.sched_big).transaction(
+                |(legacy, chunks, big)| {
+                    let mut w = SchedWrites::new(chunks, big);
+                    for (k, key, body) in &batch {
+                        legacy.remove(k)?;
+                        w.insert(key, body)?;
+                    }
+                    w.finish()
+                },
+            ))?;
             moved += batch.len() as u64;
             if crate::util::failpoint_armed("upgrade.schedule.after_batch") {
                 self.flush_blocking();
@@ -485,7 +483,9 @@ mod tests {
     fn reopen(dir: &std::path::Path) -> SledStorage {
         for _ in 0..250 {
             match SledStorage::open(dir, 64, 8 << 20) {
-                Err(StorageError::Engine(e)) if e.to_string().contains("could not acquire lock") => {
+                Err(StorageError::Engine(e))
+                    if e.to_string().contains("could not acquire lock") =>
+                {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
                 opened => return opened.unwrap(),
@@ -640,7 +640,10 @@ mod tests {
         let s = reopen(dir.path());
         assert_eq!(s.schedule.len(), 0, "nothing left in the per-key layout");
         assert!(s.sched.len() < n as usize / 4, "{} chunks", s.sched.len());
-        assert_eq!(s.scheduled(None, u64::MAX, usize::MAX).unwrap(), heads_before);
+        assert_eq!(
+            s.scheduled(None, u64::MAX, usize::MAX).unwrap(),
+            heads_before
+        );
         for (k, r) in &legacy {
             assert_eq!(&s.failure(k.message, Some(k.due_ms)).unwrap(), r, "{k:?}");
         }
@@ -648,7 +651,12 @@ mod tests {
         assert_eq!(report.problem_count, 0, "{:?}", report.problems);
         assert_eq!(report.scheduled, n);
         let counts = s.counts_by_subscription().unwrap();
-        let legacy_of = |sub| legacy.iter().filter(|(k, _)| k.message.sub_id == sub).count() as u64;
+        let legacy_of = |sub| {
+            legacy
+                .iter()
+                .filter(|(k, _)| k.message.sub_id == sub)
+                .count() as u64
+        };
         for sub in 1..=2 {
             assert_eq!(counts[&sub].scheduled, legacy_of(sub));
         }
@@ -656,7 +664,10 @@ mod tests {
         drop(s);
         let s = reopen(dir.path());
         assert_eq!(s.upgrade_schedule().unwrap(), 0);
-        assert_eq!(s.scheduled(None, u64::MAX, usize::MAX).unwrap(), heads_before);
+        assert_eq!(
+            s.scheduled(None, u64::MAX, usize::MAX).unwrap(),
+            heads_before
+        );
     }
 
     #[test]
@@ -671,7 +682,9 @@ mod tests {
         };
         {
             let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
-            let moved: Vec<_> = (0..300).map(|i| (key(i), record(1, key(i).due_ms))).collect();
+            let moved: Vec<_> = (0..300)
+                .map(|i| (key(i), record(1, key(i).due_ms)))
+                .collect();
             s.put_held(&moved, &[]).unwrap();
             for i in 300..700 {
                 let k = key(i);

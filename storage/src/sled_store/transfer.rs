@@ -35,7 +35,9 @@ impl SledStorage {
                     .push((key.due_ms, key.message.entry(), record));
             }
         }
-        state.schedule.sort_by_key(|(due, e, _)| (*due, e.of(sub_id).key()));
+        state
+            .schedule
+            .sort_by_key(|(due, e, _)| (*due, e.of(sub_id).key()));
         state.dead_letters = crate::SubscriptionStore::dead_letters(self, sub_id, None)?;
         Ok(state)
     }

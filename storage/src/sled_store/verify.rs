@@ -198,7 +198,7 @@ impl SledStorage {
                                         name.as_str(),
                                         "failures" | "schedule" | "sched" | "sched_big"
                                     ))
-                                    .then_some(&mut found);
+                                .then_some(&mut found);
                                 let report = verify_tree(name, tree, live, stop, gather);
                                 done.push((i, report, found));
                             }
