@@ -720,7 +720,7 @@ mod tests {
         let ck = chunk_key(&k);
         let mut v = s.sched.get(ck).unwrap().unwrap().to_vec();
         v[9] ^= 0x01;
-        s.sched.insert(&ck, v).unwrap();
+        s.sched.insert(ck, v).unwrap();
         assert!(s.failure(k.message, Some(3_000)).is_err());
         assert!(s.scheduled(None, u64::MAX, 10).is_err());
         let report = s.verify();

@@ -514,7 +514,7 @@ mod tests {
         let mut v = s.sched.get(k).unwrap().unwrap().to_vec();
         let last = v.len() - 1;
         v[last] ^= 0x5a;
-        s.sched.insert(&k, v).unwrap();
+        s.sched.insert(k, v).unwrap();
         assert!(s.inventory(true).is_err());
     }
 
