@@ -110,7 +110,10 @@ const ITEM_HEADER: usize = 8 + 8 + 1 + 4 + 8 + 4;
 pub(super) fn visit<'a>(body: &'a [u8], mut f: impl FnMut(ItemRef<'a>)) -> Result<()> {
     let bad = || StorageError::Corrupt("bad schedule chunk".into());
     let n = chunk_count(body)?;
-    if n > CHUNK_ENTRIES * 4 {
+    // Each item takes at least its header (a chunk may hold more than
+    // `CHUNK_ENTRIES` items only when one entry id is scheduled at several
+    // times of one bucket, which the broker does not write).
+    if n > (body.len() / ITEM_HEADER) as u64 {
         return Err(bad());
     }
     let mut rest = &body[5..];
