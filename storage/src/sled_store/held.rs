@@ -22,7 +22,7 @@
 //! transactions of [`UPGRADE_CHUNK`], so a crash leaves each record in one
 //! place or the other, and the next start finishes the job.
 
-use super::codec::{decode_failure_head, encode_failures, seal, unseal};
+use super::codec::{decode_failure_head, encode_failures, unseal};
 use super::*;
 use std::collections::HashSet;
 
@@ -170,6 +170,31 @@ pub(super) fn gather_scheduled(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &
     }
 }
 
+/// Gathers into `into` the heads of a chunk's main-tier records, from the
+/// heads stored beside them (an unreadable chunk is for the verify pass to
+/// report, which also checks each head against its record).
+pub(super) fn gather_chunk(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]) {
+    if k.get(16) != Some(&(TierId::Main as u8)) {
+        return;
+    }
+    let Ok(body) = unseal(k, v) else {
+        return;
+    };
+    let mut found = Vec::new();
+    if sched::visit(body, |i| {
+        if i.slot != sched::Slot::Empty {
+            found.push((i.entry_id, i.head));
+        }
+    })
+    .is_ok()
+    {
+        let mine = into.entry(sched::chunk_sub(k)).or_default();
+        for (entry, head) in found {
+            mine.scheduled(entry, head);
+        }
+    }
+}
+
 /// Gathers into `into` the head of a `failures` value (main tier only).
 pub(super) fn gather_own(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]) {
     if let Some(m) = SubMessage::from_key(k).filter(|m| m.tier == TierId::Main)
@@ -308,8 +333,7 @@ impl SledStorage {
             .map_or(1, |n| n.get())
             .clamp(1, SCAN_THREADS) as u64;
         let due = |k: &[u8]| k.get(..8).and_then(|b| super::codec::read_be(b).ok());
-        let (Some((first, _)), Some((last, _))) = (self.schedule.first()?, self.schedule.last()?)
-        else {
+        let (Some((first, _)), Some((last, _))) = (self.sched.first()?, self.sched.last()?) else {
             return Ok(vec![(None, None)]);
         };
         let (Some(lo), Some(hi)) = (due(&first), due(&last)) else {
@@ -340,31 +364,30 @@ impl SledStorage {
         only: Option<u64>,
         counting: bool,
     ) -> Result<(HashMap<u64, Gathered>, Counted)> {
-        use std::ops::Bound;
-        let lower = from.map_or(Bound::Unbounded, |d| Bound::Included(be(d)));
-        let upper = to.map_or(Bound::Unbounded, |d| Bound::Excluded(be(d)));
         let mut gathered: HashMap<u64, Gathered> = HashMap::new();
         let mut counted = Counted::new();
-        for kv in self.schedule.range::<[u8; 8], _>((lower, upper)) {
-            let (k, v) = kv?;
-            let key = ScheduleKey::from_key(&k);
+        for kv in self.raw_chunks(from, to) {
+            let (ck, v) = kv?;
+            let body = unseal(&ck, &v)?;
+            let sub = sched::chunk_sub(&ck);
             if counting {
-                // A malformed key counts under `u64::MAX`, as in a key scan.
-                *counted
-                    .entry(key.map_or(u64::MAX, |s| s.message.sub_id))
-                    .or_default() += 1;
+                *counted.entry(sub).or_default() += sched::chunk_count(body)?;
             }
-            if let Some(only) = only
-                && key.is_some_and(|s| s.message.sub_id != only)
-            {
+            if only.is_some_and(|o| o != sub) {
                 continue;
             }
-            if let Some((key, head)) = scheduled_head(&k, &v)? {
-                gathered
-                    .entry(key.message.sub_id)
-                    .or_default()
-                    .scheduled(key.message.entry_id, head);
+            if ck.get(16) != Some(&(TierId::Main as u8)) {
+                // Only the layout is checked (the records are not read).
+                sched::visit(body, |_| {})?;
+                continue;
             }
+            // Each record's head is stored beside it: nothing is decoded.
+            let mine = gathered.entry(sub).or_default();
+            sched::visit(body, |i| {
+                if i.slot != sched::Slot::Empty {
+                    mine.scheduled(i.entry_id, i.head);
+                }
+            })?;
         }
         Ok((gathered, counted))
     }
@@ -373,19 +396,25 @@ impl SledStorage {
     /// (a scan of the schedule), for [`SubscriptionStore::failures_of`].
     pub(super) fn held_records(&self, sub_id: u64) -> Result<Vec<(SubMessage, FailureRecord)>> {
         let mut out: BTreeMap<u64, FailureRecord> = BTreeMap::new();
-        for kv in self.schedule.iter() {
-            let (k, v) = kv?;
-            let key = ScheduleKey::from_key(&k)
-                .ok_or_else(|| StorageError::Corrupt("bad schedule key".into()))?;
-            if key.message.sub_id != sub_id || key.message.tier != TierId::Main {
+        let mut found: Vec<(ScheduleKey, Vec<u8>)> = Vec::new();
+        for chunk in self.chunks_in(None, None) {
+            let (ck, chunk) = chunk?;
+            if sched::chunk_sub(&ck) != sub_id || ck[16] != TierId::Main as u8 {
                 continue;
             }
-            if let body @ [_, ..] = unseal(&k, &v)? {
-                let r = decode_failures(body)?;
-                let slot = out.entry(key.message.entry_id).or_insert_with(|| r.clone());
-                if (r.count, r.hold_until_ms) > (slot.count, slot.hold_until_ms) {
-                    *slot = r;
+            for (key, item) in chunk.keys(&ck) {
+                match item.slot {
+                    sched::Slot::Empty => {}
+                    sched::Slot::Inline => found.push((key, item.body.clone())),
+                    sched::Slot::Big => found.push((key, self.big_record(&key)?)),
                 }
+            }
+        }
+        for (key, body) in found {
+            let r = decode_failures(&body)?;
+            let slot = out.entry(key.message.entry_id).or_insert_with(|| r.clone());
+            if (r.count, r.hold_until_ms) > (slot.count, slot.hold_until_ms) {
+                *slot = r;
             }
         }
         Ok(out
@@ -412,29 +441,23 @@ impl SledStorage {
         unschedule: &[ScheduleKey],
     ) -> Result<()> {
         // Encoded before the transaction: its closure may re-run.
-        let gone: Vec<[u8; 25]> = unschedule.iter().map(ScheduleKey::key).collect();
-        let put: Vec<([u8; 17], [u8; 25], Vec<u8>)> = held
+        let put: Vec<([u8; 17], &ScheduleKey, Vec<u8>)> = held
             .iter()
-            .map(|(key, r)| {
-                let k = key.key();
-                (key.message.key(), k, seal(&k, &encode_failures(r)))
-            })
+            .map(|(key, r)| (key.message.key(), key, encode_failures(r)))
             .collect();
-        let result = (&self.failures, &self.schedule).transaction(|(failures, schedule)| {
-            for k in &gone {
-                schedule.remove(k)?;
-            }
-            for (own, k, v) in &put {
-                failures.remove(own)?;
-                schedule.insert(k, v.as_slice())?;
-            }
-            Ok::<_, ConflictableTransactionError<StorageError>>(())
-        });
-        let result = match result {
-            Ok(()) => Ok(()),
-            Err(TransactionError::Abort(e)) => Err(e),
-            Err(TransactionError::Storage(e)) => Err(e.into()),
-        };
+        let result = sched::tx_result((&self.failures, &self.sched, &self.sched_big).transaction(
+            |(failures, chunks, big)| {
+                let mut w = sched::SchedWrites::new(chunks, big);
+                for k in unschedule {
+                    w.remove(k)?;
+                }
+                for (own, k, body) in &put {
+                    failures.remove(own)?;
+                    w.insert(k, body)?;
+                }
+                w.finish()
+            },
+        ));
         self.touch_heads(
             held.iter()
                 .map(|(k, _)| k.message.sub_id)
@@ -469,7 +492,7 @@ impl SledStorage {
     pub fn upgrade_held(&self) -> Result<u64> {
         let started = std::time::Instant::now();
         let mut moved = 0u64;
-        let mut chunk: Vec<([u8; 17], [u8; 25], Vec<u8>)> = Vec::new();
+        let mut chunk: Vec<([u8; 17], ScheduleKey, Vec<u8>)> = Vec::new();
         let mut after: Option<sled::IVec> = None;
         loop {
             let range = match &after {
@@ -496,35 +519,28 @@ impl SledStorage {
                 let sk = ScheduleKey {
                     due_ms: head.hold_until_ms,
                     message: m,
-                }
-                .key();
-                let empty = match self.schedule.get(sk)? {
-                    Some(sv) => matches!(unseal(&sk, &sv), Ok([])),
-                    None => false,
                 };
+                let empty = matches!(self.sched_get(&sk), Ok(Some(b)) if b.is_empty());
                 if !empty {
                     continue;
                 }
                 let body = unseal(&k, &v)?.to_vec();
-                chunk.push((m.key(), sk, seal(&sk, &body)));
+                chunk.push((m.key(), sk, body));
                 if chunk.len() >= UPGRADE_CHUNK {
                     break;
                 }
             }
             if !chunk.is_empty() {
-                let result =
-                    (&self.failures, &self.schedule).transaction(|(failures, schedule)| {
-                        for (own, sk, v) in &chunk {
+                sched::tx_result((&self.failures, &self.sched, &self.sched_big).transaction(
+                    |(failures, chunks, big)| {
+                        let mut w = sched::SchedWrites::new(chunks, big);
+                        for (own, sk, body) in &chunk {
                             failures.remove(own)?;
-                            schedule.insert(sk, v.as_slice())?;
+                            w.insert(sk, body)?;
                         }
-                        Ok::<_, ConflictableTransactionError<StorageError>>(())
-                    });
-                match result {
-                    Ok(()) => {}
-                    Err(TransactionError::Abort(e)) => return Err(e),
-                    Err(TransactionError::Storage(e)) => return Err(e.into()),
-                }
+                        w.finish()
+                    },
+                ))?;
                 moved += chunk.len() as u64;
                 if crate::util::failpoint_armed("upgrade.held.after_chunk") {
                     self.flush_blocking();
@@ -606,7 +622,8 @@ mod tests {
         let records: Vec<_> = keys.iter().map(|k| (*k, held(2, k.due_ms))).collect();
         s.put_held(&records, &[]).unwrap();
         assert_eq!(s.failures.len(), 0, "no key of their own");
-        assert_eq!(s.schedule.len(), 10, "one schedule entry each");
+        assert_eq!(s.sched.len(), 1, "ten schedule entries in one chunk");
+        assert_eq!(s.schedule.len(), 0, "none in the per-key layout");
         for (k, r) in &records {
             assert_eq!(
                 s.failure(k.message, Some(k.due_ms)).unwrap().as_ref(),

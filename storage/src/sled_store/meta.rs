@@ -118,6 +118,8 @@ impl MetaStore for SledStorage {
             &self.prodseq,
             &self.failures,
             &self.schedule,
+            &self.sched,
+            &self.sched_big,
             &self.deadletters,
         ] {
             has_data |= tree.first()?.is_some();

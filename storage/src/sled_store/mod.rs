@@ -6,12 +6,15 @@
 //! Each value is a run of at most 7 KiB of one batch's entries, keyed by its
 //! first id ([`frame`]), so that log leaves stay under sled's blob threshold.
 //! Small records live in shared trees: `meta` (topics, subscriptions, id
-//! floors), `prodseq`, `failures`, `schedule` (keyed by big-endian due time)
-//! and `deadletters`. Tier moves are one multi-tree transaction; a move into
-//! the retry tier stores the failure record as the schedule entry's value
-//! rather than under its own key, because sled holds page metadata in memory
-//! per stored key and scheduled retries are the records that pile up; a
-//! message held in place (a broker-held nack) does the same ([`held`]).
+//! floors), `prodseq`, `failures`, the retry schedule in chunks per due-time
+//! bucket (`sched`, keyed by big-endian bucket start; records too large for
+//! a chunk in `sched_big`; [`sched`]) and `deadletters`. Tier moves are one
+//! multi-tree transaction; a move into the retry tier stores the failure
+//! record in the schedule entry rather than under its own key, because sled
+//! holds page metadata in memory per stored key and scheduled retries are
+//! the records that pile up; a message held in place (a broker-held nack)
+//! does the same ([`held`]). The `schedule` tree is the layout before
+//! chunks (one key per entry), emptied into chunks at open.
 //!
 //! Every value is sealed with a CRC-32C of its key and body
 //! ([`codec::seal`]) and checked on every read; `meta` also holds the store
@@ -30,6 +33,7 @@ mod open;
 mod reads;
 mod refs;
 mod returns;
+mod sched;
 #[cfg(test)]
 mod split_tests;
 mod transfer;
@@ -56,7 +60,13 @@ pub struct SledStorage {
     meta: Tree,
     prodseq: Tree,
     failures: Tree,
+    /// The schedule as it was stored before chunks (one key per entry):
+    /// emptied into `sched` at open ([`sched`]).
     schedule: Tree,
+    /// The schedule in chunks per due-time bucket ([`sched`]).
+    sched: Tree,
+    /// Schedule entries' records too large for their chunk.
+    sched_big: Tree,
     deadletters: Tree,
     /// sled's blob files, fsynced before each flush.
     blobs: crate::sled_blobs::BlobSync,
@@ -140,11 +150,13 @@ impl SledStorage {
                     .insert(seg, db.open_tree(&name)?);
             }
         }
-        Ok(Self {
+        let store = Self {
             meta: db.open_tree("meta")?,
             prodseq: db.open_tree("prodseq")?,
             failures: db.open_tree("failures")?,
             schedule: db.open_tree("schedule")?,
+            sched: db.open_tree("sched")?,
+            sched_big: db.open_tree("sched_big")?,
             deadletters: db.open_tree("deadletters")?,
             blobs: crate::sled_blobs::BlobSync::new(dir),
             db,
@@ -153,7 +165,11 @@ impl SledStorage {
             segments: Mutex::new(segments),
             verified_counts: Mutex::new(None),
             heads: Mutex::new(None),
-        })
+        };
+        // A store written with one schedule key per entry is converted
+        // (once; logged when anything moved).
+        store.upgrade_schedule()?;
+        Ok(store)
     }
 
     fn segment(&self, topic: &str, seg: u64) -> Result<Tree> {
@@ -442,14 +458,21 @@ impl SubscriptionStore for SledStorage {
             batch.remove(k?);
         }
         self.deadletters.apply_batch(batch)?;
-        let mut batch = Batch::default();
-        for k in self.schedule.iter().keys() {
-            let k = k?;
-            if ScheduleKey::from_key(&k).is_some_and(|s| s.message.sub_id == record.id) {
-                batch.remove(k);
+        let mut mine = Vec::new();
+        for chunk in self.chunks_in(None, None) {
+            let (ck, chunk) = chunk?;
+            if sched::chunk_sub(&ck) == record.id {
+                mine.extend(chunk.keys(&ck).map(|(k, _)| k));
             }
         }
-        self.schedule.apply_batch(batch)?;
+        for keys in mine.chunks(sched::UPGRADE_BATCH) {
+            self.sched_tx(|w| {
+                for k in keys {
+                    w.remove(k)?;
+                }
+                Ok(())
+            })?;
+        }
         self.meta.remove(sub_key(&record.topic, &record.name))?;
         self.touch_heads([record.id]);
         Ok(())
@@ -464,13 +487,9 @@ impl SubscriptionStore for SledStorage {
         let Some(due_ms) = due_ms else {
             return Ok(None);
         };
-        let key = ScheduleKey { due_ms, message }.key();
-        match self.schedule.get(key)? {
-            Some(v) => match unseal(&key, &v)? {
-                [] => Ok(None),
-                body => decode_failures(body).map(Some),
-            },
-            None => Ok(None),
+        match self.sched_get(&ScheduleKey { due_ms, message })? {
+            Some(body) if !body.is_empty() => decode_failures(&body).map(Some),
+            _ => Ok(None),
         }
     }
 
@@ -547,42 +566,52 @@ impl SubscriptionStore for SledStorage {
         to_ms: u64,
         limit: usize,
     ) -> Result<Vec<ScheduleKey>> {
-        use std::ops::Bound;
-        let start = match after {
-            Some(a) => Bound::Excluded(a.key().to_vec()),
-            None => Bound::Unbounded,
-        };
-        let mut out = Vec::new();
-        for k in self
-            .schedule
-            .range::<Vec<u8>, _>((start, Bound::Excluded(be(to_ms).to_vec())))
-            .keys()
-        {
-            let k = k?;
-            let key = ScheduleKey::from_key(&k)
-                .ok_or_else(|| StorageError::Corrupt("bad schedule key".into()))?;
-            out.push(key);
-            if out.len() >= limit {
+        // Chunks are ordered by bucket, then subscription, tier and ids:
+        // a bucket is read whole and sorted, and the read stops at the end
+        // of the bucket that fills `limit`.
+        let from = after.map(|a| a.due_ms - a.due_ms % sched::BUCKET_MS);
+        let after = after.map(|a| a.key());
+        let mut out: Vec<ScheduleKey> = Vec::new();
+        let mut bucket: Option<u64> = None;
+        for kv in self.raw_chunks(from, Some(to_ms)) {
+            let (ck, v) = kv?;
+            let this = read_be(&ck[..8])?;
+            if bucket.is_some_and(|b| b != this) && out.len() >= limit {
                 break;
             }
+            bucket = Some(this);
+            let bad_key = || StorageError::Corrupt("bad schedule chunk key".into());
+            let mut keys = Vec::new();
+            sched::visit(unseal(&ck, &v)?, |i| {
+                keys.push(sched::key_of(&ck, i.due_ms, i.entry_id))
+            })?;
+            for k in keys {
+                let k = k.ok_or_else(bad_key)?;
+                if k.due_ms < to_ms && after.is_none_or(|a| k.key() > a) {
+                    out.push(k);
+                }
+            }
         }
+        out.sort_unstable_by_key(ScheduleKey::key);
+        out.truncate(limit);
         Ok(out)
     }
 
     fn put_schedule(&self, keys: &[(ScheduleKey, bool)]) -> Result<()> {
-        let mut batch = Batch::default();
-        for (k, add) in keys {
-            if !*add {
-                batch.remove(&k.key());
-            } else if !self.schedule.contains_key(k.key())? {
-                // An entry already there keeps the record it holds (a
-                // retry's, a hold's); its subscription alone writes it.
-                batch.insert(&k.key(), seal(&k.key(), &[]));
+        let written = self.sched_tx(|w| {
+            for (k, add) in keys {
+                if !*add {
+                    w.remove(k)?;
+                } else if !w.contains(k)? {
+                    // An entry already there keeps the record it holds (a
+                    // retry's, a hold's); its subscription alone writes it.
+                    w.insert(k, &[])?;
+                }
             }
-        }
-        let written = self.schedule.apply_batch(batch);
+            Ok(())
+        });
         self.touch_heads(keys.iter().map(|(k, _)| k.message.sub_id));
-        Ok(written?)
+        written
     }
 
     fn move_messages(&self, mv: &TierMove) -> Result<()> {

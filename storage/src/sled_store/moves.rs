@@ -1,9 +1,9 @@
 //! Tier moves ([`SubscriptionStore::move_messages`]) as one sled
-//! transaction over `meta`, `failures`, `schedule`, `deadletters` and the
-//! target tier's segment trees.
+//! transaction over `meta`, `failures`, the schedule's chunks
+//! ([`super::sched`]), `deadletters` and the target tier's segment trees.
 //!
 //! Stored keys per moved message are kept to one where it can be: a retry
-//! keeps its failure record as its schedule entry's value; the moved
+//! keeps its failure record in its schedule entry (in its chunk); the moved
 //! entries are stored as frames of consecutive entries (one per run of
 //! ids in one segment, cut at [`frame::MAX_VALUE`]), not one frame each;
 //! and the retry-reference index gets one entry per move listing its
@@ -17,7 +17,7 @@ use super::*;
 /// Where an item's record goes: with its schedule entry (a retry) or
 /// under its dead-letter key.
 enum Landing {
-    Schedule([u8; 25], Vec<u8>),
+    Schedule(ScheduleKey, Vec<u8>),
     DeadLetter([u8; 16], Vec<u8>),
 }
 
@@ -77,16 +77,17 @@ impl SledStorage {
         let mut trees = vec![
             self.meta.clone(),
             self.failures.clone(),
-            self.schedule.clone(),
+            self.sched.clone(),
             self.deadletters.clone(),
+            self.sched_big.clone(),
         ];
-        const SHARED_TREES: usize = 4;
+        const SHARED_TREES: usize = 5;
         for seg in &seg_numbers {
             trees.push(self.segment(&mv.target_topic, *seg)?);
         }
         struct Encoded {
             from_key: [u8; 17],
-            from_schedule: Option<[u8; 25]>,
+            from_schedule: Option<ScheduleKey>,
             landing: Landing,
         }
         let encoded: Vec<Encoded> = mv
@@ -99,8 +100,7 @@ impl SledStorage {
                             due_ms: *due_ms,
                             message: TierEntry::retry(item.target_entry_id).of(mv.subscription.id),
                         };
-                        let k = key.key();
-                        Landing::Schedule(k, seal(&k, &encode_failures(&item.failures)))
+                        Landing::Schedule(key, encode_failures(&item.failures))
                     }
                     Arrival::DeadLetter(d) => {
                         let k = dl_key(mv.subscription.id, item.target_entry_id);
@@ -109,7 +109,7 @@ impl SledStorage {
                 };
                 Encoded {
                     from_key: item.from.key(),
-                    from_schedule: item.from_schedule.map(|s| s.key()),
+                    from_schedule: item.from_schedule,
                     landing,
                 }
             })
@@ -117,7 +117,8 @@ impl SledStorage {
         let frames = frames_of(&mv.items, self.segment_entries, &seg_numbers);
         let index = refs::index_of_move(mv.subscription.id, &mv.items);
         let result = trees.as_slice().transaction(|t| {
-            let (meta, failures, schedule, deadletters) = (&t[0], &t[1], &t[2], &t[3]);
+            let (meta, failures, deadletters) = (&t[0], &t[1], &t[3]);
+            let mut schedule = sched::SchedWrites::new(&t[2], &t[4]);
             let segments = &t[SHARED_TREES..];
             meta.insert(sub_key.as_slice(), sub_val.as_slice())?;
             for e in &encoded {
@@ -126,10 +127,13 @@ impl SledStorage {
                     schedule.remove(s)?;
                 }
                 match &e.landing {
-                    Landing::Schedule(k, v) => schedule.insert(k, v.as_slice())?,
-                    Landing::DeadLetter(k, v) => deadletters.insert(k, v.as_slice())?,
+                    Landing::Schedule(k, body) => schedule.insert(k, body)?,
+                    Landing::DeadLetter(k, v) => {
+                        deadletters.insert(k, v.as_slice())?;
+                    }
                 };
             }
+            schedule.finish()?;
             for f in &frames {
                 segments[f.segment].insert(&f.key, f.value.as_slice())?;
             }

@@ -79,10 +79,11 @@ impl SledStorage {
         retry_segs.dedup();
         let mut trees = vec![
             self.meta.clone(),
-            self.schedule.clone(),
+            self.sched.clone(),
             self.deadletters.clone(),
+            self.sched_big.clone(),
         ];
-        const SHARED: usize = 3;
+        const SHARED: usize = 4;
         for seg in &retry_segs {
             trees.push(self.segment(&mv.retry_topic, *seg)?);
         }
@@ -96,7 +97,7 @@ impl SledStorage {
             retry_tree: usize,
             entry_key: [u8; 8],
             frame: Vec<u8>,
-            schedule_key: [u8; 25],
+            schedule_key: ScheduleKey,
             schedule_val: Vec<u8>,
         }
         let encoded: Vec<Encoded> = mv
@@ -107,8 +108,7 @@ impl SledStorage {
                 let key = ScheduleKey {
                     due_ms: item.due_ms,
                     message: TierEntry::retry(item.target_entry_id).of(sub_id),
-                }
-                .key();
+                };
                 Encoded {
                     dl_key: dl_key(sub_id, item.dead_letter_id),
                     retry_tree: SHARED + retry_segs.binary_search(&seg).unwrap_or(0),
@@ -118,7 +118,7 @@ impl SledStorage {
                         &frame::encode(std::slice::from_ref(&item.payload)),
                     ),
                     schedule_key: key,
-                    schedule_val: seal(&key, &encode_failures(&item.failures)),
+                    schedule_val: encode_failures(&item.failures),
                 }
             })
             .collect();
@@ -135,7 +135,8 @@ impl SledStorage {
             })
             .collect();
         let result = trees.as_slice().transaction(|t| {
-            let (meta, schedule, deadletters) = (&t[0], &t[1], &t[2]);
+            let (meta, deadletters) = (&t[0], &t[2]);
+            let mut schedule = super::sched::SchedWrites::new(&t[1], &t[3]);
             for e in &encoded {
                 if deadletters.remove(&e.dl_key)?.is_none() {
                     return Err(ConflictableTransactionError::Abort(StorageError::Missing(
@@ -146,7 +147,7 @@ impl SledStorage {
                     )));
                 }
                 t[e.retry_tree].insert(&e.entry_key, e.frame.as_slice())?;
-                schedule.insert(&e.schedule_key, e.schedule_val.as_slice())?;
+                schedule.insert(&e.schedule_key, &e.schedule_val)?;
             }
             for f in &frames {
                 let now = t[f.tree].get(f.key)?;
@@ -160,6 +161,7 @@ impl SledStorage {
                     None => t[f.tree].remove(&f.key)?,
                 };
             }
+            schedule.finish()?;
             meta.insert(sub_key.as_slice(), sub_val.as_slice())?;
             Ok::<_, ConflictableTransactionError<StorageError>>(())
         });

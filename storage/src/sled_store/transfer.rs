@@ -19,21 +19,25 @@ impl SledStorage {
                 .failures
                 .push((m.entry(), decode_failures(unseal(&k, &v)?)?));
         }
-        for kv in self.schedule.iter() {
-            let (k, v) = kv?;
-            let key = ScheduleKey::from_key(&k)
-                .ok_or_else(|| StorageError::Corrupt("bad schedule key".into()))?;
-            if key.message.sub_id != sub_id {
+        for chunk in self.chunks_in(None, None) {
+            let (ck, chunk) = chunk?;
+            if super::sched::chunk_sub(&ck) != sub_id {
                 continue;
             }
-            let record = match unseal(&k, &v)? {
-                [] => None,
-                body => Some(decode_failures(body)?),
-            };
-            state
-                .schedule
-                .push((key.due_ms, key.message.entry(), record));
+            for (key, item) in chunk.keys(&ck) {
+                let record = match item.slot {
+                    super::sched::Slot::Empty => None,
+                    super::sched::Slot::Inline => Some(decode_failures(&item.body)?),
+                    super::sched::Slot::Big => Some(decode_failures(&self.big_record(&key)?)?),
+                };
+                state
+                    .schedule
+                    .push((key.due_ms, key.message.entry(), record));
+            }
         }
+        state
+            .schedule
+            .sort_by_key(|(due, e, _)| (*due, e.of(sub_id).key()));
         state.dead_letters = crate::SubscriptionStore::dead_letters(self, sub_id, None)?;
         Ok(state)
     }
@@ -50,17 +54,25 @@ impl SledStorage {
             batch.insert(&k, seal(&k, &encode_failures(r)));
         }
         self.failures.apply_batch(batch)?;
-        let mut batch = Batch::default();
-        for (due_ms, e, r) in &state.schedule {
-            let k = ScheduleKey {
-                due_ms: *due_ms,
-                message: e.of(sub_id),
-            }
-            .key();
-            let body = r.as_ref().map(encode_failures).unwrap_or_default();
-            batch.insert(&k, seal(&k, &body));
+        let entries: Vec<(ScheduleKey, Vec<u8>)> = state
+            .schedule
+            .iter()
+            .map(|(due_ms, e, r)| {
+                let k = ScheduleKey {
+                    due_ms: *due_ms,
+                    message: e.of(sub_id),
+                };
+                (k, r.as_ref().map(encode_failures).unwrap_or_default())
+            })
+            .collect();
+        for part in entries.chunks(super::sched::UPGRADE_BATCH) {
+            self.sched_tx(|w| {
+                for (k, body) in part {
+                    w.insert(k, body)?;
+                }
+                Ok(())
+            })?;
         }
-        self.schedule.apply_batch(batch)?;
         let mut batch = Batch::default();
         for (id, r) in &state.dead_letters {
             let k = dl_key(sub_id, *id);

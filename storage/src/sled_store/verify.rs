@@ -86,6 +86,12 @@ impl SledStorage {
             *cache = Some(held::HeadCache::new(counted));
         } else {
             drop(cache);
+            // Each chunk's count, from its header (its checksum checked).
+            for kv in self.sched.iter() {
+                let (k, v) = kv?;
+                by_sub.entry(sched::chunk_sub(&k)).or_default().scheduled +=
+                    sched::chunk_count(unseal(&k, &v)?)?;
+            }
             for k in self.schedule.iter().keys() {
                 by_sub.entry(schedule_sub(&k?)).or_default().scheduled += 1;
             }
@@ -150,6 +156,8 @@ impl SledStorage {
             ("prodseq".into(), self.prodseq.clone()),
             ("failures".into(), self.failures.clone()),
             ("schedule".into(), self.schedule.clone()),
+            ("sched".into(), self.sched.clone()),
+            ("sched_big".into(), self.sched_big.clone()),
             ("deadletters".into(), self.deadletters.clone()),
         ];
         for (topic, segs) in crate::util::lock(&self.segments).iter() {
@@ -186,8 +194,11 @@ impl SledStorage {
                                 };
                                 let mut found = HashMap::new();
                                 let gather = (want_heads
-                                    && (name == "failures" || name == "schedule"))
-                                    .then_some(&mut found);
+                                    && matches!(
+                                        name.as_str(),
+                                        "failures" | "schedule" | "sched" | "sched_big"
+                                    ))
+                                .then_some(&mut found);
                                 let report = verify_tree(name, tree, live, stop, gather);
                                 done.push((i, report, found));
                             }
@@ -266,6 +277,13 @@ fn verify_tree(
                 let sub = schedule_sub(&k);
                 report.by_subscription.entry(sub).or_default().scheduled += 1;
             }
+            "sched" => {
+                // An unreadable chunk counts nothing (and is reported below).
+                let n = unseal(&k, &v).and_then(sched::chunk_count).unwrap_or(0);
+                report.scheduled += n;
+                let sub = sched::chunk_sub(&k);
+                report.by_subscription.entry(sub).or_default().scheduled += n;
+            }
             "deadletters" => {
                 report.dead_letters += 1;
                 let sub = dl_sub(&k);
@@ -280,6 +298,10 @@ fn verify_tree(
         if let Some(heads) = heads.as_deref_mut() {
             if name == "schedule" {
                 held::gather_scheduled(heads, &k, &v);
+            } else if name == "sched_big" {
+                // Gathered from the chunk, which keeps each record's head.
+            } else if name == "sched" {
+                held::gather_chunk(heads, &k, &v);
             } else {
                 held::gather_own(heads, &k, &v);
             }
@@ -334,13 +356,31 @@ fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
             SubMessage::from_key(k).ok_or_else(bad_key)?;
             decode_failures(body).map(|_| 0)
         }
-        "schedule" => {
+        "schedule" | "sched_big" => {
             ScheduleKey::from_key(k).ok_or_else(bad_key)?;
             if body.is_empty() {
                 Ok(0)
             } else {
                 decode_failures(body).map(|_| 0)
             }
+        }
+        "sched" => {
+            // Each inline record decodes and matches the head stored beside
+            // it (a record in `sched_big` is checked there).
+            let chunk = sched::read_chunk(k, v)?;
+            for item in &chunk.items {
+                if item.slot == sched::Slot::Inline {
+                    let r = decode_failures(&item.body)?;
+                    if FailureHead::of(&r) != item.head {
+                        return Err(StorageError::Corrupt(format!(
+                            "schedule entry of entry {} in chunk {}: its head does not match its record",
+                            item.entry_id,
+                            codec::show_key(k)
+                        )));
+                    }
+                }
+            }
+            Ok(0)
         }
         "deadletters" => {
             if k.len() != 16 {
@@ -470,11 +510,11 @@ mod tests {
         // A damaged held record fails the counted inventory, as the
         // subscriptions' own scan would have failed their start.
         *crate::util::lock(&s.heads) = None;
-        let k = key(9_000, 1, 8).key();
-        let mut v = s.schedule.get(k).unwrap().unwrap().to_vec();
+        let k = sched::chunk_key(&key(9_000, 1, 8));
+        let mut v = s.sched.get(k).unwrap().unwrap().to_vec();
         let last = v.len() - 1;
         v[last] ^= 0x5a;
-        s.schedule.insert(k, v).unwrap();
+        s.sched.insert(k, v).unwrap();
         assert!(s.inventory(true).is_err());
     }
 

@@ -1,0 +1,732 @@
+//! The retry schedule in chunks: schedule entries are grouped per due-time
+//! bucket, subscription, tier and run of entry ids into one sled value each
+//! (tree `sched`), instead of one sled key per entry. sled keeps some 45
+//! bytes of page metadata in memory per key, rebuilds its page table for
+//! every page when it opens, and a scan pays per key; millions of parked
+//! retries were millions of keys, now they are some `n / CHUNK_ENTRIES`.
+//!
+//! A chunk's key is computed from the entry's key alone ([`chunk_key`]:
+//! bucket start, subscription, tier, entry id / [`CHUNK_ENTRIES`]), because
+//! sled's transactions can only get, insert and remove single keys: a write
+//! reads its chunk, changes it and writes it back inside the transaction
+//! that also writes the failure record and the tier move, so they stay one
+//! atomic write as before (sled's transactions are serialized with every
+//! other write). A chunk holds at most [`CHUNK_ENTRIES`] entries of one
+//! due-time bucket, each with its exact due time and its failure record
+//! inline when that is at most [`INLINE_MAX`] bytes, else in `sched_big`
+//! under the entry's own 25-byte schedule key: a chunk value stays under
+//! `CHUNK_ENTRIES * (INLINE_MAX + 33) + 5` bytes (about 35 KiB), well under
+//! sled's blob threshold, whatever the burst (10 000 nacks due at once are
+//! some 160 chunks). Every chunk carries its entry count, and each entry
+//! the head of its record (count, hold: what a subscription's start needs,
+//! read without decoding the record); it is sealed with a CRC-32C of key
+//! and body like every other value.
+//!
+//! Upgrade: a store written before keeps one key per entry in `schedule`;
+//! [`SledStorage::upgrade_schedule`] moves them into chunks at open, in
+//! transactions of [`UPGRADE_BATCH`], so a crash leaves each entry in one
+//! place or the other (never both: each transaction removes what it adds)
+//! and the next open finishes.
+
+use super::codec::{read_be, seal, unseal};
+use super::*;
+use sled::transaction::TransactionalTree;
+
+/// Width of a due-time bucket, ms.
+pub(super) const BUCKET_MS: u64 = 1_000;
+/// Entry ids per chunk (a chunk holds ids `n * CHUNK_ENTRIES ..`).
+pub(super) const CHUNK_ENTRIES: u64 = 64;
+/// Largest failure record kept inside its chunk; larger ones go to `sched_big`.
+pub(super) const INLINE_MAX: usize = 512;
+/// Legacy entries moved per transaction by the upgrade.
+pub(super) const UPGRADE_BATCH: usize = 1024;
+
+const CHUNK_V1: u8 = 1;
+
+/// Result inside a sled transaction.
+pub(super) type TxResult<T> = std::result::Result<T, ConflictableTransactionError<StorageError>>;
+
+fn abort(e: StorageError) -> ConflictableTransactionError<StorageError> {
+    ConflictableTransactionError::Abort(e)
+}
+
+/// The chunk an entry belongs in.
+pub(super) fn chunk_key(k: &ScheduleKey) -> [u8; 25] {
+    let mut out = [0u8; 25];
+    out[..8].copy_from_slice(&be(k.due_ms - k.due_ms % BUCKET_MS));
+    out[8..16].copy_from_slice(&be(k.message.sub_id));
+    out[16] = k.message.tier as u8;
+    out[17..].copy_from_slice(&be(k.message.entry_id / CHUNK_ENTRIES));
+    out
+}
+
+/// The subscription a chunk key names (`u64::MAX` when malformed).
+pub(super) fn chunk_sub(ck: &[u8]) -> u64 {
+    ck.get(8..16)
+        .filter(|_| ck.len() == 25)
+        .and_then(|b| read_be(b).ok())
+        .unwrap_or(u64::MAX)
+}
+
+/// Where an entry's failure record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Slot {
+    /// No record (an entry written by `put_schedule`).
+    Empty = 0,
+    /// In the chunk.
+    Inline = 1,
+    /// In `sched_big` under the entry's schedule key.
+    Big = 2,
+}
+
+/// One entry of a chunk: due time, entry id, where its record is, the
+/// record's head (count and hold, kept beside it so that a start gathers
+/// heads without decoding records), and the record (inline only).
+#[derive(Debug, Clone)]
+pub(super) struct Item {
+    pub due_ms: u64,
+    pub entry_id: u64,
+    pub slot: Slot,
+    pub head: FailureHead,
+    pub body: Vec<u8>,
+}
+
+/// An entry of a stored chunk, borrowed from its value.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ItemRef<'a> {
+    pub due_ms: u64,
+    pub entry_id: u64,
+    pub slot: Slot,
+    pub head: FailureHead,
+    pub body: &'a [u8],
+}
+
+/// Bytes of an item before its record: due time, entry id, slot, count,
+/// hold, record length.
+const ITEM_HEADER: usize = 8 + 8 + 1 + 4 + 8 + 4;
+
+/// Calls `f` with each item of chunk body `body`, in stored order, checking
+/// the layout (not the records).
+pub(super) fn visit<'a>(body: &'a [u8], mut f: impl FnMut(ItemRef<'a>)) -> Result<()> {
+    let bad = || StorageError::Corrupt("bad schedule chunk".into());
+    let n = chunk_count(body)?;
+    // Each item takes at least its header (a chunk may hold more than
+    // `CHUNK_ENTRIES` items only when one entry id is scheduled at several
+    // times of one bucket, which the broker does not write).
+    if n > (body.len() / ITEM_HEADER) as u64 {
+        return Err(bad());
+    }
+    let mut rest = &body[5..];
+    for _ in 0..n {
+        let h = rest.get(..ITEM_HEADER).ok_or_else(bad)?;
+        let slot = match h[16] {
+            0 => Slot::Empty,
+            1 => Slot::Inline,
+            2 => Slot::Big,
+            _ => return Err(bad()),
+        };
+        let word = |at: usize| u64::from_be_bytes(h[at..at + 8].try_into().expect("8 bytes"));
+        let count = u32::from_be_bytes(h[17..21].try_into().expect("4 bytes"));
+        let len = u32::from_be_bytes(h[29..33].try_into().expect("4 bytes")) as usize;
+        rest = &rest[ITEM_HEADER..];
+        if rest.len() < len || (slot != Slot::Inline && len != 0) {
+            return Err(bad());
+        }
+        f(ItemRef {
+            due_ms: word(0),
+            entry_id: word(8),
+            slot,
+            head: FailureHead {
+                count,
+                hold_until_ms: word(21),
+            },
+            body: &rest[..len],
+        });
+        rest = &rest[len..];
+    }
+    if !rest.is_empty() {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+/// The schedule key of an item of chunk `ck` (`None` when the key is malformed).
+pub(super) fn key_of(ck: &[u8], due_ms: u64, entry_id: u64) -> Option<ScheduleKey> {
+    Some(ScheduleKey {
+        due_ms,
+        message: SubMessage {
+            sub_id: read_be(ck.get(8..16)?).ok()?,
+            tier: TierId::from_byte(*ck.get(16)?)?,
+            entry_id,
+        },
+    })
+}
+
+/// A decoded chunk, its items sorted by (due time, entry id).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Chunk {
+    pub items: Vec<Item>,
+}
+
+/// The entry count a chunk body records (its header only).
+pub(super) fn chunk_count(body: &[u8]) -> Result<u64> {
+    match body {
+        [CHUNK_V1, a, b, c, d, ..] => Ok(u64::from(u32::from_be_bytes([*a, *b, *c, *d]))),
+        _ => Err(StorageError::Corrupt("bad schedule chunk header".into())),
+    }
+}
+
+impl Chunk {
+    pub(super) fn decode(body: &[u8]) -> Result<Self> {
+        let mut items = Vec::new();
+        visit(body, |i| {
+            items.push(Item {
+                due_ms: i.due_ms,
+                entry_id: i.entry_id,
+                slot: i.slot,
+                head: i.head,
+                body: i.body.to_vec(),
+            })
+        })?;
+        Ok(Self { items })
+    }
+
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let size: usize = self.items.iter().map(|i| ITEM_HEADER + i.body.len()).sum();
+        let mut out = Vec::with_capacity(5 + size);
+        out.push(CHUNK_V1);
+        out.extend_from_slice(&(self.items.len() as u32).to_be_bytes());
+        for i in &self.items {
+            out.extend_from_slice(&be(i.due_ms));
+            out.extend_from_slice(&be(i.entry_id));
+            out.push(i.slot as u8);
+            out.extend_from_slice(&i.head.count.to_be_bytes());
+            out.extend_from_slice(&be(i.head.hold_until_ms));
+            out.extend_from_slice(&(i.body.len() as u32).to_be_bytes());
+            out.extend_from_slice(&i.body);
+        }
+        out
+    }
+
+    fn find(&self, due_ms: u64, entry_id: u64) -> std::result::Result<usize, usize> {
+        self.items
+            .binary_search_by_key(&(due_ms, entry_id), |i| (i.due_ms, i.entry_id))
+    }
+
+    /// The schedule key of each item, given its chunk key.
+    pub(super) fn keys<'a>(&'a self, ck: &[u8]) -> impl Iterator<Item = (ScheduleKey, &'a Item)> {
+        let sub = chunk_sub(ck);
+        let tier = ck.get(16).and_then(|b| TierId::from_byte(*b));
+        self.items.iter().filter_map(move |i| {
+            Some((
+                ScheduleKey {
+                    due_ms: i.due_ms,
+                    message: SubMessage {
+                        sub_id: sub,
+                        tier: tier?,
+                        entry_id: i.entry_id,
+                    },
+                },
+                i,
+            ))
+        })
+    }
+}
+
+/// A stored chunk, checked and decoded.
+pub(super) fn read_chunk(ck: &[u8], v: &[u8]) -> Result<Chunk> {
+    if ck.len() != 25 || TierId::from_byte(ck[16]).is_none() {
+        return Err(StorageError::Corrupt(format!(
+            "bad schedule chunk key {}",
+            codec::show_key(ck)
+        )));
+    }
+    Chunk::decode(unseal(ck, v)?)
+}
+
+/// The schedule's writes inside one sled transaction over `sched` and
+/// `sched_big`: chunks are read once, changed in memory and written back by
+/// [`SchedWrites::finish`] (an emptied chunk is removed). Made afresh in
+/// every run of the transaction's closure.
+pub(super) struct SchedWrites<'t> {
+    chunks: &'t TransactionalTree,
+    big: &'t TransactionalTree,
+    open: BTreeMap<[u8; 25], Chunk>,
+}
+
+impl<'t> SchedWrites<'t> {
+    pub(super) fn new(chunks: &'t TransactionalTree, big: &'t TransactionalTree) -> Self {
+        Self {
+            chunks,
+            big,
+            open: BTreeMap::new(),
+        }
+    }
+
+    fn chunk(&mut self, ck: [u8; 25]) -> TxResult<&mut Chunk> {
+        if !self.open.contains_key(&ck) {
+            let chunk = match self.chunks.get(ck)? {
+                Some(v) => read_chunk(&ck, &v).map_err(abort)?,
+                None => Chunk::default(),
+            };
+            self.open.insert(ck, chunk);
+        }
+        Ok(self.open.get_mut(&ck).expect("just inserted"))
+    }
+
+    /// Whether the entry is there.
+    pub(super) fn contains(&mut self, key: &ScheduleKey) -> TxResult<bool> {
+        let chunk = self.chunk(chunk_key(key))?;
+        Ok(chunk.find(key.due_ms, key.message.entry_id).is_ok())
+    }
+
+    /// Removes an entry (and its record); nothing when it is not there.
+    pub(super) fn remove(&mut self, key: &ScheduleKey) -> TxResult<()> {
+        let chunk = self.chunk(chunk_key(key))?;
+        if let Ok(at) = chunk.find(key.due_ms, key.message.entry_id) {
+            let item = chunk.items.remove(at);
+            if item.slot == Slot::Big {
+                self.big.remove(&key.key())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes an entry with record `body` (empty: no record), replacing one
+    /// there.
+    pub(super) fn insert(&mut self, key: &ScheduleKey, body: &[u8]) -> TxResult<()> {
+        let big = body.len() > INLINE_MAX;
+        let k = key.key();
+        let head = match body {
+            [] => FailureHead::default(),
+            body => codec::decode_failure_head(body).map_err(abort)?,
+        };
+        let chunk = self.chunk(chunk_key(key))?;
+        let item = Item {
+            head,
+            due_ms: key.due_ms,
+            entry_id: key.message.entry_id,
+            slot: match (body.is_empty(), big) {
+                (true, _) => Slot::Empty,
+                (false, false) => Slot::Inline,
+                (false, true) => Slot::Big,
+            },
+            body: if big { Vec::new() } else { body.to_vec() },
+        };
+        let was_big = match chunk.find(key.due_ms, key.message.entry_id) {
+            Ok(at) => std::mem::replace(&mut chunk.items[at], item).slot == Slot::Big,
+            Err(at) => {
+                chunk.items.insert(at, item);
+                false
+            }
+        };
+        if big {
+            self.big.insert(&k, seal(&k, body))?;
+        } else if was_big {
+            self.big.remove(&k)?;
+        }
+        Ok(())
+    }
+
+    /// Writes back every chunk read.
+    pub(super) fn finish(self) -> TxResult<()> {
+        for (ck, chunk) in &self.open {
+            if chunk.items.is_empty() {
+                self.chunks.remove(ck)?;
+            } else {
+                self.chunks.insert(ck, seal(ck, &chunk.encode()))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A transaction's outcome as the engine's result.
+pub(super) fn tx_result<T>(r: std::result::Result<T, TransactionError<StorageError>>) -> Result<T> {
+    match r {
+        Ok(v) => Ok(v),
+        Err(TransactionError::Abort(e)) => Err(e),
+        Err(TransactionError::Storage(e)) => Err(e.into()),
+    }
+}
+
+impl SledStorage {
+    /// The record of schedule entry `key` (empty for none), or `None` when
+    /// there is no such entry.
+    pub(super) fn sched_get(&self, key: &ScheduleKey) -> Result<Option<Vec<u8>>> {
+        let ck = chunk_key(key);
+        let Some(v) = self.sched.get(ck)? else {
+            return Ok(None);
+        };
+        let chunk = read_chunk(&ck, &v)?;
+        let Ok(at) = chunk.find(key.due_ms, key.message.entry_id) else {
+            return Ok(None);
+        };
+        let item = &chunk.items[at];
+        match item.slot {
+            Slot::Empty => Ok(Some(Vec::new())),
+            Slot::Inline => Ok(Some(item.body.clone())),
+            Slot::Big => self.big_record(key).map(Some),
+        }
+    }
+
+    /// The record of a schedule entry kept in `sched_big`.
+    pub(super) fn big_record(&self, key: &ScheduleKey) -> Result<Vec<u8>> {
+        let k = key.key();
+        match self.sched_big.get(k)? {
+            Some(v) => Ok(unseal(&k, &v)?.to_vec()),
+            None => Err(StorageError::Corrupt(format!(
+                "schedule entry {} without its record",
+                codec::show_key(&k)
+            ))),
+        }
+    }
+
+    /// Every stored chunk whose bucket starts in `[from, to)` (`None`:
+    /// open), as sled gives it: key and sealed body.
+    pub(super) fn raw_chunks(
+        &self,
+        from: Option<u64>,
+        to: Option<u64>,
+    ) -> impl Iterator<Item = Result<(sled::IVec, sled::IVec)>> + '_ {
+        use std::ops::Bound;
+        let lower = from.map_or(Bound::Unbounded, |d| Bound::Included(be(d)));
+        let upper = to.map_or(Bound::Unbounded, |d| Bound::Excluded(be(d)));
+        self.sched
+            .range::<[u8; 8], _>((lower, upper))
+            .map(|kv| kv.map_err(StorageError::from))
+    }
+
+    /// Every chunk whose bucket starts in `[from, to)` (`None`: open), checked.
+    pub(super) fn chunks_in(
+        &self,
+        from: Option<u64>,
+        to: Option<u64>,
+    ) -> impl Iterator<Item = Result<([u8; 25], Chunk)>> + '_ {
+        use std::ops::Bound;
+        let lower = from.map_or(Bound::Unbounded, |d| Bound::Included(be(d)));
+        let upper = to.map_or(Bound::Unbounded, |d| Bound::Excluded(be(d)));
+        self.sched.range::<[u8; 8], _>((lower, upper)).map(|kv| {
+            let (k, v) = kv?;
+            let chunk = read_chunk(&k, &v)?;
+            let ck: [u8; 25] = k.as_ref().try_into().expect("checked length");
+            Ok((ck, chunk))
+        })
+    }
+
+    /// One transaction over `sched` and `sched_big`.
+    pub(super) fn sched_tx(&self, f: impl Fn(&mut SchedWrites<'_>) -> TxResult<()>) -> Result<()> {
+        tx_result((&self.sched, &self.sched_big).transaction(|(chunks, big)| {
+            let mut w = SchedWrites::new(chunks, big);
+            f(&mut w)?;
+            w.finish()
+        }))
+    }
+
+    /// The upgrade to chunks (see the module's text): every entry of the
+    /// legacy `schedule` tree moves into its chunk, with its record, in
+    /// transactions of [`UPGRADE_BATCH`] that remove what they add; flushed
+    /// at the end and logged when anything moved. A legacy value that does
+    /// not read stops the open (as a damaged value does).
+    pub(super) fn upgrade_schedule(&self) -> Result<u64> {
+        if self.schedule.first()?.is_none() {
+            return Ok(0);
+        }
+        let started = std::time::Instant::now();
+        let mut moved = 0u64;
+        loop {
+            let mut batch: Vec<(sled::IVec, ScheduleKey, Vec<u8>)> = Vec::new();
+            for kv in self.schedule.iter().take(UPGRADE_BATCH) {
+                let (k, v) = kv?;
+                let key = ScheduleKey::from_key(&k).ok_or_else(|| {
+                    StorageError::Corrupt(format!("bad schedule key {}", codec::show_key(&k)))
+                })?;
+                let body = unseal(&k, &v)?.to_vec();
+                batch.push((k, key, body));
+            }
+            if batch.is_empty() {
+                break;
+            }
+            tx_result((&self.schedule, &self.sched, &self.sched_big).transaction(
+                |(legacy, chunks, big)| {
+                    let mut w = SchedWrites::new(chunks, big);
+                    for (k, key, body) in &batch {
+                        legacy.remove(k)?;
+                        w.insert(key, body)?;
+                    }
+                    w.finish()
+                },
+            ))?;
+            moved += batch.len() as u64;
+            if crate::util::failpoint_armed("upgrade.schedule.after_batch") {
+                self.flush_blocking();
+                crate::util::failpoint("upgrade.schedule.after_batch");
+            }
+        }
+        self.db.flush()?;
+        tracing::info!(
+            moved,
+            chunks = self.sched.len(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "storage upgraded: the retry schedule's entries moved from one key each into chunks per due-time bucket (once)"
+        );
+        Ok(moved)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn main(sub: u64, id: u64) -> SubMessage {
+        TierEntry::main(id).of(sub)
+    }
+
+    /// Opens the store in `dir`, waiting for a dropped handle's lock.
+    fn reopen(dir: &std::path::Path) -> SledStorage {
+        for _ in 0..250 {
+            match SledStorage::open(dir, 64, 8 << 20) {
+                Err(StorageError::Engine(e))
+                    if e.to_string().contains("could not acquire lock") =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                opened => return opened.unwrap(),
+            }
+        }
+        panic!("the store's lock stayed taken");
+    }
+
+    fn record(count: u32, until: u64) -> FailureRecord {
+        let mut r = crate::records::sample_history(count);
+        r.hold_until_ms = until;
+        r
+    }
+
+    #[test]
+    fn a_burst_due_at_once_is_many_bounded_chunks_and_big_records_go_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+        let n = 10_000u64;
+        let held: Vec<(ScheduleKey, FailureRecord)> = (0..n)
+            .map(|i| {
+                let k = ScheduleKey {
+                    due_ms: 50_000,
+                    message: main(1, i),
+                };
+                (k, record(1, 50_000))
+            })
+            .collect();
+        for part in held.chunks(1_000) {
+            s.put_held(part, &[]).unwrap();
+        }
+        // A record over the inline limit (64 attempts with details).
+        let mut big = record(64, 50_000);
+        for a in &mut big.attempts {
+            a.detail = "x".repeat(40);
+        }
+        assert!(encode_failures(&big).len() > INLINE_MAX);
+        let bk = ScheduleKey {
+            due_ms: 50_000,
+            message: main(1, n),
+        };
+        s.put_held(&[(bk, big.clone())], &[]).unwrap();
+        assert_eq!(s.sched.len() as u64, n / CHUNK_ENTRIES + 1);
+        assert_eq!(s.sched_big.len(), 1);
+        let largest = s.sched.iter().map(|kv| kv.unwrap().1.len()).max().unwrap();
+        assert!(largest < 40 << 10, "largest chunk {largest} B");
+        assert_eq!(s.failure(bk.message, Some(50_000)).unwrap(), Some(big));
+        assert_eq!(
+            s.failure(main(1, 7), Some(50_000)).unwrap(),
+            Some(record(1, 50_000))
+        );
+        // Due order, paged.
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let page = s.scheduled(after, u64::MAX, 999).unwrap();
+            if page.is_empty() {
+                break;
+            }
+            after = page.last().copied();
+            seen.extend(page);
+        }
+        let mut want: Vec<ScheduleKey> = held.iter().map(|(k, _)| *k).collect();
+        want.push(bk);
+        assert_eq!(seen, want);
+        // Unscheduled: chunks and the record aside are gone.
+        let all: Vec<ScheduleKey> = want.clone();
+        s.put_held(&[], &all).unwrap();
+        assert_eq!((s.sched.len(), s.sched_big.len()), (0, 0));
+    }
+
+    #[test]
+    fn entries_are_in_due_order_across_buckets_and_subscriptions() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+        let keys = [
+            (2_500, 2, 1),
+            (1_999, 1, 500),
+            (2_000, 1, 3),
+            (2_000, 2, 0),
+            (900, 3, 70),
+            (2_999, 1, 64),
+        ]
+        .map(|(due_ms, sub, id)| ScheduleKey {
+            due_ms,
+            message: main(sub, id),
+        });
+        let adds: Vec<_> = keys.iter().map(|k| (*k, true)).collect();
+        s.put_schedule(&adds).unwrap();
+        let mut want = keys.to_vec();
+        want.sort_by_key(ScheduleKey::key);
+        assert_eq!(s.scheduled(None, u64::MAX, 100).unwrap(), want);
+        assert_eq!(s.scheduled(None, 2_000, 100).unwrap(), want[..2].to_vec());
+        assert_eq!(
+            s.scheduled(Some(want[1]), 2_600, 2).unwrap(),
+            want[2..4].to_vec()
+        );
+        // Adding an entry that is there keeps its record.
+        s.put_held(&[(keys[0], record(2, 2_500))], &[]).unwrap();
+        s.put_schedule(&[(keys[0], true)]).unwrap();
+        assert_eq!(
+            s.failure(keys[0].message, Some(2_500)).unwrap(),
+            Some(record(2, 2_500))
+        );
+        s.put_schedule(&[(keys[0], false)]).unwrap();
+        assert_eq!(s.failure(keys[0].message, Some(2_500)).unwrap(), None);
+        assert_eq!(s.scheduled(None, u64::MAX, 100).unwrap().len(), 5);
+    }
+
+    #[test]
+    fn a_store_with_one_schedule_key_per_entry_is_converted_at_open_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 2 * UPGRADE_BATCH as u64 + 5;
+        let mut big = record(64, 7_000);
+        for a in &mut big.attempts {
+            a.detail = "y".repeat(40);
+        }
+        // What the previous layout held: one key per entry in `schedule`,
+        // a held record as its value, or nothing.
+        let legacy: Vec<(ScheduleKey, Option<FailureRecord>)> = (0..n)
+            .map(|i| {
+                let k = ScheduleKey {
+                    due_ms: 5_000 + (i % 5) * 700,
+                    message: if i % 4 == 3 {
+                        TierEntry::retry(i).of(2)
+                    } else {
+                        main(1 + i % 2, i)
+                    },
+                };
+                let r = match i % 3 {
+                    0 => None,
+                    _ if i == 10 => Some(big.clone()),
+                    _ => Some(record(2, k.due_ms)),
+                };
+                (k, r)
+            })
+            .collect();
+        let heads_before;
+        {
+            let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+            for (k, r) in &legacy {
+                let body = r.as_ref().map(encode_failures).unwrap_or_default();
+                s.schedule.insert(k.key(), seal(&k.key(), &body)).unwrap();
+            }
+            // Opened with legacy keys written after the open: converted by
+            // the next open only. What the per-key layout read gives:
+            let mut want: Vec<ScheduleKey> = legacy.iter().map(|(k, _)| *k).collect();
+            want.sort_by_key(ScheduleKey::key);
+            heads_before = want;
+            s.flush_blocking();
+        }
+        let s = reopen(dir.path());
+        assert_eq!(s.schedule.len(), 0, "nothing left in the per-key layout");
+        assert!(s.sched.len() < n as usize / 4, "{} chunks", s.sched.len());
+        assert_eq!(
+            s.scheduled(None, u64::MAX, usize::MAX).unwrap(),
+            heads_before
+        );
+        for (k, r) in &legacy {
+            assert_eq!(&s.failure(k.message, Some(k.due_ms)).unwrap(), r, "{k:?}");
+        }
+        let report = s.verify();
+        assert_eq!(report.problem_count, 0, "{:?}", report.problems);
+        assert_eq!(report.scheduled, n);
+        let counts = s.counts_by_subscription().unwrap();
+        let legacy_of = |sub| {
+            legacy
+                .iter()
+                .filter(|(k, _)| k.message.sub_id == sub)
+                .count() as u64
+        };
+        for sub in 1..=2 {
+            assert_eq!(counts[&sub].scheduled, legacy_of(sub));
+        }
+        // Once: the next open moves nothing.
+        drop(s);
+        let s = reopen(dir.path());
+        assert_eq!(s.upgrade_schedule().unwrap(), 0);
+        assert_eq!(
+            s.scheduled(None, u64::MAX, usize::MAX).unwrap(),
+            heads_before
+        );
+    }
+
+    #[test]
+    fn an_upgrade_cut_between_transactions_is_finished_by_the_next_open() {
+        // What a kill -9 between two of the upgrade's transactions leaves:
+        // some entries still in the per-key layout, the others in chunks
+        // (each transaction removes what it adds, so none is in both).
+        let dir = tempfile::tempdir().unwrap();
+        let key = |i: u64| ScheduleKey {
+            due_ms: 10_000 + i * 37,
+            message: main(1, i),
+        };
+        {
+            let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+            let moved: Vec<_> = (0..300)
+                .map(|i| (key(i), record(1, key(i).due_ms)))
+                .collect();
+            s.put_held(&moved, &[]).unwrap();
+            for i in 300..700 {
+                let k = key(i);
+                let body = encode_failures(&record(2, k.due_ms));
+                s.schedule.insert(k.key(), seal(&k.key(), &body)).unwrap();
+            }
+            s.flush_blocking();
+        }
+        let s = reopen(dir.path());
+        assert_eq!(s.schedule.len(), 0);
+        let want: Vec<ScheduleKey> = (0..700).map(key).collect();
+        assert_eq!(s.scheduled(None, u64::MAX, usize::MAX).unwrap(), want);
+        for i in 0..700 {
+            let count = if i < 300 { 1 } else { 2 };
+            let k = key(i);
+            assert_eq!(
+                s.failure(k.message, Some(k.due_ms)).unwrap(),
+                Some(record(count, k.due_ms))
+            );
+        }
+        assert_eq!(s.counts_by_subscription().unwrap()[&1].scheduled, 700);
+    }
+
+    #[test]
+    fn a_damaged_chunk_is_reported_by_the_verify_pass_and_refused_on_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+        let k = ScheduleKey {
+            due_ms: 3_000,
+            message: main(1, 5),
+        };
+        s.put_held(&[(k, record(1, 3_000))], &[]).unwrap();
+        let ck = chunk_key(&k);
+        let mut v = s.sched.get(ck).unwrap().unwrap().to_vec();
+        v[9] ^= 0x01;
+        s.sched.insert(ck, v).unwrap();
+        assert!(s.failure(k.message, Some(3_000)).is_err());
+        assert!(s.scheduled(None, u64::MAX, 10).is_err());
+        let report = s.verify();
+        assert_eq!(report.problem_count, 1, "{:?}", report.problems);
+    }
+}
