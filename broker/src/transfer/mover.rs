@@ -140,16 +140,15 @@ pub async fn drain(
             }
         }
     }
-    let mut topics = Vec::new();
-    for topic in cluster.placed_here().await? {
-        let group = match node.groups() {
-            Some(g) => g.read_group(&topic).await?,
-            None => None,
-        };
-        if group.is_none() && !replicated.contains(&topic) {
-            topics.push(topic);
-        }
+    if let Some(groups) = node.groups() {
+        replicated.extend(groups.replicated_topics().await?);
     }
+    let topics: Vec<String> = cluster
+        .placed_here()
+        .await?
+        .into_iter()
+        .filter(|t| !replicated.contains(t))
+        .collect();
     let targets = cluster.move_targets(None, topics.len()).await?;
     tracing::info!(broker = %broker_id, topics = topics.len(), "draining");
     let results: Vec<(String, Result<Moved>)> =

@@ -160,6 +160,19 @@ impl Groups {
         out
     }
 
+    /// The names of every replicated topic, from etcd now (one read).
+    pub async fn replicated_topics(&self) -> Result<std::collections::HashSet<String>> {
+        let prefix = self.cluster.key("groups/");
+        Ok(self
+            .cluster
+            .etcd()
+            .get_prefix(&prefix)
+            .await?
+            .into_iter()
+            .filter_map(|kv| kv.key.strip_prefix(&prefix).map(str::to_owned))
+            .collect())
+    }
+
     /// Writes `topic`'s record with `me` leaving and `to` in its place (a
     /// compare-and-set on the record read now), and wakes the leader's
     /// side of it when that is this broker.
