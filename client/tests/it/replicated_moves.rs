@@ -19,7 +19,7 @@ use ricochet_client::{InitialPosition, PolicySpec, SubscriptionType};
 use ricochet_testkit::{EtcdProcess, History, Place, SpawnOptions, etcd_or_skip, spawn_cluster};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const TOPIC: &str = "moving";
@@ -90,9 +90,15 @@ struct Steady {
 }
 
 /// Publishes `q0`, `q1`, … one at a time until `stop`, recording each in
-/// `h`; a refused publish is counted and the next one gets a new id (a
-/// resend of the same id would be a second message).
-async fn keep_publishing(url: String, h: Arc<History>, stop: Arc<AtomicBool>) -> Steady {
+/// `h` and counting receipts in `count`; a refused publish is counted and
+/// the next one gets a new id (a resend of the same id would be a second
+/// message).
+async fn keep_publishing(
+    url: String,
+    h: Arc<History>,
+    stop: Arc<AtomicBool>,
+    count: Arc<AtomicU64>,
+) -> Steady {
     let c = client(&url).await;
     let p = c.producer(TOPIC).create().await.unwrap();
     let mut s = Steady::default();
@@ -106,6 +112,7 @@ async fn keep_publishing(url: String, h: Arc<History>, stop: Arc<AtomicBool>) ->
             Ok(Ok(_)) => {
                 h.receipted(&id);
                 s.receipted += 1;
+                count.fetch_add(1, Ordering::Relaxed);
                 s.longest_gap = s.longest_gap.max(last.elapsed());
                 last = Instant::now();
             }
@@ -122,6 +129,7 @@ async fn keep_publishing(url: String, h: Arc<History>, stop: Arc<AtomicBool>) ->
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    s.longest_gap = s.longest_gap.max(last.elapsed());
     s
 }
 
@@ -226,14 +234,30 @@ async fn a_replica_moves_by_membership_change_while_the_topic_takes_publishes() 
 
     // The move, while a producer keeps publishing.
     let stop = Arc::new(AtomicBool::new(false));
-    let steady = tokio::spawn(keep_publishing(url.clone(), h.clone(), stop.clone()));
+    let count = Arc::new(AtomicU64::new(0));
+    let steady = tokio::spawn(keep_publishing(
+        url.clone(),
+        h.clone(),
+        stop.clone(),
+        count.clone(),
+    ));
     tokio::time::sleep(Duration::from_secs(1)).await;
     let began = Instant::now();
     let moved = admin.move_topic(TOPIC, Some(&spare_id)).await.unwrap();
     let took = began.elapsed();
     assert_eq!(moved.to_broker, spare_id);
     assert_eq!(moved.entries, 0, "nothing copied by the source: {moved:?}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The producer goes on: 20 more receipts after the move answered.
+    let at_move = count.load(Ordering::Relaxed);
+    let waiting = Instant::now();
+    while count.load(Ordering::Relaxed) < at_move + 20 {
+        assert!(
+            waiting.elapsed() < GAP_BOUND,
+            "the producer got {} receipts in the {GAP_BOUND:?} after the move",
+            count.load(Ordering::Relaxed) - at_move
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     stop.store(true, Ordering::Relaxed);
     let steady = steady.await.unwrap();
     println!(

@@ -430,11 +430,19 @@ impl Groups {
         let partition = Arc::new(opened.map_err(replication)?);
         let mut metrics = partition.node().raft().metrics();
         let changed = self.leader_changed.clone();
+        // Woken by a new leader, and by a membership change (a leader that
+        // moved itself out stops serving at once, not at the next read).
         tokio::spawn(async move {
-            let mut last = metrics.borrow().current_leader;
+            let mut last = {
+                let m = metrics.borrow();
+                (m.current_leader, *m.membership_config.log_id())
+            };
             // Ends with the node (its metrics' sender goes).
             while metrics.changed().await.is_ok() {
-                let now = metrics.borrow().current_leader;
+                let now = {
+                    let m = metrics.borrow();
+                    (m.current_leader, *m.membership_config.log_id())
+                };
                 if now != last {
                     last = now;
                     changed.notify_one();
@@ -767,8 +775,13 @@ impl Groups {
     /// (so a new group of the same name starts from nothing).
     async fn stop_member(&self, topic: &str) {
         let member = self.started.lock().await.remove(topic);
-        if crate::util::lock(&self.leaders).remove(topic) == Some(Role::Parked) {
-            // Moved out while parked: placed elsewhere by the next leader.
+        let role = crate::util::lock(&self.leaders).remove(topic);
+        if role == Some(Role::Serving) {
+            // Moved out before it saw the switch (the next leader took the
+            // topic and cleared `leaving` first): its streams end now.
+            let _ = self.cluster.begin_move(topic, "the group's next leader");
+        }
+        if role.is_some_and(|r| r != Role::Follower) {
             self.cluster.end_move(topic);
         }
         if let Some(s) = crate::util::lock(&self.serving).remove(topic) {
