@@ -62,12 +62,8 @@ impl GroupRecord {
     /// Broker `id`'s Raft node id in this group, a leaving member's
     /// included (its replica runs until the membership switched).
     pub fn holding_id(&self, id: &str) -> Option<NodeId> {
-        self.node_id(id).or_else(|| {
-            self.leaving
-                .iter()
-                .find(|(b, _)| b == id)
-                .map(|(_, n)| *n)
-        })
+        self.node_id(id)
+            .or_else(|| self.leaving.iter().find(|(b, _)| b == id).map(|(_, n)| *n))
     }
 
     /// The record moving member `old` out and broker `new` in: `new` takes

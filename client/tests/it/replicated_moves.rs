@@ -149,8 +149,15 @@ async fn a_replica_moves_by_membership_change_while_the_topic_takes_publishes() 
     };
     let root = tempfile::tempdir().unwrap();
     let options = SpawnOptions::new().args(["--snapshot-every", "50"]);
-    let mut brokers =
-        spawn_cluster(&etcd, name, 4, root.path(), Duration::from_secs(3), &options).await;
+    let mut brokers = spawn_cluster(
+        &etcd,
+        name,
+        4,
+        root.path(),
+        Duration::from_secs(3),
+        &options,
+    )
+    .await;
     let ids: Vec<String> = brokers.iter().map(|b| b.id.clone()).collect();
     client(&brokers[0].url())
         .await
@@ -337,7 +344,11 @@ async fn a_replica_moves_by_membership_change_while_the_topic_takes_publishes() 
         "{again:?}"
     );
     for (id, count) in &counts {
-        assert!(again[id] > *count, "{id}: nacked at {count}, then {}", again[id]);
+        assert!(
+            again[id] > *count,
+            "{id}: nacked at {count}, then {}",
+            again[id]
+        );
     }
 }
 

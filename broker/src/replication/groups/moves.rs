@@ -319,6 +319,11 @@ fn spare(
                 && !record.members.contains(&b.id)
                 && !record.leaving.iter().any(|(l, _)| *l == b.id)
         })
-        .min_by_key(|b| (b.placed + given.get(&b.id).copied().unwrap_or(0), b.id.clone()))
+        .min_by_key(|b| {
+            (
+                b.placed + given.get(&b.id).copied().unwrap_or(0),
+                b.id.clone(),
+            )
+        })
         .map(|b| b.id.clone())
 }
