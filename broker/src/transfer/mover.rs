@@ -129,7 +129,7 @@ pub async fn drain(
     // then led elsewhere.
     let mut replicated = std::collections::HashSet::new();
     if let Some(groups) = node.groups() {
-        for (topic, r) in groups.drain_out().await {
+        for (topic, r) in groups.drain_out().await? {
             replicated.insert(topic.clone());
             match r {
                 Ok(m) => report.moved.push(member_moved(m)),

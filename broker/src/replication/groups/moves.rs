@@ -105,25 +105,33 @@ impl Groups {
     /// member of, each to a live, non-draining broker outside the group
     /// (fewest placed topics first, counting the ones given here), all at
     /// once; per topic, where it went or why it stayed (no such broker:
-    /// this broker stays a member).
-    pub async fn drain_out(&self) -> Vec<(String, Result<MemberMoved>)> {
+    /// this broker stays a member). The records are read from etcd now (a
+    /// group created a moment ago is not missed).
+    pub async fn drain_out(&self) -> Result<Vec<(String, Result<MemberMoved>)>> {
         let me = self.cluster.id().to_owned();
-        let mine: Vec<(String, GroupRecord)> = self
-            .all()
-            .into_iter()
-            .filter(|(_, r)| r.members.contains(&me))
-            .collect();
+        let prefix = self.cluster.key("groups/");
+        let mut mine: Vec<(String, GroupRecord)> = Vec::new();
+        for kv in self.cluster.etcd().get_prefix(&prefix).await? {
+            let Some(topic) = kv.key.strip_prefix(&prefix) else {
+                continue;
+            };
+            let record: GroupRecord = serde_json::from_str(&kv.value)
+                .map_err(|e| BrokerError::Etcd(format!("bad group record of {topic}: {e}")))?;
+            if record.members.contains(&me) {
+                mine.push((topic.to_owned(), record));
+            }
+        }
         if mine.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let brokers = match self.cluster.brokers().await {
             Ok(b) => b,
             Err(e) => {
                 let e = e.to_string();
-                return mine
+                return Ok(mine
                     .into_iter()
                     .map(|(t, _)| (t, Err(BrokerError::Etcd(e.clone()))))
-                    .collect();
+                    .collect());
             }
         };
         let started = Instant::now();
@@ -157,7 +165,7 @@ impl Groups {
         }))
         .await;
         out.extend(done);
-        out
+        Ok(out)
     }
 
     /// The names of every replicated topic, from etcd now (one read).
