@@ -113,6 +113,13 @@ async fn keep_publishing(
                 h.receipted(&id);
                 s.receipted += 1;
                 count.fetch_add(1, Ordering::Relaxed);
+                if last.elapsed() > Duration::from_millis(500) {
+                    eprintln!(
+                        "{:?} TEST: receipt after {:?} without one",
+                        std::time::SystemTime::now(),
+                        last.elapsed()
+                    );
+                }
                 s.longest_gap = s.longest_gap.max(last.elapsed());
                 last = Instant::now();
             }
@@ -148,7 +155,12 @@ async fn a_replica_moves_by_membership_change_while_the_topic_takes_publishes() 
         return;
     };
     let root = tempfile::tempdir().unwrap();
-    let options = SpawnOptions::new().args(["--snapshot-every", "50"]);
+    // RMOVE_LOG=info shows the brokers' logs (where a move's time goes).
+    let log = std::env::var("RMOVE_LOG").ok();
+    let options = SpawnOptions::new()
+        .args(["--snapshot-every", "50"])
+        .rust_log(log.clone().unwrap_or_else(|| "warn".into()))
+        .echo_log(log.is_some());
     let mut brokers = spawn_cluster(
         &etcd,
         name,
@@ -250,7 +262,9 @@ async fn a_replica_moves_by_membership_change_while_the_topic_takes_publishes() 
     ));
     tokio::time::sleep(Duration::from_secs(1)).await;
     let began = Instant::now();
+    eprintln!("{:?} TEST: move begins", std::time::SystemTime::now());
     let moved = admin.move_topic(TOPIC, Some(&spare_id)).await.unwrap();
+    eprintln!("{:?} TEST: move answered", std::time::SystemTime::now());
     let took = began.elapsed();
     assert_eq!(moved.to_broker, spare_id);
     assert_eq!(moved.entries, 0, "nothing copied by the source: {moved:?}");

@@ -66,6 +66,12 @@ impl Groups {
                 self.change_voters(topic, partition, &wanted, &brokers);
                 continue;
             }
+            if !voters.contains(&partition.node().id()) {
+                // It moved itself out since the filter above (the switch
+                // committed meanwhile): the next leader clears `leaving`
+                // once it took the topic.
+                continue;
+            }
             if !record.leaving.is_empty() {
                 // The membership switched without them: they may stop.
                 self.clear_leaving(topic, record).await?;

@@ -250,16 +250,14 @@ impl Groups {
             let record = self.read_group(topic).await?.ok_or_else(|| {
                 BrokerError::TopicNotFound(format!("{topic} (its replication group was deleted)"))
             })?;
-            if !record.leaving.iter().any(|(b, _)| b == me) {
+            // Done once the membership switched without this broker and,
+            // when it led, the next leader took the topic.
+            if !record.leaving.iter().any(|(b, _)| b == me) && (!led || unavailable.is_some()) {
                 if !record.members.iter().any(|m| m == to) {
                     return Err(BrokerError::Conflict(format!(
                         "{topic}'s replication group changed meanwhile: {:?}",
                         record.members
                     )));
-                }
-                if led && unavailable.is_none() {
-                    let s = stopped.unwrap_or_else(Instant::now);
-                    unavailable = Some(s.elapsed());
                 }
                 let millis = started.elapsed().as_millis() as u64;
                 tracing::info!(%topic, from = %me, %to, millis, "replica moved");
