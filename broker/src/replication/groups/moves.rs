@@ -223,7 +223,9 @@ impl Groups {
     }
 
     /// Waits until `topic`'s record no longer lists `me` as leaving (the
-    /// group's leader switched the membership and cleared it).
+    /// group's leader switched the membership and cleared it) and, when
+    /// this broker led, etcd places the topic on another broker (the next
+    /// leader took it).
     async fn wait_moved(
         &self,
         topic: &str,
