@@ -37,8 +37,10 @@ pub enum ClusterCommand {
     /// Moves every topic placed on a broker, with its data, to the other
     /// live brokers, and keeps new topics off it until it restarts (before
     /// taking it down). Each topic is unavailable while it moves; clients
-    /// reconnect to its new broker on their own. Superusers only. Exits 1
-    /// if a topic could not be moved (it stays, served where it was).
+    /// reconnect to its new broker on their own. The broker's replicas of
+    /// replicated topics are handed to brokers outside their groups (the
+    /// topic served meanwhile). Superusers only. Exits 1 if a topic could
+    /// not be moved (it stays, served where it was).
     Drain {
         /// The broker's id (`cluster brokers` lists them).
         broker: String,
@@ -53,7 +55,8 @@ pub enum ClusterCommand {
         dry_run: bool,
     },
     /// Moves one topic (or one partition) with its data to another broker.
-    /// Superusers only.
+    /// A replicated topic's leader hands its replica to a broker outside
+    /// the group (the topic served while it catches up). Superusers only.
     Move {
         /// Topic.
         topic: String,

@@ -391,6 +391,26 @@ impl ReplicaNode {
                         .add_learner(*id, BasicNode { addr: addr.clone() }, true)
                         .await
                         .map_err(|e| self.write_error(e))?;
+                    // openraft's "caught up" allows a lag of
+                    // `replication_lag_threshold` (5 000 entries): a learner
+                    // that holds nothing yet passes on a short log. Wait
+                    // until it holds the log as it is now.
+                    let end = self.raft.metrics().borrow().last_log_index;
+                    let mut metrics = self.raft.metrics();
+                    metrics
+                        .wait_for(|m| {
+                            let held = m
+                                .replication
+                                .as_ref()
+                                .and_then(|r| r.get(id).copied().flatten())
+                                .map(|l| l.index);
+                            held >= end
+                        })
+                        .await
+                        .map_err(|_| ReplicationError::Stopped {
+                            group: self.group.clone(),
+                            message: "the node stopped while a learner caught up".into(),
+                        })?;
                     tracing::info!(group = %self.group, node = id, "learner caught up");
                 }
             }

@@ -26,6 +26,12 @@ pub struct GroupRecord {
     /// 0: one past the members.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub next_id: NodeId,
+    /// Brokers being moved out of the group (a move or a drain) with
+    /// their node ids: no longer in `members`, they keep their replica
+    /// running until the group's leader switched the membership without
+    /// them and cleared this list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leaving: Vec<(String, NodeId)>,
 }
 
 fn is_zero(n: &NodeId) -> bool {
@@ -51,6 +57,27 @@ impl GroupRecord {
 
     fn id_at(&self, i: usize) -> NodeId {
         self.ids.get(i).copied().unwrap_or(i as NodeId + 1)
+    }
+
+    /// Broker `id`'s Raft node id in this group, a leaving member's
+    /// included (its replica runs until the membership switched).
+    pub fn holding_id(&self, id: &str) -> Option<NodeId> {
+        self.node_id(id)
+            .or_else(|| self.leaving.iter().find(|(b, _)| b == id).map(|(_, n)| *n))
+    }
+
+    /// The record moving member `old` out and broker `new` in: `new` takes
+    /// `old`'s place under a node id never used, `old` is listed as
+    /// leaving; `None` when `old` is no member or `new` is one already.
+    pub fn moving(&self, old: &str, new: &str) -> Option<GroupRecord> {
+        if self.members.iter().any(|m| m == new) {
+            return None;
+        }
+        let id = self.node_id(old)?;
+        let mut next = self.replacing(old, new)?;
+        next.leaving.retain(|(b, _)| b != old && b != new);
+        next.leaving.push((old.to_owned(), id));
+        Some(next)
     }
 
     /// The broker id of Raft node `node`.
@@ -96,6 +123,7 @@ mod tests {
             incarnation: 1,
             ids: Vec::new(),
             next_id: 0,
+            leaving: Vec::new(),
         };
         assert_eq!(r.node_id("b1"), Some(2));
         let r2 = r.replacing("b2", "b3").expect("b2 is a member");
@@ -112,5 +140,24 @@ mod tests {
         let old: GroupRecord =
             serde_json::from_str(r#"{"replicas":3,"members":["a","b","c"]}"#).unwrap();
         assert_eq!(old.node_id("c"), Some(3));
+        assert!(old.leaving.is_empty());
+    }
+
+    #[test]
+    fn a_moved_member_leaves_under_its_id_and_its_place_gets_a_new_one() {
+        let r: GroupRecord =
+            serde_json::from_str(r#"{"replicas":3,"members":["b0","b1","b2"]}"#).unwrap();
+        let m = r.moving("b1", "b3").expect("b1 is a member");
+        assert_eq!(m.members, ["b0", "b3", "b2"]);
+        assert_eq!(m.node_id("b3"), Some(4));
+        assert_eq!(m.node_id("b1"), None);
+        assert_eq!(m.holding_id("b1"), Some(2));
+        assert_eq!(m.leaving, [("b1".to_owned(), 2)]);
+        // Not to a member, not from a broker outside the group.
+        assert!(r.moving("b1", "b2").is_none());
+        assert!(r.moving("b9", "b3").is_none());
+        // The record round-trips through etcd's JSON.
+        let json = serde_json::to_string(&m).unwrap();
+        assert_eq!(serde_json::from_str::<GroupRecord>(&json).unwrap(), m);
     }
 }

@@ -4,6 +4,11 @@
 //! `ImportTopic` (answered once durable there), switch the placement in
 //! etcd, then delete the local copy. A failure before the switch leaves the
 //! topic here, served again; the caller is told which topics stayed and why.
+//!
+//! A replicated topic (factor above 1) is not copied: its replica moves as a
+//! membership change of its group (`replication::groups`, the broker
+//! leaving is this one), and a drain does that for every group this broker
+//! is a member of before it copies the topics of factor 1.
 
 use super::{CHUNK_BYTES, CHUNK_ENTRIES, TopicState, capture, runs};
 use crate::core::BrokerCore;
@@ -74,6 +79,12 @@ pub async fn move_topic(
     auth: Option<&AsciiMetadataValue>,
 ) -> Result<Moved> {
     let cluster = cluster_of(node)?;
+    if let Some(groups) = node.groups()
+        && groups.read_group(topic.as_str()).await?.is_some()
+    {
+        let m = groups.move_out(topic.as_str(), to).await?;
+        return Ok(member_moved(m));
+    }
     if cluster.route(topic.as_str(), false).await?.is_none() {
         return Err(BrokerError::TopicNotFound(format!(
             "{topic} (not placed on any broker)"
@@ -112,7 +123,32 @@ pub async fn drain(
         }));
     }
     cluster.start_draining().await?;
-    let topics = cluster.placed_here().await?;
+    let mut report = DrainReport::default();
+    // Replicated topics first: this broker's replicas move as membership
+    // changes; the topics placed here because this broker led them are
+    // then led elsewhere.
+    let mut replicated = std::collections::HashSet::new();
+    if let Some(groups) = node.groups() {
+        for (topic, r) in groups.drain_out().await? {
+            replicated.insert(topic.clone());
+            match r {
+                Ok(m) => report.moved.push(member_moved(m)),
+                Err(e) => {
+                    tracing::warn!(%topic, error = %e, "replica not moved off the draining broker");
+                    report.not_moved.push((topic, e.to_string()));
+                }
+            }
+        }
+    }
+    if let Some(groups) = node.groups() {
+        replicated.extend(groups.replicated_topics().await?);
+    }
+    let topics: Vec<String> = cluster
+        .placed_here()
+        .await?
+        .into_iter()
+        .filter(|t| !replicated.contains(t))
+        .collect();
     let targets = cluster.move_targets(None, topics.len()).await?;
     tracing::info!(broker = %broker_id, topics = topics.len(), "draining");
     let results: Vec<(String, Result<Moved>)> =
@@ -130,7 +166,6 @@ pub async fn drain(
             .buffer_unordered(DRAIN_PARALLEL)
             .collect()
             .await;
-    let mut report = DrainReport::default();
     for (topic, r) in results {
         match r {
             Ok(m) => report.moved.push(m),
@@ -151,6 +186,17 @@ pub async fn drain(
         "drain finished"
     );
     Ok(report)
+}
+
+/// A replica's move as a drain or a move reports it: no entries copied by
+/// this broker; `millis`, how long nobody served the topic.
+fn member_moved(m: crate::replication::groups::MemberMoved) -> Moved {
+    Moved {
+        topic: m.topic,
+        to: m.to,
+        entries: 0,
+        millis: m.unavailable_ms,
+    }
 }
 
 /// Moves `name` to broker `to` at `url` (see the module docs for the order).

@@ -17,5 +17,6 @@ mod receipts;
 mod reconnect;
 mod replicated;
 mod replicated_members;
+mod replicated_moves;
 mod replicated_retries;
 mod roundtrip;

@@ -40,7 +40,11 @@ impl Groups {
     ) -> Result<()> {
         let leading: Vec<_> = members
             .iter()
-            .filter(|(_, p, _)| p.node().leader() == Some(p.node().id()))
+            .filter(|(_, p, _)| {
+                let me = p.node().id();
+                // A leader that moved itself out steps down: not its work.
+                p.node().leader() == Some(me) && p.node().voters().contains(&me)
+            })
             .collect();
         {
             let mut down = crate::util::lock(&self.down_since);
@@ -60,6 +64,17 @@ impl Groups {
             let voters = partition.node().voters();
             if voters != wanted.keys().copied().collect() {
                 self.change_voters(topic, partition, &wanted, &brokers);
+                continue;
+            }
+            if !voters.contains(&partition.node().id()) {
+                // It moved itself out since the filter above (the switch
+                // committed meanwhile): the next leader clears `leaving`
+                // once it took the topic.
+                continue;
+            }
+            if !record.leaving.is_empty() {
+                // The membership switched without them: they may stop.
+                self.clear_leaving(topic, record).await?;
                 continue;
             }
             if self.replace_after.is_zero() {
@@ -206,7 +221,7 @@ impl Groups {
             let Some(record) = known.get(&t.name) else {
                 continue;
             };
-            if record.node_id(me).is_some() {
+            if record.holding_id(me).is_some() {
                 continue;
             }
             tracing::info!(topic = %t.name, "this broker was replaced in the group while it was down: dropping its copy");

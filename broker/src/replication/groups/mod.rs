@@ -20,6 +20,9 @@
 //! the new leader (its streams end, clients look it up again).
 
 mod members;
+mod moves;
+
+pub use moves::{MOVE_WITHIN, MemberMoved};
 
 use super::{
     NodeSettings, PartitionCommand, PartitionReply, ReplicatedPartition, ReplicatedStorage,
@@ -284,6 +287,7 @@ impl Groups {
         let record = GroupRecord {
             ids: Vec::new(),
             next_id: 0,
+            leaving: Vec::new(),
             incarnation: ricochet_storage::util::wall_ms(),
             replicas,
             members: std::iter::once(me)
@@ -398,7 +402,7 @@ impl Groups {
         {
             return Ok(m.partition.clone());
         }
-        let Some(id) = record.node_id(self.cluster.id()) else {
+        let Some(id) = record.holding_id(self.cluster.id()) else {
             return Err(BrokerError::Conflict(format!(
                 "broker {} is not a member of the group of {topic}",
                 self.cluster.id()
@@ -426,11 +430,19 @@ impl Groups {
         let partition = Arc::new(opened.map_err(replication)?);
         let mut metrics = partition.node().raft().metrics();
         let changed = self.leader_changed.clone();
+        // Woken by a new leader, and by a membership change (a leader that
+        // moved itself out stops serving at once, not at the next read).
         tokio::spawn(async move {
-            let mut last = metrics.borrow().current_leader;
+            let mut last = {
+                let m = metrics.borrow();
+                (m.current_leader, *m.membership_config.log_id())
+            };
             // Ends with the node (its metrics' sender goes).
             while metrics.changed().await.is_ok() {
-                let now = metrics.borrow().current_leader;
+                let now = {
+                    let m = metrics.borrow();
+                    (m.current_leader, *m.membership_config.log_id())
+                };
                 if now != last {
                     last = now;
                     changed.notify_one();
@@ -484,7 +496,7 @@ impl Groups {
                 .iter()
                 .filter(|(t, m)| {
                     known.get(*t).is_none_or(|r| {
-                        r.incarnation != m.record.incarnation || r.node_id(me).is_none()
+                        r.incarnation != m.record.incarnation || r.holding_id(me).is_none()
                     })
                 })
                 .map(|(t, m)| (t.clone(), m.record.incarnation))
@@ -496,7 +508,7 @@ impl Groups {
             let now = self.read_group(&topic).await?;
             if now
                 .as_ref()
-                .is_none_or(|r| r.incarnation != incarnation || r.node_id(me).is_none())
+                .is_none_or(|r| r.incarnation != incarnation || r.holding_id(me).is_none())
             {
                 if now.is_some_and(|r| r.incarnation == incarnation) {
                     tracing::info!(%topic, "this broker was replaced in the group while it was away: dropping its copy");
@@ -505,7 +517,7 @@ impl Groups {
             }
         }
         for (topic, record) in &known {
-            if record.node_id(self.cluster.id()).is_some()
+            if record.holding_id(self.cluster.id()).is_some()
                 && let Err(e) = self.start_member(topic, record).await
             {
                 tracing::warn!(%topic, error = %e, "cannot start this broker's replica");
@@ -590,7 +602,13 @@ impl Groups {
         record: &GroupRecord,
     ) {
         let me = partition.node().id();
-        let leader = partition.node().leader();
+        // A member moved out of the group (`leaving`) keeps its own vote
+        // as the leader's once it stepped down: not a voter, it leads
+        // nothing.
+        let leader = partition
+            .node()
+            .leader()
+            .filter(|l| *l != me || partition.node().voters().contains(&me));
         let state = crate::util::lock(&self.leaders)
             .get(topic)
             .copied()
@@ -757,7 +775,15 @@ impl Groups {
     /// (so a new group of the same name starts from nothing).
     async fn stop_member(&self, topic: &str) {
         let member = self.started.lock().await.remove(topic);
-        crate::util::lock(&self.leaders).remove(topic);
+        let role = crate::util::lock(&self.leaders).remove(topic);
+        if role == Some(Role::Serving) {
+            // Moved out before it saw the switch (the next leader took the
+            // topic and cleared `leaving` first): its streams end now.
+            let _ = self.cluster.begin_move(topic, "the group's next leader");
+        }
+        if role.is_some_and(|r| r != Role::Follower) {
+            self.cluster.end_move(topic);
+        }
         if let Some(s) = crate::util::lock(&self.serving).remove(topic) {
             s.retire();
         }
