@@ -8,7 +8,14 @@ use serde::de::DeserializeOwned;
 
 /// `value` as CBOR.
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
-    let mut out = Vec::new();
+    encode_sized(value, 0)
+}
+
+/// `value` as CBOR, into a buffer made for about `size` bytes: a command
+/// or a log entry carries a batch of hundreds of KB, and a buffer grown
+/// by doubling copies it again at each step.
+pub fn encode_sized<T: Serialize>(value: &T, size: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(size);
     ciborium::into_writer(value, &mut out)
         .map_err(|e| ReplicationError::Codec(format!("encode: {e}")))?;
     Ok(out)

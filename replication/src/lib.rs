@@ -33,7 +33,7 @@ pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/ricochet.replication.v1.rs"));
 }
 
-pub use codec::{decode, encode};
+pub use codec::{decode, encode, encode_sized};
 pub use error::{ReplicationError, Result};
 pub use network::{GroupRegistry, ReplicationService};
 pub use node::{Durability, NodeSettings, Progress, ReplicaNode, open_db, remove_group};
@@ -48,6 +48,14 @@ pub type NodeId = u64;
 /// (`ricochet_broker::replication::PartitionCommand`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Command(#[serde(with = "serde_bytes")] pub Vec<u8>);
+
+impl Command {
+    /// About how many bytes this command takes encoded (a size hint for
+    /// the buffers it is encoded into).
+    pub fn encoded_size(&self) -> usize {
+        self.0.len() + 16
+    }
+}
 
 /// What applying a [`Command`] answered (the broker's encoded reply).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

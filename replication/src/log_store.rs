@@ -20,11 +20,11 @@
 #![allow(clippy::result_large_err)]
 
 use crate::state_machine::storage_io;
-use crate::{Durability, NodeId, TypeConfig, decode, encode};
+use crate::{Durability, NodeId, TypeConfig, decode, encode, encode_sized};
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{
-    Entry, LogId, LogState, OptionalSend, RaftLogId, RaftLogReader, StorageError, StorageIOError,
-    Vote,
+    Entry, EntryPayload, LogId, LogState, OptionalSend, RaftLogId, RaftLogReader, StorageError,
+    StorageIOError, Vote,
 };
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -188,7 +188,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut batch = sled::Batch::default();
         for entry in entries {
-            let bytes = encode(&entry)
+            let size = match &entry.payload {
+                EntryPayload::Normal(c) => c.encoded_size() + 64,
+                _ => 0,
+            };
+            let bytes = encode_sized(&entry, size)
                 .map_err(|e| storage_io(StorageIOError::write_log_entry(entry.log_id, &e)))?;
             batch.insert(&key(entry.log_id.index), bytes);
         }

@@ -13,7 +13,7 @@
 use crate::proto::replication_client::ReplicationClient;
 use crate::proto::replication_server::{Replication, ReplicationServer};
 use crate::proto::{RaftReply, RaftRequest};
-use crate::{NodeId, Raft, TypeConfig, decode, encode};
+use crate::{NodeId, Raft, TypeConfig, decode, encode, encode_sized};
 use openraft::BasicNode;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
@@ -238,6 +238,7 @@ impl PeerClient {
         &mut self,
         rpc: Rpc,
         body: &Req,
+        size: usize,
         option: &RPCOption,
     ) -> RpcResult<Resp, E>
     where
@@ -252,7 +253,8 @@ impl PeerClient {
                 return Err(RPCError::Unreachable(Unreachable::new(&e)));
             }
         };
-        let body = encode(body).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let body =
+            encode_sized(body, size).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut req = Request::new(RaftRequest {
             group: self.group.clone(),
             from: self.from,
@@ -282,7 +284,16 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        self.call(Rpc::Append, &rpc, &option).await
+        let size = rpc
+            .entries
+            .iter()
+            .map(|e| match &e.payload {
+                openraft::EntryPayload::Normal(c) => c.encoded_size() + 64,
+                _ => 256,
+            })
+            .sum::<usize>()
+            + 256;
+        self.call(Rpc::Append, &rpc, size, &option).await
     }
 
     async fn install_snapshot(
@@ -290,8 +301,14 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-        self.call(Rpc::Snapshot, &SnapshotChunk::from_request(rpc), &option)
-            .await
+        let size = rpc.data.len() + 1024;
+        self.call(
+            Rpc::Snapshot,
+            &SnapshotChunk::from_request(rpc),
+            size,
+            &option,
+        )
+        .await
     }
 
     async fn vote(
@@ -299,6 +316,6 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
-        self.call(Rpc::Vote, &rpc, &option).await
+        self.call(Rpc::Vote, &rpc, 256, &option).await
     }
 }

@@ -18,7 +18,7 @@
 use super::{PartitionCommand, PartitionReply, ReplicatedPartition};
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
-use ricochet_replication::{decode, encode};
+use ricochet_replication::{decode, encode_sized};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -94,7 +94,7 @@ impl Pipeline {
                 "this replica's topic is being reopened or no longer leads; write again".into(),
             );
         }
-        let command = encode(command).map_err(|e| e.to_string())?;
+        let command = encode_sized(command, size_hint(command)).map_err(|e| e.to_string())?;
         let mut queue = crate::util::lock(&self.queue);
         if queue.is_none() {
             *queue = Some(self.start(raft)?);
@@ -150,6 +150,22 @@ impl Pipeline {
         } else {
             Err("an earlier replicated write failed; the topic is being reopened".into())
         }
+    }
+}
+
+/// About how many bytes `command` takes encoded: a batch's encoding is
+/// written into a buffer of that size at once rather than grown.
+fn size_hint(command: &PartitionCommand) -> usize {
+    match command {
+        PartitionCommand::Append(b) => b.entries.iter().map(|e| e.len() + 9).sum::<usize>() + 256,
+        PartitionCommand::Publish(b) => {
+            b.messages
+                .iter()
+                .map(|m| m.payload.len() + m.key.len() + 96)
+                .sum::<usize>()
+                + 256
+        }
+        _ => 0,
     }
 }
 

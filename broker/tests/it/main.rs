@@ -30,6 +30,7 @@ mod ids_across_crashes;
 mod metrics;
 mod ownership;
 mod partitions;
+mod process;
 mod raft;
 mod raft_partition;
 mod raft_snapshot;
