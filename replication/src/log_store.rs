@@ -26,8 +26,10 @@ use openraft::{
     Entry, EntryPayload, LogId, LogState, OptionalSend, RaftLogId, RaftLogReader, StorageError,
     StorageIOError, Vote,
 };
+use ricochet_storage::sled_blobs::BlobSync;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
 
 type StoreResult<T> = Result<T, StorageError<NodeId>>;
 
@@ -40,15 +42,23 @@ const PURGED: &[u8] = b"purged";
 pub struct LogStore {
     log: sled::Tree,
     meta: sled::Tree,
+    /// The database's blob files: synced before each flush.
+    blobs: Arc<BlobSync>,
     durability: Durability,
 }
 
 impl LogStore {
-    /// The log of `group` in `db`.
-    pub fn open(db: &sled::Db, group: &str, durability: Durability) -> crate::Result<Self> {
+    /// The log of `group` in `db`, whose blob files `blobs` keeps track of.
+    pub fn open(
+        db: &sled::Db,
+        blobs: Arc<BlobSync>,
+        group: &str,
+        durability: Durability,
+    ) -> crate::Result<Self> {
         Ok(Self {
             log: db.open_tree(format!("log/{group}"))?,
             meta: db.open_tree(format!("meta/{group}"))?,
+            blobs,
             durability,
         })
     }
@@ -75,6 +85,11 @@ impl LogStore {
     }
 
     async fn flush(&self) -> StoreResult<()> {
+        // An entry sled wrote as a blob file first: its flush makes only
+        // the pointer durable.
+        self.blobs
+            .sync_new()
+            .map_err(|e| storage_io(StorageIOError::write_logs(&e)))?;
         self.log
             .flush_async()
             .await
@@ -223,5 +238,26 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.flush_if_sync().await?;
         self.remove(self.log.range(..=key(log_id.index)))?;
         self.flush_if_sync().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NodeSettings;
+
+    /// An entry over a quarter of the 4 MiB segment is a sled blob file:
+    /// the log's flush syncs it before sled's flush, so nothing is left
+    /// for a later pass to sync.
+    #[tokio::test]
+    async fn the_logs_flush_syncs_entries_sled_wrote_as_blob_files() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = crate::open_db(dir.path(), &NodeSettings::default()).expect("db");
+        let mut log = LogStore::open(&db, db.blobs().clone(), "g", Durability::Sync).expect("log");
+        log.log.insert(key(1), vec![7u8; 2 << 20]).expect("insert");
+        let blobs = std::fs::read_dir(dir.path().join("raft/blobs")).map_or(0, |d| d.count());
+        assert!(blobs >= 1, "sled wrote no blob file: the test needs one");
+        log.save_vote(&Vote::new(1, 1)).await.expect("vote");
+        assert_eq!(db.blobs().sync_new().expect("sync"), 0);
     }
 }

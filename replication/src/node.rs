@@ -9,6 +9,7 @@ use crate::state_machine::StateMachine;
 use crate::{Apply, Command, NodeId, Raft, ReplicationError, Result};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, SnapshotPolicy};
+use ricochet_storage::sled_blobs::BlobSync;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -126,18 +127,47 @@ fn segment_size(path: &Path) -> usize {
         .unwrap_or(SEGMENT_SIZE)
 }
 
+/// A node's Raft database, shared by its groups (derefs to the sled
+/// database), with the record of which of sled's blob files were made
+/// durable: an entry above a quarter of the segment size (1 MiB) is a blob
+/// file, which sled never fsyncs, so a group's log flush syncs new ones
+/// first (see `ricochet_storage::sled_blobs`).
+#[derive(Debug, Clone)]
+pub struct RaftDb {
+    db: sled::Db,
+    blobs: Arc<BlobSync>,
+}
+
+impl std::ops::Deref for RaftDb {
+    type Target = sled::Db;
+    fn deref(&self) -> &sled::Db {
+        &self.db
+    }
+}
+
+impl RaftDb {
+    /// The database's blob files made durable so far.
+    pub fn blobs(&self) -> &Arc<BlobSync> {
+        &self.blobs
+    }
+}
+
 /// Opens the node's Raft database (`<dir>/raft`), shared by its groups.
-pub fn open_db(dir: &Path, settings: &NodeSettings) -> Result<sled::Db> {
+pub fn open_db(dir: &Path, settings: &NodeSettings) -> Result<RaftDb> {
     let flush_every = match settings.durability {
         Durability::Sync => None,
         Durability::Interval => Some(settings.flush_interval.as_millis().max(1) as u64),
     };
     let path = dir.join("raft");
-    Ok(sled::Config::new()
+    let db = sled::Config::new()
         .segment_size(segment_size(&path))
-        .path(path)
+        .path(&path)
         .flush_every_ms(flush_every)
-        .open()?)
+        .open()?;
+    Ok(RaftDb {
+        db,
+        blobs: Arc::new(BlobSync::new(&path)),
+    })
 }
 
 /// Removes `group`'s Raft log, vote, applied mark and snapshots (its
@@ -201,12 +231,12 @@ impl ReplicaNode {
     pub async fn start(
         id: NodeId,
         group: &str,
-        db: &sled::Db,
+        db: &RaftDb,
         settings: &NodeSettings,
         apply: Arc<dyn Apply>,
         registry: &GroupRegistry,
     ) -> Result<Self> {
-        let log = LogStore::open(db, group, settings.durability)?;
+        let log = LogStore::open(db, db.blobs().clone(), group, settings.durability)?;
         let mut sm = StateMachine::open(
             db,
             group,

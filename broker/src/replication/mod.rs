@@ -252,7 +252,7 @@ impl ReplicatedPartition {
     pub async fn start_on(
         id: u64,
         topic: &str,
-        db: &sled::Db,
+        db: &ricochet_replication::RaftDb,
         settings: &NodeSettings,
         storage: Arc<dyn Storage>,
         registry: &GroupRegistry,

@@ -76,7 +76,7 @@ pub struct Groups {
     storage: Arc<dyn Storage>,
     registry: GroupRegistry,
     settings: NodeSettings,
-    db: sled::Db,
+    db: ricochet_replication::RaftDb,
     /// Every replicated topic of the cluster, as last read.
     known: RwLock<HashMap<String, GroupRecord>>,
     /// The members started here.
