@@ -18,4 +18,5 @@ mod reconnect;
 mod replicated;
 mod replicated_members;
 mod replicated_retries;
+mod replicated_secure;
 mod roundtrip;

@@ -358,6 +358,7 @@ impl Groups {
             .filter(|b| b.live && !b.draining)
             .count();
         let replicas = super::factor::check(wanted, Some(live))?;
+        super::factor::peers_ready(&self.core.config, replicas)?;
         self.create(topic, replicas).await?;
         let deadline = tokio::time::Instant::now() + FORM_TIMEOUT;
         while !self.is_serving(name) {
