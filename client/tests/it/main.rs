@@ -17,6 +17,7 @@ mod receipts;
 mod reconnect;
 mod replicated;
 mod replicated_members;
+mod replicated_partitions;
 mod replicated_retries;
 mod replicated_secure;
 mod roundtrip;
