@@ -141,8 +141,11 @@ impl TlsConfig {
             (None, Some(ca)) => (ca.as_path(), "tls.client_ca_file"),
             (None, None) => return Ok(None),
         };
-        let mut tls =
-            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read_pem(ca, what, "CERTIFICATE")?));
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read_pem(
+            ca,
+            what,
+            "CERTIFICATE",
+        )?));
         if self.require_client_cert
             && let (Some(cert), Some(key)) = (&self.cert_file, &self.key_file)
         {

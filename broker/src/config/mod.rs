@@ -417,6 +417,28 @@ impl BrokerConfig {
         Ok(config)
     }
 
+    /// An endpoint to another broker of the cluster at `url` (a topic
+    /// move, a forwarded failure event): over TLS for an `https://` URL,
+    /// trusting `[cluster] peer_ca_file` (else `tls.client_ca_file`), and
+    /// showing this broker's certificate when clients must show one. An
+    /// `https://` URL with no CA to trust is an error naming the setting.
+    pub fn peer_endpoint(&self, url: &str) -> Result<tonic::transport::Endpoint, BrokerError> {
+        let peer = |e: &dyn std::fmt::Display| BrokerError::Peer(format!("{url}: {e}"));
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(url.to_owned()).map_err(|e| peer(&e))?;
+        if !url.starts_with("https://") {
+            return Ok(endpoint);
+        }
+        let ca = self
+            .cluster
+            .as_ref()
+            .and_then(|c| c.peer_ca_file.as_deref());
+        let tls = self.tls.peer_client_config(ca)?.ok_or_else(|| {
+            peer(&"the broker there listens with TLS and this one knows no CA to verify it ([cluster] peer_ca_file or [tls] client_ca_file)")
+        })?;
+        endpoint.tls_config(tls).map_err(|e| peer(&e))
+    }
+
     /// When the segment-file log rolls.
     pub fn log_settings(&self) -> crate::storage::segments::LogSettings {
         crate::storage::segments::LogSettings {

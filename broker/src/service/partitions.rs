@@ -75,8 +75,7 @@ impl Partitions for PartitionsService {
                 check_partition_count(&name, r.partitions)?;
                 let replicas = self.factor(c, &name, r.replicas).await?;
                 if replicas > 1
-                    && c
-                        .partition_count(name.as_str())
+                    && c.partition_count(name.as_str())
                         .await
                         .map_err(BrokerError::from)?
                         .is_none()

@@ -8,7 +8,8 @@
 //! leads and serves. A caller of the `Replication` service that is not a
 //! superuser is refused PERMISSION_DENIED and the group's leader stays
 //! as it was; one without a token is UNAUTHENTICATED. A broker whose peer
-//! token names a role that is not a superuser does not start.
+//! token names a role that is not a superuser does not start. A topic
+//! moves between two such brokers (the mover reaches the target over TLS).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -54,7 +55,8 @@ impl Secrets {
             .push(DnType::CommonName, "test ca");
         let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
         let key = KeyPair::generate().unwrap();
-        let mut leaf = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+        let mut leaf =
+            CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
         leaf.distinguished_name.push(DnType::CommonName, "broker");
         let cert = leaf.signed_by(&key, &ca).unwrap();
         let write = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
@@ -76,7 +78,13 @@ impl Secrets {
 
     /// The config of broker `id` advertising `https://{addr}`, sending
     /// the token in file `peer_token` on its Raft calls.
-    fn config(&self, etcd: &str, id: &str, addr: std::net::SocketAddr, peer_token: &str) -> PathBuf {
+    fn config(
+        &self,
+        (etcd, cluster): (&str, &str),
+        id: &str,
+        addr: std::net::SocketAddr,
+        peer_token: &str,
+    ) -> PathBuf {
         let text = format!(
             r#"advertise = "https://{addr}"
 
@@ -90,7 +98,7 @@ cert_file = "{cert}"
 key_file = "{key}"
 
 [cluster]
-name = "secure"
+name = "{cluster}"
 etcd = ["{etcd}"]
 broker_id = "{id}"
 lease_ttl = "3s"
@@ -140,10 +148,15 @@ struct Secure {
     id: String,
 }
 
-async fn spawn(s: &Secrets, etcd: &EtcdProcess, root: &Path, i: usize) -> Secure {
+async fn spawn(
+    s: &Secrets,
+    (etcd, cluster): (&EtcdProcess, &str),
+    root: &Path,
+    i: usize,
+) -> Secure {
     let addr = free_addr();
     let id = format!("b{i}");
-    let config = s.config(etcd.url(), &id, addr, "broker.token");
+    let config = s.config((etcd.url(), cluster), &id, addr, "broker.token");
     let options = SpawnOptions::new()
         .listen(addr)
         .start_timeout(Duration::from_secs(60))
@@ -214,7 +227,7 @@ async fn a_replicated_topic_with_tls_and_auth_on_survives_its_leaders_kill() {
     let s = Secrets::new(root.path());
     let mut brokers = Vec::new();
     for i in 0..3 {
-        brokers.push(spawn(&s, &etcd, root.path(), i).await);
+        brokers.push(spawn(&s, (&etcd, "secure"), root.path(), i).await);
     }
     let ids: Vec<&str> = vec!["b0", "b1", "b2"];
     let t = "secured";
@@ -267,7 +280,9 @@ async fn a_replicated_topic_with_tls_and_auth_on_survives_its_leaders_kill() {
     // without a token the call is unauthenticated; a superuser passes the
     // check (and is told the group it named is not there).
     let (record, _) = etcd
-        .get(&format!("/ricochet/secure/groups/persistent://public/default/{t}"))
+        .get(&format!(
+            "/ricochet/secure/groups/persistent://public/default/{t}"
+        ))
         .await
         .expect("the group's record");
     let record: serde_json::Value = serde_json::from_str(&record).unwrap();
@@ -281,7 +296,10 @@ async fn a_replicated_topic_with_tls_and_auth_on_survives_its_leaders_kill() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-    assert!(e.message().contains("\"alice\" is not a superuser"), "{e:?}");
+    assert!(
+        e.message().contains("\"alice\" is not a superuser"),
+        "{e:?}"
+    );
     let e = raw
         .append_entries(tonic::Request::new(disruptive_vote(&group)))
         .await
@@ -348,7 +366,7 @@ async fn a_replicated_topic_with_tls_and_auth_on_survives_its_leaders_kill() {
 
     // A broker whose peer token is not a superuser's does not start.
     let addr = free_addr();
-    let config = s.config(etcd.url(), "b9", addr, "alice.token");
+    let config = s.config((etcd.url(), "secure"), "b9", addr, "alice.token");
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(ricochet_testkit::broker_bin(None))
             .arg("--data-dir")
@@ -365,7 +383,68 @@ async fn a_replicated_topic_with_tls_and_auth_on_survives_its_leaders_kill() {
     assert!(!out.status.success(), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("peer_token_file") && stderr.contains("\"alice\" is not in auth.superusers"),
+        stderr.contains("peer_token_file")
+            && stderr.contains("\"alice\" is not in auth.superusers"),
         "{stderr}"
     );
+}
+
+#[tokio::test]
+async fn a_topic_moves_between_brokers_that_listen_with_tls_and_check_tokens() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("a_topic_moves_between_brokers_with_tls").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let s = Secrets::new(root.path());
+    let mut brokers = Vec::new();
+    for i in 0..2 {
+        brokers.push(spawn(&s, (&etcd, "secmove"), root.path(), i).await);
+    }
+    let t = "travels";
+    let c = s.client(&brokers[0].url, "admin").await;
+    let start = Instant::now();
+    let from = loop {
+        match c.lookup(t).await {
+            Ok(o) => break o.broker_id,
+            Err(e) => assert!(start.elapsed() < Duration::from_secs(30), "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let p = c.producer(t).create().await.unwrap();
+    for i in 0..5 {
+        p.send(format!("m{i}")).await.unwrap();
+    }
+    let to = if from == "b0" { "b1" } else { "b0" };
+    // Until both brokers registered, the move may find no target.
+    let start = Instant::now();
+    let moved = loop {
+        match c.admin().move_topic(t, Some(to)).await {
+            Ok(m) => break m,
+            Err(e) => assert!(start.elapsed() < Duration::from_secs(30), "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(
+        (moved.to_broker.as_str(), moved.entries),
+        (to, 5),
+        "{moved:?}"
+    );
+    assert_eq!(c.lookup(t).await.unwrap().broker_id, to);
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    for i in 0..5 {
+        let m = tokio::time::timeout(Duration::from_secs(10), consumer.receive())
+            .await
+            .expect("a moved message within 10 s")
+            .unwrap();
+        assert_eq!(m.payload(), format!("m{i}").as_bytes());
+        consumer.ack(&m).await.unwrap();
+    }
+    drop(brokers);
 }
