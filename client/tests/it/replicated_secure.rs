@@ -276,7 +276,9 @@ async fn a_replicated_topic_with_tls_and_auth_on_survives_its_leaders_kill() {
     }
 
     // The Replication service, called directly: a role that is not a
-    // superuser is refused, and the group goes on under the same leader;
+    // superuser is refused, and the group goes on under the same leader
+    // (a let-through vote would not have changed it either while the
+    // leader's lease holds: the refusal is what the mutant check catches);
     // without a token the call is unauthenticated; a superuser passes the
     // check (and is told the group it named is not there).
     let (record, _) = etcd
