@@ -47,32 +47,33 @@ pub(crate) fn events_token(file: Option<&std::path::Path>) -> Option<AsciiMetada
 }
 
 /// Writes `messages` to the events topic `name` on its owner `owner` at
-/// `url` (the cluster's routing named it), within [`FORWARD_TIMEOUT`].
+/// `url` (the cluster's routing named it; reached through `endpoint`,
+/// `BrokerConfig::peer_endpoint`), within [`FORWARD_TIMEOUT`].
 pub(crate) async fn forward_to_owner(
     (owner, url): (&str, &str),
+    endpoint: tonic::transport::Endpoint,
     name: &TopicName,
     messages: Vec<OutboundMessage>,
     token: Option<&AsciiMetadataValue>,
 ) -> Result<()> {
-    tokio::time::timeout(FORWARD_TIMEOUT, forward(url, name, messages, token))
-        .await
-        .map_err(|_| BrokerError::Peer(format!("broker {owner} at {url} did not answer in time")))?
+    tokio::time::timeout(
+        FORWARD_TIMEOUT,
+        forward((url, endpoint), name, messages, token),
+    )
+    .await
+    .map_err(|_| BrokerError::Peer(format!("broker {owner} at {url} did not answer in time")))?
 }
 
 /// Produces `messages` to `name` on the broker at `url` and waits for the
 /// receipts (the owner answers once they are durable, as for any producer).
 async fn forward(
-    url: &str,
+    (url, endpoint): (&str, tonic::transport::Endpoint),
     name: &TopicName,
     messages: Vec<OutboundMessage>,
     token: Option<&AsciiMetadataValue>,
 ) -> Result<()> {
     let peer = |e: &dyn std::fmt::Display| BrokerError::Peer(format!("{url}: {e}"));
-    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
-        .map_err(|e| peer(&e))?
-        .connect()
-        .await
-        .map_err(|e| peer(&e))?;
+    let channel = endpoint.connect().await.map_err(|e| peer(&e))?;
     let n = messages.len();
     // A producer of its own (the broker names it): sequence ids from 1.
     let messages = messages

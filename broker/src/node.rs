@@ -92,6 +92,9 @@ impl Node {
             .broker_id
             .clone()
             .unwrap_or_else(|| self.core.keeper.store_id());
+        // Checked before joining: a peer token the others would refuse
+        // stops this broker before it is counted live.
+        let settings = raft_settings(&self.core.config, &self.auth)?;
         let node: Weak<Self> = Arc::downgrade(self);
         let host: Weak<dyn Host> = node;
         let cluster = Cluster::join(config, id, url, host, self.core.shutdown.clone()).await?;
@@ -100,7 +103,7 @@ impl Node {
             cluster.clone(),
             self.core.clone(),
             self.registry.clone(),
-            raft_settings(&self.core.config),
+            settings,
             &self.core.config.data_dir,
             self.core.shutdown.clone(),
         )?;
@@ -165,12 +168,44 @@ impl Placement for Cluster {
 /// append and applied batch flushed before it counts; `interval`: flushed
 /// every `flush_interval`), Raft's default timing, snapshots every
 /// `[cluster] snapshot_every` entries.
-fn raft_settings(config: &BrokerConfig) -> NodeSettings {
-    let snapshot_every = config
-        .cluster
-        .as_ref()
-        .map_or(NodeSettings::default().snapshot_every, |c| c.snapshot_every);
-    NodeSettings {
+///
+/// Peers are called over TLS when this broker listens with it (see
+/// `TlsConfig::peer_client_config`), with the token of `[cluster]
+/// peer_token_file`, which is checked now when auth is on: a token this
+/// broker does not accept, or whose role is not a superuser, would have
+/// every peer refuse its Raft calls, so the broker does not start.
+fn raft_settings(config: &BrokerConfig, auth: &Auth) -> Result<NodeSettings> {
+    let cluster = config.cluster.as_ref();
+    let snapshot_every =
+        cluster.map_or(NodeSettings::default().snapshot_every, |c| c.snapshot_every);
+    let transport = crate::replication::PeerTransport {
+        tls: config
+            .tls
+            .peer_client_config(cluster.and_then(|c| c.peer_ca_file.as_deref()))?,
+        token_file: cluster.and_then(|c| c.peer_token_file.clone()),
+    };
+    if auth.enabled()
+        && let Some(path) = &transport.token_file
+    {
+        let bad = |why: String| {
+            crate::error::BrokerError::Config(format!(
+                "cluster.peer_token_file {}: {why}",
+                path.display()
+            ))
+        };
+        transport.authorization().map_err(bad)?;
+        let token = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let role = auth
+            .verify_token(token.trim())
+            .map_err(|why| bad(format!("this broker does not accept its token: {why}")))?;
+        if !auth.is_superuser(Some(&crate::auth::Principal { role: role.clone() })) {
+            return Err(bad(format!(
+                "its role {role:?} is not in auth.superusers, so the other brokers would refuse its Raft calls"
+            )));
+        }
+    }
+    Ok(NodeSettings {
+        transport,
         durability: match config.durability {
             crate::config::Durability::Sync => crate::replication::Durability::Sync,
             crate::config::Durability::Interval => crate::replication::Durability::Interval,
@@ -182,5 +217,5 @@ fn raft_settings(config: &BrokerConfig) -> NodeSettings {
         // log, one further behind from the snapshot.
         snapshot_keep: (snapshot_every / 10).min(NodeSettings::default().snapshot_keep),
         ..NodeSettings::default()
-    }
+    })
 }

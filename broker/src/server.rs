@@ -303,10 +303,9 @@ impl Broker {
         ))
         .max_decoding_message_size(MAX_FRAME_BYTES)
         .max_encoding_message_size(MAX_FRAME_BYTES);
-        // Broker-to-broker Raft calls carry no credentials yet: the service
-        // is served in cluster mode without auth only (where replicated
-        // topics can be created, see `replication::factor`).
-        let replication = (cluster.is_some() && !self.node.auth.enabled()).then(|| {
+        // Broker-to-broker Raft calls, in cluster mode; with auth on, the
+        // auth layer admits superusers only (a broker's peer token).
+        let replication = cluster.is_some().then(|| {
             crate::replication::ReplicationService::new(self.node.registry.clone()).into_server()
         });
         let core = self.core.clone();

@@ -14,7 +14,7 @@
 use crate::error::BrokerError;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
 /// TLS settings; off unless `cert_file` and `key_file` are set.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,6 +118,43 @@ impl TlsConfig {
             .map_err(|e| BrokerError::Config(format!("TLS for the web console: {e}")))?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Some(std::sync::Arc::new(config)))
+    }
+}
+
+impl TlsConfig {
+    /// The TLS setup this broker calls the other brokers of its cluster
+    /// with (Raft), when it listens with TLS itself: their certificates
+    /// verified against `peer_ca` (`[cluster] peer_ca_file`), else
+    /// `client_ca_file`; when clients must show a certificate, this
+    /// broker's own is shown. `None` without TLS, or with no CA to trust
+    /// (then `https://` peers are unreachable, and replicated topics are
+    /// refused, see [`crate::replication::factor::check_peers`]).
+    pub fn peer_client_config(
+        &self,
+        peer_ca: Option<&Path>,
+    ) -> Result<Option<ClientTlsConfig>, BrokerError> {
+        if !self.enabled() {
+            return Ok(None);
+        }
+        let (ca, what) = match (peer_ca, &self.client_ca_file) {
+            (Some(ca), _) => (ca, "cluster.peer_ca_file"),
+            (None, Some(ca)) => (ca.as_path(), "tls.client_ca_file"),
+            (None, None) => return Ok(None),
+        };
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read_pem(
+            ca,
+            what,
+            "CERTIFICATE",
+        )?));
+        if self.require_client_cert
+            && let (Some(cert), Some(key)) = (&self.cert_file, &self.key_file)
+        {
+            tls = tls.identity(Identity::from_pem(
+                read_pem(cert, "tls.cert_file", "CERTIFICATE")?,
+                read_pem(key, "tls.key_file", "PRIVATE KEY")?,
+            ));
+        }
+        Ok(Some(tls))
     }
 }
 

@@ -91,8 +91,8 @@ pub(crate) async fn topics(ctx: &mut Ctx<'_>, c: TopicsCommand) -> Result<()> {
         TopicsCommand::Create {
             topic,
             partitions: Some(n),
-            ..
-        } => crate::partitions::create(ctx, topic, n).await,
+            replicas,
+        } => crate::partitions::create(ctx, topic, n, replicas.unwrap_or(0)).await,
         TopicsCommand::Create {
             topic,
             partitions: None,

@@ -295,8 +295,9 @@ pub enum TopicsCommand {
         #[arg(long)]
         partitions: Option<u32>,
         /// Replication factor: how many brokers of a cluster hold the topic
-        /// (default 1). Above 1 needs cluster mode and that many live brokers.
-        #[arg(long, conflicts_with = "partitions")]
+        /// (each partition, with --partitions; default: the namespace's,
+        /// else 1). Above 1 needs cluster mode and that many live brokers.
+        #[arg(long)]
         replicas: Option<u32>,
     },
     /// Raise a partitioned topic's partition count (it is never lowered).

@@ -116,12 +116,17 @@ pub(crate) async fn ensure(
     }
 }
 
-/// `topics create TOPIC --partitions N`.
-pub(crate) async fn create(ctx: &mut Ctx<'_>, topic: String, partitions: u32) -> Result<()> {
+/// `topics create TOPIC --partitions N [--replicas R]` (0: the default).
+pub(crate) async fn create(
+    ctx: &mut Ctx<'_>,
+    topic: String,
+    partitions: u32,
+    replicas: u32,
+) -> Result<()> {
     let r = ctx
         .admin()
         .await?
-        .create_partitioned_topic(&topic, partitions)
+        .create_replicated_partitioned_topic(&topic, partitions, replicas)
         .await?;
     show(ctx, r, "created ", " with")
 }

@@ -25,6 +25,15 @@ pub struct ClusterConfig {
     /// to the broker owning a namespace's events topic. Without it those
     /// events are refused there (a WARN line here).
     pub events_token_file: Option<std::path::PathBuf>,
+    /// With `[auth]` on: a file holding the token this broker's Raft calls
+    /// to the other brokers carry (a role listed in `auth.superusers`;
+    /// the `Replication` service admits no other). Needed for replicated
+    /// topics with auth on; read at start and at each new connection.
+    pub peer_token_file: Option<std::path::PathBuf>,
+    /// With `[tls]`: the CA certificates (PEM) the other brokers'
+    /// certificates are verified against when this broker calls them
+    /// (Raft); default: `tls.client_ca_file`.
+    pub peer_ca_file: Option<std::path::PathBuf>,
     /// The replication factor of a topic created without one in a
     /// namespace that has no default of its own (`namespaces
     /// set-replication`): 1 to 7, default 1.
@@ -49,6 +58,8 @@ impl Default for ClusterConfig {
             broker_id: None,
             lease_ttl: Duration::from_secs(10),
             events_token_file: None,
+            peer_token_file: None,
+            peer_ca_file: None,
             default_replicas: 1,
             replace_after: Duration::from_secs(300),
             snapshot_every: 10_000,

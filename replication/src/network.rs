@@ -6,6 +6,12 @@
 //! ([`crate::encode`]). A transport failure (peer down, connection cut,
 //! deadline) is `Unreachable` to openraft, which backs off before retrying;
 //! an error the peer's Raft returned travels back as that error.
+//!
+//! How a peer is reached is the broker's to say ([`PeerTransport`]): over
+//! TLS, trusting the CA it names, when the brokers listen with TLS; with a
+//! broker's token in each call's `authorization` metadata when they check
+//! credentials (the broker's server then admits the call only from a
+//! superuser role).
 
 // openraft's traits fix these error types (StorageError, RPCError), large as they are.
 #![allow(clippy::result_large_err)]
@@ -26,9 +32,11 @@ use openraft::raft::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::AsciiMetadataValue;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Response, Status};
 
 /// The groups this broker is a member of, by name: where the
@@ -174,22 +182,89 @@ impl SnapshotChunk {
     }
 }
 
+/// How this broker reaches its peers' `Replication` service: the TLS setup
+/// for `https://` peers, and the file holding the token its calls carry.
+#[derive(Clone, Default)]
+pub struct PeerTransport {
+    /// Used for a peer whose address is `https://` (the CA that signed the
+    /// peers' certificates; a client identity when they ask for one). A
+    /// `https://` peer without it is unreachable, with that reason logged.
+    pub tls: Option<ClientTlsConfig>,
+    /// A file holding the token (a JWT, as `ricochet --token` takes it) sent
+    /// as `authorization: Bearer <token>` on every call; read each time a
+    /// connection to a peer is made, so a renewed token is picked up.
+    pub token_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for PeerTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerTransport")
+            .field("tls", &self.tls.is_some())
+            .field("token_file", &self.token_file)
+            .finish()
+    }
+}
+
+impl PeerTransport {
+    /// The `authorization` value of `token_file`'s token, if one is set.
+    pub fn authorization(&self) -> Result<Option<AsciiMetadataValue>, String> {
+        let Some(path) = &self.token_file else {
+            return Ok(None);
+        };
+        let token = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the peer token file {}: {e}", path.display()))?;
+        format!("Bearer {}", token.trim())
+            .parse()
+            .map(Some)
+            .map_err(|_| {
+                format!(
+                    "the peer token file {} does not hold a token that fits in a header",
+                    path.display()
+                )
+            })
+    }
+
+    /// A lazily connecting channel to the peer at `addr`.
+    fn channel(&self, addr: &str) -> Result<Channel, String> {
+        let mut endpoint = Endpoint::from_shared(addr.to_owned()).map_err(|e| e.to_string())?;
+        if addr.starts_with("https://") {
+            let tls = self.tls.clone().ok_or_else(|| {
+                "the peer listens with TLS and this broker knows no CA to verify it \
+                 ([cluster] peer_ca_file or [tls] client_ca_file)"
+                    .to_owned()
+            })?;
+            endpoint = endpoint.tls_config(tls).map_err(|e| e.to_string())?;
+        }
+        Ok(endpoint
+            .connect_timeout(Duration::from_secs(1))
+            .connect_lazy())
+    }
+}
+
 /// Makes a group's clients to its peers.
 #[derive(Debug, Clone)]
 pub struct NetworkFactory {
     group: String,
     from: NodeId,
     overrides: BTreeMap<NodeId, String>,
+    transport: PeerTransport,
 }
 
 impl NetworkFactory {
-    /// Clients for `group`, sent from node `from`, reaching the peers in
-    /// `overrides` there rather than at their membership address.
-    pub fn new(group: &str, from: NodeId, overrides: BTreeMap<NodeId, String>) -> Self {
+    /// Clients for `group`, sent from node `from` over `transport`,
+    /// reaching the peers in `overrides` there rather than at their
+    /// membership address.
+    pub fn new(
+        group: &str,
+        from: NodeId,
+        overrides: BTreeMap<NodeId, String>,
+        transport: PeerTransport,
+    ) -> Self {
         Self {
             group: group.to_owned(),
             from,
             overrides,
+            transport,
         }
     }
 }
@@ -199,13 +274,21 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         let addr = self.overrides.get(&target).unwrap_or(&node.addr).clone();
-        let client = Endpoint::from_shared(addr.clone())
-            .map(|e| {
-                ReplicationClient::new(e.connect_timeout(Duration::from_secs(1)).connect_lazy())
+        let client = self
+            .transport
+            .channel(&addr)
+            .and_then(|channel| Ok((channel, self.transport.authorization()?)))
+            .map(|(channel, authorization)| Peer {
+                client: ReplicationClient::new(channel)
                     .max_decoding_message_size(usize::MAX)
-                    .max_encoding_message_size(usize::MAX)
+                    .max_encoding_message_size(usize::MAX),
+                authorization,
             })
-            .map_err(|e| format!("peer {target} address {addr:?}: {e}"));
+            .map_err(|e| {
+                let e = format!("peer {target} at {addr:?}: {e}");
+                tracing::warn!(group = %self.group, error = %e, "raft peer unreachable");
+                e
+            });
         PeerClient {
             group: self.group.clone(),
             from: self.from,
@@ -215,13 +298,20 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     }
 }
 
+/// A peer's client with the credential its calls carry.
+#[derive(Debug)]
+struct Peer {
+    client: ReplicationClient<Channel>,
+    authorization: Option<AsciiMetadataValue>,
+}
+
 /// A group's connection to one peer.
 #[derive(Debug)]
 pub struct PeerClient {
     group: String,
     from: NodeId,
     target: NodeId,
-    client: Result<ReplicationClient<Channel>, String>,
+    client: Result<Peer, String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -246,7 +336,7 @@ impl PeerClient {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let client = match &mut self.client {
+        let peer = match &mut self.client {
             Ok(c) => c,
             Err(e) => {
                 let e = std::io::Error::other(e.clone());
@@ -261,6 +351,10 @@ impl PeerClient {
             body,
         });
         req.set_timeout(option.hard_ttl());
+        if let Some(a) = &peer.authorization {
+            req.metadata_mut().insert("authorization", a.clone());
+        }
+        let client = &mut peer.client;
         let sent = match rpc {
             Rpc::Append => client.append_entries(req).await,
             Rpc::Vote => client.vote(req).await,

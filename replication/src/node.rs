@@ -4,7 +4,7 @@
 //! errors.
 
 use crate::log_store::LogStore;
-use crate::network::{GroupRegistry, NetworkFactory};
+use crate::network::{GroupRegistry, NetworkFactory, PeerTransport};
 use crate::state_machine::StateMachine;
 use crate::{Apply, Command, NodeId, Raft, ReplicationError, Result};
 use openraft::error::{ClientWriteError, RaftError};
@@ -43,6 +43,9 @@ pub struct NodeSettings {
     /// group's membership (a test routes each pair of nodes through its
     /// own fault proxy this way).
     pub peer_addrs: BTreeMap<NodeId, String>,
+    /// How peers are reached: TLS for `https://` peers, the token calls
+    /// carry (default: plain, no credentials).
+    pub transport: PeerTransport,
     /// Where the groups' snapshot files are kept (a directory per group);
     /// `None`: no snapshots: the log is kept whole and a snapshot offered
     /// by a leader is refused.
@@ -71,6 +74,7 @@ impl Default for NodeSettings {
             heartbeat: Duration::from_millis(100),
             election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
             peer_addrs: BTreeMap::new(),
+            transport: PeerTransport::default(),
             snapshot_dir: None,
             snapshot_every: 10_000,
             snapshot_keep: 1_000,
@@ -264,7 +268,12 @@ impl ReplicaNode {
         let raft = Raft::new(
             id,
             settings.raft_config(group)?,
-            NetworkFactory::new(group, id, settings.peer_addrs.clone()),
+            NetworkFactory::new(
+                group,
+                id,
+                settings.peer_addrs.clone(),
+                settings.transport.clone(),
+            ),
             log,
             sm,
         )

@@ -3,6 +3,12 @@
 //! short reason and reaches no service; health checks need none. Without a
 //! token, a client certificate the TLS handshake verified proves the role
 //! its subject CN names, when `tls.role_from_client_cert` is set.
+//!
+//! The broker-to-broker `Replication` service (Raft) admits superusers only:
+//! a broker calls it with the token of `[cluster] peer_token_file`, whose
+//! role the operator lists in `auth.superusers` (Pulsar's broker client
+//! token, whose role is in `superUserRoles`). Any other role is answered
+//! PERMISSION_DENIED before the request reaches a group.
 
 use super::{Auth, Principal};
 use crate::connections::ConnInfo;
@@ -46,8 +52,25 @@ pub struct Authenticate<S> {
     auth: Arc<Auth>,
 }
 
-/// Who `req` comes from, or why it is refused.
+/// The path prefix of the broker-to-broker `Replication` service's calls.
+const REPLICATION_PATH: &str = "/ricochet.replication.v1.Replication/";
+
+/// Who `req` comes from, or why it is refused: a caller of the
+/// `Replication` service must be a superuser (a broker).
 fn authenticate<B>(auth: &Auth, req: &http::Request<B>) -> Result<Option<Principal>, Status> {
+    let who = identify(auth, req)?;
+    if req.uri().path().starts_with(REPLICATION_PATH) && !auth.is_superuser(who.as_ref()) {
+        let role = who.as_ref().map_or("anonymous", |p| p.role.as_str());
+        return Err(Status::permission_denied(format!(
+            "the Replication service is for brokers: role \"{role}\" is not a superuser \
+             (a broker calls it with the token of [cluster] peer_token_file)"
+        )));
+    }
+    Ok(who)
+}
+
+/// Who `req` comes from, or why it is refused (UNAUTHENTICATED).
+fn identify<B>(auth: &Auth, req: &http::Request<B>) -> Result<Option<Principal>, Status> {
     if req.uri().path().starts_with("/grpc.health.") {
         return Ok(None);
     }
@@ -104,6 +127,9 @@ where
                 }
                 Ok(None) => {}
                 Err(status) => {
+                    if status.code() == tonic::Code::PermissionDenied {
+                        tracing::warn!(path = %req.uri().path(), reason = %status.message(), "broker-to-broker call refused");
+                    }
                     metrics::counter!("ricochet_auth_failures_total").increment(1);
                     return Box::pin(std::future::ready(Ok(status.into_http())));
                 }

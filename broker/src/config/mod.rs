@@ -50,6 +50,8 @@
 //! # default_replicas = 1         # factor of a topic created without one (1..7)
 //! # replace_after = "5m"         # a group member's broker down this long is replaced ("0s": never)
 //! # snapshot_every = 10000       # Raft entries between snapshots of a partition (0: never)
+//! # peer_token_file = "/etc/ricochet/broker.token"  # with [auth]: a superuser's token for Raft calls
+//! # peer_ca_file = "/etc/ricochet/ca.pem"  # with [tls]: verifies the other brokers (default tls.client_ca_file)
 //!
 //! # [tiered]                     # offload sealed segments to an object store (off unless set)
 //! # url = "s3://bucket/prefix"   # or "file:///var/lib/ricochet-tier"
@@ -413,6 +415,28 @@ impl BrokerConfig {
             .map_err(|e| BrokerError::Config(format!("{}: {e}", path.display())))?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// An endpoint to another broker of the cluster at `url` (a topic
+    /// move, a forwarded failure event): over TLS for an `https://` URL,
+    /// trusting `[cluster] peer_ca_file` (else `tls.client_ca_file`), and
+    /// showing this broker's certificate when clients must show one. An
+    /// `https://` URL with no CA to trust is an error naming the setting.
+    pub fn peer_endpoint(&self, url: &str) -> Result<tonic::transport::Endpoint, BrokerError> {
+        let peer = |e: &dyn std::fmt::Display| BrokerError::Peer(format!("{url}: {e}"));
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(url.to_owned()).map_err(|e| peer(&e))?;
+        if !url.starts_with("https://") {
+            return Ok(endpoint);
+        }
+        let ca = self
+            .cluster
+            .as_ref()
+            .and_then(|c| c.peer_ca_file.as_deref());
+        let tls = self.tls.peer_client_config(ca)?.ok_or_else(|| {
+            peer(&"the broker there listens with TLS and this one knows no CA to verify it ([cluster] peer_ca_file or [tls] client_ca_file)")
+        })?;
+        endpoint.tls_config(tls).map_err(|e| peer(&e))
     }
 
     /// When the segment-file log rolls.

@@ -59,6 +59,7 @@ impl BrokerCore {
                 }) => {
                     return crate::events_route::forward_to_owner(
                         (&owner, &url),
+                        self.config.peer_endpoint(&url)?,
                         name,
                         messages,
                         token,

@@ -1,8 +1,12 @@
 //! A topic's replication factor: what `CreateTopic`'s `replicas` field
 //! asks for (or, without one, its namespace's default, else the cluster's),
-//! checked against where the broker runs. Pure: the caller says how many
-//! brokers are live (none on a standalone broker) and what the defaults are.
+//! checked against where the broker runs, and whether the broker can reach
+//! its peers as they listen (a token with auth on, a CA with TLS). Pure
+//! but for [`peers_ready`], which reads the broker's configuration: the
+//! caller says how many brokers are live (none on a standalone broker) and
+//! what the defaults are.
 
+use crate::config::BrokerConfig;
 use crate::error::{BrokerError, Result};
 
 /// The largest factor accepted: a Raft group of more members only costs
@@ -34,6 +38,42 @@ pub fn check(requested: u32, live: Option<usize>) -> Result<u32> {
         ))),
         Some(_) => Ok(r),
     }
+}
+
+/// Whether this broker's Raft calls can reach its peers as they listen,
+/// for a factor above 1: with `[auth]` on it needs a peer token
+/// (`[cluster] peer_token_file`), with `[tls]` a CA to verify them
+/// (`peer_ca_file` or `tls.client_ca_file`). Otherwise FAILED_PRECONDITION
+/// naming the missing setting.
+pub fn check_peers(replicas: u32, auth: bool, token: bool, tls: bool, ca: bool) -> Result<()> {
+    if replicas <= 1 {
+        return Ok(());
+    }
+    if auth && !token {
+        return Err(BrokerError::Conflict(format!(
+            "replication factor {replicas} with [auth] on needs [cluster] peer_token_file: \
+             a superuser's token the brokers' Raft calls to each other carry"
+        )));
+    }
+    if tls && !ca {
+        return Err(BrokerError::Conflict(format!(
+            "replication factor {replicas} with [tls] on needs a CA to verify the other brokers: \
+             [cluster] peer_ca_file or [tls] client_ca_file"
+        )));
+    }
+    Ok(())
+}
+
+/// [`check_peers`] for this broker's configuration.
+pub fn peers_ready(config: &BrokerConfig, replicas: u32) -> Result<()> {
+    let cluster = config.cluster.as_ref();
+    check_peers(
+        replicas,
+        config.auth.enabled,
+        cluster.is_some_and(|c| c.peer_token_file.is_some()),
+        config.tls.enabled(),
+        cluster.is_some_and(|c| c.peer_ca_file.is_some()) || config.tls.client_ca_file.is_some(),
+    )
 }
 
 /// The factor a topic created without one gets: its namespace's default
@@ -107,6 +147,19 @@ mod tests {
         assert!(e.to_string().contains("needs 4 live brokers"), "{e}");
         assert_eq!(check_namespace(1, None).unwrap(), 1);
         assert_eq!(check_namespace(3, Some(3)).unwrap(), 3);
+    }
+
+    #[test]
+    fn peers_need_a_token_with_auth_and_a_ca_with_tls_above_one() {
+        check_peers(1, true, false, true, false).unwrap();
+        check_peers(3, false, false, false, false).unwrap();
+        check_peers(3, true, true, true, true).unwrap();
+        let e = check_peers(3, true, false, false, false).unwrap_err();
+        assert!(matches!(e, BrokerError::Conflict(_)), "{e:?}");
+        assert!(e.to_string().contains("peer_token_file"), "{e}");
+        let e = check_peers(3, false, false, true, false).unwrap_err();
+        assert!(e.to_string().contains("peer_ca_file"), "{e}");
+        check_peers(2, false, false, true, true).unwrap();
     }
 
     #[test]

@@ -37,7 +37,8 @@ use crate::storage::{
 };
 use crate::{BrokerConfig, BrokerError};
 pub use ricochet_replication::{
-    Durability, GroupRegistry, NodeSettings, ReplicaNode, ReplicationError, ReplicationService,
+    Durability, GroupRegistry, NodeSettings, PeerTransport, ReplicaNode, ReplicationError,
+    ReplicationService,
 };
 use ricochet_replication::{decode, encode};
 use serde::{Deserialize, Serialize};

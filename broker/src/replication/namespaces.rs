@@ -3,6 +3,11 @@
 //! decimal, persistent), so every broker sees the one
 //! `namespaces set-replication` set. A namespace without one takes the
 //! cluster's `default_replicas`.
+//!
+//! Also each partitioned topic's factor (`partitioned-replicas/<topic>`,
+//! written by its create when above 1): every partition takes it when it
+//! is first used, as its own group. A partitioned topic without one (its
+//! factor was 1, or it was created before factors) keeps factor 1.
 
 use crate::error::{BrokerError, Result};
 use ricochet_cluster::Cluster;
@@ -42,4 +47,33 @@ pub async fn default_factor(
 ) -> Result<u32> {
     let own = get(cluster, namespace).await?;
     Ok(super::factor::default_for(own, cluster_default))
+}
+
+fn partitioned_key(cluster: &Cluster, base: &str) -> String {
+    cluster.key(&format!("partitioned-replicas/{base}"))
+}
+
+/// The factor partitioned topic `base` (stored name) was created with,
+/// if above 1.
+pub async fn partitioned_factor(cluster: &Cluster, base: &str) -> Result<Option<u32>> {
+    let Some(kv) = cluster.etcd().get(&partitioned_key(cluster, base)).await? else {
+        return Ok(None);
+    };
+    kv.value.parse().map(Some).map_err(|_| {
+        BrokerError::Etcd(format!(
+            "bad replication factor {:?} recorded for partitioned topic {base}",
+            kv.value
+        ))
+    })
+}
+
+/// Records `replicas` (checked by the caller, above 1) as the factor of
+/// partitioned topic `base`'s partitions, before the topic is created (a
+/// record left by a create that failed is overwritten by the next one).
+pub async fn set_partitioned_factor(cluster: &Cluster, base: &str, replicas: u32) -> Result<()> {
+    cluster
+        .etcd()
+        .put(&partitioned_key(cluster, base), &replicas.to_string(), 0)
+        .await?;
+    Ok(())
 }

@@ -50,14 +50,7 @@ impl AdminService {
         name: TopicName,
         replicas: u32,
     ) -> Result<Response<TopicInfo>, Status> {
-        let config = &self.node.core.config;
-        if self.node.auth.enabled() || config.tls.cert_file.is_some() {
-            return Err(BrokerError::Conflict(format!(
-                "replication factor {replicas} needs a cluster without auth and TLS for now: \
-                 the brokers' Raft calls to each other carry no credentials yet"
-            ))
-            .into());
-        }
+        crate::replication::factor::peers_ready(&self.node.core.config, replicas)?;
         // A member of the group opens the topic locally too, so the local
         // check only counts when no group is recorded for the name.
         if groups.read_group(name.as_str()).await?.is_none()
@@ -531,6 +524,7 @@ impl Admin for AdminService {
         let ns = crate::name::parse_namespace(&r.namespace)?;
         let live = self.live_brokers(r.replicas).await?;
         let replicas = crate::replication::factor::check_namespace(r.replicas, live)?;
+        crate::replication::factor::peers_ready(&self.node.core.config, replicas)?;
         // Standalone only 1 passes the check: every topic has it already.
         if let Some(c) = self.node.cluster() {
             namespaces::set(c, ns, replicas).await?;

@@ -1,12 +1,18 @@
 //! The `Partitions` service: create a partitioned topic, look up and raise
 //! its partition count; standalone through the node's partitions, in
 //! cluster mode through etcd (the partitions are placed over the brokers).
+//! A partitioned topic created with a factor above 1 (or in a namespace
+//! whose default is) has it recorded in etcd; each partition becomes its
+//! own Raft group of that factor when it is first used
+//! (`replication::groups`).
 //! The admin service's view of a partitioned topic as a whole is
 //! [`super::fanout`].
 
 use crate::error::BrokerError;
 use crate::name::{TopicName, check_partition_count};
 use crate::node::Node;
+use crate::replication::{factor, namespaces};
+use ricochet_cluster::Cluster;
 use ricochet_proto::partitions_server::Partitions;
 use ricochet_proto::{PartitionedTopicMetadata, PartitionsRequest, UpdatePartitionsRequest};
 use std::sync::Arc;
@@ -23,6 +29,35 @@ impl PartitionsService {
     pub fn new(node: Arc<Node>) -> Self {
         Self { node }
     }
+
+    /// The factor a partitioned topic `name` created asking for
+    /// `requested` (0: its namespace's default, else the cluster's) gets
+    /// in `cluster`, checked against the live brokers and this broker's
+    /// peer setup (a token with auth on, a CA with TLS).
+    async fn factor(
+        &self,
+        cluster: &Cluster,
+        name: &TopicName,
+        requested: u32,
+    ) -> Result<u32, BrokerError> {
+        let config = &self.node.core.config;
+        let wanted = match requested {
+            0 => {
+                let cluster_default = config.cluster.as_ref().map_or(1, |c| c.default_replicas);
+                namespaces::default_factor(cluster, name.namespace(), cluster_default).await?
+            }
+            r => r,
+        };
+        let live = cluster
+            .brokers()
+            .await?
+            .iter()
+            .filter(|b| b.live && !b.draining)
+            .count();
+        let replicas = factor::check(wanted, Some(live))?;
+        factor::peers_ready(config, replicas)?;
+        Ok(replicas)
+    }
 }
 
 #[tonic::async_trait]
@@ -38,11 +73,24 @@ impl Partitions for PartitionsService {
             // brokers and created by each on first use.
             Some(c) => {
                 check_partition_count(&name, r.partitions)?;
+                let replicas = self.factor(c, &name, r.replicas).await?;
+                if replicas > 1
+                    && c.partition_count(name.as_str())
+                        .await
+                        .map_err(BrokerError::from)?
+                        .is_none()
+                {
+                    namespaces::set_partitioned_factor(c, name.as_str(), replicas).await?;
+                }
                 c.create_partitioned(name.as_str(), r.partitions)
                     .await
                     .map_err(BrokerError::from)?
             }
-            None => self.node.partitions.create(&name, r.partitions).await?,
+            None => {
+                // Standalone every topic has factor 1: above is refused.
+                factor::check(r.replicas, None)?;
+                self.node.partitions.create(&name, r.partitions).await?
+            }
         }
         Ok(Response::new(PartitionedTopicMetadata {
             topic: name.to_string(),

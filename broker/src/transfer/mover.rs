@@ -220,7 +220,7 @@ async fn transfer(
         )));
     }
     let started = Instant::now();
-    let channel = connect(url).await?;
+    let channel = connect(&core.config, url).await?;
     cluster.begin_move(name.as_str(), to)?;
     let mut sealed = HashMap::new();
     let handed = async {
@@ -258,12 +258,12 @@ async fn transfer(
     }
 }
 
-/// A channel to the broker at `url`.
-async fn connect(url: &str) -> Result<Channel> {
+/// A channel to the broker at `url` (over TLS when it listens with it).
+async fn connect(config: &crate::config::BrokerConfig, url: &str) -> Result<Channel> {
     let unreachable =
         |e: &dyn std::fmt::Display| BrokerError::Peer(format!("cannot reach {url}: {e}"));
-    tonic::transport::Endpoint::from_shared(url.to_owned())
-        .map_err(|e| unreachable(&e))?
+    config
+        .peer_endpoint(url)?
         .connect_timeout(CONNECT_TIMEOUT)
         .connect()
         .await

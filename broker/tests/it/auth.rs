@@ -517,6 +517,7 @@ async fn a_grant_on_a_partitioned_topic_covers_its_partitions_only() {
             UpdatePartitionsRequest {
                 topic: base.into(),
                 partitions: 2,
+                replicas: 0,
             },
             Some(&token("root")),
         ))
@@ -716,6 +717,7 @@ async fn no_listing_shows_another_tenants_names() {
                 UpdatePartitionsRequest {
                     topic: t.into(),
                     partitions: n,
+                    replicas: 0,
                 },
                 Some(&root),
             ))

@@ -114,6 +114,7 @@ async fn a_standalone_broker_answers_lookups_itself() {
         .create_partitioned_topic(UpdatePartitionsRequest {
             topic: base.clone(),
             partitions: 2,
+            replicas: 0,
         })
         .await
         .unwrap();
@@ -136,6 +137,7 @@ async fn any_broker_finds_owners_partitions_spread_and_non_owners_redirect() {
         .create_partitioned_topic(UpdatePartitionsRequest {
             topic: base.clone(),
             partitions: 8,
+            replicas: 0,
         })
         .await
         .unwrap();

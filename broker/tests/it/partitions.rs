@@ -33,6 +33,7 @@ async fn create(
         .create_partitioned_topic(UpdatePartitionsRequest {
             topic: topic.into(),
             partitions,
+            replicas: 0,
         })
         .await
         .map(|r| r.into_inner())
@@ -56,6 +57,7 @@ async fn update(url: &str, topic: &str, partitions: u32) -> Result<u32, tonic::S
         .update_partitions(UpdatePartitionsRequest {
             topic: topic.into(),
             partitions,
+            replicas: 0,
         })
         .await
         .map(|r| r.into_inner().partitions)

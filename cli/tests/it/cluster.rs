@@ -405,4 +405,34 @@ async fn topics_create_with_replicas_on_a_standalone_broker_is_one_line_and_exit
     // Factor 1 is an ordinary create.
     env.ok(&["topics", "create", "orders", "--replicas", "1"])
         .await;
+    // The same for a partitioned topic: refused above 1, nothing created.
+    let out = env
+        .run(&[
+            "topics",
+            "create",
+            "parted",
+            "--partitions",
+            "2",
+            "--replicas",
+            "3",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("needs cluster mode"), "{err}");
+    let listed = String::from_utf8_lossy(&env.ok(&["topics", "list"]).await.stdout).into_owned();
+    assert!(!listed.contains("parted"), "{listed}");
+    env.ok(&[
+        "topics",
+        "create",
+        "parted",
+        "--partitions",
+        "2",
+        "--replicas",
+        "1",
+    ])
+    .await;
+    let listed = String::from_utf8_lossy(&env.ok(&["topics", "list"]).await.stdout).into_owned();
+    assert!(listed.contains("parted"), "{listed}");
 }

@@ -21,6 +21,30 @@ impl Admin {
         let req = UpdatePartitionsRequest {
             topic: topic.to_owned(),
             partitions,
+            replicas: 0,
+        };
+        self.on_service(req, |t, r| async move {
+            PartitionsClient::new(t).create_partitioned_topic(r).await
+        })
+        .await
+    }
+
+    /// Creates `topic` as a partitioned topic of `partitions` partitions,
+    /// each with replication factor `replicas` (0: the namespace's default,
+    /// else the cluster's): in a cluster, each partition is its own Raft
+    /// group of that many brokers, formed when it is first used. Above 1
+    /// needs cluster mode and that many live brokers
+    /// ([`ErrorKind::FailedPrecondition`](crate::ErrorKind) otherwise).
+    pub async fn create_replicated_partitioned_topic(
+        &self,
+        topic: &str,
+        partitions: u32,
+        replicas: u32,
+    ) -> Result<PartitionedTopic> {
+        let req = UpdatePartitionsRequest {
+            topic: topic.to_owned(),
+            partitions,
+            replicas,
         };
         self.on_service(req, |t, r| async move {
             PartitionsClient::new(t).create_partitioned_topic(r).await
@@ -47,6 +71,7 @@ impl Admin {
         let req = UpdatePartitionsRequest {
             topic: topic.to_owned(),
             partitions,
+            replicas: 0,
         };
         self.on_service(req, |t, r| async move {
             PartitionsClient::new(t).update_partitions(r).await

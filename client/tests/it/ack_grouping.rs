@@ -102,6 +102,7 @@ async fn a_partitioned_consumer_flushes_every_partition_when_idle() {
         .create_partitioned_topic(UpdatePartitionsRequest {
             topic: t.clone(),
             partitions: 3,
+            replicas: 0,
         })
         .await
         .unwrap();

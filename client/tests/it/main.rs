@@ -18,5 +18,7 @@ mod reconnect;
 mod replicated;
 mod replicated_members;
 mod replicated_moves;
+mod replicated_partitions;
 mod replicated_retries;
+mod replicated_secure;
 mod roundtrip;

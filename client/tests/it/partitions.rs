@@ -32,6 +32,7 @@ async fn create(client: &Client, t: &str, n: u32) {
         .create_partitioned_topic(UpdatePartitionsRequest {
             topic: t.into(),
             partitions: n,
+            replicas: 0,
         })
         .await
         .unwrap();
@@ -42,6 +43,7 @@ async fn raise(client: &Client, t: &str, n: u32) {
         .update_partitions(UpdatePartitionsRequest {
             topic: t.into(),
             partitions: n,
+            replicas: 0,
         })
         .await
         .unwrap();

@@ -341,16 +341,22 @@ impl Groups {
         cluster_default: u32,
     ) -> Result<bool> {
         let name = topic.as_str();
-        if ricochet_proto::partitions::parse_partition(name).is_some()
-            || crate::name::is_system_topic(name)
+        if crate::name::is_system_topic(name)
             || self.core.is_tier_name(name)
             || self.core.topic(topic).await.is_ok()
         {
             return Ok(false);
         }
-        let wanted =
-            super::namespaces::default_factor(&self.cluster, topic.namespace(), cluster_default)
-                .await?;
+        // A partition takes its partitioned topic's factor (1 without one).
+        let wanted = match ricochet_proto::partitions::parse_partition(name) {
+            Some((base, _)) => super::namespaces::partitioned_factor(&self.cluster, base)
+                .await?
+                .unwrap_or(1),
+            None => {
+                super::namespaces::default_factor(&self.cluster, topic.namespace(), cluster_default)
+                    .await?
+            }
+        };
         if wanted <= 1 {
             return Ok(false);
         }
@@ -362,6 +368,7 @@ impl Groups {
             .filter(|b| b.live && !b.draining)
             .count();
         let replicas = super::factor::check(wanted, Some(live))?;
+        super::factor::peers_ready(&self.core.config, replicas)?;
         self.create(topic, replicas).await?;
         let deadline = tokio::time::Instant::now() + FORM_TIMEOUT;
         while !self.is_serving(name) {

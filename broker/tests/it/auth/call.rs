@@ -187,6 +187,7 @@ pub(crate) async fn call(url: &str, method: &str, token: Option<&str>) -> Result
                 UpdatePartitionsRequest {
                     topic: format!("{TOPIC}-parted"),
                     partitions: 2,
+                    replicas: 0,
                 },
                 token,
             ))
@@ -201,6 +202,7 @@ pub(crate) async fn call(url: &str, method: &str, token: Option<&str>) -> Result
                 UpdatePartitionsRequest {
                     topic: t(),
                     partitions: 2,
+                    replicas: 0,
                 },
                 token,
             ))

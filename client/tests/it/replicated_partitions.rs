@@ -1,0 +1,239 @@
+//! Partitioned topics with a replication factor in a real cluster (issue
+//! 22): etcd and three brokers as child processes on loopback. A
+//! partitioned topic created with `replicas` 3 (or in a namespace whose
+//! default is 3) has every partition its own Raft group of three, formed
+//! when the partition is first used; a keyed producer and a Shared
+//! consumer on the partitioned topic go through the client's partitioned
+//! paths, and after a `kill -9` of one partition's leader every partition
+//! is served again: the messages published after the kill all arrive, and
+//! none acked before it comes again. Standalone, a factor above 1 is
+//! refused and nothing is created.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use ricochet_client::{ErrorKind, InitialPosition, OutgoingMessage, SubscriptionType};
+use ricochet_testkit::{EtcdProcess, SpawnOptions, etcd_or_skip, spawn_cluster};
+
+use crate::replicated::{ONE_CLUSTER, client, stable_leader};
+
+/// The replication factor and members etcd records for `topic`'s group
+/// in cluster `cluster`, if it has one.
+async fn group_of(etcd: &EtcdProcess, cluster: &str, topic: &str) -> Option<(u64, usize)> {
+    let key = format!("/ricochet/{cluster}/groups/persistent://{topic}");
+    let (record, _) = etcd.get(&key).await?;
+    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+    Some((
+        record["replicas"].as_u64()?,
+        record["members"].as_array()?.len(),
+    ))
+}
+
+/// Receives until `want` distinct payloads came (acking each), or 30 s
+/// passed; then 2 s more for anything extra. Every payload received, in
+/// order.
+async fn drain(consumer: &mut ricochet_client::Consumer, want: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    let start = Instant::now();
+    while got.iter().collect::<BTreeSet<_>>().len() < want
+        && start.elapsed() < Duration::from_secs(30)
+    {
+        if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(5), consumer.receive()).await {
+            got.push(String::from_utf8_lossy(m.payload()).into_owned());
+            consumer.ack(&m).await.unwrap();
+        }
+    }
+    while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(2), consumer.receive()).await {
+        got.push(String::from_utf8_lossy(m.payload()).into_owned());
+        consumer.ack(&m).await.unwrap();
+    }
+    got
+}
+
+async fn publish(p: &ricochet_client::Producer, range: std::ops::Range<u32>) {
+    for i in range {
+        let m = OutgoingMessage::builder(format!("m{i}"))
+            .key(format!("k{i}"))
+            .build();
+        tokio::time::timeout(Duration::from_secs(30), p.send(m))
+            .await
+            .expect("a receipt within 30 s")
+            .unwrap();
+    }
+}
+
+fn names(range: std::ops::Range<u32>) -> Vec<String> {
+    range.map(|i| format!("m{i}")).collect()
+}
+
+#[tokio::test]
+async fn each_partition_of_a_replicated_partitioned_topic_is_a_group_and_survives_its_leaders_kill()
+{
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("each_partition_of_a_replicated_partitioned_topic").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let mut brokers = spawn_cluster(
+        &etcd,
+        "rpart",
+        3,
+        root.path(),
+        Duration::from_secs(3),
+        &SpawnOptions::new(),
+    )
+    .await;
+    let admin_client = client(&brokers[0].url()).await;
+    let admin = admin_client.admin();
+    // More replicas than brokers: refused, nothing created.
+    let e = admin
+        .create_replicated_partitioned_topic("pt4", 2, 4)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::FailedPrecondition, "{e:?}");
+    assert!(e.to_string().contains("needs 4 live brokers"), "{e}");
+    assert_eq!(admin.partitions("pt4").await.unwrap(), None);
+
+    let t = "pt";
+    let info = admin
+        .create_replicated_partitioned_topic(t, 4, 3)
+        .await
+        .unwrap();
+    assert_eq!(info.partitions, 4, "{info:?}");
+
+    // Clients know broker 0 and broker 1; a producer and a consumer of the
+    // partitioned topic use every partition, which forms its group.
+    let c = client(&brokers[0].url()).await;
+    let p = c
+        .producer(t)
+        .send_timeout(Duration::from_secs(30))
+        .create()
+        .await
+        .unwrap();
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .ack_receipts(true)
+        .subscribe()
+        .await
+        .unwrap();
+    publish(&p, 0..40).await;
+    for i in 0..4 {
+        let part = format!("public/default/{t}-partition-{i}");
+        assert_eq!(
+            group_of(&etcd, "rpart", &part).await,
+            Some((3, 3)),
+            "{part} is a group of three"
+        );
+    }
+    let mut first = drain(&mut consumer, 40).await;
+    first.sort();
+    let mut want = names(0..40);
+    want.sort();
+    assert_eq!(first, want, "every message once before the kill");
+
+    // kill -9 of partition 0's leader.
+    let ids: Vec<String> = (0..3).map(|i| format!("b{i}")).collect();
+    let p0 = format!("{t}-partition-0");
+    let (leader, _) = stable_leader(&brokers[0].url(), &p0, &ids, Duration::from_secs(20))
+        .await
+        .expect("partition 0 has a leader");
+    let victim = ids.iter().position(|m| *m == leader).unwrap();
+    let survivor = brokers[(victim + 1) % 3].url();
+    // The clients' own broker may be the victim: new clients on a survivor.
+    let killed = Instant::now();
+    brokers[victim].kill9();
+    drop((p, consumer));
+    let others: Vec<String> = ids.iter().filter(|m| **m != leader).cloned().collect();
+    let (next, _) = stable_leader(&survivor, &p0, &others, Duration::from_secs(30))
+        .await
+        .expect("another member leads partition 0");
+    println!(
+        "replicated partitions: {leader} killed; partition 0 led by {next} after {} ms",
+        killed.elapsed().as_millis()
+    );
+    let c = client(&survivor).await;
+    let p = c
+        .producer(t)
+        .send_timeout(Duration::from_secs(30))
+        .create()
+        .await
+        .unwrap();
+    publish(&p, 40..80).await;
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .ack_receipts(true)
+        .subscribe()
+        .await
+        .unwrap();
+    let mut after = drain(&mut consumer, 40).await;
+    after.sort();
+    let mut want = names(40..80);
+    want.sort();
+    assert_eq!(
+        after, want,
+        "the 40 published after the kill, once each, and none acked before it"
+    );
+
+    // A namespace's default factor reaches a partitioned topic created
+    // without one (three live brokers again: the victim restarted).
+    brokers[victim].restart().await;
+    let admin = c.admin();
+    let start = Instant::now();
+    while let Err(e) = admin.set_namespace_replication("acme/parted", 3).await {
+        assert!(
+            start.elapsed() < Duration::from_secs(30) && e.to_string().contains("live brokers"),
+            "{e}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let nt = "persistent://acme/parted/orders";
+    admin.create_partitioned_topic(nt, 2).await.unwrap();
+    let p = c
+        .producer(nt)
+        .send_timeout(Duration::from_secs(30))
+        .create()
+        .await
+        .unwrap();
+    publish(&p, 0..4).await;
+    for i in 0..2 {
+        let part = format!("acme/parted/orders-partition-{i}");
+        let g = group_of(&etcd, "rpart", &part).await;
+        assert_eq!(g.map(|g| g.0), Some(3), "{part}: {g:?}");
+    }
+    // An explicit factor 1 keeps the partitions out of groups.
+    let single = "persistent://acme/parted/single";
+    admin
+        .create_replicated_partitioned_topic(single, 2, 1)
+        .await
+        .unwrap();
+    let p = c.producer(single).create().await.unwrap();
+    publish(&p, 0..4).await;
+    for i in 0..2 {
+        let part = format!("acme/parted/single-partition-{i}");
+        assert_eq!(group_of(&etcd, "rpart", &part).await, None, "{part}");
+    }
+}
+
+#[tokio::test]
+async fn a_standalone_broker_refuses_a_partitioned_topic_with_a_factor() {
+    let env = crate::common::start().await;
+    let admin = env.client.admin();
+    let e = admin
+        .create_replicated_partitioned_topic("standalone-pt", 2, 3)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::FailedPrecondition, "{e:?}");
+    assert!(e.to_string().contains("standalone"), "{e}");
+    assert_eq!(admin.partitions("standalone-pt").await.unwrap(), None);
+    let ok = admin
+        .create_replicated_partitioned_topic("standalone-pt", 2, 1)
+        .await
+        .unwrap();
+    assert_eq!(ok.partitions, 2, "{ok:?}");
+}
