@@ -378,6 +378,10 @@ impl SubscriptionStore for LogStorage {
         self.sled.failures_of(sub_id, tier)
     }
 
+    fn main_failure_heads(&self, sub_id: u64) -> Result<Vec<(u64, FailureHead)>> {
+        self.sled.main_failure_heads(sub_id)
+    }
+
     fn failure_heads(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureHead)>> {
         self.sled.failure_heads(sub_id, tier)
     }

@@ -163,6 +163,18 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug + 'static {
             .collect())
     }
 
+    /// [`Self::failure_heads`] of the main tier by entry id (in no
+    /// particular order; sled's are sorted by entry): the form a subscription's start takes its held nacks in
+    /// (millions at a time), which an engine that gathers the heads by
+    /// entry id hands over without building a second list of them.
+    fn main_failure_heads(&self, sub_id: u64) -> Result<Vec<(u64, FailureHead)>> {
+        Ok(self
+            .failure_heads(sub_id, TierId::Main)?
+            .into_iter()
+            .map(|(m, h)| (m.entry_id, h))
+            .collect())
+    }
+
     /// Writes (or with `None`, deletes) failure records.
     fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()>;
 

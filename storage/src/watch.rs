@@ -115,6 +115,10 @@ impl SubscriptionStore for Watched {
         self.note(self.inner.failures_of(sub_id, tier))
     }
 
+    fn main_failure_heads(&self, sub_id: u64) -> Result<Vec<(u64, FailureHead)>> {
+        self.note(self.inner.main_failure_heads(sub_id))
+    }
+
     fn failure_heads(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureHead)>> {
         self.note(self.inner.failure_heads(sub_id, tier))
     }

@@ -254,6 +254,10 @@ impl SubscriptionStore for ReplicatedStorage {
         self.local.failures_of(sub_id, tier)
     }
 
+    fn main_failure_heads(&self, sub_id: u64) -> Result<Vec<(u64, FailureHead)>> {
+        self.local.main_failure_heads(sub_id)
+    }
+
     fn failure_heads(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureHead)>> {
         self.local.failure_heads(sub_id, tier)
     }

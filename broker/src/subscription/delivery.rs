@@ -224,6 +224,13 @@ impl HeldNacks {
         }
     }
 
+    /// Makes room for `n` more holds (of counts and times that pack, as
+    /// all but the rarest do), so a start that inserts them one by one
+    /// does not regrow the table.
+    pub fn reserve(&mut self, n: usize) {
+        self.packed.reserve(n);
+    }
+
     /// The hold of `entry`, if it is held.
     pub fn get(&self, entry: &TierEntry) -> Option<Held> {
         if entry.tier != TierId::Main {

@@ -169,7 +169,12 @@ impl SubscriptionActor {
         // read here) and retry-tier ones are read when their schedule fires.
         let mut deliveries = Deliveries::default();
         let now_ms = deps.clock.now_ms();
-        for (m, head) in storage.failure_heads(rec.id, TierId::Main)? {
+        let heads = storage.main_failure_heads(rec.id)?;
+        // Sized once for all of them: no table regrown (and its memory
+        // fresh again) on the way to millions.
+        deliveries.held.reserve(heads.len());
+        for (entry_id, head) in heads {
+            let m = TierEntry::main(entry_id).of(rec.id);
             if head.hold_until_ms > now_ms {
                 deliveries.held.insert(
                     m.entry(),

@@ -72,32 +72,36 @@ impl Gathered {
         self.own.push((entry, head));
     }
 
-    /// Adds what another tree's reader gathered.
-    pub(super) fn absorb(&mut self, mut other: Gathered) {
-        self.scheduled.append(&mut other.scheduled);
-        self.own.append(&mut other.own);
+    /// Adds what another tree's reader gathered (taking its vectors as
+    /// they are when this one has none: no copy of millions of heads).
+    pub(super) fn absorb(&mut self, other: Gathered) {
+        let join = |mine: &mut Vec<(u64, FailureHead)>, mut theirs: Vec<(u64, FailureHead)>| {
+            if mine.len() < theirs.len() {
+                std::mem::swap(mine, &mut theirs);
+            }
+            mine.append(&mut theirs);
+        };
+        join(&mut self.scheduled, other.scheduled);
+        join(&mut self.own, other.own);
     }
 
     /// The heads, by entry id: per entry, the record under its own key if
     /// there is one (the last gathered), else the schedule entry with the
-    /// highest count and hold.
-    pub(super) fn finish(mut self, sub_id: u64) -> HeadList {
+    /// highest count and hold. Sorted and de-duplicated in place: the
+    /// vector the scan filled is the one handed on (held nacks are
+    /// millions, records under their own keys few).
+    pub(super) fn finish(mut self) -> HeadList {
         let by_value = |(e, h): &(u64, FailureHead)| (*e, h.count, h.hold_until_ms);
         self.scheduled.sort_unstable_by_key(by_value);
         // Stable: of two own records for one entry, the later one wins.
         self.own.sort_by_key(|(e, _)| *e);
-        let last_per_entry = |v: Vec<(u64, FailureHead)>| {
-            let mut out: Vec<(u64, FailureHead)> = Vec::with_capacity(v.len());
-            for (e, h) in v {
-                match out.last_mut() {
-                    Some(last) if last.0 == e => *last = (e, h),
-                    _ => out.push((e, h)),
-                }
-            }
-            out
-        };
-        let scheduled = last_per_entry(self.scheduled);
-        let own = last_per_entry(self.own);
+        let mut scheduled = self.scheduled;
+        keep_last_per_entry(&mut scheduled);
+        let mut own = self.own;
+        keep_last_per_entry(&mut own);
+        if own.is_empty() {
+            return scheduled;
+        }
         let mut out = Vec::with_capacity(scheduled.len() + own.len());
         let mut own = own.into_iter().peekable();
         for (e, h) in scheduled {
@@ -110,26 +114,30 @@ impl Gathered {
             }
         }
         out.extend(own);
-        out.into_iter()
-            .map(|(entry_id, h)| {
-                (
-                    SubMessage {
-                        sub_id,
-                        tier: TierId::Main,
-                        entry_id,
-                    },
-                    h,
-                )
-            })
-            .collect()
+        out
     }
+}
+
+/// Keeps, of each run of heads with one entry id in `v` (sorted by
+/// entry), the last one, in place.
+fn keep_last_per_entry(v: &mut Vec<(u64, FailureHead)>) {
+    let mut kept = 0;
+    for i in 0..v.len() {
+        if kept > 0 && v[kept - 1].0 == v[i].0 {
+            v[kept - 1] = v[i];
+        } else {
+            v[kept] = v[i];
+            kept += 1;
+        }
+    }
+    v.truncate(kept);
 }
 
 /// Joins gathered heads per subscription into the cache's form.
 pub(super) fn finish_all(gathered: HashMap<u64, Gathered>) -> Heads {
     gathered
         .into_iter()
-        .map(|(sub, g)| (sub, g.finish(sub)))
+        .map(|(sub, g)| (sub, g.finish()))
         .collect()
 }
 
@@ -595,15 +603,44 @@ mod tests {
         other.own(1, h(4, 0));
         other.own(5, h(8, 0));
         g.absorb(other);
-        let got: Vec<(u64, FailureHead)> = g
-            .finish(2)
-            .into_iter()
-            .map(|(m, h)| (m.entry_id, h))
-            .collect();
+        let got: Vec<(u64, FailureHead)> = g.finish();
         assert_eq!(
             got,
             vec![(1, h(4, 0)), (3, h(2, 200)), (5, h(8, 0)), (9, h(3, 300))]
         );
+    }
+
+    #[test]
+    fn held_nacks_alone_are_handed_on_in_the_vector_the_scan_filled() {
+        let h = |count, hold_until_ms| FailureHead {
+            count,
+            hold_until_ms,
+        };
+        let mut g = Gathered::default();
+        for e in (0..1_000u64).rev() {
+            g.scheduled(e, h(1, 5_000 + e));
+        }
+        // One entry twice (a store restored from elsewhere): the higher
+        // count and hold is kept, in place.
+        g.scheduled(500, h(2, 9_000));
+        let filled = g.scheduled.as_ptr();
+        let got = g.finish();
+        assert_eq!(got.as_ptr(), filled, "no second list of the heads");
+        assert_eq!(got.len(), 1_000);
+        assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "sorted by entry");
+        assert_eq!(got[500], (500, h(2, 9_000)));
+        assert_eq!(got[7], (7, h(1, 5_007)));
+        // Another reader's larger share is taken as it is, not copied.
+        let mut small = Gathered::default();
+        small.scheduled(3, h(1, 1));
+        let mut big = Gathered::default();
+        for e in 10..100 {
+            big.scheduled(e, h(1, e));
+        }
+        let big_ptr = big.scheduled.as_ptr();
+        small.absorb(big);
+        assert_eq!(small.scheduled.as_ptr(), big_ptr);
+        assert_eq!(small.finish().len(), 91);
     }
 
     #[test]

@@ -85,8 +85,9 @@ pub struct SledStorage {
     heads: Mutex<Option<held::HeadCache>>,
 }
 
-/// Failure heads of messages.
-type HeadList = Vec<(SubMessage, FailureHead)>;
+/// Main-tier failure heads of one subscription's messages by entry id,
+/// sorted by entry.
+type HeadList = Vec<(u64, FailureHead)>;
 
 /// Main-tier failure heads per subscription id.
 type Heads = HashMap<u64, HeadList>;
@@ -522,9 +523,24 @@ impl SubscriptionStore for SledStorage {
         Ok(all.into_values().collect())
     }
 
+    fn main_failure_heads(&self, sub_id: u64) -> Result<Vec<(u64, FailureHead)>> {
+        self.main_heads(sub_id)
+    }
+
     fn failure_heads(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureHead)>> {
         if tier == TierId::Main {
-            return self.main_heads(sub_id);
+            return Ok(self
+                .main_heads(sub_id)?
+                .into_iter()
+                .map(|(entry_id, h)| {
+                    let m = SubMessage {
+                        sub_id,
+                        tier: TierId::Main,
+                        entry_id,
+                    };
+                    (m, h)
+                })
+                .collect());
         }
         let mut prefix = be(sub_id).to_vec();
         prefix.push(tier as u8);

@@ -505,8 +505,8 @@ mod tests {
                 .is_some_and(|c| c.holds(sub))
         };
         assert!(cached(&s, 1) && cached(&s, 2));
-        assert_eq!(s.failure_heads(1, TierId::Main).unwrap(), want1);
-        assert_eq!(s.failure_heads(2, TierId::Main).unwrap(), want2);
+        assert_eq!(s.main_failure_heads(1).unwrap(), want1);
+        assert_eq!(s.main_failure_heads(2).unwrap(), want2);
         // A damaged held record fails the counted inventory, as the
         // subscriptions' own scan would have failed their start.
         *crate::util::lock(&s.heads) = None;

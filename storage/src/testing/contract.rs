@@ -299,6 +299,11 @@ pub fn check_failure_heads_are_the_records_counts_and_holds(s: &dyn Storage) {
         .map(|(m, r)| (*m, FailureHead::of(r)))
         .collect();
     assert_eq!(heads, want);
+    // The same by entry id, as a subscription's start takes them.
+    let mut by_entry = s.main_failure_heads(7).unwrap();
+    by_entry.sort_by_key(|(e, _)| *e);
+    let want_by_entry: Vec<_> = want.iter().map(|(m, h)| (m.entry_id, *h)).collect();
+    assert_eq!(by_entry, want_by_entry);
     assert_eq!(want[1].1.hold_until_ms, 1_764_000_000_000);
     assert_eq!(want[2].1.count, 64);
 }
