@@ -233,8 +233,20 @@ impl Cluster for ClusterService {
         let mut incoming = Incoming::begin(&self.node.core, state).await?;
         let received = async {
             let mut part = first_entries;
+            // The final state's pieces, after a pre-copy's entries.
+            let mut last = Vec::new();
             loop {
+                if !last.is_empty() && !matches!(part, Some(Part::Begin(_))) {
+                    let state: TopicState = serde_json::from_slice(&std::mem::take(&mut last))
+                        .map_err(|e| {
+                            bad(&format!("the topic's final state does not decode: {e}"))
+                        })?;
+                    incoming.resume(&self.node.core, state).await?;
+                }
                 match part {
+                    Some(Part::Begin(b)) if incoming.awaits_final() => {
+                        last.extend_from_slice(&b.state)
+                    }
                     Some(Part::Entries(e)) => {
                         incoming.entries(&self.node.core, &e.topic, e.first_id, &e.entries)?
                     }
@@ -273,6 +285,7 @@ fn moved(m: mover::Moved) -> TopicMoved {
         to_broker: m.to,
         entries: m.entries,
         millis: m.millis,
+        entries_while_stopped: m.entries_while_stopped,
     }
 }
 
