@@ -216,8 +216,27 @@ impl Cluster for ClusterService {
                 None => return Err(bad("an empty transfer part")),
             }
         }
-        let state: TopicState = serde_json::from_slice(&encoded)
-            .map_err(|e| bad(&format!("the topic's state does not decode: {e}")))?;
+        // A pre-copy that sent no entries (its log was empty, or trimmed
+        // while it was read) is followed by the final state at once.
+        let mut states = serde_json::Deserializer::from_slice(&encoded).into_iter::<TopicState>();
+        let state = match states.next() {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => return Err(bad(&format!("the topic's state does not decode: {e}"))),
+            None => return Err(bad("the topic's state does not decode: nothing sent")),
+        };
+        let then = match states.next() {
+            Some(Ok(s)) if state.precopy => Some(s),
+            Some(Ok(_)) => return Err(bad("two states in a move without a pre-copy")),
+            Some(Err(e)) => {
+                return Err(bad(&format!(
+                    "the topic's final state does not decode: {e}"
+                )));
+            }
+            None => None,
+        };
+        if states.next().is_some() {
+            return Err(bad("more than two states in a move"));
+        }
         let name = TopicName::parse_stored(state.topic())?;
         let placed = cluster
             .placement(name.as_str())
@@ -232,6 +251,9 @@ impl Cluster for ClusterService {
         }
         let mut incoming = Incoming::begin(&self.node.core, state).await?;
         let received = async {
+            if let Some(last) = then {
+                incoming.resume(&self.node.core, last).await?;
+            }
             let mut part = first_entries;
             // The final state's pieces, after a pre-copy's entries.
             let mut last = Vec::new();
