@@ -257,6 +257,7 @@ impl Cluster for ClusterService {
             let mut part = first_entries;
             // The final state's pieces, after a pre-copy's entries.
             let mut last = Vec::new();
+            let mut unflushed = 0;
             loop {
                 if !last.is_empty() && !matches!(part, Some(Part::Begin(_))) {
                     let state: TopicState = serde_json::from_slice(&std::mem::take(&mut last))
@@ -270,7 +271,23 @@ impl Cluster for ClusterService {
                         last.extend_from_slice(&b.state)
                     }
                     Some(Part::Entries(e)) => {
-                        incoming.entries(&self.node.core, &e.topic, e.first_id, &e.entries)?
+                        incoming.entries(&self.node.core, &e.topic, e.first_id, &e.entries)?;
+                        // Pre-copied entries are made durable as they come,
+                        // while the source still serves the topic, so the
+                        // flush before the answer covers little more than
+                        // the tail.
+                        if incoming.awaits_final() {
+                            unflushed += e.entries.iter().map(Vec::len).sum::<usize>();
+                            if unflushed >= PRECOPY_FLUSH_BYTES {
+                                self.node
+                                    .core
+                                    .storage
+                                    .flush()
+                                    .await
+                                    .map_err(BrokerError::from)?;
+                                unflushed = 0;
+                            }
+                        }
                     }
                     Some(Part::End(end)) => {
                         if inbound.message().await?.is_some() {
@@ -300,6 +317,9 @@ impl Cluster for ClusterService {
         }
     }
 }
+
+/// Bytes of pre-copied entries written between two flushes.
+const PRECOPY_FLUSH_BYTES: usize = 16 << 20;
 
 fn moved(m: mover::Moved) -> TopicMoved {
     TopicMoved {
