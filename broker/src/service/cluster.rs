@@ -216,8 +216,27 @@ impl Cluster for ClusterService {
                 None => return Err(bad("an empty transfer part")),
             }
         }
-        let state: TopicState = serde_json::from_slice(&encoded)
-            .map_err(|e| bad(&format!("the topic's state does not decode: {e}")))?;
+        // A pre-copy that sent no entries (its log was empty, or trimmed
+        // while it was read) is followed by the final state at once.
+        let mut states = serde_json::Deserializer::from_slice(&encoded).into_iter::<TopicState>();
+        let state = match states.next() {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => return Err(bad(&format!("the topic's state does not decode: {e}"))),
+            None => return Err(bad("the topic's state does not decode: nothing sent")),
+        };
+        let then = match states.next() {
+            Some(Ok(s)) if state.precopy => Some(s),
+            Some(Ok(_)) => return Err(bad("two states in a move without a pre-copy")),
+            Some(Err(e)) => {
+                return Err(bad(&format!(
+                    "the topic's final state does not decode: {e}"
+                )));
+            }
+            None => None,
+        };
+        if states.next().is_some() {
+            return Err(bad("more than two states in a move"));
+        }
         let name = TopicName::parse_stored(state.topic())?;
         let placed = cluster
             .placement(name.as_str())
@@ -232,11 +251,43 @@ impl Cluster for ClusterService {
         }
         let mut incoming = Incoming::begin(&self.node.core, state).await?;
         let received = async {
+            if let Some(last) = then {
+                incoming.resume(&self.node.core, last).await?;
+            }
             let mut part = first_entries;
+            // The final state's pieces, after a pre-copy's entries.
+            let mut last = Vec::new();
+            let mut unflushed = 0;
             loop {
+                if !last.is_empty() && !matches!(part, Some(Part::Begin(_))) {
+                    let state: TopicState = serde_json::from_slice(&std::mem::take(&mut last))
+                        .map_err(|e| {
+                            bad(&format!("the topic's final state does not decode: {e}"))
+                        })?;
+                    incoming.resume(&self.node.core, state).await?;
+                }
                 match part {
+                    Some(Part::Begin(b)) if incoming.awaits_final() => {
+                        last.extend_from_slice(&b.state)
+                    }
                     Some(Part::Entries(e)) => {
-                        incoming.entries(&self.node.core, &e.topic, e.first_id, &e.entries)?
+                        incoming.entries(&self.node.core, &e.topic, e.first_id, &e.entries)?;
+                        // Pre-copied entries are made durable as they come,
+                        // while the source still serves the topic, so the
+                        // flush before the answer covers little more than
+                        // the tail.
+                        if incoming.awaits_final() {
+                            unflushed += e.entries.iter().map(Vec::len).sum::<usize>();
+                            if unflushed >= PRECOPY_FLUSH_BYTES {
+                                self.node
+                                    .core
+                                    .storage
+                                    .flush()
+                                    .await
+                                    .map_err(BrokerError::from)?;
+                                unflushed = 0;
+                            }
+                        }
                     }
                     Some(Part::End(end)) => {
                         if inbound.message().await?.is_some() {
@@ -267,12 +318,16 @@ impl Cluster for ClusterService {
     }
 }
 
+/// Bytes of pre-copied entries written between two flushes.
+const PRECOPY_FLUSH_BYTES: usize = 16 << 20;
+
 fn moved(m: mover::Moved) -> TopicMoved {
     TopicMoved {
         topic: m.topic,
         to_broker: m.to,
         entries: m.entries,
         millis: m.millis,
+        entries_while_stopped: m.entries_while_stopped,
     }
 }
 

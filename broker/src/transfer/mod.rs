@@ -6,6 +6,18 @@
 //! dead letters, the producers' sequence ids (so a producer that resends
 //! after the move is de-duplicated) and the topic's own retention policy.
 //!
+//! The copy has two phases, so the topic is stopped only for the tail:
+//! while the source keeps serving it, the entries its log holds at that
+//! moment are sent (a *pre-copy* state naming only the topic's log, then
+//! those entries: a log only grows or loses whole segments to retention, so
+//! they cannot change meanwhile); then the source stops serving it, seals
+//! its logs and sends the final state (every log, every subscription), the
+//! entries the log took meanwhile, and the tiers whole (small, and a
+//! dead-letter tier loses single entries to purges, so it is not pre-copied).
+//! If retention trimmed the log meanwhile, the target drops what it
+//! pre-copied and the log is sent whole again while stopped (never a stale
+//! entry kept).
+//!
 //! The order makes it safe to stop at any point ([`mover`]): the source
 //! stops serving the topic and seals its logs; the target writes the copy
 //! and flushes it before it answers; only then does the source switch the
@@ -58,6 +70,10 @@ pub struct TopicState {
     pub subscriptions: Vec<(SubscriptionRecord, SubscriptionState)>,
     /// The retention policy set on the topic itself, if any.
     pub retention: Option<RetentionRecord>,
+    /// A state sent before the topic stopped: only the topic's log, with
+    /// the entries it held then; the final state follows those entries.
+    #[serde(default)]
+    pub precopy: bool,
 }
 
 impl TopicState {
@@ -110,7 +126,45 @@ pub(crate) fn capture(
         logs,
         subscriptions,
         retention: node.retention.policies().get(name.as_str()),
+        precopy: false,
     })
+}
+
+/// The pre-copy state of `name` while it is still served: its log's record
+/// and the entries it holds now (`first..next`).
+pub(crate) fn precapture(node: &Node, name: &TopicName) -> Result<TopicState> {
+    let storage = &node.core.storage;
+    let Some(record) = storage
+        .list_topics()?
+        .into_iter()
+        .find(|r| r.name == name.as_str())
+    else {
+        return Err(BrokerError::TopicNotFound(name.to_string()));
+    };
+    let (first, next) = storage.entry_range(name.as_str())?;
+    Ok(TopicState {
+        logs: vec![LogState {
+            record,
+            first,
+            next,
+            sequences: Vec::new(),
+        }],
+        subscriptions: Vec::new(),
+        retention: None,
+        precopy: true,
+    })
+}
+
+/// Where the tail of the topic's log starts once `last` (the final state)
+/// follows `pre` (the pre-copy state): after what was pre-copied, or at the
+/// log's first entry when retention trimmed it meanwhile (the target then
+/// drops its pre-copy, see [`Incoming::resume`]).
+pub(crate) fn tail_start(pre: &LogState, last: &LogState) -> u64 {
+    if last.first == pre.first && last.next >= pre.next {
+        pre.next
+    } else {
+        last.first
+    }
 }
 
 /// Runs of consecutive ids in `chunk`: `(first id, entries)`.
@@ -174,6 +228,59 @@ impl Incoming {
         Ok(Self { state, received })
     }
 
+    /// Whether the final state is still to come (a pre-copy began this).
+    pub(crate) fn awaits_final(&self) -> bool {
+        self.state.precopy
+    }
+
+    /// Takes the final state after the pre-copied entries: the tiers'
+    /// records are written (checked as [`Self::begin`] does), the topic's
+    /// log may take its tail, and a log retention trimmed meanwhile is
+    /// emptied to be sent whole again ([`tail_start`]).
+    pub(crate) async fn resume(&mut self, core: &BrokerCore, last: TopicState) -> Result<()> {
+        if last.precopy {
+            return Err(BrokerError::InvalidArgument(
+                "a second pre-copy state in one move".into(),
+            ));
+        }
+        let (Some(pre), Some(main)) = (self.state.logs.first(), last.logs.first()) else {
+            return Err(BrokerError::InvalidArgument(
+                "a moved topic without logs".into(),
+            ));
+        };
+        if pre.record.name != main.record.name {
+            return Err(BrokerError::InvalidArgument(format!(
+                "the final state is {}'s, the pre-copy was {}'s",
+                main.record.name, pre.record.name
+            )));
+        }
+        for log in &last.logs[1..] {
+            let tier = TopicName::parse_stored(&log.record.name)?;
+            if self.received.contains_key(&log.record.name) || core.topic(&tier).await.is_ok() {
+                return Err(BrokerError::Conflict(format!(
+                    "{tier} exists on this broker already and cannot receive {}'s tier",
+                    main.record.name
+                )));
+            }
+        }
+        let resend = tail_start(pre, main) != pre.next;
+        let main = main.record.name.clone();
+        // From here on an abort removes every log of the final state.
+        self.state = last;
+        if resend {
+            tracing::info!(topic = %main, "trimmed during the pre-copy: the log is sent again");
+            core.storage.delete_topic(&main)?;
+            self.received.insert(main, (0, 0..0));
+        }
+        for log in &self.state.logs {
+            core.storage.put_topic(&log.record)?;
+            let (count, _) = self.received.remove(&log.record.name).unwrap_or_default();
+            self.received
+                .insert(log.record.name.clone(), (count, log.first..log.next));
+        }
+        Ok(())
+    }
+
     /// Writes entries `first_id..` of `log` (not durable yet).
     pub(crate) fn entries(
         &mut self,
@@ -219,6 +326,11 @@ impl Incoming {
     /// is served once etcd places it here). Entries stored.
     pub(crate) async fn finish(&mut self, node: &Node, sent: &HashMap<String, u64>) -> Result<u64> {
         let core = &node.core;
+        if self.state.precopy {
+            return Err(BrokerError::InvalidArgument(
+                "the transfer ended before the topic's final state".into(),
+            ));
+        }
         for log in &self.state.logs {
             let got = self.received.get(&log.record.name).map_or(0, |r| r.0);
             let expected = sent.get(&log.record.name).copied().unwrap_or(0);

@@ -1,7 +1,8 @@
 //! Moving topics off this broker: one topic (`MoveTopic`), or every topic
-//! placed here (`Drain`, a few at a time). For each: stop serving it,
-//! seal its logs, capture its state, stream it to the target broker's
-//! `ImportTopic` (answered once durable there), switch the placement in
+//! placed here (`Drain`, a few at a time). For each: stream its log's
+//! entries to the target broker's `ImportTopic` while it is still served,
+//! then stop serving it, seal its logs, capture its state, stream that and
+//! the rest (answered once durable there), switch the placement in
 //! etcd, then delete the local copy. A failure before the switch leaves the
 //! topic here, served again; the caller is told which topics stayed and why.
 //!
@@ -17,6 +18,7 @@ use crate::name::TopicName;
 use crate::node::Node;
 use futures::StreamExt;
 use ricochet_cluster::Cluster;
+use ricochet_proto::ImportTopicResponse;
 use ricochet_proto::TransferEnd;
 use ricochet_proto::cluster_client::ClusterClient;
 use ricochet_proto::{TopicTransferPart, TransferBegin, TransferEntries, topic_transfer_part};
@@ -47,8 +49,11 @@ pub struct Moved {
     pub to: String,
     /// Entries handed over.
     pub entries: u64,
-    /// How long it was not served, ms.
+    /// How long it was not served, ms (from when it stopped to when the
+    /// placement switched and the target was asked to claim it).
     pub millis: u64,
+    /// Of `entries`, those copied while it was not served.
+    pub entries_while_stopped: u64,
 }
 
 /// What a drain did.
@@ -195,7 +200,36 @@ fn member_moved(m: crate::replication::groups::MemberMoved) -> Moved {
         topic: m.topic,
         to: m.to,
         entries: 0,
+        entries_while_stopped: 0,
         millis: m.unavailable_ms,
+    }
+}
+
+/// Topics this broker is pre-copying (`broker/topic`): a second move of
+/// one of them is refused before it writes anything on a target.
+static PRECOPYING: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Holds `key` in [`PRECOPYING`] until dropped.
+struct Precopying(String);
+
+impl Precopying {
+    fn take(broker: &str, topic: &TopicName) -> Result<Self> {
+        let key = format!("{broker}/{topic}");
+        let mut held = PRECOPYING.lock().unwrap_or_else(|e| e.into_inner());
+        if held.contains(&key) {
+            return Err(BrokerError::Conflict(format!("{topic} is already moving")));
+        }
+        held.push(key.clone());
+        Ok(Self(key))
+    }
+}
+
+impl Drop for Precopying {
+    fn drop(&mut self) {
+        PRECOPYING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k| k != &self.0);
     }
 }
 
@@ -219,34 +253,82 @@ async fn transfer(
             "a dead-letter replay job is running on {name}; wait for it or cancel it first"
         )));
     }
-    let started = Instant::now();
+    let _precopying = Precopying::take(cluster.id(), name)?;
     let channel = connect(&core.config, url).await?;
-    cluster.begin_move(name.as_str(), to)?;
+    // Phase 1, served meanwhile: the log's entries as they are now.
+    let mut import = None;
+    if core.topic(name).await.is_ok() {
+        let pre = super::precapture(node, name)?;
+        let mut started = Import::start(channel.clone(), auth);
+        let pre_log = pre.logs[0].clone();
+        let span = (pre_log.first, pre_log.next);
+        let sent = started
+            .send(
+                core,
+                cluster.id(),
+                url,
+                pre,
+                vec![(pre_log.record.name.clone(), span.0, span.1)],
+            )
+            .await;
+        match sent {
+            Ok(()) => import = Some((started, pre_log)),
+            Err(e) => {
+                started.cancel();
+                return Err(e);
+            }
+        }
+    }
+    // Phase 2: the topic stops here.
+    let stopped = Instant::now();
+    if let Err(e) = cluster.begin_move(name.as_str(), to) {
+        if let Some((i, _)) = import {
+            i.cancel();
+        }
+        return Err(e.into());
+    }
     let mut sealed = HashMap::new();
     let handed = async {
-        let mut entries = 0;
-        if core.topic(name).await.is_ok() {
+        let (mut entries, mut while_stopped) = (0, 0);
+        if let Some((mut import, pre_log)) = import {
             sealed = core.seal_for_move(name).await?;
             let state = capture(node, name, &sealed)?;
-            entries = send(core, cluster.id(), (url, channel.clone()), auth, state).await?;
+            let mut logs: Vec<(String, u64, u64)> = state
+                .logs
+                .iter()
+                .map(|l| (l.record.name.clone(), l.first, l.next))
+                .collect();
+            logs[0].1 = super::tail_start(&pre_log, &state.logs[0]);
+            if logs[0].1 != pre_log.next {
+                // Trimmed meanwhile: the target drops its pre-copy.
+                import.counts.remove(&logs[0].0);
+            }
+            while_stopped = logs.iter().map(|(_, a, b)| b.saturating_sub(*a)).sum();
+            let sent = import.send(core, cluster.id(), url, state, logs).await;
+            if let Err(e) = sent {
+                import.cancel();
+                return Err(e);
+            }
+            (entries, while_stopped) = import.finish(url, while_stopped).await?;
         }
         cluster.hand_over(name.as_str(), to).await?;
-        Ok::<_, BrokerError>(entries)
+        Ok::<_, BrokerError>((entries, while_stopped))
     }
     .await;
     match handed {
-        Ok(entries) => {
+        Ok((entries, entries_while_stopped)) => {
             claim_there(channel, auth, name).await;
+            let millis = stopped.elapsed().as_millis() as u64;
             if let Err(e) = node.forget_moved(name).await {
                 tracing::warn!(topic = %name, error = %e, "moved, but the local copy could not be deleted (it is not served)");
             }
             cluster.end_move(name.as_str());
-            let millis = started.elapsed().as_millis() as u64;
-            tracing::info!(topic = %name, %to, entries, millis, "topic moved");
+            tracing::info!(topic = %name, %to, entries, entries_while_stopped, millis, "topic moved");
             Ok(Moved {
                 topic: name.to_string(),
                 to: to.to_owned(),
                 entries,
+                entries_while_stopped,
                 millis,
             })
         }
@@ -298,103 +380,161 @@ async fn claim_there(channel: Channel, auth: Option<&AsciiMetadataValue>, name: 
     }
 }
 
-/// Streams `state` and the entries of its logs to the broker at `url`
-/// (over `channel`); the entries it stored.
-async fn send(
-    core: &BrokerCore,
-    from: &str,
-    (url, channel): (&str, Channel),
-    auth: Option<&AsciiMetadataValue>,
-    state: TopicState,
-) -> Result<u64> {
-    let encoded = serde_json::to_vec(&state).map_err(|e| {
-        BrokerError::InvalidArgument(format!("cannot encode the topic's state: {e}"))
-    })?;
-    let (tx, rx) = tokio::sync::mpsc::channel::<TopicTransferPart>(4);
-    let begin: Vec<TransferBegin> = encoded
-        .chunks(STATE_PIECE)
-        .map(|piece| TransferBegin {
-            topic: state.topic().to_owned(),
-            from_broker: from.to_owned(),
-            state: piece.to_vec(),
-        })
-        .collect();
-    let storage = core.storage.clone();
-    let logs: Vec<(String, u64, u64)> = state
-        .logs
-        .iter()
-        .map(|l| (l.record.name.clone(), l.first, l.next))
-        .collect();
-    let reader = tokio::task::spawn_blocking(move || -> Result<u64> {
-        let send = |part| {
-            tx.blocking_send(TopicTransferPart { part: Some(part) })
-                .map_err(|_| BrokerError::Peer("the target stopped receiving".into()))
-        };
-        for piece in begin {
-            send(topic_transfer_part::Part::Begin(piece))?;
+/// One `ImportTopic` call under way: its parts go out as they are read.
+struct Import {
+    tx: tokio::sync::mpsc::Sender<TopicTransferPart>,
+    answer: tokio::task::JoinHandle<
+        std::result::Result<tonic::Response<ImportTopicResponse>, tonic::Status>,
+    >,
+    /// Entries sent per log.
+    counts: HashMap<String, u64>,
+}
+
+impl Import {
+    /// Opens the call over `channel`.
+    fn start(channel: Channel, auth: Option<&AsciiMetadataValue>) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::channel::<TopicTransferPart>(4);
+        let request = authorized(tokio_stream::wrappers::ReceiverStream::new(rx), auth);
+        let answer =
+            tokio::spawn(async move { ClusterClient::new(channel).import_topic(request).await });
+        Self {
+            tx,
+            answer,
+            counts: HashMap::new(),
         }
-        let mut counts = HashMap::new();
-        for (log, first, next) in logs {
-            let count: &mut u64 = counts.entry(log.clone()).or_default();
-            let mut from = first;
-            while from < next {
-                let chunk = storage.read(&log, from, CHUNK_ENTRIES, CHUNK_BYTES)?;
-                let Some(last) = chunk.last().map(|(id, _)| *id) else {
-                    break;
-                };
-                *count += chunk.len() as u64;
-                for (first_id, entries) in runs(chunk) {
-                    send(topic_transfer_part::Part::Entries(TransferEntries {
-                        topic: log.clone(),
-                        first_id,
-                        entries,
-                    }))?;
+    }
+
+    /// Ends the call (the target drops what it received).
+    fn cancel(self) {
+        self.answer.abort();
+    }
+
+    /// Sends `state`, then entries `from..next` of each log in `logs`. A
+    /// target that stops reading (paused, partitioned away) must not hold
+    /// the move: past a deadline set by the entries' count this fails.
+    async fn send(
+        &mut self,
+        core: &BrokerCore,
+        from: &str,
+        url: &str,
+        state: TopicState,
+        logs: Vec<(String, u64, u64)>,
+    ) -> Result<()> {
+        let encoded = serde_json::to_vec(&state).map_err(|e| {
+            BrokerError::InvalidArgument(format!("cannot encode the topic's state: {e}"))
+        })?;
+        let begin: Vec<TransferBegin> = encoded
+            .chunks(STATE_PIECE)
+            .map(|piece| TransferBegin {
+                topic: state.topic().to_owned(),
+                from_broker: from.to_owned(),
+                state: piece.to_vec(),
+            })
+            .collect();
+        let held: u64 = logs.iter().map(|(_, a, b)| b.saturating_sub(*a)).sum();
+        let storage = core.storage.clone();
+        let tx = self.tx.clone();
+        let mut counts = std::mem::take(&mut self.counts);
+        let reader = tokio::task::spawn_blocking(move || -> (HashMap<String, u64>, Result<()>) {
+            let send = |part| {
+                tx.blocking_send(TopicTransferPart { part: Some(part) })
+                    .map_err(|_| BrokerError::Peer("the target stopped receiving".into()))
+            };
+            let r = (|| {
+                for piece in begin {
+                    send(topic_transfer_part::Part::Begin(piece))?;
                 }
-                from = last + 1;
+                for (log, first, next) in logs {
+                    let count: &mut u64 = counts.entry(log.clone()).or_default();
+                    let mut from = first;
+                    while from < next {
+                        let mut chunk = storage.read(&log, from, CHUNK_ENTRIES, CHUNK_BYTES)?;
+                        chunk.retain(|(id, _)| *id < next);
+                        let Some(last) = chunk.last().map(|(id, _)| *id) else {
+                            break;
+                        };
+                        *count += chunk.len() as u64;
+                        for (first_id, entries) in runs(chunk) {
+                            send(topic_transfer_part::Part::Entries(TransferEntries {
+                                topic: log.clone(),
+                                first_id,
+                                entries,
+                            }))?;
+                        }
+                        from = last + 1;
+                    }
+                }
+                Ok(())
+            })();
+            (counts, r)
+        });
+        let deadline = IMPORT_BASE_WAIT + Duration::from_millis(held / IMPORT_MIN_ENTRIES_PER_MS);
+        match tokio::time::timeout(deadline, reader).await {
+            Ok(Ok((counts, r))) => {
+                self.counts = counts;
+                match r {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(self.refused_or(url, e).await),
+                }
             }
-        }
-        let total = counts.values().sum();
-        send(topic_transfer_part::Part::End(TransferEnd {
-            entries: counts,
-        }))?;
-        Ok(total)
-    });
-    let request = authorized(tokio_stream::wrappers::ReceiverStream::new(rx), auth);
-    // A target that stops answering (paused, partitioned away) must not
-    // keep the topic unavailable: past the deadline the move fails and the
-    // topic is served here again.
-    let held: u64 = state
-        .logs
-        .iter()
-        .map(|l| l.next.saturating_sub(l.first))
-        .sum();
-    let deadline = IMPORT_BASE_WAIT + Duration::from_millis(held / IMPORT_MIN_ENTRIES_PER_MS);
-    let answer =
-        match tokio::time::timeout(deadline, ClusterClient::new(channel).import_topic(request))
-            .await
-        {
-            Ok(a) => a,
-            Err(_) => Err(tonic::Status::deadline_exceeded(format!(
-                "no answer within {deadline:?}"
+            Ok(Err(e)) => Err(BrokerError::Peer(format!("reading the topic failed: {e}"))),
+            Err(_) => Err(BrokerError::Peer(format!(
+                "broker at {url} took no more of the topic within {deadline:?}"
             ))),
-        };
-    let read = reader
-        .await
-        .map_err(|e| BrokerError::Peer(format!("reading the topic failed: {e}")))?;
-    let stored = answer
-        .map_err(|s| {
-            BrokerError::Peer(format!(
+        }
+    }
+
+    /// `e`, or the target's answer when it ended the call (its refusal says
+    /// more than "stopped receiving").
+    async fn refused_or(&mut self, url: &str, e: BrokerError) -> BrokerError {
+        match tokio::time::timeout(CONNECT_TIMEOUT, &mut self.answer).await {
+            Ok(Ok(Err(s))) => BrokerError::Peer(format!(
                 "broker at {url} refused the topic: {}",
                 s.message()
-            ))
-        })?
-        .into_inner()
-        .entries;
-    let expected = read?;
-    if stored != expected {
-        return Err(BrokerError::Peer(format!(
-            "broker at {url} stored {stored} entries of {expected}"
-        )));
+            )),
+            _ => e,
+        }
     }
-    Ok(stored)
+
+    /// Sends the end and waits for the target to store it all (`tail`:
+    /// entries sent while stopped, for the deadline); the entries it
+    /// stored, and `tail`.
+    async fn finish(self, url: &str, tail: u64) -> Result<(u64, u64)> {
+        let expected: u64 = self.counts.values().sum();
+        let end = TopicTransferPart {
+            part: Some(topic_transfer_part::Part::End(TransferEnd {
+                entries: self.counts,
+            })),
+        };
+        let Self { tx, mut answer, .. } = self;
+        // A call that ended already says why in its answer.
+        let _ = tx.send(end).await;
+        drop(tx);
+        let deadline = IMPORT_BASE_WAIT + Duration::from_millis(tail / IMPORT_MIN_ENTRIES_PER_MS);
+        let answer = match tokio::time::timeout(deadline, &mut answer).await {
+            Ok(Ok(a)) => a,
+            Ok(Err(e)) => return Err(BrokerError::Peer(format!("the transfer failed: {e}"))),
+            Err(_) => {
+                answer.abort();
+                Err(tonic::Status::deadline_exceeded(format!(
+                    "no answer within {deadline:?}"
+                )))
+            }
+        };
+        let stored = answer
+            .map_err(|s| {
+                BrokerError::Peer(format!(
+                    "broker at {url} refused the topic: {}",
+                    s.message()
+                ))
+            })?
+            .into_inner()
+            .entries;
+        if stored != expected {
+            return Err(BrokerError::Peer(format!(
+                "broker at {url} stored {stored} entries of {expected}"
+            )));
+        }
+        Ok((stored, tail))
+    }
 }
