@@ -74,12 +74,70 @@ fn snapshot_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         .collect()
 }
 
-fn dead(id: u64) -> bool {
+pub(crate) fn dead(id: u64) -> bool {
     id.is_multiple_of(10)
 }
 
-fn nacked(id: u64) -> bool {
+pub(crate) fn nacked(id: u64) -> bool {
     id.is_multiple_of(5) && !dead(id)
+}
+
+/// A Shared subscription `s` on `topic` (Earliest, a 200 ms backoff).
+pub(crate) fn shared(
+    c: &ricochet_client::Client,
+    topic: &str,
+    receipts: bool,
+) -> ricochet_client::ConsumerBuilder {
+    c.consumer(topic)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .ack_receipts(receipts)
+        .policy("backoff:fixed=200ms,max=50".parse::<PolicySpec>().unwrap())
+}
+
+/// The first phase both member tests run on the 60 receipted messages:
+/// every tenth dead-lettered, the other fifths nacked until their count
+/// is 2, the rest acked with receipts, all recorded in `h`. Returns the
+/// nacked messages' last delivery counts.
+pub(crate) async fn settle_first_phase(
+    c: &ricochet_client::Client,
+    topic: &str,
+    h: &History,
+) -> BTreeMap<u64, u32> {
+    let mut consumer = shared(c, topic, true).subscribe().await.unwrap();
+    let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
+    let (mut acked, mut terminated) = (0, 0);
+    let start = Instant::now();
+    while acked + terminated < 54 || counts.values().filter(|c| **c >= 2).count() < 6 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "first phase: {acked} acked, {terminated} dead-lettered, nacked counts {counts:?}"
+        );
+        let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(5), consumer.receive()).await
+        else {
+            continue;
+        };
+        let id: u64 = String::from_utf8_lossy(m.payload()).parse().unwrap();
+        h.delivered(&id.to_string(), m.delivery_count());
+        if dead(id) {
+            consumer.terminate(&m, "bad").await.unwrap();
+            terminated += 1;
+        } else if nacked(id) {
+            counts.insert(id, m.delivery_count());
+            if consumer.nack_with_reason(&m, "later").await.is_ok() {
+                h.failure_confirmed(&id.to_string());
+            }
+        } else {
+            h.ack_sent(&id.to_string());
+            consumer.ack(&m).await.unwrap();
+            h.ack_confirmed(&id.to_string());
+            acked += 1;
+        }
+    }
+    consumer.flush().await.unwrap();
+    drop(consumer);
+    counts
 }
 
 async fn replaced_member_run(kill_leader_first: bool, name: &str) {
@@ -130,47 +188,7 @@ async fn replaced_member_run(kill_leader_first: bool, name: &str) {
         p.send(id.clone()).await.unwrap();
         h.receipted(&id);
     }
-    let subscribe = |receipts: bool| {
-        c.consumer(TOPIC)
-            .subscription("s")
-            .subscription_type(SubscriptionType::Shared)
-            .initial_position(InitialPosition::Earliest)
-            .ack_receipts(receipts)
-            .policy("backoff:fixed=200ms,max=50".parse::<PolicySpec>().unwrap())
-            .subscribe()
-    };
-    let mut consumer = subscribe(true).await.unwrap();
-    let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
-    let (mut acked, mut terminated) = (0, 0);
-    let start = Instant::now();
-    while acked + terminated < 54 || counts.values().filter(|c| **c >= 2).count() < 6 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "first phase: {acked} acked, {terminated} dead-lettered, nacked counts {counts:?}"
-        );
-        let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(5), consumer.receive()).await
-        else {
-            continue;
-        };
-        let id: u64 = String::from_utf8_lossy(m.payload()).parse().unwrap();
-        h.delivered(&id.to_string(), m.delivery_count());
-        if dead(id) {
-            consumer.terminate(&m, "bad").await.unwrap();
-            terminated += 1;
-        } else if nacked(id) {
-            counts.insert(id, m.delivery_count());
-            if consumer.nack_with_reason(&m, "later").await.is_ok() {
-                h.failure_confirmed(&id.to_string());
-            }
-        } else {
-            h.ack_sent(&id.to_string());
-            consumer.ack(&m).await.unwrap();
-            h.ack_confirmed(&id.to_string());
-            acked += 1;
-        }
-    }
-    consumer.flush().await.unwrap();
-    drop(consumer);
+    let counts = settle_first_phase(&c, TOPIC, &h).await;
 
     // The first kill: a member stays down past replace_after.
     let first = if kill_leader_first {
@@ -232,7 +250,7 @@ async fn replaced_member_run(kill_leader_first: bool, name: &str) {
     for id in &dlq {
         h.found(&id.to_string(), Place::DeadLettered);
     }
-    let mut auditor = subscribe(false).await.unwrap();
+    let mut auditor = shared(&c, TOPIC, false).subscribe().await.unwrap();
     let mut again = BTreeMap::new();
     while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(5), auditor.receive()).await {
         let id: u64 = String::from_utf8_lossy(m.payload()).parse().unwrap();

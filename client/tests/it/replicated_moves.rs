@@ -15,7 +15,8 @@
 //! no broker left to take its place and says so.
 
 use crate::replicated::{ONE_CLUSTER, client, stable_leader};
-use ricochet_client::{InitialPosition, PolicySpec, SubscriptionType};
+use crate::replicated_members::{dead, settle_first_phase, shared};
+use ricochet_client::InitialPosition;
 use ricochet_testkit::{EtcdProcess, History, Place, SpawnOptions, etcd_or_skip, spawn_cluster};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -68,14 +69,6 @@ async fn members_become(url: &str, want: &BTreeSet<String>, within: Duration) {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-}
-
-fn dead(id: u64) -> bool {
-    id.is_multiple_of(10)
-}
-
-fn nacked(id: u64) -> bool {
-    id.is_multiple_of(5) && !dead(id)
 }
 
 /// What the producer that keeps publishing during a move saw.
@@ -199,47 +192,7 @@ async fn a_replica_moves_by_membership_change_while_the_topic_takes_publishes() 
         h.receipted(&id);
     }
     drop(p);
-    let subscribe = |receipts: bool| {
-        c.consumer(TOPIC)
-            .subscription("s")
-            .subscription_type(SubscriptionType::Shared)
-            .initial_position(InitialPosition::Earliest)
-            .ack_receipts(receipts)
-            .policy("backoff:fixed=200ms,max=50".parse::<PolicySpec>().unwrap())
-            .subscribe()
-    };
-    let mut consumer = subscribe(true).await.unwrap();
-    let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
-    let (mut acked, mut terminated) = (0, 0);
-    let start = Instant::now();
-    while acked + terminated < 54 || counts.values().filter(|c| **c >= 2).count() < 6 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "first phase: {acked} acked, {terminated} dead-lettered, nacked counts {counts:?}"
-        );
-        let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(5), consumer.receive()).await
-        else {
-            continue;
-        };
-        let id: u64 = String::from_utf8_lossy(m.payload()).parse().unwrap();
-        h.delivered(&id.to_string(), m.delivery_count());
-        if dead(id) {
-            consumer.terminate(&m, "bad").await.unwrap();
-            terminated += 1;
-        } else if nacked(id) {
-            counts.insert(id, m.delivery_count());
-            if consumer.nack_with_reason(&m, "later").await.is_ok() {
-                h.failure_confirmed(&id.to_string());
-            }
-        } else {
-            h.ack_sent(&id.to_string());
-            consumer.ack(&m).await.unwrap();
-            h.ack_confirmed(&id.to_string());
-            acked += 1;
-        }
-    }
-    consumer.flush().await.unwrap();
-    drop(consumer);
+    let counts = settle_first_phase(&c, TOPIC, &h).await;
 
     // Refused, changing nothing: a move to the broker it is on, and to
     // another member (only the leadership would move).
@@ -339,7 +292,7 @@ async fn a_replica_moves_by_membership_change_while_the_topic_takes_publishes() 
     for id in &dlq {
         h.found(&id.to_string(), Place::DeadLettered);
     }
-    let mut auditor = subscribe(false).await.unwrap();
+    let mut auditor = shared(&c, TOPIC, false).subscribe().await.unwrap();
     let mut again = BTreeMap::new();
     while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(5), auditor.receive()).await {
         let id = String::from_utf8_lossy(m.payload()).into_owned();
