@@ -140,6 +140,33 @@ pub(crate) async fn settle_first_phase(
     counts
 }
 
+/// The dead letters of `topic`'s subscription `s` are exactly the
+/// messages [`dead`] picks of the first 60, each recorded in `h`.
+pub(crate) async fn dead_letters_are_the_six(
+    admin: &ricochet_client::admin::Admin,
+    topic: &str,
+    h: &History,
+) {
+    let all = ricochet_client::admin::DeadLetterFilter::default();
+    let listed = admin
+        .list_dead_letters(topic, "s", &all, 100, None)
+        .await
+        .unwrap();
+    let mut dlq: Vec<u64> = listed
+        .dead_letters
+        .iter()
+        .map(|d| {
+            let m = d.message.as_ref().unwrap();
+            String::from_utf8_lossy(&m.payload).parse().unwrap()
+        })
+        .collect();
+    dlq.sort();
+    assert_eq!(dlq, (0..60).filter(|i| dead(*i)).collect::<Vec<_>>());
+    for id in &dlq {
+        h.found(&id.to_string(), Place::DeadLettered);
+    }
+}
+
 async fn replaced_member_run(kill_leader_first: bool, name: &str) {
     let _one = ONE_CLUSTER.lock().await;
     let Some(etcd) = etcd_or_skip(name).await else {
@@ -232,24 +259,7 @@ async fn replaced_member_run(kill_leader_first: bool, name: &str) {
     // Audit through the leader left: the dead letters, then whatever is
     // still deliverable, acked.
     let admin = c.admin();
-    let all = ricochet_client::admin::DeadLetterFilter::default();
-    let listed = admin
-        .list_dead_letters(TOPIC, "s", &all, 100, None)
-        .await
-        .unwrap();
-    let mut dlq: Vec<u64> = listed
-        .dead_letters
-        .iter()
-        .map(|d| {
-            let m = d.message.as_ref().unwrap();
-            String::from_utf8_lossy(&m.payload).parse().unwrap()
-        })
-        .collect();
-    dlq.sort();
-    assert_eq!(dlq, (0..60).filter(|i| dead(*i)).collect::<Vec<_>>());
-    for id in &dlq {
-        h.found(&id.to_string(), Place::DeadLettered);
-    }
+    dead_letters_are_the_six(&admin, TOPIC, &h).await;
     let mut auditor = shared(&c, TOPIC, false).subscribe().await.unwrap();
     let mut again = BTreeMap::new();
     while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(5), auditor.receive()).await {

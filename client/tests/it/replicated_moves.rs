@@ -15,7 +15,7 @@
 //! no broker left to take its place and says so.
 
 use crate::replicated::{ONE_CLUSTER, client, stable_leader};
-use crate::replicated_members::{dead, settle_first_phase, shared};
+use crate::replicated_members::{dead_letters_are_the_six, settle_first_phase, shared};
 use ricochet_client::InitialPosition;
 use ricochet_testkit::{EtcdProcess, History, Place, SpawnOptions, etcd_or_skip, spawn_cluster};
 use std::collections::{BTreeMap, BTreeSet};
@@ -274,24 +274,7 @@ async fn a_replica_moves_by_membership_change_while_the_topic_takes_publishes() 
 
     // Audit through the leader left: the dead letters, then whatever is
     // still deliverable, acked.
-    let all = ricochet_client::admin::DeadLetterFilter::default();
-    let listed = admin
-        .list_dead_letters(TOPIC, "s", &all, 100, None)
-        .await
-        .unwrap();
-    let mut dlq: Vec<u64> = listed
-        .dead_letters
-        .iter()
-        .map(|d| {
-            let m = d.message.as_ref().unwrap();
-            String::from_utf8_lossy(&m.payload).parse().unwrap()
-        })
-        .collect();
-    dlq.sort();
-    assert_eq!(dlq, (0..60).filter(|i| dead(*i)).collect::<Vec<_>>());
-    for id in &dlq {
-        h.found(&id.to_string(), Place::DeadLettered);
-    }
+    dead_letters_are_the_six(&admin, TOPIC, &h).await;
     let mut auditor = shared(&c, TOPIC, false).subscribe().await.unwrap();
     let mut again = BTreeMap::new();
     while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(5), auditor.receive()).await {
