@@ -40,6 +40,8 @@ pub struct Node {
     pub registry: GroupRegistry,
     /// This broker's replication groups; set with the cluster.
     groups: OnceLock<Arc<Groups>>,
+    /// Topics this broker is moving off (their logs being pre-copied).
+    pub(crate) moving: Moving,
 }
 
 impl Node {
@@ -74,6 +76,7 @@ impl Node {
             cluster: OnceLock::new(),
             registry: GroupRegistry::default(),
             groups: OnceLock::new(),
+            moving: Moving::default(),
         }))
     }
 
@@ -123,6 +126,30 @@ impl Node {
     pub(crate) async fn forget_moved(&self, name: &TopicName) -> Result<()> {
         self.retention.forget_moved(name)?;
         self.core.forget_moved(name).await
+    }
+}
+
+/// The topics a node is moving off (their logs being pre-copied to a
+/// target): a second move of one of them is refused before it writes
+/// anything on a target.
+#[derive(Debug, Default)]
+pub(crate) struct Moving(std::sync::Mutex<std::collections::HashSet<String>>);
+
+impl Moving {
+    /// Marks `topic` as moving; `false` if it already was.
+    pub(crate) fn insert(&self, topic: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(topic.to_owned())
+    }
+
+    /// Marks `topic` as no longer moving.
+    pub(crate) fn remove(&self, topic: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(topic);
     }
 }
 

@@ -15,7 +15,7 @@ use super::{CHUNK_BYTES, CHUNK_ENTRIES, TopicState, capture, runs};
 use crate::core::BrokerCore;
 use crate::error::{BrokerError, Result};
 use crate::name::TopicName;
-use crate::node::Node;
+use crate::node::{Moving, Node};
 use futures::StreamExt;
 use ricochet_cluster::Cluster;
 use ricochet_proto::ImportTopicResponse;
@@ -205,31 +205,27 @@ fn member_moved(m: crate::replication::groups::MemberMoved) -> Moved {
     }
 }
 
-/// Topics this broker is pre-copying (`broker/topic`): a second move of
-/// one of them is refused before it writes anything on a target.
-static PRECOPYING: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+/// Holds a topic in [`Moving`] until dropped.
+struct Precopying<'a> {
+    moving: &'a Moving,
+    topic: String,
+}
 
-/// Holds `key` in [`PRECOPYING`] until dropped.
-struct Precopying(String);
-
-impl Precopying {
-    fn take(broker: &str, topic: &TopicName) -> Result<Self> {
-        let key = format!("{broker}/{topic}");
-        let mut held = PRECOPYING.lock().unwrap_or_else(|e| e.into_inner());
-        if held.contains(&key) {
+impl<'a> Precopying<'a> {
+    fn take(moving: &'a Moving, topic: &TopicName) -> Result<Self> {
+        if !moving.insert(topic.as_str()) {
             return Err(BrokerError::Conflict(format!("{topic} is already moving")));
         }
-        held.push(key.clone());
-        Ok(Self(key))
+        Ok(Self {
+            moving,
+            topic: topic.to_string(),
+        })
     }
 }
 
-impl Drop for Precopying {
+impl Drop for Precopying<'_> {
     fn drop(&mut self) {
-        PRECOPYING
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|k| k != &self.0);
+        self.moving.remove(&self.topic);
     }
 }
 
@@ -253,7 +249,7 @@ async fn transfer(
             "a dead-letter replay job is running on {name}; wait for it or cancel it first"
         )));
     }
-    let _precopying = Precopying::take(cluster.id(), name)?;
+    let _precopying = Precopying::take(&node.moving, name)?;
     let channel = connect(&core.config, url).await?;
     // Phase 1, served meanwhile: the log's entries as they are now.
     let mut import = None;
@@ -536,5 +532,27 @@ impl Import {
             )));
         }
         Ok((stored, tail))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topic_being_precopied_is_refused_a_second_move_until_the_first_ends() {
+        let (here, there) = (Moving::default(), Moving::default());
+        let t = TopicName::parse("persistent://public/default/t").unwrap();
+        let first = Precopying::take(&here, &t).unwrap();
+        let again = Precopying::take(&here, &t);
+        assert!(
+            matches!(again, Err(BrokerError::Conflict(ref m)) if m.contains("already moving")),
+            "{:?}",
+            again.err()
+        );
+        // Another broker in the same process moves its own copy freely.
+        let _elsewhere = Precopying::take(&there, &t).unwrap();
+        drop(first);
+        Precopying::take(&here, &t).unwrap();
     }
 }
