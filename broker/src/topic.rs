@@ -13,6 +13,9 @@
 //! ordinary topic's log, oldest first, by age and by size, whether or not
 //! subscriptions consumed them; the bytes each segment holds are counted
 //! once (a scan when a size limit first applies) and then per batch written.
+//! Besides its own timer, retention is told when a write starts a new
+//! segment ([`SegmentRolled`]), so a topic written fast stays within about
+//! a segment of its size limit rather than a timer's worth of writes.
 
 use crate::clock::SharedClock;
 use crate::error::{BrokerError, Result};
@@ -27,6 +30,13 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
+
+/// Told when a write to a topic starts a new segment (the one before it
+/// is then whole and may be dropped by retention).
+pub trait SegmentRolled: Send + Sync + std::fmt::Debug {
+    /// A write to `topic` started a new segment.
+    fn rolled(&self, topic: &TopicName);
+}
 
 /// Per-topic counters for stats and metrics.
 #[derive(Debug, Default)]
@@ -122,6 +132,8 @@ pub struct Topic {
     /// queued there, and [`Topic::settle`] waits for its commit
     /// (`Storage::flush` of that storage) instead of the flusher.
     replicated: bool,
+    /// Told when a write starts a new segment (set once, by retention).
+    on_roll: std::sync::OnceLock<Arc<dyn SegmentRolled>>,
 }
 
 /// What one retention pass dropped.
@@ -198,7 +210,14 @@ impl Topic {
             segment_bytes: Mutex::new(None),
             refuse_above: AtomicU64::new(0),
             replicated: false,
+            on_roll: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Tells `hook` whenever a write starts a new segment of this topic
+    /// (the first hook set stays).
+    pub fn on_segment_rolled(&self, hook: Arc<dyn SegmentRolled>) {
+        let _ = self.on_roll.set(hook);
     }
 
     /// Marks the topic as written through a replicated partition's group
@@ -403,6 +422,13 @@ impl Topic {
         };
         self.reserve_ahead(end);
         self.ceiling.keeper.changed();
+        if let Some(hook) = self.on_roll.get()
+            && let Some(first) = receipts.iter().find_map(|r| r.message_id.as_ref())
+            && (end - 1) / self.segment_entries
+                > first.entry_id.saturating_sub(1) / self.segment_entries
+        {
+            hook.rolled(&self.name);
+        }
         Ok(Written { receipts, end })
     }
 

@@ -163,6 +163,26 @@ async fn size_limit_drops_whole_oldest_segments_of_a_topic_without_subscriptions
 }
 
 #[tokio::test]
+async fn a_size_limit_is_enforced_when_a_segment_fills_not_only_on_the_timer() {
+    // The timer runs once at the start and then not for an hour: only a
+    // write starting a new segment can make retention look again.
+    let b = InProcessBroker::start_in(tempfile::tempdir().unwrap(), |c| {
+        c.segment_entries = 10;
+        c.retention_interval = Duration::from_secs(3600);
+    })
+    .await;
+    let url = b.url();
+    let t = topic("rolled");
+    set(&url, "", &t, None, Some(2000)).await.unwrap();
+    publish(&url, &t, 0..100).await;
+    // Ten segments of ten ~120-byte messages: when message 90 started
+    // the last one, segments 0-7 went (8 and the new 9 fit in 2000 bytes).
+    let first = first_entry_becomes(&url, &t, |f| f > 0).await;
+    assert!(first >= 80, "dropped only up to {first}");
+    assert_eq!(stats(&url, &t).await.next_entry_id, 100);
+}
+
+#[tokio::test]
 async fn age_limit_from_the_namespace_applies_to_topics_created_later() {
     let b = broker().await;
     let url = b.url();
