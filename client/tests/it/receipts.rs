@@ -59,19 +59,41 @@ async fn redelivered(url: &str, t: &str, n: usize, held: u64) -> Vec<String> {
     out
 }
 
-#[tokio::test]
-async fn close_fails_naming_the_acks_a_frozen_then_killed_broker_never_confirmed() {
+/// A broker child process with one topic whose consumer received its two
+/// messages, then the broker frozen (SIGSTOP): what a consumer settles now
+/// is never confirmed.
+struct Received {
+    dir: tempfile::TempDir,
+    b: BrokerProcess,
+    t: String,
+    c: Consumer,
+    m1: ricochet_client::Message,
+    m2: ricochet_client::Message,
+}
+
+async fn two_received(name: &str) -> Received {
     let dir = tempfile::tempdir().unwrap();
     let b = broker(dir.path()).await;
-    let t = topic("r-close");
+    let t = topic(name);
     let client = client(b.url()).await;
     let mut c = consumer(&client, &t, false).await;
     produce_to(&client, &t, 2).await;
     let m1 = recv(&mut c, T).await;
     let m2 = recv(&mut c, T).await;
     b.freeze();
-    c.ack(&m1).await.unwrap();
-    c.ack(&m2).await.unwrap();
+    Received {
+        dir,
+        b,
+        t,
+        c,
+        m1,
+        m2,
+    }
+}
+
+/// Closes `c` while its frozen broker `b` is killed: the close must fail
+/// naming the `n` settlements never confirmed.
+async fn close_across_a_kill(c: Consumer, b: BrokerProcess, n: u64) {
     let closing = tokio::spawn(async move { c.close().await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     b.kill9();
@@ -81,10 +103,25 @@ async fn close_fails_naming_the_acks_a_frozen_then_killed_broker_never_confirmed
         .expect_err("close must not report success");
     match err {
         ref e if e.kind() == ErrorKind::Unconfirmed => {
-            assert_eq!(e.unconfirmed_count().unwrap(), 2, "{err}")
+            assert_eq!(e.unconfirmed_count().unwrap(), n, "{err}")
         }
         other => panic!("expected Unconfirmed, got {other}"),
     }
+}
+
+#[tokio::test]
+async fn close_fails_naming_the_acks_a_frozen_then_killed_broker_never_confirmed() {
+    let Received {
+        dir,
+        b,
+        t,
+        c,
+        m1,
+        m2,
+    } = two_received("r-close").await;
+    c.ack(&m1).await.unwrap();
+    c.ack(&m2).await.unwrap();
+    close_across_a_kill(c, b, 2).await;
     // Indeed not durable: both come back after a restart.
     let b = broker(dir.path()).await;
     assert_eq!(redelivered(b.url(), &t, 2, 0).await, ["m0", "m1"]);
@@ -96,15 +133,14 @@ async fn close_fails_naming_the_acks_a_frozen_then_killed_broker_never_confirmed
 /// fail like it (neither may answer `Ok` for acks never confirmed).
 #[tokio::test]
 async fn every_close_reports_the_acks_the_first_found_unconfirmed() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = broker(dir.path()).await;
-    let t = topic("r-close-twice");
-    let client = client(b.url()).await;
-    let mut c = consumer(&client, &t, false).await;
-    produce_to(&client, &t, 2).await;
-    let m1 = recv(&mut c, T).await;
-    let m2 = recv(&mut c, T).await;
-    b.freeze();
+    let Received {
+        dir,
+        b,
+        t,
+        c,
+        m1,
+        m2,
+    } = two_received("r-close-twice").await;
     c.ack(&m1).await.unwrap();
     c.ack(&m2).await.unwrap();
     let kill = async {
@@ -261,34 +297,21 @@ async fn flush_confirms_every_queued_reconsume_later() {
 
 #[tokio::test]
 async fn close_reports_queued_reconsumes_a_killed_broker_never_confirmed() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = broker(dir.path()).await;
-    let t = topic("r-reconsume-kill");
-    let client = client(b.url()).await;
-    let mut c = consumer(&client, &t, false).await;
-    produce_to(&client, &t, 2).await;
-    let m1 = recv(&mut c, T).await;
-    let m2 = recv(&mut c, T).await;
-    b.freeze();
+    let Received {
+        dir,
+        b,
+        t,
+        c,
+        m1,
+        m2,
+    } = two_received("r-reconsume-kill").await;
     c.reconsume_later(&m1, Duration::from_secs(3600))
         .await
         .unwrap();
     c.reconsume_later(&m2, Duration::from_secs(3600))
         .await
         .unwrap();
-    let closing = tokio::spawn(async move { c.close().await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    b.kill9();
-    let err = closing
-        .await
-        .unwrap()
-        .expect_err("close must not report success");
-    match err {
-        ref e if e.kind() == ErrorKind::Unconfirmed => {
-            assert_eq!(e.unconfirmed_count().unwrap(), 2, "{err}")
-        }
-        other => panic!("expected Unconfirmed, got {other}"),
-    }
+    close_across_a_kill(c, b, 2).await;
     // Indeed never moved: both come back from the main topic.
     let b = broker(dir.path()).await;
     assert_eq!(redelivered(b.url(), &t, 2, 0).await, ["m0", "m1"]);
