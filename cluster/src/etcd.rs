@@ -169,6 +169,18 @@ impl Etcd {
     /// in one transaction: either it is created (at the returned revision)
     /// or the existing key is returned untouched.
     pub async fn create_if_absent(&self, key: &str, value: &str, lease: i64) -> Result<Created> {
+        self.create_if_absent_with(key, value, lease, &[]).await
+    }
+
+    /// [`Etcd::create_if_absent`], also putting `also` (key, value pairs,
+    /// no lease) in the same transaction: all of them or none.
+    pub async fn create_if_absent_with(
+        &self,
+        key: &str,
+        value: &str,
+        lease: i64,
+        also: &[(String, String)],
+    ) -> Result<Created> {
         let range = RequestOp {
             request: Some(request_op::Request::RequestRange(RangeRequest {
                 key: key.as_bytes().to_vec(),
@@ -178,7 +190,9 @@ impl Etcd {
         let r = self
             .txn(
                 equal(key, compare::TargetUnion::CreateRevision(0)),
-                vec![put_op(key, value, lease)],
+                std::iter::once(put_op(key, value, lease))
+                    .chain(also.iter().map(|(k, v)| put_op(k, v, 0)))
+                    .collect(),
                 vec![range],
             )
             .await?;
@@ -194,7 +208,7 @@ impl Etcd {
         match existing {
             Some(kv) => Ok(Created::Exists(kv.into())),
             // Deleted between the compare and the read: try again.
-            None => Box::pin(self.create_if_absent(key, value, lease)).await,
+            None => Box::pin(self.create_if_absent_with(key, value, lease, also)).await,
         }
     }
 

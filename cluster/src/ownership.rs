@@ -340,7 +340,14 @@ impl Cluster {
     /// partitions, spread over the live brokers (each creates its
     /// partitions' logs on first use). The caller has checked the name and
     /// the count (`1 ..= MAX_PARTITIONS`, a name not itself a partition's).
-    pub async fn create_partitioned(&self, base: &str, partitions: u32) -> Result<()> {
+    /// `also` (key, value pairs: the topic's replication factor) is written
+    /// in the same transaction as the count: with it, or not at all.
+    pub async fn create_partitioned(
+        &self,
+        base: &str,
+        partitions: u32,
+        also: &[(String, String)],
+    ) -> Result<()> {
         if self.etcd.get(&self.placement_key(base)).await?.is_some() {
             return Err(ClusterError::TopicExists(format!(
                 "{base} (an ordinary topic of that name exists)"
@@ -348,7 +355,12 @@ impl Cluster {
         }
         match self
             .etcd
-            .create_if_absent(&self.partitioned_key(base), &partitions.to_string(), 0)
+            .create_if_absent_with(
+                &self.partitioned_key(base),
+                &partitions.to_string(),
+                0,
+                also,
+            )
             .await?
         {
             Created::Created(_) => {}

@@ -5,7 +5,8 @@
 //! cluster's `default_replicas`.
 //!
 //! Also each partitioned topic's factor (`partitioned-replicas/<topic>`,
-//! written by its create when above 1): every partition takes it when it
+//! written with its partition count, in one transaction, when above 1):
+//! every partition takes it when it
 //! is first used, as its own group. A partitioned topic without one (its
 //! factor was 1, or it was created before factors) keeps factor 1.
 
@@ -67,13 +68,13 @@ pub async fn partitioned_factor(cluster: &Cluster, base: &str) -> Result<Option<
     })
 }
 
-/// Records `replicas` (checked by the caller, above 1) as the factor of
-/// partitioned topic `base`'s partitions, before the topic is created (a
-/// record left by a create that failed is overwritten by the next one).
-pub async fn set_partitioned_factor(cluster: &Cluster, base: &str, replicas: u32) -> Result<()> {
-    cluster
-        .etcd()
-        .put(&partitioned_key(cluster, base), &replicas.to_string(), 0)
-        .await?;
-    Ok(())
+/// The record to write with partitioned topic `base`'s count (in the same
+/// etcd transaction, see `Cluster::create_partitioned`) when its
+/// partitions get factor `replicas` (checked by the caller): none at 1.
+pub fn partitioned_factor_record(
+    cluster: &Cluster,
+    base: &str,
+    replicas: u32,
+) -> Option<(String, String)> {
+    (replicas > 1).then(|| (partitioned_key(cluster, base), replicas.to_string()))
 }

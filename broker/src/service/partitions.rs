@@ -74,15 +74,8 @@ impl Partitions for PartitionsService {
             Some(c) => {
                 check_partition_count(&name, r.partitions)?;
                 let replicas = self.factor(c, &name, r.replicas).await?;
-                if replicas > 1
-                    && c.partition_count(name.as_str())
-                        .await
-                        .map_err(BrokerError::from)?
-                        .is_none()
-                {
-                    namespaces::set_partitioned_factor(c, name.as_str(), replicas).await?;
-                }
-                c.create_partitioned(name.as_str(), r.partitions)
+                let factor = namespaces::partitioned_factor_record(c, name.as_str(), replicas);
+                c.create_partitioned(name.as_str(), r.partitions, factor.as_slice())
                     .await
                     .map_err(BrokerError::from)?
             }

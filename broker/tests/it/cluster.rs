@@ -152,6 +152,23 @@ async fn any_broker_finds_owners_partitions_spread_and_non_owners_redirect() {
     assert_eq!(count.partitions, 8);
     let e = lookup(&urls[1], &base).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "a base name: {e:?}");
+    // A partitioned create refused (an ordinary topic has the name)
+    // records nothing, not even the factor it asked for: a later create of
+    // that name must not inherit it.
+    let clash = topic("clash");
+    lookup(&urls[0], &clash).await.unwrap();
+    let e = PartitionsClient::new(channel(&urls[1]).await)
+        .create_partitioned_topic(UpdatePartitionsRequest {
+            topic: clash.clone(),
+            partitions: 2,
+            replicas: 3,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    let recorded = |rel: &str| format!("/ricochet/{NAME}/{rel}/{clash}");
+    assert_eq!(etcd.get(&recorded("partitioned-replicas")).await, None);
+    assert_eq!(etcd.get(&recorded("partitioned")).await, None);
 
     // Spread over the three: 3 + 3 + 2.
     let mut per_broker: BTreeMap<String, usize> = BTreeMap::new();
@@ -231,7 +248,8 @@ async fn any_broker_finds_owners_partitions_spread_and_non_owners_redirect() {
     assert_eq!(list.brokers.len(), 3, "{list:?}");
     assert!(list.brokers.iter().all(|b| b.live), "{list:?}");
     let sum = |f: fn(&BrokerInfo) -> u64| list.brokers.iter().map(f).sum::<u64>();
-    assert_eq!(sum(|b| b.placed_topics), 9, "{list:?}");
+    // "clash" is placed (looked up) but never served.
+    assert_eq!(sum(|b| b.placed_topics), 10, "{list:?}");
     assert_eq!(sum(|b| b.owned_topics), 9, "{list:?}");
     assert_eq!(sum(|b| b.topics.len() as u64), 9, "{list:?}");
 }
