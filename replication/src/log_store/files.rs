@@ -131,8 +131,9 @@ impl FileLog {
     pub fn open(dir: &Path, purged: Option<u64>) -> io::Result<(Self, OpenReport)> {
         if !dir.exists() {
             std::fs::create_dir_all(dir)?;
-            if let Some(parent) = dir.parent() {
-                sync_dir(parent)?;
+            // The group's directory, and `raft-log` if it was new too.
+            for d in dir.ancestors().skip(1).take(2) {
+                sync_dir(d)?;
             }
         }
         let mut firsts: Vec<(u64, PathBuf)> = Vec::new();

@@ -216,6 +216,18 @@ impl LogStore {
         .map_err(|e| write_err(&e))
     }
 
+    /// The stored bytes (an entry's CBOR) of the entries held in
+    /// `from..to`, with their indexes: what a record holds, for tools and
+    /// tests.
+    pub fn raw_entries(&self, from: u64, to: u64) -> crate::Result<Vec<(u64, Vec<u8>)>> {
+        let plan = self.lock().plan(from, to);
+        let mut out = Vec::new();
+        for p in plan {
+            out.extend(p.read()?);
+        }
+        Ok(out)
+    }
+
     fn last_entry_id(&self) -> StoreResult<Option<LogId<NodeId>>> {
         let plan = {
             let log = self.lock();
