@@ -114,9 +114,11 @@ impl LogStore {
         }
         let files = Arc::new(Mutex::new(log));
         if settings.durability == Durability::Interval {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(flush_every(Arc::downgrade(&files), settings.flush_interval));
-            }
+            // Without its flusher an interval log would never be fsynced.
+            let rt = tokio::runtime::Handle::try_current().map_err(|_| {
+                crate::ReplicationError::Raft("an interval log needs a tokio runtime".into())
+            })?;
+            rt.spawn(flush_every(Arc::downgrade(&files), settings.flush_interval));
         }
         Ok(Self {
             files,
