@@ -141,6 +141,9 @@ pub struct RaftDb {
     db: sled::Db,
     blobs: Arc<BlobSync>,
     log_dir: PathBuf,
+    /// sled's data file, for a real fsync after sled's flush (see
+    /// [`RaftDb::sync_file`]).
+    file: Arc<std::fs::File>,
 }
 
 impl std::ops::Deref for RaftDb {
@@ -154,6 +157,15 @@ impl RaftDb {
     /// The database's blob files made durable so far.
     pub fn blobs(&self) -> &Arc<BlobSync> {
         &self.blobs
+    }
+
+    /// sled's data file (`<dir>/raft/db`). sled 0.34's flush ends with
+    /// `sync_file_range` on Linux, which neither flushes the device's
+    /// write cache nor commits metadata; an `fsync` of this file after it
+    /// does both, for what must survive a power cut (the vote, the purge
+    /// point).
+    pub fn sync_file(&self) -> &Arc<std::fs::File> {
+        &self.file
     }
 
     /// Where the groups' logs are: a directory of segment files per group
@@ -175,10 +187,12 @@ pub fn open_db(dir: &Path, settings: &NodeSettings) -> Result<RaftDb> {
         .path(&path)
         .flush_every_ms(flush_every)
         .open()?;
+    let file = Arc::new(std::fs::File::open(path.join("db"))?);
     Ok(RaftDb {
         db,
         blobs: Arc::new(BlobSync::new(&path)),
         log_dir: dir.join("raft-log"),
+        file,
     })
 }
 

@@ -12,8 +12,10 @@
 //! the applied mark and the snapshot records must change in one sled
 //! batch anyway; with the log gone from sled, its flush writes only them.
 //!
-//! Durability ([`Durability`]): the vote is flushed (fsync) before
-//! `save_vote` returns, in every mode — a node must never vote twice in a
+//! Durability ([`Durability`]): the vote is flushed (sled's flush, then
+//! an `fsync` of sled's file: sled 0.34's own flush is `sync_file_range`,
+//! which does not flush the device's cache) before `save_vote` returns,
+//! in every mode — a node must never vote twice in a
 //! term. In `Sync` mode an append is reported to openraft as persisted
 //! (so it counts toward the majority a commit needs) only after
 //! `fdatasync` of the segment file returned: one fsync per appended batch
@@ -66,6 +68,8 @@ pub fn group_log_dir(root: &Path, group: &str) -> PathBuf {
 pub struct LogStore {
     files: Arc<Mutex<FileLog>>,
     meta: sled::Tree,
+    /// sled's data file, fsynced after the meta flush.
+    db_file: Arc<std::fs::File>,
     durability: Durability,
 }
 
@@ -123,6 +127,7 @@ impl LogStore {
         Ok(Self {
             files,
             meta,
+            db_file: db.sync_file().clone(),
             durability: settings.durability,
         })
     }
@@ -152,12 +157,20 @@ impl LogStore {
         Ok(())
     }
 
+    /// Makes the vote and marks durable: sled's flush, then an `fsync` of
+    /// its file (sled's own flush is `sync_file_range`, which leaves them
+    /// in the device's write cache).
     async fn flush_meta(&self) -> StoreResult<()> {
         self.meta
             .flush_async()
             .await
             .map_err(|e| storage_io(StorageIOError::write(&e)))?;
-        Ok(())
+        let file = self.db_file.clone();
+        tokio::task::spawn_blocking(move || file.sync_all())
+            .await
+            .map_err(joined)
+            .and_then(|r| r)
+            .map_err(|e| storage_io(StorageIOError::write(&e)))
     }
 
     /// Runs `f` on the files off the async threads (file writes and fsyncs
