@@ -3,8 +3,8 @@
 //! A partition with replication factor R is one Raft group of R nodes
 //! (brokers). This crate owns what every group needs and knows nothing of
 //! topics: the openraft type configuration ([`TypeConfig`]: a command is
-//! opaque bytes the broker encodes), the durable log and vote in sled
-//! ([`log_store`]), the state machine that hands committed commands to an
+//! opaque bytes the broker encodes), the durable log (segment files)
+//! and vote (sled) ([`log_store`]), the state machine that hands committed commands to an
 //! [`Apply`] implementation and remembers what it applied
 //! ([`state_machine`]), the `Replication` gRPC service and its client
 //! ([`network`]; the code generated from this crate's own `.proto` is

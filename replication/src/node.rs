@@ -140,6 +140,10 @@ fn segment_size(path: &Path) -> usize {
 pub struct RaftDb {
     db: sled::Db,
     blobs: Arc<BlobSync>,
+    log_dir: PathBuf,
+    /// sled's data file, for a real fsync after sled's flush (see
+    /// [`RaftDb::sync_file`]).
+    file: Arc<std::fs::File>,
 }
 
 impl std::ops::Deref for RaftDb {
@@ -153,6 +157,21 @@ impl RaftDb {
     /// The database's blob files made durable so far.
     pub fn blobs(&self) -> &Arc<BlobSync> {
         &self.blobs
+    }
+
+    /// sled's data file (`<dir>/raft/db`). sled 0.34's flush ends with
+    /// `sync_file_range` on Linux, which neither flushes the device's
+    /// write cache nor commits metadata; an `fsync` of this file after it
+    /// does both, for what must survive a power cut (the vote, the purge
+    /// point).
+    pub fn sync_file(&self) -> &Arc<std::fs::File> {
+        &self.file
+    }
+
+    /// Where the groups' logs are: a directory of segment files per group
+    /// (`<dir>/raft-log`, next to the database; see [`crate::log_store`]).
+    pub fn log_dir(&self) -> &Path {
+        &self.log_dir
     }
 }
 
@@ -168,18 +187,32 @@ pub fn open_db(dir: &Path, settings: &NodeSettings) -> Result<RaftDb> {
         .path(&path)
         .flush_every_ms(flush_every)
         .open()?;
+    let file = Arc::new(std::fs::File::open(path.join("db"))?);
     Ok(RaftDb {
         db,
         blobs: Arc::new(BlobSync::new(&path)),
+        log_dir: dir.join("raft-log"),
+        file,
     })
 }
 
 /// Removes `group`'s Raft log, vote, applied mark and snapshots (its
 /// member on this node stopped: the group was deleted, or this node left
 /// it), so a group of the same name starts afresh.
-pub fn remove_group(db: &sled::Db, settings: &NodeSettings, group: &str) -> Result<()> {
+pub fn remove_group(db: &RaftDb, settings: &NodeSettings, group: &str) -> Result<()> {
     db.drop_tree(format!("log/{group}"))?;
     db.drop_tree(format!("meta/{group}"))?;
+    let log = crate::log_store::group_log_dir(db.log_dir(), group);
+    let converting = log.with_file_name(format!(
+        "{}.converting",
+        log.file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    ));
+    for d in [log, converting] {
+        if d.exists() {
+            std::fs::remove_dir_all(d)?;
+        }
+    }
     if let Some(root) = &settings.snapshot_dir {
         let dir = crate::snapshot::group_dir(root, group);
         if dir.exists() {
@@ -240,7 +273,7 @@ impl ReplicaNode {
         apply: Arc<dyn Apply>,
         registry: &GroupRegistry,
     ) -> Result<Self> {
-        let log = LogStore::open(db, db.blobs().clone(), group, settings.durability)?;
+        let log = LogStore::open(db, group, settings)?;
         let mut sm = StateMachine::open(
             db,
             group,

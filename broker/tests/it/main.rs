@@ -35,6 +35,7 @@ mod raft;
 mod raft_partition;
 mod raft_snapshot;
 mod raft_storage;
+mod raft_upgrade;
 mod retention;
 mod retry_refs;
 mod retry_tiers;

@@ -23,7 +23,9 @@
 //! are no record followed by a whole record are damage, refused); any other bad record, a broken chain of segments or a
 //! missing first segment refuses the store ([`StorageError::Corrupt`]).
 
-pub(crate) mod record;
+/// The record and file-header format (public: the Raft log of
+/// `ricochet-replication` writes the same frames).
+pub mod record;
 pub(crate) mod segment;
 pub(crate) mod upgrade;
 

@@ -180,6 +180,11 @@ impl Cluster {
         cluster
     }
 
+    /// Node `id`'s directory (its store and Raft files).
+    pub fn dir(&self, id: u64) -> PathBuf {
+        self._root.path().join(format!("node-{id}"))
+    }
+
     fn settings_for(&self, id: u64) -> NodeSettings {
         let mut s = self.settings.clone();
         for ((from, to), proxy) in &self.proxies {
@@ -191,8 +196,9 @@ impl Cluster {
     }
 
     async fn spawn(&self, id: u64, bind: SocketAddr) -> Node {
-        let dir = self._root.path().join(format!("node-{id}"));
-        start_node(id, dir, bind, self.settings_for(id)).await.0
+        start_node(id, self.dir(id), bind, self.settings_for(id))
+            .await
+            .0
     }
 
     pub fn node(&self, id: u64) -> &Node {
