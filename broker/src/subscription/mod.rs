@@ -112,7 +112,9 @@ pub(crate) fn retry_tier_name(rec: &SubscriptionRecord) -> Result<String> {
 }
 
 /// How far ahead of now a subscription keeps its held nacks' counts and
-/// holds in memory: the scheduler's window and a quarter more.
+/// holds in memory: the scheduler's window and a quarter more, so they are
+/// loaded at least a window before they are due, before the timer (which
+/// loads one window ahead) takes them.
 fn holds_ahead_ms(deps: &SubscriptionDeps) -> u64 {
     let w = deps.scheduler.window().as_millis() as u64;
     w.saturating_add(w / 4)
@@ -442,13 +444,15 @@ impl SubscriptionActor {
         }
     }
 
-    /// The hold end up to which held nacks are kept in memory, from now:
-    /// the scheduler's window and a quarter more, so they are loaded a
-    /// quarter window (15 s by default) before the timer takes them.
+    /// When the window load hook ([`Self::advance_holds`]) is next due: a
+    /// window before the horizon (a quarter window after it last moved),
+    /// if any hold waits in the far set.
     fn holds_wake_ms(&self) -> Option<u64> {
         let h = &self.deliveries.held;
-        h.has_far()
-            .then(|| h.horizon_ms().saturating_sub(holds_ahead_ms(&self.deps) * 4 / 5))
+        h.has_far().then(|| {
+            h.horizon_ms()
+                .saturating_sub(holds_ahead_ms(&self.deps) * 4 / 5)
+        })
     }
 
     /// The window load hook: once the horizon is less than a window ahead,
@@ -461,7 +465,7 @@ impl SubscriptionActor {
         let ahead = holds_ahead_ms(&self.deps);
         let now = self.deps.clock.now_ms();
         let horizon = self.deliveries.held.horizon_ms();
-        if horizon.saturating_sub(now) >= ahead * 4 / 5 {
+        if horizon.saturating_sub(now) > ahead * 4 / 5 {
             return;
         }
         let to = now.saturating_add(ahead);
@@ -521,7 +525,11 @@ impl SubscriptionActor {
     /// The stored hold end of held nack `entry` kept in the far set (an
     /// operator's question: it reads the subscription's whole schedule).
     fn far_hold_until(&self, entry: TierEntry) -> Option<u64> {
-        match self.deps.storage.held_heads_due(self.rec.id, 0, u64::MAX - 1) {
+        match self
+            .deps
+            .storage
+            .held_heads_due(self.rec.id, 0, u64::MAX - 1)
+        {
             Ok(heads) => heads
                 .into_iter()
                 .find(|(id, _)| *id == entry.entry_id)

@@ -97,7 +97,8 @@ async fn a_hold_beyond_the_window_comes_into_it_while_the_broker_runs() {
     assert_eq!(far.delivery_count, 2, "a delivery count never goes back");
     // And once more beyond the window: held, not dispatched early.
     let last = now_ms();
-    c.nack_after(far.id.clone().unwrap(), "far again", 4_000, 5).await;
+    c.nack_after(far.id.clone().unwrap(), "far again", 4_000, 5)
+        .await;
     confirmed(&mut c, vec![5]).await;
     assert_eq!(
         status(&b.url(), &t, id(1).entry_id).await,

@@ -429,10 +429,7 @@ impl SledStorage {
             return Ok(out);
         }
         let from = after_ms + 1;
-        let range = self.raw_chunks(
-            Some(from - from % BUCKET_MS),
-            Some(to_ms.saturating_add(1)),
-        );
+        let range = self.raw_chunks(Some(from - from % BUCKET_MS), Some(to_ms.saturating_add(1)));
         for kv in range {
             let (ck, v) = kv?;
             if chunk_sub(&ck) != sub_id || ck.get(16) != Some(&(TierId::Main as u8)) {

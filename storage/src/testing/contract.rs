@@ -325,8 +325,16 @@ pub fn check_held_heads_due_are_the_holds_ending_in_range(s: &dyn Storage) {
     // subscription 8 and a retry of 7 in the same range are not listed.
     let holds: Vec<_> = [(1, 500), (2, 1_500), (3, 2_000), (4, 9_000)]
         .into_iter()
-        .map(|(e, at)| (key(base + at, TierEntry::main(e).of(7)), held(e as u32, base + at)))
-        .chain([(key(base + 1_000, TierEntry::main(5).of(8)), held(5, base + 1_000))])
+        .map(|(e, at)| {
+            (
+                key(base + at, TierEntry::main(e).of(7)),
+                held(e as u32, base + at),
+            )
+        })
+        .chain([(
+            key(base + 1_000, TierEntry::main(5).of(8)),
+            held(5, base + 1_000),
+        )])
         .collect();
     s.put_held(&holds, &[]).unwrap();
     s.put_schedule(&[(key(base + 1_200, TierEntry::retry(6).of(7)), true)])
