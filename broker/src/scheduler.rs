@@ -51,6 +51,8 @@ pub struct Scheduler {
     tx: mpsc::UnboundedSender<Cmd>,
     /// Counters.
     pub stats: Arc<SchedulerStats>,
+    /// How far ahead of now the timer is loaded.
+    window: Duration,
 }
 
 impl std::fmt::Debug for Cmd {
@@ -89,7 +91,14 @@ impl Scheduler {
                 _ = stop.cancelled() => {}
             }
         });
-        Self { tx, stats }
+        Self { tx, stats, window }
+    }
+
+    /// How far ahead of now entries are loaded into the timer (the
+    /// `retry_window`): a subscription keeps the counts and times of its
+    /// held nacks ending within about as far (the window load hook).
+    pub fn window(&self) -> Duration {
+        self.window
     }
 
     /// Tells the scheduler about entries already persisted in the index.

@@ -378,6 +378,15 @@ impl SubscriptionStore for LogStorage {
         self.sled.failures_of(sub_id, tier)
     }
 
+    fn held_heads_due(
+        &self,
+        sub_id: u64,
+        after_ms: u64,
+        to_ms: u64,
+    ) -> Result<Vec<(u64, FailureHead)>> {
+        self.sled.held_heads_due(sub_id, after_ms, to_ms)
+    }
+
     fn main_failure_heads(&self, sub_id: u64) -> Result<Vec<(u64, FailureHead)>> {
         self.sled.main_failure_heads(sub_id)
     }

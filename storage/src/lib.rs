@@ -175,6 +175,48 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug + 'static {
             .collect())
     }
 
+    /// The heads (count, hold end) of the main-tier records of subscription
+    /// `sub_id` whose schedule entries are due after `after_ms` and at or
+    /// before `to_ms`, by entry id, in no particular order: what a
+    /// subscription loads of its held nacks as their hold ends come into
+    /// the retry window (the ones due later stay in storage only). A record
+    /// under its own key takes precedence, as in [`Self::failure`]. The
+    /// default pages through [`Self::scheduled`] and reads each record; an
+    /// engine that keeps heads beside its schedule reads them directly.
+    fn held_heads_due(
+        &self,
+        sub_id: u64,
+        after_ms: u64,
+        to_ms: u64,
+    ) -> Result<Vec<(u64, FailureHead)>> {
+        const PAGE: usize = 4_096;
+        let mut out = Vec::new();
+        let mut after = Some(ScheduleKey {
+            due_ms: after_ms,
+            message: SubMessage {
+                sub_id: u64::MAX,
+                tier: TierId::Retry,
+                entry_id: u64::MAX,
+            },
+        });
+        loop {
+            let keys = self.scheduled(after, to_ms.saturating_add(1), PAGE)?;
+            let more = keys.len() >= PAGE;
+            after = keys.last().copied();
+            for k in keys {
+                if k.message.sub_id != sub_id || k.message.tier != TierId::Main {
+                    continue;
+                }
+                if let Some(r) = self.failure(k.message, Some(k.due_ms))? {
+                    out.push((k.message.entry_id, FailureHead::of(&r)));
+                }
+            }
+            if !more {
+                return Ok(out);
+            }
+        }
+    }
+
     /// Writes (or with `None`, deletes) failure records.
     fn put_failures(&self, records: &[(SubMessage, Option<FailureRecord>)]) -> Result<()>;
 

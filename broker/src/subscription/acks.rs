@@ -45,7 +45,7 @@ impl SubscriptionActor {
                 message: msg,
             });
         }
-        let held = self.deliveries.held.remove(&entry).is_some();
+        let held = self.deliveries.held.remove(&entry);
         let counted = self.deliveries.counted.remove(&entry).is_some();
         if self.deliveries.failures.remove(&entry).is_some()
             || held

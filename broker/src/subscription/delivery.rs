@@ -126,7 +126,9 @@ impl Deliveries {
         let entry = TierEntry::main(entry_id);
         // A held nack is scheduled until its hold fires (then it is due or ready).
         let fired = self.ready.contains_key(&entry) || self.due.contains_key(&entry);
-        let held = (self.held.get(&entry).is_some_and(|h| h.until_ms > now_ms) && !fired)
+        let held = ((self.held.get(&entry).is_some_and(|h| h.until_ms > now_ms)
+            || self.held.is_far(&entry))
+            && !fired)
             || self
                 .failures
                 .get(&entry)
@@ -157,8 +159,7 @@ impl Deliveries {
     pub fn shrink(&mut self) {
         shrink_map(&mut self.in_flight);
         shrink_map(&mut self.failures);
-        shrink_map(&mut self.held.packed);
-        shrink_map(&mut self.held.wide);
+        self.held.shrink();
         shrink_map(&mut self.counted);
     }
 
@@ -174,16 +175,37 @@ impl Deliveries {
 
 /// Main-tier messages under a nack the broker holds: entry id → [`Held`].
 ///
-/// A subscription can hold millions of them (one per parked nack), so each
-/// costs one 16-byte slot of a hash table: the entry id, and the count and
-/// hold end packed into one word ([`pack`]), against 32 bytes for a
-/// `HashMap<TierEntry, Held>` slot. A count or time too large to pack (a
-/// count over a million, a time past the year 2527) goes to a second,
-/// unpacked table, so nothing is rounded.
-#[derive(Debug, Default)]
+/// A subscription can hold millions of them (one per parked nack). Only
+/// the holds ending by [`HeldNacks::horizon_ms`] (about one retry window
+/// ahead) are kept with their counts and times, each in one 16-byte slot of
+/// a hash table: the entry id, and the count and hold end packed into one
+/// word ([`pack`]); a count or time too large to pack (a count over a
+/// million, a time past the year 2527) goes to a second, unpacked table,
+/// so nothing is rounded. The rest are only members of a compressed bitmap
+/// (`far`, a few bits per entry for runs of nacked ids): their counts and
+/// holds stay in storage, and are loaded (see [`HeldNacks::promote`]) when
+/// their hold comes into the window or when their schedule entry fires,
+/// before they can be dispatched.
+#[derive(Debug)]
 pub(super) struct HeldNacks {
     packed: HashMap<u64, u64, rustc_hash::FxBuildHasher>,
     wide: HashMap<u64, Held, rustc_hash::FxBuildHasher>,
+    /// Held, ending after `horizon_ms`: count and hold in storage only.
+    far: roaring::RoaringTreemap,
+    /// Every hold ending at or before this is in `packed` or `wide`.
+    horizon_ms: u64,
+}
+
+impl Default for HeldNacks {
+    /// Everything in memory (no horizon) until one is set.
+    fn default() -> Self {
+        Self {
+            packed: HashMap::default(),
+            wide: HashMap::default(),
+            far: roaring::RoaringTreemap::new(),
+            horizon_ms: u64::MAX,
+        }
+    }
 }
 
 /// Bits of a packed slot that hold the hold's end (ms since the epoch).
@@ -203,15 +225,28 @@ fn unpack(word: u64) -> Held {
 }
 
 impl HeldNacks {
-    /// Records (or replaces) the hold of main-tier message `entry`; an
-    /// entry of another tier is never held (a retry-tier message waits in
-    /// its schedule) and is ignored.
+    /// Records (or replaces) the hold of main-tier message `entry`: with
+    /// its count and time if it ends by the horizon, else as a member of
+    /// the far set only (its record, stored with the hold, has the rest).
+    /// An entry of another tier is never held (a retry-tier message waits
+    /// in its schedule) and is ignored.
     pub fn insert(&mut self, entry: TierEntry, held: Held) {
         debug_assert_eq!(entry.tier, TierId::Main, "only main-tier nacks are held");
         if entry.tier != TierId::Main {
             return;
         }
         let id = entry.entry_id;
+        if held.until_ms > self.horizon_ms {
+            self.packed.remove(&id);
+            self.wide.remove(&id);
+            self.far.insert(id);
+            return;
+        }
+        self.far.remove(id);
+        self.insert_near(id, held);
+    }
+
+    fn insert_near(&mut self, id: u64, held: Held) {
         match pack(held) {
             Some(word) => {
                 self.wide.remove(&id);
@@ -224,14 +259,49 @@ impl HeldNacks {
         }
     }
 
-    /// Makes room for `n` more holds (of counts and times that pack, as
-    /// all but the rarest do), so a start that inserts them one by one
-    /// does not regrow the table.
+    /// Makes room for `n` more holds in memory (of counts and times that
+    /// pack, as all but the rarest do), so a start that inserts them one by
+    /// one does not regrow the table.
     pub fn reserve(&mut self, n: usize) {
         self.packed.reserve(n);
     }
 
-    /// The hold of `entry`, if it is held.
+    /// The hold end up to which holds are kept with their counts and times.
+    pub fn horizon_ms(&self) -> u64 {
+        self.horizon_ms
+    }
+
+    /// Moves the horizon to `to_ms` (never back). The caller loads the
+    /// holds ending up to it first ([`Self::promote`]).
+    pub fn set_horizon(&mut self, to_ms: u64) {
+        if self.horizon_ms == u64::MAX || to_ms > self.horizon_ms {
+            self.horizon_ms = to_ms;
+        }
+    }
+
+    /// Loads the count and hold of far entry `entry_id`, read from its
+    /// stored record; false (and nothing changed) if it is not in the far
+    /// set (settled meanwhile, or already loaded).
+    pub fn promote(&mut self, entry_id: u64, held: Held) -> bool {
+        if !self.far.remove(entry_id) {
+            return false;
+        }
+        self.insert_near(entry_id, held);
+        true
+    }
+
+    /// Whether `entry` is held with its count and time in storage only.
+    pub fn is_far(&self, entry: &TierEntry) -> bool {
+        entry.tier == TierId::Main && self.far.contains(entry.entry_id)
+    }
+
+    /// Whether any hold is kept in the far set.
+    pub fn has_far(&self) -> bool {
+        !self.far.is_empty()
+    }
+
+    /// The hold of `entry`, if it is held and ends by the horizon (a far
+    /// one is [`Self::is_far`]).
     pub fn get(&self, entry: &TierEntry) -> Option<Held> {
         if entry.tier != TierId::Main {
             return None;
@@ -243,21 +313,19 @@ impl HeldNacks {
             .or_else(|| self.wide.get(&id).copied())
     }
 
-    /// Whether `entry` is held.
+    /// Whether `entry` is held (near or far).
     pub fn contains_key(&self, entry: &TierEntry) -> bool {
-        self.get(entry).is_some()
+        self.get(entry).is_some() || self.is_far(entry)
     }
 
-    /// Forgets the hold of `entry`; what it was.
-    pub fn remove(&mut self, entry: &TierEntry) -> Option<Held> {
+    /// Forgets the hold of `entry`; whether it was held.
+    pub fn remove(&mut self, entry: &TierEntry) -> bool {
         if entry.tier != TierId::Main {
-            return None;
+            return false;
         }
         let id = entry.entry_id;
-        self.packed
-            .remove(&id)
-            .map(unpack)
-            .or_else(|| self.wide.remove(&id))
+        let near = self.packed.remove(&id).is_some() | self.wide.remove(&id).is_some();
+        self.far.remove(id) | near
     }
 
     /// Every held entry, in no particular order.
@@ -265,13 +333,21 @@ impl HeldNacks {
         self.packed
             .keys()
             .chain(self.wide.keys())
-            .map(|id| TierEntry::main(*id))
+            .copied()
+            .chain(self.far.iter())
+            .map(TierEntry::main)
     }
 
     /// How many are held.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.packed.len() + self.wide.len()
+        self.packed.len() + self.wide.len() + self.far.len() as usize
+    }
+
+    /// Shrinks the in-memory tables (see [`Deliveries::shrink`]).
+    fn shrink(&mut self) {
+        shrink_map(&mut self.packed);
+        shrink_map(&mut self.wide);
     }
 }
 
@@ -406,16 +482,57 @@ mod tests {
         assert_eq!(h.get(&TierEntry::main(1)).map(|x| x.count), Some(u32::MAX));
         // Another tier is never held.
         assert_eq!(h.get(&TierEntry::retry(2)), None);
-        assert_eq!(h.remove(&TierEntry::retry(2)), None);
+        assert!(!h.remove(&TierEntry::retry(2)));
         let mut keys: Vec<u64> = h.keys().map(|e| e.entry_id).collect();
         keys.sort_unstable();
         assert_eq!(keys, [1, 2, 3, 4, 5]);
-        assert_eq!(
-            h.remove(&TierEntry::main(4)).map(|x| x.until_ms),
-            Some(u64::MAX)
-        );
+        assert!(h.remove(&TierEntry::main(4)));
         assert!(!h.contains_key(&TierEntry::main(4)));
         assert_eq!(h.len(), 4);
+    }
+
+    #[test]
+    fn holds_beyond_the_horizon_are_only_members_until_loaded() {
+        let mut h = HeldNacks::default();
+        let held = |count, until_ms| Held { count, until_ms };
+        h.set_horizon(1_000);
+        h.insert(TierEntry::main(1), held(1, 900));
+        h.insert(TierEntry::main(2), held(3, 5_000));
+        h.insert(TierEntry::main(3), held(1, 1_000));
+        // Inside: count and time in memory; beyond: held, nothing else.
+        assert_eq!(h.get(&TierEntry::main(1)), Some(held(1, 900)));
+        assert_eq!(h.get(&TierEntry::main(3)), Some(held(1, 1_000)));
+        assert_eq!(h.get(&TierEntry::main(2)), None);
+        assert!(h.contains_key(&TierEntry::main(2)) && h.is_far(&TierEntry::main(2)));
+        assert!(!h.is_far(&TierEntry::main(1)) && h.has_far());
+        assert_eq!((h.packed.len(), h.far.len()), (2, 1));
+        // Every held entry is listed, near or far.
+        let mut keys: Vec<u64> = h.keys().map(|e| e.entry_id).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, [1, 2, 3]);
+        // The horizon never goes back.
+        h.set_horizon(6_000);
+        h.set_horizon(10);
+        assert_eq!(h.horizon_ms(), 6_000);
+        // Loaded from its stored record once it comes into the window.
+        assert!(h.promote(2, held(3, 5_000)));
+        assert!(!h.promote(2, held(9, 9)), "loaded once");
+        assert!(!h.promote(7, held(1, 1)), "never held");
+        assert_eq!(h.get(&TierEntry::main(2)), Some(held(3, 5_000)));
+        assert!(!h.has_far());
+        // A re-hold beyond the horizon drops the old count and time, and a
+        // removal forgets it wherever it is.
+        h.insert(TierEntry::main(1), held(2, 7_000));
+        assert_eq!(h.get(&TierEntry::main(1)), None);
+        assert!(h.is_far(&TierEntry::main(1)));
+        assert!(h.remove(&TierEntry::main(1)));
+        assert!(!h.contains_key(&TierEntry::main(1)));
+        assert!(!h.remove(&TierEntry::main(1)));
+        assert_eq!(h.len(), 2);
+        // Without a horizon (the default) everything is kept in memory.
+        let mut all = HeldNacks::default();
+        all.insert(TierEntry::main(1), held(1, u64::MAX));
+        assert_eq!(all.get(&TierEntry::main(1)), Some(held(1, u64::MAX)));
     }
 
     #[test]

@@ -120,7 +120,7 @@ impl SubscriptionActor {
                     message: entry.of(self.rec.id),
                 };
                 let _ = self.deps.storage.put_schedule(&[(stale, false)]);
-                if self.deliveries.held.remove(&entry).is_some() {
+                if self.deliveries.held.remove(&entry) {
                     let _ = self
                         .deps
                         .storage

@@ -25,6 +25,7 @@ mod durability;
 mod example_config;
 mod failure_events;
 mod held_layout;
+mod held_window;
 mod hostile;
 mod ids_across_crashes;
 mod metrics;

@@ -527,6 +527,15 @@ impl SubscriptionStore for SledStorage {
         self.main_heads(sub_id)
     }
 
+    fn held_heads_due(
+        &self,
+        sub_id: u64,
+        after_ms: u64,
+        to_ms: u64,
+    ) -> Result<Vec<(u64, FailureHead)>> {
+        self.sched_heads_due(sub_id, after_ms, to_ms)
+    }
+
     fn failure_heads(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureHead)>> {
         if tier == TierId::Main {
             return Ok(self

@@ -414,6 +414,47 @@ impl SledStorage {
         })
     }
 
+    /// [`SubscriptionStore::held_heads_due`]: the heads stored beside the
+    /// main-tier schedule entries of `sub_id` due in `(after_ms, to_ms]`,
+    /// read from the chunks of those buckets without decoding the records
+    /// (checksums checked); a record under its own key in `failures` wins.
+    pub(super) fn sched_heads_due(
+        &self,
+        sub_id: u64,
+        after_ms: u64,
+        to_ms: u64,
+    ) -> Result<Vec<(u64, FailureHead)>> {
+        let mut out = Vec::new();
+        if to_ms <= after_ms {
+            return Ok(out);
+        }
+        let from = after_ms + 1;
+        let range = self.raw_chunks(Some(from - from % BUCKET_MS), Some(to_ms.saturating_add(1)));
+        for kv in range {
+            let (ck, v) = kv?;
+            if chunk_sub(&ck) != sub_id || ck.get(16) != Some(&(TierId::Main as u8)) {
+                continue;
+            }
+            visit(unseal(&ck, &v)?, |i| {
+                if i.slot != Slot::Empty && i.due_ms > after_ms && i.due_ms <= to_ms {
+                    out.push((i.entry_id, i.head));
+                }
+            })?;
+        }
+        for (entry_id, head) in &mut out {
+            let key = SubMessage {
+                sub_id,
+                tier: TierId::Main,
+                entry_id: *entry_id,
+            }
+            .key();
+            if let Some(v) = self.failures.get(key)? {
+                *head = codec::decode_failure_head(unseal(&key, &v)?)?;
+            }
+        }
+        Ok(out)
+    }
+
     /// One transaction over `sched` and `sched_big`.
     pub(super) fn sched_tx(&self, f: impl Fn(&mut SchedWrites<'_>) -> TxResult<()>) -> Result<()> {
         tx_result((&self.sched, &self.sched_big).transaction(|(chunks, big)| {

@@ -308,6 +308,60 @@ pub fn check_failure_heads_are_the_records_counts_and_holds(s: &dyn Storage) {
     assert_eq!(want[2].1.count, 64);
 }
 
+/// The heads of the holds ending in a time range, as a subscription loads
+/// them when they come into its retry window.
+pub fn check_held_heads_due_are_the_holds_ending_in_range(s: &dyn Storage) {
+    let base = 1_764_000_000_000u64;
+    let held = |count: u32, until: u64| FailureRecord {
+        hold_until_ms: until,
+        ..record(count)
+    };
+    let head = |count: u32, until: u64| FailureHead {
+        count,
+        hold_until_ms: until,
+    };
+    let key = |due_ms: u64, message| ScheduleKey { due_ms, message };
+    // Subscription 7: holds ending on both sides of bucket edges; one of
+    // subscription 8 and a retry of 7 in the same range are not listed.
+    let holds: Vec<_> = [(1, 500), (2, 1_500), (3, 2_000), (4, 9_000)]
+        .into_iter()
+        .map(|(e, at)| {
+            (
+                key(base + at, TierEntry::main(e).of(7)),
+                held(e as u32, base + at),
+            )
+        })
+        .chain([(
+            key(base + 1_000, TierEntry::main(5).of(8)),
+            held(5, base + 1_000),
+        )])
+        .collect();
+    s.put_held(&holds, &[]).unwrap();
+    s.put_schedule(&[(key(base + 1_200, TierEntry::retry(6).of(7)), true)])
+        .unwrap();
+    let due = |after: u64, to: u64| {
+        let mut v = s.held_heads_due(7, after, to).unwrap();
+        v.sort_by_key(|(e, _)| *e);
+        v
+    };
+    // After is excluded, to included.
+    assert_eq!(
+        due(base + 500, base + 2_000),
+        vec![(2, head(2, base + 1_500)), (3, head(3, base + 2_000))]
+    );
+    assert_eq!(due(base, base + 499), vec![]);
+    assert_eq!(due(base + 9_000, u64::MAX - 1), vec![]);
+    let all: Vec<u64> = due(0, u64::MAX - 1).iter().map(|(e, _)| *e).collect();
+    assert_eq!(all, vec![1, 2, 3, 4]);
+    // A record written later under its own key takes precedence.
+    s.put_failures(&[(TierEntry::main(3).of(7), Some(held(7, base + 2_000)))])
+        .unwrap();
+    assert_eq!(
+        due(base + 1_999, base + 2_000),
+        vec![(3, head(7, base + 2_000))]
+    );
+}
+
 pub fn check_dead_letter_moves_list_page_and_remove(s: &dyn Storage) {
     let items = (0..3)
         .map(|i| MoveItem {
@@ -788,6 +842,7 @@ macro_rules! storage_contract {
             check_logs_append_read_trim_and_never_reuse_ids,
             check_retry_moves_keep_the_failure_record_in_the_schedule_entry,
             check_failure_heads_are_the_records_counts_and_holds,
+            check_held_heads_due_are_the_holds_ending_in_range,
             check_dead_letter_moves_list_page_and_remove,
             check_the_schedule_is_a_time_index_paged_in_key_order,
             check_dead_letters_return_to_the_retry_tier_all_or_nothing,
