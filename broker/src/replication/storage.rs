@@ -258,6 +258,15 @@ impl SubscriptionStore for ReplicatedStorage {
         self.local.main_failure_heads(sub_id)
     }
 
+    fn held_heads_due(
+        &self,
+        sub_id: u64,
+        after_ms: u64,
+        to_ms: u64,
+    ) -> Result<Vec<(u64, FailureHead)>> {
+        self.local.held_heads_due(sub_id, after_ms, to_ms)
+    }
+
     fn failure_heads(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureHead)>> {
         self.local.failure_heads(sub_id, tier)
     }
