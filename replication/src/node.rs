@@ -9,7 +9,7 @@ use crate::state_machine::StateMachine;
 use crate::{Apply, Command, NodeId, Raft, ReplicationError, Result};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, SnapshotPolicy};
-use ricochet_storage::sled_blobs::BlobSync;
+use ricochet_storage::sled_sync::SledSync;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -132,18 +132,13 @@ fn segment_size(path: &Path) -> usize {
 }
 
 /// A node's Raft database, shared by its groups (derefs to the sled
-/// database), with the record of which of sled's blob files were made
-/// durable: an entry above a quarter of the segment size (1 MiB) is a blob
-/// file, which sled never fsyncs, so a group's log flush syncs new ones
-/// first (see `ricochet_storage::sled_blobs`).
+/// database), with its durable flush: sled's own flush is not (see
+/// `ricochet_storage::sled_sync`).
 #[derive(Debug, Clone)]
 pub struct RaftDb {
     db: sled::Db,
-    blobs: Arc<BlobSync>,
+    sync: Arc<SledSync>,
     log_dir: PathBuf,
-    /// sled's data file, for a real fsync after sled's flush (see
-    /// [`RaftDb::sync_file`]).
-    file: Arc<std::fs::File>,
 }
 
 impl std::ops::Deref for RaftDb {
@@ -154,18 +149,11 @@ impl std::ops::Deref for RaftDb {
 }
 
 impl RaftDb {
-    /// The database's blob files made durable so far.
-    pub fn blobs(&self) -> &Arc<BlobSync> {
-        &self.blobs
-    }
-
-    /// sled's data file (`<dir>/raft/db`). sled 0.34's flush ends with
-    /// `sync_file_range` on Linux, which neither flushes the device's
-    /// write cache nor commits metadata; an `fsync` of this file after it
-    /// does both, for what must survive a power cut (the vote, the purge
-    /// point).
-    pub fn sync_file(&self) -> &Arc<std::fs::File> {
-        &self.file
+    /// The database's durable flush (blob files, sled's flush, an
+    /// `fdatasync` of its data file), for what must survive a power cut:
+    /// the vote, the purge point, the applied mark.
+    pub fn sync(&self) -> &Arc<SledSync> {
+        &self.sync
     }
 
     /// Where the groups' logs are: a directory of segment files per group
@@ -187,12 +175,10 @@ pub fn open_db(dir: &Path, settings: &NodeSettings) -> Result<RaftDb> {
         .path(&path)
         .flush_every_ms(flush_every)
         .open()?;
-    let file = Arc::new(std::fs::File::open(path.join("db"))?);
     Ok(RaftDb {
+        sync: Arc::new(SledSync::open(&path)?),
         db,
-        blobs: Arc::new(BlobSync::new(&path)),
         log_dir: dir.join("raft-log"),
-        file,
     })
 }
 

@@ -36,6 +36,7 @@ use openraft::{
     BasicNode, Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, OptionalSend,
     RaftSnapshotBuilder, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
 };
+use ricochet_storage::sled_sync::SledSync;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -102,6 +103,9 @@ type Mark = (Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>);
 pub struct StateMachine {
     apply: Arc<dyn Apply>,
     meta: sled::Tree,
+    /// The database's durable flush (sled's own is not, see
+    /// `ricochet_storage::sled_sync`).
+    sync: Arc<SledSync>,
     /// What has been applied (in memory; the stored mark may be behind).
     current: Arc<Mutex<Mark>>,
     /// Held while a batch is applied and while a snapshot is captured.
@@ -118,7 +122,7 @@ impl StateMachine {
     /// The state machine of `group` on `db`, applying through `apply`,
     /// keeping its snapshots under `snapshot_root` (none when `None`).
     pub fn open(
-        db: &sled::Db,
+        db: &crate::RaftDb,
         group: &str,
         _durability: Durability,
         apply: Arc<dyn Apply>,
@@ -140,6 +144,7 @@ impl StateMachine {
         Ok(Self {
             apply,
             meta,
+            sync: db.sync().clone(),
             current: Arc::new(Mutex::new(current)),
             applying: Default::default(),
             dir,
@@ -211,7 +216,7 @@ impl StateMachine {
         batch.insert(SNAPSHOT, encode(meta)?);
         batch.remove(INSTALLING);
         self.meta.apply_batch(batch)?;
-        self.meta.flush_async().await?;
+        self.sync.flush(&self.meta).await?;
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = mark;
         if let Some(dir) = path.parent() {
             remove_others(dir, path);
@@ -272,7 +277,7 @@ impl StateMachine {
             snapshot_id: id,
         };
         self.meta.insert(SNAPSHOT, encode(&meta)?)?;
-        self.meta.flush_async().await?;
+        self.sync.flush(&self.meta).await?;
         remove_others(&dir, &path);
         tracing::info!(
             snapshot = %meta.snapshot_id,
@@ -339,7 +344,7 @@ impl StateMachine {
         std::fs::rename(&received, &path)?;
         sync_dir(dir)?;
         self.meta.insert(INSTALLING, encode(meta)?)?;
-        self.meta.flush_async().await?;
+        self.sync.flush(&self.meta).await?;
         self.install_file(meta, &path).await
     }
 }

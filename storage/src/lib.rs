@@ -26,8 +26,8 @@ mod memory;
 mod records;
 pub mod refs;
 pub mod segments;
-pub mod sled_blobs;
 mod sled_store;
+pub mod sled_sync;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tiered;

@@ -46,6 +46,7 @@ use openraft::{
     Entry, EntryPayload, LogId, LogState, OptionalSend, RaftLogId, RaftLogReader, StorageError,
     StorageIOError, Vote,
 };
+use ricochet_storage::sled_sync::SledSync;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
@@ -68,8 +69,8 @@ pub fn group_log_dir(root: &Path, group: &str) -> PathBuf {
 pub struct LogStore {
     files: Arc<Mutex<FileLog>>,
     meta: sled::Tree,
-    /// sled's data file, fsynced after the meta flush.
-    db_file: Arc<std::fs::File>,
+    /// The database's durable flush, for the vote and marks.
+    sync: Arc<SledSync>,
     durability: Durability,
 }
 
@@ -127,7 +128,7 @@ impl LogStore {
         Ok(Self {
             files,
             meta,
-            db_file: db.sync_file().clone(),
+            sync: db.sync().clone(),
             durability: settings.durability,
         })
     }
@@ -157,19 +158,13 @@ impl LogStore {
         Ok(())
     }
 
-    /// Makes the vote and marks durable: sled's flush, then an `fsync` of
-    /// its file (sled's own flush is `sync_file_range`, which leaves them
-    /// in the device's write cache).
+    /// Makes the vote and marks durable: sled's flush, then an
+    /// `fdatasync` of its file (sled's own flush is `sync_file_range`,
+    /// which leaves them in the device's write cache).
     async fn flush_meta(&self) -> StoreResult<()> {
-        self.meta
-            .flush_async()
+        self.sync
+            .flush(&self.meta)
             .await
-            .map_err(|e| storage_io(StorageIOError::write(&e)))?;
-        let file = self.db_file.clone();
-        tokio::task::spawn_blocking(move || file.sync_all())
-            .await
-            .map_err(joined)
-            .and_then(|r| r)
             .map_err(|e| storage_io(StorageIOError::write(&e)))
     }
 

@@ -97,10 +97,8 @@ impl MetaStore for SledStorage {
     }
 
     async fn flush(&self) -> Result<()> {
-        // Blob files first: sled's flush makes durable only the log
-        // records that point at them (see `sled_blobs`).
-        self.blobs.sync_new()?;
-        self.db.flush_async().await?;
+        // Blob files, sled's flush, its data file (see `sled_sync`).
+        self.sync.flush(&self.db).await?;
         Ok(())
     }
 

@@ -69,7 +69,7 @@ pub struct SledStorage {
     sched_big: Tree,
     deadletters: Tree,
     /// sled's blob files, fsynced before each flush.
-    blobs: crate::sled_blobs::BlobSync,
+    sync: crate::sled_sync::SledSync,
     segment_entries: u64,
     /// Open segment trees per topic, by segment number.
     segments: Mutex<HashMap<String, BTreeMap<u64, Tree>>>,
@@ -159,7 +159,7 @@ impl SledStorage {
             sched: db.open_tree("sched")?,
             sched_big: db.open_tree("sched_big")?,
             deadletters: db.open_tree("deadletters")?,
-            blobs: crate::sled_blobs::BlobSync::new(dir),
+            sync: crate::sled_sync::SledSync::open(dir)?,
             db,
             dir: dir.to_owned(),
             segment_entries,

@@ -280,8 +280,24 @@ async fn the_stores_flush_makes_sled_blob_files_durable_first() {
     s.flush().await.unwrap();
     // Everything sled wrote as a blob was synced by the flush: nothing is
     // left for another pass to sync.
-    assert_eq!(s.blobs.sync_new().unwrap(), 0);
+    assert_eq!(s.sync.sync_new().unwrap(), 0);
     drop(s);
     let s = SledStorage::open(dir.path(), 16_384, 8 << 20).unwrap();
     assert_eq!(s.failure(at, None).unwrap(), Some(record));
+}
+
+/// sled's flush ends with `sync_file_range`, which leaves the written pages
+/// in the device's write cache: the store's flush `fdatasync`s sled's data
+/// file after it, every time.
+#[tokio::test]
+async fn a_durable_flush_fdatasyncs_sleds_data_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SledStorage::open(dir.path(), 16_384, 8 << 20).unwrap();
+    let before = s.sync.data_syncs();
+    let at = crate::records::TierEntry::retry(7).of(3);
+    let record = crate::records::sample_history(2);
+    s.put_failures(&[(at, Some(record.clone()))]).unwrap();
+    s.flush().await.unwrap();
+    s.flush().await.unwrap();
+    assert_eq!(s.sync.data_syncs(), before + 2);
 }
