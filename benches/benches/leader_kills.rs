@@ -261,6 +261,9 @@ struct Takeover {
     placed: Option<Duration>,
     /// Kill → the probe's receipt.
     receipt: Duration,
+    /// When the kill was sent (wall clock, to line the brokers' logs up
+    /// with it).
+    at: std::time::SystemTime,
 }
 
 /// Kills the leader `victim`, publishes a probe through `probe` and times
@@ -282,6 +285,7 @@ async fn kill_and_time(
     let watcher = client(&survivor).await;
     let placed: Arc<Mutex<Option<Duration>>> = Arc::default();
     let killed = Instant::now();
+    let at = std::time::SystemTime::now();
     brokers[victim].kill9();
     let watching = {
         let placed = placed.clone();
@@ -304,7 +308,11 @@ async fn kill_and_time(
     match sent {
         Ok(Ok(_)) => {
             h.receipted(&id);
-            Some(Takeover { placed, receipt })
+            Some(Takeover {
+                placed,
+                receipt,
+                at,
+            })
         }
         _ => None,
     }
@@ -406,8 +414,11 @@ async fn main() {
                     placed_ms.record(ms(p)).unwrap();
                 }
                 println!(
-                    "kill {:>3}: leader {lead} killed; Lookup names another after {} ms, probe receipted after {} ms",
+                    "kill {:>3}: leader {lead} killed at {} (unix ms); Lookup names another after {} ms, probe receipted after {} ms",
                     k + 1,
+                    t.at
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis()),
                     t.placed.map_or("-".to_owned(), |p| ms(p).to_string()),
                     ms(t.receipt)
                 );

@@ -134,8 +134,13 @@ impl Replication for ReplicationService {
     }
 
     async fn vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        let group = req.get_ref().group.clone();
         let (raft, rpc): (_, VoteRequest<NodeId>) = self.open(req)?;
-        reply(raft.vote(rpc).await)
+        let answer = raft.vote(rpc.clone()).await;
+        if let Ok(resp) = &answer {
+            crate::takeover::after_vote(&group, &raft, &rpc, resp);
+        }
+        reply(answer)
     }
 
     async fn install_snapshot(
