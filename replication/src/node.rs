@@ -217,6 +217,10 @@ pub struct ReplicaNode {
     raft: Raft,
     registry: GroupRegistry,
     checkpoints: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// How peers are reached ([`NodeSettings::peer_addrs`],
+    /// [`NodeSettings::transport`]), for the calls made outside openraft.
+    peer_addrs: BTreeMap<NodeId, String>,
+    transport: PeerTransport,
 }
 
 impl std::fmt::Debug for ReplicaNode {
@@ -286,6 +290,8 @@ impl ReplicaNode {
             raft,
             registry: registry.clone(),
             checkpoints: std::sync::Mutex::new(checkpoints),
+            peer_addrs: settings.peer_addrs.clone(),
+            transport: settings.transport.clone(),
         })
     }
 
@@ -463,6 +469,85 @@ impl ReplicaNode {
         tokio::time::timeout(within, work).await.map_err(|_| {
             ReplicationError::Raft(format!(
                 "group {}: the membership change did not finish within {within:?}",
+                self.group
+            ))
+        })?
+    }
+
+    /// Hands the leadership to voter `to`, on the leader, once the caller
+    /// stopped proposing (a transfer in a log that still grows fails):
+    /// waits until `to` holds the whole log, asks it to stand for election
+    /// (the `Elect` call), and answers once this node knows `to` leads.
+    /// `to` wins at once when this node has led for longer than its lease
+    /// (`election_timeout_max`; a younger leader refuses the vote and the
+    /// group elects after an election timeout instead) and the third
+    /// member's vote is not needed. `within` bounds the whole; on an error
+    /// this node may still lead (the caller resumes), or not.
+    pub async fn transfer_leadership(&self, to: NodeId, within: Duration) -> Result<()> {
+        let not_leader = |leader| ReplicationError::NotLeader {
+            group: self.group.clone(),
+            leader,
+            leader_addr: None,
+        };
+        let work = async {
+            let addr = {
+                let m = self.raft.metrics().borrow().clone();
+                if m.current_leader != Some(self.id) {
+                    return Err(not_leader(m.current_leader));
+                }
+                let membership = m.membership_config.membership();
+                if to == self.id || !membership.voter_ids().any(|v| v == to) {
+                    return Err(ReplicationError::Raft(format!(
+                        "group {}: node {to} is not another voter",
+                        self.group
+                    )));
+                }
+                match self.peer_addrs.get(&to) {
+                    Some(a) => a.clone(),
+                    None => membership
+                        .get_node(&to)
+                        .map(|n| n.addr.clone())
+                        .unwrap_or_default(),
+                }
+            };
+            let stopped = || ReplicationError::Stopped {
+                group: self.group.clone(),
+                message: "the node stopped during a leadership transfer".into(),
+            };
+            let mut metrics = self.raft.metrics();
+            let caught_up = metrics
+                .wait_for(|m| {
+                    let held = m
+                        .replication
+                        .as_ref()
+                        .and_then(|r| r.get(&to).copied().flatten())
+                        .map(|l| l.index);
+                    m.current_leader != Some(self.id) || held >= m.last_log_index
+                })
+                .await
+                .map_err(|_| stopped())?
+                .clone();
+            if caught_up.current_leader != Some(self.id) {
+                return Err(not_leader(caught_up.current_leader));
+            }
+            tracing::info!(group = %self.group, node = to, last = ?caught_up.last_log_index, "handing the leadership over");
+            crate::network::ask_to_elect(
+                &self.transport,
+                &addr,
+                &self.group,
+                self.id,
+                caught_up.last_log_index,
+            )
+            .await?;
+            metrics
+                .wait_for(|m| m.current_leader == Some(to))
+                .await
+                .map_err(|_| stopped())?;
+            Ok(())
+        };
+        tokio::time::timeout(within, work).await.map_err(|_| {
+            ReplicationError::Raft(format!(
+                "group {}: node {to} did not take the leadership within {within:?}",
                 self.group
             ))
         })?

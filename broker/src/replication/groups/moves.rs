@@ -17,9 +17,9 @@
 //! broker, no longer named, stops its member and deletes its copy. The
 //! caller waits until `leaving` no longer names the broker.
 //!
-//! openraft 0.9 has no leadership transfer, so a move to a broker that is
-//! a member already (which would only move the leadership) is refused, and
-//! the leader after a leaving leader is the one the group elects.
+//! A move to a broker that is a member already only moves the leadership
+//! ([`super::transfer`]); the leader after a leaving leader is the one the
+//! group elects.
 
 use super::{GroupRecord, Groups};
 use crate::error::{BrokerError, Result};
@@ -72,13 +72,9 @@ impl Groups {
                     "{topic} is on broker {t} already"
                 )));
             }
+            // A member already: only the leadership moves.
             Some(t) if record.members.iter().any(|m| m == t) => {
-                return Err(BrokerError::Conflict(format!(
-                    "broker {t} holds a replica of {topic} already (members {:?}); moving to it \
-                     would only move the leadership, which openraft 0.9 cannot hand to a chosen \
-                     member: move it to a broker outside the group",
-                    record.members
-                )));
+                return self.transfer_to(topic, &record, t).await;
             }
             Some(t) => {
                 if !brokers.iter().any(|b| b.id == t && b.live && !b.draining) {
