@@ -201,6 +201,11 @@ fn write_error(group: &str, e: ClientWriteError<NodeId, BasicNode>) -> Replicati
     }
 }
 
+/// How long a leader handing its leadership over waits, with the target
+/// holding its whole log, for no new entry before it asks the target to
+/// stand ([`ReplicaNode::transfer_leadership`]).
+const TRANSFER_QUIET: Duration = Duration::from_millis(100);
+
 /// A leader's view of its group's replication ([`ReplicaNode::progress`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Progress {
@@ -514,36 +519,70 @@ impl ReplicaNode {
                 group: self.group.clone(),
                 message: "the node stopped during a leadership transfer".into(),
             };
+            let held = |m: &openraft::RaftMetrics<NodeId, BasicNode>| {
+                m.replication
+                    .as_ref()
+                    .and_then(|r| r.get(&to).copied().flatten())
+                    .map(|l| l.index)
+            };
             let mut metrics = self.raft.metrics();
-            let caught_up = metrics
-                .wait_for(|m| {
-                    let held = m
-                        .replication
-                        .as_ref()
-                        .and_then(|r| r.get(&to).copied().flatten())
-                        .map(|l| l.index);
-                    m.current_leader != Some(self.id) || held >= m.last_log_index
-                })
+            loop {
+                // `to` holds the whole log, and it stayed whole for
+                // `TRANSFER_QUIET` (writes still in flight when the caller
+                // stopped proposing land meanwhile: a candidate missing
+                // them would be refused).
+                let last = loop {
+                    let m = metrics
+                        .wait_for(|m| {
+                            m.current_leader != Some(self.id) || held(m) >= m.last_log_index
+                        })
+                        .await
+                        .map_err(|_| stopped())?
+                        .clone();
+                    if m.current_leader != Some(self.id) {
+                        return Err(not_leader(m.current_leader));
+                    }
+                    tokio::time::sleep(TRANSFER_QUIET).await;
+                    let now = self.raft.metrics().borrow().clone();
+                    if now.current_leader == Some(self.id)
+                        && now.last_log_index == m.last_log_index
+                        && held(&now) >= now.last_log_index
+                    {
+                        break now.last_log_index;
+                    }
+                };
+                tracing::info!(group = %self.group, node = to, ?last, "handing the leadership over");
+                crate::network::ask_to_elect(&self.transport, &addr, &self.group, self.id, last)
+                    .await?;
+                // This node steps down once `to` stands (a higher term);
+                // then `to` leads, or this node leads again (`to`'s
+                // candidacy failed and this node won the next election):
+                // then once more.
+                match tokio::time::timeout(
+                    TRANSFER_QUIET * 20,
+                    metrics.wait_for(|m| m.current_leader != Some(self.id)),
+                )
                 .await
-                .map_err(|_| stopped())?
-                .clone();
-            if caught_up.current_leader != Some(self.id) {
-                return Err(not_leader(caught_up.current_leader));
+                {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(_)) => return Err(stopped()),
+                    Err(_) => {
+                        tracing::info!(group = %self.group, node = to, "still leading after asking; trying again");
+                        continue;
+                    }
+                }
+                let m = metrics
+                    .wait_for(|m| {
+                        m.current_leader == Some(to) || m.current_leader == Some(self.id)
+                    })
+                    .await
+                    .map_err(|_| stopped())?
+                    .clone();
+                if m.current_leader == Some(to) {
+                    return Ok(());
+                }
+                tracing::info!(group = %self.group, node = to, "the leadership did not move; trying again");
             }
-            tracing::info!(group = %self.group, node = to, last = ?caught_up.last_log_index, "handing the leadership over");
-            crate::network::ask_to_elect(
-                &self.transport,
-                &addr,
-                &self.group,
-                self.id,
-                caught_up.last_log_index,
-            )
-            .await?;
-            metrics
-                .wait_for(|m| m.current_leader == Some(to))
-                .await
-                .map_err(|_| stopped())?;
-            Ok(())
         };
         tokio::time::timeout(within, work).await.map_err(|_| {
             ReplicationError::Raft(format!(

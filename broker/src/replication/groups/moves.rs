@@ -18,8 +18,9 @@
 //! caller waits until `leaving` no longer names the broker.
 //!
 //! A move to a broker that is a member already only moves the leadership
-//! ([`super::transfer`]); the leader after a leaving leader is the one the
-//! group elects.
+//! ([`super::transfer`]), and a leader that leaves first hands its
+//! leadership to another live member the same way (when that fails, the
+//! group elects a leader after the switch, as before).
 
 use super::{GroupRecord, Groups};
 use crate::error::{BrokerError, Result};
@@ -93,8 +94,11 @@ impl Groups {
             })?,
         };
         let started = Instant::now();
+        let handover = self.hand_off_first(topic, &record, &brokers).await;
         self.begin_leaving(topic, &me, &target).await?;
-        self.wait_moved(topic, &me, &target, started).await
+        let mut moved = self.wait_moved(topic, &me, &target, started).await?;
+        moved.unavailable_ms += handover;
+        Ok(moved)
     }
 
     /// Moves this broker (draining) out of every replication group it is a
@@ -147,6 +151,8 @@ impl Groups {
                 continue;
             };
             *given.entry(to.clone()).or_insert(0u64) += 1;
+            // Leading it: another member leads before this one leaves.
+            self.hand_off_first(&topic, &record, &brokers).await;
             match self.begin_leaving(&topic, &me, &to).await {
                 Ok(()) => waiting.push((topic, to)),
                 Err(e) => out.push((topic, Err(e))),

@@ -14,9 +14,16 @@
 //! When B does not lead within [`TRANSFER_WITHIN`], this broker takes the
 //! topic back if it still leads (else whoever leads takes it) and the call
 //! fails, naming why.
+//!
+//! A leader moving its own replica out (`cluster move` to a broker outside
+//! the group, `cluster drain`) first hands the leadership to another live
+//! member the same way ([`Groups::hand_off_first`]), so the membership
+//! change that removes it is made by a leader that stays, and the topic
+//! does not wait for an election after the switch.
 
 use super::{GroupRecord, Groups, MemberMoved, Role};
 use crate::error::{BrokerError, Result};
+use ricochet_cluster::BrokerView;
 use std::time::{Duration, Instant};
 
 /// How long the handover may take (B catching up on the last entries,
@@ -101,5 +108,38 @@ impl Groups {
             unavailable_ms: ms(stopped.elapsed()),
             millis: ms(started.elapsed()),
         })
+    }
+
+    /// When this broker serves `topic` as its leader, hands the leadership
+    /// to another live, non-draining member first (see the module doc);
+    /// answers the time the topic was served by nobody during the handover
+    /// (0 when this broker did not lead). A failed handover is logged and
+    /// answers 0: the move goes on as before (the group elects a leader
+    /// after the switch).
+    pub(super) async fn hand_off_first(
+        &self,
+        topic: &str,
+        record: &GroupRecord,
+        brokers: &[BrokerView],
+    ) -> u64 {
+        let me = self.cluster.id();
+        if crate::util::lock(&self.leaders).get(topic) != Some(&Role::Serving) {
+            return 0;
+        }
+        let Some(other) = record.members.iter().find(|m| {
+            m.as_str() != me && brokers.iter().any(|b| b.id == **m && b.live && !b.draining)
+        }) else {
+            return 0;
+        };
+        match self.transfer_to(topic, record, other).await {
+            Ok(m) => {
+                tracing::info!(%topic, to = %other, unavailable_ms = m.unavailable_ms, "leadership handed over before the membership change");
+                m.unavailable_ms
+            }
+            Err(e) => {
+                tracing::warn!(%topic, to = %other, error = %e, "no handover before the membership change; the group will elect");
+                0
+            }
+        }
     }
 }
