@@ -416,8 +416,7 @@ async fn main() {
                 println!(
                     "kill {:>3}: leader {lead} killed at {} (unix ms); Lookup names another after {} ms, probe receipted after {} ms",
                     k + 1,
-                    t.at
-                        .duration_since(std::time::UNIX_EPOCH)
+                    t.at.duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_millis()),
                     t.placed.map_or("-".to_owned(), |p| ms(p).to_string()),
                     ms(t.receipt)

@@ -572,9 +572,7 @@ impl ReplicaNode {
                     }
                 }
                 let m = metrics
-                    .wait_for(|m| {
-                        m.current_leader == Some(to) || m.current_leader == Some(self.id)
-                    })
+                    .wait_for(|m| m.current_leader == Some(to) || m.current_leader == Some(self.id))
                     .await
                     .map_err(|_| stopped())?
                     .clone();

@@ -79,7 +79,11 @@ pub(crate) fn after_vote(
     let (me, voter, state) = {
         let m = raft.metrics();
         let m = m.borrow();
-        let voter = m.membership_config.membership().voter_ids().any(|v| v == m.id);
+        let voter = m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|v| v == m.id);
         (m.id, voter, m.state)
     };
     let stand = decide(me, voter, state, req, resp);
@@ -158,11 +162,23 @@ mod tests {
         let longer = resp(Vote::new_committed(5, 3), false, log(5, 100));
         // Granted; a leader; a learner; its own request; a stale term.
         let granted = resp(Vote::new(6, 2), true, log(5, 100));
-        assert_eq!(decide(1, true, ServerState::Follower, &r, &granted), Stand::No);
+        assert_eq!(
+            decide(1, true, ServerState::Follower, &r, &granted),
+            Stand::No
+        );
         assert_eq!(decide(1, true, ServerState::Leader, &r, &longer), Stand::No);
-        assert_eq!(decide(1, false, ServerState::Learner, &r, &longer), Stand::No);
-        assert_eq!(decide(2, true, ServerState::Candidate, &r, &longer), Stand::No);
+        assert_eq!(
+            decide(1, false, ServerState::Learner, &r, &longer),
+            Stand::No
+        );
+        assert_eq!(
+            decide(2, true, ServerState::Candidate, &r, &longer),
+            Stand::No
+        );
         let newer = resp(Vote::new_committed(7, 3), false, log(5, 100));
-        assert_eq!(decide(1, true, ServerState::Follower, &r, &newer), Stand::No);
+        assert_eq!(
+            decide(1, true, ServerState::Follower, &r, &newer),
+            Stand::No
+        );
     }
 }

@@ -150,6 +150,10 @@ async fn the_leadership_moves_to_a_chosen_member_while_the_topic_takes_publishes
         "{again:?}"
     );
     for (id, count) in &counts {
-        assert!(again[id] > *count, "{id}: nacked at {count}, then {}", again[id]);
+        assert!(
+            again[id] > *count,
+            "{id}: nacked at {count}, then {}",
+            again[id]
+        );
     }
 }

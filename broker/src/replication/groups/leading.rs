@@ -179,5 +179,4 @@ impl Groups {
             .get(topic)
             .is_none_or(ReplicatedStorage::is_poisoned)
     }
-
 }
