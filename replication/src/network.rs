@@ -277,9 +277,11 @@ impl PeerTransport {
     }
 }
 
-/// Asks node `target` of `group`, whose broker's `Replication` service is
-/// at `addr`, to stand for election at once (see the `Elect` RPC), on
-/// behalf of the leader `from`, whose log ends at `last_index`.
+/// Asks the member of `group` whose broker's `Replication` service is at
+/// `addr` to stand for election at once (the `Elect` RPC; like every call
+/// of that service, admitted from a superuser only when the brokers check
+/// credentials), on behalf of the leader `from`, whose log ends at
+/// `last_index`.
 pub async fn ask_to_elect(
     transport: &PeerTransport,
     addr: &str,
