@@ -23,7 +23,9 @@
 //! 20 ms) names another live member, which splits the takeover into the
 //! group's part (election, the new leader opening the topic and taking the
 //! placement) and the client's (its stream failing, looking the topic up
-//! again, reconnecting). The victim is restarted after each takeover, and
+//! again, reconnecting). Each kill's wall time is printed (unix ms), to
+//! line it up with the brokers' logs (`BROKER_LOG`, see
+//! `docs/src/replication.md`, "Session 9", for the phases they show). The victim is restarted after each takeover, and
 //! the next kill waits until the three brokers are live and the restarted
 //! one had `SETTLE_MS` (default 2 000) to catch up.
 //!
@@ -261,6 +263,9 @@ struct Takeover {
     placed: Option<Duration>,
     /// Kill → the probe's receipt.
     receipt: Duration,
+    /// When the kill was sent (wall clock, to line the brokers' logs up
+    /// with it).
+    at: std::time::SystemTime,
 }
 
 /// Kills the leader `victim`, publishes a probe through `probe` and times
@@ -282,6 +287,7 @@ async fn kill_and_time(
     let watcher = client(&survivor).await;
     let placed: Arc<Mutex<Option<Duration>>> = Arc::default();
     let killed = Instant::now();
+    let at = std::time::SystemTime::now();
     brokers[victim].kill9();
     let watching = {
         let placed = placed.clone();
@@ -304,7 +310,11 @@ async fn kill_and_time(
     match sent {
         Ok(Ok(_)) => {
             h.receipted(&id);
-            Some(Takeover { placed, receipt })
+            Some(Takeover {
+                placed,
+                receipt,
+                at,
+            })
         }
         _ => None,
     }
@@ -406,8 +416,10 @@ async fn main() {
                     placed_ms.record(ms(p)).unwrap();
                 }
                 println!(
-                    "kill {:>3}: leader {lead} killed; Lookup names another after {} ms, probe receipted after {} ms",
+                    "kill {:>3}: leader {lead} killed at {} (unix ms); Lookup names another after {} ms, probe receipted after {} ms",
                     k + 1,
+                    t.at.duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis()),
                     t.placed.map_or("-".to_owned(), |p| ms(p).to_string()),
                     ms(t.receipt)
                 );

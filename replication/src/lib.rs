@@ -22,6 +22,7 @@ pub mod network;
 pub mod node;
 pub mod snapshot;
 pub mod state_machine;
+mod takeover;
 
 /// The `Replication` service's generated code (package
 /// `ricochet.replication.v1`, compiled by this crate's `build.rs`): the

@@ -134,8 +134,44 @@ impl Replication for ReplicationService {
     }
 
     async fn vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        let group = req.get_ref().group.clone();
         let (raft, rpc): (_, VoteRequest<NodeId>) = self.open(req)?;
-        reply(raft.vote(rpc).await)
+        let answer = raft.vote(rpc.clone()).await;
+        if let Ok(resp) = &answer {
+            crate::takeover::after_vote(&group, &raft, &rpc, resp);
+        }
+        reply(answer)
+    }
+
+    async fn elect(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        let group = req.get_ref().group.clone();
+        let (raft, wanted): (_, Option<u64>) = self.open(req)?;
+        let (me, voter, held) = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            let voter = m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .any(|v| v == m.id);
+            (m.id, voter, m.last_log_index)
+        };
+        if !voter {
+            return Err(Status::failed_precondition(format!(
+                "node {me} is not a voter of group {group}"
+            )));
+        }
+        if held < wanted {
+            return Err(Status::failed_precondition(format!(
+                "node {me} of group {group} holds its log up to {held:?}, the leader's ends at {wanted:?}"
+            )));
+        }
+        tracing::info!(%group, node = me, "asked by the leader to stand for election (leadership transfer)");
+        raft.trigger()
+            .elect()
+            .await
+            .map_err(|e| Status::unavailable(format!("group {group}: {e}")))?;
+        reply(Ok::<(), ()>(()))
     }
 
     async fn install_snapshot(
@@ -239,6 +275,36 @@ impl PeerTransport {
             .connect_timeout(Duration::from_secs(1))
             .connect_lazy())
     }
+}
+
+/// Asks the member of `group` whose broker's `Replication` service is at
+/// `addr` to stand for election at once (the `Elect` RPC; like every call
+/// of that service, admitted from a superuser only when the brokers check
+/// credentials), on behalf of the leader `from`, whose log ends at
+/// `last_index`.
+pub async fn ask_to_elect(
+    transport: &PeerTransport,
+    addr: &str,
+    group: &str,
+    from: NodeId,
+    last_index: Option<u64>,
+) -> crate::Result<()> {
+    let peer = |e: String| crate::ReplicationError::Raft(format!("asking {addr} to stand: {e}"));
+    let channel = transport.channel(addr).map_err(peer)?;
+    let mut req = Request::new(RaftRequest {
+        group: group.to_owned(),
+        from,
+        body: encode(&last_index)?,
+    });
+    req.set_timeout(Duration::from_secs(5));
+    if let Some(a) = transport.authorization().map_err(peer)? {
+        req.metadata_mut().insert("authorization", a);
+    }
+    ReplicationClient::new(channel)
+        .elect(req)
+        .await
+        .map_err(|s| peer(s.message().to_owned()))?;
+    Ok(())
 }
 
 /// Makes a group's clients to its peers.

@@ -220,6 +220,11 @@ fn write_error(group: &str, e: ClientWriteError<NodeId, BasicNode>) -> Replicati
     }
 }
 
+/// How long a leader handing its leadership over waits, with the target
+/// holding its whole log, for no new entry before it asks the target to
+/// stand ([`ReplicaNode::transfer_leadership`]).
+const TRANSFER_QUIET: Duration = Duration::from_millis(100);
+
 /// A leader's view of its group's replication ([`ReplicaNode::progress`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Progress {
@@ -236,6 +241,10 @@ pub struct ReplicaNode {
     raft: Raft,
     registry: GroupRegistry,
     checkpoints: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// How peers are reached ([`NodeSettings::peer_addrs`],
+    /// [`NodeSettings::transport`]), for the calls made outside openraft.
+    peer_addrs: BTreeMap<NodeId, String>,
+    transport: PeerTransport,
 }
 
 impl std::fmt::Debug for ReplicaNode {
@@ -305,6 +314,8 @@ impl ReplicaNode {
             raft,
             registry: registry.clone(),
             checkpoints: std::sync::Mutex::new(checkpoints),
+            peer_addrs: settings.peer_addrs.clone(),
+            transport: settings.transport.clone(),
         })
     }
 
@@ -482,6 +493,117 @@ impl ReplicaNode {
         tokio::time::timeout(within, work).await.map_err(|_| {
             ReplicationError::Raft(format!(
                 "group {}: the membership change did not finish within {within:?}",
+                self.group
+            ))
+        })?
+    }
+
+    /// Hands the leadership to voter `to`, on the leader, once the caller
+    /// stopped proposing (a transfer in a log that still grows fails):
+    /// waits until `to` holds the whole log, asks it to stand for election
+    /// (the `Elect` call), and answers once this node knows `to` leads.
+    /// `to` wins at once when this node has led for longer than its lease
+    /// (`election_timeout_max`; a younger leader refuses the vote and the
+    /// group elects after an election timeout instead) and the third
+    /// member's vote is not needed. `within` bounds the whole; on an error
+    /// this node may still lead (the caller resumes), or not.
+    pub async fn transfer_leadership(&self, to: NodeId, within: Duration) -> Result<()> {
+        let not_leader = |leader| ReplicationError::NotLeader {
+            group: self.group.clone(),
+            leader,
+            leader_addr: None,
+        };
+        let work = async {
+            let addr = {
+                let m = self.raft.metrics().borrow().clone();
+                if m.current_leader != Some(self.id) {
+                    return Err(not_leader(m.current_leader));
+                }
+                let membership = m.membership_config.membership();
+                if to == self.id || !membership.voter_ids().any(|v| v == to) {
+                    return Err(ReplicationError::Raft(format!(
+                        "group {}: node {to} is not another voter",
+                        self.group
+                    )));
+                }
+                match self.peer_addrs.get(&to) {
+                    Some(a) => a.clone(),
+                    None => membership
+                        .get_node(&to)
+                        .map(|n| n.addr.clone())
+                        .unwrap_or_default(),
+                }
+            };
+            let stopped = || ReplicationError::Stopped {
+                group: self.group.clone(),
+                message: "the node stopped during a leadership transfer".into(),
+            };
+            let held = |m: &openraft::RaftMetrics<NodeId, BasicNode>| {
+                m.replication
+                    .as_ref()
+                    .and_then(|r| r.get(&to).copied().flatten())
+                    .map(|l| l.index)
+            };
+            let mut metrics = self.raft.metrics();
+            loop {
+                // `to` holds the whole log, and it stayed whole for
+                // `TRANSFER_QUIET` (writes still in flight when the caller
+                // stopped proposing land meanwhile: a candidate missing
+                // them would be refused).
+                let last = loop {
+                    let m = metrics
+                        .wait_for(|m| {
+                            m.current_leader != Some(self.id) || held(m) >= m.last_log_index
+                        })
+                        .await
+                        .map_err(|_| stopped())?
+                        .clone();
+                    if m.current_leader != Some(self.id) {
+                        return Err(not_leader(m.current_leader));
+                    }
+                    tokio::time::sleep(TRANSFER_QUIET).await;
+                    let now = self.raft.metrics().borrow().clone();
+                    if now.current_leader == Some(self.id)
+                        && now.last_log_index == m.last_log_index
+                        && held(&now) >= now.last_log_index
+                    {
+                        break now.last_log_index;
+                    }
+                };
+                tracing::info!(group = %self.group, node = to, ?last, "handing the leadership over");
+                crate::network::ask_to_elect(&self.transport, &addr, &self.group, self.id, last)
+                    .await?;
+                // This node steps down once `to` stands (a higher term);
+                // then `to` leads, or this node leads again (`to`'s
+                // candidacy failed and this node won the next election):
+                // then once more.
+                match tokio::time::timeout(
+                    TRANSFER_QUIET * 20,
+                    metrics.wait_for(|m| m.current_leader != Some(self.id)),
+                )
+                .await
+                {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(_)) => return Err(stopped()),
+                    Err(_) => {
+                        tracing::info!(group = %self.group, node = to, "still leading after asking; trying again");
+                        continue;
+                    }
+                }
+                let m = metrics
+                    .wait_for(|m| m.current_leader == Some(to) || m.current_leader == Some(self.id))
+                    .await
+                    .map_err(|_| stopped())?
+                    .clone();
+                if m.current_leader == Some(to) {
+                    return Ok(());
+                }
+                tracing::info!(group = %self.group, node = to, "the leadership did not move; trying again");
+            }
+        };
+        tokio::time::timeout(within, work).await.map_err(|_| {
+            ReplicationError::Raft(format!(
+                "group {}: node {to} did not take the leadership within {within:?}",
                 self.group
             ))
         })?

@@ -21,4 +21,5 @@ mod replicated_moves;
 mod replicated_partitions;
 mod replicated_retries;
 mod replicated_secure;
+mod replicated_transfer;
 mod roundtrip;

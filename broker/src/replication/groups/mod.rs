@@ -19,8 +19,10 @@
 //! brokers redirect to it; a member that stops leading hands the topic to
 //! the new leader (its streams end, clients look it up again).
 
+mod leading;
 mod members;
 mod moves;
+mod transfer;
 
 pub use moves::{MOVE_WITHIN, MemberMoved};
 
@@ -60,6 +62,10 @@ enum Role {
     /// This member led, stopped, and no new leader is known yet: not
     /// served here, still placed here.
     Parked,
+    /// This member leads, closed the topic and is handing the leadership
+    /// to another member (a move to a member, [`transfer`]): not served
+    /// here, still placed here.
+    Handing,
 }
 
 /// One started member: its Raft node and the group it belongs to.
@@ -596,169 +602,6 @@ impl Groups {
             super::status::write(&self.cluster, topic, &status).await?;
         }
         Ok(())
-    }
-
-    /// Acts on a change of `topic`'s leader as this member sees it: a
-    /// member that now leads takes the topic; one that led and no longer
-    /// does stops serving it and, once the new leader is known, hands it
-    /// over.
-    async fn follow_leader(
-        &self,
-        topic: &str,
-        partition: Arc<ReplicatedPartition>,
-        record: &GroupRecord,
-    ) {
-        let me = partition.node().id();
-        // A member moved out of the group (`leaving`) keeps its own vote
-        // as the leader's once it stepped down: not a voter, it leads
-        // nothing.
-        let leader = partition
-            .node()
-            .leader()
-            .filter(|l| *l != me || partition.node().voters().contains(&me));
-        let state = crate::util::lock(&self.leaders)
-            .get(topic)
-            .copied()
-            .unwrap_or(Role::Follower);
-        let next = match (state, leader) {
-            (Role::Serving, Some(l)) if l == me => {
-                if !self.poisoned(topic) {
-                    return;
-                }
-                // A write failed or its outcome is unknown: open the topic
-                // again from what the group applied here.
-                tracing::info!(%topic, "reopening the replicated topic after a failed write");
-                let _ = self.cluster.begin_move(topic, self.cluster.id());
-                self.close(topic).await;
-                self.cluster.end_move(topic);
-                match self.take(topic, &partition, record).await {
-                    Ok(()) => Role::Serving,
-                    Err(e) => {
-                        tracing::warn!(%topic, error = %e, "cannot reopen the topic yet");
-                        Role::Follower
-                    }
-                }
-            }
-            (Role::Follower, l) if l != Some(me) => return,
-            (Role::Parked, None) => return,
-            (Role::Serving, None) => {
-                tracing::info!(%topic, "no longer leading the replicated topic; no leader yet");
-                self.close(topic).await;
-                if let Err(e) = self.cluster.begin_move(topic, "the group's next leader") {
-                    tracing::debug!(%topic, error = %e, "cannot mark the topic as moving");
-                }
-                let owner = self.cluster.key(&format!("owners/{topic}"));
-                if let Err(e) = self.cluster.etcd().delete(&owner).await {
-                    tracing::warn!(%topic, error = %e, "cannot drop this broker's claim");
-                }
-                Role::Parked
-            }
-            (Role::Serving | Role::Parked, Some(l)) if l != me => {
-                let to = record.broker_of(l).unwrap_or_default().to_owned();
-                tracing::info!(%topic, %to, "no longer leading the replicated topic");
-                self.close(topic).await;
-                if state == Role::Serving
-                    && let Err(e) = self.cluster.begin_move(topic, &to)
-                {
-                    tracing::debug!(%topic, error = %e, "cannot mark the topic as moving");
-                }
-                // Fails harmlessly when the new leader placed it already.
-                if let Err(e) = self.cluster.hand_over(topic, &to).await {
-                    tracing::debug!(%topic, error = %e, "topic not handed over");
-                }
-                self.cluster.end_move(topic);
-                Role::Follower
-            }
-            (Role::Follower | Role::Parked, _) | (Role::Serving, _) => {
-                if state == Role::Parked {
-                    self.cluster.end_move(topic);
-                }
-                match self.take(topic, &partition, record).await {
-                    Ok(()) => {
-                        tracing::info!(%topic, broker = %self.cluster.id(), "leading the replicated topic");
-                        Role::Serving
-                    }
-                    Err(e) => {
-                        tracing::warn!(%topic, error = %e, "cannot take the topic as its leader yet");
-                        Role::Follower
-                    }
-                }
-            }
-        };
-        crate::util::lock(&self.leaders).insert(topic.to_owned(), next);
-    }
-
-    /// Takes `topic` as its group's leader: once everything committed is
-    /// applied here, points `placement/<topic>` at this broker, drops an
-    /// owner key another broker left (a leader that died: Raft chose this
-    /// one), and claims the topic.
-    async fn take(
-        &self,
-        topic: &str,
-        partition: &Arc<ReplicatedPartition>,
-        record: &GroupRecord,
-    ) -> Result<()> {
-        partition
-            .node()
-            .raft()
-            .ensure_linearizable()
-            .await
-            .map_err(|e| BrokerError::Peer(format!("not confirmed as leader: {e}")))?;
-        let name = TopicName::parse_stored(topic)?;
-        let mut storage = ReplicatedStorage::new(partition.clone(), WRITE_TIMEOUT);
-        if let Some(rt) = self.runtime.handle() {
-            storage = storage.with_raft_runtime(rt);
-        }
-        self.core
-            .open_replicated(&name, Arc::new(storage.clone()), record.replicas)
-            .await?;
-        crate::util::lock(&self.serving).insert(topic.to_owned(), storage);
-        // Replay jobs stored through the group run where it is led.
-        crate::replay_jobs::resume_topic(&self.core, topic);
-        let me = self.cluster.id();
-        let etcd = self.cluster.etcd();
-        let placement = self.cluster.key(&format!("placement/{topic}"));
-        match etcd.get(&placement).await? {
-            Some(kv) if kv.value == me => {}
-            Some(kv) => {
-                if !etcd
-                    .replace_if_unchanged(&placement, me, kv.mod_revision, 0)
-                    .await?
-                {
-                    return Err(BrokerError::Conflict("placement changed meanwhile".into()));
-                }
-            }
-            None => {
-                etcd.create_if_absent(&placement, me, 0).await?;
-            }
-        }
-        let owner = self.cluster.key(&format!("owners/{topic}"));
-        if let Some(kv) = etcd.get(&owner).await?
-            && kv.value != me
-        {
-            tracing::info!(%topic, previous = %kv.value, "dropping the previous leader's claim");
-            etcd.delete(&owner).await?;
-        }
-        self.cluster.route(name.as_str(), false).await?;
-        Ok(())
-    }
-
-    /// Stops serving `topic` here: its storage refuses writes from now on
-    /// and the topic leaves the core's registry.
-    async fn close(&self, topic: &str) {
-        let storage = crate::util::lock(&self.serving).remove(topic);
-        if let Some(s) = storage {
-            s.retire();
-        }
-        if let Ok(name) = TopicName::parse_stored(topic) {
-            self.core.close_replicated(&name).await;
-        }
-    }
-
-    fn poisoned(&self, topic: &str) -> bool {
-        crate::util::lock(&self.serving)
-            .get(topic)
-            .is_none_or(ReplicatedStorage::is_poisoned)
     }
 
     /// Deletes `topic`'s group, once its topic was deleted through it

@@ -17,9 +17,10 @@
 //! broker, no longer named, stops its member and deletes its copy. The
 //! caller waits until `leaving` no longer names the broker.
 //!
-//! openraft 0.9 has no leadership transfer, so a move to a broker that is
-//! a member already (which would only move the leadership) is refused, and
-//! the leader after a leaving leader is the one the group elects.
+//! A move to a broker that is a member already only moves the leadership
+//! ([`super::transfer`]), and a leader that leaves first hands its
+//! leadership to another live member the same way (when that fails, the
+//! group elects a leader after the switch, as before).
 
 use super::{GroupRecord, Groups};
 use crate::error::{BrokerError, Result};
@@ -72,13 +73,9 @@ impl Groups {
                     "{topic} is on broker {t} already"
                 )));
             }
+            // A member already: only the leadership moves.
             Some(t) if record.members.iter().any(|m| m == t) => {
-                return Err(BrokerError::Conflict(format!(
-                    "broker {t} holds a replica of {topic} already (members {:?}); moving to it \
-                     would only move the leadership, which openraft 0.9 cannot hand to a chosen \
-                     member: move it to a broker outside the group",
-                    record.members
-                )));
+                return self.transfer_to(topic, &record, t).await;
             }
             Some(t) => {
                 if !brokers.iter().any(|b| b.id == t && b.live && !b.draining) {
@@ -97,8 +94,11 @@ impl Groups {
             })?,
         };
         let started = Instant::now();
+        let handover = self.hand_off_first(topic, &record, &brokers).await;
         self.begin_leaving(topic, &me, &target).await?;
-        self.wait_moved(topic, &me, &target, started).await
+        let mut moved = self.wait_moved(topic, &me, &target, started).await?;
+        moved.unavailable_ms += handover;
+        Ok(moved)
     }
 
     /// Moves this broker (draining) out of every replication group it is a
@@ -151,6 +151,8 @@ impl Groups {
                 continue;
             };
             *given.entry(to.clone()).or_insert(0u64) += 1;
+            // Leading it: another member leads before this one leaves.
+            self.hand_off_first(&topic, &record, &brokers).await;
             match self.begin_leaving(&topic, &me, &to).await {
                 Ok(()) => waiting.push((topic, to)),
                 Err(e) => out.push((topic, Err(e))),

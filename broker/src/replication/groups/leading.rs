@@ -1,0 +1,182 @@
+//! Following a group's leadership on this broker: a member that becomes
+//! its group's leader takes the topic (placement, claim) once it applied
+//! everything committed; one that stops leading closes the topic and hands
+//! it to the new leader; a leader whose write failed reopens it; and a
+//! leader handing its leadership to a chosen member (a move to a member,
+//! [`super::transfer`]) is left alone until the group elected it.
+
+use super::{GroupRecord, Groups, Role, WRITE_TIMEOUT};
+use crate::error::{BrokerError, Result};
+use crate::name::TopicName;
+use crate::replication::{ReplicatedPartition, ReplicatedStorage};
+use std::sync::Arc;
+
+impl Groups {
+    /// Acts on a change of `topic`'s leader as this member sees it: a
+    /// member that now leads takes the topic; one that led and no longer
+    /// does stops serving it and, once the new leader is known, hands it
+    /// over.
+    pub(super) async fn follow_leader(
+        &self,
+        topic: &str,
+        partition: Arc<ReplicatedPartition>,
+        record: &GroupRecord,
+    ) {
+        let me = partition.node().id();
+        // A member moved out of the group (`leaving`) keeps its own vote
+        // as the leader's once it stepped down: not a voter, it leads
+        // nothing.
+        let leader = partition
+            .node()
+            .leader()
+            .filter(|l| *l != me || partition.node().voters().contains(&me));
+        let state = crate::util::lock(&self.leaders)
+            .get(topic)
+            .copied()
+            .unwrap_or(Role::Follower);
+        // Handing the leadership to a member: the transfer decides until
+        // another member leads.
+        if state == Role::Handing && leader.is_none_or(|l| l == me) {
+            return;
+        }
+        let next = match (state, leader) {
+            (Role::Serving, Some(l)) if l == me => {
+                if !self.poisoned(topic) {
+                    return;
+                }
+                // A write failed or its outcome is unknown: open the topic
+                // again from what the group applied here.
+                tracing::info!(%topic, "reopening the replicated topic after a failed write");
+                let _ = self.cluster.begin_move(topic, self.cluster.id());
+                self.close(topic).await;
+                self.cluster.end_move(topic);
+                match self.take(topic, &partition, record).await {
+                    Ok(()) => Role::Serving,
+                    Err(e) => {
+                        tracing::warn!(%topic, error = %e, "cannot reopen the topic yet");
+                        Role::Follower
+                    }
+                }
+            }
+            (Role::Follower, l) if l != Some(me) => return,
+            (Role::Parked, None) => return,
+            (Role::Serving, None) => {
+                tracing::info!(%topic, "no longer leading the replicated topic; no leader yet");
+                self.close(topic).await;
+                if let Err(e) = self.cluster.begin_move(topic, "the group's next leader") {
+                    tracing::debug!(%topic, error = %e, "cannot mark the topic as moving");
+                }
+                let owner = self.cluster.key(&format!("owners/{topic}"));
+                if let Err(e) = self.cluster.etcd().delete(&owner).await {
+                    tracing::warn!(%topic, error = %e, "cannot drop this broker's claim");
+                }
+                Role::Parked
+            }
+            (Role::Serving | Role::Parked | Role::Handing, Some(l)) if l != me => {
+                let to = record.broker_of(l).unwrap_or_default().to_owned();
+                tracing::info!(%topic, %to, "no longer leading the replicated topic");
+                self.close(topic).await;
+                if state == Role::Serving
+                    && let Err(e) = self.cluster.begin_move(topic, &to)
+                {
+                    tracing::debug!(%topic, error = %e, "cannot mark the topic as moving");
+                }
+                // Fails harmlessly when the new leader placed it already.
+                if let Err(e) = self.cluster.hand_over(topic, &to).await {
+                    tracing::debug!(%topic, error = %e, "topic not handed over");
+                }
+                self.cluster.end_move(topic);
+                Role::Follower
+            }
+            (Role::Follower | Role::Parked | Role::Handing, _) | (Role::Serving, _) => {
+                if state == Role::Parked {
+                    self.cluster.end_move(topic);
+                }
+                match self.take(topic, &partition, record).await {
+                    Ok(()) => {
+                        tracing::info!(%topic, broker = %self.cluster.id(), "leading the replicated topic");
+                        Role::Serving
+                    }
+                    Err(e) => {
+                        tracing::warn!(%topic, error = %e, "cannot take the topic as its leader yet");
+                        Role::Follower
+                    }
+                }
+            }
+        };
+        crate::util::lock(&self.leaders).insert(topic.to_owned(), next);
+    }
+
+    /// Takes `topic` as its group's leader: once everything committed is
+    /// applied here, points `placement/<topic>` at this broker, drops an
+    /// owner key another broker left (a leader that died: Raft chose this
+    /// one), and claims the topic.
+    pub(super) async fn take(
+        &self,
+        topic: &str,
+        partition: &Arc<ReplicatedPartition>,
+        record: &GroupRecord,
+    ) -> Result<()> {
+        partition
+            .node()
+            .raft()
+            .ensure_linearizable()
+            .await
+            .map_err(|e| BrokerError::Peer(format!("not confirmed as leader: {e}")))?;
+        let name = TopicName::parse_stored(topic)?;
+        let mut storage = ReplicatedStorage::new(partition.clone(), WRITE_TIMEOUT);
+        if let Some(rt) = self.runtime.handle() {
+            storage = storage.with_raft_runtime(rt);
+        }
+        self.core
+            .open_replicated(&name, Arc::new(storage.clone()), record.replicas)
+            .await?;
+        crate::util::lock(&self.serving).insert(topic.to_owned(), storage);
+        // Replay jobs stored through the group run where it is led.
+        crate::replay_jobs::resume_topic(&self.core, topic);
+        let me = self.cluster.id();
+        let etcd = self.cluster.etcd();
+        let placement = self.cluster.key(&format!("placement/{topic}"));
+        match etcd.get(&placement).await? {
+            Some(kv) if kv.value == me => {}
+            Some(kv) => {
+                if !etcd
+                    .replace_if_unchanged(&placement, me, kv.mod_revision, 0)
+                    .await?
+                {
+                    return Err(BrokerError::Conflict("placement changed meanwhile".into()));
+                }
+            }
+            None => {
+                etcd.create_if_absent(&placement, me, 0).await?;
+            }
+        }
+        let owner = self.cluster.key(&format!("owners/{topic}"));
+        if let Some(kv) = etcd.get(&owner).await?
+            && kv.value != me
+        {
+            tracing::info!(%topic, previous = %kv.value, "dropping the previous leader's claim");
+            etcd.delete(&owner).await?;
+        }
+        self.cluster.route(name.as_str(), false).await?;
+        Ok(())
+    }
+
+    /// Stops serving `topic` here: its storage refuses writes from now on
+    /// and the topic leaves the core's registry.
+    pub(super) async fn close(&self, topic: &str) {
+        let storage = crate::util::lock(&self.serving).remove(topic);
+        if let Some(s) = storage {
+            s.retire();
+        }
+        if let Ok(name) = TopicName::parse_stored(topic) {
+            self.core.close_replicated(&name).await;
+        }
+    }
+
+    pub(super) fn poisoned(&self, topic: &str) -> bool {
+        crate::util::lock(&self.serving)
+            .get(topic)
+            .is_none_or(ReplicatedStorage::is_poisoned)
+    }
+}
