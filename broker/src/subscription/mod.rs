@@ -308,6 +308,20 @@ impl SubscriptionActor {
                 }
                 other => {
                     self.reconsume_later(std::mem::take(&mut reconsumes)).await;
+                    // Acks are answered before anything else is handled
+                    // (a close, another request): only acks and permits
+                    // gather behind them.
+                    if !matches!(
+                        other,
+                        Command::Request(
+                            _,
+                            requests::ConsumerRequest::Ack { .. }
+                                | requests::ConsumerRequest::Flow(_),
+                            _
+                        )
+                    ) {
+                        self.write_acked();
+                    }
                     self.handle(other).await;
                 }
             }
