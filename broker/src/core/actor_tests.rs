@@ -724,3 +724,56 @@ async fn a_consumer_lost_after_a_nack_counted_ahead_counts_once() {
         ricochet_policy::FailureReason::ConsumerLost
     );
 }
+
+/// A broker-held nack's hold and a `reconsume_later`'s delay run from when
+/// the request was queued for the subscription, not from when the actor got
+/// to it: here the clock moves 300 ms between the two (as when the actor is
+/// busy with a burst ahead of it), and the due times do not move with it.
+#[tokio::test(start_paused = true)]
+async fn delays_run_from_when_the_request_was_queued_not_handled() {
+    let h = harness().await;
+    h.publish(&["a", "b"]).await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    let got = c.messages().await;
+    let sub = c.handle.id();
+    // Queued now; `advance` moves the clock before the actor runs.
+    let asked = h.clock.now_us().div_ceil(1000);
+    let nack = c.nack_held(&got[0], Duration::from_secs(600));
+    let retry = c.reconsume(&got[1], Duration::from_secs(600));
+    tokio::time::advance(Duration::from_millis(300)).await;
+    // Both answered, in whichever order.
+    let mut answered = Vec::new();
+    while answered.len() < 2 {
+        let event = tokio::time::timeout(Duration::from_secs(5), c.rx.recv()).await;
+        if let Ok(Some(ConsumerEvent::Done {
+            request_id,
+            outcome,
+        })) = event
+        {
+            assert!(outcome.is_ok(), "request {request_id}: {outcome:?}");
+            answered.push(request_id);
+        } else {
+            assert!(event.is_ok(), "answered only {answered:?}");
+        }
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, vec![nack, retry]);
+    assert!(
+        h.clock.now_ms() >= asked + 300,
+        "handled after the clock moved"
+    );
+    let stored = h
+        .storage
+        .failure(TierEntry::main(0).of(sub), None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.hold_until_ms, asked + 600_000, "the nack's hold");
+    let dues: Vec<u64> = h
+        .storage
+        .scheduled(None, u64::MAX, 10)
+        .unwrap()
+        .into_iter()
+        .map(|k| k.due_ms)
+        .collect();
+    assert_eq!(dues, vec![asked + 600_000; 2], "hold and retry alike");
+}

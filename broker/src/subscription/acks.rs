@@ -18,6 +18,16 @@ pub(super) struct Cleanup {
     pub unschedule: Vec<ScheduleKey>,
 }
 
+/// Acks applied in this round whose clean-up write and reply wait for the
+/// round's end ([`SubscriptionActor::write_acked`]): the acks of a round
+/// are one write (group commit), not one each.
+#[derive(Debug, Default)]
+pub(super) struct AckedInRound {
+    cleanup: Cleanup,
+    /// Who to answer once written: consumer and request id.
+    replies: Vec<(ConsumerId, u64)>,
+}
+
 impl SubscriptionActor {
     /// Takes `entry` out of flight, keeping its failure record and schedule
     /// entry: the holder's unacked count and key bucket are released. Returns
@@ -79,8 +89,22 @@ impl SubscriptionActor {
             }
             self.dirty = true;
         }
-        // The cursor is written first; stale failure or schedule records left
-        // by a crash in between are recognised as acked and dropped later.
+        // Written and answered with the round's other acks.
+        let acked = &mut self.acked_in_round;
+        acked.cleanup.records.extend(cleanup.records);
+        acked.cleanup.unschedule.extend(cleanup.unschedule);
+        acked.replies.push((consumer, request_id));
+    }
+
+    /// Writes the clean-up of the acks applied this round, in one write, and
+    /// answers them. The cursor is written first; stale failure or schedule
+    /// records left by a crash in between are recognised as acked and
+    /// dropped later.
+    pub(super) fn write_acked(&mut self) {
+        if self.acked_in_round.replies.is_empty() {
+            return;
+        }
+        let AckedInRound { cleanup, replies } = std::mem::take(&mut self.acked_in_round);
         self.persist();
         let storage = &self.deps.storage;
         let records: Vec<_> = cleanup.records.iter().map(|m| (*m, None)).collect();
@@ -88,10 +112,19 @@ impl SubscriptionActor {
         let written = storage
             .put_failures(&records)
             .and_then(|()| storage.put_schedule(&unschedule));
-        if let Err(e) = written {
-            return self.reply(consumer, request_id, Err(BrokerError::from(e).into()));
+        match written {
+            Ok(()) => {
+                for (consumer, request_id) in replies {
+                    self.finish_request(consumer, request_id, Ok(()));
+                }
+            }
+            Err(e) => {
+                let e = std::sync::Arc::new(BrokerError::from(e));
+                for (consumer, request_id) in replies {
+                    self.reply(consumer, request_id, Err(e.clone()));
+                }
+            }
         }
-        self.finish_request(consumer, request_id, Ok(()));
     }
 
     /// The entries an ack names, checked.

@@ -32,6 +32,9 @@ pub(super) struct Failure {
     /// How long the broker holds it before redelivering it in place (a
     /// nack's delay the broker serves); zero: at once.
     pub hold: Duration,
+    /// When the request reached the subscription (broker clock, µs): a
+    /// hold or a retry's delay runs from then; `None`: from when handled.
+    pub since_us: Option<u64>,
 }
 
 impl Failure {
@@ -45,6 +48,7 @@ impl Failure {
             overrides: AttemptOverride::Policy,
             extra_props: HashMap::new(),
             hold: Duration::ZERO,
+            since_us: None,
         }
     }
 }

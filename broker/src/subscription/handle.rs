@@ -25,7 +25,10 @@ pub(super) enum Command {
     /// A consumer's stream ended.
     RemoveConsumer(ConsumerId),
     /// A request from a consumer's stream.
-    Request(ConsumerId, ConsumerRequest),
+    /// A consumer's request, with when it was queued for the actor (a
+    /// nack's hold and a `reconsume_later`'s delay run from then, not from
+    /// when the actor gets to it behind a burst).
+    Request(ConsumerId, ConsumerRequest, tokio::time::Instant),
     /// Messages whose new delivery counts are durable: dispatch them.
     Ready(Vec<TierEntry>),
     /// Nacks counted ahead (entry, [`Counted::seq`](super::delivery::Counted::seq))
@@ -103,7 +106,11 @@ impl SubscriptionHandle {
 
     /// Queues a consumer's request (answered on its stream, if at all).
     pub fn request(&self, consumer: ConsumerId, request: ConsumerRequest) -> Result<()> {
-        self.send(Command::Request(consumer, request))
+        self.send(Command::Request(
+            consumer,
+            request,
+            tokio::time::Instant::now(),
+        ))
     }
 
     /// The consumer's stream ended: what it held is redelivered, an attempt

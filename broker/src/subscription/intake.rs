@@ -13,6 +13,7 @@ use crate::storage::{FailureRecord, ScheduleKey, TierEntry, TierId};
 use ricochet_policy::FailureReason;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
+use tokio::time::Instant;
 
 impl SubscriptionActor {
     fn not_in_flight(&self, id: &MessageRef) -> BrokerError {
@@ -104,6 +105,7 @@ impl SubscriptionActor {
         consumer: ConsumerId,
         request_id: u64,
         items: Vec<FailedItem>,
+        queued: Instant,
     ) {
         // An empty list asks for everything in flight: not when it held
         // only nacks counted ahead or redelivered by the client.
@@ -116,7 +118,8 @@ impl SubscriptionActor {
         let outcome = if only_notices {
             counted
         } else {
-            let due = match self.redeliver_failures(consumer, items) {
+            let since_us = self.since_us(queued);
+            let due = match self.redeliver_failures(consumer, items, since_us) {
                 Ok(f) => self.fail(f, false).await,
                 Err(e) => Err(e),
             };
@@ -291,6 +294,7 @@ impl SubscriptionActor {
         &self,
         consumer: ConsumerId,
         items: Vec<FailedItem>,
+        since_us: u64,
     ) -> Result<Vec<Failure>> {
         let name = self.consumers.name_of(consumer);
         if items.is_empty() {
@@ -330,6 +334,7 @@ impl SubscriptionActor {
             out.push(Failure {
                 detail,
                 hold,
+                since_us: Some(since_us),
                 ..Failure::new(entry, reason, name.clone())
             });
         }
@@ -337,14 +342,18 @@ impl SubscriptionActor {
     }
 
     /// `reconsume_later` requests, moved into the retry tier together.
-    pub(super) async fn reconsume_later(&mut self, reqs: Vec<(ConsumerId, ConsumerRequest)>) {
+    pub(super) async fn reconsume_later(
+        &mut self,
+        reqs: Vec<(ConsumerId, ConsumerRequest, Instant)>,
+    ) {
         if reqs.is_empty() {
             return;
         }
         let mut failures = Vec::with_capacity(reqs.len());
         let mut accepted = Vec::with_capacity(reqs.len());
         let mut seen = HashSet::with_capacity(reqs.len());
-        for (consumer, req) in reqs {
+        for (consumer, req, queued) in reqs {
+            let since_us = self.since_us(queued);
             let ConsumerRequest::ReconsumeLater {
                 request_id,
                 id,
@@ -380,6 +389,7 @@ impl SubscriptionActor {
                         detail,
                         overrides: delay,
                         extra_props: properties,
+                        since_us: Some(since_us),
                         ..Failure::new(
                             entry,
                             FailureReason::ReconsumeLater,
@@ -537,6 +547,8 @@ impl SubscriptionActor {
         let from = self.deps.clock.now_us().div_ceil(1000).max(now);
         for (f, mut rec, hold, stored) in items {
             let msg = f.entry.of(self.rec.id);
+            // From when the request reached the subscription, if it says.
+            let from = f.since_us.map_or(from, |us| us.div_ceil(1000));
             let hold_until = (!hold.is_zero()).then(|| from.saturating_add(millis(hold)));
             rec.hold_until_ms = hold_until.unwrap_or(0);
             let mut parked = None;
@@ -616,6 +628,17 @@ impl SubscriptionActor {
             }
         });
         Ok(())
+    }
+}
+
+impl SubscriptionActor {
+    /// The broker clock's time (µs) when a request was queued for this
+    /// actor (`queued`): a nack's hold and a `reconsume_later`'s delay run
+    /// from then, so a request that waited behind a burst in the actor's
+    /// queue is not due later by that wait. Never later than now.
+    pub(super) fn since_us(&self, queued: Instant) -> u64 {
+        let waited = u64::try_from(queued.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.deps.clock.now_us().saturating_sub(waited)
     }
 }
 

@@ -79,6 +79,10 @@ use tokio_util::sync::CancellationToken;
 /// Commands handled before the actor dispatches again, so a burst of acks or
 /// nacks does not hold back deliveries.
 pub(crate) const COMMANDS_PER_ROUND: usize = 64;
+/// Consecutive `reconsume_later`s counted as one command of a round: a
+/// burst of them is moved in transactions of up to
+/// `COMMANDS_PER_ROUND * RECONSUMES_PER_COMMAND` (group commit).
+pub(crate) const RECONSUMES_PER_COMMAND: usize = 16;
 
 /// What every subscription actor shares with the rest of the broker.
 #[derive(Debug, Clone)]
@@ -141,6 +145,8 @@ pub(crate) struct SubscriptionActor {
     failures: Arc<crate::failure_log::FailureTally>,
     /// The record changed since it was last written.
     dirty: bool,
+    /// Acks of the current round, written at its end.
+    acked_in_round: acks::AckedInRound,
     /// For messages the actor sends itself once a write is durable; weak, so
     /// the actor stops once every handle is gone.
     self_tx: mpsc::WeakUnboundedSender<Command>,
@@ -225,6 +231,7 @@ impl SubscriptionActor {
             tiers,
             deps,
             dirty: false,
+            acked_in_round: Default::default(),
             self_tx: tx.downgrade(),
             fire_tx,
             topic,
@@ -295,11 +302,23 @@ impl SubscriptionActor {
                 Command::Request(
                     consumer,
                     req @ requests::ConsumerRequest::ReconsumeLater { .. },
+                    queued,
                 ) => {
-                    reconsumes.push((consumer, req));
+                    reconsumes.push((consumer, req, queued));
+                    // Group commit: a burst of them counts as one command
+                    // per `RECONSUMES_PER_COMMAND`, so up to
+                    // `COMMANDS_PER_ROUND` times that go in one move.
+                    if !reconsumes.len().is_multiple_of(RECONSUMES_PER_COMMAND) {
+                        next = rx.try_recv().ok();
+                        if next.is_some() {
+                            continue;
+                        }
+                        break;
+                    }
                 }
                 Command::Delete(force, reply) => {
                     self.reconsume_later(std::mem::take(&mut reconsumes)).await;
+                    self.write_acked();
                     let r = self.delete(force);
                     let deleted = r.is_ok();
                     let _ = reply.send(r);
@@ -309,6 +328,20 @@ impl SubscriptionActor {
                 }
                 other => {
                     self.reconsume_later(std::mem::take(&mut reconsumes)).await;
+                    // Acks are answered before anything else is handled
+                    // (a close, another request): only acks and permits
+                    // gather behind them.
+                    if !matches!(
+                        other,
+                        Command::Request(
+                            _,
+                            requests::ConsumerRequest::Ack { .. }
+                                | requests::ConsumerRequest::Flow(_),
+                            _
+                        )
+                    ) {
+                        self.write_acked();
+                    }
                     self.handle(other).await;
                 }
             }
@@ -320,6 +353,7 @@ impl SubscriptionActor {
             }
         }
         self.reconsume_later(reconsumes).await;
+        self.write_acked();
         false
     }
 
@@ -329,7 +363,7 @@ impl SubscriptionActor {
                 let _ = reply.send(self.add_consumer(spec));
             }
             Command::RemoveConsumer(id) => self.consumer_lost(id).await,
-            Command::Request(consumer, req) => self.request(consumer, req).await,
+            Command::Request(consumer, req, queued) => self.request(consumer, req, queued).await,
             Command::Ready(entries) => {
                 let entries = entries
                     .into_iter()
@@ -385,7 +419,12 @@ impl SubscriptionActor {
         }
     }
 
-    async fn request(&mut self, consumer: ConsumerId, req: ConsumerRequest) {
+    async fn request(
+        &mut self,
+        consumer: ConsumerId,
+        req: ConsumerRequest,
+        queued: tokio::time::Instant,
+    ) {
         match req {
             ConsumerRequest::Flow(permits) => {
                 if let Some(c) = self.consumers.get_mut(consumer) {
@@ -398,10 +437,10 @@ impl SubscriptionActor {
                 cumulative,
             } => self.ack(consumer, request_id, &ids, cumulative),
             ConsumerRequest::Redeliver { request_id, items } => {
-                self.redeliver(consumer, request_id, items).await
+                self.redeliver(consumer, request_id, items, queued).await
             }
             req @ ConsumerRequest::ReconsumeLater { .. } => {
-                self.reconsume_later(vec![(consumer, req)]).await
+                self.reconsume_later(vec![(consumer, req, queued)]).await
             }
             ConsumerRequest::Terminate {
                 request_id,

@@ -199,7 +199,10 @@ impl SubscriptionActor {
         let mut new_keys = Vec::with_capacity(items.len());
         let stored = self.failed_sources(&items)?;
         for (i, ((f, rec, after), m)) in items.iter().zip(stored).enumerate() {
-            let due_ms = now.saturating_add(millis(*after));
+            // From when the request reached the subscription, if it says
+            // (rounded up: never due before the delay is over).
+            let from = f.since_us.map_or(now, |us| us.div_ceil(1000));
+            let due_ms = from.saturating_add(millis(*after));
             let mut m = self.tier_copy(m, f.entry, rec, &f.extra_props);
             m.properties
                 .insert(props::DELAY_TIME.into(), millis(*after).to_string());
