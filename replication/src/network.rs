@@ -149,12 +149,7 @@ impl Replication for ReplicationService {
         let (me, voter, held) = {
             let m = raft.metrics();
             let m = m.borrow();
-            let voter = m
-                .membership_config
-                .membership()
-                .voter_ids()
-                .any(|v| v == m.id);
-            (m.id, voter, m.last_log_index)
+            (m.id, crate::takeover::is_voter(&m), m.last_log_index)
         };
         if !voter {
             return Err(Status::failed_precondition(format!(

@@ -67,6 +67,14 @@ pub(crate) fn decide(
     }
 }
 
+/// Whether the node these metrics are of is a voter of its group.
+pub(crate) fn is_voter(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>) -> bool {
+    m.membership_config
+        .membership()
+        .voter_ids()
+        .any(|v| v == m.id)
+}
+
 /// Called by the `Replication` service after `raft` answered `resp` to
 /// `req`: stands for election at once when [`decide`] says so (in a task
 /// of its own: the answer is not delayed).
@@ -79,12 +87,7 @@ pub(crate) fn after_vote(
     let (me, voter, state) = {
         let m = raft.metrics();
         let m = m.borrow();
-        let voter = m
-            .membership_config
-            .membership()
-            .voter_ids()
-            .any(|v| v == m.id);
-        (m.id, voter, m.state)
+        (m.id, is_voter(&m), m.state)
     };
     let stand = decide(me, voter, state, req, resp);
     if stand == Stand::No {

@@ -167,6 +167,44 @@ pub(crate) async fn dead_letters_are_the_six(
     }
 }
 
+/// The audit a member test ends with: the dead letters are the six, then
+/// every message still deliverable is read (recorded in `h` as pending)
+/// and acked; exactly the nacked ones (`counts`, their counts when
+/// nacked) were still pending, each at a higher count; and `h` holds.
+pub(crate) async fn audit_the_rest(
+    c: &ricochet_client::Client,
+    topic: &str,
+    h: &History,
+    counts: &BTreeMap<u64, u32>,
+) -> ricochet_testkit::history::Summary {
+    dead_letters_are_the_six(&c.admin(), topic, h).await;
+    let mut auditor = shared(c, topic, false).subscribe().await.unwrap();
+    let mut again = BTreeMap::new();
+    while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(5), auditor.receive()).await {
+        let id = String::from_utf8_lossy(m.payload()).into_owned();
+        h.delivered(&id, m.delivery_count());
+        h.found(&id, Place::Pending);
+        if let Ok(n) = id.parse::<u64>() {
+            again.insert(n, m.delivery_count());
+        }
+        auditor.ack(&m).await.unwrap();
+    }
+    let summary = h.assert_ok();
+    assert_eq!(
+        again.keys().copied().collect::<Vec<_>>(),
+        counts.keys().copied().collect::<Vec<_>>(),
+        "{again:?}"
+    );
+    for (id, count) in counts {
+        assert!(
+            again[id] > *count,
+            "{id}: nacked at {count}, then {}",
+            again[id]
+        );
+    }
+    summary
+}
+
 async fn replaced_member_run(kill_leader_first: bool, name: &str) {
     let _one = ONE_CLUSTER.lock().await;
     let Some(etcd) = etcd_or_skip(name).await else {
@@ -258,33 +296,8 @@ async fn replaced_member_run(kill_leader_first: bool, name: &str) {
 
     // Audit through the leader left: the dead letters, then whatever is
     // still deliverable, acked.
-    let admin = c.admin();
-    dead_letters_are_the_six(&admin, TOPIC, &h).await;
-    let mut auditor = shared(&c, TOPIC, false).subscribe().await.unwrap();
-    let mut again = BTreeMap::new();
-    while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(5), auditor.receive()).await {
-        let id: u64 = String::from_utf8_lossy(m.payload()).parse().unwrap();
-        h.delivered(&id.to_string(), m.delivery_count());
-        h.found(&id.to_string(), Place::Pending);
-        again.insert(id, m.delivery_count());
-        auditor.ack(&m).await.unwrap();
-    }
-    let summary = h.assert_ok();
+    let summary = audit_the_rest(&c, TOPIC, &h, &counts).await;
     println!("replicated members history (leader {third}): {summary:?}");
-    // The nacked ones, and only they, were still pending, each with a
-    // count above the one it was nacked at.
-    assert_eq!(
-        again.keys().copied().collect::<Vec<_>>(),
-        counts.keys().copied().collect::<Vec<_>>(),
-        "{again:?}"
-    );
-    for (id, count) in &counts {
-        assert!(
-            again[id] > *count,
-            "{id}: nacked at {count}, then {}",
-            again[id]
-        );
-    }
 
     // No broker is left to replace the second dead member: the listing
     // says so.
