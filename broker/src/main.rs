@@ -34,33 +34,6 @@ fn disable_transparent_huge_pages() {
     let _ = rustix::thread::disable_transparent_huge_pages(true);
 }
 
-/// Has mimalloc give freed memory back to the system at once
-/// (`MIMALLOC_PURGE_DELAY=0`; its default delays a purge by 1 s, and then
-/// only until the thread that freed the pages allocates again, which an idle
-/// worker never does): after 200 000 nacks were parked, the broker kept
-/// 40–60 MB of freed memory (`docs/src/parked-retries.md`, "Held nacks due
-/// later stay out of memory"). mimalloc reads its options from the
-/// environment when the process starts, before `main`, and setting them
-/// later needs `unsafe` (forbidden here): so a broker started without the
-/// variable executes itself again with it, same arguments and process id.
-/// `MIMALLOC_PURGE_DELAY` set by the caller (say `1000`, mimalloc's default)
-/// is kept. If the re-execution fails the broker goes on as it is.
-fn purge_freed_memory_at_once() {
-    #[cfg(all(unix, not(feature = "system-alloc")))]
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none()
-        && let Ok(exe) = std::env::current_exe()
-    {
-        use std::os::unix::process::CommandExt;
-        let mut args = std::env::args_os();
-        let mut cmd = std::process::Command::new(exe);
-        if let Some(arg0) = args.next() {
-            cmd.arg0(arg0);
-        }
-        // Returns only if it failed.
-        let _ = cmd.args(args).env("MIMALLOC_PURGE_DELAY", "0").exec();
-    }
-}
-
 /// The Ricochet message broker.
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -335,7 +308,6 @@ async fn shutdown_signal() {
 
 fn main() -> ExitCode {
     disable_transparent_huge_pages();
-    purge_freed_memory_at_once();
     let args = Args::parse();
     let result = match args.command {
         Some(Command::Check { data_dir, config }) => {

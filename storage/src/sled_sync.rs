@@ -42,6 +42,10 @@ pub struct SledSync {
     /// How many times the data file was synced (tests check that a
     /// durable flush does it).
     data_syncs: AtomicU64,
+    /// One flush at a time (see [`SledSync::flush`]).
+    flushing: tokio::sync::Mutex<()>,
+    /// Nothing else flushes the database (see [`SledSync::sole_flusher`]).
+    sole: bool,
 }
 
 impl SledSync {
@@ -53,16 +57,45 @@ impl SledSync {
             synced: Mutex::new(HashSet::new()),
             data: Arc::new(File::open(db_dir.join("db"))?),
             data_syncs: AtomicU64::new(0),
+            flushing: tokio::sync::Mutex::new(()),
+            sole: false,
         })
     }
 
     /// Makes every write to `db` so far durable: new blob files and their
-    /// directory, sled's flush, then an `fdatasync` of sled's data file.
+    /// directory, sled's flush, then an `fdatasync` of sled's data file —
+    /// skipped, for a [`SledSync::sole_flusher`], when sled's flush wrote
+    /// nothing (everything it holds was written by an earlier flush, which
+    /// synced it before returning: flushes run one at a time).
     pub async fn flush(&self, db: &sled::Tree) -> sled::Result<()> {
+        let _one = self.flushing.lock().await;
         self.sync_new()?;
-        db.flush_async().await?;
-        self.sync_data().await?;
+        let wrote = db.flush_async().await?;
+        if wrote > 0 || !self.sole {
+            self.sync_data().await?;
+        }
         Ok(())
+    }
+
+    /// [`SledSync::flush`] for a conversion at open, before the store is
+    /// shared (no other flush runs): sled's flush, then always the data
+    /// file's sync.
+    pub fn flush_blocking(&self, db: &sled::Tree) -> sled::Result<()> {
+        self.sync_new()?;
+        db.flush()?;
+        self.data.sync_data()?;
+        self.data_syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Declares this the only way the database is flushed (sled's own
+    /// flusher off, `flush_every_ms(None)`, and no direct `flush` call
+    /// outside tests): then a flush that wrote nothing needs no sync. With
+    /// sled's flusher on, it may have written bytes it has not synced yet
+    /// when a flush of ours finds nothing left to write.
+    pub fn sole_flusher(mut self) -> Self {
+        self.sole = true;
+        self
     }
 
     /// `fdatasync` of sled's data file, off the async threads.

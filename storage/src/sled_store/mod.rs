@@ -159,7 +159,8 @@ impl SledStorage {
             sched: db.open_tree("sched")?,
             sched_big: db.open_tree("sched_big")?,
             deadletters: db.open_tree("deadletters")?,
-            sync: crate::sled_sync::SledSync::open(dir)?,
+            // Opened with sled's flusher off: every flush is the store's.
+            sync: crate::sled_sync::SledSync::open(dir)?.sole_flusher(),
             db,
             dir: dir.to_owned(),
             segment_entries,

@@ -504,7 +504,7 @@ impl SledStorage {
                 crate::util::failpoint("upgrade.schedule.after_batch");
             }
         }
-        self.db.flush()?;
+        self.sync.flush_blocking(&self.db)?;
         tracing::info!(
             moved,
             chunks = self.sched.len(),
