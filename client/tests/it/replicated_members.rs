@@ -205,6 +205,32 @@ pub(crate) async fn audit_the_rest(
     summary
 }
 
+/// `n` brokers of cluster `name` (lease TTL 3 s) started with `options`,
+/// and `topic` of factor 3 created on them; with the brokers' ids. `RMOVE_LOG=info` echoes the brokers' logs (where a move's time
+/// goes), else they log warnings only.
+pub(crate) async fn cluster_with_topic(
+    etcd: &ricochet_testkit::EtcdProcess,
+    name: &str,
+    n: usize,
+    root: &std::path::Path,
+    options: SpawnOptions,
+    topic: &str,
+) -> (Vec<ricochet_testkit::ClusterBroker>, Vec<String>) {
+    let log = std::env::var("RMOVE_LOG").ok();
+    let options = options
+        .rust_log(log.clone().unwrap_or_else(|| "warn".into()))
+        .echo_log(log.is_some());
+    let brokers = spawn_cluster(etcd, name, n, root, Duration::from_secs(3), &options).await;
+    let ids: Vec<String> = brokers.iter().map(|b| b.id.clone()).collect();
+    client(&brokers[0].url())
+        .await
+        .admin()
+        .create_replicated_topic(topic, 3)
+        .await
+        .unwrap();
+    (brokers, ids)
+}
+
 async fn replaced_member_run(kill_leader_first: bool, name: &str) {
     let _one = ONE_CLUSTER.lock().await;
     let Some(etcd) = etcd_or_skip(name).await else {
@@ -212,22 +238,7 @@ async fn replaced_member_run(kill_leader_first: bool, name: &str) {
     };
     let root = tempfile::tempdir().unwrap();
     let options = SpawnOptions::new().args(["--replace-after", "5s", "--snapshot-every", "50"]);
-    let mut brokers = spawn_cluster(
-        &etcd,
-        name,
-        4,
-        root.path(),
-        Duration::from_secs(3),
-        &options,
-    )
-    .await;
-    let ids: Vec<String> = brokers.iter().map(|b| b.id.clone()).collect();
-    client(&brokers[0].url())
-        .await
-        .admin()
-        .create_replicated_topic(TOPIC, 3)
-        .await
-        .unwrap();
+    let (mut brokers, ids) = cluster_with_topic(&etcd, name, 4, root.path(), options, TOPIC).await;
     let (leader, _) = stable_leader(&brokers[0].url(), TOPIC, &ids, Duration::from_secs(20))
         .await
         .expect("a leader");

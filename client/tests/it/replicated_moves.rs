@@ -15,7 +15,7 @@
 //! no broker left to take its place and says so.
 
 use crate::replicated::{ONE_CLUSTER, client, stable_leader};
-use crate::replicated_members::{audit_the_rest, settle_first_phase};
+use crate::replicated_members::{audit_the_rest, cluster_with_topic, settle_first_phase};
 use ricochet_client::InitialPosition;
 use ricochet_testkit::{EtcdProcess, History, SpawnOptions, etcd_or_skip, spawn_cluster};
 use std::collections::BTreeSet;
@@ -148,28 +148,8 @@ async fn a_replica_moves_by_membership_change_while_the_topic_takes_publishes() 
         return;
     };
     let root = tempfile::tempdir().unwrap();
-    // RMOVE_LOG=info shows the brokers' logs (where a move's time goes).
-    let log = std::env::var("RMOVE_LOG").ok();
-    let options = SpawnOptions::new()
-        .args(["--snapshot-every", "50"])
-        .rust_log(log.clone().unwrap_or_else(|| "warn".into()))
-        .echo_log(log.is_some());
-    let mut brokers = spawn_cluster(
-        &etcd,
-        name,
-        4,
-        root.path(),
-        Duration::from_secs(3),
-        &options,
-    )
-    .await;
-    let ids: Vec<String> = brokers.iter().map(|b| b.id.clone()).collect();
-    client(&brokers[0].url())
-        .await
-        .admin()
-        .create_replicated_topic(TOPIC, 3)
-        .await
-        .unwrap();
+    let options = SpawnOptions::new().args(["--snapshot-every", "50"]);
+    let (mut brokers, ids) = cluster_with_topic(&etcd, name, 4, root.path(), options, TOPIC).await;
     let (source, _) = stable_leader(&brokers[0].url(), TOPIC, &ids, Duration::from_secs(20))
         .await
         .expect("a leader");

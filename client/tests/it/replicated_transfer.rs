@@ -12,9 +12,9 @@
 //! letters and the nacked messages' counts as they were.
 
 use crate::replicated::{ONE_CLUSTER, client, stable_leader};
-use crate::replicated_members::{audit_the_rest, settle_first_phase};
+use crate::replicated_members::{audit_the_rest, cluster_with_topic, settle_first_phase};
 use crate::replicated_moves::{keep_publishing, record};
-use ricochet_testkit::{History, SpawnOptions, etcd_or_skip, spawn_cluster};
+use ricochet_testkit::{History, SpawnOptions, etcd_or_skip};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -38,24 +38,10 @@ async fn the_leadership_moves_to_a_chosen_member_while_the_topic_takes_publishes
         return;
     };
     let root = tempfile::tempdir().unwrap();
-    // RMOVE_LOG=info shows the brokers' logs.
-    let log = std::env::var("RMOVE_LOG").ok();
-    let options = SpawnOptions::new()
-        .rust_log(log.clone().unwrap_or_else(|| "warn".into()))
-        .echo_log(log.is_some());
-    let brokers = spawn_cluster(
-        &etcd,
-        name,
-        3,
-        root.path(),
-        Duration::from_secs(3),
-        &options,
-    )
-    .await;
-    let ids: Vec<String> = brokers.iter().map(|b| b.id.clone()).collect();
+    let (brokers, ids) =
+        cluster_with_topic(&etcd, name, 3, root.path(), SpawnOptions::new(), TOPIC).await;
     let url = brokers[0].url();
     let c = client(&url).await;
-    c.admin().create_replicated_topic(TOPIC, 3).await.unwrap();
     let (first, _) = stable_leader(&url, TOPIC, &ids, Duration::from_secs(20))
         .await
         .expect("a leader");
