@@ -96,15 +96,23 @@ pub(crate) fn shared(
         .policy("backoff:fixed=200ms,max=50".parse::<PolicySpec>().unwrap())
 }
 
-/// The first phase both member tests run on the 60 receipted messages:
-/// every tenth dead-lettered, the other fifths nacked until their count
-/// is 2, the rest acked with receipts, all recorded in `h`. Returns the
-/// nacked messages' last delivery counts.
+/// The first phase the member, move and transfer tests run: 60 messages
+/// published with receipts, then every tenth dead-lettered, the other
+/// fifths nacked until their count is 2, the rest acked with receipts,
+/// all recorded in `h`. Returns the nacked messages' last delivery counts.
 pub(crate) async fn settle_first_phase(
     c: &ricochet_client::Client,
     topic: &str,
     h: &History,
 ) -> BTreeMap<u64, u32> {
+    let p = c.producer(topic).create().await.unwrap();
+    for i in 0..60u64 {
+        let id = i.to_string();
+        h.sent(&id);
+        p.send(id.clone()).await.unwrap();
+        h.receipted(&id);
+    }
+    drop(p);
     let mut consumer = shared(c, topic, true).subscribe().await.unwrap();
     let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
     let (mut acked, mut terminated) = (0, 0);
@@ -257,13 +265,6 @@ async fn replaced_member_run(kill_leader_first: bool, name: &str) {
 
     // 60 messages: every tenth dead-lettered, the other fifths nacked
     // (held, delivered again with a higher count), the rest acked.
-    let p = c.producer(TOPIC).create().await.unwrap();
-    for i in 0..60u64 {
-        let id = i.to_string();
-        h.sent(&id);
-        p.send(id.clone()).await.unwrap();
-        h.receipted(&id);
-    }
     let counts = settle_first_phase(&c, TOPIC, &h).await;
 
     // The first kill: a member stays down past replace_after.

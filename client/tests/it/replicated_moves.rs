@@ -164,14 +164,6 @@ async fn a_replica_moves_by_membership_change_while_the_topic_takes_publishes() 
 
     // 60 messages: every tenth dead-lettered, the other fifths nacked
     // (held, delivered again with a higher count), the rest acked.
-    let p = c.producer(TOPIC).create().await.unwrap();
-    for i in 0..60u64 {
-        let id = i.to_string();
-        h.sent(&id);
-        p.send(id.clone()).await.unwrap();
-        h.receipted(&id);
-    }
-    drop(p);
     let counts = settle_first_phase(&c, TOPIC, &h).await;
 
     // Refused, changing nothing: a move to the broker it is on. (A move to
