@@ -738,3 +738,19 @@ impl SubscriptionStore for SledStorage {
         self.remove_replay_job_stored(id)
     }
 }
+
+/// Opens the store in `dir` (tests), waiting for a dropped handle's lock:
+/// sled 0.34 releases it from a background thread a moment after the last
+/// handle is dropped.
+#[cfg(test)]
+pub(crate) fn reopen_waiting(dir: &std::path::Path, segment_entries: u64) -> SledStorage {
+    for _ in 0..250 {
+        match SledStorage::open(dir, segment_entries, 8 << 20) {
+            Err(StorageError::Engine(e)) if e.to_string().contains("could not acquire lock") => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            opened => return opened.unwrap(),
+        }
+    }
+    panic!("the store's lock stayed taken");
+}

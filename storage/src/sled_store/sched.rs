@@ -523,19 +523,8 @@ mod tests {
         TierEntry::main(id).of(sub)
     }
 
-    /// Opens the store in `dir`, waiting for a dropped handle's lock.
     fn reopen(dir: &std::path::Path) -> SledStorage {
-        for _ in 0..250 {
-            match SledStorage::open(dir, 64, 8 << 20) {
-                Err(StorageError::Engine(e))
-                    if e.to_string().contains("could not acquire lock") =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                opened => return opened.unwrap(),
-            }
-        }
-        panic!("the store's lock stayed taken");
+        super::reopen_waiting(dir, 64)
     }
 
     fn record(count: u32, until: u64) -> FailureRecord {

@@ -134,7 +134,7 @@ async fn a_large_batch_is_stored_as_values_within_the_limit_and_reads_back_whole
     // The same after a reopen.
     sled.flush().await.unwrap();
     drop(sled);
-    let sled = SledStorage::open(dir.path(), 16_384, 8 << 20).unwrap();
+    let sled = super::reopen_waiting(dir.path(), 16_384);
     same_reads(&sled, &mem, &froms, &asked);
 }
 
@@ -220,7 +220,7 @@ async fn old_one_value_batches_read_next_to_split_ones() {
     same_reads(&sled, &mem, &froms, &asked);
     sled.flush().await.unwrap();
     drop(sled);
-    let sled = SledStorage::open(dir.path(), 16_384, 8 << 20).unwrap();
+    let sled = super::reopen_waiting(dir.path(), 16_384);
     same_reads(&sled, &mem, &froms, &asked);
 }
 
@@ -282,7 +282,7 @@ async fn the_stores_flush_makes_sled_blob_files_durable_first() {
     // left for another pass to sync.
     assert_eq!(s.sync.sync_new().unwrap(), 0);
     drop(s);
-    let s = SledStorage::open(dir.path(), 16_384, 8 << 20).unwrap();
+    let s = super::reopen_waiting(dir.path(), 16_384);
     assert_eq!(s.failure(at, None).unwrap(), Some(record));
 }
 
