@@ -214,8 +214,10 @@ pub(crate) async fn audit_the_rest(
 }
 
 /// `n` brokers of cluster `name` (lease TTL 3 s) started with `options`,
-/// and `topic` of factor 3 created on them; with the brokers' ids. `RMOVE_LOG=info` echoes the brokers' logs (where a move's time
-/// goes), else they log warnings only.
+/// and `topic` of factor 3 created on them; with the brokers' ids.
+/// `RMOVE_LOG=info` echoes the brokers' logs (where a move's time goes),
+/// else they log warnings only, and logs this process's client to stderr
+/// (`RMOVE_CLIENT_LOG`, default `ricochet_client=debug`).
 pub(crate) async fn cluster_with_topic(
     etcd: &ricochet_testkit::EtcdProcess,
     name: &str,
@@ -225,6 +227,15 @@ pub(crate) async fn cluster_with_topic(
     topic: &str,
 ) -> (Vec<ricochet_testkit::ClusterBroker>, Vec<String>) {
     let log = std::env::var("RMOVE_LOG").ok();
+    if log.is_some() {
+        // The client's side too (its reconnects and lookups), with UTC
+        // timestamps like the brokers' lines.
+        let filter = std::env::var("RMOVE_CLIENT_LOG").unwrap_or_else(|_| "ricochet_client=debug".into());
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let options = options
         .rust_log(log.clone().unwrap_or_else(|| "warn".into()))
         .echo_log(log.is_some());

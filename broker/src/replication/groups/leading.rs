@@ -108,9 +108,11 @@ impl Groups {
     }
 
     /// Takes `topic` as its group's leader: once everything committed is
-    /// applied here, points `placement/<topic>` at this broker, drops an
-    /// owner key another broker left (a leader that died: Raft chose this
-    /// one), and claims the topic.
+    /// applied here, opens it, points `placement/<topic>` at this broker,
+    /// drops an owner key another broker left (a leader that died: Raft
+    /// chose this one), and claims the topic. A take that fails once the
+    /// topic is open closes it again ([`Self::retract`]): nothing half
+    /// taken stays served here.
     pub(super) async fn take(
         &self,
         topic: &str,
@@ -132,17 +134,33 @@ impl Groups {
             .open_replicated(&name, Arc::new(storage.clone()), record.replicas)
             .await?;
         crate::util::lock(&self.serving).insert(topic.to_owned(), storage);
+        if let Err(e) = self.place_here(&name).await {
+            self.retract(topic).await;
+            return Err(e);
+        }
         // Replay jobs stored through the group run where it is led.
         crate::replay_jobs::resume_topic(&self.core, topic);
+        Ok(())
+    }
+
+    /// Points `placement/<topic>` at this broker, drops another broker's
+    /// claim, and claims the topic here.
+    async fn place_here(&self, name: &TopicName) -> Result<()> {
+        let topic = name.as_str();
         let me = self.cluster.id();
         let etcd = self.cluster.etcd();
         let placement = self.cluster.key(&format!("placement/{topic}"));
         match etcd.get(&placement).await? {
             Some(kv) if kv.value == me => {}
             Some(kv) => {
+                // The previous leader, seeing this one lead, hands the
+                // topic over (`Cluster::hand_over`: placement here, its
+                // claim dropped) at the same time: losing the
+                // compare-and-set to that is the placement wanted.
                 if !etcd
                     .replace_if_unchanged(&placement, me, kv.mod_revision, 0)
                     .await?
+                    && etcd.get(&placement).await?.is_none_or(|kv| kv.value != me)
                 {
                     return Err(BrokerError::Conflict("placement changed meanwhile".into()));
                 }
@@ -158,8 +176,22 @@ impl Groups {
             tracing::info!(%topic, previous = %kv.value, "dropping the previous leader's claim");
             etcd.delete(&owner).await?;
         }
-        self.cluster.route(name.as_str(), false).await?;
+        self.cluster.route(topic, false).await?;
         Ok(())
+    }
+
+    /// Undoes a take that failed once the topic was open: streams that
+    /// reached it meanwhile (the placement may name this broker already)
+    /// end as after a move, so their clients look the topic up again, and
+    /// the topic is closed. Left open, it went on serving them until the
+    /// next take opened it again over them: their writes in flight then
+    /// got no receipt and no end (a producer stalled until its timeout).
+    async fn retract(&self, topic: &str) {
+        let marked = self.cluster.begin_move(topic, self.cluster.id()).is_ok();
+        self.close(topic).await;
+        if marked {
+            self.cluster.end_move(topic);
+        }
     }
 
     /// Stops serving `topic` here: its storage refuses writes from now on
