@@ -230,7 +230,8 @@ pub(crate) async fn cluster_with_topic(
     if log.is_some() {
         // The client's side too (its reconnects and lookups), with UTC
         // timestamps like the brokers' lines.
-        let filter = std::env::var("RMOVE_CLIENT_LOG").unwrap_or_else(|_| "ricochet_client=debug".into());
+        let filter =
+            std::env::var("RMOVE_CLIENT_LOG").unwrap_or_else(|_| "ricochet_client=debug".into());
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_writer(std::io::stderr)

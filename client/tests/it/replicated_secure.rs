@@ -5,7 +5,9 @@
 //! peer_ca_file`) with a superuser's token (`[cluster] peer_token_file`).
 //! An R3 topic is created, produced to and consumed from through the
 //! client with a token; after a `kill -9` of its leader another member
-//! leads and serves. A caller of the `Replication` service that is not a
+//! leads and serves, and hands the leadership to the third member
+//! (`cluster move T --to <member>`: the `Elect` call between brokers, over
+//! TLS with the peer token) with the killed one still down. A caller of the `Replication` service that is not a
 //! superuser is refused PERMISSION_DENIED and the group's leader stays
 //! as it was; one without a token is UNAUTHENTICATED. A broker whose peer
 //! token names a role that is not a superuser does not start. A topic
@@ -365,6 +367,55 @@ async fn a_replicated_topic_with_tls_and_auth_on_survives_its_leaders_kill() {
         .unwrap();
     assert_eq!(stats.next_entry_id, 21, "{stats:?}");
     assert!(brokers.iter().any(|b| b.id == next));
+
+    // A leadership transfer (`cluster move T --to <member>`) with one
+    // member down: the leader waits until the chosen member holds its log
+    // and asks it to stand (the peers' `Elect` call, over TLS with the
+    // peer token); Lookup then names it and the same clients go on. The
+    // leader first leads longer than its lease (1 s): a younger one
+    // refuses the vote.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let to = *others.iter().find(|m| **m != next).unwrap();
+    let moved = s
+        .client(&survivor, "admin")
+        .await
+        .admin()
+        .move_topic(t, Some(to))
+        .await
+        .unwrap();
+    assert_eq!(moved.to_broker, to, "{moved:?}");
+    assert_eq!(moved.entries, 0, "nothing copied: {moved:?}");
+    assert_eq!(
+        leader(&s, &survivor, t, &others).await,
+        to,
+        "Lookup names the chosen member"
+    );
+    println!(
+        "replicated (tls+auth): leadership moved {next} -> {to} in {} ms, one member down",
+        moved.millis
+    );
+    tokio::time::timeout(Duration::from_secs(30), p.send("m21"))
+        .await
+        .expect("a receipt from the chosen member within 30 s")
+        .unwrap();
+    let m = tokio::time::timeout(Duration::from_secs(30), consumer.receive())
+        .await
+        .expect("m21 within 30 s")
+        .unwrap();
+    assert_eq!(
+        m.payload(),
+        &b"m21"[..],
+        "acked messages are not delivered again"
+    );
+    consumer.ack(&m).await.unwrap();
+    let stats = s
+        .client(&survivor, "admin")
+        .await
+        .admin()
+        .topic_stats(t)
+        .await
+        .unwrap();
+    assert_eq!(stats.next_entry_id, 22, "{stats:?}");
 
     // A broker whose peer token is not a superuser's does not start.
     let addr = free_addr();

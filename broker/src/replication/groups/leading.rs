@@ -160,9 +160,11 @@ impl Groups {
                 if !etcd
                     .replace_if_unchanged(&placement, me, kv.mod_revision, 0)
                     .await?
-                    && etcd.get(&placement).await?.is_none_or(|kv| kv.value != me)
                 {
-                    return Err(BrokerError::Conflict("placement changed meanwhile".into()));
+                    if etcd.get(&placement).await?.is_none_or(|kv| kv.value != me) {
+                        return Err(BrokerError::Conflict("placement changed meanwhile".into()));
+                    }
+                    tracing::info!(%topic, previous = %kv.value, "placed here meanwhile by the previous leader's hand-over");
                 }
             }
             None => {
