@@ -6,6 +6,7 @@ mod breaker;
 mod cluster;
 mod consume;
 mod dead_letters;
+mod event_view;
 mod fanout;
 mod input;
 mod partitions;
