@@ -117,7 +117,7 @@ table! {
         GetMessage => get_message(GetMessageRequest) -> GetMessageResponse:
             Requirement::Permission(Consume),
             |r| r.id.as_ref().map_or(Scope::Missing("id is required"), |id| Scope::Topic(&id.topic)),
-            .route(Route::Owner);
+            .route(Route::Owner), .shown(event_excerpt);
         ListDeadLetters => list_dead_letters(ListDeadLettersRequest) -> ListDeadLettersResponse:
             Requirement::Permission(DeadLetters), |r| Scope::Topic(&r.topic), .route(Route::Owner);
         ReplayDeadLetters => replay_dead_letters(ReplayDeadLettersRequest) -> ReplayDeadLettersResponse:
@@ -294,5 +294,17 @@ fn replayable_jobs(auth: &Auth, p: Option<&Principal>, listed: &mut ListReplayJo
 fn visible_broker_topics(auth: &Auth, p: Option<&Principal>, listed: &mut ListBrokersResponse) {
     for b in &mut listed.brokers {
         b.topics.retain(|t| auth.may_see(p, t));
+    }
+}
+
+/// `GetMessage` of a failure event: its payload excerpt only for a caller
+/// that may read the failed message's topic.
+fn event_excerpt(auth: &Auth, p: Option<&Principal>, got: &mut GetMessageResponse) {
+    if let Some(m) = got.message.as_mut()
+        && m.id
+            .as_ref()
+            .is_some_and(|id| crate::name::is_system_topic(&id.topic))
+    {
+        crate::service::hide_excerpt(auth, p, m);
     }
 }

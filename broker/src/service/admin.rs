@@ -364,14 +364,11 @@ impl Admin for AdminService {
         &self,
         r: Request<GetMessageRequest>,
     ) -> Result<Response<GetMessageResponse>, Status> {
-        let principal = crate::auth::principal(&self.node.auth, &r)?;
         let id = r
             .into_inner()
             .id
             .ok_or_else(|| Status::invalid_argument("id is required"))?;
         let name = TopicName::parse(&id.topic)?;
-        let view =
-            super::event_view::EventView::of(&self.node.auth, principal.as_ref(), name.as_str());
         let entry = self.node.core.topic(&name).await?;
         let bytes = self
             .node
@@ -391,9 +388,6 @@ impl Admin for AdminService {
             topic: name.to_string(),
             entry_id: id.entry_id,
         });
-        if let Some(view) = &view {
-            view.apply(&mut message);
-        }
         let mut subscriptions = Vec::new();
         for h in entry.subscriptions() {
             let st = h.message_status(id.entry_id).await?;

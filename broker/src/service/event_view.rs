@@ -4,14 +4,15 @@
 //! a role that may read that topic's messages (consume or dead-letters on
 //! the event's `topic`); for any other reader it is taken out of the event.
 //! Applied where event payloads leave the broker: consumer streams on an
-//! events topic and `GetMessage`.
+//! events topic ([`EventView`]) and `GetMessage` (the RPC table's answer
+//! filter, [`hide_excerpt`]).
 
 use crate::auth::{Auth, Permission, Principal};
-use crate::name::{TopicName, is_system_topic};
+use crate::name::is_system_topic;
 use ricochet_proto::Message;
 use std::sync::Arc;
 
-/// One reader's view of an events topic.
+/// One consumer stream's view of an events topic.
 #[derive(Debug, Clone)]
 pub(super) struct EventView {
     auth: Arc<Auth>,
@@ -28,20 +29,21 @@ impl EventView {
         })
     }
 
-    /// Takes the payload excerpt out of `m` unless this reader may read the
-    /// topic the event is about (its `topic` property).
+    /// [`hide_excerpt`] for this stream's reader.
     pub(super) fn apply(&self, m: &mut Message) {
-        let may_read = m
-            .properties
-            .get("topic")
-            .and_then(|t| TopicName::parse(t).ok())
-            .is_some_and(|t| {
-                [Permission::Consume, Permission::DeadLetters]
-                    .into_iter()
-                    .any(|p| self.auth.check(self.principal.as_ref(), &t, p).is_ok())
-            });
-        if !may_read && let Some(hidden) = crate::events::without_excerpt(&m.payload) {
-            m.payload = hidden;
-        }
+        hide_excerpt(&self.auth, self.principal.as_ref(), m);
+    }
+}
+
+/// Takes the payload excerpt out of `m`, an event, unless `p` may read the
+/// topic the event is about (its `topic` property).
+pub(crate) fn hide_excerpt(auth: &Auth, p: Option<&Principal>, m: &mut Message) {
+    let may_read = m.properties.get("topic").is_some_and(|t| {
+        [Permission::Consume, Permission::DeadLetters]
+            .into_iter()
+            .any(|perm| auth.holds(p, t, perm))
+    });
+    if !may_read && let Some(hidden) = crate::events::without_excerpt(&m.payload) {
+        m.payload = hidden;
     }
 }

@@ -21,6 +21,7 @@ pub(crate) use crate::status::{message_of, status_of};
 pub use admin::AdminService;
 pub use cluster::ClusterService;
 pub use dead_letters::CallerRole;
+pub(crate) use event_view::hide_excerpt;
 pub use partitions::PartitionsService;
 pub use retention::RetentionService;
 pub use routing::{Route, Router};
