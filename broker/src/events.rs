@@ -162,6 +162,14 @@ pub fn excerpt(payload: &[u8]) -> String {
     String::from_utf8_lossy(&payload[..payload.len().min(EXCERPT_BYTES)]).into_owned()
 }
 
+/// An event's JSON `payload` without its `payload_excerpt`, or `None` when
+/// it has none (or is not a JSON object: left as it is).
+pub fn without_excerpt(payload: &[u8]) -> Option<Vec<u8>> {
+    let mut v: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    v.as_object_mut()?.remove("payload_excerpt")?;
+    serde_json::to_vec(&v).ok()
+}
+
 /// `events` as messages, grouped by the events topic each goes to (events
 /// of a topic without a namespace are left out).
 pub fn by_events_topic(
@@ -209,6 +217,21 @@ mod tests {
         assert_eq!(v["kind"], "purged");
         assert_eq!(v["dead_letter_ids"], serde_json::json!([1, 2]));
         assert!(v.get("cause").is_none() && v.get("payload_excerpt").is_none());
+    }
+
+    #[test]
+    fn an_excerpt_is_taken_out_and_nothing_else() {
+        let mut e = FailureEvent::new(EventKind::DeadLettered, 7, "persistent://a/b/t", "s");
+        e.payload_excerpt = Some("card 4111".into());
+        e.cause = Some("declined".into());
+        let hidden = without_excerpt(&e.to_json()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&hidden).unwrap();
+        assert!(v.get("payload_excerpt").is_none(), "{v}");
+        assert_eq!(v["cause"], "declined");
+        assert_eq!(v["time_ms"], 7);
+        e.payload_excerpt = None;
+        assert_eq!(without_excerpt(&e.to_json()), None);
+        assert_eq!(without_excerpt(b"not json"), None);
     }
 
     #[test]

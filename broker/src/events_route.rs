@@ -3,9 +3,10 @@
 //! The events topic (`<tenant>/<namespace>/__failure_events`) is placed and
 //! owned like any topic, so in a cluster it is usually on another broker
 //! than the subscription whose events it tells of. `BrokerCore::emit_events`
-//! asks the cluster's routing for the owner: owned here (or placed here
-//! now), the events are written locally; owned elsewhere, they go to the
-//! owner over an ordinary `Produce` stream ([`forward_to_owner`]; the
+//! asks its placement hook (the node's, over the cluster's routing) for the
+//! owner: owned here (or placed here now), the events are written locally;
+//! owned elsewhere, the hook sends them to the owner over an ordinary
+//! `Produce` stream ([`forward_to_owner`]; the
 //! owner's own route check answers, so a move in between is refused there,
 //! not written in two places). Events stay
 //! notices: a failure is a WARN line, never an error of the change itself.

@@ -101,7 +101,10 @@ impl Node {
         let node: Weak<Self> = Arc::downgrade(self);
         let host: Weak<dyn Host> = node;
         let cluster = Cluster::join(config, id, url, host, self.core.shutdown.clone()).await?;
-        self.core.set_placement(cluster.clone());
+        self.core.set_placement(Arc::new(EventsPlacement {
+            cluster: cluster.clone(),
+            config: self.core.config.clone(),
+        }));
         let groups = Groups::start(
             cluster.clone(),
             self.core.clone(),
@@ -182,12 +185,42 @@ impl Host for Node {
     }
 }
 
-/// The core's failure events go to their topic's owner.
+/// Where the core's failure events go in a cluster: the cluster's routing
+/// names their topic's owner, and events for another broker are forwarded
+/// to it ([`crate::events_route`]) with this broker's peer settings.
+#[derive(Debug)]
+struct EventsPlacement {
+    cluster: Arc<Cluster>,
+    config: BrokerConfig,
+}
+
 #[async_trait::async_trait]
-impl Placement for Cluster {
+impl Placement for EventsPlacement {
     async fn serve_here(&self, topic: &TopicName) -> Result<()> {
-        self.route(topic.as_str(), true).await?;
+        self.cluster.route(topic.as_str(), true).await?;
         Ok(())
+    }
+
+    async fn write_there(
+        &self,
+        topic: &TopicName,
+        (owner, url): (&str, &str),
+        messages: Vec<ricochet_proto::OutboundMessage>,
+    ) -> Result<()> {
+        let token = crate::events_route::events_token(
+            self.config
+                .cluster
+                .as_ref()
+                .and_then(|c| c.events_token_file.as_deref()),
+        );
+        crate::events_route::forward_to_owner(
+            (owner, url),
+            self.config.peer_endpoint(url)?,
+            topic,
+            messages,
+            token.as_ref(),
+        )
+        .await
     }
 }
 

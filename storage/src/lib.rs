@@ -1,4 +1,5 @@
-//! Storage: the narrow interface dispatch logic uses, and its records.
+//! Storage: the interface dispatch logic uses (three traits by concern:
+//! [`LogStore`], [`SubscriptionStore`], [`MetaStore`]), and its records.
 //!
 //! Everything the broker persists goes through [`Storage`]: topic logs (in
 //! segments that are dropped whole once consumed), subscription cursors,

@@ -1,6 +1,7 @@
 //! Failure events leaving the core: published in the background to their
-//! namespace's events topic (here, or on its owner in a cluster), and
-//! tracked so a clean stop can wait for them.
+//! namespace's events topic (here, or in a cluster on its owner, through
+//! the [`Placement`](super::Placement) hook), and tracked so a clean stop
+//! can wait for them.
 
 use super::BrokerCore;
 use crate::error::{BrokerError, Result};
@@ -13,7 +14,7 @@ use std::time::Duration;
 impl BrokerCore {
     /// Publishes failure events to their namespaces' events topics in the
     /// background (a failure is a WARN line, never an error of the change);
-    /// in a cluster, on the topic's owner ([`crate::events_route`]).
+    /// in a cluster, on the topic's owner ([`Placement::write_there`](super::Placement::write_there)).
     pub(crate) fn emit_events(&self, events: Vec<FailureEvent>) {
         if events.is_empty() {
             return;
@@ -26,14 +27,8 @@ impl BrokerCore {
                 // Tests: an event still being published when a stop begins.
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            let token = crate::events_route::events_token(
-                core.config
-                    .cluster
-                    .as_ref()
-                    .and_then(|c| c.events_token_file.as_deref()),
-            );
             for (name, messages) in crate::events::by_events_topic(events) {
-                let written = core.publish_events(&name, messages, token.as_ref()).await;
+                let written = core.publish_events(&name, messages).await;
                 if let Err(e) = written {
                     tracing::warn!(topic = %name, error = %e, "failure events not published");
                 }
@@ -43,12 +38,7 @@ impl BrokerCore {
 
     /// Writes events to the events topic `name`: here when this broker
     /// owns it (or it is placed here now), else on its owner.
-    async fn publish_events(
-        &self,
-        name: &TopicName,
-        messages: Vec<OutboundMessage>,
-        token: Option<&tonic::metadata::AsciiMetadataValue>,
-    ) -> Result<()> {
+    async fn publish_events(&self, name: &TopicName, messages: Vec<OutboundMessage>) -> Result<()> {
         if let Some(placement) = self.placement.get() {
             match placement.serve_here(name).await {
                 Ok(()) => {}
@@ -57,14 +47,7 @@ impl BrokerCore {
                     url: Some(url),
                     ..
                 }) => {
-                    return crate::events_route::forward_to_owner(
-                        (&owner, &url),
-                        self.config.peer_endpoint(&url)?,
-                        name,
-                        messages,
-                        token,
-                    )
-                    .await;
+                    return placement.write_there(name, (&owner, &url), messages).await;
                 }
                 Err(e) => return Err(e),
             }

@@ -23,13 +23,24 @@ pub trait TopicOpened: Send + Sync + std::fmt::Debug {
     fn opened(&self, topic: &Topic);
 }
 
-/// Where a topic is served, once the broker joined a cluster.
+/// Where a topic is served, once the broker joined a cluster, and how
+/// failure events reach a topic served elsewhere.
 #[async_trait::async_trait]
 pub trait Placement: Send + Sync + std::fmt::Debug {
     /// `Ok` when `topic` is served here (placing it here when it is placed
     /// nowhere yet); else the error saying where it is served
     /// ([`BrokerError::NotOwner`]).
     async fn serve_here(&self, topic: &TopicName) -> Result<()>;
+
+    /// Writes failure events (`messages`) to the events topic `topic` on
+    /// `owner` at `url`, the broker [`Placement::serve_here`] named; `Ok`
+    /// once that broker has them durably.
+    async fn write_there(
+        &self,
+        topic: &TopicName,
+        (owner, url): (&str, &str),
+        messages: Vec<ricochet_proto::OutboundMessage>,
+    ) -> Result<()>;
 }
 
 /// The features' hooks a core opens with; [`Hooks::default`] has none

@@ -43,6 +43,10 @@ pub(crate) struct Rule<Req, Resp> {
     pub writes_to: for<'a> fn(&'a Req) -> Vec<&'a str>,
     /// The answer's filter, if any.
     pub shown: Option<Filter<Resp>>,
+    /// Why the call has no replicated form (it would change one replica's
+    /// store only), so a replicated topic's leader refuses it; `None` when
+    /// the leader answers it.
+    pub unreplicated: Option<&'static str>,
 }
 
 impl<Req, Resp> Rule<Req, Resp> {
@@ -54,6 +58,7 @@ impl<Req, Resp> Rule<Req, Resp> {
             route: Route::Here,
             writes_to: |_| Vec::new(),
             shown: None,
+            unreplicated: None,
         }
     }
 
@@ -66,6 +71,12 @@ impl<Req, Resp> Rule<Req, Resp> {
     /// Also writes to the topics `to` reads.
     pub fn writes_to(mut self, to: for<'a> fn(&'a Req) -> Vec<&'a str>) -> Self {
         self.writes_to = to;
+        self
+    }
+
+    /// Refused on a replicated topic, saying `why`.
+    pub fn unreplicated(mut self, why: &'static str) -> Self {
+        self.unreplicated = Some(why);
         self
     }
 
@@ -110,7 +121,7 @@ impl Gate {
             (p, scope.topic().map(str::to_owned))
         };
         self.router
-            .route(method, rule.route, topic.as_deref())
+            .route(method, rule.route, topic.as_deref(), rule.unreplicated)
             .await?;
         for tier in (rule.writes_to)(r.get_ref()) {
             let tier = crate::name::TopicName::parse(tier)?;

@@ -117,7 +117,7 @@ table! {
         GetMessage => get_message(GetMessageRequest) -> GetMessageResponse:
             Requirement::Permission(Consume),
             |r| r.id.as_ref().map_or(Scope::Missing("id is required"), |id| Scope::Topic(&id.topic)),
-            .route(Route::Owner);
+            .route(Route::Owner), .shown(event_excerpt);
         ListDeadLetters => list_dead_letters(ListDeadLettersRequest) -> ListDeadLettersResponse:
             Requirement::Permission(DeadLetters), |r| Scope::Topic(&r.topic), .route(Route::Owner);
         ReplayDeadLetters => replay_dead_letters(ReplayDeadLettersRequest) -> ReplayDeadLettersResponse:
@@ -214,6 +214,7 @@ table! {
             Requirement::Permission(Admin),
             |r| Scope::Target { namespace: &r.namespace, topic: &r.topic },
             .route(Route::Owner),
+            .unreplicated("a topic's retention policy is stored per broker"),
             audit |role, r, _| {
                 tracing::info!(target: AUDIT, role, action = "set-retention", namespace = %r.namespace, topic = %r.topic, policy = ?r.policy)
             };
@@ -225,7 +226,7 @@ table! {
     service Tiered (tiered_server::Tiered) for TieredService {
         Offload => offload(TieredOffloadRequest) -> TieredOffloadResponse:
             Requirement::Permission(Admin), |r| Scope::Target { namespace: "", topic: &r.topic },
-            .route(Route::Owner),
+            .route(Route::Owner), .unreplicated(OFFLOAD_UNREPLICATED),
             audit |role, r, _| {
                 tracing::info!(target: AUDIT, role, action = "offload", topic = %r.topic)
             };
@@ -234,7 +235,7 @@ table! {
         SetOffloadPolicy => set_offload_policy(SetOffloadPolicyRequest) -> OffloadPolicyResponse:
             Requirement::Permission(Admin),
             |r| Scope::Target { namespace: &r.namespace, topic: &r.topic },
-            .route(Route::Owner),
+            .route(Route::Owner), .unreplicated(OFFLOAD_UNREPLICATED),
             audit |role, r, _| {
                 tracing::info!(target: AUDIT, role, action = "set-offload-policy", namespace = %r.namespace, topic = %r.topic, policy = ?r.policy)
             };
@@ -279,6 +280,9 @@ fn policy_tiers(r: &SetPolicyRequest) -> Vec<&str> {
     })
 }
 
+/// Why offloading has no replicated form yet.
+const OFFLOAD_UNREPLICATED: &str = "offloading moves one broker's segments to the object store";
+
 /// `ListTopics`: the topics the caller holds some permission on.
 fn visible_topics(auth: &Auth, p: Option<&Principal>, listed: &mut ListTopicsResponse) {
     listed.topics.retain(|t| auth.may_see(p, t));
@@ -294,5 +298,17 @@ fn replayable_jobs(auth: &Auth, p: Option<&Principal>, listed: &mut ListReplayJo
 fn visible_broker_topics(auth: &Auth, p: Option<&Principal>, listed: &mut ListBrokersResponse) {
     for b in &mut listed.brokers {
         b.topics.retain(|t| auth.may_see(p, t));
+    }
+}
+
+/// `GetMessage` of a failure event: its payload excerpt only for a caller
+/// that may read the failed message's topic.
+fn event_excerpt(auth: &Auth, p: Option<&Principal>, got: &mut GetMessageResponse) {
+    if let Some(m) = got.message.as_mut()
+        && m.id
+            .as_ref()
+            .is_some_and(|id| crate::name::is_system_topic(&id.topic))
+    {
+        crate::service::hide_excerpt(auth, p, m);
     }
 }

@@ -46,6 +46,7 @@ pub(super) async fn consume(
         ));
     };
     let (tx, rx) = mpsc::unbounded_channel();
+    let view = super::event_view::EventView::of(&node.auth, principal.as_ref(), &topic_of(&sub));
     let (handle, consumer_id, served) =
         subscribe(&node, principal.as_ref(), sub, tx.clone()).await?;
     let served_in = served.clone();
@@ -104,12 +105,26 @@ pub(super) async fn consume(
     let failed =
         futures::stream::once(failed_rx).filter_map(|r| std::future::ready(r.ok().map(Err)));
     let frames = UnboundedReceiverStream::new(rx)
+        .map(move |mut event| {
+            if let (Some(view), ConsumerEvent::Messages(msgs)) = (&view, &mut event) {
+                msgs.iter_mut().for_each(|m| view.apply(m));
+            }
+            event
+        })
         .flat_map(|event| futures::stream::iter(frames_of(event)))
         .chain(failed);
     Ok(Response::new(super::fenced(
         super::until_shutdown(frames, core.shutdown.clone()),
         served,
     )))
+}
+
+/// The full name of the topic `sub` is for (empty if it does not parse:
+/// `subscribe` refuses it).
+fn topic_of(sub: &Subscribe) -> String {
+    TopicName::parse(&sub.topic)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
 }
 
 /// Checks a `Subscribe`, finds or creates the subscription and joins it.

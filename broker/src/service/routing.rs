@@ -45,9 +45,15 @@ impl Router {
     /// `Ok` when this broker serves `topic` for a call (`method`, as
     /// `Service/Method`) routed by `how`; else the refusal naming the
     /// owner. A replicated topic is served by its group's leader once it
-    /// opened it; a call with no replicated form is refused there, naming
-    /// itself.
-    pub async fn route(&self, method: &str, how: Route, topic: Option<&str>) -> Result<(), Status> {
+    /// opened it; a call with no replicated form (`unreplicated` says why)
+    /// is refused there, naming itself.
+    pub async fn route(
+        &self,
+        method: &str,
+        how: Route,
+        topic: Option<&str>,
+        unreplicated: Option<&str>,
+    ) -> Result<(), Status> {
         let (Some(cluster), Some(topic)) = (&self.cluster, topic) else {
             return Ok(());
         };
@@ -65,7 +71,7 @@ impl Router {
             && let Some(groups) = self.groups.as_ref()
             && let Some(g) = groups.group_of(name.as_str())
         {
-            if let Some(why) = not_replicated(method) {
+            if let Some(why) = unreplicated {
                 return Err(not_served(&name, g.replicas, method, why).into());
             }
             if !groups.is_serving(name.as_str()) {
@@ -76,19 +82,6 @@ impl Router {
             }
         }
         Ok(())
-    }
-}
-
-/// Why a call routed to a topic's owner has no replicated form (it would
-/// write to one replica's store only), or `None` when the group's leader
-/// answers it.
-fn not_replicated(method: &str) -> Option<&'static str> {
-    match method {
-        "Retention/SetRetention" => Some("a topic's retention policy is stored per broker"),
-        "Tiered/Offload" | "Tiered/SetOffloadPolicy" => {
-            Some("offloading moves one broker's segments to the object store")
-        }
-        _ => None,
     }
 }
 

@@ -352,7 +352,7 @@ async fn a_standalone_broker_answers_the_cluster_calls_itself() {
 
 const SECRET: &[u8] = b"admin-test-secret-0123456789";
 
-fn token(role: &str) -> String {
+pub(crate) fn token(role: &str) -> String {
     let exp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -366,7 +366,7 @@ fn token(role: &str) -> String {
     .unwrap()
 }
 
-async fn as_role(url: &str, role: Option<&str>) -> Client {
+pub(crate) async fn as_role(url: &str, role: Option<&str>) -> Client {
     let mut b = Client::builder(url);
     if let Some(r) = role {
         b = b.token(token(r));
@@ -374,17 +374,23 @@ async fn as_role(url: &str, role: Option<&str>) -> Client {
     b.connect().await.unwrap()
 }
 
-#[tokio::test]
-async fn grants_and_the_refusals_of_a_secured_broker() {
+/// A broker with `[auth]` on, `root` its superuser, tokens signed with
+/// [`SECRET`] (see [`token`]).
+pub(crate) async fn secured() -> InProcessBroker {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("secret.key");
     std::fs::write(&secret, SECRET).unwrap();
-    let broker = InProcessBroker::start_in(dir, |c| {
+    InProcessBroker::start_in(dir, |c| {
         c.auth.enabled = true;
         c.auth.token_secret_file = Some(secret);
         c.auth.superusers = vec!["root".into()];
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn grants_and_the_refusals_of_a_secured_broker() {
+    let broker = secured().await;
     let root = as_role(&broker.url(), Some("root")).await.admin();
     let app = as_role(&broker.url(), Some("app")).await.admin();
 

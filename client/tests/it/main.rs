@@ -7,6 +7,7 @@ mod cluster_drain;
 mod cluster_events;
 mod cluster_routing;
 mod common;
+mod event_excerpts;
 mod failures;
 mod history;
 mod key_order;
