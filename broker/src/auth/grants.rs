@@ -9,72 +9,21 @@ use crate::storage::{GrantRecord, Storage};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
-/// Something a role may be allowed to do in a namespace or on a topic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Permission {
-    /// Publish.
-    Produce,
-    /// Subscribe and receive; look messages up.
-    Consume,
-    /// List, peek, replay and purge dead letters; read a dead-letter tier.
-    DeadLetters,
-    /// Set a subscription's dead-letter policy.
-    Policy,
-    /// Create and delete topics and subscriptions; grant in the namespace.
-    Admin,
-}
+pub use crate::storage::Permission;
+use crate::storage::Permissions;
 
-impl Permission {
-    /// Every permission.
-    pub const ALL: [Permission; 5] = [
-        Permission::Produce,
-        Permission::Consume,
-        Permission::DeadLetters,
-        Permission::Policy,
-        Permission::Admin,
-    ];
-
-    /// The name on the wire and on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Permission::Produce => "produce",
-            Permission::Consume => "consume",
-            Permission::DeadLetters => "dead-letters",
-            Permission::Policy => "policy",
-            Permission::Admin => "admin",
-        }
-    }
-
-    /// Parses a permission name.
-    pub fn parse(name: &str) -> Result<Self, BrokerError> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.name() == name)
-            .ok_or_else(|| {
-                BrokerError::InvalidArgument(format!(
-                    "unknown permission {}: use produce, consume, dead-letters, policy or admin",
-                    crate::util::echo(name)
-                ))
-            })
-    }
-
-    fn bit(self) -> u8 {
-        1 << (self as u8)
-    }
-}
-
-impl std::fmt::Display for Permission {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
+/// Parses a permission name, refusing one this version does not know.
+pub fn parse_permission(name: &str) -> Result<Permission, BrokerError> {
+    Permission::from_name(name).ok_or_else(|| {
+        BrokerError::InvalidArgument(format!(
+            "unknown permission {}: use produce, consume, dead-letters, policy or admin",
+            crate::util::echo(name)
+        ))
+    })
 }
 
 fn names(bits: u8) -> Vec<String> {
-    Permission::ALL
-        .into_iter()
-        .filter(|p| bits & p.bit() != 0)
-        .map(|p| p.name().to_owned())
-        .collect()
+    Permissions::from_bits(bits).names()
 }
 
 /// What a grant applies to.
@@ -146,13 +95,8 @@ impl Auth {
         let metrics_token = super::metrics_token(config)?;
         let mut table = Table::new();
         for g in storage.grants()? {
-            let mut bits = 0;
-            for p in &g.permissions {
-                // A name this version does not know grants nothing.
-                if let Ok(p) = Permission::parse(p) {
-                    bits |= p.bit();
-                }
-            }
+            // A stored name this version does not know grants nothing.
+            let bits = g.permissions.bits();
             table.entry(g.role).or_default().insert(g.resource, bits);
         }
         Ok(Self {
@@ -344,7 +288,7 @@ impl Auth {
             self.storage.put_grant(&GrantRecord {
                 role: role.to_owned(),
                 resource: resource.as_str().to_owned(),
-                permissions: names(after),
+                permissions: Permissions::from_bits(after),
             })?;
         }
         flusher.durable().await?;
@@ -382,7 +326,7 @@ impl Auth {
                         GrantRecord {
                             role: role.clone(),
                             resource: resource.clone(),
-                            permissions: names(*bits),
+                            permissions: Permissions::from_bits(*bits),
                         },
                     );
                 }
@@ -399,9 +343,9 @@ mod tests {
     #[test]
     fn permission_names_round_trip_and_unknown_ones_are_refused() {
         for p in Permission::ALL {
-            assert_eq!(Permission::parse(p.name()).unwrap(), p);
+            assert_eq!(parse_permission(p.name()).unwrap(), p);
         }
-        assert!(Permission::parse("write").is_err());
+        assert!(parse_permission("write").is_err());
         assert_eq!(
             names(Permission::Admin.bit() | Permission::Produce.bit()),
             vec!["produce", "admin"]

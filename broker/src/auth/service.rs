@@ -48,7 +48,7 @@ impl AuthService {
         let resource = Resource::parse(resource)?;
         let perms = permissions
             .iter()
-            .map(|s| Permission::parse(s))
+            .map(|s| super::grants::parse_permission(s))
             .collect::<Result<Vec<_>, _>>()?;
         Ok((p, resource, perms))
     }
@@ -148,7 +148,7 @@ impl AuthRpc for AuthService {
             .map(|g| Grant {
                 role: g.role,
                 resource: g.resource,
-                permissions: g.permissions,
+                permissions: g.permissions.names(),
             })
             .collect();
         Ok(Response::new(ListGrantsResponse { grants }))

@@ -686,7 +686,10 @@ pub fn check_grants_are_kept_per_role_and_resource_and_survive_reopen(engine: &d
     let grant = |role: &str, resource: &str, perms: &[&str]| GrantRecord {
         role: role.into(),
         resource: resource.into(),
-        permissions: perms.iter().map(|p| p.to_string()).collect(),
+        permissions: perms
+            .iter()
+            .map(|p| Permission::from_name(p).expect("a known permission"))
+            .collect(),
     };
     let dir = tempfile::tempdir().expect("a temporary directory");
     let s = engine.open(dir.path());
