@@ -323,3 +323,134 @@ async fn the_books_broker_start_lines_are_what_the_broker_prints() {
         .collect();
     assert_eq!(said, refusal);
 }
+
+/// The broker binary on a fresh data dir at its default log level
+/// (`RUST_LOG` unset), its stdout lines gathered as they come.
+struct LoggingBroker {
+    url: String,
+    lines: Arc<Mutex<Vec<String>>>,
+    _child: tokio::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl LoggingBroker {
+    async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ricochet-broker"))
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let gathered = lines.clone();
+        tokio::spawn(async move {
+            let mut tx = Some(tx);
+            while let Ok(Some(line)) = out.next_line().await {
+                if let Some(addr) = line
+                    .strip_prefix("ricochet-broker listening on ")
+                    .and_then(|rest| rest.split_whitespace().next())
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(format!("http://{addr}"));
+                }
+                gathered.lock().unwrap().push(line);
+            }
+        });
+        let url = tokio::time::timeout(WAIT, rx)
+            .await
+            .expect("the broker listens")
+            .expect("the broker prints its address");
+        LoggingBroker {
+            url,
+            lines,
+            _child: child,
+            _dir: dir,
+        }
+    }
+
+    /// Waits until a line containing `what` is logged; returns it.
+    async fn line(&self, what: &str) -> String {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Some(l) = self.lines.lock().unwrap().iter().find(|l| l.contains(what)) {
+                return l.clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no {what:?} line: {:#?}",
+                self.lines.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The outage breaker's opening (WARN), its probes, a failed probe and its
+/// closing (INFO) are log lines at the default level, each naming the
+/// subscription.
+#[tokio::test]
+async fn the_breaker_logs_opening_probing_and_closing() {
+    let b = LoggingBroker::start().await;
+    let topic = "persistent://public/default/payments";
+    let mut c = RawConsumer::simple(&b.url, topic, "s", SubscriptionType::Shared).await;
+    let spec: ricochet_policy::PolicySpec = "backoff:fixed=100ms,max=5".parse().unwrap();
+    ricochet_proto::admin_client::AdminClient::new(channel(&b.url).await)
+        .set_policy(SetPolicyRequest {
+            topic: topic.into(),
+            subscription: "s".into(),
+            policy: Some(DeadLetterPolicyConfig {
+                breaker: Some(BreakerConfig {
+                    failures: 2,
+                    within_ms: 10_000,
+                    probe_interval_ms: 300,
+                    max_probe_interval_ms: 600,
+                    ..Default::default()
+                }),
+                ..DeadLetterPolicyConfig::from(&spec)
+            }),
+        })
+        .await
+        .unwrap();
+    c.flow(100).await;
+    let mut p = RawProducer::open(&b.url, topic, "p").await.unwrap();
+    p.send(&["a", "b"]).await;
+    let mut rid = 0;
+    for m in c.take(2, WAIT).await {
+        rid += 1;
+        c.nack(m.id.unwrap(), "gateway down", rid).await;
+    }
+    let opened = b.line("breaker opened").await;
+    assert!(
+        opened.contains(" WARN ") && opened.contains("sub=s"),
+        "{opened}"
+    );
+    // The first probe fails, the second is acked.
+    let probe = c.next(WAIT).await.expect("a probe");
+    let probing = b.line("breaker probing").await;
+    assert!(
+        probing.contains(" INFO ") && probing.contains("sub=s"),
+        "{probing}"
+    );
+    rid += 1;
+    c.nack(probe.id.unwrap(), "still down", rid).await;
+    let failed = b.line("breaker probe failed").await;
+    assert!(
+        failed.contains(" INFO ") && failed.contains("sub=s"),
+        "{failed}"
+    );
+    let probe = c.next(WAIT).await.expect("a second probe");
+    rid += 1;
+    c.ack(vec![probe.id.unwrap()], rid).await;
+    let closed = b.line("breaker closed").await;
+    assert!(
+        closed.contains(" INFO ") && closed.contains("sub=s"),
+        "{closed}"
+    );
+    assert!(closed.contains("probe acked"), "{closed}");
+}

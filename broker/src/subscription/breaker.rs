@@ -302,11 +302,17 @@ impl SubscriptionActor {
                 (EventKind::BreakerOpened, cause.to_string())
             }
             Transition::Probing => {
-                tracing::debug!(topic = %topic, sub = %sub, probe = ?probe, "breaker probing");
+                tracing::info!(
+                    topic = %topic, sub = %sub, probe = ?probe,
+                    "breaker probing: one message sent to test the dependency"
+                );
                 (EventKind::BreakerProbing, "probe sent".to_owned())
             }
             Transition::ProbeFailed(next) => {
-                tracing::debug!(topic = %topic, sub = %sub, next = ?next, "breaker probe failed");
+                tracing::info!(
+                    topic = %topic, sub = %sub, next_probe_in_ms = next.as_millis() as u64,
+                    "breaker probe failed: stays open"
+                );
                 let cause = format!(
                     "probe failed; next probe in {}",
                     humantime::format_duration(next)

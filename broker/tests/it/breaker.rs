@@ -1,10 +1,10 @@
 //! The outage breaker through the wire, on in-process brokers with a data
 //! directory: set with `SetPolicy`, shown by `GetPolicy` and
 //! `SubscriptionStats`, forced with `SetBreaker`, tripped by nacks, kept
-//! across a restart (an open breaker stays open), announced on the
-//! namespace's failure-events topic, and bad input refused with nothing
-//! changed. (The outage itself, on virtual time, is tested in the
-//! subscription actor's `breaker_tests`.)
+//! across a restart (an open breaker stays open), probing and closed by a
+//! probe's ack, each step announced on the namespace's failure-events topic,
+//! and bad input refused with nothing changed. (The outage itself, on
+//! virtual time, is tested in the subscription actor's `breaker_tests`.)
 
 use crate::common;
 use common::*;
@@ -137,6 +137,99 @@ async fn a_tripped_breaker_stops_dispatch_and_stays_open_across_a_restart() {
         .collect();
     counts.sort_unstable();
     assert_eq!(counts, [0, 1, 1]);
+}
+
+/// A tripped breaker sends one probe after its interval; a failed probe
+/// keeps it open, an acked one closes it and the rest flow. Each step is an
+/// event on the namespace's failure-events topic: opened, probing (naming
+/// the probe), opened again (the failed probe), probing, closed.
+#[tokio::test]
+async fn probes_and_a_probe_ack_are_events() {
+    let b = InProcessBroker::start().await;
+    let mut c = RawConsumer::simple(&b.url(), TOPIC, "s", SubscriptionType::Shared).await;
+    set_policy(
+        &b,
+        policy(Some(BreakerConfig {
+            probe_interval_ms: 300,
+            max_probe_interval_ms: 600,
+            ..burst()
+        })),
+    )
+    .await
+    .unwrap();
+    c.flow(100).await;
+    let mut p = RawProducer::open(&b.url(), TOPIC, "p").await.unwrap();
+    p.send(&["a", "b", "c"]).await;
+    let mut rid = 0;
+    for m in c.take(3, WAIT).await {
+        rid += 1;
+        c.nack(m.id.unwrap(), "gateway down", rid).await;
+    }
+    let probe = c.next(WAIT).await.expect("a first probe");
+    assert!(c.next(QUIET).await.is_none(), "one probe at a time");
+    rid += 1;
+    c.nack(probe.id.clone().unwrap(), "still down", rid).await;
+    let second = c.next(WAIT).await.expect("a second probe");
+    rid += 1;
+    c.ack(vec![second.id.clone().unwrap()], rid).await;
+    // Closed: the other two come (the failed probe among them).
+    let rest = c.take(2, WAIT).await;
+    assert_eq!(rest.len(), 2);
+    let st = breaker(&b).await.unwrap();
+    assert_eq!((st.state.as_str(), st.trips), ("closed", 1), "{st:?}");
+
+    let mut events = RawConsumer::simple(
+        &b.url(),
+        "persistent://public/default/__failure_events",
+        "watch",
+        SubscriptionType::Exclusive,
+    )
+    .await;
+    events.flow(100).await;
+    let mut got = Vec::new();
+    while got.len() < 5 {
+        let Some(ev) = events.next(WAIT).await else {
+            panic!("events so far: {got:#?}");
+        };
+        let ev: serde_json::Value = serde_json::from_slice(&ev.payload).unwrap();
+        if ev["kind"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("breaker_"))
+        {
+            got.push(ev);
+        }
+    }
+    got.sort_by_key(|e| e["time_ms"].as_u64());
+    let kinds: Vec<&str> = got.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "breaker_opened",
+            "breaker_probing",
+            "breaker_opened",
+            "breaker_probing",
+            "breaker_closed"
+        ],
+        "{got:#?}"
+    );
+    assert!(got.iter().all(|e| e["subscription"] == "s"), "{got:#?}");
+    // Each probing event names the message sent as the probe.
+    for (i, m) in [(1, &probe), (3, &second)] {
+        assert_eq!(got[i]["cause"], "probe sent", "{got:#?}");
+        let id = m.id.as_ref().unwrap();
+        assert_eq!(
+            got[i]["message_id"],
+            format!("{}:{}", id.topic, id.entry_id),
+            "{got:#?}"
+        );
+    }
+    assert!(
+        got[2]["cause"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("probe failed; next probe in")),
+        "{got:#?}"
+    );
+    assert_eq!(got[4]["cause"], "probe acked", "{got:#?}");
 }
 
 #[tokio::test]

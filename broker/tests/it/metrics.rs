@@ -272,12 +272,15 @@ async fn breaker_state_and_trips_are_exported() {
 }
 
 /// The series names `deploy/` (Prometheus rules, Grafana dashboard) uses.
+/// The dashboard is parsed as JSON and must have the shape Grafana imports
+/// (panels, each but a row with a query), so a broken file fails here.
 fn deployed_metrics() -> Vec<String> {
-    let files = [
-        include_str!("../../../deploy/prometheus/ricochet-rules.yml"),
-        include_str!("../../../deploy/grafana/ricochet-dashboard.json"),
-    ];
-    let mut names: Vec<String> = files
+    let rules = include_str!("../../../deploy/prometheus/ricochet-rules.yml");
+    let mut strings: Vec<String> = vec![rules.to_owned()];
+    strings.extend(dashboard_strings(include_str!(
+        "../../../deploy/grafana/ricochet-dashboard.json"
+    )));
+    let mut names: Vec<String> = strings
         .iter()
         .flat_map(|f| f.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
         .filter(|w| w.starts_with("ricochet_") && w.len() > "ricochet_".len())
@@ -287,6 +290,49 @@ fn deployed_metrics() -> Vec<String> {
     names.dedup();
     assert!(names.len() >= 15, "parsed {names:?}");
     names
+}
+
+/// Every string in the Grafana dashboard `json` (queries, variables),
+/// after checking that it parses and that each panel but a row has a
+/// query (`targets[].expr`).
+fn dashboard_strings(json: &str) -> Vec<String> {
+    let d: serde_json::Value =
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("the dashboard is not JSON: {e}"));
+    let panels = d["panels"].as_array().expect("the dashboard has panels");
+    assert!(panels.len() >= 10, "{} panels", panels.len());
+    for p in panels.iter().filter(|p| p["type"] != "row") {
+        let exprs: Vec<&str> = p["targets"]
+            .as_array()
+            .unwrap_or_else(|| panic!("a panel without targets: {p}"))
+            .iter()
+            .filter_map(|t| t["expr"].as_str())
+            .filter(|e| e.contains("ricochet_"))
+            .collect();
+        assert!(!exprs.is_empty(), "a panel without a query: {}", p["title"]);
+    }
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::String(s) => out.push(s.clone()),
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            serde_json::Value::Object(o) => o.values().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(&d, &mut out);
+    out
+}
+
+/// A dashboard that does not parse, or with a panel that queries nothing,
+/// is refused (the check above is not one that passes whatever the file).
+#[test]
+fn a_broken_dashboard_is_refused() {
+    let good = include_str!("../../../deploy/grafana/ricochet-dashboard.json");
+    assert!(!dashboard_strings(good).is_empty());
+    let truncated = &good[..good.len() / 2];
+    assert!(std::panic::catch_unwind(|| dashboard_strings(truncated)).is_err());
+    let no_query = good.replace("\"expr\"", "\"exp\"");
+    assert!(std::panic::catch_unwind(|| dashboard_strings(&no_query)).is_err());
 }
 
 /// Asserts that each deployed series name `wanted` keeps is in `scrape`
@@ -482,4 +528,104 @@ async fn limit_rejections_and_connections_are_counted() {
         1.0
     );
     drop(held);
+}
+
+/// Key order's gauges and stats: a key blocked by a failed message is one
+/// blocked key with its held messages behind it, blocked since a fixed time
+/// and for longer at each look; both gauges go back to zero once the
+/// failed message comes back and is acked.
+#[tokio::test]
+async fn key_order_gauges_and_stats_follow_a_blocked_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = free_addr();
+    let broker = BrokerProcess::spawn(dir.path(), &options().metrics_listen(metrics)).await;
+    let url = broker.url();
+    let mut c = RawConsumer::simple(url, "ordered", "s", SubscriptionType::Exclusive).await;
+    ricochet_proto::admin_client::AdminClient::new(channel(url).await)
+        .set_policy(SetPolicyRequest {
+            topic: "ordered".into(),
+            subscription: "s".into(),
+            policy: Some(DeadLetterPolicyConfig {
+                key_order: Some(KeyOrderConfig { poison_after_ms: 0 }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    c.flow(100).await;
+    let mut p = RawProducer::open(url, "ordered", "p").await.unwrap();
+    let keyed = |p: &mut RawProducer, i: u32| OutboundMessage {
+        key: "a".into(),
+        ..p.msg(format!("a:{i}"))
+    };
+    let first = keyed(&mut p, 0);
+    p.send_messages(vec![first]).await;
+    let m = c.next(WAIT).await.expect("a:0");
+    let failed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // Back in 8 s: long enough to look at the block on a loaded machine.
+    c.reconsume_later(m.id.unwrap(), reconsume_later::Delay::DelayMs(8_000), 1)
+        .await;
+    assert_eq!(c.result(WAIT).await.unwrap().code, 0);
+    let later: Vec<_> = (1..4).map(|i| keyed(&mut p, i)).collect();
+    p.send_messages(later).await;
+
+    let sub = "subscription=\"s\"";
+    let gauges = |m: &HashMap<String, f64>| {
+        (
+            value(m, "ricochet_key_order_blocked_keys", &[sub]),
+            value(m, "ricochet_key_order_held_messages", &[sub]),
+        )
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let got = gauges(&parse(&scrape(metrics).await));
+        if got == (1.0, 3.0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "gauges {got:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // How long: blocked since the failure, for longer at the second look.
+    let s1 = sub_stats(url, "ordered", "s").await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let s2 = sub_stats(url, "ordered", "s").await;
+    assert_eq!((s1.blocked_keys, s2.held_messages), (1, 3), "{s2:?}");
+    let since = s1.top_blocked_keys[0].blocked_since_ms;
+    assert_eq!(since, s2.top_blocked_keys[0].blocked_since_ms);
+    assert!(
+        since + 1_000 >= failed_at && since <= failed_at + 1_000,
+        "blocked since {since}, failed at {failed_at}"
+    );
+    assert!(
+        s2.oldest_blocked_ms >= s1.oldest_blocked_ms + 300,
+        "{} then {}",
+        s1.oldest_blocked_ms,
+        s2.oldest_blocked_ms
+    );
+
+    // The retry comes back first; its ack releases the three held ones,
+    // which come one at a time (one message of a key out at a time).
+    let back = c.next(Duration::from_secs(15)).await.expect("the retry");
+    assert_eq!(text(&back), "a:0");
+    c.ack(vec![back.id.unwrap()], 2).await;
+    for i in 1..4u64 {
+        let m = c.next(WAIT).await.expect("a held message");
+        assert_eq!(text(&m), format!("a:{i}"));
+        c.ack(vec![m.id.unwrap()], 2 + i).await;
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let got = gauges(&parse(&scrape(metrics).await));
+        if got == (0.0, 0.0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "gauges {got:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let s = sub_stats(url, "ordered", "s").await;
+    assert_eq!((s.blocked_keys, s.oldest_blocked_ms), (0, 0), "{s:?}");
+    broker.kill9();
 }

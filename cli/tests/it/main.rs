@@ -9,6 +9,7 @@ mod cluster;
 mod common;
 mod dlq;
 mod dlq_fix;
+mod events;
 mod key_order;
 mod partitions;
 mod perf;

@@ -1,15 +1,16 @@
 //! Key order (per-key ordered retries), end to end through the client on an
 //! in-process broker: each key's acked sequence stays in publish order
-//! through nacks and `reconsume_later` on Key_Shared and Exclusive (and
-//! does not without the mode); other keys flow while one is blocked; a key
-//! is released when its failed message is acked or dead-lettered; a poison
-//! key goes to the DLQ with its held messages; holding survives a restart
-//! and a change of consumer; Shared is refused.
+//! through nacks and `reconsume_later` on Key_Shared, Failover and
+//! Exclusive (and does not without the mode); other keys flow while one is
+//! blocked, and stats say for how long; a key is released when its failed
+//! message is acked or dead-lettered; a poison key goes to the DLQ with its
+//! held messages (a `key_poisoned` event); holding survives a restart, a
+//! change of consumer and a Failover switch; Shared is refused.
 
 use crate::common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Env, assert_quiet, recv, start, text, topic};
 use ricochet_client::admin::SubscriptionStats;
@@ -140,10 +141,11 @@ const PER_KEY: usize = 15;
 async fn ordered_run(sub_type: SubscriptionType, failing: Failing, ordered: bool) -> Vec<String> {
     let env = start().await;
     let t = topic("ko-order");
-    let n = if sub_type == SubscriptionType::KeyShared {
-        2
-    } else {
+    // Two consumers where two may subscribe (one active on Failover).
+    let n = if sub_type == SubscriptionType::Exclusive {
         1
+    } else {
+        2
     };
     let mut cs = Vec::new();
     for i in 0..n {
@@ -170,6 +172,18 @@ async fn nacks_keep_each_keys_order_on_key_shared() {
 }
 
 #[tokio::test]
+async fn nacks_keep_each_keys_order_on_failover() {
+    let bad = ordered_run(SubscriptionType::Failover, Failing::Nack, true).await;
+    assert!(bad.is_empty(), "out of order: {bad:?}");
+}
+
+#[tokio::test]
+async fn reconsume_later_keeps_each_keys_order_on_failover() {
+    let bad = ordered_run(SubscriptionType::Failover, Failing::ReconsumeLater, true).await;
+    assert!(bad.is_empty(), "out of order: {bad:?}");
+}
+
+#[tokio::test]
 async fn reconsume_later_keeps_each_keys_order_on_exclusive() {
     let bad = ordered_run(SubscriptionType::Exclusive, Failing::ReconsumeLater, true).await;
     assert!(bad.is_empty(), "out of order: {bad:?}");
@@ -188,6 +202,7 @@ async fn without_key_order_retries_break_order() {
     for (t, f) in [
         (SubscriptionType::Exclusive, Failing::Nack),
         (SubscriptionType::KeyShared, Failing::ReconsumeLater),
+        (SubscriptionType::Failover, Failing::Nack),
     ] {
         let bad = ordered_run(t, f, false).await;
         assert!(!bad.is_empty(), "{t:?} {f:?}: order kept without the mode?");
@@ -234,6 +249,7 @@ async fn other_keys_flow_while_one_is_blocked_and_an_ack_releases_it() {
     let m = recv(&mut c, T).await;
     assert_eq!(text(&m), "a:0");
     let failed_at = Instant::now();
+    let failed_wall = SystemTime::now();
     c.reconsume_later(&m, Duration::from_secs(2)).await.unwrap();
     publish_seqs(&env, &t, &["a", "b"], 1..5).await;
     // Every `b` arrives, no `a`, well before the retry is due.
@@ -249,6 +265,22 @@ async fn other_keys_flow_while_one_is_blocked_and_an_ack_releases_it() {
     assert_eq!(s.held_messages, 4, "a:1..a:4 held: {s:?}");
     assert_eq!(s.top_blocked_keys[0].key, "a");
     assert_eq!(s.top_blocked_keys[0].held, 4);
+    // For how long: blocked since the failure, and for longer each look.
+    let since = s.top_blocked_keys[0].blocked_since_ms;
+    let failed_ms = failed_wall.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    assert!(
+        since + 1_000 >= failed_ms && since <= failed_ms + 1_000,
+        "blocked since {since}, failed at {failed_ms}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let later = stats(&env, &t).await;
+    assert_eq!(later.top_blocked_keys[0].blocked_since_ms, since);
+    assert!(
+        later.oldest_blocked_ms >= s.oldest_blocked_ms + 250,
+        "{} then {}",
+        s.oldest_blocked_ms,
+        later.oldest_blocked_ms
+    );
     // The failed one comes back first, then the held ones in order.
     let back = recv(&mut c, T).await;
     assert_eq!(text(&back), "a:0");
@@ -336,11 +368,13 @@ async fn dead_lettering_the_failed_message_releases_its_key() {
 }
 
 /// A key blocked past `poison_after` sends its failed message, then the held
-/// ones, to the DLQ with the reason; the key then flows again.
+/// ones, to the DLQ with the reason, announced by a `key_poisoned` event;
+/// the key then flows again.
 #[tokio::test]
 async fn a_poison_key_goes_to_the_dead_letter_tier_with_its_held_messages() {
     let env = start().await;
     let t = topic("ko-poison");
+    let mut events = events(&env).await;
     let mut c = env
         .client
         .consumer(&t)
@@ -386,9 +420,50 @@ async fn a_poison_key_goes_to_the_dead_letter_tier_with_its_held_messages() {
         );
     }
     assert_eq!(stats(&env, &t).await.blocked_keys, 0);
+    let poisoned = loop {
+        let e = recv(&mut events, T).await;
+        let v: serde_json::Value = serde_json::from_slice(e.payload()).unwrap();
+        if v["key"] == "p" && v["kind"] == "key_poisoned" {
+            break v;
+        }
+    };
+    assert!(
+        poisoned["topic"].as_str().unwrap().ends_with(&t),
+        "{poisoned}"
+    );
+    assert_eq!(poisoned["subscription"], "s", "{poisoned}");
+    // It names the failed message, as the held ones' reason does.
+    let failed_id = got[1]
+        .1
+        .split("blocked by ")
+        .nth(1)
+        .and_then(|r| r.split(" for ").next())
+        .unwrap();
+    assert_eq!(poisoned["message_id"], failed_id, "{poisoned}");
+    assert!(
+        poisoned["blocked_ms"].as_u64().unwrap() >= 1_000,
+        "{poisoned}"
+    );
+    assert!(
+        poisoned["verdict"]
+            .as_str()
+            .is_some_and(|v| v.contains("poison key")),
+        "{poisoned}"
+    );
     // The key flows again.
     publish_seqs(&env, &t, &["p"], 4..5).await;
     assert_eq!(text(&recv(&mut c, T).await), "p:4");
+}
+
+/// A reader of the namespace's failure events, from the earliest.
+async fn events(env: &Env) -> Consumer {
+    env.client
+        .consumer("persistent://public/default/__failure_events")
+        .subscription("watch")
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap()
 }
 
 /// A blocked key stays blocked across a restart of the broker.
@@ -474,6 +549,39 @@ async fn a_consumer_change_keeps_the_order() {
     }
 }
 
+/// Failover: a consumer named before the active one joins and takes over
+/// while the active one still holds a key's message. The key's later
+/// messages go to nobody while it is out; the old consumer's retry makes
+/// the failed message come to the new active one first, then the rest in
+/// order, and nothing more to the old one.
+#[tokio::test]
+async fn a_failover_switch_keeps_the_order() {
+    let env = start().await;
+    let t = topic("ko-failover");
+    let mut old = consumer(&env, &t, SubscriptionType::Failover, true, "b-old").await;
+    publish(&env, &t, &["k"], 1).await;
+    let m = recv(&mut old, T).await;
+    assert_eq!(text(&m), "k:0");
+    // Sorted first by name: the new consumer becomes the active one.
+    let mut new = consumer(&env, &t, SubscriptionType::Failover, true, "a-new").await;
+    publish_seqs(&env, &t, &["k"], 1..5).await;
+    // k:0 is still out with the old consumer: nobody receives k:1.. yet.
+    assert_quiet(&mut new, Duration::from_millis(500)).await;
+    old.reconsume_later(&m, Duration::from_millis(300))
+        .await
+        .unwrap();
+    let back = recv(&mut new, T).await;
+    assert_eq!((text(&back), back.delivery_count()), ("k:0".into(), 1));
+    assert_quiet(&mut new, Duration::from_millis(300)).await;
+    new.ack(&back).await.unwrap();
+    for i in 1..5 {
+        let m = recv(&mut new, T).await;
+        assert_eq!(text(&m), format!("k:{i}"));
+        new.ack(&m).await.unwrap();
+    }
+    assert_quiet(&mut old, Duration::from_millis(200)).await;
+}
+
 #[tokio::test]
 async fn shared_subscriptions_refuse_key_order() {
     let env = start().await;
@@ -544,14 +652,7 @@ async fn blocked_keys_show_in_the_console_and_as_events() {
     use tower::ServiceExt;
     let env = start().await;
     let t = topic("ko-console");
-    let mut events = env
-        .client
-        .consumer("persistent://public/default/__failure_events")
-        .subscription("watch")
-        .initial_position(InitialPosition::Earliest)
-        .subscribe()
-        .await
-        .unwrap();
+    let mut events = events(&env).await;
     let mut c = consumer(&env, &t, SubscriptionType::Exclusive, true, "c").await;
     publish(&env, &t, &["acct-7"], 3).await;
     let m = recv(&mut c, T).await;

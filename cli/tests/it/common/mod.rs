@@ -47,6 +47,21 @@ impl Env {
             .expect("ricochet output")
     }
 
+    /// Starts `ricochet ARGS` (stdin closed, stdout piped) and leaves it
+    /// running: for commands that do not stop by themselves (`--follow`).
+    /// Killed when dropped.
+    pub fn spawn(&self, args: &[&str]) -> tokio::process::Child {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_ricochet"))
+            .args(args)
+            .env("RICOCHET_URL", &self.url)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn ricochet")
+    }
+
     /// Runs `ricochet -o json ARGS`, asserts success, parses stdout.
     pub async fn json(&self, args: &[&str]) -> Value {
         let out = self.ok(&with_json(args)).await;
