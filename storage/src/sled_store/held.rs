@@ -10,10 +10,13 @@
 //! hold's end (written by [`SubscriptionStore::put_held`] in one
 //! transaction that also removes the `failures` key), else in the schedule
 //! entry of a retry-tier move. A subscription's start needs the heads
-//! (count, hold) of all its main-tier records; the schedule is keyed by due
+//! (count, hold) of its main-tier records; the schedule is keyed by due
 //! time, so they come from one scan of both trees for all subscriptions,
 //! kept in a [`HeadCache`] that each subscription takes its share of
-//! (or from the verify pass, which reads both trees anyway).
+//! (or from the verify pass, which reads both trees anyway). Holds ending
+//! after the cut the broker sets ([`SledStorage::gather_heads_by`], about a
+//! retry window ahead) are gathered as entry ids in a bitmap while the scan
+//! reads them: millions of held nacks due later never make a list of heads.
 //!
 //! Upgrade: a store written before this layout holds a held nack's record
 //! in `failures` beside an empty schedule entry. It reads as before (the
@@ -52,19 +55,44 @@ pub(super) struct HeadCache {
 /// Heads of one subscription being gathered: those of records in schedule
 /// entries, and those under their own keys (which win). Gathered as they
 /// come (the schedule is ordered by due time) and sorted by entry once, in
-/// [`Gathered::finish`], rather than kept in ordered maps entry by entry.
-#[derive(Debug, Default)]
+/// [`Gathered::finish`], rather than kept in ordered maps entry by entry;
+/// a schedule entry's record held past `cut` only as its entry id.
+#[derive(Debug)]
 pub(super) struct Gathered {
     scheduled: Vec<(u64, FailureHead)>,
     own: Vec<(u64, FailureHead)>,
+    /// Entries of records in schedule entries held past `cut`.
+    far: roaring::RoaringTreemap,
+    cut: u64,
+}
+
+impl Default for Gathered {
+    fn default() -> Self {
+        Self::cut_at(u64::MAX)
+    }
 }
 
 impl Gathered {
+    /// Gathering that keeps holds ending after `cut` as entry ids only.
+    pub(super) fn cut_at(cut: u64) -> Self {
+        Self {
+            scheduled: Vec::new(),
+            own: Vec::new(),
+            far: roaring::RoaringTreemap::new(),
+            cut,
+        }
+    }
+
     /// The head of a record kept in a schedule entry. Two entries for one
     /// message (never written by this engine, but possible in a store
-    /// restored from elsewhere) give the later count and hold.
+    /// restored from elsewhere) give the later count and hold (the later
+    /// hold when one of them is past the cut).
     pub(super) fn scheduled(&mut self, entry: u64, head: FailureHead) {
-        self.scheduled.push((entry, head));
+        if head.hold_until_ms > self.cut {
+            self.far.insert(entry);
+        } else {
+            self.scheduled.push((entry, head));
+        }
     }
 
     /// The head of a record under its own key.
@@ -83,13 +111,22 @@ impl Gathered {
         };
         join(&mut self.scheduled, other.scheduled);
         join(&mut self.own, other.own);
+        if self.far.len() < other.far.len() {
+            let mine = std::mem::replace(&mut self.far, other.far);
+            self.far |= mine;
+        } else {
+            self.far |= other.far;
+        }
+        // The earlier cut applies to both (see `finish`).
+        self.cut = self.cut.min(other.cut);
     }
 
     /// The heads, by entry id: per entry, the record under its own key if
-    /// there is one (the last gathered), else the schedule entry with the
-    /// highest count and hold. Sorted and de-duplicated in place: the
-    /// vector the scan filled is the one handed on (held nacks are
-    /// millions, records under their own keys few).
+    /// there is one (the last gathered), else the schedule entry held past
+    /// the cut (its id only), else the schedule entry with the highest
+    /// count and hold. Sorted and de-duplicated in place: the vector the
+    /// scan filled is the one handed on (held nacks are millions, records
+    /// under their own keys few).
     pub(super) fn finish(mut self) -> HeadList {
         let by_value = |(e, h): &(u64, FailureHead)| (*e, h.count, h.hold_until_ms);
         self.scheduled.sort_unstable_by_key(by_value);
@@ -97,10 +134,32 @@ impl Gathered {
         self.own.sort_by_key(|(e, _)| *e);
         let mut scheduled = self.scheduled;
         keep_last_per_entry(&mut scheduled);
+        let (cut, mut far) = (self.cut, self.far);
+        if cut != u64::MAX {
+            // Gathered under a later cut (another reader's share).
+            scheduled.retain(|(e, h)| {
+                let near = h.hold_until_ms <= cut;
+                if !near {
+                    far.insert(*e);
+                }
+                near
+            });
+        }
+        if !far.is_empty() {
+            scheduled.retain(|(e, _)| !far.contains(*e));
+        }
         let mut own = self.own;
         keep_last_per_entry(&mut own);
+        for (e, _) in &own {
+            far.remove(*e);
+        }
+        let heads = |near| MainHeads {
+            near,
+            far,
+            cut_ms: cut,
+        };
         if own.is_empty() {
-            return scheduled;
+            return heads(scheduled);
         }
         let mut out = Vec::with_capacity(scheduled.len() + own.len());
         let mut own = own.into_iter().peekable();
@@ -114,7 +173,7 @@ impl Gathered {
             }
         }
         out.extend(own);
-        out
+        heads(out)
     }
 }
 
@@ -170,10 +229,10 @@ fn scheduled_head(k: &[u8], v: &[u8]) -> Result<Option<(ScheduleKey, FailureHead
 
 /// Gathers into `into` the head a schedule value holds (a main-tier record;
 /// an unreadable value is for the verify pass to report).
-pub(super) fn gather_scheduled(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]) {
+pub(super) fn gather_scheduled(into: &mut HashMap<u64, Gathered>, cut: u64, k: &[u8], v: &[u8]) {
     if let Ok(Some((key, head))) = scheduled_head(k, v) {
         into.entry(key.message.sub_id)
-            .or_default()
+            .or_insert_with(|| Gathered::cut_at(cut))
             .scheduled(key.message.entry_id, head);
     }
 }
@@ -181,7 +240,7 @@ pub(super) fn gather_scheduled(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &
 /// Gathers into `into` the heads of a chunk's main-tier records, from the
 /// heads stored beside them (an unreadable chunk is for the verify pass to
 /// report, which also checks each head against its record).
-pub(super) fn gather_chunk(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]) {
+pub(super) fn gather_chunk(into: &mut HashMap<u64, Gathered>, cut: u64, k: &[u8], v: &[u8]) {
     if k.get(16) != Some(&(TierId::Main as u8)) {
         return;
     }
@@ -196,7 +255,9 @@ pub(super) fn gather_chunk(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]
     })
     .is_ok()
     {
-        let mine = into.entry(sched::chunk_sub(k)).or_default();
+        let mine = into
+            .entry(sched::chunk_sub(k))
+            .or_insert_with(|| Gathered::cut_at(cut));
         for (entry, head) in found {
             mine.scheduled(entry, head);
         }
@@ -204,15 +265,33 @@ pub(super) fn gather_chunk(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]
 }
 
 /// Gathers into `into` the head of a `failures` value (main tier only).
-pub(super) fn gather_own(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]) {
+pub(super) fn gather_own(into: &mut HashMap<u64, Gathered>, cut: u64, k: &[u8], v: &[u8]) {
     if let Some(m) = SubMessage::from_key(k).filter(|m| m.tier == TierId::Main)
         && let Ok(head) = unseal(k, v).and_then(decode_failure_head)
     {
-        into.entry(m.sub_id).or_default().own(m.entry_id, head);
+        into.entry(m.sub_id)
+            .or_insert_with(|| Gathered::cut_at(cut))
+            .own(m.entry_id, head);
     }
 }
 
 impl SledStorage {
+    /// Sets where the one scan of every subscription's heads (at the
+    /// counted inventory of a start, or a clean verify pass) splits them:
+    /// records held past `cut_ms` (ms since the epoch; the broker's now
+    /// plus about a retry window) are gathered as entry ids only. Before
+    /// that scan; a later share ([`Self::main_heads`]) is cut where its
+    /// caller asks.
+    pub fn gather_heads_by(&self, cut_ms: u64) {
+        self.heads_cut
+            .store(cut_ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The cut of [`Self::gather_heads_by`].
+    pub(super) fn heads_cut(&self) -> u64 {
+        self.heads_cut.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Notes that the records of subscriptions `subs` were written: their
     /// cached heads are read afresh. Called after the write, so a scan
     /// running meanwhile cannot leave an old head behind.
@@ -230,17 +309,22 @@ impl SledStorage {
         *crate::util::lock(&self.heads) = Some(HeadCache::new(heads));
     }
 
-    /// [`SubscriptionStore::failure_heads`] of the main tier: the share of
-    /// the cache (filled by one scan of both trees on the first call),
-    /// or, once taken or written, a scan for this subscription.
-    pub(super) fn main_heads(&self, sub_id: u64) -> Result<HeadList> {
+    /// [`SubscriptionStore::main_failure_heads_by`]: the share of the
+    /// cache (filled by one scan of both trees on the first call, cut at
+    /// [`Self::gather_heads_by`]), or, once taken or written, a scan for
+    /// this subscription cut at `horizon_ms`. A share cut earlier than
+    /// `horizon_ms` is handed on as it is (its caller loads the rest as the
+    /// holds come into its window), except to a caller that wants every
+    /// head (`u64::MAX`), for whom it is read again whole.
+    pub(super) fn main_heads(&self, sub_id: u64, horizon_ms: u64) -> Result<HeadList> {
         let mut guard = crate::util::lock(&self.heads);
         if guard.is_none() {
             let started = std::time::Instant::now();
-            let all = self.scan_heads(None)?;
+            let all = self.scan_heads_with(None, false, self.heads_cut())?.0;
             tracing::info!(
                 subscriptions = all.len(),
-                heads = all.values().map(Vec::len).sum::<usize>(),
+                heads = all.values().map(|h| h.near.len()).sum::<usize>(),
+                held_later = all.values().map(|h| h.far.len()).sum::<u64>(),
                 took_ms = started.elapsed().as_millis() as u64,
                 "failure heads read for every subscription (a scan of failures and schedule)"
             );
@@ -249,13 +333,23 @@ impl SledStorage {
         if let Some(cache) = guard.as_mut()
             && cache.stale.insert(sub_id)
         {
-            return Ok(cache.by_sub.remove(&sub_id).unwrap_or_default());
+            let share = cache.by_sub.remove(&sub_id).unwrap_or(MainHeads {
+                cut_ms: self.heads_cut(),
+                ..MainHeads::default()
+            });
+            if share.far.is_empty() || horizon_ms != u64::MAX {
+                return Ok(share);
+            }
         }
         drop(guard);
         Ok(self
-            .scan_heads(Some(sub_id))?
+            .scan_heads_with(Some(sub_id), false, horizon_ms)?
+            .0
             .remove(&sub_id)
-            .unwrap_or_default())
+            .unwrap_or(MainHeads {
+                cut_ms: horizon_ms,
+                ..MainHeads::default()
+            }))
     }
 
     /// Main-tier heads of every subscription, from both trees, counting
@@ -265,35 +359,43 @@ impl SledStorage {
         &self,
         counts: &mut HashMap<u64, crate::manifest::SubCounts>,
     ) -> Result<Heads> {
-        let (heads, counted) = self.scan_heads_with(None, true)?;
+        let (heads, counted) = self.scan_heads_with(None, true, self.heads_cut())?;
         for (sub, c) in counted {
             counts.entry(sub).or_default().scheduled += c;
         }
         Ok(heads)
     }
 
-    /// Main-tier heads of subscription `only` (or of all), from both trees.
+    /// Main-tier heads of subscription `only` (or of all), from both
+    /// trees, not cut.
+    #[cfg(test)]
     pub(super) fn scan_heads(&self, only: Option<u64>) -> Result<Heads> {
-        Ok(self.scan_heads_with(only, false)?.0)
+        Ok(self.scan_heads_with(only, false, u64::MAX)?.0)
     }
 
-    /// The heads of `only` (or of all), and with `counting` the schedule
-    /// entries of each subscription. For all subscriptions the schedule is
-    /// read in slices of due time on up to [`SCAN_THREADS`] threads (the
-    /// heads are sorted by entry at the end, whatever order they came in).
-    fn scan_heads_with(&self, only: Option<u64>, counting: bool) -> Result<(Heads, Counted)> {
+    /// The heads of `only` (or of all), those of holds past `cut` as ids
+    /// only, and with `counting` the schedule entries of each subscription.
+    /// For all subscriptions the schedule is read in slices of due time on
+    /// up to [`SCAN_THREADS`] threads (the heads are sorted by entry at the
+    /// end, whatever order they came in).
+    fn scan_heads_with(
+        &self,
+        only: Option<u64>,
+        counting: bool,
+        cut: u64,
+    ) -> Result<(Heads, Counted)> {
         let slices = match only {
             Some(_) => vec![(None, None)],
             None => self.schedule_slices()?,
         };
         let parts: Vec<Result<(HashMap<u64, Gathered>, Counted)>> = if slices.len() == 1 {
-            vec![self.scan_schedule_slice(slices[0], only, counting)]
+            vec![self.scan_schedule_slice(slices[0], only, counting, cut)]
         } else {
             std::thread::scope(|scope| {
                 let workers: Vec<_> = slices
                     .iter()
                     .map(|&slice| {
-                        scope.spawn(move || self.scan_schedule_slice(slice, only, counting))
+                        scope.spawn(move || self.scan_schedule_slice(slice, only, counting, cut))
                     })
                     .collect();
                 workers
@@ -307,7 +409,10 @@ impl SledStorage {
         for part in parts {
             let (g, c) = part?;
             for (sub, g) in g {
-                gathered.entry(sub).or_default().absorb(g);
+                gathered
+                    .entry(sub)
+                    .or_insert_with(|| Gathered::cut_at(cut))
+                    .absorb(g);
             }
             for (sub, c) in c {
                 *counted.entry(sub).or_default() += c;
@@ -327,7 +432,10 @@ impl SledStorage {
                 .ok_or_else(|| StorageError::Corrupt("bad failure key".into()))?;
             if m.tier == TierId::Main {
                 let head = decode_failure_head(unseal(&k, &v)?)?;
-                gathered.entry(m.sub_id).or_default().own(m.entry_id, head);
+                gathered
+                    .entry(m.sub_id)
+                    .or_insert_with(|| Gathered::cut_at(cut))
+                    .own(m.entry_id, head);
             }
         }
         Ok((finish_all(gathered), counted))
@@ -371,6 +479,7 @@ impl SledStorage {
         (from, to): Slice,
         only: Option<u64>,
         counting: bool,
+        cut: u64,
     ) -> Result<(HashMap<u64, Gathered>, Counted)> {
         let mut gathered: HashMap<u64, Gathered> = HashMap::new();
         let mut counted = Counted::new();
@@ -390,7 +499,7 @@ impl SledStorage {
                 continue;
             }
             // Each record's head is stored beside it: nothing is decoded.
-            let mine = gathered.entry(sub).or_default();
+            let mine = gathered.entry(sub).or_insert_with(|| Gathered::cut_at(cut));
             sched::visit(body, |i| {
                 if i.slot != sched::Slot::Empty {
                     mine.scheduled(i.entry_id, i.head);
@@ -603,7 +712,7 @@ mod tests {
         other.own(1, h(4, 0));
         other.own(5, h(8, 0));
         g.absorb(other);
-        let got: Vec<(u64, FailureHead)> = g.finish();
+        let got: Vec<(u64, FailureHead)> = g.finish().near;
         assert_eq!(
             got,
             vec![(1, h(4, 0)), (3, h(2, 200)), (5, h(8, 0)), (9, h(3, 300))]
@@ -624,7 +733,7 @@ mod tests {
         // count and hold is kept, in place.
         g.scheduled(500, h(2, 9_000));
         let filled = g.scheduled.as_ptr();
-        let got = g.finish();
+        let got = g.finish().near;
         assert_eq!(got.as_ptr(), filled, "no second list of the heads");
         assert_eq!(got.len(), 1_000);
         assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "sorted by entry");
@@ -640,7 +749,112 @@ mod tests {
         let big_ptr = big.scheduled.as_ptr();
         small.absorb(big);
         assert_eq!(small.scheduled.as_ptr(), big_ptr);
-        assert_eq!(small.finish().len(), 91);
+        assert_eq!(small.finish().near.len(), 91);
+    }
+
+    #[test]
+    fn holds_past_the_cut_are_gathered_as_entry_ids_only_on_every_path_of_the_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let cut = 50_000;
+        // Subscription 1: 3 000 holds, a third ending by the cut; one far
+        // entry also has a record under its own key (it wins: not far), and
+        // one record is not held at all. Subscription 2: far holds only.
+        let keys: Vec<ScheduleKey> = (0..3_000u64)
+            .map(|i| ScheduleKey {
+                due_ms: if i % 3 == 0 { 40_000 + i } else { 60_000 + i },
+                message: main(1, i),
+            })
+            .collect();
+        let want_near = |s: &SledStorage| -> (Vec<(u64, FailureHead)>, roaring::RoaringTreemap) {
+            let all = s.scan_heads(Some(1)).unwrap().remove(&1).unwrap();
+            assert!(all.far.is_empty(), "not cut");
+            let mut far = roaring::RoaringTreemap::new();
+            let near = all
+                .near
+                .into_iter()
+                .filter(|(e, h)| {
+                    (h.hold_until_ms <= cut) || {
+                        far.insert(*e);
+                        false
+                    }
+                })
+                .collect();
+            (near, far)
+        };
+        let expect = {
+            let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+            let records: Vec<_> = keys
+                .iter()
+                .map(|k| (*k, held(1 + (k.message.entry_id % 4) as u32, k.due_ms)))
+                .collect();
+            s.put_held(&records, &[]).unwrap();
+            s.put_held(
+                &[(
+                    ScheduleKey {
+                        due_ms: 70_000,
+                        message: main(2, 7),
+                    },
+                    held(2, 70_000),
+                )],
+                &[],
+            )
+            .unwrap();
+            s.put_failures(&[
+                (main(1, 1), Some(held(9, 0))),
+                (main(1, 5_000), Some(held(1, 0))),
+            ])
+            .unwrap();
+            s.flush_blocking();
+            want_near(&s)
+        };
+        assert_eq!(expect.0.len(), 1_002);
+        assert_eq!(expect.1.len(), 1_999);
+        assert!(expect.0.contains(&(
+            1,
+            FailureHead {
+                count: 9,
+                hold_until_ms: 0
+            }
+        )));
+        let check = |got: MainHeads| {
+            assert_eq!(got.cut_ms, cut);
+            assert_eq!(got.near, expect.0, "heads by the cut, by entry");
+            assert_eq!(got.far, expect.1, "the later ones' ids only");
+        };
+        // The counted inventory's scan (a start verifying in the
+        // background), then a clean verify pass (verifying before serving),
+        // then the first share asked for (verifying off).
+        for path in 0..3 {
+            let s = super::super::reopen_waiting(dir.path(), 64);
+            s.gather_heads_by(cut);
+            match path {
+                0 => {
+                    s.counts_by_subscription().unwrap();
+                }
+                1 => assert_eq!(s.verify().problem_count, 0),
+                _ => {}
+            }
+            if path < 2 {
+                let c = crate::util::lock(&s.heads);
+                let c = c.as_ref().expect("heads gathered by the pass");
+                assert!(c.by_sub[&1].near.len() < 1_100, "no list of every head");
+            }
+            check(s.main_failure_heads_by(1, cut + 1_000).unwrap());
+            let two = s.main_failure_heads_by(2, u64::MAX - 1).unwrap();
+            assert!(two.near.is_empty() && two.far.contains(7) && two.far.len() == 1);
+            // Asked again (taken once), or for every head: read again, cut
+            // where the caller asks, or not at all.
+            check(s.main_failure_heads_by(1, cut).unwrap());
+            let whole = s.main_failure_heads(1).unwrap();
+            assert_eq!(whole.len(), 3_001);
+            assert!(whole.contains(&(
+                7,
+                FailureHead {
+                    count: 4,
+                    hold_until_ms: 60_007
+                }
+            )));
+        }
     }
 
     #[test]
