@@ -80,16 +80,6 @@ struct Args {
     /// [tls], which the console is served with too).
     #[arg(long)]
     console_allow_remote: bool,
-    /// How often memory the allocator freed is handed back to the system
-    /// once its purge delay passed (default 1s; "0s": only when the
-    /// allocator next frees a page of its own accord).
-    #[arg(
-        long,
-        value_name = "DURATION",
-        value_parser = humantime::parse_duration,
-        env = "RICOCHET_RETURN_FREED_MEMORY_EVERY"
-    )]
-    return_freed_memory_every: Option<std::time::Duration>,
     /// Cluster flags (override the config's `advertise` and `[cluster]`).
     #[command(flatten)]
     cluster: ClusterArgs,
@@ -316,37 +306,6 @@ async fn shutdown_signal() {
     tracing::info!("shutdown signal received");
 }
 
-/// Freed memory back to the system while the broker idles. mimalloc hands
-/// the pages freed to its arenas back (`madvise`) only once its purge delay
-/// (1 s) has passed, and then only when some thread next frees or takes a
-/// page: a broker gone idle after a burst (200 000 nacks parked) kept the
-/// burst's freed memory resident, 200-300 B per parked retry where its live
-/// state is under 150 B. Purging at once (`MIMALLOC_PURGE_DELAY=0`) cost
-/// 20-35% of 1 KiB publish throughput, each free paying a system call;
-/// instead, a thread frees one untouched block of a page of its own (1 MiB,
-/// above mimalloc's largest size class) every `every`, which is such an
-/// occasion: what waited past the delay is purged, a few system calls a
-/// second at most.
-fn return_freed_memory(every: std::time::Duration) {
-    #[cfg(not(feature = "system-alloc"))]
-    if !every.is_zero() {
-        let spawned = std::thread::Builder::new()
-            .name("memory-return".into())
-            .spawn(move || {
-                loop {
-                    std::thread::sleep(every);
-                    // `black_box`: an allocation nobody uses may be elided.
-                    drop(std::hint::black_box(Vec::<u8>::with_capacity(1 << 20)));
-                }
-            });
-        if let Err(e) = spawned {
-            eprintln!("ricochet-broker: freed memory stays with the allocator: {e}");
-        }
-    }
-    #[cfg(feature = "system-alloc")]
-    let _ = every;
-}
-
 fn main() -> ExitCode {
     disable_transparent_huge_pages();
     let args = Args::parse();
@@ -360,10 +319,6 @@ fn main() -> ExitCode {
             .build()
             .context("cannot start the async runtime")
             .and_then(|rt| {
-                return_freed_memory(
-                    args.return_freed_memory_every
-                        .unwrap_or(std::time::Duration::from_secs(1)),
-                );
                 let stopped = rt.block_on(serve(args));
                 // Every task (and its handle on the store) ends here.
                 rt.shutdown_timeout(STOP_WAIT);
