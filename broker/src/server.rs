@@ -64,6 +64,14 @@ impl BrokerBuilder {
                 took_ms = started.elapsed().as_millis() as u64,
                 "start: storage opened (sled's recovery)"
             );
+            // The one scan of every subscription's failure heads at start
+            // keeps only the holds ending within the retry window with
+            // their counts; later ones as entry ids (a bitmap).
+            sled.gather_heads_by(
+                self.clock
+                    .now_ms()
+                    .saturating_add(crate::subscription::holds_ahead(self.config.retry_window)),
+            );
             let mode = self.config.verify_on_start;
             if mode == VerifyOnStart::Before {
                 verify(&sled, self.config.accept_data_loss)?;

@@ -387,6 +387,10 @@ impl SubscriptionStore for LogStorage {
         self.sled.held_heads_due(sub_id, after_ms, to_ms)
     }
 
+    fn main_failure_heads_by(&self, sub_id: u64, horizon_ms: u64) -> Result<MainHeads> {
+        self.sled.main_failure_heads_by(sub_id, horizon_ms)
+    }
+
     fn main_failure_heads(&self, sub_id: u64) -> Result<Vec<(u64, FailureHead)>> {
         self.sled.main_failure_heads(sub_id)
     }

@@ -176,6 +176,22 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug + 'static {
             .collect())
     }
 
+    /// [`Self::main_failure_heads`] split at `horizon_ms`, the form a
+    /// subscription's start takes them in: heads of holds ending by the
+    /// cut, entry ids only of later ones (loaded with
+    /// [`Self::held_heads_due`] as they come into the retry window). The
+    /// engine may split earlier than `horizon_ms` (an engine that gathered
+    /// every subscription's heads in one scan at start split them then) or
+    /// not at all (`cut_ms` = `u64::MAX`): the caller takes the earlier
+    /// of `cut_ms` and its horizon. The default splits
+    /// [`Self::main_failure_heads`] at `horizon_ms`.
+    fn main_failure_heads_by(&self, sub_id: u64, horizon_ms: u64) -> Result<MainHeads> {
+        Ok(MainHeads::split(
+            self.main_failure_heads(sub_id)?,
+            horizon_ms,
+        ))
+    }
+
     /// The heads (count, hold end) of the main-tier records of subscription
     /// `sub_id` whose schedule entries are due after `after_ms` and at or
     /// before `to_ms`, by entry id, in no particular order: what a

@@ -516,6 +516,49 @@ impl FailureHead {
     }
 }
 
+/// A subscription's main-tier failure heads split at a hold end
+/// ([`SubscriptionStore::main_failure_heads_by`]): the heads of records
+/// not held or held until `cut_ms` at the latest, by entry id, and only
+/// the entry ids of those held longer (a few bits each for runs of ids:
+/// millions of held nacks due later cost a start no list of heads).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MainHeads {
+    /// Heads of records whose hold ends by `cut_ms` (or that hold nothing).
+    pub near: Vec<(u64, FailureHead)>,
+    /// Entry ids of records held past `cut_ms`.
+    pub far: roaring::RoaringTreemap,
+    /// Where the engine split (`u64::MAX`: it did not).
+    pub cut_ms: u64,
+}
+
+impl MainHeads {
+    /// `heads` split at `cut_ms`.
+    pub fn split(heads: Vec<(u64, FailureHead)>, cut_ms: u64) -> Self {
+        let mut far = roaring::RoaringTreemap::new();
+        let near = heads
+            .into_iter()
+            .filter(|(e, h)| {
+                let keep = h.hold_until_ms <= cut_ms;
+                if !keep {
+                    far.insert(*e);
+                }
+                keep
+            })
+            .collect();
+        Self { near, far, cut_ms }
+    }
+
+    /// Heads and far ids in all.
+    pub fn len(&self) -> usize {
+        self.near.len() + self.far.len() as usize
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.near.is_empty() && self.far.is_empty()
+    }
+}
+
 /// One operator edit of a dead letter, made when it was replayed: who, when,
 /// and what changed.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -124,6 +124,10 @@ impl SubscriptionStore for Watched {
         self.note(self.inner.held_heads_due(sub_id, after_ms, to_ms))
     }
 
+    fn main_failure_heads_by(&self, sub_id: u64, horizon_ms: u64) -> Result<MainHeads> {
+        self.note(self.inner.main_failure_heads_by(sub_id, horizon_ms))
+    }
+
     fn main_failure_heads(&self, sub_id: u64) -> Result<Vec<(u64, FailureHead)>> {
         self.note(self.inner.main_failure_heads(sub_id))
     }

@@ -37,7 +37,7 @@ use super::pipeline::Pipeline;
 use super::{AppendBatch, PartitionCommand, ReplicatedPartition};
 use crate::storage::{
     DeadLetterRecord, DeadLetterReturn, FailureHead, FailureRecord, GrantRecord, Inventory,
-    LogStore, Manifest, MetaStore, PartitionedRecord, ReplayJobRecord, RetentionRecord,
+    LogStore, MainHeads, Manifest, MetaStore, PartitionedRecord, ReplayJobRecord, RetentionRecord,
     ScheduleKey, Storage, StorageError, SubMessage, SubscriptionRecord, SubscriptionState,
     SubscriptionStore, TierId, TierMove, TopicRecord,
 };
@@ -252,6 +252,10 @@ impl SubscriptionStore for ReplicatedStorage {
 
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {
         self.local.failures_of(sub_id, tier)
+    }
+
+    fn main_failure_heads_by(&self, sub_id: u64, horizon_ms: u64) -> Result<MainHeads> {
+        self.local.main_failure_heads_by(sub_id, horizon_ms)
     }
 
     fn main_failure_heads(&self, sub_id: u64) -> Result<Vec<(u64, FailureHead)>> {

@@ -259,6 +259,17 @@ impl HeldNacks {
         }
     }
 
+    /// Adds entries held past the horizon, known by id only (their counts
+    /// and holds in storage), as a subscription's start reads them; before
+    /// the start inserts the holds it keeps in memory.
+    pub fn add_far(&mut self, far: roaring::RoaringTreemap) {
+        if self.far.is_empty() {
+            self.far = far;
+        } else {
+            self.far |= far;
+        }
+    }
+
     /// Makes room for `n` more holds in memory (of counts and times that
     /// pack, as all but the rarest do), so a start that inserts them one by
     /// one does not regrow the table.

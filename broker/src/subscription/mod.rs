@@ -120,7 +120,13 @@ pub(crate) fn retry_tier_name(rec: &SubscriptionRecord) -> Result<String> {
 /// loaded at least a window before they are due, before the timer (which
 /// loads one window ahead) takes them.
 fn holds_ahead_ms(deps: &SubscriptionDeps) -> u64 {
-    let w = deps.scheduler.window().as_millis() as u64;
+    holds_ahead(deps.scheduler.window())
+}
+
+/// How far ahead of now held nacks are kept with their counts and holds,
+/// for retry window `window`: a window and a quarter (ms).
+pub(crate) fn holds_ahead(window: std::time::Duration) -> u64 {
+    let w = window.as_millis() as u64;
     w.saturating_add(w / 4)
 }
 
@@ -186,10 +192,14 @@ impl SubscriptionActor {
         let now_ms = deps.clock.now_ms();
         // Holds ending within the window are kept with their counts and
         // times; later ones only as members of the far set (loaded as they
-        // come into the window, see `advance_holds`).
+        // come into the window, see `advance_holds`). Storage hands those
+        // over as ids only, split where it read them (at most where asked:
+        // the window then loads from its cut).
         let horizon = now_ms.saturating_add(holds_ahead_ms(&deps));
-        deliveries.held.set_horizon(horizon);
-        let heads = storage.main_failure_heads(rec.id)?;
+        let heads = storage.main_failure_heads_by(rec.id, horizon)?;
+        deliveries.held.set_horizon(horizon.min(heads.cut_ms));
+        deliveries.held.add_far(heads.far);
+        let heads = heads.near;
         // Sized once for all of them: no table regrown (and its memory
         // fresh again) on the way to millions.
         let near = heads

@@ -8,6 +8,7 @@
 //! far one reads its count from the store.
 
 use crate::common::*;
+use ricochet_broker::VerifyOnStart;
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::*;
 use ricochet_testkit::{InProcessBroker, now_ms};
@@ -110,9 +111,27 @@ async fn a_hold_beyond_the_window_comes_into_it_while_the_broker_runs() {
     assert!(c.next(Duration::from_millis(500)).await.is_none());
 }
 
+// The start gathers the holds beyond the window as ids only on each of its
+// paths: the counted inventory's scan (verifying in the background), the
+// verify pass (before serving), the first subscription's start (off).
+
 #[tokio::test]
 async fn a_restart_keeps_holds_inside_and_beyond_the_window() {
-    let t = topic("held-window-restart");
+    restart_keeps_holds("held-window-restart", VerifyOnStart::Background).await;
+}
+
+#[tokio::test]
+async fn a_restart_verifying_before_serving_keeps_holds_inside_and_beyond_the_window() {
+    restart_keeps_holds("held-window-restart-before", VerifyOnStart::Before).await;
+}
+
+#[tokio::test]
+async fn a_restart_not_verifying_keeps_holds_inside_and_beyond_the_window() {
+    restart_keeps_holds("held-window-restart-off", VerifyOnStart::Off).await;
+}
+
+async fn restart_keeps_holds(name: &str, mode: VerifyOnStart) {
+    let t = topic(name);
     let b = InProcessBroker::start_with(|c| c.retry_window = WINDOW).await;
     let mut c = RawConsumer::simple(&b.url(), &t, "s", SubscriptionType::Shared).await;
     c.flow(10).await;
@@ -134,7 +153,11 @@ async fn a_restart_keeps_holds_inside_and_beyond_the_window() {
     // Restarted within a second or so: "inside" ends within the new
     // window (and a quarter), the other two beyond it.
     let dir = b.shutdown().await;
-    let b = InProcessBroker::start_in(dir, |c| c.retry_window = WINDOW).await;
+    let b = InProcessBroker::start_in(dir, |c| {
+        c.retry_window = WINDOW;
+        c.verify_on_start = mode;
+    })
+    .await;
     let mut c = RawConsumer::simple(&b.url(), &t, "s", SubscriptionType::Shared).await;
     c.flow(10).await;
     assert_eq!(

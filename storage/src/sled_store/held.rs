@@ -10,10 +10,13 @@
 //! hold's end (written by [`SubscriptionStore::put_held`] in one
 //! transaction that also removes the `failures` key), else in the schedule
 //! entry of a retry-tier move. A subscription's start needs the heads
-//! (count, hold) of all its main-tier records; the schedule is keyed by due
+//! (count, hold) of its main-tier records; the schedule is keyed by due
 //! time, so they come from one scan of both trees for all subscriptions,
 //! kept in a [`HeadCache`] that each subscription takes its share of
-//! (or from the verify pass, which reads both trees anyway).
+//! (or from the verify pass, which reads both trees anyway). Holds ending
+//! after the cut the broker sets ([`SledStorage::gather_heads_by`], about a
+//! retry window ahead) are gathered as entry ids in a bitmap while the scan
+//! reads them: millions of held nacks due later never make a list of heads.
 //!
 //! Upgrade: a store written before this layout holds a held nack's record
 //! in `failures` beside an empty schedule entry. It reads as before (the
@@ -52,19 +55,44 @@ pub(super) struct HeadCache {
 /// Heads of one subscription being gathered: those of records in schedule
 /// entries, and those under their own keys (which win). Gathered as they
 /// come (the schedule is ordered by due time) and sorted by entry once, in
-/// [`Gathered::finish`], rather than kept in ordered maps entry by entry.
-#[derive(Debug, Default)]
+/// [`Gathered::finish`], rather than kept in ordered maps entry by entry;
+/// a schedule entry's record held past `cut` only as its entry id.
+#[derive(Debug)]
 pub(super) struct Gathered {
     scheduled: Vec<(u64, FailureHead)>,
     own: Vec<(u64, FailureHead)>,
+    /// Entries of records in schedule entries held past `cut`.
+    far: roaring::RoaringTreemap,
+    cut: u64,
+}
+
+impl Default for Gathered {
+    fn default() -> Self {
+        Self::cut_at(u64::MAX)
+    }
 }
 
 impl Gathered {
+    /// Gathering that keeps holds ending after `cut` as entry ids only.
+    pub(super) fn cut_at(cut: u64) -> Self {
+        Self {
+            scheduled: Vec::new(),
+            own: Vec::new(),
+            far: roaring::RoaringTreemap::new(),
+            cut,
+        }
+    }
+
     /// The head of a record kept in a schedule entry. Two entries for one
     /// message (never written by this engine, but possible in a store
-    /// restored from elsewhere) give the later count and hold.
+    /// restored from elsewhere) give the later count and hold (the later
+    /// hold when one of them is past the cut).
     pub(super) fn scheduled(&mut self, entry: u64, head: FailureHead) {
-        self.scheduled.push((entry, head));
+        if head.hold_until_ms > self.cut {
+            self.far.insert(entry);
+        } else {
+            self.scheduled.push((entry, head));
+        }
     }
 
     /// The head of a record under its own key.
@@ -83,13 +111,22 @@ impl Gathered {
         };
         join(&mut self.scheduled, other.scheduled);
         join(&mut self.own, other.own);
+        if self.far.len() < other.far.len() {
+            let mine = std::mem::replace(&mut self.far, other.far);
+            self.far |= mine;
+        } else {
+            self.far |= other.far;
+        }
+        // The earlier cut applies to both (see `finish`).
+        self.cut = self.cut.min(other.cut);
     }
 
     /// The heads, by entry id: per entry, the record under its own key if
-    /// there is one (the last gathered), else the schedule entry with the
-    /// highest count and hold. Sorted and de-duplicated in place: the
-    /// vector the scan filled is the one handed on (held nacks are
-    /// millions, records under their own keys few).
+    /// there is one (the last gathered), else the schedule entry held past
+    /// the cut (its id only), else the schedule entry with the highest
+    /// count and hold. Sorted and de-duplicated in place: the vector the
+    /// scan filled is the one handed on (held nacks are millions, records
+    /// under their own keys few).
     pub(super) fn finish(mut self) -> HeadList {
         let by_value = |(e, h): &(u64, FailureHead)| (*e, h.count, h.hold_until_ms);
         self.scheduled.sort_unstable_by_key(by_value);
@@ -97,10 +134,32 @@ impl Gathered {
         self.own.sort_by_key(|(e, _)| *e);
         let mut scheduled = self.scheduled;
         keep_last_per_entry(&mut scheduled);
+        let (cut, mut far) = (self.cut, self.far);
+        if cut != u64::MAX {
+            // Gathered under a later cut (another reader's share).
+            scheduled.retain(|(e, h)| {
+                let near = h.hold_until_ms <= cut;
+                if !near {
+                    far.insert(*e);
+                }
+                near
+            });
+        }
+        if !far.is_empty() {
+            scheduled.retain(|(e, _)| !far.contains(*e));
+        }
         let mut own = self.own;
         keep_last_per_entry(&mut own);
+        for (e, _) in &own {
+            far.remove(*e);
+        }
+        let heads = |near| MainHeads {
+            near,
+            far,
+            cut_ms: cut,
+        };
         if own.is_empty() {
-            return scheduled;
+            return heads(scheduled);
         }
         let mut out = Vec::with_capacity(scheduled.len() + own.len());
         let mut own = own.into_iter().peekable();
@@ -114,7 +173,7 @@ impl Gathered {
             }
         }
         out.extend(own);
-        out
+        heads(out)
     }
 }
 
@@ -170,10 +229,10 @@ fn scheduled_head(k: &[u8], v: &[u8]) -> Result<Option<(ScheduleKey, FailureHead
 
 /// Gathers into `into` the head a schedule value holds (a main-tier record;
 /// an unreadable value is for the verify pass to report).
-pub(super) fn gather_scheduled(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]) {
+pub(super) fn gather_scheduled(into: &mut HashMap<u64, Gathered>, cut: u64, k: &[u8], v: &[u8]) {
     if let Ok(Some((key, head))) = scheduled_head(k, v) {
         into.entry(key.message.sub_id)
-            .or_default()
+            .or_insert_with(|| Gathered::cut_at(cut))
             .scheduled(key.message.entry_id, head);
     }
 }
@@ -181,7 +240,7 @@ pub(super) fn gather_scheduled(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &
 /// Gathers into `into` the heads of a chunk's main-tier records, from the
 /// heads stored beside them (an unreadable chunk is for the verify pass to
 /// report, which also checks each head against its record).
-pub(super) fn gather_chunk(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]) {
+pub(super) fn gather_chunk(into: &mut HashMap<u64, Gathered>, cut: u64, k: &[u8], v: &[u8]) {
     if k.get(16) != Some(&(TierId::Main as u8)) {
         return;
     }
@@ -196,7 +255,9 @@ pub(super) fn gather_chunk(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]
     })
     .is_ok()
     {
-        let mine = into.entry(sched::chunk_sub(k)).or_default();
+        let mine = into
+            .entry(sched::chunk_sub(k))
+            .or_insert_with(|| Gathered::cut_at(cut));
         for (entry, head) in found {
             mine.scheduled(entry, head);
         }
@@ -204,15 +265,33 @@ pub(super) fn gather_chunk(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]
 }
 
 /// Gathers into `into` the head of a `failures` value (main tier only).
-pub(super) fn gather_own(into: &mut HashMap<u64, Gathered>, k: &[u8], v: &[u8]) {
+pub(super) fn gather_own(into: &mut HashMap<u64, Gathered>, cut: u64, k: &[u8], v: &[u8]) {
     if let Some(m) = SubMessage::from_key(k).filter(|m| m.tier == TierId::Main)
         && let Ok(head) = unseal(k, v).and_then(decode_failure_head)
     {
-        into.entry(m.sub_id).or_default().own(m.entry_id, head);
+        into.entry(m.sub_id)
+            .or_insert_with(|| Gathered::cut_at(cut))
+            .own(m.entry_id, head);
     }
 }
 
 impl SledStorage {
+    /// Sets where the one scan of every subscription's heads (at the
+    /// counted inventory of a start, or a clean verify pass) splits them:
+    /// records held past `cut_ms` (ms since the epoch; the broker's now
+    /// plus about a retry window) are gathered as entry ids only. Before
+    /// that scan; a later share ([`Self::main_heads`]) is cut where its
+    /// caller asks.
+    pub fn gather_heads_by(&self, cut_ms: u64) {
+        self.heads_cut
+            .store(cut_ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The cut of [`Self::gather_heads_by`].
+    pub(super) fn heads_cut(&self) -> u64 {
+        self.heads_cut.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Notes that the records of subscriptions `subs` were written: their
     /// cached heads are read afresh. Called after the write, so a scan
     /// running meanwhile cannot leave an old head behind.
@@ -230,17 +309,22 @@ impl SledStorage {
         *crate::util::lock(&self.heads) = Some(HeadCache::new(heads));
     }
 
-    /// [`SubscriptionStore::failure_heads`] of the main tier: the share of
-    /// the cache (filled by one scan of both trees on the first call),
-    /// or, once taken or written, a scan for this subscription.
-    pub(super) fn main_heads(&self, sub_id: u64) -> Result<HeadList> {
+    /// [`SubscriptionStore::main_failure_heads_by`]: the share of the
+    /// cache (filled by one scan of both trees on the first call, cut at
+    /// [`Self::gather_heads_by`]), or, once taken or written, a scan for
+    /// this subscription cut at `horizon_ms`. A share cut earlier than
+    /// `horizon_ms` is handed on as it is (its caller loads the rest as the
+    /// holds come into its window), except to a caller that wants every
+    /// head (`u64::MAX`), for whom it is read again whole.
+    pub(super) fn main_heads(&self, sub_id: u64, horizon_ms: u64) -> Result<HeadList> {
         let mut guard = crate::util::lock(&self.heads);
         if guard.is_none() {
             let started = std::time::Instant::now();
-            let all = self.scan_heads(None)?;
+            let all = self.scan_heads_with(None, false, self.heads_cut())?.0;
             tracing::info!(
                 subscriptions = all.len(),
-                heads = all.values().map(Vec::len).sum::<usize>(),
+                heads = all.values().map(|h| h.near.len()).sum::<usize>(),
+                held_later = all.values().map(|h| h.far.len()).sum::<u64>(),
                 took_ms = started.elapsed().as_millis() as u64,
                 "failure heads read for every subscription (a scan of failures and schedule)"
             );
@@ -249,13 +333,23 @@ impl SledStorage {
         if let Some(cache) = guard.as_mut()
             && cache.stale.insert(sub_id)
         {
-            return Ok(cache.by_sub.remove(&sub_id).unwrap_or_default());
+            let share = cache.by_sub.remove(&sub_id).unwrap_or(MainHeads {
+                cut_ms: self.heads_cut(),
+                ..MainHeads::default()
+            });
+            if share.far.is_empty() || horizon_ms != u64::MAX {
+                return Ok(share);
+            }
         }
         drop(guard);
         Ok(self
-            .scan_heads(Some(sub_id))?
+            .scan_heads_with(Some(sub_id), false, horizon_ms)?
+            .0
             .remove(&sub_id)
-            .unwrap_or_default())
+            .unwrap_or(MainHeads {
+                cut_ms: horizon_ms,
+                ..MainHeads::default()
+            }))
     }
 
     /// Main-tier heads of every subscription, from both trees, counting
@@ -265,35 +359,43 @@ impl SledStorage {
         &self,
         counts: &mut HashMap<u64, crate::manifest::SubCounts>,
     ) -> Result<Heads> {
-        let (heads, counted) = self.scan_heads_with(None, true)?;
+        let (heads, counted) = self.scan_heads_with(None, true, self.heads_cut())?;
         for (sub, c) in counted {
             counts.entry(sub).or_default().scheduled += c;
         }
         Ok(heads)
     }
 
-    /// Main-tier heads of subscription `only` (or of all), from both trees.
+    /// Main-tier heads of subscription `only` (or of all), from both
+    /// trees, not cut.
+    #[cfg(test)]
     pub(super) fn scan_heads(&self, only: Option<u64>) -> Result<Heads> {
-        Ok(self.scan_heads_with(only, false)?.0)
+        Ok(self.scan_heads_with(only, false, u64::MAX)?.0)
     }
 
-    /// The heads of `only` (or of all), and with `counting` the schedule
-    /// entries of each subscription. For all subscriptions the schedule is
-    /// read in slices of due time on up to [`SCAN_THREADS`] threads (the
-    /// heads are sorted by entry at the end, whatever order they came in).
-    fn scan_heads_with(&self, only: Option<u64>, counting: bool) -> Result<(Heads, Counted)> {
+    /// The heads of `only` (or of all), those of holds past `cut` as ids
+    /// only, and with `counting` the schedule entries of each subscription.
+    /// For all subscriptions the schedule is read in slices of due time on
+    /// up to [`SCAN_THREADS`] threads (the heads are sorted by entry at the
+    /// end, whatever order they came in).
+    fn scan_heads_with(
+        &self,
+        only: Option<u64>,
+        counting: bool,
+        cut: u64,
+    ) -> Result<(Heads, Counted)> {
         let slices = match only {
             Some(_) => vec![(None, None)],
             None => self.schedule_slices()?,
         };
         let parts: Vec<Result<(HashMap<u64, Gathered>, Counted)>> = if slices.len() == 1 {
-            vec![self.scan_schedule_slice(slices[0], only, counting)]
+            vec![self.scan_schedule_slice(slices[0], only, counting, cut)]
         } else {
             std::thread::scope(|scope| {
                 let workers: Vec<_> = slices
                     .iter()
                     .map(|&slice| {
-                        scope.spawn(move || self.scan_schedule_slice(slice, only, counting))
+                        scope.spawn(move || self.scan_schedule_slice(slice, only, counting, cut))
                     })
                     .collect();
                 workers
@@ -307,7 +409,10 @@ impl SledStorage {
         for part in parts {
             let (g, c) = part?;
             for (sub, g) in g {
-                gathered.entry(sub).or_default().absorb(g);
+                gathered
+                    .entry(sub)
+                    .or_insert_with(|| Gathered::cut_at(cut))
+                    .absorb(g);
             }
             for (sub, c) in c {
                 *counted.entry(sub).or_default() += c;
@@ -327,7 +432,10 @@ impl SledStorage {
                 .ok_or_else(|| StorageError::Corrupt("bad failure key".into()))?;
             if m.tier == TierId::Main {
                 let head = decode_failure_head(unseal(&k, &v)?)?;
-                gathered.entry(m.sub_id).or_default().own(m.entry_id, head);
+                gathered
+                    .entry(m.sub_id)
+                    .or_insert_with(|| Gathered::cut_at(cut))
+                    .own(m.entry_id, head);
             }
         }
         Ok((finish_all(gathered), counted))
@@ -371,6 +479,7 @@ impl SledStorage {
         (from, to): Slice,
         only: Option<u64>,
         counting: bool,
+        cut: u64,
     ) -> Result<(HashMap<u64, Gathered>, Counted)> {
         let mut gathered: HashMap<u64, Gathered> = HashMap::new();
         let mut counted = Counted::new();
@@ -390,7 +499,7 @@ impl SledStorage {
                 continue;
             }
             // Each record's head is stored beside it: nothing is decoded.
-            let mine = gathered.entry(sub).or_default();
+            let mine = gathered.entry(sub).or_insert_with(|| Gathered::cut_at(cut));
             sched::visit(body, |i| {
                 if i.slot != sched::Slot::Empty {
                     mine.scheduled(i.entry_id, i.head);
@@ -573,166 +682,5 @@ impl SledStorage {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn held(count: u32, until: u64) -> FailureRecord {
-        let mut r = crate::records::sample_history(count);
-        r.hold_until_ms = until;
-        r
-    }
-
-    fn main(sub: u64, id: u64) -> SubMessage {
-        TierEntry::main(id).of(sub)
-    }
-
-    #[test]
-    fn gathered_heads_keep_the_own_record_else_the_highest_scheduled_one_by_entry() {
-        let h = |count, hold_until_ms| FailureHead {
-            count,
-            hold_until_ms,
-        };
-        let mut g = Gathered::default();
-        // As the schedule gives them: by due time, not by entry.
-        g.scheduled(9, h(1, 100));
-        g.scheduled(3, h(2, 200));
-        g.scheduled(9, h(3, 300));
-        g.scheduled(5, h(1, 400));
-        let mut other = Gathered::default();
-        other.own(5, h(7, 0));
-        other.own(1, h(4, 0));
-        other.own(5, h(8, 0));
-        g.absorb(other);
-        let got: Vec<(u64, FailureHead)> = g.finish();
-        assert_eq!(
-            got,
-            vec![(1, h(4, 0)), (3, h(2, 200)), (5, h(8, 0)), (9, h(3, 300))]
-        );
-    }
-
-    #[test]
-    fn held_nacks_alone_are_handed_on_in_the_vector_the_scan_filled() {
-        let h = |count, hold_until_ms| FailureHead {
-            count,
-            hold_until_ms,
-        };
-        let mut g = Gathered::default();
-        for e in (0..1_000u64).rev() {
-            g.scheduled(e, h(1, 5_000 + e));
-        }
-        // One entry twice (a store restored from elsewhere): the higher
-        // count and hold is kept, in place.
-        g.scheduled(500, h(2, 9_000));
-        let filled = g.scheduled.as_ptr();
-        let got = g.finish();
-        assert_eq!(got.as_ptr(), filled, "no second list of the heads");
-        assert_eq!(got.len(), 1_000);
-        assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "sorted by entry");
-        assert_eq!(got[500], (500, h(2, 9_000)));
-        assert_eq!(got[7], (7, h(1, 5_007)));
-        // Another reader's larger share is taken as it is, not copied.
-        let mut small = Gathered::default();
-        small.scheduled(3, h(1, 1));
-        let mut big = Gathered::default();
-        for e in 10..100 {
-            big.scheduled(e, h(1, e));
-        }
-        let big_ptr = big.scheduled.as_ptr();
-        small.absorb(big);
-        assert_eq!(small.scheduled.as_ptr(), big_ptr);
-        assert_eq!(small.finish().len(), 91);
-    }
-
-    #[test]
-    fn a_held_message_is_one_stored_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
-        let keys: Vec<ScheduleKey> = (0..10)
-            .map(|i| ScheduleKey {
-                due_ms: 5_000 + i,
-                message: main(1, i),
-            })
-            .collect();
-        // Records under their own keys before (a first, hold-less failure).
-        let before: Vec<_> = keys.iter().map(|k| (k.message, Some(held(1, 0)))).collect();
-        s.put_failures(&before).unwrap();
-        let records: Vec<_> = keys.iter().map(|k| (*k, held(2, k.due_ms))).collect();
-        s.put_held(&records, &[]).unwrap();
-        assert_eq!(s.failures.len(), 0, "no key of their own");
-        assert_eq!(s.sched.len(), 1, "ten schedule entries in one chunk");
-        assert_eq!(s.schedule.len(), 0, "none in the per-key layout");
-        for (k, r) in &records {
-            assert_eq!(
-                s.failure(k.message, Some(k.due_ms)).unwrap().as_ref(),
-                Some(r)
-            );
-        }
-    }
-
-    #[test]
-    fn a_store_in_the_previous_layout_is_converted_once_in_chunks() {
-        let dir = tempfile::tempdir().unwrap();
-        let n = 2 * UPGRADE_CHUNK as u64 + 5;
-        let keys: Vec<ScheduleKey> = (0..n)
-            .map(|i| ScheduleKey {
-                due_ms: 1_000_000 + i % 7,
-                message: main(1 + i % 3, i),
-            })
-            .collect();
-        let heads_of = |s: &SledStorage| -> Vec<_> {
-            (1..=3)
-                .flat_map(|sub| s.failure_heads(sub, TierId::Main).unwrap())
-                .collect()
-        };
-        let before = {
-            let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
-            // What the previous release wrote for a held nack: the record
-            // under its own key, then an empty schedule entry.
-            for k in &keys {
-                s.put_failures(&[(k.message, Some(held(3, k.due_ms)))])
-                    .unwrap();
-                s.put_schedule(&[(*k, true)]).unwrap();
-            }
-            // Records that stay under their own keys: not held, held with
-            // no schedule entry of that time, and a retry-tier one.
-            s.put_failures(&[
-                (main(1, n), Some(held(1, 0))),
-                (main(1, n + 1), Some(held(1, 77))),
-                (TierEntry::retry(0).of(1), Some(held(1, 1_000_000))),
-            ])
-            .unwrap();
-            s.put_schedule(&[(
-                ScheduleKey {
-                    due_ms: 1_000_000,
-                    message: TierEntry::retry(0).of(1),
-                },
-                true,
-            )])
-            .unwrap();
-            assert_eq!(s.held_under_own_keys(), n as usize + 1);
-            s.flush_blocking();
-            heads_of(&s)
-        };
-        let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
-        assert_eq!(s.upgrade_held().unwrap(), n);
-        assert_eq!(s.failures.len(), 3, "the others stay where they were");
-        assert_eq!(s.held_under_own_keys(), 1);
-        assert_eq!(heads_of(&s), before, "every count and hold as before");
-        for k in &keys {
-            assert_eq!(
-                s.failure(k.message, Some(k.due_ms)).unwrap(),
-                Some(held(3, k.due_ms))
-            );
-        }
-        let report = s.verify();
-        assert_eq!(report.problem_count, 0, "{:?}", report.problems);
-        assert_eq!(report.scheduled, n + 1);
-        // Once: nothing is left to move.
-        assert_eq!(s.upgrade_held().unwrap(), 0);
-        s.flush_blocking();
-        drop(s);
-        let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
-        assert_eq!(s.upgrade_held().unwrap(), 0);
-        assert_eq!(heads_of(&s), before);
-    }
-}
+#[path = "held_tests.rs"]
+mod tests;

@@ -83,11 +83,15 @@ pub struct SledStorage {
     /// ([`SubscriptionStore::failure_heads`]); a subscription's are read
     /// afresh once its records are written ([`held`]).
     heads: Mutex<Option<held::HeadCache>>,
+    /// Where that one scan splits each subscription's heads: holds ending
+    /// later are gathered as entry ids only ([`Self::gather_heads_by`];
+    /// `u64::MAX`, the default: none).
+    heads_cut: std::sync::atomic::AtomicU64,
 }
 
-/// Main-tier failure heads of one subscription's messages by entry id,
-/// sorted by entry.
-type HeadList = Vec<(u64, FailureHead)>;
+/// Main-tier failure heads of one subscription's messages: by entry id,
+/// sorted by entry, those of holds ending after the cut as ids only.
+type HeadList = MainHeads;
 
 /// Main-tier failure heads per subscription id.
 type Heads = HashMap<u64, HeadList>;
@@ -167,6 +171,7 @@ impl SledStorage {
             segments: Mutex::new(segments),
             verified_counts: Mutex::new(None),
             heads: Mutex::new(None),
+            heads_cut: std::sync::atomic::AtomicU64::new(u64::MAX),
         };
         // A store written with one schedule key per entry is converted
         // (once; logged when anything moved).
@@ -525,7 +530,11 @@ impl SubscriptionStore for SledStorage {
     }
 
     fn main_failure_heads(&self, sub_id: u64) -> Result<Vec<(u64, FailureHead)>> {
-        self.main_heads(sub_id)
+        Ok(self.main_heads(sub_id, u64::MAX)?.near)
+    }
+
+    fn main_failure_heads_by(&self, sub_id: u64, horizon_ms: u64) -> Result<MainHeads> {
+        self.main_heads(sub_id, horizon_ms)
     }
 
     fn held_heads_due(
@@ -540,7 +549,8 @@ impl SubscriptionStore for SledStorage {
     fn failure_heads(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureHead)>> {
         if tier == TierId::Main {
             return Ok(self
-                .main_heads(sub_id)?
+                .main_heads(sub_id, u64::MAX)?
+                .near
                 .into_iter()
                 .map(|(entry_id, h)| {
                     let m = SubMessage {

@@ -306,6 +306,27 @@ pub fn check_failure_heads_are_the_records_counts_and_holds(s: &dyn Storage) {
     assert_eq!(by_entry, want_by_entry);
     assert_eq!(want[1].1.hold_until_ms, 1_764_000_000_000);
     assert_eq!(want[2].1.count, 64);
+    // Split at a horizon before the hold: each entry once, near with its
+    // head, far only when held past where the engine cut (at most where
+    // asked, or nowhere).
+    let horizon = want[1].1.hold_until_ms - 1;
+    let split = s.main_failure_heads_by(7, horizon).unwrap();
+    assert!(split.cut_ms <= horizon || split.cut_ms == u64::MAX);
+    let mut ids: Vec<u64> = split.near.iter().map(|(e, _)| *e).collect();
+    ids.extend(split.far.iter());
+    ids.sort_unstable();
+    assert_eq!(ids, vec![1, 2, 3], "every entry once, near or far");
+    for near in &split.near {
+        assert!(want_by_entry.contains(near), "{near:?}");
+    }
+    for far in split.far.iter() {
+        let (_, h) = want_by_entry.iter().find(|(e, _)| *e == far).unwrap();
+        assert!(
+            h.hold_until_ms > split.cut_ms,
+            "entry {far} is not held past the cut"
+        );
+    }
+    assert_eq!(split.len(), 3);
 }
 
 /// The heads of the holds ending in a time range, as a subscription loads
