@@ -7,7 +7,8 @@
 //! even when a crash lost its entry (`interval` durability). A topic opened
 //! after such a crash starts at the ceiling; the ids in between (its
 //! [`Topic::void`]) never had a durable entry, and subscriptions treat them
-//! as acknowledged.
+//! as acknowledged. A replicated topic has no such ceiling nor void: the
+//! group's committed log is the authority on its ids (see [`Topic::open`]).
 //!
 //! Retention ([`Topic::enforce_retention`]) drops whole segments of an
 //! ordinary topic's log, oldest first, by age and by size, whether or not
@@ -150,7 +151,12 @@ pub struct Dropped {
 
 impl Topic {
     /// Opens a topic whose record exists in storage, at or above the ids
-    /// the manifest says were reserved for it.
+    /// the manifest says were reserved for it. A `replicated` topic (written
+    /// through its partition's group, see [`Topic::settle`]) starts at the
+    /// end of the group's log instead: only a committed entry got a receipt
+    /// or a delivery, so ids a former leader handed out and never committed
+    /// are handed out again, and this broker's manifest (a reservation from
+    /// when it led before, not the group's) plays no part.
     #[allow(clippy::too_many_arguments)]
     pub fn open(
         name: TopicName,
@@ -161,9 +167,14 @@ impl Topic {
         segment_entries: u64,
         clock: SharedClock,
         keeper: Arc<ManifestKeeper>,
+        replicated: bool,
     ) -> Result<Self> {
         let (mut first, stored) = storage.entry_range(name.as_str())?;
-        let reserved = keeper.reserved(name.as_str());
+        let reserved = if replicated {
+            stored
+        } else {
+            keeper.reserved(name.as_str())
+        };
         let void = (reserved > stored).then_some(stored..reserved);
         let next = stored.max(reserved);
         if first == stored {
@@ -183,7 +194,9 @@ impl Topic {
         let ceiling = Arc::new(Ceiling {
             keeper,
             topic: name.to_string(),
-            reserved: AtomicU64::new(next),
+            // No local reservation for a replicated topic: its ids are
+            // bounded by what the group commits.
+            reserved: AtomicU64::new(if replicated { u64::MAX } else { next }),
             extending: AtomicBool::new(false),
         });
         Ok(Self {
@@ -209,7 +222,7 @@ impl Topic {
             closed: Default::default(),
             segment_bytes: Mutex::new(None),
             refuse_above: AtomicU64::new(0),
-            replicated: false,
+            replicated,
             on_roll: std::sync::OnceLock::new(),
         })
     }
@@ -218,13 +231,6 @@ impl Topic {
     /// (the first hook set stays).
     pub fn on_segment_rolled(&self, hook: Arc<dyn SegmentRolled>) {
         let _ = self.on_roll.set(hook);
-    }
-
-    /// Marks the topic as written through a replicated partition's group
-    /// (see [`Topic::settle`]).
-    pub fn replicated(mut self) -> Self {
-        self.replicated = true;
-        self
     }
 
     /// Marks the topic deleted: later publishes fail with NOT_FOUND.

@@ -353,7 +353,7 @@ impl BrokerCore {
         let sync = self.config.durability == Durability::Sync;
         let storage = self.storage_for(name.as_str());
         let replicated = self.factor_of(name.as_str()) > 1;
-        let mut topic = Topic::open(
+        let topic = Topic::open(
             name,
             kind,
             storage,
@@ -362,10 +362,8 @@ impl BrokerCore {
             self.config.segment_entries,
             self.clock.clone(),
             self.keeper.clone(),
+            replicated,
         )?;
-        if replicated {
-            topic = topic.replicated();
-        }
         self.hooks.opened.opened(&topic);
         Ok(Arc::new(TopicEntry {
             topic: Arc::new(topic),
@@ -765,6 +763,17 @@ impl BrokerCore {
         logs: &[(TopicName, TopicKind)],
         subs: Vec<SubscriptionRecord>,
     ) -> Result<()> {
+        // The tiers are claimed first: a tier's storage and factor follow
+        // its owner's ([`Self::storage_for`]), so a replicated topic's tiers
+        // open written through its group, like the topic.
+        for (i, rec) in subs.iter().enumerate() {
+            if let Err(e) = lock(&self.tier_owners).claim(rec) {
+                for r in &subs[..i] {
+                    lock(&self.tier_owners).release(&r.topic, &r.name);
+                }
+                return Err(e);
+            }
+        }
         let mut topics = self.topics.lock().await;
         let mut main = None;
         for (name, kind) in logs {
@@ -778,7 +787,6 @@ impl BrokerCore {
         let main =
             main.ok_or_else(|| BrokerError::InvalidArgument("a move without its topic".into()))?;
         for rec in subs {
-            lock(&self.tier_owners).claim(&rec)?;
             let handle = self.spawn_subscription(rec, main.topic.clone())?;
             lock(&main.subscriptions).insert(handle.name().to_owned(), handle);
         }
