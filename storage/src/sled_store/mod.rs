@@ -22,6 +22,7 @@
 //! file beside sled's own.
 
 mod append;
+pub(crate) mod checkpoint;
 mod codec;
 mod dropping;
 mod frame;
@@ -40,6 +41,7 @@ mod transfer;
 mod verify;
 
 use super::*;
+pub(crate) use checkpoint::COVERED;
 use codec::{be, decode_failures, encode_failures, from_json, json, read_be, seal, unseal};
 use keys::*;
 use sled::Transactional;
@@ -83,6 +85,9 @@ pub struct SledStorage {
     /// ([`SubscriptionStore::failure_heads`]); a subscription's are read
     /// afresh once its records are written ([`held`]).
     heads: Mutex<Option<held::HeadCache>>,
+    /// Producer sequence ids of logged topics' appends not checkpointed to
+    /// `prodseq` yet ([`checkpoint`]).
+    pending_sequences: Mutex<HashMap<String, checkpoint::Pending>>,
 }
 
 /// Main-tier failure heads of one subscription's messages by entry id,
@@ -167,6 +172,7 @@ impl SledStorage {
             segments: Mutex::new(segments),
             verified_counts: Mutex::new(None),
             heads: Mutex::new(None),
+            pending_sequences: Mutex::new(HashMap::new()),
         };
         // A store written with one schedule key per entry is converted
         // (once; logged when anything moved).
@@ -433,6 +439,8 @@ impl LogStore for SledStorage {
     }
 
     fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
+        // What appends gathered goes first, so the restored ids land last.
+        self.checkpoint_sequences(topic)?;
         self.write_producer_sequences(topic, sequences)
     }
 }
