@@ -168,3 +168,26 @@ fn a_trim_checkpoints_the_ids_of_the_entries_it_removes() {
         pairs(&[("p", 31), ("q", 15)])
     );
 }
+
+#[test]
+fn flush_rounds_of_appends_below_the_bound_leave_sleds_data_file_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, sled) = open(dir.path());
+    append(&s, 0, "q", 0, 4, 1024);
+    flush(&s);
+    let before = sled.data_syncs();
+    // What a `sync` publisher's rounds do: an append, a flush, again.
+    for n in 0..20 {
+        append(&s, 4 + n * 8, "p", n * 8, 8, 1024);
+        flush(&s);
+    }
+    assert_eq!(
+        sled.data_syncs(),
+        before,
+        "a publish round wrote to sled (its flush synced the data file)"
+    );
+    assert_eq!(
+        s.producer_sequences(T).unwrap(),
+        pairs(&[("p", 159), ("q", 3)])
+    );
+}

@@ -104,6 +104,12 @@ impl SledStorage {
             .map_or(0, |p| p.entries)
     }
 
+    /// How many times a flush synced sled's data file (tests).
+    #[cfg(test)]
+    pub(crate) fn data_syncs(&self) -> u64 {
+        self.sync.data_syncs()
+    }
+
     fn write_checkpoint(&self, topic: &str, p: Pending) -> Result<()> {
         let mut ids: Vec<(String, u64)> = p.sequences.into_iter().collect();
         ids.push((COVERED.to_owned(), p.covered));
