@@ -191,3 +191,34 @@ fn flush_rounds_of_appends_below_the_bound_leave_sleds_data_file_alone() {
         pairs(&[("p", 159), ("q", 3)])
     );
 }
+
+#[test]
+fn ids_read_back_after_a_crash_go_into_the_next_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, sled) = open(dir.path());
+    append(&s, 0, "q", 0, 4, 1024);
+    drop((s, sled));
+    // The start after the crash reads `q`'s id back from the log (as a
+    // topic's open does); then `p` crosses the bound.
+    let (s, sled) = open(dir.path());
+    assert_eq!(s.producer_sequences(T).unwrap(), pairs(&[("q", 3)]));
+    let mut next = 4;
+    let mut n = 0;
+    while checkpoint(&sled).is_empty() {
+        assert!(n < 200, "no checkpoint after {n} batches");
+        append(&s, next, "p", n * 64, 64, 1024);
+        next += 64;
+        n += 1;
+    }
+    assert_eq!(
+        checkpoint(&sled),
+        pairs(&[("", next), ("p", n * 64 - 1), ("q", 3)]),
+        "the checkpoint past q's entries names q"
+    );
+    drop((s, sled));
+    let (s, _sled) = open(dir.path());
+    assert_eq!(
+        s.producer_sequences(T).unwrap(),
+        pairs(&[("p", n * 64 - 1), ("q", 3)])
+    );
+}

@@ -89,6 +89,22 @@ impl SledStorage {
             .unwrap_or_default()
     }
 
+    /// Carries into `topic`'s next checkpoint the ids read back from its
+    /// log past the last one, up to `end`: after a crash they are nowhere
+    /// else, and the next checkpoint's position would skip them.
+    pub(crate) fn carry_sequences(&self, topic: &str, ids: &BTreeMap<String, u64>, end: u64) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut pending = crate::util::lock(&self.pending_sequences);
+        let p = pending.entry(topic.to_owned()).or_default();
+        for (name, seq) in ids {
+            let last = p.sequences.entry(name.clone()).or_insert(*seq);
+            *last = (*last).max(*seq);
+        }
+        p.covered = p.covered.max(end);
+    }
+
     /// Forgets what `topic`'s appends gathered (the topic is deleted).
     pub(super) fn forget_pending_sequences(&self, topic: &str) {
         crate::util::lock(&self.pending_sequences).remove(topic);
