@@ -194,7 +194,9 @@ fn kib(seq: u64) -> OutboundMessage {
 /// not per publish (issue #21): `p` sends past one checkpoint's worth of
 /// 1 KiB messages, then `q` and `p` a batch each after it; the broker is
 /// killed (-9) and restarted, and both producers' last ids are known and
-/// their last batches, resent, recognised as duplicates.
+/// their last batches, resent, recognised as duplicates. Then `p` crosses
+/// the bound again in the restarted broker and, after another kill -9,
+/// `q`'s id (read back from the log at the restart) is still known.
 #[tokio::test]
 async fn sequence_ids_past_the_last_checkpoint_survive_kill_9() {
     const T: &str = "checkpointed";
@@ -231,5 +233,24 @@ async fn sequence_ids_past_the_last_checkpoint_survive_kill_9() {
             "{name}'s resend stored again: {receipts:?}"
         );
     }
+    // This start read `q`'s id back from the log; `p` now crosses the
+    // bound again, and that checkpoint must still name `q`.
+    let mut p = RawProducer::open(b.url(), T, "p").await.unwrap();
+    let from = first + 3;
+    for n in 0..BATCHES {
+        let at = from + n * PER_BATCH;
+        p.send_messages((at..at + PER_BATCH).map(kib).collect())
+            .await;
+    }
+    b.kill9();
+    let b = BrokerProcess::spawn(&data, &o).await;
+    let q = RawProducer::open(b.url(), T, "q").await.unwrap();
+    assert_eq!(
+        q.last_sequence_id,
+        Some(8),
+        "q's id after a checkpoint made past its entries"
+    );
+    let p = RawProducer::open(b.url(), T, "p").await.unwrap();
+    assert_eq!(p.last_sequence_id, Some(from + BATCHES * PER_BATCH - 1));
     b.kill9();
 }
