@@ -350,13 +350,13 @@ impl LogStore for LogStorage {
         if self.logged(topic) {
             // Entries past the checkpoint carry their producers' ids (the
             // appends since it, or all a crash left); without a
-            // checkpoint, read the whole log. The next checkpoint takes
-            // them along, or its position would skip what only the log
-            // holds.
+            // checkpoint, read the whole log. They are checkpointed now: a
+            // later checkpoint's position would skip what only the log
+            // holds, and the next start reads less.
             let end = self.log.range(topic).map_or(0, |(_, end)| end);
             let mut past = BTreeMap::new();
             self.sequences_from(topic, covered.unwrap_or(0), &mut past)?;
-            self.sled.carry_sequences(topic, &past, end);
+            self.sled.carry_sequences(topic, &past, end)?;
             for (name, seq) in past {
                 let at = sequences.entry(name).or_insert(seq);
                 *at = (*at).max(seq);

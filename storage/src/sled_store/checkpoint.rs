@@ -72,8 +72,8 @@ impl SledStorage {
     /// Writes `topic`'s pending checkpoint to sled now (durable with the
     /// next flush), if its appends gathered one.
     pub(crate) fn checkpoint_sequences(&self, topic: &str) -> Result<()> {
-        let p = crate::util::lock(&self.pending_sequences).remove(topic);
-        match p {
+        let mut pending = crate::util::lock(&self.pending_sequences);
+        match pending.remove(topic) {
             Some(p) => self.write_checkpoint(topic, p),
             None => Ok(()),
         }
@@ -89,20 +89,30 @@ impl SledStorage {
             .unwrap_or_default()
     }
 
-    /// Carries into `topic`'s next checkpoint the ids read back from its
-    /// log past the last one, up to `end`: after a crash they are nowhere
-    /// else, and the next checkpoint's position would skip them.
-    pub(crate) fn carry_sequences(&self, topic: &str, ids: &BTreeMap<String, u64>, end: u64) {
+    /// Checkpoints the ids read back from `topic`'s log past its last
+    /// checkpoint, up to `end`, with whatever appends gathered: after a
+    /// crash they are nowhere else, a later checkpoint's position would
+    /// skip them, and the next start reads back only what follows `end`.
+    /// One sled write when there were any (a topic's open, not a publish).
+    pub(crate) fn carry_sequences(
+        &self,
+        topic: &str,
+        ids: &BTreeMap<String, u64>,
+        end: u64,
+    ) -> Result<()> {
         if ids.is_empty() {
-            return;
+            return Ok(());
         }
+        // Written under the lock, so no checkpoint of later appends goes
+        // in between.
         let mut pending = crate::util::lock(&self.pending_sequences);
-        let p = pending.entry(topic.to_owned()).or_default();
+        let mut p = pending.remove(topic).unwrap_or_default();
         for (name, seq) in ids {
             let last = p.sequences.entry(name.clone()).or_insert(*seq);
             *last = (*last).max(*seq);
         }
         p.covered = p.covered.max(end);
+        self.write_checkpoint(topic, p)
     }
 
     /// Forgets what `topic`'s appends gathered (the topic is deleted).
