@@ -10,15 +10,17 @@
 //! written since the last flush and flushes sled, together, so the
 //! flusher's one round covers both.
 //!
-//! Producer sequence ids: a batch goes to the log and its producer's
-//! sequence id to sled, two writes a crash can cut apart. Sled's `prodseq`
-//! is therefore a checkpoint: beside each producer's id it keeps, in the
-//! same sled batch, the log position it covers (under the empty producer
-//! name, which de-duplication never uses), and
-//! [`Storage::producer_sequences`] adds what the log holds past that
-//! position (every entry carries its producer and sequence id). A resend
-//! of a batch the log kept is recognised even when its sequence id was
-//! lost.
+//! Producer sequence ids: every log entry carries its producer and
+//! sequence id, so the log is their durable record. Sled's `prodseq` is a
+//! checkpoint: beside each producer's id it keeps, in the same sled batch,
+//! the log position it covers (under the empty producer name, which
+//! de-duplication never uses), and [`Storage::producer_sequences`] adds
+//! what the log holds past that position. The checkpoint is written
+//! lazily — once a topic's appends since the last one reach a bound, and
+//! before a trim — not on every append, which would dirty sled (and cost
+//! its data file's `fdatasync`) on every flush round (see
+//! `sled_store::checkpoint`). A resend of a batch the log kept is
+//! recognised whether or not a checkpoint covers it.
 //!
 //! With a `[tiered]` section, sealed segments may also live in an object
 //! store ([`super::tiered`]): reads below the first local segment go
@@ -185,11 +187,6 @@ impl LogStorage {
     }
 }
 
-/// The producer name under which sled's `prodseq` keeps the log position
-/// its sequence ids cover (an empty name never takes part in
-/// de-duplication).
-const COVERED: &str = "";
-
 impl LogStore for LogStorage {
     fn append(
         &self,
@@ -204,12 +201,16 @@ impl LogStore for LogStorage {
         self.crash_point("publish.append.first_segment");
         self.log.append(topic, first_id, entries)?;
         self.crash_point("publish.append.entries");
-        if let Some((name, seq)) = producer {
-            // One sled batch: the id and the position it covers.
-            let covered = first_id + entries.len() as u64;
-            self.sled.restore_producer_sequences(
+        if let Some(producer) = producer {
+            // Gathered in memory, checkpointed to sled now and then: the
+            // entries just written carry the id.
+            let bytes = entries.iter().map(|e| e.len() as u64).sum();
+            self.sled.note_logged_sequence(
                 topic,
-                &[(name.to_owned(), seq), (COVERED.to_owned(), covered)],
+                producer,
+                first_id,
+                entries.len() as u64,
+                bytes,
             )?;
             self.crash_point("publish.append.sequence");
         }
@@ -311,6 +312,9 @@ impl LogStore for LogStorage {
         if self.logged(topic) {
             let _alone = crate::util::write(&self.refs_lock);
             self.copy_references_below(topic, below)?;
+            // The ids of the entries going are in sled before their files
+            // go (after the next flush, as the trimmed files do).
+            self.sled.checkpoint_sequences(topic)?;
             self.log.trim(topic, below)?;
             match &self.tiered {
                 Some(t) => t.trim(topic, below),
@@ -342,11 +346,26 @@ impl LogStore for LogStorage {
     fn producer_sequences(&self, topic: &str) -> Result<Vec<(String, u64)>> {
         let mut sequences: BTreeMap<String, u64> =
             self.sled.producer_sequences(topic)?.into_iter().collect();
-        let covered = sequences.remove(COVERED);
+        let covered = sequences.remove(crate::sled_store::COVERED);
         if self.logged(topic) {
-            // A crash may have kept entries past the checkpoint without
-            // their sequence ids; without a checkpoint, read the whole log.
-            self.sequences_from(topic, covered.unwrap_or(0), &mut sequences)?;
+            // Entries past the checkpoint carry their producers' ids (the
+            // appends since it, or all a crash left); without a
+            // checkpoint, read the whole log. They are checkpointed now: a
+            // later checkpoint's position would skip what only the log
+            // holds, and the next start reads less.
+            let end = self.log.range(topic).map_or(0, |(_, end)| end);
+            let mut past = BTreeMap::new();
+            self.sequences_from(topic, covered.unwrap_or(0), &mut past)?;
+            self.sled.carry_sequences(topic, &past, end)?;
+            for (name, seq) in past {
+                let at = sequences.entry(name).or_insert(seq);
+                *at = (*at).max(seq);
+            }
+            // The ids appends gathered since the checkpoint (a live store).
+            for (name, seq) in self.sled.pending_sequences(topic) {
+                let at = sequences.entry(name).or_insert(seq);
+                *at = (*at).max(seq);
+            }
         }
         Ok(sequences.into_iter().collect())
     }

@@ -401,3 +401,5 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
 mod contract_tests;
 #[cfg(test)]
 mod refs_tests;
+#[cfg(test)]
+mod sequences_tests;

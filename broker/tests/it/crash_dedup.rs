@@ -179,3 +179,78 @@ async fn in_interval_mode_a_batch_and_its_sequence_id_survive_a_crash_together()
     let wrong = every_step("interval").await;
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// A 1 KiB message with sequence id `seq`.
+fn kib(seq: u64) -> OutboundMessage {
+    OutboundMessage {
+        payload: vec![b'x'; 1024],
+        sequence_id: seq,
+        ..Default::default()
+    }
+}
+
+/// Producer sequence ids live in the log between sled's checkpoints,
+/// which are written every 8 MiB (or 64k entries) of a topic's appends,
+/// not per publish (issue #21): `p` sends past one checkpoint's worth of
+/// 1 KiB messages, then `q` and `p` a batch each after it; the broker is
+/// killed (-9) and restarted, and both producers' last ids are known and
+/// their last batches, resent, recognised as duplicates. Then `p` crosses
+/// the bound again in the restarted broker and, after another kill -9,
+/// `q`'s id (read back from the log at the restart) is still known.
+#[tokio::test]
+async fn sequence_ids_past_the_last_checkpoint_survive_kill_9() {
+    const T: &str = "checkpointed";
+    const PER_BATCH: u64 = 64;
+    // 140 x 64 KiB: past the 8 MiB bound once.
+    const BATCHES: u64 = 140;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let o = options().rust_log("error").args(["--durability", "sync"]);
+    let b = BrokerProcess::spawn(&data, &o).await;
+    let mut p = RawProducer::open(b.url(), T, "p").await.unwrap();
+    let mut q = RawProducer::open(b.url(), T, "q").await.unwrap();
+    for n in 0..BATCHES {
+        p.send_messages((0..PER_BATCH).map(|i| kib(n * PER_BATCH + i)).collect())
+            .await;
+    }
+    let q_last = vec![kib(7), kib(8)];
+    q.send_messages(q_last.clone()).await;
+    let first = BATCHES * PER_BATCH;
+    let p_last: Vec<_> = (first..first + 3).map(kib).collect();
+    p.send_messages(p_last.clone()).await;
+    b.kill9();
+
+    let b = BrokerProcess::spawn(&data, &o).await;
+    for (name, last, batch) in [("p", first + 2, p_last), ("q", 8, q_last)] {
+        let mut again = RawProducer::open(b.url(), T, name).await.unwrap();
+        assert_eq!(again.last_sequence_id, Some(last), "{name}'s last id");
+        let receipts = match again.send_batch(batch).await {
+            produce_response::Response::Receipts(r) => r.receipts,
+            other => panic!("{name}'s resend failed: {other:?}"),
+        };
+        assert!(
+            !receipts.is_empty() && receipts.iter().all(|r| r.duplicate),
+            "{name}'s resend stored again: {receipts:?}"
+        );
+    }
+    // This start read `q`'s id back from the log; `p` now crosses the
+    // bound again, and that checkpoint must still name `q`.
+    let mut p = RawProducer::open(b.url(), T, "p").await.unwrap();
+    let from = first + 3;
+    for n in 0..BATCHES {
+        let at = from + n * PER_BATCH;
+        p.send_messages((at..at + PER_BATCH).map(kib).collect())
+            .await;
+    }
+    b.kill9();
+    let b = BrokerProcess::spawn(&data, &o).await;
+    let q = RawProducer::open(b.url(), T, "q").await.unwrap();
+    assert_eq!(
+        q.last_sequence_id,
+        Some(8),
+        "q's id after a checkpoint made past its entries"
+    );
+    let p = RawProducer::open(b.url(), T, "p").await.unwrap();
+    assert_eq!(p.last_sequence_id, Some(from + BATCHES * PER_BATCH - 1));
+    b.kill9();
+}

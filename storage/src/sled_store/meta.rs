@@ -78,6 +78,7 @@ impl MetaStore for SledStorage {
         for seg in segs.keys() {
             self.drop_segment(name, *seg)?;
         }
+        self.forget_pending_sequences(name);
         let mut batch = Batch::default();
         for k in self.prodseq.scan_prefix(format!("{name}\0")).keys() {
             batch.remove(k?);

@@ -22,6 +22,7 @@
 //! file beside sled's own.
 
 mod append;
+pub(crate) mod checkpoint;
 mod codec;
 mod dropping;
 mod frame;
@@ -40,6 +41,7 @@ mod transfer;
 mod verify;
 
 use super::*;
+pub(crate) use checkpoint::COVERED;
 use codec::{be, decode_failures, encode_failures, from_json, json, read_be, seal, unseal};
 use keys::*;
 use sled::Transactional;
@@ -87,6 +89,9 @@ pub struct SledStorage {
     /// later are gathered as entry ids only ([`Self::gather_heads_by`];
     /// `u64::MAX`, the default: none).
     heads_cut: std::sync::atomic::AtomicU64,
+    /// Producer sequence ids of logged topics' appends not checkpointed to
+    /// `prodseq` yet ([`checkpoint`]).
+    pending_sequences: Mutex<HashMap<String, checkpoint::Pending>>,
 }
 
 /// Main-tier failure heads of one subscription's messages: by entry id,
@@ -172,6 +177,7 @@ impl SledStorage {
             verified_counts: Mutex::new(None),
             heads: Mutex::new(None),
             heads_cut: std::sync::atomic::AtomicU64::new(u64::MAX),
+            pending_sequences: Mutex::new(HashMap::new()),
         };
         // A store written with one schedule key per entry is converted
         // (once; logged when anything moved).
@@ -438,6 +444,8 @@ impl LogStore for SledStorage {
     }
 
     fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
+        // What appends gathered goes first, so the restored ids land last.
+        self.checkpoint_sequences(topic)?;
         self.write_producer_sequences(topic, sequences)
     }
 }

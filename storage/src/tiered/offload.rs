@@ -198,6 +198,9 @@ impl Tiered {
             if s.phase != Phase::Offloaded || !policy.may_delete_local(now, s.offloaded_ms) {
                 break;
             }
+            // Producer ids of entries leaving the local log reach sled
+            // first (durable with the flush below, before the files go).
+            self.sled.checkpoint_sequences(topic)?;
             if !self.log.drop_local(topic, seg.header.first)? {
                 break;
             }
