@@ -353,10 +353,11 @@ impl ReplicaNode {
     /// [`ReplicaNode::write`] in two steps: hands `command` to the Raft
     /// core and returns at once with the future of its reply. Commands
     /// submitted one after another (each submit awaited before the next)
-    /// take log entries in that order, and several may be in flight: the
-    /// leader appends the entries that arrived together in one append (one
-    /// flush) and replicates them in one message. The reply comes under the
-    /// same conditions as [`ReplicaNode::write`]'s.
+    /// take log entries in that order, and several may be in flight. The
+    /// leader's core (openraft 0.9) appends each entry as its own log write
+    /// (one flush each, in `sync`) before it replicates it; the followers
+    /// receive the entries appended meanwhile in one message. The reply
+    /// comes under the same conditions as [`ReplicaNode::write`]'s.
     pub async fn submit(
         &self,
         command: Vec<u8>,
