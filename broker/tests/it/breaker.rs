@@ -97,14 +97,7 @@ async fn a_tripped_breaker_stops_dispatch_and_stays_open_across_a_restart() {
     assert!(st.next_probe_ms > st.since_ms, "{st:?}");
 
     // The event is on the namespace's failure-events topic.
-    let mut events = RawConsumer::simple(
-        &b.url(),
-        "persistent://public/default/__failure_events",
-        "watch",
-        SubscriptionType::Exclusive,
-    )
-    .await;
-    events.flow(10).await;
+    let mut events = events_consumer(&b.url(), "watch", 10).await;
     let ev = events.next(WAIT).await.expect("a breaker event");
     let ev: serde_json::Value = serde_json::from_slice(&ev.payload).unwrap();
     assert_eq!(ev["kind"], "breaker_opened", "{ev}");
@@ -178,14 +171,7 @@ async fn probes_and_a_probe_ack_are_events() {
     let st = breaker(&b).await.unwrap();
     assert_eq!((st.state.as_str(), st.trips), ("closed", 1), "{st:?}");
 
-    let mut events = RawConsumer::simple(
-        &b.url(),
-        "persistent://public/default/__failure_events",
-        "watch",
-        SubscriptionType::Exclusive,
-    )
-    .await;
-    events.flow(100).await;
+    let mut events = events_consumer(&b.url(), "watch", 100).await;
     let mut got = Vec::new();
     while got.len() < 5 {
         let Some(ev) = events.next(WAIT).await else {

@@ -476,14 +476,7 @@ async fn failure_events_are_published_to_the_namespace_topic() {
         format!("declined {i}")
     })
     .await;
-    let mut events = RawConsumer::simple(
-        &b.url(),
-        "persistent://public/default/__failure_events",
-        "watch",
-        SubscriptionType::Exclusive,
-    )
-    .await;
-    events.flow(100).await;
+    let mut events = events_consumer(&b.url(), "watch", 100).await;
     let json = |m: &Message| -> serde_json::Value { serde_json::from_slice(&m.payload).unwrap() };
     let raw = events.take(3, WAIT).await;
     let mut dead: Vec<serde_json::Value> = raw.iter().map(json).collect();

@@ -173,6 +173,18 @@ async fn spawn(
 
 /// The member `Lookup` (asked of `url` as admin) names for `topic` once
 /// the answer held for two reads 300 ms apart, one of `among`.
+/// The next entry id of `topic`, asked as `admin` of the broker at `url`.
+async fn next_entry_id(s: &Secrets, url: &str, topic: &str) -> u64 {
+    let stats = s
+        .client(url, "admin")
+        .await
+        .admin()
+        .topic_stats(topic)
+        .await
+        .unwrap();
+    stats.next_entry_id
+}
+
 async fn leader(s: &Secrets, url: &str, topic: &str, among: &[&str]) -> String {
     let c = s.client(url, "admin").await;
     let start = Instant::now();
@@ -358,14 +370,7 @@ async fn a_replicated_topic_with_tls_and_auth_on_survives_its_leaders_kill() {
         );
         consumer.ack(&m).await.unwrap();
     }
-    let stats = s
-        .client(&survivor, "admin")
-        .await
-        .admin()
-        .topic_stats(t)
-        .await
-        .unwrap();
-    assert_eq!(stats.next_entry_id, 21, "{stats:?}");
+    assert_eq!(next_entry_id(&s, &survivor, t).await, 21);
     assert!(brokers.iter().any(|b| b.id == next));
 
     // A leadership transfer (`cluster move T --to <member>`) with one
@@ -408,14 +413,7 @@ async fn a_replicated_topic_with_tls_and_auth_on_survives_its_leaders_kill() {
         "acked messages are not delivered again"
     );
     consumer.ack(&m).await.unwrap();
-    let stats = s
-        .client(&survivor, "admin")
-        .await
-        .admin()
-        .topic_stats(t)
-        .await
-        .unwrap();
-    assert_eq!(stats.next_entry_id, 22, "{stats:?}");
+    assert_eq!(next_entry_id(&s, &survivor, t).await, 22);
 
     // A broker whose peer token is not a superuser's does not start.
     let addr = free_addr();

@@ -94,3 +94,20 @@ pub async fn dead_letter_count(url: &str, topic: &str, sub: &str) -> u64 {
         .total
 }
 pub mod tiered;
+
+/// The default namespace's failure-events topic.
+pub const EVENTS_TOPIC: &str = "persistent://public/default/__failure_events";
+
+/// An exclusive consumer `sub` of [`EVENTS_TOPIC`] on the broker at `url`,
+/// with `permits` to receive.
+pub async fn events_consumer(url: &str, sub: &str, permits: u32) -> RawConsumer {
+    let events = RawConsumer::simple(
+        url,
+        EVENTS_TOPIC,
+        sub,
+        ricochet_proto::SubscriptionType::Exclusive,
+    )
+    .await;
+    events.flow(permits).await;
+    events
+}
