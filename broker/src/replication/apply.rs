@@ -340,12 +340,26 @@ impl StorageApplier {
 #[async_trait::async_trait]
 impl Apply for StorageApplier {
     fn apply(&self, index: u64, command: &[u8]) -> ricochet_replication::Result<Vec<u8>> {
-        let reply = match decode::<PartitionCommand>(command) {
-            Ok(c) => self
-                .apply_command(index, c)
-                .map_err(|e| ReplicationError::Apply(e.to_string()))?,
-            Err(e) => PartitionReply::Refused(format!("undecodable command: {e}")),
-        };
+        // A committed command this broker cannot read was proposed by a
+        // newer one (a rolling upgrade): refusing it here while the others
+        // apply it would make this replica's state drift from theirs
+        // without a trace. Failing stops the group on this node instead
+        // (its applied mark stays before the command), and it applies the
+        // command once upgraded.
+        let command = decode::<PartitionCommand>(command).map_err(|e| {
+            tracing::error!(
+                index,
+                error = %e,
+                "a committed command cannot be decoded (proposed by a newer broker?): this replica \
+                 stops applying its group until the broker is upgraded"
+            );
+            ReplicationError::Apply(format!(
+                "the command at index {index} cannot be decoded by this broker: {e}"
+            ))
+        })?;
+        let reply = self
+            .apply_command(index, command)
+            .map_err(|e| ReplicationError::Apply(e.to_string()))?;
         encode(&reply)
     }
 
@@ -368,5 +382,26 @@ impl Apply for StorageApplier {
         let highest = super::snapshot::install(&self.storage, self.partition()?, from)?;
         self.raise_ids_past(highest)
             .map_err(|e| ReplicationError::Apply(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::MemoryStorage;
+
+    /// Bytes no version's `PartitionCommand` decodes from fail the apply (so
+    /// the group stops on this node) instead of being answered as refused,
+    /// which would let this replica skip what the others apply.
+    #[test]
+    fn a_command_this_broker_cannot_decode_fails_the_apply() {
+        let applier = StorageApplier::new(Arc::new(MemoryStorage::new()));
+        let unknown = encode(&("a command from a newer broker", 7u32)).unwrap();
+        match applier.apply(12, &unknown) {
+            Err(ReplicationError::Apply(why)) => {
+                assert!(why.contains("index 12"), "{why}");
+            }
+            other => panic!("applied or refused: {other:?}"),
+        }
     }
 }
