@@ -208,7 +208,15 @@ impl SpawnOptions {
 pub struct BrokerProcess {
     child: Child,
     url: String,
+    /// The last lines of the broker's log, shown when a stop is not clean.
+    tail: LogTail,
 }
+
+/// The last [`TAIL_LINES`] lines the broker printed on stdout.
+type LogTail = std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>;
+
+/// How many of the broker's last log lines a failed stop shows.
+const TAIL_LINES: usize = 40;
 
 impl BrokerProcess {
     /// Starts the broker with data in `dir`, by default on a port of its own
@@ -233,20 +241,24 @@ impl BrokerProcess {
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
         let stdout = child.stdout.take().expect("piped stdout");
         // Owned from here on, so it is killed and reaped on any panic.
+        let tail = LogTail::default();
         let mut process = Self {
             child,
             url: String::new(),
+            tail: tail.clone(),
         };
-        let addr =
-            tokio::time::timeout(options.start_timeout, read_stdout(stdout, options.echo_log))
-                .await
-                .unwrap_or_else(|_| {
-                    panic!(
-                        "the broker did not listen within {:?}",
-                        options.start_timeout
-                    )
-                })
-                .unwrap_or_else(|_| panic!("the broker exited before listening (see its stderr)"));
+        let addr = tokio::time::timeout(
+            options.start_timeout,
+            read_stdout(stdout, options.echo_log, tail),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the broker did not listen within {:?}",
+                options.start_timeout
+            )
+        })
+        .unwrap_or_else(|_| panic!("the broker exited before listening (see its stderr)"));
         process.url = format!("http://{addr}");
         process
     }
@@ -270,12 +282,17 @@ impl BrokerProcess {
 
     /// SIGTERM (the broker's clean shutdown), then waits for it to exit and
     /// returns how it did. Panics if it is still running a minute later
-    /// (it is then SIGKILLed on the way out).
+    /// (it is then SIGKILLed on the way out). An exit other than 0 prints
+    /// the broker's last log lines on stderr (its own error line is there
+    /// already: stderr is inherited), so a failed stop says why.
     pub async fn stop(mut self) -> ExitStatus {
         self.signal(Signal::TERM);
         let deadline = tokio::time::Instant::now() + STOP_WAIT;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait for the broker") {
+                if !status.success() {
+                    self.print_tail(&format!("exited with {status} after SIGTERM"));
+                }
                 return status;
             }
             assert!(
@@ -335,6 +352,19 @@ impl BrokerProcess {
         Pid::from_child(&self.child)
     }
 
+    /// Writes `what` and the broker's last log lines to stderr (not through
+    /// `eprintln!`, which the test harness captures).
+    fn print_tail(&self, what: &str) {
+        // Give the reader thread a moment to take the last lines.
+        std::thread::sleep(Duration::from_millis(50));
+        let tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(err, "broker {} {what}; its last log lines:", self.pid());
+        for line in tail.iter() {
+            let _ = writeln!(err, "  | {line}");
+        }
+    }
+
     fn signal(&self, signal: Signal) {
         kill_process(self.raw_pid(), signal)
             .unwrap_or_else(|e| panic!("signal {signal:?} to the broker {}: {e}", self.pid()));
@@ -351,8 +381,13 @@ impl Drop for BrokerProcess {
 
 /// Reads the broker's stdout until it exits, on a thread of its own (so the
 /// broker never blocks on a full pipe): the address line goes to the
-/// returned receiver, the log to stderr when `echo`, else nowhere.
-fn read_stdout(stdout: ChildStdout, echo: bool) -> tokio::sync::oneshot::Receiver<String> {
+/// returned receiver, the log to stderr when `echo`, and its last lines to
+/// `tail`.
+fn read_stdout(
+    stdout: ChildStdout,
+    echo: bool,
+    tail: LogTail,
+) -> tokio::sync::oneshot::Receiver<String> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
         let mut tx = Some(tx);
@@ -361,10 +396,17 @@ fn read_stdout(stdout: ChildStdout, echo: bool) -> tokio::sync::oneshot::Receive
                 && let Some(tx) = tx.take()
             {
                 let _ = tx.send(addr.to_owned());
-            } else if echo {
+                continue;
+            }
+            if echo {
                 // Not `eprintln!`: the harness would capture it.
                 let _ = writeln!(std::io::stderr(), "{line}");
             }
+            let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+            if tail.len() == TAIL_LINES {
+                tail.pop_front();
+            }
+            tail.push_back(line);
         }
     });
     rx
