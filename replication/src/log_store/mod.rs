@@ -19,7 +19,10 @@
 //! term. In `Sync` mode an append is reported to openraft as persisted
 //! (so it counts toward the majority a commit needs) only after
 //! `fdatasync` of the segment file returned: one fsync per appended batch
-//! (openraft hands the entries it has queued as one batch), and a new
+//! (on a follower, the entries of one `AppendEntries`; on the leader,
+//! each proposal alone: openraft 0.9 appends every `client_write` as its
+//! own batch and waits for its flush before the next: see the note on
+//! `append` below), and a new
 //! segment file is fsynced with its directory before anything is written
 //! to it. In `Interval` mode an append is reported once written (page
 //! cache) and the active segment is fsynced every `flush_interval`: a
@@ -344,6 +347,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(self.get_meta::<Option<LogId<NodeId>>>(COMMITTED)?.flatten())
     }
 
+    // The callback is fired here, after the `fdatasync` (in `Sync`), and
+    // not later from a flusher that would let `append` return at once and
+    // group the syncs of several appends: openraft 0.9.25's core awaits
+    // the callback itself before it runs its next command
+    // (`RaftCore::append_to_log`, core/raft_core.rs:707-731, "a temp
+    // wrapper to make non-blocking append_to_log a blocking"), so it never
+    // has two appends outstanding and there is nothing to group. Measured
+    // in session 11 with `append` returning before its sync and a task
+    // firing the callback after it (docs/src/replication.md, "Session
+    // 11"): never more than one append outstanding on any log, the same
+    // rates.
+    // Firing it before the sync would count the leader's unflushed copy
+    // toward the commit (`update_local_progress` follows the append,
+    // core/raft_core.rs:1640-1646).
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StoreResult<()>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
