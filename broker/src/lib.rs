@@ -53,6 +53,11 @@
 //! # Ok(()) }
 //! ```
 
+// The package denies unsafe code rather than forbidding it, for the one
+// call into the allocator the binary makes (src/main.rs); the library has
+// none.
+#![forbid(unsafe_code)]
+
 pub mod auth;
 pub mod check;
 pub mod clock;

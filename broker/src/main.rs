@@ -80,6 +80,16 @@ struct Args {
     /// [tls], which the console is served with too).
     #[arg(long)]
     console_allow_remote: bool,
+    /// `on` (the default): a runtime worker going idle gives the memory it
+    /// freed back to the system, at most once a second; `off`: that memory
+    /// stays with the allocator until the worker next allocates.
+    #[arg(
+        long,
+        value_name = "ON|OFF",
+        env = "RICOCHET_RETURN_IDLE_MEMORY",
+        default_value = "on"
+    )]
+    return_idle_memory: IdleMemory,
     /// Cluster flags (override the config's `advertise` and `[cluster]`).
     #[command(flatten)]
     cluster: ClusterArgs,
@@ -306,6 +316,87 @@ async fn shutdown_signal() {
     tracing::info!("shutdown signal received");
 }
 
+/// `--return-idle-memory`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum IdleMemory {
+    On,
+    Off,
+}
+
+/// How often at most one worker collects: rarely enough that a busy
+/// worker (which parks thousands of times a second) does not pay for it,
+/// often enough that an idle broker, whose workers still wake tens of times
+/// a second for its timers, gives what it freed back within seconds.
+#[cfg(not(feature = "system-alloc"))]
+const RETURN_IDLE_MEMORY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The hook that gives the memory a runtime worker freed back to the system
+/// as the worker goes idle (tokio's `on_thread_park`, which runs on the
+/// worker itself); `None` when off.
+///
+/// Why: mimalloc keeps freed memory per thread. A block another thread
+/// frees goes to its page's list of remote frees, which only the page's
+/// own thread takes back, when it next allocates from that page; a page
+/// emptied that way stays with its thread. A worker that goes idle after a
+/// burst (200 000 retries parked) never allocates again, so the burst's
+/// freed memory stayed resident. Purging on every free
+/// (`MIMALLOC_PURGE_DELAY=0`) gives it back but cost 20-35 % of 1 KiB
+/// publish throughput. `mi_collect(false)` on the worker takes its remote
+/// frees back, frees its empty pages to the shared arenas, and purges
+/// (`madvise`) what waited there past mimalloc's purge delay (1 s; the next
+/// collect a second later purges what this one freed). At 200 000 parked
+/// this took 60-100 B per parked retry off (docs/src/parked-retries.md,
+/// session 11); what is left over the target is mostly in the heaps of
+/// sled's I/O threads and tokio's blocking pool, which no hook of ours
+/// runs on. `mi_collect` only reaches the calling thread's heap, so no
+/// other thread can do this for the workers. The runtime is built here, so
+/// the hook is the binary's: a program embedding the broker library builds
+/// its own runtime, with its own allocator and policy.
+#[cfg(not(feature = "system-alloc"))]
+fn return_idle_memory(mode: IdleMemory) -> Option<impl Fn() + Send + Sync + 'static> {
+    use std::cell::Cell;
+    use std::time::Instant;
+    thread_local! {
+        /// When this worker last collected.
+        static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
+    }
+    if mode == IdleMemory::Off {
+        return None;
+    }
+    Some(|| {
+        let now = Instant::now();
+        let due = LAST.with(|last| match last.get() {
+            Some(t) if now.duration_since(t) < RETURN_IDLE_MEMORY_EVERY => false,
+            _ => {
+                last.set(Some(now));
+                true
+            }
+        });
+        if due {
+            mi_collect();
+        }
+    })
+}
+
+/// mimalloc's `mi_collect(false)` on the calling thread's heap. (`true`
+/// would also purge at once what is still within its delay and free the
+/// pages mimalloc keeps for reuse; on the workers' park it measured no
+/// better, session 11.)
+#[cfg(not(feature = "system-alloc"))]
+#[allow(unsafe_code)]
+fn mi_collect() {
+    // SAFETY: `mi_collect` takes no pointer and has no precondition: it
+    // works on the calling thread's own heap, and on the shared arenas under
+    // mimalloc's own synchronisation; mimalloc is this program's allocator.
+    unsafe { libmimalloc_sys::mi_collect(false) }
+}
+
+/// The system allocator returns what it frees on its own terms.
+#[cfg(feature = "system-alloc")]
+fn return_idle_memory(_mode: IdleMemory) -> Option<impl Fn() + Send + Sync + 'static> {
+    None::<fn()>
+}
+
 fn main() -> ExitCode {
     disable_transparent_huge_pages();
     let args = Args::parse();
@@ -314,20 +405,26 @@ fn main() -> ExitCode {
             init_logging(LogFormat::Text);
             check(data_dir, config)
         }
-        None => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .context("cannot start the async runtime")
-            .and_then(|rt| {
-                let stopped = rt.block_on(serve(args));
-                // Every task (and its handle on the store) ends here.
-                rt.shutdown_timeout(STOP_WAIT);
-                stopped
-            })
-            .map(|data_dir| {
-                snapshot_after_stop(&data_dir);
-                ExitCode::SUCCESS
-            }),
+        None => {
+            let mut runtime = tokio::runtime::Builder::new_multi_thread();
+            runtime.enable_all();
+            if let Some(hook) = return_idle_memory(args.return_idle_memory) {
+                runtime.on_thread_park(hook);
+            }
+            runtime
+                .build()
+                .context("cannot start the async runtime")
+                .and_then(|rt| {
+                    let stopped = rt.block_on(serve(args));
+                    // Every task (and its handle on the store) ends here.
+                    rt.shutdown_timeout(STOP_WAIT);
+                    stopped
+                })
+                .map(|data_dir| {
+                    snapshot_after_stop(&data_dir);
+                    ExitCode::SUCCESS
+                })
+        }
     };
     result.unwrap_or_else(|e| {
         eprintln!("ricochet-broker: {e:#}");
