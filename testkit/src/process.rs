@@ -291,6 +291,8 @@ impl BrokerProcess {
         loop {
             if let Some(status) = self.child.try_wait().expect("wait for the broker") {
                 if !status.success() {
+                    // Give the reader thread a moment to take the last lines.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     self.print_tail(&format!("exited with {status} after SIGTERM"));
                 }
                 return status;
@@ -355,8 +357,6 @@ impl BrokerProcess {
     /// Writes `what` and the broker's last log lines to stderr (not through
     /// `eprintln!`, which the test harness captures).
     fn print_tail(&self, what: &str) {
-        // Give the reader thread a moment to take the last lines.
-        std::thread::sleep(Duration::from_millis(50));
         let tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
         let mut err = std::io::stderr().lock();
         let _ = writeln!(err, "broker {} {what}; its last log lines:", self.pid());
