@@ -36,7 +36,9 @@ pub mod proto {
 
 pub use codec::{decode, encode, encode_sized};
 pub use error::{ReplicationError, Result};
-pub use network::{GroupRegistry, PeerTransport, ReplicationService};
+pub use network::{
+    GroupRegistry, PeerCall, PeerGuard, PeerTransport, ReplicationService, claimed_node,
+};
 pub use node::{Durability, NodeSettings, Progress, RaftDb, ReplicaNode, open_db, remove_group};
 pub use state_machine::{Apply, SnapshotWriter};
 

@@ -12,6 +12,14 @@
 //! broker's token in each call's `authorization` metadata when they check
 //! credentials (the broker's server then admits the call only from a
 //! superuser role).
+//!
+//! Every request speaks for one node of its group ([`claimed_node`]: a
+//! vote for its candidate, an append or a snapshot chunk for the leader in
+//! its vote, an `Elect` for its sender), and must say so in `from` too.
+//! Before a request reaches its group, the service asks its [`PeerGuard`]
+//! (the broker's, when it checks credentials) whether the caller may speak
+//! for that node; a refusal is the guard's status, a body that does not
+//! decode INVALID_ARGUMENT, and neither touches the group.
 
 // openraft's traits fix these error types (StorageError, RPCError), large as they are.
 #![allow(clippy::result_large_err)]
@@ -80,16 +88,121 @@ impl GroupRegistry {
     }
 }
 
+/// Which call of the `Replication` service a request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerCall {
+    /// Raft's AppendEntries (a heartbeat included).
+    AppendEntries,
+    /// Raft's RequestVote.
+    Vote,
+    /// A chunk of a snapshot being installed.
+    InstallSnapshot,
+    /// A leader asking a member to stand for election (a transfer).
+    Elect,
+}
+
+impl std::fmt::Display for PeerCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::AppendEntries => "append entries",
+            Self::Vote => "vote",
+            Self::InstallSnapshot => "install snapshot",
+            Self::Elect => "elect",
+        })
+    }
+}
+
+/// Decides, per request, whether its caller may speak for the node of the
+/// group it claims to be (the broker's check of per-broker identities).
+pub trait PeerGuard: Send + Sync + std::fmt::Debug {
+    /// `Ok` to let the request through; the status it is refused with
+    /// otherwise. `caller` holds what the server's layers found out about
+    /// the caller (the broker's authenticated role).
+    fn admit(
+        &self,
+        caller: &tonic::Extensions,
+        group: &str,
+        call: PeerCall,
+        node: NodeId,
+    ) -> Result<(), Status>;
+}
+
+/// The node a request of `call` speaks for: `in_body`, the node its body
+/// names (`None` for an `Elect`, whose body names none), which must be its
+/// sender `from`; refused when they differ or the body names no node.
+pub fn claimed_node(
+    call: PeerCall,
+    from: NodeId,
+    in_body: Option<NodeId>,
+) -> Result<NodeId, Status> {
+    let node = match (call, in_body) {
+        (PeerCall::Elect, _) => return Ok(from),
+        (_, Some(node)) => node,
+        (_, None) => {
+            return Err(Status::invalid_argument(format!(
+                "a {call} request must name the node it comes from in its vote"
+            )));
+        }
+    };
+    if node != from {
+        return Err(Status::permission_denied(format!(
+            "a {call} request sent as node {from} speaks for node {node}"
+        )));
+    }
+    Ok(node)
+}
+
+/// The node a decoded request body speaks for (see [`claimed_node`]).
+trait Speaks {
+    fn node(&self) -> Option<NodeId>;
+}
+
+impl Speaks for AppendEntriesRequest<TypeConfig> {
+    fn node(&self) -> Option<NodeId> {
+        self.vote.leader_id().voted_for()
+    }
+}
+
+impl Speaks for VoteRequest<NodeId> {
+    fn node(&self) -> Option<NodeId> {
+        self.vote.leader_id().voted_for()
+    }
+}
+
+impl Speaks for SnapshotChunk {
+    fn node(&self) -> Option<NodeId> {
+        self.vote.leader_id().voted_for()
+    }
+}
+
+impl Speaks for Option<u64> {
+    fn node(&self) -> Option<NodeId> {
+        None
+    }
+}
+
 /// The server side of the `Replication` service.
 #[derive(Debug, Clone)]
 pub struct ReplicationService {
     registry: GroupRegistry,
+    guard: Option<Arc<dyn PeerGuard>>,
 }
 
 impl ReplicationService {
-    /// A service routing to the groups of `registry`.
+    /// A service routing to the groups of `registry`, admitting every
+    /// request whose claim is consistent (see [`claimed_node`]).
     pub fn new(registry: GroupRegistry) -> Self {
-        Self { registry }
+        Self {
+            registry,
+            guard: None,
+        }
+    }
+
+    /// The service asking `guard` about each request before it reaches
+    /// its group.
+    pub fn with_guard(mut self, guard: Arc<dyn PeerGuard>) -> Self {
+        self.guard = Some(guard);
+        self
     }
 
     /// The tonic service, to add to a server.
@@ -99,11 +212,21 @@ impl ReplicationService {
             .max_encoding_message_size(usize::MAX)
     }
 
-    fn open<T: DeserializeOwned>(&self, req: Request<RaftRequest>) -> Result<(Raft, T), Status> {
-        let req = req.into_inner();
+    /// The group `req` is for and its decoded body, once the caller was
+    /// admitted to speak for the node the body claims.
+    fn open<T: DeserializeOwned + Speaks>(
+        &self,
+        call: PeerCall,
+        req: Request<RaftRequest>,
+    ) -> Result<(Raft, T), Status> {
+        let (_, extensions, req) = req.into_parts();
         let raft = self.registry.get(&req.group)?;
-        let body = decode(&req.body)
-            .map_err(|e| Status::invalid_argument(format!("raft request body: {e}")))?;
+        let body: T = decode(&req.body)
+            .map_err(|e| Status::invalid_argument(format!("raft {call} request body: {e}")))?;
+        let node = claimed_node(call, req.from, body.node())?;
+        if let Some(guard) = &self.guard {
+            guard.admit(&extensions, &req.group, call, node)?;
+        }
         Ok((raft, body))
     }
 }
@@ -129,13 +252,14 @@ impl Replication for ReplicationService {
         &self,
         req: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
-        let (raft, rpc): (_, AppendEntriesRequest<TypeConfig>) = self.open(req)?;
+        let (raft, rpc): (_, AppendEntriesRequest<TypeConfig>) =
+            self.open(PeerCall::AppendEntries, req)?;
         reply(raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
         let group = req.get_ref().group.clone();
-        let (raft, rpc): (_, VoteRequest<NodeId>) = self.open(req)?;
+        let (raft, rpc): (_, VoteRequest<NodeId>) = self.open(PeerCall::Vote, req)?;
         let answer = raft.vote(rpc.clone()).await;
         if let Ok(resp) = &answer {
             crate::takeover::after_vote(&group, &raft, &rpc, resp);
@@ -145,7 +269,7 @@ impl Replication for ReplicationService {
 
     async fn elect(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
         let group = req.get_ref().group.clone();
-        let (raft, wanted): (_, Option<u64>) = self.open(req)?;
+        let (raft, wanted): (_, Option<u64>) = self.open(PeerCall::Elect, req)?;
         let (me, voter, held) = {
             let m = raft.metrics();
             let m = m.borrow();
@@ -173,7 +297,7 @@ impl Replication for ReplicationService {
         &self,
         req: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
-        let (raft, chunk): (_, SnapshotChunk) = self.open(req)?;
+        let (raft, chunk): (_, SnapshotChunk) = self.open(PeerCall::InstallSnapshot, req)?;
         reply(raft.install_snapshot(chunk.into_request()).await)
     }
 }
@@ -472,5 +596,88 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
         self.call(Rpc::Vote, &rpc, 256, &option).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, LogId, Vote};
+
+    fn log_id(term: u64, node: NodeId, index: u64) -> LogId<NodeId> {
+        LogId::new(CommittedLeaderId::new(term, node), index)
+    }
+
+    /// The node a body speaks for, as the service reads it off the wire.
+    fn speaks<T: Serialize + DeserializeOwned + Speaks>(body: &T) -> Option<NodeId> {
+        decode::<T>(&encode(body).unwrap()).unwrap().node()
+    }
+
+    #[test]
+    fn each_request_speaks_for_the_node_its_vote_names() {
+        let vote = VoteRequest::new(Vote::new(7, 3), Some(log_id(6, 1, 40)));
+        assert_eq!(speaks(&vote), Some(3), "a vote: its candidate");
+        let append = AppendEntriesRequest::<TypeConfig> {
+            vote: Vote::new_committed(9, 2),
+            prev_log_id: Some(log_id(9, 2, 10)),
+            entries: Vec::new(),
+            leader_commit: None,
+        };
+        assert_eq!(speaks(&append), Some(2), "an append: the leader");
+        let chunk = SnapshotChunk {
+            vote: Vote::new_committed(4, 5),
+            meta: openraft::SnapshotMeta {
+                last_log_id: Some(log_id(4, 5, 99)),
+                last_membership: Default::default(),
+                snapshot_id: "s".into(),
+            },
+            offset: 0,
+            data: vec![1, 2, 3],
+            done: true,
+        };
+        assert_eq!(speaks(&chunk), Some(5), "a snapshot chunk: the leader");
+        assert_eq!(speaks(&Some(12u64)), None, "an elect body names none");
+    }
+
+    #[test]
+    fn the_claim_must_match_the_sender() {
+        assert_eq!(claimed_node(PeerCall::Vote, 3, Some(3)).unwrap(), 3);
+        assert_eq!(
+            claimed_node(PeerCall::AppendEntries, 2, Some(2)).unwrap(),
+            2
+        );
+        assert_eq!(
+            claimed_node(PeerCall::InstallSnapshot, 5, Some(5)).unwrap(),
+            5
+        );
+        // An elect speaks for its sender.
+        assert_eq!(claimed_node(PeerCall::Elect, 4, None).unwrap(), 4);
+        // A body for another node than the sender's: refused.
+        let e = claimed_node(PeerCall::AppendEntries, 3, Some(1)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert_eq!(
+            e.message(),
+            "a append entries request sent as node 3 speaks for node 1"
+        );
+        let e = claimed_node(PeerCall::Vote, 3, None).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn a_bad_body_is_an_error_not_a_panic() {
+        for bytes in [
+            &b""[..],
+            &b"\xff\xff\xff"[..],
+            &b"\x9f\x9f\x9f\x9f"[..],
+            // a map claiming 2^32 entries
+            &b"\xba\xff\xff\xff\xff"[..],
+        ] {
+            assert!(decode::<VoteRequest<NodeId>>(bytes).is_err());
+            assert!(decode::<AppendEntriesRequest<TypeConfig>>(bytes).is_err());
+            assert!(decode::<SnapshotChunk>(bytes).is_err());
+        }
+        // A body of the wrong request: an error too.
+        let vote = encode(&VoteRequest::new(Vote::new(7, 3), None)).unwrap();
+        assert!(decode::<SnapshotChunk>(&vote).is_err());
     }
 }
