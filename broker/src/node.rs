@@ -97,10 +97,11 @@ impl Node {
             .unwrap_or_else(|| self.core.keeper.store_id());
         // Checked before joining: a peer token the others would refuse
         // stops this broker before it is counted live.
-        let settings = raft_settings(&self.core.config, &self.auth)?;
+        let (settings, peer_role) = raft_settings(&self.core.config, &self.auth)?;
         let node: Weak<Self> = Arc::downgrade(self);
         let host: Weak<dyn Host> = node;
-        let cluster = Cluster::join(config, id, url, host, self.core.shutdown.clone()).await?;
+        let cluster =
+            Cluster::join(config, id, url, peer_role, host, self.core.shutdown.clone()).await?;
         self.core.set_placement(Arc::new(EventsPlacement {
             cluster: cluster.clone(),
             config: self.core.config.clone(),
@@ -233,8 +234,10 @@ impl Placement for EventsPlacement {
 /// `TlsConfig::peer_client_config`), with the token of `[cluster]
 /// peer_token_file`, which is checked now when auth is on: a token this
 /// broker does not accept, or whose role is not a superuser, would have
-/// every peer refuse its Raft calls, so the broker does not start.
-fn raft_settings(config: &BrokerConfig, auth: &Auth) -> Result<NodeSettings> {
+/// every peer refuse its Raft calls, so the broker does not start. The
+/// role it proves is returned with the settings: the broker registers it
+/// as its peer identity (`None` with auth off or no token file).
+fn raft_settings(config: &BrokerConfig, auth: &Auth) -> Result<(NodeSettings, Option<String>)> {
     let cluster = config.cluster.as_ref();
     let snapshot_every =
         cluster.map_or(NodeSettings::default().snapshot_every, |c| c.snapshot_every);
@@ -244,6 +247,7 @@ fn raft_settings(config: &BrokerConfig, auth: &Auth) -> Result<NodeSettings> {
             .peer_client_config(cluster.and_then(|c| c.peer_ca_file.as_deref()))?,
         token_file: cluster.and_then(|c| c.peer_token_file.clone()),
     };
+    let mut peer_role = None;
     if auth.enabled()
         && let Some(path) = &transport.token_file
     {
@@ -263,8 +267,9 @@ fn raft_settings(config: &BrokerConfig, auth: &Auth) -> Result<NodeSettings> {
                 "its role {role:?} is not in auth.superusers, so the other brokers would refuse its Raft calls"
             )));
         }
+        peer_role = Some(role);
     }
-    Ok(NodeSettings {
+    let settings = NodeSettings {
         transport,
         durability: match config.durability {
             crate::config::Durability::Sync => crate::replication::Durability::Sync,
@@ -277,5 +282,6 @@ fn raft_settings(config: &BrokerConfig, auth: &Auth) -> Result<NodeSettings> {
         // log, one further behind from the snapshot.
         snapshot_keep: (snapshot_every / 10).min(NodeSettings::default().snapshot_keep),
         ..NodeSettings::default()
-    })
+    };
+    Ok((settings, peer_role))
 }

@@ -312,9 +312,18 @@ impl Broker {
         .max_decoding_message_size(MAX_FRAME_BYTES)
         .max_encoding_message_size(MAX_FRAME_BYTES);
         // Broker-to-broker Raft calls, in cluster mode; with auth on, the
-        // auth layer admits superusers only (a broker's peer token).
+        // auth layer admits superusers only (a broker's peer token), and
+        // each request only from the role its node's broker registered.
         let replication = cluster.is_some().then(|| {
-            crate::replication::ReplicationService::new(self.node.registry.clone()).into_server()
+            let service = crate::replication::ReplicationService::new(self.node.registry.clone());
+            match self.node.groups() {
+                Some(groups) if self.node.auth.enabled() => {
+                    let guard: Arc<dyn ricochet_replication::PeerGuard> = groups.clone();
+                    service.with_guard(guard)
+                }
+                _ => service,
+            }
+            .into_server()
         });
         let core = self.core.clone();
         let health_task = tokio::spawn(async move {

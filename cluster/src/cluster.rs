@@ -42,6 +42,8 @@ pub struct Cluster {
     /// registered.
     pub(crate) load_bits: AtomicU64,
     pub(crate) placed: AtomicU64,
+    /// The role this broker's peer credential proves, registered with it.
+    pub(crate) peer_role: Option<String>,
 }
 
 /// A topic in the table of owned topics.
@@ -59,6 +61,7 @@ impl Cluster {
     /// `url`) with leases of `ttl` (whole seconds), holding nothing yet.
     pub(crate) fn new(name: &str, id: String, url: String, etcd: Etcd, ttl: Duration) -> Self {
         Self {
+            peer_role: None,
             prefix: format!("/ricochet/{name}/"),
             name: name.to_owned(),
             fence: Fence::new(&id),
@@ -131,6 +134,7 @@ impl Cluster {
             load: f64::from_bits(self.load_bits.load(Ordering::Relaxed)),
             placed: self.placed.load(Ordering::Relaxed),
             draining: self.draining.load(Ordering::Relaxed),
+            peer_role: self.peer_role.clone(),
         };
         let json = serde_json::to_string(&reg)
             .map_err(|e| ClusterError::Etcd(format!("cannot encode the registration: {e}")))?;
@@ -180,6 +184,28 @@ impl Cluster {
                 (!reg.draining).then_some(Candidate { id, load: reg.load })
             })
             .collect())
+    }
+
+    /// The peer role each registered broker recorded (`None`: it recorded
+    /// none), by broker id: what a broker's `Replication` service checks a
+    /// caller's role against.
+    pub async fn peer_roles(&self) -> Result<Vec<(String, Option<String>)>> {
+        let strip = format!("{}brokers/", self.prefix);
+        Ok(self
+            .etcd
+            .get_prefix(&strip)
+            .await?
+            .into_iter()
+            .filter_map(|kv| {
+                let id = kv.key.strip_prefix(&strip)?.to_owned();
+                Some((id, Registration::parse(&kv.value).peer_role))
+            })
+            .collect())
+    }
+
+    /// The peer role this broker registers (see [`Cluster::join`]).
+    pub fn peer_role(&self) -> Option<&str> {
+        self.peer_role.as_deref()
     }
 
     /// Topics placed per broker id.

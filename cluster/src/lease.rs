@@ -28,17 +28,22 @@ impl Cluster {
     /// process of this broker id left behind, whose topics it takes over),
     /// registers, claims every topic placed here, and keeps the lease
     /// alive until `shutdown`. `host` gives the load figure and deletes the
-    /// copies of topics placed elsewhere.
+    /// copies of topics placed elsewhere. `peer_role`, the role this
+    /// broker's peer credential proves, is registered with it: the other
+    /// brokers let only that role speak Raft for this broker id.
     pub async fn join(
         config: &ClusterConfig,
         id: String,
         url: String,
+        peer_role: Option<String>,
         host: Weak<dyn Host>,
         shutdown: CancellationToken,
     ) -> Result<Arc<Self>> {
         let etcd = Etcd::connect(&config.etcd, ETCD_TIMEOUT)?;
         let ttl = Duration::from_secs(config.lease_ttl.as_secs_f64().ceil() as u64);
-        let cluster = Arc::new(Self::new(&config.name, id, url, etcd, ttl));
+        let mut cluster = Self::new(&config.name, id, url, etcd, ttl);
+        cluster.peer_role = peer_role;
+        let cluster = Arc::new(cluster);
         let started = Instant::now();
         let previous = loop {
             match cluster.etcd.get(&cluster.broker_key(&cluster.id)).await {

@@ -34,6 +34,12 @@ pub struct Registration {
     pub placed: u64,
     /// Being drained: no new topic is placed on it.
     pub draining: bool,
+    /// The role its peer credential proves (`[cluster] peer_token_file`,
+    /// verified by the broker itself at start): the only role other brokers
+    /// let speak Raft for it. `None` with auth off, and in registrations of
+    /// brokers from before per-broker identities.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_role: Option<String>,
 }
 
 impl Registration {
@@ -149,6 +155,21 @@ impl Fence {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_registration_carries_its_peer_role_and_older_ones_read_without() {
+        let reg = Registration {
+            url: "https://b1:6650".into(),
+            peer_role: Some("broker-b1".into()),
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&reg).unwrap();
+        assert_eq!(Registration::parse(&json), reg);
+        let old = Registration::parse(r#"{"url":"http://b2:6650","load":1.5}"#);
+        assert_eq!((old.url.as_str(), old.peer_role), ("http://b2:6650", None));
+        let none = serde_json::to_string(&Registration::default()).unwrap();
+        assert!(!none.contains("peer_role"), "{none}");
+    }
 
     #[test]
     fn the_deadline_is_the_send_instant_plus_four_fifths_of_the_ttl() {

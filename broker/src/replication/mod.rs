@@ -22,6 +22,7 @@ mod apply;
 pub mod factor;
 pub mod groups;
 pub mod namespaces;
+mod peers;
 mod pipeline;
 mod record;
 mod snapshot;
@@ -29,6 +30,7 @@ pub mod status;
 mod storage;
 
 pub use apply::StorageApplier;
+pub use peers::PeerRoles;
 pub use storage::ReplicatedStorage;
 
 use crate::storage::{

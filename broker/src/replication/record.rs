@@ -86,6 +86,17 @@ impl GroupRecord {
         self.members.get(i).map(String::as_str)
     }
 
+    /// The broker holding Raft node `node`: a member, or a member being
+    /// moved out (its replica runs until the membership switched).
+    pub fn holder_of(&self, node: NodeId) -> Option<&str> {
+        self.broker_of(node).or_else(|| {
+            self.leaving
+                .iter()
+                .find(|(_, n)| *n == node)
+                .map(|(b, _)| b.as_str())
+        })
+    }
+
     /// Each member with its Raft node id, in the record's order.
     pub fn member_ids(&self) -> Vec<(String, NodeId)> {
         (0..self.members.len())

@@ -110,6 +110,8 @@ pub struct Groups {
     changing: Arc<Mutex<std::collections::HashSet<String>>>,
     /// Copies of groups that replaced this broker were looked for.
     swept: std::sync::atomic::AtomicBool,
+    /// The peer role each broker registered: who may speak Raft for it.
+    peers: super::PeerRoles,
 }
 
 /// The runtime the Raft nodes of this broker's groups run on, apart from
@@ -143,6 +145,26 @@ impl Drop for RaftRuntime {
         if let Some(rt) = self.0.take() {
             rt.shutdown_background();
         }
+    }
+}
+
+/// The check of per-broker identities on every `Replication` request
+/// (installed with `[auth]` on; see [`super::peers`]).
+impl ricochet_replication::PeerGuard for Groups {
+    fn admit(
+        &self,
+        caller: &tonic::Extensions,
+        group: &str,
+        call: ricochet_replication::PeerCall,
+        node: NodeId,
+    ) -> std::result::Result<(), tonic::Status> {
+        let known = ricochet_storage::util::read(&self.known);
+        let record = super::peers::record_of(&known, group);
+        self.peers.check(
+            caller.get::<crate::auth::Principal>(),
+            (group, call, node),
+            record,
+        )
     }
 }
 
@@ -181,6 +203,7 @@ impl Groups {
             unreplaced: Default::default(),
             changing: Default::default(),
             swept: Default::default(),
+            peers: Default::default(),
             cluster,
             storage: core.storage.clone(),
             core,
@@ -490,6 +513,12 @@ impl Groups {
             }
         }
         *ricochet_storage::util::write(&self.known) = known.clone();
+        // After the records: a record names only brokers that registered
+        // before it was written, so their roles are read here.
+        match self.cluster.peer_roles().await {
+            Ok(roles) => self.peers.update(roles),
+            Err(e) => tracing::warn!(error = %e, "cannot read the brokers' peer roles"),
+        }
         self.sweep_replaced(&known).await;
         // Members of groups deleted since (no record, or a record of a
         // new group of the same name), or that no longer name this broker
