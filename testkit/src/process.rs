@@ -268,6 +268,13 @@ impl BrokerProcess {
         &self.url
     }
 
+    /// The last lines (at most 40) the broker printed on stdout (its log)
+    /// so far.
+    pub fn log_tail(&self) -> Vec<String> {
+        let tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        tail.iter().cloned().collect()
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

@@ -20,6 +20,7 @@ mod replicated;
 mod replicated_members;
 mod replicated_moves;
 mod replicated_partitions;
+mod replicated_peerid;
 mod replicated_retries;
 mod replicated_secure;
 mod replicated_transfer;

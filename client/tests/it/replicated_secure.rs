@@ -9,7 +9,10 @@
 //! (`cluster move T --to <member>`: the `Elect` call between brokers, over
 //! TLS with the peer token) with the killed one still down. A caller of the `Replication` service that is not a
 //! superuser is refused PERMISSION_DENIED and the group's leader stays
-//! as it was; one without a token is UNAUTHENTICATED. A broker whose peer
+//! as it was, as is an admin's (a superuser, no broker) speaking for a
+//! broker; one without a token is UNAUTHENTICATED. The brokers share one
+//! peer token here, and each warns that their identities are shared
+//! (per-broker tokens: `replicated_peerid.rs`). A broker whose peer
 //! token names a role that is not a superuser does not start. A topic
 //! moves between two such brokers (the mover reaches the target over TLS).
 
@@ -27,7 +30,7 @@ use crate::replicated::ONE_CLUSTER;
 
 const SECRET: &str = "replicated-secure-test-secret-0123";
 
-fn token(role: &str) -> String {
+pub(crate) fn token(role: &str) -> String {
     let exp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -43,13 +46,13 @@ fn token(role: &str) -> String {
 
 /// The files every broker of the test reads: the CA, one certificate for
 /// 127.0.0.1 and localhost, the HS256 secret and the peer tokens.
-struct Secrets {
+pub(crate) struct Secrets {
     dir: PathBuf,
     ca_pem: String,
 }
 
 impl Secrets {
-    fn new(dir: &Path) -> Self {
+    pub(crate) fn new(dir: &Path) -> Self {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params
@@ -68,13 +71,20 @@ impl Secrets {
         write("secret", SECRET);
         write("broker.token", &token("broker"));
         write("alice.token", &token("alice"));
+        // Per-broker peer identities (replicated_peerid.rs).
+        for i in 0..3 {
+            write(
+                &format!("broker-b{i}.token"),
+                &token(&format!("broker-b{i}")),
+            );
+        }
         Self {
             dir: dir.to_owned(),
             ca_pem: ca.pem(),
         }
     }
 
-    fn path(&self, name: &str) -> String {
+    pub(crate) fn path(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()
     }
 
@@ -93,7 +103,7 @@ impl Secrets {
 [auth]
 enabled = true
 token_secret_file = "{secret}"
-superusers = ["admin", "broker"]
+superusers = ["admin", "broker", "broker-b0", "broker-b1", "broker-b2"]
 
 [tls]
 cert_file = "{cert}"
@@ -118,7 +128,7 @@ peer_ca_file = "{ca}"
         p
     }
 
-    async fn client(&self, url: &str, role: &str) -> Client {
+    pub(crate) async fn client(&self, url: &str, role: &str) -> Client {
         Client::builder(url)
             .tls_ca_pem(self.ca_pem.clone())
             .token(token(role))
@@ -130,7 +140,7 @@ peer_ca_file = "{ca}"
     }
 
     /// A raw `Replication` client to `url` over TLS (no credentials).
-    async fn replication(&self, url: &str) -> ReplicationClient<Channel> {
+    pub(crate) async fn replication(&self, url: &str) -> ReplicationClient<Channel> {
         let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
         let channel = Channel::from_shared(url.to_owned())
             .unwrap()
@@ -144,21 +154,33 @@ peer_ca_file = "{ca}"
 }
 
 /// A broker of the secure cluster.
-struct Secure {
-    process: Option<BrokerProcess>,
-    url: String,
-    id: String,
+pub(crate) struct Secure {
+    pub(crate) process: Option<BrokerProcess>,
+    pub(crate) url: String,
+    pub(crate) id: String,
 }
 
+/// Broker `b{i}`, its Raft calls carrying the shared peer token.
 async fn spawn(
     s: &Secrets,
     (etcd, cluster): (&EtcdProcess, &str),
     root: &Path,
     i: usize,
 ) -> Secure {
+    spawn_with(s, (etcd, cluster), root, i, "broker.token").await
+}
+
+/// Broker `b{i}`, its Raft calls carrying the token in file `peer_token`.
+pub(crate) async fn spawn_with(
+    s: &Secrets,
+    (etcd, cluster): (&EtcdProcess, &str),
+    root: &Path,
+    i: usize,
+    peer_token: &str,
+) -> Secure {
     let addr = free_addr();
     let id = format!("b{i}");
-    let config = s.config((etcd.url(), cluster), &id, addr, "broker.token");
+    let config = s.config((etcd.url(), cluster), &id, addr, peer_token);
     let options = SpawnOptions::new()
         .listen(addr)
         .start_timeout(Duration::from_secs(60))
@@ -185,7 +207,7 @@ async fn next_entry_id(s: &Secrets, url: &str, topic: &str) -> u64 {
     stats.next_entry_id
 }
 
-async fn leader(s: &Secrets, url: &str, topic: &str, among: &[&str]) -> String {
+pub(crate) async fn leader(s: &Secrets, url: &str, topic: &str, among: &[&str]) -> String {
     let c = s.client(url, "admin").await;
     let start = Instant::now();
     let mut last = None;
@@ -222,7 +244,7 @@ fn disruptive_vote(group: &str) -> RaftRequest {
     }
 }
 
-fn with_token<T>(body: T, role: &str) -> tonic::Request<T> {
+pub(crate) fn with_token<T>(body: T, role: &str) -> tonic::Request<T> {
     let mut r = tonic::Request::new(body);
     r.metadata_mut().insert(
         "authorization",
@@ -316,6 +338,38 @@ async fn a_replicated_topic_with_tls_and_auth_on_survives_its_leaders_kill() {
         e.message().contains("\"alice\" is not a superuser"),
         "{e:?}"
     );
+    // One shared peer token: every broker registered the same role, so the
+    // per-broker check cannot tell them apart (the group formed and serves
+    // above) and each broker said so once; an admin's token, a superuser's
+    // but no broker's, may not speak for a broker's node.
+    let e = raw
+        .vote(with_token(disruptive_vote(&group), "admin"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    let node2 = record["members"][1].as_str().expect("three members");
+    assert!(
+        e.message()
+            .contains(&format!("\"admin\" may not speak for broker {node2}")),
+        "{e:?}"
+    );
+    let start = Instant::now();
+    for b in &brokers {
+        let process = b.process.as_ref().unwrap();
+        while !process
+            .log_tail()
+            .iter()
+            .any(|l| l.contains("peer identities are shared"))
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{} did not warn that peer identities are shared: {:#?}",
+                b.id,
+                process.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     let e = raw
         .append_entries(tonic::Request::new(disruptive_vote(&group)))
         .await
