@@ -29,6 +29,9 @@ pub struct ClusterConfig {
     /// to the other brokers carry (a role listed in `auth.superusers`;
     /// the `Replication` service admits no other). Needed for replicated
     /// topics with auth on; read at start and at each new connection.
+    /// The role it proves is registered with this broker: the other
+    /// brokers let only that role speak Raft for this broker id, so a
+    /// token of its own per broker keeps each broker to its own calls.
     pub peer_token_file: Option<std::path::PathBuf>,
     /// With `[tls]`: the CA certificates (PEM) the other brokers'
     /// certificates are verified against when this broker calls them

@@ -8,7 +8,9 @@
 //! a broker calls it with the token of `[cluster] peer_token_file`, whose
 //! role the operator lists in `auth.superusers` (Pulsar's broker client
 //! token, whose role is in `superUserRoles`). Any other role is answered
-//! PERMISSION_DENIED before the request reaches a group.
+//! PERMISSION_DENIED before the request reaches a group. Which broker a
+//! superuser may speak for is checked per request by the service itself
+//! (`crate::replication::PeerRoles`, from the role each broker registered).
 
 use super::{Auth, Principal};
 use crate::connections::ConnInfo;
