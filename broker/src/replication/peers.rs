@@ -42,11 +42,14 @@ pub(crate) fn record_of<'a>(
     known: &'a HashMap<String, GroupRecord>,
     group: &str,
 ) -> Option<&'a GroupRecord> {
-    if let Some(r) = known.get(group).filter(|r| r.raft_group(group) == group) {
+    // As `GroupRecord::raft_group` names them, without formatting a name
+    // per request.
+    if let Some(r) = known.get(group).filter(|r| r.incarnation == 0) {
         return Some(r);
     }
-    let (topic, _) = group.rsplit_once('@')?;
-    known.get(topic).filter(|r| r.raft_group(topic) == group)
+    let (topic, incarnation) = group.rsplit_once('@')?;
+    let incarnation: u64 = incarnation.parse().ok().filter(|i| *i != 0)?;
+    known.get(topic).filter(|r| r.incarnation == incarnation)
 }
 
 /// Whether `caller` may make a `call` of `group` (whose record is
