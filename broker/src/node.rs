@@ -234,9 +234,12 @@ impl Placement for EventsPlacement {
 /// `TlsConfig::peer_client_config`), with the token of `[cluster]
 /// peer_token_file`, which is checked now when auth is on: a token this
 /// broker does not accept, or whose role is not a superuser, would have
-/// every peer refuse its Raft calls, so the broker does not start. The
-/// role it proves is returned with the settings: the broker registers it
-/// as its peer identity (`None` with auth off or no token file).
+/// every peer refuse its Raft calls, so the broker does not start.
+/// Without a token file, when the peers take a client certificate's CN as
+/// the role (`TlsConfig::peer_identity_from_cert`), its own certificate's
+/// CN is its role, checked the same way. The role is returned with the
+/// settings: the broker registers it as its peer identity (`None` with
+/// auth off or no peer credential).
 fn raft_settings(config: &BrokerConfig, auth: &Auth) -> Result<(NodeSettings, Option<String>)> {
     let cluster = config.cluster.as_ref();
     let snapshot_every =
@@ -265,6 +268,19 @@ fn raft_settings(config: &BrokerConfig, auth: &Auth) -> Result<(NodeSettings, Op
         if !auth.is_superuser(Some(&crate::auth::Principal { role: role.clone() })) {
             return Err(bad(format!(
                 "its role {role:?} is not in auth.superusers, so the other brokers would refuse its Raft calls"
+            )));
+        }
+        peer_role = Some(role);
+    } else if auth.enabled() && auth.role_from_client_cert() && config.tls.peer_identity_from_cert()
+    {
+        // No token: the calls show this broker's certificate, whose CN the
+        // peers take as its role.
+        let role = config.tls.own_common_name()?;
+        if !auth.is_superuser(Some(&crate::auth::Principal { role: role.clone() })) {
+            return Err(crate::error::BrokerError::Config(format!(
+                "tls.cert_file: its CN {role:?} (this broker's role on its Raft calls, without \
+                 cluster.peer_token_file) is not in auth.superusers, so the other brokers would \
+                 refuse them"
             )));
         }
         peer_role = Some(role);

@@ -158,6 +158,36 @@ impl TlsConfig {
     }
 }
 
+impl TlsConfig {
+    /// Whether this broker's Raft calls prove its role with its own
+    /// certificate (no peer token needed): the peers ask for client
+    /// certificates (`require_client_cert`, so this broker shows
+    /// `cert_file` as one) and take a verified certificate's CN as the
+    /// role (`role_from_client_cert`). The brokers of a cluster are
+    /// expected to share these settings.
+    pub fn peer_identity_from_cert(&self) -> bool {
+        self.require_client_cert
+            && self.role_from_client_cert
+            && self.client_ca_file.is_some()
+            && self.cert_file.is_some()
+    }
+
+    /// The subject CN of `cert_file`'s first certificate: the role this
+    /// broker's Raft calls prove when [`Self::peer_identity_from_cert`].
+    pub fn own_common_name(&self) -> Result<String, BrokerError> {
+        let path = self
+            .cert_file
+            .as_deref()
+            .ok_or_else(|| BrokerError::Config("tls.cert_file is not set".into()))?;
+        let pem = read_pem(path, "tls.cert_file", "CERTIFICATE")?;
+        let bad =
+            |why: &str| BrokerError::Config(format!("tls.cert_file {}: {why}", path.display()));
+        let (_, block) =
+            x509_parser::pem::parse_x509_pem(&pem).map_err(|_| bad("no PEM certificate"))?;
+        common_name(&block.contents).ok_or_else(|| bad("its certificate has no subject CN"))
+    }
+}
+
 fn read_pem(path: &Path, what: &str, label: &str) -> Result<Vec<u8>, BrokerError> {
     let bytes = std::fs::read(path)
         .map_err(|e| BrokerError::Config(format!("cannot read {what} {}: {e}", path.display())))?;

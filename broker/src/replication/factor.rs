@@ -42,7 +42,8 @@ pub fn check(requested: u32, live: Option<usize>) -> Result<u32> {
 
 /// Whether this broker's Raft calls can reach its peers as they listen,
 /// for a factor above 1: with `[auth]` on it needs a peer token
-/// (`[cluster] peer_token_file`), with `[tls]` a CA to verify them
+/// (`[cluster] peer_token_file`) or its own certificate as its identity
+/// (`TlsConfig::peer_identity_from_cert`), with `[tls]` a CA to verify them
 /// (`peer_ca_file` or `tls.client_ca_file`). Otherwise FAILED_PRECONDITION
 /// naming the missing setting.
 pub fn check_peers(replicas: u32, auth: bool, token: bool, tls: bool, ca: bool) -> Result<()> {
@@ -52,7 +53,9 @@ pub fn check_peers(replicas: u32, auth: bool, token: bool, tls: bool, ca: bool) 
     if auth && !token {
         return Err(BrokerError::Conflict(format!(
             "replication factor {replicas} with [auth] on needs [cluster] peer_token_file: \
-             a superuser's token the brokers' Raft calls to each other carry"
+             a superuser's token the brokers' Raft calls to each other carry (or, with \
+             tls.require_client_cert and tls.role_from_client_cert, a tls.cert_file whose CN \
+             is a superuser)"
         )));
     }
     if tls && !ca {
@@ -70,7 +73,8 @@ pub fn peers_ready(config: &BrokerConfig, replicas: u32) -> Result<()> {
     check_peers(
         replicas,
         config.auth.enabled,
-        cluster.is_some_and(|c| c.peer_token_file.is_some()),
+        cluster.is_some_and(|c| c.peer_token_file.is_some())
+            || config.tls.peer_identity_from_cert(),
         config.tls.enabled(),
         cluster.is_some_and(|c| c.peer_ca_file.is_some()) || config.tls.client_ca_file.is_some(),
     )

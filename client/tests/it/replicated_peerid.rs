@@ -266,3 +266,273 @@ async fn each_broker_speaks_raft_only_for_itself() {
     }
     expect(&mut consumer, 6, 11).await;
 }
+
+/// The certificate variant's files: a CA, a certificate per broker whose
+/// CN is its role (`broker-b0` …), one for the admin client, the secret.
+struct CertFiles {
+    dir: std::path::PathBuf,
+    ca: String,
+}
+
+impl CertFiles {
+    fn new(dir: &std::path::Path) -> Self {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "test ca");
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let write = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
+        for name in ["broker-b0", "broker-b1", "broker-b2", "admin"] {
+            let key = KeyPair::generate().unwrap();
+            let mut leaf =
+                CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+            leaf.distinguished_name.push(DnType::CommonName, name);
+            let cert = leaf.signed_by(&key, &ca).unwrap();
+            write(&format!("{name}.pem"), &cert.pem());
+            write(&format!("{name}.key"), &key.serialize_pem());
+        }
+        write("ca.pem", &ca.pem());
+        write("secret", crate::replicated_secure::SECRET);
+        Self {
+            dir: dir.to_owned(),
+            ca: ca.pem(),
+        }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(name)).unwrap()
+    }
+
+    /// Broker `b{i}`: clients must show a certificate of the CA, whose CN
+    /// is their role without a token; no peer token, so its Raft calls
+    /// prove its role with its own certificate.
+    async fn spawn(
+        &self,
+        etcd: &ricochet_testkit::EtcdProcess,
+        i: usize,
+    ) -> (ricochet_testkit::BrokerProcess, String) {
+        let addr = ricochet_testkit::free_addr();
+        let id = format!("b{i}");
+        let text = format!(
+            r#"advertise = "https://{addr}"
+
+[auth]
+enabled = true
+token_secret_file = "{secret}"
+superusers = ["admin", "broker-b0", "broker-b1", "broker-b2"]
+
+[tls]
+cert_file = "{cert}"
+key_file = "{key}"
+client_ca_file = "{ca}"
+require_client_cert = true
+role_from_client_cert = true
+
+[cluster]
+name = "peercert"
+etcd = ["{etcd}"]
+broker_id = "{id}"
+lease_ttl = "3s"
+"#,
+            secret = self.path("secret"),
+            cert = self.path(&format!("broker-{id}.pem")),
+            key = self.path(&format!("broker-{id}.key")),
+            ca = self.path("ca.pem"),
+            etcd = etcd.url(),
+        );
+        let config = self.dir.join(format!("{id}.toml"));
+        std::fs::write(&config, text).unwrap();
+        let options = ricochet_testkit::SpawnOptions::new()
+            .listen(addr)
+            .start_timeout(Duration::from_secs(60))
+            .args(["--config".to_owned(), config.display().to_string()]);
+        let process = ricochet_testkit::BrokerProcess::spawn(&self.dir.join(&id), &options).await;
+        (process, format!("https://{addr}"))
+    }
+
+    /// A client with the admin's certificate and token.
+    async fn client(&self, url: &str) -> ricochet_client::Client {
+        ricochet_client::Client::builder(url)
+            .tls_ca_pem(self.ca.clone())
+            .tls_identity_pem(self.read("admin.pem"), self.read("admin.key"))
+            .token(crate::replicated_secure::token("admin"))
+            .request_timeout(Duration::from_secs(5))
+            .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(500))
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    /// A raw `Replication` client to `url` showing `name`'s certificate
+    /// (and no token).
+    async fn replication(&self, url: &str, name: &str) -> ReplicationClient<Channel> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca))
+            .identity(Identity::from_pem(
+                self.read(&format!("{name}.pem")),
+                self.read(&format!("{name}.key")),
+            ));
+        let channel = Channel::from_shared(url.to_owned())
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        ReplicationClient::new(channel)
+    }
+}
+
+/// The broker `Lookup` names for `topic`, once two reads 300 ms apart
+/// agree on one of `among`.
+async fn settled_leader(c: &ricochet_client::Client, topic: &str, among: &[&str]) -> String {
+    let start = Instant::now();
+    let mut last = None;
+    while start.elapsed() < Duration::from_secs(30) {
+        match c.lookup(topic).await {
+            Ok(o) if among.contains(&o.broker_id.as_str()) => {
+                if last.as_ref() == Some(&o.broker_id) {
+                    return o.broker_id;
+                }
+                last = Some(o.broker_id);
+            }
+            _ => last = None,
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    panic!("no stable leader of {topic} among {among:?}: last {last:?}");
+}
+
+/// The same checks with certificates as the brokers' peer identities
+/// (`require_client_cert`, `role_from_client_cert`, no peer token): each
+/// broker's Raft calls show its own certificate, whose CN is its role.
+#[tokio::test]
+async fn a_broker_whose_certificate_names_its_role_speaks_raft_only_for_itself() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("a_broker_whose_certificate_names_its_role").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let f = CertFiles::new(root.path());
+    let mut brokers = Vec::new();
+    for i in 0..3 {
+        brokers.push(f.spawn(&etcd, i).await);
+    }
+    let ids = ["b0", "b1", "b2"];
+    let t = "certified";
+    let admin = f.client(&brokers[0].1).await;
+    let start = Instant::now();
+    loop {
+        match admin.admin().create_replicated_topic(t, 3).await {
+            Ok(info) => {
+                assert!(info.created, "{info:?}");
+                break;
+            }
+            Err(e) => assert!(
+                start.elapsed() < Duration::from_secs(30) && e.to_string().contains("live brokers"),
+                "{e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let first = settled_leader(&admin, t, &ids).await;
+    let victim = ids.iter().position(|b| *b == first).unwrap();
+    let survivor = brokers[(victim + 1) % 3].1.clone();
+    let c = f.client(&survivor).await;
+    let p = c.producer(t).create().await.unwrap();
+    for i in 0..3 {
+        p.send(format!("m{i}")).await.unwrap();
+    }
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    expect(&mut consumer, 0, 3).await;
+
+    let (record, _) = etcd
+        .get(&format!(
+            "/ricochet/peercert/groups/persistent://public/default/{t}"
+        ))
+        .await
+        .expect("the group's record");
+    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+    let group = format!(
+        "persistent://public/default/{t}@{}",
+        record["incarnation"].as_u64().expect("an incarnation")
+    );
+    let node_of = |b: &str| {
+        record["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|m| m == b)
+            .expect("a member") as u64
+            + 1
+    };
+    let third = ids[(victim + 2) % 3];
+    let (leader_node, third_node) = (node_of(first.as_str()), node_of(third));
+    let third_role = format!("broker-{third}");
+    let follower_url = &brokers[(victim + 1) % 3].1;
+    let mut as_third = f.replication(follower_url, &third_role).await;
+    let probe = |me: u64| {
+        let v = VoteRequest::<u64>::new(Vote::new(0, me), None);
+        tonic::Request::new(request(&group, me, encode(&v).unwrap()))
+    };
+    let term = |reply: ricochet_replication::proto::RaftReply| {
+        let resp: VoteResponse<u64> = decode(&reply.body).unwrap();
+        resp.vote.leader_id().term
+    };
+    let before = term(as_third.vote(probe(third_node)).await.unwrap().into_inner());
+    let forged = before + 1_000;
+    let denied = |e: tonic::Status, role: &str| {
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        assert!(
+            e.message()
+                .contains(&format!("\"{role}\" may not speak for broker {first}")),
+            "{e:?}"
+        );
+    };
+    let e = as_third
+        .append_entries(tonic::Request::new(append(&group, leader_node, forged)))
+        .await
+        .unwrap_err();
+    denied(e, &third_role);
+    let e = as_third
+        .vote(tonic::Request::new(vote(&group, leader_node, forged)))
+        .await
+        .unwrap_err();
+    denied(e, &third_role);
+    let mut as_admin = f.replication(follower_url, "admin").await;
+    let e = as_admin
+        .append_entries(tonic::Request::new(append(&group, leader_node, forged)))
+        .await
+        .unwrap_err();
+    denied(e, "admin");
+    let after = term(as_third.vote(probe(third_node)).await.unwrap().into_inner());
+    println!("peerid (certificates): term {before} before and {after} after (forged {forged})");
+    assert!(after < forged && after - before < 10, "{before} -> {after}");
+    assert_eq!(settled_leader(&c, t, &ids).await, first);
+
+    // kill -9 of the leader: the others elect one of them on their
+    // certificates, which serves.
+    let (process, _) = brokers.remove(victim);
+    process.kill9();
+    let others: Vec<&str> = ids.iter().copied().filter(|b| *b != first).collect();
+    let next = settled_leader(&c, t, &others).await;
+    println!("peerid (certificates): leader {first} killed; {next} leads");
+    tokio::time::timeout(Duration::from_secs(30), p.send("m3"))
+        .await
+        .expect("a receipt from the new leader within 30 s")
+        .unwrap();
+    expect(&mut consumer, 3, 4).await;
+}

@@ -28,7 +28,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
 use crate::replicated::ONE_CLUSTER;
 
-const SECRET: &str = "replicated-secure-test-secret-0123";
+pub(crate) const SECRET: &str = "replicated-secure-test-secret-0123";
 
 pub(crate) fn token(role: &str) -> String {
     let exp = std::time::SystemTime::now()
