@@ -209,3 +209,42 @@ pub(crate) fn common_name(der: &[u8]) -> Option<String> {
         .and_then(|cn| cn.as_str().ok())
         .map(str::to_owned)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_brokers_own_certificate_names_its_peer_role() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "broker-b1");
+        let cert = params.self_signed(&key).unwrap();
+        let pem = dir.path().join("b1.pem");
+        std::fs::write(&pem, cert.pem()).unwrap();
+        let mut tls = TlsConfig {
+            cert_file: Some(pem),
+            key_file: Some(dir.path().join("b1.key")),
+            client_ca_file: Some(dir.path().join("ca.pem")),
+            ..Default::default()
+        };
+        assert_eq!(tls.own_common_name().unwrap(), "broker-b1");
+        // Only when the peers ask for certificates and take their CN as the role.
+        assert!(!tls.peer_identity_from_cert());
+        tls.require_client_cert = true;
+        assert!(!tls.peer_identity_from_cert());
+        tls.role_from_client_cert = true;
+        assert!(tls.peer_identity_from_cert());
+        tls.client_ca_file = None;
+        assert!(!tls.peer_identity_from_cert());
+        // A file without a certificate: a config error naming it.
+        let bad = dir.path().join("bad.pem");
+        std::fs::write(&bad, "not a certificate").unwrap();
+        tls.cert_file = Some(bad);
+        let e = tls.own_common_name().unwrap_err().to_string();
+        assert!(e.contains("tls.cert_file"), "{e}");
+    }
+}
