@@ -32,6 +32,8 @@ pub struct TlsConfig {
     pub require_client_cert: bool,
     /// With `client_ca_file` and auth on: a caller without a token is the
     /// role its verified certificate's subject common name (CN) names.
+    /// With `require_client_cert` and no `[cluster] peer_token_file`, the
+    /// CN of `cert_file` is then the role this broker's Raft calls prove.
     pub role_from_client_cert: bool,
 }
 
