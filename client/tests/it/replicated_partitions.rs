@@ -321,13 +321,17 @@ async fn a_create_whose_groups_cannot_form_in_time_names_them_and_first_use_form
     assert!(message.contains("form when first used"), "{message}");
     let mut on_stopped = Vec::new();
     for i in 0..3 {
-        let key = format!("/ricochet/rpartstop/placement/persistent://public/default/{t}-partition-{i}");
+        let key =
+            format!("/ricochet/rpartstop/placement/persistent://public/default/{t}-partition-{i}");
         let (placed, _) = etcd.get(&key).await.expect("every partition is placed");
         if placed == "b2" {
             on_stopped.push(i.to_string());
         }
     }
-    assert!(!on_stopped.is_empty(), "a partition is placed on the stopped broker");
+    assert!(
+        !on_stopped.is_empty(),
+        "a partition is placed on the stopped broker"
+    );
     assert!(
         message.contains(&format!("partitions {} (of 3)", on_stopped.join(", "))),
         "names the partitions placed on b2 ({on_stopped:?}): {message}"

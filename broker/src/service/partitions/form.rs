@@ -24,6 +24,7 @@ use ricochet_cluster::Cluster;
 use ricochet_proto::CreateTopicRequest;
 use ricochet_proto::admin_client::AdminClient;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::metadata::AsciiMetadataValue;
 
@@ -33,13 +34,26 @@ pub const FORM_WITHIN: Duration = Duration::from_secs(30);
 /// Partitions formed at once.
 const FORM_PARALLEL: usize = 8;
 
+/// How long a partition's forming may go on after the create stopped
+/// waiting for it.
+const FORM_LINGER: Duration = Duration::from_secs(120);
+
+/// The most partitions an error names one by one.
+const NAMED: usize = 32;
+
 /// Forms the groups of factor `replicas` of partitions `range` of `base`
 /// (placed already), each by the broker it is placed on; `auth`: the
 /// caller's credential, shown to the other brokers. UNAVAILABLE naming
 /// the partitions whose group did not form within [`FORM_WITHIN`].
+///
+/// Each partition's forming runs as its own task, which the deadline only
+/// stops waiting for (bounded by [`FORM_LINGER`]): dropped half-way, a
+/// create could leave a group record whose first member never
+/// initialized the group. Partitions not begun by the deadline are not
+/// begun.
 pub async fn form_groups(
-    node: &Node,
-    cluster: &Cluster,
+    node: &Arc<Node>,
+    cluster: &Arc<Cluster>,
     base: &TopicName,
     range: Range<u32>,
     replicas: u32,
@@ -48,18 +62,32 @@ pub async fn form_groups(
     let deadline = tokio::time::Instant::now() + FORM_WITHIN;
     let started = std::time::Instant::now();
     let count = range.len();
+    let late = || {
+        "not formed in time (the broker it is placed on did not answer, or was still forming it)"
+            .to_owned()
+    };
     let mut failed: Vec<(u32, String)> = futures::stream::iter(range)
-        .map(|i| async move {
+        .map(|i| {
+            let (node, cluster, auth) = (node.clone(), cluster.clone(), auth.cloned());
             let name = partition(base, i);
-            let formed = tokio::time::timeout_at(
-                deadline,
-                form_one(node, cluster, &name, replicas, auth),
-            )
-            .await;
-            match formed {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some((i, e.to_string())),
-                Err(_) => Some((i, format!("no leader within {FORM_WITHIN:?}"))),
+            async move {
+                if tokio::time::Instant::now() >= deadline {
+                    return Some((i, late()));
+                }
+                let task = tokio::spawn(async move {
+                    let formed = tokio::time::timeout(
+                        FORM_LINGER,
+                        form_one(&node, &cluster, &name, replicas, auth.as_ref()),
+                    )
+                    .await;
+                    formed.unwrap_or_else(|_| Err(BrokerError::Peer(late())))
+                });
+                match tokio::time::timeout_at(deadline, task).await {
+                    Ok(Ok(Ok(()))) => None,
+                    Ok(Ok(Err(e))) => Some((i, e.to_string())),
+                    Ok(Err(e)) => Some((i, format!("forming stopped: {e}"))),
+                    Err(_) => Some((i, late())),
+                }
             }
         })
         .buffer_unordered(FORM_PARALLEL)
@@ -72,7 +100,14 @@ pub async fn form_groups(
         return Ok(());
     }
     failed.sort();
-    let which: Vec<String> = failed.iter().map(|(i, _)| i.to_string()).collect();
+    let mut which: Vec<String> = failed
+        .iter()
+        .take(NAMED)
+        .map(|(i, _)| i.to_string())
+        .collect();
+    if failed.len() > NAMED {
+        which.push(format!("... ({} in all)", failed.len()));
+    }
     let (first, why) = &failed[0];
     tracing::warn!(topic = %base, not_formed = ?which, millis, "partitions' replication groups not formed");
     Err(BrokerError::Peer(format!(

@@ -152,15 +152,8 @@ impl Partitions for PartitionsService {
                         .await?
                         .filter(|r| *r > 1)
                 {
-                    form::form_groups(
-                        &self.node,
-                        c,
-                        &name,
-                        before..after,
-                        replicas,
-                        auth.as_ref(),
-                    )
-                    .await?;
+                    form::form_groups(&self.node, c, &name, before..after, replicas, auth.as_ref())
+                        .await?;
                 }
                 after
             }
