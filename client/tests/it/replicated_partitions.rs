@@ -184,6 +184,13 @@ async fn each_partition_of_a_replicated_partitioned_topic_is_a_group_and_survive
         .await
         .unwrap();
     publish(&p, 0..40).await;
+    // The base name's stats sum the partitions', each asked of its leader.
+    let whole = admin.topic_stats(t).await.unwrap();
+    assert_eq!(
+        (whole.partition_count, whole.message_count),
+        (6, 40),
+        "{whole:?}"
+    );
     for i in 0..6 {
         let part = format!("public/default/{t}-partition-{i}");
         assert_eq!(
