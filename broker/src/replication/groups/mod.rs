@@ -19,6 +19,7 @@
 //! brokers redirect to it; a member that stops leading hands the topic to
 //! the new leader (its streams end, clients look it up again).
 
+mod forming;
 mod leading;
 mod members;
 mod moves;
@@ -110,6 +111,9 @@ pub struct Groups {
     changing: Arc<Mutex<std::collections::HashSet<String>>>,
     /// Copies of groups that replaced this broker were looked for.
     swept: std::sync::atomic::AtomicBool,
+    /// Groups whose create (record written, membership not initialized
+    /// yet) is under way in this process (see [`forming`]).
+    forming: Mutex<std::collections::HashSet<String>>,
 }
 
 /// The runtime the Raft nodes of this broker's groups run on, apart from
@@ -181,6 +185,7 @@ impl Groups {
             unreplaced: Default::default(),
             changing: Default::default(),
             swept: Default::default(),
+            forming: Default::default(),
             cluster,
             storage: core.storage.clone(),
             core,
@@ -302,6 +307,7 @@ impl Groups {
         };
         let json = serde_json::to_string(&record)
             .map_err(|e| BrokerError::Etcd(format!("cannot encode a group record: {e}")))?;
+        let forming = forming::Forming::start(self, topic.as_str());
         match self
             .cluster
             .etcd()
@@ -317,12 +323,14 @@ impl Groups {
         }
         ricochet_storage::util::write(&self.known).insert(topic.to_string(), record.clone());
         tracing::info!(%topic, replicas, members = ?record.members, "replication group placed");
+        ricochet_storage::util::failpoint("groups.create.after_record");
         let partition = self.start_member(topic.as_str(), &record).await?;
         partition
             .node()
             .initialize(urls)
             .await
             .map_err(replication)?;
+        drop(forming);
         let command = create_command(topic, replicas);
         match tokio::time::timeout(FORM_TIMEOUT, propose_as_leader(&partition, &command)).await {
             Ok(Ok(())) => Ok(true),
@@ -543,6 +551,7 @@ impl Groups {
                 .map(|(t, m)| (t.clone(), m.partition.clone(), m.record.clone()))
                 .collect()
         };
+        self.finish_unformed(&members).await;
         for (topic, partition, record) in &members {
             self.follow_leader(topic, partition.clone(), record).await;
         }
