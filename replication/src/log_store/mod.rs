@@ -32,6 +32,12 @@
 //! purges are durable in both modes (the purge point is flushed before a
 //! segment is deleted, so a crash never leaves a gap unexplained).
 //!
+//! Reads: the entries appended last are also kept in memory, as appended
+//! ([`Recent`], at most [`RECENT_BYTES`] per group), because openraft
+//! reads each entry back right after appending it (the leader once per
+//! follower and once to apply, a follower once to apply); older entries
+//! are read from the segment files.
+//!
 //! Upgrade ([`upgrade`]): a group whose log is still a sled tree
 //! (`log/<group>`, written by earlier brokers) is converted when opened.
 
