@@ -128,8 +128,15 @@ struct RaftRuntime(Option<tokio::runtime::Runtime>);
 
 impl RaftRuntime {
     fn start() -> Result<Self> {
+        // RICOCHET_RAFT_WORKERS: a measuring knob (docs/src/replication.md,
+        // "Session 12"), 2 by default.
+        let workers = std::env::var("RICOCHET_RAFT_WORKERS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(2);
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(workers)
             .thread_name("ricochet-raft")
             .enable_all()
             .build()?;
