@@ -232,7 +232,10 @@ impl LogStore {
             drop(bytes);
             if sync {
                 // Outside the lock: readers go on meanwhile.
-                file.sync_data()?;
+                if let Err(e) = file.sync_data() {
+                    files.lock().unwrap_or_else(|p| p.into_inner()).fail(&e);
+                    return Err(e);
+                }
             }
             Ok::<_, std::io::Error>(())
         })
@@ -276,8 +279,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The most bytes of entries [`Recent`] keeps per group.
-pub const RECENT_BYTES: usize = 4 << 20;
+/// The most bytes of entries [`Recent`] keeps per group: about ten
+/// appends of full producer batches, more than openraft reads back
+/// behind the last append when replicas keep up; small, because it stays
+/// resident per group while the group is idle (a broker may hold
+/// hundreds of groups).
+pub const RECENT_BYTES: usize = 1 << 20;
 
 /// The last entries appended (consecutive, at most [`RECENT_BYTES`] of
 /// them as encoded), kept as appended: openraft reads each entry back
@@ -369,12 +376,12 @@ impl Recent {
 }
 
 /// Fsyncs the active segment of the log every `every` until it is closed.
-async fn flush_every(files: std::sync::Weak<Mutex<FileLog>>, every: std::time::Duration) {
+async fn flush_every(log: std::sync::Weak<Mutex<FileLog>>, every: std::time::Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let Some(files) = files.upgrade() else { return };
+        let Some(files) = log.upgrade() else { return };
         let active = files
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -383,7 +390,11 @@ async fn flush_every(files: std::sync::Weak<Mutex<FileLog>>, every: std::time::D
         if let Some(file) = active {
             match tokio::task::spawn_blocking(move || file.sync_data()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::error!(error = %e, "raft log interval flush failed"),
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "raft log interval flush failed; the log refuses further writes");
+                    let Some(files) = log.upgrade() else { return };
+                    files.lock().unwrap_or_else(|p| p.into_inner()).fail(&e);
+                }
                 Err(e) => tracing::error!(error = %e, "raft log interval flush task failed"),
             }
         }

@@ -442,3 +442,23 @@ async fn reads_after_a_truncation_and_a_purge_match_the_files() {
     );
     check(&mut log, 16, 20, |_| 2).await;
 }
+
+/// After a failed `fsync` (recorded by the store when a sync of an append
+/// or the interval flush fails) the log refuses every write: the kernel
+/// may have dropped the pages that sync was for.
+#[test]
+fn after_a_failed_fsync_the_log_refuses_every_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = FileLog::open(dir.path(), None).unwrap();
+    log.append(1, &[b"a".to_vec()]).unwrap();
+    log.fail(&std::io::Error::other("EIO"));
+    let refused = [
+        log.append(2, &[b"b".to_vec()]).unwrap_err(),
+        log.truncate(1).unwrap_err(),
+        log.purge(1).unwrap_err(),
+    ];
+    for e in refused {
+        assert!(e.to_string().contains("failed earlier (EIO)"), "{e}");
+    }
+    assert_eq!(log.next_index(), Some(2), "nothing was written after");
+}
