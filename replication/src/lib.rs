@@ -42,6 +42,7 @@ pub use network::{
 pub use node::{Durability, NodeSettings, Progress, RaftDb, ReplicaNode, open_db, remove_group};
 pub use state_machine::{Apply, SnapshotWriter};
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 /// A node's id within its group (a broker's numeric id).
@@ -49,8 +50,36 @@ pub type NodeId = u64;
 
 /// A state change for the group's state machine: bytes the broker encoded
 /// (`ricochet_broker::replication::PartitionCommand`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Command(#[serde(with = "serde_bytes")] pub Vec<u8>);
+///
+/// Held as [`Bytes`], so an entry cloned out of the log store's cache of
+/// recent entries (replication to each follower, the apply) shares the
+/// batch rather than copying it. Encoded as before (one CBOR byte string,
+/// what `#[serde(with = "serde_bytes")] Vec<u8>` wrote), so logs and
+/// messages of earlier brokers decode unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command(pub Bytes);
+
+/// [`Command`]'s encoding: a newtype `Command` around a byte string.
+#[derive(Serialize)]
+#[serde(rename = "Command")]
+struct CommandRef<'a>(#[serde(with = "serde_bytes")] &'a [u8]);
+
+/// [`Command`] as decoded (the byte string, owned).
+#[derive(Deserialize)]
+#[serde(rename = "Command")]
+struct CommandBuf(#[serde(with = "serde_bytes")] Vec<u8>);
+
+impl Serialize for Command {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        CommandRef(&self.0).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Command {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        CommandBuf::deserialize(d).map(|c| Command(Bytes::from(c.0)))
+    }
+}
 
 impl Command {
     /// About how many bytes this command takes encoded (a size hint for

@@ -340,7 +340,7 @@ impl ReplicaNode {
     /// decides how long to wait), and never answers `Ok` for a command the
     /// group did not commit.
     pub async fn write(&self, command: Vec<u8>) -> Result<Vec<u8>> {
-        match self.raft.client_write(Command(command)).await {
+        match self.raft.client_write(Command(command.into())).await {
             Ok(r) => Ok(r.data.0),
             Err(RaftError::APIError(e)) => Err(write_error(&self.group, e)),
             Err(RaftError::Fatal(f)) => Err(ReplicationError::Stopped {
@@ -364,7 +364,7 @@ impl ReplicaNode {
     ) -> Result<impl std::future::Future<Output = Result<Vec<u8>>> + Send + 'static> {
         let rx = self
             .raft
-            .client_write_ff(Command(command))
+            .client_write_ff(Command(command.into()))
             .await
             .map_err(|f| ReplicationError::Stopped {
                 group: self.group.clone(),

@@ -22,7 +22,7 @@ fn payload(index: u64) -> Vec<u8> {
 fn entry(index: u64) -> Entry<TypeConfig> {
     Entry {
         log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(Command(payload(index))),
+        payload: EntryPayload::Normal(Command(payload(index).into())),
     }
 }
 

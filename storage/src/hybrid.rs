@@ -582,17 +582,19 @@ impl MetaStore for LogStorage {
 
     /// One round: the segment files written since the last round are
     /// fsynced while sled flushes; both must succeed. Then the files of
-    /// trimmed segments are deleted.
+    /// the segments trimmed before the round started are deleted.
     async fn flush(&self) -> Result<()> {
+        // Trimmed segments' files go once what let them go (the cursors,
+        // the producer-id checkpoint) is durable: only trims made before
+        // this flush started are covered by it.
+        let mark = self.log.trim_mark();
         let log = self.log.clone();
         let synced = tokio::task::spawn_blocking(move || log.sync());
         let sled = self.sled.flush().await;
         synced.await.map_err(StorageError::joined)??;
         sled?;
-        // Trimmed segments' files go once the cursors that let them go are
-        // durable.
         let log = self.log.clone();
-        tokio::task::spawn_blocking(move || log.finish_trims())
+        tokio::task::spawn_blocking(move || log.finish_trims_before(mark))
             .await
             .map_err(StorageError::joined)??;
         Ok(())

@@ -199,6 +199,13 @@ impl ClusterBroker {
         self.kill9();
         self.process = Some(BrokerProcess::spawn(&self.dir, &self.options).await);
     }
+
+    /// [`Self::restart`] with its options changed by `change` (kept for
+    /// later restarts).
+    pub async fn restart_with(&mut self, change: impl FnOnce(SpawnOptions) -> SpawnOptions) {
+        self.options = change(self.options.clone());
+        self.restart().await;
+    }
 }
 
 /// Starts `n` brokers (ids `b0`..) in cluster `name` against `etcd`, each on

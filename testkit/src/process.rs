@@ -146,6 +146,14 @@ impl SpawnOptions {
         self
     }
 
+    /// Without the environment variable `key` (a failpoint armed for the
+    /// first start, say, dropped for the restart).
+    pub fn without_env(mut self, key: impl Into<OsString>) -> Self {
+        let key = key.into();
+        self.envs.retain(|(k, _)| *k != key);
+        self
+    }
+
     /// The defaults: the binary from [`broker_bin`], metrics on a port the
     /// broker picks, `RUST_LOG=warn` with the log discarded, 10 s to listen.
     pub fn new() -> Self {
@@ -278,6 +286,11 @@ impl BrokerProcess {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Whether the process has exited (a failpoint's abort, say).
+    pub fn has_exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
     }
 
     /// SIGKILL, then reaps it: no signal handler runs, nothing is flushed on

@@ -88,7 +88,7 @@ table! {
                 tracing::info!(target: AUDIT, role, action = "delete-topic", topic = %r.topic, force = r.force)
             };
         TopicStats => topic_stats(TopicRequest) -> TopicStatsResponse:
-            Visible, |r| Scope::Topic(&r.topic), .route(Route::Owner);
+            Visible, |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut);
         ListSubscriptions => list_subscriptions(TopicRequest) -> ListSubscriptionsResponse:
             Visible, |r| Scope::Topic(&r.topic), .route(Route::Owner);
         SubscriptionStats => subscription_stats(SubscriptionRequest) -> SubscriptionStatsResponse:

@@ -147,6 +147,63 @@ pub struct AppendBatch {
     pub producer: Option<(String, u64)>,
 }
 
+/// Index of [`PartitionCommand::Append`] among the enum's variants (what
+/// serde passes with its name; CBOR writes the name).
+const APPEND_VARIANT: u32 = 6;
+
+/// [`PartitionCommand::Append`] encoded from borrowed entries: the same
+/// bytes as the owned command's encoding, without copying each entry into
+/// a [`serde_bytes::ByteBuf`] first (a leader's publish path encodes one
+/// per client batch).
+pub(crate) struct AppendRef<'a> {
+    /// The topic (the partition or one of its tiers).
+    pub topic: &'a str,
+    /// The id of the first entry.
+    pub first_id: u64,
+    /// The encoded entries.
+    pub entries: &'a [Vec<u8>],
+    /// The producer and its last sequence id in the batch, if any.
+    pub producer: Option<(&'a str, u64)>,
+}
+
+/// [`AppendBatch`]'s fields, borrowed.
+#[derive(Serialize)]
+#[serde(rename = "AppendBatch")]
+struct AppendBatchRef<'a> {
+    topic: &'a str,
+    first_id: u64,
+    entries: EntriesRef<'a>,
+    producer: Option<(&'a str, u64)>,
+}
+
+/// Entries as a sequence of CBOR byte strings (what `Vec<ByteBuf>` writes).
+struct EntriesRef<'a>(&'a [Vec<u8>]);
+
+impl Serialize for EntriesRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|e| serde_bytes::Bytes::new(e)))
+    }
+}
+
+impl Serialize for AppendRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let batch = AppendBatchRef {
+            topic: self.topic,
+            first_id: self.first_id,
+            entries: EntriesRef(self.entries),
+            producer: self.producer,
+        };
+        s.serialize_newtype_variant("PartitionCommand", APPEND_VARIANT, "Append", &batch)
+    }
+}
+
+impl AppendRef<'_> {
+    /// About how many bytes it takes encoded.
+    pub fn size_hint(&self) -> usize {
+        self.entries.iter().map(|e| e.len() + 9).sum::<usize>() + 256
+    }
+}
+
 /// A producer's batch.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PublishBatch {
@@ -302,5 +359,48 @@ impl ReplicatedPartition {
     /// The store this replica applies to.
     pub fn storage(&self) -> &Arc<dyn Storage> {
         &self.storage
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The borrowed encoding is the owned command's, byte for byte, and
+    /// decodes as it (with and without a producer, with no entry).
+    #[test]
+    fn an_append_encoded_from_borrowed_entries_is_the_owned_commands_bytes() {
+        let entries: Vec<Vec<u8>> = vec![vec![1, 2, 3], vec![0; 300], (0..=255).collect()];
+        for (entries, producer) in [
+            (&entries[..], Some(("p-1", 42))),
+            (&entries[..1], None),
+            (&entries[..0], None),
+        ] {
+            let owned = PartitionCommand::Append(AppendBatch {
+                topic: "t".into(),
+                first_id: 7,
+                entries: entries
+                    .iter()
+                    .map(|e| serde_bytes::ByteBuf::from(e.clone()))
+                    .collect(),
+                producer: producer.map(|(p, s): (&str, u64)| (p.to_owned(), s)),
+            });
+            let borrowed = AppendRef {
+                topic: "t",
+                first_id: 7,
+                entries,
+                producer,
+            };
+            let bytes = encode(&borrowed).unwrap();
+            assert_eq!(bytes, encode(&owned).unwrap());
+            match decode::<PartitionCommand>(&bytes).unwrap() {
+                PartitionCommand::Append(b) => {
+                    assert_eq!(b.first_id, 7);
+                    assert_eq!(b.entries.len(), entries.len());
+                    assert!(b.entries.iter().zip(entries).all(|(a, b)| a[..] == b[..]));
+                }
+                other => panic!("decoded as {other:?}"),
+            }
+        }
     }
 }

@@ -6,8 +6,9 @@
 //!
 //! Also each partitioned topic's factor (`partitioned-replicas/<topic>`,
 //! written with its partition count, in one transaction, when above 1):
-//! every partition takes it when it
-//! is first used, as its own group. A partitioned topic without one (its
+//! every partition is formed as its own group of that factor when the
+//! topic is created or its count raised (`service::partitions`), or at
+//! first use if that did not finish. A partitioned topic without one (its
 //! factor was 1, or it was created before factors) keeps factor 1.
 
 use crate::error::{BrokerError, Result};

@@ -89,12 +89,23 @@ impl Pipeline {
         reply: Option<oneshot::Sender<Outcome>>,
         raft: Option<&tokio::runtime::Handle>,
     ) -> Result<u64, String> {
+        let command = encode_sized(command, size_hint(command)).map_err(|e| e.to_string())?;
+        self.submit_encoded(command, reply, raft)
+    }
+
+    /// [`Pipeline::submit`] of a command encoded already (a
+    /// [`PartitionCommand`]'s CBOR).
+    pub(super) fn submit_encoded(
+        &self,
+        command: Vec<u8>,
+        reply: Option<oneshot::Sender<Outcome>>,
+        raft: Option<&tokio::runtime::Handle>,
+    ) -> Result<u64, String> {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(
                 "this replica's topic is being reopened or no longer leads; write again".into(),
             );
         }
-        let command = encode_sized(command, size_hint(command)).map_err(|e| e.to_string())?;
         let mut queue = crate::util::lock(&self.queue);
         if queue.is_none() {
             *queue = Some(self.start(raft)?);

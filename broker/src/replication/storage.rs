@@ -34,7 +34,7 @@
 //! written to one replica silently.
 
 use super::pipeline::Pipeline;
-use super::{AppendBatch, PartitionCommand, ReplicatedPartition};
+use super::{AppendRef, PartitionCommand, ReplicatedPartition};
 use crate::storage::{
     DeadLetterRecord, DeadLetterReturn, FailureHead, FailureRecord, GrantRecord, Inventory,
     LogStore, MainHeads, Manifest, MetaStore, PartitionedRecord, ReplayJobRecord, RetentionRecord,
@@ -165,15 +165,20 @@ impl LogStore for ReplicatedStorage {
         // Not awaited here: the topic's writer queues its batches in id
         // order under its lock and waits for them after releasing it
         // (`Topic::settle` calls `flush`).
-        self.propose_later(PartitionCommand::Append(AppendBatch {
-            topic: topic.to_owned(),
+        // Encoded from the borrowed entries: the bytes of
+        // `PartitionCommand::Append(AppendBatch { .. })`.
+        let append = AppendRef {
+            topic,
             first_id,
-            entries: entries
-                .iter()
-                .map(|e| serde_bytes::ByteBuf::from(e.clone()))
-                .collect(),
-            producer: producer.map(|(p, s)| (p.to_owned(), s)),
-        }))
+            entries,
+            producer,
+        };
+        let command = ricochet_replication::encode_sized(&append, append.size_hint())
+            .map_err(|e| StorageError::Replication(e.to_string()))?;
+        self.pipeline
+            .submit_encoded(command, None, self.raft.as_ref())
+            .map(|_| ())
+            .map_err(StorageError::Replication)
     }
 
     fn read(

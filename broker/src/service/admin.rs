@@ -236,11 +236,24 @@ impl Admin for AdminService {
         &self,
         r: Request<TopicRequest>,
     ) -> Result<Response<TopicStatsResponse>, Status> {
+        let auth = r.metadata().get("authorization").cloned();
         let r = r.into_inner();
         if let Some((name, ps)) = partitioned(&self.node, &r.topic) {
             return Ok(Response::new(parts::topic_stats(self, &name, ps).await?));
         }
         let name = TopicName::parse(&r.topic)?;
+        // In a cluster the router let a partitioned topic's base name
+        // through: its partitions are asked of their owners.
+        if let Some(c) = self.node.cluster()
+            && let Some(n) = c
+                .partition_count(name.as_str())
+                .await
+                .map_err(BrokerError::from)?
+        {
+            return Ok(Response::new(
+                parts::cluster_topic_stats(self, &self.node, c, &name, n, auth.as_ref()).await?,
+            ));
+        }
         let entry = self.node.core.topic(&name).await?;
         let (first, next) = entry.topic.entry_range();
         let mut subscriptions = Vec::new();

@@ -13,14 +13,25 @@
 //! The per-partition calls go through the generated [`Admin`] trait, not
 //! the admin service itself: the admin service uses this module, and this
 //! module does not know it.
+//!
+//! In cluster mode the partitions live on different brokers; so far only
+//! `TopicStats` fans out there ([`cluster_topic_stats`]: each partition
+//! asked of its owner, this broker's own through [`Admin`], another's
+//! through its `Admin` service with the caller's credential, as moves
+//! call brokers). The other calls on a base name are still refused with
+//! INVALID_ARGUMENT in cluster mode (the router's answer).
 
 use super::dead_letters::CallerRole;
 use crate::error::BrokerError;
 use crate::name::TopicName;
 use crate::node::Node;
+use crate::transfer::mover::{authorized, connect};
+use ricochet_cluster::Cluster;
+use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::admin_server::Admin;
 use ricochet_proto::*;
 use std::collections::BTreeMap;
+use tonic::metadata::AsciiMetadataValue;
 use tonic::{Request, Status};
 
 /// The partitions of `topic` when it names a partitioned topic.
@@ -44,14 +55,68 @@ pub(super) async fn topic_stats(
     name: &TopicName,
     parts: Vec<TopicName>,
 ) -> Result<TopicStatsResponse, Status> {
+    let mut each = Vec::with_capacity(parts.len());
+    for p in &parts {
+        each.push(admin.topic_stats(topic_req(p)).await?.into_inner());
+    }
+    Ok(combine_topic_stats(name, each))
+}
+
+/// TopicStats of partitioned topic `name` of `count` partitions in
+/// cluster mode: each partition's asked of the broker that owns it (its
+/// group's leader when replicated), through `admin` when that is this
+/// broker, else through that broker's `Admin.TopicStats` with the
+/// caller's credential `auth`; combined as [`topic_stats`] does.
+pub(super) async fn cluster_topic_stats(
+    admin: &impl Admin,
+    node: &Node,
+    cluster: &Cluster,
+    name: &TopicName,
+    count: u32,
+    auth: Option<&AsciiMetadataValue>,
+) -> Result<TopicStatsResponse, Status> {
+    let asks = (0..count).map(|i| async move {
+        let p = crate::name::partition(name, i);
+        let owner = cluster
+            .lookup(p.as_str())
+            .await
+            .map_err(BrokerError::from)?;
+        if owner.broker_id == cluster.id() {
+            return Ok(admin.topic_stats(topic_req(&p)).await?.into_inner());
+        }
+        let channel = connect(&node.core.config, &owner.url).await?;
+        AdminClient::new(channel)
+            .topic_stats(authorized(
+                TopicRequest {
+                    topic: p.to_string(),
+                },
+                auth,
+            ))
+            .await
+            .map(tonic::Response::into_inner)
+            // Its code, not its routing details: those name the
+            // partition, not the topic this call asked about.
+            .map_err(|e| {
+                Status::new(
+                    e.code(),
+                    format!("{p} at broker {}: {}", owner.broker_id, e.message()),
+                )
+            })
+    });
+    let each = futures::future::try_join_all(asks).await?;
+    Ok(combine_topic_stats(name, each))
+}
+
+/// The stats of a partitioned topic from its partitions' own (in
+/// partition order).
+fn combine_topic_stats(name: &TopicName, each: Vec<TopicStatsResponse>) -> TopicStatsResponse {
     let mut total = TopicStatsResponse {
         topic: name.to_string(),
-        partition_count: parts.len() as u32,
+        partition_count: each.len() as u32,
         ..Default::default()
     };
     let mut subs: BTreeMap<String, Vec<SubscriptionStatsResponse>> = BTreeMap::new();
-    for p in &parts {
-        let s = admin.topic_stats(topic_req(p)).await?.into_inner();
+    for s in each {
         total.message_count += s.message_count;
         total.producers += s.producers;
         total.messages_in += s.messages_in;
@@ -67,7 +132,7 @@ pub(super) async fn topic_stats(
         .into_values()
         .map(|all| merge_subscription_stats(name, all))
         .collect();
-    Ok(total)
+    total
 }
 
 /// One subscription's stats over partitions: counts summed, consumers

@@ -26,6 +26,9 @@ pub enum Route {
     /// Answered by the topic's owner, placing the topic first if it has no
     /// place (creating a topic).
     Place,
+    /// As [`Route::Owner`], but a partitioned topic's base name is answered
+    /// here (the call fans out over the partitions' owners).
+    OwnerOrFanOut,
 }
 
 /// Routes calls about topics to their owners (a no-op standalone).
@@ -59,15 +62,28 @@ impl Router {
         };
         let place = match how {
             Route::Here => return Ok(()),
-            Route::Owner => false,
+            Route::Owner | Route::OwnerOrFanOut => false,
             Route::Place => true,
         };
         let name = TopicName::parse(topic)?;
-        cluster
-            .route(name.as_str(), place)
-            .await
-            .map_err(BrokerError::from)?;
-        if how == Route::Owner
+        let routed = cluster.route(name.as_str(), place).await;
+        // A base name has no placement: it is refused as INVALID_ARGUMENT,
+        // unless the call fans out.
+        if how == Route::OwnerOrFanOut
+            && matches!(
+                routed,
+                Err(ricochet_cluster::ClusterError::InvalidArgument(_))
+            )
+            && cluster
+                .partition_count(name.as_str())
+                .await
+                .map_err(BrokerError::from)?
+                .is_some()
+        {
+            return Ok(());
+        }
+        routed.map_err(BrokerError::from)?;
+        if how != Route::Place
             && let Some(groups) = self.groups.as_ref()
             && let Some(g) = groups.group_of(name.as_str())
         {

@@ -337,7 +337,7 @@ async fn transfer(
 }
 
 /// A channel to the broker at `url` (over TLS when it listens with it).
-async fn connect(config: &crate::config::BrokerConfig, url: &str) -> Result<Channel> {
+pub(crate) async fn connect(config: &crate::config::BrokerConfig, url: &str) -> Result<Channel> {
     let unreachable =
         |e: &dyn std::fmt::Display| BrokerError::Peer(format!("cannot reach {url}: {e}"));
     config
@@ -349,7 +349,7 @@ async fn connect(config: &crate::config::BrokerConfig, url: &str) -> Result<Chan
 }
 
 /// `message` as a request carrying the caller's credentials.
-fn authorized<T>(message: T, auth: Option<&AsciiMetadataValue>) -> tonic::Request<T> {
+pub(crate) fn authorized<T>(message: T, auth: Option<&AsciiMetadataValue>) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     if let Some(a) = auth {
         request.metadata_mut().insert("authorization", a.clone());

@@ -32,9 +32,12 @@ impl Admin {
     /// Creates `topic` as a partitioned topic of `partitions` partitions,
     /// each with replication factor `replicas` (0: the namespace's default,
     /// else the cluster's): in a cluster, each partition is its own Raft
-    /// group of that many brokers, formed when it is first used. Above 1
-    /// needs cluster mode and that many live brokers
+    /// group of that many brokers, formed (a leader elected) before this
+    /// answers. Above 1 needs cluster mode and that many live brokers
     /// ([`ErrorKind::FailedPrecondition`](crate::ErrorKind) otherwise).
+    /// [`ErrorKind::Unavailable`](crate::ErrorKind) naming partitions whose
+    /// group did not form within the broker's bound (30 s): the topic is
+    /// created all the same, and those form when first used.
     pub async fn create_replicated_partitioned_topic(
         &self,
         topic: &str,

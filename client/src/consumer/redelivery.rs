@@ -273,7 +273,13 @@ impl InFlight {
                     let _ = r.send(Ok(()));
                 }
             }
-            NackPlan::BrokerHold(hold) => self.ready.push((nack(hold), reply)),
+            // The delay runs from the nack call (`now`), not from when the
+            // driver got to it: the time it waited in the driver's queue
+            // is not served again by the broker.
+            NackPlan::BrokerHold(hold) => {
+                let left = hold.saturating_sub(Instant::now().saturating_duration_since(now));
+                self.ready.push((nack(left), reply));
+            }
             NackPlan::SendNow => self.ready.push((nack(Duration::ZERO), reply)),
         }
     }

@@ -328,6 +328,27 @@ async fn a_broker_held_nack_goes_at_once_with_its_delay_and_waiter() {
     assert!(ready[0].1.is_some());
 }
 
+/// A broker-held nack that waited in the driver's queue goes with what is
+/// left of its delay from the nack call: the wait is not served twice.
+#[tokio::test(start_paused = true)]
+async fn a_broker_held_nack_loses_the_time_it_waited_in_the_queue() {
+    let (_, a, _, ka, _) = setup();
+    let mut f = InFlight::new(None, None);
+    let called = Instant::now();
+    tokio::time::advance(MS * 7).await;
+    f.nack(
+        ka,
+        &a,
+        NackPlan::BrokerHold(MS * 1000),
+        None,
+        called,
+        None,
+        None,
+    );
+    let ready = f.take_ready();
+    assert_eq!(ready[0].0.delay_ms, 993);
+}
+
 #[tokio::test(start_paused = true)]
 async fn close_hands_held_nacks_over_with_what_is_left_of_their_delay() {
     let (ids, a, b, ka, kb) = setup();

@@ -3,7 +3,8 @@
 //! line when `etcd` is missing, unless `RICOCHET_REQUIRE_ETCD=1`, which
 //! `.ci/run` sets). A client given any one broker's URL finds every
 //! topic's owner: a partitioned topic spread over the three brokers is
-//! produced and consumed exactly once, keys staying in order; a `kill -9`
+//! produced and consumed exactly once, keys staying in order, and its
+//! base name's stats (asked of any broker) sum its partitions'; a `kill -9`
 //! of one owner makes its topic fail with `OwnerDown` naming that broker
 //! while the others keep serving, and after its restart the same producer
 //! and consumer go on, with everything acknowledged still there.
@@ -112,11 +113,29 @@ async fn a_client_through_one_broker_uses_a_partitioned_topic_spread_over_three(
     // Each partition's messages are on its owner: the stats, asked of the
     // owner, add up to everything sent.
     let mut stored = 0;
+    let mut each = Vec::new();
     for i in 0..8 {
         let p = format!("{t}-partition-{i}");
-        stored += c.admin().topic_stats(&p).await.unwrap().message_count;
+        let n = c.admin().topic_stats(&p).await.unwrap().message_count;
+        each.push(n);
+        stored += n;
     }
     assert_eq!(stored, (KEYS * PER_KEY) as u64);
+    // The base name's stats, asked of any broker, fan out to the
+    // partitions' owners: the same counts, summed.
+    for b in [&brokers[0], &brokers[2]] {
+        let whole = client(&b.url()).await.admin().topic_stats(t).await.unwrap();
+        assert_eq!(whole.partition_count, 8, "{whole:?}");
+        let per: Vec<u64> = whole.partitions.iter().map(|p| p.message_count).collect();
+        assert_eq!(per, each, "each partition's count, in order");
+        assert_eq!(whole.message_count, stored, "the sum");
+        let subs: Vec<&str> = whole
+            .subscriptions
+            .iter()
+            .map(|s| s.subscription.as_str())
+            .collect();
+        assert_eq!(subs, ["s"], "one subscription, merged: {whole:?}");
+    }
 }
 
 #[tokio::test]

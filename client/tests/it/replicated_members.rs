@@ -11,7 +11,8 @@
 //! — every receipted publish readable once, delivery counts not gone back,
 //! the dead letters there — and with no broker left to replace the second
 //! dead member, the listing says the group stays degraded, until the first
-//! one killed comes back and takes that place.
+//! one killed comes back and takes that place. And a group whose creating
+//! broker crashed before initializing it forms once that broker is back.
 
 use crate::replicated::{ONE_CLUSTER, client, stable_leader};
 use ricochet_client::{InitialPosition, PolicySpec, SubscriptionType};
@@ -360,4 +361,86 @@ async fn a_follower_down_past_replace_after_is_replaced_and_a_later_kill_loses_n
 #[tokio::test]
 async fn a_leader_down_past_replace_after_is_replaced_and_a_later_kill_loses_nothing() {
     replaced_member_run(true, "rlead").await;
+}
+
+/// A crash of the broker creating a group between writing its record to
+/// etcd and initializing the group's membership (a failpoint aborts it
+/// there) left a record no node ever initialized: every later create found
+/// the record and returned, and the topic never had a leader. Restarted,
+/// that broker (the record's first member, of a group that never had a
+/// leader) initializes the group; a producer and a consumer then work
+/// through it.
+#[tokio::test]
+async fn a_group_whose_creator_crashed_before_initializing_it_forms_after_the_restart() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("a_group_whose_creator_crashed").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let armed = SpawnOptions::new().env("RICOCHET_FAILPOINT", "groups.create.after_record");
+    let mut brokers = spawn_cluster(
+        &etcd,
+        "unformed",
+        3,
+        root.path(),
+        Duration::from_secs(3),
+        &armed,
+    )
+    .await;
+    let t = "unformed";
+    let created = client(&brokers[0].url())
+        .await
+        .admin()
+        .create_replicated_topic(t, 3)
+        .await;
+    assert!(created.is_err(), "the creating broker aborted: {created:?}");
+    let key = format!("/ricochet/unformed/groups/persistent://public/default/{t}");
+    let (record, _) = etcd.get(&key).await.expect("the record was written");
+    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+    let creator = record["members"][0].as_str().unwrap().to_owned();
+    let i = brokers.iter().position(|b| b.id == creator).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !brokers[i].process.as_mut().unwrap().has_exited() {
+        assert!(Instant::now() < deadline, "{creator} did not abort");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    brokers[i]
+        .restart_with(|o| o.without_env("RICOCHET_FAILPOINT"))
+        .await;
+
+    // Only an elected leader reports the group's replication.
+    let report = format!("/ricochet/unformed/replication-status/persistent://public/default/{t}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while etcd.get(&report).await.is_none() {
+        assert!(Instant::now() < deadline, "the group never had a leader");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let c = client(&brokers[(i + 1) % 3].url()).await;
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    let p = c
+        .producer(t)
+        .send_timeout(Duration::from_secs(30))
+        .create()
+        .await
+        .unwrap();
+    for n in 0..5 {
+        p.send(format!("m{n}")).await.unwrap();
+    }
+    let mut got = Vec::new();
+    while got.len() < 5 {
+        let m = tokio::time::timeout(Duration::from_secs(20), consumer.receive())
+            .await
+            .expect("a delivery")
+            .unwrap();
+        got.push(String::from_utf8_lossy(m.payload()).into_owned());
+        consumer.ack(&m).await.unwrap();
+    }
+    assert_eq!(got, ["m0", "m1", "m2", "m3", "m4"]);
 }

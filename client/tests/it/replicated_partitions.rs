@@ -2,9 +2,11 @@
 //! 22): etcd and three brokers as child processes on loopback. A
 //! partitioned topic created with `replicas` 3 (or in a namespace whose
 //! default is 3) has every partition its own Raft group of three, formed
-//! when the partition is first used; a keyed producer and a Shared
-//! consumer on the partitioned topic go through the client's partitioned
-//! paths, and after a `kill -9` of one partition's leader every partition
+//! before the create answers (and those a raised count adds before that
+//! answers); a create whose groups cannot all form in time answers
+//! UNAVAILABLE naming them, and first use forms them. A keyed producer and
+//! a Shared consumer on the partitioned topic go through the client's
+//! partitioned paths, and after a `kill -9` of one partition's leader every partition
 //! is served again: the messages published after the kill all arrive, and
 //! none acked before it comes again. Standalone, a factor above 1 is
 //! refused and nothing is created.
@@ -48,6 +50,61 @@ async fn drain(consumer: &mut ricochet_client::Consumer, want: usize) -> Vec<Str
         consumer.ack(&m).await.unwrap();
     }
     got
+}
+
+/// The groups `ListBrokers` (asked of `url`) lists for the partitions of
+/// `base` (`public/default/<base>-partition-<i>`), by partition index:
+/// (replicas, members, leader, leader's last index).
+async fn listed_groups(url: &str, base: &str) -> Vec<(u32, usize, String, u64)> {
+    let listed = client(url).await.admin().brokers(false).await.unwrap();
+    let prefix = format!("persistent://public/default/{base}-partition-");
+    let mut groups: Vec<(u32, (u32, usize, String, u64))> = listed
+        .groups
+        .iter()
+        .filter_map(|g| {
+            let i = g.topic.strip_prefix(&prefix)?.parse().ok()?;
+            assert!(
+                g.leader.is_empty() || g.members.contains(&g.leader),
+                "the leader is a member: {g:?}"
+            );
+            Some((
+                i,
+                (g.replicas, g.members.len(), g.leader.clone(), g.last_index),
+            ))
+        })
+        .collect();
+    groups.sort();
+    let indexes: Vec<u32> = groups.iter().map(|g| g.0).collect();
+    assert!(
+        indexes.iter().enumerate().all(|(n, i)| n as u32 == *i),
+        "at most one group per partition, from 0 on: {indexes:?}"
+    );
+    groups.into_iter().map(|(_, g)| g).collect()
+}
+
+/// Asserts that the partitions of `base` are listed (by the broker at
+/// `url`) as `n` groups of three members with a leader at once, and that
+/// within 15 s each leader reports its log (only a leader writes that
+/// report), with no produce or lookup in between.
+async fn assert_groups_formed(url: &str, base: &str, n: usize) {
+    let groups = listed_groups(url, base).await;
+    assert_eq!(groups.len(), n, "one group per partition: {groups:?}");
+    for g in &groups {
+        assert_eq!((g.0, g.1), (3, 3), "three members: {groups:?}");
+        assert!(!g.2.is_empty(), "a leader: {groups:?}");
+    }
+    let start = Instant::now();
+    loop {
+        let groups = listed_groups(url, base).await;
+        if groups.len() == n && groups.iter().all(|g| g.3 > 0) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "every leader reports its group within 15 s: {groups:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 async fn publish(p: &ricochet_client::Producer, range: std::ops::Range<u32>) {
@@ -100,9 +157,16 @@ async fn each_partition_of_a_replicated_partitioned_topic_is_a_group_and_survive
         .await
         .unwrap();
     assert_eq!(info.partitions, 4, "{info:?}");
+    // Every partition is a group of three with a leader once the create
+    // answered, before any client used one.
+    assert_groups_formed(&brokers[0].url(), t, 4).await;
+    // So are the partitions a raised count adds.
+    let raised = admin.update_partitions(t, 6).await.unwrap();
+    assert_eq!(raised.partitions, 6, "{raised:?}");
+    assert_groups_formed(&brokers[0].url(), t, 6).await;
 
     // Clients know broker 0 and broker 1; a producer and a consumer of the
-    // partitioned topic use every partition, which forms its group.
+    // partitioned topic use every partition.
     let c = client(&brokers[0].url()).await;
     let p = c
         .producer(t)
@@ -120,7 +184,14 @@ async fn each_partition_of_a_replicated_partitioned_topic_is_a_group_and_survive
         .await
         .unwrap();
     publish(&p, 0..40).await;
-    for i in 0..4 {
+    // The base name's stats sum the partitions', each asked of its leader.
+    let whole = admin.topic_stats(t).await.unwrap();
+    assert_eq!(
+        (whole.partition_count, whole.message_count),
+        (6, 40),
+        "{whole:?}"
+    );
+    for i in 0..6 {
         let part = format!("public/default/{t}-partition-{i}");
         assert_eq!(
             group_of(&etcd, "rpart", &part).await,
@@ -217,6 +288,105 @@ async fn each_partition_of_a_replicated_partitioned_topic_is_a_group_and_survive
     for i in 0..2 {
         let part = format!("acme/parted/single-partition-{i}");
         assert_eq!(group_of(&etcd, "rpart", &part).await, None, "{part}");
+    }
+}
+
+/// A broker stopped (SIGSTOP) just after it registered still counts as
+/// live for its lease's 3 s, so a create at factor 3 is accepted and
+/// places a partition on it, whose group cannot form: the create answers
+/// UNAVAILABLE after its 30 s bound naming exactly the partitions placed
+/// there, the others are groups already, the topic stays created, and
+/// once the broker runs again a producer's first use forms the rest.
+#[tokio::test]
+async fn a_create_whose_groups_cannot_form_in_time_names_them_and_first_use_forms_them() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("a_create_whose_groups_cannot_form_in_time").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let brokers = spawn_cluster(
+        &etcd,
+        "rpartstop",
+        3,
+        root.path(),
+        Duration::from_secs(3),
+        &SpawnOptions::new(),
+    )
+    .await;
+    let admin_client = client(&brokers[0].url()).await;
+    let admin = admin_client.admin();
+    let t = "pt";
+    brokers[2].process().freeze();
+    let started = Instant::now();
+    let e = admin
+        .create_replicated_partitioned_topic(t, 3, 3)
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e:?}");
+    let message = e.to_string();
+    assert!(message.contains("form when first used"), "{message}");
+    let mut on_stopped = Vec::new();
+    for i in 0..3 {
+        let key =
+            format!("/ricochet/rpartstop/placement/persistent://public/default/{t}-partition-{i}");
+        let (placed, _) = etcd.get(&key).await.expect("every partition is placed");
+        if placed == "b2" {
+            on_stopped.push(i.to_string());
+        }
+    }
+    assert!(
+        !on_stopped.is_empty(),
+        "a partition is placed on the stopped broker"
+    );
+    assert!(
+        message.contains(&format!("partitions {} (of 3)", on_stopped.join(", "))),
+        "names the partitions placed on b2 ({on_stopped:?}): {message}"
+    );
+    println!(
+        "replicated partitions: a create with b2 stopped answered after {} ms: {message}",
+        took.as_millis()
+    );
+    assert_eq!(
+        admin.partitions(t).await.unwrap().map(|p| p.partitions),
+        Some(3),
+        "the topic stays created"
+    );
+    for i in 0..3 {
+        let part = format!("public/default/{t}-partition-{i}");
+        let g = group_of(&etcd, "rpartstop", &part).await;
+        if on_stopped.contains(&i.to_string()) {
+            assert_eq!(g, None, "{part} was not formed");
+        } else {
+            assert_eq!(g, Some((3, 3)), "{part} is a group of three");
+        }
+    }
+
+    // Running again, the broker registers again; a producer's first use
+    // forms the groups still missing.
+    brokers[2].process().thaw();
+    let start = Instant::now();
+    while ricochet_testkit::etcd::live_brokers(&brokers[0].url()).await < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "b2 is live again within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let p = admin_client
+        .producer(t)
+        .send_timeout(Duration::from_secs(30))
+        .create()
+        .await
+        .unwrap();
+    publish(&p, 0..30).await;
+    for i in 0..3 {
+        let part = format!("public/default/{t}-partition-{i}");
+        assert_eq!(
+            group_of(&etcd, "rpartstop", &part).await,
+            Some((3, 3)),
+            "{part} is a group of three after first use"
+        );
     }
 }
 

@@ -116,6 +116,10 @@ pub struct FileLog {
     records: BTreeMap<u64, Rec>,
     /// Entries up to this index are purged: never served.
     purged: Option<u64>,
+    /// Why an `fsync` of the log failed, once one has: every later write
+    /// is refused (after a failed `fsync` the kernel may have dropped the
+    /// dirty pages; a later one succeeding proves nothing about them).
+    failed: Option<String>,
 }
 
 /// What an open found and did.
@@ -126,6 +130,24 @@ pub struct OpenReport {
 }
 
 impl FileLog {
+    /// Records that an `fsync` of the log failed: later writes are refused.
+    pub fn fail(&mut self, why: &io::Error) {
+        if self.failed.is_none() {
+            self.failed = Some(why.to_string());
+        }
+    }
+
+    /// Fails once an `fsync` of the log has failed.
+    fn check(&self) -> io::Result<()> {
+        match &self.failed {
+            None => Ok(()),
+            Some(why) => Err(io::Error::other(format!(
+                "an fsync of the raft log failed earlier ({why}): the log refuses writes \
+                 until the broker restarts and recovers it from disk"
+            ))),
+        }
+    }
+
     /// Opens (creating) the log in `dir`; entries up to `purged` are not
     /// served, and segments holding only such entries are deleted.
     pub fn open(dir: &Path, purged: Option<u64>) -> io::Result<(Self, OpenReport)> {
@@ -150,6 +172,7 @@ impl FileLog {
             segments: BTreeMap::new(),
             records: BTreeMap::new(),
             purged: None,
+            failed: None,
         };
         let mut report = OpenReport::default();
         let n = firsts.len();
@@ -273,6 +296,7 @@ impl FileLog {
     /// returns the file to fsync for it to be durable (the segment, new or
     /// not, is durable in its directory already).
     pub fn append(&mut self, first: u64, entries: &[Vec<u8>]) -> io::Result<Arc<File>> {
+        self.check()?;
         if entries.is_empty() || entries.iter().any(Vec::is_empty) {
             return Err(io::Error::other("raft log: empty batch or entry"));
         }
@@ -375,6 +399,7 @@ impl FileLog {
     /// mark is appended and fsynced if the remaining tail still holds
     /// entries at or past `index`.
     pub fn truncate(&mut self, index: u64) -> io::Result<()> {
+        self.check()?;
         let later: Vec<u64> = self
             .segments
             .range(index..)
@@ -405,6 +430,7 @@ impl FileLog {
     /// Forgets entries up to `index` (the caller made the purge point
     /// durable first) and deletes every segment holding only such entries.
     pub fn purge(&mut self, index: u64) -> io::Result<()> {
+        self.check()?;
         self.purged = Some(self.purged.map_or(index, |p| p.max(index)));
         let gone: Vec<u64> = self
             .segments

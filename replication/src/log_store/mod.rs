@@ -32,6 +32,12 @@
 //! purges are durable in both modes (the purge point is flushed before a
 //! segment is deleted, so a crash never leaves a gap unexplained).
 //!
+//! Reads: the entries appended last are also kept in memory, as appended
+//! ([`Recent`], at most [`RECENT_BYTES`] per group), because openraft
+//! reads each entry back right after appending it (the leader once per
+//! follower and once to apply, a follower once to apply); older entries
+//! are read from the segment files.
+//!
 //! Upgrade ([`upgrade`]): a group whose log is still a sled tree
 //! (`log/<group>`, written by earlier brokers) is converted when opened.
 
@@ -71,6 +77,8 @@ pub fn group_log_dir(root: &Path, group: &str) -> PathBuf {
 #[derive(Debug, Clone)]
 pub struct LogStore {
     files: Arc<Mutex<FileLog>>,
+    /// The entries appended last, as appended ([`Recent`]).
+    recent: Arc<Mutex<Recent>>,
     meta: sled::Tree,
     /// The database's durable flush, for the vote and marks.
     sync: Arc<SledSync>,
@@ -130,6 +138,7 @@ impl LogStore {
         }
         Ok(Self {
             files,
+            recent: Arc::default(),
             meta,
             sync: db.sync().clone(),
             durability: settings.durability,
@@ -208,18 +217,25 @@ impl LogStore {
                     .map_err(|e| storage_io(StorageIOError::write_log_entry(entry.log_id, &e)))?,
             );
         }
-        drop(entries);
         let sync = self.durability == Durability::Sync;
         let files = self.files.clone();
+        let recent = self.recent.clone();
         tokio::task::spawn_blocking(move || {
-            let file = files
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .append(first, &bytes)?;
+            let file = {
+                let mut log = files.lock().unwrap_or_else(|p| p.into_inner());
+                let file = log.append(first, &bytes)?;
+                // Under the files' lock, so a truncate or purge sees the
+                // cache and the files agree.
+                lock(&recent).push(first, entries, bytes.iter().map(Vec::len).sum());
+                file
+            };
             drop(bytes);
             if sync {
                 // Outside the lock: readers go on meanwhile.
-                file.sync_data()?;
+                if let Err(e) = file.sync_data() {
+                    files.lock().unwrap_or_else(|p| p.into_inner()).fail(&e);
+                    return Err(e);
+                }
             }
             Ok::<_, std::io::Error>(())
         })
@@ -259,13 +275,113 @@ impl LogStore {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The most bytes of entries [`Recent`] keeps per group: about ten
+/// appends of full producer batches, more than openraft reads back
+/// behind the last append when replicas keep up; small, because it stays
+/// resident per group while the group is idle (a broker may hold
+/// hundreds of groups).
+pub const RECENT_BYTES: usize = 1 << 20;
+
+/// The last entries appended (consecutive, at most [`RECENT_BYTES`] of
+/// them as encoded), kept as appended: openraft reads each entry back
+/// soon after appending it, on the leader once for each follower it
+/// replicates to and once to apply it, on a follower once to apply it.
+/// Served from here, such a read clones the entries (their commands are
+/// [`bytes::Bytes`], shared) instead of reading the record back,
+/// checking its CRC and decoding it. Anything older, or after a reopen,
+/// is read from the files. Changed only under the files' lock, and
+/// truncated or purged before they are.
+#[derive(Debug, Default)]
+pub struct Recent {
+    /// The index of `entries[0]`.
+    first: u64,
+    entries: std::collections::VecDeque<(Entry<TypeConfig>, usize)>,
+    bytes: usize,
+}
+
+impl Recent {
+    /// Adds `entries` appended at `first` on (`size` bytes encoded). An
+    /// append that does not follow the entries held (after a truncation,
+    /// a purge or a snapshot) starts over from it.
+    pub fn push(&mut self, first: u64, entries: Vec<Entry<TypeConfig>>, size: usize) {
+        let end = self.first + self.entries.len() as u64;
+        if first != end {
+            if first > self.first && first < end {
+                // Over a tail the store truncated first.
+                self.truncate(first);
+            } else {
+                // A gap before `first`, or nothing kept before it.
+                self.clear();
+                self.first = first;
+            }
+        }
+        let each = size / entries.len().max(1);
+        for e in entries {
+            self.bytes += each;
+            self.entries.push_back((e, each));
+        }
+        while self.bytes > RECENT_BYTES && self.entries.len() > 1 {
+            if let Some((_, n)) = self.entries.pop_front() {
+                self.bytes -= n;
+                self.first += 1;
+            }
+        }
+    }
+
+    /// The entries `from..to` if all of them are held (clones).
+    pub fn get(&self, from: u64, to: u64) -> Option<Vec<Entry<TypeConfig>>> {
+        let end = self.first + self.entries.len() as u64;
+        if from < self.first || to > end || from >= to {
+            return None;
+        }
+        let (a, b) = ((from - self.first) as usize, (to - self.first) as usize);
+        Some(self.entries.range(a..b).map(|(e, _)| e.clone()).collect())
+    }
+
+    /// Drops the entries from `index` on.
+    pub fn truncate(&mut self, index: u64) {
+        if index <= self.first {
+            self.clear();
+            self.first = index;
+            return;
+        }
+        let keep = (index - self.first) as usize;
+        while self.entries.len() > keep {
+            if let Some((_, n)) = self.entries.pop_back() {
+                self.bytes -= n;
+            }
+        }
+    }
+
+    /// Drops the entries up to `index`.
+    pub fn purge(&mut self, index: u64) {
+        while self.first <= index {
+            let Some((_, n)) = self.entries.pop_front() else {
+                self.first = index + 1;
+                return;
+            };
+            self.bytes -= n;
+            self.first += 1;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+}
+
 /// Fsyncs the active segment of the log every `every` until it is closed.
-async fn flush_every(files: std::sync::Weak<Mutex<FileLog>>, every: std::time::Duration) {
+async fn flush_every(log: std::sync::Weak<Mutex<FileLog>>, every: std::time::Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let Some(files) = files.upgrade() else { return };
+        let Some(files) = log.upgrade() else { return };
         let active = files
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -274,7 +390,11 @@ async fn flush_every(files: std::sync::Weak<Mutex<FileLog>>, every: std::time::D
         if let Some(file) = active {
             match tokio::task::spawn_blocking(move || file.sync_data()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::error!(error = %e, "raft log interval flush failed"),
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "raft log interval flush failed; the log refuses further writes");
+                    let Some(files) = log.upgrade() else { return };
+                    files.lock().unwrap_or_else(|p| p.into_inner()).fail(&e);
+                }
                 Err(e) => tracing::error!(error = %e, "raft log interval flush task failed"),
             }
         }
@@ -300,6 +420,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(&i) => i,
             Bound::Unbounded => u64::MAX,
         };
+        if let Some(hit) = lock(&self.recent).get(from, to) {
+            return Ok(hit);
+        }
         let plan = self.lock().plan(from, to);
         let mut out = Vec::new();
         for p in plan {
@@ -381,9 +504,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StoreResult<()> {
         // Entries from `log_id.index` on conflict with the leader's log.
         let index = log_id.index;
-        self.blocking(move |log| log.truncate(index))
-            .await
-            .map_err(|e| write_err(&e))
+        let recent = self.recent.clone();
+        self.blocking(move |log| {
+            // Before the files change: a read meanwhile goes to the files.
+            lock(&recent).truncate(index);
+            log.truncate(index)
+        })
+        .await
+        .map_err(|e| write_err(&e))
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StoreResult<()> {
@@ -392,9 +520,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.put_meta(PURGED, &log_id)?;
         self.flush_meta().await?;
         let index = log_id.index;
-        self.blocking(move |log| log.purge(index))
-            .await
-            .map_err(|e| write_err(&e))
+        let recent = self.recent.clone();
+        self.blocking(move |log| {
+            lock(&recent).purge(index);
+            log.purge(index)
+        })
+        .await
+        .map_err(|e| write_err(&e))
     }
 }
 

@@ -9,7 +9,7 @@ use openraft::CommittedLeaderId;
 fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
     Entry {
         log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
-        payload: EntryPayload::Normal(Command(payload(term, index))),
+        payload: EntryPayload::Normal(Command(payload(term, index).into())),
     }
 }
 
@@ -54,6 +54,15 @@ fn open(dir: &Path, segment_bytes: u64) -> (RaftDb, LogStore) {
 /// says it was written in.
 async fn check(log: &mut LogStore, from: u64, to: u64, term_of: impl Fn(u64) -> u64) {
     let got = log.try_get_log_entries(from..=to).await.expect("read");
+    // What the files hold, whether or not the read above came from the
+    // cache of recent entries.
+    let stored: Vec<Entry<TypeConfig>> = log
+        .raw_entries(from, to + 1)
+        .expect("raw read")
+        .iter()
+        .map(|(_, b)| decode_entry(b).expect("decode"))
+        .collect();
+    assert_eq!(stored, got, "the cache and the files disagree");
     let want: Vec<u64> = (from..=to).collect();
     let indexes: Vec<u64> = got.iter().map(|e| e.log_id.index).collect();
     assert_eq!(indexes, want);
@@ -302,4 +311,154 @@ async fn a_log_an_earlier_broker_kept_in_sled_is_converted_at_open() {
         "tree kept"
     );
     check(&mut log, 3, 42, |i| if i > 40 { 2 } else { 1 }).await;
+}
+
+/// The command encoding before it held `Bytes` (`#[serde(with =
+/// "serde_bytes")] Vec<u8>`, derived), as earlier brokers wrote it.
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename = "Command")]
+struct OldCommand(#[serde(with = "serde_bytes")] Vec<u8>);
+
+#[test]
+fn a_command_encodes_as_before_and_decodes_what_older_brokers_wrote() {
+    for len in [0, 1, 23, 24, 255, 256, 5_000, 70_000] {
+        let bytes: Vec<u8> = (0..len).map(|k| (k * 7 + 3) as u8).collect();
+        let old = encode(&OldCommand(bytes.clone())).expect("old encode");
+        assert_eq!(encode(&Command(bytes.clone().into())).expect("encode"), old);
+        assert_eq!(decode::<Command>(&old).expect("decode").0, bytes);
+        // And inside an entry, as the log and AppendEntries carry it.
+        let e = entry(3, 9);
+        let EntryPayload::Normal(c) = &e.payload else {
+            unreachable!()
+        };
+        let old_entry = Entry::<OldTypes> {
+            log_id: e.log_id,
+            payload: EntryPayload::Normal(OldCommand(c.0.to_vec())),
+        };
+        let written = encode(&old_entry).expect("old entry");
+        assert_eq!(encode(&e).expect("entry"), written);
+        assert_eq!(decode_entry(&written).expect("decode entry"), e);
+    }
+}
+
+openraft::declare_raft_types!(
+    /// [`TypeConfig`] with [`OldCommand`].
+    OldTypes:
+        D = OldCommand,
+        R = crate::Reply,
+        NodeId = NodeId,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<OldTypes>,
+        SnapshotData = tokio::fs::File,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+fn cached(r: &Recent, from: u64, to: u64) -> Option<Vec<u64>> {
+    r.get(from, to)
+        .map(|v| v.iter().map(|e| e.log_id.index).collect())
+}
+
+#[test]
+fn recent_entries_follow_appends_truncations_purges_and_gaps() {
+    let mut r = Recent::default();
+    assert_eq!(cached(&r, 1, 2), None);
+    r.push(1, batch(1, 1, 5), 500);
+    r.push(6, batch(1, 6, 8), 300);
+    assert_eq!(cached(&r, 1, 9), Some((1..9).collect()));
+    assert_eq!(cached(&r, 4, 7), Some(vec![4, 5, 6]));
+    assert_eq!(cached(&r, 0, 3), None, "below what is held");
+    assert_eq!(cached(&r, 7, 10), None, "past what is held");
+    // A conflicting append from 4 on (after a truncation the store made).
+    r.truncate(4);
+    assert_eq!(cached(&r, 1, 4), Some(vec![1, 2, 3]));
+    assert_eq!(cached(&r, 3, 5), None);
+    r.push(4, batch(2, 4, 4), 100);
+    let got = r.get(3, 5).expect("held");
+    assert_eq!(got, vec![entry(1, 3), entry(2, 4)]);
+    // An append that overlaps without a truncation first replaces the tail.
+    r.push(3, batch(3, 3, 3), 100);
+    assert_eq!(r.get(1, 4).expect("held")[2], entry(3, 3));
+    assert_eq!(cached(&r, 1, 5), None);
+    r.purge(2);
+    assert_eq!(cached(&r, 2, 4), None);
+    assert_eq!(cached(&r, 3, 4), Some(vec![3]));
+    // A gap (a snapshot installed past the log): only what follows it.
+    r.push(50, batch(4, 50, 51), 200);
+    assert_eq!(cached(&r, 3, 4), None);
+    assert_eq!(cached(&r, 50, 52), Some(vec![50, 51]));
+    r.purge(60);
+    assert_eq!(cached(&r, 50, 52), None);
+    r.push(61, batch(4, 61, 61), 100);
+    assert_eq!(cached(&r, 61, 62), Some(vec![61]));
+}
+
+#[test]
+fn recent_entries_keep_at_most_their_byte_budget() {
+    let mut r = Recent::default();
+    let each = RECENT_BYTES / 10;
+    for i in 1..=30 {
+        r.push(i, batch(1, i, i), each);
+    }
+    assert_eq!(cached(&r, 30, 31), Some(vec![30]));
+    assert_eq!(cached(&r, 21, 31), Some((21..31).collect()));
+    assert_eq!(cached(&r, 20, 31), None, "over the budget");
+    // One entry larger than the budget is still kept (the last append).
+    r.push(31, batch(1, 31, 31), RECENT_BYTES * 2);
+    assert_eq!(cached(&r, 31, 32), Some(vec![31]));
+    assert_eq!(cached(&r, 30, 32), None);
+}
+
+#[tokio::test]
+async fn reads_after_a_truncation_and_a_purge_match_the_files() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_db, mut log) = open(dir.path(), 16 << 10);
+    for k in 0..6 {
+        log.append_entries(batch(1, k * 5 + 1, k * 5 + 5))
+            .await
+            .expect("append");
+    }
+    check(&mut log, 1, 30, |_| 1).await;
+    log.truncate(LogId::new(CommittedLeaderId::new(1, 1), 13))
+        .await
+        .expect("truncate");
+    assert!(
+        log.try_get_log_entries(13..=14)
+            .await
+            .expect("read")
+            .is_empty(),
+        "a truncated entry was served"
+    );
+    log.append_entries(batch(2, 13, 20)).await.expect("append");
+    check(&mut log, 1, 20, |i| if i >= 13 { 2 } else { 1 }).await;
+    log.purge(LogId::new(CommittedLeaderId::new(2, 1), 15))
+        .await
+        .expect("purge");
+    assert!(
+        log.try_get_log_entries(10..=15)
+            .await
+            .expect("read")
+            .is_empty(),
+        "a purged entry was served"
+    );
+    check(&mut log, 16, 20, |_| 2).await;
+}
+
+/// After a failed `fsync` (recorded by the store when a sync of an append
+/// or the interval flush fails) the log refuses every write: the kernel
+/// may have dropped the pages that sync was for.
+#[test]
+fn after_a_failed_fsync_the_log_refuses_every_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = FileLog::open(dir.path(), None).unwrap();
+    log.append(1, &[b"a".to_vec()]).unwrap();
+    log.fail(&std::io::Error::other("EIO"));
+    let refused = [
+        log.append(2, &[b"b".to_vec()]).unwrap_err(),
+        log.truncate(1).unwrap_err(),
+        log.purge(1).unwrap_err(),
+    ];
+    for e in refused {
+        assert!(e.to_string().contains("failed earlier (EIO)"), "{e}");
+    }
+    assert_eq!(log.next_index(), Some(2), "nothing was written after");
 }

@@ -27,7 +27,11 @@
 /// `ricochet-replication` writes the same frames).
 pub mod record;
 pub(crate) mod segment;
+mod trims;
 pub(crate) mod upgrade;
+
+use trims::PendingTrim;
+pub use trims::TrimMark;
 
 use super::{StorageError, StorageResult as Result};
 use record::FileHeader;
@@ -64,22 +68,22 @@ pub struct SegmentLog {
     topics: Mutex<HashMap<String, Arc<Mutex<TopicLog>>>>,
     /// Files written since the last sync.
     dirty: Mutex<Vec<Arc<File>>>,
+    /// Why a sync failed, once one has: every later sync and append is
+    /// refused (after a failed `fsync` the kernel may have dropped the
+    /// dirty pages, so a later one succeeding proves nothing about them).
+    failed: Mutex<Option<String>>,
+    /// Test hook: the next sync fails as an `fsync` error would.
+    #[cfg(test)]
+    pub(crate) fail_next_sync: std::sync::atomic::AtomicBool,
     /// Torn tails found at open (cut off, or left alone when read-only).
     pub torn: Vec<String>,
-    /// Trims whose files are still to be deleted.
+    /// Trims whose files are still to be deleted, in the order made.
     trims: Mutex<Vec<PendingTrim>>,
+    /// The number the next trim gets ([`TrimMark`]).
+    trim_seq: std::sync::atomic::AtomicU64,
     /// Held while trims' files are deleted, so two callers never write
     /// `start` files out of order.
     finishing: Mutex<()>,
-}
-
-/// Segments dropped from a topic's log whose files are still on disk.
-#[derive(Debug)]
-struct PendingTrim {
-    dir: PathBuf,
-    /// The first segment kept (the `start` file's new value).
-    keep: u64,
-    files: Vec<PathBuf>,
 }
 
 /// One topic's segments.
@@ -189,8 +193,12 @@ impl SegmentLog {
             settings,
             topics: Mutex::new(HashMap::new()),
             dirty: Mutex::new(Vec::new()),
+            failed: Mutex::new(None),
+            #[cfg(test)]
+            fail_next_sync: std::sync::atomic::AtomicBool::new(false),
             torn: Vec::new(),
             trims: Mutex::new(Vec::new()),
+            trim_seq: std::sync::atomic::AtomicU64::new(0),
             finishing: Mutex::new(()),
         };
         let entries = match std::fs::read_dir(&root) {
@@ -263,6 +271,7 @@ impl SegmentLog {
         if entries.is_empty() {
             return Ok(());
         }
+        self.check_synced()?;
         let t = self.topic_or_create(topic)?;
         let mut tl = crate::util::lock(&t);
         if let Some(next) = tl.next()
@@ -475,65 +484,6 @@ impl SegmentLog {
         })
     }
 
-    /// Drops the sealed segments, oldest first, that hold only ids
-    /// `< below` (never the active one): at once from what is served, and
-    /// from disk by the next [`Self::finish_trims`], which the engine runs
-    /// after sled's flush — so the cursors that allowed the trim are
-    /// durable before the files go (a crash in between keeps the files).
-    pub fn trim(&self, topic: &str, below: u64) -> Result<()> {
-        let Some(t) = self.topic(topic) else {
-            return Ok(());
-        };
-        let mut tl = crate::util::lock(&t);
-        let last = tl.segments.keys().next_back().copied();
-        let doomed: Vec<u64> = tl
-            .segments
-            .iter()
-            .take_while(|(k, s)| Some(**k) != last && s.next <= below)
-            .map(|(k, _)| *k)
-            .collect();
-        if doomed.is_empty() {
-            return Ok(());
-        }
-        let files = doomed
-            .iter()
-            .filter_map(|k| tl.segments.remove(k))
-            .map(|s| s.path)
-            .collect();
-        let Some(keep) = tl.segments.keys().next().copied() else {
-            return Ok(());
-        };
-        crate::util::lock(&self.trims).push(PendingTrim {
-            dir: tl.dir.clone(),
-            keep,
-            files,
-        });
-        Ok(())
-    }
-
-    /// Deletes the files of the trims made so far: per topic the `start`
-    /// file first (durably), then the files, then the directory fsynced.
-    /// A trim of a topic deleted since is skipped.
-    pub fn finish_trims(&self) -> std::io::Result<()> {
-        let _one_at_a_time = crate::util::lock(&self.finishing);
-        let trims = std::mem::take(&mut *crate::util::lock(&self.trims));
-        for trim in trims {
-            if !trim.dir.is_dir() {
-                continue;
-            }
-            write_start(&trim.dir, trim.keep)?;
-            crate::util::failpoint("log.trim.after_start");
-            for f in &trim.files {
-                match std::fs::remove_file(f) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                    _ => {}
-                }
-            }
-            sync_dir(&trim.dir)?;
-        }
-        Ok(())
-    }
-
     /// Deletes a topic's log: its directory renamed away (durably), then
     /// removed. A crash in between leaves a `~deleted` directory that the
     /// next open removes.
@@ -553,13 +503,50 @@ impl SegmentLog {
         Ok(())
     }
 
-    /// Fsyncs every segment file written since the last call.
+    /// Fsyncs every segment file written since the last call. After a
+    /// failure every later call fails too, naming the first failure, and
+    /// so does every append ([`SegmentLog::failed`]).
     pub fn sync(&self) -> std::io::Result<()> {
+        self.check_synced()
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
         let files = std::mem::take(&mut *crate::util::lock(&self.dirty));
-        for f in &files {
-            f.sync_data()?;
+        for (i, f) in files.iter().enumerate() {
+            if let Err(e) = self.sync_one(f) {
+                *crate::util::lock(&self.failed) = Some(e.to_string());
+                // Still dirty, and never reported synced.
+                crate::util::lock(&self.dirty).extend(files[i..].iter().cloned());
+                return Err(e);
+            }
         }
         Ok(())
+    }
+
+    fn sync_one(&self, f: &File) -> std::io::Result<()> {
+        #[cfg(test)]
+        if self
+            .fail_next_sync
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            return Err(std::io::Error::other("injected fsync failure"));
+        }
+        f.sync_data()
+    }
+
+    /// Fails once a sync has failed: nothing written since can be made
+    /// durable by this process.
+    fn check_synced(&self) -> Result<()> {
+        match &*crate::util::lock(&self.failed) {
+            None => Ok(()),
+            Some(why) => Err(StorageError::Io(std::io::Error::other(format!(
+                "an fsync of the segment log failed earlier ({why}): the log refuses \
+                 writes until the broker restarts and recovers it from disk"
+            )))),
+        }
+    }
+
+    /// Why a sync failed, once one has.
+    pub fn failed(&self) -> Option<String> {
+        crate::util::lock(&self.failed).clone()
     }
 
     /// Entries stored in every topic's segments.
@@ -672,33 +659,6 @@ impl SegmentLog {
             }
         }
         Ok(sealed)
-    }
-
-    /// Drops the local copy of `topic`'s oldest segment, which must start
-    /// at `first` and be sealed (its copy elsewhere verified and durable):
-    /// at once from what is served, from disk by the next
-    /// [`Self::finish_trims`], as a retention trim. Returns whether it did.
-    pub fn drop_local(&self, topic: &str, first: u64) -> Result<bool> {
-        let Some(t) = self.topic(topic) else {
-            return Ok(false);
-        };
-        let mut tl = crate::util::lock(&t);
-        let mut keys = tl.segments.keys().copied();
-        let (Some(oldest), Some(keep)) = (keys.next(), keys.next()) else {
-            return Ok(false);
-        };
-        if oldest != first {
-            return Ok(false);
-        }
-        let Some(seg) = tl.segments.remove(&first) else {
-            return Ok(false);
-        };
-        crate::util::lock(&self.trims).push(PendingTrim {
-            dir: tl.dir.clone(),
-            keep,
-            files: vec![seg.path],
-        });
-        Ok(true)
     }
 }
 

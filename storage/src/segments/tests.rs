@@ -312,3 +312,55 @@ fn lookups_skip_whole_records_by_header_and_still_refuse_a_damaged_target() {
         Some(entry(151).as_slice())
     );
 }
+
+#[test]
+fn a_trim_made_while_a_flush_runs_waits_for_the_next_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
+    for first in (0..30).step_by(5) {
+        log.append(T, first, &batch(first, 5)).unwrap();
+    }
+    // A flush starts (takes its mark), then a trim is made: the flush did
+    // not make what allowed that trim durable, so its files stay.
+    let flush = log.trim_mark();
+    log.trim(T, 15).unwrap();
+    log.finish_trims_before(flush).unwrap();
+    assert!(log.segment_path(T, 0).exists(), "kept until a later flush");
+    assert_eq!(log.range(T), Some((10, 30)), "no longer served");
+    let next = log.trim_mark();
+    log.finish_trims_before(next).unwrap();
+    assert!(
+        !log.segment_path(T, 0).exists(),
+        "gone after the next flush"
+    );
+}
+
+#[test]
+fn a_failed_sync_keeps_its_files_dirty_and_refuses_later_syncs_and_appends() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
+    log.append(T, 0, &batch(0, 5)).unwrap();
+    log.append("persistent://public/default/u", 0, &batch(0, 5))
+        .unwrap();
+    assert_eq!(crate::util::lock(&log.dirty).len(), 2);
+    log.fail_next_sync
+        .store(true, std::sync::atomic::Ordering::Release);
+    let e = log.sync().unwrap_err();
+    assert!(e.to_string().contains("injected"), "{e}");
+    assert_eq!(
+        crate::util::lock(&log.dirty).len(),
+        2,
+        "neither file is reported synced"
+    );
+    assert!(log.failed().is_some());
+    // The injection is spent: a sync that would now succeed still fails.
+    let e = log.sync().unwrap_err();
+    assert!(e.to_string().contains("failed earlier"), "{e}");
+    let e = log.append(T, 5, &batch(5, 5)).unwrap_err();
+    assert!(e.to_string().contains("failed earlier"), "{e}");
+    assert_eq!(
+        log.range(T),
+        Some((0, 5)),
+        "the refused append wrote nothing"
+    );
+}

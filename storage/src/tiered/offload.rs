@@ -209,10 +209,12 @@ impl Tiered {
         if outcome.local_deleted > 0 {
             crate::util::failpoint("tiered.offload.after_drop");
             // The states are durable already; the files go now, as a
-            // retention trim's do after a flush.
+            // retention trim's do after a flush (only trims made before
+            // it: a concurrent retention trim's checkpoint may not be).
+            let mark = self.log.trim_mark();
             self.sled.flush().await?;
             let log = self.log.clone();
-            tokio::task::spawn_blocking(move || log.finish_trims())
+            tokio::task::spawn_blocking(move || log.finish_trims_before(mark))
                 .await
                 .map_err(StorageError::joined)??;
         }

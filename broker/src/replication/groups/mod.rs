@@ -19,6 +19,7 @@
 //! brokers redirect to it; a member that stops leading hands the topic to
 //! the new leader (its streams end, clients look it up again).
 
+mod forming;
 mod leading;
 mod members;
 mod moves;
@@ -112,6 +113,9 @@ pub struct Groups {
     swept: std::sync::atomic::AtomicBool,
     /// The peer role each broker registered: who may speak Raft for it.
     peers: super::PeerRoles,
+    /// Groups whose create (record written, membership not initialized
+    /// yet) is under way in this process (see [`forming`]).
+    forming: Mutex<std::collections::HashSet<String>>,
 }
 
 /// The runtime the Raft nodes of this broker's groups run on, apart from
@@ -126,8 +130,15 @@ struct RaftRuntime(Option<tokio::runtime::Runtime>);
 
 impl RaftRuntime {
     fn start() -> Result<Self> {
+        // RICOCHET_RAFT_WORKERS: a measuring knob (docs/src/replication.md,
+        // "Session 12"), 2 by default.
+        let workers = std::env::var("RICOCHET_RAFT_WORKERS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(2);
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(workers)
             .thread_name("ricochet-raft")
             .enable_all()
             .build()?;
@@ -204,6 +215,7 @@ impl Groups {
             changing: Default::default(),
             swept: Default::default(),
             peers: Default::default(),
+            forming: Default::default(),
             cluster,
             storage: core.storage.clone(),
             core,
@@ -325,6 +337,7 @@ impl Groups {
         };
         let json = serde_json::to_string(&record)
             .map_err(|e| BrokerError::Etcd(format!("cannot encode a group record: {e}")))?;
+        let forming = forming::Forming::start(self, topic.as_str());
         match self
             .cluster
             .etcd()
@@ -340,12 +353,14 @@ impl Groups {
         }
         ricochet_storage::util::write(&self.known).insert(topic.to_string(), record.clone());
         tracing::info!(%topic, replicas, members = ?record.members, "replication group placed");
+        ricochet_storage::util::failpoint("groups.create.after_record");
         let partition = self.start_member(topic.as_str(), &record).await?;
         partition
             .node()
             .initialize(urls)
             .await
             .map_err(replication)?;
+        drop(forming);
         let command = create_command(topic, replicas);
         match tokio::time::timeout(FORM_TIMEOUT, propose_as_leader(&partition, &command)).await {
             Ok(Ok(())) => Ok(true),
@@ -572,6 +587,7 @@ impl Groups {
                 .map(|(t, m)| (t.clone(), m.partition.clone(), m.record.clone()))
                 .collect()
         };
+        self.finish_unformed(&members).await;
         for (topic, partition, record) in &members {
             self.follow_leader(topic, partition.clone(), record).await;
         }

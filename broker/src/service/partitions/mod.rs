@@ -2,11 +2,15 @@
 //! its partition count; standalone through the node's partitions, in
 //! cluster mode through etcd (the partitions are placed over the brokers).
 //! A partitioned topic created with a factor above 1 (or in a namespace
-//! whose default is) has it recorded in etcd; each partition becomes its
-//! own Raft group of that factor when it is first used
+//! whose default is) has it recorded in etcd, and each partition becomes
+//! its own Raft group of that factor before the create answers ([`form`]);
+//! partitions added by a raised count likewise. A group that did not form
+//! in time forms when its partition is first used
 //! (`replication::groups`).
 //! The admin service's view of a partitioned topic as a whole is
 //! [`super::fanout`].
+
+mod form;
 
 use crate::error::BrokerError;
 use crate::name::{TopicName, check_partition_count};
@@ -66,18 +70,31 @@ impl Partitions for PartitionsService {
         &self,
         r: Request<UpdatePartitionsRequest>,
     ) -> Result<Response<PartitionedTopicMetadata>, Status> {
+        let auth = r.metadata().get("authorization").cloned();
         let r = r.into_inner();
         let name = TopicName::parse(&r.topic)?;
         match self.node.cluster() {
             // The count lives in etcd; the partitions are placed over the
-            // brokers and created by each on first use.
+            // brokers; with a factor above 1 each is formed as a group now,
+            // else created by the broker it is placed on at first use.
             Some(c) => {
                 check_partition_count(&name, r.partitions)?;
                 let replicas = self.factor(c, &name, r.replicas).await?;
                 let factor = namespaces::partitioned_factor_record(c, name.as_str(), replicas);
                 c.create_partitioned(name.as_str(), r.partitions, factor.as_slice())
                     .await
-                    .map_err(BrokerError::from)?
+                    .map_err(BrokerError::from)?;
+                if replicas > 1 {
+                    form::form_groups(
+                        &self.node,
+                        c,
+                        &name,
+                        0..r.partitions,
+                        replicas,
+                        auth.as_ref(),
+                    )
+                    .await?;
+                }
             }
             None => {
                 // Standalone every topic has factor 1: above is refused.
@@ -113,14 +130,32 @@ impl Partitions for PartitionsService {
         &self,
         r: Request<UpdatePartitionsRequest>,
     ) -> Result<Response<PartitionedTopicMetadata>, Status> {
+        let auth = r.metadata().get("authorization").cloned();
         let r = r.into_inner();
         let name = TopicName::parse(&r.topic)?;
         let partitions = match self.node.cluster() {
             Some(c) => {
-                c.update_partitions(name.as_str(), r.partitions, |n| {
-                    check_partition_count(&name, n)
-                })
-                .await?
+                let before = c
+                    .partition_count(name.as_str())
+                    .await
+                    .map_err(BrokerError::from)?
+                    .unwrap_or(0);
+                let after = c
+                    .update_partitions(name.as_str(), r.partitions, |n| {
+                        check_partition_count(&name, n)
+                    })
+                    .await?;
+                // The partitions added take the topic's factor: above 1
+                // their groups form now, as at create.
+                if after > before
+                    && let Some(replicas) = namespaces::partitioned_factor(c, name.as_str())
+                        .await?
+                        .filter(|r| *r > 1)
+                {
+                    form::form_groups(&self.node, c, &name, before..after, replicas, auth.as_ref())
+                        .await?;
+                }
+                after
             }
             None => self.node.partitions.update(&name, r.partitions).await?,
         };
