@@ -23,7 +23,35 @@ use ricochet_testkit::etcd_or_skip;
 use tonic::transport::Channel;
 
 use crate::replicated::ONE_CLUSTER;
-use crate::replicated_secure::{Secrets, leader, spawn_with, with_token};
+use crate::replicated_secure::{Secrets, create_once_live, leader, spawn_with, with_token};
+
+/// The Raft group name of replicated topic `t` in cluster `cluster` and
+/// its member brokers, from its etcd record (a member's node id is its
+/// position plus one).
+async fn group_of(
+    etcd: &ricochet_testkit::EtcdProcess,
+    cluster: &str,
+    t: &str,
+) -> (String, Vec<String>) {
+    let (record, _) = etcd
+        .get(&format!(
+            "/ricochet/{cluster}/groups/persistent://public/default/{t}"
+        ))
+        .await
+        .expect("the group's record");
+    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+    let group = format!(
+        "persistent://public/default/{t}@{}",
+        record["incarnation"].as_u64().expect("an incarnation")
+    );
+    let members = record["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap().to_owned())
+        .collect();
+    (group, members)
+}
 
 fn request(group: &str, from: u64, body: Vec<u8>) -> RaftRequest {
     RaftRequest {
@@ -105,20 +133,7 @@ async fn each_broker_speaks_raft_only_for_itself() {
     let ids = ["b0", "b1", "b2"];
     let t = "own-identities";
     let admin = s.client(&brokers[0].url, "admin").await;
-    let start = Instant::now();
-    loop {
-        match admin.admin().create_replicated_topic(t, 3).await {
-            Ok(info) => {
-                assert!(info.created, "{info:?}");
-                break;
-            }
-            Err(e) => assert!(
-                start.elapsed() < Duration::from_secs(30) && e.to_string().contains("live brokers"),
-                "{e}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    create_once_live(&admin, t).await;
     let first = leader(&s, &brokers[0].url, t, &ids).await;
     let victim = ids.iter().position(|b| *b == first).unwrap();
     let survivor = brokers[(victim + 1) % 3].url.clone();
@@ -141,26 +156,8 @@ async fn each_broker_speaks_raft_only_for_itself() {
 
     // The group: its Raft name and each member's node id (its position
     // in the record plus one).
-    let (record, _) = etcd
-        .get(&format!(
-            "/ricochet/peerid/groups/persistent://public/default/{t}"
-        ))
-        .await
-        .expect("the group's record");
-    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
-    let group = format!(
-        "persistent://public/default/{t}@{}",
-        record["incarnation"].as_u64().expect("an incarnation")
-    );
-    let node_of = |b: &str| {
-        record["members"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .position(|m| m == b)
-            .expect("a member") as u64
-            + 1
-    };
+    let (group, members) = group_of(&etcd, "peerid", t).await;
+    let node_of = |b: &str| members.iter().position(|m| m == b).expect("a member") as u64 + 1;
     let follower = ids[(victim + 1) % 3];
     let third = ids[(victim + 2) % 3];
     let (leader_node, third_node) = (node_of(first.as_str()), node_of(third));
@@ -428,20 +425,7 @@ async fn a_broker_whose_certificate_names_its_role_speaks_raft_only_for_itself()
     let ids = ["b0", "b1", "b2"];
     let t = "certified";
     let admin = f.client(&brokers[0].1).await;
-    let start = Instant::now();
-    loop {
-        match admin.admin().create_replicated_topic(t, 3).await {
-            Ok(info) => {
-                assert!(info.created, "{info:?}");
-                break;
-            }
-            Err(e) => assert!(
-                start.elapsed() < Duration::from_secs(30) && e.to_string().contains("live brokers"),
-                "{e}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    create_once_live(&admin, t).await;
     let first = settled_leader(&admin, t, &ids).await;
     let victim = ids.iter().position(|b| *b == first).unwrap();
     let survivor = brokers[(victim + 1) % 3].1.clone();
@@ -459,26 +443,8 @@ async fn a_broker_whose_certificate_names_its_role_speaks_raft_only_for_itself()
         .unwrap();
     expect(&mut consumer, 0, 3).await;
 
-    let (record, _) = etcd
-        .get(&format!(
-            "/ricochet/peercert/groups/persistent://public/default/{t}"
-        ))
-        .await
-        .expect("the group's record");
-    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
-    let group = format!(
-        "persistent://public/default/{t}@{}",
-        record["incarnation"].as_u64().expect("an incarnation")
-    );
-    let node_of = |b: &str| {
-        record["members"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .position(|m| m == b)
-            .expect("a member") as u64
-            + 1
-    };
+    let (group, members) = group_of(&etcd, "peercert", t).await;
+    let node_of = |b: &str| members.iter().position(|m| m == b).expect("a member") as u64 + 1;
     let third = ids[(victim + 2) % 3];
     let (leader_node, third_node) = (node_of(first.as_str()), node_of(third));
     let third_role = format!("broker-{third}");

@@ -44,6 +44,25 @@ pub(crate) fn token(role: &str) -> String {
     .unwrap()
 }
 
+/// Creates `t` at factor 3 through `admin` once the three brokers are
+/// registered (until then a factor of 3 is refused naming the live ones).
+pub(crate) async fn create_once_live(admin: &Client, t: &str) {
+    let start = Instant::now();
+    loop {
+        match admin.admin().create_replicated_topic(t, 3).await {
+            Ok(info) => {
+                assert!(info.created, "{info:?}");
+                return;
+            }
+            Err(e) => assert!(
+                start.elapsed() < Duration::from_secs(30) && e.to_string().contains("live brokers"),
+                "{e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 /// The files every broker of the test reads: the CA, one certificate for
 /// 127.0.0.1 and localhost, the HS256 secret and the peer tokens.
 pub(crate) struct Secrets {
@@ -269,20 +288,7 @@ async fn a_replicated_topic_with_tls_and_auth_on_survives_its_leaders_kill() {
     let t = "secured";
     let admin = s.client(&brokers[0].url, "admin").await;
     // Until the three brokers registered, a factor of 3 is refused.
-    let start = Instant::now();
-    loop {
-        match admin.admin().create_replicated_topic(t, 3).await {
-            Ok(info) => {
-                assert!(info.created, "{info:?}");
-                break;
-            }
-            Err(e) => assert!(
-                start.elapsed() < Duration::from_secs(30) && e.to_string().contains("live brokers"),
-                "{e}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    create_once_live(&admin, t).await;
     let first = leader(&s, &brokers[0].url, t, &ids).await;
     let victim = ids.iter().position(|m| *m == first).unwrap();
     let survivor = brokers[(victim + 1) % 3].url.clone();
