@@ -88,7 +88,8 @@ impl GroupRegistry {
     }
 }
 
-/// Which call of the `Replication` service a request is.
+/// Which call of the `Replication` service a request is (shown with its
+/// article: "an append entries request").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PeerCall {
     /// Raft's AppendEntries (a heartbeat included).
@@ -104,10 +105,10 @@ pub enum PeerCall {
 impl std::fmt::Display for PeerCall {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Self::AppendEntries => "append entries",
-            Self::Vote => "vote",
-            Self::InstallSnapshot => "install snapshot",
-            Self::Elect => "elect",
+            Self::AppendEntries => "an append entries request",
+            Self::Vote => "a vote request",
+            Self::InstallSnapshot => "an install snapshot request",
+            Self::Elect => "an elect request",
         })
     }
 }
@@ -140,13 +141,13 @@ pub fn claimed_node(
         (_, Some(node)) => node,
         (_, None) => {
             return Err(Status::invalid_argument(format!(
-                "a {call} request must name the node it comes from in its vote"
+                "{call} must name the node it comes from in its vote"
             )));
         }
     };
     if node != from {
         return Err(Status::permission_denied(format!(
-            "a {call} request sent as node {from} speaks for node {node}"
+            "{call} sent as node {from} speaks for node {node}"
         )));
     }
     Ok(node)
@@ -222,7 +223,7 @@ impl ReplicationService {
         let (_, extensions, req) = req.into_parts();
         let raft = self.registry.get(&req.group)?;
         let body: T = decode(&req.body)
-            .map_err(|e| Status::invalid_argument(format!("raft {call} request body: {e}")))?;
+            .map_err(|e| Status::invalid_argument(format!("the body of {call}: {e}")))?;
         let node = claimed_node(call, req.from, body.node())?;
         if let Some(guard) = &self.guard {
             guard.admit(&extensions, &req.group, call, node)?;
@@ -657,7 +658,7 @@ mod tests {
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         assert_eq!(
             e.message(),
-            "a append entries request sent as node 3 speaks for node 1"
+            "an append entries request sent as node 3 speaks for node 1"
         );
         let e = claimed_node(PeerCall::Vote, 3, None).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);

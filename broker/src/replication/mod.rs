@@ -200,8 +200,14 @@ impl Serialize for AppendRef<'_> {
 impl AppendRef<'_> {
     /// About how many bytes it takes encoded.
     pub fn size_hint(&self) -> usize {
-        self.entries.iter().map(|e| e.len() + 9).sum::<usize>() + 256
+        append_size_hint(self.entries.iter().map(Vec::len))
     }
+}
+
+/// About how many bytes an `Append` of entries of these lengths takes
+/// encoded (a size hint for the encoding's buffer).
+pub(crate) fn append_size_hint(lens: impl Iterator<Item = usize>) -> usize {
+    lens.map(|n| n + 9).sum::<usize>() + 256
 }
 
 /// A producer's batch.

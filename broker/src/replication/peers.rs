@@ -64,26 +64,26 @@ pub(crate) fn speaks_for(
 ) -> Result<Admitted, String> {
     let Some(record) = record else {
         return Err(format!(
-            "role {caller:?} sent a {call} request for group {group}, whose record this broker \
+            "role {caller:?} sent {call} for group {group}, whose record this broker \
              does not know: it cannot tell which broker node {node} is"
         ));
     };
     let Some(broker) = record.holder_of(node) else {
         return Err(format!(
-            "role {caller:?} sent a {call} request as node {node} of group {group}, which is no \
+            "role {caller:?} sent {call} as node {node} of group {group}, which is no \
              member of it"
         ));
     };
     match roles.get(broker) {
         Some(Some(registered)) if registered == caller => Ok(Admitted::Bound),
         Some(Some(registered)) => Err(format!(
-            "role {caller:?} may not speak for broker {broker} (node {node} of group {group}, a \
-             {call} request): that broker's peer role is {registered:?}"
+            "role {caller:?} may not speak for broker {broker} (node {node} of group {group}, \
+             {call}): that broker's peer role is {registered:?}"
         )),
         Some(None) => Ok(Admitted::Unbound(broker.to_owned())),
         None => Err(format!(
-            "role {caller:?} claims broker {broker} (node {node} of group {group}, a {call} \
-             request), which this broker has not seen register"
+            "role {caller:?} claims broker {broker} (node {node} of group {group}, {call}), \
+             which this broker has not seen register"
         )),
     }
 }

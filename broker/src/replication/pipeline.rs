@@ -168,7 +168,7 @@ impl Pipeline {
 /// written into a buffer of that size at once rather than grown.
 fn size_hint(command: &PartitionCommand) -> usize {
     match command {
-        PartitionCommand::Append(b) => b.entries.iter().map(|e| e.len() + 9).sum::<usize>() + 256,
+        PartitionCommand::Append(b) => super::append_size_hint(b.entries.iter().map(|e| e.len())),
         PartitionCommand::Publish(b) => {
             b.messages
                 .iter()

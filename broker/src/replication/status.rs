@@ -181,6 +181,11 @@ pub async fn write(cluster: &Cluster, topic: &str, status: &GroupStatus) -> Resu
     Ok(())
 }
 
+/// Whether `topic`'s group has a report (it had a leader).
+pub async fn exists(cluster: &Cluster, topic: &str) -> Result<bool> {
+    Ok(cluster.etcd().get(&key(cluster, topic)).await?.is_some())
+}
+
 /// Removes `topic`'s report (its group was deleted).
 pub async fn remove(cluster: &Cluster, topic: &str) -> Result<()> {
     cluster.etcd().delete(&key(cluster, topic)).await?;

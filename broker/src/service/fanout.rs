@@ -22,12 +22,12 @@
 //! INVALID_ARGUMENT in cluster mode (the router's answer).
 
 use super::dead_letters::CallerRole;
+use super::routing::{AdminAt, admin_at};
 use crate::error::BrokerError;
 use crate::name::TopicName;
 use crate::node::Node;
-use crate::transfer::mover::{authorized, connect};
+use crate::transfer::mover::authorized;
 use ricochet_cluster::Cluster;
-use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::admin_server::Admin;
 use ricochet_proto::*;
 use std::collections::BTreeMap;
@@ -77,15 +77,12 @@ pub(super) async fn cluster_topic_stats(
 ) -> Result<TopicStatsResponse, Status> {
     let asks = (0..count).map(|i| async move {
         let p = crate::name::partition(name, i);
-        let owner = cluster
-            .lookup(p.as_str())
-            .await
-            .map_err(BrokerError::from)?;
-        if owner.broker_id == cluster.id() {
+        let AdminAt::Owner { broker, mut client } =
+            admin_at(&node.core.config, cluster, &p).await?
+        else {
             return Ok(admin.topic_stats(topic_req(&p)).await?.into_inner());
-        }
-        let channel = connect(&node.core.config, &owner.url).await?;
-        AdminClient::new(channel)
+        };
+        client
             .topic_stats(authorized(
                 TopicRequest {
                     topic: p.to_string(),
@@ -96,12 +93,7 @@ pub(super) async fn cluster_topic_stats(
             .map(tonic::Response::into_inner)
             // Its code, not its routing details: those name the
             // partition, not the topic this call asked about.
-            .map_err(|e| {
-                Status::new(
-                    e.code(),
-                    format!("{p} at broker {}: {}", owner.broker_id, e.message()),
-                )
-            })
+            .map_err(|e| Status::new(e.code(), format!("{p} at broker {broker}: {}", e.message())))
     });
     let each = futures::future::try_join_all(asks).await?;
     Ok(combine_topic_stats(name, each))

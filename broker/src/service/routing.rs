@@ -7,12 +7,48 @@
 //! the route after the permission check, so a caller without the
 //! permission learns nothing about where a topic lives.
 
+use crate::config::BrokerConfig;
 use crate::error::BrokerError;
 use crate::name::TopicName;
 use crate::replication::groups::Groups;
 use ricochet_cluster::Cluster;
+use ricochet_proto::admin_client::AdminClient;
 use std::sync::Arc;
 use tonic::Status;
+use tonic::transport::Channel;
+
+/// Where a broker makes an admin call about a topic on a caller's behalf
+/// (a partition's stats for a fan-out, a partition's group to form).
+pub(crate) enum AdminAt {
+    /// This broker owns the topic.
+    Here,
+    /// Another broker does: its `Admin` service, reached as moves reach
+    /// brokers (TLS and the CA the config names).
+    Owner {
+        /// The owner's broker id.
+        broker: String,
+        /// A client of its `Admin` service.
+        client: AdminClient<Channel>,
+    },
+}
+
+/// Where admin calls about `name` go: its owner, by `cluster`'s lookup
+/// (placing it if it has no place yet).
+pub(crate) async fn admin_at(
+    config: &BrokerConfig,
+    cluster: &Cluster,
+    name: &TopicName,
+) -> Result<AdminAt, BrokerError> {
+    let owner = cluster.lookup(name.as_str()).await?;
+    if owner.broker_id == cluster.id() {
+        return Ok(AdminAt::Here);
+    }
+    let channel = crate::transfer::mover::connect(config, &owner.url).await?;
+    Ok(AdminAt::Owner {
+        broker: owner.broker_id,
+        client: AdminClient::new(channel),
+    })
+}
 
 /// How a call about a topic is routed in cluster mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -53,6 +53,16 @@ async fn group_of(
     (group, members)
 }
 
+/// A Raft call refused because `role` may not speak for broker `broker`.
+fn refused_for(e: tonic::Status, role: &str, broker: &str) {
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(
+        e.message()
+            .contains(&format!("\"{role}\" may not speak for broker {broker}")),
+        "{e:?}"
+    );
+}
+
 fn request(group: &str, from: u64, body: Vec<u8>) -> RaftRequest {
     RaftRequest {
         group: group.to_owned(),
@@ -169,14 +179,7 @@ async fn each_broker_speaks_raft_only_for_itself() {
     // The third broker's own token speaking for the leader's node: a
     // heartbeat, a vote, an elect. Refused, naming its role and the
     // leader's broker id.
-    let denied = |e: tonic::Status, role: &str| {
-        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-        assert!(
-            e.message()
-                .contains(&format!("\"{role}\" may not speak for broker {first}")),
-            "{e:?}"
-        );
-    };
+    let denied = |e: tonic::Status, role: &str| refused_for(e, role, &first);
     let e = raw
         .append_entries(with_token(append(&group, leader_node, forged), &third_role))
         .await
@@ -460,14 +463,7 @@ async fn a_broker_whose_certificate_names_its_role_speaks_raft_only_for_itself()
     };
     let before = term(as_third.vote(probe(third_node)).await.unwrap().into_inner());
     let forged = before + 1_000;
-    let denied = |e: tonic::Status, role: &str| {
-        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-        assert!(
-            e.message()
-                .contains(&format!("\"{role}\" may not speak for broker {first}")),
-            "{e:?}"
-        );
-    };
+    let denied = |e: tonic::Status, role: &str| refused_for(e, role, &first);
     let e = as_third
         .append_entries(tonic::Request::new(append(&group, leader_node, forged)))
         .await

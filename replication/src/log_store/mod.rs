@@ -56,6 +56,7 @@ use openraft::{
     StorageIOError, Vote,
 };
 use ricochet_storage::sled_sync::SledSync;
+use ricochet_storage::util::lock;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
@@ -146,7 +147,7 @@ impl LogStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, FileLog> {
-        self.files.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.files)
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> StoreResult<Option<T>> {
@@ -187,7 +188,7 @@ impl LogStore {
         f: impl FnOnce(&mut FileLog) -> std::io::Result<T> + Send + 'static,
     ) -> std::io::Result<T> {
         let files = self.files.clone();
-        tokio::task::spawn_blocking(move || f(&mut files.lock().unwrap_or_else(|p| p.into_inner())))
+        tokio::task::spawn_blocking(move || f(&mut lock(&files)))
             .await
             .map_err(joined)?
     }
@@ -222,7 +223,7 @@ impl LogStore {
         let recent = self.recent.clone();
         tokio::task::spawn_blocking(move || {
             let file = {
-                let mut log = files.lock().unwrap_or_else(|p| p.into_inner());
+                let mut log = lock(&files);
                 let file = log.append(first, &bytes)?;
                 // Under the files' lock, so a truncate or purge sees the
                 // cache and the files agree.
@@ -233,7 +234,7 @@ impl LogStore {
             if sync {
                 // Outside the lock: readers go on meanwhile.
                 if let Err(e) = file.sync_data() {
-                    files.lock().unwrap_or_else(|p| p.into_inner()).fail(&e);
+                    lock(&files).fail(&e);
                     return Err(e);
                 }
             }
@@ -273,10 +274,6 @@ impl LogStore {
         }
         Ok(last)
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The most bytes of entries [`Recent`] keeps per group: about ten
@@ -382,10 +379,7 @@ async fn flush_every(log: std::sync::Weak<Mutex<FileLog>>, every: std::time::Dur
     loop {
         tick.tick().await;
         let Some(files) = log.upgrade() else { return };
-        let active = files
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .active_file();
+        let active = lock(&files).active_file();
         drop(files);
         if let Some(file) = active {
             match tokio::task::spawn_blocking(move || file.sync_data()).await {
@@ -393,7 +387,7 @@ async fn flush_every(log: std::sync::Weak<Mutex<FileLog>>, every: std::time::Dur
                 Ok(Err(e)) => {
                     tracing::error!(error = %e, "raft log interval flush failed; the log refuses further writes");
                     let Some(files) = log.upgrade() else { return };
-                    files.lock().unwrap_or_else(|p| p.into_inner()).fail(&e);
+                    lock(&files).fail(&e);
                 }
                 Err(e) => tracing::error!(error = %e, "raft log interval flush task failed"),
             }

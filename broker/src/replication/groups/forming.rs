@@ -75,22 +75,6 @@ impl Groups {
         if todo.is_empty() {
             return;
         }
-        // A group that had a leader was formed: a member without a
-        // membership lost its copy and catches up from the leader.
-        let reported = match crate::replication::status::read_all(&self.cluster).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the groups' reports to finish a group's forming");
-                return;
-            }
-        };
-        let todo: Vec<_> = todo
-            .into_iter()
-            .filter(|(topic, _, _)| !reported.contains_key(topic))
-            .collect();
-        if todo.is_empty() {
-            return;
-        }
         let brokers = match self.cluster.brokers().await {
             Ok(b) => b,
             Err(e) => {
@@ -99,14 +83,20 @@ impl Groups {
             }
         };
         for (topic, partition, record) in todo {
+            // A group that had a leader was formed: a member without a
+            // membership lost its copy and catches up from the leader.
+            match crate::replication::status::exists(&self.cluster, topic).await {
+                Ok(false) => {}
+                Ok(true) => continue,
+                Err(e) => {
+                    tracing::warn!(%topic, error = %e, "cannot read the group's report to finish its forming");
+                    continue;
+                }
+            }
             let urls: Option<BTreeMap<NodeId, String>> = record
-                .members
-                .iter()
-                .enumerate()
-                .map(|(i, b)| {
-                    let url = brokers.iter().find(|r| &r.id == b)?.url.clone();
-                    Some((i as NodeId + 1, url))
-                })
+                .member_ids()
+                .into_iter()
+                .map(|(b, id)| Some((id, brokers.iter().find(|r| r.id == b)?.url.clone())))
                 .collect();
             let Some(urls) = urls else {
                 tracing::warn!(%topic, members = ?record.members, "a group never initialized names a broker not registered: left until it is");
@@ -123,20 +113,26 @@ impl Groups {
             );
             // Then the topic's creation, as the create would have: here
             // when this member leads (it usually does, the one to start),
-            // else by the next create of the topic on its leader.
+            // else by the next create of the topic on its leader. Apart
+            // from the reading of the records, which must not wait for it.
             let Ok(name) = TopicName::parse(topic) else {
                 continue;
             };
             let command = create_command(&name, record.replicas);
-            match tokio::time::timeout(FORM_TIMEOUT, propose_as_leader(partition, &command)).await {
-                Ok(Ok(())) => tracing::info!(%topic, "the group's topic creation committed"),
-                Ok(Err(e)) => {
-                    tracing::info!(%topic, error = %e, "the topic's creation is left to its next create")
+            let (partition, topic) = (partition.clone(), topic.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(FORM_TIMEOUT, propose_as_leader(&partition, &command))
+                    .await
+                {
+                    Ok(Ok(())) => tracing::info!(%topic, "the group's topic creation committed"),
+                    Ok(Err(e)) => {
+                        tracing::info!(%topic, error = %e, "the topic's creation is left to its next create")
+                    }
+                    Err(_) => {
+                        tracing::info!(%topic, "the topic's creation is left to its next create (no commit in time)")
+                    }
                 }
-                Err(_) => {
-                    tracing::info!(%topic, "the topic's creation is left to its next create (no commit in time)")
-                }
-            }
+            });
         }
     }
 }

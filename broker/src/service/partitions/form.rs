@@ -18,11 +18,11 @@ use crate::error::BrokerError;
 use crate::name::{TopicName, partition};
 use crate::node::Node;
 use crate::replication::factor;
-use crate::transfer::mover::{authorized, connect};
+use crate::service::routing::{AdminAt, admin_at};
+use crate::transfer::mover::authorized;
 use futures::StreamExt;
 use ricochet_cluster::Cluster;
 use ricochet_proto::CreateTopicRequest;
-use ricochet_proto::admin_client::AdminClient;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
@@ -126,24 +126,23 @@ async fn form_one(
     auth: Option<&AsciiMetadataValue>,
 ) -> Result<(), BrokerError> {
     // Where it is placed (it was at create), claimed when that is here.
-    let owner = cluster.lookup(name.as_str()).await?;
-    if owner.broker_id == cluster.id() {
+    let AdminAt::Owner { broker, mut client } = admin_at(&node.core.config, cluster, name).await?
+    else {
         let groups = node.groups().ok_or_else(|| {
             BrokerError::Peer("this broker's replication groups are not started".into())
         })?;
         factor::peers_ready(&node.core.config, replicas)?;
         groups.create(name, replicas).await?;
         return Ok(());
-    }
+    };
     let request = CreateTopicRequest {
         topic: name.to_string(),
         replicas,
     };
-    let channel = connect(&node.core.config, &owner.url).await?;
-    AdminClient::new(channel)
+    client
         .create_topic(authorized(request, auth))
         .await
-        .map_err(|s| BrokerError::Peer(format!("broker {}: {}", owner.broker_id, s.message())))?;
+        .map_err(|s| BrokerError::Peer(format!("broker {broker}: {}", s.message())))?;
     // This broker's list of groups (what `ListBrokers` here shows) has
     // the new record now, not at its next read.
     if let Some(groups) = node.groups() {
