@@ -27,8 +27,21 @@ impl BrokerEngine {
 impl Engine for BrokerEngine {
     fn open(&self, dir: &Path) -> Box<dyn Storage> {
         let cfg = Self::config();
-        let sled =
-            Arc::new(SledStorage::open(dir, cfg.segment_entries, cfg.cache_capacity).unwrap());
+        // A reopen right after a drop: sled's I/O threads may hold the
+        // database (and its file lock) a moment longer on a loaded machine.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let sled = loop {
+            match SledStorage::open(dir, cfg.segment_entries, cfg.cache_capacity) {
+                Ok(s) => break Arc::new(s),
+                Err(e)
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(e) => panic!("open the store: {e}"),
+            }
+        };
         let log = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
