@@ -97,6 +97,23 @@ impl Policies {
         crate::util::lock(&self.by_target).remove(target);
     }
 
+    /// Takes in force the own policy a replicated topic's group stored:
+    /// this broker starts leading it, and the policy may have been set or
+    /// cleared while another member led (its followers apply the change
+    /// to their store, not to the policies in force here).
+    fn refresh_replicated(&self, topic: &Topic) {
+        let name = topic.name().as_str();
+        match topic.storage().retention_policies() {
+            Ok(stored) => match stored.into_iter().find(|r| r.target == name) {
+                Some(r) => self.adopt(r),
+                None => self.forget(name),
+            },
+            Err(e) => {
+                tracing::warn!(topic = name, error = %e, "cannot read a replicated topic's retention policy: the one in force here is kept");
+            }
+        }
+    }
+
     fn is_empty(&self) -> bool {
         crate::util::lock(&self.by_target).is_empty()
     }
@@ -114,6 +131,9 @@ impl Policies {
 
 impl TopicOpened for Policies {
     fn opened(&self, topic: &Topic) {
+        if topic.kind() == TopicKind::Normal && topic.is_replicated() {
+            self.refresh_replicated(topic);
+        }
         self.apply_quota(topic);
         if topic.kind() == TopicKind::Normal {
             topic.on_segment_rolled(self.rolled.clone());
@@ -149,7 +169,9 @@ impl Retention {
 
     /// Sets (or with no limit at all, clears) the policy of `target`,
     /// durably before returning, and applies its quota to the open topics.
-    /// `record.target` is ignored (the target's key is used).
+    /// `record.target` is ignored (the target's key is used). A replicated
+    /// topic's own policy is written through its group (committed by a
+    /// majority before this returns); a namespace's is stored per broker.
     pub async fn set(
         &self,
         target: &Target,
@@ -173,9 +195,13 @@ impl Retention {
             target: key.clone(),
             ..record
         });
+        let storage = match target {
+            Target::Topic(t) => core.writer_for(t.as_str())?,
+            Target::Namespace(_) => core.storage.clone(),
+        };
         match &record {
-            Some(r) => core.storage.put_retention(r)?,
-            None => core.storage.delete_retention(&key)?,
+            Some(r) => storage.put_retention(r)?,
+            None => storage.delete_retention(&key)?,
         }
         core.flusher.durable().await?;
         {

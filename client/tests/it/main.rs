@@ -21,6 +21,7 @@ mod replicated_members;
 mod replicated_moves;
 mod replicated_partitions;
 mod replicated_peerid;
+mod replicated_retention;
 mod replicated_retries;
 mod replicated_secure;
 mod replicated_transfer;
