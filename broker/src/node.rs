@@ -115,6 +115,7 @@ impl Node {
             self.core.shutdown.clone(),
         )?;
         let _ = self.groups.set(groups);
+        self.retention.join(cluster.clone());
         let _ = self.cluster.set(cluster);
         Ok(())
     }

@@ -22,7 +22,10 @@
 //! [`Policies`] (the policies in force) is loaded before the core opens and
 //! given to it as the hook that sets each opened topic's quota;
 //! [`Retention`] is the feature over the core: setting policies, moving
-//! them with a topic, the enforcing task.
+//! them with a topic, the enforcing task. In cluster mode namespaces'
+//! policies are the cluster's, kept in etcd ([`cluster`]).
+
+mod cluster;
 
 use crate::core::{BrokerCore, TopicOpened};
 use crate::error::{BrokerError, Result};
@@ -30,8 +33,9 @@ pub use crate::name::Target;
 use crate::name::TopicName;
 use crate::storage::{QuotaAction, RetentionRecord, Storage, TopicKind};
 use crate::topic::{SegmentRolled, Topic};
+use ricochet_cluster::Cluster;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -147,6 +151,13 @@ impl TopicOpened for Policies {
 pub struct Retention {
     policies: Arc<Policies>,
     core: Arc<BrokerCore>,
+    /// Set once the broker joined a cluster: namespaces' policies are
+    /// then written to and read from etcd.
+    cluster: Arc<OnceLock<Arc<Cluster>>>,
+    /// Held while namespaces' policies are changed here and while the
+    /// cluster's are read and taken: a read from before a set is never
+    /// taken after it.
+    namespaces: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Retention {
@@ -159,7 +170,72 @@ impl Retention {
             core.config.retention_interval,
             core.shutdown.clone(),
         );
-        Self { policies, core }
+        Self {
+            policies,
+            core,
+            cluster: Arc::default(),
+            namespaces: Arc::default(),
+        }
+    }
+
+    /// In cluster mode: namespaces' policies are the cluster's from now on
+    /// (written to etcd, read from it every [`cluster::SYNC_EVERY`]).
+    pub(crate) fn join(&self, c: Arc<Cluster>) {
+        if self.cluster.set(c.clone()).is_ok() {
+            cluster::spawn_sync(self.clone(), c);
+        }
+    }
+
+    /// A namespace's own policy: in a cluster, the cluster's (in etcd).
+    pub async fn namespace_policy(&self, namespace: &str) -> Result<Option<RetentionRecord>> {
+        match self.cluster.get() {
+            Some(c) => cluster::get(c, namespace).await,
+            None => Ok(self.policies.get(namespace)),
+        }
+    }
+
+    /// The namespaces' policies in force here.
+    fn namespace_policies(&self) -> Vec<RetentionRecord> {
+        crate::util::lock(&self.policies.by_target)
+            .values()
+            .filter(|r| is_namespace(&r.target))
+            .cloned()
+            .collect()
+    }
+
+    /// Takes `shared` (the cluster's namespace policies, by namespace) in
+    /// force here, stored durably: changed and new ones put, ones it lacks
+    /// removed. Nothing is written when nothing differs.
+    async fn take_namespaces(&self, shared: BTreeMap<String, RetentionRecord>) -> Result<()> {
+        let held: BTreeMap<String, RetentionRecord> = self
+            .namespace_policies()
+            .into_iter()
+            .map(|r| (r.target.clone(), r))
+            .collect();
+        if held == shared {
+            return Ok(());
+        }
+        let storage = &self.core.storage;
+        for (ns, r) in &shared {
+            if held.get(ns) != Some(r) {
+                storage.put_retention(r)?;
+                tracing::info!(namespace = %ns, policy = ?r, "namespace retention policy taken from the cluster");
+            }
+        }
+        for ns in held.keys().filter(|ns| !shared.contains_key(*ns)) {
+            storage.delete_retention(ns)?;
+            tracing::info!(namespace = %ns, "namespace retention policy removed: the cluster has none");
+        }
+        self.core.flusher.durable().await?;
+        {
+            let mut map = crate::util::lock(&self.policies.by_target);
+            map.retain(|target, _| !is_namespace(target));
+            map.extend(shared);
+        }
+        for topic in self.core.all_topics().await {
+            self.policies.apply_quota(&topic);
+        }
+        Ok(())
     }
 
     /// The policies in force.
@@ -187,6 +263,10 @@ impl Retention {
         positive(record.max_age_ms, "max_age_ms")?;
         positive(record.max_size_bytes, "max_size_bytes")?;
         positive(record.backlog_quota_bytes, "backlog_quota_bytes")?;
+        let _namespaces = match target {
+            Target::Namespace(_) => Some(self.namespaces.lock().await),
+            Target::Topic(_) => None,
+        };
         let key = target.key().to_owned();
         let any = record.max_age_ms.is_some()
             || record.max_size_bytes.is_some()
@@ -197,7 +277,13 @@ impl Retention {
         });
         let storage = match target {
             Target::Topic(t) => core.writer_for(t.as_str())?,
-            Target::Namespace(_) => core.storage.clone(),
+            Target::Namespace(ns) => {
+                // The cluster's first: a failure there changes nothing.
+                if let Some(c) = self.cluster.get() {
+                    cluster::publish(c, ns, record.as_ref()).await?;
+                }
+                core.storage.clone()
+            }
         };
         match &record {
             Some(r) => storage.put_retention(r)?,
@@ -226,6 +312,12 @@ impl Retention {
         }
         Ok(())
     }
+}
+
+/// Whether a policy's target is a namespace (`tenant/namespace`), not a
+/// topic (whose stored name has a scheme).
+fn is_namespace(target: &str) -> bool {
+    !target.contains("://")
 }
 
 /// Applies `topic`'s effective policy once.
