@@ -116,6 +116,11 @@ impl Node {
         )?;
         let _ = self.groups.set(groups);
         self.retention.join(cluster.clone());
+        self.auth.join(
+            cluster.clone(),
+            self.core.flusher.clone(),
+            self.core.shutdown.clone(),
+        );
         let _ = self.cluster.set(cluster);
         Ok(())
     }

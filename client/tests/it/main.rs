@@ -5,6 +5,7 @@ mod admin;
 mod cluster;
 mod cluster_drain;
 mod cluster_events;
+mod cluster_grants;
 mod cluster_retention;
 mod cluster_routing;
 mod common;
