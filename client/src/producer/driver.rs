@@ -369,9 +369,15 @@ impl Driver {
             Some(produce_response::Response::Error(e)) => {
                 let err = Error::from_frame(e.code, e.message, &e.details);
                 if err.is_retryable() {
-                    let Some(batch) = self.inflight.iter_mut().find(|b| b.request_id == e.request_id)
+                    let Some(batch) = self
+                        .inflight
+                        .iter_mut()
+                        .find(|b| b.request_id == e.request_id)
                     else {
-                        tracing::warn!(request_id = e.request_id, "send error for an unknown batch");
+                        tracing::warn!(
+                            request_id = e.request_id,
+                            "send error for an unknown batch"
+                        );
                         return;
                     };
                     // Kept, with every later batch, for the next stream.
