@@ -182,6 +182,10 @@ mod tests {
                 default_replicas: 8,
                 ..ok.clone()
             },
+            ClusterConfig {
+                partition_form_timeout: Duration::from_millis(500),
+                ..ok.clone()
+            },
         ] {
             assert!(bad.validate(Some("http://h:1")).is_err(), "{bad:?}");
         }
