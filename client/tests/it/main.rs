@@ -16,6 +16,7 @@ mod key_order;
 mod local_redelivery;
 mod partitions;
 mod producer_queue;
+mod producer_resend;
 mod receipts;
 mod reconnect;
 mod replicated;
