@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use ricochet_client::admin::{RetentionPolicy, RetentionTarget};
-use ricochet_client::{ErrorKind, InitialPosition, Producer};
+use ricochet_client::{Client, ErrorKind, InitialPosition, Producer};
 use ricochet_testkit::etcd_or_skip;
 
 use super::replicated::{ONE_CLUSTER, client, led_group, stable_leader};
@@ -16,19 +16,30 @@ use super::replicated::{ONE_CLUSTER, client, led_group, stable_leader};
 const QUOTA: i64 = 4096;
 
 /// Sends 1 KiB messages through `p` until one is refused: how many were
-/// stored first. Fails when none is refused within 64.
+/// stored first. Fails when none is refused within 64. The producer
+/// resends a refused batch until its send timeout, which then names the
+/// quota's refusal.
 async fn fill_until_refused(p: &Producer) -> usize {
     for sent in 0..64 {
         match p.send(vec![7u8; 1024]).await {
             Ok(_) => {}
             Err(e) => {
-                assert_eq!(e.kind(), ErrorKind::ResourceExhausted, "{e:?}");
-                assert!(e.to_string().contains("quota"), "{e}");
+                assert_eq!(e.kind(), ErrorKind::Timeout, "{e:?}");
+                assert!(e.to_string().contains("backlog quota"), "{e}");
                 return sent;
             }
         }
     }
     panic!("64 KiB published past a {QUOTA} B backlog quota");
+}
+
+/// A producer on `t` whose sends give up after a second.
+async fn producer(c: &Client, t: &str) -> Producer {
+    c.producer(t)
+        .send_timeout(Duration::from_secs(1))
+        .create()
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,7 +80,7 @@ async fn a_replicated_topics_own_retention_is_the_groups_and_outlives_its_leader
         Some(QUOTA),
         "{info:?}"
     );
-    let p = c.producer(t).create().await.unwrap();
+    let p = producer(&c, t).await;
     let stored = fill_until_refused(&p).await;
     assert!(
         (3..=6).contains(&stored),
@@ -96,7 +107,7 @@ async fn a_replicated_topics_own_retention_is_the_groups_and_outlives_its_leader
         Some(QUOTA),
         "the new leader {next}'s policy in force: {got:?}"
     );
-    let p2 = c2.producer(t).create().await.unwrap();
+    let p2 = producer(&c2, t).await;
     assert_eq!(fill_until_refused(&p2).await, 0, "the new leader {next}");
 
     // Cleared through the new leader: publishes go through again, and the
@@ -104,7 +115,12 @@ async fn a_replicated_topics_own_retention_is_the_groups_and_outlives_its_leader
     // leads (asked of it, the answer is the leader's).
     let cleared = c2.admin().remove_retention(&target).await.unwrap();
     assert_eq!(cleared.effective, None, "{cleared:?}");
-    p2.send(vec![7u8; 1024])
+    drop(p2);
+    c2.producer(t)
+        .create()
+        .await
+        .unwrap()
+        .send(vec![7u8; 1024])
         .await
         .expect("a publish after the quota was cleared");
     brokers[victim].restart().await;
