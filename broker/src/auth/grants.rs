@@ -86,6 +86,8 @@ pub struct Auth {
     cluster: OnceLock<Arc<Cluster>>,
     /// The etcd revision of the cluster's grants last taken here.
     taken: std::sync::atomic::AtomicI64,
+    /// The broker will join a cluster: until it has, grants cannot change.
+    clustered: std::sync::atomic::AtomicBool,
 }
 
 impl Auth {
@@ -117,6 +119,7 @@ impl Auth {
             changes: tokio::sync::Mutex::new(()),
             cluster: OnceLock::new(),
             taken: std::sync::atomic::AtomicI64::new(0),
+            clustered: std::sync::atomic::AtomicBool::new(false),
             role_from_cert: tls.role_from_client_cert && tls.client_ca_file.is_some(),
         })
     }
@@ -299,6 +302,12 @@ impl Auth {
                 self.take_locked(shared, flusher).await?;
                 after
             }
+            None if self.clustered.load(Ordering::Acquire) => {
+                return Err(BrokerError::Etcd(
+                    "this broker has not joined its cluster yet, whose grants it keeps: try again"
+                        .into(),
+                ));
+            }
             None => {
                 let after = apply(self.bits(role, &[resource.as_str()]));
                 if after == 0 {
@@ -332,6 +341,13 @@ impl Auth {
             "permissions changed"
         );
         Ok(names(after))
+    }
+
+    /// The broker runs in cluster mode: grant changes are refused until it
+    /// joined ([`Self::join`]), since the cluster's grants would replace
+    /// one stored here alone.
+    pub(crate) fn expect_cluster(&self) {
+        self.clustered.store(true, Ordering::Release);
     }
 
     /// In cluster mode: grants are the cluster's from now on (changed in

@@ -279,8 +279,17 @@ impl Retention {
             Target::Topic(t) => core.writer_for(t.as_str())?,
             Target::Namespace(ns) => {
                 // The cluster's first: a failure there changes nothing.
-                if let Some(c) = self.cluster.get() {
-                    cluster::publish(c, ns, record.as_ref()).await?;
+                match self.cluster.get() {
+                    Some(c) => cluster::publish(c, ns, record.as_ref()).await?,
+                    // Stored here only, the cluster's would replace it.
+                    None if core.config.cluster.is_some() => {
+                        return Err(BrokerError::Etcd(
+                            "this broker has not joined its cluster yet, whose namespace \
+                             retention policies it keeps: try again"
+                                .into(),
+                        ));
+                    }
+                    None => {}
                 }
                 core.storage.clone()
             }
