@@ -482,10 +482,19 @@ async fn base_name_commands_cover_every_partition_on_a_real_cluster() {
         .iter()
         .map(|d| d["origin"]["topic"].as_str().unwrap())
         .collect();
-    assert!(origins.len() > 1, "dead letters of several partitions: {origins:?}");
+    assert!(
+        origins.len() > 1,
+        "dead letters of several partitions: {origins:?}"
+    );
 
     let set = env
-        .json(&["policy", "set", "orders", "billing", "backoff:fixed=1s,max=3"])
+        .json(&[
+            "policy",
+            "set",
+            "orders",
+            "billing",
+            "backoff:fixed=1s,max=3",
+        ])
         .await;
     assert_eq!(set["source"], "admin", "{set}");
     for i in 0..6 {
@@ -493,7 +502,10 @@ async fn base_name_commands_cover_every_partition_on_a_real_cluster() {
             .json(&["policy", "get", &format!("orders-partition-{i}"), "billing"])
             .await;
         assert_eq!(got["source"], "admin", "partition {i}: {got}");
-        assert_eq!(got["spec"], "backoff:fixed=1s,max=3", "partition {i}: {got}");
+        assert_eq!(
+            got["spec"], "backoff:fixed=1s,max=3",
+            "partition {i}: {got}"
+        );
     }
 
     let purged = env
@@ -503,7 +515,11 @@ async fn base_name_commands_cover_every_partition_on_a_real_cluster() {
 
     let refused = env.run(&["topics", "delete", "orders", "--yes"]).await;
     assert_eq!(refused.status.code(), Some(1));
-    assert!(stderr(&refused).contains("subscription"), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("subscription"),
+        "{}",
+        stderr(&refused)
+    );
     env.ok(&["topics", "delete", "orders", "--force", "--yes"])
         .await;
     for b in &brokers {
