@@ -152,6 +152,12 @@ impl Owners {
             {
                 Err(late())
             }
+            // Made by this side's channel, not answered by the broker: the
+            // connection failed (a keep-alive unanswered, a reset).
+            Some(Err(e)) if std::error::Error::source(&e).is_some() => Err(named(
+                e.code(),
+                &format!("no answer, the connection failed ({})", e.message()),
+            )),
             Some(Err(e)) => Err(named(e.code(), e.message())),
             None => Err(late()),
         }
