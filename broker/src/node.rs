@@ -115,6 +115,12 @@ impl Node {
             self.core.shutdown.clone(),
         )?;
         let _ = self.groups.set(groups);
+        self.retention.join(cluster.clone());
+        self.auth.join(
+            cluster.clone(),
+            self.core.flusher.clone(),
+            self.core.shutdown.clone(),
+        );
         let _ = self.cluster.set(cluster);
         Ok(())
     }

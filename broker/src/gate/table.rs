@@ -214,7 +214,6 @@ table! {
             Requirement::Permission(Admin),
             |r| Scope::Target { namespace: &r.namespace, topic: &r.topic },
             .route(Route::Owner),
-            .unreplicated("a topic's retention policy is stored per broker"),
             audit |role, r, _| {
                 tracing::info!(target: AUDIT, role, action = "set-retention", namespace = %r.namespace, topic = %r.topic, policy = ?r.policy)
             };
