@@ -3,6 +3,7 @@
 mod ack_grouping;
 mod admin;
 mod cluster;
+mod cluster_admin;
 mod cluster_drain;
 mod cluster_events;
 mod cluster_grants;
