@@ -37,7 +37,11 @@ impl AdminService {
     /// topic, its partitions, and where each partition's call is made
     /// (here standalone; at its owner in a cluster, where the router let
     /// the base name through marked [`FanOut`]).
-    fn whole<T>(&self, r: &Request<T>, topic: &str) -> Option<(TopicName, Vec<TopicName>, Owners)> {
+    fn whole<T>(
+        &self,
+        r: &Request<T>,
+        topic: &str,
+    ) -> Option<(TopicName, Vec<TopicName>, Owners<Self>)> {
         if let Some((name, ps)) = partitioned(&self.node, topic) {
             return Some((name, ps, Owners::here(self.clone())));
         }

@@ -1,7 +1,8 @@
 //! [`Owners`]: the admin calls a partitioned topic's base name fans out
 //! into, each made where its partition lives. Standalone, and for a
-//! partition this broker owns, a call goes to the local
-//! [`AdminService`]; in cluster mode, for a partition another broker owns
+//! partition this broker owns, a call goes to the local admin service
+//! (any [`Admin`]: the admin service hands itself in, so this module does
+//! not know it); in cluster mode, for a partition another broker owns
 //! (its group's leader when replicated), to that broker's `Admin` service
 //! with the caller's credential, as moves call brokers. [`Owners`]
 //! implements the generated [`Admin`] trait, so the combinators of
@@ -21,7 +22,6 @@
 //! ([`PEER_KEEPALIVE`](super::routing::PEER_KEEPALIVE), about twice it), and a long call (a replay) on a
 //! live broker goes on.
 
-use super::admin::AdminService;
 use super::routing::{AdminAt, admin_at};
 use crate::name::TopicName;
 use crate::node::Node;
@@ -38,8 +38,9 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 /// Where each partition's admin call is made: here, or at its owner.
-pub(crate) struct Owners {
-    here: AdminService,
+pub(crate) struct Owners<H> {
+    /// This broker's admin service.
+    here: H,
     /// In cluster mode: this broker's node and cluster.
     cluster: Option<(Arc<Node>, Arc<Cluster>)>,
     /// The caller's credential, shown to the other brokers.
@@ -48,9 +49,9 @@ pub(crate) struct Owners {
     deadline: Option<Instant>,
 }
 
-impl Owners {
+impl<H: Admin> Owners<H> {
     /// Every call made through `here` (standalone).
-    pub(crate) fn here(here: AdminService) -> Self {
+    pub(crate) fn here(here: H) -> Self {
         Self {
             here,
             cluster: None,
@@ -63,7 +64,7 @@ impl Owners {
     /// caller whose request carried `metadata` (its credential and
     /// deadline).
     pub(crate) fn cluster(
-        here: AdminService,
+        here: H,
         node: Arc<Node>,
         cluster: Arc<Cluster>,
         metadata: &MetadataMap,
@@ -184,7 +185,7 @@ fn grpc_timeout(v: &str) -> Option<Duration> {
 macro_rules! at_owners {
     ($($fn:ident($req:ty) -> $resp:ty: |$r:ident| $topic:expr;)*) => {
         #[tonic::async_trait]
-        impl Admin for Owners {
+        impl<H: Admin> Admin for Owners<H> {
             $(
                 async fn $fn(&self, r: Request<$req>) -> Result<Response<$resp>, Status> {
                     let topic = {
