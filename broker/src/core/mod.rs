@@ -10,6 +10,8 @@
 mod actor_tests;
 #[cfg(test)]
 mod breaker_tests;
+#[cfg(test)]
+mod prefetch_tests;
 mod events;
 mod hooks;
 mod moves;
