@@ -232,11 +232,21 @@ impl Task {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
         let mut refill = tokio::time::interval(self.window / 4);
         refill.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The wait for the first staged due time, kept across turns of the
+        // loop while that time stays first: commands arriving more often
+        // than the wait lasts do not start it over (and would starve it).
+        let mut timer: Option<(u64, std::pin::Pin<Box<dyn Future<Output = ()> + Send>>)> = None;
         loop {
-            let next_due = self
-                .staged
-                .first()
-                .map(|k| deadline(k.due_ms, self.clock.now_us()));
+            // What is due goes first, whatever else keeps the loop busy.
+            self.fire();
+            match (self.staged.first().map(|k| k.due_ms), &timer) {
+                (Some(due), Some((at, _))) if *at == due => {}
+                (Some(due), _) => {
+                    let at = deadline(due, self.clock.now_us());
+                    timer = Some((due, Box::pin(sleep_until_due(at, self.precise))));
+                }
+                (None, _) => timer = None,
+            }
             tokio::select! {
                 biased;
                 cmd = rx.recv() => match cmd {
@@ -244,7 +254,8 @@ impl Task {
                     Some(cmd) => self.command(cmd),
                     None => break,
                 },
-                () = sleep_until_due(next_due.unwrap_or_else(Instant::now), self.precise), if next_due.is_some() => {
+                () = async { timer.as_mut().expect("armed").1.as_mut().await }, if timer.is_some() => {
+                    timer = None;
                     self.fire();
                 }
                 Some(expired) = std::future::poll_fn(|cx| self.queue.poll_expired(cx)), if !self.queue.is_empty() => {
@@ -459,6 +470,12 @@ impl Task {
             by_sub.entry(k.message.sub_id).or_default().push(k);
         }
         for (sub, keys) in by_sub {
+            tracing::trace!(
+                target: "ricochet::burst",
+                n = keys.len(),
+                late_us = now_us.saturating_sub(keys[0].due_ms.saturating_mul(1000)),
+                "scheduler: due entries fired"
+            );
             match self.subs.get(&sub) {
                 Some(tx) => {
                     if tx.send(Fired::Due(keys)).is_err() {

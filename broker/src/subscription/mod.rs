@@ -480,6 +480,7 @@ impl SubscriptionActor {
     }
 
     fn on_fired(&mut self, keys: Vec<ScheduleKey>) {
+        tracing::trace!(target: "ricochet::burst", n = keys.len(), "actor: due entries in");
         self.advance_holds();
         let now_us = self.deps.clock.now_us();
         self.deliveries
@@ -728,6 +729,7 @@ impl SubscriptionActor {
                 out.entry(a.consumer).or_default().push(msg);
             }
             for (consumer, msgs) in out {
+                tracing::trace!(target: "ricochet::burst", n = msgs.len(), "actor: messages handed to a consumer's stream");
                 self.consumers.send(consumer, ConsumerEvent::Messages(msgs));
             }
         }

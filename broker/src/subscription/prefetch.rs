@@ -102,6 +102,7 @@ impl SubscriptionActor {
     /// prefetch lead, into the prefetch buffer (as many as fit); one that
     /// cannot be read is left to be read when it fires.
     pub(super) fn prefetch(&mut self, keys: Vec<ScheduleKey>) {
+        tracing::trace!(target: "ricochet::burst", n = keys.len(), "actor: entries coming, read ahead");
         let now = self.deps.clock.now_ms();
         self.deliveries
             .prefetched

@@ -276,6 +276,7 @@ impl Driver {
     fn on_response(&mut self, r: ConsumeResponse) {
         match r.response {
             Some(consume_response::Response::Messages(batch)) => {
+                tracing::trace!(target: "ricochet::burst", n = batch.messages.len(), "client: a frame of messages decoded");
                 for m in batch.messages {
                     let Some(msg) = Message::from_proto(m, self.epoch, |t| self.ids.intern(t))
                     else {
