@@ -33,12 +33,14 @@ fn due_of(h: &super::actor_tests::Harness, c: &TestConsumer, entry_id: u64) -> u
 
 #[tokio::test(start_paused = true)]
 async fn a_burst_of_held_nacks_is_read_before_it_is_due_not_when_it_fires() {
-    const N: usize = 50;
+    // More than one step of the read ahead.
+    const N: usize = 600;
     let h = harness().await;
     let payloads: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
     h.publish(&payloads.iter().map(String::as_str).collect::<Vec<_>>())
         .await;
     let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    c.flow(2 * N as u32);
     let first = receive(&mut c, N).await;
     let rid = c.nack_all_held(&first, Duration::from_secs(1));
     assert!(c.done(rid).await.is_ok());

@@ -276,7 +276,7 @@ impl SubscriptionActor {
                 }
                 keys = fired.recv() => match keys {
                     Some(crate::scheduler::Fired::Due(keys)) => self.on_fired(keys),
-                    Some(crate::scheduler::Fired::Soon(keys)) => self.prefetch(keys),
+                    Some(crate::scheduler::Fired::Soon(keys)) => self.announced(keys),
                     None => {}
                 },
                 changed = end.changed() => {
@@ -294,6 +294,7 @@ impl SubscriptionActor {
             }
             self.key_order_tick().await;
             self.dispatch();
+            self.prefetch_step();
             self.watch_blocked();
             self.persist();
             self.deliveries.shrink();

@@ -13,6 +13,13 @@
 //! is dropped [`STALE_AFTER_MS`] after its due time. The buffer holds at
 //! most [`PREFETCH_MAX`] messages and [`PREFETCH_MAX_BYTES`] of payload;
 //! what does not fit is read when it fires, as before.
+//!
+//! Reading ahead never holds back what is due: announced entries wait in a
+//! queue and are read [`PREFETCH_STEP`] per turn of the actor, only while
+//! no fired entry waits to be loaded, and one whose due time has come by
+//! then is left to be read when it fires (a burst announced late, as a
+//! large `reconsume_later` burst whose moves end near their due times,
+//! would otherwise be read ahead while its first messages wait).
 
 use super::SubscriptionActor;
 use super::delivery::EntryMap;
@@ -28,6 +35,8 @@ pub(super) const PREFETCH_MAX_BYTES: usize = 16 * 1024 * 1024;
 /// How long after its due time a prefetched message whose entry did not
 /// fire is kept (it was acked, moved or unscheduled meanwhile).
 pub(super) const STALE_AFTER_MS: u64 = 2_000;
+/// Most announced entries read ahead per turn of the actor.
+pub(super) const PREFETCH_STEP: usize = 256;
 
 /// A message read before its schedule entry is due.
 #[derive(Debug)]
@@ -42,6 +51,8 @@ pub(super) struct Early {
 /// Messages read ahead of their due times, by entry and by due time.
 #[derive(Debug, Default)]
 pub(super) struct Prefetched {
+    /// Announced entries not read yet (at most [`PREFETCH_MAX`]).
+    announced: std::collections::VecDeque<ScheduleKey>,
     by_entry: EntryMap<Early>,
     by_due: BTreeSet<(u64, TierEntry)>,
     bytes: usize,
@@ -95,14 +106,48 @@ impl Prefetched {
     pub fn len(&self) -> usize {
         self.by_entry.len()
     }
+
+    /// Queues announced entries to be read ahead (as many as fit).
+    pub fn announce(&mut self, keys: Vec<ScheduleKey>) {
+        let room = PREFETCH_MAX.saturating_sub(self.announced.len());
+        self.announced.extend(keys.into_iter().take(room));
+    }
+
+    /// Whether announced entries wait to be read.
+    pub fn has_announced(&self) -> bool {
+        !self.announced.is_empty()
+    }
 }
 
 impl SubscriptionActor {
+    /// Schedule entries `keys` are due within the prefetch lead: queued to
+    /// be read ahead ([`Self::prefetch_step`]).
+    pub(super) fn announced(&mut self, keys: Vec<ScheduleKey>) {
+        tracing::trace!(target: "ricochet::burst", n = keys.len(), "actor: entries coming");
+        self.deliveries.prefetched.announce(keys);
+    }
+
+    /// Reads up to [`PREFETCH_STEP`] announced entries ahead, unless fired
+    /// entries wait to be loaded; asks for another turn while more wait.
+    pub(super) fn prefetch_step(&mut self) {
+        if !self.deliveries.prefetched.has_announced() || !self.deliveries.due.is_empty() {
+            return;
+        }
+        let n = self.deliveries.prefetched.announced.len().min(PREFETCH_STEP);
+        let keys: Vec<ScheduleKey> = self.deliveries.prefetched.announced.drain(..n).collect();
+        self.prefetch(keys);
+        if self.deliveries.prefetched.has_announced()
+            && let Some(tx) = self.self_tx.upgrade()
+        {
+            let _ = tx.send(super::handle::Command::Ready(Vec::new()));
+        }
+    }
+
     /// Reads the messages of schedule entries `keys`, due within the
     /// prefetch lead, into the prefetch buffer (as many as fit); one that
-    /// cannot be read is left to be read when it fires.
-    pub(super) fn prefetch(&mut self, keys: Vec<ScheduleKey>) {
-        tracing::trace!(target: "ricochet::burst", n = keys.len(), "actor: entries coming, read ahead");
+    /// cannot be read is left to be read when it fires, and so is one due
+    /// already or waiting elsewhere (fired, ready, in flight, acked).
+    fn prefetch(&mut self, keys: Vec<ScheduleKey>) {
         let now = self.deps.clock.now_ms();
         self.deliveries
             .prefetched
@@ -110,8 +155,11 @@ impl SubscriptionActor {
         let mut want: Vec<(TierEntry, u64)> = Vec::new();
         for k in keys {
             let entry = k.message.entry();
-            if self.rec.is_acked(entry)
+            if k.due_ms <= now
+                || self.rec.is_acked(entry)
                 || self.deliveries.in_flight.contains_key(&entry)
+                || self.deliveries.ready.contains_key(&entry)
+                || self.deliveries.due.contains_key(&entry)
                 || self.deliveries.prefetched.contains(&entry)
             {
                 continue;
@@ -139,6 +187,7 @@ impl SubscriptionActor {
             let Ok(read) = self.deps.storage.read_many(&topic, &ids) else {
                 continue;
             };
+            tracing::trace!(target: "ricochet::burst", n = ids.len(), "actor: read ahead");
             for (&(entry, due_ms), bytes) in batch.iter().zip(read) {
                 if !self.deliveries.prefetched.has_room() {
                     break;
