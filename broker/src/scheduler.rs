@@ -199,6 +199,9 @@ fn deadline(due_ms: u64, now_us: u64) -> Instant {
     Instant::now() + Duration::from_micros(due_ms.saturating_mul(1000).saturating_sub(now_us))
 }
 
+/// A wait for a due time ([`sleep_until_due`]), kept across turns.
+type DueWait = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// The shortest wait left to an OS timer: below it the blocking thread's
 /// wake-up costs about what it saves.
 const OS_TIMER_MIN: Duration = Duration::from_micros(50);
@@ -235,7 +238,7 @@ impl Task {
         // The wait for the first staged due time, kept across turns of the
         // loop while that time stays first: commands arriving more often
         // than the wait lasts do not start it over (and would starve it).
-        let mut timer: Option<(u64, std::pin::Pin<Box<dyn Future<Output = ()> + Send>>)> = None;
+        let mut timer: Option<(u64, DueWait)> = None;
         loop {
             // What is due goes first, whatever else keeps the loop busy.
             self.fire();

@@ -178,7 +178,11 @@ impl TestConsumer {
     }
 
     /// Nacks whose delays the broker serves, in one request.
-    pub(super) fn nack_all_held(&mut self, msgs: &[ricochet_proto::Message], hold: Duration) -> u64 {
+    pub(super) fn nack_all_held(
+        &mut self,
+        msgs: &[ricochet_proto::Message],
+        hold: Duration,
+    ) -> u64 {
         let items = msgs
             .iter()
             .map(|m| FailedItem {

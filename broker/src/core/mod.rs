@@ -10,11 +10,11 @@
 mod actor_tests;
 #[cfg(test)]
 mod breaker_tests;
-#[cfg(test)]
-mod prefetch_tests;
 mod events;
 mod hooks;
 mod moves;
+#[cfg(test)]
+mod prefetch_tests;
 mod replicated;
 
 pub use hooks::{Hooks, Placement, ReservedNames, TopicOpened};

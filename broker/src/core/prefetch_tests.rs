@@ -8,8 +8,8 @@
 use super::actor_tests::{TestConsumer, harness, text};
 use crate::clock::Clock;
 use crate::scheduler::PREFETCH_LEAD;
-use crate::storage::prelude::*;
 use crate::storage::TierEntry;
+use crate::storage::prelude::*;
 use ricochet_proto::{Message, SubscriptionType};
 use std::time::Duration;
 
@@ -51,7 +51,9 @@ async fn a_burst_of_held_nacks_is_read_before_it_is_due_not_when_it_fires() {
     assert!(lead > 5);
     let wait = due - h.clock.now_ms() - 5;
     assert!(
-        c.messages_within(Duration::from_millis(wait)).await.is_none(),
+        c.messages_within(Duration::from_millis(wait))
+            .await
+            .is_none(),
         "nothing before its due time"
     );
     let reads_ahead = h.storage.entries_read_by_id();
@@ -132,7 +134,11 @@ async fn a_held_nack_acked_after_it_was_read_ahead_is_not_delivered() {
     let due = due_of(&h, &c, 0);
     let reads_at_nack = h.storage.entries_read_by_id();
     let wait = due - h.clock.now_ms() - 5;
-    assert!(c.messages_within(Duration::from_millis(wait)).await.is_none());
+    assert!(
+        c.messages_within(Duration::from_millis(wait))
+            .await
+            .is_none()
+    );
     assert_eq!(
         h.storage.entries_read_by_id() - reads_at_nack,
         1,

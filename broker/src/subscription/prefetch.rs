@@ -133,7 +133,12 @@ impl SubscriptionActor {
         if !self.deliveries.prefetched.has_announced() || !self.deliveries.due.is_empty() {
             return;
         }
-        let n = self.deliveries.prefetched.announced.len().min(PREFETCH_STEP);
+        let n = self
+            .deliveries
+            .prefetched
+            .announced
+            .len()
+            .min(PREFETCH_STEP);
         let keys: Vec<ScheduleKey> = self.deliveries.prefetched.announced.drain(..n).collect();
         self.prefetch(keys);
         if self.deliveries.prefetched.has_announced()
@@ -195,21 +200,20 @@ impl SubscriptionActor {
                 let Some(msg) = bytes.and_then(|b| Message::decode(b.as_slice()).ok()) else {
                     continue;
                 };
-                let failure = if tier == TierId::Retry
-                    && !self.deliveries.failures.contains_key(&entry)
-                {
-                    match self
-                        .deps
-                        .storage
-                        .failure(entry.of(self.rec.id), Some(due_ms))
-                    {
-                        Ok(r) => r,
-                        // Read again when it fires.
-                        Err(_) => continue,
-                    }
-                } else {
-                    None
-                };
+                let failure =
+                    if tier == TierId::Retry && !self.deliveries.failures.contains_key(&entry) {
+                        match self
+                            .deps
+                            .storage
+                            .failure(entry.of(self.rec.id), Some(due_ms))
+                        {
+                            Ok(r) => r,
+                            // Read again when it fires.
+                            Err(_) => continue,
+                        }
+                    } else {
+                        None
+                    };
                 let bytes = msg.payload.len() + msg.key.len();
                 self.deliveries.prefetched.insert(
                     entry,
@@ -242,7 +246,10 @@ mod tests {
     fn a_message_is_taken_only_for_the_due_time_it_was_read_for() {
         let mut p = Prefetched::default();
         p.insert(TierEntry::main(1), early(100, 10));
-        assert!(p.take(TierEntry::main(1), 101).is_none(), "another due time");
+        assert!(
+            p.take(TierEntry::main(1), 101).is_none(),
+            "another due time"
+        );
         assert_eq!(p.len(), 0, "the stale one is dropped");
         p.insert(TierEntry::main(1), early(100, 10));
         assert_eq!(p.take(TierEntry::main(1), 100).unwrap().due_ms, 100);

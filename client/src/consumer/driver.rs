@@ -172,10 +172,8 @@ impl Driver {
             };
             match event {
                 Event::Response(Ok(Some(r))) => {
-                    let messages = matches!(
-                        r.response,
-                        Some(consume_response::Response::Messages(_))
-                    );
+                    let messages =
+                        matches!(r.response, Some(consume_response::Response::Messages(_)));
                     self.on_response(r);
                     if messages {
                         // Let the application take what was handed over
