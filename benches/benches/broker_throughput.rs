@@ -40,6 +40,7 @@ async fn publish(url: &str, topic: &str, producer: usize, messages: usize) {
         request: Some(produce_request::Request::Open(ProducerOpen {
             topic: topic.into(),
             producer_name: format!("bench-{producer}"),
+            resend_in_order: false,
         })),
     })
     .await

@@ -89,6 +89,7 @@ async fn forward(
         produce_request::Request::Open(ProducerOpen {
             topic: name.to_string(),
             producer_name: String::new(),
+            resend_in_order: false,
         }),
         produce_request::Request::Send(SendBatch {
             request_id: 1,

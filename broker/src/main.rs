@@ -126,6 +126,15 @@ struct ClusterArgs {
     /// 10000; 0: never).
     #[arg(long, value_name = "N")]
     snapshot_every: Option<u64>,
+    /// How long creating a replicated partitioned topic waits for its
+    /// partitions' groups to form (default 30s).
+    #[arg(
+        long,
+        value_name = "DURATION",
+        value_parser = humantime::parse_duration,
+        env = "RICOCHET_PARTITION_FORM_TIMEOUT"
+    )]
+    partition_form_timeout: Option<std::time::Duration>,
 }
 
 impl ClusterArgs {
@@ -140,11 +149,12 @@ impl ClusterArgs {
             || self.broker_id.is_some()
             || self.lease_ttl.is_some()
             || self.replace_after.is_some()
-            || self.snapshot_every.is_some();
+            || self.snapshot_every.is_some()
+            || self.partition_form_timeout.is_some();
         let Some(cluster) = config.cluster.as_mut() else {
             anyhow::ensure!(
                 !given,
-                "--etcd, --broker-id, --lease-ttl, --replace-after and --snapshot-every need --cluster NAME (or a [cluster] table in the config)"
+                "--etcd, --broker-id, --lease-ttl, --replace-after, --snapshot-every and --partition-form-timeout (RICOCHET_PARTITION_FORM_TIMEOUT) need --cluster NAME (or a [cluster] table in the config)"
             );
             return Ok(());
         };
@@ -162,6 +172,9 @@ impl ClusterArgs {
         }
         if let Some(n) = self.snapshot_every {
             cluster.snapshot_every = n;
+        }
+        if let Some(d) = self.partition_form_timeout {
+            cluster.partition_form_timeout = d;
         }
         Ok(())
     }

@@ -57,6 +57,9 @@ impl Node {
         let storage: Arc<dyn Storage> = Arc::new(Watched::new(storage));
         let phase = std::time::Instant::now();
         let auth = Arc::new(Auth::open(&config.auth, &config.tls, storage.clone())?);
+        if config.cluster.is_some() {
+            auth.expect_cluster();
+        }
         let counts = Arc::new(PartitionCounts::load(storage.as_ref())?);
         let retention = Arc::new(Policies::load(storage.as_ref())?);
         tracing::info!(
@@ -115,6 +118,12 @@ impl Node {
             self.core.shutdown.clone(),
         )?;
         let _ = self.groups.set(groups);
+        self.retention.join(cluster.clone());
+        self.auth.join(
+            cluster.clone(),
+            self.core.flusher.clone(),
+            self.core.shutdown.clone(),
+        );
         let _ = self.cluster.set(cluster);
         Ok(())
     }

@@ -304,6 +304,16 @@ impl Topic {
         self.kind
     }
 
+    /// Whether the topic is written through a replicated partition's group.
+    pub fn is_replicated(&self) -> bool {
+        self.replicated
+    }
+
+    /// The storage the topic writes through (its group's, when replicated).
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
     /// Entry ids below this are durable.
     pub fn durable_end(&self) -> u64 {
         *self.durable_end.borrow()

@@ -159,6 +159,14 @@ impl Error {
         Self::new(ErrorKind::Timeout, message)
     }
 
+    /// A deadline that passed while `cause` stood in the way (kept as the
+    /// source).
+    pub(crate) fn timeout_after(message: impl Into<String>, cause: &Error) -> Self {
+        let mut inner = Self::build(ErrorKind::Timeout, message);
+        inner.source = Some(Arc::new(cause.clone()));
+        Error(Arc::new(inner))
+    }
+
     /// A request the client refuses to send.
     pub(crate) fn invalid_argument(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidArgument, message)

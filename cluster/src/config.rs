@@ -51,6 +51,12 @@ pub struct ClusterConfig {
     /// purges its log up to it (0: never; the log is kept whole). Default
     /// 10 000.
     pub snapshot_every: u64,
+    /// How long creating a partitioned topic with a replication factor
+    /// above 1 (or raising its count) waits for its partitions' groups to
+    /// form; those not formed by then are named in an UNAVAILABLE answer
+    /// and form on first use. At least 1 s; default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub partition_form_timeout: Duration,
 }
 
 impl Default for ClusterConfig {
@@ -66,6 +72,7 @@ impl Default for ClusterConfig {
             default_replicas: 1,
             replace_after: Duration::from_secs(300),
             snapshot_every: 10_000,
+            partition_form_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -113,6 +120,9 @@ impl ClusterConfig {
         }
         if !self.replace_after.is_zero() && self.replace_after < Duration::from_secs(1) {
             return bad("replace_after must be at least 1s (or \"0s\": never)".into());
+        }
+        if self.partition_form_timeout < Duration::from_secs(1) {
+            return bad("partition_form_timeout must be at least 1s".into());
         }
         match advertise {
             Some(a) if a.starts_with("http://") || a.starts_with("https://") => Ok(()),
@@ -170,6 +180,10 @@ mod tests {
             },
             ClusterConfig {
                 default_replicas: 8,
+                ..ok.clone()
+            },
+            ClusterConfig {
+                partition_form_timeout: Duration::from_millis(500),
                 ..ok.clone()
             },
         ] {

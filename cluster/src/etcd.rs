@@ -278,6 +278,39 @@ impl Etcd {
         Ok(r.succeeded)
     }
 
+    /// In one transaction, if `key` holds `expected`: deletes it and
+    /// `also_delete`. False when `key` holds something else, or nothing
+    /// (nothing changed).
+    pub async fn delete_if_value(
+        &self,
+        key: &str,
+        expected: &str,
+        also_delete: &[String],
+    ) -> Result<bool> {
+        let delete = |k: &str| RequestOp {
+            request: Some(request_op::Request::RequestDeleteRange(
+                DeleteRangeRequest {
+                    key: k.as_bytes().to_vec(),
+                    ..Default::default()
+                },
+            )),
+        };
+        let r = self
+            .txn(
+                equal(
+                    key,
+                    compare::TargetUnion::Value(expected.as_bytes().to_vec()),
+                ),
+                std::iter::once(key)
+                    .chain(also_delete.iter().map(String::as_str))
+                    .map(delete)
+                    .collect(),
+                Vec::new(),
+            )
+            .await?;
+        Ok(r.succeeded)
+    }
+
     /// Deletes `key`; how many keys were deleted (0 or 1).
     pub async fn delete(&self, key: &str) -> Result<i64> {
         let r = self

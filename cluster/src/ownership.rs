@@ -412,6 +412,37 @@ impl Cluster {
         }
     }
 
+    /// Removes partitioned topic `base` of `partitions` partitions (deleted
+    /// by the caller, each on its broker), with `also` (keys: its
+    /// replication factor) in the same transaction. The partitions'
+    /// placements stay, as an ordinary topic's do when it is deleted.
+    /// Refused, changing nothing, when the count is no longer `partitions`
+    /// (raised meanwhile) or the topic is gone.
+    pub async fn delete_partitioned(
+        &self,
+        base: &str,
+        partitions: u32,
+        also: &[String],
+    ) -> Result<()> {
+        let key = self.partitioned_key(base);
+        if self
+            .etcd
+            .delete_if_value(&key, &partitions.to_string(), also)
+            .await?
+        {
+            tracing::info!(topic = %base, partitions, "partitioned topic deleted from the cluster");
+            return Ok(());
+        }
+        match self.partition_count(base).await? {
+            None => Err(ClusterError::TopicNotFound(format!(
+                "{base} (no partitioned topic of that name)"
+            ))),
+            Some(n) => Err(ClusterError::Conflict(format!(
+                "the partition count of {base} changed from {partitions} to {n} during the delete; delete it again"
+            ))),
+        }
+    }
+
     async fn place_partitions(&self, base: &str, from: u32, to: u32) -> Result<()> {
         let (live, placed) = (self.live().await?, self.placed_counts().await?);
         let chosen = placement::spread(&live, &placed, (to - from) as usize);

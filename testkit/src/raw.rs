@@ -42,12 +42,25 @@ impl RawProducer {
     /// Opens a producer on `topic` (`name` empty: the broker names it);
     /// sequence ids continue from the last one the broker stored for it.
     pub async fn open(url: &str, topic: &str, name: &str) -> Result<Self, Status> {
+        Self::open_with(url, topic, name, false).await
+    }
+
+    /// Like [`open`](Self::open), with `ProducerOpen.resend_in_order` set
+    /// as given (the broker then ends the stream after a batch it could
+    /// not store).
+    pub async fn open_with(
+        url: &str,
+        topic: &str,
+        name: &str,
+        resend_in_order: bool,
+    ) -> Result<Self, Status> {
         let mut client = BrokerClient::new(channel(url).await);
         let (tx, rx) = mpsc::channel(64);
         tx.send(ProduceRequest {
             request: Some(produce_request::Request::Open(ProducerOpen {
                 topic: topic.into(),
                 producer_name: name.into(),
+                resend_in_order,
             })),
         })
         .await

@@ -27,6 +27,7 @@ pub(crate) async fn publish(url: &str, topic: &str, n: usize) -> Result<(), BoxE
         request: Some(produce_request::Request::Open(ProducerOpen {
             topic: topic.into(),
             producer_name: "bench".into(),
+            resend_in_order: false,
         })),
     })
     .await?;

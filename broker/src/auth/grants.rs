@@ -6,8 +6,10 @@ use super::{AUDIT, AuthConfig, Principal, Verifier};
 use crate::error::BrokerError;
 use crate::name::TopicName;
 use crate::storage::{GrantRecord, Storage};
+use ricochet_cluster::Cluster;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock, RwLock};
 
 pub use crate::storage::Permission;
 use crate::storage::Permissions;
@@ -76,8 +78,16 @@ pub struct Auth {
     metrics_token: Option<Vec<u8>>,
     /// A verified client certificate's CN is a role.
     role_from_cert: bool,
-    /// Held across one grant change (storage write, flush, table).
+    /// Held across one grant change (storage write, flush, table), and
+    /// while the cluster's grants are taken.
     changes: tokio::sync::Mutex<()>,
+    /// Set once the broker joined a cluster: grants are then the
+    /// cluster's ([`super::shared`]).
+    cluster: OnceLock<Arc<Cluster>>,
+    /// The etcd revision of the cluster's grants last taken here.
+    taken: std::sync::atomic::AtomicI64,
+    /// The broker will join a cluster: until it has, grants cannot change.
+    clustered: std::sync::atomic::AtomicBool,
 }
 
 impl Auth {
@@ -107,6 +117,9 @@ impl Auth {
             storage,
             metrics_token,
             changes: tokio::sync::Mutex::new(()),
+            cluster: OnceLock::new(),
+            taken: std::sync::atomic::AtomicI64::new(0),
+            clustered: std::sync::atomic::AtomicBool::new(false),
             role_from_cert: tls.role_from_client_cert && tls.client_ca_file.is_some(),
         })
     }
@@ -274,33 +287,49 @@ impl Auth {
         flusher: &crate::flusher::Flusher,
     ) -> Result<Vec<String>, BrokerError> {
         let mask = perms.iter().fold(0u8, |a, p| a | p.bit());
-        // One change at a time: the storage write and the table follow each other.
-        let _serial = self.changes.lock().await;
-        let before = self.bits(role, &[resource.as_str()]);
-        let after = match (add, mask) {
+        let apply = |before: u8| match (add, mask) {
             (true, m) => before | m,
             (false, 0) => 0,
             (false, m) => before & !m,
         };
-        if after == 0 {
-            self.storage.delete_grant(role, resource.as_str())?;
-        } else {
-            self.storage.put_grant(&GrantRecord {
-                role: role.to_owned(),
-                resource: resource.as_str().to_owned(),
-                permissions: Permissions::from_bits(after),
-            })?;
-        }
-        flusher.durable().await?;
-        {
-            let mut table = self.table.write().unwrap_or_else(|e| e.into_inner());
-            let held = table.entry(role.to_owned()).or_default();
-            if after == 0 {
-                held.remove(resource.as_str());
-            } else {
-                held.insert(resource.as_str().to_owned(), after);
+        // One change at a time: the storage write and the table follow each other.
+        let _serial = self.changes.lock().await;
+        let after = match self.cluster.get() {
+            Some(c) => {
+                // The cluster's list first: a failure there changes nothing.
+                let (shared, after) =
+                    super::shared::change(c, self.grants(), role, resource.as_str(), apply).await?;
+                self.take_locked(shared, flusher).await?;
+                after
             }
-        }
+            None if self.clustered.load(Ordering::Acquire) => {
+                return Err(BrokerError::Etcd(
+                    "this broker has not joined its cluster yet, whose grants it keeps: try again"
+                        .into(),
+                ));
+            }
+            None => {
+                let after = apply(self.bits(role, &[resource.as_str()]));
+                if after == 0 {
+                    self.storage.delete_grant(role, resource.as_str())?;
+                } else {
+                    self.storage.put_grant(&GrantRecord {
+                        role: role.to_owned(),
+                        resource: resource.as_str().to_owned(),
+                        permissions: Permissions::from_bits(after),
+                    })?;
+                }
+                flusher.durable().await?;
+                let mut table = self.table.write().unwrap_or_else(|e| e.into_inner());
+                let held = table.entry(role.to_owned()).or_default();
+                if after == 0 {
+                    held.remove(resource.as_str());
+                } else {
+                    held.insert(resource.as_str().to_owned(), after);
+                }
+                after
+            }
+        };
         tracing::info!(
             target: AUDIT,
             by = by.map_or("-", |p| p.role.as_str()),
@@ -312,6 +341,83 @@ impl Auth {
             "permissions changed"
         );
         Ok(names(after))
+    }
+
+    /// The broker runs in cluster mode: grant changes are refused until it
+    /// joined ([`Self::join`]), since the cluster's grants would replace
+    /// one stored here alone.
+    pub(crate) fn expect_cluster(&self) {
+        self.clustered.store(true, Ordering::Release);
+    }
+
+    /// In cluster mode: grants are the cluster's from now on (changed in
+    /// etcd, read from it every [`super::shared::SYNC_EVERY`]).
+    pub(crate) fn join(
+        self: &Arc<Self>,
+        cluster: Arc<Cluster>,
+        flusher: crate::flusher::Flusher,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        if self.cluster.set(cluster.clone()).is_ok() {
+            super::shared::spawn_sync(self.clone(), cluster, flusher, stop);
+        }
+    }
+
+    /// Takes the cluster's grants in force here unless they are older
+    /// than those taken last (a read from before a change made here).
+    pub(super) async fn take_shared(
+        &self,
+        shared: super::shared::Shared,
+        flusher: &crate::flusher::Flusher,
+    ) -> Result<(), BrokerError> {
+        let _serial = self.changes.lock().await;
+        self.take_locked(shared, flusher).await
+    }
+
+    /// [`Self::take_shared`] with the change lock held: the store follows
+    /// the list (durably), then the table is replaced whole.
+    async fn take_locked(
+        &self,
+        shared: super::shared::Shared,
+        flusher: &crate::flusher::Flusher,
+    ) -> Result<(), BrokerError> {
+        if shared.revision <= self.taken.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let stored = self.storage.grants()?;
+        let mut changed = 0usize;
+        for g in &stored {
+            let keep = shared
+                .grants
+                .iter()
+                .any(|w| w.role == g.role && w.resource == g.resource);
+            if !keep {
+                self.storage.delete_grant(&g.role, &g.resource)?;
+                changed += 1;
+            }
+        }
+        for g in &shared.grants {
+            if !stored.contains(g) {
+                self.storage.put_grant(g)?;
+                changed += 1;
+            }
+        }
+        if changed > 0 {
+            flusher.durable().await?;
+        }
+        let mut table = Table::new();
+        for g in &shared.grants {
+            table
+                .entry(g.role.clone())
+                .or_default()
+                .insert(g.resource.clone(), g.permissions.bits());
+        }
+        *self.table.write().unwrap_or_else(|e| e.into_inner()) = table;
+        self.taken.store(shared.revision, Ordering::Release);
+        if changed > 0 {
+            tracing::info!(target: AUDIT, changed, revision = shared.revision, "grants taken from the cluster");
+        }
+        Ok(())
     }
 
     /// Every grant, sorted by role and resource.

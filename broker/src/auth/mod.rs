@@ -10,7 +10,8 @@
 //! [`Auth::authorize`] checks a call against its requirement, which the
 //! RPC table of [`crate::gate`] gives for every RPC; the data plane checks a
 //! producer's or consumer's topic once when its stream opens (never per
-//! message), and [`AuthService`] manages grants. With `auth.enabled` off
+//! message), and [`AuthService`] manages grants; in a cluster the grants
+//! are the cluster's, kept in etcd (`shared`). With `auth.enabled` off
 //! (the default) every caller may do everything, as before.
 //!
 //! Every dead-letter replay and purge, policy change and grant or revoke
@@ -20,6 +21,7 @@ mod check;
 mod grants;
 mod layer;
 mod service;
+mod shared;
 mod token;
 
 pub use crate::config::{AuthConfig, metrics_token};

@@ -50,6 +50,7 @@
 //! # default_replicas = 1         # factor of a topic created without one (1..7)
 //! # replace_after = "5m"         # a group member's broker down this long is replaced ("0s": never)
 //! # snapshot_every = 10000       # Raft entries between snapshots of a partition (0: never)
+//! # partition_form_timeout = "30s"  # a replicated partitioned create waits this long for its groups
 //! # peer_token_file = "/etc/ricochet/broker.token"  # with [auth]: a superuser's token for Raft calls
 //! # peer_ca_file = "/etc/ricochet/ca.pem"  # with [tls]: verifies the other brokers (default tls.client_ca_file)
 //!

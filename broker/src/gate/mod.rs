@@ -120,9 +120,13 @@ impl Gate {
             self.auth.authorize(p.as_ref(), method, rule.need, scope)?;
             (p, scope.topic().map(str::to_owned))
         };
-        self.router
+        if let Some(fan_out) = self
+            .router
             .route(method, rule.route, topic.as_deref(), rule.unreplicated)
-            .await?;
+            .await?
+        {
+            r.extensions_mut().insert(fan_out);
+        }
         for tier in (rule.writes_to)(r.get_ref()) {
             let tier = crate::name::TopicName::parse(tier)?;
             self.auth

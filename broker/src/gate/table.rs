@@ -83,25 +83,25 @@ table! {
                 tracing::info!(target: AUDIT, role, action = "create-topic", topic = %r.topic, replicas = r.replicas)
             };
         DeleteTopic => delete_topic(DeleteTopicRequest) -> DeleteTopicResponse:
-            Requirement::Permission(Admin), |r| Scope::Topic(&r.topic), .route(Route::Owner),
+            Requirement::Permission(Admin), |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut),
             audit |role, r, _| {
                 tracing::info!(target: AUDIT, role, action = "delete-topic", topic = %r.topic, force = r.force)
             };
         TopicStats => topic_stats(TopicRequest) -> TopicStatsResponse:
             Visible, |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut);
         ListSubscriptions => list_subscriptions(TopicRequest) -> ListSubscriptionsResponse:
-            Visible, |r| Scope::Topic(&r.topic), .route(Route::Owner);
+            Visible, |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut);
         SubscriptionStats => subscription_stats(SubscriptionRequest) -> SubscriptionStatsResponse:
-            Visible, |r| Scope::Topic(&r.topic), .route(Route::Owner);
+            Visible, |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut);
         DeleteSubscription => delete_subscription(DeleteSubscriptionRequest) -> DeleteSubscriptionResponse:
-            Requirement::Permission(Admin), |r| Scope::Topic(&r.topic), .route(Route::Owner),
+            Requirement::Permission(Admin), |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut),
             audit |role, r, _| {
                 tracing::info!(target: AUDIT, role, action = "delete-subscription", topic = %r.topic, subscription = %r.subscription, force = r.force)
             };
         GetPolicy => get_policy(SubscriptionRequest) -> PolicyResponse:
-            Visible, |r| Scope::Topic(&r.topic), .route(Route::Owner);
+            Visible, |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut);
         SetPolicy => set_policy(SetPolicyRequest) -> PolicyResponse:
-            Requirement::Permission(Policy), |r| Scope::Topic(&r.topic), .route(Route::Owner),
+            Requirement::Permission(Policy), |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut),
             .writes_to(policy_tiers),
             audit |role, r, resp| {
                 tracing::info!(
@@ -119,9 +119,9 @@ table! {
             |r| r.id.as_ref().map_or(Scope::Missing("id is required"), |id| Scope::Topic(&id.topic)),
             .route(Route::Owner), .shown(event_excerpt);
         ListDeadLetters => list_dead_letters(ListDeadLettersRequest) -> ListDeadLettersResponse:
-            Requirement::Permission(DeadLetters), |r| Scope::Topic(&r.topic), .route(Route::Owner);
+            Requirement::Permission(DeadLetters), |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut);
         ReplayDeadLetters => replay_dead_letters(ReplayDeadLettersRequest) -> ReplayDeadLettersResponse:
-            Requirement::Permission(DeadLetters), |r| Scope::Topic(&r.topic), .route(Route::Owner),
+            Requirement::Permission(DeadLetters), |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut),
             audit |role, r, resp| {
                 tracing::info!(
                     target: AUDIT,
@@ -136,7 +136,7 @@ table! {
                 )
             };
         PurgeDeadLetters => purge_dead_letters(PurgeDeadLettersRequest) -> PurgeDeadLettersResponse:
-            Requirement::Permission(DeadLetters), |r| Scope::Topic(&r.topic), .route(Route::Owner),
+            Requirement::Permission(DeadLetters), |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut),
             audit |role, r, resp| {
                 tracing::info!(
                     target: AUDIT,
@@ -150,7 +150,7 @@ table! {
                 )
             };
         GroupDeadLetters => group_dead_letters(GroupDeadLettersRequest) -> GroupDeadLettersResponse:
-            Requirement::Permission(DeadLetters), |r| Scope::Topic(&r.topic), .route(Route::Owner);
+            Requirement::Permission(DeadLetters), |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut);
         ListReplayJobs => list_replay_jobs(ListReplayJobsRequest) -> ListReplayJobsResponse:
             Requirement::Permission(DeadLetters), |r| Scope::TopicOrAll(&r.topic),
             .route(Route::Owner), .shown(replayable_jobs);
@@ -160,7 +160,7 @@ table! {
                 tracing::info!(target: AUDIT, role, action = "cancel-replay-job", job = r.id, topic = %r.topic)
             };
         SetBreaker => set_breaker(SetBreakerRequest) -> BreakerStatus:
-            Requirement::Permission(Policy), |r| Scope::Topic(&r.topic), .route(Route::Owner),
+            Requirement::Permission(Policy), |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut),
             audit |role, r, resp| {
                 tracing::info!(
                     target: AUDIT,
@@ -214,7 +214,6 @@ table! {
             Requirement::Permission(Admin),
             |r| Scope::Target { namespace: &r.namespace, topic: &r.topic },
             .route(Route::Owner),
-            .unreplicated("a topic's retention policy is stored per broker"),
             audit |role, r, _| {
                 tracing::info!(target: AUDIT, role, action = "set-retention", namespace = %r.namespace, topic = %r.topic, policy = ?r.policy)
             };

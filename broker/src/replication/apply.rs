@@ -324,6 +324,14 @@ impl StorageApplier {
                 Ok(PartitionReply::Done)
             }
             PartitionCommand::DeleteTopic(name) => self.delete_topic(&mut state, &name),
+            PartitionCommand::PutRetention(record) => {
+                self.storage.put_retention(&record)?;
+                Ok(PartitionReply::Done)
+            }
+            PartitionCommand::DeleteRetention(target) => {
+                self.storage.delete_retention(&target)?;
+                Ok(PartitionReply::Done)
+            }
         };
         match applied {
             // Something the command needs is not there (dead letters

@@ -6,8 +6,9 @@
 //! [`PartitionCommand`] names the changes: a topic created, a producer's
 //! batch published (with its sequence ids, de-duplicated when applied), a
 //! subscription record written (acks move its cursors; policy changes), failure
-//! records written (a nack's new delivery count), schedule entries, and a
-//! tier move (into the retry or the dead-letter tier, one transaction).
+//! records written (a nack's new delivery count), schedule entries, a
+//! tier move (into the retry or the dead-letter tier, one transaction), and
+//! the topic's own retention policy.
 //! [`StorageApplier`] applies them ([`apply`]); [`ReplicatedPartition`] is
 //! one replica of one partition: it proposes commands and answers once the
 //! group committed and applied them.
@@ -34,8 +35,9 @@ pub use peers::PeerRoles;
 pub use storage::ReplicatedStorage;
 
 use crate::storage::{
-    DeadLetterRecord, DeadLetterReturn, FailureRecord, LogStorage, ReplayJobRecord, ScheduleKey,
-    SledStorage, Storage, SubMessage, SubscriptionRecord, TierMove, TopicRecord,
+    DeadLetterRecord, DeadLetterReturn, FailureRecord, LogStorage, ReplayJobRecord,
+    RetentionRecord, ScheduleKey, SledStorage, Storage, SubMessage, SubscriptionRecord, TierMove,
+    TopicRecord,
 };
 use crate::{BrokerConfig, BrokerError};
 pub use ricochet_replication::{
@@ -112,6 +114,12 @@ pub enum PartitionCommand {
     /// A topic deleted with its entries, producer sequences and
     /// subscriptions (a subscription's tier, or the replicated topic).
     DeleteTopic(String),
+    /// The partition's own retention policy set (every member must run a
+    /// broker that knows this command before one is set).
+    PutRetention(RetentionRecord),
+    /// The partition's own retention policy cleared (its namespace's
+    /// applies again).
+    DeleteRetention(String),
 }
 
 impl PartitionCommand {

@@ -69,6 +69,12 @@ pub async fn partitioned_factor(cluster: &Cluster, base: &str) -> Result<Option<
     })
 }
 
+/// The key of partitioned topic `base`'s factor, removed with its count
+/// when it is deleted (`Cluster::delete_partitioned`).
+pub fn partitioned_factor_key(cluster: &Cluster, base: &str) -> String {
+    partitioned_key(cluster, base)
+}
+
 /// The record to write with partitioned topic `base`'s count (in the same
 /// etcd transaction, see `Cluster::create_partitioned`) when its
 /// partitions get factor `replicas` (checked by the caller): none at 1.

@@ -5,8 +5,8 @@
 //! tiers of its subscriptions: each log's record, entry range and producer
 //! sequences; each subscription's record (cursors, policy, key order) and
 //! state (failure records, schedule entries, dead letters) — what
-//! `transfer::capture` collects for a topic move — and the topic's replay
-//! jobs; then every entry of each log. It is written as CBOR records in
+//! `transfer::capture` collects for a topic move — the topic's replay
+//! jobs and its own retention policy; then every entry of each log. It is written as CBOR records in
 //! checksummed frames ([`ricochet_replication::snapshot`]).
 //!
 //! Capture ([`capture`]) runs between two applies and reads only the
@@ -23,7 +23,7 @@
 //! store: a replica that died part-way installs it again at its start.
 
 use crate::storage::{
-    ReplayJobRecord, Storage, SubscriptionRecord, SubscriptionState, TopicRecord,
+    ReplayJobRecord, RetentionRecord, Storage, SubscriptionRecord, SubscriptionState, TopicRecord,
 };
 use ricochet_replication::snapshot::{FrameReader, FrameWriter};
 use ricochet_replication::{ReplicationError, Result, SnapshotWriter};
@@ -63,6 +63,10 @@ enum Record {
     Subscription(Box<(SubscriptionRecord, SubscriptionState)>),
     /// A replay job of the topic.
     ReplayJob(ReplayJobRecord),
+    /// The topic's own retention policy, when it has one (after the
+    /// replay jobs; a snapshot of a topic without one is what a broker
+    /// that predates replicated policies reads).
+    Retention(RetentionRecord),
     /// Consecutive entries of a log.
     Entries {
         topic: String,
@@ -85,6 +89,7 @@ pub(super) fn capture(storage: &Arc<dyn Storage>, topic: &str) -> Result<Box<dyn
     let mut logs = Vec::new();
     let mut subscriptions = Vec::new();
     let mut jobs = Vec::new();
+    let mut retention = None;
     if let Some(main) = records.iter().find(|r| r.name == topic) {
         let subs = storage.list_subscriptions(topic).map_err(store)?;
         let mut names = vec![main.clone()];
@@ -116,6 +121,11 @@ pub(super) fn capture(storage: &Arc<dyn Storage>, topic: &str) -> Result<Box<dyn
             .into_iter()
             .filter(|j| j.topic == topic)
             .collect();
+        retention = storage
+            .retention_policies()
+            .map_err(store)?
+            .into_iter()
+            .find(|r| r.target == topic);
     }
     Ok(Box::new(Captured {
         storage: storage.clone(),
@@ -123,6 +133,7 @@ pub(super) fn capture(storage: &Arc<dyn Storage>, topic: &str) -> Result<Box<dyn
         logs,
         subscriptions,
         jobs,
+        retention,
     }))
 }
 
@@ -133,6 +144,7 @@ struct Captured {
     logs: Vec<LogHead>,
     subscriptions: Vec<(SubscriptionRecord, SubscriptionState)>,
     jobs: Vec<ReplayJobRecord>,
+    retention: Option<RetentionRecord>,
 }
 
 impl SnapshotWriter for Captured {
@@ -150,6 +162,9 @@ impl SnapshotWriter for Captured {
         }
         for j in self.jobs {
             w.put(&Record::ReplayJob(j))?;
+        }
+        if let Some(r) = self.retention {
+            w.put(&Record::Retention(r))?;
         }
         let mut total = 0u64;
         for log in &self.logs {
@@ -204,7 +219,8 @@ impl SnapshotWriter for Captured {
 }
 
 /// Deletes this replica's copy of partition `topic` from `storage`: its
-/// subscriptions with their state and tiers, the topic, its replay jobs.
+/// subscriptions with their state and tiers, the topic, its replay jobs,
+/// its own retention policy.
 pub(super) fn delete_copy(storage: &Arc<dyn Storage>, topic: &str) -> Result<()> {
     let stored: HashSet<String> = storage
         .list_topics()
@@ -230,6 +246,7 @@ pub(super) fn delete_copy(storage: &Arc<dyn Storage>, topic: &str) -> Result<()>
             storage.remove_replay_job(job.id).map_err(store)?;
         }
     }
+    storage.delete_retention(topic).map_err(store)?;
     Ok(())
 }
 
@@ -288,6 +305,15 @@ pub(super) fn install(
             Record::ReplayJob(job) => {
                 highest = highest.max(job.id);
                 storage.put_replay_job(&job).map_err(store)?;
+            }
+            Record::Retention(r) if r.target == topic => {
+                storage.put_retention(&r).map_err(store)?;
+            }
+            Record::Retention(r) => {
+                return Err(ReplicationError::Codec(format!(
+                    "a snapshot of {topic} holds the retention policy of {}",
+                    r.target
+                )));
             }
             Record::Entries {
                 topic: log,

@@ -23,14 +23,15 @@
 //! `put_topic` (tier topics), `delete_topic`, `remove_entries`, the
 //! dead-letter edits (`remove_dead_letters`, `put_dead_letters`,
 //! `return_dead_letters`) and replay jobs (`put_replay_job`,
-//! `remove_replay_job`); an empty `put_failures` or `put_schedule` writes
+//! `remove_replay_job`), the topic's own retention policy (`put_retention`,
+//! `delete_retention`); an empty `put_failures` or `put_schedule` writes
 //! nothing and proposes nothing. `next_id` reads this replica's counter, which
 //! every replica raises past the ids the group's commands carry. `trim` is
 //! applied locally only (it drops segments every subscription consumed, by
 //! cursors that are themselves replicated; a follower keeps them until it
 //! leads). Every other mutating method fails with
-//! [`StorageError::Replication`] naming it: restores, grants, retention,
-//! partition counts and the manifest are not replicated, and must not be
+//! [`StorageError::Replication`] naming it: restores, grants, namespaces'
+//! retention, partition counts and the manifest are not replicated, and must not be
 //! written to one replica silently.
 
 use super::pipeline::Pipeline;
@@ -411,12 +412,14 @@ impl MetaStore for ReplicatedStorage {
         self.local.retention_policies()
     }
 
-    fn put_retention(&self, _record: &RetentionRecord) -> Result<()> {
-        Err(not_replicated("put_retention"))
+    /// The partition's own policy (its namespace's is stored per broker
+    /// and never written through a group).
+    fn put_retention(&self, record: &RetentionRecord) -> Result<()> {
+        self.propose(PartitionCommand::PutRetention(record.clone()))
     }
 
-    fn delete_retention(&self, _target: &str) -> Result<()> {
-        Err(not_replicated("delete_retention"))
+    fn delete_retention(&self, target: &str) -> Result<()> {
+        self.propose(PartitionCommand::DeleteRetention(target.to_owned()))
     }
 
     fn size_on_disk(&self) -> Result<u64> {

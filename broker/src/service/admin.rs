@@ -4,6 +4,8 @@
 
 use super::dead_letters::{self, passes};
 use super::fanout::{self as parts, partitioned};
+use super::owners::Owners;
+use super::routing::FanOut;
 use super::wire;
 use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
@@ -29,6 +31,29 @@ impl AdminService {
     /// A service over `node`.
     pub fn new(node: Arc<Node>) -> Self {
         Self { node }
+    }
+
+    /// When `r` is about a partitioned topic's base name `topic`: the
+    /// topic, its partitions, and where each partition's call is made
+    /// (here standalone; at its owner in a cluster, where the router let
+    /// the base name through marked [`FanOut`]).
+    fn whole<T>(&self, r: &Request<T>, topic: &str) -> Option<(TopicName, Vec<TopicName>, Owners)> {
+        if let Some((name, ps)) = partitioned(&self.node, topic) {
+            return Some((name, ps, Owners::here(self.clone())));
+        }
+        let fan_out = r.extensions().get::<FanOut>()?;
+        let cluster = self.node.cluster()?;
+        let name = TopicName::parse(topic).ok()?;
+        let ps = (0..fan_out.partitions)
+            .map(|i| crate::name::partition(&name, i))
+            .collect();
+        let at = Owners::cluster(
+            self.clone(),
+            self.node.clone(),
+            cluster.clone(),
+            r.metadata(),
+        );
+        Some((name, ps, at))
     }
 
     async fn sub(
@@ -214,12 +239,27 @@ impl Admin for AdminService {
         &self,
         r: Request<DeleteTopicRequest>,
     ) -> Result<Response<DeleteTopicResponse>, Status> {
-        let r = r.into_inner();
-        let name = TopicName::parse(&r.topic)?;
-        if partitioned(&self.node, &r.topic).is_some() {
+        if partitioned(&self.node, &r.get_ref().topic).is_some() {
+            let r = r.into_inner();
+            let name = TopicName::parse(&r.topic)?;
             self.node.partitions.delete(&name, r.force).await?;
             return Ok(Response::new(DeleteTopicResponse {}));
         }
+        if let Some((name, ps, at)) = self.whole(&r, &r.get_ref().topic)
+            && let Some(c) = self.node.cluster()
+        {
+            // In a cluster: each partition on its owner, then the count
+            // (and factor) in etcd, if the count is still the one deleted.
+            let count = ps.len() as u32;
+            parts::delete_partitions(&at, &name, ps, r.get_ref().force).await?;
+            let factor = namespaces::partitioned_factor_key(c, name.as_str());
+            c.delete_partitioned(name.as_str(), count, &[factor])
+                .await
+                .map_err(BrokerError::from)?;
+            return Ok(Response::new(DeleteTopicResponse {}));
+        }
+        let r = r.into_inner();
+        let name = TopicName::parse(&r.topic)?;
         self.node.core.delete_topic(&name, r.force).await?;
         self.node.core.flusher.durable().await?;
         // A replicated topic was deleted through its group (every replica
@@ -236,24 +276,11 @@ impl Admin for AdminService {
         &self,
         r: Request<TopicRequest>,
     ) -> Result<Response<TopicStatsResponse>, Status> {
-        let auth = r.metadata().get("authorization").cloned();
+        if let Some((name, ps, at)) = self.whole(&r, &r.get_ref().topic) {
+            return Ok(Response::new(parts::topic_stats(&at, &name, ps).await?));
+        }
         let r = r.into_inner();
-        if let Some((name, ps)) = partitioned(&self.node, &r.topic) {
-            return Ok(Response::new(parts::topic_stats(self, &name, ps).await?));
-        }
         let name = TopicName::parse(&r.topic)?;
-        // In a cluster the router let a partitioned topic's base name
-        // through: its partitions are asked of their owners.
-        if let Some(c) = self.node.cluster()
-            && let Some(n) = c
-                .partition_count(name.as_str())
-                .await
-                .map_err(BrokerError::from)?
-        {
-            return Ok(Response::new(
-                parts::cluster_topic_stats(self, &self.node, c, &name, n, auth.as_ref()).await?,
-            ));
-        }
         let entry = self.node.core.topic(&name).await?;
         let (first, next) = entry.topic.entry_range();
         let mut subscriptions = Vec::new();
@@ -282,10 +309,10 @@ impl Admin for AdminService {
         &self,
         r: Request<TopicRequest>,
     ) -> Result<Response<ListSubscriptionsResponse>, Status> {
-        let r = r.into_inner();
-        if let Some((_, ps)) = partitioned(&self.node, &r.topic) {
-            return Ok(Response::new(parts::list_subscriptions(self, ps).await?));
+        if let Some((_, ps, at)) = self.whole(&r, &r.get_ref().topic) {
+            return Ok(Response::new(parts::list_subscriptions(&at, ps).await?));
         }
+        let r = r.into_inner();
         let name = TopicName::parse(&r.topic)?;
         let entry = self.node.core.topic(&name).await?;
         let mut subscriptions: Vec<String> = entry
@@ -301,11 +328,11 @@ impl Admin for AdminService {
         &self,
         r: Request<SubscriptionRequest>,
     ) -> Result<Response<SubscriptionStatsResponse>, Status> {
-        let r = r.into_inner();
-        if let Some((name, ps)) = partitioned(&self.node, &r.topic) {
-            let s = parts::subscription_stats(self, &name, ps, &r.subscription).await?;
+        if let Some((name, ps, at)) = self.whole(&r, &r.get_ref().topic) {
+            let s = parts::subscription_stats(&at, &name, ps, &r.get_ref().subscription).await?;
             return Ok(Response::new(s));
         }
+        let r = r.into_inner();
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         Ok(Response::new(wire::subscription_stats(
             h.stats(self.node.core.storage.clone()).await?,
@@ -316,12 +343,12 @@ impl Admin for AdminService {
         &self,
         r: Request<DeleteSubscriptionRequest>,
     ) -> Result<Response<DeleteSubscriptionResponse>, Status> {
-        let r = r.into_inner();
-        if let Some((name, ps)) = partitioned(&self.node, &r.topic) {
+        if let Some((name, ps, at)) = self.whole(&r, &r.get_ref().topic) {
             return Ok(Response::new(
-                parts::delete_subscription(self, &name, ps, r).await?,
+                parts::delete_subscription(&at, &name, ps, r.into_inner()).await?,
             ));
         }
+        let r = r.into_inner();
         let t = TopicName::parse(&r.topic)?;
         let s = SubscriptionName::parse(&r.subscription)?;
         self.node.core.delete_subscription(&t, &s, r.force).await?;
@@ -333,11 +360,11 @@ impl Admin for AdminService {
         &self,
         r: Request<SubscriptionRequest>,
     ) -> Result<Response<PolicyResponse>, Status> {
-        let r = r.into_inner();
-        if let Some((name, ps)) = partitioned(&self.node, &r.topic) {
-            let p = parts::get_policy(self, &name, ps, &r.subscription).await?;
+        if let Some((name, ps, at)) = self.whole(&r, &r.get_ref().topic) {
+            let p = parts::get_policy(&at, &name, ps, &r.get_ref().subscription).await?;
             return Ok(Response::new(p));
         }
+        let r = r.into_inner();
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         Ok(Response::new(wire::policy_response(h.policy().await?)))
     }
@@ -346,10 +373,12 @@ impl Admin for AdminService {
         &self,
         r: Request<SetPolicyRequest>,
     ) -> Result<Response<PolicyResponse>, Status> {
-        let r = r.into_inner();
-        if let Some((name, ps)) = partitioned(&self.node, &r.topic) {
-            return Ok(Response::new(parts::set_policy(self, &name, ps, r).await?));
+        if let Some((name, ps, at)) = self.whole(&r, &r.get_ref().topic) {
+            return Ok(Response::new(
+                parts::set_policy(&at, &name, ps, r.into_inner()).await?,
+            ));
         }
+        let r = r.into_inner();
         let spec = match &r.policy {
             Some(p) if p.kind.is_some() => Some(PolicySpec::try_from(p).map_err(|e| {
                 Status::invalid_argument(format!("invalid dead-letter policy: {e}"))
@@ -438,10 +467,12 @@ impl Admin for AdminService {
         &self,
         r: Request<ListDeadLettersRequest>,
     ) -> Result<Response<ListDeadLettersResponse>, Status> {
-        let r = r.into_inner();
-        if let Some((_, ps)) = partitioned(&self.node, &r.topic) {
-            return Ok(Response::new(parts::list_dead_letters(self, ps, r).await?));
+        if let Some((_, ps, at)) = self.whole(&r, &r.get_ref().topic) {
+            return Ok(Response::new(
+                parts::list_dead_letters(&at, ps, r.into_inner()).await?,
+            ));
         }
+        let r = r.into_inner();
         let (_, h) = self.sub(&r.topic, &r.subscription).await?;
         let limit = if r.limit == 0 { 100 } else { r.limit as usize };
         // `total` counts every match of the filter, whatever page this is.
@@ -464,10 +495,8 @@ impl Admin for AdminService {
         &self,
         r: Request<ReplayDeadLettersRequest>,
     ) -> Result<Response<ReplayDeadLettersResponse>, Status> {
-        if let Some((_, ps)) = partitioned(&self.node, &r.get_ref().topic) {
-            return Ok(Response::new(
-                parts::replay_dead_letters(self, ps, r).await?,
-            ));
+        if let Some((_, ps, at)) = self.whole(&r, &r.get_ref().topic) {
+            return Ok(Response::new(parts::replay_dead_letters(&at, ps, r).await?));
         }
         Ok(Response::new(
             dead_letters::replay(&self.node.core, r).await?,
@@ -478,11 +507,13 @@ impl Admin for AdminService {
         &self,
         r: Request<PurgeDeadLettersRequest>,
     ) -> Result<Response<PurgeDeadLettersResponse>, Status> {
+        if let Some((_, ps, at)) = self.whole(&r, &r.get_ref().topic) {
+            return Ok(Response::new(
+                parts::purge_dead_letters(&at, ps, r.into_inner()).await?,
+            ));
+        }
         let by = dead_letters::caller(&r);
         let r = r.into_inner();
-        if let Some((_, ps)) = partitioned(&self.node, &r.topic) {
-            return Ok(Response::new(parts::purge_dead_letters(self, ps, r).await?));
-        }
         Ok(Response::new(
             dead_letters::purge(&self.node.core, r, by).await?,
         ))
@@ -492,10 +523,12 @@ impl Admin for AdminService {
         &self,
         r: Request<GroupDeadLettersRequest>,
     ) -> Result<Response<GroupDeadLettersResponse>, Status> {
-        let r = r.into_inner();
-        if let Some((_, ps)) = partitioned(&self.node, &r.topic) {
-            return Ok(Response::new(parts::group_dead_letters(self, ps, r).await?));
+        if let Some((_, ps, at)) = self.whole(&r, &r.get_ref().topic) {
+            return Ok(Response::new(
+                parts::group_dead_letters(&at, ps, r.into_inner()).await?,
+            ));
         }
+        let r = r.into_inner();
         Ok(Response::new(
             dead_letters::group(&self.node.core, r).await?,
         ))
@@ -524,6 +557,14 @@ impl Admin for AdminService {
         &self,
         r: Request<SetBreakerRequest>,
     ) -> Result<Response<BreakerStatus>, Status> {
+        if let Some((name, ps, at)) = self.whole(&r, &r.get_ref().topic) {
+            // Refused before any partition is asked.
+            super::breaker::mode_of(r.get_ref().mode)?;
+            SubscriptionName::parse(&r.get_ref().subscription)?;
+            return Ok(Response::new(
+                parts::set_breaker(&at, &name, ps, r.into_inner()).await?,
+            ));
+        }
         Ok(Response::new(
             super::breaker::set(&self.node, r.into_inner()).await?,
         ))

@@ -3,8 +3,6 @@
 //! has the subscription), the breaker's part of `SubscriptionStats`, and
 //! the breaker carried in a `SetPolicy` request.
 
-use super::fanout::partitioned;
-use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
 use crate::node::Node;
 use crate::subscription::BreakerStats;
@@ -47,38 +45,24 @@ pub(super) fn status(b: &BreakerStats) -> BreakerStatus {
     }
 }
 
-/// `SetBreaker`: forces (or frees) the subscription's breaker, durably.
+/// The breaker mode a `SetBreaker` request asks for, validated.
+pub(super) fn mode_of(mode: i32) -> Result<ricochet_policy::BreakerMode, Status> {
+    ricochet_proto::breaker::breaker_mode_from_i32(mode).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "mode {mode} is not a breaker mode: use BREAKER_MODE_AUTO, BREAKER_MODE_FORCED_OPEN or BREAKER_MODE_FORCED_CLOSED"
+        ))
+    })
+}
+
+/// `SetBreaker` on one topic: forces (or frees) the subscription's
+/// breaker, durably. (On a partitioned topic's base name the admin service
+/// makes this call on each partition, `fanout::set_breaker`.)
 pub(super) async fn set(node: &Node, r: SetBreakerRequest) -> Result<BreakerStatus, Status> {
     let core = &node.core;
-    let mode = ricochet_proto::breaker::breaker_mode_from_i32(r.mode).ok_or_else(|| {
-        Status::invalid_argument(format!(
-            "mode {} is not a breaker mode: use BREAKER_MODE_AUTO, BREAKER_MODE_FORCED_OPEN or BREAKER_MODE_FORCED_CLOSED",
-            r.mode
-        ))
-    })?;
+    let mode = mode_of(r.mode)?;
     let s = SubscriptionName::parse(&r.subscription)?;
-    let topics = match partitioned(node, &r.topic) {
-        Some((_, parts)) => parts,
-        None => vec![TopicName::parse(&r.topic)?],
-    };
-    let mut first = None;
-    let mut missing = None;
-    for t in &topics {
-        match core.subscription(t, &s).await {
-            Ok(h) => {
-                let b = h.set_breaker(mode).await?;
-                first.get_or_insert(status(&b));
-            }
-            Err(e @ BrokerError::SubscriptionNotFound { .. }) if topics.len() > 1 => {
-                missing = Some(e);
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
+    let t = TopicName::parse(&r.topic)?;
+    let b = core.subscription(&t, &s).await?.set_breaker(mode).await?;
     core.flusher.durable().await?;
-    match (first, missing) {
-        (Some(b), _) => Ok(b),
-        (None, Some(e)) => Err(e.into()),
-        (None, None) => Err(Status::not_found("no partition has the subscription")),
-    }
+    Ok(status(&b))
 }

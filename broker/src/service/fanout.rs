@@ -1,9 +1,10 @@
 //! The admin service's view of a partitioned topic as a whole. Each admin
 //! call on a partitioned topic's base name ([`partitioned`]) is answered by
 //! making the same call on every partition and combining the answers:
-//! stats are summed (and listed per partition), a policy set applies to
-//! every partition, dead letters are listed, replayed and purged over all
-//! partitions.
+//! stats are summed (and listed per partition), a policy or a breaker set
+//! applies to every partition, dead letters are listed, grouped, replayed
+//! and purged over all partitions, subscriptions listed, read and deleted
+//! over all of them, and deleting the base name deletes every partition.
 //!
 //! Each partition keeps its own retry and dead-letter tiers
 //! (`<topic>-partition-<i>-<sub>-RETRY` / `-DLQ`); the tools here present
@@ -12,26 +13,32 @@
 //!
 //! The per-partition calls go through the generated [`Admin`] trait, not
 //! the admin service itself: the admin service uses this module, and this
-//! module does not know it.
+//! module does not know it. The same code serves both modes: standalone
+//! the `Admin` given is this broker's own; in cluster mode, where the
+//! partitions live on different brokers, it is [`super::owners::Owners`],
+//! which makes each partition's call at the partition's owner (this
+//! broker's through its own service, another's through that broker's
+//! `Admin` service with the caller's credential), and names the partition
+//! and the broker in a failure (UNAVAILABLE when the owner cannot be
+//! reached in time).
 //!
-//! In cluster mode the partitions live on different brokers; so far only
-//! `TopicStats` fans out there ([`cluster_topic_stats`]: each partition
-//! asked of its owner, this broker's own through [`Admin`], another's
-//! through its `Admin` service with the caller's credential, as moves
-//! call brokers). The other calls on a base name are still refused with
-//! INVALID_ARGUMENT in cluster mode (the router's answer).
+//! Reads ask every partition at once. Changes (policy, breaker, replay,
+//! purge, subscription and topic delete) go one partition after another,
+//! in partition order, and a failure stops the call ([`midway`], as
+//! Pulsar's admin does): partitions already changed stay changed, the
+//! error names them, and since each step is idempotent (a policy set
+//! again, a dead letter replayed or purged once, a deleted partition
+//! skipped) the same call made again finishes the job. A partition without
+//! the subscription (or, in a cluster, never created by its owner) has
+//! nothing to do and is skipped.
 
 use super::dead_letters::CallerRole;
-use super::routing::{AdminAt, admin_at};
 use crate::error::BrokerError;
 use crate::name::TopicName;
 use crate::node::Node;
-use crate::transfer::mover::authorized;
-use ricochet_cluster::Cluster;
 use ricochet_proto::admin_server::Admin;
 use ricochet_proto::*;
 use std::collections::BTreeMap;
-use tonic::metadata::AsciiMetadataValue;
 use tonic::{Request, Status};
 
 /// The partitions of `topic` when it names a partitioned topic.
@@ -56,47 +63,58 @@ pub(super) async fn topic_stats(
     parts: Vec<TopicName>,
 ) -> Result<TopicStatsResponse, Status> {
     let mut each = Vec::with_capacity(parts.len());
-    for p in &parts {
-        each.push(admin.topic_stats(topic_req(p)).await?.into_inner());
+    for (p, answer) in parts
+        .iter()
+        .zip(ask(&parts, |p| admin.topic_stats(topic_req(p))).await)
+    {
+        each.push(match answer {
+            Ok(s) => s,
+            // In a cluster a partition is created by its owner when first
+            // used: until then it is empty.
+            Err(s) if s.code() == tonic::Code::NotFound => TopicStatsResponse {
+                topic: p.to_string(),
+                ..Default::default()
+            },
+            Err(s) => return Err(s),
+        });
     }
     Ok(combine_topic_stats(name, each))
 }
 
-/// TopicStats of partitioned topic `name` of `count` partitions in
-/// cluster mode: each partition's asked of the broker that owns it (its
-/// group's leader when replicated), through `admin` when that is this
-/// broker, else through that broker's `Admin.TopicStats` with the
-/// caller's credential `auth`; combined as [`topic_stats`] does.
-pub(super) async fn cluster_topic_stats(
-    admin: &impl Admin,
-    node: &Node,
-    cluster: &Cluster,
-    name: &TopicName,
-    count: u32,
-    auth: Option<&AsciiMetadataValue>,
-) -> Result<TopicStatsResponse, Status> {
-    let asks = (0..count).map(|i| async move {
-        let p = crate::name::partition(name, i);
-        let AdminAt::Owner { broker, mut client } =
-            admin_at(&node.core.config, cluster, &p).await?
-        else {
-            return Ok(admin.topic_stats(topic_req(&p)).await?.into_inner());
-        };
-        client
-            .topic_stats(authorized(
-                TopicRequest {
-                    topic: p.to_string(),
-                },
-                auth,
-            ))
-            .await
-            .map(tonic::Response::into_inner)
-            // Its code, not its routing details: those name the
-            // partition, not the topic this call asked about.
-            .map_err(|e| Status::new(e.code(), format!("{p} at broker {broker}: {}", e.message())))
-    });
-    let each = futures::future::try_join_all(asks).await?;
-    Ok(combine_topic_stats(name, each))
+/// `call` made for every partition at once (reads only), the answers in
+/// partition order.
+async fn ask<'a, T, F, Fut>(parts: &'a [TopicName], call: F) -> Vec<Result<T, Status>>
+where
+    F: Fn(&'a TopicName) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+{
+    futures::future::join_all(
+        parts
+            .iter()
+            .map(|p| async { call(p).await.map(tonic::Response::into_inner) }),
+    )
+    .await
+}
+
+/// A mutating call's failure at one partition, naming the partitions done
+/// before it (changed, or with nothing to change): those stay done, and
+/// since each step is idempotent, the same call made again does the rest.
+fn midway(failed: Status, done: &[&TopicName]) -> Status {
+    let done = if done.is_empty() {
+        "none".to_owned()
+    } else {
+        done.iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Status::new(
+        failed.code(),
+        format!(
+            "{}; partitions done before this failure, which stay done (the same call again does the rest): {done}",
+            failed.message()
+        ),
+    )
 }
 
 /// The stats of a partitioned topic from its partitions' own (in
@@ -190,26 +208,40 @@ pub(super) async fn subscription_stats(
     parts: Vec<TopicName>,
     subscription: &str,
 ) -> Result<SubscriptionStatsResponse, Status> {
-    let mut all = Vec::new();
-    for p in &parts {
-        let req = Request::new(SubscriptionRequest {
+    let answers = ask(&parts, |p| {
+        admin.subscription_stats(Request::new(SubscriptionRequest {
             topic: p.to_string(),
             subscription: subscription.to_owned(),
-        });
-        match admin.subscription_stats(req).await {
-            Ok(r) => all.push(r.into_inner()),
+        }))
+    })
+    .await;
+    let all = found(answers)?;
+    if all.is_empty() {
+        return Err(not_found(name, subscription));
+    }
+    Ok(merge_subscription_stats(name, all))
+}
+
+/// The answers of the partitions that have what was asked about (NOT_FOUND
+/// skipped); the first other error.
+fn found<T>(answers: Vec<Result<T, Status>>) -> Result<Vec<T>, Status> {
+    let mut out = Vec::with_capacity(answers.len());
+    for a in answers {
+        match a {
+            Ok(r) => out.push(r),
             Err(s) if s.code() == tonic::Code::NotFound => {}
             Err(s) => return Err(s),
         }
     }
-    if all.is_empty() {
-        return Err(BrokerError::SubscriptionNotFound {
-            topic: name.to_string(),
-            subscription: subscription.to_owned(),
-        }
-        .into());
+    Ok(out)
+}
+
+fn not_found(name: &TopicName, subscription: &str) -> Status {
+    BrokerError::SubscriptionNotFound {
+        topic: name.to_string(),
+        subscription: subscription.to_owned(),
     }
-    Ok(merge_subscription_stats(name, all))
+    .into()
 }
 
 /// Every subscription on any partition.
@@ -218,23 +250,19 @@ pub(super) async fn list_subscriptions(
     parts: Vec<TopicName>,
 ) -> Result<ListSubscriptionsResponse, Status> {
     let mut names = std::collections::BTreeSet::new();
-    for p in &parts {
-        names.extend(
-            admin
-                .list_subscriptions(topic_req(p))
-                .await?
-                .into_inner()
-                .subscriptions,
-        );
+    let answers = ask(&parts, |p| admin.list_subscriptions(topic_req(p))).await;
+    for listed in found(answers)? {
+        names.extend(listed.subscriptions);
     }
     Ok(ListSubscriptionsResponse {
         subscriptions: names.into_iter().collect(),
     })
 }
 
-/// Sets the policy on every partition's subscription; answers with the
-/// first partition's. Partitions without the subscription are skipped; if
-/// none has it, NOT_FOUND.
+/// Sets the policy on every partition's subscription, one partition after
+/// another; answers with the first partition's. Partitions without the
+/// subscription are skipped; if none has it, NOT_FOUND. A failure stops
+/// the call ([`midway`]).
 pub(super) async fn set_policy(
     admin: &impl Admin,
     name: &TopicName,
@@ -242,6 +270,7 @@ pub(super) async fn set_policy(
     r: SetPolicyRequest,
 ) -> Result<PolicyResponse, Status> {
     let mut first = None;
+    let mut done = Vec::new();
     for p in &parts {
         let req = Request::new(SetPolicyRequest {
             topic: p.to_string(),
@@ -252,16 +281,11 @@ pub(super) async fn set_policy(
                 first.get_or_insert(resp.into_inner());
             }
             Err(s) if s.code() == tonic::Code::NotFound => {}
-            Err(s) => return Err(s),
+            Err(s) => return Err(midway(s, &done)),
         }
+        done.push(p);
     }
-    first.ok_or_else(|| {
-        BrokerError::SubscriptionNotFound {
-            topic: name.to_string(),
-            subscription: r.subscription.clone(),
-        }
-        .into()
-    })
+    first.ok_or_else(|| not_found(name, &r.subscription))
 }
 
 /// The policy of the first partition that has the subscription.
@@ -282,14 +306,39 @@ pub(super) async fn get_policy(
             Err(s) => return Err(s),
         }
     }
-    Err(BrokerError::SubscriptionNotFound {
-        topic: name.to_string(),
-        subscription: subscription.to_owned(),
-    }
-    .into())
+    Err(not_found(name, subscription))
 }
 
-/// Deletes the subscription on every partition that has it.
+/// Forces (or frees) the subscription's breaker on every partition that has
+/// it, one after another; answers with the first partition's breaker. If
+/// none has it, NOT_FOUND. A failure stops the call ([`midway`]).
+pub(super) async fn set_breaker(
+    admin: &impl Admin,
+    name: &TopicName,
+    parts: Vec<TopicName>,
+    r: SetBreakerRequest,
+) -> Result<BreakerStatus, Status> {
+    let mut first = None;
+    let mut done = Vec::new();
+    for p in &parts {
+        let req = Request::new(SetBreakerRequest {
+            topic: p.to_string(),
+            ..r.clone()
+        });
+        match admin.set_breaker(req).await {
+            Ok(resp) => {
+                first.get_or_insert(resp.into_inner());
+            }
+            Err(s) if s.code() == tonic::Code::NotFound => {}
+            Err(s) => return Err(midway(s, &done)),
+        }
+        done.push(p);
+    }
+    first.ok_or_else(|| not_found(name, &r.subscription))
+}
+
+/// Deletes the subscription on every partition that has it, one after
+/// another. A failure stops the call ([`midway`]).
 pub(super) async fn delete_subscription(
     admin: &impl Admin,
     name: &TopicName,
@@ -297,6 +346,7 @@ pub(super) async fn delete_subscription(
     r: DeleteSubscriptionRequest,
 ) -> Result<DeleteSubscriptionResponse, Status> {
     let mut found = false;
+    let mut done = Vec::new();
     for p in &parts {
         let req = Request::new(DeleteSubscriptionRequest {
             topic: p.to_string(),
@@ -305,17 +355,59 @@ pub(super) async fn delete_subscription(
         match admin.delete_subscription(req).await {
             Ok(_) => found = true,
             Err(s) if s.code() == tonic::Code::NotFound => {}
-            Err(s) => return Err(s),
+            Err(s) => return Err(midway(s, &done)),
         }
+        done.push(p);
     }
     if !found {
-        return Err(BrokerError::SubscriptionNotFound {
-            topic: name.to_string(),
-            subscription: r.subscription,
-        }
-        .into());
+        return Err(not_found(name, &r.subscription));
     }
     Ok(DeleteSubscriptionResponse {})
+}
+
+/// Deletes every partition of `name` (each as `DeleteTopic` would, with
+/// `force`; a partition never created is skipped), one after another; the
+/// caller then removes the topic's count. Without `force`, a partition
+/// with subscriptions refuses the whole delete before anything is removed.
+/// A failure stops the call ([`midway`]). Cluster mode: standalone the
+/// node's [`crate::partitions::Partitions::delete`] does the same under
+/// its lock.
+pub(super) async fn delete_partitions(
+    admin: &impl Admin,
+    name: &TopicName,
+    parts: Vec<TopicName>,
+    force: bool,
+) -> Result<(), Status> {
+    if !force {
+        let answers = ask(&parts, |p| admin.list_subscriptions(topic_req(p))).await;
+        for (p, subs) in parts.iter().zip(answers) {
+            let n = match subs {
+                Ok(s) => s.subscriptions.len(),
+                Err(s) if s.code() == tonic::Code::NotFound => 0,
+                Err(s) => return Err(s),
+            };
+            if n > 0 {
+                return Err(BrokerError::Conflict(format!(
+                    "partition {p} of {name} has {n} subscription(s); delete them first or use force"
+                ))
+                .into());
+            }
+        }
+    }
+    let mut done = Vec::new();
+    for p in &parts {
+        let req = Request::new(DeleteTopicRequest {
+            topic: p.to_string(),
+            force,
+        });
+        match admin.delete_topic(req).await {
+            Ok(_) => {}
+            Err(s) if s.code() == tonic::Code::NotFound => {}
+            Err(s) => return Err(midway(s, &done)),
+        }
+        done.push(p);
+    }
+    Ok(())
 }
 
 /// Entry ids and paging positions are per partition's dead-letter tier:
@@ -338,21 +430,17 @@ pub(super) async fn list_dead_letters(
 ) -> Result<ListDeadLettersResponse, Status> {
     check_filter(r.filter.as_ref(), r.after_entry_id)?;
     let limit = if r.limit == 0 { 100 } else { r.limit as usize };
-    let mut out = ListDeadLettersResponse::default();
-    for p in &parts {
-        let req = Request::new(ListDeadLettersRequest {
+    let answers = ask(&parts, |p| {
+        admin.list_dead_letters(Request::new(ListDeadLettersRequest {
             topic: p.to_string(),
             ..r.clone()
-        });
-        match admin.list_dead_letters(req).await {
-            Ok(resp) => {
-                let resp = resp.into_inner();
-                out.total += resp.total;
-                out.dead_letters.extend(resp.dead_letters);
-            }
-            Err(s) if s.code() == tonic::Code::NotFound => {}
-            Err(s) => return Err(s),
-        }
+        }))
+    })
+    .await;
+    let mut out = ListDeadLettersResponse::default();
+    for resp in found(answers)? {
+        out.total += resp.total;
+        out.dead_letters.extend(resp.dead_letters);
     }
     out.dead_letters.sort_by_key(|d| d.dead_lettered_at_ms);
     out.dead_letters.truncate(limit);
@@ -360,7 +448,8 @@ pub(super) async fn list_dead_letters(
 }
 
 /// Replays matching dead letters of every partition (each partition's at
-/// the requested rate, one partition after another), as the caller.
+/// the requested rate, one partition after another), as the caller. A
+/// failure stops the call ([`midway`]).
 pub(super) async fn replay_dead_letters(
     admin: &impl Admin,
     parts: Vec<TopicName>,
@@ -373,6 +462,7 @@ pub(super) async fn replay_dead_letters(
         dry_run: r.dry_run,
         ..Default::default()
     };
+    let mut done = Vec::new();
     for p in &parts {
         let mut req = Request::new(ReplayDeadLettersRequest {
             topic: p.to_string(),
@@ -393,13 +483,15 @@ pub(super) async fn replay_dead_letters(
                 out.job_id = out.job_id.max(resp.job_id);
             }
             Err(s) if s.code() == tonic::Code::NotFound => {}
-            Err(s) => return Err(s),
+            Err(s) => return Err(midway(s, &done)),
         }
+        done.push(p);
     }
     Ok(out)
 }
 
-/// Purges matching dead letters of every partition.
+/// Purges matching dead letters of every partition, one after another. A
+/// failure stops the call ([`midway`]).
 pub(super) async fn purge_dead_letters(
     admin: &impl Admin,
     parts: Vec<TopicName>,
@@ -410,6 +502,7 @@ pub(super) async fn purge_dead_letters(
         dry_run: r.dry_run,
         ..Default::default()
     };
+    let mut done = Vec::new();
     for p in &parts {
         let req = Request::new(PurgeDeadLettersRequest {
             topic: p.to_string(),
@@ -422,8 +515,9 @@ pub(super) async fn purge_dead_letters(
                 out.dead_letter_ids.extend(resp.dead_letter_ids);
             }
             Err(s) if s.code() == tonic::Code::NotFound => {}
-            Err(s) => return Err(s),
+            Err(s) => return Err(midway(s, &done)),
         }
+        done.push(p);
     }
     Ok(out)
 }
@@ -436,39 +530,34 @@ pub(super) async fn group_dead_letters(
     r: GroupDeadLettersRequest,
 ) -> Result<GroupDeadLettersResponse, Status> {
     check_filter(r.filter.as_ref(), None)?;
-    let mut groups: BTreeMap<String, DeadLetterGroup> = BTreeMap::new();
-    let mut total = 0;
-    for p in &parts {
-        let req = Request::new(GroupDeadLettersRequest {
+    let answers = ask(&parts, |p| {
+        admin.group_dead_letters(Request::new(GroupDeadLettersRequest {
             topic: p.to_string(),
             ..r.clone()
-        });
-        match admin.group_dead_letters(req).await {
-            Ok(resp) => {
-                let resp = resp.into_inner();
-                total += resp.total;
-                for g in resp.groups {
-                    let e = groups
-                        .entry(g.key.clone())
-                        .or_insert_with(|| DeadLetterGroup {
-                            key: g.key.clone(),
-                            first_at_ms: u64::MAX,
-                            ..Default::default()
-                        });
-                    e.count += g.count;
-                    e.first_at_ms = e.first_at_ms.min(g.first_at_ms);
-                    e.last_at_ms = e.last_at_ms.max(g.last_at_ms);
-                    for v in g.verdicts {
-                        if e.verdicts.len() < super::dead_letters::MAX_VERDICTS
-                            && !e.verdicts.contains(&v)
-                        {
-                            e.verdicts.push(v);
-                        }
-                    }
+        }))
+    })
+    .await;
+    let mut groups: BTreeMap<String, DeadLetterGroup> = BTreeMap::new();
+    let mut total = 0;
+    for resp in found(answers)? {
+        total += resp.total;
+        for g in resp.groups {
+            let e = groups
+                .entry(g.key.clone())
+                .or_insert_with(|| DeadLetterGroup {
+                    key: g.key.clone(),
+                    first_at_ms: u64::MAX,
+                    ..Default::default()
+                });
+            e.count += g.count;
+            e.first_at_ms = e.first_at_ms.min(g.first_at_ms);
+            e.last_at_ms = e.last_at_ms.max(g.last_at_ms);
+            for v in g.verdicts {
+                if e.verdicts.len() < super::dead_letters::MAX_VERDICTS && !e.verdicts.contains(&v)
+                {
+                    e.verdicts.push(v);
                 }
             }
-            Err(s) if s.code() == tonic::Code::NotFound => {}
-            Err(s) => return Err(s),
         }
     }
     let mut groups: Vec<_> = groups.into_values().collect();

@@ -9,6 +9,7 @@ mod dead_letters;
 mod event_view;
 mod fanout;
 mod input;
+mod owners;
 mod partitions;
 mod produce;
 mod retention;

@@ -1,6 +1,9 @@
 //! The producer stream: open, then pipelined batches answered by receipts in
 //! order. Batches are written as they arrive; receipts wait for the group
-//! commit, so many batches share one flush.
+//! commit, so many batches share one flush. A batch refused for its content
+//! fails alone; one that could not be stored ends the stream after its error
+//! when the producer resends in order (`ProducerOpen.resend_in_order`), so
+//! no later batch is stored ahead of it.
 
 use super::BoxStream;
 use crate::config::BrokerConfig;
@@ -51,6 +54,9 @@ pub(super) async fn produce(
             ))),
         })
         .await?;
+    // The client resends a batch that could not be stored: write nothing
+    // after it on this stream (see `ProducerOpen.resend_in_order`).
+    let in_order = open.resend_in_order;
     let producer_name = if open.producer_name.is_empty() {
         format!(
             "producer-{}",
@@ -95,6 +101,7 @@ pub(super) async fn produce(
             }
         }
     });
+    let topic_name = name.to_string();
     let stop = core.shutdown.clone();
     let served_out = served.clone();
     tokio::spawn(async move {
@@ -131,20 +138,28 @@ pub(super) async fn produce(
             // ids are assigned in arrival order because the next batch is read
             // only once this one is written (a write may wait for an id
             // reservation).
-            let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+            // `ready` says whether the batch could not be stored (its write
+            // failed, not its validation).
+            let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<bool>();
             let handle = tokio::spawn(async move {
                 let request_id = batch.request_id;
                 let result = match checked {
                     Ok(()) => {
                         let written = topic.write(&name, batch.messages).await;
-                        let _ = ready_tx.send(());
+                        // A deleted topic refuses every later batch the same
+                        // way: the stream goes on (a new one would create
+                        // the topic again).
+                        let _ = ready_tx.send(matches!(
+                            &written,
+                            Err(e) if !matches!(e, BrokerError::TopicNotFound(_))
+                        ));
                         match written {
                             Ok(w) => topic.settle(w).await,
                             Err(e) => Err(e),
                         }
                     }
                     Err(e) => {
-                        let _ = ready_tx.send(());
+                        let _ = ready_tx.send(false);
                         Err(e)
                     }
                 };
@@ -178,8 +193,14 @@ pub(super) async fn produce(
                     }
                 })
             });
-            let _ = ready_rx.await;
+            let unstored = ready_rx.await.unwrap_or(false);
             if pending_tx.send(handle).await.is_err() {
+                break;
+            }
+            if in_order && unstored {
+                // Its error is answered, then the stream ends: a later batch
+                // already sent must not be stored ahead of the resent one.
+                tracing::debug!(topic = %topic_name, producer = %producer_name, "a batch could not be stored; ending the producer stream for its resend");
                 break;
             }
         }

@@ -24,9 +24,15 @@ impl RetentionService {
         Self { node }
     }
 
-    fn answer(&self, target: &Target) -> RetentionResponse {
-        let policies = self.node.retention.policies();
-        let own = policies.get(target.key());
+    /// The policy set on `target` and, for a topic, the one in force. A
+    /// namespace's is read where it is kept (in a cluster, etcd).
+    async fn answer(&self, target: &Target) -> Result<RetentionResponse, BrokerError> {
+        let retention = &self.node.retention;
+        let policies = retention.policies();
+        let own = match target {
+            Target::Namespace(ns) => retention.namespace_policy(ns).await?,
+            Target::Topic(_) => policies.get(target.key()),
+        };
         let (effective, from) = match target {
             Target::Namespace(_) => (own.clone(), own.as_ref().map(|r| r.target.clone())),
             Target::Topic(t) => {
@@ -35,12 +41,12 @@ impl RetentionService {
                 (e, from)
             }
         };
-        RetentionResponse {
+        Ok(RetentionResponse {
             target: target.key().to_owned(),
             policy: own.as_ref().map(to_wire),
             effective: effective.as_ref().map(to_wire),
             effective_from: from.unwrap_or_default(),
-        }
+        })
     }
 }
 
@@ -105,7 +111,7 @@ impl Retention for RetentionService {
         };
         let set = self.node.retention.set(&target, record).await?;
         tracing::info!(target = target.key(), policy = ?set, "retention policy set");
-        Ok(Response::new(self.answer(&target)))
+        Ok(Response::new(self.answer(&target).await?))
     }
 
     async fn get_retention(
@@ -114,6 +120,6 @@ impl Retention for RetentionService {
     ) -> Result<Response<RetentionResponse>, Status> {
         let r = r.into_inner();
         let target = Target::parse(&r.namespace, &r.topic)?;
-        Ok(Response::new(self.answer(&target)))
+        Ok(Response::new(self.answer(&target).await?))
     }
 }

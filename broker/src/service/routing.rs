@@ -14,6 +14,7 @@ use crate::replication::groups::Groups;
 use ricochet_cluster::Cluster;
 use ricochet_proto::admin_client::AdminClient;
 use std::sync::Arc;
+use std::time::Duration;
 use tonic::Status;
 use tonic::transport::Channel;
 
@@ -32,6 +33,12 @@ pub(crate) enum AdminAt {
     },
 }
 
+/// How often a broker pings another whose `Admin` service it calls, and
+/// how long it waits for the answer before failing the calls under way: a
+/// broker that stopped (SIGSTOP, a hung host) fails them within about
+/// twice this, while a long call (a replay) on a live one goes on.
+pub(crate) const PEER_KEEPALIVE: Duration = Duration::from_secs(10);
+
 /// Where admin calls about `name` go: its owner, by `cluster`'s lookup
 /// (placing it if it has no place yet).
 pub(crate) async fn admin_at(
@@ -43,11 +50,40 @@ pub(crate) async fn admin_at(
     if owner.broker_id == cluster.id() {
         return Ok(AdminAt::Here);
     }
-    let channel = crate::transfer::mover::connect(config, &owner.url).await?;
+    let client = admin_client(config, &owner.broker_id, &owner.url).await?;
     Ok(AdminAt::Owner {
         broker: owner.broker_id,
-        client: AdminClient::new(channel),
+        client,
     })
+}
+
+/// A client of broker `id`'s `Admin` service at `url`, reached as moves
+/// reach brokers, pinged every [`PEER_KEEPALIVE`].
+pub(crate) async fn admin_client(
+    config: &BrokerConfig,
+    id: &str,
+    url: &str,
+) -> Result<AdminClient<Channel>, BrokerError> {
+    let channel = config
+        .peer_endpoint(url)
+        .map_err(|e| BrokerError::Peer(format!("broker {id}: {e}")))?
+        .connect_timeout(crate::transfer::mover::CONNECT_TIMEOUT)
+        .http2_keep_alive_interval(PEER_KEEPALIVE)
+        .keep_alive_timeout(PEER_KEEPALIVE)
+        .keep_alive_while_idle(true)
+        .connect()
+        .await
+        .map_err(|e| BrokerError::Peer(format!("cannot reach broker {id} at {url}: {e}")))?;
+    Ok(AdminClient::new(channel))
+}
+
+/// Put on a call's request by the gate when the router let a partitioned
+/// topic's base name through to be answered here over its `partitions`
+/// (cluster mode; standalone the node knows its partitioned topics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FanOut {
+    /// The topic's partition count, as etcd holds it.
+    pub partitions: u32,
 }
 
 /// How a call about a topic is routed in cluster mode.
@@ -85,19 +121,21 @@ impl Router {
     /// `Service/Method`) routed by `how`; else the refusal naming the
     /// owner. A replicated topic is served by its group's leader once it
     /// opened it; a call with no replicated form (`unreplicated` says why)
-    /// is refused there, naming itself.
+    /// is refused there, naming itself. `Ok(Some(_))`: `topic` is a
+    /// partitioned topic's base name, answered here over its partitions
+    /// ([`Route::OwnerOrFanOut`] only).
     pub async fn route(
         &self,
         method: &str,
         how: Route,
         topic: Option<&str>,
         unreplicated: Option<&str>,
-    ) -> Result<(), Status> {
+    ) -> Result<Option<FanOut>, Status> {
         let (Some(cluster), Some(topic)) = (&self.cluster, topic) else {
-            return Ok(());
+            return Ok(None);
         };
         let place = match how {
-            Route::Here => return Ok(()),
+            Route::Here => return Ok(None),
             Route::Owner | Route::OwnerOrFanOut => false,
             Route::Place => true,
         };
@@ -110,13 +148,12 @@ impl Router {
                 routed,
                 Err(ricochet_cluster::ClusterError::InvalidArgument(_))
             )
-            && cluster
+            && let Some(partitions) = cluster
                 .partition_count(name.as_str())
                 .await
                 .map_err(BrokerError::from)?
-                .is_some()
         {
-            return Ok(());
+            return Ok(Some(FanOut { partitions }));
         }
         routed.map_err(BrokerError::from)?;
         if how != Route::Place
@@ -133,7 +170,7 @@ impl Router {
                 .into());
             }
         }
-        Ok(())
+        Ok(None)
     }
 }
 

@@ -38,7 +38,7 @@ const IMPORT_BASE_WAIT: Duration = Duration::from_secs(30);
 /// The slowest import rate waited for (10 000 entries a second).
 const IMPORT_MIN_ENTRIES_PER_MS: u64 = 10;
 /// How long connecting to the target may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A topic that moved.
 #[derive(Debug, Clone, PartialEq)]

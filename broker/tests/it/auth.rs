@@ -101,6 +101,7 @@ async fn produce(url: &str, topic: &str, token: Option<&str>) -> Result<(), Stat
         request: Some(produce_request::Request::Open(ProducerOpen {
             topic: topic.into(),
             producer_name: String::new(),
+            resend_in_order: false,
         })),
     })
     .await

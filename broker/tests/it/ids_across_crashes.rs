@@ -173,6 +173,7 @@ async fn pipeline(url: String, name: String, batches: u64, per_batch: u64) -> Ve
     tx.send(send(produce_request::Request::Open(ProducerOpen {
         topic: "pipelined".into(),
         producer_name: name,
+        resend_in_order: false,
     })))
     .await
     .unwrap();

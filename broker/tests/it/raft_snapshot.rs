@@ -11,7 +11,7 @@ use crate::raft::cluster::{
 use ricochet_broker::replication::{NodeSettings, PartitionCommand, PartitionReply};
 use ricochet_broker::storage::{
     Arrival, DeadLetterRecord, FailureRecord, MoveItem, ReplayJobRecord, ReplayOrder, ReplayTarget,
-    Storage, SubMessage, TierId, TierMove, TopicKind,
+    RetentionRecord, Storage, SubMessage, TierId, TierMove, TopicKind,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,6 +68,11 @@ async fn history(c: &Cluster, leader: u64) {
         replay: None,
     };
     let commands = vec![
+        PartitionCommand::PutRetention(RetentionRecord {
+            target: TOPIC.to_owned(),
+            backlog_quota_bytes: Some(4096),
+            ..RetentionRecord::default()
+        }),
         PartitionCommand::CreateTopic(topic_record(RETRY, TopicKind::Retry)),
         PartitionCommand::CreateTopic(topic_record(DLQ, TopicKind::DeadLetter)),
         PartitionCommand::PutSubscription(subscription(7, 10)),
@@ -149,9 +154,10 @@ fn holdings(s: &Arc<dyn Storage>) -> String {
         )
     };
     format!(
-        "entries {:?}\nsequences {:?}\nsubscriptions {states:?}\njobs {jobs:?}\nretry {:?}\ndlq {:?}\ndead letters {}",
+        "entries {:?}\nsequences {:?}\nsubscriptions {states:?}\njobs {jobs:?}\nretention {:?}\nretry {:?}\ndlq {:?}\ndead letters {}",
         stored(s),
         s.producer_sequences(TOPIC).expect("sequences"),
+        s.retention_policies().expect("retention"),
         tier(RETRY),
         tier(DLQ),
         s.count_dead_letters(7).expect("dead letters"),

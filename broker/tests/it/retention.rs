@@ -446,3 +446,73 @@ async fn bad_quotas_are_invalid_argument() {
     }
     assert_eq!(get(&url, "", &t).await.unwrap().policy, None);
 }
+
+/// A producer that resends in order (`ProducerOpen.resend_in_order`): once
+/// a batch is refused for the quota, nothing later on that stream is
+/// stored, even with the quota gone, so the resent batch is not dropped as
+/// a duplicate of a later one; the stream ends. On a new stream the
+/// refused batch is stored, with its sequence id, in order.
+#[tokio::test]
+async fn a_refused_batch_ends_an_in_order_producer_stream_and_nothing_behind_it_is_stored() {
+    let b = broker().await;
+    let url = b.url();
+    let t = topic("in-order");
+    let mut p = RawProducer::open_with(&url, &t, "p", true).await.unwrap();
+    for i in 0..3 {
+        assert!(matches!(
+            send_one(&mut p, i).await,
+            produce_response::Response::Receipts(_)
+        ));
+    }
+    set_policy(&url, "", &t, quota(1, "refuse")).await.unwrap();
+    let refused = p.msg("m3");
+    match p.send_batch(vec![refused.clone()]).await {
+        produce_response::Response::Error(e) => {
+            assert_eq!(e.code, Code::ResourceExhausted as i32, "{e:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    set_policy(&url, "", &t, RetentionPolicy::default())
+        .await
+        .unwrap();
+    // Sent behind the refused batch on the same stream: not stored.
+    let behind = p.msg("m4");
+    let r = p.send_batch_result(vec![behind.clone()]).await;
+    assert!(r.is_err(), "the stream ends after the refusal: {r:?}");
+    assert_eq!(stats(&url, &t).await.next_entry_id, 3);
+    // The resend, in order, on a new stream.
+    let mut again = RawProducer::open_with(&url, &t, "p", true).await.unwrap();
+    assert_eq!(again.last_sequence_id, Some(2));
+    match again.send_batch(vec![refused, behind]).await {
+        produce_response::Response::Receipts(r) => {
+            let ids: Vec<_> = r
+                .receipts
+                .iter()
+                .map(|r| (r.sequence_id, r.message_id.as_ref().map(|m| m.entry_id)))
+                .collect();
+            assert_eq!(ids, [(3, Some(3)), (4, Some(4))]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A batch refused for its content does not end an in-order stream.
+#[tokio::test]
+async fn an_invalid_batch_does_not_end_an_in_order_producer_stream() {
+    let b = broker().await;
+    let url = b.url();
+    let t = topic("in-order-invalid");
+    let mut p = RawProducer::open_with(&url, &t, "p", true).await.unwrap();
+    let mut far = p.msg("far");
+    far.deliver_at_ms = u64::MAX;
+    match p.send_batch(vec![far]).await {
+        produce_response::Response::Error(e) => {
+            assert_eq!(e.code, Code::InvalidArgument as i32, "{e:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        send_one(&mut p, 1).await,
+        produce_response::Response::Receipts(_)
+    ));
+}

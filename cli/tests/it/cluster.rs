@@ -436,3 +436,104 @@ async fn topics_create_with_replicas_on_a_standalone_broker_is_one_line_and_exit
     let listed = String::from_utf8_lossy(&env.ok(&["topics", "list"]).await.stdout).into_owned();
     assert!(listed.contains("parted"), "{listed}");
 }
+
+/// `policy`, `dlq` and `topics delete` on a partitioned topic's base name,
+/// given one broker of a real three-broker cluster: each covers the
+/// partitions on every broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn base_name_commands_cover_every_partition_on_a_real_cluster() {
+    let Some(etcd) =
+        ricochet_testkit::etcd_or_skip("base_name_commands_cover_every_partition").await
+    else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let brokers = ricochet_testkit::spawn_cluster(
+        &etcd,
+        "cli",
+        3,
+        root.path(),
+        std::time::Duration::from_secs(3),
+        &ricochet_testkit::SpawnOptions::new(),
+    )
+    .await;
+    let env = Env::at(brokers[0].url());
+    env.ok(&["topics", "create", "orders", "--partitions", "6"])
+        .await;
+    let mut owners = std::collections::BTreeSet::new();
+    for i in 0..6 {
+        let l = env
+            .json(&["cluster", "lookup", &format!("orders-partition-{i}")])
+            .await;
+        owners.insert(l["owners"][0]["broker_id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(owners.len(), 3, "spread over the three brokers");
+    let keys = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"];
+    for key in keys {
+        env.ok(&["produce", "orders", "-m", key, "-k", key]).await;
+    }
+    env.nack_all("orders", "broken").await;
+
+    let list = env.json(&["dlq", "list", "orders", "billing"]).await;
+    assert_eq!(u(&list["total"]), keys.len() as u64, "{list}");
+    let origins: std::collections::BTreeSet<&str> = list["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["origin"]["topic"].as_str().unwrap())
+        .collect();
+    assert!(
+        origins.len() > 1,
+        "dead letters of several partitions: {origins:?}"
+    );
+
+    let set = env
+        .json(&[
+            "policy",
+            "set",
+            "orders",
+            "billing",
+            "backoff:fixed=1s,max=3",
+        ])
+        .await;
+    assert_eq!(set["source"], "admin", "{set}");
+    for i in 0..6 {
+        let got = env
+            .json(&["policy", "get", &format!("orders-partition-{i}"), "billing"])
+            .await;
+        assert_eq!(got["source"], "admin", "partition {i}: {got}");
+        assert_eq!(
+            got["spec"], "backoff:fixed=1s,max=3",
+            "partition {i}: {got}"
+        );
+    }
+
+    let purged = env
+        .json(&["dlq", "purge", "orders", "billing", "--yes"])
+        .await;
+    assert_eq!(u(&purged["purged"]), keys.len() as u64, "{purged}");
+
+    let refused = env.run(&["topics", "delete", "orders", "--yes"]).await;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("subscription"),
+        "{}",
+        stderr(&refused)
+    );
+    env.ok(&["topics", "delete", "orders", "--force", "--yes"])
+        .await;
+    for b in &brokers {
+        let list = Env::at(b.url()).json(&["topics", "list"]).await;
+        let left: Vec<&serde_json::Value> = list["topics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| {
+                t.as_str()
+                    .and_then(|t| t.strip_prefix("persistent://public/default/orders-partition-"))
+                    .is_some_and(|i| i.parse::<u32>().is_ok())
+            })
+            .collect();
+        assert!(left.is_empty(), "{}: {left:?}", b.url());
+    }
+}

@@ -2,6 +2,15 @@
 //! them, matches the broker's receipts to their callers, expires sends past
 //! their timeout, and reopens the stream (resending what is not receipted)
 //! when it breaks.
+//!
+//! A batch the broker could not store for a reason that may pass (the error
+//! is [retryable](Error::is_retryable): UNAVAILABLE, RESOURCE_EXHAUSTED, ...)
+//! is treated as a broken stream, as Pulsar's producer does: the stream is
+//! dropped and reopened after a backoff, and that batch and every later one
+//! are resent in order with their sequence ids, until each message's send
+//! timeout. The stream is opened with `resend_in_order`, so the broker
+//! stores no batch sent behind the refused one. A batch refused for good
+//! (invalid, too large, not permitted, a deleted topic) fails alone.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -21,7 +30,7 @@ use super::{Cmd, ProducerConfig, Shared, TopicProducer};
 use crate::client::{Client, next_frame, sleep_opt};
 use crate::error::{Error, Result};
 use crate::message::MessageId;
-use crate::reconnect::{Reconnector, Reopen};
+use crate::reconnect::{ReconnectBackoff, Reconnector, Reopen};
 
 /// Batches assigned a request id and not yet answered, per producer.
 const MAX_INFLIGHT_BATCHES: usize = 128;
@@ -41,12 +50,14 @@ pub(super) fn spawn(
         topic: opened.topic.clone(),
         name: opened.producer_name.clone(),
         max_message_size: AtomicU64::new(opened.max_message_size),
+        reconnects: AtomicU64::new(0),
         last_sequence_id: AtomicU64::new(opened.last_sequence_id.unwrap_or(0)),
         closed: AtomicBool::new(false),
         queue,
         fatal: std::sync::OnceLock::new(),
     });
     let next_seq = opened.last_sequence_id.map_or(0, |l| l.saturating_add(1));
+    let refusals = ReconnectBackoff::new(client.config());
     let driver = Driver {
         client,
         config,
@@ -55,6 +66,7 @@ pub(super) fn spawn(
         rx,
         conn: Some(conn),
         reconnect,
+        refusals,
         next_seq,
         next_request: 1,
         batch: Vec::new(),
@@ -87,6 +99,7 @@ pub(super) async fn open(
         request: Some(produce_request::Request::Open(ProducerOpen {
             topic: topic.to_owned(),
             producer_name: name.to_owned(),
+            resend_in_order: true,
         })),
     };
     tx.send(open).map_err(|_| Error::closed())?;
@@ -130,6 +143,14 @@ struct PendingMsg {
 struct Batch {
     request_id: u64,
     msgs: Vec<PendingMsg>,
+    /// Why the batch is being resent (the broker's refusal, or the stream's
+    /// break), named by the timeout error of its messages.
+    cause: Option<Error>,
+    /// The broker refused the batch since it was last sent: it is not
+    /// stored, so sequence ids the broker reports stored on reopen mean a
+    /// later batch was stored before it (a broker that ignores
+    /// `resend_in_order`).
+    refused: bool,
 }
 
 enum Event {
@@ -149,6 +170,11 @@ struct Driver {
     rx: mpsc::UnboundedReceiver<Cmd>,
     conn: Option<Conn>,
     reconnect: Reconnector,
+    /// The delay before reopening after a refused batch: it grows while
+    /// refusals follow one another (the reopen itself succeeds, so the
+    /// reconnector's backoff would start over each time) and starts over on
+    /// a receipt.
+    refusals: ReconnectBackoff,
     next_seq: u64,
     next_request: u64,
     batch: Vec<PendingMsg>,
@@ -199,12 +225,13 @@ impl Driver {
             };
             match event {
                 Event::Response(Ok(Some(resp))) => self.on_response(resp),
-                Event::Response(Ok(None)) => {
-                    self.lost("the broker ended the producer stream".into())
-                }
+                Event::Response(Ok(None)) => self.lost(
+                    Error::disconnected("the broker ended the producer stream"),
+                    Instant::now(),
+                ),
                 Event::Response(Err(status)) => {
                     let e = self.client.stream_broke(status);
-                    self.lost(e.to_string());
+                    self.lost(e, Instant::now());
                 }
                 Event::Cmd(Some(cmd)) => {
                     self.on_cmd(cmd);
@@ -323,6 +350,8 @@ impl Driver {
         let batch = Batch {
             request_id: self.next_request,
             msgs,
+            cause: None,
+            refused: false,
         };
         self.next_request += 1;
         if let Some(conn) = &self.conn
@@ -338,11 +367,31 @@ impl Driver {
         match resp.response {
             Some(produce_response::Response::Receipts(r)) => self.on_receipts(r),
             Some(produce_response::Response::Error(e)) => {
+                let err = Error::from_frame(e.code, e.message, &e.details);
+                if err.is_retryable() {
+                    let Some(batch) = self
+                        .inflight
+                        .iter_mut()
+                        .find(|b| b.request_id == e.request_id)
+                    else {
+                        tracing::warn!(
+                            request_id = e.request_id,
+                            "send error for an unknown batch"
+                        );
+                        return;
+                    };
+                    // Kept, with every later batch, for the next stream.
+                    batch.refused = true;
+                    // Whether the next open asks where the topic is again.
+                    let _ = self.client.stream_failed(&err);
+                    let at = Instant::now() + self.refusals.next_delay();
+                    self.lost(err, at);
+                    return;
+                }
                 let Some(batch) = self.take_batch(e.request_id) else {
                     tracing::warn!(request_id = e.request_id, "send error for an unknown batch");
                     return;
                 };
-                let err = Error::from_frame(e.code, e.message, &e.details);
                 for m in batch.msgs {
                     if let Some(r) = m.reply {
                         let _ = r.send(Err(err.clone()));
@@ -371,6 +420,8 @@ impl Driver {
     }
 
     fn on_receipts(&mut self, r: SendReceipts) {
+        // The broker stores again: a later refusal reopens soon.
+        self.refusals.reset();
         let Some(batch) = self.take_batch(r.request_id) else {
             tracing::warn!(request_id = r.request_id, "receipts for an unknown batch");
             return;
@@ -406,13 +457,19 @@ impl Driver {
         }
     }
 
-    fn lost(&mut self, why: String) {
+    /// Drops the stream for `cause` (it broke, or the broker refused a
+    /// batch for a reason that may pass) and schedules the reopen at `at`.
+    fn lost(&mut self, cause: Error, at: Instant) {
         if self.conn.take().is_none() {
             return;
         }
-        tracing::warn!(topic = %self.shared.topic, producer = %self.shared.name, reason = %why, "producer stream lost; reconnecting");
-        // First attempt right away, then back off.
-        self.reconnect.lost(Instant::now());
+        self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
+        let pending: usize = self.inflight.iter().map(|b| b.msgs.len()).sum();
+        tracing::warn!(topic = %self.shared.topic, producer = %self.shared.name, cause = %cause, pending, "producer stream lost; reconnecting to resend");
+        for b in &mut self.inflight {
+            b.cause = Some(cause.clone());
+        }
+        self.reconnect.lost(at);
     }
 
     async fn reconnect(&mut self) {
@@ -437,16 +494,25 @@ impl Driver {
                 let stored = |seq: u64| last.is_some_and(|l| seq <= l);
                 let mut resent = 0usize;
                 for batch in &mut self.inflight {
+                    let refused = std::mem::take(&mut batch.refused);
+                    let cause = batch.cause.clone();
                     batch.msgs.retain_mut(|m| {
                         if m.reply.is_none() {
                             return false;
                         }
                         if stored(m.seq) {
-                            if let Some(r) = m.reply.take() {
-                                let _ = r.send(Ok(MessageId::new(
+                            let outcome = match (&cause, refused) {
+                                // Refused, yet below the broker's last: a
+                                // later batch was stored first. Resent, it
+                                // would be dropped as a duplicate.
+                                (Some(e), true) => Err(e.clone()),
+                                _ => Ok(MessageId::new(
                                     self.topic_arc.clone(),
                                     MessageId::UNKNOWN_ENTRY,
-                                )));
+                                )),
+                            };
+                            if let Some(r) = m.reply.take() {
+                                let _ = r.send(outcome);
                             }
                             return false;
                         }
@@ -492,22 +558,29 @@ impl Driver {
         let timeout = self.config.send_timeout;
         // Disconnected because the topic's broker is down: say so.
         let down = self.conn.is_none().then_some(self.down.as_ref()).flatten();
-        let fail = |m: &mut PendingMsg| {
+        let fail = |m: &mut PendingMsg, cause: Option<&Error>| {
             if m.deadline.is_some_and(|d| d <= now)
                 && let Some(r) = m.reply.take()
             {
-                let _ = r.send(Err(match down {
-                    Some(e) => e.clone(),
-                    None => {
+                let _ = r.send(Err(match (down, cause) {
+                    (Some(e), _) => e.clone(),
+                    (None, Some(cause)) => Error::timeout_after(
+                        format!(
+                            "no receipt within the send timeout of {timeout:?}; last resent after: {cause}"
+                        ),
+                        cause,
+                    ),
+                    (None, None) => {
                         Error::timeout(format!("no receipt within the send timeout of {timeout:?}"))
                     }
                 }));
             }
         };
         for b in &mut self.inflight {
-            b.msgs.iter_mut().for_each(fail);
+            let cause = b.cause.as_ref();
+            b.msgs.iter_mut().for_each(|m| fail(m, cause));
         }
-        self.batch.iter_mut().for_each(fail);
+        self.batch.iter_mut().for_each(|m| fail(m, None));
         self.batch.retain(|m| m.reply.is_some());
         if self.conn.is_none() {
             // Nothing will answer them on this connection: forget them now.

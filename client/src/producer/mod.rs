@@ -20,6 +20,22 @@
 //! [`name`](ProducerBuilder::name) to de-duplicate across process restarts
 //! too (sequence ids then continue from the broker's last one).
 //!
+//! **A batch the broker could not store is resent the same way** when the
+//! cause may pass: its error is [retryable](crate::Error::is_retryable)
+//! (UNAVAILABLE: the broker or its Raft group cannot take writes now, the
+//! topic is moving; RESOURCE_EXHAUSTED: a full disk or a `refuse` backlog
+//! quota; INTERNAL, ABORTED, ...). The producer drops the stream (one WARN
+//! naming the cause; [`ProducerStats::reconnects`] counts it), reopens it
+//! after a backoff that grows while refusals repeat, and resends that batch
+//! and every later one in order; the broker stores nothing sent behind the
+//! refused batch on the old stream, so the topic keeps the order of the
+//! calls. A message fails only when its
+//! [`send_timeout`](ProducerBuilder::send_timeout) passes, with
+//! [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) naming the last cause
+//! (also its [`source`](std::error::Error::source)). A batch refused for
+//! good (invalid or oversize content, a `deliver_at` too far ahead, no
+//! permission, a deleted topic, damaged data) fails at once, alone.
+//!
 //! **Partitioned topics**: a producer on a partitioned
 //! topic is one such stream per partition, all under the producer's name,
 //! each with its own sequence ids (so de-duplication holds per partition).
@@ -67,7 +83,9 @@ pub struct ProducerConfig {
     /// batch goes as soon as the queued sends are gathered.
     pub batch_linger: Duration,
     /// A message not receipted within this fails with [`ErrorKind::Timeout`](crate::ErrorKind::Timeout)
-    /// (and is not resent after a reconnect). Default 30 s; zero disables.
+    /// (and is not resent after a reconnect): until then it is resent after
+    /// a broken stream or a retryable refusal. Default 30 s; zero disables
+    /// (then a message is resent until the producer closes).
     pub send_timeout: Duration,
     /// On a partitioned topic: how often the partition count is looked up
     /// again, to produce to partitions added later (default 60 s, as
@@ -267,6 +285,9 @@ struct Shared {
     topic: String,
     name: String,
     max_message_size: AtomicU64,
+    /// Times the stream was dropped to resend (it broke, or the broker
+    /// refused a batch for a reason that may pass).
+    reconnects: AtomicU64,
     last_sequence_id: AtomicU64,
     closed: AtomicBool,
     queue: Arc<Queue>,
@@ -403,15 +424,17 @@ impl Producer {
     }
 
     /// How many messages (and their bytes) are sent and not yet answered by
-    /// the broker, over all partitions: the producer's queue.
+    /// the broker, over all partitions: the producer's queue;
+    /// and how many times a stream was dropped to resend.
     pub fn stats(&self) -> ProducerStats {
-        let q = match &self.inner {
-            Inner::Topic(p) => &p.shared.queue,
-            Inner::Partitioned(r) => r.queue(),
+        let (q, reconnects) = match &self.inner {
+            Inner::Topic(p) => (&*p.shared.queue, p.reconnects()),
+            Inner::Partitioned(r) => (r.queue(), r.all().iter().map(|p| p.reconnects()).sum()),
         };
         ProducerStats {
             pending_messages: q.pending_messages(),
             pending_bytes: q.pending_bytes(),
+            reconnects,
         }
     }
 
@@ -466,6 +489,10 @@ pub struct ProducerStats {
     pub pending_messages: u64,
     /// Their bytes (payload, key and properties).
     pub pending_bytes: u64,
+    /// Times a stream (any partition's) was dropped and reopened to resend:
+    /// it broke, or the broker refused a batch for a reason that may pass
+    /// (each also logs one WARN naming the cause).
+    pub reconnects: u64,
 }
 
 /// The receipt of a message queued by [`Producer::send_async`], to come:
@@ -512,6 +539,11 @@ impl TopicProducer {
     /// name when the stream was last (re)opened (0 when none).
     pub fn last_sequence_id(&self) -> u64 {
         self.shared.last_sequence_id.load(Ordering::Relaxed)
+    }
+
+    /// Times the stream was dropped to resend.
+    pub fn reconnects(&self) -> u64 {
+        self.shared.reconnects.load(Ordering::Relaxed)
     }
 
     /// See [`Producer::send_async`].

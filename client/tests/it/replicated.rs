@@ -225,20 +225,18 @@ async fn a_replicated_topic_is_a_group_of_three_led_by_the_broker_lookup_answers
         "{stats:?}"
     );
     // A call with no replicated form is refused, naming itself.
-    let e = client(&leader_url)
+    let mut tiered = ricochet_proto::tiered_client::TieredClient::connect(leader_url.clone())
         .await
-        .admin()
-        .set_retention(
-            &ricochet_client::admin::RetentionTarget::Topic(t.to_owned()),
-            ricochet_client::admin::RetentionPolicy {
-                max_age_ms: Some(60_000),
-                ..Default::default()
-            },
-        )
+        .unwrap();
+    let e = tiered
+        .set_offload_policy(ricochet_proto::SetOffloadPolicyRequest {
+            topic: t.to_owned(),
+            ..Default::default()
+        })
         .await
-        .expect_err("a topic's retention on a replicated topic is refused");
-    assert_eq!(e.kind(), ErrorKind::FailedPrecondition, "{e:?}");
-    assert!(e.to_string().contains("Retention/SetRetention"), "{e}");
+        .expect_err("an offload policy on a replicated topic is refused");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("Tiered/SetOffloadPolicy"), "{e:?}");
 
     // kill -9 of the leader: another member leads, and Lookup says so.
     let victim = members.iter().position(|m| *m == leader).unwrap();

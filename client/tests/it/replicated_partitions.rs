@@ -294,7 +294,7 @@ async fn each_partition_of_a_replicated_partitioned_topic_is_a_group_and_survive
 /// A broker stopped (SIGSTOP) just after it registered still counts as
 /// live for its lease's 3 s, so a create at factor 3 is accepted and
 /// places a partition on it, whose group cannot form: the create answers
-/// UNAVAILABLE after its 30 s bound naming exactly the partitions placed
+/// UNAVAILABLE after its bound (here 5 s, `partition_form_timeout`) naming exactly the partitions placed
 /// there, the others are groups already, the topic stays created, and
 /// once the broker runs again a producer's first use forms the rest.
 #[tokio::test]
@@ -310,7 +310,8 @@ async fn a_create_whose_groups_cannot_form_in_time_names_them_and_first_use_form
         3,
         root.path(),
         Duration::from_secs(3),
-        &SpawnOptions::new(),
+        // Not the default 30 s: the create waits this out.
+        &SpawnOptions::new().env("RICOCHET_PARTITION_FORM_TIMEOUT", "5s"),
     )
     .await;
     let admin_client = client(&brokers[0].url()).await;
@@ -324,6 +325,10 @@ async fn a_create_whose_groups_cannot_form_in_time_names_them_and_first_use_form
         .unwrap_err();
     let took = started.elapsed();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e:?}");
+    assert!(
+        took >= Duration::from_secs(5) && took < Duration::from_secs(20),
+        "the 5 s bound set, not the default 30 s: {took:?}"
+    );
     let message = e.to_string();
     assert!(message.contains("form when first used"), "{message}");
     let mut on_stopped = Vec::new();

@@ -180,7 +180,7 @@ pub(crate) struct Secure {
 }
 
 /// Broker `b{i}`, its Raft calls carrying the shared peer token.
-async fn spawn(
+pub(crate) async fn spawn(
     s: &Secrets,
     (etcd, cluster): (&EtcdProcess, &str),
     root: &Path,

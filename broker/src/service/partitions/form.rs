@@ -9,8 +9,9 @@
 //! Both end in [`Groups::create`], the code first use runs too, so the
 //! members are chosen the same way and the call answers once the group
 //! committed the topic's creation (a leader was elected). Partitions are
-//! formed [`FORM_PARALLEL`] at a time, all within [`FORM_WITHIN`]; those
-//! not formed by then are named in an UNAVAILABLE answer. The partitioned
+//! formed [`FORM_PARALLEL`] at a time, all within `[cluster]
+//! partition_form_timeout` (30 s by default); those not formed by then are
+//! named in an UNAVAILABLE answer. The partitioned
 //! topic stays created (its record is in etcd) and first use forms any
 //! group still missing.
 
@@ -28,9 +29,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::metadata::AsciiMetadataValue;
 
-/// How long a create (or a raised count) waits for its partitions' groups.
-pub const FORM_WITHIN: Duration = Duration::from_secs(30);
-
 /// Partitions formed at once.
 const FORM_PARALLEL: usize = 8;
 
@@ -44,7 +42,8 @@ const NAMED: usize = 32;
 /// Forms the groups of factor `replicas` of partitions `range` of `base`
 /// (placed already), each by the broker it is placed on; `auth`: the
 /// caller's credential, shown to the other brokers. UNAVAILABLE naming
-/// the partitions whose group did not form within [`FORM_WITHIN`].
+/// the partitions whose group did not form within `[cluster]
+/// partition_form_timeout`.
 ///
 /// Each partition's forming runs as its own task, which the deadline only
 /// stops waiting for (bounded by [`FORM_LINGER`]): dropped half-way, a
@@ -59,7 +58,12 @@ pub async fn form_groups(
     replicas: u32,
     auth: Option<&AsciiMetadataValue>,
 ) -> Result<(), BrokerError> {
-    let deadline = tokio::time::Instant::now() + FORM_WITHIN;
+    // Cluster mode only: the default when (never) standalone.
+    let within = match &node.core.config.cluster {
+        Some(c) => c.partition_form_timeout,
+        None => ricochet_cluster::ClusterConfig::default().partition_form_timeout,
+    };
+    let deadline = tokio::time::Instant::now() + within;
     let started = std::time::Instant::now();
     let count = range.len();
     let late = || {
@@ -112,7 +116,7 @@ pub async fn form_groups(
     tracing::warn!(topic = %base, not_formed = ?which, millis, "partitions' replication groups not formed");
     Err(BrokerError::Peer(format!(
         "{base} is created, but the replication groups of partitions {} (of {count}) did not form \
-         within {FORM_WITHIN:?} (partition {first}: {why}); they form when first used",
+         within {within:?} (partition {first}: {why}); they form when first used",
         which.join(", ")
     )))
 }

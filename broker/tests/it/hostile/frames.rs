@@ -82,6 +82,7 @@ fn rpcs() -> Vec<Rpc> {
                 request: Some(produce_request::Request::Open(ProducerOpen {
                     topic: "frames".into(),
                     producer_name: "p".into(),
+                    resend_in_order: false,
                 })),
             }
             .encode_to_vec(),

@@ -22,7 +22,10 @@
 //! [`Policies`] (the policies in force) is loaded before the core opens and
 //! given to it as the hook that sets each opened topic's quota;
 //! [`Retention`] is the feature over the core: setting policies, moving
-//! them with a topic, the enforcing task.
+//! them with a topic, the enforcing task. In cluster mode namespaces'
+//! policies are the cluster's, kept in etcd ([`cluster`]).
+
+mod cluster;
 
 use crate::core::{BrokerCore, TopicOpened};
 use crate::error::{BrokerError, Result};
@@ -30,8 +33,9 @@ pub use crate::name::Target;
 use crate::name::TopicName;
 use crate::storage::{QuotaAction, RetentionRecord, Storage, TopicKind};
 use crate::topic::{SegmentRolled, Topic};
+use ricochet_cluster::Cluster;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -97,6 +101,23 @@ impl Policies {
         crate::util::lock(&self.by_target).remove(target);
     }
 
+    /// Takes in force the own policy a replicated topic's group stored:
+    /// this broker starts leading it, and the policy may have been set or
+    /// cleared while another member led (its followers apply the change
+    /// to their store, not to the policies in force here).
+    fn refresh_replicated(&self, topic: &Topic) {
+        let name = topic.name().as_str();
+        match topic.storage().retention_policies() {
+            Ok(stored) => match stored.into_iter().find(|r| r.target == name) {
+                Some(r) => self.adopt(r),
+                None => self.forget(name),
+            },
+            Err(e) => {
+                tracing::warn!(topic = name, error = %e, "cannot read a replicated topic's retention policy: the one in force here is kept");
+            }
+        }
+    }
+
     fn is_empty(&self) -> bool {
         crate::util::lock(&self.by_target).is_empty()
     }
@@ -114,6 +135,9 @@ impl Policies {
 
 impl TopicOpened for Policies {
     fn opened(&self, topic: &Topic) {
+        if topic.kind() == TopicKind::Normal && topic.is_replicated() {
+            self.refresh_replicated(topic);
+        }
         self.apply_quota(topic);
         if topic.kind() == TopicKind::Normal {
             topic.on_segment_rolled(self.rolled.clone());
@@ -127,6 +151,13 @@ impl TopicOpened for Policies {
 pub struct Retention {
     policies: Arc<Policies>,
     core: Arc<BrokerCore>,
+    /// Set once the broker joined a cluster: namespaces' policies are
+    /// then written to and read from etcd.
+    cluster: Arc<OnceLock<Arc<Cluster>>>,
+    /// Held while namespaces' policies are changed here and while the
+    /// cluster's are read and taken: a read from before a set is never
+    /// taken after it.
+    namespaces: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Retention {
@@ -139,7 +170,72 @@ impl Retention {
             core.config.retention_interval,
             core.shutdown.clone(),
         );
-        Self { policies, core }
+        Self {
+            policies,
+            core,
+            cluster: Arc::default(),
+            namespaces: Arc::default(),
+        }
+    }
+
+    /// In cluster mode: namespaces' policies are the cluster's from now on
+    /// (written to etcd, read from it every [`cluster::SYNC_EVERY`]).
+    pub(crate) fn join(&self, c: Arc<Cluster>) {
+        if self.cluster.set(c.clone()).is_ok() {
+            cluster::spawn_sync(self.clone(), c);
+        }
+    }
+
+    /// A namespace's own policy: in a cluster, the cluster's (in etcd).
+    pub async fn namespace_policy(&self, namespace: &str) -> Result<Option<RetentionRecord>> {
+        match self.cluster.get() {
+            Some(c) => cluster::get(c, namespace).await,
+            None => Ok(self.policies.get(namespace)),
+        }
+    }
+
+    /// The namespaces' policies in force here.
+    fn namespace_policies(&self) -> Vec<RetentionRecord> {
+        crate::util::lock(&self.policies.by_target)
+            .values()
+            .filter(|r| is_namespace(&r.target))
+            .cloned()
+            .collect()
+    }
+
+    /// Takes `shared` (the cluster's namespace policies, by namespace) in
+    /// force here, stored durably: changed and new ones put, ones it lacks
+    /// removed. Nothing is written when nothing differs.
+    async fn take_namespaces(&self, shared: BTreeMap<String, RetentionRecord>) -> Result<()> {
+        let held: BTreeMap<String, RetentionRecord> = self
+            .namespace_policies()
+            .into_iter()
+            .map(|r| (r.target.clone(), r))
+            .collect();
+        if held == shared {
+            return Ok(());
+        }
+        let storage = &self.core.storage;
+        for (ns, r) in &shared {
+            if held.get(ns) != Some(r) {
+                storage.put_retention(r)?;
+                tracing::info!(namespace = %ns, policy = ?r, "namespace retention policy taken from the cluster");
+            }
+        }
+        for ns in held.keys().filter(|ns| !shared.contains_key(*ns)) {
+            storage.delete_retention(ns)?;
+            tracing::info!(namespace = %ns, "namespace retention policy removed: the cluster has none");
+        }
+        self.core.flusher.durable().await?;
+        {
+            let mut map = crate::util::lock(&self.policies.by_target);
+            map.retain(|target, _| !is_namespace(target));
+            map.extend(shared);
+        }
+        for topic in self.core.all_topics().await {
+            self.policies.apply_quota(&topic);
+        }
+        Ok(())
     }
 
     /// The policies in force.
@@ -149,7 +245,9 @@ impl Retention {
 
     /// Sets (or with no limit at all, clears) the policy of `target`,
     /// durably before returning, and applies its quota to the open topics.
-    /// `record.target` is ignored (the target's key is used).
+    /// `record.target` is ignored (the target's key is used). A replicated
+    /// topic's own policy is written through its group (committed by a
+    /// majority before this returns); a namespace's is stored per broker.
     pub async fn set(
         &self,
         target: &Target,
@@ -165,6 +263,10 @@ impl Retention {
         positive(record.max_age_ms, "max_age_ms")?;
         positive(record.max_size_bytes, "max_size_bytes")?;
         positive(record.backlog_quota_bytes, "backlog_quota_bytes")?;
+        let _namespaces = match target {
+            Target::Namespace(_) => Some(self.namespaces.lock().await),
+            Target::Topic(_) => None,
+        };
         let key = target.key().to_owned();
         let any = record.max_age_ms.is_some()
             || record.max_size_bytes.is_some()
@@ -173,9 +275,28 @@ impl Retention {
             target: key.clone(),
             ..record
         });
+        let storage = match target {
+            Target::Topic(t) => core.writer_for(t.as_str())?,
+            Target::Namespace(ns) => {
+                // The cluster's first: a failure there changes nothing.
+                match self.cluster.get() {
+                    Some(c) => cluster::publish(c, ns, record.as_ref()).await?,
+                    // Stored here only, the cluster's would replace it.
+                    None if core.config.cluster.is_some() => {
+                        return Err(BrokerError::Etcd(
+                            "this broker has not joined its cluster yet, whose namespace \
+                             retention policies it keeps: try again"
+                                .into(),
+                        ));
+                    }
+                    None => {}
+                }
+                core.storage.clone()
+            }
+        };
         match &record {
-            Some(r) => core.storage.put_retention(r)?,
-            None => core.storage.delete_retention(&key)?,
+            Some(r) => storage.put_retention(r)?,
+            None => storage.delete_retention(&key)?,
         }
         core.flusher.durable().await?;
         {
@@ -200,6 +321,12 @@ impl Retention {
         }
         Ok(())
     }
+}
+
+/// Whether a policy's target is a namespace (`tenant/namespace`), not a
+/// topic (whose stored name has a scheme).
+fn is_namespace(target: &str) -> bool {
+    !target.contains("://")
 }
 
 /// Applies `topic`'s effective policy once.
