@@ -30,6 +30,11 @@
 //! set; 0 sends a client-held nack at its due time, as before the lead),
 //! `BURSTS_LOCAL=on|off` (the consumer's `local_redelivery`; unset, its
 //! default, which is off on the bench's Shared subscription).
+//! `BURSTS_TRACE=1` prints a burst's timeline to stderr (µs timestamps):
+//! the scheduler's fire, the subscription actor's read-ahead and hand-off,
+//! the consume stream's frames, the client's decoded frames and the
+//! bench's first and last arrival (`RUST_LOG` overrides the filter,
+//! `ricochet::burst=trace`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -80,6 +85,14 @@ impl Variant {
 }
 
 fn main() -> Result<(), BoxError> {
+    if std::env::var_os("BURSTS_TRACE").is_some() {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("ricochet::burst=trace"));
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -198,14 +211,29 @@ async fn burst(durability: Durability, v: Variant, n: usize) -> Result<(), BoxEr
         }
     }
     let first_due = due.values().min().copied().unwrap_or_else(Instant::now);
+    let last_due = due.values().max().copied().unwrap_or(first_due);
+    tracing::trace!(
+        target: "ricochet::burst",
+        first_in_us = first_due.saturating_duration_since(Instant::now()).as_micros() as u64,
+        last_in_us = last_due.saturating_duration_since(Instant::now()).as_micros() as u64,
+        "bench: failed, due times ahead"
+    );
     let mut lateness = Histogram::<u64>::new(3)?;
     let mut dues = Vec::with_capacity(n);
     let mut arrivals = Vec::with_capacity(n);
     let mut early = 0u64;
-    for _ in 0..n {
+    for i in 0..n {
         let m = tokio::time::timeout(Duration::from_secs(60), consumer.receive()).await??;
         let now = Instant::now();
         let d = due.get(m.id()).copied().unwrap_or(first_due);
+        if i == 0 || i == n - 1 {
+            tracing::trace!(
+                target: "ricochet::burst",
+                i,
+                late_us = now.saturating_duration_since(d).as_micros() as u64,
+                "bench: arrival"
+            );
+        }
         if now < d {
             early += 1;
         }

@@ -20,6 +20,14 @@ pub trait Clock: Send + Sync + Debug + 'static {
     fn now_ms(&self) -> u64 {
         self.now_us() / 1000
     }
+
+    /// Whether this is the system's clock, whose time moves by itself: a
+    /// wait may then be served by an OS timer (a thread's sleep) as well as
+    /// by tokio's. A virtual clock's time moves only through tokio's
+    /// timers.
+    fn is_system(&self) -> bool {
+        false
+    }
 }
 
 /// A shared clock.
@@ -34,6 +42,10 @@ impl Clock for SystemClock {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+    }
+
+    fn is_system(&self) -> bool {
+        true
     }
 }
 

@@ -100,7 +100,7 @@ pub use flusher::Flusher;
 pub use metrics::{install_prometheus, install_prometheus_secured};
 pub use name::{SubscriptionName, TopicName};
 pub use node::Node;
-pub use scheduler::{FireSender, Scheduler, SchedulerStats};
+pub use scheduler::{FireSender, Fired, PREFETCH_LEAD, Scheduler, SchedulerStats};
 pub use server::{Broker, BrokerBuilder, TestBroker};
 pub use service::{
     AdminService, BrokerService, CallerRole, ClusterService, OWNER_TRAILER, OWNER_URL_TRAILER,

@@ -8,10 +8,18 @@
 //! entry until the message is acked or moved: a crash after firing simply
 //! fires it again on restart (at-least-once, never lost). An entry never fires
 //! before its wall-clock due time.
+//!
+//! [`PREFETCH_LEAD`] before an entry is due its subscription is told it is
+//! coming ([`Fired::Soon`]), so it can read the message ahead and hand it
+//! out at the due instant without a storage read; the entry then fires
+//! ([`Fired::Due`]) at its due time. On the system clock the last
+//! millisecond before a due time is waited out on an OS timer (a blocking
+//! thread's sleep) rather than on tokio's 1 ms timer wheel, which fires
+//! 1–2 ms after the instant asked for.
 
 use crate::clock::SharedClock;
 use crate::storage::{ScheduleKey, Storage, SubMessage, TierId};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -23,8 +31,23 @@ use tokio_util::time::{DelayQueue, delay_queue};
 /// Largest number of index entries loaded per refill step.
 const REFILL_BATCH: usize = 50_000;
 
+/// How long before its due time a subscription is told an entry is
+/// coming ([`Fired::Soon`]): time to read a burst of messages ahead.
+pub const PREFETCH_LEAD: Duration = Duration::from_millis(20);
+
+/// What a subscription hears about its scheduled entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fired {
+    /// Due within [`PREFETCH_LEAD`]: the messages may be read ahead, but
+    /// not handed out; each comes again as [`Fired::Due`] (unless it left
+    /// the schedule meanwhile).
+    Soon(Vec<ScheduleKey>),
+    /// Due now (never before their wall-clock due times).
+    Due(Vec<ScheduleKey>),
+}
+
 /// Where fired entries go: one sender per subscription id.
-pub type FireSender = mpsc::UnboundedSender<Vec<ScheduleKey>>;
+pub type FireSender = mpsc::UnboundedSender<Fired>;
 
 enum Cmd {
     Add(Vec<ScheduleKey>),
@@ -77,11 +100,13 @@ impl Scheduler {
             window,
             queue: DelayQueue::new(),
             keys: HashMap::new(),
+            staged: BTreeSet::new(),
             covered: None,
             covered_until_ms: 0,
             subs: HashMap::new(),
             orphans: HashMap::new(),
             stats: stats.clone(),
+            precise: clock.is_system(),
             clock,
             loading_since: Some(std::time::Instant::now()),
         };
@@ -143,8 +168,12 @@ impl Scheduler {
 struct Task {
     storage: Arc<dyn Storage>,
     window: Duration,
+    /// Entries more than [`PREFETCH_LEAD`] ahead, timed to that lead.
     queue: DelayQueue<ScheduleKey>,
     keys: HashMap<ScheduleKey, delay_queue::Key>,
+    /// Entries within [`PREFETCH_LEAD`] of their due times (their
+    /// subscriptions were told), in due order, waiting to fire.
+    staged: BTreeSet<ScheduleKey>,
     /// Every index entry `<= covered` is either in `queue` or has fired.
     covered: Option<ScheduleKey>,
     /// `covered`'s due time once a refill reached the end of its window.
@@ -154,6 +183,10 @@ struct Task {
     orphans: HashMap<u64, Vec<ScheduleKey>>,
     stats: Arc<SchedulerStats>,
     clock: SharedClock,
+    /// Whether the last millisecond before a due time is waited on an OS
+    /// timer ([`sleep_until_due`]): on the system clock only (a virtual
+    /// clock's time moves only through tokio's timers).
+    precise: bool,
     /// Set until the first window is loaded (for its log line).
     loading_since: Option<std::time::Instant>,
 }
@@ -166,11 +199,57 @@ fn deadline(due_ms: u64, now_us: u64) -> Instant {
     Instant::now() + Duration::from_micros(due_ms.saturating_mul(1000).saturating_sub(now_us))
 }
 
+/// A wait for a due time ([`sleep_until_due`]), kept across turns.
+type DueWait = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The shortest wait left to an OS timer: below it the blocking thread's
+/// wake-up costs about what it saves.
+const OS_TIMER_MIN: Duration = Duration::from_micros(50);
+
+/// Sleeps until `at`. `precise`: tokio's timer (1 ms wheel, rounded up)
+/// runs to a millisecond before it, then a blocking thread sleeps the rest
+/// on the OS timer (tens of µs late, no spinning); otherwise tokio's timer
+/// alone (1–2 ms late on a real clock, exact on a paused one).
+async fn sleep_until_due(at: Instant, precise: bool) {
+    // An instant already past is not handed to the timer wheel, which
+    // could hold it to its next tick.
+    if !precise {
+        if at > Instant::now() {
+            tokio::time::sleep_until(at).await;
+        }
+        return;
+    }
+    if let Some(coarse) = at.checked_sub(Duration::from_millis(1))
+        && coarse > Instant::now()
+    {
+        tokio::time::sleep_until(coarse).await;
+    }
+    let left = at.saturating_duration_since(Instant::now());
+    if left >= OS_TIMER_MIN {
+        // A detached sleep if this future is dropped: it ends within `left`.
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(left)).await;
+    }
+}
+
 impl Task {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
         let mut refill = tokio::time::interval(self.window / 4);
         refill.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The wait for the first staged due time, kept across turns of the
+        // loop while that time stays first: commands arriving more often
+        // than the wait lasts do not start it over (and would starve it).
+        let mut timer: Option<(u64, DueWait)> = None;
         loop {
+            // What is due goes first, whatever else keeps the loop busy.
+            self.fire();
+            match (self.staged.first().map(|k| k.due_ms), &timer) {
+                (Some(due), Some((at, _))) if *at == due => {}
+                (Some(due), _) => {
+                    let at = deadline(due, self.clock.now_us());
+                    timer = Some((due, Box::pin(sleep_until_due(at, self.precise))));
+                }
+                (None, _) => timer = None,
+            }
             tokio::select! {
                 biased;
                 cmd = rx.recv() => match cmd {
@@ -178,6 +257,10 @@ impl Task {
                     Some(cmd) => self.command(cmd),
                     None => break,
                 },
+                () = async { timer.as_mut().expect("armed").1.as_mut().await }, if timer.is_some() => {
+                    timer = None;
+                    self.fire();
+                }
                 Some(expired) = std::future::poll_fn(|cx| self.queue.poll_expired(cx)), if !self.queue.is_empty() => {
                     let mut fired = vec![expired.into_inner()];
                     // Take everything else that is already due in one go.
@@ -194,7 +277,7 @@ impl Task {
                     {
                         fired.push(more.into_inner());
                     }
-                    self.fire(fired);
+                    self.stage(fired);
                 }
                 _ = refill.tick() => {
                     // Load the window; a backlog larger than a batch is loaded in steps.
@@ -203,9 +286,10 @@ impl Task {
                     }
                 }
             }
-            self.stats
-                .in_memory
-                .store(self.keys.len() as u64, Ordering::Relaxed);
+            self.stats.in_memory.store(
+                (self.keys.len() + self.staged.len()) as u64,
+                Ordering::Relaxed,
+            );
         }
     }
 
@@ -222,13 +306,15 @@ impl Task {
                 for k in keys {
                     if let Some(dk) = self.keys.remove(&k) {
                         self.queue.try_remove(&dk);
+                    } else {
+                        self.staged.remove(&k);
                     }
                 }
             }
             Cmd::Register(id, tx) => {
                 // Entries that fired before the subscription was loaded.
                 if let Some(keys) = self.orphans.remove(&id) {
-                    let _ = tx.send(keys);
+                    let _ = tx.send(Fired::Due(keys));
                 }
                 self.subs.insert(id, tx);
             }
@@ -263,6 +349,7 @@ impl Task {
                 self.queue.try_remove(&dk);
             }
         }
+        self.staged.retain(|k| !subs.contains(&k.message.sub_id));
         // Before the first refill step nothing is covered: the refill loads
         // them.
         let Some(covered) = self.covered else { return };
@@ -293,11 +380,15 @@ impl Task {
         }
     }
 
+    /// Times `k` to [`PREFETCH_LEAD`] before it is due (at once if that
+    /// is past: [`Self::stage`] takes it then).
     fn insert(&mut self, k: ScheduleKey) {
-        if !self.keys.contains_key(&k) {
-            let dk = self
-                .queue
-                .insert_at(k, deadline(k.due_ms, self.clock.now_us()));
+        if !self.keys.contains_key(&k) && !self.staged.contains(&k) {
+            let lead = PREFETCH_LEAD.as_millis() as u64;
+            let dk = self.queue.insert_at(
+                k,
+                deadline(k.due_ms.saturating_sub(lead), self.clock.now_us()),
+            );
             self.keys.insert(k, dk);
         }
     }
@@ -344,17 +435,36 @@ impl Task {
         }
     }
 
-    fn fire(&mut self, keys: Vec<ScheduleKey>) {
-        let now_us = self.clock.now_us();
-        let now = now_us / 1000;
+    /// Entries within [`PREFETCH_LEAD`] of their due times: their
+    /// subscriptions are told ([`Fired::Soon`]) and they wait in `staged`
+    /// for [`Self::fire`].
+    fn stage(&mut self, keys: Vec<ScheduleKey>) {
         let mut by_sub: HashMap<u64, Vec<ScheduleKey>> = HashMap::new();
         for k in keys {
             self.keys.remove(&k);
-            if k.due_ms > now {
-                // The monotonic timer ran ahead of the wall clock: never fire early.
-                self.insert(k);
-                continue;
+            if self.staged.insert(k) {
+                by_sub.entry(k.message.sub_id).or_default().push(k);
             }
+        }
+        for (sub, keys) in by_sub {
+            // Not registered (yet): it reads them when they fire.
+            if let Some(tx) = self.subs.get(&sub)
+                && tx.send(Fired::Soon(keys)).is_err()
+            {
+                self.subs.remove(&sub);
+            }
+        }
+    }
+
+    /// Hands the staged entries due by the wall clock to their
+    /// subscriptions ([`Fired::Due`]); later ones stay staged.
+    fn fire(&mut self) {
+        let now_us = self.clock.now_us();
+        let now = now_us / 1000;
+        let mut by_sub: HashMap<u64, Vec<ScheduleKey>> = HashMap::new();
+        // The monotonic timer may run ahead of the wall clock: never fire early.
+        while let Some(k) = self.staged.first().copied().filter(|k| k.due_ms <= now) {
+            self.staged.remove(&k);
             self.stats.fired.fetch_add(1, Ordering::Relaxed);
             self.stats.lateness_us_total.fetch_add(
                 now_us.saturating_sub(k.due_ms.saturating_mul(1000)),
@@ -363,9 +473,15 @@ impl Task {
             by_sub.entry(k.message.sub_id).or_default().push(k);
         }
         for (sub, keys) in by_sub {
+            tracing::trace!(
+                target: "ricochet::burst",
+                n = keys.len(),
+                late_us = now_us.saturating_sub(keys[0].due_ms.saturating_mul(1000)),
+                "scheduler: due entries fired"
+            );
             match self.subs.get(&sub) {
                 Some(tx) => {
-                    if tx.send(keys).is_err() {
+                    if tx.send(Fired::Due(keys)).is_err() {
                         self.subs.remove(&sub);
                     }
                 }
@@ -411,6 +527,16 @@ mod tests {
         (s, storage, clock, stop)
     }
 
+    /// The next entries fired as due, past those announced as coming.
+    async fn due(rx: &mut mpsc::UnboundedReceiver<Fired>) -> Vec<ScheduleKey> {
+        loop {
+            match rx.recv().await.expect("registered") {
+                Fired::Due(keys) => return keys,
+                Fired::Soon(_) => {}
+            }
+        }
+    }
+
     fn persist(storage: &MemoryStorage, keys: &[ScheduleKey]) {
         storage
             .put_schedule(&keys.iter().map(|k| (*k, true)).collect::<Vec<_>>())
@@ -427,7 +553,7 @@ mod tests {
         assert_eq!(scheduler.stats.fired.load(Ordering::Relaxed), 1);
         let (tx, mut rx) = mpsc::unbounded_channel();
         scheduler.register(7, tx);
-        assert_eq!(rx.recv().await.unwrap(), vec![overdue]);
+        assert_eq!(due(&mut rx).await, vec![overdue]);
         stop.cancel();
     }
 
@@ -446,7 +572,7 @@ mod tests {
         scheduler.add(keys.clone());
         let mut fired = Vec::new();
         while fired.len() < 20 {
-            let batch = rx.recv().await.unwrap();
+            let batch = due(&mut rx).await;
             let at = clock.now_us();
             for k in batch {
                 assert!(
@@ -477,12 +603,12 @@ mod tests {
         let (scheduler, storage, clock, stop) = start();
         let (tx, mut rx) = mpsc::unbounded_channel();
         scheduler.register(1, tx);
-        let due = clock.now_ms() + 100;
-        let keys: Vec<_> = (0..1000).map(|i| key(due, 1, i)).collect();
+        let due_ms = clock.now_ms() + 100;
+        let keys: Vec<_> = (0..1000).map(|i| key(due_ms, 1, i)).collect();
         persist(&storage, &keys);
         tokio::time::sleep(Duration::from_millis(1)).await;
         scheduler.add(keys);
-        let batch = rx.recv().await.unwrap();
+        let batch = due(&mut rx).await;
         assert_eq!(batch.len(), 1000, "one batch, not rounds");
         stop.cancel();
     }
@@ -507,7 +633,7 @@ mod tests {
             1,
             "only the near entry"
         );
-        assert_eq!(rx.recv().await.unwrap(), vec![near]);
+        assert_eq!(due(&mut rx).await, vec![near]);
         assert_eq!(
             clock.now_ms(),
             near.due_ms,
@@ -515,7 +641,7 @@ mod tests {
         );
         let mut got = 0;
         while got < hours.len() {
-            let batch = rx.recv().await.unwrap();
+            let batch = due(&mut rx).await;
             for k in &batch {
                 assert!(clock.now_ms() >= k.due_ms);
             }
@@ -547,9 +673,9 @@ mod tests {
         scheduler.reload([9].into_iter().collect());
         let (tx, mut rx) = mpsc::unbounded_channel();
         scheduler.register(9, tx);
-        let fired = tokio::time::timeout(WINDOW * 2, rx.recv()).await;
+        let fired = tokio::time::timeout(WINDOW * 2, due(&mut rx)).await;
         assert_eq!(
-            fired.expect("the reloaded entry fires").unwrap(),
+            fired.expect("the reloaded entry fires"),
             vec![behind],
             "not the stale one"
         );
@@ -573,8 +699,46 @@ mod tests {
         persist(&storage, &[k]);
         tokio::time::sleep(Duration::from_millis(1)).await;
         scheduler.add(vec![k]);
-        let fired = tokio::time::timeout(WINDOW, rx.recv()).await;
-        assert_eq!(fired.expect("the newer actor gets it").unwrap(), vec![k]);
+        let fired = tokio::time::timeout(WINDOW, due(&mut rx)).await;
+        assert_eq!(fired.expect("the newer actor gets it"), vec![k]);
+        stop.cancel();
+    }
+
+    /// On the system clock (the last millisecond waited on an OS timer):
+    /// each entry is announced once and fires at or after its due time by
+    /// the wall clock, never before.
+    #[tokio::test]
+    async fn on_the_system_clock_entries_fire_never_before_their_due_time() {
+        use crate::clock::SystemClock;
+        let storage = Arc::new(MemoryStorage::new());
+        let clock: SharedClock = Arc::new(SystemClock);
+        let stop = CancellationToken::new();
+        let scheduler = Scheduler::start(storage.clone(), WINDOW, clock.clone(), stop.clone());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        scheduler.register(2, tx);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = clock.now_ms();
+        let keys: Vec<_> = (0..30).map(|i| key(now + 50 + i, 2, i)).collect();
+        persist(&storage, &keys);
+        scheduler.add(keys.clone());
+        let (mut soon, mut fired) = (0, 0);
+        while fired < keys.len() {
+            match rx.recv().await.unwrap() {
+                Fired::Soon(k) => soon += k.len(),
+                Fired::Due(k) => {
+                    let at = clock.now_us();
+                    for k in &k {
+                        assert!(
+                            at >= k.due_ms * 1000,
+                            "fired {} us early",
+                            k.due_ms * 1000 - at
+                        );
+                    }
+                    fired += k.len();
+                }
+            }
+        }
+        assert_eq!(soon, keys.len(), "each announced once");
         stop.cancel();
     }
 
@@ -589,7 +753,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         storage.put_schedule(&[(gone, false)]).unwrap();
         scheduler.remove(vec![gone]);
-        assert_eq!(rx.recv().await.unwrap(), vec![kept]);
+        assert_eq!(due(&mut rx).await, vec![kept]);
         stop.cancel();
     }
 }

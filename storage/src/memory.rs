@@ -50,6 +50,7 @@ pub struct MemoryStorage {
     state: Mutex<State>,
     flushes: AtomicU64,
     entries_read: AtomicU64,
+    entries_read_by_id: AtomicU64,
 }
 
 impl MemoryStorage {
@@ -66,6 +67,12 @@ impl MemoryStorage {
     /// How many log entries range reads ([`LogStore::read`]) returned.
     pub fn entries_read(&self) -> u64 {
         self.entries_read.load(Ordering::Relaxed)
+    }
+
+    /// How many log entries were asked for by id ([`LogStore::read_one`],
+    /// and [`LogStore::read_many`] through it), found or not.
+    pub fn entries_read_by_id(&self) -> u64 {
+        self.entries_read_by_id.load(Ordering::Relaxed)
     }
 }
 
@@ -115,6 +122,7 @@ impl LogStore for MemoryStorage {
     }
 
     fn read_one(&self, topic: &str, id: u64) -> Result<Option<Vec<u8>>> {
+        self.entries_read_by_id.fetch_add(1, Ordering::Relaxed);
         Ok(lock(&self.state)
             .logs
             .get(topic)

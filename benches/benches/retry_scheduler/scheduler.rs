@@ -61,8 +61,12 @@ pub(crate) async fn scheduler_lateness(n: usize, spread_ms: u64) -> Result<(), B
     let deadline =
         tokio::time::Instant::now() + Duration::from_millis(lead_ms + spread_ms + 30_000);
     while got < n {
-        let Ok(Some(batch)) = tokio::time::timeout_at(deadline, fired.recv()).await else {
+        let Ok(Some(fired)) = tokio::time::timeout_at(deadline, fired.recv()).await else {
             break;
+        };
+        // Announced ahead of their due times: only the fire counts here.
+        let ricochet_broker::Fired::Due(batch) = fired else {
+            continue;
         };
         let at = now_us();
         for k in batch {

@@ -177,6 +177,36 @@ impl TestConsumer {
         self.nack_held(m, Duration::ZERO)
     }
 
+    /// Nacks whose delays the broker serves, in one request.
+    pub(super) fn nack_all_held(
+        &mut self,
+        msgs: &[ricochet_proto::Message],
+        hold: Duration,
+    ) -> u64 {
+        let items = msgs
+            .iter()
+            .map(|m| FailedItem {
+                id: wire(m),
+                reason: ricochet_policy::FailureReason::Nack,
+                detail: "nope".into(),
+                hold,
+                ahead: false,
+                local: false,
+            })
+            .collect();
+        self.send(|request_id| ConsumerRequest::Redeliver { request_id, items })
+    }
+
+    /// A cumulative ack through `m`.
+    pub(super) fn ack_through(&mut self, m: &ricochet_proto::Message) -> u64 {
+        let id = wire(m);
+        self.send(|request_id| ConsumerRequest::Ack {
+            request_id,
+            ids: vec![id],
+            cumulative: true,
+        })
+    }
+
     /// A nack whose delay the broker serves.
     fn nack_held(&mut self, m: &ricochet_proto::Message, hold: Duration) -> u64 {
         let id = wire(m);

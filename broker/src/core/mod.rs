@@ -13,6 +13,8 @@ mod breaker_tests;
 mod events;
 mod hooks;
 mod moves;
+#[cfg(test)]
+mod prefetch_tests;
 mod replicated;
 
 pub use hooks::{Hooks, Placement, ReservedNames, TopicOpened};

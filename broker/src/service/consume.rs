@@ -385,6 +385,7 @@ fn frames_of(event: ConsumerEvent) -> Vec<Result<ConsumeResponse, Status>> {
         }))],
         ConsumerEvent::Messages(msgs) => message_frames(msgs)
             .into_iter()
+            .inspect(|m| tracing::trace!(target: "ricochet::burst", n = m.len(), "stream: a frame of messages out"))
             .map(|messages| response(R::Messages(MessageBatch { messages })))
             .collect(),
         ConsumerEvent::Done {

@@ -59,6 +59,9 @@ pub(super) struct Deliveries {
     pub counted: EntryMap<Counted>,
     /// The last [`Counted::seq`] handed out.
     pub counted_seq: u64,
+    /// Messages of schedule entries about to fire, read ahead of their due
+    /// times ([`super::prefetch`]).
+    pub prefetched: super::prefetch::Prefetched,
 }
 
 /// A nack counted ahead of its redelivery.

@@ -25,7 +25,8 @@
 //! Map: [`handle`] (the API), [`requests`] (the consumer boundary),
 //! [`consumers`], [`dispatch`], [`delivery`], [`acks`], [`intake`] (failure
 //! requests), [`failure`] (the planner), [`tiers`] (moves), [`read_ahead`],
-//! [`replay`], [`policy`], [`stats`], [`key_order`], [`breaker`] (the outage breaker).
+//! [`prefetch`] (a burst read before it is due), [`replay`], [`policy`],
+//! [`stats`], [`key_order`], [`breaker`] (the outage breaker).
 
 mod acks;
 mod breaker;
@@ -37,6 +38,7 @@ mod handle;
 mod intake;
 mod key_order;
 mod policy;
+mod prefetch;
 mod read_ahead;
 mod replay;
 mod requests;
@@ -257,7 +259,7 @@ impl SubscriptionActor {
     async fn run(
         mut self,
         mut rx: mpsc::UnboundedReceiver<Command>,
-        mut fired: mpsc::UnboundedReceiver<Vec<ScheduleKey>>,
+        mut fired: mpsc::UnboundedReceiver<crate::scheduler::Fired>,
     ) {
         let mut end = self.topic.watch_end();
         self.resume_topic_replays().await;
@@ -272,11 +274,11 @@ impl SubscriptionActor {
                         return;
                     }
                 }
-                keys = fired.recv() => {
-                    if let Some(keys) = keys {
-                        self.on_fired(keys);
-                    }
-                }
+                keys = fired.recv() => match keys {
+                    Some(crate::scheduler::Fired::Due(keys)) => self.on_fired(keys),
+                    Some(crate::scheduler::Fired::Soon(keys)) => self.announced(keys),
+                    None => {}
+                },
                 changed = end.changed() => {
                     if changed.is_err() { break; }
                 }
@@ -292,6 +294,7 @@ impl SubscriptionActor {
             }
             self.key_order_tick().await;
             self.dispatch();
+            self.prefetch_step();
             self.watch_blocked();
             self.persist();
             self.deliveries.shrink();
@@ -478,8 +481,12 @@ impl SubscriptionActor {
     }
 
     fn on_fired(&mut self, keys: Vec<ScheduleKey>) {
+        tracing::trace!(target: "ricochet::burst", n = keys.len(), "actor: due entries in");
         self.advance_holds();
         let now_us = self.deps.clock.now_us();
+        self.deliveries
+            .prefetched
+            .drop_stale((now_us / 1000).saturating_sub(prefetch::STALE_AFTER_MS));
         for k in keys {
             if k.message.tier == TierId::Retry {
                 self.metrics.retries_fired.increment(1);
@@ -723,6 +730,7 @@ impl SubscriptionActor {
                 out.entry(a.consumer).or_default().push(msg);
             }
             for (consumer, msgs) in out {
+                tracing::trace!(target: "ricochet::burst", n = msgs.len(), "actor: messages handed to a consumer's stream");
                 self.consumers.send(consumer, ConsumerEvent::Messages(msgs));
             }
         }

@@ -1,6 +1,7 @@
 //! Reading ahead of dispatch: up to [`READ_AHEAD`] messages are loaded from
 //! the topic log (from the read position, up to the topic's durable end)
-//! and from the fired schedule (retries and delayed messages now due). A
+//! and from the fired schedule (retries and delayed messages now due; those
+//! read before they were due come from [`super::prefetch`]). A
 //! message published with a future `deliver_at` is put in the schedule
 //! instead of the read-ahead.
 
@@ -129,6 +130,20 @@ impl SubscriptionActor {
                 continue;
             }
             if self.deliveries.in_flight.contains_key(&entry) {
+                continue;
+            }
+            // Read before it was due (`prefetch`): no storage read now.
+            if let Some(early) = self.deliveries.prefetched.take(entry, due) {
+                if let Some(f) = early.failure {
+                    self.deliveries.failures.entry(entry).or_insert(f);
+                }
+                self.deliveries.ready.insert(
+                    entry,
+                    Pending {
+                        msg: early.msg,
+                        due_ms: Some(due),
+                    },
+                );
                 continue;
             }
             take.push((entry, Some(due)));

@@ -171,7 +171,19 @@ impl Driver {
                 _ = sleep_opt(self.closing) => Event::CloseDeadline,
             };
             match event {
-                Event::Response(Ok(Some(r))) => self.on_response(r),
+                Event::Response(Ok(Some(r))) => {
+                    let messages =
+                        matches!(r.response, Some(consume_response::Response::Messages(_)));
+                    self.on_response(r);
+                    if messages {
+                        // Let the application take what was handed over
+                        // before the next frame is decoded: a task woken
+                        // from here waits in this worker's LIFO slot, which
+                        // no other worker steals, so a burst's first frame
+                        // was not received until its last was decoded.
+                        tokio::task::yield_now().await;
+                    }
+                }
                 Event::Response(Ok(None)) => {
                     self.lost("the broker ended the consumer stream".into())
                 }
@@ -276,6 +288,7 @@ impl Driver {
     fn on_response(&mut self, r: ConsumeResponse) {
         match r.response {
             Some(consume_response::Response::Messages(batch)) => {
+                tracing::trace!(target: "ricochet::burst", n = batch.messages.len(), "client: a frame of messages decoded");
                 for m in batch.messages {
                     let Some(msg) = Message::from_proto(m, self.epoch, |t| self.ids.intern(t))
                     else {

@@ -1,0 +1,280 @@
+//! Reading a burst before it is due: when the scheduler says schedule
+//! entries are coming ([`Fired::Soon`](crate::scheduler::Fired::Soon),
+//! [`PREFETCH_LEAD`](crate::scheduler::PREFETCH_LEAD) ahead), their messages
+//! (and a retry's failure record) are read and decoded into a bounded
+//! buffer, so that when they fire the read-ahead takes them from memory: a
+//! thousand nacks due at one instant go out without a thousand storage
+//! reads on the way.
+//!
+//! Nothing here is handed out: a prefetched message goes to the read-ahead
+//! only through [`SubscriptionActor::load_due`], for a schedule entry that
+//! fired with the same due time, after the same checks as any other (not
+//! acked, not in flight). An entry that never fires (it left the schedule)
+//! is dropped [`STALE_AFTER_MS`] after its due time. The buffer holds at
+//! most [`PREFETCH_MAX`] messages and [`PREFETCH_MAX_BYTES`] of payload;
+//! what does not fit is read when it fires, as before.
+//!
+//! Reading ahead never holds back what is due: announced entries wait in a
+//! queue and are read [`PREFETCH_STEP`] per turn of the actor, only while
+//! no fired entry waits to be loaded, and one whose due time has come by
+//! then is left to be read when it fires (a burst announced late, as a
+//! large `reconsume_later` burst whose moves end near their due times,
+//! would otherwise be read ahead while its first messages wait).
+
+use super::SubscriptionActor;
+use super::delivery::EntryMap;
+use crate::storage::{FailureRecord, ScheduleKey, TierEntry, TierId};
+use prost::Message as _;
+use ricochet_proto::Message;
+use std::collections::BTreeSet;
+
+/// Most messages held read ahead of their due times.
+pub(super) const PREFETCH_MAX: usize = 16_384;
+/// Most payload and key bytes held read ahead of their due times.
+pub(super) const PREFETCH_MAX_BYTES: usize = 16 * 1024 * 1024;
+/// How long after its due time a prefetched message whose entry did not
+/// fire is kept (it was acked, moved or unscheduled meanwhile).
+pub(super) const STALE_AFTER_MS: u64 = 2_000;
+/// Most announced entries read ahead per turn of the actor.
+pub(super) const PREFETCH_STEP: usize = 256;
+
+/// A message read before its schedule entry is due.
+#[derive(Debug)]
+pub(super) struct Early {
+    pub due_ms: u64,
+    pub msg: Message,
+    /// A retry-tier message's failure record, read with it.
+    pub failure: Option<FailureRecord>,
+    bytes: usize,
+}
+
+/// Messages read ahead of their due times, by entry and by due time.
+#[derive(Debug, Default)]
+pub(super) struct Prefetched {
+    /// Announced entries not read yet (at most [`PREFETCH_MAX`]).
+    announced: std::collections::VecDeque<ScheduleKey>,
+    by_entry: EntryMap<Early>,
+    by_due: BTreeSet<(u64, TierEntry)>,
+    bytes: usize,
+}
+
+impl Prefetched {
+    /// Whether another message fits.
+    fn has_room(&self) -> bool {
+        self.by_entry.len() < PREFETCH_MAX && self.bytes < PREFETCH_MAX_BYTES
+    }
+
+    fn contains(&self, entry: &TierEntry) -> bool {
+        self.by_entry.contains_key(entry)
+    }
+
+    fn insert(&mut self, entry: TierEntry, early: Early) {
+        self.remove(&entry);
+        self.bytes += early.bytes;
+        self.by_due.insert((early.due_ms, entry));
+        self.by_entry.insert(entry, early);
+    }
+
+    fn remove(&mut self, entry: &TierEntry) -> Option<Early> {
+        let early = self.by_entry.remove(entry)?;
+        self.by_due.remove(&(early.due_ms, *entry));
+        self.bytes -= early.bytes;
+        Some(early)
+    }
+
+    /// The message prefetched for `entry`'s schedule entry due at `due_ms`
+    /// (one prefetched for another due time is dropped: stale).
+    pub fn take(&mut self, entry: TierEntry, due_ms: u64) -> Option<Early> {
+        let early = self.remove(&entry)?;
+        (early.due_ms == due_ms).then_some(early)
+    }
+
+    /// Drops what was due before `before_ms` and never fired.
+    pub fn drop_stale(&mut self, before_ms: u64) {
+        while let Some(&(due, entry)) = self.by_due.first() {
+            if due >= before_ms {
+                return;
+            }
+            self.remove(&entry);
+        }
+        if self.by_entry.is_empty() && self.by_entry.capacity() > PREFETCH_MAX / 4 {
+            self.by_entry = EntryMap::default();
+        }
+    }
+
+    /// How many messages are held.
+    pub fn len(&self) -> usize {
+        self.by_entry.len()
+    }
+
+    /// Queues announced entries to be read ahead (as many as fit).
+    pub fn announce(&mut self, keys: Vec<ScheduleKey>) {
+        let room = PREFETCH_MAX.saturating_sub(self.announced.len());
+        self.announced.extend(keys.into_iter().take(room));
+    }
+
+    /// Whether announced entries wait to be read.
+    pub fn has_announced(&self) -> bool {
+        !self.announced.is_empty()
+    }
+}
+
+impl SubscriptionActor {
+    /// Schedule entries `keys` are due within the prefetch lead: queued to
+    /// be read ahead ([`Self::prefetch_step`]).
+    pub(super) fn announced(&mut self, keys: Vec<ScheduleKey>) {
+        tracing::trace!(target: "ricochet::burst", n = keys.len(), "actor: entries coming");
+        self.deliveries.prefetched.announce(keys);
+    }
+
+    /// Reads up to [`PREFETCH_STEP`] announced entries ahead, unless fired
+    /// entries wait to be loaded; asks for another turn while more wait.
+    pub(super) fn prefetch_step(&mut self) {
+        if !self.deliveries.prefetched.has_announced() || !self.deliveries.due.is_empty() {
+            return;
+        }
+        let n = self
+            .deliveries
+            .prefetched
+            .announced
+            .len()
+            .min(PREFETCH_STEP);
+        let keys: Vec<ScheduleKey> = self.deliveries.prefetched.announced.drain(..n).collect();
+        self.prefetch(keys);
+        if self.deliveries.prefetched.has_announced()
+            && let Some(tx) = self.self_tx.upgrade()
+        {
+            let _ = tx.send(super::handle::Command::Ready(Vec::new()));
+        }
+    }
+
+    /// Reads the messages of schedule entries `keys`, due within the
+    /// prefetch lead, into the prefetch buffer (as many as fit); one that
+    /// cannot be read is left to be read when it fires, and so is one due
+    /// already or waiting elsewhere (fired, ready, in flight, acked).
+    fn prefetch(&mut self, keys: Vec<ScheduleKey>) {
+        let now = self.deps.clock.now_ms();
+        self.deliveries
+            .prefetched
+            .drop_stale(now.saturating_sub(STALE_AFTER_MS));
+        let mut want: Vec<(TierEntry, u64)> = Vec::new();
+        for k in keys {
+            let entry = k.message.entry();
+            if k.due_ms <= now
+                || self.rec.is_acked(entry)
+                || self.deliveries.in_flight.contains_key(&entry)
+                || self.deliveries.ready.contains_key(&entry)
+                || self.deliveries.due.contains_key(&entry)
+                || self.deliveries.prefetched.contains(&entry)
+            {
+                continue;
+            }
+            // A held nack known only in the far set gets its count now,
+            // not when it fires.
+            if !self.load_far_hold(k) {
+                continue;
+            }
+            want.push((entry, k.due_ms));
+        }
+        for tier in [TierId::Main, TierId::Retry] {
+            let batch: Vec<(TierEntry, u64)> = want
+                .iter()
+                .filter(|(e, _)| e.tier == tier)
+                .copied()
+                .collect();
+            if batch.is_empty() || !self.deliveries.prefetched.has_room() {
+                continue;
+            }
+            let room = PREFETCH_MAX - self.deliveries.prefetched.len();
+            let batch = &batch[..batch.len().min(room)];
+            let topic = self.tiers.topic_of(&self.rec, tier).to_owned();
+            let ids: Vec<u64> = batch.iter().map(|(e, _)| e.entry_id).collect();
+            let Ok(read) = self.deps.storage.read_many(&topic, &ids) else {
+                continue;
+            };
+            tracing::trace!(target: "ricochet::burst", n = ids.len(), "actor: read ahead");
+            for (&(entry, due_ms), bytes) in batch.iter().zip(read) {
+                if !self.deliveries.prefetched.has_room() {
+                    break;
+                }
+                let Some(msg) = bytes.and_then(|b| Message::decode(b.as_slice()).ok()) else {
+                    continue;
+                };
+                let failure =
+                    if tier == TierId::Retry && !self.deliveries.failures.contains_key(&entry) {
+                        match self
+                            .deps
+                            .storage
+                            .failure(entry.of(self.rec.id), Some(due_ms))
+                        {
+                            Ok(r) => r,
+                            // Read again when it fires.
+                            Err(_) => continue,
+                        }
+                    } else {
+                        None
+                    };
+                let bytes = msg.payload.len() + msg.key.len();
+                self.deliveries.prefetched.insert(
+                    entry,
+                    Early {
+                        due_ms,
+                        msg,
+                        failure,
+                        bytes,
+                    },
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn early(due_ms: u64, bytes: usize) -> Early {
+        Early {
+            due_ms,
+            msg: Message::default(),
+            failure: None,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn a_message_is_taken_only_for_the_due_time_it_was_read_for() {
+        let mut p = Prefetched::default();
+        p.insert(TierEntry::main(1), early(100, 10));
+        assert!(
+            p.take(TierEntry::main(1), 101).is_none(),
+            "another due time"
+        );
+        assert_eq!(p.len(), 0, "the stale one is dropped");
+        p.insert(TierEntry::main(1), early(100, 10));
+        assert_eq!(p.take(TierEntry::main(1), 100).unwrap().due_ms, 100);
+        assert!(p.take(TierEntry::main(1), 100).is_none(), "taken once");
+    }
+
+    #[test]
+    fn stale_messages_are_dropped_and_the_byte_count_follows() {
+        let mut p = Prefetched::default();
+        p.insert(TierEntry::main(1), early(100, 10));
+        p.insert(TierEntry::retry(2), early(200, 20));
+        assert_eq!(p.bytes, 30);
+        p.drop_stale(150);
+        assert_eq!((p.len(), p.bytes), (1, 20));
+        assert!(p.contains(&TierEntry::retry(2)));
+        p.drop_stale(201);
+        assert_eq!((p.len(), p.bytes), (0, 0));
+    }
+
+    #[test]
+    fn the_buffer_is_bounded_by_bytes() {
+        let mut p = Prefetched::default();
+        p.insert(TierEntry::main(1), early(100, PREFETCH_MAX_BYTES - 1));
+        assert!(p.has_room());
+        p.insert(TierEntry::main(2), early(100, 1));
+        assert!(!p.has_room());
+    }
+}
