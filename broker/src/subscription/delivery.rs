@@ -10,10 +10,7 @@ use crate::storage::{FailureRecord, TierEntry, TierId};
 use ricochet_proto::Message;
 use std::collections::{BTreeMap, HashMap};
 
-/// A map keyed by entry. Keys are ids this broker assigned (a consumer's
-/// id is located before it is looked up), so the fast non-keyed hash is
-/// safe here; SipHash was a visible share of a 1 000-nack burst.
-pub(super) type EntryMap<V> = HashMap<TierEntry, V, rustc_hash::FxBuildHasher>;
+use super::EntryMap;
 
 /// Messages buffered ahead of dispatch.
 pub(super) const READ_AHEAD: usize = 1_000;

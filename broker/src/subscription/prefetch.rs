@@ -21,8 +21,8 @@
 //! large `reconsume_later` burst whose moves end near their due times,
 //! would otherwise be read ahead while its first messages wait).
 
+use super::EntryMap;
 use super::SubscriptionActor;
-use super::delivery::EntryMap;
 use crate::storage::{FailureRecord, ScheduleKey, TierEntry, TierId};
 use prost::Message as _;
 use ricochet_proto::Message;
