@@ -259,6 +259,35 @@ pub(super) async fn list_subscriptions(
     })
 }
 
+/// Makes `change` on every partition in `parts`, one after another, and
+/// answers with the first answer: a partition without `subscription`
+/// (NOT_FOUND) is skipped, and if none has it the call is NOT_FOUND; any
+/// other failure stops the call, naming the partitions done ([`midway`]).
+async fn each_with_subscription<T, F, Fut>(
+    name: &TopicName,
+    parts: &[TopicName],
+    subscription: &str,
+    mut change: F,
+) -> Result<T, Status>
+where
+    F: FnMut(&TopicName) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+{
+    let mut first = None;
+    let mut done = Vec::new();
+    for p in parts {
+        match change(p).await {
+            Ok(resp) => {
+                first.get_or_insert(resp.into_inner());
+            }
+            Err(s) if s.code() == tonic::Code::NotFound => {}
+            Err(s) => return Err(midway(s, &done)),
+        }
+        done.push(p);
+    }
+    first.ok_or_else(|| not_found(name, subscription))
+}
+
 /// Sets the policy on every partition's subscription, one partition after
 /// another; answers with the first partition's. Partitions without the
 /// subscription are skipped; if none has it, NOT_FOUND. A failure stops
@@ -269,23 +298,13 @@ pub(super) async fn set_policy(
     parts: Vec<TopicName>,
     r: SetPolicyRequest,
 ) -> Result<PolicyResponse, Status> {
-    let mut first = None;
-    let mut done = Vec::new();
-    for p in &parts {
-        let req = Request::new(SetPolicyRequest {
+    each_with_subscription(name, &parts, &r.subscription, |p| {
+        admin.set_policy(Request::new(SetPolicyRequest {
             topic: p.to_string(),
             ..r.clone()
-        });
-        match admin.set_policy(req).await {
-            Ok(resp) => {
-                first.get_or_insert(resp.into_inner());
-            }
-            Err(s) if s.code() == tonic::Code::NotFound => {}
-            Err(s) => return Err(midway(s, &done)),
-        }
-        done.push(p);
-    }
-    first.ok_or_else(|| not_found(name, &r.subscription))
+        }))
+    })
+    .await
 }
 
 /// The policy of the first partition that has the subscription.
@@ -318,23 +337,13 @@ pub(super) async fn set_breaker(
     parts: Vec<TopicName>,
     r: SetBreakerRequest,
 ) -> Result<BreakerStatus, Status> {
-    let mut first = None;
-    let mut done = Vec::new();
-    for p in &parts {
-        let req = Request::new(SetBreakerRequest {
+    each_with_subscription(name, &parts, &r.subscription, |p| {
+        admin.set_breaker(Request::new(SetBreakerRequest {
             topic: p.to_string(),
             ..r.clone()
-        });
-        match admin.set_breaker(req).await {
-            Ok(resp) => {
-                first.get_or_insert(resp.into_inner());
-            }
-            Err(s) if s.code() == tonic::Code::NotFound => {}
-            Err(s) => return Err(midway(s, &done)),
-        }
-        done.push(p);
-    }
-    first.ok_or_else(|| not_found(name, &r.subscription))
+        }))
+    })
+    .await
 }
 
 /// Deletes the subscription on every partition that has it, one after
@@ -345,24 +354,13 @@ pub(super) async fn delete_subscription(
     parts: Vec<TopicName>,
     r: DeleteSubscriptionRequest,
 ) -> Result<DeleteSubscriptionResponse, Status> {
-    let mut found = false;
-    let mut done = Vec::new();
-    for p in &parts {
-        let req = Request::new(DeleteSubscriptionRequest {
+    each_with_subscription(name, &parts, &r.subscription, |p| {
+        admin.delete_subscription(Request::new(DeleteSubscriptionRequest {
             topic: p.to_string(),
             ..r.clone()
-        });
-        match admin.delete_subscription(req).await {
-            Ok(_) => found = true,
-            Err(s) if s.code() == tonic::Code::NotFound => {}
-            Err(s) => return Err(midway(s, &done)),
-        }
-        done.push(p);
-    }
-    if !found {
-        return Err(not_found(name, &r.subscription));
-    }
-    Ok(DeleteSubscriptionResponse {})
+        }))
+    })
+    .await
 }
 
 /// Deletes every partition of `name` (each as `DeleteTopic` would, with
