@@ -1,9 +1,42 @@
 //! Small helpers shared across the broker: stable hashing, quoting client
-//! input in error messages; poison-free locking and the test failpoints
+//! input in error messages, a periodic task that warns once per failing
+//! streak; poison-free locking and the test failpoints
 //! (`RICOCHET_FAILPOINT`) come from the storage crate's `util`.
 
 pub(crate) use ricochet_storage::util::{failpoint, failpoint_armed, lock};
 use std::borrow::Cow;
+
+/// Runs `step` every `period` until `stop`. A failure is logged as a WARN
+/// (`what`, with the error) once per failing streak, not on every turn.
+pub(crate) fn spawn_every<F, Fut>(
+    period: std::time::Duration,
+    stop: tokio_util::sync::CancellationToken,
+    what: &'static str,
+    mut step: F,
+) where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = crate::error::Result<()>> + Send,
+{
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => break,
+            }
+            match step().await {
+                Ok(()) => failing = false,
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %e, "{what}");
+                }
+                Err(_) => {}
+            }
+        }
+    });
+}
 
 /// Characters of client input an error message repeats at most.
 pub(crate) const ECHO_CHARS: usize = 100;

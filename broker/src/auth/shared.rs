@@ -138,27 +138,16 @@ pub(super) fn spawn_sync(
     flusher: Flusher,
     stop: CancellationToken,
 ) {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(SYNC_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut failing = false;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.cancelled() => break,
+    crate::util::spawn_every(
+        SYNC_EVERY,
+        stop,
+        "cannot take the cluster's grants: the ones in force here are kept",
+        move || {
+            let (auth, cluster, flusher) = (auth.clone(), cluster.clone(), flusher.clone());
+            async move {
+                let shared = read_or_create(&cluster, auth.grants()).await?;
+                auth.take_shared(shared, &flusher).await
             }
-            let taken = match read_or_create(&cluster, auth.grants()).await {
-                Ok(shared) => auth.take_shared(shared, &flusher).await,
-                Err(e) => Err(e),
-            };
-            match taken {
-                Ok(()) => failing = false,
-                Err(e) if !failing => {
-                    failing = true;
-                    tracing::warn!(error = %e, "cannot take the cluster's grants: the ones in force here are kept");
-                }
-                Err(_) => {}
-            }
-        }
-    });
+        },
+    );
 }

@@ -24,6 +24,7 @@ use ricochet_cluster::Cluster;
 use ricochet_cluster::etcd::Created;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// How often a broker reads the namespaces' policies from etcd.
@@ -146,37 +147,25 @@ async fn first_read(
 /// logged (once until one succeeds) and the policies in force are kept.
 pub(super) fn spawn_sync(retention: Retention, cluster: Arc<Cluster>) {
     let stop = retention.core.shutdown.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(SYNC_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut first = true;
-        let mut failing = false;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.cancelled() => break,
+    // Until the first reading succeeds, it is the one that may publish.
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    crate::util::spawn_every(
+        SYNC_EVERY,
+        stop,
+        "cannot take the cluster's namespace retention policies: the ones in force here are kept",
+        move || {
+            let (retention, cluster, first) = (retention.clone(), cluster.clone(), first.clone());
+            async move {
+                let _taking = retention.namespaces.lock().await;
+                let shared = if first.load(Ordering::Acquire) {
+                    first_read(&cluster, retention.namespace_policies()).await?
+                } else {
+                    read_all(&cluster).await?
+                };
+                retention.take_namespaces(shared).await?;
+                first.store(false, Ordering::Release);
+                Ok(())
             }
-            let _taking = retention.namespaces.lock().await;
-            let read = if first {
-                first_read(&cluster, retention.namespace_policies()).await
-            } else {
-                read_all(&cluster).await
-            };
-            let taken = match read {
-                Ok(shared) => retention.take_namespaces(shared).await,
-                Err(e) => Err(e),
-            };
-            match taken {
-                Ok(()) => {
-                    first = false;
-                    failing = false;
-                }
-                Err(e) if !failing => {
-                    failing = true;
-                    tracing::warn!(error = %e, "cannot take the cluster's namespace retention policies: the ones in force here are kept");
-                }
-                Err(_) => {}
-            }
-        }
-    });
+        },
+    );
 }
