@@ -297,8 +297,9 @@ impl Driver {
                     return;
                 }
                 let size = msg.size();
+                let max_messages = self.max_batch_messages();
                 if !self.batch.is_empty()
-                    && (self.batch.len() >= self.config.batch_max_messages
+                    && (self.batch.len() >= max_messages
                         || self.batch_bytes + size > self.config.batch_max_bytes)
                 {
                     self.flush_batch();
@@ -318,7 +319,7 @@ impl Driver {
                     deadline,
                 });
                 self.batch_bytes += size;
-                if self.batch.len() >= self.config.batch_max_messages
+                if self.batch.len() >= max_messages
                     || self.batch_bytes >= self.config.batch_max_bytes
                 {
                     self.flush_batch();
@@ -335,6 +336,16 @@ impl Driver {
                 self.flush_batch();
                 self.waiters.push((self.next_seq.saturating_sub(1), reply));
             }
+        }
+    }
+
+    /// Most messages one batch takes: with batching off, one (each send is
+    /// its own `SendBatch`, also when several sends were queued at once).
+    fn max_batch_messages(&self) -> usize {
+        if self.config.batching {
+            self.config.batch_max_messages.max(1)
+        } else {
+            1
         }
     }
 

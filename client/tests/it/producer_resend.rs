@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{Env, assert_quiet, recv, start, text, topic};
 use ricochet_client::admin::{RetentionPolicy, RetentionTarget};
-use ricochet_client::{ErrorKind, MessageId, Producer};
+use ricochet_client::{ErrorKind, MessageId, Producer, ProducerBuilder};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -109,8 +109,23 @@ async fn batches_refused_for_a_while_are_resent_in_order_and_stored_once() {
 
 #[tokio::test]
 async fn a_batch_refused_for_good_fails_alone_and_at_once() {
+    refused_for_good_fails_alone("resend-fatal", |b| b.batch_max_messages(1)).await;
+}
+
+/// `batching(false)` makes every send its own batch, also when the sends
+/// were queued at once (they were gathered into one batch before, so the
+/// refusal of one failed all twenty).
+#[tokio::test]
+async fn with_batching_off_a_refused_send_fails_alone() {
+    refused_for_good_fails_alone("resend-fatal-unbatched", |b| b.batching(false)).await;
+}
+
+async fn refused_for_good_fails_alone(
+    name: &str,
+    one_per_batch: impl FnOnce(ProducerBuilder) -> ProducerBuilder,
+) {
     let env = start().await;
-    let t = topic("resend-fatal");
+    let t = topic(name);
     let mut c = env
         .client
         .consumer(&t)
@@ -118,12 +133,8 @@ async fn a_batch_refused_for_good_fails_alone_and_at_once() {
         .subscribe()
         .await
         .unwrap();
-    // One message per batch, all in flight at once (`batching(false)`
-    // alone still gathers the sends queued at once into one batch).
-    let p = env
-        .client
-        .producer(&t)
-        .batch_max_messages(1)
+    // One message per batch, all in flight at once.
+    let p = one_per_batch(env.client.producer(&t))
         .create()
         .await
         .unwrap();
