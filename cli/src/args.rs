@@ -627,7 +627,7 @@ pub enum DlqCommand {
     },
     /// Replay jobs in progress (all, or one subscription's).
     Jobs {
-        /// Topic.
+        /// Topic (a partitioned topic's base name: every partition's jobs).
         topic: Option<String>,
         /// Subscription.
         subscription: Option<String>,
@@ -636,7 +636,8 @@ pub enum DlqCommand {
     CancelJob {
         /// The job id (`dlq jobs`).
         id: u64,
-        /// The job's topic (needed with authentication unless a superuser).
+        /// The job's topic (needed with authentication unless a superuser);
+        /// a partitioned topic's base name finds the job among its partitions'.
         #[arg(long)]
         topic: Option<String>,
     },

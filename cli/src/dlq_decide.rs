@@ -52,6 +52,16 @@ struct Replayed {
     new_ids: Vec<IdView>,
     #[serde(skip_serializing_if = "is_zero")]
     job_id: u64,
+    /// A detached replay's jobs: one per partition on a base name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    jobs: Vec<StartedJob>,
+}
+
+#[derive(Debug, Serialize)]
+struct StartedJob {
+    id: u64,
+    topic: String,
+    total: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -172,6 +182,7 @@ pub(crate) async fn replay(
                 replayed: 0,
                 new_ids: Vec::new(),
                 job_id: 0,
+                jobs: Vec::new(),
             },
         );
     }
@@ -210,6 +221,15 @@ pub(crate) async fn replay(
                 .map(|id| IdView::from_proto(Some(id)))
                 .collect(),
             job_id: r.job_id,
+            jobs: r
+                .jobs
+                .iter()
+                .map(|j| StartedJob {
+                    id: j.id,
+                    topic: j.topic.clone(),
+                    total: j.total,
+                })
+                .collect(),
         },
     )
 }
@@ -259,11 +279,27 @@ fn finish(ctx: &mut Ctx<'_>, r: Replayed) -> Result<()> {
         writeln!(ctx.out, "{id}")?;
     }
     if r.job_id != 0 && r.replayed == 0 && r.new_ids.is_empty() {
-        writeln!(
-            ctx.out,
-            "replay job {} started (see `ricochet dlq jobs`)",
-            r.job_id
-        )?;
+        if r.jobs.len() > 1 {
+            // A base name: each partition runs its own job.
+            for j in &r.jobs {
+                writeln!(
+                    ctx.out,
+                    "replay job {} started on {} ({} dead letter(s))",
+                    j.id, j.topic, j.total
+                )?;
+            }
+            writeln!(
+                ctx.out,
+                "{} replay jobs started (see `ricochet dlq jobs`)",
+                r.jobs.len()
+            )?;
+        } else {
+            writeln!(
+                ctx.out,
+                "replay job {} started (see `ricochet dlq jobs`)",
+                r.job_id
+            )?;
+        }
     } else {
         writeln!(ctx.out, "replayed {} dead letter(s)", r.replayed)?;
     }
@@ -563,6 +599,7 @@ pub(crate) async fn import(
                 replayed: 0,
                 new_ids: Vec::new(),
                 job_id: 0,
+                jobs: Vec::new(),
             },
         );
     }
@@ -590,6 +627,7 @@ pub(crate) async fn import(
         replayed: 0,
         new_ids: Vec::new(),
         job_id: 0,
+        jobs: Vec::new(),
     };
     for (id, edit) in plan {
         let mut options = ReplayOptions::new()

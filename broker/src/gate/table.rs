@@ -153,9 +153,9 @@ table! {
             Requirement::Permission(DeadLetters), |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut);
         ListReplayJobs => list_replay_jobs(ListReplayJobsRequest) -> ListReplayJobsResponse:
             Requirement::Permission(DeadLetters), |r| Scope::TopicOrAll(&r.topic),
-            .route(Route::Owner), .shown(replayable_jobs);
+            .route(Route::OwnerOrFanOut), .shown(replayable_jobs);
         CancelReplayJob => cancel_replay_job(CancelReplayJobRequest) -> CancelReplayJobResponse:
-            Requirement::Permission(DeadLetters), |r| Scope::Topic(&r.topic), .route(Route::Owner),
+            Requirement::Permission(DeadLetters), |r| Scope::Topic(&r.topic), .route(Route::OwnerOrFanOut),
             audit |role, r, _| {
                 tracing::info!(target: AUDIT, role, action = "cancel-replay-job", job = r.id, topic = %r.topic)
             };

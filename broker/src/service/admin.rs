@@ -542,6 +542,11 @@ impl Admin for AdminService {
         &self,
         r: Request<ListReplayJobsRequest>,
     ) -> Result<Response<ListReplayJobsResponse>, Status> {
+        if let Some((_, ps, at)) = self.whole(&r, &r.get_ref().topic) {
+            return Ok(Response::new(
+                parts::list_replay_jobs(&at, &ps, r.into_inner()).await?,
+            ));
+        }
         Ok(Response::new(dead_letters::list_jobs(
             &self.node.core,
             r.into_inner(),
@@ -552,6 +557,11 @@ impl Admin for AdminService {
         &self,
         r: Request<CancelReplayJobRequest>,
     ) -> Result<Response<CancelReplayJobResponse>, Status> {
+        if let Some((name, ps, at)) = self.whole(&r, &r.get_ref().topic) {
+            return Ok(Response::new(
+                parts::cancel_replay_job(&at, &name, &ps, r.into_inner()).await?,
+            ));
+        }
         Ok(Response::new(
             dead_letters::cancel_job(&self.node.core, r.into_inner()).await?,
         ))

@@ -174,6 +174,7 @@ pub(super) async fn replay(
             dead_letter_ids: ids,
             dry_run: r.dry_run,
             job_id: 0,
+            jobs: Vec::new(),
         });
     }
     let rate = if r.rate_per_second == 0 {
@@ -202,6 +203,7 @@ pub(super) async fn replay(
         created_ms: now,
     };
     let job_id = job.id;
+    let started = job_wire(&job);
     let task = replay_jobs::start(core, job).await?;
     if r.detach {
         return Ok(ReplayDeadLettersResponse {
@@ -210,6 +212,7 @@ pub(super) async fn replay(
             dead_letter_ids: ids,
             dry_run: false,
             job_id,
+            jobs: vec![started],
         });
     }
     let outcome = task
@@ -234,6 +237,7 @@ pub(super) async fn replay(
         dead_letter_ids: ids,
         dry_run: false,
         job_id,
+        jobs: Vec::new(),
     })
 }
 

@@ -476,9 +476,10 @@ pub(super) async fn replay_dead_letters(
                 out.new_ids.extend(resp.new_ids);
                 // Ids of each partition's own dead-letter tier.
                 out.dead_letter_ids.extend(resp.dead_letter_ids);
-                // A detached replay runs one job per partition; the last
-                // is named (all are listed by ListReplayJobs).
+                // A detached replay runs one job per partition: each is
+                // in `jobs`, the largest id in `job_id`.
                 out.job_id = out.job_id.max(resp.job_id);
+                out.jobs.extend(resp.jobs);
             }
             Err(s) if s.code() == tonic::Code::NotFound => {}
             Err(s) => return Err(midway(s, &done)),
@@ -486,6 +487,75 @@ pub(super) async fn replay_dead_letters(
         done.push(p);
     }
     Ok(out)
+}
+
+/// The replay jobs of every partition (asked at once), in partition order.
+pub(super) async fn list_replay_jobs(
+    admin: &impl Admin,
+    parts: &[TopicName],
+    r: ListReplayJobsRequest,
+) -> Result<ListReplayJobsResponse, Status> {
+    let mut jobs = Vec::new();
+    for answer in ask(parts, |p| {
+        admin.list_replay_jobs(Request::new(ListReplayJobsRequest {
+            topic: p.to_string(),
+            ..r.clone()
+        }))
+    })
+    .await
+    {
+        match answer {
+            Ok(listed) => jobs.extend(listed.jobs),
+            // A partition its owner never created has no jobs.
+            Err(s) if s.code() == tonic::Code::NotFound => {}
+            Err(s) => return Err(s),
+        }
+    }
+    Ok(ListReplayJobsResponse { jobs })
+}
+
+/// Cancels replay job `r.id` of whichever partition of `name` runs it.
+/// Standalone the id is unique; in a cluster each broker numbers its own
+/// jobs, so two partitions may each have a job of that id: then nothing is
+/// cancelled and the caller is asked to name the partition.
+pub(super) async fn cancel_replay_job(
+    admin: &impl Admin,
+    name: &TopicName,
+    parts: &[TopicName],
+    r: CancelReplayJobRequest,
+) -> Result<CancelReplayJobResponse, Status> {
+    let listed = list_replay_jobs(
+        admin,
+        parts,
+        ListReplayJobsRequest {
+            topic: String::new(),
+            subscription: String::new(),
+        },
+    )
+    .await?;
+    let with_id: Vec<&ReplayJob> = listed.jobs.iter().filter(|j| j.id == r.id).collect();
+    match with_id.as_slice() {
+        [] => Err(Status::not_found(format!(
+            "no replay job {} on {name} (none of its partitions runs one)",
+            r.id
+        ))),
+        [job] => admin
+            .cancel_replay_job(Request::new(CancelReplayJobRequest {
+                id: r.id,
+                topic: job.topic.clone(),
+            }))
+            .await
+            .map(tonic::Response::into_inner),
+        several => Err(Status::failed_precondition(format!(
+            "replay job {} names a job on each of {}: cancel it by its partition's name",
+            r.id,
+            several
+                .iter()
+                .map(|j| j.topic.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
 }
 
 /// Purges matching dead letters of every partition, one after another. A

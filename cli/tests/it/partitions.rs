@@ -50,3 +50,41 @@ async fn partitioned_topics_on_the_command_line() {
     assert!(out.contains("partitioned topic"), "{out}");
     assert!(out.contains("orders-partition-5"), "{out}");
 }
+
+/// `dlq replay --detach` on a partitioned topic's base name starts a job
+/// on each partition and prints each; `dlq jobs` on the base name lists
+/// them, and `dlq cancel-job --topic <base>` cancels one by its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_jobs_on_a_base_name_from_the_command_line() {
+    let env = Env::start().await;
+    env.ok(&["topics", "create", "refunds", "--partitions", "2"])
+        .await;
+    // Six keys, so both partitions get some (the two jobs below say so),
+    // and more than one dead letter each, so a job at 1/s is running.
+    for key in ["a", "b", "c", "d", "e", "f"] {
+        env.ok(&["produce", "refunds", "-m", "x", "-m", "y", "-k", key])
+            .await;
+    }
+    env.nack_all("refunds", "bad").await;
+    let replay = env
+        .run(&[
+            "dlq", "replay", "refunds", "billing", "--rate", "1", "--detach", "-y",
+        ])
+        .await;
+    assert!(replay.status.success(), "{}", stderr(&replay));
+    let out = String::from_utf8_lossy(&replay.stdout);
+    assert!(out.contains("2 replay jobs started"), "{out}");
+    for p in 0..2 {
+        assert!(out.contains(&format!("refunds-partition-{p} (")), "{out}");
+    }
+    let jobs = env.json(&["dlq", "jobs", "refunds"]).await;
+    let jobs = jobs.as_array().expect("a list of jobs");
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    let id = u(&jobs[0]["id"]).to_string();
+    env.ok(&["dlq", "cancel-job", &id, "--topic", "refunds"])
+        .await;
+    let left = env.json(&["dlq", "jobs", "refunds"]).await;
+    let left = left.as_array().expect("a list of jobs");
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_ne!(u(&left[0]["id"]).to_string(), id);
+}

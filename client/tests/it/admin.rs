@@ -29,7 +29,8 @@ async fn dead_letters(client: &Client, t: &str, n: usize) {
         .subscribe()
         .await
         .unwrap();
-    let p = client.producer(t).create().await.unwrap();
+    // Unbatched, so a partitioned topic's sends go round the partitions.
+    let p = client.producer(t).batching(false).create().await.unwrap();
     for i in 0..n {
         p.send(format!("m{i}")).await.unwrap();
     }
@@ -262,6 +263,61 @@ async fn replay_jobs_listed_and_cancelled() {
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e:?}");
+}
+
+/// Replay jobs of a partitioned topic through its base name: a detached
+/// replay starts one job per partition and names each; the base name
+/// lists them all, and cancels one by its id alone.
+#[tokio::test]
+async fn replay_jobs_of_a_partitioned_topic_by_its_base_name() {
+    let env = start().await;
+    let admin = env.client.admin();
+    let t = topic("adm-jobs-parted");
+    admin.create_partitioned_topic(&t, 3).await.unwrap();
+    dead_letters(&env.client, &t, 30).await;
+    let slow = ReplayOptions::new().rate_per_second(1).detach(true);
+    let started = admin.replay_dead_letters(&t, "s", &slow).await.unwrap();
+    let mut each: Vec<(String, u64)> = started
+        .jobs
+        .iter()
+        .map(|j| (j.topic.clone(), j.total))
+        .collect();
+    each.sort();
+    let want: Vec<(String, u64)> = (0..3)
+        .map(|i| (format!("persistent://public/default/{t}-partition-{i}"), 10))
+        .collect();
+    assert_eq!(each, want, "one job per partition: {started:?}");
+    let max = started.jobs.iter().map(|j| j.id).max();
+    assert_eq!(Some(started.job_id), max);
+    let ids = |jobs: &[ricochet_client::admin::ReplayJob]| {
+        let mut ids: Vec<u64> = jobs.iter().map(|j| j.id).collect();
+        ids.sort();
+        ids
+    };
+    let listed = admin.list_replay_jobs(Some(&t), Some("s")).await.unwrap();
+    assert_eq!(ids(&listed), ids(&started.jobs), "{listed:?}");
+
+    // Cancelled by the base name and the id: that partition's job alone.
+    let gone = &started.jobs[1];
+    admin.cancel_replay_job(gone.id, Some(&t)).await.unwrap();
+    let left = admin.list_replay_jobs(Some(&t), None).await.unwrap();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.iter().all(|j| j.id != gone.id), "{left:?}");
+    let e = admin
+        .cancel_replay_job(gone.id, Some(&t))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e:?}");
+    for j in left {
+        admin.cancel_replay_job(j.id, Some(&t)).await.unwrap();
+    }
+    assert!(
+        admin
+            .list_replay_jobs(Some(&t), None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::{recv, text};
 use ricochet_client::admin::{DeadLetterFilter, DeadLetterGroupBy, ReplayOptions};
-use ricochet_client::{Client, InitialPosition, OutgoingMessage, SubscriptionType};
+use ricochet_client::{Client, ErrorKind, InitialPosition, OutgoingMessage, SubscriptionType};
 use ricochet_policy::{BreakerMode, BreakerSpec, PolicySpec};
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::partitions::partition_for_key;
@@ -268,6 +268,96 @@ async fn admin_calls_on_a_base_name_reach_every_partition_at_its_owner() {
         .into_inner()
         .partitions;
     assert_eq!(count, 0, "the count is gone from etcd");
+
+    replay_jobs_on_a_base_name(&c, &brokers).await;
+}
+
+/// Detached replay jobs of a partitioned topic whose partitions live on
+/// three brokers: started, listed and cancelled through one broker by the
+/// base name. Each broker numbers its own jobs, so an id may name a job on
+/// several partitions: cancelling it by the base name is then refused,
+/// changing nothing, and the partition's name cancels it.
+async fn replay_jobs_on_a_base_name(c: &Client, brokers: &[ClusterBroker]) {
+    let t = "jobs";
+    create_spread(c, t, brokers).await;
+    let admin = c.admin();
+    // Two dead letters per partition: a job at one a second is still
+    // running after its first.
+    let mut consumer = c
+        .consumer(t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    let producer = c.producer(t).create().await.unwrap();
+    for i in 0..2 * PARTITIONS {
+        producer
+            .send(OutgoingMessage::builder(format!("j{i}")).key(key_of(i % PARTITIONS)))
+            .await
+            .unwrap();
+    }
+    for _ in 0..2 * PARTITIONS {
+        let m = recv(&mut consumer, LONG).await;
+        consumer.terminate(&m, "bad").await.unwrap();
+    }
+    consumer.flush().await.unwrap();
+    let slow = ReplayOptions::new().rate_per_second(1).detach(true);
+    let started = admin.replay_dead_letters(t, "s", &slow).await.unwrap();
+    let mut each: Vec<(String, u64)> = started
+        .jobs
+        .iter()
+        .map(|j| (j.topic.clone(), j.total))
+        .collect();
+    each.sort();
+    let want: Vec<(String, u64)> = (0..PARTITIONS)
+        .map(|i| {
+            (
+                format!("persistent://public/default/{}", partition(t, i)),
+                2,
+            )
+        })
+        .collect();
+    assert_eq!(each, want, "one job per partition: {started:?}");
+    let key = |j: &ricochet_client::admin::ReplayJob| (j.topic.clone(), j.id);
+    let mut jobs: Vec<_> = started.jobs.iter().map(key).collect();
+    jobs.sort();
+    let mut listed: Vec<_> = admin
+        .list_replay_jobs(Some(t), Some("s"))
+        .await
+        .unwrap()
+        .iter()
+        .map(key)
+        .collect();
+    listed.sort();
+    assert_eq!(listed, jobs, "every partition's job, from every broker");
+
+    let mut running = jobs.clone();
+    for (topic, id) in &jobs {
+        let same_id = running.iter().filter(|(_, i)| i == id).count();
+        let by_base = admin.cancel_replay_job(*id, Some(t)).await;
+        if same_id == 1 {
+            by_base.unwrap_or_else(|e| panic!("job {id} of {topic}: {e}"));
+        } else {
+            let e = by_base.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::FailedPrecondition, "{e}");
+            assert!(e.to_string().contains(topic.as_str()), "{e}");
+            admin.cancel_replay_job(*id, Some(topic)).await.unwrap();
+        }
+        running.retain(|j| j != &(topic.clone(), *id));
+        let left = admin.list_replay_jobs(Some(t), Some("s")).await.unwrap();
+        assert!(
+            !left.iter().any(|j| key(j) == (topic.clone(), *id)),
+            "job {id} of {topic} cancelled: {left:?}"
+        );
+    }
+    let e = admin
+        .cancel_replay_job(jobs[0].1, Some(t))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    consumer.close().await.unwrap();
 }
 
 #[tokio::test]
