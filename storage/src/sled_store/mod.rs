@@ -160,7 +160,7 @@ impl SledStorage {
                     .insert(seg, db.open_tree(&name)?);
             }
         }
-        let store = Self {
+        let mut store = Self {
             meta: db.open_tree("meta")?,
             prodseq: db.open_tree("prodseq")?,
             failures: db.open_tree("failures")?,
@@ -480,7 +480,7 @@ impl SubscriptionStore for SledStorage {
                 mine.extend(chunk.keys(&ck).map(|(k, _)| k));
             }
         }
-        for keys in mine.chunks(sched::UPGRADE_BATCH) {
+        for keys in mine.chunks(sched::TX_BATCH) {
             self.sched_tx(|w| {
                 for k in keys {
                     w.remove(k)?;

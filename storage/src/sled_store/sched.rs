@@ -23,10 +23,14 @@
 //! and body like every other value.
 //!
 //! Upgrade: a store written before keeps one key per entry in `schedule`;
-//! [`SledStorage::upgrade_schedule`] moves them into chunks at open, in
-//! transactions of [`UPGRADE_BATCH`], so a crash leaves each entry in one
-//! place or the other (never both: each transaction removes what it adds)
-//! and the next open finishes.
+//! [`SledStorage::upgrade_schedule`] moves them into chunks at open, in one
+//! pass over the old keys: chunks are written in rounds of [`UPGRADE_ROUND`]
+//! entries (plain sled batches), made durable, and only then is the old
+//! tree dropped. A crash before the clear leaves entries in both layouts;
+//! the next open converts them again (an entry written into its chunk
+//! twice replaces itself) and clears, so each entry ends up in its chunk
+//! once. (It used transactions of 1 024 entries, each removing what it
+//! added, and took 176 s at 5 million entries.)
 
 use super::codec::{read_be, seal, unseal};
 use super::*;
@@ -38,8 +42,12 @@ pub(super) const BUCKET_MS: u64 = 1_000;
 pub(super) const CHUNK_ENTRIES: u64 = 64;
 /// Largest failure record kept inside its chunk; larger ones go to `sched_big`.
 pub(super) const INLINE_MAX: usize = 512;
-/// Legacy entries moved per transaction by the upgrade.
-pub(super) const UPGRADE_BATCH: usize = 1024;
+/// Entries per transaction where many are written or removed at once (a
+/// topic's transfer, a subscription's delete).
+pub(super) const TX_BATCH: usize = 1024;
+/// Legacy entries converted per round (one batch of chunks) by the upgrade
+/// (in unit tests a small round, so that their stores take several).
+pub(super) const UPGRADE_ROUND: usize = if cfg!(test) { 1024 } else { 65_536 };
 
 const CHUNK_V1: u8 = 1;
 
@@ -244,18 +252,83 @@ pub(super) fn read_chunk(ck: &[u8], v: &[u8]) -> Result<Chunk> {
     Chunk::decode(unseal(ck, v)?)
 }
 
-/// The schedule's writes inside one sled transaction over `sched` and
-/// `sched_big`: chunks are read once, changed in memory and written back by
+/// A tree [`SchedWrites`] reads chunks from and writes to: a sled
+/// transaction's, or ([`Batched`]) a tree read directly and written by one
+/// batch.
+pub(super) trait SchedTree {
+    fn get(&self, k: &[u8]) -> TxResult<Option<sled::IVec>>;
+    fn insert(&self, k: &[u8], v: Vec<u8>) -> TxResult<()>;
+    fn remove(&self, k: &[u8]) -> TxResult<()>;
+}
+
+impl SchedTree for TransactionalTree {
+    fn get(&self, k: &[u8]) -> TxResult<Option<sled::IVec>> {
+        Ok(TransactionalTree::get(self, k)?)
+    }
+
+    fn insert(&self, k: &[u8], v: Vec<u8>) -> TxResult<()> {
+        TransactionalTree::insert(self, k, v)?;
+        Ok(())
+    }
+
+    fn remove(&self, k: &[u8]) -> TxResult<()> {
+        TransactionalTree::remove(self, k)?;
+        Ok(())
+    }
+}
+
+/// A tree outside any transaction: reads see what is stored, writes gather
+/// in one batch applied by [`Batched::apply`] (the upgrade's rounds).
+pub(super) struct Batched<'a> {
+    tree: &'a sled::Tree,
+    batch: std::cell::RefCell<sled::Batch>,
+}
+
+impl<'a> Batched<'a> {
+    pub(super) fn new(tree: &'a sled::Tree) -> Self {
+        Self {
+            tree,
+            batch: Default::default(),
+        }
+    }
+
+    /// Applies the writes gathered so far (atomically, for this tree).
+    pub(super) fn apply(&self) -> Result<()> {
+        Ok(self.tree.apply_batch(self.batch.take())?)
+    }
+}
+
+impl SchedTree for Batched<'_> {
+    fn get(&self, k: &[u8]) -> TxResult<Option<sled::IVec>> {
+        self.tree
+            .get(k)
+            .map_err(ConflictableTransactionError::Storage)
+    }
+
+    fn insert(&self, k: &[u8], v: Vec<u8>) -> TxResult<()> {
+        self.batch.borrow_mut().insert(k, v);
+        Ok(())
+    }
+
+    fn remove(&self, k: &[u8]) -> TxResult<()> {
+        self.batch.borrow_mut().remove(k);
+        Ok(())
+    }
+}
+
+/// The schedule's writes over `sched` and `sched_big`, inside one sled
+/// transaction (or, for the upgrade, one round of [`Batched`] writes):
+/// chunks are read once, changed in memory and written back by
 /// [`SchedWrites::finish`] (an emptied chunk is removed). Made afresh in
-/// every run of the transaction's closure.
-pub(super) struct SchedWrites<'t> {
-    chunks: &'t TransactionalTree,
-    big: &'t TransactionalTree,
+/// every run of a transaction's closure.
+pub(super) struct SchedWrites<'t, T: SchedTree = TransactionalTree> {
+    chunks: &'t T,
+    big: &'t T,
     open: BTreeMap<[u8; 25], Chunk>,
 }
 
-impl<'t> SchedWrites<'t> {
-    pub(super) fn new(chunks: &'t TransactionalTree, big: &'t TransactionalTree) -> Self {
+impl<'t, T: SchedTree> SchedWrites<'t, T> {
+    pub(super) fn new(chunks: &'t T, big: &'t T) -> Self {
         Self {
             chunks,
             big,
@@ -265,7 +338,7 @@ impl<'t> SchedWrites<'t> {
 
     fn chunk(&mut self, ck: [u8; 25]) -> TxResult<&mut Chunk> {
         if !self.open.contains_key(&ck) {
-            let chunk = match self.chunks.get(ck)? {
+            let chunk = match self.chunks.get(&ck)? {
                 Some(v) => read_chunk(&ck, &v).map_err(abort)?,
                 None => Chunk::default(),
             };
@@ -321,7 +394,7 @@ impl<'t> SchedWrites<'t> {
             }
         };
         if big {
-            self.big.insert(&k, seal(&k, body))?;
+            self.big.insert(&k, seal(&k, body).to_vec())?;
         } else if was_big {
             self.big.remove(&k)?;
         }
@@ -334,7 +407,7 @@ impl<'t> SchedWrites<'t> {
             if chunk.items.is_empty() {
                 self.chunks.remove(ck)?;
             } else {
-                self.chunks.insert(ck, seal(ck, &chunk.encode()))?;
+                self.chunks.insert(ck, seal(ck, &chunk.encode()).to_vec())?;
             }
         }
         Ok(())
@@ -464,46 +537,46 @@ impl SledStorage {
         }))
     }
 
-    /// The upgrade to chunks (see the module's text): every entry of the
-    /// legacy `schedule` tree moves into its chunk, with its record, in
-    /// transactions of [`UPGRADE_BATCH`] that remove what they add; flushed
-    /// at the end and logged when anything moved. A legacy value that does
-    /// not read stops the open (as a damaged value does).
-    pub(super) fn upgrade_schedule(&self) -> Result<u64> {
+    /// The upgrade to chunks (see the module's text): one pass over the
+    /// legacy `schedule` tree, every entry into its chunk with its record,
+    /// the chunks written in rounds of [`UPGRADE_ROUND`] entries; flushed,
+    /// then the legacy tree dropped and flushed again; logged when anything
+    /// moved. A legacy value that does not read stops the open (as a
+    /// damaged value does).
+    pub(super) fn upgrade_schedule(&mut self) -> Result<u64> {
         if self.schedule.first()?.is_none() {
             return Ok(0);
         }
         let started = std::time::Instant::now();
+        let (chunks, big) = (Batched::new(&self.sched), Batched::new(&self.sched_big));
         let mut moved = 0u64;
-        loop {
-            let mut batch: Vec<(sled::IVec, ScheduleKey, Vec<u8>)> = Vec::new();
-            for kv in self.schedule.iter().take(UPGRADE_BATCH) {
-                let (k, v) = kv?;
-                let key = ScheduleKey::from_key(&k).ok_or_else(|| {
-                    StorageError::Corrupt(format!("bad schedule key {}", codec::show_key(&k)))
-                })?;
-                let body = unseal(&k, &v)?.to_vec();
-                batch.push((k, key, body));
-            }
-            if batch.is_empty() {
-                break;
-            }
-            tx_result((&self.schedule, &self.sched, &self.sched_big).transaction(
-                |(legacy, chunks, big)| {
-                    let mut w = SchedWrites::new(chunks, big);
-                    for (k, key, body) in &batch {
-                        legacy.remove(k)?;
-                        w.insert(key, body)?;
-                    }
-                    w.finish()
-                },
-            ))?;
-            moved += batch.len() as u64;
-            if crate::util::failpoint_armed("upgrade.schedule.after_batch") {
-                self.flush_blocking();
-                crate::util::failpoint("upgrade.schedule.after_batch");
+        let mut w = SchedWrites::new(&chunks, &big);
+        for kv in self.schedule.iter() {
+            let (k, v) = kv?;
+            let key = ScheduleKey::from_key(&k).ok_or_else(|| {
+                StorageError::Corrupt(format!("bad schedule key {}", codec::show_key(&k)))
+            })?;
+            outside_tx(w.insert(&key, unseal(&k, &v)?))?;
+            moved += 1;
+            if moved.is_multiple_of(UPGRADE_ROUND as u64) {
+                outside_tx(w.finish())?;
+                // A chunk's big records before the chunk naming them.
+                big.apply()?;
+                chunks.apply()?;
+                w = SchedWrites::new(&chunks, &big);
             }
         }
+        outside_tx(w.finish())?;
+        big.apply()?;
+        chunks.apply()?;
+        self.sync.flush_blocking(&self.db)?;
+        // Every entry is durable in its chunk: the old keys can go. A crash
+        // from here leaves some in both layouts, converted again next open.
+        crate::util::failpoint("upgrade.schedule.chunks_written");
+        // Dropped whole (sled frees its pages; removing a million keys one
+        // by one took as long as converting them), then opened empty.
+        self.db.drop_tree("schedule")?;
+        self.schedule = self.db.open_tree("schedule")?;
         self.sync.flush_blocking(&self.db)?;
         tracing::info!(
             moved,
@@ -512,6 +585,19 @@ impl SledStorage {
             "storage upgraded: the retry schedule's entries moved from one key each into chunks per due-time bucket (once)"
         );
         Ok(moved)
+    }
+}
+
+/// A [`SchedWrites`] result outside a transaction (the upgrade): an abort's
+/// error, or the engine's.
+fn outside_tx<T>(r: TxResult<T>) -> Result<T> {
+    match r {
+        Ok(v) => Ok(v),
+        Err(ConflictableTransactionError::Abort(e)) => Err(e),
+        Err(ConflictableTransactionError::Storage(e)) => Err(e.into()),
+        Err(ConflictableTransactionError::Conflict) => Err(StorageError::Corrupt(
+            "a transaction conflict outside any transaction".into(),
+        )),
     }
 }
 
@@ -631,7 +717,7 @@ mod tests {
     #[test]
     fn a_store_with_one_schedule_key_per_entry_is_converted_at_open_once() {
         let dir = tempfile::tempdir().unwrap();
-        let n = 2 * UPGRADE_BATCH as u64 + 5;
+        let n = 2 * UPGRADE_ROUND as u64 + 5;
         let mut big = record(64, 7_000);
         for a in &mut big.attempts {
             a.detail = "y".repeat(40);
@@ -695,7 +781,7 @@ mod tests {
         }
         // Once: the next open moves nothing.
         drop(s);
-        let s = reopen(dir.path());
+        let mut s = reopen(dir.path());
         assert_eq!(s.upgrade_schedule().unwrap(), 0);
         assert_eq!(
             s.scheduled(None, u64::MAX, usize::MAX).unwrap(),
@@ -704,10 +790,12 @@ mod tests {
     }
 
     #[test]
-    fn an_upgrade_cut_between_transactions_is_finished_by_the_next_open() {
-        // What a kill -9 between two of the upgrade's transactions leaves:
-        // some entries still in the per-key layout, the others in chunks
-        // (each transaction removes what it adds, so none is in both).
+    fn an_upgrade_cut_midway_is_finished_by_the_next_open() {
+        // What a kill -9 during an upgrade leaves: entries 0..200 in chunks
+        // only (an earlier release's upgrade, whose transactions removed
+        // what they added, cut between two of them), 200..300 in both
+        // layouts (this one's, cut after writing chunks and before clearing
+        // the old keys), 300..700 in the per-key layout only.
         let dir = tempfile::tempdir().unwrap();
         let key = |i: u64| ScheduleKey {
             due_ms: 10_000 + i * 37,
@@ -719,9 +807,10 @@ mod tests {
                 .map(|i| (key(i), record(1, key(i).due_ms)))
                 .collect();
             s.put_held(&moved, &[]).unwrap();
-            for i in 300..700 {
+            for i in 200..700 {
                 let k = key(i);
-                let body = encode_failures(&record(2, k.due_ms));
+                let count = if i < 300 { 1 } else { 2 };
+                let body = encode_failures(&record(count, k.due_ms));
                 s.schedule.insert(k.key(), seal(&k.key(), &body)).unwrap();
             }
             s.flush_blocking();

@@ -65,7 +65,7 @@ impl SledStorage {
                 (k, r.as_ref().map(encode_failures).unwrap_or_default())
             })
             .collect();
-        for part in entries.chunks(super::sched::UPGRADE_BATCH) {
+        for part in entries.chunks(super::sched::TX_BATCH) {
             self.sched_tx(|w| {
                 for (k, body) in part {
                     w.insert(k, body)?;
