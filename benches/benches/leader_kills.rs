@@ -25,7 +25,7 @@
 //! placement) and the client's (its stream failing, looking the topic up
 //! again, reconnecting). Each kill's wall time is printed (unix ms), to
 //! line it up with the brokers' logs (`BROKER_LOG`, see
-//! `docs/src/replication.md`, "Session 9", for the phases they show). The victim is restarted after each takeover, and
+//! `docs/src/replication-history-failover.md`, "Session 9", for the phases they show). The victim is restarted after each takeover, and
 //! the next kill waits until the three brokers are live and the restarted
 //! one had `SETTLE_MS` (default 2 000) to catch up.
 //!

@@ -360,7 +360,7 @@ const RETURN_IDLE_MEMORY_EVERY: std::time::Duration = std::time::Duration::from_
 /// collect a second later purges what this one freed). At 200 000 parked,
 /// same binary on and off: 182-232 B instead of 232-257 B per held nack,
 /// 227-257 B instead of 338-424 B per `reconsume_later`
-/// (docs/src/parked-retries.md, session 11); what is left over the target is mostly in the heaps of
+/// (docs/src/parked-retries-memory.md, session 11); what is left over the target is mostly in the heaps of
 /// sled's I/O threads and tokio's blocking pool, which no hook of ours
 /// runs on. `mi_collect` only reaches the calling thread's heap, so no
 /// other thread can do this for the workers. The runtime is built here, so

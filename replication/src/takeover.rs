@@ -11,7 +11,7 @@
 //! when it stands it does so in the same term the candidate already voted
 //! for itself in, and is refused in turn; only its next candidacy, an
 //! election timeout later, wins. That is 3.7-4.3 s from the kill instead
-//! of 1.6-2.0 s (the bench's logs, `docs/src/replication.md`).
+//! of 1.6-2.0 s (the bench's logs, `docs/src/replication-history-failover.md`).
 //!
 //! Here the member that refused by log stands at once, in a term the
 //! candidate grants: it first records the candidate's term as seen

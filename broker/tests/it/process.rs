@@ -3,7 +3,7 @@
 /// mimalloc asks for transparent huge pages on its arenas; the broker turns
 /// them off for its process at start (each first touch of a fresh region
 /// zeroed 2 MiB: 30% of the samples of three R3 brokers, see
-/// `docs/src/replication.md`).
+/// `docs/src/replication-history-throughput.md`, session 8).
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread")]
 async fn the_broker_process_runs_without_transparent_huge_pages() {

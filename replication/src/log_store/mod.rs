@@ -472,8 +472,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     // wrapper to make non-blocking append_to_log a blocking"), so it never
     // has two appends outstanding and there is nothing to group. Measured
     // in session 11 with `append` returning before its sync and a task
-    // firing the callback after it (docs/src/replication.md, "Session
-    // 11"): never more than one append outstanding on any log, the same
+    // firing the callback after it (docs/src/replication-history-throughput.md,
+    // "Session 11"): never more than one append outstanding on any log, the same
     // rates.
     // Firing it before the sync would count the leader's unflushed copy
     // toward the commit (`update_local_progress` follows the append,

@@ -130,7 +130,7 @@ struct RaftRuntime(Option<tokio::runtime::Runtime>);
 
 impl RaftRuntime {
     fn start() -> Result<Self> {
-        // RICOCHET_RAFT_WORKERS: a measuring knob (docs/src/replication.md,
+        // RICOCHET_RAFT_WORKERS: a measuring knob (docs/src/replication-history-throughput.md,
         // "Session 12"), 2 by default.
         let workers = std::env::var("RICOCHET_RAFT_WORKERS")
             .ok()
