@@ -487,7 +487,9 @@ mod tests {
             trimmed_below: 0,
         };
         apply(&applier, 1, &PartitionCommand::CreateTopic(record.clone()));
-        let entries = (0..10u8).map(|i| serde_bytes::ByteBuf::from(vec![i])).collect();
+        let entries = (0..10u8)
+            .map(|i| serde_bytes::ByteBuf::from(vec![i]))
+            .collect();
         let batch = AppendBatch {
             topic: name.to_owned(),
             first_id: 0,

@@ -182,7 +182,10 @@ async fn after_the_leaders_kill_the_next_leader_serves_no_trimmed_id() {
         .message(&MessageId::new(stored(t), first))
         .await
         .expect("the first kept id");
-    assert_eq!(kept.message.map(|m| m.payload), Some(vec![first as u8; 1024]));
+    assert_eq!(
+        kept.message.map(|m| m.payload),
+        Some(vec![first as u8; 1024])
+    );
 
     // A subscription from the earliest id starts at the trim point.
     let mut late = c2
@@ -196,5 +199,9 @@ async fn after_the_leaders_kill_the_next_leader_serves_no_trimmed_id() {
         .await
         .expect("a message within 10 s")
         .unwrap();
-    assert_eq!(m.id().entry_id(), first, "the first message {next} delivers");
+    assert_eq!(
+        m.id().entry_id(),
+        first,
+        "the first message {next} delivers"
+    );
 }
