@@ -205,3 +205,52 @@ async fn after_the_leaders_kill_the_next_leader_serves_no_trimmed_id() {
         "the first message {next} delivers"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segments_every_subscription_consumed_leave_every_replica() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("segments_every_subscription_consumed_leave").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let t = "consumed";
+    let (brokers, _ids, leader, victim) =
+        led_group_with(&etcd, "rtrimc", root.path(), t, &options(root.path())).await;
+    let c = client(&brokers[victim].url()).await;
+    let mut all = c
+        .consumer(t)
+        .subscription("all")
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap();
+    let p = c.producer(t).create().await.unwrap();
+    for i in 0..SENT {
+        p.send(vec![i as u8; 1024]).await.unwrap();
+    }
+    for _ in 0..SENT {
+        let m = tokio::time::timeout(Duration::from_secs(10), all.receive())
+            .await
+            .expect("a message within 10 s")
+            .unwrap();
+        all.ack(&m).await.unwrap();
+    }
+
+    // No retention: the subscription's acks alone free the nine sealed
+    // segments (the tenth is the one written to), on every replica.
+    let last = (SENT - 1) / ENTRIES * ENTRIES;
+    for (i, b) in brokers.iter().enumerate() {
+        let start = Instant::now();
+        loop {
+            let held = segments(b, t);
+            if held.first().is_some_and(|(f, _)| *f == last) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "b{i}'s segments 15 s after every message was acked (leader {leader}): {held:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
