@@ -139,6 +139,7 @@ fn main() {
                 created_ms: 1,
                 kind: TopicKind::Normal,
                 replicas: 3,
+                trimmed_below: 0,
             }))
             .await
             .unwrap();

@@ -58,6 +58,7 @@ fn create() -> PartitionCommand {
         created_ms: 1,
         kind: TopicKind::Normal,
         replicas: 1,
+        trimmed_below: 0,
     })
 }
 

@@ -356,6 +356,7 @@ mod tests {
             created_ms: 0,
             kind: TopicKind::Normal,
             replicas: 1,
+            trimmed_below: 0,
         })
         .unwrap();
         let e: Vec<Vec<u8>> = (0..entries).map(|i| vec![i as u8]).collect();

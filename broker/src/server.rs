@@ -537,6 +537,7 @@ mod tests {
             created_ms: 0,
             kind: crate::storage::TopicKind::Normal,
             replicas: 1,
+            trimmed_below: 0,
         })
         .unwrap();
         for id in 0..3 {

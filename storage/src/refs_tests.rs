@@ -43,6 +43,7 @@ fn fixture() -> Fixture {
                 created_ms: 0,
                 kind,
                 replicas: 1,
+                trimmed_below: 0,
             })
             .unwrap();
     }

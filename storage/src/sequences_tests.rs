@@ -33,6 +33,7 @@ fn open(dir: &Path) -> (LogStorage, Arc<SledStorage>) {
                 created_ms: 0,
                 kind: TopicKind::Normal,
                 replicas: 1,
+                trimmed_below: 0,
             })
             .unwrap();
     }

@@ -41,6 +41,7 @@ async fn write_scheduled(dir: &Path, n: usize) -> Result<(u64, Duration), BoxErr
             created_ms: now,
             kind,
             replicas: 1,
+            trimmed_below: 0,
         })?;
     }
     let mut sub = SubscriptionRecord::new(

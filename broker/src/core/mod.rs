@@ -469,6 +469,7 @@ impl BrokerCore {
             created_ms: self.clock.now_ms(),
             kind,
             replicas: self.factor_of(name.as_str()),
+            trimmed_below: 0,
         })?;
         let entry = self.open_topic(name.clone(), kind)?;
         if kind == TopicKind::Normal {

@@ -7,7 +7,8 @@
 //! after a restart (the Raft state machine's mark may be behind the
 //! store): a batch is recognised by its producer sequence ids (an
 //! anonymous one by ids derived from its log index), a tier move by its
-//! target ids already being stored, and the other commands write values.
+//! target ids already being stored, a log's trim by its trim point already
+//! being stored, and the other commands write values.
 
 use super::{
     ANONYMOUS_PRODUCER, AppendBatch, MAX_BATCH, PartitionCommand, PartitionReply, PublishBatch,
@@ -84,12 +85,52 @@ impl StorageApplier {
     }
 
     fn create_topic(&self, state: &mut State, record: &TopicRecord) -> Applied {
-        if !self.has_topic(state, &record.name)? {
+        let held = self.has_topic(state, &record.name)?;
+        if record.trimmed_below > 0 {
+            // A trim, never a create: a tier deleted before its trim was
+            // applied stays deleted.
+            return if held {
+                self.trim_log(record)
+            } else {
+                Ok(PartitionReply::Done)
+            };
+        }
+        if !held {
             self.storage.put_topic(record)?;
             if let Some(t) = state.topics.as_mut() {
                 t.insert(record.name.clone());
             }
         }
+        Ok(PartitionReply::Done)
+    }
+
+    /// The group's trim of log `record.name` below `record.trimmed_below`
+    /// ([`PartitionCommand::trim_log`]): the whole sealed segments holding
+    /// only ids below it are dropped (never the active one), then the
+    /// log's record keeps the trim point, below which no replica serves
+    /// anything ([`super::ReplicatedStorage`]'s reads, snapshots). A trim
+    /// point at or below the one stored is a replay: nothing is done. The
+    /// point never passes the entries applied here (every replica applied
+    /// the same, so it is the same everywhere). The segments go before the
+    /// record is written: a restart between the two applies the command
+    /// again, and dropping segments twice drops nothing.
+    fn trim_log(&self, record: &TopicRecord) -> Applied {
+        let stored = self
+            .storage
+            .list_topics()?
+            .into_iter()
+            .find(|t| t.name == record.name);
+        let Some(mut stored) = stored else {
+            return Ok(PartitionReply::Done);
+        };
+        let (_, next) = self.storage.entry_range(&record.name)?;
+        let below = record.trimmed_below.min(next);
+        if below <= stored.trimmed_below {
+            return Ok(PartitionReply::Done);
+        }
+        self.storage.trim(&record.name, below)?;
+        stored.trimmed_below = below;
+        self.storage.put_topic(&stored)?;
         Ok(PartitionReply::Done)
     }
 
@@ -411,5 +452,107 @@ mod tests {
             }
             other => panic!("applied or refused: {other:?}"),
         }
+    }
+
+    fn apply(applier: &StorageApplier, index: u64, command: &PartitionCommand) {
+        let reply = applier.apply(index, &encode(command).unwrap()).unwrap();
+        assert!(
+            matches!(decode(&reply).unwrap(), PartitionReply::Done),
+            "{command:?}"
+        );
+    }
+
+    fn trim_point(storage: &Arc<dyn Storage>, name: &str) -> Option<u64> {
+        let records = storage.list_topics().unwrap();
+        records
+            .into_iter()
+            .find(|t| t.name == name)
+            .map(|t| t.trimmed_below)
+    }
+
+    /// A trim drops what lies below its point and stores the point; one
+    /// at or below the stored point (a replay) changes nothing; the point
+    /// never passes the entries applied; a trim of a log that is gone
+    /// does not create it again.
+    #[test]
+    fn a_trim_is_applied_once_and_never_past_the_applied_end() {
+        let storage: Arc<dyn Storage> = Arc::new(MemoryStorage::new());
+        let applier = StorageApplier::new(storage.clone());
+        let name = "persistent://public/default/t";
+        let record = TopicRecord {
+            name: name.to_owned(),
+            created_ms: 1,
+            kind: crate::storage::TopicKind::Normal,
+            replicas: 3,
+            trimmed_below: 0,
+        };
+        apply(&applier, 1, &PartitionCommand::CreateTopic(record.clone()));
+        let entries = (0..10u8)
+            .map(|i| serde_bytes::ByteBuf::from(vec![i]))
+            .collect();
+        let batch = AppendBatch {
+            topic: name.to_owned(),
+            first_id: 0,
+            entries,
+            producer: None,
+        };
+        apply(&applier, 2, &PartitionCommand::Append(batch));
+        apply(&applier, 3, &PartitionCommand::trim_log(&record, 4));
+        assert_eq!(storage.entry_range(name).unwrap(), (4, 10));
+        assert_eq!(trim_point(&storage, name), Some(4));
+        // Lower (a replay after a restart): nothing changes.
+        apply(&applier, 4, &PartitionCommand::trim_log(&record, 2));
+        assert_eq!(trim_point(&storage, name), Some(4));
+        // Past the end applied: up to the end only.
+        apply(&applier, 5, &PartitionCommand::trim_log(&record, 50));
+        assert_eq!(trim_point(&storage, name), Some(10));
+        assert_eq!(storage.entry_range(name).unwrap().1, 10);
+        // A plain create of the log held leaves the point alone.
+        apply(&applier, 6, &PartitionCommand::CreateTopic(record.clone()));
+        assert_eq!(trim_point(&storage, name), Some(10));
+        // The trim of a log deleted before it: nothing, no record.
+        let gone = TopicRecord {
+            name: "persistent://public/default/gone".to_owned(),
+            ..record
+        };
+        apply(&applier, 7, &PartitionCommand::trim_log(&gone, 3));
+        assert_eq!(trim_point(&storage, &gone.name), None);
+    }
+
+    /// A trim travels as a `CreateTopic`, whose encoding a broker that
+    /// predates trims decodes (the field it does not know is skipped), and
+    /// a record without a trim point encodes as it did before the field.
+    #[test]
+    fn a_trim_decodes_as_a_create_without_the_field_and_an_untrimmed_record_is_unchanged() {
+        #[derive(serde::Deserialize, serde::Serialize, Debug)]
+        struct OldRecord {
+            name: String,
+            created_ms: u64,
+            kind: crate::storage::TopicKind,
+            replicas: u32,
+        }
+        #[derive(serde::Deserialize, serde::Serialize, Debug)]
+        enum OldCommand {
+            CreateTopic(OldRecord),
+        }
+        let record = TopicRecord {
+            name: "persistent://public/default/t".to_owned(),
+            created_ms: 1,
+            kind: crate::storage::TopicKind::Normal,
+            replicas: 3,
+            trimmed_below: 0,
+        };
+        let trim = encode(&PartitionCommand::trim_log(&record, 7)).unwrap();
+        match decode::<OldCommand>(&trim).unwrap() {
+            OldCommand::CreateTopic(r) => assert_eq!(r.name, record.name),
+        }
+        let old = OldCommand::CreateTopic(OldRecord {
+            name: record.name.clone(),
+            created_ms: 1,
+            kind: crate::storage::TopicKind::Normal,
+            replicas: 3,
+        });
+        let create = PartitionCommand::CreateTopic(record);
+        assert_eq!(encode(&create).unwrap(), encode(&old).unwrap());
     }
 }

@@ -7,8 +7,10 @@
 //! batch published (with its sequence ids, de-duplicated when applied), a
 //! subscription record written (acks move its cursors; policy changes), failure
 //! records written (a nack's new delivery count), schedule entries, a
-//! tier move (into the retry or the dead-letter tier, one transaction), and
-//! the topic's own retention policy.
+//! tier move (into the retry or the dead-letter tier, one transaction),
+//! the topic's own retention policy, and a log's trim point (what its
+//! leader's retention or consumed segments dropped, dropped on every
+//! replica).
 //! [`StorageApplier`] applies them ([`apply`]); [`ReplicatedPartition`] is
 //! one replica of one partition: it proposes commands and answers once the
 //! group committed and applied them.
@@ -63,6 +65,9 @@ pub const MAX_BATCH: usize = 1 << 16;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum PartitionCommand {
     /// Creates a topic (the partition, or one of its tiers) if absent.
+    /// With a `trimmed_below` above 0 it is the group's trim of that log
+    /// instead ([`PartitionCommand::trim_log`]): every replica drops its
+    /// sealed segments below that id and serves nothing below it.
     CreateTopic(TopicRecord),
     /// A producer's batch.
     Publish(PublishBatch),
@@ -123,6 +128,20 @@ pub enum PartitionCommand {
 }
 
 impl PartitionCommand {
+    /// The group's trim of log `record.name` below id `below` (retention,
+    /// or segments every subscription consumed): the log's record with its
+    /// trim point raised, as a `CreateTopic`. A member running a broker
+    /// that predates trims applies a `CreateTopic` of a topic it holds as
+    /// nothing, so a group keeps applying during a rolling upgrade (that
+    /// member keeps its segments, as before); a command of a new kind
+    /// would stop its group there ([`StorageApplier`]).
+    pub fn trim_log(record: &TopicRecord, below: u64) -> Self {
+        PartitionCommand::CreateTopic(TopicRecord {
+            trimmed_below: below,
+            ..record.clone()
+        })
+    }
+
     /// Ids a command carries that the broker handed out from its id
     /// counter (`next_id`): every replica raises its own counter past them
     /// when it applies the command, so the member that leads next never

@@ -2,7 +2,8 @@
 //! file another replica installs in place of its own copy.
 //!
 //! A snapshot holds the partition's topic and the retry and dead-letter
-//! tiers of its subscriptions: each log's record, entry range and producer
+//! tiers of its subscriptions: each log's record (with the group's trim
+//! point: entries below it are left out), entry range and producer
 //! sequences; each subscription's record (cursors, policy, key order) and
 //! state (failure records, schedule entries, dead letters) — what
 //! `transfer::capture` collects for a topic move — the topic's replay
@@ -104,6 +105,10 @@ pub(super) fn capture(storage: &Arc<dyn Storage>, topic: &str) -> Result<Box<dyn
         }
         for record in names {
             let (first, next) = storage.entry_range(&record.name).map_err(store)?;
+            // Nothing below the group's trim point (this copy may hold a
+            // few such entries in a segment it kept); the record carries
+            // the point to the installing replica.
+            let first = first.max(record.trimmed_below).min(next);
             logs.push(LogHead {
                 first,
                 next,

@@ -26,10 +26,13 @@
 //! `remove_replay_job`), the topic's own retention policy (`put_retention`,
 //! `delete_retention`); an empty `put_failures` or `put_schedule` writes
 //! nothing and proposes nothing. `next_id` reads this replica's counter, which
-//! every replica raises past the ids the group's commands carry. `trim` is
-//! applied locally only (it drops segments every subscription consumed, by
-//! cursors that are themselves replicated; a follower keeps them until it
-//! leads). Every other mutating method fails with
+//! every replica raises past the ids the group's commands carry. `trim`
+//! (retention, or segments every subscription consumed) is a command too,
+//! [`PartitionCommand::trim_log`]: every replica drops its segments below
+//! the trim point, the leader's copy only by applying it like the others,
+//! and reads here skip ids below the trim point its copy applied (a
+//! replica whose segments end elsewhere may hold a few more; none is
+//! served). Every other mutating method fails with
 //! [`StorageError::Replication`] naming it: restores, grants, namespaces'
 //! retention, partition counts and the manifest are not replicated, and must not be
 //! written to one replica silently.
@@ -42,8 +45,9 @@ use crate::storage::{
     ScheduleKey, Storage, StorageError, SubMessage, SubscriptionRecord, SubscriptionState,
     SubscriptionStore, TierId, TierMove, TopicRecord,
 };
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 type Result<T> = std::result::Result<T, StorageError>;
@@ -64,6 +68,11 @@ pub struct ReplicatedStorage {
     raft: Option<tokio::runtime::Handle>,
     /// The ordered queue every write goes through.
     pipeline: Arc<Pipeline>,
+    /// The trim points of the partition's logs this replica applied, by
+    /// topic (read from its store at first use: a leader applied every
+    /// trim committed before it took the topic, and every later one is
+    /// its own, [`LogStore::trim`] here).
+    floors: Arc<Mutex<Option<HashMap<String, u64>>>>,
 }
 
 impl ReplicatedStorage {
@@ -79,6 +88,7 @@ impl ReplicatedStorage {
             poisoned,
             raft: None,
             pipeline,
+            floors: Arc::default(),
         }
     }
 
@@ -116,12 +126,15 @@ impl ReplicatedStorage {
         }
     }
 
-    /// Waits in place until every write queued so far is committed.
-    fn wait_queued(&self) -> Result<()> {
-        let handle = self.runtime()?;
-        let last = self.pipeline.last_submitted();
-        tokio::task::block_in_place(|| handle.block_on(self.pipeline.wait_for(last)))
-            .map_err(StorageError::Replication)
+    /// The trim point of `topic` this replica applied (0: none); nothing
+    /// below it is served.
+    fn floor(&self, topic: &str) -> Result<u64> {
+        let mut floors = crate::util::lock(&self.floors);
+        let floors = match &mut *floors {
+            Some(f) => f,
+            none => none.insert(trim_points(self.local.as_ref())?),
+        };
+        Ok(floors.get(topic).copied().unwrap_or(0))
     }
 
     /// The caller's runtime, if a write may wait in place on it.
@@ -146,6 +159,16 @@ impl ReplicatedStorage {
             .map(|_| ())
             .map_err(StorageError::Replication)
     }
+}
+
+/// The trim points stored in `storage`'s records of logs, by topic.
+fn trim_points(storage: &dyn Storage) -> Result<HashMap<String, u64>> {
+    Ok(storage
+        .list_topics()?
+        .into_iter()
+        .filter(|t| t.trimmed_below > 0)
+        .map(|t| (t.name, t.trimmed_below))
+        .collect())
 }
 
 /// The error of a mutating method no command replicates.
@@ -189,27 +212,56 @@ impl LogStore for ReplicatedStorage {
         max: usize,
         max_bytes: usize,
     ) -> Result<Vec<(u64, Vec<u8>)>> {
+        let from = from.max(self.floor(topic)?);
         self.local.read(topic, from, max, max_bytes)
     }
 
     fn read_one(&self, topic: &str, id: u64) -> Result<Option<Vec<u8>>> {
+        if id < self.floor(topic)? {
+            return Ok(None);
+        }
         self.local.read_one(topic, id)
     }
 
     fn read_many(&self, topic: &str, ids: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
-        self.local.read_many(topic, ids)
+        let floor = self.floor(topic)?;
+        let mut read = self.local.read_many(topic, ids)?;
+        for (id, entry) in ids.iter().zip(read.iter_mut()) {
+            if *id < floor {
+                *entry = None;
+            }
+        }
+        Ok(read)
     }
 
     fn entry_range(&self, topic: &str) -> Result<(u64, u64)> {
-        self.local.entry_range(topic)
+        let (first, next) = self.local.entry_range(topic)?;
+        Ok((first.max(self.floor(topic)?).min(next), next))
     }
 
-    /// Local, once every write queued before is committed: the cursors
-    /// that allow the trim may have been queued just now, and a replica
-    /// must not drop entries the group's committed cursors still need.
+    /// The group's trim ([`PartitionCommand::trim_log`]), proposed behind
+    /// every write queued before it (the cursors that allow it may have
+    /// been queued just now, and no replica may drop entries the group's
+    /// committed cursors still need) and awaited in place; this replica
+    /// drops its segments when it applies it, as every other does. A trim
+    /// point not above the one applied here proposes nothing.
     fn trim(&self, topic: &str, below: u64) -> Result<()> {
-        self.wait_queued()?;
-        self.local.trim(topic, below)
+        if below <= self.floor(topic)? {
+            return Ok(());
+        }
+        let Some(record) = self
+            .local
+            .list_topics()?
+            .into_iter()
+            .find(|t| t.name == topic)
+        else {
+            return Ok(());
+        };
+        self.propose(PartitionCommand::trim_log(&record, below))?;
+        // What the apply stored (it never passes the log's end).
+        let applied = trim_points(self.local.as_ref())?;
+        *crate::util::lock(&self.floors) = Some(applied);
+        Ok(())
     }
 
     fn lowest_reference(&self, topic: &str) -> Result<Option<u64>> {
@@ -374,7 +426,12 @@ impl MetaStore for ReplicatedStorage {
     }
 
     fn delete_topic(&self, name: &str) -> Result<()> {
-        self.propose(PartitionCommand::DeleteTopic(name.to_owned()))
+        self.propose(PartitionCommand::DeleteTopic(name.to_owned()))?;
+        // A log created again under the name starts untrimmed.
+        if let Some(f) = crate::util::lock(&self.floors).as_mut() {
+            f.remove(name);
+        }
+        Ok(())
     }
 
     fn list_partitioned(&self) -> Result<Vec<PartitionedRecord>> {

@@ -416,10 +416,11 @@ impl Admin for AdminService {
             .ok_or_else(|| Status::invalid_argument("id is required"))?;
         let name = TopicName::parse(&id.topic)?;
         let entry = self.node.core.topic(&name).await?;
-        let bytes = self
-            .node
-            .core
-            .storage
+        // Through the topic's storage: a replicated topic's skips ids below
+        // its group's trim point.
+        let bytes = entry
+            .topic
+            .storage()
             .read_one(name.as_str(), id.entry_id)
             .map_err(BrokerError::from)?
             .ok_or_else(|| {

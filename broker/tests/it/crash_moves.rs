@@ -538,6 +538,7 @@ async fn overdue_retries_fire_after_a_restart_that_loads_many_topics() {
                 created_ms: 0,
                 kind: TopicKind::Normal,
                 replicas: 1,
+                trimmed_below: 0,
             })
             .unwrap();
     }

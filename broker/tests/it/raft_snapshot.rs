@@ -126,6 +126,21 @@ async fn history(c: &Cluster, leader: u64) {
     }
 }
 
+/// The group's trim point of the partition's log in `s`, and the entries
+/// at or above it (what a leader serves; a replica may hold a few more
+/// below it, in a segment it kept).
+fn served(s: &Arc<dyn Storage>) -> (u64, Vec<(u64, String, u64)>) {
+    let point = s
+        .list_topics()
+        .expect("topics")
+        .into_iter()
+        .find(|t| t.name == TOPIC)
+        .map_or(0, |t| t.trimmed_below);
+    let mut entries = stored(s);
+    entries.retain(|(id, _, _)| *id >= point);
+    (point, entries)
+}
+
 /// Everything a replica holds of the partition, to compare two replicas.
 fn holdings(s: &Arc<dyn Storage>) -> String {
     let subs = s.list_subscriptions(TOPIC).expect("subscriptions");
@@ -154,8 +169,8 @@ fn holdings(s: &Arc<dyn Storage>) -> String {
         )
     };
     format!(
-        "entries {:?}\nsequences {:?}\nsubscriptions {states:?}\njobs {jobs:?}\nretention {:?}\nretry {:?}\ndlq {:?}\ndead letters {}",
-        stored(s),
+        "served {:?}\nsequences {:?}\nsubscriptions {states:?}\njobs {jobs:?}\nretention {:?}\nretry {:?}\ndlq {:?}\ndead letters {}",
+        served(s),
         s.producer_sequences(TOPIC).expect("sequences"),
         s.retention_policies().expect("retention"),
         tier(RETRY),
@@ -191,7 +206,34 @@ async fn a_replica_behind_the_purged_log_catches_up_from_a_snapshot() {
     let had = c.node(down).part().node().applied_index().unwrap_or(0);
     c.node_mut(down).kill();
     history(&c, leader).await;
+    // The group trims the log below id 40 (every replica's segments hold
+    // 16 384 ids, so none is dropped from disk: the trim point alone hides
+    // them), and batches follow until a snapshot after it purged the log.
+    let trim = PartitionCommand::trim_log(&topic_record(TOPIC, TopicKind::Normal), 40);
+    let reply = c.node(leader).part().propose(&trim).await.expect("trim");
+    assert_eq!(reply, PartitionReply::Done);
+    let trimmed_at = c.node(leader).part().node().applied_index().unwrap_or(0);
+    let mut more = 0;
+    while c
+        .node(leader)
+        .part()
+        .node()
+        .purged_index()
+        .is_none_or(|p| p <= trimmed_at)
+    {
+        assert!(more < 40, "no purge past the trim at {trimmed_at}");
+        let r = publish_within(
+            c.node(leader).part(),
+            batch("r", 1 + more * 4, 4),
+            Duration::from_secs(5),
+        )
+        .await;
+        assert!(matches!(r, Some(Ok(_))), "batch {more}: {r:?}");
+        more += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     purged_past(&c, leader, had + 1).await;
+    let sent = 200 + 4 * more as usize;
 
     c.restart(down).await;
     c.caught_up(down, leader).await;
@@ -204,7 +246,10 @@ async fn a_replica_behind_the_purged_log_catches_up_from_a_snapshot() {
         c.node(leader).part().storage().clone(),
         c.node(down).part().storage().clone(),
     );
-    assert_eq!(stored(&have).len(), 200);
+    // The snapshot carried the trim point, and no entry below it.
+    let (point, entries) = served(&have);
+    assert_eq!((point, entries.len()), (40, sent - 40));
+    assert_eq!(entries.len(), stored(&have).len());
     assert_eq!(holdings(&have), holdings(&want));
     assert!(
         have.list_subscriptions(TOPIC).expect("subs")[0]
@@ -238,7 +283,8 @@ async fn a_replica_behind_the_purged_log_catches_up_from_a_snapshot() {
     );
     for id in (1..=3).filter(|id| *id != leader) {
         c.caught_up(id, next).await;
-        assert_eq!(stored(c.node(id).part().storage()).len(), 204, "node {id}");
+        let (point, entries) = served(c.node(id).part().storage());
+        assert_eq!((point, entries.len()), (40, sent + 4 - 40), "node {id}");
     }
 }
 

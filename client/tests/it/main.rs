@@ -29,4 +29,5 @@ mod replicated_retention;
 mod replicated_retries;
 mod replicated_secure;
 mod replicated_transfer;
+mod replicated_trim;
 mod roundtrip;

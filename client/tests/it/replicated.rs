@@ -73,15 +73,18 @@ pub(crate) async fn led_group(
     root: &std::path::Path,
     topic: &str,
 ) -> (Vec<ClusterBroker>, Vec<String>, String, usize) {
-    let brokers = spawn_cluster(
-        etcd,
-        name,
-        3,
-        root,
-        Duration::from_secs(3),
-        &SpawnOptions::new(),
-    )
-    .await;
+    led_group_with(etcd, name, root, topic, &SpawnOptions::new()).await
+}
+
+/// [`led_group`] with the brokers started from `options`.
+pub(crate) async fn led_group_with(
+    etcd: &EtcdProcess,
+    name: &str,
+    root: &std::path::Path,
+    topic: &str,
+    options: &SpawnOptions,
+) -> (Vec<ClusterBroker>, Vec<String>, String, usize) {
+    let brokers = spawn_cluster(etcd, name, 3, root, Duration::from_secs(3), options).await;
     client(&brokers[0].url())
         .await
         .admin()

@@ -79,10 +79,21 @@ pub struct TopicRecord {
     /// as a moved topic. Records written before the field are factor 1.
     #[serde(default = "factor_one")]
     pub replicas: u32,
+    /// A replicated topic's trim point: the group dropped its entries
+    /// below this id (retention, or every subscription consumed them), and
+    /// no replica serves them. 0 (never trimmed, factor 1, records written
+    /// before the field) is left out of the encoding, so such a record
+    /// reads as it did for a broker that predates it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub trimmed_below: u64,
 }
 
 fn factor_one() -> u32 {
     1
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Who chose a subscription's dead-letter policy. Precedence, highest

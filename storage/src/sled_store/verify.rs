@@ -575,6 +575,7 @@ mod tests {
             created_ms: 0,
             kind: TopicKind::Normal,
             replicas: 1,
+            trimmed_below: 0,
         })
         .unwrap();
         s.append("t", 0, &[entry(0)], None).unwrap();
@@ -594,6 +595,7 @@ mod tests {
                 created_ms: 0,
                 kind: TopicKind::Normal,
                 replicas: 1,
+                trimmed_below: 0,
             })
             .unwrap();
         }

@@ -468,6 +468,7 @@ pub fn check_the_inventory_describes_the_store_and_the_manifest_reads_back(engin
             created_ms: 1,
             kind: TopicKind::Normal,
             replicas: 1,
+            trimmed_below: 0,
         })
         .unwrap();
         s.append(T, 0, &entries(40, "a"), None).unwrap();

@@ -746,6 +746,7 @@ fn create_command(topic: &TopicName, replicas: u32) -> PartitionCommand {
         created_ms: ricochet_storage::util::wall_ms(),
         kind: TopicKind::Normal,
         replicas,
+        trimmed_below: 0,
     })
 }
 

@@ -320,6 +320,7 @@ pub fn topic_record(name: &str, kind: TopicKind) -> TopicRecord {
         created_ms: 1,
         kind,
         replicas: 1,
+        trimmed_below: 0,
     }
 }
 
