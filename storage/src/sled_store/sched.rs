@@ -380,7 +380,7 @@ impl SledStorage {
             .enumerate()
             .map(|(i, k)| (i, chunk_key(k)))
             .collect();
-        order.sort_unstable_by(|a, b| a.1.cmp(&b.1));
+        order.sort_unstable_by_key(|a| a.1);
         let mut out = vec![None; keys.len()];
         let mut at = 0;
         while at < order.len() {
