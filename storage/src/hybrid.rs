@@ -393,6 +393,13 @@ impl SubscriptionStore for LogStorage {
         self.sled.failure(message, due_ms)
     }
 
+    fn failures_many(
+        &self,
+        keys: &[(SubMessage, Option<u64>)],
+    ) -> Result<Vec<Option<FailureRecord>>> {
+        self.sled.failures_many(keys)
+    }
+
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {
         self.sled.failures_of(sub_id, tier)
     }

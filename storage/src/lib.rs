@@ -148,6 +148,17 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug + 'static {
     /// records written by [`Storage::put_failures`] take precedence.
     fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>>;
 
+    /// [`Storage::failure`] of each of `keys` (message and due time), in
+    /// the order asked. An engine that keeps several records in one stored
+    /// value (the schedule's chunks) reads each value once for all of them:
+    /// a burst of retries coming due reads its records in one pass.
+    fn failures_many(
+        &self,
+        keys: &[(SubMessage, Option<u64>)],
+    ) -> Result<Vec<Option<FailureRecord>>> {
+        keys.iter().map(|&(m, due)| self.failure(m, due)).collect()
+    }
+
     /// All failure records of one tier of a subscription.
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>>;
 

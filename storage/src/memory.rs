@@ -51,6 +51,24 @@ pub struct MemoryStorage {
     flushes: AtomicU64,
     entries_read: AtomicU64,
     entries_read_by_id: AtomicU64,
+    failure_reads: AtomicU64,
+    failure_batches: AtomicU64,
+}
+
+impl State {
+    /// [`SubscriptionStore::failure`] under the lock.
+    fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Option<FailureRecord> {
+        if let Some(r) = self.failures.get(&message) {
+            return Some(r.clone());
+        }
+        self.schedule
+            .get(&ScheduleKey {
+                due_ms: due_ms?,
+                message,
+            })
+            .cloned()
+            .flatten()
+    }
 }
 
 impl MemoryStorage {
@@ -73,6 +91,18 @@ impl MemoryStorage {
     /// and [`LogStore::read_many`] through it), found or not.
     pub fn entries_read_by_id(&self) -> u64 {
         self.entries_read_by_id.load(Ordering::Relaxed)
+    }
+
+    /// How many failure records were read one at a time
+    /// ([`SubscriptionStore::failure`]).
+    pub fn failure_reads(&self) -> u64 {
+        self.failure_reads.load(Ordering::Relaxed)
+    }
+
+    /// How many batched failure-record reads
+    /// ([`SubscriptionStore::failures_many`]) were made, of any size.
+    pub fn failure_batches(&self) -> u64 {
+        self.failure_batches.load(Ordering::Relaxed)
     }
 }
 
@@ -206,17 +236,17 @@ impl SubscriptionStore for MemoryStorage {
     }
 
     fn failure(&self, message: SubMessage, due_ms: Option<u64>) -> Result<Option<FailureRecord>> {
+        self.failure_reads.fetch_add(1, Ordering::Relaxed);
+        Ok(lock(&self.state).failure(message, due_ms))
+    }
+
+    fn failures_many(
+        &self,
+        keys: &[(SubMessage, Option<u64>)],
+    ) -> Result<Vec<Option<FailureRecord>>> {
+        self.failure_batches.fetch_add(1, Ordering::Relaxed);
         let s = lock(&self.state);
-        if let Some(r) = s.failures.get(&message) {
-            return Ok(Some(r.clone()));
-        }
-        let Some(due_ms) = due_ms else {
-            return Ok(None);
-        };
-        Ok(s.schedule
-            .get(&ScheduleKey { due_ms, message })
-            .cloned()
-            .flatten())
+        Ok(keys.iter().map(|&(m, due)| s.failure(m, due)).collect())
     }
 
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {

@@ -111,6 +111,13 @@ impl SubscriptionStore for Watched {
         self.note(self.inner.failure(message, due_ms))
     }
 
+    fn failures_many(
+        &self,
+        keys: &[(SubMessage, Option<u64>)],
+    ) -> Result<Vec<Option<FailureRecord>>> {
+        self.note(self.inner.failures_many(keys))
+    }
+
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {
         self.note(self.inner.failures_of(sub_id, tier))
     }

@@ -166,6 +166,30 @@ impl TestConsumer {
         }
     }
 
+    /// Waits until requests `rids` are all answered (in whichever order),
+    /// asserting each succeeded, keeping the messages that arrive meanwhile
+    /// in `kept`.
+    pub(super) async fn all_done_keeping(
+        &mut self,
+        rids: &[u64],
+        kept: &mut Vec<ricochet_proto::Message>,
+    ) {
+        let mut left: std::collections::HashSet<u64> = rids.iter().copied().collect();
+        while !left.is_empty() {
+            match self.rx.recv().await.expect("consumer stream open") {
+                ConsumerEvent::Done {
+                    request_id,
+                    outcome,
+                } => {
+                    assert!(outcome.is_ok(), "request {request_id}: {outcome:?}");
+                    left.remove(&request_id);
+                }
+                ConsumerEvent::Messages(m) => kept.extend(m),
+                _ => {}
+            }
+        }
+    }
+
     /// Grants more flow permits.
     pub(super) fn flow(&self, permits: u32) {
         self.handle

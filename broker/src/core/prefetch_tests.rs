@@ -155,3 +155,120 @@ async fn a_held_nack_acked_after_it_was_read_ahead_is_not_delivered() {
     );
     assert!(h.clock.now_ms() > due);
 }
+
+/// `reconsume_later`s of `msgs`, `delay` each, all answered; the messages
+/// that came back meanwhile.
+async fn reconsume_all(c: &mut TestConsumer, msgs: &[Message], delay: Duration) -> Vec<Message> {
+    let rids: Vec<u64> = msgs.iter().map(|m| c.reconsume(m, delay)).collect();
+    let mut got = Vec::new();
+    c.all_done_keeping(&rids, &mut got).await;
+    got
+}
+
+/// A burst of retries read ahead of its due time reads the retries'
+/// failure records together (one batched read per step of the read-ahead),
+/// not one at a time, and they go out with the counts those records hold.
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_retries_read_ahead_reads_its_failure_records_together() {
+    const N: usize = 600;
+    let h = harness().await;
+    let payloads: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
+    h.publish(&payloads.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    c.flow(2 * N as u32);
+    let first = receive(&mut c, N).await;
+    let early = reconsume_all(&mut c, &first, Duration::from_secs(1)).await;
+    assert!(early.is_empty());
+    let (one, batches) = (h.storage.failure_reads(), h.storage.failure_batches());
+    let again = receive(&mut c, N).await;
+    let mut texts: Vec<&str> = again.iter().map(text).collect();
+    texts.sort_unstable();
+    let mut want: Vec<&str> = payloads.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(texts, want);
+    assert!(
+        again.iter().all(|m| m.delivery_count == 1),
+        "counts {:?}",
+        again.iter().map(|m| m.delivery_count).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        h.storage.failure_reads() - one,
+        0,
+        "no failure record read one at a time"
+    );
+    let batches = h.storage.failure_batches() - batches;
+    let steps = N.div_ceil(crate::subscription::PREFETCH_STEP) as u64;
+    assert!(
+        (1..=steps).contains(&batches),
+        "{batches} batched reads for {N} retries"
+    );
+}
+
+/// Retries that fire before they could be read ahead (due at once) read
+/// their failure records together too, when they are loaded.
+#[tokio::test(start_paused = true)]
+async fn retries_loaded_when_they_fire_read_their_failure_records_together() {
+    const N: usize = 300;
+    let h = harness().await;
+    let payloads: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
+    h.publish(&payloads.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    c.flow(2 * N as u32);
+    let first = receive(&mut c, N).await;
+    let (one, batches) = (h.storage.failure_reads(), h.storage.failure_batches());
+    let mut again = reconsume_all(&mut c, &first, Duration::ZERO).await;
+    while again.len() < N {
+        again.extend(c.messages().await);
+    }
+    assert_eq!(again.len(), N);
+    assert!(again.iter().all(|m| m.delivery_count == 1));
+    // The intake looks up each failed message's record (a first failure:
+    // none); the fire reads none of the retries' records one at a time.
+    assert_eq!(
+        h.storage.failure_reads() - one,
+        N as u64,
+        "failure records read one at a time"
+    );
+    assert!(h.storage.failure_batches() > batches);
+}
+
+/// A message read ahead whose entry never fires (here taken off the
+/// scheduler behind the subscription's back, as a move or a new hold takes
+/// an entry off when it schedules the message anew) leaves the read-ahead
+/// buffer by itself once stale, without another burst to sweep it.
+#[tokio::test(start_paused = true)]
+async fn a_message_read_ahead_that_never_fires_leaves_the_buffer_by_itself() {
+    let h = harness().await;
+    h.publish(&["a", "b"]).await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    let first = receive(&mut c, 2).await;
+    let early = reconsume_all(&mut c, &first[..1], Duration::from_secs(1)).await;
+    assert!(early.is_empty());
+    let read_ahead = |h: &super::actor_tests::Harness, c: &TestConsumer| {
+        let (storage, handle) = (h.storage.clone(), c.handle.clone());
+        async move { handle.stats(storage).await.unwrap().read_ahead_of_due }
+    };
+    let keys = h.storage.scheduled(None, u64::MAX, 10).unwrap();
+    assert_eq!(keys.len(), 1);
+    let due = keys[0].due_ms;
+    // Past the prefetch lead, 5 ms before the due time: read ahead.
+    let wait = due - h.clock.now_ms() - 5;
+    assert!(
+        c.messages_within(Duration::from_millis(wait))
+            .await
+            .is_none()
+    );
+    assert_eq!(read_ahead(&h, &c).await, 1, "read ahead");
+    h.core.scheduler.remove(keys);
+    let stale = crate::subscription::STALE_AFTER_MS;
+    assert!(
+        c.messages_within(Duration::from_millis(stale + 100))
+            .await
+            .is_none(),
+        "an unscheduled entry went out"
+    );
+    assert!(h.clock.now_ms() > due + stale);
+    assert_eq!(read_ahead(&h, &c).await, 0, "dropped once stale");
+}

@@ -308,6 +308,13 @@ impl SubscriptionStore for ReplicatedStorage {
         self.local.failure(message, due_ms)
     }
 
+    fn failures_many(
+        &self,
+        keys: &[(SubMessage, Option<u64>)],
+    ) -> Result<Vec<Option<FailureRecord>>> {
+        self.local.failures_many(keys)
+    }
+
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {
         self.local.failures_of(sub_id, tier)
     }

@@ -48,6 +48,8 @@ mod tiers;
 
 pub use breaker::BreakerStats;
 pub use handle::SubscriptionHandle;
+#[cfg(test)]
+pub(crate) use prefetch::{PREFETCH_STEP, STALE_AFTER_MS};
 pub use requests::{
     ConsumerEvent, ConsumerId, ConsumerRequest, ConsumerSpec, ConsumerTx, FailedItem, MessageRef,
     MessageState, MessageStatus, Outcome, PolicyInfo,
@@ -272,6 +274,7 @@ impl SubscriptionActor {
         loop {
             let poison_at = self.key_order_wake();
             let holds_at = self.holds_wake_ms();
+            let stale_at = self.deliveries.prefetched.stale_at();
             tokio::select! {
                 cmd = rx.recv() => {
                     // `None`: every handle is gone.
@@ -297,6 +300,7 @@ impl SubscriptionActor {
                 }
                 () = key_order::sleep_until_ms(&self.deps.clock, poison_at) => {}
                 () = key_order::sleep_until_ms(&self.deps.clock, holds_at) => self.advance_holds(),
+                () = key_order::sleep_until_ms(&self.deps.clock, stale_at) => self.sweep_prefetched(),
             }
             self.key_order_tick().await;
             self.dispatch();

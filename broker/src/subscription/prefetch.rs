@@ -10,7 +10,8 @@
 //! only through [`SubscriptionActor::load_due`], for a schedule entry that
 //! fired with the same due time, after the same checks as any other (not
 //! acked, not in flight). An entry that never fires (it left the schedule)
-//! is dropped [`STALE_AFTER_MS`] after its due time. The buffer holds at
+//! is dropped [`STALE_AFTER_MS`] after its due time, by a wake of the actor
+//! of its own ([`SubscriptionActor::sweep_prefetched`]). The buffer holds at
 //! most [`PREFETCH_MAX`] messages and [`PREFETCH_MAX_BYTES`] of payload;
 //! what does not fit is read when it fires, as before.
 //!
@@ -23,7 +24,7 @@
 
 use super::EntryMap;
 use super::SubscriptionActor;
-use crate::storage::{FailureRecord, ScheduleKey, TierEntry, TierId};
+use crate::storage::{FailureRecord, ScheduleKey, SubMessage, TierEntry, TierId};
 use prost::Message as _;
 use ricochet_proto::Message;
 use std::collections::BTreeSet;
@@ -34,9 +35,9 @@ pub(super) const PREFETCH_MAX: usize = 16_384;
 pub(super) const PREFETCH_MAX_BYTES: usize = 16 * 1024 * 1024;
 /// How long after its due time a prefetched message whose entry did not
 /// fire is kept (it was acked, moved or unscheduled meanwhile).
-pub(super) const STALE_AFTER_MS: u64 = 2_000;
+pub(crate) const STALE_AFTER_MS: u64 = 2_000;
 /// Most announced entries read ahead per turn of the actor.
-pub(super) const PREFETCH_STEP: usize = 256;
+pub(crate) const PREFETCH_STEP: usize = 256;
 
 /// A message read before its schedule entry is due.
 #[derive(Debug)]
@@ -102,6 +103,14 @@ impl Prefetched {
         }
     }
 
+    /// When the earliest held message becomes stale (its entry did not fire
+    /// [`STALE_AFTER_MS`] after its due time), if any is held.
+    pub fn stale_at(&self) -> Option<u64> {
+        self.by_due
+            .first()
+            .map(|(due, _)| due.saturating_add(STALE_AFTER_MS))
+    }
+
     /// How many messages are held.
     pub fn len(&self) -> usize {
         self.by_entry.len()
@@ -125,6 +134,17 @@ impl SubscriptionActor {
     pub(super) fn announced(&mut self, keys: Vec<ScheduleKey>) {
         tracing::trace!(target: "ricochet::burst", n = keys.len(), "actor: entries coming");
         self.deliveries.prefetched.announce(keys);
+    }
+
+    /// Drops the prefetched messages whose entries did not fire
+    /// [`STALE_AFTER_MS`] after their due times (acked, moved or
+    /// unscheduled meanwhile): woken by [`Prefetched::stale_at`], so an idle
+    /// subscription does not keep them until its next burst.
+    pub(super) fn sweep_prefetched(&mut self) {
+        let now = self.deps.clock.now_ms();
+        self.deliveries
+            .prefetched
+            .drop_stale(now.saturating_sub(STALE_AFTER_MS).saturating_add(1));
     }
 
     /// Reads up to [`PREFETCH_STEP`] announced entries ahead, unless fired
@@ -193,7 +213,26 @@ impl SubscriptionActor {
                 continue;
             };
             tracing::trace!(target: "ricochet::burst", n = ids.len(), "actor: read ahead");
-            for (&(entry, due_ms), bytes) in batch.iter().zip(read) {
+            // A retry's failure record, read together with the others of
+            // the batch (they share the schedule's stored chunks); one that
+            // cannot be read is read again when it fires.
+            let mut failures: Vec<Option<Option<FailureRecord>>> = vec![None; batch.len()];
+            if tier == TierId::Retry {
+                let (at, asked): (Vec<usize>, Vec<(SubMessage, Option<u64>)>) = batch
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (e, _))| !self.deliveries.failures.contains_key(e))
+                    .map(|(i, &(e, due_ms))| (i, (e.of(self.rec.id), Some(due_ms))))
+                    .unzip();
+                if !asked.is_empty()
+                    && let Ok(records) = self.deps.storage.failures_many(&asked)
+                {
+                    for (i, r) in at.into_iter().zip(records) {
+                        failures[i] = Some(r);
+                    }
+                }
+            }
+            for ((&(entry, due_ms), bytes), failure) in batch.iter().zip(read).zip(failures) {
                 if !self.deliveries.prefetched.has_room() {
                     break;
                 }
@@ -202,14 +241,10 @@ impl SubscriptionActor {
                 };
                 let failure =
                     if tier == TierId::Retry && !self.deliveries.failures.contains_key(&entry) {
-                        match self
-                            .deps
-                            .storage
-                            .failure(entry.of(self.rec.id), Some(due_ms))
-                        {
-                            Ok(r) => r,
-                            // Read again when it fires.
-                            Err(_) => continue,
+                        match failure {
+                            Some(r) => r,
+                            // Not read: read again when it fires.
+                            None => continue,
                         }
                     } else {
                         None

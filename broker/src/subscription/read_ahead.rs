@@ -8,7 +8,7 @@
 use super::SubscriptionActor;
 use super::delivery::{Pending, READ_AHEAD};
 use crate::error::Result;
-use crate::storage::{ScheduleKey, StorageError, TierEntry, TierId};
+use crate::storage::{ScheduleKey, StorageError, SubMessage, TierEntry, TierId};
 use prost::Message as _;
 use ricochet_proto::Message;
 
@@ -60,18 +60,28 @@ impl SubscriptionActor {
             if batch.is_empty() {
                 continue;
             }
-            if tier == TierId::Retry {
-                for (entry, due_ms) in &batch {
-                    if self.deliveries.failures.contains_key(entry) {
-                        continue;
-                    }
-                    match self.deps.storage.failure(entry.of(self.rec.id), *due_ms) {
-                        Ok(Some(r)) => {
-                            self.deliveries.failures.insert(*entry, r);
+            if tier == TierId::Retry
+                && batch
+                    .iter()
+                    .any(|(e, _)| !self.deliveries.failures.contains_key(e))
+            {
+                // The records not known yet, read together (a burst's
+                // records share the schedule's stored chunks).
+                let keys: Vec<(TierEntry, (SubMessage, Option<u64>))> = batch
+                    .iter()
+                    .filter(|(entry, _)| !self.deliveries.failures.contains_key(entry))
+                    .map(|&&(entry, due_ms)| (entry, (entry.of(self.rec.id), due_ms)))
+                    .collect();
+                let asked: Vec<(SubMessage, Option<u64>)> = keys.iter().map(|(_, k)| *k).collect();
+                match self.deps.storage.failures_many(&asked) {
+                    Ok(records) => {
+                        for ((entry, _), r) in keys.into_iter().zip(records) {
+                            if let Some(r) = r {
+                                self.deliveries.failures.insert(entry, r);
+                            }
                         }
-                        Ok(None) => {}
-                        Err(e) => tracing::error!(error = %e, "cannot read a failure record"),
                     }
+                    Err(e) => tracing::error!(error = %e, "cannot read failure records"),
                 }
             }
             let topic = self.tiers.topic_of(&self.rec, tier).to_owned();
@@ -114,6 +124,9 @@ impl SubscriptionActor {
             let Some((entry, due)) = self.deliveries.due.pop_first() else {
                 break;
             };
+            // Read before it was due (`prefetch`): taken out of the buffer
+            // whatever follows (an acked one is dropped with it).
+            let early = self.deliveries.prefetched.take(entry, due);
             if self.rec.is_acked(entry) {
                 // A crash left the schedule entry of an acked message behind.
                 let stale = ScheduleKey {
@@ -132,8 +145,8 @@ impl SubscriptionActor {
             if self.deliveries.in_flight.contains_key(&entry) {
                 continue;
             }
-            // Read before it was due (`prefetch`): no storage read now.
-            if let Some(early) = self.deliveries.prefetched.take(entry, due) {
+            // Read before it was due: no storage read now.
+            if let Some(early) = early {
                 if let Some(f) = early.failure {
                     self.deliveries.failures.entry(entry).or_insert(f);
                 }

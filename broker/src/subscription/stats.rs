@@ -69,6 +69,9 @@ pub struct SubscriptionStats {
     pub key_order: Option<KeyOrderStats>,
     /// The outage breaker, if the subscription has one.
     pub breaker: Option<super::BreakerStats>,
+    /// Messages read ahead of their schedule entries' due times and held
+    /// in memory until they fire (see `subscription/prefetch.rs`).
+    pub read_ahead_of_due: u64,
 }
 
 /// Key order in a subscription's stats.
@@ -229,6 +232,7 @@ impl SubscriptionActor {
             scheduled_by_due: Vec::new(),
             key_order: self.key_order_stats(),
             breaker: self.breaker_stats(),
+            read_ahead_of_due: self.deliveries.prefetched.len() as u64,
         };
         StatsSnapshot {
             stats,

@@ -508,6 +508,34 @@ impl SubscriptionStore for SledStorage {
         }
     }
 
+    fn failures_many(
+        &self,
+        keys: &[(SubMessage, Option<u64>)],
+    ) -> Result<Vec<Option<FailureRecord>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        // Those not under their own key, by schedule key: read by chunk.
+        let mut in_sched = Vec::new();
+        let mut sched_keys = Vec::new();
+        for &(message, due_ms) in keys {
+            let key = message.key();
+            if let Some(v) = self.failures.get(key)? {
+                out.push(Some(decode_failures(unseal(&key, &v)?)?));
+                continue;
+            }
+            if let Some(due_ms) = due_ms {
+                in_sched.push(out.len());
+                sched_keys.push(ScheduleKey { due_ms, message });
+            }
+            out.push(None);
+        }
+        for (i, body) in in_sched.into_iter().zip(self.sched_get_many(&sched_keys)?) {
+            if let Some(body) = body.filter(|b| !b.is_empty()) {
+                out[i] = Some(decode_failures(&body)?);
+            }
+        }
+        Ok(out)
+    }
+
     fn failures_of(&self, sub_id: u64, tier: TierId) -> Result<Vec<(SubMessage, FailureRecord)>> {
         let mut prefix = be(sub_id).to_vec();
         prefix.push(tier as u8);

@@ -443,6 +443,44 @@ impl SledStorage {
         }
     }
 
+    /// [`Self::sched_get`] of each of `keys`, in the order asked: the keys
+    /// of one chunk are taken together, so each chunk is read, checked and
+    /// decoded once for all of them (a burst of retries due together is
+    /// some `n / CHUNK_ENTRIES` chunks).
+    pub(super) fn sched_get_many(&self, keys: &[ScheduleKey]) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut order: Vec<(usize, [u8; 25])> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (i, chunk_key(k)))
+            .collect();
+        order.sort_unstable_by_key(|a| a.1);
+        let mut out = vec![None; keys.len()];
+        let mut at = 0;
+        while at < order.len() {
+            let ck = order[at].1;
+            let run = order[at..].iter().take_while(|(_, c)| *c == ck).count();
+            let group = &order[at..at + run];
+            at += run;
+            let Some(v) = self.sched.get(ck)? else {
+                continue;
+            };
+            let chunk = read_chunk(&ck, &v)?;
+            for &(i, _) in group {
+                let key = &keys[i];
+                let Ok(found) = chunk.find(key.due_ms, key.message.entry_id) else {
+                    continue;
+                };
+                let item = &chunk.items[found];
+                out[i] = Some(match item.slot {
+                    Slot::Empty => Vec::new(),
+                    Slot::Inline => item.body.clone(),
+                    Slot::Big => self.big_record(key)?,
+                });
+            }
+        }
+        Ok(out)
+    }
+
     /// The record of a schedule entry kept in `sched_big`.
     pub(super) fn big_record(&self, key: &ScheduleKey) -> Result<Vec<u8>> {
         let k = key.key();

@@ -29,7 +29,9 @@ const DLQ: &str = "persistent://public/default/t-s-DLQ";
 
 pub use super::engines::{Engine, MemoryEngine, SegmentsEngine, SledEngine};
 
+mod failures;
 mod metadata;
+pub use failures::*;
 pub use metadata::*;
 
 /// Runs `check` on a fresh store of `engine` (in a temporary directory).
@@ -806,6 +808,7 @@ macro_rules! storage_contract {
             check_read_many_answers_as_read_one_does_in_the_order_asked,
             check_logs_append_read_trim_and_never_reuse_ids,
             check_retry_moves_keep_the_failure_record_in_the_schedule_entry,
+            check_failure_records_read_together_answer_as_one_by_one,
             check_failure_heads_are_the_records_counts_and_holds,
             check_held_heads_due_are_the_holds_ending_in_range,
             check_dead_letter_moves_list_page_and_remove,
