@@ -46,9 +46,19 @@ pub(super) async fn list_topics<H: Admin>(
         c.list_topics(r).await
     });
     let (others, counted) = tokio::try_join!(others, counted)?;
+    Ok(union(std::iter::once(mine).chain(others), counted, ns))
+}
+
+/// The union of `lists` (each broker's) and the partition counts
+/// `counted` (etcd's) of namespace `ns`: each name once, in order.
+fn union(
+    lists: impl IntoIterator<Item = ListTopicsResponse>,
+    counted: Vec<(String, u32)>,
+    ns: Option<&str>,
+) -> ListTopicsResponse {
     let mut topics = BTreeSet::new();
     let mut partitioned = BTreeMap::new();
-    for listed in std::iter::once(mine).chain(others) {
+    for listed in lists {
         topics.extend(listed.topics);
         for p in listed.partitioned {
             partitioned.insert(p.topic, p.partitions);
@@ -62,13 +72,13 @@ pub(super) async fn list_topics<H: Admin>(
             partitioned.insert(name.to_string(), partitions);
         }
     }
-    Ok(ListTopicsResponse {
+    ListTopicsResponse {
         topics: topics.into_iter().collect(),
         partitioned: partitioned
             .into_iter()
             .map(|(topic, partitions)| PartitionedTopicMetadata { topic, partitions })
             .collect(),
-    })
+    }
 }
 
 /// `ListReplayJobs` without a topic over the cluster: `mine` (this
@@ -95,4 +105,46 @@ pub(super) async fn list_replay_jobs<H: Admin>(
     let mut jobs: Vec<ReplayJob> = jobs.into_values().collect();
     jobs.sort_by(|a, b| (a.created_ms, &a.topic, a.id).cmp(&(b.created_ms, &b.topic, b.id)));
     Ok(ListReplayJobsResponse { jobs })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed(topics: &[&str], partitioned: &[(&str, u32)]) -> ListTopicsResponse {
+        ListTopicsResponse {
+            topics: topics.iter().map(|t| t.to_string()).collect(),
+            partitioned: partitioned
+                .iter()
+                .map(|(t, n)| PartitionedTopicMetadata {
+                    topic: t.to_string(),
+                    partitions: *n,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_topic_two_brokers_list_is_listed_once_with_etcds_counts_of_the_namespace() {
+        let p = |t: &str| format!("persistent://public/default/{t}");
+        let (a, b, c) = (p("a"), p("b"), p("c"));
+        let merged = union(
+            [
+                listed(&[&b, &a], &[]),
+                listed(&[&a, &c], &[(&p("old"), 2)]),
+            ],
+            vec![
+                (p("orders"), 4),
+                ("persistent://public/other/x".into(), 3),
+            ],
+            Some("public/default"),
+        );
+        assert_eq!(merged.topics, vec![a, b, c]);
+        let counts: Vec<(String, u32)> = merged
+            .partitioned
+            .into_iter()
+            .map(|m| (m.topic, m.partitions))
+            .collect();
+        assert_eq!(counts, vec![(p("old"), 2), (p("orders"), 4)]);
+    }
 }
