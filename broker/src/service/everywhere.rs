@@ -129,14 +129,8 @@ mod tests {
         let p = |t: &str| format!("persistent://public/default/{t}");
         let (a, b, c) = (p("a"), p("b"), p("c"));
         let merged = union(
-            [
-                listed(&[&b, &a], &[]),
-                listed(&[&a, &c], &[(&p("old"), 2)]),
-            ],
-            vec![
-                (p("orders"), 4),
-                ("persistent://public/other/x".into(), 3),
-            ],
+            [listed(&[&b, &a], &[]), listed(&[&a, &c], &[(&p("old"), 2)])],
+            vec![(p("orders"), 4), ("persistent://public/other/x".into(), 3)],
             Some("public/default"),
         );
         assert_eq!(merged.topics, vec![a, b, c]);

@@ -85,10 +85,7 @@ async fn lists_asked_of_any_broker_are_the_clusters() {
     // A partitioned topic spread over the three brokers, each partition
     // used (so a topic on its owner): two dead letters on each.
     let t = "jobs";
-    admin
-        .create_partitioned_topic(t, PARTITIONS)
-        .await
-        .unwrap();
+    admin.create_partitioned_topic(t, PARTITIONS).await.unwrap();
     let mut owners = BTreeSet::new();
     for i in 0..PARTITIONS {
         owners.insert(c.lookup(&partition(t, i)).await.unwrap().broker_id);
@@ -119,7 +116,13 @@ async fn lists_asked_of_any_broker_are_the_clusters() {
     // followers hold its data but list it not).
     let rep = "everywhere";
     admin.create_replicated_topic(rep, 3).await.unwrap();
-    c.producer(rep).create().await.unwrap().send("r").await.unwrap();
+    c.producer(rep)
+        .create()
+        .await
+        .unwrap()
+        .send("r")
+        .await
+        .unwrap();
     let started = Instant::now();
     let mut holders = Vec::new();
     while holders.is_empty() {
