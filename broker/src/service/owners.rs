@@ -8,6 +8,8 @@
 //! implements the generated [`Admin`] trait, so the combinators of
 //! [`super::fanout`], written against that trait, are the same code in
 //! both modes: there is no cluster variant of any of them.
+//! [`Owners::at_every_broker`] makes one call at every other live broker
+//! the same way, for the lists that are the cluster's (`super::everywhere`).
 //!
 //! A remote answer's error keeps its code; its message is prefixed with
 //! the partition and the broker (`orders-partition-3 at broker b2: …`)
