@@ -277,7 +277,8 @@ pub struct ConsumeArgs {
 /// `topics …`.
 #[derive(Debug, Subcommand)]
 pub enum TopicsCommand {
-    /// List topics (retry and dead-letter tiers included).
+    /// List topics (retry and dead-letter tiers included); in a cluster,
+    /// every live broker's.
     List {
         /// Only topics of this `tenant/namespace`.
         #[arg(long)]
@@ -625,7 +626,8 @@ pub enum DlqCommand {
         #[arg(short = 'y', long)]
         yes: bool,
     },
-    /// Replay jobs in progress (all, or one subscription's).
+    /// Replay jobs in progress (all, in a cluster every live broker's; or
+    /// one topic's or subscription's).
     Jobs {
         /// Topic (a partitioned topic's base name: every partition's jobs).
         topic: Option<String>,

@@ -336,6 +336,23 @@ impl Cluster {
         })
     }
 
+    /// Every partitioned topic with its partition count, cluster-wide, in
+    /// name order.
+    pub async fn partitioned_topics(&self) -> Result<Vec<(String, u32)>> {
+        let prefix = self.partitioned_key("");
+        let mut out = Vec::new();
+        for kv in self.etcd.get_prefix(&prefix).await? {
+            let Some(base) = kv.key.strip_prefix(&prefix) else {
+                continue;
+            };
+            let count = kv.value.parse().map_err(|_| {
+                ClusterError::Etcd(format!("bad partition count {:?} for {base}", kv.value))
+            })?;
+            out.push((base.to_owned(), count));
+        }
+        Ok(out)
+    }
+
     /// Creates partitioned topic `base` cluster-wide and places its
     /// partitions, spread over the live brokers (each creates its
     /// partitions' logs on first use). The caller has checked the name and

@@ -406,6 +406,7 @@ impl ConsoleApi {
             .list_replay_jobs(self.req(ListReplayJobsRequest {
                 topic: topic.to_owned(),
                 subscription: sub.to_owned(),
+                local_only: false,
             }))
             .await?;
         Ok(r.into_inner().jobs)

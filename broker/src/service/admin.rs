@@ -3,6 +3,7 @@
 //! automatically: replays and purges are operator decisions.
 
 use super::dead_letters::{self, passes};
+use super::everywhere;
 use super::fanout::{self as parts, partitioned};
 use super::owners::Owners;
 use super::routing::FanOut;
@@ -51,13 +52,18 @@ impl AdminService {
         let ps = (0..fan_out.partitions)
             .map(|i| crate::name::partition(&name, i))
             .collect();
-        let at = Owners::cluster(
+        Some((name, ps, self.owners(cluster, r)))
+    }
+
+    /// Calls made at other brokers in `cluster` on behalf of the caller
+    /// of `r` (its credential and deadline).
+    fn owners<T>(&self, cluster: &Arc<ricochet_cluster::Cluster>, r: &Request<T>) -> Owners<Self> {
+        Owners::cluster(
             self.clone(),
             self.node.clone(),
             cluster.clone(),
             r.metadata(),
-        );
-        Some((name, ps, at))
+        )
     }
 
     async fn sub(
@@ -94,6 +100,27 @@ impl AdminService {
             topic: name.to_string(),
             created,
         }))
+    }
+
+    /// This broker's own topics for `r` (whose namespace is `ns`).
+    async fn local_topics(&self, r: &ListTopicsRequest, ns: Option<&str>) -> ListTopicsResponse {
+        let mut topics = self.node.core.list_topics(ns).await;
+        if !r.include_system_topics {
+            topics.retain(|t| !crate::name::is_system_topic(t));
+        }
+        ListTopicsResponse {
+            topics,
+            partitioned: self
+                .node
+                .partitions
+                .list(ns)
+                .into_iter()
+                .map(|(n, partitions)| PartitionedTopicMetadata {
+                    topic: n.to_string(),
+                    partitions,
+                })
+                .collect(),
+        }
     }
 
     /// The cluster's `default_replicas` (1 standalone).
@@ -180,27 +207,20 @@ impl Admin for AdminService {
         &self,
         r: Request<ListTopicsRequest>,
     ) -> Result<Response<ListTopicsResponse>, Status> {
+        // In a cluster, unless asked for this broker's own: every broker's.
+        let everywhere = match self.node.cluster() {
+            Some(c) if !r.get_ref().local_only => Some((self.owners(c, &r), c)),
+            _ => None,
+        };
         let r = r.into_inner();
         let ns = match r.namespace.as_str() {
             "" => None,
             given => Some(crate::name::parse_namespace(given)?),
         };
-        let mut topics = self.node.core.list_topics(ns).await;
-        if !r.include_system_topics {
-            topics.retain(|t| !crate::name::is_system_topic(t));
-        }
-        Ok(Response::new(ListTopicsResponse {
-            topics,
-            partitioned: self
-                .node
-                .partitions
-                .list(ns)
-                .into_iter()
-                .map(|(n, partitions)| PartitionedTopicMetadata {
-                    topic: n.to_string(),
-                    partitions,
-                })
-                .collect(),
+        let mine = self.local_topics(&r, ns).await;
+        Ok(Response::new(match everywhere {
+            Some((at, c)) => everywhere::list_topics(&at, c, mine, &r, ns).await?,
+            None => mine,
         }))
     }
 
@@ -548,10 +568,20 @@ impl Admin for AdminService {
                 parts::list_replay_jobs(&at, &ps, r.into_inner()).await?,
             ));
         }
-        Ok(Response::new(dead_letters::list_jobs(
-            &self.node.core,
-            r.into_inner(),
-        )?))
+        // Without a topic in a cluster, unless asked for this broker's
+        // own: every broker's jobs.
+        let everywhere = match self.node.cluster() {
+            Some(c) if r.get_ref().topic.is_empty() && !r.get_ref().local_only => {
+                Some(self.owners(c, &r))
+            }
+            _ => None,
+        };
+        let r = r.into_inner();
+        let mine = dead_letters::list_jobs(&self.node.core, r.clone())?;
+        Ok(Response::new(match everywhere {
+            Some(at) => everywhere::list_replay_jobs(&at, mine, r).await?,
+            None => mine,
+        }))
     }
 
     async fn cancel_replay_job(

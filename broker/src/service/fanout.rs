@@ -530,6 +530,7 @@ pub(super) async fn cancel_replay_job(
         ListReplayJobsRequest {
             topic: String::new(),
             subscription: String::new(),
+            local_only: false,
         },
     )
     .await?;

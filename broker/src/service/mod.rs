@@ -7,6 +7,7 @@ mod cluster;
 mod consume;
 mod dead_letters;
 mod event_view;
+mod everywhere;
 mod fanout;
 mod input;
 mod owners;

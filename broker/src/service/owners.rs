@@ -8,6 +8,8 @@
 //! implements the generated [`Admin`] trait, so the combinators of
 //! [`super::fanout`], written against that trait, are the same code in
 //! both modes: there is no cluster variant of any of them.
+//! [`Owners::at_every_broker`] makes one call at every other live broker
+//! the same way, for the lists that are the cluster's (`super::everywhere`).
 //!
 //! A remote answer's error keeps its code; its message is prefixed with
 //! the partition and the broker (`orders-partition-3 at broker b2: …`)
@@ -22,7 +24,7 @@
 //! ([`PEER_KEEPALIVE`](super::routing::PEER_KEEPALIVE), about twice it), and a long call (a replay) on a
 //! live broker goes on.
 
-use super::routing::{AdminAt, admin_at};
+use super::routing::{AdminAt, admin_at, admin_client};
 use crate::name::TopicName;
 use crate::node::Node;
 use crate::transfer::mover::authorized;
@@ -110,8 +112,62 @@ impl<H: Admin> Owners<H> {
         }
     }
 
+    /// Every other live broker's answer to `call` with `message` (none
+    /// standalone), all asked at once with the caller's credential and
+    /// deadline. The first failure fails the whole: a broker not reached
+    /// or not answering before the deadline is UNAVAILABLE naming `what`
+    /// and the broker, as a partition's owner is.
+    pub(super) async fn at_every_broker<Q, A, F, Fut>(
+        &self,
+        what: &str,
+        message: Q,
+        call: F,
+    ) -> Result<Vec<A>, Status>
+    where
+        Q: Clone,
+        F: Fn(AdminClient<Channel>, Request<Q>) -> Fut,
+        Fut: Future<Output = Result<Response<A>, Status>>,
+    {
+        let Some((node, cluster)) = &self.cluster else {
+            return Ok(Vec::new());
+        };
+        let brokers = self
+            .bounded(cluster.brokers())
+            .await
+            .ok_or_else(|| {
+                Status::unavailable(format!(
+                    "{what}: the brokers were not listed before the call's deadline"
+                ))
+            })?
+            .map_err(crate::error::BrokerError::from)?;
+        let asks = brokers
+            .into_iter()
+            .filter(|b| b.live && b.id != cluster.id())
+            .map(|b| {
+                let (message, call) = (message.clone(), &call);
+                async move {
+                    let client = self
+                        .bounded(admin_client(&node.core.config, &b.id, &b.url))
+                        .await
+                        .ok_or_else(|| {
+                            Status::unavailable(format!(
+                                "{what} at broker {}: not reached before the call's deadline",
+                                b.id
+                            ))
+                        })?
+                        .map_err(|e| {
+                            let s = Status::from(e);
+                            Status::new(s.code(), format!("{what}: {}", s.message()))
+                        })?;
+                    let answer = self.answer(what, &b.id, call(client, self.remote(message)));
+                    Ok::<_, Status>(answer.await?.into_inner())
+                }
+            });
+        futures::future::try_join_all(asks).await
+    }
+
     /// `call` within the deadline, if any (`None`: it passed).
-    async fn bounded<T>(&self, call: impl Future<Output = T>) -> Option<T> {
+    pub(super) async fn bounded<T>(&self, call: impl Future<Output = T>) -> Option<T> {
         match self.deadline {
             Some(d) => tokio::time::timeout_at(d, call).await.ok(),
             None => Some(call.await),

@@ -384,6 +384,7 @@ async fn a_paced_replay_is_a_job_that_can_be_listed_and_cancelled() {
         .list_replay_jobs(ListReplayJobsRequest {
             topic: "paced".into(),
             subscription: "s".into(),
+            local_only: false,
         })
         .await
         .unwrap()

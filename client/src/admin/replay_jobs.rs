@@ -20,6 +20,7 @@ impl Admin {
         let req = ListReplayJobsRequest {
             topic: or_empty(topic),
             subscription: or_empty(subscription),
+            local_only: false,
         };
         let call = |t: Transport, r: ListReplayJobsRequest| async move {
             Self::rpc(t).list_replay_jobs(r).await

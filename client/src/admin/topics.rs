@@ -21,6 +21,7 @@ impl Admin {
         let req = ListTopicsRequest {
             namespace: or_empty(namespace),
             include_system_topics,
+            local_only: false,
         };
         self.on_service(req, |t, r| async move { Self::rpc(t).list_topics(r).await })
             .await

@@ -73,14 +73,17 @@ fn key_of(i: u32) -> String {
         .unwrap()
 }
 
-/// The partitions of `t` a broker has as topics (asked of that broker).
+/// The partitions of `t` a broker has as topics (asked of that broker,
+/// for its own).
 async fn partitions_on(b: &ClusterBroker, t: &str) -> Vec<String> {
-    let listed = client(&b.url())
+    let listed = AdminClient::new(client(&b.url()).await.channel())
+        .list_topics(ricochet_proto::ListTopicsRequest {
+            local_only: true,
+            ..Default::default()
+        })
         .await
-        .admin()
-        .list_topics(None, false)
-        .await
-        .unwrap();
+        .unwrap()
+        .into_inner();
     let prefix = format!("persistent://public/default/{t}-partition-");
     listed
         .topics

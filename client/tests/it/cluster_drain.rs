@@ -493,6 +493,7 @@ async fn a_copy_left_by_an_unfinished_move_is_deleted_when_its_broker_returns() 
         )
         .list_topics(ricochet_client::proto::ListTopicsRequest {
             namespace: "public/default".into(),
+            local_only: true,
             ..Default::default()
         })
         .await

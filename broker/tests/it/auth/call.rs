@@ -143,6 +143,7 @@ pub(crate) async fn call(url: &str, method: &str, token: Option<&str>) -> Result
                 ListReplayJobsRequest {
                     topic: t(),
                     subscription: s(),
+                    local_only: false,
                 },
                 token,
             ))

@@ -226,6 +226,7 @@ fn rpcs() -> Vec<Rpc> {
             sample: ListReplayJobsRequest {
                 topic: "frames".into(),
                 subscription: "s".into(),
+                local_only: false,
             }
             .encode_to_vec(),
             decodes: decodes::<ListReplayJobsRequest>,
