@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use common::{recv, text};
 use ricochet_client::admin::{DeadLetterFilter, DeadLetterGroupBy, ReplayOptions};
-use ricochet_client::{Client, ErrorKind, InitialPosition, OutgoingMessage, SubscriptionType};
+use ricochet_client::{
+    Client, Consumer, ErrorKind, InitialPosition, OutgoingMessage, SubscriptionType,
+};
 use ricochet_policy::{BreakerMode, BreakerSpec, PolicySpec};
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::partitions::partition_for_key;
@@ -31,9 +33,9 @@ use ricochet_testkit::{ClusterBroker, SpawnOptions, etcd_or_skip, spawn_cluster}
 static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const LONG: Duration = Duration::from_secs(60);
-const PARTITIONS: u32 = 6;
+pub(crate) const PARTITIONS: u32 = 6;
 
-async fn client(url: &str) -> Client {
+pub(crate) async fn client(url: &str) -> Client {
     Client::builder(url)
         .request_timeout(Duration::from_secs(10))
         .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(500))
@@ -42,13 +44,17 @@ async fn client(url: &str) -> Client {
         .unwrap()
 }
 
-fn partition(t: &str, i: u32) -> String {
+pub(crate) fn partition(t: &str, i: u32) -> String {
     format!("{t}-partition-{i}")
 }
 
 /// Creates `t` with [`PARTITIONS`] partitions through `c`; each
 /// partition's owner's broker id, checked to span all of `brokers`.
-async fn create_spread(c: &Client, t: &str, brokers: &[ClusterBroker]) -> BTreeMap<u32, String> {
+pub(crate) async fn create_spread(
+    c: &Client,
+    t: &str,
+    brokers: &[ClusterBroker],
+) -> BTreeMap<u32, String> {
     c.admin()
         .create_partitioned_topic(t, PARTITIONS)
         .await
@@ -66,7 +72,7 @@ async fn create_spread(c: &Client, t: &str, brokers: &[ClusterBroker]) -> BTreeM
 }
 
 /// A key of partition `i` (of [`PARTITIONS`]).
-fn key_of(i: u32) -> String {
+pub(crate) fn key_of(i: u32) -> String {
     (0..)
         .map(|k| format!("k{k}"))
         .find(|k| partition_for_key(k, PARTITIONS) == i)
@@ -275,17 +281,10 @@ async fn admin_calls_on_a_base_name_reach_every_partition_at_its_owner() {
     replay_jobs_on_a_base_name(&c, &brokers).await;
 }
 
-/// Detached replay jobs of a partitioned topic whose partitions live on
-/// three brokers: started, listed and cancelled through one broker by the
-/// base name. Each broker numbers its own jobs, so an id may name a job on
-/// several partitions: cancelling it by the base name is then refused,
-/// changing nothing, and the partition's name cancels it.
-async fn replay_jobs_on_a_base_name(c: &Client, brokers: &[ClusterBroker]) {
-    let t = "jobs";
-    create_spread(c, t, brokers).await;
-    let admin = c.admin();
-    // Two dead letters per partition: a job at one a second is still
-    // running after its first.
+/// Two dead letters on each partition of `t` in subscription `s` (so a
+/// replay job at one a second is still running after its first); the
+/// subscription's consumer.
+pub(crate) async fn two_dead_letters_per_partition(c: &Client, t: &str) -> Consumer {
     let mut consumer = c
         .consumer(t)
         .subscription("s")
@@ -306,6 +305,19 @@ async fn replay_jobs_on_a_base_name(c: &Client, brokers: &[ClusterBroker]) {
         consumer.terminate(&m, "bad").await.unwrap();
     }
     consumer.flush().await.unwrap();
+    consumer
+}
+
+/// Detached replay jobs of a partitioned topic whose partitions live on
+/// three brokers: started, listed and cancelled through one broker by the
+/// base name. Each broker numbers its own jobs, so an id may name a job on
+/// several partitions: cancelling it by the base name is then refused,
+/// changing nothing, and the partition's name cancels it.
+async fn replay_jobs_on_a_base_name(c: &Client, brokers: &[ClusterBroker]) {
+    let t = "jobs";
+    create_spread(c, t, brokers).await;
+    let admin = c.admin();
+    let consumer = two_dead_letters_per_partition(c, t).await;
     let slow = ReplayOptions::new().rate_per_second(1).detach(true);
     let started = admin.replay_dead_letters(t, "s", &slow).await.unwrap();
     let mut each: Vec<(String, u64)> = started

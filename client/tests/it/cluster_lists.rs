@@ -8,45 +8,22 @@
 //! one. With one broker stopped (SIGSTOP), both lists answer UNAVAILABLE
 //! naming it before the caller's deadline.
 
-use crate::common;
+use crate::cluster_admin::{
+    PARTITIONS, client, create_spread, partition, two_dead_letters_per_partition,
+};
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::recv;
 use ricochet_client::admin::ReplayOptions;
-use ricochet_client::{Client, InitialPosition, OutgoingMessage, SubscriptionType};
 use ricochet_proto::admin_client::AdminClient;
-use ricochet_proto::partitions::partition_for_key;
 use ricochet_proto::{ListReplayJobsRequest, ListTopicsRequest};
 use ricochet_testkit::{ClusterBroker, SpawnOptions, etcd_or_skip, spawn_cluster};
 
 const LONG: Duration = Duration::from_secs(60);
-const PARTITIONS: u32 = 6;
-
-async fn client(url: &str) -> Client {
-    Client::builder(url)
-        .request_timeout(Duration::from_secs(10))
-        .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(500))
-        .connect()
-        .await
-        .unwrap()
-}
 
 fn full(t: &str) -> String {
     format!("persistent://public/default/{t}")
-}
-
-fn partition(t: &str, i: u32) -> String {
-    format!("{t}-partition-{i}")
-}
-
-/// A key of partition `i` (of [`PARTITIONS`]).
-fn key_of(i: u32) -> String {
-    (0..)
-        .map(|k| format!("k{k}"))
-        .find(|k| partition_for_key(k, PARTITIONS) == i)
-        .unwrap()
 }
 
 /// The topics broker `b` holds itself (`local_only`).
@@ -85,32 +62,8 @@ async fn lists_asked_of_any_broker_are_the_clusters() {
     // A partitioned topic spread over the three brokers, each partition
     // used (so a topic on its owner): two dead letters on each.
     let t = "jobs";
-    admin.create_partitioned_topic(t, PARTITIONS).await.unwrap();
-    let mut owners = BTreeSet::new();
-    for i in 0..PARTITIONS {
-        owners.insert(c.lookup(&partition(t, i)).await.unwrap().broker_id);
-    }
-    assert_eq!(owners.len(), 3, "the partitions spread over all three");
-    let mut consumer = c
-        .consumer(t)
-        .subscription("s")
-        .subscription_type(SubscriptionType::Shared)
-        .initial_position(InitialPosition::Earliest)
-        .subscribe()
-        .await
-        .unwrap();
-    let producer = c.producer(t).create().await.unwrap();
-    for i in 0..2 * PARTITIONS {
-        producer
-            .send(OutgoingMessage::builder(format!("j{i}")).key(key_of(i % PARTITIONS)))
-            .await
-            .unwrap();
-    }
-    for _ in 0..2 * PARTITIONS {
-        let m = recv(&mut consumer, LONG).await;
-        consumer.terminate(&m, "bad").await.unwrap();
-    }
-    consumer.flush().await.unwrap();
+    create_spread(&c, t, &brokers).await;
+    let _consumer = two_dead_letters_per_partition(&c, t).await;
 
     // A topic replicated on all three, used: its leader has it open (its
     // followers hold its data but list it not).
