@@ -126,6 +126,17 @@ impl Groups {
             .await
             .map_err(|e| BrokerError::Peer(format!("not confirmed as leader: {e}")))?;
         let name = TopicName::parse_stored(topic)?;
+        // The member that formed the group lost its first election before
+        // it committed the topic's creation: the group's leader commits it
+        // (idempotent, as every `CreateTopic`).
+        if !self.holds_record(name.as_str())? {
+            let command = super::create_command(&name, record.replicas);
+            tokio::time::timeout(WRITE_TIMEOUT, super::propose_as_leader(partition, &command))
+                .await
+                .map_err(|_| {
+                    BrokerError::Peer(format!("the creation of {name} was not committed in time"))
+                })??;
+        }
         let mut storage = ReplicatedStorage::new(partition.clone(), WRITE_TIMEOUT);
         if let Some(rt) = self.runtime.handle() {
             storage = storage.with_raft_runtime(rt);

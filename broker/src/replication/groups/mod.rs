@@ -362,7 +362,7 @@ impl Groups {
             .map_err(replication)?;
         drop(forming);
         let command = create_command(topic, replicas);
-        match tokio::time::timeout(FORM_TIMEOUT, propose_as_leader(&partition, &command)).await {
+        match tokio::time::timeout(FORM_TIMEOUT, self.commit_creation(&partition, &command)).await {
             Ok(Ok(())) => Ok(true),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(BrokerError::Peer(format!(
@@ -778,6 +778,46 @@ async fn propose_as_leader(
             }
             Err(e) => return Err(replication(e)),
         }
+    }
+}
+
+impl Groups {
+    /// Commits a new group's creation (`command`, its topic's
+    /// `CreateTopic`) from the member that formed it. Another member may win
+    /// the group's first election: that leader commits the creation itself
+    /// when it takes the topic ([`Self::take`]), so here it is enough that
+    /// the record arrives in this member's store.
+    async fn commit_creation(
+        &self,
+        partition: &ReplicatedPartition,
+        command: &PartitionCommand,
+    ) -> Result<()> {
+        let PartitionCommand::CreateTopic(record) = command else {
+            return propose_as_leader(partition, command).await;
+        };
+        loop {
+            match partition.propose(command).await {
+                Ok(PartitionReply::Refused(why)) => return Err(BrokerError::Conflict(why)),
+                Ok(_) => return Ok(()),
+                Err(ricochet_replication::ReplicationError::NotLeader { leader, .. }) => {
+                    if leader.is_some() && self.holds_record(&record.name)? {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(replication(e)),
+            }
+        }
+    }
+
+    /// Whether this broker's store holds the record of topic `name`.
+    pub(super) fn holds_record(&self, name: &str) -> Result<bool> {
+        Ok(self
+            .core
+            .storage
+            .list_topics()?
+            .iter()
+            .any(|t| t.name == name))
     }
 }
 
