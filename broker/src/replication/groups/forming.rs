@@ -121,8 +121,11 @@ impl Groups {
             let command = create_command(&name, record.replicas);
             let (partition, topic) = (partition.clone(), topic.clone());
             tokio::spawn(async move {
-                match tokio::time::timeout(FORM_TIMEOUT, propose_as_leader(&partition, &command))
-                    .await
+                match tokio::time::timeout(
+                    FORM_TIMEOUT,
+                    propose_as_leader(&partition, &command, None),
+                )
+                .await
                 {
                     Ok(Ok(())) => tracing::info!(%topic, "the group's topic creation committed"),
                     Ok(Err(e)) => {

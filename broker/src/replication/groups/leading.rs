@@ -131,11 +131,14 @@ impl Groups {
         // (idempotent, as every `CreateTopic`).
         if !self.holds_record(name.as_str())? {
             let command = super::create_command(&name, record.replicas);
-            tokio::time::timeout(WRITE_TIMEOUT, super::propose_as_leader(partition, &command))
-                .await
-                .map_err(|_| {
-                    BrokerError::Peer(format!("the creation of {name} was not committed in time"))
-                })??;
+            tokio::time::timeout(
+                WRITE_TIMEOUT,
+                super::propose_as_leader(partition, &command, None),
+            )
+            .await
+            .map_err(|_| {
+                BrokerError::Peer(format!("the creation of {name} was not committed in time"))
+            })??;
         }
         let mut storage = ReplicatedStorage::new(partition.clone(), WRITE_TIMEOUT);
         if let Some(rt) = self.runtime.handle() {

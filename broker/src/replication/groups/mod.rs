@@ -294,7 +294,7 @@ impl Groups {
                 && p.node().leader() == Some(p.node().id())
             {
                 let command = create_command(topic, replicas);
-                tokio::time::timeout(FORM_TIMEOUT, propose_as_leader(&p, &command))
+                tokio::time::timeout(FORM_TIMEOUT, propose_as_leader(&p, &command, None))
                     .await
                     .map_err(|_| {
                         BrokerError::Peer(format!(
@@ -362,7 +362,12 @@ impl Groups {
             .map_err(replication)?;
         drop(forming);
         let command = create_command(topic, replicas);
-        match tokio::time::timeout(FORM_TIMEOUT, self.commit_creation(&partition, &command)).await {
+        match tokio::time::timeout(
+            FORM_TIMEOUT,
+            self.commit_creation(&partition, &command, topic),
+        )
+        .await
+        {
             Ok(Ok(())) => Ok(true),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(BrokerError::Peer(format!(
@@ -764,50 +769,47 @@ fn exists(topic: &TopicName, existing: &GroupRecord, replicas: u32) -> Result<bo
 }
 
 /// Proposes `command` on `partition`, waiting out the first election of a
-/// new group (this member initialized it, so it stands first).
+/// new group (this member initialized it, so it usually stands first).
+/// When another member wins it, the proposal fails, unless
+/// `applied_elsewhere` is given: then it waits until that says the
+/// command's effect arrived here through the winner.
 async fn propose_as_leader(
     partition: &ReplicatedPartition,
     command: &PartitionCommand,
+    applied_elsewhere: Option<&(dyn Fn() -> Result<bool> + Sync)>,
 ) -> Result<()> {
     loop {
         match partition.propose(command).await {
             Ok(PartitionReply::Refused(why)) => return Err(BrokerError::Conflict(why)),
             Ok(_) => return Ok(()),
-            Err(ricochet_replication::ReplicationError::NotLeader { leader: None, .. }) => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            Err(ricochet_replication::ReplicationError::NotLeader { leader: None, .. }) => {}
+            Err(ricochet_replication::ReplicationError::NotLeader { .. })
+                if let Some(applied) = applied_elsewhere =>
+            {
+                if applied()? {
+                    return Ok(());
+                }
             }
             Err(e) => return Err(replication(e)),
         }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
 impl Groups {
-    /// Commits a new group's creation (`command`, its topic's
-    /// `CreateTopic`) from the member that formed it. Another member may win
-    /// the group's first election: that leader commits the creation itself
-    /// when it takes the topic ([`Self::take`]), so here it is enough that
-    /// the record arrives in this member's store.
+    /// Commits a new group's creation (`command`, the `CreateTopic` of
+    /// `topic`) from the member that formed it. Another member may win the
+    /// group's first election: that leader commits the creation itself when
+    /// it takes the topic ([`Self::take`]), so here it is enough that the
+    /// record arrives in this member's store.
     async fn commit_creation(
         &self,
         partition: &ReplicatedPartition,
         command: &PartitionCommand,
+        topic: &TopicName,
     ) -> Result<()> {
-        let PartitionCommand::CreateTopic(record) = command else {
-            return propose_as_leader(partition, command).await;
-        };
-        loop {
-            match partition.propose(command).await {
-                Ok(PartitionReply::Refused(why)) => return Err(BrokerError::Conflict(why)),
-                Ok(_) => return Ok(()),
-                Err(ricochet_replication::ReplicationError::NotLeader { leader, .. }) => {
-                    if leader.is_some() && self.holds_record(&record.name)? {
-                        return Ok(());
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => return Err(replication(e)),
-            }
-        }
+        let applied = || self.holds_record(topic.as_str());
+        propose_as_leader(partition, command, Some(&applied)).await
     }
 
     /// Whether this broker's store holds the record of topic `name`.
