@@ -17,7 +17,7 @@
 
 use super::api::ReplayOptions;
 use super::format::{fmt_ms, link};
-use super::pages::{Params, parse_time};
+use super::params::{Params, parse_time};
 use super::{ConsoleError, ConsoleState, Page, layout};
 use axum::body::Bytes;
 use axum::extract::{Path, Query};
@@ -307,6 +307,7 @@ pub(crate) async fn confirm(
         return confirm_cancel(&st, topic, sub, &p.job).await;
     }
     let query = p.query()?;
+    super::partitioned::refuse_base_name(&st, topic).await?;
     // The broker's own answer to the filter: exactly what it would touch.
     let ids = if action == Action::Purge {
         st.api.purge_dry_run(topic, sub, &query).await?

@@ -208,14 +208,27 @@ impl ConsoleApi {
         Ok(r.into_inner())
     }
 
-    /// Every topic, tier topics included, sorted.
-    pub(crate) async fn topics(&self) -> ApiResult<Vec<String>> {
+    /// Every topic, tier topics and partitions included, sorted, and the
+    /// partitioned topics' base names with their partition counts.
+    pub(crate) async fn topics(&self) -> ApiResult<ListTopicsResponse> {
         let r = self
             .admin
             .clone()
             .list_topics(self.req(ListTopicsRequest::default()))
             .await?;
-        Ok(r.into_inner().topics)
+        Ok(r.into_inner())
+    }
+
+    /// How many partitions `topic` has when it is a partitioned topic's
+    /// base name (`None`: an ordinary topic, or a partition).
+    pub(crate) async fn partitions(&self, topic: &str) -> ApiResult<Option<u32>> {
+        Ok(self
+            .topics()
+            .await?
+            .partitioned
+            .into_iter()
+            .find(|p| p.topic == topic)
+            .map(|p| p.partitions))
     }
 
     /// A topic's counters with every subscription's stats.

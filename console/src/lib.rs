@@ -61,6 +61,8 @@ mod charts;
 mod format;
 mod key_order;
 mod pages;
+mod params;
+mod partitioned;
 pub mod session;
 
 use axum::Router;

@@ -3,144 +3,26 @@
 //! topic; a subscription with its pictures; the dead-letter list with its
 //! filters and the broker's group-by; one dead letter with every attempt,
 //! its edit history and the fix-and-resend form; any stored message with
-//! its state in each subscription; the subscription's replay jobs. Also the query-string parsing they share
-//! (a bad filter is a 400 naming the field) and the text formatters (reasons, payloads).
+//! its state in each subscription; the subscription's replay jobs. Also the text formatters they share
+//! (reasons, payloads); their query strings are parsed by [`super::params`].
 
 use super::api::{ApiResult, ConsoleApi, DeadLetterQuery, GroupBy};
 use super::charts;
 use super::format::{fmt_ms, link};
+use super::params::{Params, parse_id};
+use super::partitioned;
 use super::{ConsoleError, ConsoleState, Page, layout};
 use axum::extract::Query;
 use base64::Engine;
 use maud::{Markup, html};
 use ricochet_policy::{FailureContext, PolicySpec, ScheduleTable, explain_with};
 use ricochet_proto::*;
-use serde::Deserialize;
 use std::collections::BTreeSet;
 
 /// Dead letters per page of the list.
 const PAGE_SIZE: u32 = 100;
 /// Most dead letters the subscription page's inflow picture reads.
 const CHART_LIMIT: u32 = 2000;
-
-/// Every query parameter any page takes (each page reads its own).
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-pub(crate) struct Params {
-    pub topic: String,
-    pub sub: String,
-    pub id: String,
-    pub reason: String,
-    pub since: String,
-    pub until: String,
-    pub ids: String,
-    pub after: String,
-    pub group: String,
-    pub job: String,
-}
-
-impl Params {
-    pub(crate) fn topic(&self) -> Result<&str, ConsoleError> {
-        required("topic", &self.topic)
-    }
-
-    pub(crate) fn sub(&self) -> Result<&str, ConsoleError> {
-        required("sub", &self.sub)
-    }
-
-    /// The dead-letter filter these parameters give.
-    pub(crate) fn query(&self) -> Result<DeadLetterQuery, ConsoleError> {
-        Ok(DeadLetterQuery {
-            reason: self.reason.trim().to_owned(),
-            since_ms: parse_time("since", &self.since)?,
-            until_ms: parse_time("until", &self.until)?,
-            ids: parse_ids(&self.ids)?,
-        })
-    }
-
-    /// The filter parameters (for links that keep the filter).
-    fn filter_pairs(&self) -> Vec<(&'static str, &str)> {
-        [
-            ("reason", self.reason.as_str()),
-            ("since", self.since.as_str()),
-            ("until", self.until.as_str()),
-            ("ids", self.ids.as_str()),
-            ("group", self.group.as_str()),
-        ]
-        .into_iter()
-        .filter(|(_, v)| !v.trim().is_empty())
-        .collect()
-    }
-}
-
-fn required<'a>(name: &str, value: &'a str) -> Result<&'a str, ConsoleError> {
-    match value.trim() {
-        "" => Err(ConsoleError::bad_request(format!("`{name}` is required"))),
-        v => Ok(v),
-    }
-}
-
-/// A time filter: empty (unbounded), milliseconds since the epoch, a
-/// duration ago (`90m`, `2h`), or a UTC date and time (`2026-11-30
-/// 20:15[:00]`, `T` or a space between).
-pub(crate) fn parse_time(field: &str, s: &str) -> Result<u64, ConsoleError> {
-    let s = s.trim();
-    if s.is_empty() {
-        return Ok(0);
-    }
-    if s.bytes().all(|b| b.is_ascii_digit()) {
-        return s.parse().map_err(|_| bad_time(field, s));
-    }
-    let now = std::time::SystemTime::now();
-    let at = if let Ok(ago) = humantime::parse_duration(s) {
-        now.checked_sub(ago).ok_or_else(|| bad_time(field, s))?
-    } else {
-        let full = if s.len() == 16 {
-            format!("{s}:00")
-        } else {
-            s.to_owned()
-        };
-        humantime::parse_rfc3339_weak(full.trim_end_matches('Z')).map_err(|_| bad_time(field, s))?
-    };
-    let ms = at
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_err(|_| bad_time(field, s))?
-        .as_millis();
-    u64::try_from(ms).map_err(|_| bad_time(field, s))
-}
-
-fn bad_time(field: &str, s: &str) -> ConsoleError {
-    ConsoleError::bad_request(format!(
-        "`{field}` is not a time: {} (give a UTC time like 2026-11-30 20:15, a duration ago like 2h, or ms since the epoch)",
-        crate::echo(s)
-    ))
-}
-
-/// Dead-letter ids separated by commas or spaces.
-pub(crate) fn parse_ids(s: &str) -> Result<Vec<u64>, ConsoleError> {
-    let ids: Result<BTreeSet<u64>, _> = s
-        .split(|c: char| c == ',' || c.is_whitespace())
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            p.parse::<u64>().map_err(|_| {
-                ConsoleError::bad_request(format!(
-                    "`ids` must be entry ids (numbers) separated by commas: {} is not one",
-                    crate::echo(p)
-                ))
-            })
-        })
-        .collect();
-    Ok(ids?.into_iter().collect())
-}
-
-fn parse_id(s: &str) -> Result<u64, ConsoleError> {
-    required("id", s)?.parse().map_err(|_| {
-        ConsoleError::bad_request(format!(
-            "`id` must be an entry id (a number), not {}",
-            crate::echo(s)
-        ))
-    })
-}
 
 fn sub_link(path: &str, topic: &str, sub: &str) -> String {
     link(path, &[("topic", topic), ("sub", sub)])
@@ -243,11 +125,18 @@ fn subscriptions_table(subs: &[SubscriptionStatsResponse]) -> Markup {
     }
 }
 
-/// `/`: every topic with its subscriptions; tier topics listed apart.
+/// `/`: every topic with its subscriptions; a partitioned topic once, by
+/// its base name, its partitions summed; tier topics listed apart.
 pub(crate) async fn index(st: ConsoleState) -> Page {
+    let listing = st.api.topics().await?;
+    let bases: Vec<(String, u32)> = listing
+        .partitioned
+        .iter()
+        .map(|p| (p.topic.clone(), p.partitions))
+        .collect();
     let mut topics = Vec::new();
-    for name in st.api.topics().await? {
-        match st.api.topic_stats(&name).await {
+    for name in &listing.topics {
+        match st.api.topic_stats(name).await {
             Ok(stats) => topics.push(stats),
             // Deleted between the two calls.
             Err(s) if s.code() == tonic::Code::NotFound => {}
@@ -259,15 +148,28 @@ pub(crate) async fn index(st: ConsoleState) -> Page {
         .flat_map(|t| &t.subscriptions)
         .flat_map(|s| [s.retry_topic.clone(), s.dead_letter_topic.clone()])
         .collect();
-    let (tier_topics, topics): (Vec<_>, Vec<_>) =
+    let (tier_topics, mut topics): (Vec<_>, Vec<_>) =
         topics.into_iter().partition(|t| tiers.contains(&t.topic));
+    topics.retain(|t| !partitioned::is_partition_of(&t.topic, &bases));
+    for (base, _) in &bases {
+        match st.api.topic_stats(base).await {
+            Ok(stats) => topics.push(stats),
+            Err(s) if s.code() == tonic::Code::NotFound => {}
+            Err(s) => return Err(s.into()),
+        }
+    }
+    topics.sort_by(|a, b| a.topic.cmp(&b.topic));
+    let count = |t: &str| bases.iter().find(|(b, _)| b == t).map(|(_, n)| *n);
     Ok(layout(
         "Topics",
         html! {
             h1 { "Topics" }
             @if topics.is_empty() { p { "No topics yet." } }
             @for t in &topics {
-                h2 { a href=(link("/topic", &[("topic", &t.topic)])) { (t.topic) } }
+                h2 {
+                    a href=(link("/topic", &[("topic", &t.topic)])) { (t.topic) }
+                    @if let Some(n) = count(&t.topic) { " " span.partitions { "(" (n) " partitions)" } }
+                }
                 p { (t.message_count) " stored messages · " (t.messages_in) " published since start · " (t.producers) " producers" }
                 @if t.subscriptions.is_empty() {
                     p { "No subscriptions." }
@@ -290,16 +192,24 @@ pub(crate) async fn index(st: ConsoleState) -> Page {
 /// `/topic?topic=T`: one topic and its subscriptions.
 pub(crate) async fn topic(st: ConsoleState, Query(p): Query<Params>) -> Page {
     let t = st.api.topic_stats(p.topic()?).await?;
+    let parts = match st.api.partitions(&t.topic).await? {
+        Some(n) => Some((n, partitioned::partitions_section(&st, &t.topic, n).await?)),
+        None => None,
+    };
     Ok(layout(
         &t.topic,
         html! {
-            h1 { "Topic " (t.topic) }
+            h1 { @if parts.is_some() { "Partitioned topic " } @else { "Topic " } (t.topic) }
             table {
+                @if let Some((n, _)) = &parts { tr { th { "Partitions" } td.n { (n) } } }
                 tr { th { "Stored messages" } td.n { (t.message_count) } }
-                tr { th { "Entry ids" } td { (t.first_entry_id) " to " (t.next_entry_id) " (next)" } }
+                @if parts.is_none() {
+                    tr { th { "Entry ids" } td { (t.first_entry_id) " to " (t.next_entry_id) " (next)" } }
+                }
                 tr { th { "Published since start" } td.n { (t.messages_in) " (" (t.bytes_in) " bytes)" } }
                 tr { th { "Producers" } td.n { (t.producers) } }
             }
+            @if let Some((_, section)) = &parts { (section) }
             h2 { "Subscriptions" }
             @if t.subscriptions.is_empty() { p { "No subscriptions." } }
             @else { (subscriptions_table(&t.subscriptions)) }
@@ -313,6 +223,7 @@ pub(crate) async fn subscription(st: ConsoleState, Query(p): Query<Params>) -> P
     let (topic, sub) = (p.topic()?, p.sub()?);
     let s = st.api.subscription_stats(topic, sub).await?;
     let policy = st.api.policy(topic, sub).await?;
+    let parted = st.api.partitions(topic).await?.is_some();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -353,7 +264,11 @@ pub(crate) async fn subscription(st: ConsoleState, Query(p): Query<Params>) -> P
             }
             (super::breaker::section(&s, topic, sub))
             p {
-                "Retry tier " code { (s.retry_topic) } ", dead-letter tier " code { (s.dead_letter_topic) } ". "
+                @if parted {
+                    "Each partition has its own retry and dead-letter tier. "
+                } @else {
+                    "Retry tier " code { (s.retry_topic) } ", dead-letter tier " code { (s.dead_letter_topic) } ". "
+                }
                 a href=(sub_link("/dead-letters", topic, sub)) { "Dead letters →" }
             }
             div.charts {
@@ -372,7 +287,7 @@ pub(crate) async fn subscription(st: ConsoleState, Query(p): Query<Params>) -> P
                 }
             }
             @if let Ok((_, reasons, jobs)) = &dead {
-                (reasons_and_jobs(topic, sub, reasons, jobs))
+                (reasons_and_jobs(topic, sub, reasons, jobs, parted))
             }
             (super::key_order::section(&s, policy.policy.as_ref(), now_ms))
             h2 { "Consumers" }
@@ -432,12 +347,15 @@ fn inflow_section(dead: &ListDeadLettersResponse, now_ms: u64) -> Markup {
     }
 }
 
-/// The subscription page's table of reasons and its replay jobs.
+/// The subscription page's table of reasons and its replay jobs (on a
+/// partitioned topic's base name, each job's partition: ids are per
+/// partition, and a job is cancelled on its own).
 fn reasons_and_jobs(
     topic: &str,
     sub: &str,
     reasons: &[DeadLetterGroup],
     jobs: &[ReplayJob],
+    parted: bool,
 ) -> Markup {
     html! {
         @if !reasons.is_empty() {
@@ -458,10 +376,12 @@ fn reasons_and_jobs(
         h2 { "Replay jobs" }
         @if jobs.is_empty() { p #no-jobs { "No replay job running." } } @else {
             table #jobs {
-                tr { th { "Job" } th { "Started" } th { "By" } th { "Into" } th { "Done" } th { "Replayed" } th { "Per second" } th {} }
+                tr { @if parted { th { "Partition" } } th { "Job" } th { "Started" } th { "By" } th { "Into" } th { "Done" } th { "Replayed" } th { "Per second" } th {} }
                 @for j in jobs {
                     @let job = j.id.to_string();
+                    @let job_topic = if parted { j.topic.as_str() } else { topic };
                     tr id=(format!("job-{job}")) {
+                        @if parted { td.partition { (partitioned::job_partition(j)) } }
                         td.n { (j.id) }
                         td { (fmt_ms(j.created_ms)) }
                         td { (j.by) }
@@ -469,7 +389,7 @@ fn reasons_and_jobs(
                         td.n { (j.done) " of " (j.total) }
                         td.n { (j.replayed) }
                         td.n { (j.rate_per_second) }
-                        td { a.cancel-job href=(link("/confirm/cancel-job", &[("topic", topic), ("sub", sub), ("job", &job)])) { "cancel…" } }
+                        td { a.cancel-job href=(link("/confirm/cancel-job", &[("topic", job_topic), ("sub", sub), ("job", &job)])) { "cancel…" } }
                     }
                 }
             }
@@ -531,6 +451,7 @@ pub(crate) async fn dead_letters(st: ConsoleState, Query(p): Query<Params>) -> P
         .api
         .dead_letters(topic, sub, &query, PAGE_SIZE, after)
         .await?;
+    let parts = st.api.partitions(topic).await?;
     let grouped = match group_by {
         Some(by) => Some((
             by,
@@ -549,13 +470,20 @@ pub(crate) async fn dead_letters(st: ConsoleState, Query(p): Query<Params>) -> P
         .and_then(|d| d.message.as_ref()?.id.as_ref())
         .map(|id| id.entry_id);
     let next = match last_id {
-        Some(id) if page.dead_letters.len() as u32 == PAGE_SIZE => {
+        Some(id) if parts.is_none() && page.dead_letters.len() as u32 == PAGE_SIZE => {
             let id = id.to_string();
             let mut pairs = keep.clone();
             pairs.push(("after", &id));
             Some(link("/dead-letters", &pairs))
         }
         _ => None,
+    };
+    let by_partition = match parts {
+        Some(n) => Some(
+            partitioned::letters_by_partition(&st, topic, sub, n, &query, &p.filter_pairs())
+                .await?,
+        ),
+        None => None,
     };
     Ok(layout(
         &format!("Dead letters of {sub}"),
@@ -590,23 +518,29 @@ pub(crate) async fn dead_letters(st: ConsoleState, Query(p): Query<Params>) -> P
             @if let Some((by, groups)) = &grouped {
                 (groups_table(topic, sub, *by, groups))
             }
+            @if let Some(section) = &by_partition { (section) }
             @if page.total > 0 {
-                p {
+                @if by_partition.is_none() { p {
                     a.bulk #replay-all href=(link("/confirm/replay", &keep)) { "Replay all " (page.total) " matching…" }
                     " · "
                     a.bulk #purge-all href=(link("/confirm/purge", &keep)) { "Discard all " (page.total) " matching…" }
-                }
+                } }
                 table.dead-letters {
                     tr {
+                        @if by_partition.is_some() { th { "Partition" } }
                         th { "Id" } th { "Dead-lettered" } th { "Reason" } th { "Policy's verdict" } th { "Attempts" }
                         th { "Last consumer" } th { "Key" } th { "Payload" } th { "Actions" }
                     }
                     @for d in &page.dead_letters {
                         @let id = d.message.as_ref().and_then(|m| m.id.as_ref()).map_or(0, |i| i.entry_id);
                         @let ids = id.to_string();
-                        @let one = [("topic", topic), ("sub", sub), ("ids", ids.as_str())];
+                        // On a base name, each row's own partition.
+                        @let part = by_partition.as_ref().and_then(|_| partitioned::letter_partition(d, topic));
+                        @let at = part.as_ref().map_or(topic, |(_, name)| name.as_str());
+                        @let one = [("topic", at), ("sub", sub), ("ids", ids.as_str())];
                         tr id=(format!("dl-{id}")) {
-                            td.n { a href=(link("/dead-letter", &[("topic", topic), ("sub", sub), ("id", &ids)])) { (id) } }
+                            @if by_partition.is_some() { (partitioned::partition_cell(d, topic)) }
+                            td.n { a href=(link("/dead-letter", &[("topic", at), ("sub", sub), ("id", &ids)])) { (id) } }
                             td { (fmt_ms(d.dead_lettered_at_ms)) }
                             td.cause { (d.cause) }
                             td.verdict { (d.reason) }
@@ -822,40 +756,4 @@ pub(crate) async fn message(st: ConsoleState, Query(p): Query<Params>) -> Page {
             (payload_view(&m.payload))
         },
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn times_parse_in_every_documented_form_and_bad_ones_are_refused() {
-        assert_eq!(parse_time("since", "").unwrap(), 0);
-        assert_eq!(
-            parse_time("since", "1700000000000").unwrap(),
-            1_700_000_000_000
-        );
-        let t = parse_time("since", "2023-11-14 22:13").unwrap();
-        assert_eq!(t, 1_699_999_980_000);
-        assert_eq!(
-            parse_time("since", "2023-11-14T22:13:20Z").unwrap(),
-            1_700_000_000_000
-        );
-        let ago = parse_time("since", "1h").unwrap();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64;
-        assert!(ago <= now - 3_600_000 && ago > now - 3_700_000);
-        assert!(parse_time("since", "yesterday-ish").is_err());
-        assert!(parse_time("until", "2023-13-40 99:00").is_err());
-    }
-
-    #[test]
-    fn ids_parse_sorted_and_deduplicated() {
-        assert_eq!(parse_ids(" 5, 3 3,,9 ").unwrap(), vec![3, 5, 9]);
-        assert!(parse_ids("").unwrap().is_empty());
-        assert!(parse_ids("4,x").is_err());
-        assert!(parse_ids("-1").is_err());
-    }
 }

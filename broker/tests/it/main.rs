@@ -12,6 +12,7 @@ mod common;
 mod console_auth;
 mod console_browser;
 mod console_http;
+mod console_partitioned;
 mod corruption;
 mod crash_dedup;
 mod crash_moves;
