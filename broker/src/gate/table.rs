@@ -225,7 +225,7 @@ table! {
     service Tiered (tiered_server::Tiered) for TieredService {
         Offload => offload(TieredOffloadRequest) -> TieredOffloadResponse:
             Requirement::Permission(Admin), |r| Scope::Target { namespace: "", topic: &r.topic },
-            .route(Route::Owner), .unreplicated(OFFLOAD_UNREPLICATED),
+            .route(Route::Owner),
             audit |role, r, _| {
                 tracing::info!(target: AUDIT, role, action = "offload", topic = %r.topic)
             };
@@ -279,8 +279,10 @@ fn policy_tiers(r: &SetPolicyRequest) -> Vec<&str> {
     })
 }
 
-/// Why offloading has no replicated form yet.
-const OFFLOAD_UNREPLICATED: &str = "offloading moves one broker's segments to the object store";
+/// Why a topic's offload policy has no replicated form yet (the offload
+/// itself has: the leader's `Offload` call, a command of the group).
+const OFFLOAD_UNREPLICATED: &str = "a replicated topic's offload policy is not a record of its group yet; \
+     offload it with `topics offload` on demand";
 
 /// `ListTopics`: the topics the caller holds some permission on.
 fn visible_topics(auth: &Auth, p: Option<&Principal>, listed: &mut ListTopicsResponse) {

@@ -7,7 +7,9 @@
 //! sequences; each subscription's record (cursors, policy, key order) and
 //! state (failure records, schedule entries, dead letters) — what
 //! `transfer::capture` collects for a topic move — the topic's replay
-//! jobs and its own retention policy; then every entry of each log. It is written as CBOR records in
+//! jobs and its own retention policy; then every entry of each log, except
+//! those in ranges the group offloaded to the object store (the log's
+//! records of them travel instead, format 2). It is written as CBOR records in
 //! checksummed frames ([`ricochet_replication::snapshot`]).
 //!
 //! Capture ([`capture`]) runs between two applies and reads only the
@@ -34,6 +36,10 @@ use std::sync::Arc;
 
 /// The snapshot format this broker writes and reads.
 const FORMAT: u32 = 1;
+/// The format of a snapshot whose logs carry offload records (a broker
+/// that reads format 1 only refuses it, rather than install the log
+/// without the offloaded ranges).
+const FORMAT_OFFLOADED: u32 = 2;
 
 /// Entries read per chunk when a log is written.
 const CHUNK_ENTRIES: usize = 1_000;
@@ -51,6 +57,11 @@ pub struct LogHead {
     pub next: u64,
     /// Producers' last stored sequence ids.
     pub sequences: Vec<(String, u64)>,
+    /// The group's offload records of the log (ranges in objects, with
+    /// their keys): carried instead of their entries, which `first` then
+    /// starts after.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offloaded: Vec<crate::storage::tiered::SegmentState>,
 }
 
 /// A record of a snapshot file, in the order written.
@@ -109,9 +120,14 @@ pub(super) fn capture(storage: &Arc<dyn Storage>, topic: &str) -> Result<Box<dyn
             // few such entries in a segment it kept); the record carries
             // the point to the installing replica.
             let first = first.max(record.trimmed_below).min(next);
+            // The offloaded ranges travel as records, not entries.
+            let offloaded = storage.offload_records(&record.name).map_err(store)?;
+            let covered = offloaded.iter().map(|s| s.next).max().unwrap_or(0);
+            let first = first.max(covered).min(next);
             logs.push(LogHead {
                 first,
                 next,
+                offloaded,
                 sequences: storage.producer_sequences(&record.name).map_err(store)?,
                 record,
             });
@@ -155,9 +171,14 @@ struct Captured {
 impl SnapshotWriter for Captured {
     fn write_to(self: Box<Self>, out: &mut dyn std::io::Write) -> Result<()> {
         let mut w = FrameWriter::new(out);
+        let format = if self.logs.iter().any(|l| !l.offloaded.is_empty()) {
+            FORMAT_OFFLOADED
+        } else {
+            FORMAT
+        };
         w.put(&Record::Begin {
             topic: self.topic.clone(),
-            format: FORMAT,
+            format,
         })?;
         for log in &self.logs {
             w.put(&Record::Log(log.clone()))?;
@@ -266,7 +287,8 @@ pub(super) fn install(
 ) -> Result<u64> {
     let mut r = FrameReader::new(from);
     match r.read::<Record>()? {
-        Some(Record::Begin { topic: t, format }) if t == topic && format == FORMAT => {}
+        Some(Record::Begin { topic: t, format })
+            if t == topic && (format == FORMAT || format == FORMAT_OFFLOADED) => {}
         Some(Record::Begin { topic: t, format }) => {
             return Err(ReplicationError::Codec(format!(
                 "a snapshot of {t} (format {format}) offered for {topic} (format {FORMAT})"
@@ -292,6 +314,15 @@ pub(super) fn install(
             }
             Record::Log(head) => {
                 storage.put_topic(&head.record).map_err(store)?;
+                for state in &head.offloaded {
+                    if state.topic != head.record.name {
+                        return Err(ReplicationError::Codec(format!(
+                            "a snapshot's log {} carries an offload record of {}",
+                            head.record.name, state.topic
+                        )));
+                    }
+                    storage.put_offload_record(state).map_err(store)?;
+                }
                 heads.push(head);
             }
             Record::Subscription(b) => {

@@ -2,7 +2,10 @@
 //! status, and the offload policies of namespaces and topics (see
 //! [`crate::storage::tiered`]). Without a `[tiered]` section every call is
 //! FAILED_PRECONDITION; a bad name or a negative threshold is
-//! INVALID_ARGUMENT and changes nothing.
+//! INVALID_ARGUMENT and changes nothing. A replicated topic is offloaded
+//! by its group's leader, each segment a command of the group
+//! (`Tiered::offload_through`); its offload policy is refused (not a
+//! group record yet).
 
 use crate::error::BrokerError;
 use crate::name::Target;
@@ -10,7 +13,8 @@ use crate::name::TopicName;
 use crate::node::Node;
 use crate::storage::TopicKind;
 use crate::storage::tiered::policy::OffloadPolicy as Policy;
-use crate::storage::tiered::{Phase, Tiered};
+use crate::storage::tiered::group::GroupRecorder;
+use crate::storage::tiered::{Phase, SegmentState, Tiered};
 use ricochet_proto::tiered_server::Tiered as TieredRpc;
 use ricochet_proto::*;
 use std::sync::Arc;
@@ -68,6 +72,18 @@ impl TieredService {
     }
 }
 
+/// Records a replicated topic's offloaded segment through the topic's
+/// storage: on its leader, the group's ([`crate::replication::ReplicatedStorage`]
+/// proposes [`crate::replication::PartitionCommand::Offloaded`] and waits
+/// until it is applied here).
+struct ThroughGroup(Arc<dyn crate::storage::Storage>);
+
+impl GroupRecorder for ThroughGroup {
+    fn record(&self, state: &SegmentState) -> crate::storage::StorageResult<()> {
+        self.0.put_offload_record(state)
+    }
+}
+
 fn to_wire(p: &Policy) -> OffloadPolicy {
     let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     OffloadPolicy {
@@ -103,10 +119,15 @@ impl TieredRpc for TieredService {
     ) -> Result<Response<TieredOffloadResponse>, Status> {
         let t = self.tiered()?.clone();
         let name = self.ordinary(&r.get_ref().topic).await?;
-        let done = t
-            .offload_topic(name.as_str(), true)
-            .await
-            .map_err(BrokerError::from)?;
+        let entry = self.node.core.topic(&name).await?;
+        let done = if entry.topic.is_replicated() {
+            // The leader's offload, a command of the group per segment.
+            let recorder = ThroughGroup(entry.topic.storage().clone());
+            t.offload_through(name.as_str(), &recorder).await
+        } else {
+            t.offload_topic(name.as_str(), true).await
+        }
+        .map_err(BrokerError::from)?;
         Ok(Response::new(TieredOffloadResponse {
             offloaded_segments: done.segments,
             offloaded_bytes: done.bytes,
