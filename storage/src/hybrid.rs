@@ -316,7 +316,12 @@ impl LogStore for LogStorage {
                 let first = remote_first.map_or(first, |r| r.min(first));
                 (first.min(next), next)
             }
-            None => (floor_next, floor_next),
+            // Every local segment offloaded and none written since (a
+            // replica installed from a snapshot of offloaded ranges).
+            None => match self.tiered.as_ref().and_then(|t| t.remote_range(topic)) {
+                Some((first, next)) => (first, next.max(floor_next)),
+                None => (floor_next, floor_next),
+            },
         })
     }
 

@@ -386,8 +386,17 @@ impl StorageApplier {
                 Ok(PartitionReply::Done)
             }
             PartitionCommand::Offloaded(record) => {
-                // A log deleted before the record: nothing to record.
-                if self.has_topic(&mut state, &record.topic)? {
+                // A log deleted before the record, or a range the group
+                // trimmed since (a replay after a restart): nothing.
+                let trimmed = self
+                    .storage
+                    .list_topics()?
+                    .into_iter()
+                    .find(|t| t.name == record.topic)
+                    .map(|t| t.trimmed_below);
+                if trimmed.is_some_and(|below| record.next > below)
+                    && self.has_topic(&mut state, &record.topic)?
+                {
                     self.storage.put_offload_record(&record)?;
                 }
                 Ok(PartitionReply::Done)

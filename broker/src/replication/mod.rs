@@ -26,6 +26,8 @@ mod apply;
 pub mod factor;
 pub mod groups;
 pub mod namespaces;
+#[cfg(test)]
+mod offload_tests;
 mod peers;
 mod pipeline;
 mod record;

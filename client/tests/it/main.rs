@@ -23,6 +23,7 @@ mod receipts;
 mod reconnect;
 mod replicated;
 mod replicated_members;
+mod replicated_offload;
 mod replicated_moves;
 mod replicated_partitions;
 mod replicated_peerid;

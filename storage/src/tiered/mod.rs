@@ -461,4 +461,6 @@ impl Tiered {
 }
 
 #[cfg(test)]
+mod group_tests;
+#[cfg(test)]
 mod tests;
