@@ -418,6 +418,23 @@ impl LogStore for LogStorage {
         t.record_group(state)
     }
 
+    fn offload_policy(&self, topic: &str) -> Result<Option<super::tiered::policy::OffloadPolicy>> {
+        Ok(self.tiered.as_ref().and_then(|t| t.policies().get(topic)))
+    }
+
+    fn put_offload_policy(
+        &self,
+        topic: &str,
+        policy: &super::tiered::policy::OffloadPolicy,
+    ) -> Result<()> {
+        match &self.tiered {
+            Some(t) => t.set_policy(topic, policy.clone()),
+            None => Err(StorageError::Replication(format!(
+                "the offload policy of {topic}: this broker has no [tiered] section to store it"
+            ))),
+        }
+    }
+
     fn delete_offloaded_objects(&self, keys: Vec<String>) -> Result<()> {
         if let Some(t) = &self.tiered {
             t.delete_group_objects(keys);

@@ -138,6 +138,25 @@ pub trait LogStore: Send + Sync + std::fmt::Debug + 'static {
         )))
     }
 
+    /// `topic`'s own offload policy, if it has one (a snapshot carries a
+    /// replicated topic's). None on an engine without tiered storage.
+    fn offload_policy(&self, _topic: &str) -> Result<Option<tiered::policy::OffloadPolicy>> {
+        Ok(None)
+    }
+
+    /// Sets (or, when empty, clears) `topic`'s own offload policy (a
+    /// replicated topic's is its group's command, applied by every
+    /// replica). An engine without tiered storage refuses.
+    fn put_offload_policy(
+        &self,
+        topic: &str,
+        _policy: &tiered::policy::OffloadPolicy,
+    ) -> Result<()> {
+        Err(StorageError::Replication(format!(
+            "the offload policy of {topic}: this broker has no [tiered] section to store it"
+        )))
+    }
+
     /// Deletes the objects `keys` of a replicated topic its group deleted,
     /// once the removal of their records is durable (the group's delete
     /// command; nothing else deletes a group's objects).

@@ -101,6 +101,18 @@ impl LogStore for Watched {
         self.note(self.inner.put_offload_record(state))
     }
 
+    fn offload_policy(&self, topic: &str) -> Result<Option<tiered::policy::OffloadPolicy>> {
+        self.inner.offload_policy(topic)
+    }
+
+    fn put_offload_policy(
+        &self,
+        topic: &str,
+        policy: &tiered::policy::OffloadPolicy,
+    ) -> Result<()> {
+        self.note(self.inner.put_offload_policy(topic, policy))
+    }
+
     fn delete_offloaded_objects(&self, keys: Vec<String>) -> Result<()> {
         self.inner.delete_offloaded_objects(keys)
     }

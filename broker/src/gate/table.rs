@@ -234,7 +234,7 @@ table! {
         SetOffloadPolicy => set_offload_policy(SetOffloadPolicyRequest) -> OffloadPolicyResponse:
             Requirement::Permission(Admin),
             |r| Scope::Target { namespace: &r.namespace, topic: &r.topic },
-            .route(Route::Owner), .unreplicated(OFFLOAD_UNREPLICATED),
+            .route(Route::Owner),
             audit |role, r, _| {
                 tracing::info!(target: AUDIT, role, action = "set-offload-policy", namespace = %r.namespace, topic = %r.topic, policy = ?r.policy)
             };
@@ -278,11 +278,6 @@ fn policy_tiers(r: &SetPolicyRequest) -> Vec<&str> {
             .collect()
     })
 }
-
-/// Why a topic's offload policy has no replicated form yet (the offload
-/// itself has: the leader's `Offload` call, a command of the group).
-const OFFLOAD_UNREPLICATED: &str = "a replicated topic's offload policy is not a record of its group yet; \
-     offload it with `topics offload` on demand";
 
 /// `ListTopics`: the topics the caller holds some permission on.
 fn visible_topics(auth: &Auth, p: Option<&Principal>, listed: &mut ListTopicsResponse) {

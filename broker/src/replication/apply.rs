@@ -385,6 +385,10 @@ impl StorageApplier {
                 self.storage.delete_retention(&target)?;
                 Ok(PartitionReply::Done)
             }
+            PartitionCommand::PutOffloadPolicy { topic, policy } => {
+                self.storage.put_offload_policy(&topic, &policy)?;
+                Ok(PartitionReply::Done)
+            }
             PartitionCommand::Offloaded(record) => {
                 // A log deleted before the record, or a range the group
                 // trimmed since (a replay after a restart): nothing.

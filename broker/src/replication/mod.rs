@@ -26,6 +26,7 @@ mod apply;
 pub mod factor;
 pub mod groups;
 pub mod namespaces;
+pub mod offload;
 #[cfg(test)]
 mod offload_tests;
 mod peers;
@@ -138,6 +139,15 @@ pub enum PartitionCommand {
     /// (see [`StorageApplier`]): upgrade every member before offloading a
     /// replicated topic.
     Offloaded(crate::storage::tiered::SegmentState),
+    /// The partition's own offload policy set (an empty one clears it),
+    /// which its leader's offload pass follows; every member must run a
+    /// broker that knows this command before one is set.
+    PutOffloadPolicy {
+        /// The partition.
+        topic: String,
+        /// The policy; empty: none of its own.
+        policy: crate::storage::tiered::policy::OffloadPolicy,
+    },
 }
 
 impl PartitionCommand {

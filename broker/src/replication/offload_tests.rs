@@ -134,23 +134,7 @@ async fn an_applied_offload_record_drops_the_copy_and_a_snapshot_carries_the_rec
 /// from the others); a record of a log deleted before it does nothing.
 #[test]
 fn an_offload_record_on_a_store_without_a_tier_fails_the_apply() {
-    let state = SegmentState {
-        topic: T.to_owned(),
-        first: 0,
-        next: 10,
-        first_entry: Some(0),
-        entries: 10,
-        seq: 0,
-        prev_next: 0,
-        created_ms: 5,
-        file_len: 200,
-        phase: crate::storage::tiered::Phase::Offloaded,
-        key: "off/00000000000000000000-5.seg".into(),
-        object_size: 260,
-        object_crc: 42,
-        offloaded_ms: 9,
-        group: true,
-    };
+    let state = state(0, 10);
     let command = PartitionCommand::Offloaded(state.clone());
     match decode::<PartitionCommand>(&encode(&command).unwrap()).unwrap() {
         PartitionCommand::Offloaded(s) => {
@@ -169,4 +153,42 @@ fn an_offload_record_on_a_store_without_a_tier_fails_the_apply() {
         Err(ReplicationError::Apply(why)) => assert!(why.contains("no [tiered]"), "{why}"),
         other => panic!("applied without a tier: {other:?}"),
     }
+}
+
+fn state(first: u64, next: u64) -> SegmentState {
+    SegmentState {
+        topic: T.to_owned(),
+        first,
+        next,
+        first_entry: Some(first),
+        entries: next - first,
+        seq: 0,
+        prev_next: 0,
+        created_ms: 5,
+        file_len: 200,
+        phase: crate::storage::tiered::Phase::Offloaded,
+        key: format!("off/{first:020}-5.seg"),
+        object_size: 260,
+        object_crc: 42,
+        offloaded_ms: 9,
+        group: true,
+    }
+}
+
+/// A snapshot sends the entries from the first hole in the recorded
+/// ranges on: a range past a hole (its leader kept a segment straddling
+/// the recorded end) does not stand for the hole's ids.
+#[test]
+fn a_snapshot_sends_the_entries_from_the_first_hole_in_the_ranges() {
+    assert_eq!(snapshot::contiguous_end(&[]), 0);
+    assert_eq!(
+        snapshot::contiguous_end(&[state(0, 10), state(10, 20)]),
+        20
+    );
+    assert_eq!(
+        snapshot::contiguous_end(&[state(0, 10), state(10, 20), state(25, 30)]),
+        20
+    );
+    // Overlapping ranges cover their union.
+    assert_eq!(snapshot::contiguous_end(&[state(0, 12), state(10, 20)]), 20);
 }

@@ -62,6 +62,9 @@ pub struct LogHead {
     /// starts after.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub offloaded: Vec<crate::storage::tiered::SegmentState>,
+    /// The log's own offload policy (the group's record), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload_policy: Option<crate::storage::tiered::policy::OffloadPolicy>,
 }
 
 /// A record of a snapshot file, in the order written.
@@ -122,12 +125,12 @@ pub(super) fn capture(storage: &Arc<dyn Storage>, topic: &str) -> Result<Box<dyn
             let first = first.max(record.trimmed_below).min(next);
             // The offloaded ranges travel as records, not entries.
             let offloaded = storage.offload_records(&record.name).map_err(store)?;
-            let covered = offloaded.iter().map(|s| s.next).max().unwrap_or(0);
-            let first = first.max(covered).min(next);
+            let first = first.max(contiguous_end(&offloaded)).min(next);
             logs.push(LogHead {
                 first,
                 next,
                 offloaded,
+                offload_policy: storage.offload_policy(&record.name).map_err(store)?,
                 sequences: storage.producer_sequences(&record.name).map_err(store)?,
                 record,
             });
@@ -158,6 +161,21 @@ pub(super) fn capture(storage: &Arc<dyn Storage>, topic: &str) -> Result<Box<dyn
     }))
 }
 
+/// Where the offload records, oldest first, stop covering ids without a
+/// hole (0: none): the entries from there on travel in the snapshot. A
+/// range past a hole (a leader skipped a local segment straddling the
+/// recorded end, which it then kept) does not cover the hole's ids.
+pub(super) fn contiguous_end(records: &[crate::storage::tiered::SegmentState]) -> u64 {
+    let mut end: Option<u64> = None;
+    for s in records {
+        match end {
+            Some(e) if s.first > e => break,
+            _ => end = Some(end.map_or(s.next, |e| e.max(s.next))),
+        }
+    }
+    end.unwrap_or(0)
+}
+
 /// A captured partition, to be written.
 struct Captured {
     storage: Arc<dyn Storage>,
@@ -171,7 +189,11 @@ struct Captured {
 impl SnapshotWriter for Captured {
     fn write_to(self: Box<Self>, out: &mut dyn std::io::Write) -> Result<()> {
         let mut w = FrameWriter::new(out);
-        let format = if self.logs.iter().any(|l| !l.offloaded.is_empty()) {
+        let format = if self
+            .logs
+            .iter()
+            .any(|l| !l.offloaded.is_empty() || l.offload_policy.is_some())
+        {
             FORMAT_OFFLOADED
         } else {
             FORMAT
@@ -246,7 +268,8 @@ impl SnapshotWriter for Captured {
 
 /// Deletes this replica's copy of partition `topic` from `storage`: its
 /// subscriptions with their state and tiers, the topic, its replay jobs,
-/// its own retention policy.
+/// its own retention and offload policies (its offload records go with
+/// the topic, their objects stay: they are the group's).
 pub(super) fn delete_copy(storage: &Arc<dyn Storage>, topic: &str) -> Result<()> {
     let stored: HashSet<String> = storage
         .list_topics()
@@ -273,6 +296,11 @@ pub(super) fn delete_copy(storage: &Arc<dyn Storage>, topic: &str) -> Result<()>
         }
     }
     storage.delete_retention(topic).map_err(store)?;
+    if storage.offload_policy(topic).map_err(store)?.is_some() {
+        storage
+            .put_offload_policy(topic, &Default::default())
+            .map_err(store)?;
+    }
     Ok(())
 }
 
@@ -314,6 +342,11 @@ pub(super) fn install(
             }
             Record::Log(head) => {
                 storage.put_topic(&head.record).map_err(store)?;
+                if let Some(p) = &head.offload_policy {
+                    storage
+                        .put_offload_policy(&head.record.name, p)
+                        .map_err(store)?;
+                }
                 for state in &head.offloaded {
                     if state.topic != head.record.name {
                         return Err(ReplicationError::Codec(format!(

@@ -25,7 +25,9 @@
 //! `return_dead_letters`) and replay jobs (`put_replay_job`,
 //! `remove_replay_job`), the topic's own retention policy (`put_retention`,
 //! `delete_retention`), a segment the leader offloaded
-//! (`put_offload_record`, [`PartitionCommand::Offloaded`]); an empty `put_failures` or `put_schedule` writes
+//! (`put_offload_record`, [`PartitionCommand::Offloaded`]) and the topic's
+//! own offload policy (`put_offload_policy`); an empty `put_failures` or
+//! `put_schedule` writes
 //! nothing and proposes nothing. `next_id` reads this replica's counter, which
 //! every replica raises past the ids the group's commands carry. `trim`
 //! (retention, or segments every subscription consumed) is a command too,
@@ -294,6 +296,26 @@ impl LogStore for ReplicatedStorage {
     /// other does.
     fn put_offload_record(&self, state: &crate::storage::tiered::SegmentState) -> Result<()> {
         self.propose(PartitionCommand::Offloaded(state.clone()))
+    }
+
+    fn offload_policy(
+        &self,
+        topic: &str,
+    ) -> Result<Option<crate::storage::tiered::policy::OffloadPolicy>> {
+        self.local.offload_policy(topic)
+    }
+
+    /// The topic's own offload policy, a command of the group
+    /// ([`PartitionCommand::PutOffloadPolicy`]).
+    fn put_offload_policy(
+        &self,
+        topic: &str,
+        policy: &crate::storage::tiered::policy::OffloadPolicy,
+    ) -> Result<()> {
+        self.propose(PartitionCommand::PutOffloadPolicy {
+            topic: topic.to_owned(),
+            policy: policy.clone(),
+        })
     }
 
     fn delete_offloaded_objects(&self, _keys: Vec<String>) -> Result<()> {

@@ -4,8 +4,9 @@
 //! FAILED_PRECONDITION; a bad name or a negative threshold is
 //! INVALID_ARGUMENT and changes nothing. A replicated topic is offloaded
 //! by its group's leader, each segment a command of the group
-//! (`Tiered::offload_through`); its offload policy is refused (not a
-//! group record yet).
+//! (`Tiered::offload_through`), and its own offload policy is a command
+//! of the group too, which the leader's pass follows
+//! ([`crate::replication::offload`]).
 
 use crate::error::BrokerError;
 use crate::name::Target;
@@ -13,8 +14,8 @@ use crate::name::TopicName;
 use crate::node::Node;
 use crate::storage::TopicKind;
 use crate::storage::tiered::policy::OffloadPolicy as Policy;
-use crate::storage::tiered::group::GroupRecorder;
-use crate::storage::tiered::{Phase, SegmentState, Tiered};
+use crate::replication::offload::ThroughGroup;
+use crate::storage::tiered::{Phase, Tiered};
 use ricochet_proto::tiered_server::Tiered as TieredRpc;
 use ricochet_proto::*;
 use std::sync::Arc;
@@ -69,18 +70,6 @@ impl TieredService {
             effective: effective.as_ref().map(to_wire),
             effective_from: from.unwrap_or_default(),
         })
-    }
-}
-
-/// Records a replicated topic's offloaded segment through the topic's
-/// storage: on its leader, the group's ([`crate::replication::ReplicatedStorage`]
-/// proposes [`crate::replication::PartitionCommand::Offloaded`] and waits
-/// until it is applied here).
-struct ThroughGroup(Arc<dyn crate::storage::Storage>);
-
-impl GroupRecorder for ThroughGroup {
-    fn record(&self, state: &SegmentState) -> crate::storage::StorageResult<()> {
-        self.0.put_offload_record(state)
     }
 }
 
@@ -199,9 +188,23 @@ impl TieredRpc for TieredService {
         let r = r.into_inner();
         let target = Target::parse(&r.namespace, &r.topic)?;
         let policy = from_wire(r.policy.unwrap_or_default())?;
-        t.set_policy(target.key(), policy)
-            .map_err(BrokerError::from)?;
-        self.node.core.flusher.durable().await?;
+        match &target {
+            // A replicated topic's own policy is its group's: committed
+            // and applied on every replica before the answer.
+            Target::Topic(name) if self.node.core.is_replicated(name.as_str()) => {
+                let entry = self.node.core.topic(name).await?;
+                entry
+                    .topic
+                    .storage()
+                    .put_offload_policy(name.as_str(), &policy)
+                    .map_err(BrokerError::from)?;
+            }
+            _ => {
+                t.set_policy(target.key(), policy)
+                    .map_err(BrokerError::from)?;
+                self.node.core.flusher.durable().await?;
+            }
+        }
         Ok(Response::new(self.answer(&target)?))
     }
 

@@ -12,7 +12,9 @@
 //! replicas, so the rule is a range rule: a local segment straddling a
 //! range's end stays, and the local segments left always follow the
 //! ranges without a gap). The background offloader skips these topics
-//! ([`Tiered::set_grouped`]).
+//! ([`Tiered::set_grouped`]); the leader's own pass applies the
+//! topic's offload policy ([`Tiered::offload_due_through`]), whose
+//! topic-level record is the group's too.
 //!
 //! A group's objects are deleted only by the group's commands: a trim
 //! below them ([`Tiered::trim`]) or the topic's delete
@@ -104,16 +106,76 @@ impl Tiered {
         tokio::task::spawn_blocking(move || log.seal_active(&t, None))
             .await
             .map_err(StorageError::joined)??;
+        self.upload_and_record(topic, recorder, usize::MAX).await
+    }
+
+    /// The sealed local segments of `topic` above the recorded end, oldest
+    /// first, and the bytes of all its local segments.
+    fn candidates(&self, topic: &str) -> (Vec<SegmentInfo>, u64) {
+        let covered = self.covered_end(topic);
+        let all = self.log.segment_infos(topic);
+        let bytes = all.iter().map(|s| s.len).sum();
+        let sealed = all
+            .into_iter()
+            .filter(|s| !s.active && s.header.first >= covered && s.first_entry.is_some())
+            .collect();
+        (sealed, bytes)
+    }
+
+    /// The leader's pass over replicated `topic` by its offload policy
+    /// (the topic's own, a record of the group; else its namespace's or
+    /// the `[tiered]` default, this broker's): the oldest sealed segments
+    /// above the recorded end the policy chooses, up to the first it does
+    /// not, are uploaded and recorded through `recorder` as
+    /// [`Tiered::offload_through`] does. Nothing without a policy.
+    pub async fn offload_due_through(
+        self: &Arc<Self>,
+        topic: &str,
+        recorder: &dyn GroupRecorder,
+    ) -> Result<super::offload::Outcome> {
+        let _one_pass = self.offloading.lock().await;
+        let Some((policy, _)) = self.effective(topic) else {
+            return Ok(super::offload::Outcome::default());
+        };
+        let (sealed, local_bytes) = self.candidates(topic);
+        let tuples: Vec<(u64, u64, bool)> = sealed
+            .iter()
+            .map(|s| (s.header.created_ms, s.len, false))
+            .collect();
+        let chosen = policy.choose(crate::util::wall_ms(), local_bytes, &tuples);
+        // Oldest first and without a hole: the chosen prefix only.
+        let due = chosen
+            .iter()
+            .enumerate()
+            .take_while(|(n, i)| *n == **i)
+            .count();
+        if due == 0 {
+            return Ok(super::offload::Outcome::default());
+        }
+        let done = self.upload_and_record(topic, recorder, due).await;
+        let mut errors = crate::util::lock(&self.last_error);
+        match &done {
+            Ok(_) => errors.remove(topic),
+            Err(e) => {
+                metrics::counter!("ricochet_tiered_offload_errors_total").increment(1);
+                errors.insert(topic.to_owned(), e.to_string())
+            }
+        };
+        done
+    }
+
+    /// Uploads and records through the group at most `most` of `topic`'s
+    /// sealed segments above the recorded end, oldest first.
+    async fn upload_and_record(
+        self: &Arc<Self>,
+        topic: &str,
+        recorder: &dyn GroupRecorder,
+        most: usize,
+    ) -> Result<super::offload::Outcome> {
         let mut outcome = super::offload::Outcome::default();
         let before = self.log.segment_starts(topic).len();
-        loop {
-            let covered = self.covered_end(topic);
-            let Some(seg) = self
-                .log
-                .segment_infos(topic)
-                .into_iter()
-                .find(|s| !s.active && s.header.first >= covered && s.first_entry.is_some())
-            else {
+        for _ in 0..most {
+            let Some(seg) = self.candidates(topic).0.into_iter().next() else {
                 break;
             };
             let state = self.upload(topic, &seg).await?;

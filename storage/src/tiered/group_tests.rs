@@ -7,7 +7,6 @@
 
 use super::group::GroupRecorder;
 use super::*;
-use crate::prelude::*;
 use crate::segments::LogSettings;
 use crate::{LogStorage, TopicKind, TopicRecord};
 use std::path::Path;

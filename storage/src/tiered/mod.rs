@@ -454,6 +454,11 @@ impl Tiered {
         self.policies.set(&self.sled, target, policy)
     }
 
+    /// How often the background offloader looks (`[tiered] interval`).
+    pub fn interval(&self) -> std::time::Duration {
+        self.config.interval
+    }
+
     /// The segment-file log this tier extends.
     pub fn log(&self) -> &SegmentLog {
         &self.log
