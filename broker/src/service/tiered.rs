@@ -191,8 +191,19 @@ impl TieredRpc for TieredService {
         match &target {
             // A replicated topic's own policy is its group's: committed
             // and applied on every replica before the answer.
-            Target::Topic(name) if self.node.core.is_replicated(name.as_str()) => {
+            Target::Topic(name)
+                if self
+                    .node
+                    .groups()
+                    .is_some_and(|g| g.group_of(name.as_str()).is_some()) =>
+            {
                 let entry = self.node.core.topic(name).await?;
+                if !entry.topic.is_replicated() {
+                    return Err(BrokerError::Peer(format!(
+                        "{name} is replicated and its leader is taking it over; look it up again"
+                    ))
+                    .into());
+                }
                 entry
                     .topic
                     .storage()
