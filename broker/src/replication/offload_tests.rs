@@ -55,14 +55,20 @@ impl GroupRecorder for ThroughApplier<'_> {
             .0
             .apply(index, &command)
             .map_err(|e| crate::storage::StorageError::Replication(e.to_string()))?;
-        assert_eq!(decode::<PartitionReply>(&reply).unwrap(), PartitionReply::Done);
+        assert_eq!(
+            decode::<PartitionReply>(&reply).unwrap(),
+            PartitionReply::Done
+        );
         Ok(())
     }
 }
 
 fn apply(applier: &StorageApplier, index: u64, command: &PartitionCommand) {
     let reply = applier.apply(index, &encode(command).unwrap()).unwrap();
-    assert_eq!(decode::<PartitionReply>(&reply).unwrap(), PartitionReply::Done);
+    assert_eq!(
+        decode::<PartitionReply>(&reply).unwrap(),
+        PartitionReply::Done
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,8 +110,14 @@ async fn an_applied_offload_record_drops_the_copy_and_a_snapshot_carries_the_rec
     snapshot::install(&target, T, &mut bytes.as_slice()).unwrap();
     let installed = target.offload_records(T).unwrap();
     assert_eq!(
-        installed.iter().map(|s| (s.first, s.next, &s.key)).collect::<Vec<_>>(),
-        records.iter().map(|s| (s.first, s.next, &s.key)).collect::<Vec<_>>()
+        installed
+            .iter()
+            .map(|s| (s.first, s.next, &s.key))
+            .collect::<Vec<_>>(),
+        records
+            .iter()
+            .map(|s| (s.first, s.next, &s.key))
+            .collect::<Vec<_>>()
     );
     assert_eq!(target.entry_range(T).unwrap(), (0, 40));
     let read = target.read(T, 0, 100, usize::MAX).unwrap();
@@ -181,10 +193,7 @@ fn state(first: u64, next: u64) -> SegmentState {
 #[test]
 fn a_snapshot_sends_the_entries_from_the_first_hole_in_the_ranges() {
     assert_eq!(snapshot::contiguous_end(&[]), 0);
-    assert_eq!(
-        snapshot::contiguous_end(&[state(0, 10), state(10, 20)]),
-        20
-    );
+    assert_eq!(snapshot::contiguous_end(&[state(0, 10), state(10, 20)]), 20);
     assert_eq!(
         snapshot::contiguous_end(&[state(0, 10), state(10, 20), state(25, 30)]),
         20

@@ -108,14 +108,8 @@ async fn the_leaders_offload_is_the_groups_and_the_next_leader_reads_the_objects
     };
     let root = tempfile::tempdir().unwrap();
     let t = "offloaded";
-    let (mut brokers, ids, leader, victim) = led_group_with(
-        &etcd,
-        "roff",
-        root.path(),
-        t,
-        &options(root.path(), &moto),
-    )
-    .await;
+    let (mut brokers, ids, leader, victim) =
+        led_group_with(&etcd, "roff", root.path(), t, &options(root.path(), &moto)).await;
     let c = client(&brokers[victim].url()).await;
     let p = c.producer(t).create().await.unwrap();
     for i in 0..SENT {
@@ -127,9 +121,7 @@ async fn the_leaders_offload_is_the_groups_and_the_next_leader_reads_the_objects
     // first) goes to the object store, and the leader's files with it.
     let done = tiered(&brokers[victim].url())
         .await
-        .offload(TieredOffloadRequest {
-            topic: stored(t),
-        })
+        .offload(TieredOffloadRequest { topic: stored(t) })
         .await
         .expect("the leader offloads a replicated topic")
         .into_inner();
@@ -315,7 +307,11 @@ async fn the_topics_offload_policy_is_the_groups_and_outlives_its_leader() {
         .await
         .expect("the policy on the new leader")
         .into_inner();
-    assert_eq!(got.policy, Some(policy), "the new leader {next}'s own policy");
+    assert_eq!(
+        got.policy,
+        Some(policy),
+        "the new leader {next}'s own policy"
+    );
     assert_eq!(got.effective_from, stored(t), "{got:?}");
 
     // The new leader's pass follows it: 30 more messages seal [90, 100)
