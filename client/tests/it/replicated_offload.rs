@@ -271,7 +271,7 @@ async fn the_topics_offload_policy_is_the_groups_and_outlives_its_leader() {
         .await
         .set_offload_policy(SetOffloadPolicyRequest {
             topic: stored(t),
-            policy: Some(policy.clone()),
+            policy: Some(policy),
             ..Default::default()
         })
         .await
