@@ -124,8 +124,40 @@ async fn an_applied_offload_record_drops_the_copy_and_a_snapshot_carries_the_rec
     assert_eq!(read.len(), 40);
     assert!(read.iter().all(|(id, e)| *e == entry(*id)));
 
-    // The group's delete deletes the objects; the snapshot install above
-    // (which dropped nothing but its own empty copy) deleted none.
+    // The group's trim below 20: the records of [0,10) and [10,20) go,
+    // with their objects (the snapshot install deleted none).
+    let objects = |tier: &Path| -> usize {
+        std::fs::read_dir(tier)
+            .unwrap()
+            .flatten()
+            .filter_map(|d| std::fs::read_dir(d.path()).ok())
+            .map(|r| r.count())
+            .sum()
+    };
+    assert_eq!(objects(&tier), 4);
+    apply(&applier, 29, &PartitionCommand::trim_log(&record(), 20));
+    let left = storage.offload_records(T).unwrap();
+    assert_eq!(
+        left.iter().map(|s| s.first).collect::<Vec<_>>(),
+        [20, 30],
+        "records after the trim"
+    );
+    storage.flush().await.unwrap();
+    let start = std::time::Instant::now();
+    while objects(&tier) > 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the group's trim left the objects below it"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        target.offload_records(T).unwrap().len(),
+        4,
+        "not applied there"
+    );
+
+    // The group's delete deletes the objects.
     apply(&applier, 30, &PartitionCommand::DeleteTopic(T.to_owned()));
     let start = std::time::Instant::now();
     while std::fs::read_dir(&tier)
