@@ -24,6 +24,7 @@
 //! objects alone ([`Tiered::forget_topic`]).
 
 use super::{Phase, SegmentState, Tiered};
+use crate::prelude::*;
 use crate::segments::SegmentInfo;
 use crate::{StorageError, StorageResult as Result};
 use object_store::path::Path as ObjectPath;
@@ -191,6 +192,18 @@ impl Tiered {
         }
         let after = self.log.segment_starts(topic).len();
         outcome.local_deleted = before.saturating_sub(after) as u32;
+        if outcome.local_deleted > 0 {
+            // The records the apply wrote are made durable and the dropped
+            // files go now, as a factor-1 offload's do (only trims made
+            // before the flush); the other replicas' go at their next
+            // flush.
+            let mark = self.log.trim_mark();
+            self.sled.flush().await?;
+            let log = self.log.clone();
+            tokio::task::spawn_blocking(move || log.finish_trims_before(mark))
+                .await
+                .map_err(StorageError::joined)??;
+        }
         Ok(outcome)
     }
 
