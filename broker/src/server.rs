@@ -270,6 +270,15 @@ impl Broker {
         };
         self.node.join_cluster(url.clone()).await?;
         let cluster = self.node.cluster().cloned();
+        if let (Some(groups), Some(t)) = (self.node.groups(), &self.tiered) {
+            // The replicated topics this broker leads, by their policies.
+            crate::replication::offload::spawn_leader_pass(
+                groups.clone(),
+                t.clone(),
+                t.interval(),
+                self.core.shutdown.clone(),
+            );
+        }
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<BrokerServer<BrokerService>>().await;
         let broker = BrokerServer::new(BrokerService::new(self.node.clone()))

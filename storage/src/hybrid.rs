@@ -65,12 +65,14 @@ impl LogStorage {
         let mut me = Self::with(sled, log)?;
         if let Some(config) = tiered {
             let logged = crate::util::read(&me.logged).clone();
-            me.tiered = Some(Tiered::open(
-                config.clone(),
-                me.sled.clone(),
-                me.log.clone(),
-                &logged,
-            )?);
+            let t = Tiered::open(config.clone(), me.sled.clone(), me.log.clone(), &logged)?;
+            // Replicated topics are offloaded by their groups' leaders.
+            for r in me.sled.list_topics()? {
+                if r.replicas > 1 && r.kind == TopicKind::Normal {
+                    t.set_grouped(&r.name, true);
+                }
+            }
+            me.tiered = Some(t);
         }
         Ok(me)
     }
@@ -116,6 +118,16 @@ impl LogStorage {
                 return Ok(out);
             }
             let at = out.last().map_or(from, |(id, _)| id + 1);
+            if let (Some(start), Some((_, remote_end))) = (local_start, tiered.remote_range(topic))
+                && at < start
+                && remote_end < start
+                && at >= remote_end
+            {
+                // Never a shorter answer across a hole between the tiers.
+                return Err(StorageError::Corrupt(format!(
+                    "log of {topic}: ids {remote_end}..{start} are neither local nor offloaded"
+                )));
+            }
             let rest = self
                 .log
                 .read(topic, at, max - out.len(), max_bytes - bytes)?;
@@ -304,7 +316,12 @@ impl LogStore for LogStorage {
                 let first = remote_first.map_or(first, |r| r.min(first));
                 (first.min(next), next)
             }
-            None => (floor_next, floor_next),
+            // Every local segment offloaded and none written since (a
+            // replica installed from a snapshot of offloaded ranges).
+            None => match self.tiered.as_ref().and_then(|t| t.remote_range(topic)) {
+                Some((first, next)) => (first, next.max(floor_next)),
+                None => (floor_next, floor_next),
+            },
         })
     }
 
@@ -372,6 +389,57 @@ impl LogStore for LogStorage {
 
     fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
         self.sled.restore_producer_sequences(topic, sequences)
+    }
+
+    fn offload_records(&self, topic: &str) -> Result<Vec<super::tiered::SegmentState>> {
+        Ok(self
+            .tiered
+            .as_ref()
+            .map(|t| t.group_states(topic))
+            .unwrap_or_default())
+    }
+
+    fn put_offload_record(&self, state: &super::tiered::SegmentState) -> Result<()> {
+        let Some(t) = &self.tiered else {
+            return Err(StorageError::Replication(format!(
+                "{} was offloaded by its group, and this broker has no [tiered] section to record it",
+                state.topic
+            )));
+        };
+        if !self.logged(&state.topic) {
+            return Err(StorageError::Missing(format!(
+                "an offload record of {}, which is no ordinary topic here",
+                state.topic
+            )));
+        }
+        // Retry-tier references into the dropped segments resolve through
+        // `read_many`, which reads the recorded objects (as after a
+        // factor-1 offload).
+        t.record_group(state)
+    }
+
+    fn offload_policy(&self, topic: &str) -> Result<Option<super::tiered::policy::OffloadPolicy>> {
+        Ok(self.tiered.as_ref().and_then(|t| t.policies().get(topic)))
+    }
+
+    fn put_offload_policy(
+        &self,
+        topic: &str,
+        policy: &super::tiered::policy::OffloadPolicy,
+    ) -> Result<()> {
+        match &self.tiered {
+            Some(t) => t.set_policy(topic, policy.clone()),
+            None => Err(StorageError::Replication(format!(
+                "the offload policy of {topic}: this broker has no [tiered] section to store it"
+            ))),
+        }
+    }
+
+    fn delete_offloaded_objects(&self, keys: Vec<String>) -> Result<()> {
+        if let Some(t) = &self.tiered {
+            t.delete_group_objects(keys);
+        }
+        Ok(())
     }
 }
 
@@ -525,6 +593,11 @@ impl MetaStore for LogStorage {
         self.sled.put_topic(record)?;
         if record.kind == TopicKind::Normal {
             crate::util::write(&self.logged).insert(record.name.clone());
+            if record.replicas > 1
+                && let Some(t) = &self.tiered
+            {
+                t.set_grouped(&record.name, true);
+            }
         }
         Ok(())
     }

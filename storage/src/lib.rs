@@ -118,6 +118,51 @@ pub trait LogStore: Send + Sync + std::fmt::Debug + 'static {
     /// Sets producers' last stored sequence ids on `topic` (a moved topic's
     /// de-duplication state; not durable until flushed).
     fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()>;
+
+    /// A replicated topic's offload records (ranges of ids in objects the
+    /// group recorded, [`tiered::SegmentState`] with `group` set), oldest
+    /// first: what a snapshot carries instead of their entries. None on an
+    /// engine without tiered storage.
+    fn offload_records(&self, _topic: &str) -> Result<Vec<tiered::SegmentState>> {
+        Ok(Vec::new())
+    }
+
+    /// Records a replicated topic's offloaded range (its group's command,
+    /// applied by every replica) and drops the local segments lying wholly
+    /// inside the recorded ranges. An engine without tiered storage
+    /// refuses: it could serve neither the range nor its entries.
+    fn put_offload_record(&self, state: &tiered::SegmentState) -> Result<()> {
+        Err(StorageError::Replication(format!(
+            "{} was offloaded by its group, and this broker has no [tiered] section to record it",
+            state.topic
+        )))
+    }
+
+    /// `topic`'s own offload policy, if it has one (a snapshot carries a
+    /// replicated topic's). None on an engine without tiered storage.
+    fn offload_policy(&self, _topic: &str) -> Result<Option<tiered::policy::OffloadPolicy>> {
+        Ok(None)
+    }
+
+    /// Sets (or, when empty, clears) `topic`'s own offload policy (a
+    /// replicated topic's is its group's command, applied by every
+    /// replica). An engine without tiered storage refuses.
+    fn put_offload_policy(
+        &self,
+        topic: &str,
+        _policy: &tiered::policy::OffloadPolicy,
+    ) -> Result<()> {
+        Err(StorageError::Replication(format!(
+            "the offload policy of {topic}: this broker has no [tiered] section to store it"
+        )))
+    }
+
+    /// Deletes the objects `keys` of a replicated topic its group deleted,
+    /// once the removal of their records is durable (the group's delete
+    /// command; nothing else deletes a group's objects).
+    fn delete_offloaded_objects(&self, _keys: Vec<String>) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Subscription state: cursors' records, failure records (delivery counts and

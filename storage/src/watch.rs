@@ -92,6 +92,30 @@ impl LogStore for Watched {
     fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()> {
         self.note(self.inner.restore_producer_sequences(topic, sequences))
     }
+
+    fn offload_records(&self, topic: &str) -> Result<Vec<tiered::SegmentState>> {
+        self.note(self.inner.offload_records(topic))
+    }
+
+    fn put_offload_record(&self, state: &tiered::SegmentState) -> Result<()> {
+        self.note(self.inner.put_offload_record(state))
+    }
+
+    fn offload_policy(&self, topic: &str) -> Result<Option<tiered::policy::OffloadPolicy>> {
+        self.inner.offload_policy(topic)
+    }
+
+    fn put_offload_policy(
+        &self,
+        topic: &str,
+        policy: &tiered::policy::OffloadPolicy,
+    ) -> Result<()> {
+        self.note(self.inner.put_offload_policy(topic, policy))
+    }
+
+    fn delete_offloaded_objects(&self, keys: Vec<String>) -> Result<()> {
+        self.inner.delete_offloaded_objects(keys)
+    }
 }
 
 impl SubscriptionStore for Watched {

@@ -225,7 +225,7 @@ table! {
     service Tiered (tiered_server::Tiered) for TieredService {
         Offload => offload(TieredOffloadRequest) -> TieredOffloadResponse:
             Requirement::Permission(Admin), |r| Scope::Target { namespace: "", topic: &r.topic },
-            .route(Route::Owner), .unreplicated(OFFLOAD_UNREPLICATED),
+            .route(Route::Owner),
             audit |role, r, _| {
                 tracing::info!(target: AUDIT, role, action = "offload", topic = %r.topic)
             };
@@ -234,7 +234,7 @@ table! {
         SetOffloadPolicy => set_offload_policy(SetOffloadPolicyRequest) -> OffloadPolicyResponse:
             Requirement::Permission(Admin),
             |r| Scope::Target { namespace: &r.namespace, topic: &r.topic },
-            .route(Route::Owner), .unreplicated(OFFLOAD_UNREPLICATED),
+            .route(Route::Owner),
             audit |role, r, _| {
                 tracing::info!(target: AUDIT, role, action = "set-offload-policy", namespace = %r.namespace, topic = %r.topic, policy = ?r.policy)
             };
@@ -278,9 +278,6 @@ fn policy_tiers(r: &SetPolicyRequest) -> Vec<&str> {
             .collect()
     })
 }
-
-/// Why offloading has no replicated form yet.
-const OFFLOAD_UNREPLICATED: &str = "offloading moves one broker's segments to the object store";
 
 /// `ListTopics`: the topics the caller holds some permission on.
 fn visible_topics(auth: &Auth, p: Option<&Principal>, listed: &mut ListTopicsResponse) {

@@ -8,7 +8,9 @@
 //! store): a batch is recognised by its producer sequence ids (an
 //! anonymous one by ids derived from its log index), a tier move by its
 //! target ids already being stored, a log's trim by its trim point already
-//! being stored, and the other commands write values.
+//! being stored, an offload record by its range being recorded already
+//! (its local segments are gone then), and the other commands write
+//! values.
 
 use super::{
     ANONYMOUS_PRODUCER, AppendBatch, MAX_BATCH, PartitionCommand, PartitionReply, PublishBatch,
@@ -302,9 +304,19 @@ impl StorageApplier {
         Ok(PartitionReply::Done)
     }
 
+    /// The group's delete of a log: with it go the objects of its offload
+    /// records (every replica deletes the same keys; nothing else deletes
+    /// a group's objects, see [`PartitionCommand::Offloaded`]).
     fn delete_topic(&self, state: &mut State, name: &str) -> Applied {
         if self.has_topic(state, name)? {
+            let keys = self
+                .storage
+                .offload_records(name)?
+                .into_iter()
+                .map(|s| s.key)
+                .collect();
             self.storage.delete_topic(name)?;
+            self.storage.delete_offloaded_objects(keys)?;
         }
         if let Some(t) = state.topics.as_mut() {
             t.remove(name);
@@ -371,6 +383,26 @@ impl StorageApplier {
             }
             PartitionCommand::DeleteRetention(target) => {
                 self.storage.delete_retention(&target)?;
+                Ok(PartitionReply::Done)
+            }
+            PartitionCommand::PutOffloadPolicy { topic, policy } => {
+                self.storage.put_offload_policy(&topic, &policy)?;
+                Ok(PartitionReply::Done)
+            }
+            PartitionCommand::Offloaded(record) => {
+                // A log deleted before the record, or a range the group
+                // trimmed since (a replay after a restart): nothing.
+                let trimmed = self
+                    .storage
+                    .list_topics()?
+                    .into_iter()
+                    .find(|t| t.name == record.topic)
+                    .map(|t| t.trimmed_below);
+                if trimmed.is_some_and(|below| record.next > below)
+                    && self.has_topic(&mut state, &record.topic)?
+                {
+                    self.storage.put_offload_record(&record)?;
+                }
                 Ok(PartitionReply::Done)
             }
         };

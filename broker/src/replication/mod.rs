@@ -8,9 +8,10 @@
 //! subscription record written (acks move its cursors; policy changes), failure
 //! records written (a nack's new delivery count), schedule entries, a
 //! tier move (into the retry or the dead-letter tier, one transaction),
-//! the topic's own retention policy, and a log's trim point (what its
+//! the topic's own retention policy, a log's trim point (what its
 //! leader's retention or consumed segments dropped, dropped on every
-//! replica).
+//! replica), and a segment its leader offloaded to the object store
+//! (recorded, and its local copies dropped, on every replica).
 //! [`StorageApplier`] applies them ([`apply`]); [`ReplicatedPartition`] is
 //! one replica of one partition: it proposes commands and answers once the
 //! group committed and applied them.
@@ -25,6 +26,9 @@ mod apply;
 pub mod factor;
 pub mod groups;
 pub mod namespaces;
+pub mod offload;
+#[cfg(test)]
+mod offload_tests;
 mod peers;
 mod pipeline;
 mod record;
@@ -125,6 +129,25 @@ pub enum PartitionCommand {
     /// The partition's own retention policy cleared (its namespace's
     /// applies again).
     DeleteRetention(String),
+    /// A sealed segment of the partition's log the leader offloaded to the
+    /// object store (uploaded, read back and checked): every replica
+    /// records the range with the object's key, size and CRC-32C, and
+    /// drops its local segments lying wholly inside the recorded ranges
+    /// (`ricochet_storage::tiered` `group`). The object is deleted only by
+    /// the group's later trim below it or the topic's delete. A broker that
+    /// predates this command cannot decode it and stops applying its group
+    /// (see [`StorageApplier`]): upgrade every member before offloading a
+    /// replicated topic.
+    Offloaded(crate::storage::tiered::SegmentState),
+    /// The partition's own offload policy set (an empty one clears it),
+    /// which its leader's offload pass follows; every member must run a
+    /// broker that knows this command before one is set.
+    PutOffloadPolicy {
+        /// The partition.
+        topic: String,
+        /// The policy; empty: none of its own.
+        policy: crate::storage::tiered::policy::OffloadPolicy,
+    },
 }
 
 impl PartitionCommand {

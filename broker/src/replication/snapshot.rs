@@ -7,7 +7,9 @@
 //! sequences; each subscription's record (cursors, policy, key order) and
 //! state (failure records, schedule entries, dead letters) — what
 //! `transfer::capture` collects for a topic move — the topic's replay
-//! jobs and its own retention policy; then every entry of each log. It is written as CBOR records in
+//! jobs and its own retention policy; then every entry of each log, except
+//! those in ranges the group offloaded to the object store (the log's
+//! records of them travel instead, format 2). It is written as CBOR records in
 //! checksummed frames ([`ricochet_replication::snapshot`]).
 //!
 //! Capture ([`capture`]) runs between two applies and reads only the
@@ -34,6 +36,10 @@ use std::sync::Arc;
 
 /// The snapshot format this broker writes and reads.
 const FORMAT: u32 = 1;
+/// The format of a snapshot whose logs carry offload records (a broker
+/// that reads format 1 only refuses it, rather than install the log
+/// without the offloaded ranges).
+const FORMAT_OFFLOADED: u32 = 2;
 
 /// Entries read per chunk when a log is written.
 const CHUNK_ENTRIES: usize = 1_000;
@@ -51,6 +57,14 @@ pub struct LogHead {
     pub next: u64,
     /// Producers' last stored sequence ids.
     pub sequences: Vec<(String, u64)>,
+    /// The group's offload records of the log (ranges in objects, with
+    /// their keys): carried instead of their entries, which `first` then
+    /// starts after.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offloaded: Vec<crate::storage::tiered::SegmentState>,
+    /// The log's own offload policy (the group's record), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload_policy: Option<crate::storage::tiered::policy::OffloadPolicy>,
 }
 
 /// A record of a snapshot file, in the order written.
@@ -109,9 +123,14 @@ pub(super) fn capture(storage: &Arc<dyn Storage>, topic: &str) -> Result<Box<dyn
             // few such entries in a segment it kept); the record carries
             // the point to the installing replica.
             let first = first.max(record.trimmed_below).min(next);
+            // The offloaded ranges travel as records, not entries.
+            let offloaded = storage.offload_records(&record.name).map_err(store)?;
+            let first = first.max(contiguous_end(&offloaded)).min(next);
             logs.push(LogHead {
                 first,
                 next,
+                offloaded,
+                offload_policy: storage.offload_policy(&record.name).map_err(store)?,
                 sequences: storage.producer_sequences(&record.name).map_err(store)?,
                 record,
             });
@@ -142,6 +161,21 @@ pub(super) fn capture(storage: &Arc<dyn Storage>, topic: &str) -> Result<Box<dyn
     }))
 }
 
+/// Where the offload records, oldest first, stop covering ids without a
+/// hole (0: none): the entries from there on travel in the snapshot. A
+/// range past a hole (a leader skipped a local segment straddling the
+/// recorded end, which it then kept) does not cover the hole's ids.
+pub(super) fn contiguous_end(records: &[crate::storage::tiered::SegmentState]) -> u64 {
+    let mut end: Option<u64> = None;
+    for s in records {
+        match end {
+            Some(e) if s.first > e => break,
+            _ => end = Some(end.map_or(s.next, |e| e.max(s.next))),
+        }
+    }
+    end.unwrap_or(0)
+}
+
 /// A captured partition, to be written.
 struct Captured {
     storage: Arc<dyn Storage>,
@@ -155,9 +189,18 @@ struct Captured {
 impl SnapshotWriter for Captured {
     fn write_to(self: Box<Self>, out: &mut dyn std::io::Write) -> Result<()> {
         let mut w = FrameWriter::new(out);
+        let format = if self
+            .logs
+            .iter()
+            .any(|l| !l.offloaded.is_empty() || l.offload_policy.is_some())
+        {
+            FORMAT_OFFLOADED
+        } else {
+            FORMAT
+        };
         w.put(&Record::Begin {
             topic: self.topic.clone(),
-            format: FORMAT,
+            format,
         })?;
         for log in &self.logs {
             w.put(&Record::Log(log.clone()))?;
@@ -225,7 +268,8 @@ impl SnapshotWriter for Captured {
 
 /// Deletes this replica's copy of partition `topic` from `storage`: its
 /// subscriptions with their state and tiers, the topic, its replay jobs,
-/// its own retention policy.
+/// its own retention and offload policies (its offload records go with
+/// the topic, their objects stay: they are the group's).
 pub(super) fn delete_copy(storage: &Arc<dyn Storage>, topic: &str) -> Result<()> {
     let stored: HashSet<String> = storage
         .list_topics()
@@ -252,6 +296,11 @@ pub(super) fn delete_copy(storage: &Arc<dyn Storage>, topic: &str) -> Result<()>
         }
     }
     storage.delete_retention(topic).map_err(store)?;
+    if storage.offload_policy(topic).map_err(store)?.is_some() {
+        storage
+            .put_offload_policy(topic, &Default::default())
+            .map_err(store)?;
+    }
     Ok(())
 }
 
@@ -266,7 +315,8 @@ pub(super) fn install(
 ) -> Result<u64> {
     let mut r = FrameReader::new(from);
     match r.read::<Record>()? {
-        Some(Record::Begin { topic: t, format }) if t == topic && format == FORMAT => {}
+        Some(Record::Begin { topic: t, format })
+            if t == topic && (format == FORMAT || format == FORMAT_OFFLOADED) => {}
         Some(Record::Begin { topic: t, format }) => {
             return Err(ReplicationError::Codec(format!(
                 "a snapshot of {t} (format {format}) offered for {topic} (format {FORMAT})"
@@ -292,6 +342,20 @@ pub(super) fn install(
             }
             Record::Log(head) => {
                 storage.put_topic(&head.record).map_err(store)?;
+                if let Some(p) = &head.offload_policy {
+                    storage
+                        .put_offload_policy(&head.record.name, p)
+                        .map_err(store)?;
+                }
+                for state in &head.offloaded {
+                    if state.topic != head.record.name {
+                        return Err(ReplicationError::Codec(format!(
+                            "a snapshot's log {} carries an offload record of {}",
+                            head.record.name, state.topic
+                        )));
+                    }
+                    storage.put_offload_record(state).map_err(store)?;
+                }
                 heads.push(head);
             }
             Record::Subscription(b) => {

@@ -24,7 +24,10 @@
 //! dead-letter edits (`remove_dead_letters`, `put_dead_letters`,
 //! `return_dead_letters`) and replay jobs (`put_replay_job`,
 //! `remove_replay_job`), the topic's own retention policy (`put_retention`,
-//! `delete_retention`); an empty `put_failures` or `put_schedule` writes
+//! `delete_retention`), a segment the leader offloaded
+//! (`put_offload_record`, [`PartitionCommand::Offloaded`]) and the topic's
+//! own offload policy (`put_offload_policy`); an empty `put_failures` or
+//! `put_schedule` writes
 //! nothing and proposes nothing. `next_id` reads this replica's counter, which
 //! every replica raises past the ids the group's commands carry. `trim`
 //! (retention, or segments every subscription consumed) is a command too,
@@ -281,6 +284,42 @@ impl LogStore for ReplicatedStorage {
 
     fn restore_producer_sequences(&self, _topic: &str, _s: &[(String, u64)]) -> Result<()> {
         Err(not_replicated("restore_producer_sequences"))
+    }
+
+    fn offload_records(&self, topic: &str) -> Result<Vec<crate::storage::tiered::SegmentState>> {
+        self.local.offload_records(topic)
+    }
+
+    /// The leader's offload of a segment it uploaded and verified: proposed
+    /// behind every write queued before it and awaited in place; this
+    /// replica records it and drops its copy when it applies it, as every
+    /// other does.
+    fn put_offload_record(&self, state: &crate::storage::tiered::SegmentState) -> Result<()> {
+        self.propose(PartitionCommand::Offloaded(state.clone()))
+    }
+
+    fn offload_policy(
+        &self,
+        topic: &str,
+    ) -> Result<Option<crate::storage::tiered::policy::OffloadPolicy>> {
+        self.local.offload_policy(topic)
+    }
+
+    /// The topic's own offload policy, a command of the group
+    /// ([`PartitionCommand::PutOffloadPolicy`]).
+    fn put_offload_policy(
+        &self,
+        topic: &str,
+        policy: &crate::storage::tiered::policy::OffloadPolicy,
+    ) -> Result<()> {
+        self.propose(PartitionCommand::PutOffloadPolicy {
+            topic: topic.to_owned(),
+            policy: policy.clone(),
+        })
+    }
+
+    fn delete_offloaded_objects(&self, _keys: Vec<String>) -> Result<()> {
+        Err(not_replicated("delete_offloaded_objects"))
     }
 }
 

@@ -2,12 +2,17 @@
 //! status, and the offload policies of namespaces and topics (see
 //! [`crate::storage::tiered`]). Without a `[tiered]` section every call is
 //! FAILED_PRECONDITION; a bad name or a negative threshold is
-//! INVALID_ARGUMENT and changes nothing.
+//! INVALID_ARGUMENT and changes nothing. A replicated topic is offloaded
+//! by its group's leader, each segment a command of the group
+//! (`Tiered::offload_through`), and its own offload policy is a command
+//! of the group too, which the leader's pass follows
+//! ([`crate::replication::offload`]).
 
 use crate::error::BrokerError;
 use crate::name::Target;
 use crate::name::TopicName;
 use crate::node::Node;
+use crate::replication::offload::ThroughGroup;
 use crate::storage::TopicKind;
 use crate::storage::tiered::policy::OffloadPolicy as Policy;
 use crate::storage::tiered::{Phase, Tiered};
@@ -103,10 +108,15 @@ impl TieredRpc for TieredService {
     ) -> Result<Response<TieredOffloadResponse>, Status> {
         let t = self.tiered()?.clone();
         let name = self.ordinary(&r.get_ref().topic).await?;
-        let done = t
-            .offload_topic(name.as_str(), true)
-            .await
-            .map_err(BrokerError::from)?;
+        let entry = self.node.core.topic(&name).await?;
+        let done = if entry.topic.is_replicated() {
+            // The leader's offload, a command of the group per segment.
+            let recorder = ThroughGroup(entry.topic.storage().clone());
+            t.offload_through(name.as_str(), &recorder).await
+        } else {
+            t.offload_topic(name.as_str(), true).await
+        }
+        .map_err(BrokerError::from)?;
         Ok(Response::new(TieredOffloadResponse {
             offloaded_segments: done.segments,
             offloaded_bytes: done.bytes,
@@ -178,9 +188,34 @@ impl TieredRpc for TieredService {
         let r = r.into_inner();
         let target = Target::parse(&r.namespace, &r.topic)?;
         let policy = from_wire(r.policy.unwrap_or_default())?;
-        t.set_policy(target.key(), policy)
-            .map_err(BrokerError::from)?;
-        self.node.core.flusher.durable().await?;
+        match &target {
+            // A replicated topic's own policy is its group's: committed
+            // and applied on every replica before the answer.
+            Target::Topic(name)
+                if self
+                    .node
+                    .groups()
+                    .is_some_and(|g| g.group_of(name.as_str()).is_some()) =>
+            {
+                let entry = self.node.core.topic(name).await?;
+                if !entry.topic.is_replicated() {
+                    return Err(BrokerError::Peer(format!(
+                        "{name} is replicated and its leader is taking it over; look it up again"
+                    ))
+                    .into());
+                }
+                entry
+                    .topic
+                    .storage()
+                    .put_offload_policy(name.as_str(), &policy)
+                    .map_err(BrokerError::from)?;
+            }
+            _ => {
+                t.set_policy(target.key(), policy)
+                    .map_err(BrokerError::from)?;
+                self.node.core.flusher.durable().await?;
+            }
+        }
         Ok(Response::new(self.answer(&target)?))
     }
 

@@ -24,6 +24,7 @@ mod reconnect;
 mod replicated;
 mod replicated_members;
 mod replicated_moves;
+mod replicated_offload;
 mod replicated_partitions;
 mod replicated_peerid;
 mod replicated_retention;

@@ -24,6 +24,7 @@
 use crate::prelude::*;
 mod cache;
 pub mod config;
+pub mod group;
 mod object;
 mod offload;
 pub mod policy;
@@ -69,6 +70,16 @@ pub struct SegmentState {
     pub object_size: u64,
     pub object_crc: u32,
     pub offloaded_ms: u64,
+    /// Recorded by a replication group's command (a replicated topic):
+    /// its object is the group's, deleted only by a group's command (a
+    /// trim below it, the topic's delete), never by this broker on its own
+    /// ([`group`]). Left out of the encoding while false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub group: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl SegmentState {
@@ -88,6 +99,7 @@ impl SegmentState {
             object_size: 0,
             object_crc: 0,
             offloaded_ms: 0,
+            group: false,
         }
     }
 
@@ -144,6 +156,9 @@ pub struct Tiered {
     offloading: tokio::sync::Mutex<()>,
     /// The last offload error per topic.
     last_error: Mutex<HashMap<String, String>>,
+    /// Replicated topics: offloaded by their group's leader through the
+    /// group ([`group`]), never by the background offloader.
+    grouped: Mutex<HashSet<String>>,
 }
 
 impl std::fmt::Debug for Tiered {
@@ -197,8 +212,16 @@ impl Tiered {
             cache: Mutex::new(cache),
             offloading: tokio::sync::Mutex::new(()),
             last_error: Mutex::new(HashMap::new()),
+            grouped: Mutex::new(HashSet::new()),
         };
         for (topic, segs) in states {
+            if segs.values().any(|s| s.group) {
+                let kept = t.check_group_topic(&topic, segs, logged.contains(&topic))?;
+                if !kept.is_empty() {
+                    crate::util::lock(&t.states).insert(topic, kept);
+                }
+                continue;
+            }
             if !logged.contains(&topic) {
                 tracing::info!(%topic, "tiered: the topic was deleted; deleting its objects");
                 for s in segs.values() {
@@ -360,6 +383,12 @@ impl Tiered {
     /// Forgets a deleted topic's states; its objects go after the next
     /// flush.
     pub fn delete_topic(&self, topic: &str) -> Result<()> {
+        if self.is_grouped(topic) {
+            // A replicated topic's objects are the group's: its delete
+            // command deletes them ([`Tiered::delete_group_objects`]).
+            self.forget_topic(topic)?;
+            return Ok(());
+        }
         if let Some(m) = crate::util::lock(&self.states).remove(topic) {
             for s in m.values() {
                 self.sled.remove_tiered(&s.stored_key())?;
@@ -425,11 +454,18 @@ impl Tiered {
         self.policies.set(&self.sled, target, policy)
     }
 
+    /// How often the background offloader looks (`[tiered] interval`).
+    pub fn interval(&self) -> std::time::Duration {
+        self.config.interval
+    }
+
     /// The segment-file log this tier extends.
     pub fn log(&self) -> &SegmentLog {
         &self.log
     }
 }
 
+#[cfg(test)]
+mod group_tests;
 #[cfg(test)]
 mod tests;

@@ -97,6 +97,10 @@ impl Tiered {
         let mut first_error = None;
         let (mut lag_s, mut pending) = (0u64, 0u64);
         for topic in self.log.topics() {
+            if self.is_grouped(&topic) {
+                // A replicated topic: its group's leader offloads it.
+                continue;
+            }
             match self.offload_topic(&topic, false).await {
                 Ok(_) => {}
                 Err(e) => {
@@ -143,6 +147,11 @@ impl Tiered {
     /// segment, the active one sealed first), then deletes the local
     /// copies the policy lets go.
     pub async fn offload_topic(self: &Arc<Self>, topic: &str, force: bool) -> Result<Outcome> {
+        if self.is_grouped(topic) {
+            return Err(StorageError::Replication(format!(
+                "{topic} is replicated: its group's leader offloads it (offload_through)"
+            )));
+        }
         let _one_pass = self.offloading.lock().await;
         let done = self.offload_locked(topic, force).await;
         let mut errors = crate::util::lock(&self.last_error);
@@ -275,7 +284,7 @@ impl Tiered {
         Ok(true)
     }
 
-    fn put_state(&self, s: &SegmentState) -> Result<()> {
+    pub(super) fn put_state(&self, s: &SegmentState) -> Result<()> {
         self.sled.put_tiered(&s.stored_key(), s)?;
         crate::util::lock(&self.states)
             .entry(s.topic.clone())
@@ -286,7 +295,7 @@ impl Tiered {
 
     /// Writes `obj` at `path` (in parts for a large one), sleeping between
     /// parts to hold `pace_bytes_per_second`.
-    async fn put_paced(&self, path: &ObjectPath, obj: Vec<u8>) -> Result<()> {
+    pub(super) async fn put_paced(&self, path: &ObjectPath, obj: Vec<u8>) -> Result<()> {
         let store = self.store.clone();
         let pace = self.config.pace_bytes_per_second;
         let path = path.clone();
@@ -299,7 +308,7 @@ impl Tiered {
     }
 
     /// Reads the object back: its size and CRC-32C must be what was written.
-    async fn verify(&self, path: &ObjectPath, size: u64, crc: u32) -> Result<()> {
+    pub(super) async fn verify(&self, path: &ObjectPath, size: u64, crc: u32) -> Result<()> {
         let store = self.store.clone();
         let path = path.clone();
         let Some(rt) = &self.io.0 else {

@@ -222,6 +222,16 @@ impl Groups {
         }
     }
 
+    /// The replicated topics this broker leads and serves now, with the
+    /// storage they write through.
+    pub fn served(&self) -> Vec<(String, ReplicatedStorage)> {
+        crate::util::lock(&self.serving)
+            .iter()
+            .filter(|(_, s)| !s.is_poisoned())
+            .map(|(t, s)| (t.clone(), s.clone()))
+            .collect()
+    }
+
     pub(super) fn poisoned(&self, topic: &str) -> bool {
         crate::util::lock(&self.serving)
             .get(topic)

@@ -1,0 +1,62 @@
+//! The offload of replicated topics this broker leads: their segments go
+//! to the object store by commands of their groups
+//! ([`PartitionCommand::Offloaded`](super::PartitionCommand::Offloaded)),
+//! on demand (`Tiered/Offload`) or by the topic's offload policy, in a
+//! pass of the leader every `[tiered] interval` ([`spawn_leader_pass`]).
+//! The broker's own background offloader skips replicated topics.
+
+use super::groups::Groups;
+use crate::storage::tiered::group::GroupRecorder;
+use crate::storage::tiered::{SegmentState, Tiered};
+use crate::storage::{Storage, StorageResult};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// At most one WARN about a failing pass this often.
+const WARN_EVERY: Duration = Duration::from_secs(30);
+
+/// Records a replicated topic's offloaded segment through the storage
+/// its leader writes through ([`super::ReplicatedStorage`] proposes it
+/// and waits until it is applied here).
+#[derive(Debug)]
+pub struct ThroughGroup(pub Arc<dyn Storage>);
+
+impl GroupRecorder for ThroughGroup {
+    fn record(&self, state: &SegmentState) -> StorageResult<()> {
+        self.0.put_offload_record(state)
+    }
+}
+
+/// Every `tiered`'s `interval` until `stop`: each replicated topic this
+/// broker leads and serves is offloaded as its policy says
+/// ([`Tiered::offload_due_through`]). Runs on the caller's (multi-thread)
+/// runtime: a record waits in place for its commit.
+pub fn spawn_leader_pass(
+    groups: Arc<Groups>,
+    tiered: Arc<Tiered>,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    tokio::spawn(async move {
+        let mut warned: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stop.cancelled() => break,
+            }
+            for (topic, storage) in groups.served() {
+                if !tiered.is_grouped(&topic) {
+                    continue;
+                }
+                let recorder = ThroughGroup(Arc::new(storage) as Arc<dyn Storage>);
+                if let Err(e) = tiered.offload_due_through(&topic, &recorder).await
+                    && warned.is_none_or(|w| w.elapsed() >= WARN_EVERY)
+                {
+                    warned = Some(Instant::now());
+                    tracing::warn!(%topic, error = %e, "tiered: the leader's offload of a replicated topic failed; its segments stay local, retried at the next pass");
+                }
+            }
+        }
+    });
+}

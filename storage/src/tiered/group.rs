@@ -1,0 +1,367 @@
+//! Offload of a replicated topic: the group's, not one broker's.
+//!
+//! A replicated topic's segments are offloaded by its group's leader only
+//! ([`Tiered::offload_through`]): it uploads a sealed segment and checks
+//! the object's size and CRC-32C as the background offloader does, then
+//! hands the object's record (a [`SegmentState`] with `group` set) to the
+//! topic's storage, which proposes it to the group; nothing is recorded
+//! here until the group's command is applied. Every replica applies it
+//! through [`Tiered::record_group`]: the offloaded range is recorded and
+//! the replica's local segments lying wholly inside the recorded ranges
+//! are dropped, oldest first (segment boundaries may differ between
+//! replicas, so the rule is a range rule: a local segment straddling a
+//! range's end stays, and the local segments left always follow the
+//! ranges without a gap). The background offloader skips these topics
+//! ([`Tiered::set_grouped`]); the leader's own pass applies the
+//! topic's offload policy ([`Tiered::offload_due_through`]), whose
+//! topic-level record is the group's too.
+//!
+//! A group's objects are deleted only by the group's commands: a trim
+//! below them ([`Tiered::trim`]) or the topic's delete
+//! ([`Tiered::delete_group_objects`]). A replica that drops its copy on
+//! its own (it left the group, a snapshot replaces its copy, its open
+//! finds no topic for the records) forgets the records and leaves the
+//! objects alone ([`Tiered::forget_topic`]).
+
+use super::{Phase, SegmentState, Tiered};
+use crate::prelude::*;
+use crate::segments::SegmentInfo;
+use crate::{StorageError, StorageResult as Result};
+use object_store::path::Path as ObjectPath;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Writes a group's offload record of `topic` (what its storage proposes
+/// and every replica applies).
+pub trait GroupRecorder: Send + Sync {
+    /// Records `state` through the group; returns once it was applied here.
+    fn record(&self, state: &SegmentState) -> Result<()>;
+}
+
+impl Tiered {
+    /// Marks `topic` as replicated (`true`): the background offloader
+    /// leaves it to its group's leader.
+    pub fn set_grouped(&self, topic: &str, grouped: bool) {
+        let mut g = crate::util::lock(&self.grouped);
+        if grouped {
+            g.insert(topic.to_owned());
+        } else {
+            g.remove(topic);
+        }
+    }
+
+    /// Whether `topic` is offloaded by its group only.
+    pub fn is_grouped(&self, topic: &str) -> bool {
+        crate::util::lock(&self.grouped).contains(topic)
+            || crate::util::lock(&self.states)
+                .get(topic)
+                .is_some_and(|m| m.values().any(|s| s.group))
+    }
+
+    /// One past the last id of `topic`'s recorded group ranges (0: none).
+    pub fn covered_end(&self, topic: &str) -> u64 {
+        crate::util::lock(&self.states)
+            .get(topic)
+            .map_or(0, |m| m.values().map(|s| s.next).max().unwrap_or(0))
+    }
+
+    /// The group's offload records of `topic`, oldest first (what a
+    /// snapshot carries).
+    pub fn group_states(&self, topic: &str) -> Vec<SegmentState> {
+        crate::util::lock(&self.states)
+            .get(topic)
+            .map(|m| m.values().filter(|s| s.group).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The leader's offload of replicated `topic`: its active segment is
+    /// sealed, then each sealed local segment above the ranges recorded
+    /// already is uploaded, verified and recorded through `recorder` (the
+    /// group), oldest first; the local copies go when the group's record
+    /// is applied here ([`Tiered::record_group`]). A segment starting
+    /// below the recorded end (a straddling one kept) is not offloaded.
+    pub async fn offload_through(
+        self: &Arc<Self>,
+        topic: &str,
+        recorder: &dyn GroupRecorder,
+    ) -> Result<super::offload::Outcome> {
+        let _one_pass = self.offloading.lock().await;
+        let done = self.offload_group_locked(topic, recorder).await;
+        let mut errors = crate::util::lock(&self.last_error);
+        match &done {
+            Ok(_) => errors.remove(topic),
+            Err(e) => {
+                metrics::counter!("ricochet_tiered_offload_errors_total").increment(1);
+                errors.insert(topic.to_owned(), e.to_string())
+            }
+        };
+        done
+    }
+
+    async fn offload_group_locked(
+        self: &Arc<Self>,
+        topic: &str,
+        recorder: &dyn GroupRecorder,
+    ) -> Result<super::offload::Outcome> {
+        let (log, t) = (self.log.clone(), topic.to_owned());
+        tokio::task::spawn_blocking(move || log.seal_active(&t, None))
+            .await
+            .map_err(StorageError::joined)??;
+        self.upload_and_record(topic, recorder, usize::MAX).await
+    }
+
+    /// The sealed local segments of `topic` above the recorded end, oldest
+    /// first, and the bytes of all its local segments.
+    fn candidates(&self, topic: &str) -> (Vec<SegmentInfo>, u64) {
+        let covered = self.covered_end(topic);
+        let all = self.log.segment_infos(topic);
+        let bytes = all.iter().map(|s| s.len).sum();
+        let sealed = all
+            .into_iter()
+            .filter(|s| !s.active && s.header.first >= covered && s.first_entry.is_some())
+            .collect();
+        (sealed, bytes)
+    }
+
+    /// The leader's pass over replicated `topic` by its offload policy
+    /// (the topic's own, a record of the group; else its namespace's or
+    /// the `[tiered]` default, this broker's): the oldest sealed segments
+    /// above the recorded end the policy chooses, up to the first it does
+    /// not, are uploaded and recorded through `recorder` as
+    /// [`Tiered::offload_through`] does. Nothing without a policy.
+    pub async fn offload_due_through(
+        self: &Arc<Self>,
+        topic: &str,
+        recorder: &dyn GroupRecorder,
+    ) -> Result<super::offload::Outcome> {
+        let _one_pass = self.offloading.lock().await;
+        let Some((policy, _)) = self.effective(topic) else {
+            return Ok(super::offload::Outcome::default());
+        };
+        let (sealed, local_bytes) = self.candidates(topic);
+        let tuples: Vec<(u64, u64, bool)> = sealed
+            .iter()
+            .map(|s| (s.header.created_ms, s.len, false))
+            .collect();
+        let chosen = policy.choose(crate::util::wall_ms(), local_bytes, &tuples);
+        // Oldest first and without a hole: the chosen prefix only.
+        let due = chosen
+            .iter()
+            .enumerate()
+            .take_while(|(n, i)| *n == **i)
+            .count();
+        if due == 0 {
+            return Ok(super::offload::Outcome::default());
+        }
+        let done = self.upload_and_record(topic, recorder, due).await;
+        let mut errors = crate::util::lock(&self.last_error);
+        match &done {
+            Ok(_) => errors.remove(topic),
+            Err(e) => {
+                metrics::counter!("ricochet_tiered_offload_errors_total").increment(1);
+                errors.insert(topic.to_owned(), e.to_string())
+            }
+        };
+        done
+    }
+
+    /// Uploads and records through the group at most `most` of `topic`'s
+    /// sealed segments above the recorded end, oldest first.
+    async fn upload_and_record(
+        self: &Arc<Self>,
+        topic: &str,
+        recorder: &dyn GroupRecorder,
+        most: usize,
+    ) -> Result<super::offload::Outcome> {
+        let mut outcome = super::offload::Outcome::default();
+        let before = self.log.segment_starts(topic).len();
+        for _ in 0..most {
+            let Some(seg) = self.candidates(topic).0.into_iter().next() else {
+                break;
+            };
+            let state = self.upload(topic, &seg).await?;
+            recorder.record(&state)?;
+            if self.covered_end(topic) < state.next {
+                return Err(StorageError::Replication(format!(
+                    "the group's offload of {topic} segment {} was not applied here",
+                    state.first
+                )));
+            }
+            outcome.segments += 1;
+            outcome.bytes += seg.len;
+        }
+        let after = self.log.segment_starts(topic).len();
+        outcome.local_deleted = before.saturating_sub(after) as u32;
+        if outcome.local_deleted > 0 {
+            // The records the apply wrote are made durable and the dropped
+            // files go now, as a factor-1 offload's do (only trims made
+            // before the flush); the other replicas' go at their next
+            // flush.
+            let mark = self.log.trim_mark();
+            self.sled.flush().await?;
+            let log = self.log.clone();
+            tokio::task::spawn_blocking(move || log.finish_trims_before(mark))
+                .await
+                .map_err(StorageError::joined)??;
+        }
+        Ok(outcome)
+    }
+
+    /// Writes sealed segment `seg` as an object and reads it back (size and
+    /// CRC-32C): its record, not stored anywhere yet. An upload a crash
+    /// interrupts leaves an object no record names (redone onto the same
+    /// key by the same leader).
+    async fn upload(self: &Arc<Self>, topic: &str, seg: &SegmentInfo) -> Result<SegmentState> {
+        let key = self.object_key(topic, seg);
+        let mut state = SegmentState::of(topic, seg, key.clone());
+        let (path, len) = (seg.path.clone(), seg.len);
+        let file = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
+            use std::os::unix::fs::FileExt as _;
+            let f = std::fs::File::open(path)?;
+            let mut buf = vec![0u8; len as usize];
+            f.read_exact_at(&mut buf, 0)?;
+            Ok(buf)
+        })
+        .await
+        .map_err(StorageError::joined)??;
+        let obj = super::object::build(&file).map_err(|e| {
+            StorageError::Corrupt(format!(
+                "log of {topic}: sealed segment {} cannot be offloaded: {e}",
+                seg.header.first
+            ))
+        })?;
+        let (size, crc) = (obj.len() as u64, crc32c::crc32c(&obj));
+        let path = ObjectPath::from(key.as_str());
+        self.put_paced(&path, obj).await?;
+        self.verify(&path, size, crc).await?;
+        state.phase = Phase::Offloaded;
+        state.object_size = size;
+        state.object_crc = crc;
+        state.offloaded_ms = crate::util::wall_ms();
+        state.group = true;
+        metrics::counter!("ricochet_tiered_offloaded_bytes_total").increment(seg.len);
+        metrics::counter!("ricochet_tiered_offloaded_segments_total").increment(1);
+        Ok(state)
+    }
+
+    /// Applies a group's offload record on this replica: the range is
+    /// recorded (durable with the next flush), then the local segments
+    /// lying wholly inside the recorded ranges are dropped, oldest first
+    /// (their files go after the next flush, as a trim's). A record of a
+    /// range recorded already is a replay: recorded again, nothing else.
+    pub fn record_group(&self, state: &SegmentState) -> Result<()> {
+        if state.phase != Phase::Offloaded || !state.group || state.next <= state.first {
+            return Err(StorageError::Corrupt(format!(
+                "log of {}: a group's offload record of segment {} that is not one",
+                state.topic, state.first
+            )));
+        }
+        let topic = state.topic.as_str();
+        self.set_grouped(topic, true);
+        self.put_state(state)?;
+        // Producer ids of entries leaving the local log reach sled first
+        // (durable with the same flush, before the files go).
+        self.sled.checkpoint_sequences(topic)?;
+        loop {
+            let local = self.log.segment_infos(topic);
+            let Some(oldest) = local.first() else { break };
+            if oldest.active || !self.inside_ranges(topic, oldest.header.first, oldest.next) {
+                break;
+            }
+            if !self.log.drop_local(topic, oldest.header.first)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether ids `first..next` all lie in `topic`'s recorded ranges.
+    fn inside_ranges(&self, topic: &str, first: u64, next: u64) -> bool {
+        let states = crate::util::lock(&self.states);
+        let Some(m) = states.get(topic) else {
+            return false;
+        };
+        let mut at = first;
+        for s in m.values() {
+            if s.first <= at && at < s.next {
+                at = s.next;
+            }
+            if at >= next {
+                return true;
+            }
+        }
+        at >= next
+    }
+
+    /// Forgets `topic`'s records without deleting any object (this
+    /// replica drops its copy on its own: the objects are the group's).
+    pub fn forget_topic(&self, topic: &str) -> Result<Vec<String>> {
+        self.set_grouped(topic, false);
+        let Some(m) = crate::util::lock(&self.states).remove(topic) else {
+            return Ok(Vec::new());
+        };
+        let mut keys = Vec::with_capacity(m.len());
+        for s in m.values() {
+            self.sled.remove_tiered(&s.stored_key())?;
+            keys.push(s.key.clone());
+        }
+        Ok(keys)
+    }
+
+    /// Deletes the objects `keys` of a group's deleted topic, once a flush
+    /// made the removal of their records durable (the group's delete,
+    /// applied on every replica: each deletes the same keys).
+    pub fn delete_group_objects(&self, keys: Vec<String>) {
+        self.delete_after_flush(keys, Vec::new());
+    }
+
+    /// The open's check of a replicated topic's records (`logged`: its log
+    /// is held here): offloaded ranges and local segments must cover the
+    /// ids from the first range on without a gap. Records of a topic not
+    /// held here are forgotten, their objects left to the group.
+    pub(super) fn check_group_topic(
+        &self,
+        topic: &str,
+        segs: BTreeMap<u64, SegmentState>,
+        logged: bool,
+    ) -> Result<BTreeMap<u64, SegmentState>> {
+        if !logged {
+            tracing::info!(%topic, "tiered: a replicated topic this broker no longer holds; forgetting its offload records (its objects are the group's)");
+            for s in segs.values() {
+                self.sled.remove_tiered(&s.stored_key())?;
+            }
+            return Ok(BTreeMap::new());
+        }
+        let local = self.log.segment_infos(topic);
+        let local_start = local.first().map_or(u64::MAX, |s| s.header.first);
+        let mut at: Option<u64> = None;
+        for s in segs.values() {
+            if s.phase != Phase::Offloaded {
+                return Err(StorageError::Corrupt(format!(
+                    "log of {topic}: the group's offload record of segment {} was never verified",
+                    s.first
+                )));
+            }
+            if let Some(end) = at
+                && s.first > end
+                && end < local_start
+            {
+                return Err(StorageError::Corrupt(format!(
+                    "log of {topic}: ids {end}..{} are neither local nor offloaded: a segment is missing",
+                    s.first.min(local_start)
+                )));
+            }
+            at = Some(at.map_or(s.next, |e| e.max(s.next)));
+        }
+        if let (Some(end), Some(l)) = (at, local.first())
+            && end < l.header.first
+        {
+            return Err(StorageError::Corrupt(format!(
+                "log of {topic}: ids {end}..{} are neither local nor offloaded: a segment is missing",
+                l.header.first
+            )));
+        }
+        self.set_grouped(topic, true);
+        Ok(segs)
+    }
+}
