@@ -43,10 +43,6 @@ pub(crate) struct Rule<Req, Resp> {
     pub writes_to: for<'a> fn(&'a Req) -> Vec<&'a str>,
     /// The answer's filter, if any.
     pub shown: Option<Filter<Resp>>,
-    /// Why the call has no replicated form (it would change one replica's
-    /// store only), so a replicated topic's leader refuses it; `None` when
-    /// the leader answers it.
-    pub unreplicated: Option<&'static str>,
 }
 
 impl<Req, Resp> Rule<Req, Resp> {
@@ -58,7 +54,6 @@ impl<Req, Resp> Rule<Req, Resp> {
             route: Route::Here,
             writes_to: |_| Vec::new(),
             shown: None,
-            unreplicated: None,
         }
     }
 
@@ -71,15 +66,6 @@ impl<Req, Resp> Rule<Req, Resp> {
     /// Also writes to the topics `to` reads.
     pub fn writes_to(mut self, to: for<'a> fn(&'a Req) -> Vec<&'a str>) -> Self {
         self.writes_to = to;
-        self
-    }
-
-    /// Refused on a replicated topic, saying `why`. No row needs it since
-    /// the offload calls got their replicated form (session 15); kept for
-    /// a call that has none.
-    #[allow(dead_code)]
-    pub fn unreplicated(mut self, why: &'static str) -> Self {
-        self.unreplicated = Some(why);
         self
     }
 
@@ -123,11 +109,7 @@ impl Gate {
             self.auth.authorize(p.as_ref(), method, rule.need, scope)?;
             (p, scope.topic().map(str::to_owned))
         };
-        if let Some(fan_out) = self
-            .router
-            .route(method, rule.route, topic.as_deref(), rule.unreplicated)
-            .await?
-        {
+        if let Some(fan_out) = self.router.route(rule.route, topic.as_deref()).await? {
             r.extensions_mut().insert(fan_out);
         }
         for tier in (rule.writes_to)(r.get_ref()) {

@@ -117,20 +117,12 @@ impl Router {
         Self { cluster, groups }
     }
 
-    /// `Ok` when this broker serves `topic` for a call (`method`, as
-    /// `Service/Method`) routed by `how`; else the refusal naming the
-    /// owner. A replicated topic is served by its group's leader once it
-    /// opened it; a call with no replicated form (`unreplicated` says why)
-    /// is refused there, naming itself. `Ok(Some(_))`: `topic` is a
+    /// `Ok` when this broker serves `topic` for a call routed by `how`;
+    /// else the refusal naming the owner. A replicated topic is served by
+    /// its group's leader once it opened it. `Ok(Some(_))`: `topic` is a
     /// partitioned topic's base name, answered here over its partitions
     /// ([`Route::OwnerOrFanOut`] only).
-    pub async fn route(
-        &self,
-        method: &str,
-        how: Route,
-        topic: Option<&str>,
-        unreplicated: Option<&str>,
-    ) -> Result<Option<FanOut>, Status> {
+    pub async fn route(&self, how: Route, topic: Option<&str>) -> Result<Option<FanOut>, Status> {
         let (Some(cluster), Some(topic)) = (&self.cluster, topic) else {
             return Ok(None);
         };
@@ -158,27 +150,14 @@ impl Router {
         routed.map_err(BrokerError::from)?;
         if how != Route::Place
             && let Some(groups) = self.groups.as_ref()
-            && let Some(g) = groups.group_of(name.as_str())
+            && groups.group_of(name.as_str()).is_some()
+            && !groups.is_serving(name.as_str())
         {
-            if let Some(why) = unreplicated {
-                return Err(not_served(&name, g.replicas, method, why).into());
-            }
-            if !groups.is_serving(name.as_str()) {
-                return Err(BrokerError::Peer(format!(
-                    "{name} is replicated and its leader is taking it over; look it up again"
-                ))
-                .into());
-            }
+            return Err(BrokerError::Peer(format!(
+                "{name} is replicated and its leader is taking it over; look it up again"
+            ))
+            .into());
         }
         Ok(None)
     }
-}
-
-/// The refusal of `method` on a replicated topic: it has no replicated
-/// form yet.
-pub(crate) fn not_served(topic: &TopicName, replicas: u32, method: &str, why: &str) -> BrokerError {
-    BrokerError::Conflict(format!(
-        "{method} is not served on replicated topics yet ({topic} has replication factor \
-         {replicas}; {why})"
-    ))
 }
