@@ -54,37 +54,47 @@ impl BrokerBuilder {
         self.config.validate()?;
         std::fs::create_dir_all(&self.config.data_dir)?;
         let opened = async {
-            let started = std::time::Instant::now();
-            let sled = Arc::new(SledStorage::open(
-                &self.config.data_dir,
-                self.config.segment_entries,
-                self.config.cache_capacity,
-            )?);
-            tracing::info!(
-                took_ms = started.elapsed().as_millis() as u64,
-                "start: storage opened (sled's recovery)"
-            );
-            // The one scan of every subscription's failure heads at start
-            // keeps only the holds ending within the retry window with
-            // their counts; later ones as entry ids (a bitmap).
-            sled.gather_heads_by(
-                self.clock
-                    .now_ms()
-                    .saturating_add(crate::subscription::holds_ahead(self.config.retry_window)),
-            );
             let mode = self.config.verify_on_start;
-            if mode == VerifyOnStart::Before {
-                verify(&sled, self.config.accept_data_loss)?;
-            }
-            // A store written before held messages took one key each is
-            // converted (once; logged when anything moved).
-            sled.upgrade_held()?;
+            // sled's open and what reads sled alone before serving; with the
+            // segment-file log, its open runs beside this (other files).
+            let open_sled =
+                || -> Result<Arc<SledStorage>> {
+                    let started = std::time::Instant::now();
+                    let sled = Arc::new(SledStorage::open(
+                        &self.config.data_dir,
+                        self.config.segment_entries,
+                        self.config.cache_capacity,
+                    )?);
+                    tracing::info!(
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "start: storage opened (sled's recovery)"
+                    );
+                    // The one scan of every subscription's failure heads at start
+                    // keeps only the holds ending within the retry window with
+                    // their counts; later ones as entry ids (a bitmap).
+                    sled.gather_heads_by(self.clock.now_ms().saturating_add(
+                        crate::subscription::holds_ahead(self.config.retry_window),
+                    ));
+                    if mode == VerifyOnStart::Before {
+                        verify(&sled, self.config.accept_data_loss)?;
+                    }
+                    // A store written before held messages took one key each is
+                    // converted (once; logged when anything moved).
+                    sled.upgrade_held()?;
+                    Ok(sled)
+                };
             let mut tiered = None;
-            let storage: Arc<dyn Storage> = match self.config.log_engine {
+            let (sled, storage): (Arc<SledStorage>, Arc<dyn Storage>) = match self.config.log_engine
+            {
                 LogEngine::Segments => {
                     let started = std::time::Instant::now();
-                    let log = crate::storage::LogStorage::open(
-                        sled.clone(),
+                    let mut opened_sled = None;
+                    let log = crate::storage::LogStorage::open_beside(
+                        || {
+                            let sled = open_sled()?;
+                            opened_sled = Some(sled.clone());
+                            Ok::<_, BrokerError>(sled)
+                        },
                         &self.config.data_dir,
                         self.config.log_settings(),
                         self.config.tiered.as_ref(),
@@ -94,11 +104,15 @@ impl BrokerBuilder {
                     tracing::info!(
                         took_ms = started.elapsed().as_millis() as u64,
                         topics = log.log().topics().len(),
-                        "start: segment-file log opened (every segment checked)"
+                        "start: sled and the segment-file log opened (every segment checked)"
                     );
-                    Arc::new(log)
+                    let sled = opened_sled.expect("the log opens only once sled has");
+                    (sled, Arc::new(log))
                 }
-                LogEngine::Sled => sled.clone(),
+                LogEngine::Sled => {
+                    let sled = open_sled()?;
+                    (sled.clone(), sled)
+                }
             };
             let node = Node::open(self.config, storage, self.policies, self.clock).await?;
             if mode == VerifyOnStart::Background {

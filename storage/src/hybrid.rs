@@ -62,6 +62,64 @@ impl LogStorage {
     ) -> Result<Self> {
         upgrade::run(&sled, data_dir, settings).await?;
         let log = SegmentLog::open(data_dir, settings, true)?;
+        Self::joined(sled, log, tiered)
+    }
+
+    /// [`Self::open`], with the log opened (every segment read and
+    /// checked) on a thread of its own while `open_sled` opens sled on
+    /// this one: the two read different files, so a start pays the longer
+    /// of the two rather than their sum. A store the upgrade moves entries
+    /// from (sled's trees into segment files, once) has its log opened
+    /// again after the upgrade. `open_sled`'s error, or else the log's,
+    /// is returned (either way once both have ended); the took-times are
+    /// logged.
+    pub async fn open_beside<E>(
+        open_sled: impl FnOnce() -> std::result::Result<Arc<SledStorage>, E>,
+        data_dir: &Path,
+        settings: LogSettings,
+        tiered: Option<&TieredConfig>,
+    ) -> std::result::Result<Self, E>
+    where
+        E: From<StorageError>,
+    {
+        let (sled, log) = std::thread::scope(|scope| {
+            let log = std::thread::Builder::new()
+                .name("log-open".into())
+                .spawn_scoped(scope, || {
+                    let started = std::time::Instant::now();
+                    let log = SegmentLog::open(data_dir, settings, true);
+                    tracing::info!(
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "start: segment-file log opened (every segment checked), beside sled's open"
+                    );
+                    log
+                });
+            let sled = open_sled();
+            let log = match log {
+                Ok(handle) => handle
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                // No thread to be had: opened here, after sled.
+                Err(_) => SegmentLog::open(data_dir, settings, true),
+            };
+            (sled, log)
+        });
+        let sled = sled?;
+        let mut log = log?;
+        if upgrade::run(&sled, data_dir, settings).await? > 0 {
+            drop(log);
+            log = SegmentLog::open(data_dir, settings, true)?;
+        }
+        Ok(Self::joined(sled, log, tiered)?)
+    }
+
+    /// Joins an opened log and sled, and the object-store tier when
+    /// configured.
+    fn joined(
+        sled: Arc<SledStorage>,
+        log: SegmentLog,
+        tiered: Option<&TieredConfig>,
+    ) -> Result<Self> {
         let mut me = Self::with(sled, log)?;
         if let Some(config) = tiered {
             let logged = crate::util::read(&me.logged).clone();

@@ -456,6 +456,8 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
 #[cfg(test)]
 mod contract_tests;
 #[cfg(test)]
+mod open_beside_tests;
+#[cfg(test)]
 mod refs_tests;
 #[cfg(test)]
 mod sequences_tests;

@@ -70,6 +70,53 @@ fn held_nacks_alone_are_handed_on_in_the_vector_the_scan_filled() {
 }
 
 #[test]
+fn holds_past_the_cut_go_into_the_far_set_by_runs_of_ids() {
+    let far = FailureHead {
+        count: 1,
+        hold_until_ms: 9_000,
+    };
+    let near = FailureHead {
+        count: 2,
+        hold_until_ms: 4_000,
+    };
+    let mut g = Gathered::cut_at(5_000);
+    // As a scan of the schedule gives them: chunks of 64 consecutive ids,
+    // not in id order across chunks, one near hold inside a run, lone ids.
+    for chunk in (0..100u64).rev() {
+        for e in chunk * 64..chunk * 64 + 64 {
+            g.scheduled(e, if e == 130 { near } else { far });
+        }
+    }
+    g.scheduled(10_000, far);
+    g.scheduled(u64::MAX - 1, far);
+    g.scheduled(u64::MAX, far);
+    let mut other = Gathered::cut_at(5_000);
+    for e in 20_000..30_000 {
+        other.scheduled(e, far);
+    }
+    g.absorb(other);
+    // 99 whole chunks, the one split by the near hold (2), 10 000, the
+    // top two ids (u64::MAX has no successor: alone), the other's run.
+    assert_eq!(
+        g.far_inserts,
+        99 + 2 + 1 + 2 + 1,
+        "one insert per run of ids"
+    );
+    let got = g.finish();
+    assert_eq!(got.near, vec![(130, near)]);
+    let mut want = roaring::RoaringTreemap::new();
+    for e in (0..6_400)
+        .chain([10_000, u64::MAX - 1, u64::MAX])
+        .chain(20_000..30_000)
+    {
+        if e != 130 {
+            want.insert(e);
+        }
+    }
+    assert_eq!(got.far, want);
+}
+
+#[test]
 fn holds_past_the_cut_are_gathered_as_entry_ids_only_on_every_path_of_the_scan() {
     let dir = tempfile::tempdir().unwrap();
     let cut = 50_000;

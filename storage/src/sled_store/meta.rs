@@ -123,8 +123,8 @@ impl MetaStore for SledStorage {
         ] {
             has_data |= tree.first()?.is_some();
         }
-        for kv in self.meta.iter().keys() {
-            has_data |= kv? != STORE_ID_KEY;
+        if !has_data {
+            has_data = self.meta_holds_more_than_the_id()?;
         }
         let by_sub = if counts {
             Some(self.counts_by_subscription()?)
@@ -197,5 +197,54 @@ impl MetaStore for SledStorage {
             .await
             .map_err(|e| StorageError::Io(std::io::Error::other(e)))??;
         Ok(())
+    }
+}
+
+impl SledStorage {
+    /// Whether `meta` holds a key besides the store identity: its first
+    /// other key answers. (`meta` also holds the retry-reference index, a
+    /// key per tier move: after millions of `reconsume_later`s, millions
+    /// of keys, which every start's inventory read whole before.)
+    fn meta_holds_more_than_the_id(&self) -> Result<bool> {
+        for k in self.meta.iter().keys() {
+            #[cfg(test)]
+            self.meta_keys_read
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if k? != STORE_ID_KEY {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_inventory_reads_metas_keys_only_until_one_besides_the_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+        assert!(!s.inventory(false).unwrap().has_data, "a fresh store");
+        s.set_store_id("abc").unwrap();
+        assert!(!s.inventory(false).unwrap().has_data, "the id alone");
+        for i in 0..2_000 {
+            s.put_topic(&TopicRecord {
+                name: format!("persistent://public/default/t{i}"),
+                created_ms: 0,
+                kind: TopicKind::Normal,
+                replicas: 1,
+                trimmed_below: 0,
+            })
+            .unwrap();
+        }
+        s.meta_keys_read
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        let inv = s.inventory(false).unwrap();
+        assert!(inv.has_data);
+        assert_eq!(inv.topics.len(), 2_000);
+        let read = s.meta_keys_read.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(read <= 2, "{read} keys of meta read to learn it holds data");
     }
 }

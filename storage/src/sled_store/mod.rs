@@ -92,6 +92,9 @@ pub struct SledStorage {
     /// Producer sequence ids of logged topics' appends not checkpointed to
     /// `prodseq` yet ([`checkpoint`]).
     pending_sequences: Mutex<HashMap<String, checkpoint::Pending>>,
+    /// Keys of `meta` the inventory read (a test counts them).
+    #[cfg(test)]
+    meta_keys_read: std::sync::atomic::AtomicUsize,
 }
 
 /// Main-tier failure heads of one subscription's messages: by entry id,
@@ -178,6 +181,8 @@ impl SledStorage {
             heads: Mutex::new(None),
             heads_cut: std::sync::atomic::AtomicU64::new(u64::MAX),
             pending_sequences: Mutex::new(HashMap::new()),
+            #[cfg(test)]
+            meta_keys_read: Default::default(),
         };
         // A store written with one schedule key per entry is converted
         // (once; logged when anything moved).
