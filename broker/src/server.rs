@@ -137,6 +137,9 @@ impl BrokerBuilder {
     }
 }
 
+/// How long [`Broker::shutdown`] waits for the store to be released.
+pub const SHUTDOWN_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Reads every stored value once (sled checks its pages only when they are
 /// read, so damage inside the log would otherwise surface as a failed read
 /// after start): refuses on any problem unless `accept_loss`.
@@ -503,7 +506,8 @@ impl TestBroker {
     }
 
     /// Clean shutdown: stop serving, flush, and wait until storage is closed
-    /// (so the same directory can be opened again in this process).
+    /// (so the same directory can be opened again in this process), at most
+    /// [`SHUTDOWN_RELEASE_WAIT`].
     pub async fn shutdown(mut self) -> Result<()> {
         let storage = Arc::downgrade(&self.core.storage);
         if let Some(s) = self.stop.take() {
@@ -516,13 +520,29 @@ impl TestBroker {
             None => Ok(()),
         };
         drop(self);
-        for _ in 0..500 {
-            if storage.upgrade().is_none() {
+        // The background verify pass lets go of the store at its next check
+        // of the shutdown; it runs at a lower priority, so on a busy
+        // machine that can take seconds (a restart then found sled's lock
+        // still held after the 5 s this waited before).
+        let waited = std::time::Instant::now();
+        let mut warned = false;
+        while storage.upgrade().is_some() {
+            let long = waited.elapsed();
+            if long >= SHUTDOWN_RELEASE_WAIT {
+                tracing::warn!(
+                    waited_ms = long.as_millis() as u64,
+                    "storage still referenced after shutdown: its directory may still be locked"
+                );
                 return served;
+            }
+            if !warned && long >= std::time::Duration::from_secs(5) {
+                warned = true;
+                tracing::warn!(
+                    "storage still referenced 5 s after shutdown; waiting for it to close"
+                );
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        tracing::warn!("storage still referenced 5 s after shutdown");
         served
     }
 
