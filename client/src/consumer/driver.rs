@@ -182,6 +182,12 @@ impl Driver {
                         // no other worker steals, so a burst's first frame
                         // was not received until its last was decoded.
                         tokio::task::yield_now().await;
+                        // And take the commands the application queued
+                        // meanwhile (flow permits, acks): the biased select
+                        // left them behind every frame still coming, so a
+                        // burst's refill of permits reached the broker only
+                        // once the consumer had decoded the whole burst.
+                        self.take_queued(rx_open);
                     }
                 }
                 Event::Response(Ok(None)) => {
@@ -193,12 +199,7 @@ impl Driver {
                 }
                 Event::Cmd(Some(cmd)) => {
                     self.on_cmd(cmd);
-                    for _ in 0..1024 {
-                        match self.rx.try_recv() {
-                            Ok(cmd) => self.on_cmd(cmd),
-                            Err(_) => break,
-                        }
-                    }
+                    self.take_queued(rx_open);
                     // Acks someone awaits (ack receipts) go once every
                     // command queued so far is in: those awaited together
                     // share a frame, and none waits out the window.
@@ -283,6 +284,20 @@ impl Driver {
             return Some(p);
         }
         self.cfg.policy_spec.as_ref().and_then(|s| s.build().ok())
+    }
+
+    /// Handles up to 1 024 commands already queued (none once the queue
+    /// has ended).
+    fn take_queued(&mut self, rx_open: bool) {
+        if !rx_open {
+            return;
+        }
+        for _ in 0..1024 {
+            match self.rx.try_recv() {
+                Ok(cmd) => self.on_cmd(cmd),
+                Err(_) => break,
+            }
+        }
     }
 
     fn on_response(&mut self, r: ConsumeResponse) {
