@@ -198,12 +198,6 @@ impl Driver {
                 Event::Cmd(Some(cmd)) => {
                     self.on_cmd(cmd);
                     self.take_queued(rx_open);
-                    // Acks someone awaits (ack receipts) go once every
-                    // command queued so far is in: those awaited together
-                    // share a frame, and none waits out the window.
-                    if self.cfg.ack_flush_on_idle && self.acks.awaited() {
-                        self.flush_acks();
-                    }
                 }
                 Event::Cmd(None) => {
                     // Every handle is gone: flush acks and stop.
@@ -287,14 +281,17 @@ impl Driver {
     /// Handles up to 1 024 commands already queued (none once the queue
     /// has ended).
     fn take_queued(&mut self, rx_open: bool) {
-        if !rx_open {
-            return;
-        }
-        for _ in 0..1024 {
+        for _ in 0..if rx_open { 1024 } else { 0 } {
             match self.rx.try_recv() {
                 Ok(cmd) => self.on_cmd(cmd),
                 Err(_) => break,
             }
+        }
+        // Acks someone awaits (ack receipts) go once every command queued
+        // so far is in: those awaited together share a frame, and none
+        // waits out the window.
+        if self.cfg.ack_flush_on_idle && self.acks.awaited() {
+            self.flush_acks();
         }
     }
 
