@@ -182,9 +182,11 @@ impl Driver {
                         // no other worker steals, so a burst's first frame
                         // was not received until its last was decoded.
                         tokio::task::yield_now().await;
-                        // And the commands queued meanwhile (permits, acks):
-                        // the biased select left them behind every frame of
-                        // a burst still coming.
+                        // And take the commands the application queued
+                        // meanwhile (flow permits, acks): the biased select
+                        // left them behind every frame still coming, so a
+                        // burst's refill of permits reached the broker only
+                        // once the consumer had decoded the whole burst.
                         self.take_queued(rx_open);
                     }
                 }
@@ -299,11 +301,6 @@ impl Driver {
         match r.response {
             Some(consume_response::Response::Messages(batch)) => {
                 tracing::trace!(target: "ricochet::burst", n = batch.messages.len(), "client: a frame of messages decoded");
-                // Converted whole, then queued in one go: queued one by one,
-                // an application taking each as it came found the queue empty
-                // after each and flushed its acks (`ack_flush_on_idle`) one
-                // per frame.
-                let mut frame = Vec::with_capacity(batch.messages.len());
                 for m in batch.messages {
                     let Some(msg) = Message::from_proto(m, self.epoch, |t| self.ids.intern(t))
                     else {
@@ -315,14 +312,15 @@ impl Driver {
                         continue;
                     };
                     self.inflight.delivered(key);
-                    frame.push(Delivery {
-                        epoch: self.epoch,
-                        item: Ok(msg),
-                        local: false,
-                    });
-                }
-                for d in frame {
-                    if self.out.send(d).is_err() {
+                    if self
+                        .out
+                        .send(Delivery {
+                            epoch: self.epoch,
+                            item: Ok(msg),
+                            local: false,
+                        })
+                        .is_err()
+                    {
                         break;
                     }
                 }
