@@ -167,6 +167,12 @@ impl Flusher {
         self.inner.healthy.load(Ordering::Acquire)
     }
 
+    /// Number of [`Flusher::durable`] waits asked for so far (not counting
+    /// those of a replicated partition's writers).
+    pub fn waits(&self) -> u64 {
+        self.inner.requested.load(Ordering::Acquire)
+    }
+
     /// Number of storage flushes run so far.
     pub fn flush_count(&self) -> u64 {
         self.inner.flushes.load(Ordering::Relaxed)

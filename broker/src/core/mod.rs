@@ -12,6 +12,8 @@ mod actor_tests;
 mod breaker_tests;
 mod events;
 mod hooks;
+#[cfg(test)]
+mod intake_tests;
 mod moves;
 #[cfg(test)]
 mod prefetch_tests;

@@ -4,7 +4,7 @@
 //! [`settle`](SubscriptionActor::settle) (done with in this tier).
 
 use super::SubscriptionActor;
-use super::requests::{ConsumerId, MessageRef};
+use super::requests::{ConsumerEvent, ConsumerId, MessageRef};
 use crate::error::BrokerError;
 use crate::storage::{ScheduleKey, SubMessage, TierEntry, TierId};
 use ricochet_proto::SubscriptionType;
@@ -105,6 +105,7 @@ impl SubscriptionActor {
             return;
         }
         let AckedInRound { cleanup, replies } = std::mem::take(&mut self.acked_in_round);
+        let started = std::time::Instant::now();
         self.persist();
         let storage = &self.deps.storage;
         let records: Vec<_> = cleanup.records.iter().map(|m| (*m, None)).collect();
@@ -112,12 +113,15 @@ impl SubscriptionActor {
         let written = storage
             .put_failures(&records)
             .and_then(|()| storage.put_schedule(&unschedule));
+        tracing::trace!(
+            target: "ricochet::burst",
+            records = records.len(),
+            unscheduled = unschedule.len(),
+            us = started.elapsed().as_micros() as u64,
+            "actor: a round's acks written"
+        );
         match written {
-            Ok(()) => {
-                for (consumer, request_id) in replies {
-                    self.finish_request(consumer, request_id, Ok(()));
-                }
-            }
+            Ok(()) => self.finish_requests(replies),
             Err(e) => {
                 let e = std::sync::Arc::new(BrokerError::from(e));
                 for (consumer, request_id) in replies {
@@ -125,6 +129,32 @@ impl SubscriptionActor {
                 }
             }
         }
+    }
+
+    /// Answers the successful requests `done` (consumer and request id)
+    /// once what they wrote is durable, as
+    /// [`finish_request`](SubscriptionActor::finish_request) does one: a
+    /// round's acks or a batch of moves wait for the flush together, in one
+    /// task, not one task (and one wake per flush) each.
+    pub(super) fn finish_requests(&self, done: Vec<(ConsumerId, u64)>) {
+        let answers: Vec<_> = done
+            .into_iter()
+            .filter(|(_, request_id)| *request_id != 0)
+            .filter_map(|(c, request_id)| Some((self.consumers.get(c)?.tx.clone(), request_id)))
+            .collect();
+        if answers.is_empty() {
+            return;
+        }
+        let flusher = self.deps.flusher.clone();
+        tokio::spawn(async move {
+            let outcome = flusher.durable().await.map_err(std::sync::Arc::new);
+            for (tx, request_id) in answers {
+                let _ = tx.send(ConsumerEvent::Done {
+                    request_id,
+                    outcome: outcome.clone(),
+                });
+            }
+        });
     }
 
     /// The entries an ack names, checked.

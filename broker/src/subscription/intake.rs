@@ -404,12 +404,16 @@ impl SubscriptionActor {
         if failures.is_empty() {
             return;
         }
-        match self.fail(failures, true).await {
-            Ok(()) => {
-                for (consumer, request_id) in accepted {
-                    self.finish_request(consumer, request_id, Ok(()));
-                }
-            }
+        let (n, started) = (failures.len(), std::time::Instant::now());
+        let moved = self.fail(failures, true).await;
+        tracing::trace!(
+            target: "ricochet::burst",
+            n,
+            us = started.elapsed().as_micros() as u64,
+            "actor: reconsume_later moves taken in"
+        );
+        match moved {
+            Ok(()) => self.finish_requests(accepted),
             Err(e) => {
                 let e = std::sync::Arc::new(e);
                 for (consumer, request_id) in accepted {
@@ -452,6 +456,7 @@ impl SubscriptionActor {
         let (failures, spared) = self.breaker_screen(failures);
         self.give_back_spared(spared);
         let now = self.deps.clock.now_ms();
+        let stored = self.stored_records(&failures)?;
         let mut in_place = Vec::new();
         let mut to_retry = Vec::new();
         let mut to_dlq = Vec::new();
@@ -475,17 +480,21 @@ impl SubscriptionActor {
             };
             let mut record = match base {
                 Some(r) => r,
-                None => {
-                    let due = self
-                        .deliveries
-                        .in_flight
-                        .get(&f.entry)
-                        .and_then(|i| i.due_ms);
-                    self.deps
-                        .storage
-                        .failure(f.entry.of(self.rec.id), due)?
-                        .unwrap_or_default()
-                }
+                // Read before the loop (a first failure has none).
+                None => match stored.get(&f.entry) {
+                    Some(r) => r.clone().unwrap_or_default(),
+                    None => {
+                        let due = self
+                            .deliveries
+                            .in_flight
+                            .get(&f.entry)
+                            .and_then(|i| i.due_ms);
+                        self.deps
+                            .storage
+                            .failure(f.entry.of(self.rec.id), due)?
+                            .unwrap_or_default()
+                    }
+                },
             };
             self.metrics.redelivery(f.reason);
             let rules = Rules {
@@ -523,6 +532,36 @@ impl SubscriptionActor {
             self.move_to_dead_letter(to_dlq, now).await?;
         }
         Ok(())
+    }
+
+    /// The stored failure records of the `failures` not known to the actor
+    /// (not counted ahead, no record in memory), read together: a burst of
+    /// `reconsume_later`s or nacks is one batched read, not one each.
+    fn stored_records(
+        &self,
+        failures: &[Failure],
+    ) -> Result<HashMap<TierEntry, Option<FailureRecord>>> {
+        let mut entries = Vec::new();
+        let mut keys = Vec::new();
+        for f in failures {
+            let known = self.deliveries.counted.contains_key(&f.entry)
+                || self.deliveries.failures.contains_key(&f.entry);
+            if known {
+                continue;
+            }
+            let due = self
+                .deliveries
+                .in_flight
+                .get(&f.entry)
+                .and_then(|i| i.due_ms);
+            entries.push(f.entry);
+            keys.push((f.entry.of(self.rec.id), due));
+        }
+        if keys.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let records = self.deps.storage.failures_many(&keys)?;
+        Ok(entries.into_iter().zip(records).collect())
     }
 
     /// Persists the new counts, then (once durable, in either mode) makes the messages

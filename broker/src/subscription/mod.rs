@@ -283,11 +283,7 @@ impl SubscriptionActor {
                         return;
                     }
                 }
-                keys = fired.recv() => match keys {
-                    Some(crate::scheduler::Fired::Due(keys)) => self.on_fired(keys),
-                    Some(crate::scheduler::Fired::Soon(keys)) => self.announced(keys),
-                    None => {}
-                },
+                keys = fired.recv() => self.take_fired(keys, &mut fired),
                 changed = end.changed() => {
                     if changed.is_err() { break; }
                 }
@@ -303,11 +299,17 @@ impl SubscriptionActor {
                 () = key_order::sleep_until_ms(&self.deps.clock, stale_at) => self.sweep_prefetched(),
             }
             self.key_order_tick().await;
-            self.dispatch();
+            let sent = self.dispatch();
             self.prefetch_step();
             self.watch_blocked();
             self.persist();
             self.deliveries.shrink();
+            if sent {
+                // The consumer's stream task, woken by the send, waits in
+                // this worker's LIFO slot (which no other worker steals)
+                // until this task yields: let it write the frame now.
+                tokio::task::yield_now().await;
+            }
         }
         self.deps.scheduler.unregister(self.rec.id, &self.fire_tx);
     }
@@ -662,11 +664,13 @@ impl SubscriptionActor {
         )
     }
 
-    fn dispatch(&mut self) {
+    /// Hands what is ready to consumers with room; true when it sent any.
+    fn dispatch(&mut self) -> bool {
         if self.consumers.is_empty() {
-            return;
+            return false;
         }
         let max_unacked = self.deps.max_unacked_per_consumer;
+        let mut sent = false;
         loop {
             self.load_due();
             self.fill();
@@ -676,7 +680,7 @@ impl SubscriptionActor {
                 || budget == Some(0)
                 || !self.consumers.iter().any(|c| c.can_take(max_unacked))
             {
-                return;
+                return sent;
             }
             let (skip, held) = self.key_order_skip();
             let active = self.consumers.active();
@@ -702,7 +706,7 @@ impl SubscriptionActor {
                     // Held messages left the read-ahead: read on.
                     continue;
                 }
-                return;
+                return sent;
             }
             if budget.is_some() {
                 self.breaker_probe_sent(assigned[0].entry);
@@ -742,6 +746,7 @@ impl SubscriptionActor {
             for (consumer, msgs) in out {
                 tracing::trace!(target: "ricochet::burst", n = msgs.len(), "actor: messages handed to a consumer's stream");
                 self.consumers.send(consumer, ConsumerEvent::Messages(msgs));
+                sent = true;
             }
         }
     }

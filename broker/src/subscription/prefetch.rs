@@ -131,6 +131,25 @@ impl Prefetched {
 impl SubscriptionActor {
     /// Schedule entries `keys` are due within the prefetch lead: queued to
     /// be read ahead ([`Self::prefetch_step`]).
+    /// What the scheduler sent (`first`, then whatever else it has queued
+    /// meanwhile), taken in one turn: fired entries are not left behind
+    /// announcements of later ones, each announcement costing the actor a
+    /// read-ahead step before it got to the fire.
+    pub(super) fn take_fired(
+        &mut self,
+        first: Option<crate::scheduler::Fired>,
+        fired: &mut tokio::sync::mpsc::UnboundedReceiver<crate::scheduler::Fired>,
+    ) {
+        let mut next = first;
+        while let Some(f) = next.take() {
+            match f {
+                crate::scheduler::Fired::Due(keys) => self.on_fired(keys),
+                crate::scheduler::Fired::Soon(keys) => self.announced(keys),
+            }
+            next = fired.try_recv().ok();
+        }
+    }
+
     pub(super) fn announced(&mut self, keys: Vec<ScheduleKey>) {
         tracing::trace!(target: "ricochet::burst", n = keys.len(), "actor: entries coming");
         self.deliveries.prefetched.announce(keys);

@@ -182,6 +182,12 @@ impl Driver {
                         // no other worker steals, so a burst's first frame
                         // was not received until its last was decoded.
                         tokio::task::yield_now().await;
+                        // And take the commands the application queued
+                        // meanwhile (flow permits, acks): the biased select
+                        // left them behind every frame still coming, so a
+                        // burst's refill of permits reached the broker only
+                        // once the consumer had decoded the whole burst.
+                        self.take_queued(rx_open);
                     }
                 }
                 Event::Response(Ok(None)) => {
@@ -193,18 +199,7 @@ impl Driver {
                 }
                 Event::Cmd(Some(cmd)) => {
                     self.on_cmd(cmd);
-                    for _ in 0..1024 {
-                        match self.rx.try_recv() {
-                            Ok(cmd) => self.on_cmd(cmd),
-                            Err(_) => break,
-                        }
-                    }
-                    // Acks someone awaits (ack receipts) go once every
-                    // command queued so far is in: those awaited together
-                    // share a frame, and none waits out the window.
-                    if self.cfg.ack_flush_on_idle && self.acks.awaited() {
-                        self.flush_acks();
-                    }
+                    self.take_queued(rx_open);
                 }
                 Event::Cmd(None) => {
                     // Every handle is gone: flush acks and stop.
@@ -283,6 +278,23 @@ impl Driver {
             return Some(p);
         }
         self.cfg.policy_spec.as_ref().and_then(|s| s.build().ok())
+    }
+
+    /// Handles up to 1 024 commands already queued (none once the queue
+    /// has ended).
+    fn take_queued(&mut self, rx_open: bool) {
+        for _ in 0..if rx_open { 1024 } else { 0 } {
+            match self.rx.try_recv() {
+                Ok(cmd) => self.on_cmd(cmd),
+                Err(_) => break,
+            }
+        }
+        // Acks someone awaits (ack receipts) go once every command queued
+        // so far is in: those awaited together share a frame, and none
+        // waits out the window.
+        if self.cfg.ack_flush_on_idle && self.acks.awaited() {
+            self.flush_acks();
+        }
     }
 
     fn on_response(&mut self, r: ConsumeResponse) {
