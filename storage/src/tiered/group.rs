@@ -27,7 +27,6 @@ use super::{Phase, SegmentState, Tiered};
 use crate::prelude::*;
 use crate::segments::SegmentInfo;
 use crate::{StorageError, StorageResult as Result};
-use object_store::path::Path as ObjectPath;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -214,26 +213,7 @@ impl Tiered {
     async fn upload(self: &Arc<Self>, topic: &str, seg: &SegmentInfo) -> Result<SegmentState> {
         let key = self.object_key(topic, seg);
         let mut state = SegmentState::of(topic, seg, key.clone());
-        let (path, len) = (seg.path.clone(), seg.len);
-        let file = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
-            use std::os::unix::fs::FileExt as _;
-            let f = std::fs::File::open(path)?;
-            let mut buf = vec![0u8; len as usize];
-            f.read_exact_at(&mut buf, 0)?;
-            Ok(buf)
-        })
-        .await
-        .map_err(StorageError::joined)??;
-        let obj = super::object::build(&file).map_err(|e| {
-            StorageError::Corrupt(format!(
-                "log of {topic}: sealed segment {} cannot be offloaded: {e}",
-                seg.header.first
-            ))
-        })?;
-        let (size, crc) = (obj.len() as u64, crc32c::crc32c(&obj));
-        let path = ObjectPath::from(key.as_str());
-        self.put_paced(&path, obj).await?;
-        self.verify(&path, size, crc).await?;
+        let (size, crc) = self.upload_object(topic, seg, &key).await?;
         state.phase = Phase::Offloaded;
         state.object_size = size;
         state.object_crc = crc;

@@ -237,27 +237,7 @@ impl Tiered {
         let key = self.object_key(topic, seg);
         let mut state = SegmentState::of(topic, seg, key.clone());
         self.put_state(&state)?;
-        let (path, len) = (seg.path.clone(), seg.len);
-        let file = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
-            use std::os::unix::fs::FileExt as _;
-            let f = std::fs::File::open(path)?;
-            let mut buf = vec![0u8; len as usize];
-            f.read_exact_at(&mut buf, 0)?;
-            Ok(buf)
-        })
-        .await
-        .map_err(StorageError::joined)??;
-        let obj = super::object::build(&file).map_err(|e| {
-            StorageError::Corrupt(format!(
-                "log of {topic}: sealed segment {} cannot be offloaded: {e}",
-                seg.header.first
-            ))
-        })?;
-        let (size, crc) = (obj.len() as u64, crc32c::crc32c(&obj));
-        let path = ObjectPath::from(key.as_str());
-        self.put_paced(&path, obj).await?;
-        crate::util::failpoint("tiered.offload.after_put");
-        self.verify(&path, size, crc).await?;
+        let (size, crc) = self.upload_object(topic, seg, &key).await?;
         state.phase = Phase::Offloaded;
         state.object_size = size;
         state.object_crc = crc;
@@ -282,6 +262,38 @@ impl Tiered {
         metrics::counter!("ricochet_tiered_offloaded_segments_total").increment(1);
         tracing::debug!(topic, segment = seg.header.first, bytes = seg.len, object = %key, "tiered: segment offloaded and verified");
         Ok(true)
+    }
+
+    /// Writes sealed segment `seg` as the object at `key` and reads it back
+    /// (size and CRC-32C): the object's size and CRC.
+    pub(super) async fn upload_object(
+        &self,
+        topic: &str,
+        seg: &SegmentInfo,
+        key: &str,
+    ) -> Result<(u64, u32)> {
+        let (path, len) = (seg.path.clone(), seg.len);
+        let file = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
+            use std::os::unix::fs::FileExt as _;
+            let f = std::fs::File::open(path)?;
+            let mut buf = vec![0u8; len as usize];
+            f.read_exact_at(&mut buf, 0)?;
+            Ok(buf)
+        })
+        .await
+        .map_err(StorageError::joined)??;
+        let obj = super::object::build(&file).map_err(|e| {
+            StorageError::Corrupt(format!(
+                "log of {topic}: sealed segment {} cannot be offloaded: {e}",
+                seg.header.first
+            ))
+        })?;
+        let (size, crc) = (obj.len() as u64, crc32c::crc32c(&obj));
+        let path = ObjectPath::from(key);
+        self.put_paced(&path, obj).await?;
+        crate::util::failpoint("tiered.offload.after_put");
+        self.verify(&path, size, crc).await?;
+        Ok((size, crc))
     }
 
     pub(super) fn put_state(&self, s: &SegmentState) -> Result<()> {
