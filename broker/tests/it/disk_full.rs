@@ -86,12 +86,23 @@ impl Broker {
         Self { child, url, log }
     }
 
-    fn logged(&self, what: &[&str]) -> bool {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| what.iter().all(|w| l.contains(w)))
+    /// Whether a line containing every one of `what` was logged within 5 s
+    /// (the lines are read from the broker's stdout by a thread of their
+    /// own, which may lag behind what the test sees through the API).
+    async fn logged(&self, what: &[&str]) -> bool {
+        for _ in 0..50 {
+            let seen = self
+                .log
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| what.iter().all(|w| l.contains(w)));
+            if seen {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
     }
 }
 
@@ -193,7 +204,11 @@ async fn a_full_disk_refuses_publishes_clearly_and_they_resume_once_space_return
             .contains("ricochet_storage_free_bytes"),
         "the free-space gauge"
     );
-    assert!(broker.logged(&["WARN", "disk full", &data.display().to_string()]));
+    assert!(
+        broker
+            .logged(&["WARN", "disk full", &data.display().to_string()])
+            .await
+    );
     // Still refusing, and still answering admin calls.
     let more = vec![p.msg(vec![1u8; PAYLOAD])];
     assert!(matches!(p.send_batch(more).await, Response::Error(_)));
@@ -215,7 +230,7 @@ async fn a_full_disk_refuses_publishes_clearly_and_they_resume_once_space_return
         other => panic!("publishes did not resume once space returned: {other:?}"),
     }
     wait_metric(metrics, "ricochet_storage_disk_full 0").await;
-    assert!(broker.logged(&["INFO", "disk space is back"]));
+    assert!(broker.logged(&["INFO", "disk space is back"]).await);
     drop(p);
     // Killed (SIGKILL): what was receipted was durable.
     drop(broker);
