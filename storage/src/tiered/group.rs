@@ -24,7 +24,6 @@
 //! objects alone ([`Tiered::forget_topic`]).
 
 use super::{Phase, SegmentState, Tiered};
-use crate::prelude::*;
 use crate::segments::SegmentInfo;
 use crate::{StorageError, StorageResult as Result};
 use std::collections::BTreeMap;
@@ -86,15 +85,7 @@ impl Tiered {
     ) -> Result<super::offload::Outcome> {
         let _one_pass = self.offloading.lock().await;
         let done = self.offload_group_locked(topic, recorder).await;
-        let mut errors = crate::util::lock(&self.last_error);
-        match &done {
-            Ok(_) => errors.remove(topic),
-            Err(e) => {
-                metrics::counter!("ricochet_tiered_offload_errors_total").increment(1);
-                errors.insert(topic.to_owned(), e.to_string())
-            }
-        };
-        done
+        self.note_outcome(topic, done)
     }
 
     async fn offload_group_locked(
@@ -153,15 +144,7 @@ impl Tiered {
             return Ok(super::offload::Outcome::default());
         }
         let done = self.upload_and_record(topic, recorder, due).await;
-        let mut errors = crate::util::lock(&self.last_error);
-        match &done {
-            Ok(_) => errors.remove(topic),
-            Err(e) => {
-                metrics::counter!("ricochet_tiered_offload_errors_total").increment(1);
-                errors.insert(topic.to_owned(), e.to_string())
-            }
-        };
-        done
+        self.note_outcome(topic, done)
     }
 
     /// Uploads and records through the group at most `most` of `topic`'s
@@ -196,12 +179,7 @@ impl Tiered {
             // files go now, as a factor-1 offload's do (only trims made
             // before the flush); the other replicas' go at their next
             // flush.
-            let mark = self.log.trim_mark();
-            self.sled.flush().await?;
-            let log = self.log.clone();
-            tokio::task::spawn_blocking(move || log.finish_trims_before(mark))
-                .await
-                .map_err(StorageError::joined)??;
+            self.release_dropped_files().await?;
         }
         Ok(outcome)
     }

@@ -154,15 +154,7 @@ impl Tiered {
         }
         let _one_pass = self.offloading.lock().await;
         let done = self.offload_locked(topic, force).await;
-        let mut errors = crate::util::lock(&self.last_error);
-        match &done {
-            Ok(_) => errors.remove(topic),
-            Err(e) => {
-                metrics::counter!("ricochet_tiered_offload_errors_total").increment(1);
-                errors.insert(topic.to_owned(), e.to_string())
-            }
-        };
-        done
+        self.note_outcome(topic, done)
     }
 
     async fn offload_locked(self: &Arc<Self>, topic: &str, force: bool) -> Result<Outcome> {
@@ -220,12 +212,7 @@ impl Tiered {
             // The states are durable already; the files go now, as a
             // retention trim's do after a flush (only trims made before
             // it: a concurrent retention trim's checkpoint may not be).
-            let mark = self.log.trim_mark();
-            self.sled.flush().await?;
-            let log = self.log.clone();
-            tokio::task::spawn_blocking(move || log.finish_trims_before(mark))
-                .await
-                .map_err(StorageError::joined)??;
+            self.release_dropped_files().await?;
         }
         Ok(outcome)
     }
@@ -294,6 +281,33 @@ impl Tiered {
         crate::util::failpoint("tiered.offload.after_put");
         self.verify(&path, size, crc).await?;
         Ok((size, crc))
+    }
+
+    /// Keeps `done`'s error (or clears the topic's) for the status, counts
+    /// a failure, and hands `done` back.
+    pub(super) fn note_outcome(&self, topic: &str, done: Result<Outcome>) -> Result<Outcome> {
+        let mut errors = crate::util::lock(&self.last_error);
+        match &done {
+            Ok(_) => errors.remove(topic),
+            Err(e) => {
+                metrics::counter!("ricochet_tiered_offload_errors_total").increment(1);
+                errors.insert(topic.to_owned(), e.to_string())
+            }
+        };
+        done
+    }
+
+    /// Makes what was recorded durable, then deletes the files of the
+    /// segments dropped before (only trims made before the flush: a
+    /// concurrent retention trim's checkpoint may not be durable yet).
+    pub(super) async fn release_dropped_files(&self) -> Result<()> {
+        let mark = self.log.trim_mark();
+        self.sled.flush().await?;
+        let log = self.log.clone();
+        tokio::task::spawn_blocking(move || log.finish_trims_before(mark))
+            .await
+            .map_err(StorageError::joined)??;
+        Ok(())
     }
 
     pub(super) fn put_state(&self, s: &SegmentState) -> Result<()> {
