@@ -19,7 +19,7 @@ use tower::ServiceExt;
 
 const TOPIC: &str = "persistent://public/default/console-http";
 
-async fn call(app: &Router, req: Request<Body>) -> (StatusCode, String) {
+pub(crate) async fn call(app: &Router, req: Request<Body>) -> (StatusCode, String) {
     let resp = app.clone().oneshot(req).await.expect("the router answers");
     let status = resp.status();
     let body = axum::body::to_bytes(resp.into_body(), 16 << 20)
@@ -31,11 +31,11 @@ async fn call(app: &Router, req: Request<Body>) -> (StatusCode, String) {
     )
 }
 
-async fn get(app: &Router, uri: &str) -> (StatusCode, String) {
+pub(crate) async fn get(app: &Router, uri: &str) -> (StatusCode, String) {
     call(app, Request::get(uri).body(Body::empty()).unwrap()).await
 }
 
-async fn post(app: &Router, form: &str) -> (StatusCode, String) {
+pub(crate) async fn post(app: &Router, form: &str) -> (StatusCode, String) {
     post_to(app, "/act", form).await
 }
 
@@ -49,12 +49,12 @@ async fn post_to(app: &Router, uri: &str, form: &str) -> (StatusCode, String) {
     call(app, req).await
 }
 
-fn q(s: &str) -> String {
+pub(crate) fn q(s: &str) -> String {
     serde_urlencoded::to_string([("v", s)]).unwrap()[2..].to_owned()
 }
 
 /// The confirmation token in a confirmation page.
-fn token_of(page: &str) -> String {
+pub(crate) fn token_of(page: &str) -> String {
     let at = page
         .find("name=\"token\" value=\"")
         .expect("a confirmation form")

@@ -4,44 +4,16 @@
 //! links and every action naming that partition, never the base name.
 
 use crate::common;
+use crate::console_http::{get, post, q, token_of};
 use axum::Router;
-use axum::body::Body;
-use axum::http::{Method, Request, StatusCode, header};
+use axum::http::StatusCode;
 use common::*;
 use ricochet_proto::admin_client::AdminClient;
 use ricochet_proto::partitions_client::PartitionsClient;
 use ricochet_proto::{ReplayDeadLettersRequest, UpdatePartitionsRequest};
 use ricochet_testkit::InProcessBroker;
-use tower::ServiceExt;
 
 const BASE: &str = "persistent://public/default/console-parted";
-
-async fn call(app: &Router, req: Request<Body>) -> (StatusCode, String) {
-    let resp = app.clone().oneshot(req).await.expect("the router answers");
-    let status = resp.status();
-    let body = axum::body::to_bytes(resp.into_body(), 16 << 20)
-        .await
-        .expect("a body");
-    (status, String::from_utf8(body.to_vec()).expect("UTF-8"))
-}
-
-async fn get(app: &Router, uri: &str) -> (StatusCode, String) {
-    call(app, Request::get(uri).body(Body::empty()).unwrap()).await
-}
-
-async fn post(app: &Router, form: &str) -> (StatusCode, String) {
-    let req = Request::builder()
-        .method(Method::POST)
-        .uri("/act")
-        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .body(Body::from(form.to_owned()))
-        .unwrap();
-    call(app, req).await
-}
-
-fn q(s: &str) -> String {
-    serde_urlencoded::to_string([("v", s)]).unwrap()[2..].to_owned()
-}
 
 fn part(i: u32) -> String {
     format!("{BASE}-partition-{i}")
@@ -62,14 +34,6 @@ fn table<'a>(page: &'a str, id: &str) -> &'a str {
         .find(&format!("id=\"{id}\""))
         .unwrap_or_else(|| panic!("no #{id} in {page}"));
     &page[at..at + page[at..].find("</table>").expect("a table")]
-}
-
-fn token_of(page: &str) -> String {
-    let at = page
-        .find("name=\"token\" value=\"")
-        .expect("a confirmation form")
-        + "name=\"token\" value=\"".len();
-    page[at..].split('"').next().unwrap().to_owned()
 }
 
 /// A broker with `BASE` of three partitions, each with `per` dead letters
