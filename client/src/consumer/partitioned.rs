@@ -116,6 +116,27 @@ impl std::fmt::Debug for Merged {
 }
 
 impl Merged {
+    /// The partitions subscribed at first are in the set from the start,
+    /// never behind the channel: a receive that found the channel
+    /// `Pending` (tokio's cooperative budget makes a non-empty channel
+    /// answer `Pending` once a task has used its budget) would have polled
+    /// an empty set, which ends, and the consumer answered `Closed`. Only
+    /// partitions added later come through `added`; the set ends once every
+    /// stream in it has ended.
+    fn new(
+        first: Vec<Tagged>,
+        added: mpsc::UnboundedReceiver<Tagged>,
+        ackers: Arc<Ackers>,
+    ) -> Self {
+        let mut streams = SelectAll::new();
+        streams.extend(first);
+        Self {
+            streams,
+            added,
+            ackers,
+        }
+    }
+
     pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Message>>> {
         while let Poll::Ready(Some(s)) = self.added.poll_recv(cx) {
             self.streams.push(s);
@@ -144,8 +165,9 @@ struct Grower {
 }
 
 impl Grower {
-    /// Subscribes to partitions `have..n`.
-    async fn grow(&self, have: usize, n: u32) -> Result<()> {
+    /// Subscribes to partitions `have..n`, pushing each one's tagged stream
+    /// onto `streams` as it subscribes (those before a failure stay there).
+    async fn grow(&self, have: usize, n: u32, streams: &mut Vec<Tagged>) -> Result<()> {
         for i in have as u32..n {
             let c =
                 super::ConsumerBuilder::new(self.client.clone(), partition_name(&self.topic, i))
@@ -156,10 +178,20 @@ impl Grower {
                 return Err(Error::closed());
             };
             let index = ackers.add(c.acker());
-            let tagged: Tagged = Box::pin(c.map(move |m| (index, m)));
-            self.added.send(tagged).map_err(|_| Error::closed())?;
+            streams.push(Box::pin(c.map(move |m| (index, m))));
         }
         Ok(())
+    }
+
+    /// Subscribes to partitions `have..n` and hands their streams to the
+    /// merged consumer, those subscribed before a failure too.
+    async fn add(&self, have: usize, n: u32) -> Result<()> {
+        let mut streams = Vec::new();
+        let grown = self.grow(have, n, &mut streams).await;
+        for s in streams {
+            self.added.send(s).map_err(|_| Error::closed())?;
+        }
+        grown
     }
 }
 
@@ -202,7 +234,8 @@ pub(crate) async fn subscribe(
         added: added_tx,
         closed: shared.clone(),
     };
-    if let Err(e) = grower.grow(0, n).await {
+    let mut first = Vec::new();
+    if let Err(e) = grower.grow(0, n, &mut first).await {
         for a in ackers.all() {
             let _ = a.close_partition().await;
         }
@@ -219,12 +252,10 @@ pub(crate) async fn subscribe(
         shared,
         parts: Some(ackers.clone()),
     };
-    let merged = Merged {
-        streams: SelectAll::new(),
-        added: added_rx,
-        ackers,
-    };
-    Ok(Consumer::partitioned(merged, acker))
+    Ok(Consumer::partitioned(
+        Merged::new(first, added_rx, ackers),
+        acker,
+    ))
 }
 
 async fn refresh_task(grower: Grower, mut have: usize, every: Duration) {
@@ -237,7 +268,7 @@ async fn refresh_task(grower: Grower, mut have: usize, every: Duration) {
         match crate::partitions::count_once(&grower.client, &grower.topic).await {
             Ok(Some((_, n))) if n as usize > have => {
                 tracing::info!(topic = %grower.topic, from = have, to = n, "partitions added; subscribing to them");
-                match grower.grow(have, n).await {
+                match grower.add(have, n).await {
                     Ok(()) => have = n as usize,
                     Err(e) => {
                         tracing::warn!(topic = %grower.topic, error = %e, "could not subscribe to a new partition; retrying at the next refresh");
@@ -253,5 +284,63 @@ async fn refresh_task(grower: Grower, mut have: usize, every: Duration) {
                 tracing::debug!(topic = %grower.topic, error = %e, "partition look-up failed")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending_stream() -> Tagged {
+        Box::pin(futures::stream::pending())
+    }
+
+    /// A task that used its cooperative budget before it receives still
+    /// sees its partitions: the merge is not empty, so it waits rather
+    /// than ends (it ended, and the consumer answered `Closed` mid-run).
+    #[tokio::test]
+    async fn a_receive_after_the_budget_is_used_waits_rather_than_ends() {
+        let (_added_tx, added_rx) = mpsc::unbounded_channel();
+        let mut merged = Merged::new(
+            vec![pending_stream(), pending_stream()],
+            added_rx,
+            Arc::default(),
+        );
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        for i in 0..1000 {
+            tx.send(i).unwrap();
+        }
+        let polled = std::future::poll_fn(|cx| {
+            // Use the task's budget on a channel that has items: it
+            // answers `Pending` once the budget is gone.
+            let mut taken = 0;
+            while let Poll::Ready(Some(_)) = rx.poll_recv(cx) {
+                taken += 1;
+            }
+            assert!(taken < 1000, "the budget ran out before the channel did");
+            Poll::Ready(merged.poll_next(cx).map(|m| m.map(|r| r.is_ok())))
+        })
+        .await;
+        assert_eq!(
+            polled,
+            Poll::Pending,
+            "two pending partitions: nothing yet, not the end"
+        );
+    }
+
+    /// Partitions added later come through the channel and are merged.
+    #[tokio::test]
+    async fn partitions_added_later_are_merged_and_the_set_ends_with_them() {
+        let (added_tx, added_rx) = mpsc::unbounded_channel();
+        let mut merged = Merged::new(Vec::new(), added_rx, Arc::default());
+        let later: Tagged = Box::pin(futures::stream::iter([(
+            0,
+            Err(Error::invalid_argument("a partition's item")),
+        )]));
+        added_tx.send(later).unwrap();
+        let first = std::future::poll_fn(|cx| merged.poll_next(cx)).await;
+        assert!(matches!(first, Some(Err(_))), "{first:?}");
+        let end = std::future::poll_fn(|cx| merged.poll_next(cx)).await;
+        assert!(end.is_none(), "every stream ended");
     }
 }
