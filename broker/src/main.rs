@@ -307,26 +307,43 @@ fn parse_durability(s: &str) -> Result<Durability, String> {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Takes SIGTERM and SIGINT from now on and returns the future that
+/// completes at the first of them.
+///
+/// Called before the store is opened, not when the server starts: a signal
+/// that came during a long start (a sled log replay, millions of parked
+/// retries) took its default action and killed the broker without a clean
+/// stop (so the next start replayed sled's log again). Taken here, the
+/// broker finishes opening, serves nothing new and stops cleanly.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+    let signals = {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Some((term, int)),
+            _ => None,
         }
+    };
+    async move {
+        #[cfg(unix)]
+        match signals {
+            Some((mut term, mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            None => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutdown signal received");
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    tracing::info!("shutdown signal received");
 }
 
 /// `--return-idle-memory`.
@@ -498,6 +515,7 @@ async fn serve(args: Args) -> anyhow::Result<PathBuf> {
         config.log_format = f;
     }
     init_logging(config.log_format);
+    let shutdown = shutdown_signal();
     if let Some(d) = args.data_dir {
         config.data_dir = d;
     }
@@ -543,6 +561,12 @@ async fn serve(args: Args) -> anyhow::Result<PathBuf> {
         .open()
         .await
         .with_context(|| format!("cannot open the broker's data in {}", data_dir.display()))?;
+    if ricochet_broker::storage::util::failpoint_armed("start.pause_before_listen") {
+        // A crash test's window inside a start: the store is open, nothing
+        // listens yet.
+        println!("failpoint start.pause_before_listen: pausing 2 s");
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -560,7 +584,7 @@ async fn serve(args: Args) -> anyhow::Result<PathBuf> {
         };
         println!("ricochet-broker console on {scheme}://{console}/");
     }
-    broker.serve(listener, shutdown_signal()).await?;
+    broker.serve(listener, shutdown).await?;
     Ok(data_dir)
 }
 

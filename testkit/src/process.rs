@@ -122,6 +122,7 @@ pub struct SpawnOptions {
     echo_log: bool,
     start_timeout: Duration,
     envs: Vec<(OsString, OsString)>,
+    ready_when: Option<String>,
 }
 
 impl Default for SpawnOptions {
@@ -135,6 +136,7 @@ impl Default for SpawnOptions {
             echo_log: false,
             start_timeout: Duration::from_secs(10),
             envs: Vec::new(),
+            ready_when: None,
         }
     }
 }
@@ -208,6 +210,14 @@ impl SpawnOptions {
         self.start_timeout = timeout;
         self
     }
+
+    /// `spawn` returns once the broker prints a line containing `text`
+    /// (a step inside its start, say a failpoint's line), not once it
+    /// listens; its [`url`](BrokerProcess::url) is then empty.
+    pub fn ready_when(mut self, text: impl Into<String>) -> Self {
+        self.ready_when = Some(text.into());
+        self
+    }
 }
 
 /// A running `ricochet-broker` child process. Killed (SIGKILL) and reaped
@@ -257,7 +267,7 @@ impl BrokerProcess {
         };
         let addr = tokio::time::timeout(
             options.start_timeout,
-            read_stdout(stdout, options.echo_log, tail),
+            read_stdout(stdout, options.echo_log, options.ready_when.clone(), tail),
         )
         .await
         .unwrap_or_else(|_| {
@@ -267,7 +277,9 @@ impl BrokerProcess {
             )
         })
         .unwrap_or_else(|_| panic!("the broker exited before listening (see its stderr)"));
-        process.url = format!("http://{addr}");
+        if !addr.is_empty() {
+            process.url = format!("http://{addr}");
+        }
         process
     }
 
@@ -401,18 +413,26 @@ impl Drop for BrokerProcess {
 
 /// Reads the broker's stdout until it exits, on a thread of its own (so the
 /// broker never blocks on a full pipe): the address line goes to the
-/// returned receiver, the log to stderr when `echo`, and its last lines to
-/// `tail`.
+/// returned receiver (or an empty string, at the first line containing
+/// `ready`), the log to stderr when `echo`, and its last lines to `tail`.
 fn read_stdout(
     stdout: ChildStdout,
     echo: bool,
+    ready: Option<String>,
     tail: LogTail,
 ) -> tokio::sync::oneshot::Receiver<String> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
         let mut tx = Some(tx);
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(text) = &ready
+                && line.contains(text.as_str())
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(String::new());
+            }
             if let Some(addr) = listening_addr(&line)
+                && ready.is_none()
                 && let Some(tx) = tx.take()
             {
                 let _ = tx.send(addr.to_owned());

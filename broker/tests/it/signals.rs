@@ -50,3 +50,35 @@ async fn a_frozen_broker_answers_nothing_until_thawed() {
     assert_eq!(ids[0].entry_id, 1);
     broker.kill9();
 }
+
+/// A SIGTERM that comes while the broker is still starting (the store
+/// open, nothing listening yet) is kept: the start finishes and the broker
+/// stops cleanly (exit 0, sled's snapshot taken), where the signal's
+/// default action killed it.
+#[tokio::test]
+async fn a_sigterm_during_the_start_is_a_clean_stop_once_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = spawn(dir.path()).await;
+    let mut p = RawProducer::open(broker.url(), "early", "p").await.unwrap();
+    p.send(&["before"]).await;
+    drop(p);
+    assert!(broker.stop().await.success());
+
+    let starting = BrokerProcess::spawn(
+        dir.path(),
+        &options()
+            .env("RICOCHET_FAILPOINT", "start.pause_before_listen")
+            .rust_log("info")
+            .ready_when("failpoint start.pause_before_listen"),
+    )
+    .await;
+    let status = starting.stop().await;
+    assert!(status.success(), "a SIGTERM during the start: {status}");
+
+    let broker = spawn(dir.path()).await;
+    let mut c = RawConsumer::simple(broker.url(), "early", "s", SubscriptionType::Exclusive).await;
+    c.flow(10).await;
+    let got: Vec<String> = c.take(1, WAIT).await.iter().map(text).collect();
+    assert_eq!(got, ["before"]);
+    broker.kill9();
+}
