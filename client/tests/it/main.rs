@@ -28,6 +28,7 @@ mod replicated_offload;
 mod replicated_partitions;
 mod replicated_peerid;
 mod replicated_retention;
+mod replicated_tier;
 mod replicated_retries;
 mod replicated_secure;
 mod replicated_transfer;
