@@ -7,18 +7,23 @@
 //!   with the difference in `ricochet cluster` (`ListBrokers`);
 //! - an upload cut by a crash after its put (`tiered.offload.after_put`
 //!   on the leader) leaves an object no record names, which the next
-//!   leader's pass deletes once older than `[tiered] orphan_after`.
+//!   leader's pass deletes once older than `[tiered] orphan_after`;
+//! - with the topic's `delete_lag`, every replica keeps its files of the
+//!   recorded ranges for the lag, then drops them.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ricochet_client::ErrorKind;
-use ricochet_proto::TieredOffloadRequest;
+use ricochet_proto::{
+    OffloadPolicy, SetOffloadPolicyRequest, TieredOffloadRequest, TieredStatusRequest,
+};
 use ricochet_proto::tiered_client::TieredClient;
 use ricochet_testkit::{SpawnOptions, etcd_or_skip};
 
 use super::replicated::{ONE_CLUSTER, client, led_group_with, stable_leader};
+use super::replicated_offload::segment_files;
 
 fn stored(topic: &str) -> String {
     format!("persistent://public/default/{topic}")
@@ -196,4 +201,87 @@ async fn an_upload_cut_by_the_leaders_crash_is_swept_by_the_next_leader() {
     // Nothing was recorded: every id is still local on the new leader.
     let stats = client(&next_url).await.admin().topic_stats(t).await.unwrap();
     assert_eq!((stats.first_entry_id, stats.next_entry_id), (0, 30));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_keeps_its_copies_for_the_delete_lag_then_drops_them() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("every_replica_keeps_its_copies_for_the_delete_lag").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let (config, tier) = (root.path().join("broker.toml"), root.path().join("tier"));
+    write_config(&config, &tier, "1s", "");
+    let t = "lagged";
+    let (brokers, _, leader, victim) =
+        led_group_with(&etcd, "rlag", root.path(), t, &with_config(&config)).await;
+    // Sealed segments are due at once; local copies go 8 s after.
+    TieredClient::connect(brokers[victim].url())
+        .await
+        .unwrap()
+        .set_offload_policy(SetOffloadPolicyRequest {
+            topic: stored(t),
+            policy: Some(OffloadPolicy {
+                offload_after_ms: Some(0),
+                delete_lag_ms: Some(8000),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("the topic's policy, through its group");
+    let c = client(&brokers[victim].url()).await;
+    let p = c.producer(t).create().await.unwrap();
+    for i in 0..30u64 {
+        p.send(vec![i as u8; 512]).await.unwrap();
+    }
+    drop(p);
+    drop(c);
+    // The leader's pass offloads [0,10) and [10,20) and the group records
+    // them; within the lag every replica still holds their files.
+    let start = Instant::now();
+    loop {
+        let st = TieredClient::connect(brokers[victim].url())
+            .await
+            .unwrap()
+            .offload_status(TieredStatusRequest { topic: stored(t) })
+            .await
+            .unwrap()
+            .into_inner();
+        if st.offloaded_segments >= 2 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the leader {leader}'s status after 20 s: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let recorded = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for b in &brokers {
+        let files = segment_files(b, t);
+        assert!(
+            files.starts_with(&[0, 10]),
+            "{}'s files {:?} after the record (lag 8 s)",
+            b.id,
+            recorded.elapsed()
+        );
+    }
+    // Past the lag, each replica's own pass drops them.
+    for b in &brokers {
+        let start = Instant::now();
+        loop {
+            let files = segment_files(b, t);
+            if files.first().is_some_and(|f| *f >= 20) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{}'s files 30 s past the lag: {files:?}",
+                b.id
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
 }
