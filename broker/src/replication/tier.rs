@@ -24,9 +24,7 @@ pub fn difference(mine: Option<&str>, theirs: Option<&str>) -> Option<String> {
         (None, Some(t)) => Some(format!(
             "its [tiered] store is {t} and this broker has no [tiered] section"
         )),
-        (Some(m), Some(t)) => Some(format!(
-            "its [tiered] store is {t}, this broker's is {m}"
-        )),
+        (Some(m), Some(t)) => Some(format!("its [tiered] store is {t}, this broker's is {m}")),
         (None, None) => None,
     }
 }
@@ -84,17 +82,20 @@ mod tests {
 
     #[test]
     fn only_the_differing_brokers_are_listed_and_the_refusal_names_them() {
-        let out = differing(
-            Some(A),
-            [("b1", Some(A)), ("b2", Some(B)), ("b3", None)],
-        );
+        let out = differing(Some(A), [("b1", Some(A)), ("b2", Some(B)), ("b3", None)]);
         let ids: Vec<&str> = out.iter().map(|(id, _)| id.as_str()).collect();
         assert_eq!(ids, ["b2", "b3"]);
         let e = refusal(3, 2, &out);
         assert!(matches!(e, BrokerError::Conflict(_)), "{e:?}");
         let text = e.to_string();
-        assert!(text.contains("broker b2: its [tiered] store is s3://b/other"), "{text}");
-        assert!(text.contains("broker b3: it has no [tiered] section"), "{text}");
+        assert!(
+            text.contains("broker b2: its [tiered] store is s3://b/other"),
+            "{text}"
+        );
+        assert!(
+            text.contains("broker b3: it has no [tiered] section"),
+            "{text}"
+        );
         assert!(text.contains("2 do"), "{text}");
     }
 }

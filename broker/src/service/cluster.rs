@@ -349,7 +349,9 @@ fn member(
             lag: last.saturating_sub(m.matched),
             health: {
                 let h = match (m.health, report.is_some_and(|r| r.unreplaced)) {
-                    (status::Health::Down, true) => "down, no spare broker to replace it".to_owned(),
+                    (status::Health::Down, true) => {
+                        "down, no spare broker to replace it".to_owned()
+                    }
                     (h, _) => h.as_str().to_owned(),
                 };
                 match report.and_then(|r| r.tier_differs.get(broker)) {

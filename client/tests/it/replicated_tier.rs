@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ricochet_client::ErrorKind;
+use ricochet_proto::tiered_client::TieredClient;
 use ricochet_proto::{
     OffloadPolicy, SetOffloadPolicyRequest, TieredOffloadRequest, TieredStatusRequest,
 };
-use ricochet_proto::tiered_client::TieredClient;
 use ricochet_testkit::{SpawnOptions, etcd_or_skip};
 
 use super::replicated::{ONE_CLUSTER, client, led_group_with, stable_leader};
@@ -103,7 +103,8 @@ async fn a_broker_with_another_tier_is_left_out_of_groups_and_shown_in_the_exist
     assert_eq!(e.kind(), ErrorKind::FailedPrecondition, "{e:?}");
     let text = e.to_string();
     assert!(
-        text.contains("[tiered] store is file://") && text.contains(&elsewhere.display().to_string()),
+        text.contains("[tiered] store is file://")
+            && text.contains(&elsewhere.display().to_string()),
         "{text}"
     );
     assert!(text.contains("left out: broker b"), "{text}");
@@ -136,7 +137,12 @@ async fn a_broker_with_another_tier_is_left_out_of_groups_and_shown_in_the_exist
             vec!["b2".into()]
         };
         if differs == want {
-            let line = &g.member_status.iter().find(|m| m.broker_id == want[0]).unwrap().health;
+            let line = &g
+                .member_status
+                .iter()
+                .find(|m| m.broker_id == want[0])
+                .unwrap()
+                .health;
             assert!(line.contains("file://"), "{line}");
             break;
         }
@@ -176,7 +182,10 @@ async fn an_upload_cut_by_the_leaders_crash_is_swept_by_the_next_leader() {
         .unwrap()
         .offload(TieredOffloadRequest { topic: stored(t) })
         .await;
-    assert!(cut.is_err(), "the leader {leader} should have died: {cut:?}");
+    assert!(
+        cut.is_err(),
+        "the leader {leader} should have died: {cut:?}"
+    );
     brokers[victim].kill9();
     let orphans = objects(&tier);
     assert_eq!(orphans.len(), 1, "the cut upload's object: {orphans:?}");
@@ -199,7 +208,12 @@ async fn an_upload_cut_by_the_leaders_crash_is_swept_by_the_next_leader() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     // Nothing was recorded: every id is still local on the new leader.
-    let stats = client(&next_url).await.admin().topic_stats(t).await.unwrap();
+    let stats = client(&next_url)
+        .await
+        .admin()
+        .topic_stats(t)
+        .await
+        .unwrap();
     assert_eq!((stats.first_entry_id, stats.next_entry_id), (0, 30));
 }
 
@@ -263,7 +277,7 @@ async fn every_replica_keeps_its_copies_for_the_delete_lag_then_drops_them() {
         let files = segment_files(b, t);
         assert!(
             files.starts_with(&[0, 10]),
-            "{}'s files {:?} after the record (lag 8 s)",
+            "{}'s files {files:?} {:?} after the record (lag 8 s)",
             b.id,
             recorded.elapsed()
         );

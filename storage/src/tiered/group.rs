@@ -16,9 +16,14 @@
 //! topic's offload policy ([`Tiered::offload_due_through`]), whose
 //! topic-level record is the group's too.
 //!
+//! A replica's local copies of recorded ranges go as the policy's
+//! `keep_local` and `delete_lag` say, counted from the offload time the
+//! leader stamped in the record ([`Tiered::drop_due_group`]).
+//!
 //! A group's objects are deleted only by the group's commands: a trim
 //! below them ([`Tiered::trim`]) or the topic's delete
-//! ([`Tiered::delete_group_objects`]). A replica that drops its copy on
+//! ([`Tiered::delete_group_objects`]), and by its leader's sweep of
+//! objects no record names (`upkeep`). A replica that drops its copy on
 //! its own (it left the group, a snapshot replaces its copy, its open
 //! finds no topic for the records) forgets the records and leaves the
 //! objects alone ([`Tiered::forget_topic`]).

@@ -226,7 +226,12 @@ async fn the_leaders_sweep_deletes_only_old_objects_no_record_names() {
     let other = root.join(object_dir("persistent://public/default/other"));
     std::fs::create_dir_all(&other).unwrap();
     std::fs::write(other.join("00000000000000000000-1.seg"), b"x").unwrap();
-    assert_eq!(ta.sweep_orphans(T, Duration::from_secs(3600)).await.unwrap(), 0);
+    assert_eq!(
+        ta.sweep_orphans(T, Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(objects(&root), 3, "too young: kept");
     assert_eq!(ta.sweep_orphans(T, Duration::ZERO).await.unwrap(), 1);
     assert_eq!(objects(&root), 2, "the orphan went, the rest stayed");

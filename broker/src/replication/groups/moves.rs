@@ -83,7 +83,9 @@ impl Groups {
                         "broker {t} is not live, or is draining"
                     )));
                 };
-                if let Some(d) = super::super::tier::difference(self.cluster.tier(), b.tier.as_deref()) {
+                if let Some(d) =
+                    super::super::tier::difference(self.cluster.tier(), b.tier.as_deref())
+                {
                     return Err(BrokerError::Conflict(format!(
                         "broker {t} cannot join {topic}'s replication group: {d} (a group's \
                          members offload to and read from one store)"
@@ -91,14 +93,20 @@ impl Groups {
                 }
                 t.to_owned()
             }
-            None => spare(&record, &brokers, &me, self.cluster.tier(), &Default::default())
-                .ok_or_else(|| {
-                    BrokerError::Conflict(format!(
-                        "no live, non-draining broker sharing this broker's [tiered] store \
+            None => spare(
+                &record,
+                &brokers,
+                &me,
+                self.cluster.tier(),
+                &Default::default(),
+            )
+            .ok_or_else(|| {
+                BrokerError::Conflict(format!(
+                    "no live, non-draining broker sharing this broker's [tiered] store \
                          outside {topic}'s replication group {:?} to move its replica to",
-                        record.members
-                    ))
-                })?,
+                    record.members
+                ))
+            })?,
         };
         let started = Instant::now();
         let handover = self.hand_off_first(topic, &record, &brokers).await;
