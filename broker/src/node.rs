@@ -103,8 +103,19 @@ impl Node {
         let (settings, peer_role) = raft_settings(&self.core.config, &self.auth)?;
         let node: Weak<Self> = Arc::downgrade(self);
         let host: Weak<dyn Host> = node;
-        let cluster =
-            Cluster::join(config, id, url, peer_role, host, self.core.shutdown.clone()).await?;
+        // Registered so that a replication group is formed only of brokers
+        // sharing one object store ([`crate::replication::tier`]).
+        let tier = self.core.config.tiered.as_ref().map(|t| t.identity());
+        let cluster = Cluster::join(
+            config,
+            id,
+            url,
+            peer_role,
+            tier,
+            host,
+            self.core.shutdown.clone(),
+        )
+        .await?;
         self.core.set_placement(Arc::new(EventsPlacement {
             cluster: cluster.clone(),
             config: self.core.config.clone(),

@@ -44,6 +44,8 @@ pub struct Cluster {
     pub(crate) placed: AtomicU64,
     /// The role this broker's peer credential proves, registered with it.
     pub(crate) peer_role: Option<String>,
+    /// The identity of this broker's second tier, registered with it.
+    pub(crate) tier: Option<String>,
 }
 
 /// A topic in the table of owned topics.
@@ -62,6 +64,7 @@ impl Cluster {
     pub(crate) fn new(name: &str, id: String, url: String, etcd: Etcd, ttl: Duration) -> Self {
         Self {
             peer_role: None,
+            tier: None,
             prefix: format!("/ricochet/{name}/"),
             name: name.to_owned(),
             fence: Fence::new(&id),
@@ -135,6 +138,7 @@ impl Cluster {
             placed: self.placed.load(Ordering::Relaxed),
             draining: self.draining.load(Ordering::Relaxed),
             peer_role: self.peer_role.clone(),
+            tier: self.tier.clone(),
         };
         let json = serde_json::to_string(&reg)
             .map_err(|e| ClusterError::Etcd(format!("cannot encode the registration: {e}")))?;
@@ -201,6 +205,12 @@ impl Cluster {
                 Some((id, Registration::parse(&kv.value).peer_role))
             })
             .collect())
+    }
+
+    /// The identity of this broker's second tier, as it registers it (see
+    /// [`Cluster::join`]).
+    pub fn tier(&self) -> Option<&str> {
+        self.tier.as_deref()
     }
 
     /// The peer role this broker registers (see [`Cluster::join`]).

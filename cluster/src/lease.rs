@@ -30,12 +30,15 @@ impl Cluster {
     /// alive until `shutdown`. `host` gives the load figure and deletes the
     /// copies of topics placed elsewhere. `peer_role`, the role this
     /// broker's peer credential proves, is registered with it: the other
-    /// brokers let only that role speak Raft for this broker id.
+    /// brokers let only that role speak Raft for this broker id. `tier`,
+    /// the identity of its second tier's store, is registered too: a
+    /// replication group's members must share it.
     pub async fn join(
         config: &ClusterConfig,
         id: String,
         url: String,
         peer_role: Option<String>,
+        tier: Option<String>,
         host: Weak<dyn Host>,
         shutdown: CancellationToken,
     ) -> Result<Arc<Self>> {
@@ -43,6 +46,7 @@ impl Cluster {
         let ttl = Duration::from_secs(config.lease_ttl.as_secs_f64().ceil() as u64);
         let mut cluster = Self::new(&config.name, id, url, etcd, ttl);
         cluster.peer_role = peer_role;
+        cluster.tier = tier;
         let cluster = Arc::new(cluster);
         let started = Instant::now();
         let previous = loop {

@@ -40,6 +40,13 @@ pub struct Registration {
     /// brokers from before per-broker identities.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_role: Option<String>,
+    /// The identity of its second tier's object store (`[tiered]`: the
+    /// URL's bucket and prefix, or directory, and the endpoint; never a
+    /// credential), which every member of a replication group must share.
+    /// `None`: no `[tiered]` section (or a broker from before tiers were
+    /// registered).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
 }
 
 impl Registration {
@@ -169,6 +176,13 @@ mod tests {
         assert_eq!((old.url.as_str(), old.peer_role), ("http://b2:6650", None));
         let none = serde_json::to_string(&Registration::default()).unwrap();
         assert!(!none.contains("peer_role"), "{none}");
+        assert!(!none.contains("tier"), "{none}");
+        let tiered = Registration {
+            tier: Some("s3://bucket/prefix endpoint=http://s3:9000".into()),
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&tiered).unwrap();
+        assert_eq!(Registration::parse(&json), tiered);
     }
 
     #[test]

@@ -73,6 +73,8 @@ pub struct BrokerView {
     pub topics: Vec<String>,
     /// Being drained (takes no new topics).
     pub draining: bool,
+    /// The identity of its second tier's store, as it registered it.
+    pub tier: Option<String>,
 }
 
 impl Cluster {
@@ -304,6 +306,7 @@ impl Cluster {
                 v.load = reg.load;
                 v.registered_at_ms = reg.registered_at_ms;
                 v.draining = reg.draining;
+                v.tier = reg.tier;
             }
         }
         for (id, n) in self.placed_counts().await? {

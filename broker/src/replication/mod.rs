@@ -35,6 +35,7 @@ mod record;
 mod snapshot;
 pub mod status;
 mod storage;
+pub mod tier;
 
 pub use apply::StorageApplier;
 pub use peers::PeerRoles;

@@ -3,7 +3,11 @@
 //! ([`PartitionCommand::Offloaded`](super::PartitionCommand::Offloaded)),
 //! on demand (`Tiered/Offload`) or by the topic's offload policy, in a
 //! pass of the leader every `[tiered] interval` ([`spawn_leader_pass`]).
-//! The broker's own background offloader skips replicated topics.
+//! The broker's own background offloader skips replicated topics (but
+//! drops a replica's local copies once the policy's lag passed, and
+//! counts the offload lag of the topics this pass says it leads); the
+//! pass also deletes orphan objects under the topics' prefixes
+//! ([`Tiered::sweep_orphans`]).
 
 use super::groups::Groups;
 use crate::storage::tiered::group::GroupRecorder;
@@ -45,12 +49,19 @@ pub fn spawn_leader_pass(
                 _ = tokio::time::sleep(every) => {}
                 _ = stop.cancelled() => break,
             }
-            for (topic, storage) in groups.served() {
+            let served = groups.served();
+            // Their offload lag counts here (the followers' copies do not).
+            tiered.set_leading(served.iter().map(|(t, _)| t.clone()));
+            for (topic, storage) in served {
                 if !tiered.is_grouped(&topic) {
                     continue;
                 }
                 let recorder = ThroughGroup(Arc::new(storage) as Arc<dyn Storage>);
-                if let Err(e) = tiered.offload_due_through(&topic, &recorder).await
+                let done = match tiered.offload_due_through(&topic, &recorder).await {
+                    Ok(_) => tiered.sweep_orphans(&topic, tiered.orphan_after()).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = done
                     && warned.is_none_or(|w| w.elapsed() >= WARN_EVERY)
                 {
                     warned = Some(Instant::now());

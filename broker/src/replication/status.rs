@@ -106,6 +106,11 @@ pub struct GroupStatus {
     /// broker outside the group can replace it: the group stays degraded.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unreplaced: bool,
+    /// Members whose `[tiered]` store differs from the leader's, with how
+    /// ([`super::tier`]): a group formed before the check, or a broker
+    /// restarted with another section.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tier_differs: std::collections::BTreeMap<String, String>,
 }
 
 /// What a leader remembers between two reports on one group.
@@ -114,6 +119,8 @@ pub struct Tracker {
     last_report: Option<(Instant, u64)>,
     /// Per member: its matched index and since when it has not moved.
     progress: HashMap<NodeId, (u64, Instant)>,
+    /// The `[tiered]` differences warned about already, by member.
+    tier_warned: HashMap<String, String>,
 }
 
 impl Tracker {
@@ -165,7 +172,27 @@ impl Tracker {
             last_index: last,
             members: reported,
             unreplaced: false,
+            tier_differs: Default::default(),
         }
+    }
+
+    /// Keeps `differs` (member → how its `[tiered]` store differs from
+    /// the leader's) in `status`, with a WARN the first time each member
+    /// differs in a way (again once it changed).
+    pub fn note_tiers(
+        &mut self,
+        topic: &str,
+        status: &mut GroupStatus,
+        differs: std::collections::BTreeMap<String, String>,
+    ) {
+        self.tier_warned.retain(|m, _| differs.contains_key(m));
+        for (member, how) in &differs {
+            if self.tier_warned.get(member) != Some(how) {
+                tracing::warn!(%topic, %member, difference = %how, "a member of this replication group does not share the leader's [tiered] object store: it cannot follow the group's offloads (give it the same [tiered] url and endpoint, or move its replica)");
+                self.tier_warned.insert(member.clone(), how.clone());
+            }
+        }
+        status.tier_differs = differs;
     }
 }
 

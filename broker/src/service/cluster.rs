@@ -347,9 +347,17 @@ fn member(
             broker_id: broker.to_owned(),
             matched_index: m.matched,
             lag: last.saturating_sub(m.matched),
-            health: match (m.health, report.is_some_and(|r| r.unreplaced)) {
-                (status::Health::Down, true) => "down, no spare broker to replace it".to_owned(),
-                (h, _) => h.as_str().to_owned(),
+            health: {
+                let h = match (m.health, report.is_some_and(|r| r.unreplaced)) {
+                    (status::Health::Down, true) => {
+                        "down, no spare broker to replace it".to_owned()
+                    }
+                    (h, _) => h.as_str().to_owned(),
+                };
+                match report.and_then(|r| r.tier_differs.get(broker)) {
+                    Some(how) => format!("{h}; [tiered] differs: {how}"),
+                    None => h,
+                }
             },
         },
         None => ricochet_proto::GroupMember {

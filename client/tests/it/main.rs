@@ -30,6 +30,7 @@ mod replicated_peerid;
 mod replicated_retention;
 mod replicated_retries;
 mod replicated_secure;
+mod replicated_tier;
 mod replicated_transfer;
 mod replicated_trim;
 mod roundtrip;

@@ -66,7 +66,7 @@ fn stored(topic: &str) -> String {
 }
 
 /// The first ids of `topic`'s segment files on `broker`'s disk.
-fn segment_files(broker: &ClusterBroker, topic: &str) -> Vec<u64> {
+pub(crate) fn segment_files(broker: &ClusterBroker, topic: &str) -> Vec<u64> {
     let dir = broker.dir.join("log").join(dir_name(&stored(topic)));
     let Ok(read) = std::fs::read_dir(&dir) else {
         return Vec::new();

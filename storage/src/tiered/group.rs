@@ -16,9 +16,14 @@
 //! topic's offload policy ([`Tiered::offload_due_through`]), whose
 //! topic-level record is the group's too.
 //!
+//! A replica's local copies of recorded ranges go as the policy's
+//! `keep_local` and `delete_lag` say, counted from the offload time the
+//! leader stamped in the record ([`Tiered::drop_due_group`]).
+//!
 //! A group's objects are deleted only by the group's commands: a trim
 //! below them ([`Tiered::trim`]) or the topic's delete
-//! ([`Tiered::delete_group_objects`]). A replica that drops its copy on
+//! ([`Tiered::delete_group_objects`]), and by its leader's sweep of
+//! objects no record names (`upkeep`). A replica that drops its copy on
 //! its own (it left the group, a snapshot replaces its copy, its open
 //! finds no topic for the records) forgets the records and leaves the
 //! objects alone ([`Tiered::forget_topic`]).
@@ -102,7 +107,7 @@ impl Tiered {
 
     /// The sealed local segments of `topic` above the recorded end, oldest
     /// first, and the bytes of all its local segments.
-    fn candidates(&self, topic: &str) -> (Vec<SegmentInfo>, u64) {
+    pub(super) fn candidates(&self, topic: &str) -> (Vec<SegmentInfo>, u64) {
         let covered = self.covered_end(topic);
         let all = self.log.segment_infos(topic);
         let bytes = all.iter().map(|s| s.len).sum();
@@ -204,9 +209,10 @@ impl Tiered {
 
     /// Applies a group's offload record on this replica: the range is
     /// recorded (durable with the next flush), then the local segments
-    /// lying wholly inside the recorded ranges are dropped, oldest first
-    /// (their files go after the next flush, as a trim's). A record of a
-    /// range recorded already is a replay: recorded again, nothing else.
+    /// lying wholly inside the recorded ranges are dropped as the policy
+    /// lets them go ([`Tiered::drop_due_group`]: at once without a lag).
+    /// A record of a range recorded already is a replay: recorded again,
+    /// nothing else.
     pub fn record_group(&self, state: &SegmentState) -> Result<()> {
         if state.phase != Phase::Offloaded || !state.group || state.next <= state.first {
             return Err(StorageError::Corrupt(format!(
@@ -217,38 +223,65 @@ impl Tiered {
         let topic = state.topic.as_str();
         self.set_grouped(topic, true);
         self.put_state(state)?;
-        // Producer ids of entries leaving the local log reach sled first
-        // (durable with the same flush, before the files go).
-        self.sled.checkpoint_sequences(topic)?;
+        self.drop_due_group(topic, crate::util::wall_ms())?;
+        Ok(())
+    }
+
+    /// Drops `topic`'s local segments lying wholly inside its recorded
+    /// ranges, oldest first and never the active one, as far as the
+    /// offload policy in force lets them go at `now_ms`: never with
+    /// `keep_local`, else once `delete_lag` passed since the offload time
+    /// the leader stamped in the records covering the segment (the latest
+    /// of them), so every replica decides alike whenever it applies the
+    /// record, and a replica restarted within the lag drops them at a
+    /// later pass (the background offloader's, every `interval`). Their
+    /// files go after the next flush, as a trim's. Returns how many went.
+    pub fn drop_due_group(&self, topic: &str, now_ms: u64) -> Result<u32> {
+        let policy = self.effective(topic).map(|(p, _)| p).unwrap_or_default();
+        let mut dropped = 0;
         loop {
             let local = self.log.segment_infos(topic);
             let Some(oldest) = local.first() else { break };
-            if oldest.active || !self.inside_ranges(topic, oldest.header.first, oldest.next) {
+            if oldest.active {
                 break;
+            }
+            let Some(offloaded_ms) = self.covered_at(topic, oldest.header.first, oldest.next)
+            else {
+                break;
+            };
+            if !policy.may_delete_local(now_ms, offloaded_ms) {
+                break;
+            }
+            if dropped == 0 {
+                // Producer ids of entries leaving the local log reach sled
+                // first (durable with the same flush, before the files go).
+                self.sled.checkpoint_sequences(topic)?;
             }
             if !self.log.drop_local(topic, oldest.header.first)? {
                 break;
             }
+            dropped += 1;
         }
-        Ok(())
+        Ok(dropped)
     }
 
-    /// Whether ids `first..next` all lie in `topic`'s recorded ranges.
-    fn inside_ranges(&self, topic: &str, first: u64, next: u64) -> bool {
+    /// When ids `first..next` all lie in `topic`'s recorded ranges: the
+    /// latest offload time of the records covering them (`None`: not all
+    /// recorded).
+    fn covered_at(&self, topic: &str, first: u64, next: u64) -> Option<u64> {
         let states = crate::util::lock(&self.states);
-        let Some(m) = states.get(topic) else {
-            return false;
-        };
-        let mut at = first;
+        let m = states.get(topic)?;
+        let (mut at, mut latest) = (first, 0);
         for s in m.values() {
             if s.first <= at && at < s.next {
                 at = s.next;
+                latest = latest.max(s.offloaded_ms);
             }
             if at >= next {
-                return true;
+                return Some(latest);
             }
         }
-        at >= next
+        (at >= next).then_some(latest)
     }
 
     /// Forgets `topic`'s records without deleting any object (this

@@ -12,9 +12,9 @@ use crate::{LogStorage, TopicKind, TopicRecord};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-const T: &str = "persistent://public/default/g";
+pub(super) const T: &str = "persistent://public/default/g";
 
-fn settings() -> LogSettings {
+pub(super) fn settings() -> LogSettings {
     LogSettings {
         segment_entries: 10,
         max_bytes: 64 << 20,
@@ -22,7 +22,7 @@ fn settings() -> LogSettings {
     }
 }
 
-fn config(root: &Path) -> TieredConfig {
+pub(super) fn config(root: &Path) -> TieredConfig {
     TieredConfig {
         url: format!("file://{}", root.display()),
         block_bytes: 4096,
@@ -32,7 +32,7 @@ fn config(root: &Path) -> TieredConfig {
     }
 }
 
-async fn open(dir: &Path, root: &Path) -> LogStorage {
+pub(super) async fn open(dir: &Path, root: &Path) -> LogStorage {
     std::fs::create_dir_all(root).unwrap();
     let sled = Arc::new(SledStorage::open(dir, 10, 1 << 20).unwrap());
     LogStorage::open(sled, dir, settings(), Some(&config(root)))
@@ -40,17 +40,17 @@ async fn open(dir: &Path, root: &Path) -> LogStorage {
         .unwrap()
 }
 
-fn entry(i: u64) -> Vec<u8> {
+pub(super) fn entry(i: u64) -> Vec<u8> {
     format!("entry {i} {}", "x".repeat(300)).into_bytes()
 }
 
-fn append(s: &LogStorage, ids: std::ops::Range<u64>) {
+pub(super) fn append(s: &LogStorage, ids: std::ops::Range<u64>) {
     let batch: Vec<Vec<u8>> = ids.clone().map(entry).collect();
     s.append(T, ids.start, &batch, None).unwrap();
 }
 
 /// The `.seg` objects under `root`.
-fn objects(root: &Path) -> usize {
+pub(super) fn objects(root: &Path) -> usize {
     let mut n = 0;
     let mut dirs = vec![root.to_path_buf()];
     while let Some(d) = dirs.pop() {
@@ -76,7 +76,7 @@ impl GroupRecorder for Both<'_> {
     }
 }
 
-fn all_ids(s: &LogStorage) -> Vec<u64> {
+pub(super) fn all_ids(s: &LogStorage) -> Vec<u64> {
     let read = s.read(T, 0, 1000, usize::MAX).unwrap();
     for (id, e) in &read {
         assert_eq!(e, &entry(*id), "entry {id}");

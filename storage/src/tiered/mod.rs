@@ -29,6 +29,7 @@ mod object;
 mod offload;
 pub mod policy;
 mod read;
+mod upkeep;
 
 use super::segments::{SegmentInfo, SegmentLog};
 use super::{SledStorage, StorageError, StorageResult as Result};
@@ -159,6 +160,9 @@ pub struct Tiered {
     /// Replicated topics: offloaded by their group's leader through the
     /// group ([`group`]), never by the background offloader.
     grouped: Mutex<HashSet<String>>,
+    /// The replicated topics this broker leads, as its leader pass last
+    /// said ([`upkeep`]).
+    leading: Mutex<HashSet<String>>,
 }
 
 impl std::fmt::Debug for Tiered {
@@ -213,6 +217,7 @@ impl Tiered {
             offloading: tokio::sync::Mutex::new(()),
             last_error: Mutex::new(HashMap::new()),
             grouped: Mutex::new(HashSet::new()),
+            leading: Mutex::new(HashSet::new()),
         };
         for (topic, segs) in states {
             if segs.values().any(|s| s.group) {
@@ -469,3 +474,5 @@ impl Tiered {
 mod group_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod upkeep_tests;

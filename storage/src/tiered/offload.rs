@@ -95,10 +95,19 @@ impl Tiered {
             .await
             .map_err(StorageError::joined)??;
         let mut first_error = None;
-        let (mut lag_s, mut pending) = (0u64, 0u64);
+        let mut dropped = 0;
         for topic in self.log.topics() {
             if self.is_grouped(&topic) {
-                // A replicated topic: its group's leader offloads it.
+                // A replicated topic: its group's leader offloads it; every
+                // replica lets its local copies go once the policy's lag
+                // after the recorded offload passed (a restart within the
+                // lag, say).
+                match self.drop_due_group(&topic, crate::util::wall_ms()) {
+                    Ok(n) => dropped += n,
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
                 continue;
             }
             match self.offload_topic(&topic, false).await {
@@ -107,10 +116,11 @@ impl Tiered {
                     first_error.get_or_insert(e);
                 }
             }
-            let (l, p) = self.lag(&topic);
-            lag_s = lag_s.max(l);
-            pending += p;
         }
+        if dropped > 0 {
+            self.release_dropped_files().await?;
+        }
+        let (lag_s, pending) = self.offload_lag();
         metrics::gauge!("ricochet_tiered_offload_lag_seconds").set(lag_s as f64);
         metrics::gauge!("ricochet_tiered_offload_pending_bytes").set(pending as f64);
         first_error.map_or(Ok(()), Err)
@@ -118,7 +128,7 @@ impl Tiered {
 
     /// How far `topic` is behind its policy: the age in seconds of the
     /// oldest segment due for offload and not offloaded, and the bytes due.
-    fn lag(&self, topic: &str) -> (u64, u64) {
+    pub(super) fn lag(&self, topic: &str) -> (u64, u64) {
         let Some((policy, _)) = self.effective(topic) else {
             return (0, 0);
         };

@@ -114,9 +114,12 @@ impl Groups {
             crate::util::lock(&self.unreplaced).remove(topic);
             return Ok(());
         };
+        // Only a broker sharing this one's object store ([`super::super::tier`]).
+        let mine = self.cluster.tier();
         let spare = brokers
             .iter()
             .filter(|b| b.live && !b.draining && !record.members.contains(&b.id))
+            .filter(|b| super::super::tier::difference(mine, b.tier.as_deref()).is_none())
             .min_by(|a, b| (a.placed, &a.id).cmp(&(b.placed, &b.id)));
         let Some(spare) = spare else {
             if crate::util::lock(&self.unreplaced).insert(topic.to_owned()) {

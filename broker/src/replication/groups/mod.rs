@@ -320,6 +320,16 @@ impl Groups {
                 others.len() + 1
             )));
         }
+        // Only brokers sharing this one's object store (see [`super::tier`]).
+        let mine = self.cluster.tier();
+        let left_out = super::tier::differing(
+            mine,
+            others.iter().map(|b| (b.id.as_str(), b.tier.as_deref())),
+        );
+        others.retain(|b| !left_out.iter().any(|(id, _)| *id == b.id));
+        if others.len() < need {
+            return Err(super::tier::refusal(replicas, others.len() + 1, &left_out));
+        }
         let urls: BTreeMap<NodeId, String> = std::iter::once(self.cluster.url().to_owned())
             .chain(others.iter().take(need).map(|b| b.url.clone()))
             .enumerate()
@@ -628,25 +638,32 @@ impl Groups {
         if due.is_empty() {
             return Ok(());
         }
-        let live: std::collections::HashSet<String> = self
-            .cluster
-            .brokers()
-            .await?
-            .into_iter()
+        let brokers = self.cluster.brokers().await?;
+        let live: std::collections::HashSet<String> = brokers
+            .iter()
             .filter(|b| b.live)
-            .map(|b| b.id)
+            .map(|b| b.id.clone())
             .collect();
         for (topic, record, progress) in due {
+            let differs = super::tier::differing(
+                self.cluster.tier(),
+                brokers
+                    .iter()
+                    .filter(|b| b.live && record.members.contains(&b.id))
+                    .map(|b| (b.id.as_str(), b.tier.as_deref())),
+            );
             let mut status = {
                 let mut reports = crate::util::lock(&self.reports);
                 let tracker = reports.entry(topic.clone()).or_default();
-                tracker.report(
+                let mut status = tracker.report(
                     self.cluster.id(),
                     &record.member_ids(),
                     &progress,
                     &live,
                     now,
-                )
+                );
+                tracker.note_tiers(topic, &mut status, differs.into_iter().collect());
+                status
             };
             status.unreplaced = crate::util::lock(&self.unreplaced).contains(topic.as_str());
             super::status::write(&self.cluster, topic, &status).await?;

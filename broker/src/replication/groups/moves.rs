@@ -78,17 +78,32 @@ impl Groups {
                 return self.transfer_to(topic, &record, t).await;
             }
             Some(t) => {
-                if !brokers.iter().any(|b| b.id == t && b.live && !b.draining) {
+                let Some(b) = brokers.iter().find(|b| b.id == t && b.live && !b.draining) else {
                     return Err(BrokerError::InvalidArgument(format!(
                         "broker {t} is not live, or is draining"
+                    )));
+                };
+                if let Some(d) =
+                    super::super::tier::difference(self.cluster.tier(), b.tier.as_deref())
+                {
+                    return Err(BrokerError::Conflict(format!(
+                        "broker {t} cannot join {topic}'s replication group: {d} (a group's \
+                         members offload to and read from one store)"
                     )));
                 }
                 t.to_owned()
             }
-            None => spare(&record, &brokers, &me, &Default::default()).ok_or_else(|| {
+            None => spare(
+                &record,
+                &brokers,
+                &me,
+                self.cluster.tier(),
+                &Default::default(),
+            )
+            .ok_or_else(|| {
                 BrokerError::Conflict(format!(
-                    "no live, non-draining broker outside {topic}'s replication group {:?} to \
-                     move its replica to",
+                    "no live, non-draining broker sharing this broker's [tiered] store \
+                         outside {topic}'s replication group {:?} to move its replica to",
                     record.members
                 ))
             })?,
@@ -139,7 +154,7 @@ impl Groups {
         let mut out = Vec::new();
         let mut waiting = Vec::new();
         for (topic, record) in mine {
-            let Some(to) = spare(&record, &brokers, &me, &given) else {
+            let Some(to) = spare(&record, &brokers, &me, self.cluster.tier(), &given) else {
                 out.push((
                     topic.clone(),
                     Err(BrokerError::Conflict(format!(
@@ -318,6 +333,7 @@ fn spare(
     record: &GroupRecord,
     brokers: &[BrokerView],
     me: &str,
+    tier: Option<&str>,
     given: &std::collections::HashMap<String, u64>,
 ) -> Option<String> {
     brokers
@@ -328,6 +344,7 @@ fn spare(
                 && b.id != me
                 && !record.members.contains(&b.id)
                 && !record.leaving.iter().any(|(l, _)| *l == b.id)
+                && super::super::tier::difference(tier, b.tier.as_deref()).is_none()
         })
         .min_by_key(|b| {
             (
