@@ -56,9 +56,18 @@ pub fn spawn_leader_pass(
                 if !tiered.is_grouped(&topic) {
                     continue;
                 }
+                let leader = storage.clone();
                 let recorder = ThroughGroup(Arc::new(storage) as Arc<dyn Storage>);
                 let done = match tiered.offload_due_through(&topic, &recorder).await {
-                    Ok(_) => tiered.sweep_orphans(&topic, tiered.orphan_after()).await,
+                    // The sweep deletes what no record names: only once a
+                    // majority confirmed this broker leads and every
+                    // committed record is applied here (a deposed leader,
+                    // or one behind its log, would take a live object for
+                    // an orphan).
+                    Ok(_) => match leader.confirm_leading().await {
+                        Ok(()) => tiered.sweep_orphans(&topic, tiered.orphan_after()).await,
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 };
                 if let Err(e) = done

@@ -62,6 +62,11 @@ pub(super) struct Pipeline {
 }
 
 impl Pipeline {
+    /// The group this queue proposes to.
+    pub(super) fn partition(&self) -> &Arc<ReplicatedPartition> {
+        &self.partition
+    }
+
     /// A queue proposing to `partition`'s group; a command not committed
     /// within `timeout` of its proposal fails. `poisoned` is set when one
     /// fails.

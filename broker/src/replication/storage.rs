@@ -107,6 +107,25 @@ impl ReplicatedStorage {
         self.poisoned.load(Ordering::Acquire)
     }
 
+    /// Confirms with a majority that this broker still leads the group and
+    /// waits until everything committed so far is applied here (openraft's
+    /// `ensure_linearizable`): what the local store says afterwards is the
+    /// group's state as of now, not a deposed leader's or one behind its
+    /// own log. A step that acts on an absence (a sweep deleting what no
+    /// record names) goes after it.
+    pub async fn confirm_leading(&self) -> Result<()> {
+        let raft = self.pipeline.partition().node().raft().clone();
+        let barrier = async move { raft.ensure_linearizable().await.map(|_| ()) };
+        let done = match &self.raft {
+            Some(rt) => rt
+                .spawn(barrier)
+                .await
+                .map_err(|e| StorageError::Replication(format!("the barrier task ended: {e}")))?,
+            None => barrier.await,
+        };
+        done.map_err(|e| StorageError::Replication(format!("not confirmed as leader: {e}")))
+    }
+
     /// Refuses every later write (this broker stopped leading the group).
     pub fn retire(&self) {
         self.poisoned.store(true, Ordering::Release);
