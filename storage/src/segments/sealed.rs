@@ -22,7 +22,7 @@
 //! used (the segment may have grown since).
 
 use super::record::{FILE_HEADER_LEN, FileHeader, RECORD_HEADER_LEN, RecordHeader};
-use super::segment::{INDEX_EVERY, Segment};
+use super::segment::{INDEX_EVERY, Segment, Walked};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -239,9 +239,6 @@ struct Walk {
     next: u64,
     entries: u64,
 }
-
-/// A walked segment's index, first entry, next id and entry count.
-pub type Walked = (Vec<(u64, u64)>, Option<u64>, u64, u64);
 
 impl Walk {
     fn new(first: u64) -> Self {

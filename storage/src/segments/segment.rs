@@ -49,12 +49,16 @@ pub struct Segment {
     /// The file holds a torn tail past `len`, cut before the next append.
     pub cut_pending: bool,
     /// CRC-32C of the file's first `len` bytes (kept while appending: what
-    /// a seal records, see [`super::sealed`]).
+    /// a seal records in the segment's sum file).
     pub crc: u32,
     /// Records whose own CRC the open computed (none when the file was
     /// checked whole against its seal).
     pub records_checked: u64,
 }
+
+/// What a walk over a segment's record headers found: its sparse index,
+/// first entry, next id and entry count.
+pub type Walked = (Vec<(u64, u64)>, Option<u64>, u64, u64);
 
 /// What an open found at the end of a file.
 #[derive(Debug)]
@@ -257,14 +261,14 @@ impl Segment {
         })
     }
 
-    /// A sealed segment checked whole ([`super::sealed::open`]), from
-    /// what the walk over its record headers found.
+    /// A sealed segment checked whole against its sum file, from what the
+    /// walk over its record headers found.
     pub fn from_walk(
         header: FileHeader,
         path: PathBuf,
         file: Arc<File>,
         (len, crc): (u64, u32),
-        (index, first_entry, next, entries): super::sealed::Walked,
+        (index, first_entry, next, entries): Walked,
     ) -> Self {
         Self {
             header,
