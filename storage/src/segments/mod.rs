@@ -169,7 +169,13 @@ fn open_sealed(
     writable: bool,
 ) -> Result<std::result::Result<(Segment, Tail), String>> {
     let Some(sum) = sealed::read(path)? else {
-        return Ok(Segment::open(path, first, writable));
+        let opened = Segment::open(path, first, writable);
+        if writable && let Ok((seg, Tail::Whole)) = &opened {
+            // Sealed by an older broker (or its sum damaged): checked record
+            // by record just now, its sum is recorded for the next start.
+            sealed::record_checked(seg);
+        }
+        return Ok(opened);
     };
     let refused = match sealed::open(path, first, writable, sum) {
         Ok(seg) => return Ok(Ok((seg, Tail::Whole))),

@@ -18,8 +18,9 @@
 //! check but whose CRC differs is refused as not the file that was sealed,
 //! and a segment without a sidecar (sealed by an older broker), or with a
 //! sidecar that does not check itself, is checked record by record as
-//! before. The active segment's sidecar, if a crash left one, is never
-//! used (the segment may have grown since).
+//! before — and gets its sum recorded once that check passed, so the next
+//! start checks it whole. The active segment's sidecar, if a crash left
+//! one, is never used (the segment may have grown since).
 
 use super::record::{FILE_HEADER_LEN, FileHeader, RECORD_HEADER_LEN, RecordHeader};
 use super::segment::{INDEX_EVERY, Segment, Walked};
@@ -108,6 +109,31 @@ pub fn write(dir: &Path, seg: &Segment) -> std::io::Result<()> {
         crc: seg.crc,
     };
     crate::sled_store::write_durably(dir, &file_name(seg.header.first), &sum.encode())
+}
+
+/// Records the sum of a sealed segment that has none (sealed by an older
+/// broker), right after every record of it checked at open: so the next
+/// start checks it whole. Not fsynced (a sum lost or torn by a crash does
+/// not check itself, and the segment is checked record by record again);
+/// a failure is logged and changes nothing else.
+pub fn record_checked(seg: &Segment) {
+    use std::io::Write as _;
+    let path = path_of(&seg.path);
+    let tmp = path.with_extension("sum.tmp");
+    let sum = Sum {
+        len: seg.len,
+        crc: seg.crc,
+    };
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(&sum.encode()))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        tracing::warn!(
+            path = %path.display(),
+            error = %e,
+            "could not record a checked sealed segment's sum (checked record by record again at the next start)"
+        );
+    }
 }
 
 /// The sidecar of the segment at `segment_path`: `Ok(None)` when there is

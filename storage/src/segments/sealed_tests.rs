@@ -112,6 +112,23 @@ fn a_segment_sealed_without_a_sum_is_still_checked_record_by_record() {
     assert_eq!(log.records_checked_at_open(), 10 + 4);
     assert_eq!(log.range(T), Some((0, 340)));
     drop(log);
+    // Its sum was recorded once that check passed: the next start checks
+    // it whole.
+    let bytes = std::fs::read(seg(&topic_dir, 200)).unwrap();
+    let sum = sealed::read(&seg(&topic_dir, 200)).unwrap().unwrap();
+    assert_eq!(
+        (sum.len, sum.crc),
+        (bytes.len() as u64, crc32c::crc32c(&bytes))
+    );
+    let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
+    assert_eq!(log.records_checked_at_open(), 4);
+    drop(log);
+    // A read-only open (`check`) records nothing.
+    std::fs::remove_file(sealed::path_of(&seg(&topic_dir, 200))).unwrap();
+    let log = SegmentLog::open(dir.path(), settings(), false).unwrap();
+    assert_eq!(log.records_checked_at_open(), 10 + 4);
+    drop(log);
+    assert!(!sealed::path_of(&seg(&topic_dir, 200)).exists());
     // Damage in it is refused by that check.
     let path = seg(&topic_dir, 200);
     let len = std::fs::metadata(&path).unwrap().len() as usize;
@@ -125,7 +142,7 @@ fn a_damaged_sum_falls_back_to_the_per_record_check() {
     let (dir, topic_dir) = four_segments();
     let sum = sealed::path_of(&seg(&topic_dir, 0));
     flip(&sum, 17);
-    let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
+    let log = SegmentLog::open(dir.path(), settings(), false).unwrap();
     assert_eq!(log.records_checked_at_open(), 10 + 4);
     drop(log);
     // And a damaged record beside it is still refused.
