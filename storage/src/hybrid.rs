@@ -90,7 +90,9 @@ impl LogStorage {
                     let log = SegmentLog::open(data_dir, settings, true);
                     tracing::info!(
                         took_ms = started.elapsed().as_millis() as u64,
-                        "start: segment-file log opened (every segment checked), beside sled's open"
+                        bytes = log.as_ref().map_or(0, |l| l.size()),
+                        records_checked = log.as_ref().map_or(0, |l| l.records_checked_at_open()),
+                        "start: segment-file log opened (every segment checked: sealed ones whole against their seal's CRC, the rest record by record), beside sled's open"
                     );
                     log
                 });

@@ -26,6 +26,7 @@
 /// The record and file-header format (public: the Raft log of
 /// `ricochet-replication` writes the same frames).
 pub mod record;
+pub(crate) mod sealed;
 pub(crate) mod segment;
 mod trims;
 pub(crate) mod upgrade;
@@ -147,6 +148,53 @@ fn topic_of(dir: &str) -> Option<String> {
 
 fn corrupt(topic: &str, what: String) -> StorageError {
     StorageError::Corrupt(format!("log of {topic}: {what}"))
+}
+
+/// Removes a file, if it is there.
+fn remove_if_there(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Opens a sealed segment: checked whole against its sidecar when it has
+/// one ([`sealed`]), record by record otherwise or when the whole-file
+/// pass does not accept it — so damage is refused with the per-record
+/// check's error and offset, and a file whose records all check but whose
+/// CRC is not the one recorded at its seal is refused as such.
+fn open_sealed(
+    path: &Path,
+    first: u64,
+    writable: bool,
+) -> Result<std::result::Result<(Segment, Tail), String>> {
+    let Some(sum) = sealed::read(path)? else {
+        let opened = Segment::open(path, first, writable);
+        if writable && let Ok((seg, Tail::Whole)) = &opened {
+            // Sealed by an older broker (or its sum damaged): checked record
+            // by record just now, its sum is recorded for the next start.
+            sealed::record_checked(seg);
+        }
+        return Ok(opened);
+    };
+    let refused = match sealed::open(path, first, writable, sum) {
+        Ok(seg) => return Ok(Ok((seg, Tail::Whole))),
+        Err(r) => r,
+    };
+    if let sealed::Refused::Walk(why) = &refused {
+        tracing::warn!(
+            path = %path.display(),
+            why,
+            "a sealed segment matching its seal's checksum did not walk: checked record by record"
+        );
+    }
+    let by_record = Segment::open(path, first, writable);
+    Ok(match (refused, by_record) {
+        (sealed::Refused::Mismatch(why), Ok((_, Tail::Whole))) => Err(format!(
+            "not the file that was sealed ({why}), though each record checks"
+        )),
+        (_, by_record) => by_record,
+    })
 }
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
@@ -323,6 +371,10 @@ impl SegmentLog {
         let (prev_next, seq) = match tl.segments.values().next_back() {
             Some(active) => {
                 active.file.sync_all()?;
+                // Its whole-file checksum, durable before a later segment
+                // exists (a crash in between leaves it the last segment,
+                // whose sidecar open never uses).
+                sealed::write(&tl.dir, active)?;
                 (active.next, active.header.seq + 1)
             }
             None => {
@@ -554,6 +606,13 @@ impl SegmentLog {
         self.sum_over_segments(|s| s.entries)
     }
 
+    /// Records whose own CRC the open computed: those of segments checked
+    /// record by record (the active ones, those sealed without a
+    /// whole-file sum), none of those checked whole against their seal.
+    pub fn records_checked_at_open(&self) -> u64 {
+        self.sum_over_segments(|s| s.records_checked)
+    }
+
     /// Bytes of every segment file.
     pub fn size(&self) -> u64 {
         self.sum_over_segments(|s| s.len)
@@ -666,13 +725,25 @@ impl SegmentLog {
 /// the chain between them; the last one's torn tail cut when `writable`.
 fn open_topic(topic: &str, dir: &Path, writable: bool) -> Result<(TopicLog, Vec<String>)> {
     let mut files = Vec::new();
+    let mut sums = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let name = entry?.file_name().to_string_lossy().into_owned();
         if let Some(first) = segment::parse_name(&name) {
             files.push(first);
+        } else if let Some(first) = sealed::parse_name(&name) {
+            sums.push(first);
         }
     }
     files.sort_unstable();
+    if writable {
+        // Sidecars of segments gone (a trim's deletion cut short), and the
+        // last segment's (it is the active one: it may grow past its sum).
+        for s in sums {
+            if files.binary_search(&s).is_err() || files.last() == Some(&s) {
+                remove_if_there(&dir.join(sealed::file_name(s)))?;
+            }
+        }
+    }
     let start = read_start(dir)?;
     if let Some(start) = start {
         // Segments below `start`: a trim the crash interrupted.
@@ -683,7 +754,9 @@ fn open_topic(topic: &str, dir: &Path, writable: bool) -> Result<(TopicLog, Vec<
                 "finishing a retention trim: deleting a segment below the log's start"
             );
             if writable {
-                std::fs::remove_file(dir.join(segment::file_name(*f)))?;
+                let path = dir.join(segment::file_name(*f));
+                std::fs::remove_file(&path)?;
+                remove_if_there(&sealed::path_of(&path))?;
             }
         }
         files.retain(|f| *f >= start);
@@ -707,7 +780,11 @@ fn open_topic(topic: &str, dir: &Path, writable: bool) -> Result<(TopicLog, Vec<
     for (i, first) in files.into_iter().enumerate() {
         let path = dir.join(segment::file_name(first));
         let last = i + 1 == count;
-        let opened = Segment::open(&path, first, writable);
+        let opened = if last {
+            Segment::open(&path, first, writable)
+        } else {
+            open_sealed(&path, first, writable)?
+        };
         let (mut seg, tail) = match opened {
             Ok(o) => o,
             // A file created by a roll the crash interrupted before its
@@ -790,5 +867,7 @@ fn open_topic(topic: &str, dir: &Path, writable: bool) -> Result<(TopicLog, Vec<
     ))
 }
 
+#[cfg(test)]
+mod sealed_tests;
 #[cfg(test)]
 mod tests;

@@ -161,6 +161,14 @@ impl RecordHeader {
         RECORD_HEADER_LEN as u64 + self.body_len as u64
     }
 
+    /// The header's bytes as stored.
+    pub fn raw(&self) -> [u8; RECORD_HEADER_LEN] {
+        let mut out = [0u8; RECORD_HEADER_LEN];
+        out[..20].copy_from_slice(&self.head);
+        out[20..].copy_from_slice(&self.crc.to_le_bytes());
+        out
+    }
+
     /// Whether `body` is this record's body, whole.
     pub fn matches(&self, body: &[u8]) -> bool {
         body.len() == self.body_len as usize && checksum(&self.head, body) == self.crc

@@ -48,7 +48,17 @@ pub struct Segment {
     pub entries: u64,
     /// The file holds a torn tail past `len`, cut before the next append.
     pub cut_pending: bool,
+    /// CRC-32C of the file's first `len` bytes (kept while appending: what
+    /// a seal records in the segment's sum file).
+    pub crc: u32,
+    /// Records whose own CRC the open computed (none when the file was
+    /// checked whole against its seal).
+    pub records_checked: u64,
 }
+
+/// What a walk over a segment's record headers found: its sparse index,
+/// first entry, next id and entry count.
+pub type Walked = (Vec<(u64, u64)>, Option<u64>, u64, u64);
 
 /// What an open found at the end of a file.
 #[derive(Debug)]
@@ -233,7 +243,8 @@ impl Segment {
             .create_new(true)
             .open(&path)?;
         crate::util::failpoint("log.roll.before_header");
-        (&file).write_all_compat(&header.encode())?;
+        let head = header.encode();
+        (&file).write_all_compat(&head)?;
         file.sync_all()?;
         Ok(Self {
             header,
@@ -245,7 +256,33 @@ impl Segment {
             index: Vec::new(),
             entries: 0,
             cut_pending: false,
+            crc: crc32c::crc32c(&head),
+            records_checked: 0,
         })
+    }
+
+    /// A sealed segment checked whole against its sum file, from what the
+    /// walk over its record headers found.
+    pub fn from_walk(
+        header: FileHeader,
+        path: PathBuf,
+        file: Arc<File>,
+        (len, crc): (u64, u32),
+        (index, first_entry, next, entries): Walked,
+    ) -> Self {
+        Self {
+            header,
+            path,
+            file,
+            len,
+            next,
+            first_entry,
+            index,
+            entries,
+            cut_pending: false,
+            crc,
+            records_checked: 0,
+        }
     }
 
     /// Opens and scans a segment file, checking every record; what lies
@@ -283,6 +320,8 @@ impl Segment {
             index: Vec::new(),
             entries: 0,
             cut_pending: false,
+            crc: crc32c::crc32c(&head[..FILE_HEADER_LEN as usize]),
+            records_checked: 0,
         };
         let tail = {
             let file = seg.file.clone();
@@ -292,13 +331,20 @@ impl Segment {
                     .next_record()
                     .map_err(|e| format!("cannot read: {e}"))?
                 {
-                    Next::Record { header, offset, .. } => {
+                    Next::Record {
+                        header,
+                        body,
+                        offset,
+                    } => {
                         if header.first_id < seg.next {
                             return Err(format!(
                                 "a record at offset {offset} starts at entry {}, below {}",
                                 header.first_id, seg.next
                             ));
                         }
+                        seg.records_checked += 1;
+                        seg.crc = crc32c::crc32c_append(seg.crc, &header.raw());
+                        seg.crc = crc32c::crc32c_append(seg.crc, &body);
                         seg.added(&header, offset);
                     }
                     Next::End => break Tail::Whole,
@@ -376,6 +422,7 @@ impl Segment {
         let header = RecordHeader::decode(&head)
             .ok_or_else(|| io::Error::other("record header does not decode"))?;
         debug_assert_eq!((header.first_id, header.count), (first_id, count));
+        self.crc = crc32c::crc32c_append(self.crc, bytes);
         self.added(&header, offset);
         Ok(())
     }

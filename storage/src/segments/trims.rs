@@ -4,7 +4,7 @@
 //! [`SegmentLog::finish_trims_before`]); the `start` file is written first,
 //! so a crash in between is told apart from a missing segment.
 
-use super::{Result, SegmentLog, sync_dir, write_start};
+use super::{Result, SegmentLog, remove_if_there, sync_dir, write_start};
 use std::path::PathBuf;
 
 /// Segments dropped from a topic's log whose files are still on disk.
@@ -142,10 +142,8 @@ fn finish_trim(trim: &PendingTrim) -> std::io::Result<()> {
     write_start(&trim.dir, trim.keep)?;
     crate::util::failpoint("log.trim.after_start");
     for f in &trim.files {
-        match std::fs::remove_file(f) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
+        remove_if_there(f)?;
+        remove_if_there(&super::sealed::path_of(f))?;
     }
     sync_dir(&trim.dir)
 }
