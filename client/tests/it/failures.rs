@@ -522,3 +522,99 @@ async fn close_reports_held_nacks_and_gives_back_the_rest_uncounted() {
     assert_quiet(&mut second, Duration::from_millis(500)).await;
     second.close().await.unwrap();
 }
+
+/// Receives `n` messages nacked at the instants in `nacked` (by text) with
+/// hold `hold`, acking each; panics naming every one that came back before
+/// its nack call plus its hold by this clock.
+async fn expect_never_early(
+    c: &mut Consumer,
+    nacked: &std::collections::HashMap<String, Instant>,
+    hold: Duration,
+) {
+    let mut early = Vec::new();
+    for _ in 0..nacked.len() {
+        let m = recv(c, hold + T).await;
+        let at = Instant::now();
+        let due = nacked[&text(&m)] + hold;
+        if at < due {
+            early.push((text(&m), due - at));
+        }
+        c.ack(&m).await.unwrap();
+    }
+    assert!(
+        early.is_empty(),
+        "{} of {} redelivered before their hold: {early:?}",
+        early.len(),
+        nacked.len()
+    );
+}
+
+/// Nacks held by the broker (the hold sent in µs, served from when its
+/// frame reached the broker, fired at that µs) never come back before the
+/// nack call plus the hold by the client's own clock: many of them, with a
+/// hold that is no whole millisecond, fired from memory, and again across a
+/// broker restart (the stored due time is the µs rounded up to a ms).
+#[tokio::test]
+async fn broker_held_nacks_never_come_back_before_their_hold() {
+    const N: usize = 300;
+    let env = start().await;
+    let t = topic("f-held-never-early");
+    let sub = |env: &Env, hold: Duration| {
+        env.client
+            .consumer(&t)
+            .subscription("s")
+            .subscription_type(SubscriptionType::Shared)
+            .initial_position(InitialPosition::Earliest)
+            .receiver_queue_size(2 * N as u32)
+            .negative_ack_delay(hold)
+            .broker_nack_threshold(Duration::ZERO)
+            .subscribe()
+    };
+    async fn nack_all(c: &mut Consumer, n: usize) -> std::collections::HashMap<String, Instant> {
+        let mut got = Vec::with_capacity(n);
+        for _ in 0..n {
+            got.push(recv(c, T).await);
+        }
+        let mut nacked = std::collections::HashMap::with_capacity(n);
+        for m in got {
+            // Before the call: the hold runs from the call, no sooner.
+            nacked.insert(text(&m), Instant::now());
+            c.nack(&m).await.unwrap();
+        }
+        c.flush().await.unwrap();
+        nacked
+    }
+
+    // Fired from memory at the µs.
+    let hold = Duration::from_micros(300_700);
+    let mut c = sub(&env, hold).await.unwrap();
+    produce(&env, &t, N).await;
+    let nacked = nack_all(&mut c, N).await;
+    expect_never_early(&mut c, &nacked, hold).await;
+    c.close().await.unwrap();
+    drop(c);
+
+    // Held across a restart: fired at the stored ms.
+    let hold = Duration::from_micros(2_500_300);
+    let mut c = sub(&env, hold).await.unwrap();
+    produce(&env, &t, N).await;
+    let nacked = nack_all(&mut c, N).await;
+    let first_due = *nacked.values().min().unwrap() + hold;
+    c.close().await.unwrap();
+    drop(c);
+    let Env { broker, client } = env;
+    drop(client);
+    let dir = broker.shutdown().await;
+    let broker = ricochet_testkit::InProcessBroker::start_in(dir, |_| {}).await;
+    let env = Env {
+        client: common::client(&broker.url()).await,
+        broker,
+    };
+    let mut c = sub(&env, hold).await.unwrap();
+    assert!(
+        Instant::now() < first_due,
+        "the restart outlasted the hold: nothing was due after it"
+    );
+    expect_never_early(&mut c, &nacked, hold).await;
+    assert_quiet(&mut c, Duration::from_millis(300)).await;
+}
