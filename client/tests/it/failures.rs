@@ -618,3 +618,61 @@ async fn broker_held_nacks_never_come_back_before_their_hold() {
     expect_never_early(&mut c, &nacked, hold).await;
     assert_quiet(&mut c, Duration::from_millis(300)).await;
 }
+
+/// The due time the broker stores for a broker-held nack (what a restart
+/// goes by: the hold's µs rounded up to a ms) is never before the nack call
+/// plus the hold by this machine's wall clock, nacks one at a time (each
+/// the only one scheduled, so the subscription's next due time is its).
+#[tokio::test]
+async fn a_broker_held_nacks_stored_due_time_is_never_before_its_hold() {
+    const N: usize = 40;
+    let env = start().await;
+    let t = topic("f-held-stored-due");
+    let hold = Duration::from_micros(30_300);
+    let mut c = env
+        .client
+        .consumer(&t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .negative_ack_delay(hold)
+        .broker_nack_threshold(Duration::ZERO)
+        .subscribe()
+        .await
+        .unwrap();
+    let wall_us = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+    };
+    let mut early = Vec::new();
+    for _ in 0..N {
+        // One at a time: the next to arrive is this one again.
+        produce(&env, &t, 1).await;
+        let m = recv(&mut c, T).await;
+        let (called, called_us) = (Instant::now(), wall_us());
+        c.nack(&m).await.unwrap();
+        c.flush().await.unwrap();
+        let stats = env
+            .client
+            .admin()
+            .subscription_stats(&t, "s")
+            .await
+            .unwrap();
+        let due_us = stats.next_retry_due_ms * 1000;
+        if due_us < called_us + hold.as_micros() as u64 {
+            early.push(called_us + hold.as_micros() as u64 - due_us);
+        }
+        let again = recv(&mut c, T).await;
+        assert_eq!(text(&again), text(&m));
+        assert!(called.elapsed() >= hold, "redelivered early");
+        c.ack(&again).await.unwrap();
+        // Its schedule entry goes with the ack: the next one is alone.
+        c.flush().await.unwrap();
+    }
+    assert!(
+        early.is_empty(),
+        "{} of {N} stored due times before the hold (µs early: {early:?})",
+        early.len()
+    );
+}
