@@ -291,6 +291,7 @@ async fn park(target: &Target, kind: Kind, n: usize) -> Result<Row, BoxError> {
                     delay_ms: HOUR_MS,
                     ahead: false,
                     local: false,
+                    delay_us: 0,
                 })
                 .collect();
             c.send(consume_request::Request::Redeliver(Redeliver {

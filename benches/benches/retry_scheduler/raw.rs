@@ -132,6 +132,7 @@ impl RawConsumer {
                 delay_ms: 0,
                 ahead: false,
                 local: false,
+                delay_us: 0,
             })
             .collect();
         self.send(consume_request::Request::Redeliver(Redeliver {

@@ -232,7 +232,7 @@ impl TestConsumer {
     }
 
     /// A nack whose delay the broker serves.
-    fn nack_held(&mut self, m: &ricochet_proto::Message, hold: Duration) -> u64 {
+    pub(super) fn nack_held(&mut self, m: &ricochet_proto::Message, hold: Duration) -> u64 {
         let id = wire(m);
         self.send(|request_id| ConsumerRequest::Redeliver {
             request_id,

@@ -78,3 +78,46 @@ async fn a_burst_of_moves_and_acks_waits_for_the_flush_together() {
     let acked = h.core.flusher.waits() - waits;
     assert!(acked <= N as u64 / 16, "{acked} flush waits for {N} acks");
 }
+
+/// A broker-held nack's hold runs to the microsecond from when its request
+/// reached the broker: its failure record and schedule entry keep that
+/// microsecond rounded up to a whole millisecond (never early after a
+/// restart, never rounded down), and it comes back at or after that
+/// microsecond, never before.
+#[tokio::test(start_paused = true)]
+async fn a_held_nacks_hold_runs_to_the_microsecond_and_is_stored_rounded_up() {
+    use crate::clock::Clock;
+    use crate::storage::TierEntry;
+    use crate::storage::prelude::*;
+    let h = harness().await;
+    h.publish(&["a"]).await;
+    let mut c = h.consumer(SubscriptionType::Exclusive, None).await;
+    let first = c.messages().await;
+    let hold = Duration::from_micros(1_000_300);
+    // Off the millisecond, so rounding up and down differ.
+    if (h.clock.now_us() + 300) % 1000 == 0 {
+        tokio::time::advance(Duration::from_micros(1)).await;
+    }
+    let asked_us = h.clock.now_us();
+    let rid = c.nack_held(&first[0], hold);
+    let due_us = asked_us + 1_000_300;
+    assert!(c.done(rid).await.is_ok());
+    let stored = h
+        .storage
+        .failure(TierEntry::main(0).of(c.handle.id()), None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.hold_until_ms, due_us.div_ceil(1000), "rounded up");
+    let dues: Vec<u64> = h
+        .storage
+        .scheduled(None, u64::MAX, 10)
+        .unwrap()
+        .into_iter()
+        .map(|k| k.due_ms)
+        .collect();
+    assert_eq!(dues, vec![due_us.div_ceil(1000)]);
+    let again = c.messages().await.remove(0);
+    let at = h.clock.now_us();
+    assert_eq!(again.delivery_count, 1);
+    assert!(at >= due_us, "{} µs early", due_us - at);
+}

@@ -58,6 +58,8 @@ pub(super) async fn consume(
     tokio::spawn(async move {
         let mut failed_tx = Some(failed_tx);
         while let Some(frame) = super::next_frame(&mut inbound, &stop).await {
+            // Holds and delays run from here (the frame's arrival).
+            let received = tokio::time::Instant::now();
             let req = match frame {
                 Ok(ConsumeRequest { request: Some(r) }) => r,
                 Ok(ConsumeRequest { request: None }) => {
@@ -83,7 +85,7 @@ pub(super) async fn consume(
                         let _ = tx.send(ConsumerEvent::End(e));
                         break;
                     }
-                    if handle.request(consumer_id, req).is_err() {
+                    if handle.request_at(consumer_id, req, received).is_err() {
                         break;
                     }
                 }
@@ -283,7 +285,12 @@ fn parse(req: consume_request::Request, config: &BrokerConfig) -> Parsed {
                         }
                     },
                 };
-                let hold = match checked_delay(m.delay_ms, config.max_delay, "a nack delay") {
+                // The hold in µs when the client sent it (old clients: ms).
+                let hold = match m.delay_us {
+                    0 => checked_delay(m.delay_ms, config.max_delay, "a nack delay"),
+                    us => checked_delay_us(us, config.max_delay, "a nack delay"),
+                };
+                let hold = match hold {
                     Ok(d) => d,
                     Err(e) => return refused(r.request_id, e),
                 };
@@ -354,6 +361,19 @@ fn checked_delay(ms: u64, max: Duration, what: &str) -> Result<Duration, BrokerE
     if d > max {
         return Err(BrokerError::InvalidArgument(format!(
             "{what} of {ms} ms exceeds the broker's max_delay of {} ms",
+            max.as_millis()
+        )));
+    }
+    Ok(d)
+}
+
+/// [`checked_delay`] for a delay in microseconds.
+fn checked_delay_us(us: u64, max: Duration, what: &str) -> Result<Duration, BrokerError> {
+    let d = Duration::from_micros(us);
+    if d > max {
+        return Err(BrokerError::InvalidArgument(format!(
+            "{what} of {} ms exceeds the broker's max_delay of {} ms",
+            us.div_ceil(1000),
             max.as_millis()
         )));
     }

@@ -106,11 +106,19 @@ impl SubscriptionHandle {
 
     /// Queues a consumer's request (answered on its stream, if at all).
     pub fn request(&self, consumer: ConsumerId, request: ConsumerRequest) -> Result<()> {
-        self.send(Command::Request(
-            consumer,
-            request,
-            tokio::time::Instant::now(),
-        ))
+        self.request_at(consumer, request, tokio::time::Instant::now())
+    }
+
+    /// [`Self::request`], for a request whose frame reached the broker at
+    /// `received`: a nack's hold and a `reconsume_later`'s delay run from
+    /// then, not from when the actor gets to it.
+    pub fn request_at(
+        &self,
+        consumer: ConsumerId,
+        request: ConsumerRequest,
+        received: tokio::time::Instant,
+    ) -> Result<()> {
+        self.send(Command::Request(consumer, request, received))
     }
 
     /// The consumer's stream ended: what it held is redelivered, an attempt

@@ -581,14 +581,17 @@ impl SubscriptionActor {
         let mut held = Vec::new();
         let mut unheld = Vec::new();
         let mut at_once = Vec::new();
-        // A hold starts at the next whole millisecond, so it never ends
-        // before the consumer's (or its client's) due time.
-        let from = self.deps.clock.now_us().div_ceil(1000).max(now);
+        // A hold ends at its microsecond (the scheduler fires it then);
+        // stored, it ends at that microsecond rounded up to a whole
+        // millisecond, so it never ends before the consumer's (or its
+        // client's) due time, after a restart neither.
+        let from = self.deps.clock.now_us().max(now.saturating_mul(1000));
         for (f, mut rec, hold, stored) in items {
             let msg = f.entry.of(self.rec.id);
-            // From when the request reached the subscription, if it says.
-            let from = f.since_us.map_or(from, |us| us.div_ceil(1000));
-            let hold_until = (!hold.is_zero()).then(|| from.saturating_add(millis(hold)));
+            // From when the request reached the broker, if it says.
+            let from = f.since_us.unwrap_or(from);
+            let hold_until_us = (!hold.is_zero()).then(|| from.saturating_add(micros_up(hold)));
+            let hold_until = hold_until_us.map(|us| us.div_ceil(1000));
             rec.hold_until_ms = hold_until.unwrap_or(0);
             let mut parked = None;
             if hold_until.is_some() {
@@ -635,7 +638,7 @@ impl SubscriptionActor {
                     if let Some(rec) = parked.take() {
                         held_records.push((key, rec));
                     }
-                    held.push(key);
+                    held.push((key, hold_until_us.unwrap_or(until.saturating_mul(1000))));
                 }
             }
         }
@@ -661,7 +664,7 @@ impl SubscriptionActor {
             if flusher.durable().await.is_err() {
                 return;
             }
-            scheduler.add(held);
+            scheduler.add_at(held);
             if let Some(tx) = tx.upgrade() {
                 let _ = tx.send(super::handle::Command::Ready(ready));
             }
@@ -679,6 +682,11 @@ impl SubscriptionActor {
         let waited = u64::try_from(queued.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.deps.clock.now_us().saturating_sub(waited)
     }
+}
+
+/// `d` in whole microseconds, rounded up (a hold never ends early).
+fn micros_up(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().div_ceil(1000)).unwrap_or(u64::MAX)
 }
 
 /// How long a retry waits, for logs and metrics.

@@ -95,8 +95,10 @@ fn failure(
         id: Some(id.to_proto()),
         reason: reason as i32,
         detail,
-        // Rounded up: the broker never serves less than what is left.
+        // Rounded up: the broker never serves less than what is left. A
+        // broker that reads `delay_us` serves that; an older one `delay_ms`.
         delay_ms: u64::try_from(hold.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX),
+        delay_us: u64::try_from(hold.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX),
         ..FailedDelivery::default()
     }
 }

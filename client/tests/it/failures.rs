@@ -522,3 +522,157 @@ async fn close_reports_held_nacks_and_gives_back_the_rest_uncounted() {
     assert_quiet(&mut second, Duration::from_millis(500)).await;
     second.close().await.unwrap();
 }
+
+/// Receives `n` messages nacked at the instants in `nacked` (by text) with
+/// hold `hold`, acking each; panics naming every one that came back before
+/// its nack call plus its hold by this clock.
+async fn expect_never_early(
+    c: &mut Consumer,
+    nacked: &std::collections::HashMap<String, Instant>,
+    hold: Duration,
+) {
+    let mut early = Vec::new();
+    for _ in 0..nacked.len() {
+        let m = recv(c, hold + T).await;
+        let at = Instant::now();
+        let due = nacked[&text(&m)] + hold;
+        if at < due {
+            early.push((text(&m), due - at));
+        }
+        c.ack(&m).await.unwrap();
+    }
+    assert!(
+        early.is_empty(),
+        "{} of {} redelivered before their hold: {early:?}",
+        early.len(),
+        nacked.len()
+    );
+}
+
+/// Nacks held by the broker (the hold sent in µs, served from when its
+/// frame reached the broker, fired at that µs) never come back before the
+/// nack call plus the hold by the client's own clock: many of them, with a
+/// hold that is no whole millisecond, fired from memory, and again across a
+/// broker restart (the stored due time is the µs rounded up to a ms).
+#[tokio::test]
+async fn broker_held_nacks_never_come_back_before_their_hold() {
+    const N: usize = 300;
+    let env = start().await;
+    let t = topic("f-held-never-early");
+    let sub = |env: &Env, hold: Duration| {
+        env.client
+            .consumer(&t)
+            .subscription("s")
+            .subscription_type(SubscriptionType::Shared)
+            .initial_position(InitialPosition::Earliest)
+            .receiver_queue_size(2 * N as u32)
+            .negative_ack_delay(hold)
+            .broker_nack_threshold(Duration::ZERO)
+            .subscribe()
+    };
+    async fn nack_all(c: &mut Consumer, n: usize) -> std::collections::HashMap<String, Instant> {
+        let mut got = Vec::with_capacity(n);
+        for _ in 0..n {
+            got.push(recv(c, T).await);
+        }
+        let mut nacked = std::collections::HashMap::with_capacity(n);
+        for m in got {
+            // Before the call: the hold runs from the call, no sooner.
+            nacked.insert(text(&m), Instant::now());
+            c.nack(&m).await.unwrap();
+        }
+        c.flush().await.unwrap();
+        nacked
+    }
+
+    // Fired from memory at the µs.
+    let hold = Duration::from_micros(300_700);
+    let mut c = sub(&env, hold).await.unwrap();
+    produce(&env, &t, N).await;
+    let nacked = nack_all(&mut c, N).await;
+    expect_never_early(&mut c, &nacked, hold).await;
+    c.close().await.unwrap();
+    drop(c);
+
+    // Held across a restart: fired at the stored ms.
+    let hold = Duration::from_micros(2_500_300);
+    let mut c = sub(&env, hold).await.unwrap();
+    produce(&env, &t, N).await;
+    let nacked = nack_all(&mut c, N).await;
+    let first_due = *nacked.values().min().unwrap() + hold;
+    c.close().await.unwrap();
+    drop(c);
+    let Env { broker, client } = env;
+    drop(client);
+    let dir = broker.shutdown().await;
+    let broker = ricochet_testkit::InProcessBroker::start_in(dir, |_| {}).await;
+    let env = Env {
+        client: common::client(&broker.url()).await,
+        broker,
+    };
+    let mut c = sub(&env, hold).await.unwrap();
+    assert!(
+        Instant::now() < first_due,
+        "the restart outlasted the hold: nothing was due after it"
+    );
+    expect_never_early(&mut c, &nacked, hold).await;
+    assert_quiet(&mut c, Duration::from_millis(300)).await;
+}
+
+/// The due time the broker stores for a broker-held nack (what a restart
+/// goes by: the hold's µs rounded up to a ms) is never before the nack call
+/// plus the hold by this machine's wall clock, nacks one at a time (each
+/// the only one scheduled, so the subscription's next due time is its).
+#[tokio::test]
+async fn a_broker_held_nacks_stored_due_time_is_never_before_its_hold() {
+    const N: usize = 40;
+    let env = start().await;
+    let t = topic("f-held-stored-due");
+    let hold = Duration::from_micros(30_300);
+    let mut c = env
+        .client
+        .consumer(&t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Shared)
+        .negative_ack_delay(hold)
+        .broker_nack_threshold(Duration::ZERO)
+        .subscribe()
+        .await
+        .unwrap();
+    let wall_us = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+    };
+    let mut early = Vec::new();
+    for _ in 0..N {
+        // One at a time: the next to arrive is this one again.
+        produce(&env, &t, 1).await;
+        let m = recv(&mut c, T).await;
+        let (called, called_us) = (Instant::now(), wall_us());
+        c.nack(&m).await.unwrap();
+        c.flush().await.unwrap();
+        let stats = env
+            .client
+            .admin()
+            .subscription_stats(&t, "s")
+            .await
+            .unwrap();
+        let due_us = stats.next_retry_due_ms * 1000;
+        if due_us < called_us + hold.as_micros() as u64 {
+            early.push(called_us + hold.as_micros() as u64 - due_us);
+        }
+        let again = recv(&mut c, T).await;
+        assert_eq!(text(&again), text(&m));
+        assert!(called.elapsed() >= hold, "redelivered early");
+        c.ack(&again).await.unwrap();
+        // Its schedule entry goes with the ack: the next one is alone.
+        c.flush().await.unwrap();
+    }
+    assert!(
+        early.is_empty(),
+        "{} of {N} stored due times before the hold (µs early: {early:?})",
+        early.len()
+    );
+}

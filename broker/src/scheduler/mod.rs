@@ -16,6 +16,12 @@
 //! millisecond before a due time is waited out on an OS timer (a blocking
 //! thread's sleep) rather than on tokio's 1 ms timer wheel, which fires
 //! 1–2 ms after the instant asked for.
+//!
+//! An entry added with its due time in microseconds ([`Scheduler::add_at`]:
+//! a nack held by the broker, whose hold runs from when its frame arrived)
+//! fires at that microsecond rather than at its stored millisecond, which is
+//! that time rounded up: after a restart it fires at the millisecond, later
+//! but never earlier. Only memory knows the microsecond.
 
 use crate::clock::SharedClock;
 use crate::storage::{ScheduleKey, Storage, SubMessage, TierId};
@@ -51,6 +57,7 @@ pub type FireSender = mpsc::UnboundedSender<Fired>;
 
 enum Cmd {
     Add(Vec<ScheduleKey>),
+    AddAt(Vec<(ScheduleKey, u64)>),
     Remove(Vec<ScheduleKey>),
     Register(u64, FireSender),
     Unregister(u64, FireSender),
@@ -101,6 +108,7 @@ impl Scheduler {
             queue: DelayQueue::new(),
             keys: HashMap::new(),
             staged: BTreeSet::new(),
+            fine: HashMap::new(),
             covered: None,
             covered_until_ms: 0,
             subs: HashMap::new(),
@@ -130,6 +138,16 @@ impl Scheduler {
     pub fn add(&self, keys: Vec<ScheduleKey>) {
         if !keys.is_empty() {
             let _ = self.tx.send(Cmd::Add(keys));
+        }
+    }
+
+    /// [`Self::add`], each entry due at a microsecond (`(key, due_us)`, at
+    /// most `key.due_ms` in µs: the index's millisecond is the microsecond
+    /// rounded up): it fires then, not at its millisecond. Once loaded
+    /// again from the index (a restart) it fires at its millisecond.
+    pub fn add_at(&self, keys: Vec<(ScheduleKey, u64)>) {
+        if !keys.is_empty() {
+            let _ = self.tx.send(Cmd::AddAt(keys));
         }
     }
 
@@ -172,8 +190,11 @@ struct Task {
     queue: DelayQueue<ScheduleKey>,
     keys: HashMap<ScheduleKey, delay_queue::Key>,
     /// Entries within [`PREFETCH_LEAD`] of their due times (their
-    /// subscriptions were told), in due order, waiting to fire.
-    staged: BTreeSet<ScheduleKey>,
+    /// subscriptions were told), by due time in µs, waiting to fire.
+    staged: BTreeSet<(u64, ScheduleKey)>,
+    /// The due times in µs of entries in `queue` or `staged` added with
+    /// one ([`Scheduler::add_at`]); the others are due at their ms.
+    fine: HashMap<ScheduleKey, u64>,
     /// Every index entry `<= covered` is either in `queue` or has fired.
     covered: Option<ScheduleKey>,
     /// `covered`'s due time once a refill reached the end of its window.
@@ -196,7 +217,12 @@ struct Task {
 /// timer's own 1 ms rounding. `fire` re-checks against the wall clock, so
 /// nothing fires early even if the two clocks drift apart.
 fn deadline(due_ms: u64, now_us: u64) -> Instant {
-    Instant::now() + Duration::from_micros(due_ms.saturating_mul(1000).saturating_sub(now_us))
+    deadline_us(due_ms.saturating_mul(1000), now_us)
+}
+
+/// [`deadline`] for a due time in microseconds.
+fn deadline_us(due_us: u64, now_us: u64) -> Instant {
+    Instant::now() + Duration::from_micros(due_us.saturating_sub(now_us))
 }
 
 /// A wait for a due time ([`sleep_until_due`]), kept across turns.
@@ -242,10 +268,10 @@ impl Task {
         loop {
             // What is due goes first, whatever else keeps the loop busy.
             self.fire();
-            match (self.staged.first().map(|k| k.due_ms), &timer) {
+            match (self.staged.first().map(|(due_us, _)| *due_us), &timer) {
                 (Some(due), Some((at, _))) if *at == due => {}
                 (Some(due), _) => {
-                    let at = deadline(due, self.clock.now_us());
+                    let at = deadline_us(due, self.clock.now_us());
                     timer = Some((due, Box::pin(sleep_until_due(at, self.precise))));
                 }
                 (None, _) => timer = None,
@@ -302,12 +328,21 @@ impl Task {
                     }
                 }
             }
+            Cmd::AddAt(keys) => {
+                for (k, due_us) in keys {
+                    if self.covered.is_some_and(|c| k <= c) {
+                        self.insert(k);
+                        self.refine(k, due_us);
+                    }
+                }
+            }
             Cmd::Remove(keys) => {
                 for k in keys {
                     if let Some(dk) = self.keys.remove(&k) {
                         self.queue.try_remove(&dk);
+                        self.fine.remove(&k);
                     } else {
-                        self.staged.remove(&k);
+                        self.unstage(&k);
                     }
                 }
             }
@@ -349,7 +384,9 @@ impl Task {
                 self.queue.try_remove(&dk);
             }
         }
-        self.staged.retain(|k| !subs.contains(&k.message.sub_id));
+        self.staged
+            .retain(|(_, k)| !subs.contains(&k.message.sub_id));
+        self.fine.retain(|k, _| !subs.contains(&k.message.sub_id));
         // Before the first refill step nothing is covered: the refill loads
         // them.
         let Some(covered) = self.covered else { return };
@@ -383,7 +420,7 @@ impl Task {
     /// Times `k` to [`PREFETCH_LEAD`] before it is due (at once if that
     /// is past: [`Self::stage`] takes it then).
     fn insert(&mut self, k: ScheduleKey) {
-        if !self.keys.contains_key(&k) && !self.staged.contains(&k) {
+        if !self.keys.contains_key(&k) && !self.staged.contains(&(self.due_us(&k), k)) {
             let lead = PREFETCH_LEAD.as_millis() as u64;
             let dk = self.queue.insert_at(
                 k,
@@ -391,6 +428,30 @@ impl Task {
             );
             self.keys.insert(k, dk);
         }
+    }
+
+    /// When `k` is due, in µs.
+    fn due_us(&self, k: &ScheduleKey) -> u64 {
+        self.fine
+            .get(k)
+            .copied()
+            .unwrap_or_else(|| k.due_ms.saturating_mul(1000))
+    }
+
+    /// `k` (in `queue` or `staged`) is due at `due_us`.
+    fn refine(&mut self, k: ScheduleKey, due_us: u64) {
+        let at = self.due_us(&k);
+        if self.staged.remove(&(at, k)) {
+            self.staged.insert((due_us, k));
+        }
+        self.fine.insert(k, due_us);
+    }
+
+    /// Takes `k` out of `staged` (if there).
+    fn unstage(&mut self, k: &ScheduleKey) {
+        let at = self.due_us(k);
+        self.staged.remove(&(at, *k));
+        self.fine.remove(k);
     }
 
     /// Loads the next slice of the window; true when more remains.
@@ -442,7 +503,7 @@ impl Task {
         let mut by_sub: HashMap<u64, Vec<ScheduleKey>> = HashMap::new();
         for k in keys {
             self.keys.remove(&k);
-            if self.staged.insert(k) {
+            if self.staged.insert((self.due_us(&k), k)) {
                 by_sub.entry(k.message.sub_id).or_default().push(k);
             }
         }
@@ -460,23 +521,27 @@ impl Task {
     /// subscriptions ([`Fired::Due`]); later ones stay staged.
     fn fire(&mut self) {
         let now_us = self.clock.now_us();
-        let now = now_us / 1000;
-        let mut by_sub: HashMap<u64, Vec<ScheduleKey>> = HashMap::new();
+        // Per subscription: the first one's due time (µs), the keys.
+        let mut by_sub: HashMap<u64, (u64, Vec<ScheduleKey>)> = HashMap::new();
         // The monotonic timer may run ahead of the wall clock: never fire early.
-        while let Some(k) = self.staged.first().copied().filter(|k| k.due_ms <= now) {
-            self.staged.remove(&k);
+        while let Some((at, k)) = self.staged.first().copied().filter(|(at, _)| *at <= now_us) {
+            self.staged.remove(&(at, k));
+            self.fine.remove(&k);
             self.stats.fired.fetch_add(1, Ordering::Relaxed);
-            self.stats.lateness_us_total.fetch_add(
-                now_us.saturating_sub(k.due_ms.saturating_mul(1000)),
-                Ordering::Relaxed,
-            );
-            by_sub.entry(k.message.sub_id).or_default().push(k);
+            self.stats
+                .lateness_us_total
+                .fetch_add(now_us.saturating_sub(at), Ordering::Relaxed);
+            by_sub
+                .entry(k.message.sub_id)
+                .or_insert_with(|| (at, Vec::new()))
+                .1
+                .push(k);
         }
-        for (sub, keys) in by_sub {
+        for (sub, (first_at, keys)) in by_sub {
             tracing::trace!(
                 target: "ricochet::burst",
                 n = keys.len(),
-                late_us = now_us.saturating_sub(keys[0].due_ms.saturating_mul(1000)),
+                late_us = now_us.saturating_sub(first_at),
                 "scheduler: due entries fired"
             );
             match self.subs.get(&sub) {
@@ -494,266 +559,4 @@ impl Task {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::{Clock, TokioClock};
-    use crate::storage::MemoryStorage;
-    use crate::storage::prelude::*;
-
-    const WINDOW: Duration = Duration::from_secs(60);
-
-    fn key(due_ms: u64, sub_id: u64, entry_id: u64) -> ScheduleKey {
-        ScheduleKey {
-            due_ms,
-            message: SubMessage {
-                sub_id,
-                tier: TierId::Retry,
-                entry_id,
-            },
-        }
-    }
-
-    /// A scheduler over an in-memory store, on tokio's (paused) clock.
-    fn start() -> (
-        Scheduler,
-        Arc<MemoryStorage>,
-        Arc<TokioClock>,
-        CancellationToken,
-    ) {
-        let storage = Arc::new(MemoryStorage::new());
-        let clock = Arc::new(TokioClock::starting_at_us(1_700_000_000_000_000));
-        let stop = CancellationToken::new();
-        let s = Scheduler::start(storage.clone(), WINDOW, clock.clone(), stop.clone());
-        (s, storage, clock, stop)
-    }
-
-    /// The next entries fired as due, past those announced as coming.
-    async fn due(rx: &mut mpsc::UnboundedReceiver<Fired>) -> Vec<ScheduleKey> {
-        loop {
-            match rx.recv().await.expect("registered") {
-                Fired::Due(keys) => return keys,
-                Fired::Soon(_) => {}
-            }
-        }
-    }
-
-    fn persist(storage: &MemoryStorage, keys: &[ScheduleKey]) {
-        storage
-            .put_schedule(&keys.iter().map(|k| (*k, true)).collect::<Vec<_>>())
-            .unwrap();
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn overdue_entries_wait_for_their_subscription_to_register() {
-        let (scheduler, storage, clock, stop) = start();
-        let overdue = key(clock.now_ms() - 1_000, 7, 1);
-        persist(&storage, &[overdue]);
-        // Let the first refill fire it while nobody is registered.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        assert_eq!(scheduler.stats.fired.load(Ordering::Relaxed), 1);
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        scheduler.register(7, tx);
-        assert_eq!(due(&mut rx).await, vec![overdue]);
-        stop.cancel();
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn entries_fire_in_due_order_at_their_due_time_never_early() {
-        let (scheduler, storage, clock, stop) = start();
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        scheduler.register(1, tx);
-        let now = clock.now_ms();
-        let keys: Vec<_> = (0..20)
-            .map(|i| key(now + 50 + (19 - i) * 10, 1, i))
-            .collect();
-        persist(&storage, &keys);
-        // Announced after the first refill covered the window.
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        scheduler.add(keys.clone());
-        let mut fired = Vec::new();
-        while fired.len() < 20 {
-            let batch = due(&mut rx).await;
-            let at = clock.now_us();
-            for k in batch {
-                assert!(
-                    at >= k.due_ms * 1000,
-                    "fired {} us early",
-                    k.due_ms * 1000 - at
-                );
-                assert!(
-                    at - k.due_ms * 1000 <= 1_000,
-                    "fired {} us late",
-                    at - k.due_ms * 1000
-                );
-                fired.push(k);
-            }
-        }
-        let dues: Vec<u64> = fired.iter().map(|k| k.due_ms).collect();
-        assert!(dues.windows(2).all(|w| w[0] <= w[1]), "{dues:?}");
-        let unique: std::collections::HashSet<_> = fired.iter().collect();
-        assert_eq!(unique.len(), 20, "each entry fires once");
-        stop.cancel();
-    }
-
-    /// A burst due at one instant reaches its subscription as one batch,
-    /// however large (tokio's cooperative budget once cut it into rounds
-    /// of 128, each a turn of the actor: a read and a dispatch each).
-    #[tokio::test(start_paused = true)]
-    async fn a_burst_due_at_one_instant_fires_as_one_batch() {
-        let (scheduler, storage, clock, stop) = start();
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        scheduler.register(1, tx);
-        let due_ms = clock.now_ms() + 100;
-        let keys: Vec<_> = (0..1000).map(|i| key(due_ms, 1, i)).collect();
-        persist(&storage, &keys);
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        scheduler.add(keys);
-        let batch = due(&mut rx).await;
-        assert_eq!(batch.len(), 1000, "one batch, not rounds");
-        stop.cancel();
-    }
-
-    /// Only the next `WINDOW` of the schedule is held in memory; an entry
-    /// hours away is loaded when its window comes, and fires on time.
-    #[tokio::test(start_paused = true)]
-    async fn far_entries_stay_in_storage_until_their_window() {
-        let (scheduler, storage, clock, stop) = start();
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        scheduler.register(3, tx);
-        let now = clock.now_ms();
-        let near = key(now + 5_000, 3, 1);
-        let hours: Vec<_> = (0..1_000)
-            .map(|i| key(now + 2 * 3_600_000 + i, 3, 100 + i))
-            .collect();
-        persist(&storage, &[near]);
-        persist(&storage, &hours);
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!(
-            scheduler.stats.in_memory.load(Ordering::Relaxed),
-            1,
-            "only the near entry"
-        );
-        assert_eq!(due(&mut rx).await, vec![near]);
-        assert_eq!(
-            clock.now_ms(),
-            near.due_ms,
-            "fired at its due time on the virtual clock"
-        );
-        let mut got = 0;
-        while got < hours.len() {
-            let batch = due(&mut rx).await;
-            for k in &batch {
-                assert!(clock.now_ms() >= k.due_ms);
-            }
-            got += batch.len();
-        }
-        assert!(clock.now_ms() >= now + 2 * 3_600_000 + 999);
-        stop.cancel();
-    }
-
-    /// Entries written to the index behind the scheduler's back (a replica
-    /// applying a group's schedule while another broker leads) once its
-    /// window covered their due times are loaded by `reload` and fire on
-    /// time; what fired meanwhile for nobody and left the index is dropped.
-    #[tokio::test(start_paused = true)]
-    async fn reload_loads_entries_written_behind_it_and_drops_stale_orphans() {
-        let (scheduler, storage, clock, stop) = start();
-        let now = clock.now_ms();
-        let stale = key(now - 1_000, 9, 1);
-        persist(&storage, &[stale]);
-        // The first refill fires it while nobody is registered; then it
-        // leaves the index (acked where the topic was led).
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        assert_eq!(scheduler.stats.fired.load(Ordering::Relaxed), 1);
-        storage.put_schedule(&[(stale, false)]).unwrap();
-        let behind = key(clock.now_ms() + 500, 9, 2);
-        let other = key(clock.now_ms() + 400, 10, 3);
-        persist(&storage, &[behind, other]);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        scheduler.reload([9].into_iter().collect());
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        scheduler.register(9, tx);
-        let fired = tokio::time::timeout(WINDOW * 2, due(&mut rx)).await;
-        assert_eq!(
-            fired.expect("the reloaded entry fires"),
-            vec![behind],
-            "not the stale one"
-        );
-        assert_eq!(clock.now_ms(), behind.due_ms, "at its due time");
-        // Only the subscriptions named are reloaded.
-        assert_eq!(scheduler.stats.fired.load(Ordering::Relaxed), 2);
-        stop.cancel();
-    }
-
-    /// An actor ending after a newer one of its subscription registered
-    /// does not take the newer one's entries away.
-    #[tokio::test(start_paused = true)]
-    async fn an_older_actor_unregistering_leaves_the_newer_one() {
-        let (scheduler, storage, clock, stop) = start();
-        let (old_tx, _old_rx) = mpsc::unbounded_channel();
-        scheduler.register(5, old_tx.clone());
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        scheduler.register(5, tx);
-        scheduler.unregister(5, &old_tx);
-        let k = key(clock.now_ms() + 100, 5, 1);
-        persist(&storage, &[k]);
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        scheduler.add(vec![k]);
-        let fired = tokio::time::timeout(WINDOW, due(&mut rx)).await;
-        assert_eq!(fired.expect("the newer actor gets it"), vec![k]);
-        stop.cancel();
-    }
-
-    /// On the system clock (the last millisecond waited on an OS timer):
-    /// each entry is announced once and fires at or after its due time by
-    /// the wall clock, never before.
-    #[tokio::test]
-    async fn on_the_system_clock_entries_fire_never_before_their_due_time() {
-        use crate::clock::SystemClock;
-        let storage = Arc::new(MemoryStorage::new());
-        let clock: SharedClock = Arc::new(SystemClock);
-        let stop = CancellationToken::new();
-        let scheduler = Scheduler::start(storage.clone(), WINDOW, clock.clone(), stop.clone());
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        scheduler.register(2, tx);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let now = clock.now_ms();
-        let keys: Vec<_> = (0..30).map(|i| key(now + 50 + i, 2, i)).collect();
-        persist(&storage, &keys);
-        scheduler.add(keys.clone());
-        let (mut soon, mut fired) = (0, 0);
-        while fired < keys.len() {
-            match rx.recv().await.unwrap() {
-                Fired::Soon(k) => soon += k.len(),
-                Fired::Due(k) => {
-                    let at = clock.now_us();
-                    for k in &k {
-                        assert!(
-                            at >= k.due_ms * 1000,
-                            "fired {} us early",
-                            k.due_ms * 1000 - at
-                        );
-                    }
-                    fired += k.len();
-                }
-            }
-        }
-        assert_eq!(soon, keys.len(), "each announced once");
-        stop.cancel();
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn removed_entries_do_not_fire() {
-        let (scheduler, storage, clock, stop) = start();
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        scheduler.register(4, tx);
-        let now = clock.now_ms();
-        let (gone, kept) = (key(now + 100, 4, 1), key(now + 200, 4, 2));
-        persist(&storage, &[gone, kept]);
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        storage.put_schedule(&[(gone, false)]).unwrap();
-        scheduler.remove(vec![gone]);
-        assert_eq!(due(&mut rx).await, vec![kept]);
-        stop.cancel();
-    }
-}
+mod tests;
