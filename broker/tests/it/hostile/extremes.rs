@@ -290,6 +290,27 @@ async fn extreme_numbers_on_the_data_plane() {
         let r = c.result(WAIT).await.expect("an answer");
         assert_eq!((r.request_id, r.code), (rid, code as i32), "{d:?}: {r:?}");
     }
+    // A nack hold past max_delay, in ms or in µs (the field that wins when
+    // set), is refused the same way.
+    for (rid, delay_ms, delay_us) in [(20, u64::MAX, 0), (21, 0, u64::MAX), (22, 1, u64::MAX)] {
+        c.request(consume_request::Request::Redeliver(Redeliver {
+            request_id: rid,
+            messages: vec![FailedDelivery {
+                id: got[0].id.clone(),
+                reason: FailureReason::Nack as i32,
+                delay_ms,
+                delay_us,
+                ..Default::default()
+            }],
+        }))
+        .await;
+        let r = c.result(WAIT).await.expect("an answer");
+        assert_eq!(
+            (r.request_id, r.code),
+            (rid, Code::InvalidArgument as i32),
+            "delay_ms {delay_ms}, delay_us {delay_us}: {r:?}"
+        );
+    }
     let stats = AdminClient::new(channel(&url).await)
         .subscription_stats(SubscriptionRequest {
             topic: "ext".into(),
