@@ -61,8 +61,32 @@ fn options_every(root: &Path, moto: &MotoServer, interval: &str) -> SpawnOptions
     SpawnOptions::new().args([OsString::from("--config"), config.into()])
 }
 
-fn stored(topic: &str) -> String {
+pub(crate) fn stored(topic: &str) -> String {
     format!("persistent://public/default/{topic}")
+}
+
+/// Publishes one message per id of `ids` to `topic` through `url`, each
+/// `size` bytes of the id's low byte, one at a time.
+pub(crate) async fn publish_filled(url: &str, topic: &str, ids: std::ops::Range<u64>, size: usize) {
+    let c = client(url).await;
+    let p = c.producer(topic).create().await.unwrap();
+    for i in ids {
+        p.send(vec![i as u8; size]).await.unwrap();
+    }
+}
+
+/// Sets `topic`'s own offload policy through the broker at `url` (on a
+/// replicated topic, a command of its group).
+pub(crate) async fn set_topic_policy(url: &str, topic: &str, policy: OffloadPolicy) {
+    tiered(url)
+        .await
+        .set_offload_policy(SetOffloadPolicyRequest {
+            topic: stored(topic),
+            policy: Some(policy),
+            ..Default::default()
+        })
+        .await
+        .expect("the topic's policy, through its group");
 }
 
 /// The first ids of `topic`'s segment files on `broker`'s disk.
@@ -110,12 +134,7 @@ async fn the_leaders_offload_is_the_groups_and_the_next_leader_reads_the_objects
     let t = "offloaded";
     let (mut brokers, ids, leader, victim) =
         led_group_with(&etcd, "roff", root.path(), t, &options(root.path(), &moto)).await;
-    let c = client(&brokers[victim].url()).await;
-    let p = c.producer(t).create().await.unwrap();
-    for i in 0..SENT {
-        p.send(vec![i as u8; 1024]).await.unwrap();
-    }
-    drop(p);
+    publish_filled(&brokers[victim].url(), t, 0..SENT, 1024).await;
 
     // The offload on the leader: every segment (the active one sealed
     // first) goes to the object store, and the leader's files with it.
@@ -157,7 +176,6 @@ async fn the_leaders_offload_is_the_groups_and_the_next_leader_reads_the_objects
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    drop(c);
 
     // The leader dies; the next one has no file below id 90 and serves
     // the offloaded ids from the object store.
@@ -267,22 +285,8 @@ async fn the_topics_offload_policy_is_the_groups_and_outlives_its_leader() {
         offload_after_ms: Some(0),
         ..Default::default()
     };
-    tiered(&brokers[victim].url())
-        .await
-        .set_offload_policy(SetOffloadPolicyRequest {
-            topic: stored(t),
-            policy: Some(policy),
-            ..Default::default()
-        })
-        .await
-        .expect("the topic's policy, through its group");
-    let c = client(&brokers[victim].url()).await;
-    let p = c.producer(t).create().await.unwrap();
-    for i in 0..SENT {
-        p.send(vec![i as u8; 1024]).await.unwrap();
-    }
-    drop(p);
-    drop(c);
+    set_topic_policy(&brokers[victim].url(), t, policy).await;
+    publish_filled(&brokers[victim].url(), t, 0..SENT, 1024).await;
     // The leader's pass offloads the nine sealed segments; every replica
     // drops its files of them ([90, 100) is still written to).
     let all: Vec<&ClusterBroker> = brokers.iter().collect();
@@ -316,11 +320,7 @@ async fn the_topics_offload_policy_is_the_groups_and_outlives_its_leader() {
 
     // The new leader's pass follows it: 30 more messages seal [90, 100)
     // and [100, 110), [110, 120), which leave both live replicas.
-    let c2 = client(&next_url).await;
-    let p = c2.producer(t).create().await.unwrap();
-    for i in SENT..SENT + 3 * ENTRIES {
-        p.send(vec![i as u8; 1024]).await.unwrap();
-    }
+    publish_filled(&next_url, t, SENT..SENT + 3 * ENTRIES, 1024).await;
     let live: Vec<&ClusterBroker> = brokers
         .iter()
         .enumerate()
@@ -328,6 +328,7 @@ async fn the_topics_offload_policy_is_the_groups_and_outlives_its_leader() {
         .map(|(_, b)| b)
         .collect();
     files_leave(&live, t, SENT + 2 * ENTRIES, Duration::from_secs(20)).await;
+    let c2 = client(&next_url).await;
     for id in [3, SENT + 5] {
         let got = c2
             .admin()

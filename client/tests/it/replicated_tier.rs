@@ -17,17 +17,11 @@ use std::time::{Duration, Instant};
 
 use ricochet_client::ErrorKind;
 use ricochet_proto::tiered_client::TieredClient;
-use ricochet_proto::{
-    OffloadPolicy, SetOffloadPolicyRequest, TieredOffloadRequest, TieredStatusRequest,
-};
+use ricochet_proto::{OffloadPolicy, TieredOffloadRequest, TieredStatusRequest};
 use ricochet_testkit::{SpawnOptions, etcd_or_skip};
 
 use super::replicated::{ONE_CLUSTER, client, led_group_with, stable_leader};
-use super::replicated_offload::segment_files;
-
-fn stored(topic: &str) -> String {
-    format!("persistent://public/default/{topic}")
-}
+use super::replicated_offload::{publish_filled, segment_files, set_topic_policy, stored};
 
 /// Writes the brokers' config at `config`: segments of 10 ids, the tier
 /// in directory `tier`, passes every `interval`, and `extra` lines.
@@ -170,13 +164,7 @@ async fn an_upload_cut_by_the_leaders_crash_is_swept_by_the_next_leader() {
     let t = "cut";
     let (mut brokers, ids, leader, victim) =
         led_group_with(&etcd, "rorph", root.path(), t, &options).await;
-    let c = client(&brokers[victim].url()).await;
-    let p = c.producer(t).create().await.unwrap();
-    for i in 0..30u64 {
-        p.send(vec![i as u8; 512]).await.unwrap();
-    }
-    drop(p);
-    drop(c);
+    publish_filled(&brokers[victim].url(), t, 0..30, 512).await;
     let cut = TieredClient::connect(brokers[victim].url())
         .await
         .unwrap()
@@ -230,27 +218,13 @@ async fn every_replica_keeps_its_copies_for_the_delete_lag_then_drops_them() {
     let (brokers, _, leader, victim) =
         led_group_with(&etcd, "rlag", root.path(), t, &with_config(&config)).await;
     // Sealed segments are due at once; local copies go 8 s after.
-    TieredClient::connect(brokers[victim].url())
-        .await
-        .unwrap()
-        .set_offload_policy(SetOffloadPolicyRequest {
-            topic: stored(t),
-            policy: Some(OffloadPolicy {
-                offload_after_ms: Some(0),
-                delete_lag_ms: Some(8000),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("the topic's policy, through its group");
-    let c = client(&brokers[victim].url()).await;
-    let p = c.producer(t).create().await.unwrap();
-    for i in 0..30u64 {
-        p.send(vec![i as u8; 512]).await.unwrap();
-    }
-    drop(p);
-    drop(c);
+    let policy = OffloadPolicy {
+        offload_after_ms: Some(0),
+        delete_lag_ms: Some(8000),
+        ..Default::default()
+    };
+    set_topic_policy(&brokers[victim].url(), t, policy).await;
+    publish_filled(&brokers[victim].url(), t, 0..30, 512).await;
     // The leader's pass offloads [0,10) and [10,20) and the group records
     // them; within the lag every replica still holds their files.
     let start = Instant::now();
