@@ -35,6 +35,25 @@ pub(crate) async fn client(url: &str) -> Client {
         .unwrap()
 }
 
+/// The member (id, URL) leading `topic` after `leader` of the group `ids`
+/// was killed: [`stable_leader`] among the others, asked of `url`, within
+/// 30 s.
+pub(crate) async fn next_leader(
+    url: &str,
+    topic: &str,
+    ids: &[String],
+    leader: &str,
+) -> (String, String) {
+    let others: Vec<String> = ids
+        .iter()
+        .filter(|m| m.as_str() != leader)
+        .cloned()
+        .collect();
+    stable_leader(url, topic, &others, Duration::from_secs(30))
+        .await
+        .expect("another member leads")
+}
+
 /// The member `Lookup` (asked of `url`) names for `topic`, once it names
 /// one of `among` and the answer held for two reads 300 ms apart; `None`
 /// after `within`.

@@ -28,7 +28,7 @@ use ricochet_proto::{
 };
 use ricochet_testkit::{ClusterBroker, MotoServer, SpawnOptions, etcd_or_skip, moto_or_skip};
 
-use super::replicated::{ONE_CLUSTER, client, led_group_with, stable_leader};
+use super::replicated::{ONE_CLUSTER, client, led_group_with, next_leader};
 
 /// Ids per segment (the brokers' `segment_entries`).
 const ENTRIES: u64 = 10;
@@ -180,16 +180,8 @@ async fn the_leaders_offload_is_the_groups_and_the_next_leader_reads_the_objects
     // The leader dies; the next one has no file below id 90 and serves
     // the offloaded ids from the object store.
     brokers[victim].kill9();
-    let others: Vec<String> = ids.iter().filter(|m| **m != leader).cloned().collect();
     let follower = (victim + 1) % 3;
-    let (next, next_url) = stable_leader(
-        &brokers[follower].url(),
-        t,
-        &others,
-        Duration::from_secs(30),
-    )
-    .await
-    .expect("another member leads");
+    let (next, next_url) = next_leader(&brokers[follower].url(), t, &ids, &leader).await;
     let next_at = ids.iter().position(|m| *m == next).unwrap();
     let files = segment_files(&brokers[next_at], t);
     assert!(
@@ -293,15 +285,7 @@ async fn the_topics_offload_policy_is_the_groups_and_outlives_its_leader() {
     files_leave(&all, t, SENT - ENTRIES, Duration::from_secs(20)).await;
 
     brokers[victim].kill9();
-    let others: Vec<String> = ids.iter().filter(|m| **m != leader).cloned().collect();
-    let (next, next_url) = stable_leader(
-        &brokers[(victim + 1) % 3].url(),
-        t,
-        &others,
-        Duration::from_secs(30),
-    )
-    .await
-    .expect("another member leads");
+    let (next, next_url) = next_leader(&brokers[(victim + 1) % 3].url(), t, &ids, &leader).await;
     let got = tiered(&next_url)
         .await
         .get_offload_policy(GetOffloadPolicyRequest {

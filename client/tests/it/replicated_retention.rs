@@ -10,7 +10,7 @@ use ricochet_client::admin::{RetentionPolicy, RetentionTarget};
 use ricochet_client::{Client, ErrorKind, InitialPosition, Producer};
 use ricochet_testkit::etcd_or_skip;
 
-use super::replicated::{ONE_CLUSTER, client, led_group, stable_leader};
+use super::replicated::{ONE_CLUSTER, client, led_group, next_leader};
 
 /// The backlog quota set on the topic.
 const QUOTA: i64 = 4096;
@@ -91,15 +91,7 @@ async fn a_replicated_topics_own_retention_is_the_groups_and_outlives_its_leader
     // The leader's kill -9: the next one has the group's policy in force
     // (it was applied to its store, never set on it) and refuses too.
     brokers[victim].kill9();
-    let others: Vec<String> = ids.iter().filter(|m| **m != leader).cloned().collect();
-    let (next, next_url) = stable_leader(
-        &brokers[follower].url(),
-        t,
-        &others,
-        Duration::from_secs(30),
-    )
-    .await
-    .expect("another member leads");
+    let (next, next_url) = next_leader(&brokers[follower].url(), t, &ids, &leader).await;
     let c2 = client(&next_url).await;
     let got = c2.admin().retention(&target).await.unwrap();
     assert_eq!(

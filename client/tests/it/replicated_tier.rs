@@ -20,7 +20,7 @@ use ricochet_proto::tiered_client::TieredClient;
 use ricochet_proto::{OffloadPolicy, TieredOffloadRequest, TieredStatusRequest};
 use ricochet_testkit::{SpawnOptions, etcd_or_skip};
 
-use super::replicated::{ONE_CLUSTER, client, led_group_with, stable_leader};
+use super::replicated::{ONE_CLUSTER, client, led_group_with, next_leader};
 use super::replicated_offload::{publish_filled, segment_files, set_topic_policy, stored};
 
 /// Writes the brokers' config at `config`: segments of 10 ids, the tier
@@ -178,15 +178,7 @@ async fn an_upload_cut_by_the_leaders_crash_is_swept_by_the_next_leader() {
     let orphans = objects(&tier);
     assert_eq!(orphans.len(), 1, "the cut upload's object: {orphans:?}");
 
-    let others: Vec<String> = ids.iter().filter(|m| **m != leader).cloned().collect();
-    let (next, next_url) = stable_leader(
-        &brokers[(victim + 1) % 3].url(),
-        t,
-        &others,
-        Duration::from_secs(30),
-    )
-    .await
-    .expect("another member leads");
+    let (next, next_url) = next_leader(&brokers[(victim + 1) % 3].url(), t, &ids, &leader).await;
     let start = Instant::now();
     while !objects(&tier).is_empty() {
         assert!(

@@ -17,7 +17,7 @@ use ricochet_client::admin::{RetentionPolicy, RetentionTarget};
 use ricochet_client::{Client, ErrorKind, InitialPosition, MessageId};
 use ricochet_testkit::{ClusterBroker, SpawnOptions, etcd_or_skip};
 
-use super::replicated::{ONE_CLUSTER, client, led_group_with, stable_leader};
+use super::replicated::{ONE_CLUSTER, client, led_group_with, next_leader};
 
 /// Ids per segment (the brokers' `segment_entries`).
 const ENTRIES: u64 = 10;
@@ -151,16 +151,8 @@ async fn after_the_leaders_kill_the_next_leader_serves_no_trimmed_id() {
     drop(c);
 
     brokers[victim].kill9();
-    let others: Vec<String> = ids.iter().filter(|m| **m != leader).cloned().collect();
     let follower = (victim + 1) % 3;
-    let (next, next_url) = stable_leader(
-        &brokers[follower].url(),
-        t,
-        &others,
-        Duration::from_secs(30),
-    )
-    .await
-    .expect("another member leads");
+    let (next, next_url) = next_leader(&brokers[follower].url(), t, &ids, &leader).await;
     let c2 = client(&next_url).await;
 
     let stats = c2.admin().topic_stats(t).await.unwrap();
