@@ -13,7 +13,7 @@ use crate::storage::prelude::*;
 use crate::storage::{MemoryStorage, TierEntry};
 use crate::subscription::*;
 use ricochet_policy::{AttemptOverride, PolicyRegistry, PolicySpec};
-use ricochet_proto::{InitialPosition, OutboundMessage, SubscriptionType, props};
+use ricochet_proto::{InitialPosition, Message, OutboundMessage, SubscriptionType, props};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -68,7 +68,47 @@ pub(super) struct TestConsumer {
     next_request: u64,
 }
 
+/// Receives `n` messages on `c`.
+pub(super) async fn receive(c: &mut TestConsumer, n: usize) -> Vec<Message> {
+    let mut got = Vec::with_capacity(n);
+    while got.len() < n {
+        got.extend(c.messages().await);
+    }
+    got
+}
+
+/// `reconsume_later`s of `msgs`, `delay` each, all answered; the messages
+/// that came back meanwhile.
+pub(super) async fn reconsume_all(
+    c: &mut TestConsumer,
+    msgs: &[Message],
+    delay: Duration,
+) -> Vec<Message> {
+    let rids: Vec<u64> = msgs.iter().map(|m| c.reconsume(m, delay)).collect();
+    let mut got = Vec::new();
+    c.all_done_keeping(&rids, &mut got).await;
+    got
+}
+
 impl Harness {
+    /// Publishes `m0`..`m{n-1}`, subscribes one Shared consumer with
+    /// permits for `permits` and receives the first `n` deliveries.
+    pub(super) async fn shared_burst(
+        &self,
+        n: usize,
+        permits: u32,
+    ) -> (TestConsumer, Vec<Message>) {
+        let payloads: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
+        self.publish(&payloads.iter().map(String::as_str).collect::<Vec<_>>())
+            .await;
+        let mut c = self.consumer(SubscriptionType::Shared, None).await;
+        if permits > 0 {
+            c.flow(permits);
+        }
+        let first = receive(&mut c, n).await;
+        (c, first)
+    }
+
     pub(super) async fn publish(&self, payloads: &[&str]) {
         let msgs = payloads
             .iter()

@@ -4,27 +4,9 @@
 //! together, and the burst's answers wait for the flush together, not one
 //! read and one waiting task per message.
 
-use super::actor_tests::{TestConsumer, harness};
-use ricochet_proto::{Message, SubscriptionType};
+use super::actor_tests::{harness, receive, reconsume_all};
+use ricochet_proto::SubscriptionType;
 use std::time::Duration;
-
-/// Receives `n` messages.
-async fn receive(c: &mut TestConsumer, n: usize) -> Vec<Message> {
-    let mut got = Vec::with_capacity(n);
-    while got.len() < n {
-        got.extend(c.messages().await);
-    }
-    got
-}
-
-/// Sends a `reconsume_later` for each of `msgs` at once, then waits for
-/// every answer.
-async fn reconsume_all(c: &mut TestConsumer, msgs: &[Message], delay: Duration) {
-    let rids: Vec<u64> = msgs.iter().map(|m| c.reconsume(m, delay)).collect();
-    let mut kept = Vec::new();
-    c.all_done_keeping(&rids, &mut kept).await;
-    assert!(kept.is_empty(), "nothing comes back before its delay");
-}
 
 /// A burst of `reconsume_later`s looks up the failed messages' records in
 /// batched reads (a few, one per batch of moves), none one at a time.
@@ -32,14 +14,10 @@ async fn reconsume_all(c: &mut TestConsumer, msgs: &[Message], delay: Duration) 
 async fn a_burst_of_reconsume_laters_reads_the_failed_records_together() {
     const N: usize = 500;
     let h = harness().await;
-    let payloads: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
-    h.publish(&payloads.iter().map(String::as_str).collect::<Vec<_>>())
-        .await;
-    let mut c = h.consumer(SubscriptionType::Shared, None).await;
-    c.flow(2 * N as u32);
-    let first = receive(&mut c, N).await;
+    let (mut c, first) = h.shared_burst(N, 2 * N as u32).await;
     let (one, batches) = (h.storage.failure_reads(), h.storage.failure_batches());
-    reconsume_all(&mut c, &first, Duration::from_secs(60)).await;
+    let early = reconsume_all(&mut c, &first, Duration::from_secs(60)).await;
+    assert!(early.is_empty(), "nothing comes back before its delay");
     assert_eq!(
         h.storage.failure_reads() - one,
         0,
@@ -59,14 +37,10 @@ async fn a_burst_of_reconsume_laters_reads_the_failed_records_together() {
 async fn a_burst_of_moves_and_acks_waits_for_the_flush_together() {
     const N: usize = 500;
     let h = harness().await;
-    let payloads: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
-    h.publish(&payloads.iter().map(String::as_str).collect::<Vec<_>>())
-        .await;
-    let mut c = h.consumer(SubscriptionType::Shared, None).await;
-    c.flow(2 * N as u32);
-    let first = receive(&mut c, N).await;
+    let (mut c, first) = h.shared_burst(N, 2 * N as u32).await;
     let waits = h.core.flusher.waits();
-    reconsume_all(&mut c, &first, Duration::from_millis(10)).await;
+    let early = reconsume_all(&mut c, &first, Duration::from_millis(10)).await;
+    assert!(early.is_empty(), "nothing comes back before its delay");
     let moved = h.core.flusher.waits() - waits;
     assert!(moved <= N as u64 / 16, "{moved} flush waits for {N} moves");
     let again = receive(&mut c, N).await;

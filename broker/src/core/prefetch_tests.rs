@@ -5,22 +5,13 @@
 //! time, none is read again when it fires, and one settled in between is
 //! not handed out.
 
-use super::actor_tests::{TestConsumer, harness, text};
+use super::actor_tests::{TestConsumer, harness, receive, reconsume_all, text};
 use crate::clock::Clock;
 use crate::scheduler::PREFETCH_LEAD;
 use crate::storage::TierEntry;
 use crate::storage::prelude::*;
-use ricochet_proto::{Message, SubscriptionType};
+use ricochet_proto::SubscriptionType;
 use std::time::Duration;
-
-/// Receives `n` messages.
-async fn receive(c: &mut TestConsumer, n: usize) -> Vec<Message> {
-    let mut got = Vec::with_capacity(n);
-    while got.len() < n {
-        got.extend(c.messages().await);
-    }
-    got
-}
 
 /// A held nack's due time, from its stored failure record.
 fn due_of(h: &super::actor_tests::Harness, c: &TestConsumer, entry_id: u64) -> u64 {
@@ -36,12 +27,7 @@ async fn a_burst_of_held_nacks_is_read_before_it_is_due_not_when_it_fires() {
     // More than one step of the read ahead.
     const N: usize = 600;
     let h = harness().await;
-    let payloads: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
-    h.publish(&payloads.iter().map(String::as_str).collect::<Vec<_>>())
-        .await;
-    let mut c = h.consumer(SubscriptionType::Shared, None).await;
-    c.flow(2 * N as u32);
-    let first = receive(&mut c, N).await;
+    let (mut c, first) = h.shared_burst(N, 2 * N as u32).await;
     let rid = c.nack_all_held(&first, Duration::from_secs(1));
     assert!(c.done(rid).await.is_ok());
     let due = due_of(&h, &c, 0);
@@ -70,6 +56,7 @@ async fn a_burst_of_held_nacks_is_read_before_it_is_due_not_when_it_fires() {
     );
     let mut texts: Vec<&str> = again.iter().map(text).collect();
     texts.sort_unstable();
+    let payloads: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
     let mut want: Vec<&str> = payloads.iter().map(String::as_str).collect();
     want.sort_unstable();
     assert_eq!(texts, want);
@@ -88,11 +75,7 @@ async fn a_burst_of_held_nacks_is_read_before_it_is_due_not_when_it_fires() {
 async fn held_nacks_read_together_each_go_out_at_their_own_due_time() {
     const N: usize = 12;
     let h = harness().await;
-    let payloads: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
-    h.publish(&payloads.iter().map(String::as_str).collect::<Vec<_>>())
-        .await;
-    let mut c = h.consumer(SubscriptionType::Shared, None).await;
-    let first = receive(&mut c, N).await;
+    let (mut c, first) = h.shared_burst(N, 0).await;
     for (i, m) in first.iter().enumerate() {
         let rid = c.nack_all_held(
             std::slice::from_ref(m),
@@ -156,15 +139,6 @@ async fn a_held_nack_acked_after_it_was_read_ahead_is_not_delivered() {
     assert!(h.clock.now_ms() > due);
 }
 
-/// `reconsume_later`s of `msgs`, `delay` each, all answered; the messages
-/// that came back meanwhile.
-async fn reconsume_all(c: &mut TestConsumer, msgs: &[Message], delay: Duration) -> Vec<Message> {
-    let rids: Vec<u64> = msgs.iter().map(|m| c.reconsume(m, delay)).collect();
-    let mut got = Vec::new();
-    c.all_done_keeping(&rids, &mut got).await;
-    got
-}
-
 /// A burst of retries read ahead of its due time reads the retries'
 /// failure records together (one batched read per step of the read-ahead),
 /// not one at a time, and they go out with the counts those records hold.
@@ -172,18 +146,14 @@ async fn reconsume_all(c: &mut TestConsumer, msgs: &[Message], delay: Duration) 
 async fn a_burst_of_retries_read_ahead_reads_its_failure_records_together() {
     const N: usize = 600;
     let h = harness().await;
-    let payloads: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
-    h.publish(&payloads.iter().map(String::as_str).collect::<Vec<_>>())
-        .await;
-    let mut c = h.consumer(SubscriptionType::Shared, None).await;
-    c.flow(2 * N as u32);
-    let first = receive(&mut c, N).await;
+    let (mut c, first) = h.shared_burst(N, 2 * N as u32).await;
     let early = reconsume_all(&mut c, &first, Duration::from_secs(1)).await;
     assert!(early.is_empty());
     let (one, batches) = (h.storage.failure_reads(), h.storage.failure_batches());
     let again = receive(&mut c, N).await;
     let mut texts: Vec<&str> = again.iter().map(text).collect();
     texts.sort_unstable();
+    let payloads: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
     let mut want: Vec<&str> = payloads.iter().map(String::as_str).collect();
     want.sort_unstable();
     assert_eq!(texts, want);
@@ -211,12 +181,7 @@ async fn a_burst_of_retries_read_ahead_reads_its_failure_records_together() {
 async fn retries_loaded_when_they_fire_read_their_failure_records_together() {
     const N: usize = 300;
     let h = harness().await;
-    let payloads: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
-    h.publish(&payloads.iter().map(String::as_str).collect::<Vec<_>>())
-        .await;
-    let mut c = h.consumer(SubscriptionType::Shared, None).await;
-    c.flow(2 * N as u32);
-    let first = receive(&mut c, N).await;
+    let (mut c, first) = h.shared_burst(N, 2 * N as u32).await;
     let (one, batches) = (h.storage.failure_reads(), h.storage.failure_batches());
     let mut again = reconsume_all(&mut c, &first, Duration::ZERO).await;
     while again.len() < N {
