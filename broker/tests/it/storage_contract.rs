@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ricochet_broker::BrokerConfig;
-use ricochet_storage::testing::contract::{Engine, TOPIC};
+use ricochet_storage::testing::contract::{Engine, REOPEN_WAIT, TOPIC};
 use ricochet_storage::{LogStorage, SledStorage, Storage};
 
 /// The broker's engine, as `Broker::open` builds it (without tiering).
@@ -27,21 +27,10 @@ impl BrokerEngine {
 impl Engine for BrokerEngine {
     fn open(&self, dir: &Path) -> Box<dyn Storage> {
         let cfg = Self::config();
-        // A reopen right after a drop: sled's I/O threads may hold the
-        // database (and its file lock) a moment longer on a loaded machine.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let sled = loop {
-            match SledStorage::open(dir, cfg.segment_entries, cfg.cache_capacity) {
-                Ok(s) => break Arc::new(s),
-                Err(e)
-                    if e.to_string().contains("could not acquire lock")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                Err(e) => panic!("open the store: {e}"),
-            }
-        };
+        let sled = Arc::new(
+            SledStorage::open_waiting(dir, cfg.segment_entries, cfg.cache_capacity, REOPEN_WAIT)
+                .expect("open the store"),
+        );
         let log = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -59,7 +48,9 @@ impl Engine for BrokerEngine {
 
     fn verify(&self, dir: &Path) -> Option<u64> {
         let cfg = Self::config();
-        let sled = SledStorage::open(dir, cfg.segment_entries, cfg.cache_capacity).unwrap();
+        let sled =
+            SledStorage::open_waiting(dir, cfg.segment_entries, cfg.cache_capacity, REOPEN_WAIT)
+                .unwrap();
         Some(sled.verify().problem_count)
     }
 }

@@ -291,7 +291,7 @@ fn a_store_in_the_previous_layout_is_converted_once_in_chunks() {
         s.flush_blocking();
         heads_of(&s)
     };
-    let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+    let s = super::super::reopen_waiting(dir.path(), 64);
     assert_eq!(s.upgrade_held().unwrap(), n);
     assert_eq!(s.failures.len(), 3, "the others stay where they were");
     assert_eq!(s.held_under_own_keys(), 1);
@@ -309,7 +309,7 @@ fn a_store_in_the_previous_layout_is_converted_once_in_chunks() {
     assert_eq!(s.upgrade_held().unwrap(), 0);
     s.flush_blocking();
     drop(s);
-    let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+    let s = super::super::reopen_waiting(dir.path(), 64);
     assert_eq!(s.upgrade_held().unwrap(), 0);
     assert_eq!(heads_of(&s), before);
 }

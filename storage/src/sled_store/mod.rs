@@ -119,6 +119,20 @@ impl SledStorage {
         open::guarded(|| Self::open_unguarded(dir, segment_entries, cache_capacity))
     }
 
+    /// [`Self::open`], waiting up to `wait` for the lock of a store whose
+    /// last handle was just dropped: sled 0.34 releases it from a
+    /// background thread a moment later (longer on a loaded machine). For
+    /// tools and tests that reopen a store they closed; a broker's start
+    /// uses [`Self::open`] and refuses a store another process holds.
+    pub fn open_waiting(
+        dir: &Path,
+        segment_entries: u64,
+        cache_capacity: u64,
+        wait: std::time::Duration,
+    ) -> Result<Self> {
+        waiting_for_lock(wait, || Self::open(dir, segment_entries, cache_capacity))
+    }
+
     /// After a clean stop, once every handle on the store is gone: opens
     /// it once more and closes it, so that sled records a snapshot of where
     /// its pages live now. sled 0.34 writes that snapshot only when it opens,
@@ -127,25 +141,11 @@ impl SledStorage {
     /// retries); this moves that replay to the stop. Waits up to `wait` for
     /// the stopped store's lock to be released. Writes no data of its own.
     pub fn snapshot_stopped(dir: &Path, wait: std::time::Duration) -> Result<()> {
-        let until = std::time::Instant::now() + wait;
-        loop {
-            let opened =
-                open::guarded(|| Ok(sled::Config::new().path(dir).flush_every_ms(None).open()?));
-            match opened {
-                Ok(db) => {
-                    db.flush()?;
-                    return Ok(());
-                }
-                // The stopped broker's last handle is still closing.
-                Err(StorageError::Engine(e))
-                    if e.to_string().contains("could not acquire lock")
-                        && std::time::Instant::now() < until =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let db = waiting_for_lock(wait, || {
+            open::guarded(|| Ok(sled::Config::new().path(dir).flush_every_ms(None).open()?))
+        })?;
+        db.flush()?;
+        Ok(())
     }
 
     fn open_unguarded(dir: &Path, segment_entries: u64, cache_capacity: u64) -> Result<Self> {
@@ -790,18 +790,34 @@ impl SubscriptionStore for SledStorage {
     }
 }
 
-/// Opens the store in `dir` (tests), waiting for a dropped handle's lock:
-/// sled 0.34 releases it from a background thread a moment after the last
-/// handle is dropped.
-#[cfg(test)]
-pub(crate) fn reopen_waiting(dir: &std::path::Path, segment_entries: u64) -> SledStorage {
-    for _ in 0..250 {
-        match SledStorage::open(dir, segment_entries, 8 << 20) {
-            Err(StorageError::Engine(e)) if e.to_string().contains("could not acquire lock") => {
+/// Calls `open` until it does not fail on sled's file lock, for up to
+/// `wait` (20 ms apart).
+fn waiting_for_lock<T>(
+    wait: std::time::Duration,
+    mut open: impl FnMut() -> Result<T>,
+) -> Result<T> {
+    let until = std::time::Instant::now() + wait;
+    loop {
+        match open() {
+            Err(StorageError::Engine(e))
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < until =>
+            {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
-            opened => return opened.unwrap(),
+            opened => return opened,
         }
     }
-    panic!("the store's lock stayed taken");
+}
+
+/// Opens the store in `dir` (tests), waiting for a dropped handle's lock.
+#[cfg(test)]
+pub(crate) fn reopen_waiting(dir: &std::path::Path, segment_entries: u64) -> SledStorage {
+    SledStorage::open_waiting(
+        dir,
+        segment_entries,
+        8 << 20,
+        std::time::Duration::from_secs(10),
+    )
+    .expect("reopen the store")
 }

@@ -27,7 +27,7 @@ const T: &str = TOPIC;
 const RETRY: &str = "persistent://public/default/t-s-RETRY";
 const DLQ: &str = "persistent://public/default/t-s-DLQ";
 
-pub use super::engines::{Engine, MemoryEngine, SegmentsEngine, SledEngine};
+pub use super::engines::{Engine, MemoryEngine, REOPEN_WAIT, SegmentsEngine, SledEngine};
 
 mod failures;
 mod metadata;

@@ -8,6 +8,10 @@ use std::sync::Arc;
 use super::contract::TOPIC;
 use crate::*;
 
+/// How long a reopen waits for the lock of the store just dropped
+/// ([`SledStorage::open_waiting`]).
+pub const REOPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// An engine under test: how to open a store of it.
 pub trait Engine {
     /// Opens the engine's store in `dir` (an empty directory the first time;
@@ -47,7 +51,7 @@ pub struct SledEngine;
 
 impl Engine for SledEngine {
     fn open(&self, dir: &Path) -> Box<dyn Storage> {
-        Box::new(SledStorage::open(dir, 16, 8 << 20).expect("open sled"))
+        Box::new(SledStorage::open_waiting(dir, 16, 8 << 20, REOPEN_WAIT).expect("open sled"))
     }
 
     fn segments_of_one_batch(&self) -> Option<Vec<u64>> {
@@ -56,7 +60,7 @@ impl Engine for SledEngine {
     }
 
     fn verify(&self, dir: &Path) -> Option<u64> {
-        let s = SledStorage::open(dir, 16, 8 << 20).expect("reopen sled");
+        let s = SledStorage::open_waiting(dir, 16, 8 << 20, REOPEN_WAIT).expect("reopen sled");
         Some(s.verify().problem_count)
     }
 }
@@ -92,7 +96,7 @@ impl Engine for SegmentsEngine {
             max_age: std::time::Duration::from_secs(3600),
         };
         let log = LogStorage::with(
-            Arc::new(SledStorage::open(dir, 16, 8 << 20).expect("open sled")),
+            Arc::new(SledStorage::open_waiting(dir, 16, 8 << 20, REOPEN_WAIT).expect("open sled")),
             segments::SegmentLog::open(dir, settings, true).expect("open the log"),
         )
         .expect("open the engine");
