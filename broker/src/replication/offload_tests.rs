@@ -178,7 +178,20 @@ async fn an_applied_offload_record_drops_the_copy_and_a_snapshot_carries_the_rec
 /// from the others); a record of a log deleted before it does nothing.
 #[test]
 fn an_offload_record_on_a_store_without_a_tier_fails_the_apply() {
-    let state = state(0, 10);
+    // An older leader's record (no stamp) decodes without one.
+    let unstamped = PartitionCommand::Offloaded(state(0, 10));
+    match decode::<PartitionCommand>(&encode(&unstamped).unwrap()).unwrap() {
+        PartitionCommand::Offloaded(s) => assert_eq!(s.local, None),
+        other => panic!("decoded as {other:?}"),
+    }
+    let stamp = crate::storage::tiered::policy::LocalCopies {
+        keep_local: false,
+        delete_lag_ms: Some(1500),
+    };
+    let state = SegmentState {
+        local: Some(stamp),
+        ..state(0, 10)
+    };
     let command = PartitionCommand::Offloaded(state.clone());
     match decode::<PartitionCommand>(&encode(&command).unwrap()).unwrap() {
         PartitionCommand::Offloaded(s) => {
@@ -186,6 +199,7 @@ fn an_offload_record_on_a_store_without_a_tier_fails_the_apply() {
                 (s.first, s.next, s.key, s.object_size, s.object_crc, s.group),
                 (0, 10, state.key.clone(), 260, 42, true)
             );
+            assert_eq!(s.local, Some(stamp), "the leader's stamp travels");
         }
         other => panic!("decoded as {other:?}"),
     }
@@ -216,6 +230,7 @@ fn state(first: u64, next: u64) -> SegmentState {
         object_crc: 42,
         offloaded_ms: 9,
         group: true,
+        local: None,
     }
 }
 
