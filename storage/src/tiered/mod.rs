@@ -25,6 +25,7 @@ use crate::prelude::*;
 mod cache;
 pub mod config;
 pub mod group;
+mod identity;
 mod object;
 mod offload;
 pub mod policy;
