@@ -272,12 +272,21 @@ async fn every_replica_keeps_its_copies_for_the_delete_lag_then_drops_them() {
 
 /// Each broker's segment files of `t`, once every broker's first is at
 /// least `below` (its copies below gone), else after `within`.
-async fn files_of_all(brokers: &[ricochet_testkit::ClusterBroker], t: &str, below: u64, within: Duration) -> Vec<(String, Vec<u64>)> {
+async fn files_of_all(
+    brokers: &[ricochet_testkit::ClusterBroker],
+    t: &str,
+    below: u64,
+    within: Duration,
+) -> Vec<(String, Vec<u64>)> {
     let start = Instant::now();
     loop {
-        let files: Vec<(String, Vec<u64>)> =
-            brokers.iter().map(|b| (b.id.clone(), segment_files(b, t))).collect();
-        if files.iter().all(|(_, f)| f.first().is_some_and(|f| *f >= below))
+        let files: Vec<(String, Vec<u64>)> = brokers
+            .iter()
+            .map(|b| (b.id.clone(), segment_files(b, t)))
+            .collect();
+        if files
+            .iter()
+            .all(|(_, f)| f.first().is_some_and(|f| *f >= below))
             || start.elapsed() >= within
         {
             return files;
@@ -341,20 +350,38 @@ async fn every_replica_follows_the_leaders_default_lag_not_its_own() {
             tokio::time::sleep(Duration::from_secs(2)).await;
             for b in &brokers {
                 let files = segment_files(b, t);
-                assert!(files.starts_with(&[0, 10]), "{}'s files {files:?} {:?} after the record (leader b0, lag 6 s)", b.id, recorded.elapsed());
+                assert!(
+                    files.starts_with(&[0, 10]),
+                    "{}'s files {files:?} {:?} after the record (leader b0, lag 6 s)",
+                    b.id,
+                    recorded.elapsed()
+                );
             }
             let files = files_of_all(&brokers, t, 20, Duration::from_secs(30)).await;
-            assert!(files.iter().all(|(_, f)| f.first().is_some_and(|f| *f >= 20)), "30 s past b0's lag: {files:?}");
+            assert!(
+                files
+                    .iter()
+                    .all(|(_, f)| f.first().is_some_and(|f| *f >= 20)),
+                "30 s past b0's lag: {files:?}"
+            );
         }
         // The leader's none: dropped at once, by b2 (keep_local) too.
         1 => {
             let files = files_of_all(&brokers, t, 20, Duration::from_secs(20)).await;
-            assert!(files.iter().all(|(_, f)| f.first().is_some_and(|f| *f >= 20)), "20 s after the record (leader b1, at once): {files:?}");
+            assert!(
+                files
+                    .iter()
+                    .all(|(_, f)| f.first().is_some_and(|f| *f >= 20)),
+                "20 s after the record (leader b1, at once): {files:?}"
+            );
         }
         // The leader's keep_local: kept, by b1 (at once) too.
         _ => {
             let files = files_of_all(&brokers, t, 10, Duration::from_secs(8)).await;
-            assert!(files.iter().all(|(_, f)| f.starts_with(&[0, 10])), "8 s after the record (leader b2, keep_local): {files:?}");
+            assert!(
+                files.iter().all(|(_, f)| f.starts_with(&[0, 10])),
+                "8 s after the record (leader b2, keep_local): {files:?}"
+            );
         }
     }
     eprintln!("every_replica_follows_the_leaders_default_lag: leader {leader}");
@@ -386,7 +413,9 @@ async fn an_idle_topics_last_segment_is_sealed_by_the_group_and_offloaded() {
     offloaded_at_least(&brokers[at].url(), t, 2, Duration::from_secs(30)).await;
     let files = files_of_all(&brokers, t, 15, Duration::from_secs(20)).await;
     assert!(
-        files.iter().all(|(_, f)| f.first().is_some_and(|f| *f >= 15)),
+        files
+            .iter()
+            .all(|(_, f)| f.first().is_some_and(|f| *f >= 15)),
         "every replica's copies of [0,15) gone (leader {leader}): {files:?}"
     );
     // Every id still reads, across the tiers.

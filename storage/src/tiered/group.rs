@@ -298,11 +298,9 @@ impl Tiered {
             let Some(covering) = self.covering(topic, oldest.header.first, oldest.next) else {
                 break;
             };
-            let due = covering.iter().all(|(at, stamp)| {
-                own.or(*stamp)
-                    .unwrap_or(in_force)
-                    .may_delete(now_ms, *at)
-            });
+            let due = covering
+                .iter()
+                .all(|(at, stamp)| own.or(*stamp).unwrap_or(in_force).may_delete(now_ms, *at));
             if !due {
                 break;
             }

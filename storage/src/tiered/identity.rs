@@ -148,7 +148,10 @@ mod tests {
             ..s3("s3://bucket//some//prefix", Some("http://127.0.0.1:9000"))
         };
         assert_eq!(same.identity_in(env(&[])), id);
-        assert_ne!(s3("s3://bucket/other", c.endpoint.as_deref()).identity_in(env(&[])), id);
+        assert_ne!(
+            s3("s3://bucket/other", c.endpoint.as_deref()).identity_in(env(&[])),
+            id
+        );
         // A user and password in the endpoint never show.
         let secret = s3("s3://bucket", Some("http://key:hush@Minio.Local:9000/?x=1"));
         let id = secret.identity_in(env(&[]));
@@ -217,7 +220,10 @@ mod tests {
         };
         let canonical = format!("file://{}", tier.display());
         assert_eq!(id(format!("file://{}/", tier.display())), canonical);
-        assert_eq!(id(format!("file://{}//x/../tier", real.display())), canonical);
+        assert_eq!(
+            id(format!("file://{}//x/../tier", real.display())),
+            canonical
+        );
         assert_eq!(id(format!("file://{}/./tier", real.display())), canonical);
         // Through a symbolic link.
         let link = real.join("link");

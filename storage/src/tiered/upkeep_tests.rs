@@ -326,7 +326,11 @@ async fn every_replica_drops_its_copies_at_the_leaders_stamped_lag_whatever_its_
     }
     let td = d.tiered().unwrap();
     assert_eq!(td.drop_due_group(T, crate::util::wall_ms()).unwrap(), 0);
-    assert_eq!(td.drop_due_group(T, crate::util::wall_ms() + 60_000).unwrap(), 3);
+    assert_eq!(
+        td.drop_due_group(T, crate::util::wall_ms() + 60_000)
+            .unwrap(),
+        3
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -395,7 +399,11 @@ async fn the_topics_own_policy_decides_over_the_stamps_at_once() {
     let ta = a.tiered().unwrap().clone();
     let done = ta.offload_through(T, &All(vec![&a, &b])).await.unwrap();
     assert_eq!((done.segments, done.local_deleted), (4, 0), "{done:?}");
-    assert_eq!(b.log().segment_starts(T), [0, 10, 20, 30], "stamped keep_local");
+    assert_eq!(
+        b.log().segment_starts(T),
+        [0, 10, 20, 30],
+        "stamped keep_local"
+    );
     // The group's command sets the topic's own policy on every replica:
     // it decides at once, before any pass restamps.
     let own = OffloadPolicy {
