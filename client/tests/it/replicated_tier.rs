@@ -332,9 +332,9 @@ async fn every_replica_follows_the_leaders_default_lag_not_its_own() {
     let t = "stamped";
     let (mut brokers, ids, _, _) =
         led_group_with(&etcd, "rstamp", root.path(), t, &with_config(&config)).await;
-    for i in 1..3 {
+    for (i, b) in brokers.iter_mut().enumerate().skip(1) {
         write_config(&config, &tier, "1s", &section(i));
-        brokers[i].restart().await;
+        b.restart().await;
     }
     let (leader, _) = stable_leader(&brokers[0].url(), t, &ids, Duration::from_secs(30))
         .await
