@@ -21,7 +21,12 @@ impl TieredConfig {
     /// The store's canonical identity (see the module), with the endpoint
     /// resolved from this process's environment as the client would.
     pub fn identity(&self) -> String {
-        self.identity_in(std::env::vars())
+        // As the client reads them: names and values that are not UTF-8
+        // are skipped (`std::env::vars` would panic on one).
+        self.identity_in(
+            std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+        )
     }
 
     /// [`TieredConfig::identity`] with the environment `env` (name,
@@ -143,6 +148,8 @@ mod tests {
         };
         let id = c.identity_in(env(&[("AWS_SECRET_ACCESS_KEY", "hush")]));
         assert_eq!(id, "s3://bucket/some/prefix endpoint=http://127.0.0.1:9000");
+        // The section's endpoint: the process's environment does not count.
+        assert_eq!(c.identity(), id);
         let same = TieredConfig {
             pace_bytes_per_second: 5,
             ..s3("s3://bucket//some//prefix", Some("http://127.0.0.1:9000"))
