@@ -478,6 +478,10 @@ impl LogStore for LogStorage {
         t.record_group(state)
     }
 
+    fn seal_segment(&self, topic: &str) -> Result<()> {
+        self.log.seal_active(topic, None).map(|_| ())
+    }
+
     fn offload_policy(&self, topic: &str) -> Result<Option<super::tiered::policy::OffloadPolicy>> {
         Ok(self.tiered.as_ref().and_then(|t| t.policies().get(topic)))
     }

@@ -119,6 +119,15 @@ pub trait LogStore: Send + Sync + std::fmt::Debug + 'static {
     /// de-duplication state; not durable until flushed).
     fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()>;
 
+    /// Seals `topic`'s active segment if it holds entries: the age roll of
+    /// an idle replicated topic, its group's command applied by every
+    /// replica at the same place in the log, so each seals at the same id
+    /// (a replicated store proposes it). An engine without segment files
+    /// has nothing to seal.
+    fn seal_segment(&self, _topic: &str) -> Result<()> {
+        Ok(())
+    }
+
     /// A replicated topic's offload records (ranges of ids in objects the
     /// group recorded, [`tiered::SegmentState`] with `group` set), oldest
     /// first: what a snapshot carries instead of their entries. None on an

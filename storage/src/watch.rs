@@ -93,6 +93,10 @@ impl LogStore for Watched {
         self.note(self.inner.restore_producer_sequences(topic, sequences))
     }
 
+    fn seal_segment(&self, topic: &str) -> Result<()> {
+        self.note(self.inner.seal_segment(topic))
+    }
+
     fn offload_records(&self, topic: &str) -> Result<Vec<tiered::SegmentState>> {
         self.note(self.inner.offload_records(topic))
     }

@@ -389,6 +389,10 @@ impl StorageApplier {
                 self.storage.put_offload_policy(&topic, &policy)?;
                 Ok(PartitionReply::Done)
             }
+            PartitionCommand::Seal(topic) => {
+                self.storage.seal_segment(&topic)?;
+                Ok(PartitionReply::Done)
+            }
             PartitionCommand::Offloaded(record) => {
                 // A log deleted before the record, or a range the group
                 // trimmed since (a replay after a restart): nothing.

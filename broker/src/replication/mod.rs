@@ -149,6 +149,13 @@ pub enum PartitionCommand {
         /// The policy; empty: none of its own.
         policy: crate::storage::tiered::policy::OffloadPolicy,
     },
+    /// The partition's active segment sealed (if it holds entries): its
+    /// leader's age roll of an idle partition (`segment_max_age`), so every
+    /// replica's next segment starts at the same id and the last segment
+    /// offloads by age. A broker that predates this command stops
+    /// applying its group, as for [`PartitionCommand::Offloaded`]: upgrade
+    /// every member before a leader with `[tiered]` seals.
+    Seal(String),
 }
 
 impl PartitionCommand {

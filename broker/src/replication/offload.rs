@@ -6,13 +6,16 @@
 //! The broker's own background offloader skips replicated topics (but
 //! drops a replica's local copies once the policy's lag passed, and
 //! counts the offload lag of the topics this pass says it leads); the
-//! pass also deletes orphan objects under the topics' prefixes
-//! ([`Tiered::sweep_orphans`]).
+//! pass seals a led topic's idle active segment once `segment_max_age`
+//! old through the group ([`PartitionCommand::Seal`](super::PartitionCommand::Seal):
+//! every replica seals at the same id; the background offloader no
+//! longer seals replicated topics on its own), and deletes orphan
+//! objects under the topics' prefixes ([`Tiered::sweep_orphans`]).
 
 use super::groups::Groups;
 use crate::storage::tiered::group::GroupRecorder;
 use crate::storage::tiered::{SegmentState, Tiered};
-use crate::storage::{Storage, StorageResult};
+use crate::storage::{LogStore as _, Storage, StorageResult};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -57,8 +60,20 @@ pub fn spawn_leader_pass(
                     continue;
                 }
                 let leader = storage.clone();
+                // An idle active segment `segment_max_age` old is sealed by
+                // the group (every replica at the same id), so it offloads
+                // by age as a factor-1 topic's does.
+                let sealed = if tiered.log().idle_due(&topic) {
+                    leader.seal_segment(&topic)
+                } else {
+                    Ok(())
+                };
                 let recorder = ThroughGroup(Arc::new(storage) as Arc<dyn Storage>);
-                let done = match tiered.offload_due_through(&topic, &recorder).await {
+                let offloaded = match sealed {
+                    Ok(()) => tiered.offload_due_through(&topic, &recorder).await,
+                    Err(e) => Err(e),
+                };
+                let done = match offloaded {
                     // The sweep deletes what no record names: only once a
                     // majority confirmed this broker leads and every
                     // committed record is applied here (a deposed leader,

@@ -178,7 +178,20 @@ async fn an_applied_offload_record_drops_the_copy_and_a_snapshot_carries_the_rec
 /// from the others); a record of a log deleted before it does nothing.
 #[test]
 fn an_offload_record_on_a_store_without_a_tier_fails_the_apply() {
-    let state = state(0, 10);
+    // An older leader's record (no stamp) decodes without one.
+    let unstamped = PartitionCommand::Offloaded(state(0, 10));
+    match decode::<PartitionCommand>(&encode(&unstamped).unwrap()).unwrap() {
+        PartitionCommand::Offloaded(s) => assert_eq!(s.local, None),
+        other => panic!("decoded as {other:?}"),
+    }
+    let stamp = crate::storage::tiered::policy::LocalCopies {
+        keep_local: false,
+        delete_lag_ms: Some(1500),
+    };
+    let state = SegmentState {
+        local: Some(stamp),
+        ..state(0, 10)
+    };
     let command = PartitionCommand::Offloaded(state.clone());
     match decode::<PartitionCommand>(&encode(&command).unwrap()).unwrap() {
         PartitionCommand::Offloaded(s) => {
@@ -186,6 +199,7 @@ fn an_offload_record_on_a_store_without_a_tier_fails_the_apply() {
                 (s.first, s.next, s.key, s.object_size, s.object_crc, s.group),
                 (0, 10, state.key.clone(), 260, 42, true)
             );
+            assert_eq!(s.local, Some(stamp), "the leader's stamp travels");
         }
         other => panic!("decoded as {other:?}"),
     }
@@ -216,6 +230,7 @@ fn state(first: u64, next: u64) -> SegmentState {
         object_crc: 42,
         offloaded_ms: 9,
         group: true,
+        local: None,
     }
 }
 
@@ -232,4 +247,53 @@ fn a_snapshot_sends_the_entries_from_the_first_hole_in_the_ranges() {
     );
     // Overlapping ranges cover their union.
     assert_eq!(snapshot::contiguous_end(&[state(0, 12), state(10, 20)]), 20);
+}
+
+/// The leader's age roll of an idle partition is a command of the group:
+/// every replica applying the same commands seals its active segment at
+/// the same id (an empty active segment is left alone), so the segments
+/// of all replicas end at the same ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_groups_seal_ends_every_replicas_segment_at_the_same_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = dir.path().join("tier");
+    let seal = PartitionCommand::Seal(T.to_owned());
+    match decode::<PartitionCommand>(&encode(&seal).unwrap()).unwrap() {
+        PartitionCommand::Seal(t) => assert_eq!(t, T),
+        other => panic!("decoded as {other:?}"),
+    }
+    let append = |first: u64, next: u64| {
+        PartitionCommand::Append(AppendBatch {
+            topic: T.to_owned(),
+            first_id: first,
+            entries: (first..next)
+                .map(|i| serde_bytes::ByteBuf::from(entry(i)))
+                .collect(),
+            producer: None,
+        })
+    };
+    let commands = [
+        PartitionCommand::CreateTopic(record()),
+        append(0, 5),
+        seal.clone(),
+        append(5, 8),
+        seal.clone(),
+        // Nothing in the active segment: nothing sealed.
+        seal.clone(),
+        append(8, 9),
+    ];
+    for name in ["a", "b"] {
+        let replica = open(&dir.path().join(name), &tier).await;
+        let applier = StorageApplier::for_partition(replica.clone() as Arc<dyn Storage>, T);
+        for (i, c) in commands.iter().enumerate() {
+            apply(&applier, 1 + i as u64, c);
+        }
+        assert_eq!(replica.log().segment_starts(T), [0, 5, 8], "replica {name}");
+        let ids: Vec<u64> = crate::storage::LogStore::read(&*replica, T, 0, 100, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(ids, (0..9).collect::<Vec<_>>(), "replica {name}");
+    }
 }

@@ -317,6 +317,13 @@ impl LogStore for ReplicatedStorage {
         self.propose(PartitionCommand::Offloaded(state.clone()))
     }
 
+    /// The leader's age roll of an idle topic: a command of the group
+    /// ([`PartitionCommand::Seal`]), awaited in place; every replica seals
+    /// its active segment where it applies it.
+    fn seal_segment(&self, topic: &str) -> Result<()> {
+        self.propose(PartitionCommand::Seal(topic.to_owned()))
+    }
+
     fn offload_policy(
         &self,
         topic: &str,

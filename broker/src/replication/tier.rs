@@ -10,8 +10,10 @@
 //! create that cannot find enough of them is FAILED_PRECONDITION naming
 //! each broker left out and how it differs. A group formed before (or a
 //! broker restarted with another section) is reported by its leader: a
-//! WARN and the member's health in `ricochet cluster`. Pure: the callers
-//! read the registrations.
+//! WARN and the member's health in `ricochet cluster`. The identities
+//! are canonical (one store under two spellings, or with its endpoint
+//! given only by `AWS_ENDPOINT`, is one identity). Pure: the callers read
+//! the registrations.
 
 use crate::error::BrokerError;
 
@@ -78,6 +80,40 @@ mod tests {
         assert!(d.contains(B) && d.contains("this broker has no"), "{d}");
         let d = difference(Some(A), Some(B)).unwrap();
         assert!(d.contains(A) && d.contains(B), "{d}");
+    }
+
+    #[test]
+    fn one_store_under_two_spellings_makes_one_group() {
+        use crate::storage::tiered::TieredConfig;
+        let none = Vec::<(String, String)>::new;
+        let s3 = |url: &str, endpoint: Option<&str>| TieredConfig {
+            url: url.into(),
+            endpoint: endpoint.map(Into::into),
+            ..Default::default()
+        };
+        // b0 names its endpoint in the section, b1 only in AWS_ENDPOINT,
+        // b2 with another spelling; b3 names another server.
+        let b0 = s3("s3://b/replicated/", Some("http://MinIO:9000/")).identity_in(none());
+        let b1 = s3("s3://b//replicated", None).identity_in(vec![(
+            "AWS_ENDPOINT".to_owned(),
+            "http://minio:9000".to_owned(),
+        )]);
+        let b2 = s3("s3://b/replicated", Some("http://minio:9000")).identity_in(none());
+        let b3 = s3("s3://b/replicated", None).identity_in(vec![(
+            "AWS_ENDPOINT".to_owned(),
+            "http://other:9000".to_owned(),
+        )]);
+        let out = differing(
+            Some(&b0),
+            [
+                ("b1", Some(b1.as_str())),
+                ("b2", Some(b2.as_str())),
+                ("b3", Some(b3.as_str())),
+            ],
+        );
+        let ids: Vec<&str> = out.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["b3"], "{out:?}");
+        assert!(out[0].1.contains("endpoint=http://other:9000"), "{out:?}");
     }
 
     #[test]

@@ -9,7 +9,11 @@
 //!   on the leader) leaves an object no record names, which the next
 //!   leader's pass deletes once older than `[tiered] orphan_after`;
 //! - with the topic's `delete_lag`, every replica keeps its files of the
-//!   recorded ranges for the lag, then drops them.
+//!   recorded ranges for the lag, then drops them;
+//! - with each broker's own `[tiered]` default (a lag, none, keep_local),
+//!   every replica follows the leader's, stamped in the group's records;
+//! - an idle topic's last segment is sealed by `segment_max_age` through
+//!   the group and offloaded, and every replica drops it.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -20,7 +24,7 @@ use ricochet_proto::tiered_client::TieredClient;
 use ricochet_proto::{OffloadPolicy, TieredOffloadRequest, TieredStatusRequest};
 use ricochet_testkit::{SpawnOptions, etcd_or_skip};
 
-use super::replicated::{ONE_CLUSTER, client, led_group_with, next_leader};
+use super::replicated::{ONE_CLUSTER, client, led_group_with, next_leader, stable_leader};
 use super::replicated_offload::{publish_filled, segment_files, set_topic_policy, stored};
 
 /// Writes the brokers' config at `config`: segments of 10 ids, the tier
@@ -264,4 +268,158 @@ async fn every_replica_keeps_its_copies_for_the_delete_lag_then_drops_them() {
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
+}
+
+/// Each broker's segment files of `t`, once every broker's first is at
+/// least `below` (its copies below gone), else after `within`.
+async fn files_of_all(
+    brokers: &[ricochet_testkit::ClusterBroker],
+    t: &str,
+    below: u64,
+    within: Duration,
+) -> Vec<(String, Vec<u64>)> {
+    let start = Instant::now();
+    loop {
+        let files: Vec<(String, Vec<u64>)> = brokers
+            .iter()
+            .map(|b| (b.id.clone(), segment_files(b, t)))
+            .collect();
+        if files
+            .iter()
+            .all(|(_, f)| f.first().is_some_and(|f| *f >= below))
+            || start.elapsed() >= within
+        {
+            return files;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+async fn offloaded_at_least(url: &str, t: &str, n: u32, within: Duration) {
+    let start = Instant::now();
+    loop {
+        let st = TieredClient::connect(url.to_owned())
+            .await
+            .unwrap()
+            .offload_status(TieredStatusRequest { topic: stored(t) })
+            .await
+            .unwrap()
+            .into_inner();
+        if st.offloaded_segments >= n {
+            return;
+        }
+        assert!(
+            start.elapsed() < within,
+            "the leader's status after {within:?}: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_follows_the_leaders_default_lag_not_its_own() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("every_replica_follows_the_leaders_default_lag").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let (config, tier) = (root.path().join("broker.toml"), root.path().join("tier"));
+    // Each broker's own default: b0 a 6 s lag, b1 none (at once), b2
+    // keep_local; sealed segments are due at once on all.
+    let defaults = ["local_delete_lag = \"6s\"\n", "", "keep_local = true\n"];
+    let section = |i: usize| format!("offload_after = \"0s\"\n{}", defaults[i]);
+    write_config(&config, &tier, "1s", &section(0));
+    let t = "stamped";
+    let (mut brokers, ids, _, _) =
+        led_group_with(&etcd, "rstamp", root.path(), t, &with_config(&config)).await;
+    for (i, b) in brokers.iter_mut().enumerate().skip(1) {
+        write_config(&config, &tier, "1s", &section(i));
+        b.restart().await;
+    }
+    let (leader, _) = stable_leader(&brokers[0].url(), t, &ids, Duration::from_secs(30))
+        .await
+        .expect("a leader after the restarts");
+    let at = ids.iter().position(|m| *m == leader).unwrap();
+    publish_filled(&brokers[at].url(), t, 0..30, 512).await;
+    // [0,10) and [10,20) offloaded and recorded by the leader's pass.
+    offloaded_at_least(&brokers[at].url(), t, 2, Duration::from_secs(30)).await;
+    let recorded = Instant::now();
+    match at {
+        // The leader's 6 s: kept 2 s on, by b1 too; then dropped, by b2 too.
+        0 => {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            for b in &brokers {
+                let files = segment_files(b, t);
+                assert!(
+                    files.starts_with(&[0, 10]),
+                    "{}'s files {files:?} {:?} after the record (leader b0, lag 6 s)",
+                    b.id,
+                    recorded.elapsed()
+                );
+            }
+            let files = files_of_all(&brokers, t, 20, Duration::from_secs(30)).await;
+            assert!(
+                files
+                    .iter()
+                    .all(|(_, f)| f.first().is_some_and(|f| *f >= 20)),
+                "30 s past b0's lag: {files:?}"
+            );
+        }
+        // The leader's none: dropped at once, by b2 (keep_local) too.
+        1 => {
+            let files = files_of_all(&brokers, t, 20, Duration::from_secs(20)).await;
+            assert!(
+                files
+                    .iter()
+                    .all(|(_, f)| f.first().is_some_and(|f| *f >= 20)),
+                "20 s after the record (leader b1, at once): {files:?}"
+            );
+        }
+        // The leader's keep_local: kept, by b1 (at once) too.
+        _ => {
+            let files = files_of_all(&brokers, t, 10, Duration::from_secs(8)).await;
+            assert!(
+                files.iter().all(|(_, f)| f.starts_with(&[0, 10])),
+                "8 s after the record (leader b2, keep_local): {files:?}"
+            );
+        }
+    }
+    eprintln!("every_replica_follows_the_leaders_default_lag: leader {leader}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_topics_last_segment_is_sealed_by_the_group_and_offloaded() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("an_idle_topics_last_segment_is_sealed").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let (config, tier) = (root.path().join("broker.toml"), root.path().join("tier"));
+    std::fs::write(
+        &config,
+        format!(
+            "segment_entries = 10\nsegment_max_age = \"3s\"\nretention_interval = \"1h\"\n\n\
+             [tiered]\nurl = \"file://{}\"\ninterval = \"1s\"\noffload_after = \"0s\"\n",
+            tier.display()
+        ),
+    )
+    .unwrap();
+    let t = "idle";
+    let (brokers, _, leader, at) =
+        led_group_with(&etcd, "ridle", root.path(), t, &with_config(&config)).await;
+    publish_filled(&brokers[at].url(), t, 0..15, 512).await;
+    // [0,10) rolls at its block; [10,15) only by age, idle: the leader's
+    // pass seals it through the group and offloads it.
+    offloaded_at_least(&brokers[at].url(), t, 2, Duration::from_secs(30)).await;
+    let files = files_of_all(&brokers, t, 15, Duration::from_secs(20)).await;
+    assert!(
+        files
+            .iter()
+            .all(|(_, f)| f.first().is_some_and(|f| *f >= 15)),
+        "every replica's copies of [0,15) gone (leader {leader}): {files:?}"
+    );
+    // Every id still reads, across the tiers.
+    let admin = client(&brokers[at].url()).await.admin();
+    let stats = admin.topic_stats(t).await.unwrap();
+    assert_eq!((stats.first_entry_id, stats.next_entry_id), (0, 15));
 }

@@ -691,34 +691,47 @@ impl SegmentLog {
             return Ok(false);
         };
         let mut tl = crate::util::lock(&t);
-        let Some(active) = tl.segments.values().next_back() else {
+        let Some(next) = sealable(&tl, older_than) else {
             return Ok(false);
         };
-        if active.first_entry.is_none() || active.cut_pending {
-            return Ok(false);
-        }
-        if let Some(age) = older_than
-            && crate::util::wall_ms().saturating_sub(active.header.created_ms)
-                < age.as_millis() as u64
-        {
-            return Ok(false);
-        }
-        let next = active.next;
         self.roll(&mut tl, next)?;
         Ok(true)
     }
 
+    /// Whether `topic`'s active segment holds entries and is
+    /// `segment_max_age` old: what an age roll of an idle topic seals (a
+    /// replicated topic's leader seals it through its group).
+    pub fn idle_due(&self, topic: &str) -> bool {
+        self.topic(topic).is_some_and(|t| {
+            sealable(&crate::util::lock(&t), Some(self.settings.max_age)).is_some()
+        })
+    }
+
     /// Age rolls of idle topics: seals every active segment older than
-    /// `segment_max_age` that holds entries.
-    pub fn seal_idle(&self) -> Result<usize> {
+    /// `segment_max_age` that holds entries, but those of topics `skip`
+    /// names (replicated ones: their leader seals through the group).
+    pub fn seal_idle(&self, skip: impl Fn(&str) -> bool) -> Result<usize> {
         let mut sealed = 0;
         for topic in self.topics() {
-            if self.seal_active(&topic, Some(self.settings.max_age))? {
+            if !skip(&topic) && self.seal_active(&topic, Some(self.settings.max_age))? {
                 sealed += 1;
             }
         }
         Ok(sealed)
     }
+}
+
+/// Where the next segment of `tl` starts if its active segment holds
+/// entries (and, with `older_than`, was created that long ago).
+fn sealable(tl: &TopicLog, older_than: Option<Duration>) -> Option<u64> {
+    let active = tl.segments.values().next_back()?;
+    if active.first_entry.is_none() || active.cut_pending {
+        return None;
+    }
+    let age = crate::util::wall_ms().saturating_sub(active.header.created_ms);
+    older_than
+        .is_none_or(|o| age >= o.as_millis() as u64)
+        .then_some(active.next)
 }
 
 /// Opens one topic's directory: the `start` file, every segment in order,

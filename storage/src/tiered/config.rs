@@ -100,32 +100,6 @@ impl TieredConfig {
         (!p.is_empty()).then_some(p)
     }
 
-    /// What names the object store objects go to, for comparing two
-    /// brokers' sections (a replication group's members must share it):
-    /// `s3://bucket/prefix` and the endpoint (`endpoint=default` when
-    /// unset: AWS's, or `AWS_ENDPOINT`), or `file:///directory`. Slashes
-    /// around the prefix or directory do not count; credentials, region,
-    /// pace and cache never appear.
-    pub fn identity(&self) -> String {
-        if let Some(path) = self.url.strip_prefix("file://") {
-            let path = path.trim_end_matches('/');
-            return format!("file://{}", if path.is_empty() { "/" } else { path });
-        }
-        let rest = self.url.trim_start_matches("s3://");
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        let prefix = prefix.trim_matches('/');
-        let at = if prefix.is_empty() {
-            format!("s3://{bucket}")
-        } else {
-            format!("s3://{bucket}/{prefix}")
-        };
-        let endpoint = self
-            .endpoint
-            .as_deref()
-            .map_or("default", |e| e.trim_end_matches('/'));
-        format!("{at} endpoint={endpoint}")
-    }
-
     /// Rejects settings that cannot work.
     pub fn validate(&self) -> std::result::Result<(), String> {
         if self.cache_bytes < self.block_bytes {
@@ -280,44 +254,6 @@ mod tests {
         assert_eq!(c.token.as_deref(), Some("T"));
         let e = read_credentials(&f, "absent").err().unwrap().to_string();
         assert!(e.contains("[absent]"), "{e}");
-    }
-
-    #[test]
-    fn the_identity_names_the_store_and_never_a_credential() {
-        let c = TieredConfig {
-            url: "s3://bucket/some/prefix/".into(),
-            endpoint: Some("http://127.0.0.1:9000/".into()),
-            credentials_file: Some("/secret/creds".into()),
-            profile: "mine".into(),
-            region: Some("eu-west-1".into()),
-            ..Default::default()
-        };
-        assert_eq!(
-            c.identity(),
-            "s3://bucket/some/prefix endpoint=http://127.0.0.1:9000"
-        );
-        let same = TieredConfig {
-            url: "s3://bucket//some/prefix".into(),
-            endpoint: Some("http://127.0.0.1:9000".into()),
-            pace_bytes_per_second: 5,
-            ..Default::default()
-        };
-        assert_eq!(same.identity(), c.identity());
-        let bare = TieredConfig {
-            url: "s3://bucket".into(),
-            ..Default::default()
-        };
-        assert_eq!(bare.identity(), "s3://bucket endpoint=default");
-        let other = TieredConfig {
-            url: "s3://bucket/other".into(),
-            ..c.clone()
-        };
-        assert_ne!(other.identity(), c.identity());
-        let dir = TieredConfig {
-            url: "file:///var/tier/".into(),
-            ..Default::default()
-        };
-        assert_eq!(dir.identity(), "file:///var/tier");
     }
 
     #[test]

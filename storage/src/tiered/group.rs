@@ -16,9 +16,16 @@
 //! topic's offload policy ([`Tiered::offload_due_through`]), whose
 //! topic-level record is the group's too.
 //!
-//! A replica's local copies of recorded ranges go as the policy's
-//! `keep_local` and `delete_lag` say, counted from the offload time the
-//! leader stamped in the record ([`Tiered::drop_due_group`]).
+//! A replica's local copies of recorded ranges go as `keep_local` and
+//! `delete_lag` say, counted from the offload time the leader stamped in
+//! the record ([`Tiered::drop_due_group`]). Which `keep_local` and
+//! `delete_lag`: the topic's own policy if it has one (the group's, the
+//! same on every replica), else those the leader stamped in the record
+//! ([`SegmentState::local`], resolved from its policy in force: the
+//! namespace's or the `[tiered]` default, each broker's own), so every
+//! replica drops at the same moment whatever its own defaults; a record
+//! without a stamp (written by an older leader) follows this replica's
+//! policy in force, as before.
 //!
 //! A group's objects are deleted only by the group's commands: a trim
 //! below them ([`Tiered::trim`]) or the topic's delete
@@ -130,6 +137,7 @@ impl Tiered {
         recorder: &dyn GroupRecorder,
     ) -> Result<super::offload::Outcome> {
         let _one_pass = self.offloading.lock().await;
+        self.restamp(topic, recorder)?;
         let Some((policy, _)) = self.effective(topic) else {
             return Ok(super::offload::Outcome::default());
         };
@@ -150,6 +158,35 @@ impl Tiered {
         }
         let done = self.upload_and_record(topic, recorder, due).await;
         self.note_outcome(topic, done)
+    }
+
+    /// The leader's pass brings the stamps of `topic`'s records whose
+    /// range it still holds locally up to its policy in force (a changed
+    /// namespace policy or `[tiered]` default, the topic's own cleared, a
+    /// record of an older leader without a stamp): each is recorded again
+    /// through the group with the new stamp and its offload time kept, so
+    /// every replica's copies follow the change as a factor-1 topic's do.
+    /// Returns how many were recorded again.
+    fn restamp(&self, topic: &str, recorder: &dyn GroupRecorder) -> Result<u32> {
+        let in_force = Some(
+            self.effective(topic)
+                .map(|(p, _)| p.local_copies())
+                .unwrap_or_default(),
+        );
+        let local_start = self.log.segment_starts(topic).first().copied();
+        let Some(local_start) = local_start else {
+            return Ok(0);
+        };
+        let stale: Vec<SegmentState> = self
+            .group_states(topic)
+            .into_iter()
+            .filter(|s| s.next > local_start && s.local != in_force)
+            .collect();
+        for mut s in stale.iter().cloned() {
+            s.local = in_force;
+            recorder.record(&s)?;
+        }
+        Ok(stale.len() as u32)
     }
 
     /// Uploads and records through the group at most `most` of `topic`'s
@@ -202,6 +239,12 @@ impl Tiered {
         state.object_crc = crc;
         state.offloaded_ms = crate::util::wall_ms();
         state.group = true;
+        // The leader's decision on local copies, for every replica.
+        state.local = Some(
+            self.effective(topic)
+                .map(|(p, _)| p.local_copies())
+                .unwrap_or_default(),
+        );
         metrics::counter!("ricochet_tiered_offloaded_bytes_total").increment(seg.len);
         metrics::counter!("ricochet_tiered_offloaded_segments_total").increment(1);
         Ok(state)
@@ -229,15 +272,22 @@ impl Tiered {
 
     /// Drops `topic`'s local segments lying wholly inside its recorded
     /// ranges, oldest first and never the active one, as far as the
-    /// offload policy in force lets them go at `now_ms`: never with
+    /// records covering each let it go at `now_ms`: never with
     /// `keep_local`, else once `delete_lag` passed since the offload time
-    /// the leader stamped in the records covering the segment (the latest
-    /// of them), so every replica decides alike whenever it applies the
+    /// the leader stamped in each record covering the segment. The topic's
+    /// own policy (the group's) decides if it has one, else each record's
+    /// stamp ([`SegmentState::local`]: the leader's policy in force at the
+    /// offload), else (a record without one) this broker's policy in
+    /// force. So every replica decides alike whenever it applies the
     /// record, and a replica restarted within the lag drops them at a
     /// later pass (the background offloader's, every `interval`). Their
     /// files go after the next flush, as a trim's. Returns how many went.
     pub fn drop_due_group(&self, topic: &str, now_ms: u64) -> Result<u32> {
-        let policy = self.effective(topic).map(|(p, _)| p).unwrap_or_default();
+        let own = self.policies.get(topic).map(|p| p.local_copies());
+        let in_force = self
+            .effective(topic)
+            .map(|(p, _)| p.local_copies())
+            .unwrap_or_default();
         let mut dropped = 0;
         loop {
             let local = self.log.segment_infos(topic);
@@ -245,11 +295,13 @@ impl Tiered {
             if oldest.active {
                 break;
             }
-            let Some(offloaded_ms) = self.covered_at(topic, oldest.header.first, oldest.next)
-            else {
+            let Some(covering) = self.covering(topic, oldest.header.first, oldest.next) else {
                 break;
             };
-            if !policy.may_delete_local(now_ms, offloaded_ms) {
+            let due = covering
+                .iter()
+                .all(|(at, stamp)| own.or(*stamp).unwrap_or(in_force).may_delete(now_ms, *at));
+            if !due {
                 break;
             }
             if dropped == 0 {
@@ -266,22 +318,27 @@ impl Tiered {
     }
 
     /// When ids `first..next` all lie in `topic`'s recorded ranges: the
-    /// latest offload time of the records covering them (`None`: not all
-    /// recorded).
-    fn covered_at(&self, topic: &str, first: u64, next: u64) -> Option<u64> {
+    /// offload time and stamp of each record covering them (`None`: not
+    /// all recorded).
+    fn covering(
+        &self,
+        topic: &str,
+        first: u64,
+        next: u64,
+    ) -> Option<Vec<(u64, Option<super::policy::LocalCopies>)>> {
         let states = crate::util::lock(&self.states);
         let m = states.get(topic)?;
-        let (mut at, mut latest) = (first, 0);
+        let (mut at, mut out) = (first, Vec::new());
         for s in m.values() {
             if s.first <= at && at < s.next {
                 at = s.next;
-                latest = latest.max(s.offloaded_ms);
+                out.push((s.offloaded_ms, s.local));
             }
             if at >= next {
-                return Some(latest);
+                return Some(out);
             }
         }
-        (at >= next).then_some(latest)
+        (at >= next).then_some(out)
     }
 
     /// Forgets `topic`'s records without deleting any object (this

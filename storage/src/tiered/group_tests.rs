@@ -225,6 +225,7 @@ fn a_factor_one_record_encodes_without_the_group_field() {
         object_crc: 7,
         offloaded_ms: 9,
         group: false,
+        local: None,
     };
     let json = serde_json::to_string(&s).unwrap();
     assert!(!json.contains("group"), "{json}");

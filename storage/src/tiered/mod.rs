@@ -25,6 +25,7 @@ use crate::prelude::*;
 mod cache;
 pub mod config;
 pub mod group;
+mod identity;
 mod object;
 mod offload;
 pub mod policy;
@@ -77,6 +78,14 @@ pub struct SegmentState {
     /// ([`group`]). Left out of the encoding while false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub group: bool,
+    /// A group's record: when replicas drop their local copies of the
+    /// range, as its leader resolved the policy at the offload (every
+    /// replica follows this, not its own namespace policy or defaults,
+    /// unless the topic has its own policy, the group's). Absent in
+    /// records of brokers that predate it (each replica's policy in force
+    /// decides, as then) and in a factor-1 topic's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<policy::LocalCopies>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -101,6 +110,7 @@ impl SegmentState {
             object_crc: 0,
             offloaded_ms: 0,
             group: false,
+            local: None,
         }
     }
 

@@ -90,8 +90,10 @@ impl Tiered {
 
     /// One background pass over every topic of the log.
     async fn pass(self: &Arc<Self>) -> Result<()> {
-        let log = self.log.clone();
-        tokio::task::spawn_blocking(move || log.seal_idle())
+        // Replicated topics' idle segments are sealed by their groups'
+        // leaders through the group (every replica at the same id).
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.log.seal_idle(|t| me.is_grouped(t)))
             .await
             .map_err(StorageError::joined)??;
         let mut first_error = None;

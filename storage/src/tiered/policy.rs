@@ -57,6 +57,38 @@ impl OffloadPolicy {
 
     /// Whether a local copy offloaded at `offloaded_ms` may go at `now_ms`.
     pub fn may_delete_local(&self, now_ms: u64, offloaded_ms: u64) -> bool {
+        self.local_copies().may_delete(now_ms, offloaded_ms)
+    }
+
+    /// What the policy says of local copies once offloaded (what a
+    /// replicated topic's leader stamps in the group's record).
+    pub fn local_copies(&self) -> LocalCopies {
+        LocalCopies {
+            keep_local: self.keep_local,
+            delete_lag_ms: self.delete_lag_ms,
+        }
+    }
+}
+
+/// When the local copies of an offloaded segment go: the part of an
+/// [`OffloadPolicy`] every replica of a replicated topic must agree on.
+/// Its leader resolves the policy in force (the topic's, its namespace's,
+/// the `[tiered]` default) and stamps this in the group's offload record
+/// ([`super::SegmentState::local`]), so every replica follows the leader's
+/// decision rather than its own namespace policy or defaults.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalCopies {
+    /// Never delete the local copies.
+    #[serde(default)]
+    pub keep_local: bool,
+    /// Delete them this long after the offload (unset: at once).
+    #[serde(default)]
+    pub delete_lag_ms: Option<u64>,
+}
+
+impl LocalCopies {
+    /// Whether a local copy offloaded at `offloaded_ms` may go at `now_ms`.
+    pub fn may_delete(&self, now_ms: u64, offloaded_ms: u64) -> bool {
         !self.keep_local && now_ms.saturating_sub(offloaded_ms) >= self.delete_lag_ms.unwrap_or(0)
     }
 }

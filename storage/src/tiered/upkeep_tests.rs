@@ -157,9 +157,14 @@ async fn keep_local_keeps_a_replicas_copies_for_ever() {
     assert_eq!(ta.drop_due_group(T, u64::MAX).unwrap(), 0);
     assert_eq!(a.log().segment_starts(T), [0, 10, 20, 30, 40]);
     assert_eq!(objects(&root), 4);
-    // The topic's policy cleared: the default (none) lets them go.
+    // The topic's policy cleared: the records keep their stamp until the
+    // leader's next pass stamps the default in force (none), which lets
+    // them go.
     ta.set_policy(T, OffloadPolicy::default()).unwrap();
-    assert_eq!(ta.drop_due_group(T, crate::util::wall_ms()).unwrap(), 4);
+    assert_eq!(ta.drop_due_group(T, crate::util::wall_ms()).unwrap(), 0);
+    let done = ta.offload_due_through(T, &One(&a)).await.unwrap();
+    assert_eq!(done.segments, 0, "{done:?}");
+    assert_eq!(a.log().segment_starts(T), [40]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,4 +247,173 @@ async fn the_leaders_sweep_deletes_only_old_objects_no_record_names() {
     assert_eq!(first.len(), 10);
     assert_eq!(first[3].1, entry(3));
     assert_eq!(ta.sweep_orphans(T, Duration::ZERO).await.unwrap(), 0);
+}
+
+/// A replica whose `[tiered]` section sets `default` as its default
+/// policy (each broker's own), with `T` as [`replica`]'s.
+async fn replica_defaulting(dir: &Path, root: &Path, default: TieredConfig) -> LogStorage {
+    std::fs::create_dir_all(root).unwrap();
+    let sled = Arc::new(SledStorage::open(dir, 10, 1 << 20).unwrap());
+    let s = LogStorage::open(sled, dir, settings(), Some(&default))
+        .await
+        .unwrap();
+    s.put_topic(&replicated()).unwrap();
+    for first in (0..40).step_by(10) {
+        append(&s, first..first + 10);
+    }
+    s
+}
+
+/// The group's apply on every replica given.
+struct All<'a>(Vec<&'a LogStorage>);
+
+impl GroupRecorder for All<'_> {
+    fn record(&self, state: &SegmentState) -> Result<()> {
+        for r in &self.0 {
+            r.put_offload_record(state)?;
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_drops_its_copies_at_the_leaders_stamped_lag_whatever_its_own_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("tier");
+    let with = |lag: Option<u64>| TieredConfig {
+        local_delete_lag: lag.map(Duration::from_millis),
+        ..config(&root)
+    };
+    // The leader's default lag 1.5 s; b's none (at once); c's a minute.
+    let a = replica_defaulting(&dir.path().join("a"), &root, with(Some(1500))).await;
+    let b = replica_defaulting(&dir.path().join("b"), &root, with(None)).await;
+    let c = replica_defaulting(&dir.path().join("c"), &root, with(Some(60_000))).await;
+    let ta = a.tiered().unwrap().clone();
+    let group = All(vec![&a, &b, &c]);
+    let done = ta.offload_through(T, &group).await.unwrap();
+    assert_eq!((done.segments, done.local_deleted), (4, 0), "{done:?}");
+    let stamped = a.offload_records(T).unwrap();
+    assert!(
+        stamped.iter().all(|s| s.local
+            == Some(policy::LocalCopies {
+                keep_local: false,
+                delete_lag_ms: Some(1500)
+            })),
+        "{stamped:?}"
+    );
+    // Within the leader's lag: b keeps its copies too (its own default
+    // would have dropped them at the apply).
+    // ([30,40) is the followers' active one.)
+    assert_eq!(a.log().segment_starts(T), [0, 10, 20, 30, 40]);
+    for r in [&b, &c] {
+        assert_eq!(r.log().segment_starts(T), [0, 10, 20, 30]);
+    }
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    // Past it: c drops them too (its own default would keep them a minute).
+    let now = crate::util::wall_ms();
+    for (r, sealed, active) in [(&a, 4, 40), (&b, 3, 30), (&c, 3, 30)] {
+        assert_eq!(r.tiered().unwrap().drop_due_group(T, now).unwrap(), sealed);
+        assert_eq!(r.log().segment_starts(T), [active]);
+        r.flush().await.unwrap();
+        assert_eq!(all_ids(r), (0..40).collect::<Vec<_>>());
+    }
+    // A record without a stamp (an older leader's) follows the replica's
+    // own policy in force, as before: d's minute keeps its copies.
+    let d = replica_defaulting(&dir.path().join("d"), &root, with(Some(60_000))).await;
+    for mut s in stamped {
+        s.local = None;
+        d.put_offload_record(&s).unwrap();
+    }
+    let td = d.tiered().unwrap();
+    assert_eq!(td.drop_due_group(T, crate::util::wall_ms()).unwrap(), 0);
+    assert_eq!(
+        td.drop_due_group(T, crate::util::wall_ms() + 60_000)
+            .unwrap(),
+        3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leaders_namespace_policy_drives_the_pass_and_the_replicas_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("tier");
+    let a = replica_defaulting(&dir.path().join("a"), &root, config(&root)).await;
+    let b = replica_defaulting(&dir.path().join("b"), &root, config(&root)).await;
+    let ta = a.tiered().unwrap().clone();
+    let group = All(vec![&a, &b]);
+    // No policy anywhere: the leader's pass offloads nothing.
+    let done = ta.offload_due_through(T, &group).await.unwrap();
+    assert_eq!(done.segments, 0, "{done:?}");
+    // A namespace policy set on the leader (b has none): its next pass
+    // follows it, and b keeps its copies as the leader's policy says.
+    let ns = OffloadPolicy {
+        offload_after_ms: Some(0),
+        keep_local: true,
+        ..Default::default()
+    };
+    ta.set_policy("public/default", ns).unwrap();
+    let done = ta.offload_due_through(T, &group).await.unwrap();
+    assert_eq!((done.segments, done.local_deleted), (3, 0), "{done:?}");
+    let far = crate::util::wall_ms() + 3_600_000;
+    for r in [&a, &b] {
+        assert_eq!(r.tiered().unwrap().drop_due_group(T, far).unwrap(), 0);
+        assert_eq!(r.log().segment_starts(T), [0, 10, 20, 30]);
+    }
+    // The namespace's policy changed on the leader: its next pass stamps
+    // the new rule (at once) on the records whose copies it still holds,
+    // and on the segment it offloads now; every replica drops its copies.
+    let ns = OffloadPolicy {
+        offload_after_ms: Some(0),
+        ..Default::default()
+    };
+    ta.set_policy("public/default", ns).unwrap();
+    append(&a, 40..50);
+    append(&b, 40..50);
+    let done = ta.offload_due_through(T, &group).await.unwrap();
+    assert_eq!(done.segments, 1, "{done:?}");
+    let records = b.offload_records(T).unwrap();
+    assert_eq!(records.len(), 4);
+    assert!(
+        records
+            .iter()
+            .all(|s| s.local == Some(policy::LocalCopies::default())),
+        "{records:?}"
+    );
+    for r in [&a, &b] {
+        assert_eq!(r.log().segment_starts(T), [40]);
+        r.flush().await.unwrap();
+        assert_eq!(all_ids(r), (0..50).collect::<Vec<_>>());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_topics_own_policy_decides_over_the_stamps_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("tier");
+    let keep = TieredConfig {
+        keep_local: true,
+        ..config(&root)
+    };
+    let a = replica_defaulting(&dir.path().join("a"), &root, keep).await;
+    let b = replica_defaulting(&dir.path().join("b"), &root, config(&root)).await;
+    let ta = a.tiered().unwrap().clone();
+    let done = ta.offload_through(T, &All(vec![&a, &b])).await.unwrap();
+    assert_eq!((done.segments, done.local_deleted), (4, 0), "{done:?}");
+    assert_eq!(
+        b.log().segment_starts(T),
+        [0, 10, 20, 30],
+        "stamped keep_local"
+    );
+    // The group's command sets the topic's own policy on every replica:
+    // it decides at once, before any pass restamps.
+    let own = OffloadPolicy {
+        delete_lag_ms: Some(0),
+        ..Default::default()
+    };
+    for r in [&a, &b] {
+        r.put_offload_policy(T, &own).unwrap();
+    }
+    let now = crate::util::wall_ms();
+    assert_eq!(ta.drop_due_group(T, now).unwrap(), 4);
+    assert_eq!(b.tiered().unwrap().drop_due_group(T, now).unwrap(), 3);
 }
