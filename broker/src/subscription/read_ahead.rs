@@ -120,6 +120,7 @@ impl SubscriptionActor {
     pub(super) fn load_due(&mut self) {
         let room = READ_AHEAD.saturating_sub(self.deliveries.ready.len());
         let mut take = Vec::new();
+        let mut early_n = 0usize;
         while take.len() < room {
             let Some((entry, due)) = self.deliveries.due.pop_first() else {
                 break;
@@ -157,12 +158,17 @@ impl SubscriptionActor {
                         due_ms: Some(due),
                     },
                 );
+                early_n += 1;
                 continue;
             }
             take.push((entry, Some(due)));
         }
+        let read = take.len();
         if !take.is_empty() {
             self.load_into_ready(take);
+        }
+        if read + early_n > 0 {
+            tracing::trace!(target: "ricochet::burst", read_ahead = early_n, read, "actor: fired entries loaded");
         }
     }
 
