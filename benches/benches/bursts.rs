@@ -194,8 +194,12 @@ async fn burst(durability: Durability, v: Variant, n: usize) -> Result<(), BoxEr
     match v {
         Variant::Nack | Variant::NackBrokerHeld => {
             for m in &got {
+                // The hold runs from the call (the client stamps it there),
+                // so a redelivery is early only before call + delay; taken
+                // after the call returned, an on-time one could count.
+                let called = Instant::now();
                 consumer.nack(m).await?;
-                due.insert(m.id().clone(), Instant::now() + delay);
+                due.insert(m.id().clone(), called + delay);
             }
         }
         Variant::Reconsume => {
