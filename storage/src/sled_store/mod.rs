@@ -21,6 +21,7 @@
 //! identity the manifest ([`super::manifest`]) names, and the manifest is a
 //! file beside sled's own.
 
+mod ahead;
 mod append;
 pub(crate) mod checkpoint;
 mod codec;
@@ -95,6 +96,10 @@ pub struct SledStorage {
     /// Keys of `meta` the inventory read (a test counts them).
     #[cfg(test)]
     meta_keys_read: std::sync::atomic::AtomicUsize,
+    /// Chunks the scan of the schedule for counts and heads read (a test
+    /// counts them).
+    #[cfg(test)]
+    chunks_scanned: std::sync::atomic::AtomicUsize,
 }
 
 /// Main-tier failure heads of one subscription's messages: by entry id,
@@ -183,6 +188,8 @@ impl SledStorage {
             pending_sequences: Mutex::new(HashMap::new()),
             #[cfg(test)]
             meta_keys_read: Default::default(),
+            #[cfg(test)]
+            chunks_scanned: Default::default(),
         };
         // A store written with one schedule key per entry is converted
         // (once; logged when anything moved).
