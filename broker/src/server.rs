@@ -11,7 +11,7 @@ use crate::gate::{Gate, Guarded};
 use crate::node::Node;
 use crate::service::{AdminService, BrokerService, Router};
 use crate::storage::SledStorage;
-use crate::storage::{Storage, StorageError};
+use crate::storage::{MetaStore, Storage, StorageError};
 use ricochet_policy::PolicyRegistry;
 use ricochet_proto::admin_server::AdminServer;
 use ricochet_proto::auth_server::AuthServer;
