@@ -246,7 +246,11 @@ fn one_read_buffer_serves_every_sealed_segment_of_an_open_and_is_freed_after() {
     let (dir, topic_dir) = four_segments();
     sealed::BUFFERS_MADE.with(|n| n.set(0));
     let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
-    assert_eq!(log.records_checked_at_open(), 4, "three sealed segments checked whole");
+    assert_eq!(
+        log.records_checked_at_open(),
+        4,
+        "three sealed segments checked whole"
+    );
     // The three sealed files are of one size: one buffer for all three.
     assert_eq!(sealed::BUFFERS_MADE.with(|n| n.get()), 1);
     // Freed once the log is open: the next pass makes one again.

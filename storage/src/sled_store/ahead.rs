@@ -116,7 +116,10 @@ mod tests {
             );
         }
         let scanned = s.chunks_scanned.load(Ordering::Relaxed);
-        assert_eq!(scanned, 0, "{scanned} chunks read again after the read-ahead");
+        assert_eq!(
+            scanned, 0,
+            "{scanned} chunks read again after the read-ahead"
+        );
     }
 
     #[test]
