@@ -77,7 +77,8 @@ pub struct SledStorage {
     /// Open segment trees per topic, by segment number.
     segments: Mutex<HashMap<String, BTreeMap<u64, Tree>>>,
     /// Dead letters and schedule entries per subscription id, counted by a
-    /// clean [`Self::verify`] pass, taken by the next counted inventory
+    /// clean [`Self::verify`] pass or read ahead of a start
+    /// ([`Self::read_ahead_of_start`]), taken by the next counted inventory
     /// instead of a second scan.
     verified_counts: Mutex<Option<HashMap<u64, manifest::SubCounts>>>,
     /// The main-tier failure heads per subscription id, from a clean
