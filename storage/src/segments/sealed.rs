@@ -46,7 +46,7 @@ thread_local! {
 thread_local! {
     /// The whole-file pass's read buffer, kept between the opens of one
     /// thread (a start opens hundreds of sealed segments: a fresh zeroed
-    /// buffer of up to [`READ_AT_ONCE`] each was 2.3 % of a 5M start's
+    /// buffer of up to [`READ_AT_ONCE`] each was 2.3–5.3 % of a 5M start's
     /// samples, and its fresh pages faulted in); freed by
     /// [`free_read_buffer`] once a log's open ends.
     static BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
