@@ -11,7 +11,7 @@ use crate::gate::{Gate, Guarded};
 use crate::node::Node;
 use crate::service::{AdminService, BrokerService, Router};
 use crate::storage::SledStorage;
-use crate::storage::{Storage, StorageError};
+use crate::storage::{MetaStore, Storage, StorageError};
 use ricochet_policy::PolicyRegistry;
 use ricochet_proto::admin_server::AdminServer;
 use ricochet_proto::auth_server::AuthServer;
@@ -81,6 +81,14 @@ impl BrokerBuilder {
                     // A store written before held messages took one key each is
                     // converted (once; logged when anything moved).
                     sled.upgrade_held()?;
+                    // What the manifest check (counts, after a clean stop) and
+                    // the subscriptions' start (failure heads) read from the
+                    // schedule, read now, beside the segment-file log's check
+                    // rather than after it; damage met here is met and refused
+                    // again where it always was.
+                    let counted = mode != VerifyOnStart::Off
+                        && matches!(sled.load_manifest(), Ok(Some(m)) if m.clean);
+                    sled.read_ahead_of_start(counted);
                     Ok(sled)
                 };
             let mut tiered = None;

@@ -273,6 +273,7 @@ impl SegmentLog {
             log.torn.extend(torn);
             topics.insert(topic, Arc::new(Mutex::new(tl)));
         }
+        sealed::free_read_buffer();
         if writable {
             sync_dir(&root)?;
         }

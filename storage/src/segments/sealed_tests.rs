@@ -240,3 +240,22 @@ fn the_whole_file_pass_finds_the_same_records_whatever_its_read_size() {
     sealed::READ_SIZE.with(|s| s.set(4 << 20));
     drop(dir);
 }
+
+#[test]
+fn one_read_buffer_serves_every_sealed_segment_of_an_open_and_is_freed_after() {
+    let (dir, topic_dir) = four_segments();
+    sealed::BUFFERS_MADE.with(|n| n.set(0));
+    let log = SegmentLog::open(dir.path(), settings(), true).unwrap();
+    assert_eq!(
+        log.records_checked_at_open(),
+        4,
+        "three sealed segments checked whole"
+    );
+    // The three sealed files are of one size: one buffer for all three.
+    assert_eq!(sealed::BUFFERS_MADE.with(|n| n.get()), 1);
+    // Freed once the log is open: the next pass makes one again.
+    let path = seg(&topic_dir, 100);
+    let sum = sealed::read(&path).unwrap().unwrap();
+    sealed::open(&path, 100, false, sum).unwrap();
+    assert_eq!(sealed::BUFFERS_MADE.with(|n| n.get()), 2);
+}

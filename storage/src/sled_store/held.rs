@@ -360,16 +360,15 @@ impl SledStorage {
         *crate::util::lock(&self.heads) = Some(HeadCache::new(heads));
     }
 
-    /// [`SubscriptionStore::main_failure_heads_by`]: the share of the
-    /// cache (filled by one scan of both trees on the first call, cut at
-    /// [`Self::gather_heads_by`]), or, once taken or written, a scan for
-    /// this subscription cut at `horizon_ms`. A share cut earlier than
-    /// `horizon_ms` is handed on as it is (its caller loads the rest as the
-    /// holds come into its window), except to a caller that wants every
-    /// head (`u64::MAX`), for whom it is read again whole.
-    pub(super) fn main_heads(&self, sub_id: u64, horizon_ms: u64) -> Result<HeadList> {
-        let mut guard = crate::util::lock(&self.heads);
-        if guard.is_none() {
+    /// Fills the heads cache, unless filled, by one scan of both trees
+    /// for every subscription, cut at [`Self::gather_heads_by`].
+    pub(super) fn fill_heads_once(&self) -> Result<()> {
+        self.fill_heads(&mut crate::util::lock(&self.heads))
+    }
+
+    /// [`Self::fill_heads_once`] with the cache's lock held.
+    fn fill_heads(&self, cache: &mut Option<HeadCache>) -> Result<()> {
+        if cache.is_none() {
             let started = std::time::Instant::now();
             let all = self.scan_heads_with(None, false, self.heads_cut())?.0;
             tracing::info!(
@@ -379,8 +378,21 @@ impl SledStorage {
                 took_ms = started.elapsed().as_millis() as u64,
                 "failure heads read for every subscription (a scan of failures and schedule)"
             );
-            *guard = Some(HeadCache::new(all));
+            *cache = Some(HeadCache::new(all));
         }
+        Ok(())
+    }
+
+    /// [`SubscriptionStore::main_failure_heads_by`]: the share of the
+    /// cache (filled by one scan of both trees on the first call, cut at
+    /// [`Self::gather_heads_by`]), or, once taken or written, a scan for
+    /// this subscription cut at `horizon_ms`. A share cut earlier than
+    /// `horizon_ms` is handed on as it is (its caller loads the rest as the
+    /// holds come into its window), except to a caller that wants every
+    /// head (`u64::MAX`), for whom it is read again whole.
+    pub(super) fn main_heads(&self, sub_id: u64, horizon_ms: u64) -> Result<HeadList> {
+        let mut guard = crate::util::lock(&self.heads);
+        self.fill_heads(&mut guard)?;
         if let Some(cache) = guard.as_mut()
             && cache.stale.insert(sub_id)
         {
@@ -536,6 +548,9 @@ impl SledStorage {
         let mut counted = Counted::new();
         for kv in self.raw_chunks(from, to) {
             let (ck, v) = kv?;
+            #[cfg(test)]
+            self.chunks_scanned
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let body = unseal(&ck, &v)?;
             let sub = sched::chunk_sub(&ck);
             if counting {

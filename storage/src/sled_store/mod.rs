@@ -21,6 +21,7 @@
 //! identity the manifest ([`super::manifest`]) names, and the manifest is a
 //! file beside sled's own.
 
+mod ahead;
 mod append;
 pub(crate) mod checkpoint;
 mod codec;
@@ -76,7 +77,8 @@ pub struct SledStorage {
     /// Open segment trees per topic, by segment number.
     segments: Mutex<HashMap<String, BTreeMap<u64, Tree>>>,
     /// Dead letters and schedule entries per subscription id, counted by a
-    /// clean [`Self::verify`] pass, taken by the next counted inventory
+    /// clean [`Self::verify`] pass or read ahead of a start
+    /// ([`Self::read_ahead_of_start`]), taken by the next counted inventory
     /// instead of a second scan.
     verified_counts: Mutex<Option<HashMap<u64, manifest::SubCounts>>>,
     /// The main-tier failure heads per subscription id, from a clean
@@ -95,6 +97,10 @@ pub struct SledStorage {
     /// Keys of `meta` the inventory read (a test counts them).
     #[cfg(test)]
     meta_keys_read: std::sync::atomic::AtomicUsize,
+    /// Chunks the scan of the schedule for counts and heads read (a test
+    /// counts them).
+    #[cfg(test)]
+    chunks_scanned: std::sync::atomic::AtomicUsize,
 }
 
 /// Main-tier failure heads of one subscription's messages: by entry id,
@@ -183,6 +189,8 @@ impl SledStorage {
             pending_sequences: Mutex::new(HashMap::new()),
             #[cfg(test)]
             meta_keys_read: Default::default(),
+            #[cfg(test)]
+            chunks_scanned: Default::default(),
         };
         // A store written with one schedule key per entry is converted
         // (once; logged when anything moved).
