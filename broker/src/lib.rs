@@ -77,6 +77,8 @@ mod limits;
 mod metrics;
 mod name;
 mod node;
+mod offload_policies;
+mod ns_shared;
 mod partitions;
 mod replay_jobs;
 pub mod replication;
