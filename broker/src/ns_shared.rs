@@ -20,6 +20,7 @@ use ricochet_cluster::etcd::Created;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,9 +130,9 @@ async fn first_read<K: Kind>(
     let mut shared = read_all::<K>(cluster).await?;
     let mut also = Vec::new();
     for (ns, r) in held {
-        if !shared.contains_key(&ns) {
-            also.push((key::<K>(cluster, &ns), encode::<K>(&r)?));
-            shared.insert(ns, r);
+        if let Entry::Vacant(e) = shared.entry(ns) {
+            also.push((key::<K>(cluster, e.key()), encode::<K>(&r)?));
+            e.insert(r);
         }
     }
     match cluster

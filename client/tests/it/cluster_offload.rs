@@ -53,7 +53,11 @@ async fn set_ns(url: &str, policy: OffloadPolicy) -> Result<OffloadPolicyRespons
         .map(|r| r.into_inner())
 }
 
-async fn get(url: &str, namespace: &str, topic: &str) -> Result<OffloadPolicyResponse, tonic::Status> {
+async fn get(
+    url: &str,
+    namespace: &str,
+    topic: &str,
+) -> Result<OffloadPolicyResponse, tonic::Status> {
     tiered(url)
         .await
         .get_offload_policy(GetOffloadPolicyRequest {
@@ -224,7 +228,11 @@ async fn a_namespace_offload_policy_held_before_the_cluster_becomes_the_clusters
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(recorded.contains("1234"), "{recorded}");
-    assert!(etcd.get("/ricochet/nsoffmig/offload-in-etcd").await.is_some());
+    assert!(
+        etcd.get("/ricochet/nsoffmig/offload-in-etcd")
+            .await
+            .is_some()
+    );
     let seen = get(&brokers[0].url(), NS, "").await.unwrap();
     assert_eq!(
         seen.policy.as_ref().and_then(|p| p.offload_after_ms),
