@@ -77,6 +77,8 @@ mod limits;
 mod metrics;
 mod name;
 mod node;
+mod ns_shared;
+mod offload_policies;
 mod partitions;
 mod replay_jobs;
 pub mod replication;

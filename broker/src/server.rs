@@ -304,6 +304,15 @@ impl Broker {
                 self.core.shutdown.clone(),
             );
         }
+        // Namespaces' offload policies: in a cluster, the cluster's.
+        let namespaces = self.tiered.as_ref().map(|t| {
+            crate::offload_policies::NamespaceOffload::start(
+                t.clone(),
+                self.core.flusher.clone(),
+                cluster.clone(),
+                self.core.shutdown.clone(),
+            )
+        });
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<BrokerServer<BrokerService>>().await;
         let broker = BrokerServer::new(BrokerService::new(self.node.clone()))
@@ -330,7 +339,7 @@ impl Broker {
             gate.clone(),
         ));
         let tiered = ricochet_proto::tiered_server::TieredServer::new(Guarded::new(
-            crate::service::TieredService::new(self.node.clone(), self.tiered.clone()),
+            crate::service::TieredService::new(self.node.clone(), self.tiered.clone(), namespaces),
             gate.clone(),
         ));
         let cluster_service = ricochet_proto::cluster_server::ClusterServer::new(Guarded::new(

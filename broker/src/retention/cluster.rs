@@ -3,10 +3,11 @@
 //! (`namespaces/<tenant>/<namespace>/retention`, the policy as JSON), as
 //! Pulsar keeps namespace policies in its metadata store: `namespaces
 //! set-retention` sent to any broker writes it there first, and every
-//! broker reads the namespaces' policies every [`SYNC_EVERY`] and takes
+//! broker reads the namespaces' policies every [`ns_shared::SYNC_EVERY`] and takes
 //! them in force (storing them in its own store too, so a restart without
 //! etcd keeps the last ones it saw). Reads (`GetRetention` on a namespace)
-//! are answered from etcd.
+//! are answered from etcd. The etcd side is shared with the namespaces'
+//! offload policies ([`crate::ns_shared`]).
 //!
 //! etcd is the truth once the key `retention-in-etcd` exists: a policy a
 //! broker holds for a namespace that etcd has none for is dropped there.
@@ -18,31 +19,30 @@
 //! (its owner, or its replicated topic's group).
 
 use super::Retention;
-use crate::error::{BrokerError, Result};
+use crate::error::Result;
+use crate::ns_shared::{self, Kind};
 use crate::storage::RetentionRecord;
 use ricochet_cluster::Cluster;
-use ricochet_cluster::etcd::Created;
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-/// How often a broker reads the namespaces' policies from etcd.
-pub const SYNC_EVERY: Duration = Duration::from_secs(1);
+/// Namespaces' retention policies in etcd.
+pub(super) struct RetentionKind;
 
-const SUFFIX: &str = "/retention";
+impl Kind for RetentionKind {
+    type Record = RetentionRecord;
+    const SUFFIX: &'static str = "/retention";
+    const MARKER: &'static str = "retention-in-etcd";
+    const WHAT: &'static str = "retention policy";
+    const FAILED: &'static str =
+        "cannot take the cluster's namespace retention policies: the ones in force here are kept";
 
-fn key(cluster: &Cluster, namespace: &str) -> String {
-    cluster.key(&format!("namespaces/{namespace}{SUFFIX}"))
-}
-
-fn marker(cluster: &Cluster) -> String {
-    cluster.key("retention-in-etcd")
-}
-
-fn encode(record: &RetentionRecord) -> Result<String> {
-    serde_json::to_string(record)
-        .map_err(|e| BrokerError::Etcd(format!("encoding a retention policy: {e}")))
+    fn check(namespace: &str, r: &RetentionRecord) -> std::result::Result<(), String> {
+        if r.target == namespace {
+            Ok(())
+        } else {
+            Err(format!("it names {}", r.target))
+        }
+    }
 }
 
 /// Writes `namespace`'s policy to etcd, or with `None` removes it.
@@ -51,121 +51,34 @@ pub(super) async fn publish(
     namespace: &str,
     record: Option<&RetentionRecord>,
 ) -> Result<()> {
-    let key = key(cluster, namespace);
-    match record {
-        Some(r) => {
-            cluster.etcd().put(&key, &encode(r)?, 0).await?;
-        }
-        None => {
-            cluster.etcd().delete(&key).await?;
-        }
-    }
-    Ok(())
+    ns_shared::publish::<RetentionKind>(cluster, namespace, record).await
 }
 
 /// `namespace`'s policy in etcd, if any.
 pub(super) async fn get(cluster: &Cluster, namespace: &str) -> Result<Option<RetentionRecord>> {
-    let Some(kv) = cluster.etcd().get(&key(cluster, namespace)).await? else {
-        return Ok(None);
-    };
-    decode(namespace, &kv.value).map(Some)
+    ns_shared::get::<RetentionKind>(cluster, namespace).await
 }
 
-fn decode(namespace: &str, value: &str) -> Result<RetentionRecord> {
-    let r: RetentionRecord = serde_json::from_str(value).map_err(|e| {
-        BrokerError::Etcd(format!(
-            "bad retention policy recorded for namespace {namespace}: {e}"
-        ))
-    })?;
-    if r.target != namespace {
-        return Err(BrokerError::Etcd(format!(
-            "the retention policy recorded for namespace {namespace} names {}",
-            r.target
-        )));
-    }
-    Ok(r)
-}
-
-/// Every namespace's policy in etcd, by namespace. A record that does not
-/// decode is skipped with a WARN (the others still apply).
-async fn read_all(cluster: &Cluster) -> Result<BTreeMap<String, RetentionRecord>> {
-    let prefix = cluster.key("namespaces/");
-    let mut out = BTreeMap::new();
-    for kv in cluster.etcd().get_prefix(&prefix).await? {
-        let Some(namespace) = kv
-            .key
-            .strip_prefix(&prefix)
-            .and_then(|k| k.strip_suffix(SUFFIX))
-        else {
-            continue;
-        };
-        match decode(namespace, &kv.value) {
-            Ok(r) => {
-                out.insert(namespace.to_owned(), r);
-            }
-            Err(e) => tracing::warn!(error = %e, "a namespace retention policy in etcd is skipped"),
-        }
-    }
-    Ok(out)
-}
-
-/// The first read: makes etcd the truth, publishing the namespace
-/// policies this broker holds that etcd lacks if it is the first broker
-/// to read (see the module).
-async fn first_read(
-    cluster: &Cluster,
-    held: Vec<RetentionRecord>,
-) -> Result<BTreeMap<String, RetentionRecord>> {
-    let mut shared = read_all(cluster).await?;
-    let mut also = Vec::new();
-    for r in held {
-        if !shared.contains_key(&r.target) {
-            also.push((key(cluster, &r.target), encode(&r)?));
-            shared.insert(r.target.clone(), r);
-        }
-    }
-    match cluster
-        .etcd()
-        .create_if_absent_with(&marker(cluster), "1", 0, &also)
-        .await?
-    {
-        Created::Created(_) => {
-            if !also.is_empty() {
-                tracing::info!(
-                    count = also.len(),
-                    "namespace retention policies this broker held are now the cluster's (in etcd)"
-                );
-            }
-            Ok(shared)
-        }
-        Created::Exists(_) => read_all(cluster).await,
-    }
-}
-
-/// Reads the namespaces' policies every [`SYNC_EVERY`] and takes them in
+/// Reads the namespaces' policies every [`ns_shared::SYNC_EVERY`] and takes them in
 /// force on `retention`'s broker, until it shuts down. A failed read is
 /// logged (once until one succeeds) and the policies in force are kept.
 pub(super) fn spawn_sync(retention: Retention, cluster: Arc<Cluster>) {
     let stop = retention.core.shutdown.clone();
-    // Until the first reading succeeds, it is the one that may publish.
-    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    crate::util::spawn_every(
-        SYNC_EVERY,
+    let lock = retention.namespaces.clone();
+    let held = retention.clone();
+    ns_shared::spawn_sync::<RetentionKind, _, _, _>(
+        cluster,
         stop,
-        "cannot take the cluster's namespace retention policies: the ones in force here are kept",
+        lock,
         move || {
-            let (retention, cluster, first) = (retention.clone(), cluster.clone(), first.clone());
-            async move {
-                let _taking = retention.namespaces.lock().await;
-                let shared = if first.load(Ordering::Acquire) {
-                    first_read(&cluster, retention.namespace_policies()).await?
-                } else {
-                    read_all(&cluster).await?
-                };
-                retention.take_namespaces(shared).await?;
-                first.store(false, Ordering::Release);
-                Ok(())
-            }
+            held.namespace_policies()
+                .into_iter()
+                .map(|r| (r.target.clone(), r))
+                .collect()
+        },
+        move |shared| {
+            let retention = retention.clone();
+            async move { retention.take_namespaces(shared).await }
         },
     );
 }

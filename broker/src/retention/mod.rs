@@ -179,7 +179,7 @@ impl Retention {
     }
 
     /// In cluster mode: namespaces' policies are the cluster's from now on
-    /// (written to etcd, read from it every [`cluster::SYNC_EVERY`]).
+    /// (written to etcd, read from it every [`crate::ns_shared::SYNC_EVERY`]).
     pub(crate) fn join(&self, c: Arc<Cluster>) {
         if self.cluster.set(c.clone()).is_ok() {
             cluster::spawn_sync(self.clone(), c);

@@ -12,6 +12,7 @@ use crate::error::BrokerError;
 use crate::name::Target;
 use crate::name::TopicName;
 use crate::node::Node;
+use crate::offload_policies::NamespaceOffload;
 use crate::replication::offload::ThroughGroup;
 use crate::storage::TopicKind;
 use crate::storage::tiered::policy::OffloadPolicy as Policy;
@@ -26,12 +27,23 @@ use tonic::{Request, Response, Status};
 pub struct TieredService {
     node: Arc<Node>,
     tiered: Option<Arc<Tiered>>,
+    /// The namespaces' policies (in a cluster, the cluster's).
+    namespaces: Option<NamespaceOffload>,
 }
 
 impl TieredService {
-    /// A service over `node` and its object-store tier, if configured.
-    pub fn new(node: Arc<Node>, tiered: Option<Arc<Tiered>>) -> Self {
-        Self { node, tiered }
+    /// A service over `node` and its object-store tier, if configured,
+    /// with the tier's namespace policies.
+    pub fn new(
+        node: Arc<Node>,
+        tiered: Option<Arc<Tiered>>,
+        namespaces: Option<NamespaceOffload>,
+    ) -> Self {
+        Self {
+            node,
+            tiered,
+            namespaces,
+        }
     }
 
     fn tiered(&self) -> Result<&Arc<Tiered>, BrokerError> {
@@ -54,9 +66,14 @@ impl TieredService {
         Ok(name)
     }
 
-    fn answer(&self, target: &Target) -> Result<OffloadPolicyResponse, BrokerError> {
+    /// The policy set on `target` and, for a topic, the one in force. A
+    /// namespace's is read where it is kept (in a cluster, etcd).
+    async fn answer(&self, target: &Target) -> Result<OffloadPolicyResponse, BrokerError> {
         let t = self.tiered()?;
-        let own = t.policies().get(target.key());
+        let own = match (target, &self.namespaces) {
+            (Target::Namespace(ns), Some(n)) => n.get(ns).await?,
+            _ => t.policies().get(target.key()),
+        };
         let (effective, from) = match target {
             Target::Namespace(_) => (own.clone(), own.as_ref().map(|_| target.key().to_owned())),
             Target::Topic(name) => match t.effective(name.as_str()) {
@@ -210,13 +227,19 @@ impl TieredRpc for TieredService {
                     .put_offload_policy(name.as_str(), &policy)
                     .map_err(BrokerError::from)?;
             }
+            // A namespace's: in a cluster, etcd's first.
+            Target::Namespace(ns) if self.namespaces.is_some() => {
+                if let Some(n) = &self.namespaces {
+                    n.set(ns, policy).await?;
+                }
+            }
             _ => {
                 t.set_policy(target.key(), policy)
                     .map_err(BrokerError::from)?;
                 self.node.core.flusher.durable().await?;
             }
         }
-        Ok(Response::new(self.answer(&target)?))
+        Ok(Response::new(self.answer(&target).await?))
     }
 
     async fn get_offload_policy(
@@ -225,6 +248,6 @@ impl TieredRpc for TieredService {
     ) -> Result<Response<OffloadPolicyResponse>, Status> {
         let r = r.into_inner();
         let target = Target::parse(&r.namespace, &r.topic)?;
-        Ok(Response::new(self.answer(&target)?))
+        Ok(Response::new(self.answer(&target).await?))
     }
 }

@@ -8,6 +8,7 @@ mod cluster_drain;
 mod cluster_events;
 mod cluster_grants;
 mod cluster_lists;
+mod cluster_offload;
 mod cluster_retention;
 mod cluster_routing;
 mod common;

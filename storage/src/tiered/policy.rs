@@ -128,6 +128,16 @@ impl Policies {
         crate::util::lock(&self.by_target).get(target).cloned()
     }
 
+    /// The namespaces' policies (targets without a scheme: topics' stored
+    /// names have one), by namespace.
+    pub fn namespaces(&self) -> BTreeMap<String, OffloadPolicy> {
+        crate::util::lock(&self.by_target)
+            .iter()
+            .filter(|(target, _)| !target.contains("://"))
+            .map(|(target, p)| (target.clone(), p.clone()))
+            .collect()
+    }
+
     /// The policy in force for `topic` (full name) and where it comes
     /// from: the topic, its namespace (`tenant/namespace`), or "config".
     pub fn effective(&self, topic: &str, namespace: &str) -> Option<(OffloadPolicy, String)> {
