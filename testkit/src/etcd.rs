@@ -153,6 +153,22 @@ impl EtcdProcess {
             )
         })
     }
+
+    /// The value of `key` once it is there (read every 200 ms); panics
+    /// naming `what` if it is not within `within`.
+    pub async fn value_within(&self, key: &str, within: std::time::Duration, what: &str) -> String {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some((v, _)) = self.get(key).await {
+                return v;
+            }
+            assert!(
+                start.elapsed() < within,
+                "{what} never reached etcd ({key})"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
 }
 
 impl Drop for EtcdProcess {

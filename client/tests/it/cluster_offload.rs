@@ -213,20 +213,13 @@ async fn a_namespace_offload_policy_held_before_the_cluster_becomes_the_clusters
         &options,
     )
     .await;
-    let start = Instant::now();
-    let recorded = loop {
-        if let Some((v, _)) = etcd
-            .get(&format!("/ricochet/nsoffmig/namespaces/{NS}/offload"))
-            .await
-        {
-            break v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the broker's namespace policy never reached etcd"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let recorded = etcd
+        .value_within(
+            &format!("/ricochet/nsoffmig/namespaces/{NS}/offload"),
+            Duration::from_secs(10),
+            "the broker's namespace policy",
+        )
+        .await;
     assert!(recorded.contains("1234"), "{recorded}");
     assert!(
         etcd.get("/ricochet/nsoffmig/offload-in-etcd")

@@ -160,20 +160,13 @@ async fn a_namespace_policy_held_before_the_cluster_kept_them_becomes_the_cluste
         &SpawnOptions::new(),
     )
     .await;
-    let start = Instant::now();
-    let recorded = loop {
-        if let Some((v, _)) = etcd
-            .get(&format!("/ricochet/nsmig/namespaces/{NS}/retention"))
-            .await
-        {
-            break v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the broker's namespace policy never reached etcd"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let recorded = etcd
+        .value_within(
+            &format!("/ricochet/nsmig/namespaces/{NS}/retention"),
+            Duration::from_secs(10),
+            "the broker's namespace policy",
+        )
+        .await;
     assert!(recorded.contains("1073741824"), "{recorded}");
     assert!(
         etcd.get("/ricochet/nsmig/retention-in-etcd")
