@@ -93,24 +93,18 @@ async fn topic_on(url: &str, id: &str) -> String {
 /// broker that owns it), offloads after `want`; panics after 10 s. An
 /// error (the broker just restarted) is waited out like another answer.
 async fn in_force(url: &str, t: &str, want: Option<i64>) {
-    let start = Instant::now();
-    loop {
-        let got = get(url, "", &stored(t)).await;
-        if let Ok(got) = &got {
+    let topic = stored(t);
+    crate::common::policy_in_force(
+        &format!("{t}'s offload after"),
+        want,
+        NS,
+        || get(url, "", &topic),
+        |got| {
             let after = got.effective.as_ref().and_then(|p| p.offload_after_ms);
-            if after == want {
-                if want.is_some() {
-                    assert_eq!(got.effective_from, NS, "{got:?}");
-                }
-                return;
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{t}: in force {got:?}, wanted offload after {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+            (after, got.effective_from.as_str())
+        },
+    )
+    .await;
 }
 
 fn after(ms: i64) -> OffloadPolicy {

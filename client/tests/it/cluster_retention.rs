@@ -32,24 +32,18 @@ async fn topic_on(url: &str, id: &str) -> String {
 /// out like a different answer.
 async fn in_force(url: &str, t: &str, want: Option<i64>) {
     let admin = client(url).await.admin();
-    let start = Instant::now();
-    loop {
-        let got = admin.retention(&RetentionTarget::Topic(t.to_owned())).await;
-        if let Ok(got) = &got {
+    let target = RetentionTarget::Topic(t.to_owned());
+    crate::common::policy_in_force(
+        &format!("{t}'s max age"),
+        want,
+        NS,
+        || admin.retention(&target),
+        |got| {
             let age = got.effective.as_ref().and_then(|p| p.max_age_ms);
-            if age == want {
-                if want.is_some() {
-                    assert_eq!(got.effective_from, NS, "{got:?}");
-                }
-                return;
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{t}: in force {got:?}, wanted max age {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+            (age, got.effective_from.as_str())
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

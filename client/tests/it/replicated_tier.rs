@@ -272,6 +272,14 @@ async fn every_replica_keeps_its_copies_for_the_delete_lag_then_drops_them() {
 
 /// Each broker's segment files of `t`, once every broker's first is at
 /// least `below` (its copies below gone), else after `within`.
+/// Whether every replica's local segments start at `below` or later
+/// (none holds an id below it).
+fn all_below_gone(files: &[(String, Vec<u64>)], below: u64) -> bool {
+    files
+        .iter()
+        .all(|(_, f)| f.first().is_some_and(|f| *f >= below))
+}
+
 async fn files_of_all(
     brokers: &[ricochet_testkit::ClusterBroker],
     t: &str,
@@ -284,11 +292,7 @@ async fn files_of_all(
             .iter()
             .map(|b| (b.id.clone(), segment_files(b, t)))
             .collect();
-        if files
-            .iter()
-            .all(|(_, f)| f.first().is_some_and(|f| *f >= below))
-            || start.elapsed() >= within
-        {
+        if all_below_gone(&files, below) || start.elapsed() >= within {
             return files;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -358,20 +362,13 @@ async fn every_replica_follows_the_leaders_default_lag_not_its_own() {
                 );
             }
             let files = files_of_all(&brokers, t, 20, Duration::from_secs(30)).await;
-            assert!(
-                files
-                    .iter()
-                    .all(|(_, f)| f.first().is_some_and(|f| *f >= 20)),
-                "30 s past b0's lag: {files:?}"
-            );
+            assert!(all_below_gone(&files, 20), "30 s past b0's lag: {files:?}");
         }
         // The leader's none: dropped at once, by b2 (keep_local) too.
         1 => {
             let files = files_of_all(&brokers, t, 20, Duration::from_secs(20)).await;
             assert!(
-                files
-                    .iter()
-                    .all(|(_, f)| f.first().is_some_and(|f| *f >= 20)),
+                all_below_gone(&files, 20),
                 "20 s after the record (leader b1, at once): {files:?}"
             );
         }
@@ -413,9 +410,7 @@ async fn an_idle_topics_last_segment_is_sealed_by_the_group_and_offloaded() {
     offloaded_at_least(&brokers[at].url(), t, 2, Duration::from_secs(30)).await;
     let files = files_of_all(&brokers, t, 15, Duration::from_secs(20)).await;
     assert!(
-        files
-            .iter()
-            .all(|(_, f)| f.first().is_some_and(|f| *f >= 15)),
+        all_below_gone(&files, 15),
         "every replica's copies of [0,15) gone (leader {leader}): {files:?}"
     );
     // Every id still reads, across the tiers.

@@ -59,3 +59,39 @@ pub async fn assert_quiet(c: &mut Consumer, d: Duration) {
 pub fn text(m: &Message) -> String {
     String::from_utf8_lossy(m.payload()).into_owned()
 }
+
+/// Polls `read` every 200 ms until the policy in force it answers has the
+/// figure `want` (`value` gives the answer's figure and where the policy
+/// in force comes from, which must be `from` when `want` is set); panics
+/// after 10 s naming `what`. An error (an owner that just restarted) is
+/// waited out like a different answer.
+pub async fn policy_in_force<R, E, F>(
+    what: &str,
+    want: Option<i64>,
+    from: &str,
+    mut read: impl FnMut() -> F,
+    value: impl Fn(&R) -> (Option<i64>, &str),
+) where
+    R: std::fmt::Debug,
+    E: std::fmt::Debug,
+    F: std::future::Future<Output = Result<R, E>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        let got = read().await;
+        if let Ok(got) = &got {
+            let (figure, source) = value(got);
+            if figure == want {
+                if want.is_some() {
+                    assert_eq!(source, from, "{got:?}");
+                }
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{what}: in force {got:?}, wanted {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
