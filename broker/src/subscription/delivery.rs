@@ -15,10 +15,13 @@ use super::EntryMap;
 /// Messages buffered ahead of dispatch.
 pub(super) const READ_AHEAD: usize = 1_000;
 
-/// A message ready to be dispatched.
+/// A message ready to be dispatched. Its message is boxed: the read-ahead
+/// is a B-tree taken from the front, and a removal there shifts the node's
+/// other values, which were some 200 B each unboxed (a burst of 1 000 moved
+/// about 2 MB through `memmove` on its way out).
 #[derive(Debug)]
 pub(super) struct Pending {
-    pub msg: Message,
+    pub msg: Box<Message>,
     /// Its schedule entry's due time, if it came from the schedule.
     pub due_ms: Option<u64>,
 }
@@ -560,7 +563,7 @@ mod tests {
         d.ready.insert(
             TierEntry::main(2),
             Pending {
-                msg: Message::default(),
+                msg: Box::default(),
                 due_ms: None,
             },
         );
@@ -593,7 +596,7 @@ mod tests {
         d.ready.insert(
             TierEntry::retry(1),
             Pending {
-                msg: Message::default(),
+                msg: Box::default(),
                 due_ms: Some(50),
             },
         );
@@ -601,7 +604,7 @@ mod tests {
         d.ready.insert(
             TierEntry::main(3),
             Pending {
-                msg: Message::default(),
+                msg: Box::default(),
                 due_ms: None,
             },
         );

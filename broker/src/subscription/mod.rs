@@ -603,6 +603,7 @@ impl SubscriptionActor {
                 self.breaker_probe_sent(assigned[0].entry);
             }
             let mut out: HashMap<ConsumerId, Vec<Message>> = HashMap::new();
+            let (mut dispatched, mut bytes) = (0u64, 0u64);
             for a in assigned {
                 let Some(p) = self.deliveries.ready.remove(&a.entry) else {
                     continue;
@@ -618,22 +619,22 @@ impl SubscriptionActor {
                 if self.rec.key_order.is_some() {
                     self.key_lanes.dispatched(a.entry, &p.msg.key);
                 }
-                let mut msg = p.msg;
+                let mut msg = *p.msg;
                 let id = self.wire_ref(a.entry);
                 msg.id = Some(ricochet_proto::MessageId {
                     topic: id.topic,
                     entry_id: id.entry_id,
                 });
                 msg.delivery_count = self.deliveries.delivery_count(a.entry);
-                self.metrics.dispatched.increment(1);
-                self.metrics
-                    .dispatched_bytes
-                    .increment(msg.payload.len() as u64);
+                dispatched += 1;
+                bytes += msg.payload.len() as u64;
                 self.metrics
                     .delivery_count
                     .record(f64::from(msg.delivery_count));
                 out.entry(a.consumer).or_default().push(msg);
             }
+            self.metrics.dispatched.increment(dispatched);
+            self.metrics.dispatched_bytes.increment(bytes);
             for (consumer, msgs) in out {
                 tracing::trace!(target: "ricochet::burst", n = msgs.len(), "actor: messages handed to a consumer's stream");
                 self.consumers.send(consumer, ConsumerEvent::Messages(msgs));

@@ -43,7 +43,9 @@ pub(crate) const PREFETCH_STEP: usize = 256;
 #[derive(Debug)]
 pub(super) struct Early {
     pub due_ms: u64,
-    pub msg: Message,
+    /// Boxed when read, ahead of the due time, so that the fire moves a
+    /// pointer into the read-ahead, not the message.
+    pub msg: Box<Message>,
     /// A retry-tier message's failure record, read with it.
     pub failure: Option<FailureRecord>,
     bytes: usize,
@@ -255,7 +257,9 @@ impl SubscriptionActor {
                 if !self.deliveries.prefetched.has_room() {
                     break;
                 }
-                let Some(msg) = bytes.and_then(|b| Message::decode(b.as_slice()).ok()) else {
+                let Some(msg) =
+                    bytes.and_then(|b| Message::decode(b.as_slice()).ok().map(Box::new))
+                else {
                     continue;
                 };
                 let failure =
@@ -290,7 +294,7 @@ mod tests {
     fn early(due_ms: u64, bytes: usize) -> Early {
         Early {
             due_ms,
-            msg: Message::default(),
+            msg: Box::default(),
             failure: None,
             bytes,
         }

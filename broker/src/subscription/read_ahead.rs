@@ -103,7 +103,7 @@ impl SubscriptionActor {
                         self.deliveries.ready.insert(
                             *entry,
                             Pending {
-                                msg,
+                                msg: Box::new(msg),
                                 due_ms: *due_ms,
                             },
                         );
@@ -273,9 +273,13 @@ impl SubscriptionActor {
                 });
                 continue;
             }
-            self.deliveries
-                .ready
-                .insert(entry, Pending { msg, due_ms: None });
+            self.deliveries.ready.insert(
+                entry,
+                Pending {
+                    msg: Box::new(msg),
+                    due_ms: None,
+                },
+            );
         }
         self.read_pos = match last {
             Some(l) => l + 1,
