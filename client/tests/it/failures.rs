@@ -623,12 +623,14 @@ async fn broker_held_nacks_never_come_back_before_their_hold() {
 /// goes by: the hold's µs rounded up to a ms) is never before the nack call
 /// plus the hold by this machine's wall clock, nacks one at a time (each
 /// the only one scheduled, so the subscription's next due time is its).
+/// A hold that ended before the stats were read (a loaded machine) leaves
+/// no due time to check: such rounds are counted, and most must be checked.
 #[tokio::test]
 async fn a_broker_held_nacks_stored_due_time_is_never_before_its_hold() {
     const N: usize = 40;
     let env = start().await;
     let t = topic("f-held-stored-due");
-    let hold = Duration::from_micros(30_300);
+    let hold = Duration::from_micros(100_300);
     let mut c = env
         .client
         .consumer(&t)
@@ -645,7 +647,7 @@ async fn a_broker_held_nacks_stored_due_time_is_never_before_its_hold() {
             .unwrap()
             .as_micros() as u64
     };
-    let mut early = Vec::new();
+    let (mut early, mut unchecked) = (Vec::new(), 0);
     for _ in 0..N {
         // One at a time: the next to arrive is this one again.
         produce(&env, &t, 1).await;
@@ -660,7 +662,10 @@ async fn a_broker_held_nacks_stored_due_time_is_never_before_its_hold() {
             .await
             .unwrap();
         let due_us = stats.next_retry_due_ms * 1000;
-        if due_us < called_us + hold.as_micros() as u64 {
+        if due_us == 0 {
+            // Fired already: nothing scheduled to read.
+            unchecked += 1;
+        } else if due_us < called_us + hold.as_micros() as u64 {
             early.push(called_us + hold.as_micros() as u64 - due_us);
         }
         let again = recv(&mut c, T).await;
@@ -674,5 +679,9 @@ async fn a_broker_held_nacks_stored_due_time_is_never_before_its_hold() {
         early.is_empty(),
         "{} of {N} stored due times before the hold (µs early: {early:?})",
         early.len()
+    );
+    assert!(
+        unchecked <= N / 4,
+        "{unchecked} of {N} holds ended before their due time could be read"
     );
 }
