@@ -715,8 +715,8 @@ impl SledStorage {
                 }
             }
             if !chunk.is_empty() {
-                let written = sched::tx_result(
-                    (&self.failures, &self.sched, &self.sched_big).transaction(
+                let written =
+                    sched::tx_result((&self.failures, &self.sched, &self.sched_big).transaction(
                         |(failures, chunks, big)| {
                             let mut w = sched::SchedWrites::new(chunks, big);
                             for (own, sk, body) in &chunk {
@@ -725,8 +725,7 @@ impl SledStorage {
                             }
                             w.finish()
                         },
-                    ),
-                )?;
+                    ))?;
                 self.chunks_written(written);
                 moved += chunk.len() as u64;
                 if crate::util::failpoint_armed("upgrade.held.after_chunk") {
