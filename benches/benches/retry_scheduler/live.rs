@@ -4,7 +4,9 @@
 //! 1 h `reconsume_later` (pipelined frames, no confirmation awaited), or
 //! with `RS_LIVE_KIND=nack` nacked with a 1 h delay the broker holds (in
 //! place, NATS' `NakWithDelay`; one confirmed frame per delivered batch);
-//! `RS_LIVE_KIND=reconsume,nack` runs both; the
+//! `RS_LIVE_KIND=reconsume,nack` runs both; `RS_LIVE_NACK_FRAME=k` sends
+//! the nacks in frames of `k` messages instead (a client that fails its
+//! messages a few at a time); the
 //! broker's resident memory idle, after publishing and once the retries are
 //! parked, per parked retry, for each count of `RS_LIVE_COUNTS`. Unlike
 //! part 3 the broker parks the retries itself, so its caches hold what
@@ -83,6 +85,16 @@ pub(crate) fn counts() -> Vec<usize> {
         "RS_LIVE_RETRIES",
         if quick() { 50_000 } else { 200_000 },
     )]
+}
+
+/// `RS_LIVE_NACK_FRAME`: messages per nack frame (unset: one frame per
+/// received batch).
+fn nack_frame() -> Option<usize> {
+    std::env::var("RS_LIVE_NACK_FRAME")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// How a parked message is parked.
@@ -281,24 +293,27 @@ async fn park(target: &Target, kind: Kind, n: usize) -> Result<Row, BoxError> {
         };
         parked += batch.len();
         if kind == Kind::Nack {
-            frames += 1;
-            let messages = batch
-                .into_iter()
-                .map(|m| FailedDelivery {
-                    id: m.id,
-                    reason: FailureReason::Nack as i32,
-                    detail: String::new(),
-                    delay_ms: HOUR_MS,
-                    ahead: false,
-                    local: false,
-                    delay_us: 0,
-                })
-                .collect();
-            c.send(consume_request::Request::Redeliver(Redeliver {
-                request_id: frames as u64,
-                messages,
-            }))
-            .await?;
+            let per_frame = nack_frame().unwrap_or(batch.len()).max(1);
+            for frame in batch.chunks(per_frame) {
+                frames += 1;
+                let messages = frame
+                    .iter()
+                    .map(|m| FailedDelivery {
+                        id: m.id.clone(),
+                        reason: FailureReason::Nack as i32,
+                        detail: String::new(),
+                        delay_ms: HOUR_MS,
+                        ahead: false,
+                        local: false,
+                        delay_us: 0,
+                    })
+                    .collect();
+                c.send(consume_request::Request::Redeliver(Redeliver {
+                    request_id: frames as u64,
+                    messages,
+                }))
+                .await?;
+            }
             continue;
         }
         for m in batch {
@@ -341,9 +356,14 @@ async fn park(target: &Target, kind: Kind, n: usize) -> Result<Row, BoxError> {
     }
     let per = |a: u64, b: u64| (a as f64 - b as f64) / n.max(1) as f64;
     println!(
-        "  {kind:?} {n}: published in {published:.1?} ({:.0} msg/s); parked in {parking:.1?} ({:.0} retries/s)",
+        "  {kind:?} {n}: published in {published:.1?} ({:.0} msg/s); parked in {parking:.1?} ({:.0} retries/s){}",
         n as f64 / published.as_secs_f64(),
-        n as f64 / parking.as_secs_f64()
+        n as f64 / parking.as_secs_f64(),
+        if kind == Kind::Nack {
+            format!("; {frames} nack frames")
+        } else {
+            String::new()
+        }
     );
     println!(
         "  {kind:?} {n}: RSS idle {:.1} MB, after publishing {:.1} MB, with {n} parked {:.1} MB (peak {:.1} MB); per parked retry {:.0} B above idle ({:.0} B above the published state); target <= 150 B",

@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-pub(super) struct Harness {
+pub(super) struct Harness<S = MemoryStorage> {
     pub(super) core: Arc<BrokerCore>,
-    pub(super) storage: Arc<MemoryStorage>,
+    pub(super) storage: Arc<S>,
     pub(super) clock: Arc<TokioClock>,
     pub(super) entry: Arc<TopicEntry>,
 }
@@ -33,7 +33,7 @@ pub(super) async fn harness() -> Harness {
 }
 
 /// A broker core on `storage` (a restart when a core used it before).
-async fn harness_on(storage: Arc<MemoryStorage>) -> Harness {
+pub(super) async fn harness_on<S: Storage + 'static>(storage: Arc<S>) -> Harness<S> {
     let clock = Arc::new(TokioClock::starting_at_us(1_700_000_000_000_000));
     // Sync durability; the periodic flush would only add virtual-time ticks.
     let config = BrokerConfig {
@@ -90,7 +90,7 @@ pub(super) async fn reconsume_all(
     got
 }
 
-impl Harness {
+impl<S> Harness<S> {
     /// Publishes `m0`..`m{n-1}`, subscribes one Shared consumer with
     /// permits for `permits` and receives the first `n` deliveries.
     pub(super) async fn shared_burst(

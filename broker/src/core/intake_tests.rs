@@ -5,6 +5,8 @@
 //! read and one waiting task per message.
 
 use super::actor_tests::{harness, receive, reconsume_all};
+use crate::storage::TierId;
+use crate::storage::prelude::*;
 use ricochet_proto::SubscriptionType;
 use std::time::Duration;
 
@@ -62,7 +64,6 @@ async fn a_burst_of_moves_and_acks_waits_for_the_flush_together() {
 async fn a_held_nacks_hold_runs_to_the_microsecond_and_is_stored_rounded_up() {
     use crate::clock::Clock;
     use crate::storage::TierEntry;
-    use crate::storage::prelude::*;
     let h = harness().await;
     h.publish(&["a"]).await;
     let mut c = h.consumer(SubscriptionType::Exclusive, None).await;
@@ -94,4 +95,78 @@ async fn a_held_nacks_hold_runs_to_the_microsecond_and_is_stored_rounded_up() {
     let at = h.clock.now_us();
     assert_eq!(again.delivery_count, 1);
     assert!(at >= due_us, "{} µs early", due_us - at);
+}
+
+/// The sled engine on a fresh directory (kept alive beside it).
+fn sled_store() -> (
+    tempfile::TempDir,
+    std::sync::Arc<crate::storage::SledStorage>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = crate::storage::SledStorage::open(dir.path(), 16_384, 8 << 20).unwrap();
+    (dir, std::sync::Arc::new(s))
+}
+
+/// A burst of pipelined nack frames (here 8 messages each, as a client
+/// sends one frame per small received batch) with a hold the broker
+/// serves is taken in together: each schedule chunk (64 entry ids of one
+/// due-time bucket, one sled value) is written about once, not once per
+/// frame that adds to it (8 times here, one request at a time).
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_nack_frames_writes_each_schedule_chunk_about_once() {
+    const N: usize = 512;
+    const FRAME: usize = 8;
+    let (_dir, storage) = sled_store();
+    let h = super::actor_tests::harness_on(storage.clone()).await;
+    let (mut c, first) = h.shared_burst(N, 2 * N as u32).await;
+    let before = storage.schedule_chunk_writes();
+    let rids: Vec<u64> = first
+        .chunks(FRAME)
+        .map(|f| c.nack_all_held(f, Duration::from_secs(3600)))
+        .collect();
+    let mut early = Vec::new();
+    c.all_done_keeping(&rids, &mut early).await;
+    assert!(early.is_empty(), "nothing comes back before its hold ends");
+    let writes = storage.schedule_chunk_writes() - before;
+    // Entry ids 0..512, one due time: 8 chunks.
+    let chunks = (N / 64) as u64;
+    assert!(
+        writes <= 2 * chunks,
+        "{writes} chunk writes for {N} held nacks in {chunks} chunks ({} frames)",
+        rids.len()
+    );
+    let held = h.storage.failures_of(c.handle.id(), TierId::Main).unwrap();
+    assert_eq!(held.len(), N, "every nack held");
+    assert!(held.iter().all(|(_, r)| r.count == 1));
+}
+
+/// Nack frames taken in together keep what one frame at a time did: a
+/// message named by two frames is failed once (the second finds it no
+/// longer in flight), and a frame naming a message never delivered is
+/// refused alone while the frames around it are carried out.
+#[tokio::test(start_paused = true)]
+async fn nack_frames_taken_together_fail_a_message_once_and_refuse_a_bad_frame_alone() {
+    let (_dir, storage) = sled_store();
+    let h = super::actor_tests::harness_on(storage.clone()).await;
+    let (mut c, first) = h.shared_burst(6, 12).await;
+    let hold = Duration::from_secs(3600);
+    let mut never = first[0].clone();
+    never.id.as_mut().unwrap().entry_id = 1_000;
+    let a = c.nack_all_held(&first[0..3], hold);
+    let bad = c.nack_all_held(&[first[3].clone(), never], hold);
+    let b = c.nack_all_held(&first[2..6], hold);
+    let refused = c.done(bad).await;
+    assert!(
+        matches!(
+            refused.as_ref().map_err(|e| &**e),
+            Err(crate::BrokerError::InvalidArgument(_))
+        ),
+        "{refused:?}"
+    );
+    let mut early = Vec::new();
+    c.all_done_keeping(&[a, b], &mut early).await;
+    assert!(early.is_empty());
+    let held = h.storage.failures_of(c.handle.id(), TierId::Main).unwrap();
+    let counts: Vec<(u64, u32)> = held.iter().map(|(m, r)| (m.entry_id, r.count)).collect();
+    assert_eq!(counts, (0..6).map(|i| (i, 1)).collect::<Vec<_>>());
 }

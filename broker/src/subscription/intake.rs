@@ -2,7 +2,10 @@
 //! nack or an ack timeout, `reconsume_later`, terminate, a lost stream) into
 //! [`Failure`]s, checking them against what is in flight, and carrying out
 //! what the planner decides: redeliver in place, or move to a tier. A clean
-//! close gives messages back with no attempt charged.
+//! close gives messages back with no attempt charged. Consecutive
+//! requests of a burst are taken in together ([`Redelivers`], and the
+//! `reconsume_later`s of a round): one planning pass and one storage write,
+//! each request answered once that write is durable.
 
 use super::SubscriptionActor;
 use super::delivery::{Counted, Held};
@@ -15,7 +18,100 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// Consecutive redeliver requests (nack frames) of a round, gathered to be
+/// taken in together by [`SubscriptionActor::redeliver_frames`].
+#[derive(Debug, Default)]
+pub(super) struct Redelivers {
+    frames: Vec<(ConsumerId, u64, Vec<FailedItem>, Instant)>,
+    items: usize,
+}
+
+impl Redelivers {
+    pub(super) fn push(
+        &mut self,
+        consumer: ConsumerId,
+        request_id: u64,
+        items: Vec<FailedItem>,
+        queued: Instant,
+    ) {
+        self.items += items.len();
+        self.frames.push((consumer, request_id, items, queued));
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// Failed messages gathered.
+    pub(super) fn items(&self) -> usize {
+        self.items
+    }
+}
+
 impl SubscriptionActor {
+    /// Whether a redeliver request naming `items` may be taken in together
+    /// with its neighbours: it names its messages (an empty list means
+    /// everything in flight, read when it is handled), none counted ahead
+    /// or redelivered by the client (their bookkeeping depends on what
+    /// earlier requests left in flight), and no outage breaker watches the
+    /// subscription (it is handled one request at a time, as before).
+    pub(super) fn gathers(&self, items: &[FailedItem]) -> bool {
+        !items.is_empty() && !self.has_breaker() && items.iter().all(|i| !i.ahead && !i.local)
+    }
+
+    /// Redeliver requests gathered by the round ([`Self::gathers`]), taken
+    /// in together: each is checked as it would be alone (one that does not
+    /// check out is refused alone), a message a request names that an
+    /// earlier one of the group failed already is passed over (it is no
+    /// longer in flight, as one request at a time would find it), and all
+    /// the failures are planned and written in one [`Self::fail`], so a
+    /// burst writes each schedule chunk once instead of once per request.
+    /// Each request is answered once that write is durable.
+    pub(super) async fn redeliver_frames(&mut self, frames: Redelivers) {
+        if frames.is_empty() {
+            return;
+        }
+        let mut failures = Vec::with_capacity(frames.items);
+        let mut accepted = Vec::with_capacity(frames.frames.len());
+        let mut seen = HashSet::with_capacity(frames.items);
+        for (consumer, request_id, items, queued) in frames.frames {
+            let since_us = self.since_us(queued);
+            match self.redeliver_failures(consumer, items, since_us, &seen) {
+                Ok(fs) => {
+                    for f in fs {
+                        if seen.insert(f.entry) {
+                            failures.push(f);
+                        }
+                    }
+                    accepted.push((consumer, request_id));
+                }
+                Err(e) => self.reply(consumer, request_id, Err(e.into())),
+            }
+        }
+        let (n, started) = (failures.len(), std::time::Instant::now());
+        let outcome = if failures.is_empty() {
+            Ok(())
+        } else {
+            self.fail(failures, false).await
+        };
+        tracing::trace!(
+            target: "ricochet::burst",
+            n,
+            frames = accepted.len(),
+            us = started.elapsed().as_micros() as u64,
+            "actor: redeliver frames taken in"
+        );
+        match outcome {
+            Ok(()) => self.finish_requests(accepted),
+            Err(e) => {
+                let e = std::sync::Arc::new(e);
+                for (consumer, request_id) in accepted {
+                    self.reply(consumer, request_id, Err(e.clone()));
+                }
+            }
+        }
+    }
+
     fn not_in_flight(&self, id: &MessageRef) -> BrokerError {
         BrokerError::InvalidArgument(format!(
             "message {id} is not in flight on subscription {} (already acked, or never delivered)",
@@ -119,7 +215,7 @@ impl SubscriptionActor {
             counted
         } else {
             let since_us = self.since_us(queued);
-            let due = match self.redeliver_failures(consumer, items, since_us) {
+            let due = match self.redeliver_failures(consumer, items, since_us, &HashSet::new()) {
                 Ok(f) => self.fail(f, false).await,
                 Err(e) => Err(e),
             };
@@ -290,11 +386,15 @@ impl SubscriptionActor {
         }
     }
 
+    /// The failures a redeliver request names, checked; `failed`: messages
+    /// failed already by earlier requests taken in together with this one
+    /// (passed over, as no longer in flight).
     fn redeliver_failures(
         &self,
         consumer: ConsumerId,
         items: Vec<FailedItem>,
         since_us: u64,
+        failed: &HashSet<TierEntry>,
     ) -> Result<Vec<Failure>> {
         let name = self.consumers.name_of(consumer);
         if items.is_empty() {
@@ -315,6 +415,9 @@ impl SubscriptionActor {
         } in items
         {
             let entry = self.locate(&id)?;
+            if failed.contains(&entry) {
+                continue;
+            }
             if !self
                 .deliveries
                 .was_delivered(entry, self.rec.is_acked(entry))

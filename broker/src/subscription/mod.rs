@@ -96,6 +96,13 @@ pub(crate) const COMMANDS_PER_ROUND: usize = 64;
 /// burst of them is moved in transactions of up to
 /// `COMMANDS_PER_ROUND * RECONSUMES_PER_COMMAND` (group commit).
 pub(crate) const RECONSUMES_PER_COMMAND: usize = 16;
+/// Most failed messages of consecutive redeliver requests (nack frames)
+/// taken in together: one planning pass and one storage write for all of
+/// them (group commit), so a burst of frames writes each schedule chunk
+/// about once rather than once per frame. The bound of a burst of
+/// `reconsume_later`s' move (a move to a tier may carry payload copies);
+/// a single larger frame is still taken whole, as before.
+pub(crate) const REDELIVERS_PER_WRITE: usize = COMMANDS_PER_ROUND * RECONSUMES_PER_COMMAND;
 
 /// What every subscription actor shares with the rest of the broker.
 #[derive(Debug, Clone)]
@@ -304,19 +311,38 @@ impl SubscriptionActor {
 
     /// Handles `first` and whatever else is queued, up to a bound; true when
     /// the subscription was deleted. Consecutive `reconsume_later`s are
-    /// gathered and moved in one transaction; any other command first
-    /// applies them, so commands still take effect in arrival order.
+    /// gathered and moved in one transaction, and consecutive redeliver
+    /// requests (nack frames; see [`Self::gathers`]) redelivered by one
+    /// write, up to [`REDELIVERS_PER_WRITE`] messages; any other command
+    /// first applies what was gathered, so commands still take effect in
+    /// arrival order.
     async fn round(&mut self, first: Command, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
         let mut next = Some(first);
         let mut reconsumes = Vec::new();
+        let mut redelivers = intake::Redelivers::default();
         let mut handled = 0;
         while let Some(cmd) = next.take() {
             match cmd {
                 Command::Request(
                     consumer,
+                    requests::ConsumerRequest::Redeliver { request_id, items },
+                    queued,
+                ) if self.gathers(&items) => {
+                    self.reconsume_later(std::mem::take(&mut reconsumes)).await;
+                    if redelivers.is_empty() {
+                        // As before any other request: the round's acks first.
+                        self.write_acked();
+                    } else if redelivers.items() + items.len() > REDELIVERS_PER_WRITE {
+                        self.redeliver_frames(std::mem::take(&mut redelivers)).await;
+                    }
+                    redelivers.push(consumer, request_id, items, queued);
+                }
+                Command::Request(
+                    consumer,
                     req @ requests::ConsumerRequest::ReconsumeLater { .. },
                     queued,
                 ) => {
+                    self.redeliver_frames(std::mem::take(&mut redelivers)).await;
                     reconsumes.push((consumer, req, queued));
                     // Group commit: a burst of them counts as one command
                     // per `RECONSUMES_PER_COMMAND`, so up to
@@ -330,6 +356,7 @@ impl SubscriptionActor {
                     }
                 }
                 Command::Delete(force, reply) => {
+                    self.redeliver_frames(std::mem::take(&mut redelivers)).await;
                     self.reconsume_later(std::mem::take(&mut reconsumes)).await;
                     self.write_acked();
                     let r = self.delete(force);
@@ -340,6 +367,7 @@ impl SubscriptionActor {
                     }
                 }
                 other => {
+                    self.redeliver_frames(std::mem::take(&mut redelivers)).await;
                     self.reconsume_later(std::mem::take(&mut reconsumes)).await;
                     // Acks are answered before anything else is handled
                     // (a close, another request): only acks and permits
@@ -365,6 +393,7 @@ impl SubscriptionActor {
                 next = rx.try_recv().ok();
             }
         }
+        self.redeliver_frames(redelivers).await;
         self.reconsume_later(reconsumes).await;
         self.write_acked();
         false

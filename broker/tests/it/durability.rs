@@ -181,3 +181,72 @@ async fn in_interval_mode_seen_counts_and_confirmed_acks_survive_kill_9() {
     assert!(c.next(QUIET).await.is_none(), "the confirmed ack held");
     broker.kill9();
 }
+
+/// Pipelined nack frames whose holds the broker serves are taken in
+/// together (one write for many frames, `subscription/intake.rs`): killed
+/// with SIGKILL right after the last confirmation, the restarted broker
+/// still holds every confirmed nack at its delivery count (1), none lost,
+/// none back before its hold ends.
+#[tokio::test]
+async fn confirmed_held_nacks_of_a_pipelined_burst_survive_kill_9() {
+    const N: usize = 400;
+    const FRAME: usize = 8;
+    const TOPIC: &str = "persistent://public/default/held-burst";
+    let dir = tempfile::tempdir().unwrap();
+    let broker = spawn(dir.path()).await;
+    let mut p = RawProducer::open(broker.url(), TOPIC, "p").await.unwrap();
+    let payloads: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
+    p.send(&payloads.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    let mut c = RawConsumer::simple(broker.url(), TOPIC, "s", SubscriptionType::Shared).await;
+    c.flow(N as u32).await;
+    let got = c.take(N, WAIT).await;
+    let frames: Vec<&[Message]> = got.chunks(FRAME).collect();
+    for (i, frame) in frames.iter().enumerate() {
+        let messages = frame
+            .iter()
+            .map(|m| FailedDelivery {
+                id: m.id.clone(),
+                reason: FailureReason::Nack as i32,
+                delay_ms: 3_600_000,
+                ..FailedDelivery::default()
+            })
+            .collect();
+        c.request(consume_request::Request::Redeliver(Redeliver {
+            request_id: i as u64 + 1,
+            messages,
+        }))
+        .await;
+    }
+    for _ in 0..frames.len() {
+        let r = c.result(WAIT).await.expect("every frame confirmed");
+        assert_eq!(r.code, 0, "{r:?}");
+    }
+    broker.kill9();
+
+    let broker = spawn(dir.path()).await;
+    let stats = sub_stats(broker.url(), TOPIC, "s").await;
+    assert_eq!(
+        stats.scheduled_retries, N as u64,
+        "every confirmed nack held"
+    );
+    let mut c = RawConsumer::simple(broker.url(), TOPIC, "s", SubscriptionType::Shared).await;
+    c.flow(N as u32).await;
+    assert!(c.next(QUIET).await.is_none(), "none back before its hold");
+    for id in [0, N as u64 / 2, N as u64 - 1] {
+        let m = ricochet_proto::admin_client::AdminClient::new(channel(broker.url()).await)
+            .get_message(GetMessageRequest {
+                id: Some(MessageId {
+                    topic: TOPIC.into(),
+                    entry_id: id,
+                }),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let s = m.subscriptions.iter().find(|s| s.subscription == "s");
+        let s = s.expect("subscription s");
+        assert_eq!((s.state.as_str(), s.delivery_count), ("scheduled", 1));
+    }
+    broker.kill9();
+}

@@ -640,7 +640,8 @@ impl SledStorage {
                 }
                 w.finish()
             },
-        ));
+        ))
+        .map(|written| self.chunks_written(written));
         self.touch_heads(
             held.iter()
                 .map(|(k, _)| k.message.sub_id)
@@ -714,16 +715,18 @@ impl SledStorage {
                 }
             }
             if !chunk.is_empty() {
-                sched::tx_result((&self.failures, &self.sched, &self.sched_big).transaction(
-                    |(failures, chunks, big)| {
-                        let mut w = sched::SchedWrites::new(chunks, big);
-                        for (own, sk, body) in &chunk {
-                            failures.remove(own)?;
-                            w.insert(sk, body)?;
-                        }
-                        w.finish()
-                    },
-                ))?;
+                let written =
+                    sched::tx_result((&self.failures, &self.sched, &self.sched_big).transaction(
+                        |(failures, chunks, big)| {
+                            let mut w = sched::SchedWrites::new(chunks, big);
+                            for (own, sk, body) in &chunk {
+                                failures.remove(own)?;
+                                w.insert(sk, body)?;
+                            }
+                            w.finish()
+                        },
+                    ))?;
+                self.chunks_written(written);
                 moved += chunk.len() as u64;
                 if crate::util::failpoint_armed("upgrade.held.after_chunk") {
                     self.flush_blocking();

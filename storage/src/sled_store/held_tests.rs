@@ -313,3 +313,30 @@ fn a_store_in_the_previous_layout_is_converted_once_in_chunks() {
     assert_eq!(s.upgrade_held().unwrap(), 0);
     assert_eq!(heads_of(&s), before);
 }
+
+/// A schedule chunk (one sled value) is written once by each write that
+/// changes it: 64 held nacks of one chunk parked one write each rewrite it
+/// 64 times, in one write once; a write that changes nothing in a chunk (an
+/// entry already there, the removal of one that is not) writes none.
+#[test]
+fn a_chunk_is_written_once_by_each_write_that_changes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SledStorage::open(dir.path(), 16_384, 8 << 20).unwrap();
+    let at = |due_ms, id| ScheduleKey {
+        due_ms,
+        message: main(1, id),
+    };
+    let together: Vec<_> = (0..64).map(|i| (at(5_000, i), held(1, 5_000))).collect();
+    s.put_held(&together, &[]).unwrap();
+    assert_eq!(s.schedule_chunk_writes(), 1);
+    for i in 0..64 {
+        s.put_held(&[(at(9_000, i), held(1, 9_000))], &[]).unwrap();
+    }
+    assert_eq!(s.schedule_chunk_writes(), 65);
+    s.put_schedule(&[(at(5_000, 3), true), (at(5_000, 70), false)])
+        .unwrap();
+    assert_eq!(s.schedule_chunk_writes(), 65, "nothing changed");
+    s.put_schedule(&[(at(5_000, 3), false)]).unwrap();
+    assert_eq!(s.schedule_chunk_writes(), 66);
+    assert_eq!(s.scheduled(None, u64::MAX, 1_000).unwrap().len(), 127);
+}

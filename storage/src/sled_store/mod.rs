@@ -94,6 +94,9 @@ pub struct SledStorage {
     /// Producer sequence ids of logged topics' appends not checkpointed to
     /// `prodseq` yet ([`checkpoint`]).
     pending_sequences: Mutex<HashMap<String, checkpoint::Pending>>,
+    /// Schedule chunks written (inserted, or removed once emptied) by
+    /// committed writes since open ([`Self::schedule_chunk_writes`]).
+    chunk_writes: std::sync::atomic::AtomicU64,
     /// Keys of `meta` the inventory read (a test counts them).
     #[cfg(test)]
     meta_keys_read: std::sync::atomic::AtomicUsize,
@@ -187,6 +190,7 @@ impl SledStorage {
             heads: Mutex::new(None),
             heads_cut: std::sync::atomic::AtomicU64::new(u64::MAX),
             pending_sequences: Mutex::new(HashMap::new()),
+            chunk_writes: Default::default(),
             #[cfg(test)]
             meta_keys_read: Default::default(),
             #[cfg(test)]

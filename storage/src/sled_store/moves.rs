@@ -133,17 +133,20 @@ impl SledStorage {
                     }
                 };
             }
-            schedule.finish()?;
+            let written = schedule.finish()?;
             for f in &frames {
                 segments[f.segment].insert(&f.key, f.value.as_slice())?;
             }
             if let Some((k, v)) = &index {
                 meta.insert(k, v.as_slice())?;
             }
-            Ok::<_, ConflictableTransactionError<StorageError>>(())
+            Ok::<_, ConflictableTransactionError<StorageError>>(written)
         });
         match result {
-            Ok(()) => Ok(()),
+            Ok(written) => {
+                self.chunks_written(written);
+                Ok(())
+            }
             Err(TransactionError::Abort(e)) => Err(e),
             Err(TransactionError::Storage(e)) => Err(e.into()),
         }

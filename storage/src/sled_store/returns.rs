@@ -161,12 +161,15 @@ impl SledStorage {
                     None => t[f.tree].remove(&f.key)?,
                 };
             }
-            schedule.finish()?;
+            let written = schedule.finish()?;
             meta.insert(sub_key.as_slice(), sub_val.as_slice())?;
-            Ok::<_, ConflictableTransactionError<StorageError>>(())
+            Ok::<_, ConflictableTransactionError<StorageError>>(written)
         });
         match result {
-            Ok(()) => Ok(()),
+            Ok(written) => {
+                self.chunks_written(written);
+                Ok(())
+            }
             Err(TransactionError::Abort(e)) => Err(e),
             Err(TransactionError::Storage(e)) => Err(e.into()),
         }

@@ -324,7 +324,8 @@ impl SchedTree for Batched<'_> {
 pub(super) struct SchedWrites<'t, T: SchedTree = TransactionalTree> {
     chunks: &'t T,
     big: &'t T,
-    open: BTreeMap<[u8; 25], Chunk>,
+    /// The chunks read, each with whether it changed since.
+    open: BTreeMap<[u8; 25], (Chunk, bool)>,
 }
 
 impl<'t, T: SchedTree> SchedWrites<'t, T> {
@@ -336,28 +337,33 @@ impl<'t, T: SchedTree> SchedWrites<'t, T> {
         }
     }
 
-    fn chunk(&mut self, ck: [u8; 25]) -> TxResult<&mut Chunk> {
+    /// Chunk `ck`, read once; `change` marks it to be written back.
+    fn chunk(&mut self, ck: [u8; 25], change: bool) -> TxResult<&mut Chunk> {
         if !self.open.contains_key(&ck) {
             let chunk = match self.chunks.get(&ck)? {
                 Some(v) => read_chunk(&ck, &v).map_err(abort)?,
                 None => Chunk::default(),
             };
-            self.open.insert(ck, chunk);
+            self.open.insert(ck, (chunk, false));
         }
-        Ok(self.open.get_mut(&ck).expect("just inserted"))
+        let (chunk, changed) = self.open.get_mut(&ck).expect("just inserted");
+        *changed |= change;
+        Ok(chunk)
     }
 
     /// Whether the entry is there.
     pub(super) fn contains(&mut self, key: &ScheduleKey) -> TxResult<bool> {
-        let chunk = self.chunk(chunk_key(key))?;
+        let chunk = self.chunk(chunk_key(key), false)?;
         Ok(chunk.find(key.due_ms, key.message.entry_id).is_ok())
     }
 
     /// Removes an entry (and its record); nothing when it is not there.
     pub(super) fn remove(&mut self, key: &ScheduleKey) -> TxResult<()> {
-        let chunk = self.chunk(chunk_key(key))?;
+        let ck = chunk_key(key);
+        let chunk = self.chunk(ck, false)?;
         if let Ok(at) = chunk.find(key.due_ms, key.message.entry_id) {
             let item = chunk.items.remove(at);
+            self.open.get_mut(&ck).expect("read above").1 = true;
             if item.slot == Slot::Big {
                 self.big.remove(&key.key())?;
             }
@@ -374,7 +380,7 @@ impl<'t, T: SchedTree> SchedWrites<'t, T> {
             [] => FailureHead::default(),
             body => codec::decode_failure_head(body).map_err(abort)?,
         };
-        let chunk = self.chunk(chunk_key(key))?;
+        let chunk = self.chunk(chunk_key(key), true)?;
         let item = Item {
             head,
             due_ms: key.due_ms,
@@ -401,16 +407,22 @@ impl<'t, T: SchedTree> SchedWrites<'t, T> {
         Ok(())
     }
 
-    /// Writes back every chunk read.
-    pub(super) fn finish(self) -> TxResult<()> {
-        for (ck, chunk) in &self.open {
+    /// Writes back every chunk that changed (one read only, or a removal
+    /// of an entry that was not there, writes nothing); returns how many.
+    pub(super) fn finish(self) -> TxResult<usize> {
+        let mut written = 0;
+        for (ck, (chunk, changed)) in &self.open {
+            if !changed {
+                continue;
+            }
+            written += 1;
             if chunk.items.is_empty() {
                 self.chunks.remove(ck)?;
             } else {
                 self.chunks.insert(ck, seal(ck, &chunk.encode()).to_vec())?;
             }
         }
-        Ok(())
+        Ok(written)
     }
 }
 
@@ -568,11 +580,28 @@ impl SledStorage {
 
     /// One transaction over `sched` and `sched_big`.
     pub(super) fn sched_tx(&self, f: impl Fn(&mut SchedWrites<'_>) -> TxResult<()>) -> Result<()> {
-        tx_result((&self.sched, &self.sched_big).transaction(|(chunks, big)| {
+        let written = tx_result((&self.sched, &self.sched_big).transaction(|(chunks, big)| {
             let mut w = SchedWrites::new(chunks, big);
             f(&mut w)?;
             w.finish()
-        }))
+        }))?;
+        self.chunks_written(written);
+        Ok(())
+    }
+
+    /// Counts `n` chunks written by a committed write.
+    pub(super) fn chunks_written(&self, n: usize) {
+        tracing::trace!(target: "ricochet::burst", chunks = n, "storage: schedule chunks written");
+        self.chunk_writes
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Schedule chunks written (each a whole sled value: a chunk is
+    /// rewritten by every write that adds an entry to it or takes one out)
+    /// by committed writes since this store opened: what parking a burst
+    /// costs in rewrites (`docs/src/parked-retries-memory.md`).
+    pub fn schedule_chunk_writes(&self) -> u64 {
+        self.chunk_writes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The upgrade to chunks (see the module's text): one pass over the
@@ -597,14 +626,14 @@ impl SledStorage {
             outside_tx(w.insert(&key, unseal(&k, &v)?))?;
             moved += 1;
             if moved.is_multiple_of(UPGRADE_ROUND as u64) {
-                outside_tx(w.finish())?;
+                self.chunks_written(outside_tx(w.finish())?);
                 // A chunk's big records before the chunk naming them.
                 big.apply()?;
                 chunks.apply()?;
                 w = SchedWrites::new(&chunks, &big);
             }
         }
-        outside_tx(w.finish())?;
+        self.chunks_written(outside_tx(w.finish())?);
         big.apply()?;
         chunks.apply()?;
         self.sync.flush_blocking(&self.db)?;
