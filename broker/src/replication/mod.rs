@@ -24,6 +24,7 @@
 
 mod apply;
 pub mod factor;
+pub mod gate;
 pub mod groups;
 pub mod namespaces;
 pub mod offload;

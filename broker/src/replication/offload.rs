@@ -70,7 +70,9 @@ pub fn spawn_leader_pass(
                 // An active segment `segment_max_age` old is sealed by the
                 // group (every replica at the same id), so it offloads by
                 // age in this pass as a factor-1 topic's does.
-                let sealed = super::seal::seal_if_due(&topic, &leader).map(|_| ());
+                let sealed = super::seal::seal_if_due(&topic, &leader, &groups)
+                    .await
+                    .map(|_| ());
                 let recorder = ThroughGroup(Arc::new(storage) as Arc<dyn Storage>);
                 let offloaded = match sealed {
                     Ok(()) => tiered.offload_due_through(&topic, &recorder).await,

@@ -8,8 +8,12 @@
 //! [`every`] the leader's pass ([`spawn_seal_pass`]) seals each topic it
 //! serves whose active segment holds entries and is `segment_max_age` old
 //! by the leader's clock, busy or idle. The leader's offload pass
-//! (`super::offload`) seals the same way before it offloads.
+//! (`super::offload`) seals the same way before it offloads. Neither
+//! proposes the seal while a member of the group does not advertise that
+//! it applies it ([`super::gate`]: a rolling upgrade); the segment then
+//! stays active, and the leader logs once which member holds it back.
 
+use super::gate;
 use super::groups::Groups;
 use crate::storage::{Storage, StorageResult};
 use std::sync::Arc;
@@ -27,16 +31,24 @@ pub fn every(max_age: Duration) -> Duration {
 }
 
 /// Seals `topic`'s active segment through its group when it is due
-/// (`Storage::seal_due` on the leader's applied log); returns whether a
-/// seal was proposed (and applied here).
-pub fn seal_if_due(topic: &str, storage: &dyn Storage) -> StorageResult<bool> {
-    match storage.seal_due(topic)? {
-        Some(below) => {
-            storage.seal_segment(topic, below)?;
-            Ok(true)
-        }
-        None => Ok(false),
+/// (`Storage::seal_due` on the leader's applied log) and every member of
+/// the group advertises that it applies the seal
+/// ([`Groups::may_propose`] with [`gate::SEAL_BELOW`]: a member that
+/// predates it would stop applying the group); returns whether a seal
+/// was proposed (and applied here).
+pub async fn seal_if_due(
+    topic: &str,
+    storage: &dyn Storage,
+    groups: &Groups,
+) -> StorageResult<bool> {
+    let Some(below) = storage.seal_due(topic)? else {
+        return Ok(false);
+    };
+    if !groups.may_propose(topic, gate::SEAL_BELOW).await {
+        return Ok(false);
     }
+    storage.seal_segment(topic, below)?;
+    Ok(true)
 }
 
 /// Every `every` until `stop`: each replicated topic this broker leads and
@@ -52,7 +64,7 @@ pub fn spawn_seal_pass(groups: Arc<Groups>, every: Duration, stop: CancellationT
                 _ = stop.cancelled() => break,
             }
             for (topic, storage) in groups.served() {
-                if let Err(e) = seal_if_due(&topic, &storage)
+                if let Err(e) = seal_if_due(&topic, &storage, &groups).await
                     && warned.is_none_or(|w| w.elapsed() >= WARN_EVERY)
                 {
                     warned = Some(Instant::now());

@@ -49,7 +49,7 @@ fn stored(topic: &str) -> String {
 
 /// The segment files of `topic`'s log on `broker`'s disk: first id and
 /// bytes of each, by first id.
-fn segments(broker: &ClusterBroker, topic: &str) -> Vec<(u64, u64)> {
+pub(crate) fn segments(broker: &ClusterBroker, topic: &str) -> Vec<(u64, u64)> {
     let dir = broker.dir.join("log").join(dir_name(&stored(topic)));
     let Ok(read) = std::fs::read_dir(&dir) else {
         return Vec::new();
