@@ -5,12 +5,16 @@
 //! before the level writes it) holds the seal back: the active segment
 //! outlives `segment_max_age` on every replica, while the group goes on
 //! committing and applying publishes; once the registration advertises
-//! the level again, the seal happens. Etcd and three brokers as child
-//! processes, no `[tiered]`.
+//! the level again, the seal happens. An on-demand offload, which seals
+//! through the group first, is refused meanwhile (FAILED_PRECONDITION
+//! naming the member). Etcd and three brokers as child processes sharing
+//! a `file://` tier with no offload policy (only the call offloads).
 
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
+use ricochet_proto::TieredOffloadRequest;
+use ricochet_proto::tiered_client::TieredClient;
 use ricochet_testkit::{SpawnOptions, etcd_or_skip, spawn_cluster};
 
 use super::replicated::{ONE_CLUSTER, client, stable_leader};
@@ -38,9 +42,14 @@ async fn a_member_registered_without_the_seal_level_holds_the_groups_age_seals_b
     };
     let root = tempfile::tempdir().unwrap();
     let config = root.path().join("broker.toml");
+    let tier = root.path().join("tier");
     std::fs::write(
         &config,
-        "segment_entries = 100000\nsegment_max_age = \"2s\"\nretention_interval = \"1h\"\n",
+        format!(
+            "segment_entries = 100000\nsegment_max_age = \"2s\"\nretention_interval = \"1h\"\n\n\
+             [tiered]\nurl = \"file://{}\"\ninterval = \"1s\"\n",
+            tier.display()
+        ),
     )
     .unwrap();
     let options = SpawnOptions::new().args([OsString::from("--config"), config.into()]);
@@ -106,6 +115,23 @@ async fn a_member_registered_without_the_seal_level_holds_the_groups_age_seals_b
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    // The on-demand offload would seal through the group: refused.
+    let refused = TieredClient::connect(brokers[at].url())
+        .await
+        .unwrap()
+        .offload(TieredOffloadRequest {
+            topic: format!("persistent://public/default/{t}"),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains(&format!("member {old} advertises group commands level 0")),
+        "{refused:?}"
+    );
+    assert_eq!(segments(&brokers[at], t).len(), 1, "the refusal sealed");
     let (still, _) = etcd.get(&key).await.unwrap();
     assert_eq!(
         still, old_form,
