@@ -124,7 +124,11 @@ async fn a_member_registered_without_the_seal_level_holds_the_groups_age_seals_b
         })
         .await
         .unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
     assert!(
         refused
             .message()
