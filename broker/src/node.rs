@@ -106,12 +106,16 @@ impl Node {
         // Registered so that a replication group is formed only of brokers
         // sharing one object store ([`crate::replication::tier`]).
         let tier = self.core.config.tiered.as_ref().map(|t| t.identity());
+        let advertised = ricochet_cluster::Advertised {
+            peer_role,
+            tier,
+            group_commands: crate::replication::gate::GROUP_COMMANDS,
+        };
         let cluster = Cluster::join(
             config,
             id,
             url,
-            peer_role,
-            tier,
+            advertised,
             host,
             self.core.shutdown.clone(),
         )

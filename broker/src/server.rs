@@ -295,6 +295,14 @@ impl Broker {
         };
         self.node.join_cluster(url.clone()).await?;
         let cluster = self.node.cluster().cloned();
+        if let Some(groups) = self.node.groups() {
+            // Replicated topics' age rolls are their leaders' (the group's).
+            crate::replication::seal::spawn_seal_pass(
+                groups.clone(),
+                crate::replication::seal::every(self.core.config.segment_max_age),
+                self.core.shutdown.clone(),
+            );
+        }
         if let (Some(groups), Some(t)) = (self.node.groups(), &self.tiered) {
             // The replicated topics this broker leads, by their policies.
             crate::replication::offload::spawn_leader_pass(

@@ -46,6 +46,9 @@ pub struct Cluster {
     pub(crate) peer_role: Option<String>,
     /// The identity of this broker's second tier, registered with it.
     pub(crate) tier: Option<String>,
+    /// The level of replication-group commands it applies, registered with
+    /// it (`Registration::group_commands`).
+    pub(crate) group_commands: u32,
 }
 
 /// A topic in the table of owned topics.
@@ -65,6 +68,7 @@ impl Cluster {
         Self {
             peer_role: None,
             tier: None,
+            group_commands: 0,
             prefix: format!("/ricochet/{name}/"),
             name: name.to_owned(),
             fence: Fence::new(&id),
@@ -139,6 +143,7 @@ impl Cluster {
             draining: self.draining.load(Ordering::Relaxed),
             peer_role: self.peer_role.clone(),
             tier: self.tier.clone(),
+            group_commands: self.group_commands,
         };
         let json = serde_json::to_string(&reg)
             .map_err(|e| ClusterError::Etcd(format!("cannot encode the registration: {e}")))?;
@@ -203,6 +208,23 @@ impl Cluster {
             .filter_map(|kv| {
                 let id = kv.key.strip_prefix(&strip)?.to_owned();
                 Some((id, Registration::parse(&kv.value).peer_role))
+            })
+            .collect())
+    }
+
+    /// The level of replication-group commands each registered broker
+    /// advertises (`Registration::group_commands`; 0 in a registration
+    /// without it), by broker id. A broker not registered is not listed.
+    pub async fn group_commands(&self) -> Result<Vec<(String, u32)>> {
+        let strip = format!("{}brokers/", self.prefix);
+        Ok(self
+            .etcd
+            .get_prefix(&strip)
+            .await?
+            .into_iter()
+            .filter_map(|kv| {
+                let id = kv.key.strip_prefix(&strip)?.to_owned();
+                Some((id, Registration::parse(&kv.value).group_commands))
             })
             .collect())
     }

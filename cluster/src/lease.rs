@@ -12,6 +12,7 @@ use crate::cluster::Cluster;
 use crate::config::ClusterConfig;
 use crate::error::Result;
 use crate::etcd::Etcd;
+use crate::membership::Advertised;
 use crate::sync::write;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -32,21 +33,24 @@ impl Cluster {
     /// broker's peer credential proves, is registered with it: the other
     /// brokers let only that role speak Raft for this broker id. `tier`,
     /// the identity of its second tier's store, is registered too: a
-    /// replication group's members must share it.
+    /// replication group's members must share it; and `group_commands`,
+    /// the level of group commands it applies (a group's leader proposes
+    /// a command only when every member advertises its level). All three
+    /// come in `advertised`.
     pub async fn join(
         config: &ClusterConfig,
         id: String,
         url: String,
-        peer_role: Option<String>,
-        tier: Option<String>,
+        advertised: Advertised,
         host: Weak<dyn Host>,
         shutdown: CancellationToken,
     ) -> Result<Arc<Self>> {
         let etcd = Etcd::connect(&config.etcd, ETCD_TIMEOUT)?;
         let ttl = Duration::from_secs(config.lease_ttl.as_secs_f64().ceil() as u64);
         let mut cluster = Self::new(&config.name, id, url, etcd, ttl);
-        cluster.peer_role = peer_role;
-        cluster.tier = tier;
+        cluster.peer_role = advertised.peer_role;
+        cluster.tier = advertised.tier;
+        cluster.group_commands = advertised.group_commands;
         let cluster = Arc::new(cluster);
         let started = Instant::now();
         let previous = loop {

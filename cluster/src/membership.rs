@@ -47,6 +47,24 @@ pub struct Registration {
     /// registered).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tier: Option<String>,
+    /// Which replication-group commands it applies, as a level (each level
+    /// includes the ones below): 1 = `PartitionCommand::Seal`, 2 =
+    /// `PartitionCommand::SealBelow`. A group's leader proposes a command
+    /// only when every member advertises its level. 0: a broker from before
+    /// the level was registered (the field is absent).
+    pub group_commands: u32,
+}
+
+/// What a broker advertises in its registration besides its URL and load
+/// (see [`Registration`]'s fields of the same names).
+#[derive(Debug, Clone, Default)]
+pub struct Advertised {
+    /// The role its peer credential proves.
+    pub peer_role: Option<String>,
+    /// The identity of its second tier's store.
+    pub tier: Option<String>,
+    /// The level of replication-group commands it applies.
+    pub group_commands: u32,
 }
 
 impl Registration {
@@ -183,6 +201,20 @@ mod tests {
         };
         let json = serde_json::to_string(&tiered).unwrap();
         assert_eq!(Registration::parse(&json), tiered);
+    }
+
+    #[test]
+    fn a_registration_carries_its_group_command_level_and_older_ones_read_as_zero() {
+        let reg = Registration {
+            url: "http://b1:6650".into(),
+            group_commands: 2,
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&reg).unwrap();
+        assert!(json.contains(r#""group_commands":2"#), "{json}");
+        assert_eq!(Registration::parse(&json).group_commands, 2);
+        let old = Registration::parse(r#"{"url":"http://b2:6650","registered_at_ms":5}"#);
+        assert_eq!(old.group_commands, 0);
     }
 
     #[test]

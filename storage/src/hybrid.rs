@@ -257,21 +257,26 @@ impl LogStorage {
         }
         Ok(())
     }
-}
 
-impl LogStore for LogStorage {
-    fn append(
+    /// An append to `topic`'s segment-file log (rolling its segment by
+    /// age too when `by_age`), or to sled for a topic not in the log.
+    fn append_to_log(
         &self,
         topic: &str,
         first_id: u64,
         entries: &[Vec<u8>],
         producer: Option<(&str, u64)>,
+        by_age: bool,
     ) -> Result<()> {
         if !self.logged(topic) {
             return self.sled.append(topic, first_id, entries, producer);
         }
         self.crash_point("publish.append.first_segment");
-        self.log.append(topic, first_id, entries)?;
+        if by_age {
+            self.log.append(topic, first_id, entries)?;
+        } else {
+            self.log.append_replicated(topic, first_id, entries)?;
+        }
         self.crash_point("publish.append.entries");
         if let Some(producer) = producer {
             // Gathered in memory, checkpointed to sled now and then: the
@@ -287,6 +292,29 @@ impl LogStore for LogStorage {
             self.crash_point("publish.append.sequence");
         }
         Ok(())
+    }
+}
+
+impl LogStore for LogStorage {
+    fn append(
+        &self,
+        topic: &str,
+        first_id: u64,
+        entries: &[Vec<u8>],
+        producer: Option<(&str, u64)>,
+    ) -> Result<()> {
+        self.append_to_log(topic, first_id, entries, producer, true)
+    }
+
+    /// As `append`, the log rolling by id block and size only.
+    fn append_replicated(
+        &self,
+        topic: &str,
+        first_id: u64,
+        entries: &[Vec<u8>],
+        producer: Option<(&str, u64)>,
+    ) -> Result<()> {
+        self.append_to_log(topic, first_id, entries, producer, false)
     }
 
     fn read(
@@ -478,8 +506,12 @@ impl LogStore for LogStorage {
         t.record_group(state)
     }
 
-    fn seal_segment(&self, topic: &str) -> Result<()> {
-        self.log.seal_active(topic, None).map(|_| ())
+    fn seal_segment(&self, topic: &str, below: u64) -> Result<()> {
+        self.log.seal_below(topic, below).map(|_| ())
+    }
+
+    fn seal_due(&self, topic: &str) -> Result<Option<u64>> {
+        Ok(self.log.age_due(topic))
     }
 
     fn offload_policy(&self, topic: &str) -> Result<Option<super::tiered::policy::OffloadPolicy>> {

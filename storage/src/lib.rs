@@ -74,6 +74,21 @@ pub trait LogStore: Send + Sync + std::fmt::Debug + 'static {
         producer: Option<(&str, u64)>,
     ) -> Result<()>;
 
+    /// [`Self::append`] of a replicated partition's entries, applied from
+    /// its group's log: a segment-file log rolls its active segment by id
+    /// block and size only, never by its own clock (the group's leader
+    /// seals by age, [`Self::seal_segment`]), so every replica's segments
+    /// end at the same ids. Other engines append as `append`.
+    fn append_replicated(
+        &self,
+        topic: &str,
+        first_id: u64,
+        entries: &[Vec<u8>],
+        producer: Option<(&str, u64)>,
+    ) -> Result<()> {
+        self.append(topic, first_id, entries, producer)
+    }
+
     /// Up to `max` entries with id `>= from`, in order, stopping early once
     /// `max_bytes` is exceeded.
     fn read(
@@ -119,13 +134,23 @@ pub trait LogStore: Send + Sync + std::fmt::Debug + 'static {
     /// de-duplication state; not durable until flushed).
     fn restore_producer_sequences(&self, topic: &str, sequences: &[(String, u64)]) -> Result<()>;
 
-    /// Seals `topic`'s active segment if it holds entries: the age roll of
-    /// an idle replicated topic, its group's command applied by every
-    /// replica at the same place in the log, so each seals at the same id
-    /// (a replicated store proposes it). An engine without segment files
-    /// has nothing to seal.
-    fn seal_segment(&self, _topic: &str) -> Result<()> {
+    /// Seals `topic`'s active segment if it holds an entry below `below`
+    /// (where the leader's log ended when it decided): a replicated
+    /// topic's age roll or an offload's seal, its group's command applied
+    /// by every replica at the same place in the log, so each seals at the
+    /// same id, and applied again after a restart seals nothing (a
+    /// replicated store proposes it). An engine without segment files has
+    /// nothing to seal.
+    fn seal_segment(&self, _topic: &str, _below: u64) -> Result<()> {
         Ok(())
+    }
+
+    /// Where `topic`'s active segment ends if it holds entries and is
+    /// `segment_max_age` old: the `below` of the age roll its group's
+    /// leader proposes ([`Self::seal_segment`]). `None` on an engine
+    /// without segment files.
+    fn seal_due(&self, _topic: &str) -> Result<Option<u64>> {
+        Ok(None)
     }
 
     /// A replicated topic's offload records (ranges of ids in objects the

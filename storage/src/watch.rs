@@ -51,6 +51,19 @@ impl LogStore for Watched {
         self.note(self.inner.append(topic, first_id, entries, producer))
     }
 
+    fn append_replicated(
+        &self,
+        topic: &str,
+        first_id: u64,
+        entries: &[Vec<u8>],
+        producer: Option<(&str, u64)>,
+    ) -> Result<()> {
+        self.note(
+            self.inner
+                .append_replicated(topic, first_id, entries, producer),
+        )
+    }
+
     fn read(
         &self,
         topic: &str,
@@ -93,8 +106,12 @@ impl LogStore for Watched {
         self.note(self.inner.restore_producer_sequences(topic, sequences))
     }
 
-    fn seal_segment(&self, topic: &str) -> Result<()> {
-        self.note(self.inner.seal_segment(topic))
+    fn seal_segment(&self, topic: &str, below: u64) -> Result<()> {
+        self.note(self.inner.seal_segment(topic, below))
+    }
+
+    fn seal_due(&self, topic: &str) -> Result<Option<u64>> {
+        self.note(self.inner.seal_due(topic))
     }
 
     fn offload_records(&self, topic: &str) -> Result<Vec<tiered::SegmentState>> {

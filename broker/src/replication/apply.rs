@@ -9,8 +9,11 @@
 //! anonymous one by ids derived from its log index), a tier move by its
 //! target ids already being stored, a log's trim by its trim point already
 //! being stored, an offload record by its range being recorded already
-//! (its local segments are gone then), and the other commands write
-//! values.
+//! (its local segments are gone then), a seal by the active segment
+//! holding no id below its `below` any more, and the other commands write
+//! values. Entries are appended with `Storage::append_replicated`: a
+//! segment rolls by id block and size, both given by the commands, and
+//! by age only at the leader's seal, never by this replica's clock.
 
 use super::{
     ANONYMOUS_PRODUCER, AppendBatch, MAX_BATCH, PartitionCommand, PartitionReply, PublishBatch,
@@ -203,8 +206,12 @@ impl StorageApplier {
             encoded.push(stored.encode_to_vec());
         }
         if let (false, Some(l)) = (encoded.is_empty(), last) {
-            self.storage
-                .append(&batch.topic, w.next_id, &encoded, Some((producer, l)))?;
+            self.storage.append_replicated(
+                &batch.topic,
+                w.next_id,
+                &encoded,
+                Some((producer, l)),
+            )?;
             w.next_id += encoded.len() as u64;
             w.sequences.insert(producer.to_owned(), l);
         }
@@ -261,7 +268,7 @@ impl StorageApplier {
         let entries: Vec<Vec<u8>> = batch.entries.into_iter().map(|e| e.into_vec()).collect();
         let producer = batch.producer.as_ref().map(|(p, s)| (p.as_str(), *s));
         self.storage
-            .append(&batch.topic, batch.first_id, &entries, producer)?;
+            .append_replicated(&batch.topic, batch.first_id, &entries, producer)?;
         Ok(PartitionReply::Done)
     }
 
@@ -390,7 +397,11 @@ impl StorageApplier {
                 Ok(PartitionReply::Done)
             }
             PartitionCommand::Seal(topic) => {
-                self.storage.seal_segment(&topic)?;
+                self.storage.seal_segment(&topic, u64::MAX)?;
+                Ok(PartitionReply::Done)
+            }
+            PartitionCommand::SealBelow { topic, below } => {
+                self.storage.seal_segment(&topic, below)?;
                 Ok(PartitionReply::Done)
             }
             PartitionCommand::Offloaded(record) => {

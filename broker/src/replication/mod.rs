@@ -24,6 +24,7 @@
 
 mod apply;
 pub mod factor;
+pub mod gate;
 pub mod groups;
 pub mod namespaces;
 pub mod offload;
@@ -32,6 +33,7 @@ mod offload_tests;
 mod peers;
 mod pipeline;
 mod record;
+pub mod seal;
 mod snapshot;
 pub mod status;
 mod storage;
@@ -149,13 +151,27 @@ pub enum PartitionCommand {
         /// The policy; empty: none of its own.
         policy: crate::storage::tiered::policy::OffloadPolicy,
     },
-    /// The partition's active segment sealed (if it holds entries): its
-    /// leader's age roll of an idle partition (`segment_max_age`), so every
-    /// replica's next segment starts at the same id and the last segment
-    /// offloads by age. A broker that predates this command stops
-    /// applying its group, as for [`PartitionCommand::Offloaded`]: upgrade
-    /// every member before a leader with `[tiered]` seals.
+    /// The partition's active segment sealed (if it holds entries), as
+    /// session 17's leaders proposed it for an idle partition; still
+    /// applied from a log they wrote. A leader now proposes
+    /// [`PartitionCommand::SealBelow`], which a replay cannot apply twice.
     Seal(String),
+    /// The partition's active segment sealed if it holds an entry below
+    /// `below` (where the leader's log ended when it decided): its
+    /// leader's age roll (`segment_max_age`, busy or idle) and the seal
+    /// before an on-demand offload. Every replica seals at the same place
+    /// in the log, so its next segment starts at the same id (appends
+    /// applied from the group's log roll by id block and size only,
+    /// `Storage::append_replicated`); applied again after a restart, when
+    /// the store is past it, it seals nothing. A broker that predates this
+    /// command stops applying its group, as for
+    /// [`PartitionCommand::Offloaded`]: upgrade every member first.
+    SealBelow {
+        /// The partition.
+        topic: String,
+        /// Sealed only if the active segment holds an id below this.
+        below: u64,
+    },
 }
 
 impl PartitionCommand {

@@ -6,16 +6,17 @@
 //! The broker's own background offloader skips replicated topics (but
 //! drops a replica's local copies once the policy's lag passed, and
 //! counts the offload lag of the topics this pass says it leads); the
-//! pass seals a led topic's idle active segment once `segment_max_age`
-//! old through the group ([`PartitionCommand::Seal`](super::PartitionCommand::Seal):
-//! every replica seals at the same id; the background offloader no
-//! longer seals replicated topics on its own), and deletes orphan
-//! objects under the topics' prefixes ([`Tiered::sweep_orphans`]).
+//! pass seals a led topic's active segment once `segment_max_age` old
+//! through the group first ([`super::seal`]: every replica seals at the
+//! same id; no replica rolls a replicated topic's segment by age on its
+//! own), and deletes orphan objects under the topics' prefixes
+//! ([`Tiered::sweep_orphans`]). An on-demand offload seals the active
+//! segment through the group too ([`ThroughGroup`]'s `seal`).
 
 use super::groups::Groups;
 use crate::storage::tiered::group::GroupRecorder;
 use crate::storage::tiered::{SegmentState, Tiered};
-use crate::storage::{LogStore as _, Storage, StorageResult};
+use crate::storage::{Storage, StorageResult};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -32,6 +33,12 @@ pub struct ThroughGroup(pub Arc<dyn Storage>);
 impl GroupRecorder for ThroughGroup {
     fn record(&self, state: &SegmentState) -> StorageResult<()> {
         self.0.put_offload_record(state)
+    }
+
+    /// [`PartitionCommand::SealBelow`](super::PartitionCommand::SealBelow),
+    /// awaited until applied here.
+    fn seal(&self, topic: &str, below: u64) -> StorageResult<()> {
+        self.0.seal_segment(topic, below)
     }
 }
 
@@ -60,14 +67,12 @@ pub fn spawn_leader_pass(
                     continue;
                 }
                 let leader = storage.clone();
-                // An idle active segment `segment_max_age` old is sealed by
-                // the group (every replica at the same id), so it offloads
-                // by age as a factor-1 topic's does.
-                let sealed = if tiered.log().idle_due(&topic) {
-                    leader.seal_segment(&topic)
-                } else {
-                    Ok(())
-                };
+                // An active segment `segment_max_age` old is sealed by the
+                // group (every replica at the same id), so it offloads by
+                // age in this pass as a factor-1 topic's does.
+                let sealed = super::seal::seal_if_due(&topic, &leader, &groups)
+                    .await
+                    .map(|_| ());
                 let recorder = ThroughGroup(Arc::new(storage) as Arc<dyn Storage>);
                 let offloaded = match sealed {
                     Ok(()) => tiered.offload_due_through(&topic, &recorder).await,

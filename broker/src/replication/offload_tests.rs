@@ -24,9 +24,15 @@ fn record() -> TopicRecord {
 }
 
 async fn open(dir: &Path, tier: &Path) -> Arc<LogStorage> {
+    open_aged(dir, tier, Duration::from_secs(3600)).await
+}
+
+/// [`open`] with segments `max_age` old rolled by age.
+async fn open_aged(dir: &Path, tier: &Path, max_age: Duration) -> Arc<LogStorage> {
     std::fs::create_dir_all(tier).unwrap();
     let mut config = BrokerConfig::for_dir(dir.to_path_buf());
     config.segment_entries = 10;
+    config.segment_max_age = max_age;
     let sled = Arc::new(SledStorage::open(dir, 10, 1 << 20).unwrap());
     let tiered = TieredConfig {
         url: format!("file://{}", tier.display()),
@@ -59,6 +65,16 @@ impl GroupRecorder for ThroughApplier<'_> {
             decode::<PartitionReply>(&reply).unwrap(),
             PartitionReply::Done
         );
+        Ok(())
+    }
+
+    fn seal(&self, topic: &str, below: u64) -> StorageResult<()> {
+        let index = self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let command = PartitionCommand::SealBelow {
+            topic: topic.to_owned(),
+            below,
+        };
+        apply(self.0, index, &command);
         Ok(())
     }
 }
@@ -295,5 +311,174 @@ async fn the_groups_seal_ends_every_replicas_segment_at_the_same_id() {
             .map(|(id, _)| id)
             .collect();
         assert_eq!(ids, (0..9).collect::<Vec<_>>(), "replica {name}");
+    }
+}
+
+fn append(first: u64, next: u64) -> PartitionCommand {
+    PartitionCommand::Append(AppendBatch {
+        topic: T.to_owned(),
+        first_id: first,
+        entries: (first..next)
+            .map(|i| serde_bytes::ByteBuf::from(entry(i)))
+            .collect(),
+        producer: None,
+    })
+}
+
+/// The group of `replicas`' appliers: each command applied by every one,
+/// at the same index.
+struct Group<'a> {
+    appliers: Vec<&'a StorageApplier>,
+    index: std::sync::atomic::AtomicU64,
+}
+
+impl Group<'_> {
+    fn apply(&self, command: &PartitionCommand) {
+        let index = self.index.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        for a in &self.appliers {
+            apply(a, index, command);
+        }
+    }
+}
+
+impl GroupRecorder for Group<'_> {
+    fn record(&self, state: &SegmentState) -> StorageResult<()> {
+        self.apply(&PartitionCommand::Offloaded(state.clone()));
+        Ok(())
+    }
+
+    fn seal(&self, topic: &str, below: u64) -> StorageResult<()> {
+        self.apply(&PartitionCommand::SealBelow {
+            topic: topic.to_owned(),
+            below,
+        });
+        Ok(())
+    }
+}
+
+/// An on-demand offload (`Tiered/Offload` on the leader) seals the active
+/// segment through the group, not on the leader alone: every replica's
+/// segments end at the same id, its copy of the last segment lies inside
+/// the recorded ranges, and every replica drops its copies of the whole
+/// offloaded range (before, a follower kept its active segment, which
+/// straddled the recorded end, and so its copy of those ids).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_on_demand_offload_seals_through_the_group_and_every_replica_drops_the_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = dir.path().join("tier");
+    let mut replicas = Vec::new();
+    for name in ["a", "b", "c"] {
+        replicas.push(open(&dir.path().join(name), &tier).await);
+    }
+    let appliers: Vec<StorageApplier> = replicas
+        .iter()
+        .map(|r| StorageApplier::for_partition(r.clone() as Arc<dyn Storage>, T))
+        .collect();
+    let group = Group {
+        appliers: appliers.iter().collect(),
+        index: 1.into(),
+    };
+    group.apply(&PartitionCommand::CreateTopic(record()));
+    for (first, next) in [(0, 10), (10, 20), (20, 25)] {
+        group.apply(&append(first, next));
+    }
+    for r in &replicas {
+        assert_eq!(r.log().segment_starts(T), [0, 10, 20]);
+    }
+    // The leader (a) offloads on demand.
+    let t = replicas[0].tiered().unwrap().clone();
+    let done = t.offload_through(T, &group).await.unwrap();
+    assert_eq!(done.segments, 3, "{done:?}");
+    for (r, name) in replicas.iter().zip(["a", "b", "c"]) {
+        let storage: Arc<dyn Storage> = r.clone();
+        let ranges: Vec<(u64, u64)> = storage
+            .offload_records(T)
+            .unwrap()
+            .iter()
+            .map(|s| (s.first, s.next))
+            .collect();
+        assert_eq!(ranges, [(0, 10), (10, 20), (20, 25)], "replica {name}");
+        assert_eq!(
+            r.log().segment_starts(T),
+            [25],
+            "replica {name}: only its new, empty active segment is local"
+        );
+        storage.flush().await.unwrap();
+        let ids: Vec<u64> = storage
+            .read(T, 0, 100, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(ids, (0..25).collect::<Vec<_>>(), "replica {name}");
+    }
+}
+
+/// A busy partition's age roll is the group's: replicas applying the same
+/// appends at different moments (each segment's age by its own clock)
+/// roll by id block and size only, and all seal at the leader's
+/// `SealBelow`, at the same id; the seal applied again after a restart
+/// (the store past it) seals nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_partitions_age_roll_is_the_groups_seal_at_the_same_id_on_every_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = dir.path().join("tier");
+    let age = Duration::from_millis(300);
+    let a = open_aged(&dir.path().join("a"), &tier, age).await;
+    let b = open_aged(&dir.path().join("b"), &tier, age).await;
+    let (aa, ab) = (
+        StorageApplier::for_partition(a.clone() as Arc<dyn Storage>, T),
+        StorageApplier::for_partition(b.clone() as Arc<dyn Storage>, T),
+    );
+    let create = PartitionCommand::CreateTopic(record());
+    apply(&aa, 1, &create);
+    apply(&ab, 1, &create);
+    // a applies [0,3) 200 ms before b: past the age, a's segment is 200 ms
+    // older than b's when both apply [3,6) (a busy topic: appends keep
+    // coming).
+    apply(&aa, 2, &append(0, 3));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    apply(&ab, 2, &append(0, 3));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    apply(&aa, 3, &append(3, 6));
+    apply(&ab, 3, &append(3, 6));
+    for (r, name) in [(&a, "a"), (&b, "b")] {
+        assert_eq!(
+            r.log().segment_starts(T),
+            [0],
+            "replica {name}: no age roll"
+        );
+    }
+    // The leader (a) finds its active segment due and seals it through the
+    // group at its end.
+    let below = crate::storage::LogStore::seal_due(&*a, T).unwrap();
+    assert_eq!(below, Some(6));
+    let seal = PartitionCommand::SealBelow {
+        topic: T.to_owned(),
+        below: 6,
+    };
+    match decode::<PartitionCommand>(&encode(&seal).unwrap()).unwrap() {
+        PartitionCommand::SealBelow { topic, below } => assert_eq!((topic.as_str(), below), (T, 6)),
+        other => panic!("decoded as {other:?}"),
+    }
+    apply(&aa, 4, &seal);
+    apply(&ab, 4, &seal);
+    apply(&aa, 5, &append(6, 8));
+    apply(&ab, 5, &append(6, 8));
+    assert_eq!(crate::storage::LogStore::seal_due(&*a, T).unwrap(), None);
+    // b restarts with its applied mark before the seal: Raft applies the
+    // seal and the append again.
+    drop(ab);
+    let ab = StorageApplier::for_partition(b.clone() as Arc<dyn Storage>, T);
+    apply(&ab, 4, &seal);
+    apply(&ab, 5, &append(6, 8));
+    for (r, name) in [(&a, "a"), (&b, "b")] {
+        assert_eq!(r.log().segment_starts(T), [0, 6], "replica {name}");
+        let ids: Vec<u64> = crate::storage::LogStore::read(&**r, T, 0, 100, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(ids, (0..8).collect::<Vec<_>>(), "replica {name}");
     }
 }

@@ -397,7 +397,7 @@ pub(super) fn install(
                 let batch: Vec<Vec<u8>> = batch.into_iter().map(|b| b.into_vec()).collect();
                 entries += batch.len() as u64;
                 storage
-                    .append(&log, first_id, &batch, None)
+                    .append_replicated(&log, first_id, &batch, None)
                     .map_err(store)?;
             }
             Record::End { logs, entries: n } => {

@@ -25,8 +25,10 @@
 //! `return_dead_letters`) and replay jobs (`put_replay_job`,
 //! `remove_replay_job`), the topic's own retention policy (`put_retention`,
 //! `delete_retention`), a segment the leader offloaded
-//! (`put_offload_record`, [`PartitionCommand::Offloaded`]) and the topic's
-//! own offload policy (`put_offload_policy`); an empty `put_failures` or
+//! (`put_offload_record`, [`PartitionCommand::Offloaded`]), a seal of the
+//! log's active segment (`seal_segment`, [`PartitionCommand::SealBelow`])
+//! and the topic's own offload policy (`put_offload_policy`); an empty
+//! `put_failures` or
 //! `put_schedule` writes
 //! nothing and proposes nothing. `next_id` reads this replica's counter, which
 //! every replica raises past the ids the group's commands carry. `trim`
@@ -317,11 +319,20 @@ impl LogStore for ReplicatedStorage {
         self.propose(PartitionCommand::Offloaded(state.clone()))
     }
 
-    /// The leader's age roll of an idle topic: a command of the group
-    /// ([`PartitionCommand::Seal`]), awaited in place; every replica seals
-    /// its active segment where it applies it.
-    fn seal_segment(&self, topic: &str) -> Result<()> {
-        self.propose(PartitionCommand::Seal(topic.to_owned()))
+    /// The leader's age roll, or its seal before an offload: a command of
+    /// the group ([`PartitionCommand::SealBelow`]), behind every write
+    /// queued before it, awaited in place; every replica seals its active
+    /// segment where it applies it, if it holds an id below `below`.
+    fn seal_segment(&self, topic: &str, below: u64) -> Result<()> {
+        self.propose(PartitionCommand::SealBelow {
+            topic: topic.to_owned(),
+            below,
+        })
+    }
+
+    /// This replica's (the leader's) applied log says.
+    fn seal_due(&self, topic: &str) -> Result<Option<u64>> {
+        self.local.seal_due(topic)
     }
 
     fn offload_policy(

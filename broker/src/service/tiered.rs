@@ -4,7 +4,10 @@
 //! FAILED_PRECONDITION; a bad name or a negative threshold is
 //! INVALID_ARGUMENT and changes nothing. A replicated topic is offloaded
 //! by its group's leader, each segment a command of the group
-//! (`Tiered::offload_through`), and its own offload policy is a command
+//! (`Tiered::offload_through`, after a seal of its active segment by the
+//! group: FAILED_PRECONDITION naming the member while one does not
+//! advertise that it applies the seal, `crate::replication::gate`), and
+//! its own offload policy is a command
 //! of the group too, which the leader's pass follows
 //! ([`crate::replication::offload`]).
 
@@ -127,6 +130,18 @@ impl TieredRpc for TieredService {
         let name = self.ordinary(&r.get_ref().topic).await?;
         let entry = self.node.core.topic(&name).await?;
         let done = if entry.topic.is_replicated() {
+            // It seals the active segment through the group first
+            // (`SealBelow`): refused while a member would not apply it.
+            if let Some(groups) = self.node.groups()
+                && let Some(why) = groups
+                    .unready_for(name.as_str(), crate::replication::gate::SEAL_BELOW)
+                    .await
+            {
+                return Err(BrokerError::Conflict(format!(
+                    "{name} is not offloaded: its group's seal cannot be proposed while a member may not apply it ({why})"
+                ))
+                .into());
+            }
             // The leader's offload, a command of the group per segment.
             let recorder = ThroughGroup(entry.topic.storage().clone());
             t.offload_through(name.as_str(), &recorder).await

@@ -34,4 +34,5 @@ mod replicated_secure;
 mod replicated_tier;
 mod replicated_transfer;
 mod replicated_trim;
+mod replicated_upgrade;
 mod roundtrip;

@@ -13,7 +13,9 @@
 //! - with each broker's own `[tiered]` default (a lag, none, keep_local),
 //!   every replica follows the leader's, stamped in the group's records;
 //! - an idle topic's last segment is sealed by `segment_max_age` through
-//!   the group and offloaded, and every replica drops it.
+//!   the group and offloaded, and every replica drops it;
+//! - an on-demand offload seals the active segment through the group, so
+//!   every replica drops its copies of the whole offloaded range.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -417,4 +419,44 @@ async fn an_idle_topics_last_segment_is_sealed_by_the_group_and_offloaded() {
     let admin = client(&brokers[at].url()).await.admin();
     let stats = admin.topic_stats(t).await.unwrap();
     assert_eq!((stats.first_entry_id, stats.next_entry_id), (0, 15));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_on_demand_offload_seals_through_the_group_and_every_replica_drops_the_range() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("an_on_demand_offload_seals_through_the_group").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let (config, tier) = (root.path().join("broker.toml"), root.path().join("tier"));
+    // No policy and passes every hour: only the call offloads.
+    write_config(&config, &tier, "1h", "");
+    let t = "ondemand";
+    let (brokers, _, leader, at) =
+        led_group_with(&etcd, "rdemand", root.path(), t, &with_config(&config)).await;
+    // [0,10) and [10,20) roll at their blocks; [20,25) is every replica's
+    // active segment.
+    publish_filled(&brokers[at].url(), t, 0..25, 512).await;
+    let done = TieredClient::connect(brokers[at].url())
+        .await
+        .unwrap()
+        .offload(TieredOffloadRequest { topic: stored(t) })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.offloaded_segments, 3, "leader {leader}: {done:?}");
+    // The group sealed [20,25) on every replica: each drops its copy of
+    // all 25 ids (before, a follower kept [20,25), its active segment).
+    let files = files_of_all(&brokers, t, 25, Duration::from_secs(20)).await;
+    assert!(
+        all_below_gone(&files, 25),
+        "every replica's copies of [0,25) gone (leader {leader}): {files:?}"
+    );
+    let stats = client(&brokers[at].url())
+        .await
+        .admin()
+        .topic_stats(t)
+        .await
+        .unwrap();
+    assert_eq!((stats.first_entry_id, stats.next_entry_id), (0, 25));
 }

@@ -4,7 +4,11 @@
 //! of the ids the old leader dropped. Etcd and three brokers as child
 //! processes, with segments of 10 ids and a size retention on the topic.
 //!
-//! Both tests fail against a broker whose trims are the leader's alone
+//! Also: a busy replicated topic's age rolls are the group's (its leader
+//! seals through the group, no `[tiered]` needed), at the same ids on
+//! every replica.
+//!
+//! Both trim tests fail against a broker whose trims are the leader's alone
 //! (`RICOCHET_BROKER_BIN` naming a build from before the group's trims:
 //! the followers keep every segment, and the new leader serves from id 0).
 
@@ -45,7 +49,7 @@ fn stored(topic: &str) -> String {
 
 /// The segment files of `topic`'s log on `broker`'s disk: first id and
 /// bytes of each, by first id.
-fn segments(broker: &ClusterBroker, topic: &str) -> Vec<(u64, u64)> {
+pub(crate) fn segments(broker: &ClusterBroker, topic: &str) -> Vec<(u64, u64)> {
     let dir = broker.dir.join("log").join(dir_name(&stored(topic)));
     let Ok(read) = std::fs::read_dir(&dir) else {
         return Vec::new();
@@ -244,5 +248,65 @@ async fn segments_every_subscription_consumed_leave_every_replica() {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+}
+
+/// A busy topic's segments roll by age through its group: with segments
+/// of 100 000 ids (no block roll) and `segment_max_age = "2s"`, a message
+/// every 100 ms for 6 s; every replica's segments start at the same ids,
+/// with at least one age roll, and its sealed segments have the same
+/// sizes (the same records). Without the leader's seal pass (no
+/// `[tiered]` here) nothing would roll at all: appends applied from the
+/// group's log roll by block and size only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_topics_age_rolls_are_the_groups_at_the_same_ids_on_every_replica() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("a_busy_topics_age_rolls_are_the_groups").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let config = root.path().join("broker.toml");
+    std::fs::write(
+        &config,
+        "segment_entries = 100000\nsegment_max_age = \"2s\"\nretention_interval = \"1h\"\n",
+    )
+    .unwrap();
+    let options = SpawnOptions::new().args([OsString::from("--config"), config.into()]);
+    let t = "busy";
+    let (brokers, _ids, leader, at) =
+        led_group_with(&etcd, "rbusy", root.path(), t, &options).await;
+    let c = client(&brokers[at].url()).await;
+    let p = c.producer(t).create().await.unwrap();
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while start.elapsed() < Duration::from_secs(6) {
+        p.send(vec![sent as u8; 200]).await.unwrap();
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Every replica applied every entry, and holds the same segments.
+    let start = Instant::now();
+    loop {
+        let held: Vec<Vec<(u64, u64)>> = brokers.iter().map(|b| segments(b, t)).collect();
+        let firsts: Vec<Vec<u64>> = held
+            .iter()
+            .map(|h| h.iter().map(|(f, _)| *f).collect())
+            .collect();
+        let sealed: Vec<&[(u64, u64)]> = held
+            .iter()
+            .map(|h| &h[..h.len().saturating_sub(1)])
+            .collect();
+        if firsts.iter().all(|f| *f == firsts[0])
+            && sealed.iter().all(|s| *s == sealed[0])
+            && firsts[0].len() >= 2
+        {
+            eprintln!("a_busy_topics_age_rolls: {sent} sent, leader {leader}, segments {held:?}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{sent} sent (leader {leader}); each replica's segments (first id, bytes): {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }

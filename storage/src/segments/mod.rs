@@ -26,11 +26,13 @@
 /// The record and file-header format (public: the Raft log of
 /// `ricochet-replication` writes the same frames).
 pub mod record;
+mod seal;
 pub(crate) mod sealed;
 pub(crate) mod segment;
 mod trims;
 pub(crate) mod upgrade;
 
+pub use seal::SegmentInfo;
 use trims::PendingTrim;
 pub use trims::TrimMark;
 
@@ -317,6 +319,25 @@ impl SegmentLog {
 
     /// Appends one batch as one record (durable after [`Self::sync`]).
     pub fn append(&self, topic: &str, first_id: u64, entries: &[Vec<u8>]) -> Result<()> {
+        self.append_rolling(topic, first_id, entries, true)
+    }
+
+    /// [`Self::append`] of a replicated topic's entries, applied from its
+    /// group's log: the active segment rolls by id block and size only,
+    /// never by this broker's clock (the group's leader seals by age,
+    /// [`Self::seal_below`]), so replicas with equal settings roll at the
+    /// same ids.
+    pub fn append_replicated(&self, topic: &str, first_id: u64, entries: &[Vec<u8>]) -> Result<()> {
+        self.append_rolling(topic, first_id, entries, false)
+    }
+
+    fn append_rolling(
+        &self,
+        topic: &str,
+        first_id: u64,
+        entries: &[Vec<u8>],
+        by_age: bool,
+    ) -> Result<()> {
         if entries.is_empty() {
             return Ok(());
         }
@@ -339,7 +360,7 @@ impl SegmentLog {
             active.truncate_tail()?;
             active.cut_pending = false;
         }
-        if self.must_roll(&tl, first_id) {
+        if self.must_roll(&tl, first_id, by_age) {
             self.roll(&mut tl, first_id)?;
         }
         let Some(active) = tl.segments.values_mut().next_back() else {
@@ -354,7 +375,9 @@ impl SegmentLog {
         Ok(())
     }
 
-    fn must_roll(&self, tl: &TopicLog, first_id: u64) -> bool {
+    /// Whether a batch at `first_id` opens a segment: a later block of
+    /// ids, a full segment, or (`by_age`) an old one.
+    fn must_roll(&self, tl: &TopicLog, first_id: u64, by_age: bool) -> bool {
         let Some(active) = tl.segments.values().next_back() else {
             return true;
         };
@@ -362,8 +385,9 @@ impl SegmentLog {
         active.first_entry.is_some()
             && (first_id / s.segment_entries != active.header.first / s.segment_entries
                 || active.len >= s.max_bytes
-                || crate::util::wall_ms().saturating_sub(active.header.created_ms)
-                    >= s.max_age.as_millis() as u64)
+                || (by_age
+                    && crate::util::wall_ms().saturating_sub(active.header.created_ms)
+                        >= s.max_age.as_millis() as u64))
     }
 
     /// Seals the active segment (fsync) and creates the next one at
@@ -645,94 +669,6 @@ impl SegmentLog {
             .join(dir_name(topic))
             .join(segment::file_name(first))
     }
-}
-
-/// A segment as the tiered store sees it (see `storage::tiered`).
-#[derive(Debug, Clone)]
-pub struct SegmentInfo {
-    pub header: FileHeader,
-    pub path: PathBuf,
-    /// The file's valid length.
-    pub len: u64,
-    pub next: u64,
-    pub first_entry: Option<u64>,
-    pub entries: u64,
-    /// The active segment (being written; never offloaded).
-    pub active: bool,
-}
-
-impl SegmentLog {
-    /// A topic's local segments, oldest first, the active one last.
-    pub fn segment_infos(&self, topic: &str) -> Vec<SegmentInfo> {
-        let Some(t) = self.topic(topic) else {
-            return Vec::new();
-        };
-        let tl = crate::util::lock(&t);
-        let last = tl.segments.keys().next_back().copied();
-        tl.segments
-            .iter()
-            .map(|(k, s)| SegmentInfo {
-                header: s.header,
-                path: s.path.clone(),
-                len: s.len,
-                next: s.next,
-                first_entry: s.first_entry,
-                entries: s.entries,
-                active: Some(*k) == last,
-            })
-            .collect()
-    }
-
-    /// Seals `topic`'s active segment when it holds entries and, with
-    /// `older_than`, was created at least that long ago (the age roll of
-    /// an idle topic, which no append triggers): the next append goes to
-    /// a new segment. Returns whether it sealed one.
-    pub fn seal_active(&self, topic: &str, older_than: Option<Duration>) -> Result<bool> {
-        let Some(t) = self.topic(topic) else {
-            return Ok(false);
-        };
-        let mut tl = crate::util::lock(&t);
-        let Some(next) = sealable(&tl, older_than) else {
-            return Ok(false);
-        };
-        self.roll(&mut tl, next)?;
-        Ok(true)
-    }
-
-    /// Whether `topic`'s active segment holds entries and is
-    /// `segment_max_age` old: what an age roll of an idle topic seals (a
-    /// replicated topic's leader seals it through its group).
-    pub fn idle_due(&self, topic: &str) -> bool {
-        self.topic(topic).is_some_and(|t| {
-            sealable(&crate::util::lock(&t), Some(self.settings.max_age)).is_some()
-        })
-    }
-
-    /// Age rolls of idle topics: seals every active segment older than
-    /// `segment_max_age` that holds entries, but those of topics `skip`
-    /// names (replicated ones: their leader seals through the group).
-    pub fn seal_idle(&self, skip: impl Fn(&str) -> bool) -> Result<usize> {
-        let mut sealed = 0;
-        for topic in self.topics() {
-            if !skip(&topic) && self.seal_active(&topic, Some(self.settings.max_age))? {
-                sealed += 1;
-            }
-        }
-        Ok(sealed)
-    }
-}
-
-/// Where the next segment of `tl` starts if its active segment holds
-/// entries (and, with `older_than`, was created that long ago).
-fn sealable(tl: &TopicLog, older_than: Option<Duration>) -> Option<u64> {
-    let active = tl.segments.values().next_back()?;
-    if active.first_entry.is_none() || active.cut_pending {
-        return None;
-    }
-    let age = crate::util::wall_ms().saturating_sub(active.header.created_ms);
-    older_than
-        .is_none_or(|o| age >= o.as_millis() as u64)
-        .then_some(active.next)
 }
 
 /// Opens one topic's directory: the `start` file, every segment in order,

@@ -242,10 +242,10 @@ fn an_idle_segment_past_its_age_is_sealed_and_a_local_copy_goes_oldest_first() {
     assert!(!log.seal_active(T, Some(Duration::from_secs(3600))).unwrap());
     std::thread::sleep(Duration::from_millis(5));
     // A topic skipped (a replicated one) is not sealed, but is due.
-    assert!(log.idle_due(T));
+    assert_eq!(log.age_due(T), Some(3));
     assert_eq!(log.seal_idle(|t| t == T).unwrap(), 0);
     assert_eq!(log.seal_idle(|_| false).unwrap(), 1);
-    assert!(!log.idle_due(T));
+    assert_eq!(log.age_due(T), None);
     assert_eq!(log.segment_starts(T), vec![0, 3]);
     // The new active segment holds nothing: a second pass seals nothing.
     std::thread::sleep(Duration::from_millis(5));
@@ -269,6 +269,51 @@ fn an_idle_segment_past_its_age_is_sealed_and_a_local_copy_goes_oldest_first() {
     assert_eq!(log.segment_starts(T), vec![3]);
     assert!(!log.segment_path(T, 0).exists());
     assert_eq!(ids(&log.read(T, 0, 10, usize::MAX).unwrap()), vec![3, 4]);
+}
+
+/// A replicated topic's appends roll its segment by id block and size
+/// only, never by age (an ordinary topic's roll by age too); its age roll
+/// is the group's seal below where the leader's log ended, which seals
+/// once: applied again after the log moved on (a restart's replay), it
+/// seals nothing.
+#[test]
+fn a_replicated_topic_rolls_by_block_and_size_and_by_the_groups_seal_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogSettings {
+        max_age: Duration::from_millis(1),
+        max_bytes: 4096,
+        ..settings()
+    };
+    let log = SegmentLog::open(dir.path(), s, true).unwrap();
+    const U: &str = "persistent://public/default/ordinary";
+    log.append_replicated(T, 0, &batch(0, 2)).unwrap();
+    log.append(U, 0, &batch(0, 2)).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    log.append_replicated(T, 2, &batch(2, 2)).unwrap();
+    log.append(U, 2, &batch(2, 2)).unwrap();
+    assert_eq!(log.segment_starts(T), vec![0], "no age roll at an append");
+    assert_eq!(log.segment_starts(U), vec![0, 2], "an ordinary topic's");
+    // Past its age, busy or not: due for the group's seal, at its end.
+    assert_eq!(log.age_due(T), Some(4));
+    assert!(log.seal_below(T, 4).unwrap());
+    assert_eq!(log.segment_starts(T), vec![0, 4]);
+    log.append_replicated(T, 4, &batch(4, 3)).unwrap();
+    // The same seal again (a replay): [4,7) holds nothing below 4.
+    assert!(!log.seal_below(T, 4).unwrap());
+    // A seal proposed when the leader's log ended at 7 seals [4,7) even
+    // if more entries came before it was applied.
+    log.append_replicated(T, 7, &[vec![b'x'; 5000]]).unwrap();
+    assert!(log.seal_below(T, 7).unwrap());
+    assert_eq!(log.segment_starts(T), vec![0, 4, 8]);
+    // By size: a segment holding `max_bytes` rolls at the next append,
+    // inside its block of ids.
+    log.append_replicated(T, 8, &[vec![b'y'; 5000]]).unwrap();
+    log.append_replicated(T, 9, &batch(9, 1)).unwrap();
+    assert_eq!(log.segment_starts(T), vec![0, 4, 8, 9]);
+    assert_eq!(
+        ids(&log.read(T, 0, 20, usize::MAX).unwrap()),
+        (0..10).collect::<Vec<_>>()
+    );
 }
 
 #[test]

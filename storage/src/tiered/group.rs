@@ -1,15 +1,18 @@
 //! Offload of a replicated topic: the group's, not one broker's.
 //!
 //! A replicated topic's segments are offloaded by its group's leader only
-//! ([`Tiered::offload_through`]): it uploads a sealed segment and checks
+//! ([`Tiered::offload_through`]): an on-demand offload first seals the
+//! active segment through the group ([`GroupRecorder::seal`], every
+//! replica at the same id), then it uploads a sealed segment and checks
 //! the object's size and CRC-32C as the background offloader does, then
 //! hands the object's record (a [`SegmentState`] with `group` set) to the
 //! topic's storage, which proposes it to the group; nothing is recorded
 //! here until the group's command is applied. Every replica applies it
 //! through [`Tiered::record_group`]: the offloaded range is recorded and
 //! the replica's local segments lying wholly inside the recorded ranges
-//! are dropped, oldest first (segment boundaries may differ between
-//! replicas, so the rule is a range rule: a local segment straddling a
+//! are dropped, oldest first (segment boundaries are the same on every
+//! replica whose segment settings are equal, but may differ otherwise or
+//! after a snapshot, so the rule is a range rule: a local segment straddling a
 //! range's end stays, and the local segments left always follow the
 //! ranges without a gap). The background offloader skips these topics
 //! ([`Tiered::set_grouped`]); the leader's own pass applies the
@@ -46,6 +49,11 @@ use std::sync::Arc;
 pub trait GroupRecorder: Send + Sync {
     /// Records `state` through the group; returns once it was applied here.
     fn record(&self, state: &SegmentState) -> Result<()>;
+
+    /// Seals `topic`'s active segment through the group if it holds an
+    /// entry below `below` (`Storage::seal_segment`, every replica at the
+    /// same id); returns once it was applied here.
+    fn seal(&self, topic: &str, below: u64) -> Result<()>;
 }
 
 impl Tiered {
@@ -85,11 +93,14 @@ impl Tiered {
     }
 
     /// The leader's offload of replicated `topic`: its active segment is
-    /// sealed, then each sealed local segment above the ranges recorded
-    /// already is uploaded, verified and recorded through `recorder` (the
-    /// group), oldest first; the local copies go when the group's record
-    /// is applied here ([`Tiered::record_group`]). A segment starting
-    /// below the recorded end (a straddling one kept) is not offloaded.
+    /// sealed through `recorder` (the group: every replica seals it at the
+    /// same id, so every replica's copy of it lies inside the range
+    /// recorded next and goes), then each sealed local segment above the
+    /// ranges recorded already is uploaded, verified and recorded through
+    /// `recorder`, oldest first; the local copies go when the group's
+    /// record is applied here ([`Tiered::record_group`]). A segment
+    /// starting below the recorded end (a straddling one kept) is not
+    /// offloaded.
     pub async fn offload_through(
         self: &Arc<Self>,
         topic: &str,
@@ -105,10 +116,9 @@ impl Tiered {
         topic: &str,
         recorder: &dyn GroupRecorder,
     ) -> Result<super::offload::Outcome> {
-        let (log, t) = (self.log.clone(), topic.to_owned());
-        tokio::task::spawn_blocking(move || log.seal_active(&t, None))
-            .await
-            .map_err(StorageError::joined)??;
+        if let Some(below) = self.log.seal_point(topic, None) {
+            recorder.seal(topic, below)?;
+        }
         self.upload_and_record(topic, recorder, usize::MAX).await
     }
 

@@ -74,6 +74,11 @@ impl GroupRecorder for Both<'_> {
         self.0.put_offload_record(state)?;
         self.1.put_offload_record(state)
     }
+
+    fn seal(&self, topic: &str, below: u64) -> Result<()> {
+        self.0.seal_segment(topic, below)?;
+        self.1.seal_segment(topic, below)
+    }
 }
 
 pub(super) fn all_ids(s: &LogStorage) -> Vec<u64> {
@@ -120,10 +125,10 @@ async fn each_replica_drops_only_its_segments_inside_the_groups_ranges() {
         let done = ta.offload_through(T, &Both(&a, &b)).await.unwrap();
         assert_eq!(done.segments, 4, "{done:?}");
         assert_eq!(objects(&root), 4);
-        // a kept only the segment it writes to; b the one straddling no
-        // range end but still written to ([35,40) is its active one).
+        // Each kept only the segment it writes to: the group's seal ended
+        // b's active [35,40) at 40 too, inside the recorded ranges.
         assert_eq!(a.log().segment_starts(T), [40]);
-        assert_eq!(b.log().segment_starts(T), [35]);
+        assert_eq!(b.log().segment_starts(T), [40]);
         a.flush().await.unwrap();
         b.flush().await.unwrap();
         for s in [&a, &b] {

@@ -44,12 +44,20 @@ async fn replica(dir: &Path, root: &Path, policy: Option<OffloadPolicy>) -> LogS
 struct Late<'a> {
     leader: &'a LogStorage,
     kept: std::sync::Mutex<Vec<SegmentState>>,
+    /// The seals' `below`, applied by the follower before the records.
+    seals: std::sync::Mutex<Vec<u64>>,
 }
 
 impl GroupRecorder for Late<'_> {
     fn record(&self, state: &SegmentState) -> Result<()> {
         self.leader.put_offload_record(state)?;
         self.kept.lock().unwrap().push(state.clone());
+        Ok(())
+    }
+
+    fn seal(&self, topic: &str, below: u64) -> Result<()> {
+        self.leader.seal_segment(topic, below)?;
+        self.seals.lock().unwrap().push(below);
         Ok(())
     }
 }
@@ -70,6 +78,7 @@ async fn local_copies_wait_for_the_lag_from_the_records_time_on_every_replica() 
     let late = Late {
         leader: &a,
         kept: Default::default(),
+        seals: Default::default(),
     };
     let ta = a.tiered().unwrap().clone();
     let done = ta.offload_through(T, &late).await.unwrap();
@@ -82,10 +91,17 @@ async fn local_copies_wait_for_the_lag_from_the_records_time_on_every_replica() 
     // The follower applies the records only now, past their time plus the
     // lag: it drops its sealed copies at the apply (its own clock at the
     // apply would have kept them another 1.5 s).
+    for below in late.seals.lock().unwrap().iter() {
+        b.seal_segment(T, *below).unwrap();
+    }
     for s in late.kept.lock().unwrap().iter() {
         b.put_offload_record(s).unwrap();
     }
-    assert_eq!(b.log().segment_starts(T), [30], "[30,40) is b's active one");
+    assert_eq!(
+        b.log().segment_starts(T),
+        [40],
+        "sealed at 40 as the leader"
+    );
     // The leader's next pass drops its own.
     assert_eq!(ta.drop_due_group(T, crate::util::wall_ms()).unwrap(), 4);
     assert_eq!(a.log().segment_starts(T), [40]);
@@ -102,6 +118,10 @@ struct One<'a>(&'a LogStorage);
 impl GroupRecorder for One<'_> {
     fn record(&self, state: &SegmentState) -> Result<()> {
         self.0.put_offload_record(state)
+    }
+
+    fn seal(&self, topic: &str, below: u64) -> Result<()> {
+        self.0.seal_segment(topic, below)
     }
 }
 
@@ -212,6 +232,10 @@ impl GroupRecorder for LosesLeadership<'_> {
         self.ok.fetch_sub(1, Ordering::SeqCst);
         self.replica.put_offload_record(state)
     }
+
+    fn seal(&self, topic: &str, below: u64) -> Result<()> {
+        self.replica.seal_segment(topic, below)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,6 +298,13 @@ impl GroupRecorder for All<'_> {
         }
         Ok(())
     }
+
+    fn seal(&self, topic: &str, below: u64) -> Result<()> {
+        for r in &self.0 {
+            r.seal_segment(topic, below)?;
+        }
+        Ok(())
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,16 +333,15 @@ async fn every_replica_drops_its_copies_at_the_leaders_stamped_lag_whatever_its_
         "{stamped:?}"
     );
     // Within the leader's lag: b keeps its copies too (its own default
-    // would have dropped them at the apply).
-    // ([30,40) is the followers' active one.)
-    assert_eq!(a.log().segment_starts(T), [0, 10, 20, 30, 40]);
-    for r in [&b, &c] {
-        assert_eq!(r.log().segment_starts(T), [0, 10, 20, 30]);
+    // would have dropped them at the apply). (The group's seal ended
+    // every replica's [30,40) at 40.)
+    for r in [&a, &b, &c] {
+        assert_eq!(r.log().segment_starts(T), [0, 10, 20, 30, 40]);
     }
     tokio::time::sleep(Duration::from_millis(1600)).await;
     // Past it: c drops them too (its own default would keep them a minute).
     let now = crate::util::wall_ms();
-    for (r, sealed, active) in [(&a, 4, 40), (&b, 3, 30), (&c, 3, 30)] {
+    for (r, sealed, active) in [(&a, 4, 40), (&b, 4, 40), (&c, 4, 40)] {
         assert_eq!(r.tiered().unwrap().drop_due_group(T, now).unwrap(), sealed);
         assert_eq!(r.log().segment_starts(T), [active]);
         r.flush().await.unwrap();
@@ -329,7 +359,8 @@ async fn every_replica_drops_its_copies_at_the_leaders_stamped_lag_whatever_its_
     assert_eq!(
         td.drop_due_group(T, crate::util::wall_ms() + 60_000)
             .unwrap(),
-        3
+        3,
+        "d applied no seal: [30,40) is its active one"
     );
 }
 
@@ -401,7 +432,7 @@ async fn the_topics_own_policy_decides_over_the_stamps_at_once() {
     assert_eq!((done.segments, done.local_deleted), (4, 0), "{done:?}");
     assert_eq!(
         b.log().segment_starts(T),
-        [0, 10, 20, 30],
+        [0, 10, 20, 30, 40],
         "stamped keep_local"
     );
     // The group's command sets the topic's own policy on every replica:
@@ -415,5 +446,5 @@ async fn the_topics_own_policy_decides_over_the_stamps_at_once() {
     }
     let now = crate::util::wall_ms();
     assert_eq!(ta.drop_due_group(T, now).unwrap(), 4);
-    assert_eq!(b.tiered().unwrap().drop_due_group(T, now).unwrap(), 3);
+    assert_eq!(b.tiered().unwrap().drop_due_group(T, now).unwrap(), 4);
 }

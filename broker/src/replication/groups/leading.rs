@@ -237,4 +237,54 @@ impl Groups {
             .get(topic)
             .is_none_or(ReplicatedStorage::is_poisoned)
     }
+
+    /// Why `topic`'s leader may not propose a command of level `needed`
+    /// now: the first member (or member being moved out) whose
+    /// registration does not advertise it ([`super::super::gate`]), or the
+    /// registrations could not be read; `None`: it may.
+    pub async fn unready_for(&self, topic: &str, needed: u32) -> Option<String> {
+        let Some(record) = self
+            .started
+            .lock()
+            .await
+            .get(topic)
+            .map(|m| m.record.clone())
+        else {
+            return Some("this broker holds no member of the group".to_owned());
+        };
+        let levels = match self.cluster.group_commands().await {
+            Ok(l) => l,
+            Err(e) => return Some(format!("cannot read the members' registrations: {e}")),
+        };
+        let members = record
+            .members
+            .iter()
+            .chain(record.leaving.iter().map(|(b, _)| b))
+            .map(String::as_str);
+        super::super::gate::behind(members, &levels, needed).map(|b| b.to_string())
+    }
+
+    /// Whether `topic`'s leader may propose a command of level `needed`
+    /// now ([`Groups::unready_for`]); a change of answer is logged once
+    /// (WARN naming the member held back, INFO when every member
+    /// advertises it again).
+    pub async fn may_propose(&self, topic: &str, needed: u32) -> bool {
+        let unready = self.unready_for(topic, needed).await;
+        let mut held = crate::util::lock(&self.held);
+        match unready {
+            Some(why) => {
+                if held.get(topic) != Some(&why) {
+                    tracing::warn!(%topic, level = needed, reason = %why, "replicated topic: its leader holds back a group command a member may not apply (its segments are not sealed by age) until every member advertises the level");
+                    held.insert(topic.to_owned(), why);
+                }
+                false
+            }
+            None => {
+                if held.remove(topic).is_some() {
+                    tracing::info!(%topic, level = needed, "replicated topic: every member advertises the level of the group command held back; its leader proposes it again");
+                }
+                true
+            }
+        }
+    }
 }

@@ -116,6 +116,10 @@ pub struct Groups {
     /// Groups whose create (record written, membership not initialized
     /// yet) is under way in this process (see [`forming`]).
     forming: Mutex<std::collections::HashSet<String>>,
+    /// Groups led here whose leader holds a command back (a member does
+    /// not advertise its level, [`super::gate`]), with the reason last
+    /// logged: logged once per change.
+    held: Mutex<HashMap<String, String>>,
 }
 
 /// The runtime the Raft nodes of this broker's groups run on, apart from
@@ -229,6 +233,7 @@ impl Groups {
             runtime: RaftRuntime::start()?,
             leader_changed: Default::default(),
             reports: Default::default(),
+            held: Default::default(),
         });
         let g = groups.clone();
         tokio::spawn(async move {

@@ -1,0 +1,106 @@
+//! Which replication-group commands a group's leader may propose while a
+//! rolling upgrade is under way. A broker that does not know a command
+//! cannot decode it and stops applying its group, so every broker
+//! advertises the level of group commands it applies in its etcd
+//! registration (`Registration::group_commands`, [`GROUP_COMMANDS`] for
+//! this build), and a leader proposes a command of level `n` only when
+//! every member of the group (its members and those being moved out, so
+//! voters and learners) is registered with a level of `n` or more
+//! ([`behind`]). A registration without the field (a broker from before
+//! it) reads as level 0; a member not registered at all (down) counts as
+//! behind too, since the build it comes back with is unknown.
+//!
+//! Levels: 1 knows `PartitionCommand::Seal` (session 17, no longer
+//! proposed), 2 knows `PartitionCommand::SealBelow` (the group's seal of a
+//! segment, proposed by the seal pass and by an on-demand offload).
+
+use std::fmt;
+
+/// Knows `PartitionCommand::Seal`.
+pub const SEAL: u32 = 1;
+/// Knows `PartitionCommand::SealBelow`.
+pub const SEAL_BELOW: u32 = 2;
+/// The level this build applies, and registers.
+pub const GROUP_COMMANDS: u32 = SEAL_BELOW;
+
+/// A member that does not advertise the level a command needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Behind {
+    /// Its broker id.
+    pub broker: String,
+    /// The level it advertises; `None`: it is not registered.
+    pub level: Option<u32>,
+    /// The level needed.
+    pub needed: u32,
+}
+
+impl fmt::Display for Behind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.level {
+            Some(l) => write!(
+                f,
+                "member {} advertises group commands level {l}, {} needed (upgrade it)",
+                self.broker, self.needed
+            ),
+            None => write!(
+                f,
+                "member {} is not registered (down?): its group commands level is unknown, {} needed",
+                self.broker, self.needed
+            ),
+        }
+    }
+}
+
+/// The first of `members` whose registration (in `levels`: broker id and
+/// advertised level, as `Cluster::group_commands` reads them) does not
+/// advertise `needed`; `None`: every member does, the command may be
+/// proposed.
+pub fn behind<'a>(
+    members: impl IntoIterator<Item = &'a str>,
+    levels: &[(String, u32)],
+    needed: u32,
+) -> Option<Behind> {
+    members.into_iter().find_map(|m| {
+        let level = levels.iter().find(|(b, _)| b == m).map(|(_, l)| *l);
+        (level.unwrap_or(0) < needed).then(|| Behind {
+            broker: m.to_owned(),
+            level,
+            needed,
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn levels(of: &[(&str, u32)]) -> Vec<(String, u32)> {
+        of.iter().map(|(b, l)| ((*b).to_owned(), *l)).collect()
+    }
+
+    #[test]
+    fn a_command_is_proposed_only_when_every_member_advertises_its_level() {
+        let members = ["b0", "b1", "b2"];
+        let all = levels(&[("b0", 2), ("b1", 2), ("b2", 3), ("b9", 0)]);
+        assert_eq!(behind(members, &all, SEAL_BELOW), None);
+        // An old registration (no field) reads as 0.
+        let old = levels(&[("b0", 2), ("b1", 0), ("b2", 2)]);
+        let b = behind(members, &old, SEAL_BELOW).unwrap();
+        assert_eq!((b.broker.as_str(), b.level), ("b1", Some(0)));
+        assert!(
+            b.to_string()
+                .contains("member b1 advertises group commands level 0, 2 needed")
+        );
+        // A member knowing `Seal` only is behind for `SealBelow`, not for `Seal`.
+        let seal = levels(&[("b0", 2), ("b1", 1), ("b2", 2)]);
+        assert_eq!(behind(members, &seal, SEAL_BELOW).unwrap().broker, "b1");
+        assert_eq!(behind(members, &seal, SEAL), None);
+        // A member not registered is behind: its build is unknown.
+        let down = levels(&[("b0", 2), ("b1", 2)]);
+        let b = behind(members, &down, SEAL_BELOW).unwrap();
+        assert_eq!((b.broker.as_str(), b.level), ("b2", None));
+        assert!(b.to_string().contains("not registered"));
+        // A broker outside the group does not matter.
+        assert_eq!(behind(["b0"], &old, SEAL_BELOW), None);
+    }
+}
