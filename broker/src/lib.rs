@@ -72,6 +72,7 @@ mod events_route;
 mod failure_log;
 mod flusher;
 pub mod gate;
+mod idle;
 mod keeper;
 mod limits;
 mod metrics;

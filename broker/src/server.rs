@@ -178,11 +178,6 @@ fn verify(sled: &SledStorage, accept_loss: bool) -> Result<()> {
     )))
 }
 
-/// The nice value the background verify pass's threads take at least (on
-/// Linux a thread's own: `setpriority` with no id changes the calling
-/// thread's).
-const BACKGROUND_NICE: i32 = 10;
-
 /// `verify_on_start = "background"`: the verify pass on a blocking thread
 /// while the broker serves. Damage it finds is logged and makes storage
 /// unhealthy (`ricochet_storage_healthy 0`, gRPC health NOT_SERVING), as a
@@ -198,14 +193,13 @@ fn verify_in_background(sled: Arc<SledStorage>, core: &Arc<BrokerCore>) {
     let storage = core.storage.clone();
     tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
-        // The pass's threads run at a lower priority (nice 10 at least): on
-        // a busy machine serving goes first, and the pass takes longer.
-        let report =
-            sled.verify_live_on(&|| stop.is_cancelled() || weak.strong_count() == 0, &|| {
-                use rustix::process::{getpriority_process, setpriority_process};
-                let now = getpriority_process(None).unwrap_or(0);
-                let _ = setpriority_process(None, now.max(BACKGROUND_NICE));
-            });
+        // The pass's threads run at idle priority (`SCHED_IDLE`, else nice
+        // 19): serving goes first, and on a busy machine the pass takes
+        // longer.
+        let report = sled.verify_live_on(
+            &|| stop.is_cancelled() || weak.strong_count() == 0,
+            &crate::idle::lower_this_thread,
+        );
         drop(sled);
         drop(storage);
         let took_ms = started.elapsed().as_millis() as u64;

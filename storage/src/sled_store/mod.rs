@@ -36,6 +36,7 @@ mod reads;
 mod refs;
 mod returns;
 mod sched;
+mod settle;
 #[cfg(test)]
 mod split_tests;
 mod transfer;

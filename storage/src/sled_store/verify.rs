@@ -181,39 +181,48 @@ impl SledStorage {
             .map_or(1, |n| n.get())
             .clamp(1, VERIFY_THREADS)
             .min(trees.len());
-        let mut parts: Vec<(usize, VerifyReport, HashMap<u64, held::Gathered>)> =
-            std::thread::scope(|scope| {
-                let workers: Vec<_> = (0..threads)
-                    .map(|_| {
-                        scope.spawn(|| {
-                            on_worker();
-                            let mut done = Vec::new();
-                            loop {
-                                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                let Some((name, tree)) = trees.get(i) else {
-                                    return done;
-                                };
-                                let mut found = HashMap::new();
-                                let gather = (want_heads
-                                    && matches!(
-                                        name.as_str(),
-                                        "failures" | "schedule" | "sched" | "sched_big"
-                                    ))
-                                .then_some(&mut found);
-                                let report = verify_tree(name, tree, live, stop, gather, cut);
-                                done.push((i, report, found));
-                            }
-                        })
+        #[allow(clippy::type_complexity)]
+        let mut parts: Vec<(
+            usize,
+            VerifyReport,
+            HashMap<u64, held::Gathered>,
+            settle::Tail,
+        )> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        on_worker();
+                        let mut done = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some((name, tree)) = trees.get(i) else {
+                                return done;
+                            };
+                            let mut found = HashMap::new();
+                            let gather = (want_heads
+                                && matches!(
+                                    name.as_str(),
+                                    "failures" | "schedule" | "sched" | "sched_big"
+                                ))
+                            .then_some(&mut found);
+                            let mut tail = settle::Tail::default();
+                            let report =
+                                verify_tree(name, tree, live, stop, gather, cut, &mut tail);
+                            done.push((i, report, found, tail));
+                        }
                     })
-                    .collect();
-                workers
-                    .into_iter()
-                    .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .collect()
-            });
-        parts.sort_by_key(|(i, _, _)| *i);
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        parts.sort_by_key(|(i, _, _, _)| *i);
         let mut heads = heads;
-        for (_, part, found) in parts {
+        let mut tails = Vec::new();
+        for (i, part, found, tail) in parts {
+            tails.push((&trees[i].1, tail));
             if let Some(heads) = heads.as_deref_mut() {
                 for (sub, g) in found {
                     heads
@@ -239,6 +248,18 @@ impl SledStorage {
             }
             report.complete &= part.complete;
         }
+        // The live pass (the broker's, while serving) lets sled's cache
+        // evict what it paged in, on a thread of the pass's priority.
+        if live && report.complete {
+            std::thread::scope(|scope| {
+                let _ = scope
+                    .spawn(|| {
+                        on_worker();
+                        settle::reread(tails, stop)
+                    })
+                    .join();
+            });
+        }
         report
     }
 }
@@ -256,6 +277,7 @@ fn verify_tree(
     stop: &dyn Fn() -> bool,
     mut heads: Option<&mut HashMap<u64, held::Gathered>>,
     cut: u64,
+    tail: &mut settle::Tail,
 ) -> VerifyReport {
     let mut report = VerifyReport {
         complete: true,
@@ -276,6 +298,7 @@ fn verify_tree(
             return report;
         }
         report.values += 1;
+        tail.read(&k, v.len());
         match name {
             "schedule" => {
                 report.scheduled += 1;
