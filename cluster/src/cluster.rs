@@ -181,6 +181,17 @@ impl Cluster {
 
     /// Live brokers that take new topics (not draining), with their load.
     pub(crate) async fn live(&self) -> Result<Vec<Candidate>> {
+        Ok(self
+            .registrations()
+            .await?
+            .into_iter()
+            .filter_map(|(id, reg)| (!reg.draining).then_some(Candidate { id, load: reg.load }))
+            .collect())
+    }
+
+    /// Every registered broker's registration, by broker id (an
+    /// unreadable one as the default, see [`Registration::parse`]).
+    async fn registrations(&self) -> Result<Vec<(String, Registration)>> {
         let strip = format!("{}brokers/", self.prefix);
         Ok(self
             .etcd
@@ -189,8 +200,7 @@ impl Cluster {
             .into_iter()
             .filter_map(|kv| {
                 let id = kv.key.strip_prefix(&strip)?.to_owned();
-                let reg = Registration::parse(&kv.value);
-                (!reg.draining).then_some(Candidate { id, load: reg.load })
+                Some((id, Registration::parse(&kv.value)))
             })
             .collect())
     }
@@ -199,16 +209,11 @@ impl Cluster {
     /// none), by broker id: what a broker's `Replication` service checks a
     /// caller's role against.
     pub async fn peer_roles(&self) -> Result<Vec<(String, Option<String>)>> {
-        let strip = format!("{}brokers/", self.prefix);
         Ok(self
-            .etcd
-            .get_prefix(&strip)
+            .registrations()
             .await?
             .into_iter()
-            .filter_map(|kv| {
-                let id = kv.key.strip_prefix(&strip)?.to_owned();
-                Some((id, Registration::parse(&kv.value).peer_role))
-            })
+            .map(|(id, r)| (id, r.peer_role))
             .collect())
     }
 
@@ -216,16 +221,11 @@ impl Cluster {
     /// advertises (`Registration::group_commands`; 0 in a registration
     /// without it), by broker id. A broker not registered is not listed.
     pub async fn group_commands(&self) -> Result<Vec<(String, u32)>> {
-        let strip = format!("{}brokers/", self.prefix);
         Ok(self
-            .etcd
-            .get_prefix(&strip)
+            .registrations()
             .await?
             .into_iter()
-            .filter_map(|kv| {
-                let id = kv.key.strip_prefix(&strip)?.to_owned();
-                Some((id, Registration::parse(&kv.value).group_commands))
-            })
+            .map(|(id, r)| (id, r.group_commands))
             .collect())
     }
 

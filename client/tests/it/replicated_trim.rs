@@ -66,6 +66,20 @@ pub(crate) fn segments(broker: &ClusterBroker, topic: &str) -> Vec<(u64, u64)> {
     segments
 }
 
+/// Publishes a 200 B message every 100 ms for `span` (each awaited to its
+/// receipt: committed by the group); returns how many.
+pub(crate) async fn trickle(c: &Client, t: &str, span: Duration) -> u64 {
+    let p = c.producer(t).create().await.unwrap();
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while start.elapsed() < span {
+        p.send(vec![sent as u8; 200]).await.unwrap();
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sent
+}
+
 /// Sets the size retention on `t` (answered by its leader), publishes
 /// [`SENT`] messages of 1 KiB, and waits until the leader's retention
 /// dropped all but the last segments: the leader's first id then.
@@ -276,14 +290,7 @@ async fn a_busy_topics_age_rolls_are_the_groups_at_the_same_ids_on_every_replica
     let (brokers, _ids, leader, at) =
         led_group_with(&etcd, "rbusy", root.path(), t, &options).await;
     let c = client(&brokers[at].url()).await;
-    let p = c.producer(t).create().await.unwrap();
-    let start = Instant::now();
-    let mut sent = 0u64;
-    while start.elapsed() < Duration::from_secs(6) {
-        p.send(vec![sent as u8; 200]).await.unwrap();
-        sent += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let sent = trickle(&c, t, Duration::from_secs(6)).await;
     // Every replica applied every entry, and holds the same segments.
     let start = Instant::now();
     loop {

@@ -18,7 +18,7 @@ use ricochet_proto::tiered_client::TieredClient;
 use ricochet_testkit::{SpawnOptions, etcd_or_skip, spawn_cluster};
 
 use super::replicated::{ONE_CLUSTER, client, stable_leader};
-use super::replicated_trim::segments;
+use super::replicated_trim::{segments, trickle};
 
 /// Writes `value` at `key` (no lease: the broker's next refresh of its
 /// registration puts it back under its lease).
@@ -87,14 +87,7 @@ async fn a_member_registered_without_the_seal_level_holds_the_groups_age_seals_b
     // Twice the max age and more of publishes: each committed by the
     // group (the send's receipt), none rolls the segment by age.
     let c = client(&brokers[at].url()).await;
-    let p = c.producer(t).create().await.unwrap();
-    let start = Instant::now();
-    let mut sent = 0u64;
-    while start.elapsed() < Duration::from_secs(5) {
-        p.send(vec![sent as u8; 200]).await.unwrap();
-        sent += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let sent = trickle(&c, t, Duration::from_secs(5)).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Every replica, the old-form member's included, applied every entry
     // into one unsealed segment (identical sizes).
