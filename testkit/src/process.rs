@@ -179,6 +179,11 @@ impl SpawnOptions {
         self
     }
 
+    /// Starts the broker with the config file at `path` (`--config`).
+    pub fn config(self, path: impl AsRef<Path>) -> Self {
+        self.args([OsString::from("--config"), path.as_ref().into()])
+    }
+
     /// Serves gRPC on `addr` (default: a port the broker picks); to come
     /// back on the port of a broker that was killed, so clients reconnect.
     pub fn listen(mut self, addr: SocketAddr) -> Self {

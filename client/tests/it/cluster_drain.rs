@@ -637,7 +637,7 @@ async fn a_move_copies_the_log_while_served_and_stops_the_topic_only_for_the_tai
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("broker.toml");
     std::fs::write(&config, "segment_entries = 100\n").unwrap();
-    let options = SpawnOptions::new().args([std::ffi::OsString::from("--config"), config.into()]);
+    let options = SpawnOptions::new().config(&config);
     let Some(Cluster {
         etcd: _etcd,
         brokers,

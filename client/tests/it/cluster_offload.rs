@@ -6,7 +6,6 @@
 //! cluster's when it first joins one. Etcd and two brokers as child
 //! processes, one `file://` tier.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -33,7 +32,7 @@ fn options(root: &Path) -> SpawnOptions {
         ),
     )
     .unwrap();
-    SpawnOptions::new().args([OsString::from("--config"), config.into()])
+    SpawnOptions::new().config(config)
 }
 
 async fn tiered(url: &str) -> TieredClient<tonic::transport::Channel> {

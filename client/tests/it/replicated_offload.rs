@@ -15,7 +15,6 @@
 //! 5 is NOT_FOUND, see the session report), and against main's broker
 //! before this change (the `Offload` call is refused FAILED_PRECONDITION).
 
-use std::ffi::OsString;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -58,7 +57,7 @@ fn options_every(root: &Path, moto: &MotoServer, interval: &str) -> SpawnOptions
         ),
     )
     .unwrap();
-    SpawnOptions::new().args([OsString::from("--config"), config.into()])
+    SpawnOptions::new().config(config)
 }
 
 pub(crate) fn stored(topic: &str) -> String {

@@ -17,7 +17,6 @@
 //! - an on-demand offload seals the active segment through the group, so
 //!   every replica drops its copies of the whole offloaded range.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -44,7 +43,7 @@ fn write_config(config: &Path, tier: &Path, interval: &str, extra: &str) {
 }
 
 fn with_config(config: &Path) -> SpawnOptions {
-    SpawnOptions::new().args([OsString::from("--config"), config.into()])
+    SpawnOptions::new().config(config)
 }
 
 /// The `.seg` objects under `dir`.

@@ -12,7 +12,6 @@
 //! (`RICOCHET_BROKER_BIN` naming a build from before the group's trims:
 //! the followers keep every segment, and the new leader serves from id 0).
 
-use std::ffi::OsString;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -40,7 +39,7 @@ fn options(root: &Path) -> SpawnOptions {
         format!("segment_entries = {ENTRIES}\nretention_interval = \"1h\"\n"),
     )
     .unwrap();
-    SpawnOptions::new().args([OsString::from("--config"), config.into()])
+    SpawnOptions::new().config(config)
 }
 
 fn stored(topic: &str) -> String {
@@ -285,7 +284,7 @@ async fn a_busy_topics_age_rolls_are_the_groups_at_the_same_ids_on_every_replica
         "segment_entries = 100000\nsegment_max_age = \"2s\"\nretention_interval = \"1h\"\n",
     )
     .unwrap();
-    let options = SpawnOptions::new().args([OsString::from("--config"), config.into()]);
+    let options = SpawnOptions::new().config(&config);
     let t = "busy";
     let (brokers, _ids, leader, at) =
         led_group_with(&etcd, "rbusy", root.path(), t, &options).await;

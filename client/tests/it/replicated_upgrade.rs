@@ -10,7 +10,6 @@
 //! naming the member). Etcd and three brokers as child processes sharing
 //! a `file://` tier with no offload policy (only the call offloads).
 
-use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use ricochet_proto::TieredOffloadRequest;
@@ -52,7 +51,7 @@ async fn a_member_registered_without_the_seal_level_holds_the_groups_age_seals_b
         ),
     )
     .unwrap();
-    let options = SpawnOptions::new().args([OsString::from("--config"), config.into()]);
+    let options = SpawnOptions::new().config(&config);
     // Leases of 60 s: a broker refreshes its registration once a TTL, so
     // none rewrites the old form this test puts until well after it
     // restored it (checked below).
