@@ -75,6 +75,10 @@ pub struct BrokerView {
     pub draining: bool,
     /// The identity of its second tier's store, as it registered it.
     pub tier: Option<String>,
+    /// The level of replication-group commands it applies, as it
+    /// registered it (0: registered by a build from before the field, or
+    /// not live).
+    pub group_commands: u32,
 }
 
 impl Cluster {
@@ -307,6 +311,7 @@ impl Cluster {
                 v.registered_at_ms = reg.registered_at_ms;
                 v.draining = reg.draining;
                 v.tier = reg.tier;
+                v.group_commands = reg.group_commands;
             }
         }
         for (id, n) in self.placed_counts().await? {

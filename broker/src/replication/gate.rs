@@ -51,6 +51,16 @@ impl fmt::Display for Behind {
     }
 }
 
+/// Whether a broker advertising `level` may be added to a group by this
+/// build (as a move's target or a dead member's replacement): a joining
+/// replica catches up from the leader's log and snapshot, which may hold
+/// any command this build proposes, and a broker that cannot decode one
+/// stops applying the group. The gate of [`behind`] covers only the
+/// members already in the group.
+pub fn may_join(level: u32) -> bool {
+    level >= GROUP_COMMANDS
+}
+
 /// The first of `members` whose registration (in `levels`: broker id and
 /// advertised level, as `Cluster::group_commands` reads them) does not
 /// advertise `needed`; `None`: every member does, the command may be
@@ -102,5 +112,13 @@ mod tests {
         assert!(b.to_string().contains("not registered"));
         // A broker outside the group does not matter.
         assert_eq!(behind(["b0"], &old, SEAL_BELOW), None);
+    }
+
+    #[test]
+    fn only_a_broker_applying_every_command_of_this_build_may_join_a_group() {
+        assert!(may_join(GROUP_COMMANDS));
+        assert!(may_join(GROUP_COMMANDS + 1));
+        assert!(!may_join(SEAL));
+        assert!(!may_join(0));
     }
 }

@@ -114,16 +114,18 @@ impl Groups {
             crate::util::lock(&self.unreplaced).remove(topic);
             return Ok(());
         };
-        // Only a broker sharing this one's object store ([`super::super::tier`]).
-        let mine = self.cluster.tier();
-        let spare = brokers
-            .iter()
-            .filter(|b| b.live && !b.draining && !record.members.contains(&b.id))
-            .filter(|b| super::super::tier::difference(mine, b.tier.as_deref()).is_none())
-            .min_by(|a, b| (a.placed, &a.id).cmp(&(b.placed, &b.id)));
+        // Only a broker sharing this one's object store ([`super::super::tier`])
+        // and applying every group command of this build.
+        let spare = super::moves::spare(
+            record,
+            brokers,
+            me,
+            self.cluster.tier(),
+            &Default::default(),
+        );
         let Some(spare) = spare else {
             if crate::util::lock(&self.unreplaced).insert(topic.to_owned()) {
-                tracing::warn!(%topic, %dead, "a member is down past replace_after and no live broker outside the group can replace it: the group stays degraded");
+                tracing::warn!(%topic, %dead, "a member is down past replace_after and no live broker outside the group may replace it (sharing this broker's [tiered] store and applying every group command of this build): the group stays degraded");
             }
             return Ok(());
         };
@@ -139,7 +141,7 @@ impl Groups {
             // Changed since it was read: decide again at the next round.
             return Ok(());
         }
-        let Some(next) = current.replacing(&dead, &spare.id) else {
+        let Some(next) = current.replacing(&dead, &spare) else {
             return Ok(());
         };
         let json = serde_json::to_string(&next)
@@ -148,7 +150,7 @@ impl Groups {
             .replace_if_unchanged(&key, &json, kv.mod_revision, 0)
             .await?
         {
-            tracing::info!(%topic, %dead, new = %spare.id, members = ?next.members, "replacing a member that stayed down");
+            tracing::info!(%topic, %dead, new = %spare, members = ?next.members, "replacing a member that stayed down");
             ricochet_storage::util::write(&self.known).insert(topic.to_owned(), next);
         }
         Ok(())

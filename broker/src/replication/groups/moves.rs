@@ -22,6 +22,7 @@
 //! leadership to another live member the same way (when that fails, the
 //! group elects a leader after the switch, as before).
 
+use super::super::gate;
 use super::{GroupRecord, Groups};
 use crate::error::{BrokerError, Result};
 use ricochet_cluster::BrokerView;
@@ -83,12 +84,9 @@ impl Groups {
                         "broker {t} is not live, or is draining"
                     )));
                 };
-                if let Some(d) =
-                    super::super::tier::difference(self.cluster.tier(), b.tier.as_deref())
-                {
+                if let Err(why) = joinable(b, self.cluster.tier()) {
                     return Err(BrokerError::Conflict(format!(
-                        "broker {t} cannot join {topic}'s replication group: {d} (a group's \
-                         members offload to and read from one store)"
+                        "broker {t} cannot join {topic}'s replication group: {why}"
                     )));
                 }
                 t.to_owned()
@@ -102,8 +100,8 @@ impl Groups {
             )
             .ok_or_else(|| {
                 BrokerError::Conflict(format!(
-                    "no live, non-draining broker sharing this broker's [tiered] store \
-                         outside {topic}'s replication group {:?} to move its replica to",
+                    "no live, non-draining, upgraded broker sharing this broker's [tiered] \
+                         store outside {topic}'s replication group {:?} to move its replica to",
                     record.members
                 ))
             })?,
@@ -158,8 +156,9 @@ impl Groups {
                 out.push((
                     topic.clone(),
                     Err(BrokerError::Conflict(format!(
-                        "no live, non-draining broker outside its replication group {:?} to \
-                         replace broker {me}: it stays a member",
+                        "no live, non-draining, upgraded broker sharing this broker's [tiered] \
+                         store outside its replication group {:?} to replace broker {me}: it \
+                         stays a member",
                         record.members
                     ))),
                 ));
@@ -327,9 +326,32 @@ impl Groups {
     }
 }
 
+/// Why broker `b` may not be added to a group led from a broker with
+/// second tier `tier`: it must share that store (a group's members
+/// offload to and read from one store), and apply every group command
+/// this build proposes ([`gate::may_join`]).
+fn joinable(b: &BrokerView, tier: Option<&str>) -> std::result::Result<(), String> {
+    if let Some(d) = super::super::tier::difference(tier, b.tier.as_deref()) {
+        return Err(format!(
+            "{d} (a group's members offload to and read from one store)"
+        ));
+    }
+    if !gate::may_join(b.group_commands) {
+        return Err(format!(
+            "it advertises group commands level {}, {} needed (upgrade it: it could not apply \
+             the group's log)",
+            b.group_commands,
+            gate::GROUP_COMMANDS
+        ));
+    }
+    Ok(())
+}
+
 /// The live, non-draining broker outside `record`'s group (and not `me`)
-/// with the fewest placed topics, counting `given` more.
-fn spare(
+/// that may join it (it shares this broker's second tier, and applies
+/// every group command this build proposes: [`gate::may_join`]) with the
+/// fewest placed topics, counting `given` more.
+pub(super) fn spare(
     record: &GroupRecord,
     brokers: &[BrokerView],
     me: &str,
@@ -344,7 +366,7 @@ fn spare(
                 && b.id != me
                 && !record.members.contains(&b.id)
                 && !record.leaving.iter().any(|(l, _)| *l == b.id)
-                && super::super::tier::difference(tier, b.tier.as_deref()).is_none()
+                && joinable(b, tier).is_ok()
         })
         .min_by_key(|b| {
             (
@@ -353,4 +375,58 @@ fn spare(
             )
         })
         .map(|b| b.id.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn broker(id: &str, placed: u64, level: u32) -> BrokerView {
+        BrokerView {
+            id: id.to_owned(),
+            live: true,
+            placed,
+            group_commands: level,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_spare_is_a_broker_that_applies_every_group_command_of_this_build() {
+        let record = GroupRecord {
+            replicas: 3,
+            members: vec!["b0".into(), "b1".into(), "b2".into()],
+            incarnation: 0,
+            ids: Vec::new(),
+            next_id: 0,
+            leaving: Vec::new(),
+        };
+        let level = gate::GROUP_COMMANDS;
+        let none = Default::default();
+        let mut brokers = vec![
+            broker("b0", 0, level),
+            broker("b1", 0, level),
+            broker("b2", 0, level),
+            // The least loaded outside the group, but from before the seal
+            // through the group: it could not apply the log it catches up on.
+            broker("b3", 0, gate::SEAL),
+            broker("b4", 5, level),
+        ];
+        assert_eq!(
+            spare(&record, &brokers, "b0", None, &none).as_deref(),
+            Some("b4")
+        );
+        // Named as a move's target, it is refused with the reason.
+        let why = joinable(&brokers[3], None).unwrap_err();
+        assert!(why.contains("group commands level 1, 2 needed"), "{why}");
+        // Registered without the field at all.
+        brokers[4].group_commands = 0;
+        assert_eq!(spare(&record, &brokers, "b0", None, &none), None);
+        // Once upgraded, the least loaded is taken again.
+        brokers[3].group_commands = level;
+        assert_eq!(
+            spare(&record, &brokers, "b0", None, &none).as_deref(),
+            Some("b3")
+        );
+    }
 }
