@@ -106,10 +106,15 @@ impl Node {
         // Registered so that a replication group is formed only of brokers
         // sharing one object store ([`crate::replication::tier`]).
         let tier = self.core.config.tiered.as_ref().map(|t| t.identity());
+        let rolls = ricochet_cluster::SegmentRolls {
+            entries: self.core.config.segment_entries,
+            max_bytes: self.core.config.segment_max_bytes,
+        };
         let advertised = ricochet_cluster::Advertised {
             peer_role,
             tier,
             group_commands: crate::replication::gate::GROUP_COMMANDS,
+            segment_rolls: Some(rolls),
         };
         let cluster = Cluster::join(
             config,
@@ -120,6 +125,7 @@ impl Node {
             self.core.shutdown.clone(),
         )
         .await?;
+        warn_differing_rolls(&cluster, rolls).await;
         self.core.set_placement(Arc::new(EventsPlacement {
             cluster: cluster.clone(),
             config: self.core.config.clone(),
@@ -324,4 +330,30 @@ fn raft_settings(config: &BrokerConfig, auth: &Auth) -> Result<(NodeSettings, Op
         ..NodeSettings::default()
     };
     Ok((settings, peer_role))
+}
+
+/// Warns, once at join, about each registered broker whose segment rolls
+/// (`segment_entries`, `segment_max_bytes`) differ from this one's: the
+/// replicas of a replicated topic roll where their own broker's settings
+/// say, so a group with members of both splits the topic into segments at
+/// different ids (each replica is still whole and correct; an offload
+/// through the group seals at one id, but the size and block rolls after
+/// it differ again). A broker that registers no rolls (an older build) is
+/// not compared.
+async fn warn_differing_rolls(
+    cluster: &ricochet_cluster::Cluster,
+    mine: ricochet_cluster::SegmentRolls,
+) {
+    let registered = match cluster.segment_rolls().await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the brokers' segment rolls to compare them");
+            return;
+        }
+    };
+    for (broker, theirs) in
+        ricochet_cluster::membership::differing_rolls(cluster.id(), mine, &registered)
+    {
+        tracing::warn!(%broker, theirs = %theirs, mine = %mine, "this broker's segment rolls differ from another broker's: replicas of a replicated topic on both split it into segments at different ids; give every broker the same segment_entries and segment_max_bytes");
+    }
 }

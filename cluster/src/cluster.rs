@@ -9,7 +9,7 @@
 
 use crate::error::{ClusterError, Result};
 use crate::etcd::Etcd;
-use crate::membership::{Fence, Registration};
+use crate::membership::{Advertised, Fence, Registration, SegmentRolls};
 use crate::placement::Candidate;
 use crate::sync::read;
 use std::collections::HashMap;
@@ -42,13 +42,9 @@ pub struct Cluster {
     /// registered.
     pub(crate) load_bits: AtomicU64,
     pub(crate) placed: AtomicU64,
-    /// The role this broker's peer credential proves, registered with it.
-    pub(crate) peer_role: Option<String>,
-    /// The identity of this broker's second tier, registered with it.
-    pub(crate) tier: Option<String>,
-    /// The level of replication-group commands it applies, registered with
-    /// it (`Registration::group_commands`).
-    pub(crate) group_commands: u32,
+    /// What this broker registers besides its URL and load (its peer role,
+    /// second tier, group commands level and segment rolls).
+    pub(crate) advertised: Advertised,
 }
 
 /// A topic in the table of owned topics.
@@ -66,9 +62,7 @@ impl Cluster {
     /// `url`) with leases of `ttl` (whole seconds), holding nothing yet.
     pub(crate) fn new(name: &str, id: String, url: String, etcd: Etcd, ttl: Duration) -> Self {
         Self {
-            peer_role: None,
-            tier: None,
-            group_commands: 0,
+            advertised: Advertised::default(),
             prefix: format!("/ricochet/{name}/"),
             name: name.to_owned(),
             fence: Fence::new(&id),
@@ -141,9 +135,10 @@ impl Cluster {
             load: f64::from_bits(self.load_bits.load(Ordering::Relaxed)),
             placed: self.placed.load(Ordering::Relaxed),
             draining: self.draining.load(Ordering::Relaxed),
-            peer_role: self.peer_role.clone(),
-            tier: self.tier.clone(),
-            group_commands: self.group_commands,
+            peer_role: self.advertised.peer_role.clone(),
+            tier: self.advertised.tier.clone(),
+            group_commands: self.advertised.group_commands,
+            segment_rolls: self.advertised.segment_rolls,
         };
         let json = serde_json::to_string(&reg)
             .map_err(|e| ClusterError::Etcd(format!("cannot encode the registration: {e}")))?;
@@ -229,15 +224,32 @@ impl Cluster {
             .collect())
     }
 
+    /// The segment rolls each registered broker advertises
+    /// (`Registration::segment_rolls`; `None` in a registration from before
+    /// the field), by broker id.
+    pub async fn segment_rolls(&self) -> Result<Vec<(String, Option<SegmentRolls>)>> {
+        Ok(self
+            .registrations()
+            .await?
+            .into_iter()
+            .map(|(id, r)| (id, r.segment_rolls))
+            .collect())
+    }
+
+    /// The segment rolls this broker registers.
+    pub fn own_segment_rolls(&self) -> Option<SegmentRolls> {
+        self.advertised.segment_rolls
+    }
+
     /// The identity of this broker's second tier, as it registers it (see
     /// [`Cluster::join`]).
     pub fn tier(&self) -> Option<&str> {
-        self.tier.as_deref()
+        self.advertised.tier.as_deref()
     }
 
     /// The peer role this broker registers (see [`Cluster::join`]).
     pub fn peer_role(&self) -> Option<&str> {
-        self.peer_role.as_deref()
+        self.advertised.peer_role.as_deref()
     }
 
     /// Topics placed per broker id.

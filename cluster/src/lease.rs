@@ -35,8 +35,8 @@ impl Cluster {
     /// the identity of its second tier's store, is registered too: a
     /// replication group's members must share it; and `group_commands`,
     /// the level of group commands it applies (a group's leader proposes
-    /// a command only when every member advertises its level). All three
-    /// come in `advertised`.
+    /// a command only when every member advertises its level); and its
+    /// segment rolls. All of them come in `advertised`.
     pub async fn join(
         config: &ClusterConfig,
         id: String,
@@ -48,9 +48,7 @@ impl Cluster {
         let etcd = Etcd::connect(&config.etcd, ETCD_TIMEOUT)?;
         let ttl = Duration::from_secs(config.lease_ttl.as_secs_f64().ceil() as u64);
         let mut cluster = Self::new(&config.name, id, url, etcd, ttl);
-        cluster.peer_role = advertised.peer_role;
-        cluster.tier = advertised.tier;
-        cluster.group_commands = advertised.group_commands;
+        cluster.advertised = advertised;
         let cluster = Arc::new(cluster);
         let started = Instant::now();
         let previous = loop {

@@ -46,7 +46,7 @@ mod sync;
 pub use cluster::Cluster;
 pub use config::{ClusterConfig, valid_id};
 pub use error::{ClusterError, Result};
-pub use membership::Advertised;
+pub use membership::{Advertised, SegmentRolls};
 pub use ownership::{BrokerView, Owner, Tenure};
 
 /// A minimal client of etcd's v3 API (KV Range/Put/DeleteRange/Txn and

@@ -53,6 +53,48 @@ pub struct Registration {
     /// only when every member advertises its level. 0: a broker from before
     /// the level was registered (the field is absent).
     pub group_commands: u32,
+    /// Where it rolls a topic's active segment at an append (its
+    /// `segment_entries` and `segment_max_bytes`): a replicated topic's
+    /// replicas roll there, so members with different settings split the
+    /// topic at different ids. `None`: a broker from before the field.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segment_rolls: Option<SegmentRolls>,
+}
+
+/// Where a broker rolls a topic's active segment at an append: at each
+/// block of `entries` ids, and once it holds `max_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRolls {
+    /// `segment_entries`.
+    pub entries: u64,
+    /// `segment_max_bytes`.
+    pub max_bytes: u64,
+}
+
+impl std::fmt::Display for SegmentRolls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "segment_entries = {}, segment_max_bytes = {}",
+            self.entries, self.max_bytes
+        )
+    }
+}
+
+/// The brokers among `registered` (id and advertised rolls, as
+/// [`Cluster::segment_rolls`](crate::Cluster::segment_rolls) reads them)
+/// other than `me` whose segment rolls differ from `mine`; one that
+/// advertises none (an older build) is left out, its rolls being unknown.
+pub fn differing_rolls(
+    me: &str,
+    mine: SegmentRolls,
+    registered: &[(String, Option<SegmentRolls>)],
+) -> Vec<(String, SegmentRolls)> {
+    registered
+        .iter()
+        .filter(|(id, _)| id != me)
+        .filter_map(|(id, r)| r.filter(|r| *r != mine).map(|r| (id.clone(), r)))
+        .collect()
 }
 
 /// What a broker advertises in its registration besides its URL and load
@@ -65,6 +107,8 @@ pub struct Advertised {
     pub tier: Option<String>,
     /// The level of replication-group commands it applies.
     pub group_commands: u32,
+    /// Where it rolls a topic's active segment at an append.
+    pub segment_rolls: Option<SegmentRolls>,
 }
 
 impl Registration {
@@ -215,6 +259,45 @@ mod tests {
         assert_eq!(Registration::parse(&json).group_commands, 2);
         let old = Registration::parse(r#"{"url":"http://b2:6650","registered_at_ms":5}"#);
         assert_eq!(old.group_commands, 0);
+    }
+
+    #[test]
+    fn segment_rolls_that_differ_from_this_brokers_are_named_and_unknown_ones_skipped() {
+        let mine = SegmentRolls {
+            entries: 16_384,
+            max_bytes: 64 << 20,
+        };
+        let reg = Registration {
+            segment_rolls: Some(mine),
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&reg).unwrap();
+        assert_eq!(Registration::parse(&json), reg);
+        let old = Registration::parse(r#"{"url":"http://b2:6650"}"#);
+        assert_eq!(old.segment_rolls, None);
+        let other = SegmentRolls {
+            entries: 100_000,
+            ..mine
+        };
+        let registered = vec![
+            ("b0".to_owned(), Some(other)),
+            ("b1".to_owned(), Some(mine)),
+            ("b2".to_owned(), None),
+            ("b3".to_owned(), Some(other)),
+        ];
+        assert_eq!(
+            differing_rolls("b1", mine, &registered),
+            vec![("b0".to_owned(), other), ("b3".to_owned(), other)]
+        );
+        // Seen from b0, b1 differs (b3 does not).
+        assert_eq!(
+            differing_rolls("b0", other, &registered),
+            vec![("b1".to_owned(), mine)]
+        );
+        assert_eq!(
+            other.to_string(),
+            "segment_entries = 100000, segment_max_bytes = 67108864"
+        );
     }
 
     #[test]

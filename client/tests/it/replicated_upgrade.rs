@@ -9,6 +9,9 @@
 //! through the group first, is refused meanwhile (FAILED_PRECONDITION
 //! naming the member). Etcd and three brokers as child processes sharing
 //! a `file://` tier with no offload policy (only the call offloads).
+//! Also: a broker joining with other segment rolls than a registered one
+//! says so (the replicas of a replicated topic would split it at
+//! different ids).
 
 use std::time::{Duration, Instant};
 
@@ -154,4 +157,55 @@ async fn a_member_registered_without_the_seal_level_holds_the_groups_age_seals_b
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Brokers whose `segment_entries`/`segment_max_bytes` differ would split
+/// a replicated topic's replicas into segments at different ids: each
+/// registers its rolls, and one that joins and finds another's differ
+/// says so at WARN, naming it; brokers with equal settings say nothing.
+#[tokio::test]
+async fn a_broker_joining_with_other_segment_rolls_than_a_registered_one_warns_naming_it() {
+    let _one = ONE_CLUSTER.lock().await;
+    let Some(etcd) = etcd_or_skip("a_broker_joining_with_other_segment_rolls").await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let mut brokers = spawn_cluster(
+        &etcd,
+        "rrolls",
+        2,
+        root.path(),
+        Duration::from_secs(10),
+        &SpawnOptions::new(),
+    )
+    .await;
+    let warned = |b: &ricochet_testkit::ClusterBroker| {
+        b.process
+            .as_ref()
+            .unwrap()
+            .log_tail()
+            .into_iter()
+            .find(|l| l.contains("segment rolls differ"))
+    };
+    assert_eq!(warned(&brokers[0]), None, "equal settings: no warning");
+    assert_eq!(warned(&brokers[1]), None, "equal settings: no warning");
+
+    let config = root.path().join("rolls.toml");
+    std::fs::write(&config, "segment_entries = 1000\n").unwrap();
+    brokers[1].restart_with(|o| o.config(&config)).await;
+    let start = Instant::now();
+    let line = loop {
+        if let Some(l) = warned(&brokers[1]) {
+            break l;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "b1 joined with segment_entries = 1000 beside b0's 16384: no warning in {:?}",
+            brokers[1].process.as_ref().unwrap().log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(line.contains("b0"), "{line}");
+    assert!(line.contains("segment_entries = 16384"), "{line}");
+    assert!(line.contains("segment_entries = 1000,"), "{line}");
 }
