@@ -391,17 +391,17 @@ fn set_allocator_defaults(mode: IdleMemory) {
 /// The allocator's settings, for the start log line.
 #[cfg(not(feature = "system-alloc"))]
 #[allow(unsafe_code)]
-fn allocator_settings() -> (&'static str, Option<i64>) {
+fn allocator_settings() -> (&'static str, Option<std::os::raw::c_long>) {
     // SAFETY: reads one option's value.
     let delay = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
-    ("mimalloc", Some(i64::from(delay)))
+    ("mimalloc", Some(delay))
 }
 
 #[cfg(feature = "system-alloc")]
 fn set_allocator_defaults(_mode: IdleMemory) {}
 
 #[cfg(feature = "system-alloc")]
-fn allocator_settings() -> (&'static str, Option<i64>) {
+fn allocator_settings() -> (&'static str, Option<std::os::raw::c_long>) {
     ("system", None)
 }
 
