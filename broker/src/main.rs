@@ -568,13 +568,6 @@ async fn serve(args: Args) -> anyhow::Result<PathBuf> {
         config.log_format = f;
     }
     init_logging(config.log_format);
-    let (allocator, purge_delay_ms) = allocator_settings();
-    tracing::info!(
-        allocator,
-        purge_delay_ms,
-        return_idle_memory = ?args.return_idle_memory,
-        "memory allocator"
-    );
     let shutdown = shutdown_signal();
     if let Some(d) = args.data_dir {
         config.data_dir = d;
@@ -608,6 +601,13 @@ async fn serve(args: Args) -> anyhow::Result<PathBuf> {
     // Flags can make a config invalid (a non-loopback console): say so as
     // such, not as a failure to open the data.
     config.validate()?;
+    let (allocator, purge_delay_ms) = allocator_settings();
+    tracing::info!(
+        allocator,
+        purge_delay_ms,
+        return_idle_memory = ?args.return_idle_memory,
+        "memory allocator"
+    );
     let data_dir = config.data_dir.clone();
     let (listen, metrics) = (config.listen, config.metrics_listen);
     let security = config.security_summary();
