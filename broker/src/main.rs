@@ -367,9 +367,12 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// soon as it is freed to its arenas, instead of 1 s later at the next
 /// collect. After a burst (200 000 retries parked) the freed memory of
 /// threads no hook of ours runs on (sled's I/O threads, tokio's blocking
-/// pool) stayed resident with the 1 s delay: 184-226 B per parked held
-/// nack and 214-299 B per `reconsume_later` against 134 and 195 B with 0
-/// (docs/src/parked-retries-memory-2.md, session 19, with what it costs).
+/// pool) stayed resident with the 1 s delay: 205-220 B per parked held
+/// nack and 266-274 B per `reconsume_later`, against 135-148 and 191-195 B
+/// with 0, same binary. The cost: an `madvise` per freed page and the
+/// faults when it is used again; parking (consume + nack) measured 0.66-0.68x
+/// and 1 KiB publish 0.66-0.78x (docs/src/parked-retries-memory-2.md,
+/// session 19).
 #[cfg(not(feature = "system-alloc"))]
 const PURGE_DELAY_MS: std::os::raw::c_long = 0;
 
