@@ -80,14 +80,17 @@ struct Args {
     /// [tls], which the console is served with too).
     #[arg(long)]
     console_allow_remote: bool,
-    /// `on` (the default): memory the allocator frees to its arenas goes
-    /// back to the system at once (mimalloc's purge delay 0, unless
-    /// MIMALLOC_PURGE_DELAY sets it), and a runtime worker going idle gives
-    /// what it freed back, at most once a second; `off`: the allocator's
-    /// own defaults (a 1 s purge delay), and no collect on idle workers.
+    /// `on` (the default): a runtime worker going idle gives what it freed
+    /// back to the system, at most once a second (mimalloc's own 1 s purge
+    /// delay); `eager`: that, and every page the allocator frees goes back
+    /// at once (mimalloc's purge delay 0, unless MIMALLOC_PURGE_DELAY sets
+    /// it): the least memory after a burst of failures (about a third less
+    /// per parked retry) for about a quarter to a third less throughput on
+    /// the paths that churn memory; `off`: the allocator's own defaults,
+    /// and no collect on idle workers.
     #[arg(
         long,
-        value_name = "ON|OFF",
+        value_name = "ON|EAGER|OFF",
         env = "RICOCHET_RETURN_IDLE_MEMORY",
         default_value = "on"
     )]
@@ -352,39 +355,40 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum IdleMemory {
     On,
+    Eager,
     Off,
 }
 
 /// mimalloc's `mi_option_purge_delay` (its place in v3's `mi_option_e`;
 /// libmimalloc-sys names it for v2 only). The test
-/// `allocator::the_purge_delay_is_zero_by_default_and_the_environment_still_sets_it`
+/// `allocator::the_purge_delay_is_mimallocs_by_default_zero_when_eager_and_the_environment_still_sets_it`
 /// checks the index: the value read back follows `MIMALLOC_PURGE_DELAY`.
 #[cfg(not(feature = "system-alloc"))]
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// The purge delay the broker runs with unless `MIMALLOC_PURGE_DELAY` says
-/// otherwise: 0, mimalloc gives a page back to the system (`madvise`) as
-/// soon as it is freed to its arenas, instead of 1 s later at the next
-/// collect. After a burst (200 000 retries parked) the freed memory of
-/// threads no hook of ours runs on (sled's I/O threads, tokio's blocking
-/// pool) stayed resident with the 1 s delay: 205-220 B per parked held
-/// nack and 266-274 B per `reconsume_later`, against 135-148 and 191-195 B
-/// with 0, same binary. The cost: an `madvise` per freed page and the
-/// faults when it is used again; parking (consume + nack) measured 0.66-0.68x
-/// and 1 KiB publish 0.66-0.78x (docs/src/parked-retries-memory-2.md,
-/// session 19).
+/// The purge delay of `--return-idle-memory eager` unless
+/// `MIMALLOC_PURGE_DELAY` says otherwise: 0, mimalloc gives a page back to
+/// the system (`madvise`) as soon as it is freed to its arenas, instead of
+/// 1 s later at the next collect. After a burst (200 000 retries parked)
+/// the freed memory of threads no hook of ours runs on (sled's I/O
+/// threads, tokio's blocking pool) stayed resident with the 1 s delay:
+/// 205-220 B per parked held nack and 266-274 B per `reconsume_later`,
+/// against 135-148 and 191-195 B with 0, same binary. The cost, why it is
+/// not the default: an `madvise` per freed page and the faults when it is
+/// used again; parking (consume + nack) measured 0.66-0.68x and 1 KiB
+/// publish 0.66-0.78x (docs/src/parked-retries-memory-2.md, session 19).
 #[cfg(not(feature = "system-alloc"))]
 const PURGE_DELAY_MS: std::os::raw::c_long = 0;
 
 /// Sets the allocator's defaults for `mode`, before the runtime starts:
-/// with `on`, [`PURGE_DELAY_MS`]; with `off`, mimalloc's own. A purge
+/// with `eager`, [`PURGE_DELAY_MS`]; otherwise mimalloc's own. A purge
 /// delay given in the environment (`MIMALLOC_PURGE_DELAY`, read by
 /// mimalloc itself) is kept either way: `mi_option_set_default` leaves an
 /// option the environment set.
 #[cfg(not(feature = "system-alloc"))]
 #[allow(unsafe_code)]
 fn set_allocator_defaults(mode: IdleMemory) {
-    if mode == IdleMemory::On {
+    if mode == IdleMemory::Eager {
         // SAFETY: sets one option's value; mimalloc reads it on each free
         // to an arena and takes no pointer from us.
         unsafe { libmimalloc_sys::mi_option_set_default(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) }

@@ -1,8 +1,9 @@
-//! The broker binary's allocator settings at start: mimalloc's purge delay
-//! is 0 by default (freed pages go back to the system at once, which is
-//! what keeps a parked retry's memory small after a burst), the
-//! environment's `MIMALLOC_PURGE_DELAY` still sets it, and
-//! `--return-idle-memory off` leaves mimalloc's own default.
+//! The broker binary's allocator settings at start: mimalloc's own purge
+//! delay (1 s) by default and with `--return-idle-memory off`, 0 with
+//! `--return-idle-memory eager` (freed pages go back to the system at
+//! once, which keeps a parked retry's memory smallest after a burst, at a
+//! cost in throughput), and the environment's `MIMALLOC_PURGE_DELAY` still
+//! sets it.
 #![cfg(not(feature = "system-alloc"))]
 
 use std::time::Duration;
@@ -54,15 +55,23 @@ fn purge_delay_ms(line: &str) -> i64 {
 }
 
 #[tokio::test]
-async fn the_purge_delay_is_zero_by_default_and_the_environment_still_sets_it() {
+async fn the_purge_delay_is_mimallocs_by_default_zero_when_eager_and_the_environment_still_sets_it()
+{
     let default = allocator_line(&[], &[]).await;
     assert!(default.contains("allocator=\"mimalloc\""), "{default}");
-    assert_eq!(purge_delay_ms(&default), 0, "{default}");
+    assert_eq!(purge_delay_ms(&default), 1000, "{default}");
 
-    // mimalloc reads the variable itself; the broker's default does not
-    // override it (and the value read back is the option the variable
-    // names, so the option's index in the binary is right).
-    let set = allocator_line(&[], &[("MIMALLOC_PURGE_DELAY", "250")]).await;
+    let eager = allocator_line(&["--return-idle-memory", "eager"], &[]).await;
+    assert_eq!(purge_delay_ms(&eager), 0, "{eager}");
+
+    // mimalloc reads the variable itself; `eager` does not override it
+    // (and the value read back is the option the variable names, so the
+    // option's index in the binary is right).
+    let set = allocator_line(
+        &["--return-idle-memory", "eager"],
+        &[("MIMALLOC_PURGE_DELAY", "250")],
+    )
+    .await;
     assert_eq!(purge_delay_ms(&set), 250, "{set}");
 
     // `off` is the allocator's own behaviour: mimalloc's 1 s default.
