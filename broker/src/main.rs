@@ -262,7 +262,11 @@ impl SecurityArgs {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // A closed stdout (`| head`) loses the log; it is not reported on
+    // stderr once per event.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .log_internal_errors(false);
     match format {
         LogFormat::Text => builder.with_ansi(std::io::stdout().is_terminal()).init(),
         LogFormat::Json => builder.json().with_ansi(false).init(),
@@ -631,7 +635,9 @@ async fn serve(args: Args) -> anyhow::Result<PathBuf> {
     if ricochet_broker::storage::util::failpoint_armed("start.pause_before_listen") {
         // A crash test's window inside a start: the store is open, nothing
         // listens yet.
-        println!("failpoint start.pause_before_listen: pausing 2 s");
+        say(format_args!(
+            "failpoint start.pause_before_listen: pausing 2 s"
+        ));
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     }
     let listener = tokio::net::TcpListener::bind(listen)
@@ -639,20 +645,30 @@ async fn serve(args: Args) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("cannot listen on {listen}"))?;
     // One line on stdout with the bound address (useful with port 0) and
     // whether TLS and authentication are on.
-    println!(
+    say(format_args!(
         "ricochet-broker listening on {} ({security})",
         listener.local_addr()?
-    );
+    ));
     if let Some(console) = broker.start_console().await? {
         let scheme = if broker.core().config.tls.enabled() {
             "https"
         } else {
             "http"
         };
-        println!("ricochet-broker console on {scheme}://{console}/");
+        say(format_args!(
+            "ricochet-broker console on {scheme}://{console}/"
+        ));
     }
     broker.serve(listener, shutdown).await?;
     Ok(data_dir)
+}
+
+/// Writes one line to stdout, ignoring a closed stdout (`ricochet-broker
+/// | head -3`): `println!` panicked there, and the broker stopped before it
+/// served. The log (on stdout too) already ignores write errors.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
 #[cfg(test)]

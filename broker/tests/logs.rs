@@ -324,6 +324,64 @@ async fn the_books_broker_start_lines_are_what_the_broker_prints() {
     assert_eq!(said, refusal);
 }
 
+/// `ricochet-broker | head -1`: the reader of the broker's stdout goes
+/// away after the first line, before the broker prints that it listens.
+/// The broker goes on and serves (it panicked on the closed pipe).
+#[tokio::test]
+async fn a_broker_whose_stdout_is_closed_still_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = ricochet_testkit::free_addr();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ricochet-broker"))
+        .arg("--data-dir")
+        .arg(dir.path())
+        .arg("--listen")
+        .arg(addr.to_string())
+        .args(["--metrics-listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = out.next_line().await.unwrap();
+    assert!(first.is_some(), "the broker printed nothing");
+    drop(out);
+    let mut err = child.stderr.take().unwrap();
+    let url = format!("http://{addr}");
+    let started = std::time::Instant::now();
+    loop {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the broker exited once its stdout was closed: {:?}",
+            child.try_wait()
+        );
+        if let Ok(mut admin) = ricochet_proto::admin_client::AdminClient::connect(url.clone()).await
+            && admin
+                .list_topics(ricochet_proto::ListTopicsRequest::default())
+                .await
+                .is_ok()
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the broker did not serve within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // And it keeps serving: still running a moment later, with nothing
+    // said on stderr about the log it could not write.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(child.try_wait().unwrap().is_none(), "the broker exited");
+    child.kill().await.unwrap();
+    let mut said = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut err, &mut said)
+        .await
+        .unwrap();
+    assert_eq!(said, "", "stderr");
+}
+
 /// The broker binary on a fresh data dir at its default log level
 /// (`RUST_LOG` unset), its stdout lines gathered as they come.
 struct LoggingBroker {
