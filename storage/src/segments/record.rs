@@ -92,8 +92,8 @@ fn long(b: &[u8]) -> [u8; 8] {
 }
 
 /// One batch's record, encoded.
-pub fn encode(first_id: u64, entries: &[Vec<u8>]) -> Vec<u8> {
-    let body_len: usize = entries.iter().map(|e| 4 + e.len()).sum();
+pub fn encode<E: AsRef<[u8]>>(first_id: u64, entries: &[E]) -> Vec<u8> {
+    let body_len: usize = entries.iter().map(|e| 4 + e.as_ref().len()).sum();
     let mut out = Vec::with_capacity(RECORD_HEADER_LEN + body_len);
     out.extend_from_slice(&RECORD_MAGIC.to_le_bytes());
     out.extend_from_slice(&(body_len as u32).to_le_bytes());
@@ -101,6 +101,7 @@ pub fn encode(first_id: u64, entries: &[Vec<u8>]) -> Vec<u8> {
     out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
     out.extend_from_slice(&[0u8; 4]);
     for e in entries {
+        let e = e.as_ref();
         out.extend_from_slice(&(e.len() as u32).to_le_bytes());
         out.extend_from_slice(e);
     }
