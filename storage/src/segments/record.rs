@@ -298,6 +298,21 @@ mod tests {
             assert_eq!((w.count(), w.has_empty_entry()), (4, true));
             assert_eq!(w.finish(), encode(7, &entries_in));
         }
+        // The layout of the module's doc, built here by hand.
+        let mut body = Vec::new();
+        for e in &entries_in {
+            body.extend_from_slice(&(e.len() as u32).to_le_bytes());
+            body.extend_from_slice(e);
+        }
+        let mut head = Vec::new();
+        head.extend_from_slice(&RECORD_MAGIC.to_le_bytes());
+        head.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        head.extend_from_slice(&7u64.to_le_bytes());
+        head.extend_from_slice(&4u32.to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&head), &body);
+        head.extend_from_slice(&crc.to_le_bytes());
+        head.extend_from_slice(&body);
+        assert_eq!(encode(7, &entries_in), head);
         let mut w = RecordWriter::new(0, 0);
         w.push_with(|buf| buf.push(1));
         assert!(!w.has_empty_entry());
