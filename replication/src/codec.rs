@@ -21,6 +21,11 @@ pub fn encode_sized<T: Serialize>(value: &T, size: usize) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// `value` as CBOR, appended to `out` (a log record's buffer).
+pub fn encode_into<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<()> {
+    ciborium::into_writer(value, out).map_err(|e| ReplicationError::Codec(format!("encode: {e}")))
+}
+
 /// A value from CBOR bytes.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     ciborium::from_reader(bytes).map_err(|e| ReplicationError::Codec(format!("decode: {e}")))

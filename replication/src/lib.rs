@@ -34,7 +34,7 @@ pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/ricochet.replication.v1.rs"));
 }
 
-pub use codec::{decode, encode, encode_sized};
+pub use codec::{decode, encode, encode_into, encode_sized};
 pub use error::{ReplicationError, Result};
 pub use network::{
     GroupRegistry, PeerCall, PeerGuard, PeerTransport, ReplicationService, claimed_node,

@@ -259,18 +259,16 @@ impl LogStorage {
     }
 
     /// An append to `topic`'s segment-file log (rolling its segment by
-    /// age too when `by_age`), or to sled for a topic not in the log.
-    fn append_to_log(
+    /// age too when `by_age`); the caller sends a topic not in the log to
+    /// sled.
+    fn append_to_log<E: AsRef<[u8]>>(
         &self,
         topic: &str,
         first_id: u64,
-        entries: &[Vec<u8>],
+        entries: &[E],
         producer: Option<(&str, u64)>,
         by_age: bool,
     ) -> Result<()> {
-        if !self.logged(topic) {
-            return self.sled.append(topic, first_id, entries, producer);
-        }
         self.crash_point("publish.append.first_segment");
         if by_age {
             self.log.append(topic, first_id, entries)?;
@@ -281,7 +279,7 @@ impl LogStorage {
         if let Some(producer) = producer {
             // Gathered in memory, checkpointed to sled now and then: the
             // entries just written carry the id.
-            let bytes = entries.iter().map(|e| e.len() as u64).sum();
+            let bytes = entries.iter().map(|e| e.as_ref().len() as u64).sum();
             self.sled.note_logged_sequence(
                 topic,
                 producer,
@@ -303,17 +301,25 @@ impl LogStore for LogStorage {
         entries: &[Vec<u8>],
         producer: Option<(&str, u64)>,
     ) -> Result<()> {
+        if !self.logged(topic) {
+            return self.sled.append(topic, first_id, entries, producer);
+        }
         self.append_to_log(topic, first_id, entries, producer, true)
     }
 
-    /// As `append`, the log rolling by id block and size only.
+    /// As `append`, the log rolling by id block and size only (a topic in
+    /// sled takes a copy of the entries).
     fn append_replicated(
         &self,
         topic: &str,
         first_id: u64,
-        entries: &[Vec<u8>],
+        entries: &[&[u8]],
         producer: Option<(&str, u64)>,
     ) -> Result<()> {
+        if !self.logged(topic) {
+            let owned: Vec<Vec<u8>> = entries.iter().map(|e| e.to_vec()).collect();
+            return self.sled.append(topic, first_id, &owned, producer);
+        }
         self.append_to_log(topic, first_id, entries, producer, false)
     }
 

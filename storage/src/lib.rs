@@ -78,15 +78,18 @@ pub trait LogStore: Send + Sync + std::fmt::Debug + 'static {
     /// its group's log: a segment-file log rolls its active segment by id
     /// block and size only, never by its own clock (the group's leader
     /// seals by age, [`Self::seal_segment`]), so every replica's segments
-    /// end at the same ids. Other engines append as `append`.
+    /// end at the same ids. Other engines append as `append` (a copy of
+    /// each entry). The entries are borrowed (the applier slices them out
+    /// of the group's command without copying them).
     fn append_replicated(
         &self,
         topic: &str,
         first_id: u64,
-        entries: &[Vec<u8>],
+        entries: &[&[u8]],
         producer: Option<(&str, u64)>,
     ) -> Result<()> {
-        self.append(topic, first_id, entries, producer)
+        let owned: Vec<Vec<u8>> = entries.iter().map(|e| e.to_vec()).collect();
+        self.append(topic, first_id, &owned, producer)
     }
 
     /// Up to `max` entries with id `>= from`, in order, stopping early once

@@ -55,7 +55,7 @@ impl LogStore for Watched {
         &self,
         topic: &str,
         first_id: u64,
-        entries: &[Vec<u8>],
+        entries: &[&[u8]],
         producer: Option<(&str, u64)>,
     ) -> Result<()> {
         self.note(

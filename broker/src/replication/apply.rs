@@ -15,9 +15,9 @@
 //! segment rolls by id block and size, both given by the commands, and
 //! by age only at the leader's seal, never by this replica's clock.
 
+use super::append_view::AppendView;
 use super::{
-    ANONYMOUS_PRODUCER, AppendBatch, MAX_BATCH, PartitionCommand, PartitionReply, PublishBatch,
-    PublishReceipt,
+    ANONYMOUS_PRODUCER, MAX_BATCH, PartitionCommand, PartitionReply, PublishBatch, PublishReceipt,
 };
 use crate::storage::{DeadLetterReturn, Storage, StorageError, TierMove, TopicRecord};
 use prost::Message as _;
@@ -206,10 +206,11 @@ impl StorageApplier {
             encoded.push(stored.encode_to_vec());
         }
         if let (false, Some(l)) = (encoded.is_empty(), last) {
+            let entries: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
             self.storage.append_replicated(
                 &batch.topic,
                 w.next_id,
-                &encoded,
+                &entries,
                 Some((producer, l)),
             )?;
             w.next_id += encoded.len() as u64;
@@ -238,25 +239,25 @@ impl StorageApplier {
 
     /// Entries at the leader's ids; a batch whose first id is below the
     /// stored end was applied before a restart (appends are whole).
-    fn append(&self, state: &mut State, batch: AppendBatch) -> Applied {
-        if !self.has_topic(state, &batch.topic)? {
+    fn append(&self, state: &mut State, batch: AppendView<'_>) -> Applied {
+        if !self.has_topic(state, batch.topic)? {
             return Ok(PartitionReply::Refused(format!(
                 "topic {} not found",
                 batch.topic
             )));
         }
         // Publish's cached writer state no longer holds for this log.
-        state.writers.remove(&batch.topic);
-        let (_, next) = self.storage.entry_range(&batch.topic)?;
-        let Some(first) = batch.entries.first() else {
+        state.writers.remove(batch.topic);
+        let (_, next) = self.storage.entry_range(batch.topic)?;
+        let Some(&first) = batch.entries.first() else {
             return Ok(PartitionReply::Done);
         };
         if batch.first_id < next {
             // Applied before (a restart re-applies) when the entry there is
             // this one; else a write whose outcome its leader never learned
             // took the ids, and this batch is refused, not dropped.
-            let there = self.storage.read_one(&batch.topic, batch.first_id)?;
-            return Ok(if there.as_deref() == Some(first.as_slice()) {
+            let there = self.storage.read_one(batch.topic, batch.first_id)?;
+            return Ok(if there.as_deref() == Some(first) {
                 PartitionReply::Done
             } else {
                 PartitionReply::Refused(format!(
@@ -265,10 +266,12 @@ impl StorageApplier {
                 ))
             });
         }
-        let entries: Vec<Vec<u8>> = batch.entries.into_iter().map(|e| e.into_vec()).collect();
-        let producer = batch.producer.as_ref().map(|(p, s)| (p.as_str(), *s));
-        self.storage
-            .append_replicated(&batch.topic, batch.first_id, &entries, producer)?;
+        self.storage.append_replicated(
+            batch.topic,
+            batch.first_id,
+            &batch.entries,
+            batch.producer,
+        )?;
         Ok(PartitionReply::Done)
     }
 
@@ -355,7 +358,7 @@ impl StorageApplier {
                 Ok(PartitionReply::Done)
             }
             PartitionCommand::MoveMessages(mv) => self.move_messages(&mut state, &mv),
-            PartitionCommand::Append(batch) => self.append(&mut state, batch),
+            PartitionCommand::Append(batch) => self.append(&mut state, AppendView::of(&batch)),
             PartitionCommand::DeleteSubscription(record) => {
                 self.storage.delete_subscription(&record)?;
                 Ok(PartitionReply::Done)
@@ -421,21 +424,34 @@ impl StorageApplier {
                 Ok(PartitionReply::Done)
             }
         };
-        match applied {
-            // Something the command needs is not there (dead letters
-            // purged meanwhile): the same on every replica, so an answer,
-            // not a failure of the store (which would stop the Raft node).
-            Err(StorageError::Missing(what)) => Ok(PartitionReply::Refused(format!(
-                "missing from storage: {what}"
-            ))),
-            other => other,
-        }
+        answer(applied)
+    }
+}
+
+/// What a command's application answers: something the command needs
+/// that is not there (dead letters purged meanwhile) is the same on every
+/// replica, so an answer, not a failure of the store (which would stop
+/// the Raft node).
+fn answer(applied: Applied) -> Applied {
+    match applied {
+        Err(StorageError::Missing(what)) => Ok(PartitionReply::Refused(format!(
+            "missing from storage: {what}"
+        ))),
+        other => other,
     }
 }
 
 #[async_trait::async_trait]
 impl Apply for StorageApplier {
     fn apply(&self, index: u64, command: &[u8]) -> ricochet_replication::Result<Vec<u8>> {
+        // A publish batch's entries, applied from the command's bytes in
+        // place (every replica applies every batch; see `AppendView`).
+        if let Some(view) = AppendView::parse(command) {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let reply = answer(self.append(&mut state, view))
+                .map_err(|e| ReplicationError::Apply(e.to_string()))?;
+            return encode(&reply);
+        }
         // A committed command this broker cannot read was proposed by a
         // newer one (a rolling upgrade): refusing it here while the others
         // apply it would make this replica's state drift from theirs
@@ -484,6 +500,7 @@ impl Apply for StorageApplier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replication::AppendBatch;
     use crate::storage::MemoryStorage;
 
     /// Bytes no version's `PartitionCommand` decodes from fail the apply (so
@@ -564,6 +581,78 @@ mod tests {
         };
         apply(&applier, 7, &PartitionCommand::trim_log(&gone, 3));
         assert_eq!(trim_point(&storage, &gone.name), None);
+    }
+
+    /// An `Append` applied from its bytes (read in place, `AppendView`)
+    /// leaves the store as the decoded command does, and answers the
+    /// same: stored, a replay of it done, other bytes at its ids refused,
+    /// an unknown topic refused.
+    #[test]
+    fn an_append_applied_in_place_equals_the_decoded_one() {
+        let name = "persistent://public/default/t";
+        let record = TopicRecord {
+            name: name.to_owned(),
+            created_ms: 1,
+            kind: crate::storage::TopicKind::Normal,
+            replicas: 3,
+            trimmed_below: 0,
+        };
+        let batch = |first_id: u64, fill: u8, producer: Option<(&str, u64)>| {
+            PartitionCommand::Append(AppendBatch {
+                topic: name.to_owned(),
+                first_id,
+                entries: (0..5u8)
+                    .map(|i| {
+                        serde_bytes::ByteBuf::from(vec![fill.wrapping_add(i); 40 + i as usize])
+                    })
+                    .collect(),
+                producer: producer.map(|(p, s)| (p.to_owned(), s)),
+            })
+        };
+        let commands = [
+            batch(0, 1, Some(("p", 4))),
+            batch(5, 10, None),
+            batch(0, 1, Some(("p", 4))),
+            batch(5, 99, None),
+            PartitionCommand::Append(AppendBatch {
+                topic: "persistent://public/default/none".to_owned(),
+                first_id: 0,
+                entries: vec![serde_bytes::ByteBuf::from(vec![1])],
+                producer: None,
+            }),
+        ];
+        let in_place: Arc<dyn Storage> = Arc::new(MemoryStorage::new());
+        let decoded: Arc<dyn Storage> = Arc::new(MemoryStorage::new());
+        let (a, b) = (
+            StorageApplier::new(in_place.clone()),
+            StorageApplier::new(decoded.clone()),
+        );
+        apply(&a, 1, &PartitionCommand::CreateTopic(record.clone()));
+        apply(&b, 1, &PartitionCommand::CreateTopic(record));
+        let mut answers = Vec::new();
+        for (k, c) in commands.iter().enumerate() {
+            let bytes = encode(c).unwrap();
+            assert!(super::AppendView::parse(&bytes).is_some());
+            let here: PartitionReply = decode(&a.apply(k as u64 + 2, &bytes).unwrap()).unwrap();
+            let there = b.apply_command(k as u64 + 2, c.clone()).unwrap();
+            assert_eq!(here, there, "command {k}");
+            answers.push(here);
+        }
+        assert!(matches!(answers[0], PartitionReply::Done));
+        assert!(matches!(answers[1], PartitionReply::Done));
+        assert!(matches!(answers[2], PartitionReply::Done));
+        assert!(matches!(&answers[3], PartitionReply::Refused(w) if w.contains("taken")));
+        assert!(matches!(&answers[4], PartitionReply::Refused(w) if w.contains("not found")));
+        let read = |s: &Arc<dyn Storage>| {
+            (
+                s.read(name, 0, 100, usize::MAX).unwrap(),
+                s.producer_sequences(name).unwrap(),
+            )
+        };
+        let (entries, sequences) = read(&in_place);
+        assert_eq!(entries.len(), 10);
+        assert_eq!(entries[7], (7, vec![12u8; 42]));
+        assert_eq!((entries, sequences), read(&decoded));
     }
 
     /// A trim travels as a `CreateTopic`, whose encoding a broker that

@@ -22,6 +22,7 @@
 //! path it took before. `docs/src/replication.md` says what works and what
 //! is missing.
 
+mod append_view;
 mod apply;
 pub mod factor;
 pub mod gate;

@@ -394,7 +394,7 @@ pub(super) fn install(
                         "a snapshot holds entries of {log}, not one of its logs"
                     )));
                 }
-                let batch: Vec<Vec<u8>> = batch.into_iter().map(|b| b.into_vec()).collect();
+                let batch: Vec<&[u8]> = batch.iter().map(|b| b.as_slice()).collect();
                 entries += batch.len() as u64;
                 storage
                     .append_replicated(&log, first_id, &batch, None)

@@ -19,7 +19,7 @@
 //! record, is damage: the open fails.
 
 use ricochet_storage::segments::record::{
-    self, FILE_HEADER_LEN, FileHeader, RECORD_HEADER_LEN, RecordHeader,
+    self, FILE_HEADER_LEN, FileHeader, RECORD_HEADER_LEN, RecordHeader, RecordWriter,
 };
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -296,11 +296,22 @@ impl FileLog {
     /// returns the file to fsync for it to be durable (the segment, new or
     /// not, is durable in its directory already).
     pub fn append(&mut self, first: u64, entries: &[Vec<u8>]) -> io::Result<Arc<File>> {
+        let mut record = RecordWriter::new(first, entries.iter().map(|e| 4 + e.len()).sum());
+        for e in entries {
+            record.push_with(|buf| buf.extend_from_slice(e));
+        }
+        self.append_record(first, record)
+    }
+
+    /// [`FileLog::append`] of a record the caller built (the entries
+    /// encoded into it in place).
+    pub fn append_record(&mut self, first: u64, record: RecordWriter) -> io::Result<Arc<File>> {
         self.check()?;
-        if entries.is_empty() || entries.iter().any(Vec::is_empty) {
+        if record.count() == 0 || record.has_empty_entry() {
             return Err(io::Error::other("raft log: empty batch or entry"));
         }
-        let bytes = record::encode(first, entries);
+        let count = u64::from(record.count());
+        let bytes = record.finish();
         let roll = match self.segments.values().next_back() {
             None => true,
             Some(s) if s.next > first => {
@@ -327,11 +338,11 @@ impl FileLog {
                 seg: seg_first,
                 offset: seg.len,
                 len: bytes.len() as u64,
-                end: first + entries.len() as u64,
+                end: first + count,
             },
         );
         seg.len += bytes.len() as u64;
-        seg.next = first + entries.len() as u64;
+        seg.next = first + count;
         Ok(seg.file.clone())
     }
 

@@ -48,13 +48,14 @@ pub mod files;
 mod upgrade;
 
 use crate::state_machine::storage_io;
-use crate::{Durability, NodeId, NodeSettings, RaftDb, TypeConfig, decode, encode, encode_sized};
+use crate::{Durability, NodeId, NodeSettings, RaftDb, TypeConfig, decode, encode, encode_into};
 use files::FileLog;
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{
     Entry, EntryPayload, LogId, LogState, OptionalSend, RaftLogId, RaftLogReader, StorageError,
     StorageIOError, Vote,
 };
+use ricochet_storage::segments::record::RecordWriter;
 use ricochet_storage::sled_sync::SledSync;
 use ricochet_storage::util::lock;
 use std::fmt::Debug;
@@ -200,7 +201,16 @@ impl LogStore {
         let Some(first) = entries.first().map(|e| e.log_id.index) else {
             return Ok(());
         };
-        let mut bytes = Vec::with_capacity(entries.len());
+        // Each entry encoded straight into the record's buffer (not into
+        // one of its own, copied into the record after).
+        let size = entries
+            .iter()
+            .map(|e| match &e.payload {
+                EntryPayload::Normal(c) => c.encoded_size() + 68,
+                _ => 260,
+            })
+            .sum();
+        let mut record = RecordWriter::new(first, size);
         for (k, entry) in entries.iter().enumerate() {
             if entry.log_id.index != first + k as u64 {
                 let e = std::io::Error::other("raft log: an appended batch is not consecutive");
@@ -209,14 +219,9 @@ impl LogStore {
                     &e,
                 )));
             }
-            let size = match &entry.payload {
-                EntryPayload::Normal(c) => c.encoded_size() + 64,
-                _ => 0,
-            };
-            bytes.push(
-                encode_sized(entry, size)
-                    .map_err(|e| storage_io(StorageIOError::write_log_entry(entry.log_id, &e)))?,
-            );
+            record
+                .push_with(|buf| encode_into(entry, buf))
+                .map_err(|e| storage_io(StorageIOError::write_log_entry(entry.log_id, &e)))?;
         }
         let sync = self.durability == Durability::Sync;
         let files = self.files.clone();
@@ -224,13 +229,14 @@ impl LogStore {
         tokio::task::spawn_blocking(move || {
             let file = {
                 let mut log = lock(&files);
-                let file = log.append(first, &bytes)?;
+                // The entries' encoded bytes, without their lengths.
+                let bytes = record.byte_len() - 4 * record.count() as usize;
+                let file = log.append_record(first, record)?;
                 // Under the files' lock, so a truncate or purge sees the
                 // cache and the files agree.
-                lock(&recent).push(first, entries, bytes.iter().map(Vec::len).sum());
+                lock(&recent).push(first, entries, bytes);
                 file
             };
-            drop(bytes);
             if sync {
                 // Outside the lock: readers go on meanwhile.
                 if let Err(e) = file.sync_data() {

@@ -318,7 +318,7 @@ impl SegmentLog {
     }
 
     /// Appends one batch as one record (durable after [`Self::sync`]).
-    pub fn append(&self, topic: &str, first_id: u64, entries: &[Vec<u8>]) -> Result<()> {
+    pub fn append<E: AsRef<[u8]>>(&self, topic: &str, first_id: u64, entries: &[E]) -> Result<()> {
         self.append_rolling(topic, first_id, entries, true)
     }
 
@@ -327,15 +327,20 @@ impl SegmentLog {
     /// never by this broker's clock (the group's leader seals by age,
     /// [`Self::seal_below`]), so replicas with equal settings roll at the
     /// same ids.
-    pub fn append_replicated(&self, topic: &str, first_id: u64, entries: &[Vec<u8>]) -> Result<()> {
-        self.append_rolling(topic, first_id, entries, false)
-    }
-
-    fn append_rolling(
+    pub fn append_replicated<E: AsRef<[u8]>>(
         &self,
         topic: &str,
         first_id: u64,
-        entries: &[Vec<u8>],
+        entries: &[E],
+    ) -> Result<()> {
+        self.append_rolling(topic, first_id, entries, false)
+    }
+
+    fn append_rolling<E: AsRef<[u8]>>(
+        &self,
+        topic: &str,
+        first_id: u64,
+        entries: &[E],
         by_age: bool,
     ) -> Result<()> {
         if entries.is_empty() {
