@@ -370,7 +370,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// pool) stayed resident with the 1 s delay: 205-220 B per parked held
 /// nack and 266-274 B per `reconsume_later`, against 135-148 and 191-195 B
 /// with 0, same binary. The cost: an `madvise` per freed page and the
-/// faults when it is used again; parking (consume + nack) measured 0.66-0.68x
+/// faults when it is used again; parking (consume + nack) measured 0.77-0.80x
 /// and 1 KiB publish 0.66-0.78x (docs/src/parked-retries-memory-2.md,
 /// session 19).
 #[cfg(not(feature = "system-alloc"))]
