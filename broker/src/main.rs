@@ -379,8 +379,8 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// 205-220 B per parked held nack and 266-274 B per `reconsume_later`,
 /// against 135-148 and 191-195 B with 0, same binary. The cost, why it is
 /// not the default: an `madvise` per freed page and the faults when it is
-/// used again; parking (consume + nack) measured 0.66-0.68x and 1 KiB
-/// publish 0.66-0.78x (docs/src/parked-retries-memory-2.md, session 19).
+/// used again; parking (consume + nack) measured 0.77x, `reconsume_later`
+/// 0.80x (medians of 8 rounds), and 1 KiB publish 0.66-0.78x (docs/src/parked-retries-memory-2.md, session 19).
 #[cfg(not(feature = "system-alloc"))]
 const PURGE_DELAY_MS: std::os::raw::c_long = 0;
 
