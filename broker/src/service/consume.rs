@@ -451,17 +451,28 @@ fn frames_of(event: ConsumerEvent) -> Vec<Result<ConsumeResponse, Status>> {
 }
 
 fn message_frames(msgs: Vec<Message>) -> Vec<Vec<Message>> {
-    let mut frames = Vec::new();
-    let mut frame = Vec::new();
+    // Frames of small messages sized up front (a frame's count, or what is
+    // left): a burst's messages are moved once into their frame, not again
+    // as each frame's vector doubles. After a frame cut by bytes the next
+    // one grows as it goes (large messages: few to a frame).
+    let mut left = msgs.len();
+    let mut frames = Vec::with_capacity(left.div_ceil(MESSAGES_PER_FRAME));
+    let mut frame = Vec::with_capacity(left.min(MESSAGES_PER_FRAME));
     let mut bytes = 0;
     for m in msgs {
         let size = m.payload.len();
         if !frame.is_empty()
             && (frame.len() >= MESSAGES_PER_FRAME || bytes + size > FRAME_SOFT_BYTES)
         {
-            frames.push(std::mem::take(&mut frame));
+            let next = if frame.len() >= MESSAGES_PER_FRAME {
+                left.min(MESSAGES_PER_FRAME)
+            } else {
+                0
+            };
+            frames.push(std::mem::replace(&mut frame, Vec::with_capacity(next)));
             bytes = 0;
         }
+        left -= 1;
         bytes += size;
         frame.push(m);
     }
