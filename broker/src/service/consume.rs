@@ -521,4 +521,21 @@ mod tests {
         );
         assert!(message_frames(Vec::new()).is_empty());
     }
+
+    #[test]
+    fn a_burst_is_moved_once_into_frames_sized_up_front() {
+        let small = vec![
+            Message {
+                payload: vec![0; 10],
+                ..Default::default()
+            };
+            1201
+        ];
+        let frames = message_frames(small);
+        // Each frame's vector was made for its messages: none grew by
+        // doubling (512, 512, 256 slots), moving the messages again.
+        let caps: Vec<usize> = frames.iter().map(Vec::capacity).collect();
+        assert_eq!(caps, vec![500, 500, 201]);
+        assert_eq!(frames.len(), frames.capacity());
+    }
 }
