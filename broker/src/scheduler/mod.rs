@@ -34,12 +34,21 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 
+/// A hash map with the Fx hasher (keys that are not attacker-chosen).
+type FxMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
+
 /// Largest number of index entries loaded per refill step.
 const REFILL_BATCH: usize = 50_000;
 
 /// How long before its due time a subscription is told an entry is
-/// coming ([`Fired::Soon`]): time to read a burst of messages ahead.
-pub const PREFETCH_LEAD: Duration = Duration::from_millis(20);
+/// coming ([`Fired::Soon`]): time to read a burst of messages ahead. A
+/// retry-tier message costs the actor about 2.5–3.5 µs to read ahead (its
+/// stored copy, its failure record, the decode), so 10 000 due at one
+/// instant take some 30 ms: at 20 ms of lead (before session 19) some 4 000
+/// of them were still unread when they fired and were read during the
+/// drain, 1 000 per turn. 50 ms covers the prefetch buffer's bound
+/// (16 384 messages) at that rate.
+pub const PREFETCH_LEAD: Duration = Duration::from_millis(50);
 
 /// What a subscription hears about its scheduled entries.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,9 +115,9 @@ impl Scheduler {
             storage,
             window,
             queue: DelayQueue::new(),
-            keys: HashMap::new(),
+            keys: FxMap::default(),
             staged: BTreeSet::new(),
-            fine: HashMap::new(),
+            fine: FxMap::default(),
             covered: None,
             covered_until_ms: 0,
             subs: HashMap::new(),
@@ -188,13 +197,15 @@ struct Task {
     window: Duration,
     /// Entries more than [`PREFETCH_LEAD`] ahead, timed to that lead.
     queue: DelayQueue<ScheduleKey>,
-    keys: HashMap<ScheduleKey, delay_queue::Key>,
+    /// (Fx-hashed, as `fine`: a burst stages and fires thousands of keys
+    /// per turn of this task.)
+    keys: FxMap<ScheduleKey, delay_queue::Key>,
     /// Entries within [`PREFETCH_LEAD`] of their due times (their
     /// subscriptions were told), by due time in µs, waiting to fire.
     staged: BTreeSet<(u64, ScheduleKey)>,
     /// The due times in µs of entries in `queue` or `staged` added with
     /// one ([`Scheduler::add_at`]); the others are due at their ms.
-    fine: HashMap<ScheduleKey, u64>,
+    fine: FxMap<ScheduleKey, u64>,
     /// Every index entry `<= covered` is either in `queue` or has fired.
     covered: Option<ScheduleKey>,
     /// `covered`'s due time once a refill reached the end of its window.
@@ -523,19 +534,28 @@ impl Task {
         let now_us = self.clock.now_us();
         // Per subscription: the first one's due time (µs), the keys.
         let mut by_sub: HashMap<u64, (u64, Vec<ScheduleKey>)> = HashMap::new();
+        // Counted once per call, not per entry.
+        let (mut fired, mut lateness_us) = (0u64, 0u64);
         // The monotonic timer may run ahead of the wall clock: never fire early.
-        while let Some((at, k)) = self.staged.first().copied().filter(|(at, _)| *at <= now_us) {
-            self.staged.remove(&(at, k));
+        while let Some((at, k)) = self.staged.pop_first() {
+            if at > now_us {
+                self.staged.insert((at, k));
+                break;
+            }
             self.fine.remove(&k);
-            self.stats.fired.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .lateness_us_total
-                .fetch_add(now_us.saturating_sub(at), Ordering::Relaxed);
+            fired += 1;
+            lateness_us = lateness_us.saturating_add(now_us.saturating_sub(at));
             by_sub
                 .entry(k.message.sub_id)
                 .or_insert_with(|| (at, Vec::new()))
                 .1
                 .push(k);
+        }
+        if fired > 0 {
+            self.stats.fired.fetch_add(fired, Ordering::Relaxed);
+            self.stats
+                .lateness_us_total
+                .fetch_add(lateness_us, Ordering::Relaxed);
         }
         for (sub, (first_at, keys)) in by_sub {
             tracing::trace!(

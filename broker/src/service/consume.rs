@@ -451,17 +451,28 @@ fn frames_of(event: ConsumerEvent) -> Vec<Result<ConsumeResponse, Status>> {
 }
 
 fn message_frames(msgs: Vec<Message>) -> Vec<Vec<Message>> {
-    let mut frames = Vec::new();
-    let mut frame = Vec::new();
+    // Frames of small messages sized up front (a frame's count, or what is
+    // left): a burst's messages are moved once into their frame, not again
+    // as each frame's vector doubles. After a frame cut by bytes the next
+    // one grows as it goes (large messages: few to a frame).
+    let mut left = msgs.len();
+    let mut frames = Vec::with_capacity(left.div_ceil(MESSAGES_PER_FRAME));
+    let mut frame = Vec::with_capacity(left.min(MESSAGES_PER_FRAME));
     let mut bytes = 0;
     for m in msgs {
         let size = m.payload.len();
         if !frame.is_empty()
             && (frame.len() >= MESSAGES_PER_FRAME || bytes + size > FRAME_SOFT_BYTES)
         {
-            frames.push(std::mem::take(&mut frame));
+            let next = if frame.len() >= MESSAGES_PER_FRAME {
+                left.min(MESSAGES_PER_FRAME)
+            } else {
+                0
+            };
+            frames.push(std::mem::replace(&mut frame, Vec::with_capacity(next)));
             bytes = 0;
         }
+        left -= 1;
         bytes += size;
         frame.push(m);
     }
@@ -509,5 +520,22 @@ mod tests {
             "a frame holds one message past the soft byte bound"
         );
         assert!(message_frames(Vec::new()).is_empty());
+    }
+
+    #[test]
+    fn a_burst_is_moved_once_into_frames_sized_up_front() {
+        let small = vec![
+            Message {
+                payload: vec![0; 10],
+                ..Default::default()
+            };
+            1201
+        ];
+        let frames = message_frames(small);
+        // Each frame's vector was made for its messages: none grew by
+        // doubling (512, 512, 256 slots), moving the messages again.
+        let caps: Vec<usize> = frames.iter().map(Vec::capacity).collect();
+        assert_eq!(caps, vec![500, 500, 201]);
+        assert_eq!(frames.len(), frames.capacity());
     }
 }

@@ -631,7 +631,17 @@ impl SubscriptionActor {
             if budget.is_some() {
                 self.breaker_probe_sent(assigned[0].entry);
             }
-            let mut out: HashMap<ConsumerId, Vec<Message>> = HashMap::new();
+            // Each consumer's share sized up front: a burst's thousands of
+            // messages (some 200 B each) are not moved again as a vector
+            // doubles.
+            let mut shares: HashMap<ConsumerId, usize> = HashMap::new();
+            for a in &assigned {
+                *shares.entry(a.consumer).or_default() += 1;
+            }
+            let mut out: HashMap<ConsumerId, Vec<Message>> = shares
+                .into_iter()
+                .map(|(c, n)| (c, Vec::with_capacity(n)))
+                .collect();
             let (mut dispatched, mut bytes) = (0u64, 0u64);
             for a in assigned {
                 let Some(p) = self.deliveries.ready.remove(&a.entry) else {

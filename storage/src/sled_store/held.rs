@@ -346,9 +346,17 @@ impl SledStorage {
     /// Notes that the records of subscriptions `subs` were written: their
     /// cached heads are read afresh. Called after the write, so a scan
     /// running meanwhile cannot leave an old head behind.
+    /// A write's records come grouped by subscription (a round of acks, a
+    /// burst's moves: thousands of one subscription's), so a run of the same
+    /// id is noted once, not hashed into the cache once per record.
     pub(super) fn touch_heads(&self, subs: impl IntoIterator<Item = u64>) {
         if let Some(cache) = crate::util::lock(&self.heads).as_mut() {
+            let mut last = None;
             for sub in subs {
+                if last == Some(sub) {
+                    continue;
+                }
+                last = Some(sub);
                 cache.by_sub.remove(&sub);
                 cache.stale.insert(sub);
             }
