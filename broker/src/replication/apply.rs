@@ -526,6 +526,17 @@ mod tests {
         );
     }
 
+    /// A topic of factor 3 created at 1 ms, nothing trimmed.
+    fn replicated_topic(name: &str) -> TopicRecord {
+        TopicRecord {
+            name: name.to_owned(),
+            created_ms: 1,
+            kind: crate::storage::TopicKind::Normal,
+            replicas: 3,
+            trimmed_below: 0,
+        }
+    }
+
     fn trim_point(storage: &Arc<dyn Storage>, name: &str) -> Option<u64> {
         let records = storage.list_topics().unwrap();
         records
@@ -543,13 +554,7 @@ mod tests {
         let storage: Arc<dyn Storage> = Arc::new(MemoryStorage::new());
         let applier = StorageApplier::new(storage.clone());
         let name = "persistent://public/default/t";
-        let record = TopicRecord {
-            name: name.to_owned(),
-            created_ms: 1,
-            kind: crate::storage::TopicKind::Normal,
-            replicas: 3,
-            trimmed_below: 0,
-        };
+        let record = replicated_topic(name);
         apply(&applier, 1, &PartitionCommand::CreateTopic(record.clone()));
         let entries = (0..10u8)
             .map(|i| serde_bytes::ByteBuf::from(vec![i]))
@@ -590,13 +595,7 @@ mod tests {
     #[test]
     fn an_append_applied_in_place_equals_the_decoded_one() {
         let name = "persistent://public/default/t";
-        let record = TopicRecord {
-            name: name.to_owned(),
-            created_ms: 1,
-            kind: crate::storage::TopicKind::Normal,
-            replicas: 3,
-            trimmed_below: 0,
-        };
+        let record = replicated_topic(name);
         let batch = |first_id: u64, fill: u8, producer: Option<(&str, u64)>| {
             PartitionCommand::Append(AppendBatch {
                 topic: name.to_owned(),
@@ -671,13 +670,7 @@ mod tests {
         enum OldCommand {
             CreateTopic(OldRecord),
         }
-        let record = TopicRecord {
-            name: "persistent://public/default/t".to_owned(),
-            created_ms: 1,
-            kind: crate::storage::TopicKind::Normal,
-            replicas: 3,
-            trimmed_below: 0,
-        };
+        let record = replicated_topic("persistent://public/default/t");
         let trim = encode(&PartitionCommand::trim_log(&record, 7)).unwrap();
         match decode::<OldCommand>(&trim).unwrap() {
             OldCommand::CreateTopic(r) => assert_eq!(r.name, record.name),
