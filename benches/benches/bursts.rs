@@ -35,6 +35,10 @@
 //! the consume stream's frames, the client's decoded frames and the
 //! bench's first and last arrival (`RUST_LOG` overrides the filter,
 //! `ricochet::burst=trace`).
+//!
+//! The in-process broker runs on mimalloc, the broker binary's allocator,
+//! so the figures are the binary's allocator's (and `MIMALLOC_*` options,
+//! such as `MIMALLOC_PURGE_DELAY`, act on them).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -44,6 +48,10 @@ use hdrhistogram::Histogram;
 use ricochet_broker::Durability;
 use ricochet_client::{Client, Consumer, InitialPosition, Message, SubscriptionType};
 use ricochet_testkit::InProcessBroker;
+
+// The same allocator as the broker binary.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
