@@ -365,7 +365,7 @@ enum IdleMemory {
 
 /// mimalloc's `mi_option_purge_delay` (its place in v3's `mi_option_e`;
 /// libmimalloc-sys names it for v2 only). The test
-/// `allocator::the_purge_delay_is_mimallocs_by_default_zero_when_eager_and_the_environment_still_sets_it`
+/// `logs::the_purge_delay_is_mimallocs_by_default_zero_when_eager_and_the_environment_still_sets_it`
 /// checks the index: the value read back follows `MIMALLOC_PURGE_DELAY`.
 #[cfg(not(feature = "system-alloc"))]
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;

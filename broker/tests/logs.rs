@@ -1,6 +1,10 @@
 //! The log fits production: a poison storm writes a few summary lines at
 //! INFO, not one per message; the binary writes JSON when asked, and plain
-//! text without colour codes when its output is not a terminal.
+//! text without colour codes when its output is not a terminal; its start
+//! lines say what the book says, and which allocator settings are in force
+//! (mimalloc's own purge delay by default and with
+//! `--return-idle-memory off`, 0 with `eager`, the environment's
+//! `MIMALLOC_PURGE_DELAY` still winning).
 
 #[path = "it/common/mod.rs"]
 mod common;
@@ -133,6 +137,12 @@ async fn a_poison_storm_writes_a_few_summary_lines() {
 /// Runs the broker binary with `args` until it logs that it serves;
 /// returns its stdout up to there.
 async fn broker_output(args: &[&str]) -> Vec<String> {
+    broker_output_with(args, &[]).await
+}
+
+/// [`broker_output`] with `env` added to its environment (and no
+/// allocator settings inherited from the test's own).
+async fn broker_output_with(args: &[&str], env: &[(&str, &str)]) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ricochet-broker"))
         .arg("--data-dir")
@@ -140,6 +150,10 @@ async fn broker_output(args: &[&str]) -> Vec<String> {
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         .args(args)
         .env("RUST_LOG", "info")
+        .env_remove("MIMALLOC_PURGE_DELAY")
+        .env_remove("MIMALLOC_RESET_DELAY")
+        .env_remove("RICOCHET_RETURN_IDLE_MEMORY")
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -511,4 +525,40 @@ async fn the_breaker_logs_opening_probing_and_closing() {
         "{closed}"
     );
     assert!(closed.contains("probe acked"), "{closed}");
+}
+
+/// The binary's "memory allocator" start line, run with `args` and `env`.
+#[cfg(not(feature = "system-alloc"))]
+async fn allocator_line(args: &[&str], env: &[(&str, &str)]) -> String {
+    broker_output_with(args, env)
+        .await
+        .into_iter()
+        .find(|l| l.contains("memory allocator"))
+        .expect("the broker logs its allocator at start")
+}
+
+#[cfg(not(feature = "system-alloc"))]
+#[tokio::test]
+async fn the_purge_delay_is_mimallocs_by_default_zero_when_eager_and_the_environment_still_sets_it()
+{
+    let default = allocator_line(&[], &[]).await;
+    assert!(default.contains("allocator=\"mimalloc\""), "{default}");
+    assert_eq!(field(&default, "purge_delay_ms"), 1000, "{default}");
+
+    let eager = allocator_line(&["--return-idle-memory", "eager"], &[]).await;
+    assert_eq!(field(&eager, "purge_delay_ms"), 0, "{eager}");
+
+    // mimalloc reads the variable itself; `eager` does not override it
+    // (and the value read back is the option the variable names, so the
+    // option's index in the binary is right).
+    let set = allocator_line(
+        &["--return-idle-memory", "eager"],
+        &[("MIMALLOC_PURGE_DELAY", "250")],
+    )
+    .await;
+    assert_eq!(field(&set, "purge_delay_ms"), 250, "{set}");
+
+    // `off` is the allocator's own behaviour: mimalloc's 1 s default.
+    let off = allocator_line(&["--return-idle-memory", "off"], &[]).await;
+    assert_eq!(field(&off, "purge_delay_ms"), 1000, "{off}");
 }
