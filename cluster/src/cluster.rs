@@ -200,40 +200,36 @@ impl Cluster {
             .collect())
     }
 
-    /// The peer role each registered broker recorded (`None`: it recorded
-    /// none), by broker id: what a broker's `Replication` service checks a
-    /// caller's role against.
-    pub async fn peer_roles(&self) -> Result<Vec<(String, Option<String>)>> {
+    /// What `pick` takes of each registered broker's registration, by
+    /// broker id (one read of `brokers/`).
+    async fn registered<T>(&self, pick: impl Fn(Registration) -> T) -> Result<Vec<(String, T)>> {
         Ok(self
             .registrations()
             .await?
             .into_iter()
-            .map(|(id, r)| (id, r.peer_role))
+            .map(|(id, r)| (id, pick(r)))
             .collect())
+    }
+
+    /// The peer role each registered broker recorded (`None`: it recorded
+    /// none), by broker id: what a broker's `Replication` service checks a
+    /// caller's role against.
+    pub async fn peer_roles(&self) -> Result<Vec<(String, Option<String>)>> {
+        self.registered(|r| r.peer_role).await
     }
 
     /// The level of replication-group commands each registered broker
     /// advertises (`Registration::group_commands`; 0 in a registration
     /// without it), by broker id. A broker not registered is not listed.
     pub async fn group_commands(&self) -> Result<Vec<(String, u32)>> {
-        Ok(self
-            .registrations()
-            .await?
-            .into_iter()
-            .map(|(id, r)| (id, r.group_commands))
-            .collect())
+        self.registered(|r| r.group_commands).await
     }
 
     /// The segment rolls each registered broker advertises
     /// (`Registration::segment_rolls`; `None` in a registration from before
     /// the field), by broker id.
     pub async fn segment_rolls(&self) -> Result<Vec<(String, Option<SegmentRolls>)>> {
-        Ok(self
-            .registrations()
-            .await?
-            .into_iter()
-            .map(|(id, r)| (id, r.segment_rolls))
-            .collect())
+        self.registered(|r| r.segment_rolls).await
     }
 
     /// The segment rolls this broker registers.

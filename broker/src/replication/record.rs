@@ -123,6 +123,22 @@ impl GroupRecord {
 }
 
 #[cfg(test)]
+impl GroupRecord {
+    /// A first membership of `members` (factor their count, incarnation 1),
+    /// for tests.
+    pub(crate) fn of(members: &[&str]) -> Self {
+        Self {
+            ids: Vec::new(),
+            next_id: 0,
+            leaving: Vec::new(),
+            incarnation: 1,
+            replicas: members.len() as u32,
+            members: members.iter().map(|m| m.to_string()).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -145,14 +145,7 @@ mod tests {
     use super::*;
 
     fn record(members: &[&str]) -> GroupRecord {
-        GroupRecord {
-            ids: Vec::new(),
-            next_id: 0,
-            leaving: Vec::new(),
-            incarnation: 1,
-            replicas: members.len() as u32,
-            members: members.iter().map(|m| m.to_string()).collect(),
-        }
+        GroupRecord::of(members)
     }
 
     #[test]

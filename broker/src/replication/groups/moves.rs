@@ -393,14 +393,7 @@ mod tests {
 
     #[test]
     fn a_spare_is_a_broker_that_applies_every_group_command_of_this_build() {
-        let record = GroupRecord {
-            replicas: 3,
-            members: vec!["b0".into(), "b1".into(), "b2".into()],
-            incarnation: 0,
-            ids: Vec::new(),
-            next_id: 0,
-            leaving: Vec::new(),
-        };
+        let record = GroupRecord::of(&["b0", "b1", "b2"]);
         let level = gate::GROUP_COMMANDS;
         let none = Default::default();
         let mut brokers = vec![
