@@ -232,11 +232,6 @@ impl Cluster {
         self.registered(|r| r.segment_rolls).await
     }
 
-    /// The segment rolls this broker registers.
-    pub fn own_segment_rolls(&self) -> Option<SegmentRolls> {
-        self.advertised.segment_rolls
-    }
-
     /// The identity of this broker's second tier, as it registers it (see
     /// [`Cluster::join`]).
     pub fn tier(&self) -> Option<&str> {
