@@ -14,6 +14,7 @@
 //! proposed), 2 knows `PartitionCommand::SealBelow` (the group's seal of a
 //! segment, proposed by the seal pass and by an on-demand offload).
 
+use std::collections::HashMap;
 use std::fmt;
 
 /// Knows `PartitionCommand::Seal`.
@@ -80,6 +81,45 @@ pub fn behind<'a>(
     })
 }
 
+/// What a leader last logged about the commands it holds back, per topic:
+/// the seal pass asks again on each pass, and only a change of answer is
+/// logged ([`HeldBack::note`]). A topic leaves it when this broker stops
+/// leading it ([`HeldBack::forget`]), so a leadership that comes back to a
+/// group still held back warns again.
+#[derive(Debug, Default)]
+pub struct HeldBack(HashMap<String, String>);
+
+/// What [`HeldBack::note`] found changed, to be logged.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Newly held back, or for another reason than last logged.
+    Held,
+    /// No longer held back.
+    Released,
+    /// As last logged.
+    Same,
+}
+
+impl HeldBack {
+    /// Records `topic`'s answer now (`Some(reason)`: held back).
+    pub fn note(&mut self, topic: &str, unready: Option<String>) -> Change {
+        match unready {
+            Some(why) if self.0.get(topic) == Some(&why) => Change::Same,
+            Some(why) => {
+                self.0.insert(topic.to_owned(), why);
+                Change::Held
+            }
+            None if self.0.remove(topic).is_some() => Change::Released,
+            None => Change::Same,
+        }
+    }
+
+    /// `topic` is no longer led here.
+    pub fn forget(&mut self, topic: &str) {
+        self.0.remove(topic);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,5 +160,25 @@ mod tests {
         assert!(may_join(GROUP_COMMANDS + 1));
         assert!(!may_join(SEAL));
         assert!(!may_join(0));
+    }
+
+    #[test]
+    fn a_hold_is_logged_once_per_change_and_again_after_the_leadership_came_back() {
+        let mut held = HeldBack::default();
+        let why = || Some("member b1 advertises group commands level 0, 2 needed".to_owned());
+        assert_eq!(held.note("t", why()), Change::Held);
+        assert_eq!(held.note("t", why()), Change::Same);
+        assert_eq!(
+            held.note("t", Some("member b2 is not registered".into())),
+            Change::Held
+        );
+        assert_eq!(held.note("t", None), Change::Released);
+        assert_eq!(held.note("t", None), Change::Same);
+        // Leadership moved away while held back, then came back: warned again.
+        assert_eq!(held.note("t", why()), Change::Held);
+        held.forget("t");
+        assert_eq!(held.note("t", why()), Change::Held);
+        // Other topics are their own.
+        assert_eq!(held.note("u", None), Change::Same);
     }
 }

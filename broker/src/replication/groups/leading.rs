@@ -8,6 +8,7 @@
 use super::{GroupRecord, Groups, Role, WRITE_TIMEOUT};
 use crate::error::{BrokerError, Result};
 use crate::name::TopicName;
+use crate::replication::gate::Change;
 use crate::replication::{ReplicatedPartition, ReplicatedStorage};
 use std::sync::Arc;
 
@@ -213,6 +214,7 @@ impl Groups {
     /// Stops serving `topic` here: its storage refuses writes from now on
     /// and the topic leaves the core's registry.
     pub(super) async fn close(&self, topic: &str) {
+        crate::util::lock(&self.held).forget(topic);
         let storage = crate::util::lock(&self.serving).remove(topic);
         if let Some(s) = storage {
             s.retire();
@@ -270,21 +272,17 @@ impl Groups {
     /// advertises it again).
     pub async fn may_propose(&self, topic: &str, needed: u32) -> bool {
         let unready = self.unready_for(topic, needed).await;
-        let mut held = crate::util::lock(&self.held);
-        match unready {
-            Some(why) => {
-                if held.get(topic) != Some(&why) {
-                    tracing::warn!(%topic, level = needed, reason = %why, "replicated topic: its leader holds back a group command a member may not apply (its segments are not sealed by age) until every member advertises the level");
-                    held.insert(topic.to_owned(), why);
-                }
-                false
+        let proposes = unready.is_none();
+        let why = unready.clone().unwrap_or_default();
+        match crate::util::lock(&self.held).note(topic, unready) {
+            Change::Held => {
+                tracing::warn!(%topic, level = needed, reason = %why, "replicated topic: its leader holds back a group command a member may not apply (its segments are not sealed by age) until every member advertises the level");
             }
-            None => {
-                if held.remove(topic).is_some() {
-                    tracing::info!(%topic, level = needed, "replicated topic: every member advertises the level of the group command held back; its leader proposes it again");
-                }
-                true
+            Change::Released => {
+                tracing::info!(%topic, level = needed, "replicated topic: every member advertises the level of the group command held back; its leader proposes it again");
             }
+            Change::Same => {}
         }
+        proposes
     }
 }

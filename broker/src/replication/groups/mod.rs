@@ -118,8 +118,8 @@ pub struct Groups {
     forming: Mutex<std::collections::HashSet<String>>,
     /// Groups led here whose leader holds a command back (a member does
     /// not advertise its level, [`super::gate`]), with the reason last
-    /// logged: logged once per change.
-    held: Mutex<HashMap<String, String>>,
+    /// logged: logged once per change, forgotten when the topic is closed.
+    held: Mutex<super::gate::HeldBack>,
 }
 
 /// The runtime the Raft nodes of this broker's groups run on, apart from
