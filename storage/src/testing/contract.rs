@@ -389,30 +389,7 @@ pub fn check_held_heads_due_are_the_holds_ending_in_range(s: &dyn Storage) {
 }
 
 pub fn check_dead_letter_moves_list_page_and_remove(s: &dyn Storage) {
-    let items = (0..3)
-        .map(|i| MoveItem {
-            from: TierEntry::main(i).of(7),
-            from_schedule: None,
-            payload: format!("d{i}").into_bytes(),
-            target_entry_id: i,
-            failures: record(2),
-            arrival: Arrival::DeadLetter(DeadLetterRecord {
-                origin_topic: T.into(),
-                origin_entry_id: i,
-                reason: "too many".into(),
-                at_ms: 42,
-                failures: record(2),
-                replay: None,
-            }),
-            source: None,
-        })
-        .collect();
-    s.move_messages(&TierMove {
-        target_topic: DLQ.into(),
-        subscription: sub(),
-        items,
-    })
-    .unwrap();
+    three_dead_letters(s);
     assert_eq!(s.count_dead_letters(7).unwrap(), 3);
     assert_eq!(s.count_dead_letters(8).unwrap(), 0);
     let after_first: Vec<u64> = s
