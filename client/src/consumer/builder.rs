@@ -71,6 +71,9 @@ impl ConsumerBuilder {
     }
 
     /// Messages prefetched ahead of the application (default 1000, at least 1).
+    /// The permits of taken messages go back to the broker each time half
+    /// the queue was taken, or once the application waits on an empty
+    /// queue having taken at least a quarter of it.
     pub fn receiver_queue_size(mut self, n: u32) -> Self {
         self.config.receiver_queue_size = n.max(1);
         self
