@@ -439,7 +439,11 @@ mod tests {
     fn what_the_client_reports_it_waited_never_makes_a_retry_due_before_it_arrived() {
         // A client claiming an hour (a bug, or hostile) gets its retry at the
         // frame's arrival at the earliest, never before.
-        for after in [Duration::ZERO, Duration::from_micros(200_999), Duration::from_secs(1)] {
+        for after in [
+            Duration::ZERO,
+            Duration::from_micros(200_999),
+            Duration::from_secs(1),
+        ] {
             let f = failure(Some(5_000_000_400), Duration::from_secs(3_600));
             let due = retry_from(&f, after, 0) + millis(after);
             assert!(

@@ -370,7 +370,10 @@ async fn a_drained_queue_grants_the_permits_of_what_was_taken() {
         tokio::time::sleep(Duration::from_millis(20)).await;
         seen = permits().await;
     }
-    assert_eq!(seen, 10, "permits after the queue was drained (7: not granted)");
+    assert_eq!(
+        seen, 10,
+        "permits after the queue was drained (7: not granted)"
+    );
     // A burst of 10 now goes out whole.
     for i in 0..10 {
         drop(producer.send_async(format!("b{i}")).await.unwrap());
