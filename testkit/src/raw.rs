@@ -394,6 +394,7 @@ impl RawConsumer {
             delay: Some(delay),
             properties: Default::default(),
             detail: "retry please".into(),
+            waited_us: 0,
         }))
         .await;
     }

@@ -324,6 +324,7 @@ async fn park(target: &Target, kind: Kind, n: usize) -> Result<Row, BoxError> {
                     delay: Some(reconsume_later::Delay::DelayMs(HOUR_MS)),
                     properties: Default::default(),
                     detail: String::new(),
+                    waited_us: 0,
                 },
             ))
             .await?;

@@ -149,6 +149,7 @@ impl RawConsumer {
             delay: Some(reconsume_later::Delay::DelayMs(0)),
             properties: Default::default(),
             detail: String::new(),
+            waited_us: 0,
         }))
         .await
     }

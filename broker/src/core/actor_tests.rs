@@ -330,6 +330,16 @@ impl TestConsumer {
     }
 
     pub(super) fn reconsume(&mut self, m: &ricochet_proto::Message, delay: Duration) -> u64 {
+        self.reconsume_waited(m, delay, Duration::ZERO)
+    }
+
+    /// A `reconsume_later` that waited `waited` in the client before it was sent.
+    pub(super) fn reconsume_waited(
+        &mut self,
+        m: &ricochet_proto::Message,
+        delay: Duration,
+        waited: Duration,
+    ) -> u64 {
         let id = wire(m);
         self.send(|request_id| ConsumerRequest::ReconsumeLater {
             request_id,
@@ -337,6 +347,7 @@ impl TestConsumer {
             delay: AttemptOverride::Delay(delay),
             properties: Default::default(),
             detail: "later".into(),
+            waited,
         })
     }
 

@@ -170,3 +170,54 @@ async fn nack_frames_taken_together_fail_a_message_once_and_refuse_a_bad_frame_a
     let counts: Vec<(u64, u32)> = held.iter().map(|(m, r)| (m.entry_id, r.count)).collect();
     assert_eq!(counts, (0..6).map(|i| (i, 1)).collect::<Vec<_>>());
 }
+
+/// A `reconsume_later`'s delay runs from the application's call: what the
+/// request waited in the client before it was sent (the client reports it)
+/// is taken off, but never more than the whole delay, so a retry is never
+/// due before its request reached the broker. Requests that report nothing
+/// (older clients) run from the arrival, as before.
+#[tokio::test(start_paused = true)]
+async fn a_retry_runs_from_the_call_less_the_clients_wait_never_before_its_arrival() {
+    use crate::clock::Clock;
+    let h = harness().await;
+    h.publish(&["old", "waited", "claims"]).await;
+    let mut c = h.consumer(SubscriptionType::Shared, None).await;
+    let got = c.messages().await;
+    // Off the millisecond, so what rounds down and up differs.
+    if h.clock.now_us() % 1000 == 0 {
+        tokio::time::advance(Duration::from_micros(300)).await;
+    }
+    let asked_us = h.clock.now_us();
+    let delay = Duration::from_millis(200);
+    let rids = [
+        c.reconsume_waited(&got[0], delay, Duration::ZERO),
+        c.reconsume_waited(&got[1], delay, Duration::from_micros(12_300)),
+        // More than the delay: clamped to it (due at the arrival).
+        c.reconsume_waited(&got[2], delay, Duration::from_secs(3_600)),
+    ];
+    for rid in rids {
+        assert!(c.done(rid).await.is_ok());
+    }
+    let mut dues: Vec<u64> = h
+        .storage
+        .scheduled(None, u64::MAX, 10)
+        .unwrap()
+        .into_iter()
+        .map(|k| k.due_ms)
+        .collect();
+    dues.sort_unstable();
+    let arrival = asked_us.div_ceil(1000);
+    assert_eq!(
+        dues,
+        vec![
+            arrival,
+            (asked_us - 12_300).div_ceil(1000) + 200,
+            arrival + 200,
+        ],
+        "due times: the clamped claim, the 12.3 ms waited, nothing waited"
+    );
+    // The clamped one comes back first, not before its arrival.
+    let first = c.messages().await;
+    assert!(h.clock.now_us() >= asked_us);
+    assert_eq!(first.len(), 1);
+}

@@ -335,6 +335,7 @@ fn parse(req: consume_request::Request, config: &BrokerConfig) -> Parsed {
                 delay,
                 properties: r.properties,
                 detail: r.detail,
+                waited: Duration::from_micros(r.waited_us),
             }
         }
         R::Terminate(t) => {
@@ -537,5 +538,40 @@ mod tests {
         let caps: Vec<usize> = frames.iter().map(Vec::capacity).collect();
         assert_eq!(caps, vec![500, 500, 201]);
         assert_eq!(frames.len(), frames.capacity());
+    }
+
+    /// A `reconsume_later` frame from an older client (no field 7) reads as
+    /// nothing waited: its delay runs from the arrival, as before; a newer
+    /// client's `waited_us` reaches the subscription.
+    #[test]
+    fn a_reconsume_frame_without_waited_us_waited_nothing() {
+        use prost::Message as _;
+        let waited = |frame: Vec<u8>| {
+            let req = ricochet_proto::ReconsumeLater::decode(frame.as_slice()).unwrap();
+            let parsed = parse(
+                consume_request::Request::ReconsumeLater(req),
+                &BrokerConfig::default(),
+            );
+            match parsed {
+                Parsed::Request(ConsumerRequest::ReconsumeLater { waited, .. }) => waited,
+                _ => panic!("not a reconsume_later request"),
+            }
+        };
+        let mut new = ricochet_proto::ReconsumeLater {
+            request_id: 1,
+            id: Some(ricochet_proto::MessageId {
+                topic: "t".into(),
+                entry_id: 3,
+            }),
+            delay: Some(reconsume_later::Delay::DelayMs(200)),
+            waited_us: 12_300,
+            ..Default::default()
+        };
+        assert_eq!(waited(new.encode_to_vec()), Duration::from_micros(12_300));
+        // What an older client sends: the same message without field 7.
+        new.waited_us = 0;
+        let old = new.encode_to_vec();
+        assert!(!old.contains(&(7 << 3)), "field 7 is absent");
+        assert_eq!(waited(old), Duration::ZERO);
     }
 }

@@ -35,6 +35,10 @@ pub(super) struct Failure {
     /// When the request reached the subscription (broker clock, µs): a
     /// hold or a retry's delay runs from then; `None`: from when handled.
     pub since_us: Option<u64>,
+    /// How long the request waited in the client before it was sent (what
+    /// the client reports): a retry's delay starts that much before
+    /// `since_us`, by at most the whole delay.
+    pub waited: Duration,
 }
 
 impl Failure {
@@ -49,6 +53,7 @@ impl Failure {
             extra_props: HashMap::new(),
             hold: Duration::ZERO,
             since_us: None,
+            waited: Duration::ZERO,
         }
     }
 }

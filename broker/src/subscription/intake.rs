@@ -463,6 +463,7 @@ impl SubscriptionActor {
                 delay,
                 properties,
                 detail,
+                waited,
             } = req
             else {
                 continue;
@@ -493,6 +494,7 @@ impl SubscriptionActor {
                         overrides: delay,
                         extra_props: properties,
                         since_us: Some(since_us),
+                        waited,
                         ..Failure::new(
                             entry,
                             FailureReason::ReconsumeLater,

@@ -94,6 +94,10 @@ pub enum ConsumerRequest {
         properties: HashMap<String, String>,
         /// The consumer's reason text.
         detail: String,
+        /// How long the request waited in the client before it was sent
+        /// (the client says; zero from older clients): the delay runs from
+        /// that much before the frame's arrival, at most the whole delay.
+        waited: std::time::Duration,
     },
     /// Move to the dead-letter tier.
     Terminate {

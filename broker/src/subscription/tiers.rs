@@ -199,9 +199,11 @@ impl SubscriptionActor {
         let mut new_keys = Vec::with_capacity(items.len());
         let stored = self.failed_sources(&items)?;
         for (i, ((f, rec, after), m)) in items.iter().zip(stored).enumerate() {
-            // From when the request reached the subscription, if it says
-            // (rounded up: never due before the delay is over).
-            let from = f.since_us.map_or(now, |us| us.div_ceil(1000));
+            // From when the request reached the subscription, if it says,
+            // less what it waited in the client (at most the delay: never
+            // due before the request arrived), rounded up: never due
+            // before the delay is over.
+            let from = retry_from(f, *after, now);
             let due_ms = from.saturating_add(millis(*after));
             let mut m = self.tier_copy(m, f.entry, rec, &f.extra_props);
             m.properties
@@ -386,5 +388,71 @@ impl SubscriptionActor {
         self.deps.scheduler.remove(done.unschedule);
         self.dirty = true;
         Ok(sources.iter().filter(|e| e.tier == TierId::Retry).count() as u64)
+    }
+}
+
+/// The millisecond a retry's delay `after` runs from: when its request
+/// reached the subscription (`now`, in ms, if the failure does not say),
+/// less what the request waited in the client before it was sent, at most
+/// the whole (whole-millisecond) delay so the retry is never due before its
+/// request arrived; rounded up, so never due before the delay is over.
+fn retry_from(f: &Failure, after: Duration, now: u64) -> u64 {
+    let since_us = f.since_us.unwrap_or(now.saturating_mul(1000));
+    let waited_us = u64::try_from(f.waited.as_micros()).unwrap_or(u64::MAX);
+    let back = waited_us.min(millis(after).saturating_mul(1000));
+    since_us.saturating_sub(back).div_ceil(1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::TierEntry;
+    use ricochet_policy::FailureReason;
+
+    fn failure(since_us: Option<u64>, waited: Duration) -> Failure {
+        Failure {
+            since_us,
+            waited,
+            ..Failure::new(
+                TierEntry::main(7),
+                FailureReason::ReconsumeLater,
+                "c".into(),
+            )
+        }
+    }
+
+    #[test]
+    fn a_retry_runs_from_its_arrival_less_what_the_client_reports_it_waited() {
+        let after = Duration::from_millis(200);
+        // An older client (nothing waited): from the arrival, rounded up.
+        let f = failure(Some(1_000_400), Duration::ZERO);
+        assert_eq!(retry_from(&f, after, 0), 1_001);
+        // 12.3 ms in the client's queues: the delay started that much earlier.
+        let f = failure(Some(1_000_400), Duration::from_micros(12_300));
+        assert_eq!(retry_from(&f, after, 0), 989);
+        // Without the subscription's arrival time: from `now`.
+        let f = failure(None, Duration::from_millis(5));
+        assert_eq!(retry_from(&f, after, 2_000), 1_995);
+    }
+
+    #[test]
+    fn what_the_client_reports_it_waited_never_makes_a_retry_due_before_it_arrived() {
+        // A client claiming an hour (a bug, or hostile) gets its retry at the
+        // frame's arrival at the earliest, never before.
+        for after in [
+            Duration::ZERO,
+            Duration::from_micros(200_999),
+            Duration::from_secs(1),
+        ] {
+            let f = failure(Some(5_000_000_400), Duration::from_secs(3_600));
+            let due = retry_from(&f, after, 0) + millis(after);
+            assert!(
+                due * 1000 >= 5_000_000_400,
+                "due at {due} ms, before the arrival at 5 000 000.4 ms (delay {after:?})"
+            );
+        }
+        // Nor wraps around at zero.
+        let f = failure(Some(300), Duration::from_secs(3_600));
+        assert_eq!(retry_from(&f, Duration::from_secs(1), 0), 0);
     }
 }

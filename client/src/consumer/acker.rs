@@ -261,6 +261,7 @@ impl Acker {
         delay: reconsume_later::Delay,
         properties: HashMap<String, String>,
     ) -> Result<()> {
+        let at = tokio::time::Instant::now();
         let this = self.target(&msg.id)?;
         this.current(msg)?;
         this.settle(|reply| Cmd::ReconsumeLater {
@@ -270,6 +271,7 @@ impl Acker {
             properties,
             detail: String::new(),
             reply,
+            at,
         })
         .await
     }

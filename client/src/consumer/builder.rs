@@ -10,6 +10,8 @@ use ricochet_proto::{
     ConsumeRequest, ConsumeResponse, Subscribed, consume_request, consume_response,
 };
 use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Streaming;
 
@@ -69,6 +71,9 @@ impl ConsumerBuilder {
     }
 
     /// Messages prefetched ahead of the application (default 1000, at least 1).
+    /// The permits of taken messages go back to the broker each time half
+    /// the queue was taken, or once the application waits on an empty
+    /// queue having taken at least a quarter of it.
     pub fn receiver_queue_size(mut self, n: u32) -> Self {
         self.config.receiver_queue_size = n.max(1);
         self
@@ -288,14 +293,42 @@ impl ConsumerBuilder {
 
 /// An open consumer stream: where requests go, and the broker's frames.
 pub(super) struct Conn {
-    tx: mpsc::UnboundedSender<ConsumeRequest>,
+    tx: mpsc::UnboundedSender<Outgoing>,
     pub(super) inbound: Streaming<ConsumeResponse>,
 }
 
 impl Conn {
     pub(super) fn send(&self, r: consume_request::Request) {
+        self.send_made(r, None);
+    }
+
+    /// Sends a request the application made at `made`: a `reconsume_later`
+    /// tells the broker how long it waited here (see [`stamped`]).
+    pub(super) fn send_made(&self, request: consume_request::Request, made: Option<Instant>) {
         // A failure means the stream is gone; the response side reports it.
-        let _ = self.tx.send(ConsumeRequest { request: Some(r) });
+        let _ = self.tx.send(Outgoing { request, made });
+    }
+}
+
+/// A request on its way to the transport, with when the application made
+/// it (for a `reconsume_later`).
+struct Outgoing {
+    request: consume_request::Request,
+    made: Option<Instant>,
+}
+
+/// The frame for `o`, built when the transport takes it from the queue: a
+/// `reconsume_later`'s delay runs from the application's call, so its
+/// frame says how long it waited in the client until now (`waited_us`; the
+/// broker takes it off the delay, never more than the whole delay). A
+/// duration on this machine's monotonic clock: no clock is compared.
+fn stamped(o: Outgoing) -> ConsumeRequest {
+    let mut request = o.request;
+    if let (Some(made), consume_request::Request::ReconsumeLater(r)) = (o.made, &mut request) {
+        r.waited_us = u64::try_from(made.elapsed().as_micros()).unwrap_or(u64::MAX);
+    }
+    ConsumeRequest {
+        request: Some(request),
     }
 }
 
@@ -306,17 +339,16 @@ pub(super) async fn open_stream(
     cfg: &ConsumerConfig,
 ) -> Result<(Conn, Subscribed)> {
     let (tx, rx) = mpsc::unbounded_channel();
-    tx.send(ConsumeRequest {
-        request: Some(consume_request::Request::Subscribe(
-            cfg.subscribe_request(topic),
-        )),
+    tx.send(Outgoing {
+        request: consume_request::Request::Subscribe(cfg.subscribe_request(topic)),
+        made: None,
     })
     .map_err(|_| Error::closed())?;
     // On the topic's owner (the client's own connection when standalone).
     let transport = client.route(topic).await?;
     let handshake = async {
         let mut inbound = Client::broker_on(transport)
-            .consume(UnboundedReceiverStream::new(rx))
+            .consume(UnboundedReceiverStream::new(rx).map(stamped))
             .await
             .map_err(Error::from_status)?
             .into_inner();
@@ -346,5 +378,55 @@ pub(super) async fn open_stream(
         Ok(Ok((inbound, s))) => Ok((Conn { tx, inbound }, s)),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(Error::timeout(format!("subscribing to {topic}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ricochet_proto::{Flow, ReconsumeLater, reconsume_later};
+
+    fn reconsume() -> consume_request::Request {
+        consume_request::Request::ReconsumeLater(ReconsumeLater {
+            request_id: 1,
+            delay: Some(reconsume_later::Delay::DelayMs(200)),
+            ..Default::default()
+        })
+    }
+
+    fn waited_us(r: ConsumeRequest) -> Option<u64> {
+        match r.request {
+            Some(consume_request::Request::ReconsumeLater(r)) => Some(r.waited_us),
+            _ => None,
+        }
+    }
+
+    /// A `reconsume_later` frame says how long the request waited in the
+    /// client from the application's call until the transport took it.
+    #[tokio::test(start_paused = true)]
+    async fn a_reconsume_frame_carries_its_wait_in_the_client() {
+        let made = Instant::now();
+        tokio::time::advance(Duration::from_micros(12_300)).await;
+        let made = Some(made);
+        let frame = stamped(Outgoing {
+            request: reconsume(),
+            made,
+        });
+        assert_eq!(waited_us(frame), Some(12_300));
+        // Nothing known of its call: nothing claimed.
+        let frame = stamped(Outgoing {
+            request: reconsume(),
+            made: None,
+        });
+        assert_eq!(waited_us(frame), Some(0));
+        // Other requests go as they were.
+        let frame = stamped(Outgoing {
+            request: consume_request::Request::Flow(Flow { permits: 5 }),
+            made,
+        });
+        assert!(matches!(
+            frame.request,
+            Some(consume_request::Request::Flow(Flow { permits: 5 }))
+        ));
     }
 }

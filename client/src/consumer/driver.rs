@@ -554,15 +554,18 @@ impl Driver {
                 properties,
                 detail,
                 reply,
+                at,
             } => {
                 let key = self.ids.key(&id);
-                self.command(key, epoch, reply, |request_id| {
+                self.command(key, epoch, reply, Some(at), |request_id| {
                     consume_request::Request::ReconsumeLater(ReconsumeLater {
                         request_id,
                         id: Some(id.to_proto()),
                         delay: Some(delay),
                         properties,
                         detail,
+                        // Set when the transport takes the frame.
+                        waited_us: 0,
                     })
                 });
             }
@@ -573,7 +576,7 @@ impl Driver {
                 reply,
             } => {
                 let key = self.ids.key(&id);
-                self.command(key, epoch, Some(reply), |request_id| {
+                self.command(key, epoch, Some(reply), None, |request_id| {
                     consume_request::Request::Terminate(Terminate {
                         request_id,
                         id: Some(id.to_proto()),
@@ -663,12 +666,14 @@ impl Driver {
 
     /// Sends a move request (built by `request` from its id) for the
     /// message `key` of stream `epoch`; `reply` gets the broker's answer
-    /// (`None`: queued, counted until answered and reported by `flush`).
+    /// (`None`: queued, counted until answered and reported by `flush`);
+    /// `made`: when the application asked (see `Conn::send_made`).
     fn command(
         &mut self,
         key: Option<Key>,
         epoch: u64,
         reply: Option<Reply>,
+        made: Option<Instant>,
         request: impl FnOnce(u64) -> consume_request::Request,
     ) {
         if epoch != self.epoch {
@@ -692,7 +697,7 @@ impl Driver {
         let rid = self
             .requests
             .start(Pending::Move(PendingMove { reply, key, epoch }));
-        conn.send(request(rid));
+        conn.send_made(request(rid), made);
         if let Some(k) = &key {
             self.inflight.settle(k);
         }

@@ -5,7 +5,8 @@
 //!
 //! * grants the broker **flow permits**: `receiver_queue_size` at first,
 //!   then, as the application takes messages, a refill each time half the
-//!   queue has been consumed (Pulsar's rule);
+//!   queue has been consumed (Pulsar's rule), or as soon as the application
+//!   waits on an empty queue having taken at least a quarter of it;
 //! * **groups acks**: individual acks are sent together every
 //!   `ack_group_time` (100 ms) or `ack_group_max` (1000) ids, whichever
 //!   comes first, or as soon as the application waits on an empty queue
@@ -185,6 +186,7 @@ impl Consumer {
         self.idle_told = true;
         match &self.acker.parts {
             None => {
+                self.grant_taken();
                 let _ = self.acker.tx.send(Cmd::Idle);
             }
             Some(parts) => {
@@ -218,6 +220,24 @@ impl Consumer {
                 Some(Ok(m))
             }
             Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// The application drained its queue: the permits of what it took
+    /// since the last refill go now if they are at least half a refill (a
+    /// quarter of the queue), not once half the queue is taken. The broker
+    /// may then fill the whole queue again, which is all a permit means
+    /// (Pulsar's rule counts the same permits, it only sends them later):
+    /// a burst that comes after a lull is not cut at the permits left from
+    /// before it. The half-refill floor keeps a trickle (one message per
+    /// wait) from sending a `Flow` per message.
+    fn grant_taken(&self) {
+        let shared = &self.acker.shared;
+        if shared.consumed.load(Ordering::Acquire) >= shared.refill_threshold.div_ceil(2) {
+            let taken = shared.consumed.swap(0, Ordering::AcqRel);
+            if taken > 0 {
+                let _ = self.acker.tx.send(Cmd::Flow(taken));
+            }
         }
     }
 

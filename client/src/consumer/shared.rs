@@ -86,6 +86,8 @@ pub(super) enum Cmd {
         detail: String,
         /// `None`: queued (the driver counts it until the broker answers).
         reply: Option<Reply>,
+        /// When the application asked: the delay runs from here.
+        at: Instant,
     },
     Terminate {
         id: MessageId,

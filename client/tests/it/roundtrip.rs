@@ -326,3 +326,64 @@ async fn a_closed_consumer_and_its_ackers_answer_closed() {
     }
     producer.close().await.unwrap();
 }
+
+/// Permits come back once the application drains its queue, not only at
+/// half the queue: a consumer that took 8 of its 10 (one refill of 5 sent)
+/// and waits on an empty queue grants the other 3 (at least a quarter of the
+/// queue), so the broker may push a whole queue again; never more than the
+/// queue.
+#[tokio::test]
+async fn a_drained_queue_grants_the_permits_of_what_was_taken() {
+    let env = start().await;
+    let t = topic("rt-flow-idle");
+    let admin = env.client.admin();
+    let mut c = env
+        .client
+        .consumer(&t)
+        .subscription("s")
+        .receiver_queue_size(10)
+        .subscribe()
+        .await
+        .unwrap();
+    let producer = env.client.producer(&t).create().await.unwrap();
+    for i in 0..8 {
+        drop(producer.send_async(format!("m{i}")).await.unwrap());
+    }
+    producer.flush().await.unwrap();
+    for _ in 0..8 {
+        let m = recv(&mut c, T).await;
+        c.ack(&m).await.unwrap();
+    }
+    // The queue is empty: waiting on it grants what was taken.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), c.receive())
+            .await
+            .is_err()
+    );
+    let permits = || async {
+        let s = admin.subscription_stats(&t, "s").await.unwrap();
+        s.consumers[0].permits
+    };
+    let deadline = tokio::time::Instant::now() + T;
+    let mut seen = permits().await;
+    while seen != 10 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        seen = permits().await;
+    }
+    assert_eq!(
+        seen, 10,
+        "permits after the queue was drained (7: not granted)"
+    );
+    // A burst of 10 now goes out whole.
+    for i in 0..10 {
+        drop(producer.send_async(format!("b{i}")).await.unwrap());
+    }
+    producer.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let s = admin.subscription_stats(&t, "s").await.unwrap();
+    assert_eq!(
+        (s.consumers[0].permits, s.unacked),
+        (0, 10),
+        "the whole queue pushed, no more: {s:?}"
+    );
+}

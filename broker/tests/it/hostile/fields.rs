@@ -441,6 +441,7 @@ async fn consumer_requests_out_of_range() {
                 delay: Some(reconsume_later::Delay::DelayMs(1000)),
                 properties: many,
                 detail: String::new(),
+                waited_us: 0,
             }),
         ),
         (
