@@ -100,16 +100,10 @@ pub(super) async fn consume(
                     // flow control holds the client back meanwhile).
                     let admitted = match budget.try_admit(req.ids()) {
                         Some(a) => a,
-                        None => {
-                            let waited = tokio::select! {
-                                biased;
-                                () = stop.cancelled() => None,
-                                () = tx.closed() => None,
-                                a = budget.admit(req.ids()) => a,
-                            };
-                            let Some(a) = waited else { break };
-                            a
-                        }
+                        None => match admit_later(&budget, req.ids(), &tx, &stop).await {
+                            Some(a) => a,
+                            None => break,
+                        },
                     };
                     if handle
                         .request_at(consumer_id, req, received, admitted)
@@ -119,6 +113,13 @@ pub(super) async fn consume(
                     }
                 }
                 Parsed::Refused { request_id, error } => {
+                    // Handled here, but its answer counts: a flood of
+                    // refused requests is not read past the budget either.
+                    if budget.try_admit(1).is_none()
+                        && admit_later(&budget, 1, &tx, &stop).await.is_none()
+                    {
+                        break;
+                    }
                     let outcome = Err(Arc::new(error));
                     let _ = tx.send(ConsumerEvent::Done {
                         request_id,
@@ -151,6 +152,22 @@ pub(super) async fn consume(
         super::until_shutdown(frames, core.shutdown.clone()),
         served,
     )))
+}
+
+/// The units of a request naming `ids` message ids once the stream's
+/// budget has room for them; `None` if the stream or the broker stops first.
+async fn admit_later(
+    budget: &StreamBudget,
+    ids: usize,
+    tx: &ConsumerTx,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Option<crate::backpressure::Admitted> {
+    tokio::select! {
+        biased;
+        () = stop.cancelled() => None,
+        () = tx.closed() => None,
+        a = budget.admit(ids) => a,
+    }
 }
 
 /// The full name of the topic `sub` is for (empty if it does not parse:

@@ -34,12 +34,12 @@ const DETAIL: &str = concat!(
 );
 
 /// The frames of a consumer that subscribes to [`TOPIC`] (subscription
-/// `flood`) and then nacks one never-delivered message per frame (with
-/// [`DETAIL`]), request ids 1..=n; `pulled` counts the frames the transport
-/// took.
-fn nack_flood(
+/// `flood`) and then sends `frame(rid)` for request ids 1..=n; `pulled`
+/// counts the frames the transport took.
+fn flood(
     n: u64,
     pulled: Arc<AtomicU64>,
+    frame: fn(u64) -> consume_request::Request,
 ) -> impl futures::Stream<Item = ConsumeRequest> + Send + 'static {
     let subscribe = ConsumeRequest {
         request: Some(consume_request::Request::Subscribe(Subscribe {
@@ -49,23 +49,41 @@ fn nack_flood(
             ..Default::default()
         })),
     };
-    let nacks = futures::stream::iter(1..=n).map(move |rid| {
+    let frames = futures::stream::iter(1..=n).map(move |rid| {
         pulled.fetch_add(1, Ordering::Relaxed);
         ConsumeRequest {
-            request: Some(consume_request::Request::Redeliver(Redeliver {
-                request_id: rid,
-                messages: vec![FailedDelivery {
-                    id: Some(MessageId {
-                        topic: TOPIC.into(),
-                        entry_id: 1_000_000 + rid,
-                    }),
-                    detail: DETAIL.into(),
-                    ..Default::default()
-                }],
-            })),
+            request: Some(frame(rid)),
         }
     });
-    futures::stream::once(async { subscribe }).chain(nacks)
+    futures::stream::once(async { subscribe }).chain(frames)
+}
+
+/// A nack of one never-delivered message, with [`DETAIL`].
+fn nack(rid: u64) -> consume_request::Request {
+    consume_request::Request::Redeliver(Redeliver {
+        request_id: rid,
+        messages: vec![FailedDelivery {
+            id: Some(MessageId {
+                topic: TOPIC.into(),
+                entry_id: 1_000_000 + rid,
+            }),
+            detail: DETAIL.into(),
+            ..Default::default()
+        }],
+    })
+}
+
+/// An ack of an unknown type (refused before it reaches the
+/// subscription), of a message id with a topic name padded to 1 kB.
+fn refused_ack(rid: u64) -> consume_request::Request {
+    consume_request::Request::Ack(Ack {
+        request_id: rid,
+        ack_type: 99,
+        ids: vec![MessageId {
+            topic: DETAIL.into(),
+            entry_id: rid,
+        }],
+    })
 }
 
 /// A channel to `url` whose HTTP/2 receive windows are 64 KiB (hyper's
@@ -129,7 +147,7 @@ async fn a_flood_without_reads_is_held_back_and_answered_once_read() {
     let pulled = Arc::new(AtomicU64::new(0));
     let mut client = BrokerClient::new(small_windows(&url).await);
     let mut flood = client
-        .consume(nack_flood(N, pulled.clone()))
+        .consume(flood(N, pulled.clone(), nack))
         .await
         .expect("subscribed")
         .into_inner();
@@ -185,9 +203,33 @@ async fn a_flood_that_reads_completes() {
     let pulled = Arc::new(AtomicU64::new(0));
     let mut client = BrokerClient::new(channel(&url).await);
     let mut stream = client
-        .consume(nack_flood(N, pulled.clone()))
+        .consume(flood(N, pulled.clone(), nack))
         .await
         .expect("subscribed")
         .into_inner();
+    all_answered(&mut stream, N, Duration::from_secs(120)).await;
+}
+
+/// Refused requests (answered by the stream's reader itself, never queued
+/// for the subscription) are held back the same way when not read, and
+/// every one is answered once the client reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_refused_requests_is_held_back_too() {
+    let b = InProcessBroker::start_with(|c| c.max_pending_requests_per_consumer = BOUND).await;
+    let url = b.url();
+    const N: u64 = 20_000;
+    let pulled = Arc::new(AtomicU64::new(0));
+    let mut client = BrokerClient::new(small_windows(&url).await);
+    let mut stream = client
+        .consume(flood(N, pulled.clone(), refused_ack))
+        .await
+        .expect("subscribed")
+        .into_inner();
+    let taken = settled(&pulled, Duration::from_millis(500), Duration::from_secs(60)).await;
+    eprintln!("refused: taken {taken} of {N} frames");
+    assert!(
+        taken < N / 2,
+        "the transport took {taken} of {N} frames from a client that reads nothing"
+    );
     all_answered(&mut stream, N, Duration::from_secs(120)).await;
 }
