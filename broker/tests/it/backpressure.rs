@@ -46,6 +46,7 @@ fn flood(
             topic: TOPIC.into(),
             subscription: "flood".into(),
             subscription_type: SubscriptionType::Shared as i32,
+            initial_position: InitialPosition::Earliest as i32,
             ..Default::default()
         })),
     };
@@ -232,4 +233,71 @@ async fn a_flood_of_refused_requests_is_held_back_too() {
         "the transport took {taken} of {N} frames from a client that reads nothing"
     );
     all_answered(&mut stream, N, Duration::from_secs(120)).await;
+}
+
+/// Permits first (so the flooding consumer is sent the topic's message),
+/// then nacks.
+fn flow_then_nack(rid: u64) -> consume_request::Request {
+    match rid {
+        1 => consume_request::Request::Flow(Flow { permits: 10 }),
+        _ => nack(rid),
+    }
+}
+
+/// A client that goes away while its stream is throttled is removed like
+/// any other (the reader stops waiting for room when the stream is gone):
+/// the message it held goes to the subscription's other consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_client_that_goes_away_is_removed() {
+    let b = InProcessBroker::start_with(|c| c.max_pending_requests_per_consumer = BOUND).await;
+    let url = b.url();
+    let mut p = RawProducer::open(&url, TOPIC, "p").await.unwrap();
+    p.send(&["held"]).await;
+    const N: u64 = 20_000;
+    let pulled = Arc::new(AtomicU64::new(0));
+    // The flooding client runs on a runtime of its own: dropping that
+    // runtime closes its connection, as a client process exiting would.
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let flooder = std::thread::spawn({
+        let (url, pulled) = (url.clone(), pulled.clone());
+        move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async move {
+                let mut client = BrokerClient::new(small_windows(&url).await);
+                let _unread = client
+                    .consume(flood(N, pulled, flow_then_nack))
+                    .await
+                    .expect("subscribed");
+                let _ = stopped.await;
+            });
+        }
+    });
+    let taken = settled(&pulled, Duration::from_millis(500), Duration::from_secs(60)).await;
+    assert!(taken < N / 2, "not throttled: {taken} of {N} frames taken");
+    let handle = b
+        .core
+        .subscription(
+            &TopicName::parse(TOPIC).unwrap(),
+            &SubscriptionName::parse("flood").unwrap(),
+        )
+        .await
+        .expect("the flooded subscription");
+    let stats = handle.stats(b.core.storage.clone()).await.unwrap();
+    assert_eq!(
+        stats.unacked, 1,
+        "the message is held by the flooding consumer"
+    );
+    let mut other = RawConsumer::simple(&url, TOPIC, "flood", SubscriptionType::Shared).await;
+    other.flow(10).await;
+    stop.send(()).unwrap();
+    tokio::task::spawn_blocking(move || flooder.join().unwrap())
+        .await
+        .unwrap();
+    let m = other
+        .next(Duration::from_secs(10))
+        .await
+        .expect("the flooding consumer's message, once it is gone");
+    assert_eq!(m.payload, b"held");
+    let stats = handle.stats(b.core.storage.clone()).await.unwrap();
+    assert_eq!(stats.consumers.len(), 1, "{:?}", stats.consumers);
 }
