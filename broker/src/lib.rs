@@ -59,6 +59,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+mod backpressure;
 pub mod check;
 pub mod clock;
 mod config;

@@ -108,6 +108,14 @@ fn describe() {
         "ricochet_consumers_blocked_on_unacked",
         "Consumers holding max_unacked_per_consumer unacked messages, sent nothing until they ack."
     );
+    describe_counter!(
+        "ricochet_consumer_stream_throttled_total",
+        "Times a consumer stream was not read for a while: its requests not yet handled, or its answers not yet written, reached max_pending_requests_per_consumer."
+    );
+    describe_gauge!(
+        "ricochet_consumer_streams_throttled",
+        "Consumer streams not being read now, waiting for the broker to handle their requests or for the client to read its answers."
+    );
     describe_gauge!(
         "ricochet_key_order_blocked_keys",
         "Keys held back by key order, each waiting for a failed message to be acked or dead-lettered."

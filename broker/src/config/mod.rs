@@ -10,6 +10,7 @@
 //! max_key_size = 4096
 //! max_properties = 256
 //! max_unacked_per_consumer = 50000
+//! max_pending_requests_per_consumer = 10000  # per consumer stream: ids read, not yet handled
 //! segment_entries = 16384
 //! log_engine = "segments"        # ordinary topics' entries in segment files; "sled": in sled (the old layout)
 //! segment_max_bytes = 67108864   # a segment file is sealed at this size ...
@@ -243,6 +244,12 @@ pub struct BrokerConfig {
     pub max_properties: usize,
     /// Dispatch to a consumer pauses while it holds this many unacked messages.
     pub max_unacked_per_consumer: usize,
+    /// Backpressure on a consumer stream: at most this many message ids
+    /// (of acks, nacks, ...: a request naming none counts as one) read
+    /// from one stream and not yet handled by its subscription, and at
+    /// most this many answers queued to it and not yet written; at either
+    /// limit the broker stops reading the stream until it catches up.
+    pub max_pending_requests_per_consumer: u32,
     /// Entries per storage segment; a segment is dropped once every
     /// subscription has acknowledged all of it.
     pub segment_entries: u64,
@@ -363,6 +370,7 @@ impl Default for BrokerConfig {
             max_key_size: 4096,
             max_properties: 256,
             max_unacked_per_consumer: 50_000,
+            max_pending_requests_per_consumer: 10_000,
             segment_entries: 16_384,
             log_engine: LogEngine::Segments,
             segment_max_bytes: 64 << 20,
@@ -475,6 +483,9 @@ impl BrokerConfig {
         }
         if self.max_unacked_per_consumer == 0 {
             return bad("max_unacked_per_consumer must be positive");
+        }
+        if self.max_pending_requests_per_consumer == 0 {
+            return bad("max_pending_requests_per_consumer must be positive");
         }
         // sled splits its cache into 256 shards and refuses (panics) below 256 B.
         if self.cache_capacity < 1 << 20 {

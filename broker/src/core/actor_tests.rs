@@ -143,7 +143,7 @@ impl<S> Harness<S> {
         let spec = ConsumerSpec {
             name: "c1".into(),
             sub_type,
-            tx,
+            tx: tx.into(),
             policy: policy.map(|p| p.parse::<PolicySpec>().unwrap()),
             retry_enabled: true,
             key_order: None,

@@ -4,12 +4,15 @@
 //! its in-flight messages are redelivered (reason: consumer lost).
 
 use super::{BoxStream, status_of};
+use crate::backpressure::StreamBudget;
 use crate::config::BrokerConfig;
 use crate::error::BrokerError;
 use crate::name::{SubscriptionName, TopicName};
 use crate::node::Node;
 use crate::storage::TopicKind;
-use crate::subscription::{ConsumerEvent, ConsumerRequest, ConsumerSpec, FailedItem, MessageRef};
+use crate::subscription::{
+    ConsumerEvent, ConsumerRequest, ConsumerSpec, ConsumerTx, FailedItem, MessageRef,
+};
 use crate::tier_owners::TierOverrides;
 use futures::StreamExt as _;
 use ricochet_policy::{AttemptOverride, FailureReason, PolicySpec};
@@ -45,7 +48,14 @@ pub(super) async fn consume(
             "the first consumer frame must be Subscribe",
         ));
     };
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (raw_tx, rx) = mpsc::unbounded_channel();
+    let budget = StreamBudget::new(
+        core.config.max_pending_requests_per_consumer,
+        topic_of(&sub),
+        sub.subscription.clone(),
+    );
+    let tx = ConsumerTx::counted(raw_tx, budget.clone());
+    let budget_out = budget.clone();
     let view = super::event_view::EventView::of(&node.auth, principal.as_ref(), &topic_of(&sub));
     let (handle, consumer_id, served) =
         subscribe(&node, principal.as_ref(), sub, tx.clone()).await?;
@@ -85,11 +95,31 @@ pub(super) async fn consume(
                         let _ = tx.send(ConsumerEvent::End(e));
                         break;
                     }
-                    if handle.request_at(consumer_id, req, received).is_err() {
+                    // Past the stream's budget the stream is not read
+                    // until the actor and the writer catch up (HTTP/2
+                    // flow control holds the client back meanwhile).
+                    let admitted = match budget.try_admit(req.ids()) {
+                        Some(a) => a,
+                        None => match admit_later(&budget, req.ids(), &tx, &stop).await {
+                            Some(a) => a,
+                            None => break,
+                        },
+                    };
+                    if handle
+                        .request_at(consumer_id, req, received, admitted)
+                        .is_err()
+                    {
                         break;
                     }
                 }
                 Parsed::Refused { request_id, error } => {
+                    // Handled here, but its answer counts: a flood of
+                    // refused requests is not read past the budget either.
+                    if budget.try_admit(1).is_none()
+                        && admit_later(&budget, 1, &tx, &stop).await.is_none()
+                    {
+                        break;
+                    }
                     let outcome = Err(Arc::new(error));
                     let _ = tx.send(ConsumerEvent::Done {
                         request_id,
@@ -108,6 +138,9 @@ pub(super) async fn consume(
         futures::stream::once(failed_rx).filter_map(|r| std::future::ready(r.ok().map(Err)));
     let frames = UnboundedReceiverStream::new(rx)
         .map(move |mut event| {
+            if event.is_answer() {
+                budget_out.answer_taken();
+            }
             if let (Some(view), ConsumerEvent::Messages(msgs)) = (&view, &mut event) {
                 msgs.iter_mut().for_each(|m| view.apply(m));
             }
@@ -119,6 +152,22 @@ pub(super) async fn consume(
         super::until_shutdown(frames, core.shutdown.clone()),
         served,
     )))
+}
+
+/// The units of a request naming `ids` message ids once the stream's
+/// budget has room for them; `None` if the stream or the broker stops first.
+async fn admit_later(
+    budget: &StreamBudget,
+    ids: usize,
+    tx: &ConsumerTx,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Option<crate::backpressure::Admitted> {
+    tokio::select! {
+        biased;
+        () = stop.cancelled() => None,
+        () = tx.closed() => None,
+        a = budget.admit(ids) => a,
+    }
 }
 
 /// The full name of the topic `sub` is for (empty if it does not parse:
@@ -134,7 +183,7 @@ async fn subscribe(
     node: &Node,
     principal: Option<&crate::auth::Principal>,
     sub: Subscribe,
-    tx: mpsc::UnboundedSender<ConsumerEvent>,
+    tx: ConsumerTx,
 ) -> Result<
     (
         crate::subscription::SubscriptionHandle,

@@ -183,7 +183,7 @@ mod tests {
         name: &str,
     ) -> (ConsumerId, mpsc::UnboundedReceiver<ConsumerEvent>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (cs.add(name.into(), tx, true), rx)
+        (cs.add(name.into(), tx.into(), true), rx)
     }
 
     fn actives(rx: &mut mpsc::UnboundedReceiver<ConsumerEvent>) -> Vec<bool> {
@@ -287,7 +287,7 @@ mod tests {
         let mut c = ConsumerState {
             id: 1,
             name: "c".into(),
-            tx,
+            tx: tx.into(),
             permits: 0,
             unacked: 0,
             retry: true,

@@ -160,7 +160,7 @@ mod tests {
         ConsumerState {
             id,
             name: format!("c{id}"),
-            tx,
+            tx: tx.into(),
             permits,
             unacked: 0,
             retry,

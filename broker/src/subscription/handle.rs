@@ -8,6 +8,7 @@ use super::requests::{
     ConsumerId, ConsumerRequest, ConsumerSpec, MessageRef, MessageStatus, PolicyInfo,
 };
 use super::stats::{StatsSnapshot, SubscriptionStats};
+use crate::backpressure::Admitted;
 use crate::error::{BrokerError, Result};
 use crate::storage::{DeadLetterRecord, Storage, TierEntry};
 use ricochet_policy::{BreakerMode, BreakerSpec, PolicySpec};
@@ -24,11 +25,16 @@ pub(super) enum Command {
     ),
     /// A consumer's stream ended.
     RemoveConsumer(ConsumerId),
-    /// A request from a consumer's stream.
     /// A consumer's request, with when it was queued for the actor (a
     /// nack's hold and a `reconsume_later`'s delay run from then, not from
-    /// when the actor gets to it behind a burst).
-    Request(ConsumerId, ConsumerRequest, tokio::time::Instant),
+    /// when the actor gets to it behind a burst) and the units of its
+    /// stream's budget it holds (given back once the actor has handled it).
+    Request(
+        ConsumerId,
+        ConsumerRequest,
+        tokio::time::Instant,
+        Option<Admitted>,
+    ),
     /// Messages whose new delivery counts are durable: dispatch them.
     Ready(Vec<TierEntry>),
     /// Nacks counted ahead (entry, [`Counted::seq`](super::delivery::Counted::seq))
@@ -106,19 +112,31 @@ impl SubscriptionHandle {
 
     /// Queues a consumer's request (answered on its stream, if at all).
     pub fn request(&self, consumer: ConsumerId, request: ConsumerRequest) -> Result<()> {
-        self.request_at(consumer, request, tokio::time::Instant::now())
+        self.send(Command::Request(
+            consumer,
+            request,
+            tokio::time::Instant::now(),
+            None,
+        ))
     }
 
     /// [`Self::request`], for a request whose frame reached the broker at
     /// `received`: a nack's hold and a `reconsume_later`'s delay run from
-    /// then, not from when the actor gets to it.
-    pub fn request_at(
+    /// then, not from when the actor gets to it. `admitted` (its stream's
+    /// budget) is dropped once the actor has handled the request.
+    pub(crate) fn request_at(
         &self,
         consumer: ConsumerId,
         request: ConsumerRequest,
         received: tokio::time::Instant,
+        admitted: Admitted,
     ) -> Result<()> {
-        self.send(Command::Request(consumer, request, received))
+        self.send(Command::Request(
+            consumer,
+            request,
+            received,
+            Some(admitted),
+        ))
     }
 
     /// The consumer's stream ended: what it held is redelivered, an attempt

@@ -158,6 +158,8 @@ pub(crate) struct SubscriptionActor {
     dirty: bool,
     /// Acks of the current round, written at its end.
     acked_in_round: acks::AckedInRound,
+    /// The most commands seen in its queue at once (at a round's start).
+    queue_peak: usize,
     /// For messages the actor sends itself once a write is durable; weak, so
     /// the actor stops once every handle is gone.
     self_tx: mpsc::WeakUnboundedSender<Command>,
@@ -247,6 +249,7 @@ impl SubscriptionActor {
             deps,
             dirty: false,
             acked_in_round: Default::default(),
+            queue_peak: 0,
             self_tx: tx.downgrade(),
             fire_tx,
             topic,
@@ -317,16 +320,25 @@ impl SubscriptionActor {
     /// first applies what was gathered, so commands still take effect in
     /// arrival order.
     async fn round(&mut self, first: Command, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
+        // Commands waiting behind this one (for the stats' peak).
+        self.queue_peak = self.queue_peak.max(rx.len() + 1);
         let mut next = Some(first);
         let mut reconsumes = Vec::new();
         let mut redelivers = intake::Redelivers::default();
+        // The round's requests' stream budgets, given back once it has
+        // handled them (gathered ones are applied at its end).
+        let mut admitted = Vec::new();
         let mut handled = 0;
-        while let Some(cmd) = next.take() {
+        while let Some(mut cmd) = next.take() {
+            if let Command::Request(.., units @ Some(_)) = &mut cmd {
+                admitted.extend(units.take());
+            }
             match cmd {
                 Command::Request(
                     consumer,
                     requests::ConsumerRequest::Redeliver { request_id, items },
                     queued,
+                    _,
                 ) if self.gathers(&items) => {
                     self.reconsume_later(std::mem::take(&mut reconsumes)).await;
                     if redelivers.is_empty() {
@@ -341,6 +353,7 @@ impl SubscriptionActor {
                     consumer,
                     req @ requests::ConsumerRequest::ReconsumeLater { .. },
                     queued,
+                    _,
                 ) => {
                     self.redeliver_frames(std::mem::take(&mut redelivers)).await;
                     reconsumes.push((consumer, req, queued));
@@ -378,7 +391,7 @@ impl SubscriptionActor {
                             _,
                             requests::ConsumerRequest::Ack { .. }
                                 | requests::ConsumerRequest::Flow(_),
-                            _
+                            ..
                         )
                     ) {
                         self.write_acked();
@@ -396,6 +409,7 @@ impl SubscriptionActor {
         self.redeliver_frames(redelivers).await;
         self.reconsume_later(reconsumes).await;
         self.write_acked();
+        drop(admitted);
         false
     }
 
@@ -405,7 +419,7 @@ impl SubscriptionActor {
                 let _ = reply.send(self.add_consumer(spec));
             }
             Command::RemoveConsumer(id) => self.consumer_lost(id).await,
-            Command::Request(consumer, req, queued) => self.request(consumer, req, queued).await,
+            Command::Request(consumer, req, queued, _) => self.request(consumer, req, queued).await,
             Command::Ready(entries) => {
                 let entries = entries
                     .into_iter()

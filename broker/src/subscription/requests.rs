@@ -7,6 +7,7 @@
 //! store each message in that encoding, so a delivery is the stored entry
 //! with its id and delivery count filled in, never re-encoded.
 
+use crate::backpressure::StreamBudget;
 use crate::error::BrokerError;
 use crate::storage::{FailureRecord, PolicySource};
 use ricochet_policy::{AttemptOverride, FailureReason, PolicySpec};
@@ -181,8 +182,64 @@ pub enum ConsumerEvent {
     End(BrokerError),
 }
 
-/// Where a consumer's events go.
-pub type ConsumerTx = mpsc::UnboundedSender<ConsumerEvent>;
+/// Where a consumer's events go: the stream's queue, and (for a stream with
+/// a [`StreamBudget`]) the count of answers queued and not yet written, by
+/// which the stream's reader stops reading a client that does not read.
+#[derive(Debug, Clone)]
+pub struct ConsumerTx {
+    tx: mpsc::UnboundedSender<ConsumerEvent>,
+    budget: Option<Arc<StreamBudget>>,
+}
+
+impl ConsumerTx {
+    /// Events into `tx`, answers counted in `budget`: every event but
+    /// messages (which flow permits bound); the stream's writer calls
+    /// [`StreamBudget::answer_taken`] for each one it takes.
+    pub(crate) fn counted(
+        tx: mpsc::UnboundedSender<ConsumerEvent>,
+        budget: Arc<StreamBudget>,
+    ) -> Self {
+        Self {
+            tx,
+            budget: Some(budget),
+        }
+    }
+
+    /// Queues `event` for the consumer; an error hands it back when the
+    /// stream is gone.
+    pub fn send(&self, event: ConsumerEvent) -> Result<(), mpsc::error::SendError<ConsumerEvent>> {
+        match &self.budget {
+            Some(b) if event.is_answer() => {
+                b.answer_queued();
+                self.tx.send(event).inspect_err(|_| b.answer_taken())
+            }
+            _ => self.tx.send(event),
+        }
+    }
+}
+
+impl ConsumerTx {
+    /// Resolves once the consumer's stream is gone (its queue's receiver
+    /// dropped).
+    pub async fn closed(&self) {
+        self.tx.closed().await;
+    }
+}
+
+impl From<mpsc::UnboundedSender<ConsumerEvent>> for ConsumerTx {
+    /// Events into `tx`, uncounted (tests, in-process consumers).
+    fn from(tx: mpsc::UnboundedSender<ConsumerEvent>) -> Self {
+        Self { tx, budget: None }
+    }
+}
+
+impl ConsumerEvent {
+    /// Whether the event counts as an answer in a stream's budget: all but
+    /// messages.
+    pub fn is_answer(&self) -> bool {
+        !matches!(self, ConsumerEvent::Messages(_))
+    }
+}
 
 /// A consumer asking to join.
 #[derive(Debug)]
@@ -199,6 +256,18 @@ pub struct ConsumerSpec {
     pub retry_enabled: bool,
     /// Key order, if it asked for it.
     pub key_order: Option<ricochet_policy::KeyOrder>,
+}
+
+impl ConsumerRequest {
+    /// The message ids the request names (what it weighs in its stream's
+    /// budget).
+    pub fn ids(&self) -> usize {
+        match self {
+            ConsumerRequest::Ack { ids, .. } | ConsumerRequest::CheckAcks { ids, .. } => ids.len(),
+            ConsumerRequest::Redeliver { items, .. } => items.len(),
+            _ => 1,
+        }
+    }
 }
 
 /// Where a message of the main topic stands in one subscription.

@@ -72,6 +72,9 @@ pub struct SubscriptionStats {
     /// Messages read ahead of their schedule entries' due times and held
     /// in memory until they fire (see `subscription/prefetch.rs`).
     pub read_ahead_of_due: u64,
+    /// The most commands (consumer requests, admin calls, durable-write
+    /// notices) seen waiting in the actor's queue at once since it started.
+    pub queued_commands_peak: u64,
 }
 
 /// Key order in a subscription's stats.
@@ -233,6 +236,7 @@ impl SubscriptionActor {
             key_order: self.key_order_stats(),
             breaker: self.breaker_stats(),
             read_ahead_of_due: self.deliveries.prefetched.len() as u64,
+            queued_commands_peak: self.queue_peak as u64,
         };
         StatsSnapshot {
             stats,

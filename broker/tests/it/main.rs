@@ -4,6 +4,7 @@
 //! tracing subscriber, the Prometheus exporter) that would see every other test's broker.
 
 mod auth;
+mod backpressure;
 mod bad_input;
 mod blocked;
 mod breaker;

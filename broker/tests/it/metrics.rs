@@ -629,3 +629,90 @@ async fn key_order_gauges_and_stats_follow_a_blocked_key() {
     assert_eq!((s.blocked_keys, s.oldest_blocked_ms), (0, 0), "{s:?}");
     broker.kill9();
 }
+
+/// A consumer stream flooded with nacks and not read is throttled
+/// (`max_pending_requests_per_consumer = 16`): the throttle counter moves,
+/// the gauge shows the one stream paused, and the broker logs it at INFO.
+#[tokio::test]
+async fn a_throttled_consumer_stream_is_counted_and_logged() {
+    use futures::StreamExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("broker.toml");
+    std::fs::write(&config, "max_pending_requests_per_consumer = 16\n").unwrap();
+    let metrics = free_addr();
+    let broker = BrokerProcess::spawn(
+        &dir.path().join("data"),
+        &options()
+            .metrics_listen(metrics)
+            .config(&config)
+            .rust_log("info"),
+    )
+    .await;
+    let url = broker.url();
+    const TOPIC: &str = "persistent://public/default/flood";
+    let subscribe = ConsumeRequest {
+        request: Some(consume_request::Request::Subscribe(Subscribe {
+            topic: TOPIC.into(),
+            subscription: "flood".into(),
+            subscription_type: SubscriptionType::Shared as i32,
+            ..Default::default()
+        })),
+    };
+    // 1 kB frames, more than the HTTP/2 windows hold (64 KiB ours).
+    let nacks = futures::stream::iter(1..=5_000u64).map(|rid| ConsumeRequest {
+        request: Some(consume_request::Request::Redeliver(Redeliver {
+            request_id: rid,
+            messages: vec![FailedDelivery {
+                id: Some(MessageId {
+                    topic: TOPIC.into(),
+                    entry_id: 1_000_000 + rid,
+                }),
+                detail: "x".repeat(1_000),
+                ..Default::default()
+            }],
+        })),
+    });
+    let ch = tonic::transport::Channel::from_shared(url.to_owned())
+        .unwrap()
+        .initial_stream_window_size(64 << 10)
+        .initial_connection_window_size(64 << 10)
+        .connect()
+        .await
+        .unwrap();
+    let _unread = broker_client::BrokerClient::new(ch)
+        .consume(futures::stream::once(async { subscribe }).chain(nacks))
+        .await
+        .expect("subscribed");
+    let sub = "subscription=\"flood\"";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = parse(&scrape(metrics).await);
+        let counted = value(&m, "ricochet_consumer_stream_throttled_total", &[sub]);
+        let paused = value(&m, "ricochet_consumer_streams_throttled", &[sub]);
+        if counted >= 1.0 && paused == 1.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "throttled {counted} times, {paused} paused now"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The log is read from the broker's stdout by a thread: a moment.
+    let logged = || {
+        broker
+            .log_tail()
+            .iter()
+            .any(|l| l.contains("INFO") && l.contains("consumer stream throttled"))
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !logged() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no INFO line: {:?}",
+            broker.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    broker.kill9();
+}
