@@ -19,7 +19,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
-// The same allocator as the broker binary.
+// The same allocator as the broker binary (and its huge pages off: `main`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -181,6 +181,8 @@ async fn run(mode: Durability, messages: usize) {
 }
 
 fn main() {
+    // As the broker binary does at start (transparent huge pages off).
+    ricochet_broker::process::disable_transparent_huge_pages();
     // `cargo bench` passes `--bench`; nothing else to parse.
     let messages: usize = std::env::var("RICOCHET_BENCH_MESSAGES")
         .ok()

@@ -38,7 +38,12 @@
 //!
 //! The in-process broker runs on mimalloc, the broker binary's allocator,
 //! so the figures are the binary's allocator's (and `MIMALLOC_*` options,
-//! such as `MIMALLOC_PURGE_DELAY`, act on them).
+//! such as `MIMALLOC_PURGE_DELAY`, act on them), and with transparent huge
+//! pages off, as the binary runs (`ricochet_broker::process`; the first line
+//! says what the kernel applied). With them on, a burst's first touch of a
+//! fresh 2 MiB region could stall the thread redelivering it for 4-21 ms
+//! on this project's virtual machine: the 1 000 burst's slow rounds
+//! (session 20, `docs/src/parked-retries-bursts-2.md`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -93,6 +98,8 @@ impl Variant {
 }
 
 fn main() -> Result<(), BoxError> {
+    // As the broker binary does at start (every later fault obeys it).
+    ricochet_broker::process::disable_transparent_huge_pages();
     if std::env::var_os("BURSTS_TRACE").is_some() {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("ricochet::burst=trace"));
@@ -108,8 +115,13 @@ fn main() -> Result<(), BoxError> {
     let n = env_usize("BURSTS_N", 10_000);
     let m = env_usize("BURSTS_M", 20_000);
     println!(
-        "bursts: {} cores, in-process broker, 100 B messages",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+        "bursts: {} cores, in-process broker, 100 B messages, transparent huge pages {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        match ricochet_broker::process::transparent_huge_pages() {
+            Some(true) => "on",
+            Some(false) => "off",
+            None => "unknown",
+        }
     );
     rt.block_on(async {
         let mode = std::env::var("BURSTS_MODE").unwrap_or_default();

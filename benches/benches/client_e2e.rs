@@ -26,7 +26,8 @@
 //!
 //! The in-process broker runs on mimalloc, the broker binary's allocator,
 //! so the figures are the binary's allocator's (and `MIMALLOC_*` options,
-//! such as `MIMALLOC_PURGE_DELAY`, act on them). Part 3's RSS
+//! such as `MIMALLOC_PURGE_DELAY`, act on them), with transparent huge
+//! pages off as the binary runs (`ricochet_broker::process`). Part 3's RSS
 //! delta is mimalloc's too.
 
 use std::collections::HashMap;
@@ -49,6 +50,8 @@ fn quick() -> bool {
 }
 
 fn main() -> Result<(), BoxError> {
+    // As the broker binary does at start (every later fault obeys it).
+    ricochet_broker::process::disable_transparent_huge_pages();
     // Criterion-style filters may be passed by `cargo bench`; ignore them.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

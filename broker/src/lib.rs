@@ -82,6 +82,7 @@ mod node;
 mod ns_shared;
 mod offload_policies;
 mod partitions;
+pub mod process;
 mod replay_jobs;
 pub mod replication;
 pub mod retention;

@@ -20,20 +20,6 @@ use std::process::ExitCode;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Turns transparent huge pages off for this process. mimalloc asks for
-/// them on its arenas (`MADV_HUGEPAGE`), and a broker allocates and frees
-/// buffers of hundreds of KB at a high rate (a replicated batch is copied
-/// into its Raft log entry, its `AppendEntries` request, sled's I/O
-/// buffers): each first touch of a fresh region made the kernel zero a
-/// whole 2 MiB page. That was 30% of the samples of three R3 brokers under
-/// the `replicated` bench (`perf`, `clear_page_erms` under
-/// `do_huge_pmd_anonymous_page`), and under 1% with them off. A kernel
-/// that refuses the call leaves the default, which is only slower.
-fn disable_transparent_huge_pages() {
-    #[cfg(target_os = "linux")]
-    let _ = rustix::thread::disable_transparent_huge_pages(true);
-}
-
 /// The Ricochet message broker.
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -492,7 +478,8 @@ fn return_idle_memory(_mode: IdleMemory) -> Option<impl Fn() + Send + Sync + 'st
 }
 
 fn main() -> ExitCode {
-    disable_transparent_huge_pages();
+    // Before anything else: every later fault obeys it.
+    ricochet_broker::process::disable_transparent_huge_pages();
     let args = Args::parse();
     let result = match args.command {
         Some(Command::Check { data_dir, config }) => {
