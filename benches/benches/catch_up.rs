@@ -114,6 +114,8 @@ fn has_snap(dir: &Path) -> bool {
 }
 
 fn main() {
+    // As the broker binary does at start (mimalloc would ask for huge pages).
+    ricochet_broker::process::disable_transparent_huge_pages();
     let mib: u64 = std::env::var("RICOCHET_BENCH_MIB")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -55,6 +55,8 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 fn main() -> Result<(), BoxError> {
+    // As the broker binary does at start (mimalloc would ask for huge pages).
+    ricochet_broker::process::disable_transparent_huge_pages();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -340,6 +340,8 @@ fn line(what: &str, h: &Histogram<u64>) {
 
 #[tokio::main]
 async fn main() {
+    // As the broker binary does at start (mimalloc would ask for huge pages).
+    ricochet_broker::process::disable_transparent_huge_pages();
     if std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())

@@ -141,6 +141,8 @@ async fn run_store(messages: u64) -> f64 {
 }
 
 fn main() {
+    // As the broker binary does at start (mimalloc would ask for huge pages).
+    ricochet_broker::process::disable_transparent_huge_pages();
     let messages: u64 = std::env::var("RICOCHET_BENCH_MESSAGES")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -96,6 +96,8 @@ fn quick() -> bool {
 }
 
 fn main() -> Result<(), BoxError> {
+    // As the broker binary does at start (mimalloc would ask for huge pages).
+    ricochet_broker::process::disable_transparent_huge_pages();
     // Criterion-style filters may be passed by `cargo bench`; ignore them.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
