@@ -216,9 +216,7 @@ impl ConsumerTx {
             _ => self.tx.send(event),
         }
     }
-}
 
-impl ConsumerTx {
     /// Resolves once the consumer's stream is gone (its queue's receiver
     /// dropped).
     pub async fn closed(&self) {
