@@ -90,6 +90,19 @@ pub(super) async fn reconsume_all(
     got
 }
 
+impl<S: Storage> Harness<S> {
+    /// The due times (ms) of the first ten schedule entries, in the
+    /// schedule's order.
+    pub(super) fn due_times(&self) -> Vec<u64> {
+        self.storage
+            .scheduled(None, u64::MAX, 10)
+            .unwrap()
+            .into_iter()
+            .map(|k| k.due_ms)
+            .collect()
+    }
+}
+
 impl<S> Harness<S> {
     /// Publishes `m0`..`m{n-1}`, subscribes one Shared consumer with
     /// permits for `permits` and receives the first `n` deliveries.
@@ -873,12 +886,6 @@ async fn delays_run_from_when_the_request_was_queued_not_handled() {
         .unwrap()
         .unwrap();
     assert_eq!(stored.hold_until_ms, asked + 600_000, "the nack's hold");
-    let dues: Vec<u64> = h
-        .storage
-        .scheduled(None, u64::MAX, 10)
-        .unwrap()
-        .into_iter()
-        .map(|k| k.due_ms)
-        .collect();
+    let dues = h.due_times();
     assert_eq!(dues, vec![asked + 600_000; 2], "hold and retry alike");
 }

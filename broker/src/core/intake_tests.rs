@@ -83,13 +83,7 @@ async fn a_held_nacks_hold_runs_to_the_microsecond_and_is_stored_rounded_up() {
         .unwrap()
         .unwrap();
     assert_eq!(stored.hold_until_ms, due_us.div_ceil(1000), "rounded up");
-    let dues: Vec<u64> = h
-        .storage
-        .scheduled(None, u64::MAX, 10)
-        .unwrap()
-        .into_iter()
-        .map(|k| k.due_ms)
-        .collect();
+    let dues = h.due_times();
     assert_eq!(dues, vec![due_us.div_ceil(1000)]);
     let again = c.messages().await.remove(0);
     let at = h.clock.now_us();
@@ -198,13 +192,7 @@ async fn a_retry_runs_from_the_call_less_the_clients_wait_never_before_its_arriv
     for rid in rids {
         assert!(c.done(rid).await.is_ok());
     }
-    let mut dues: Vec<u64> = h
-        .storage
-        .scheduled(None, u64::MAX, 10)
-        .unwrap()
-        .into_iter()
-        .map(|k| k.due_ms)
-        .collect();
+    let mut dues = h.due_times();
     dues.sort_unstable();
     let arrival = asked_us.div_ceil(1000);
     assert_eq!(

@@ -114,6 +114,17 @@ async fn settled(pulled: &AtomicU64, quiet: Duration, wait: Duration) -> u64 {
     }
 }
 
+/// Once the transport has stopped taking a flood of `n` frames that nobody
+/// reads (see [`settled`]): how many it took, which must be under half.
+async fn held_back(pulled: &AtomicU64, n: u64) -> u64 {
+    let taken = settled(pulled, Duration::from_millis(500), Duration::from_secs(60)).await;
+    assert!(
+        taken < n / 2,
+        "the transport took {taken} of {n} frames from a client that reads nothing"
+    );
+    taken
+}
+
 /// Reads `stream` until every request id in 1..=n is answered (each once).
 async fn all_answered(stream: &mut tonic::Streaming<ConsumeResponse>, n: u64, wait: Duration) {
     let mut answered = BTreeSet::new();
@@ -154,11 +165,7 @@ async fn a_flood_without_reads_is_held_back_and_answered_once_read() {
         .into_inner();
     // Not read: the broker's HTTP/2 window and ours buffer some frames,
     // then the transport stops taking more.
-    let taken = settled(&pulled, Duration::from_millis(500), Duration::from_secs(60)).await;
-    assert!(
-        taken < N / 2,
-        "the transport took {taken} of {N} frames from a client that reads nothing"
-    );
+    let taken = held_back(&pulled, N).await;
     let handle = b
         .core
         .subscription(
@@ -226,12 +233,8 @@ async fn a_flood_of_refused_requests_is_held_back_too() {
         .await
         .expect("subscribed")
         .into_inner();
-    let taken = settled(&pulled, Duration::from_millis(500), Duration::from_secs(60)).await;
+    let taken = held_back(&pulled, N).await;
     eprintln!("refused: taken {taken} of {N} frames");
-    assert!(
-        taken < N / 2,
-        "the transport took {taken} of {N} frames from a client that reads nothing"
-    );
     all_answered(&mut stream, N, Duration::from_secs(120)).await;
 }
 
@@ -272,8 +275,7 @@ async fn a_throttled_client_that_goes_away_is_removed() {
             });
         }
     });
-    let taken = settled(&pulled, Duration::from_millis(500), Duration::from_secs(60)).await;
-    assert!(taken < N / 2, "not throttled: {taken} of {N} frames taken");
+    held_back(&pulled, N).await;
     let handle = b
         .core
         .subscription(
