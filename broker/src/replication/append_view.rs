@@ -17,6 +17,11 @@
 //! the command as before, so the view never reads a command differently
 //! from the derived decoding.
 //!
+//! [`sequence`] reads a `PartitionCommand::Sequence` (commands the
+//! leader coalesced into one entry) the same way: each command as a slice,
+//! which is then applied as if it were an entry of its own (an `Append`
+//! inside through [`AppendView::parse`] again).
+//!
 //! [`PartitionCommand::Append`]: super::PartitionCommand::Append
 
 /// An `Append` command's fields, borrowed from its encoding.
@@ -166,6 +171,33 @@ impl<'a> AppendView<'a> {
             producer: producer?,
         })
     }
+}
+
+/// The commands of a [`PartitionCommand::Sequence`] encoded in `command`
+/// (`{"Sequence": [bytes, ...]}` with definite lengths, nothing left
+/// over), as slices of its bytes; `None` when it is not one in that form
+/// (decode it as a `PartitionCommand` then).
+///
+/// [`PartitionCommand::Sequence`]: super::PartitionCommand::Sequence
+pub(crate) fn sequence(command: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut c = Cursor {
+        buf: command,
+        at: 0,
+    };
+    if c.head()? != Head::Map(1) || c.text()? != "Sequence" {
+        return None;
+    }
+    let Head::Array(n) = c.head()? else {
+        return None;
+    };
+    let mut list = Vec::with_capacity(n.min(c.buf.len() - c.at));
+    for _ in 0..n {
+        let Head::Bytes(len) = c.head()? else {
+            return None;
+        };
+        list.push(c.take(len)?);
+    }
+    (c.at == command.len()).then_some(list)
 }
 
 #[cfg(test)]

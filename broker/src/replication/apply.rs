@@ -407,6 +407,9 @@ impl StorageApplier {
                 self.storage.seal_segment(&topic, below)?;
                 Ok(PartitionReply::Done)
             }
+            PartitionCommand::Sequence(_) => Ok(PartitionReply::Refused(
+                "a sequence is applied command by command (Apply::apply)".to_owned(),
+            )),
             PartitionCommand::Offloaded(record) => {
                 // A log deleted before the record, or a range the group
                 // trimmed since (a replay after a restart): nothing.
@@ -441,9 +444,36 @@ fn answer(applied: Applied) -> Applied {
     }
 }
 
-#[async_trait::async_trait]
-impl Apply for StorageApplier {
-    fn apply(&self, index: u64, command: &[u8]) -> ricochet_replication::Result<Vec<u8>> {
+impl StorageApplier {
+    /// A [`PartitionCommand::Sequence`]'s commands, applied in order as
+    /// entries of their own at `index` would be; their replies as one
+    /// [`PartitionReply::Each`]. A refused command is refused alone (the
+    /// next ones apply, as the next entries would); a command the store
+    /// fails on fails the whole entry, which a restart applies again whole
+    /// (every command is harmless applied twice, see the module).
+    fn apply_sequence(
+        &self,
+        index: u64,
+        commands: &[&[u8]],
+    ) -> ricochet_replication::Result<Vec<u8>> {
+        let mut replies = Vec::with_capacity(commands.len());
+        for command in commands {
+            let reply = self.apply_one(index, command, true)?;
+            replies.push(serde_bytes::ByteBuf::from(reply));
+        }
+        encode(&PartitionReply::Each(replies))
+    }
+
+    /// One command (see [`Apply::apply`]); `in_sequence`: one of a
+    /// sequence's, where a `Publish` (its anonymous sequence ids derive
+    /// from the index, which the sequence's commands share) and a nested
+    /// sequence are refused.
+    fn apply_one(
+        &self,
+        index: u64,
+        command: &[u8],
+        in_sequence: bool,
+    ) -> ricochet_replication::Result<Vec<u8>> {
         // A publish batch's entries, applied from the command's bytes in
         // place (every replica applies every batch; see `AppendView`).
         if let Some(view) = AppendView::parse(command) {
@@ -469,10 +499,32 @@ impl Apply for StorageApplier {
                 "the command at index {index} cannot be decoded by this broker: {e}"
             ))
         })?;
+        match command {
+            PartitionCommand::Sequence(_) | PartitionCommand::Publish(_) if in_sequence => {
+                return encode(&PartitionReply::Refused(
+                    "a publish or a sequence is never proposed inside a sequence".to_owned(),
+                ));
+            }
+            PartitionCommand::Sequence(commands) => {
+                let commands: Vec<&[u8]> = commands.iter().map(|c| c.as_slice()).collect();
+                return self.apply_sequence(index, &commands);
+            }
+            _ => {}
+        }
         let reply = self
             .apply_command(index, command)
             .map_err(|e| ReplicationError::Apply(e.to_string()))?;
         encode(&reply)
+    }
+}
+
+#[async_trait::async_trait]
+impl Apply for StorageApplier {
+    fn apply(&self, index: u64, command: &[u8]) -> ricochet_replication::Result<Vec<u8>> {
+        if let Some(commands) = super::append_view::sequence(command) {
+            return self.apply_sequence(index, &commands);
+        }
+        self.apply_one(index, command, false)
     }
 
     async fn flush(&self) -> ricochet_replication::Result<()> {

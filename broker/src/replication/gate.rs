@@ -12,7 +12,10 @@
 //!
 //! Levels: 1 knows `PartitionCommand::Seal` (session 17, no longer
 //! proposed), 2 knows `PartitionCommand::SealBelow` (the group's seal of a
-//! segment, proposed by the seal pass and by an on-demand offload).
+//! segment, proposed by the seal pass and by an on-demand offload), 3
+//! knows `PartitionCommand::Sequence` (commands the leader's write queue
+//! coalesced into one entry, proposed only while every member advertises
+//! it: `ReplicatedStorage::set_coalescing`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -21,8 +24,10 @@ use std::fmt;
 pub const SEAL: u32 = 1;
 /// Knows `PartitionCommand::SealBelow`.
 pub const SEAL_BELOW: u32 = 2;
+/// Knows `PartitionCommand::Sequence`.
+pub const COALESCED: u32 = 3;
 /// The level this build applies, and registers.
-pub const GROUP_COMMANDS: u32 = SEAL_BELOW;
+pub const GROUP_COMMANDS: u32 = COALESCED;
 
 /// A member that does not advertise the level a command needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,6 +165,10 @@ mod tests {
         assert!(may_join(GROUP_COMMANDS + 1));
         assert!(!may_join(SEAL));
         assert!(!may_join(0));
+        // A broker of session 18-20 (it cannot decode a `Sequence`) is not
+        // admitted into a group this build may coalesce into.
+        assert!(!may_join(SEAL_BELOW));
+        assert!(may_join(COALESCED));
     }
 
     #[test]

@@ -173,6 +173,16 @@ pub enum PartitionCommand {
         /// Sealed only if the active segment holds an id below this.
         below: u64,
     },
+    /// Commands the leader's write queue coalesced into one Raft entry
+    /// (one append, one flush, one replication round for all), each the
+    /// CBOR of a `PartitionCommand`, applied in order as if each were an
+    /// entry of its own at this entry's index; the reply is
+    /// [`PartitionReply::Each`]. A `Publish` (whose anonymous sequence ids
+    /// derive from the index) or a nested `Sequence` inside is refused.
+    /// Proposed only when every member advertises
+    /// [`gate::COALESCED`]: a broker that predates it stops applying its
+    /// group, as for [`PartitionCommand::Offloaded`].
+    Sequence(Vec<serde_bytes::ByteBuf>),
 }
 
 impl PartitionCommand {
@@ -279,6 +289,32 @@ impl AppendRef<'_> {
     }
 }
 
+/// Index of [`PartitionCommand::Sequence`] among the enum's variants.
+const SEQUENCE_VARIANT: u32 = 21;
+
+/// [`PartitionCommand::Sequence`] encoded from borrowed commands (each a
+/// `PartitionCommand`'s CBOR): the owned command's bytes, with each
+/// command copied once, straight into the entry's buffer.
+pub(crate) struct SequenceRef<'a>(pub &'a [Vec<u8>]);
+
+impl Serialize for SequenceRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_newtype_variant(
+            "PartitionCommand",
+            SEQUENCE_VARIANT,
+            "Sequence",
+            &EntriesRef(self.0),
+        )
+    }
+}
+
+impl SequenceRef<'_> {
+    /// About how many bytes it takes encoded.
+    pub fn size_hint(&self) -> usize {
+        append_size_hint(self.0.iter().map(Vec::len))
+    }
+}
+
 /// About how many bytes an `Append` of entries of these lengths takes
 /// encoded (a size hint for the encoding's buffer).
 pub(crate) fn append_size_hint(lens: impl Iterator<Item = usize>) -> usize {
@@ -326,6 +362,9 @@ pub enum PartitionReply {
     Done,
     /// Nothing was changed, for this reason.
     Refused(String),
+    /// A [`PartitionCommand::Sequence`]'s replies, one per command in its
+    /// order, each the CBOR of a `PartitionReply`.
+    Each(Vec<serde_bytes::ByteBuf>),
 }
 
 /// One message's receipt.
@@ -426,7 +465,7 @@ impl ReplicatedPartition {
         match self.propose(&PartitionCommand::Publish(batch)).await? {
             PartitionReply::Published(r) => Ok(r),
             PartitionReply::Refused(why) => Err(ReplicationError::Refused(why)),
-            PartitionReply::Done => Err(ReplicationError::Refused(
+            PartitionReply::Done | PartitionReply::Each(_) => Err(ReplicationError::Refused(
                 "a publish answered without receipts".to_owned(),
             )),
         }

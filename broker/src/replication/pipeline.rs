@@ -13,9 +13,21 @@
 //! behind it are failed without being proposed, and every wait for them
 //! fails (the topic is then opened again from what the group applied).
 //!
+//! Coalescing: once every member of the group advertises
+//! [`super::gate::COALESCED`] ([`Pipeline::set_coalescing`]), the commands
+//! queued while [`ENTRIES_IN_FLIGHT`] entries are in flight are proposed
+//! together as one [`PartitionCommand::Sequence`] (up to [`MAX_COALESCED`]
+//! commands, [`MAX_COALESCED_BYTES`]), so one Raft entry — one append and
+//! one flush on the leader, one replication round — carries several
+//! client batches. Each command keeps its own reply and outcome, exactly
+//! as if it had been an entry of its own: the entry's
+//! [`PartitionReply::Each`] is split, and the replies go through the same
+//! answer in the same order. A `Publish` is always proposed alone (its
+//! anonymous sequence ids derive from the entry's index).
+//!
 //! [`ReplicaNode::submit`]: ricochet_replication::ReplicaNode::submit
 
-use super::{PartitionCommand, PartitionReply, ReplicatedPartition};
+use super::{PartitionCommand, PartitionReply, ReplicatedPartition, SequenceRef};
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use ricochet_replication::{decode, encode_sized};
@@ -27,6 +39,30 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// Most commands proposed and not yet answered at once.
 pub(super) const MAX_IN_FLIGHT: usize = 512;
 
+/// Most entries proposed and not yet answered at once while coalescing:
+/// what comes meanwhile waits in the queue and goes in the next entry.
+/// `RICOCHET_RAFT_ENTRIES_IN_FLIGHT` overrides it (1 to 512; for
+/// measurements).
+pub(super) const ENTRIES_IN_FLIGHT: usize = 4;
+
+/// Most commands in one coalesced entry.
+pub(super) const MAX_COALESCED: usize = 64;
+
+/// A coalesced entry takes no more command once it holds this many bytes.
+pub(super) const MAX_COALESCED_BYTES: usize = 4 << 20;
+
+/// [`ENTRIES_IN_FLIGHT`], or its override.
+fn entries_in_flight() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("RICOCHET_RAFT_ENTRIES_IN_FLIGHT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| (1..=MAX_IN_FLIGHT).contains(n))
+            .unwrap_or(ENTRIES_IN_FLIGHT)
+    })
+}
+
 /// A command's outcome: its reply, or why it failed.
 pub(super) type Outcome = Result<PartitionReply, String>;
 
@@ -34,6 +70,8 @@ struct Queued {
     seq: u64,
     command: Vec<u8>,
     reply: Option<oneshot::Sender<Outcome>>,
+    /// Never coalesced (a `Publish`).
+    alone: bool,
 }
 
 /// How far the queue got.
@@ -57,6 +95,8 @@ pub(super) struct Pipeline {
     partition: Arc<ReplicatedPartition>,
     timeout: Duration,
     poisoned: Arc<AtomicBool>,
+    /// Every member applies a `Sequence`: queued commands may be coalesced.
+    coalesce: Arc<AtomicBool>,
     queue: Mutex<Option<Queue>>,
     progress: watch::Sender<Progress>,
 }
@@ -79,6 +119,7 @@ impl Pipeline {
             partition,
             timeout,
             poisoned,
+            coalesce: Arc::default(),
             queue: Mutex::new(None),
             progress: watch::Sender::new(Progress::default()),
         }
@@ -94,17 +135,35 @@ impl Pipeline {
         reply: Option<oneshot::Sender<Outcome>>,
         raft: Option<&tokio::runtime::Handle>,
     ) -> Result<u64, String> {
+        let alone = matches!(command, PartitionCommand::Publish(_));
         let command = encode_sized(command, size_hint(command)).map_err(|e| e.to_string())?;
-        self.submit_encoded(command, reply, raft)
+        self.queue(command, reply, raft, alone)
     }
 
     /// [`Pipeline::submit`] of a command encoded already (a
-    /// [`PartitionCommand`]'s CBOR).
+    /// [`PartitionCommand`]'s CBOR, not a `Publish`).
     pub(super) fn submit_encoded(
         &self,
         command: Vec<u8>,
         reply: Option<oneshot::Sender<Outcome>>,
         raft: Option<&tokio::runtime::Handle>,
+    ) -> Result<u64, String> {
+        self.queue(command, reply, raft, false)
+    }
+
+    /// Whether queued commands may be coalesced into one entry (every
+    /// member of the group advertises [`super::gate::COALESCED`]); off
+    /// until set.
+    pub(super) fn set_coalescing(&self, on: bool) {
+        self.coalesce.store(on, Ordering::Release);
+    }
+
+    fn queue(
+        &self,
+        command: Vec<u8>,
+        reply: Option<oneshot::Sender<Outcome>>,
+        raft: Option<&tokio::runtime::Handle>,
+        alone: bool,
     ) -> Result<u64, String> {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(
@@ -123,6 +182,7 @@ impl Pipeline {
             seq,
             command,
             reply,
+            alone,
         })
         .map_err(|_| "the write queue ended (the group stopped here)".to_owned())?;
         q.last_seq = seq;
@@ -140,6 +200,7 @@ impl Pipeline {
             partition: self.partition.clone(),
             timeout: self.timeout,
             poisoned: self.poisoned.clone(),
+            coalesce: self.coalesce.clone(),
             progress: self.progress.clone(),
         };
         handle.spawn(task.run(rx));
@@ -190,65 +251,185 @@ struct Proposer {
     partition: Arc<ReplicatedPartition>,
     timeout: Duration,
     poisoned: Arc<AtomicBool>,
+    coalesce: Arc<AtomicBool>,
     progress: watch::Sender<Progress>,
 }
 
+/// The commands of one proposed entry (sequence number and reply each),
+/// and the entry's outcome.
 type Answer = (
-    u64,
-    Option<oneshot::Sender<Outcome>>,
+    Vec<(u64, Option<oneshot::Sender<Outcome>>)>,
     Result<ricochet_replication::Result<Vec<u8>>, tokio::time::error::Elapsed>,
 );
 
+/// The entries proposed and not yet answered, in log order.
+type InFlight = FuturesOrdered<futures::future::BoxFuture<'static, Answer>>;
+
+/// The commands to propose as one entry: `first`, then (when `coalesce`
+/// and neither is a `Publish`) those queued behind it, up to
+/// [`MAX_COALESCED`] and [`MAX_COALESCED_BYTES`]. A `Publish` met goes to
+/// `held`, the next to propose; `false` in the second place: the queue
+/// closed.
+fn take_group(
+    first: Queued,
+    rx: &mut mpsc::UnboundedReceiver<Queued>,
+    coalesce: bool,
+    held: &mut Option<Queued>,
+) -> (Vec<Queued>, bool) {
+    let mut bytes = first.command.len();
+    let mut group = vec![first];
+    if !coalesce || group[0].alone {
+        return (group, true);
+    }
+    while group.len() < MAX_COALESCED && bytes < MAX_COALESCED_BYTES {
+        match rx.try_recv() {
+            Ok(q) if q.alone => {
+                *held = Some(q);
+                break;
+            }
+            Ok(q) => {
+                bytes += q.command.len();
+                group.push(q);
+            }
+            Err(mpsc::error::TryRecvError::Empty) => break,
+            Err(mpsc::error::TryRecvError::Disconnected) => return (group, false),
+        }
+    }
+    (group, true)
+}
+
 impl Proposer {
     async fn run(self, mut rx: mpsc::UnboundedReceiver<Queued>) {
-        let mut in_flight = FuturesOrdered::new();
+        let mut in_flight: InFlight = FuturesOrdered::new();
         let mut open = true;
-        while open || !in_flight.is_empty() {
+        // A `Publish` taken from the queue behind a coalesced group.
+        let mut held: Option<Queued> = None;
+        while open || held.is_some() || !in_flight.is_empty() {
+            let coalesce = self.coalesce.load(Ordering::Acquire);
+            let limit = if coalesce {
+                entries_in_flight()
+            } else {
+                MAX_IN_FLIGHT
+            };
+            let room = in_flight.len() < limit;
+            if room && let Some(q) = held.take() {
+                self.propose(vec![q], &mut in_flight).await;
+                continue;
+            }
             tokio::select! {
                 biased;
                 Some(answer) = in_flight.next(), if !in_flight.is_empty() => {
                     self.answered(answer);
                 }
-                next = rx.recv(), if open && in_flight.len() < MAX_IN_FLIGHT => {
+                next = rx.recv(), if open && room => {
                     let Some(q) = next else {
                         open = false;
                         continue;
                     };
-                    if self.poisoned.load(Ordering::Acquire) {
-                        self.fail(q.reply, "an earlier replicated write failed, or this \
-                                           replica no longer leads: not proposed".to_owned());
-                        continue;
-                    }
-                    match self.partition.node().submit(q.command).await {
-                        Ok(reply) => {
-                            let timeout = self.timeout;
-                            let (seq, tx) = (q.seq, q.reply);
-                            in_flight.push_back(async move {
-                                (seq, tx, tokio::time::timeout(timeout, reply).await)
-                            });
-                        }
-                        Err(e) => self.fail(q.reply, e.to_string()),
-                    }
+                    let (group, still_open) = take_group(q, &mut rx, coalesce, &mut held);
+                    open = still_open;
+                    self.propose(group, &mut in_flight).await;
                 }
             }
         }
     }
 
-    fn answered(&self, (seq, reply, result): Answer) {
-        let outcome = match result {
-            Ok(Ok(bytes)) => match decode::<PartitionReply>(&bytes) {
-                Ok(PartitionReply::Refused(why)) => {
-                    Err(format!("the group refused the write: {why}"))
+    /// Proposes `group` as one entry (a `Sequence` when it holds more than
+    /// one command), its answer pushed onto `in_flight`.
+    async fn propose(&self, group: Vec<Queued>, in_flight: &mut InFlight) {
+        let mut commands = Vec::with_capacity(group.len());
+        let mut waiters = Vec::with_capacity(group.len());
+        for q in group {
+            commands.push(q.command);
+            waiters.push((q.seq, q.reply));
+        }
+        if self.poisoned.load(Ordering::Acquire) {
+            for (_, tx) in waiters {
+                self.fail(
+                    tx,
+                    "an earlier replicated write failed, or this replica no longer leads: \
+                     not proposed"
+                        .to_owned(),
+                );
+            }
+            return;
+        }
+        let entry = if commands.len() == 1 {
+            commands.pop().map_or_else(Vec::new, |c| c)
+        } else {
+            let sequence = SequenceRef(&commands);
+            match encode_sized(&sequence, sequence.size_hint()) {
+                Ok(e) => e,
+                Err(e) => {
+                    for (_, tx) in waiters {
+                        self.fail(tx, e.to_string());
+                    }
+                    return;
                 }
-                Ok(r) => Ok(r),
-                Err(e) => Err(e.to_string()),
-            },
+            }
+        };
+        drop(commands);
+        match self.partition.node().submit(entry).await {
+            Ok(reply) => {
+                let timeout = self.timeout;
+                in_flight.push_back(Box::pin(async move {
+                    (waiters, tokio::time::timeout(timeout, reply).await)
+                }));
+            }
+            Err(e) => {
+                for (_, tx) in waiters {
+                    self.fail(tx, e.to_string());
+                }
+            }
+        }
+    }
+
+    /// An entry's answer, to each of its commands in order.
+    fn answered(&self, (waiters, result): Answer) {
+        let bytes = match result {
+            Ok(Ok(bytes)) => Ok(bytes),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!(
                 "not committed by a majority within {:?}",
                 self.timeout
             )),
         };
+        let mut waiters = waiters;
+        if waiters.len() == 1
+            && let Some((seq, tx)) = waiters.pop()
+        {
+            self.settle(seq, tx, bytes);
+            return;
+        }
+        let replies = bytes.and_then(|b| match decode::<PartitionReply>(&b) {
+            Ok(PartitionReply::Each(r)) if r.len() == waiters.len() => Ok(r),
+            Ok(other) => Err(format!(
+                "a coalesced entry of {} commands answered {other:?}",
+                waiters.len()
+            )),
+            Err(e) => Err(e.to_string()),
+        });
+        match replies {
+            Ok(replies) => {
+                for ((seq, tx), r) in waiters.into_iter().zip(replies) {
+                    self.settle(seq, tx, Ok(r.into_vec()));
+                }
+            }
+            Err(why) => {
+                for (seq, tx) in waiters {
+                    self.settle(seq, tx, Err(why.clone()));
+                }
+            }
+        }
+    }
+
+    /// One command's outcome: its reply's bytes, or why it has none.
+    fn settle(&self, seq: u64, reply: Option<oneshot::Sender<Outcome>>, bytes: Result<Vec<u8>, String>) {
+        let outcome = bytes.and_then(|b| match decode::<PartitionReply>(&b) {
+            Ok(PartitionReply::Refused(why)) => Err(format!("the group refused the write: {why}")),
+            Ok(r) => Ok(r),
+            Err(e) => Err(e.to_string()),
+        });
         match outcome {
             Ok(r) => {
                 if !self.progress.borrow().failed {

@@ -128,6 +128,13 @@ impl ReplicatedStorage {
         done.map_err(|e| StorageError::Replication(format!("not confirmed as leader: {e}")))
     }
 
+    /// Whether writes queued together may be proposed as one coalesced
+    /// entry (`PartitionCommand::Sequence`): only while every member of the
+    /// group advertises [`super::gate::COALESCED`]; off until set.
+    pub fn set_coalescing(&self, on: bool) {
+        self.pipeline.set_coalescing(on);
+    }
+
     /// Refuses every later write (this broker stopped leading the group).
     pub fn retire(&self) {
         self.poisoned.store(true, Ordering::Release);

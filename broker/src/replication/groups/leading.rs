@@ -8,7 +8,7 @@
 use super::{GroupRecord, Groups, Role, WRITE_TIMEOUT};
 use crate::error::{BrokerError, Result};
 use crate::name::TopicName;
-use crate::replication::gate::Change;
+use crate::replication::gate::{self, Change};
 use crate::replication::{ReplicatedPartition, ReplicatedStorage};
 use std::sync::Arc;
 
@@ -148,6 +148,10 @@ impl Groups {
         self.core
             .open_replicated(&name, Arc::new(storage.clone()), record.replicas)
             .await?;
+        // Coalesced entries only once every member is known to apply them
+        // (re-checked by the seal pass, `seal::spawn_seal_pass`).
+        let coalesce = self.unready_in(record, gate::COALESCED).await.is_none();
+        storage.set_coalescing(coalesce);
         crate::util::lock(&self.serving).insert(topic.to_owned(), storage);
         if let Err(e) = self.place_here(&name).await {
             self.retract(topic).await;
@@ -254,6 +258,11 @@ impl Groups {
         else {
             return Some("this broker holds no member of the group".to_owned());
         };
+        self.unready_in(&record, needed).await
+    }
+
+    /// [`Groups::unready_for`] the group of `record`.
+    async fn unready_in(&self, record: &GroupRecord, needed: u32) -> Option<String> {
         let levels = match self.cluster.group_commands().await {
             Ok(l) => l,
             Err(e) => return Some(format!("cannot read the members' registrations: {e}")),
