@@ -468,7 +468,7 @@ impl StorageApplier {
     /// sequence's, where a `Publish` (its anonymous sequence ids derive
     /// from the index, which the sequence's commands share) and a nested
     /// sequence are refused.
-    fn apply_one(
+    pub(super) fn apply_one(
         &self,
         index: u64,
         command: &[u8],

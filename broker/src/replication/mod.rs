@@ -33,8 +33,12 @@ pub mod offload;
 mod offload_tests;
 mod peers;
 mod pipeline;
+#[cfg(test)]
+mod pipeline_tests;
 mod record;
 pub mod seal;
+#[cfg(test)]
+mod sequence_tests;
 mod snapshot;
 pub mod status;
 mod storage;
