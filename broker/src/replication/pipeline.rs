@@ -355,7 +355,7 @@ impl Proposer {
             return;
         }
         let entry = if commands.len() == 1 {
-            commands.pop().map_or_else(Vec::new, |c| c)
+            commands.pop().unwrap_or_default()
         } else {
             let sequence = SequenceRef(&commands);
             match encode_sized(&sequence, sequence.size_hint()) {
@@ -385,7 +385,7 @@ impl Proposer {
     }
 
     /// An entry's answer, to each of its commands in order.
-    fn answered(&self, (waiters, result): Answer) {
+    fn answered(&self, (mut waiters, result): Answer) {
         let bytes = match result {
             Ok(Ok(bytes)) => Ok(bytes),
             Ok(Err(e)) => Err(e.to_string()),
@@ -394,7 +394,6 @@ impl Proposer {
                 self.timeout
             )),
         };
-        let mut waiters = waiters;
         if waiters.len() == 1
             && let Some((seq, tx)) = waiters.pop()
         {
@@ -424,7 +423,12 @@ impl Proposer {
     }
 
     /// One command's outcome: its reply's bytes, or why it has none.
-    fn settle(&self, seq: u64, reply: Option<oneshot::Sender<Outcome>>, bytes: Result<Vec<u8>, String>) {
+    fn settle(
+        &self,
+        seq: u64,
+        reply: Option<oneshot::Sender<Outcome>>,
+        bytes: Result<Vec<u8>, String>,
+    ) {
         let outcome = bytes.and_then(|b| match decode::<PartitionReply>(&b) {
             Ok(PartitionReply::Refused(why)) => Err(format!("the group refused the write: {why}")),
             Ok(r) => Ok(r),

@@ -99,11 +99,17 @@ async fn queued_commands_are_one_entry_each_below_the_level_and_share_entries_at
         pipeline.set_coalescing(coalesce);
         let before = last_index(&part);
         let (seqs, outcomes) = run(&pipeline, &commands).await;
-        assert!(outcomes.iter().all(|o| o == &Ok(PartitionReply::Done)), "{outcomes:?}");
+        assert!(
+            outcomes.iter().all(|o| o == &Ok(PartitionReply::Done)),
+            "{outcomes:?}"
+        );
         pipeline.wait_for(*seqs.last().unwrap()).await.unwrap();
         let entries = last_index(&part) - before;
         if coalesce {
-            assert!((2..=10).contains(&entries), "{entries} entries for 100 commands");
+            assert!(
+                (2..=10).contains(&entries),
+                "{entries} entries for 100 commands"
+            );
         } else {
             assert_eq!(entries, 100);
         }

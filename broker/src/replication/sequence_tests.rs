@@ -55,8 +55,12 @@ fn refused(r: &PartitionReply) -> bool {
     matches!(r, PartitionReply::Refused(_))
 }
 
+/// What a replica holds that these commands change: its entries and its
+/// producer sequences.
+type Held = (Vec<(u64, Vec<u8>)>, Vec<(String, u64)>);
+
 /// What a replica holds that these commands change.
-fn state(storage: &Arc<dyn Storage>) -> (Vec<(u64, Vec<u8>)>, Vec<(String, u64)>) {
+fn state(storage: &Arc<dyn Storage>) -> Held {
     let mut seqs = storage.producer_sequences(T).unwrap();
     seqs.sort();
     (storage.read(T, 0, 1000, usize::MAX).unwrap(), seqs)
@@ -87,7 +91,10 @@ fn a_sequence_encoded_from_borrowed_commands_reads_back_in_place() {
         other => panic!("decoded as {other:?}"),
     }
     for cut in 0..bytes.len() {
-        assert!(append_view::sequence(&bytes[..cut]).is_none(), "cut at {cut}");
+        assert!(
+            append_view::sequence(&bytes[..cut]).is_none(),
+            "cut at {cut}"
+        );
     }
     let mut longer = bytes.clone();
     longer.push(0);
@@ -132,7 +139,10 @@ fn a_sequence_applies_each_command_in_order_with_its_own_reply_as_separate_entri
         .enumerate()
         .map(|(i, c)| decode(&b.apply(2 + i as u64, c).unwrap()).unwrap())
         .collect();
-    assert_eq!(want.iter().map(refused).collect::<Vec<_>>(), [false, true, false, false]);
+    assert_eq!(
+        want.iter().map(refused).collect::<Vec<_>>(),
+        [false, true, false, false]
+    );
     let refusal = |r: &PartitionReply| match r {
         PartitionReply::Refused(why) => why.clone(),
         other => panic!("not refused: {other:?}"),
@@ -142,7 +152,9 @@ fn a_sequence_applies_each_command_in_order_with_its_own_reply_as_separate_entri
     assert!(refusal(&got[2]).contains("never proposed inside a sequence"));
     assert!(refusal(&got[5]).contains("never proposed inside a sequence"));
     assert_eq!(
-        [&got[0], &got[1], &got[3], &got[4]].map(|r| r.clone()).to_vec(),
+        [&got[0], &got[1], &got[3], &got[4]]
+            .map(|r| r.clone())
+            .to_vec(),
         want
     );
     let applied = state(&coalesced);
@@ -158,7 +170,10 @@ fn a_sequence_applies_each_command_in_order_with_its_own_reply_as_separate_entri
     drop(a);
     let again = StorageApplier::for_partition(coalesced.clone(), T);
     let second = replies(&again.apply(2, &entry).unwrap());
-    assert_eq!(second.iter().map(refused).collect::<Vec<_>>(), got.iter().map(refused).collect::<Vec<_>>());
+    assert_eq!(
+        second.iter().map(refused).collect::<Vec<_>>(),
+        got.iter().map(refused).collect::<Vec<_>>()
+    );
     assert_eq!(state(&coalesced), applied);
     // The decoded form (what a non-canonical encoding falls back to)
     // answers the same.
@@ -169,6 +184,10 @@ fn a_sequence_applies_each_command_in_order_with_its_own_reply_as_separate_entri
             .map(|c| serde_bytes::ByteBuf::from(c.clone()))
             .collect(),
     );
-    let third = replies(&again.apply_one(2, &encode(&decoded).unwrap(), false).unwrap());
+    let third = replies(
+        &again
+            .apply_one(2, &encode(&decoded).unwrap(), false)
+            .unwrap(),
+    );
     assert_eq!(third, second);
 }

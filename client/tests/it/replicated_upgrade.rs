@@ -1,6 +1,6 @@
 //! A rolling upgrade of a replicated topic's group: its leader proposes
 //! the group's seal (`SealBelow`) only while every member advertises, in
-//! its etcd registration, that it applies it (`group_commands` ≥ 2). A
+//! its etcd registration, that it applies it (`group_commands` ≥ 2; this build registers 3). A
 //! member whose registration has the old form (no field, as a broker from
 //! before the level writes it) holds the seal back: the active segment
 //! outlives `segment_max_age` on every replica, while the group goes on
@@ -81,7 +81,7 @@ async fn a_member_registered_without_the_seal_level_holds_the_groups_age_seals_b
     let key = format!("/ricochet/rgate/brokers/{old}");
     let (current, _) = etcd.get(&key).await.expect("registered");
     let mut reg: serde_json::Value = serde_json::from_str(&current).unwrap();
-    assert_eq!(reg["group_commands"], 2, "{current}");
+    assert_eq!(reg["group_commands"], 3, "{current}");
     reg.as_object_mut().unwrap().remove("group_commands");
     let old_form = reg.to_string();
     put(&etcd, &key, &old_form).await;
