@@ -2,7 +2,8 @@
 //! log in a temp dir, applying to a memory store): the commands queued
 //! together are one entry each below the coalescing level and share
 //! entries at it, with the same replies and the same store; a refused
-//! command fails its own caller and poisons the queue in both modes.
+//! command fails its own caller and poisons the queue in both modes; a
+//! `Publish` is proposed alone.
 
 use super::pipeline::{Outcome, Pipeline};
 use super::*;
@@ -166,4 +167,54 @@ async fn a_refused_command_fails_its_own_caller_and_poisons_the_queue_in_both_mo
             .collect();
         assert_eq!(stored, answered, "coalesce {coalesce}: {outcomes:?}");
     }
+}
+
+/// A `Publish` (its anonymous sequence ids derive from its entry's index)
+/// is proposed alone even while coalescing: queued between two appends,
+/// it is an entry of its own, the appends around it too, and each is
+/// stored with its receipt.
+#[tokio::test]
+async fn a_publish_is_proposed_alone_while_coalescing() {
+    let dir = tempfile::tempdir().unwrap();
+    let part = leader(dir.path()).await;
+    let pipeline = Pipeline::new(
+        part.clone(),
+        Duration::from_secs(20),
+        Arc::new(AtomicBool::new(false)),
+    );
+    pipeline.set_coalescing(true);
+    let publish = PartitionCommand::Publish(PublishBatch {
+        topic: T.to_owned(),
+        producer: String::new(),
+        publish_time_ms: 5,
+        messages: vec![PublishMessage {
+            payload: b"anonymous".to_vec(),
+            ..Default::default()
+        }],
+    });
+    let before = last_index(&part);
+    // Ids 0-3, the publish's at 4, then 5-8: two coalesced entries around
+    // the publish's own.
+    let commands = [
+        append(0, 1),
+        append(2, 3),
+        publish,
+        append(5, 4),
+        append(7, 6),
+    ];
+    let (_, outcomes) = run(&pipeline, &commands).await;
+    match &outcomes[2] {
+        Ok(PartitionReply::Published(r)) => assert_eq!(r[0].entry_id, Some(4)),
+        other => panic!("the publish: {other:?}"),
+    }
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    assert_eq!(last_index(&part) - before, 3, "{outcomes:?}");
+    let ids: Vec<u64> = part
+        .storage()
+        .read(T, 0, 100, usize::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(ids, (0..9).collect::<Vec<_>>());
 }
