@@ -32,8 +32,9 @@
 //! default, which is off on the bench's Shared subscription).
 //! `BURSTS_TRACE=1` prints a burst's timeline to stderr (µs timestamps):
 //! the scheduler's fire, the subscription actor's read-ahead and hand-off,
-//! the consume stream's frames, the client's decoded frames and the
-//! bench's first and last arrival (`RUST_LOG` overrides the filter,
+//! the consume stream's frames, the client's decoded frames, the client's
+//! nack (`Redeliver`) frames as the transport takes them (with their time
+//! in the stream's queue) and the bench's first and last arrival (`RUST_LOG` overrides the filter,
 //! `ricochet::burst=trace`).
 //!
 //! The in-process broker runs on mimalloc, the broker binary's allocator,

@@ -779,18 +779,24 @@ impl Driver {
     /// Sends the failures gathered this turn in one `Redeliver` request
     /// (with a request id when some caller waits for its confirmation).
     fn send_redeliveries(&mut self) {
-        let ready = self.inflight.take_ready();
+        let ready = self.inflight.take_failures();
         if ready.is_empty() {
             return;
         }
-        let (messages, waiters): (Vec<_>, Vec<_>) = ready.into_iter().unzip();
-        let waiters: Vec<Reply> = waiters.into_iter().flatten().collect();
-        if self.conn.is_none() {
+        let mut messages = Vec::with_capacity(ready.len());
+        let mut due = Vec::with_capacity(ready.len());
+        let mut waiters = Vec::new();
+        for r in ready {
+            messages.push(r.failure);
+            due.push(r.due);
+            waiters.extend(r.reply);
+        }
+        let Some(conn) = &self.conn else {
             for w in waiters {
                 let _ = w.send(Err(Error::disconnected("the consumer is reconnecting")));
             }
             return;
-        }
+        };
         let request_id = if waiters.is_empty() {
             0
         } else {
@@ -799,10 +805,15 @@ impl Driver {
                 ids: Vec::new(),
             })
         };
-        self.send(consume_request::Request::Redeliver(Redeliver {
-            request_id,
-            messages,
-        }));
+        // Each broker-held hold is set again from its end when the
+        // transport takes the frame (`builder::stamped`).
+        conn.send_redeliver(
+            Redeliver {
+                request_id,
+                messages,
+            },
+            due,
+        );
     }
 }
 

@@ -7,7 +7,7 @@
 //! the next `Redeliver` request.
 //!
 //! Nothing here sends or sleeps: the driver passes the time in, sleeps
-//! until the deadlines it reads, and sends what [`InFlight::take_ready`]
+//! until the deadlines it reads, and sends what [`InFlight::take_failures`]
 //! returns.
 
 use std::collections::{HashMap, HashSet};
@@ -91,15 +91,45 @@ fn failure(
     detail: String,
     hold: Duration,
 ) -> FailedDelivery {
-    FailedDelivery {
+    let mut f = FailedDelivery {
         id: Some(id.to_proto()),
         reason: reason as i32,
         detail,
-        // Rounded up: the broker never serves less than what is left. A
-        // broker that reads `delay_us` serves that; an older one `delay_ms`.
-        delay_ms: u64::try_from(hold.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX),
-        delay_us: u64::try_from(hold.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX),
         ..FailedDelivery::default()
+    };
+    set_hold(&mut f, hold);
+    f
+}
+
+/// Sets the hold the broker serves for `f` (zero: none, redeliver now).
+pub(super) fn set_hold(f: &mut FailedDelivery, hold: Duration) {
+    // Rounded up: the broker never serves less than what is left. A broker
+    // that reads `delay_us` serves that; an older one `delay_ms`.
+    f.delay_ms = u64::try_from(hold.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+    f.delay_us = u64::try_from(hold.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX);
+}
+
+/// A failure readied for the next `Redeliver` request.
+#[derive(Debug)]
+pub(super) struct Ready {
+    pub failure: FailedDelivery,
+    /// For a hold the broker serves: when it ends, on this client's clock.
+    /// The hold in `failure` is what was left when it was readied; the
+    /// frame carries what is left when the transport takes it
+    /// (`builder::stamped`), so the time the request waits in this client
+    /// is not served again by the broker.
+    pub due: Option<Instant>,
+    /// Who waits for the broker's confirmation (ack receipts).
+    pub reply: Option<Reply>,
+}
+
+impl Ready {
+    fn new(failure: FailedDelivery, due: Option<Instant>, reply: Option<Reply>) -> Self {
+        Self {
+            failure,
+            due,
+            reply,
+        }
     }
 }
 
@@ -123,7 +153,7 @@ pub(super) struct InFlight {
     nack_details: HashMap<Key, String>,
     /// Failures to send in the next `Redeliver` request, with who waits
     /// for the broker's confirmation (ack receipts).
-    ready: Vec<(FailedDelivery, Option<Reply>)>,
+    ready: Vec<Ready>,
     /// The broker counts a held nack when it is made
     /// (`Subscribed.counts_ahead`): each one is announced at once, so that
     /// its redelivery at the due time costs the broker no storage write.
@@ -262,7 +292,7 @@ impl InFlight {
                         ahead: true,
                         ..nack(Duration::ZERO)
                     };
-                    self.ready.push((notice, None));
+                    self.ready.push(Ready::new(notice, None, None));
                     if let Some(m) = message {
                         self.local.keep(key, m);
                     }
@@ -280,9 +310,12 @@ impl InFlight {
             // is not served again by the broker.
             NackPlan::BrokerHold(hold) => {
                 let left = hold.saturating_sub(Instant::now().saturating_duration_since(now));
-                self.ready.push((nack(left), reply));
+                self.ready
+                    .push(Ready::new(nack(left), Some(now + hold), reply));
             }
-            NackPlan::SendNow => self.ready.push((nack(Duration::ZERO), reply)),
+            NackPlan::SendNow => self
+                .ready
+                .push(Ready::new(nack(Duration::ZERO), None, reply)),
         }
     }
 
@@ -308,8 +341,9 @@ impl InFlight {
             }
             if let Some(id) = ids.id(k) {
                 let left = deadline.saturating_duration_since(now);
-                self.ready.push((
+                self.ready.push(Ready::new(
                     failure(&id, ricochet_proto::FailureReason::Nack, detail, left),
+                    Some(deadline),
                     None,
                 ));
             }
@@ -341,11 +375,11 @@ impl InFlight {
         covered: impl Fn(Key) -> bool,
     ) -> Vec<Message> {
         let mut due = Vec::new();
-        self.nacks.pop_due_with(now + lead, |k, at| {
-            due.push((k, at.saturating_duration_since(now)))
-        });
+        self.nacks
+            .pop_due_with(now + lead, |k, at| due.push((k, at)));
         let mut here = Vec::new();
-        for (k, left) in due {
+        for (k, at) in due {
+            let left = at.saturating_duration_since(now);
             let detail = self.nack_details.remove(&k).unwrap_or_default();
             let copy = self.local.take(&k);
             if covered(k) {
@@ -358,14 +392,15 @@ impl InFlight {
                     local: true,
                     ..FailedDelivery::default()
                 };
-                self.ready.push((notice, None));
+                self.ready.push(Ready::new(notice, None, None));
                 self.outstanding.insert(k);
                 here.push(m);
                 continue;
             }
             if let Some(id) = ids.id(k) {
-                self.ready.push((
+                self.ready.push(Ready::new(
                     failure(&id, ricochet_proto::FailureReason::Nack, detail, left),
+                    Some(at),
                     None,
                 ));
             }
@@ -392,7 +427,7 @@ impl InFlight {
                 continue;
             }
             if let Some(id) = ids.id(k) {
-                self.ready.push((
+                self.ready.push(Ready::new(
                     failure(
                         &id,
                         ricochet_proto::FailureReason::AckTimeout,
@@ -400,13 +435,14 @@ impl InFlight {
                         Duration::ZERO,
                     ),
                     None,
+                    None,
                 ));
             }
         }
     }
 
-    /// The failures readied since the last call, with their waiters.
-    pub(super) fn take_ready(&mut self) -> Vec<(FailedDelivery, Option<Reply>)> {
+    /// The failures readied since the last call.
+    pub(super) fn take_failures(&mut self) -> Vec<Ready> {
         std::mem::take(&mut self.ready)
     }
 
@@ -420,7 +456,7 @@ impl InFlight {
         self.nacks.clear();
         self.nack_details = HashMap::new();
         self.local.clear();
-        self.ready.drain(..).filter_map(|(_, r)| r).collect()
+        self.ready.drain(..).filter_map(|r| r.reply).collect()
     }
 }
 

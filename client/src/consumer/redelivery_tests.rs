@@ -64,6 +64,16 @@ fn entries(list: &[(FailedDelivery, Option<Reply>)]) -> Vec<(u64, i32, &str)> {
         .collect()
 }
 
+impl InFlight {
+    /// The failures readied, as the tests read them.
+    fn take_ready(&mut self) -> Vec<(FailedDelivery, Option<Reply>)> {
+        self.take_failures()
+            .into_iter()
+            .map(|r| (r.failure, r.reply))
+            .collect()
+    }
+}
+
 const NACK: i32 = ricochet_proto::FailureReason::Nack as i32;
 const TIMEOUT: i32 = ricochet_proto::FailureReason::AckTimeout as i32;
 
@@ -347,6 +357,53 @@ async fn a_broker_held_nack_loses_the_time_it_waited_in_the_queue() {
     );
     let ready = f.take_ready();
     assert_eq!(ready[0].0.delay_ms, 993);
+}
+
+/// Every hold the broker serves is readied with its end, from the nack
+/// call, so the frame can carry what is left when the transport takes it
+/// (`builder::stamped`); failures without a hold carry none.
+#[tokio::test(start_paused = true)]
+async fn broker_held_holds_are_readied_with_their_ends() {
+    let (ids, a, b, ka, kb) = setup();
+    let mut f = InFlight::new(None, None);
+    let called = Instant::now();
+    tokio::time::advance(MS * 7).await;
+    f.nack(
+        ka,
+        &a,
+        NackPlan::BrokerHold(MS * 1000),
+        None,
+        called,
+        None,
+        None,
+    );
+    f.nack(kb, &b, NackPlan::SendNow, None, called, None, None);
+    let due: Vec<_> = f.take_failures().iter().map(|r| r.due).collect();
+    assert_eq!(due, vec![Some(called + MS * 1000), None]);
+    // A client-held nack sent ahead of its end (the lead) and one handed
+    // over at a close carry their ends too.
+    f.nack(
+        ka,
+        &a,
+        NackPlan::HoldFor(MS * 100),
+        None,
+        called,
+        None,
+        None,
+    );
+    f.fire_nacks(called + MS * 60, MS * 50, &ids, |_| false);
+    f.nack(
+        kb,
+        &b,
+        NackPlan::HoldFor(MS * 900),
+        None,
+        called,
+        None,
+        None,
+    );
+    f.hand_over_nacks(called + MS * 70, &ids, |_| false);
+    let due: Vec<_> = f.take_failures().iter().map(|r| r.due).collect();
+    assert_eq!(due, vec![Some(called + MS * 100), Some(called + MS * 900)]);
 }
 
 #[tokio::test(start_paused = true)]
