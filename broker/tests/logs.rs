@@ -583,8 +583,7 @@ fn flag(line: &str, key: &str) -> bool {
 
 #[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
 #[tokio::test]
-async fn jemalloc_purges_in_the_background_within_a_second_at_once_when_eager_and_the_environment_still_sets_it()
-{
+async fn jemalloc_purges_in_the_background_at_once_when_eager_and_the_environment_wins() {
     let default = allocator_line(&[], &[]).await;
     assert!(default.contains("allocator=\"jemalloc\""), "{default}");
     assert!(flag(&default, "background_thread"), "{default}");
@@ -599,7 +598,10 @@ async fn jemalloc_purges_in_the_background_within_a_second_at_once_when_eager_an
     // it sets, and sets what it does not.
     let set = allocator_line(
         &["--return-idle-memory", "eager"],
-        &[("_RJEM_MALLOC_CONF", "dirty_decay_ms:250,background_thread:false")],
+        &[(
+            "_RJEM_MALLOC_CONF",
+            "dirty_decay_ms:250,background_thread:false",
+        )],
     )
     .await;
     assert_eq!(field(&set, "dirty_decay_ms"), 250, "{set}");
