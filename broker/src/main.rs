@@ -13,12 +13,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-// sled copies tree nodes on every write; glibc's allocator was a third of the
-// broker's profile, mimalloc makes that churn cheap. The `system-alloc`
-// feature keeps the system allocator, for heap profilers that intercept malloc.
-#[cfg(not(feature = "system-alloc"))]
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+mod allocator;
+use allocator::{IdleMemory, allocator_settings, return_idle_memory, set_allocator_defaults};
 
 /// The Ricochet message broker.
 #[derive(Debug, Parser)]
@@ -73,7 +69,11 @@ struct Args {
     /// it): the least memory after a burst of failures (about a third less
     /// per parked retry) for about a quarter to a third less throughput on
     /// the paths that churn memory; `off`: the allocator's own defaults,
-    /// and no collect on idle workers.
+    /// and no collect on idle workers. Built with `--features jemalloc`:
+    /// `on` starts jemalloc's background purging threads with a 1 s dirty
+    /// decay (and flushes an idle worker's cache), `eager` a 0 decay, `off`
+    /// jemalloc's own (no background threads, 10 s); `_RJEM_MALLOC_CONF`
+    /// still wins.
     #[arg(
         long,
         value_name = "ON|EAGER|OFF",
@@ -341,142 +341,6 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     }
 }
 
-/// `--return-idle-memory`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum IdleMemory {
-    On,
-    Eager,
-    Off,
-}
-
-/// mimalloc's `mi_option_purge_delay` (its place in v3's `mi_option_e`;
-/// libmimalloc-sys names it for v2 only). The test
-/// `logs::the_purge_delay_is_mimallocs_by_default_zero_when_eager_and_the_environment_still_sets_it`
-/// checks the index: the value read back follows `MIMALLOC_PURGE_DELAY`.
-#[cfg(not(feature = "system-alloc"))]
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-/// The purge delay of `--return-idle-memory eager` unless
-/// `MIMALLOC_PURGE_DELAY` says otherwise: 0, mimalloc gives a page back to
-/// the system (`madvise`) as soon as it is freed to its arenas, instead of
-/// 1 s later at the next collect. After a burst (200 000 retries parked)
-/// the freed memory of threads no hook of ours runs on (sled's I/O
-/// threads, tokio's blocking pool) stayed resident with the 1 s delay:
-/// 205-220 B per parked held nack and 266-274 B per `reconsume_later`,
-/// against 135-148 and 191-195 B with 0, same binary. The cost, why it is
-/// not the default: an `madvise` per freed page and the faults when it is
-/// used again; parking (consume + nack) measured 0.77x, `reconsume_later`
-/// 0.80x (medians of 8 rounds), and 1 KiB publish 0.66-0.78x (docs/src/parked-retries-memory-2.md, session 19).
-#[cfg(not(feature = "system-alloc"))]
-const PURGE_DELAY_MS: std::os::raw::c_long = 0;
-
-/// Sets the allocator's defaults for `mode`, before the runtime starts:
-/// with `eager`, [`PURGE_DELAY_MS`]; otherwise mimalloc's own. A purge
-/// delay given in the environment (`MIMALLOC_PURGE_DELAY`, read by
-/// mimalloc itself) is kept either way: `mi_option_set_default` leaves an
-/// option the environment set.
-#[cfg(not(feature = "system-alloc"))]
-#[allow(unsafe_code)]
-fn set_allocator_defaults(mode: IdleMemory) {
-    if mode == IdleMemory::Eager {
-        // SAFETY: sets one option's value; mimalloc reads it on each free
-        // to an arena and takes no pointer from us.
-        unsafe { libmimalloc_sys::mi_option_set_default(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) }
-    }
-}
-
-/// The allocator's settings, for the start log line.
-#[cfg(not(feature = "system-alloc"))]
-#[allow(unsafe_code)]
-fn allocator_settings() -> (&'static str, Option<std::os::raw::c_long>) {
-    // SAFETY: reads one option's value.
-    let delay = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
-    ("mimalloc", Some(delay))
-}
-
-#[cfg(feature = "system-alloc")]
-fn set_allocator_defaults(_mode: IdleMemory) {}
-
-#[cfg(feature = "system-alloc")]
-fn allocator_settings() -> (&'static str, Option<std::os::raw::c_long>) {
-    ("system", None)
-}
-
-/// How often at most one worker collects: rarely enough that a busy
-/// worker (which parks thousands of times a second) does not pay for it,
-/// often enough that an idle broker, whose workers still wake tens of times
-/// a second for its timers, gives what it freed back within seconds.
-#[cfg(not(feature = "system-alloc"))]
-const RETURN_IDLE_MEMORY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// The hook that gives the memory a runtime worker freed back to the system
-/// as the worker goes idle (tokio's `on_thread_park`, which runs on the
-/// worker itself); `None` when off.
-///
-/// Why: mimalloc keeps freed memory per thread. A block another thread
-/// frees goes to its page's list of remote frees, which only the page's
-/// own thread takes back, when it next allocates from that page; a page
-/// emptied that way stays with its thread. A worker that goes idle after a
-/// burst (200 000 retries parked) never allocates again, so the burst's
-/// freed memory stayed resident. Purging on every free
-/// (`MIMALLOC_PURGE_DELAY=0`) gives it back but cost 20-35 % of 1 KiB
-/// publish throughput. `mi_collect(false)` on the worker takes its remote
-/// frees back, frees its empty pages to the shared arenas, and purges
-/// (`madvise`) what waited there past mimalloc's purge delay (1 s; the next
-/// collect a second later purges what this one freed). At 200 000 parked,
-/// same binary on and off: 182-232 B instead of 232-257 B per held nack,
-/// 227-257 B instead of 338-424 B per `reconsume_later`
-/// (docs/src/parked-retries-memory.md, session 11); what is left over the target is mostly in the heaps of
-/// sled's I/O threads and tokio's blocking pool, which no hook of ours
-/// runs on. `mi_collect` only reaches the calling thread's heap, so no
-/// other thread can do this for the workers. The runtime is built here, so
-/// the hook is the binary's: a program embedding the broker library builds
-/// its own runtime, with its own allocator and policy.
-#[cfg(not(feature = "system-alloc"))]
-fn return_idle_memory(mode: IdleMemory) -> Option<impl Fn() + Send + Sync + 'static> {
-    use std::cell::Cell;
-    use std::time::Instant;
-    thread_local! {
-        /// When this worker last collected.
-        static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
-    }
-    if mode == IdleMemory::Off {
-        return None;
-    }
-    Some(|| {
-        let now = Instant::now();
-        let due = LAST.with(|last| match last.get() {
-            Some(t) if now.duration_since(t) < RETURN_IDLE_MEMORY_EVERY => false,
-            _ => {
-                last.set(Some(now));
-                true
-            }
-        });
-        if due {
-            mi_collect();
-        }
-    })
-}
-
-/// mimalloc's `mi_collect(false)` on the calling thread's heap. (`true`
-/// would also purge at once what is still within its delay and free the
-/// pages mimalloc keeps for reuse; on the workers' park it measured no
-/// better, session 11.)
-#[cfg(not(feature = "system-alloc"))]
-#[allow(unsafe_code)]
-fn mi_collect() {
-    // SAFETY: `mi_collect` takes no pointer and has no precondition: it
-    // works on the calling thread's own heap, and on the shared arenas under
-    // mimalloc's own synchronisation; mimalloc is this program's allocator.
-    unsafe { libmimalloc_sys::mi_collect(false) }
-}
-
-/// The system allocator returns what it frees on its own terms.
-#[cfg(feature = "system-alloc")]
-fn return_idle_memory(_mode: IdleMemory) -> Option<impl Fn() + Send + Sync + 'static> {
-    None::<fn()>
-}
-
 fn main() -> ExitCode {
     // Before anything else: every later fault obeys it.
     ricochet_broker::process::disable_transparent_huge_pages();
@@ -599,10 +463,13 @@ async fn serve(args: Args) -> anyhow::Result<PathBuf> {
     // Flags can make a config invalid (a non-loopback console): say so as
     // such, not as a failure to open the data.
     config.validate()?;
-    let (allocator, purge_delay_ms) = allocator_settings();
+    let a = allocator_settings();
     tracing::info!(
-        allocator,
-        purge_delay_ms,
+        allocator = a.allocator,
+        purge_delay_ms = a.purge_delay_ms,
+        background_thread = a.background_thread,
+        dirty_decay_ms = a.dirty_decay_ms,
+        muzzy_decay_ms = a.muzzy_decay_ms,
         return_idle_memory = ?args.return_idle_memory,
         "memory allocator"
     );

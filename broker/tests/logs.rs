@@ -4,7 +4,8 @@
 //! lines say what the book says, and which allocator settings are in force
 //! (mimalloc's own purge delay by default and with
 //! `--return-idle-memory off`, 0 with `eager`, the environment's
-//! `MIMALLOC_PURGE_DELAY` still winning).
+//! `MIMALLOC_PURGE_DELAY` still winning; built with `jemalloc`, its
+//! background threads and decay times, `_RJEM_MALLOC_CONF` still winning).
 
 #[path = "it/common/mod.rs"]
 mod common;
@@ -152,6 +153,7 @@ async fn broker_output_with(args: &[&str], env: &[(&str, &str)]) -> Vec<String> 
         .env("RUST_LOG", "info")
         .env_remove("MIMALLOC_PURGE_DELAY")
         .env_remove("MIMALLOC_RESET_DELAY")
+        .env_remove("_RJEM_MALLOC_CONF")
         .env_remove("RICOCHET_RETURN_IDLE_MEMORY")
         .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
@@ -537,7 +539,7 @@ async fn allocator_line(args: &[&str], env: &[(&str, &str)]) -> String {
         .expect("the broker logs its allocator at start")
 }
 
-#[cfg(not(feature = "system-alloc"))]
+#[cfg(not(any(feature = "system-alloc", feature = "jemalloc")))]
 #[tokio::test]
 async fn the_purge_delay_is_mimallocs_by_default_zero_when_eager_and_the_environment_still_sets_it()
 {
@@ -561,4 +563,53 @@ async fn the_purge_delay_is_mimallocs_by_default_zero_when_eager_and_the_environ
     // `off` is the allocator's own behaviour: mimalloc's 1 s default.
     let off = allocator_line(&["--return-idle-memory", "off"], &[]).await;
     assert_eq!(field(&off, "purge_delay_ms"), 1000, "{off}");
+}
+
+/// The value of a `true`/`false` field of `line`.
+#[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
+fn flag(line: &str, key: &str) -> bool {
+    let at = line
+        .find(&format!("{key}="))
+        .unwrap_or_else(|| panic!("{key} in {line}"));
+    let value = &line[at + key.len() + 1..];
+    if value.starts_with("true") {
+        true
+    } else if value.starts_with("false") {
+        false
+    } else {
+        panic!("{key} in {line}")
+    }
+}
+
+#[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
+#[tokio::test]
+async fn jemalloc_purges_in_the_background_at_once_when_eager_and_the_environment_wins() {
+    let default = allocator_line(&[], &[]).await;
+    assert!(default.contains("allocator=\"jemalloc\""), "{default}");
+    assert!(flag(&default, "background_thread"), "{default}");
+    assert_eq!(field(&default, "dirty_decay_ms"), 1000, "{default}");
+    assert_eq!(field(&default, "muzzy_decay_ms"), 0, "{default}");
+
+    let eager = allocator_line(&["--return-idle-memory", "eager"], &[]).await;
+    assert!(flag(&eager, "background_thread"), "{eager}");
+    assert_eq!(field(&eager, "dirty_decay_ms"), 0, "{eager}");
+
+    // jemalloc reads the variable itself; `eager` does not override what
+    // it sets, and sets what it does not.
+    let set = allocator_line(
+        &["--return-idle-memory", "eager"],
+        &[(
+            "_RJEM_MALLOC_CONF",
+            "dirty_decay_ms:250,background_thread:false",
+        )],
+    )
+    .await;
+    assert_eq!(field(&set, "dirty_decay_ms"), 250, "{set}");
+    assert!(!flag(&set, "background_thread"), "{set}");
+    assert_eq!(field(&set, "muzzy_decay_ms"), 0, "{set}");
+
+    // `off` is the allocator's own behaviour: no background thread, 10 s.
+    let off = allocator_line(&["--return-idle-memory", "off"], &[]).await;
+    assert!(!flag(&off, "background_thread"), "{off}");
+    assert_eq!(field(&off, "dirty_decay_ms"), 10_000, "{off}");
 }
