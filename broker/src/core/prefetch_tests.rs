@@ -258,14 +258,14 @@ async fn fired_entries_go_out_before_a_pending_ack_round_is_written() {
     c.all_done_keeping(&[rid], &mut again).await;
     again.extend(receive(&mut c, TRIALS - again.len()).await);
     assert!(again.iter().all(|m| m.delivery_count == 1));
-    for i in 0..TRIALS {
+    for (i, acked_msg) in even.iter().enumerate() {
         let (acked, short) = (2 * i as u64, 2 * i as u64 + 1);
         let rid = c.nack_held(&first[short as usize], Duration::from_millis(10));
         assert!(c.done(rid).await.is_ok());
         let due = due_of(&h, &c, short);
         // Woken at the due time, with the scheduler's timer.
         tokio::time::sleep(Duration::from_micros(due * 1000 - h.clock.now_us())).await;
-        let ack = c.ack(&even[i]);
+        let ack = c.ack(acked_msg);
         let again = c.messages().await;
         assert_eq!(again.len(), 1);
         assert_eq!(text(&again[0]), text(&first[short as usize]));
