@@ -238,3 +238,46 @@ async fn a_message_read_ahead_that_never_fires_leaves_the_buffer_by_itself() {
     assert!(h.clock.now_ms() > due + stale);
     assert_eq!(read_ahead(&h, &c).await, 0, "dropped once stale");
 }
+
+/// Entries that fire while acks are queued go out before the acks' round is
+/// written (the actor takes what fired ahead of its queue, see
+/// `FIRED_TURNS_AHEAD`): here an ack is queued in the same timer turn as a
+/// held nack fires, and the acked message's failure record (dropped by the
+/// round's write) is still stored when the fired one arrives. Repeated, as
+/// an unordered choice between the two would pass now and then.
+#[tokio::test(start_paused = true)]
+async fn fired_entries_go_out_before_a_pending_ack_round_is_written() {
+    const TRIALS: usize = 16;
+    let h = harness().await;
+    let (mut c, first) = h.shared_burst(2 * TRIALS, 4 * TRIALS as u32).await;
+    // Even entries: nacked and redelivered at once, so each is in flight
+    // with a failure record that its ack's write drops.
+    let even: Vec<_> = first.iter().step_by(2).cloned().collect();
+    let rid = c.nack_all_held(&even, Duration::ZERO);
+    let mut again = Vec::new();
+    c.all_done_keeping(&[rid], &mut again).await;
+    again.extend(receive(&mut c, TRIALS - again.len()).await);
+    assert!(again.iter().all(|m| m.delivery_count == 1));
+    for (i, acked_msg) in even.iter().enumerate() {
+        let (acked, short) = (2 * i as u64, 2 * i as u64 + 1);
+        let rid = c.nack_held(&first[short as usize], Duration::from_millis(10));
+        assert!(c.done(rid).await.is_ok());
+        let due = due_of(&h, &c, short);
+        // Woken at the due time, with the scheduler's timer.
+        tokio::time::sleep(Duration::from_micros(due * 1000 - h.clock.now_us())).await;
+        let ack = c.ack(acked_msg);
+        let again = c.messages().await;
+        assert_eq!(again.len(), 1);
+        assert_eq!(text(&again[0]), text(&first[short as usize]));
+        let record = TierEntry::main(acked).of(c.handle.id());
+        assert!(
+            h.storage.failure(record, None).unwrap().is_some(),
+            "trial {i}: the ack's round was written before the fired entry went out"
+        );
+        assert!(c.done(ack).await.is_ok());
+        assert!(
+            h.storage.failure(record, None).unwrap().is_none(),
+            "trial {i}: the ack's write drops the record"
+        );
+    }
+}

@@ -103,6 +103,11 @@ pub(crate) const RECONSUMES_PER_COMMAND: usize = 16;
 /// `reconsume_later`s' move (a move to a tier may carry payload copies);
 /// a single larger frame is still taken whole, as before.
 pub(crate) const REDELIVERS_PER_WRITE: usize = COMMANDS_PER_ROUND * RECONSUMES_PER_COMMAND;
+/// Turns in a row the actor may take fired schedule entries ahead of its
+/// command queue (and of a round's acks not yet written): what fired is
+/// dispatched before an ack round's write, yet a steady stream of fires
+/// cannot hold commands and acks back for more than this many turns.
+pub(crate) const FIRED_TURNS_AHEAD: u32 = 4;
 
 /// What every subscription actor shares with the rest of the broker.
 #[derive(Debug, Clone)]
@@ -269,7 +274,33 @@ impl SubscriptionActor {
     ) {
         let mut end = self.topic.watch_end();
         self.resume_topic_replays().await;
+        // Turns taken by fired entries ahead of the queue since a round ran.
+        let mut fired_turns = 0;
         loop {
+            // What fired goes first (its entries are due now), ahead of
+            // queued commands and of a round's acks left unwritten for it,
+            // for a bounded number of turns.
+            if fired_turns < FIRED_TURNS_AHEAD
+                && let Ok(first) = fired.try_recv()
+            {
+                fired_turns += 1;
+                self.take_fired(Some(first), &mut fired);
+                self.after_turn().await;
+                continue;
+            }
+            // Acks deferred for fired entries: written before anything else
+            // (their receipts still only after the write).
+            self.write_acked();
+            // The bound reached: a queued command goes next, whatever fired.
+            if std::mem::take(&mut fired_turns) >= FIRED_TURNS_AHEAD
+                && let Ok(cmd) = rx.try_recv()
+            {
+                if self.round(cmd, &mut rx, &fired).await {
+                    return;
+                }
+                self.after_turn().await;
+                continue;
+            }
             let poison_at = self.key_order_wake();
             let holds_at = self.holds_wake_ms();
             let stale_at = self.deliveries.prefetched.stale_at();
@@ -277,11 +308,14 @@ impl SubscriptionActor {
                 cmd = rx.recv() => {
                     // `None`: every handle is gone.
                     let Some(cmd) = cmd else { break };
-                    if self.round(cmd, &mut rx).await {
+                    if self.round(cmd, &mut rx, &fired).await {
                         return;
                     }
                 }
-                keys = fired.recv() => self.take_fired(keys, &mut fired),
+                keys = fired.recv() => {
+                    fired_turns += 1;
+                    self.take_fired(keys, &mut fired);
+                }
                 changed = end.changed() => {
                     if changed.is_err() { break; }
                 }
@@ -296,20 +330,26 @@ impl SubscriptionActor {
                 () = key_order::sleep_until_ms(&self.deps.clock, holds_at) => self.advance_holds(),
                 () = key_order::sleep_until_ms(&self.deps.clock, stale_at) => self.sweep_prefetched(),
             }
-            self.key_order_tick().await;
-            let sent = self.dispatch();
-            self.prefetch_step();
-            self.watch_blocked();
-            self.persist();
-            self.deliveries.shrink();
-            if sent {
-                // The consumer's stream task, woken by the send, waits in
-                // this worker's LIFO slot (which no other worker steals)
-                // until this task yields: let it write the frame now.
-                tokio::task::yield_now().await;
-            }
+            self.after_turn().await;
         }
         self.deps.scheduler.unregister(self.rec.id, &self.fire_tx);
+    }
+
+    /// What follows each turn of the actor: dispatch, read-ahead,
+    /// persistence.
+    async fn after_turn(&mut self) {
+        self.key_order_tick().await;
+        let sent = self.dispatch();
+        self.prefetch_step();
+        self.watch_blocked();
+        self.persist();
+        self.deliveries.shrink();
+        if sent {
+            // The consumer's stream task, woken by the send, waits in
+            // this worker's LIFO slot (which no other worker steals)
+            // until this task yields: let it write the frame now.
+            tokio::task::yield_now().await;
+        }
     }
 
     /// Handles `first` and whatever else is queued, up to a bound; true when
@@ -318,8 +358,15 @@ impl SubscriptionActor {
     /// requests (nack frames; see [`Self::gathers`]) redelivered by one
     /// write, up to [`REDELIVERS_PER_WRITE`] messages; any other command
     /// first applies what was gathered, so commands still take effect in
-    /// arrival order.
-    async fn round(&mut self, first: Command, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
+    /// arrival order. The round's acks are written at its end, unless
+    /// entries fired meanwhile: then `run` dispatches those first and writes
+    /// the acks before its next wait or command.
+    async fn round(
+        &mut self,
+        first: Command,
+        rx: &mut mpsc::UnboundedReceiver<Command>,
+        fired: &mpsc::UnboundedReceiver<crate::scheduler::Fired>,
+    ) -> bool {
         // Commands waiting behind this one (for the stats' peak).
         self.queue_peak = self.queue_peak.max(rx.len() + 1);
         let mut next = Some(first);
@@ -408,7 +455,9 @@ impl SubscriptionActor {
         }
         self.redeliver_frames(redelivers).await;
         self.reconsume_later(reconsumes).await;
-        self.write_acked();
+        if fired.is_empty() {
+            self.write_acked();
+        }
         drop(admitted);
         false
     }
