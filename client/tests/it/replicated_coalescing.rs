@@ -106,6 +106,16 @@ async fn until_coalescing(c: &Client, t: &str, metrics: SocketAddr, why: &str) -
 
 #[tokio::test]
 async fn a_leader_coalesces_only_while_every_member_registers_the_level() {
+    // The series this test reads are in the book's metrics list (where
+    // the broker's scripted metrics test exempts them: one broker, no
+    // group).
+    let book = include_str!("../../../docs/src/configuration.md");
+    for name in [
+        "ricochet_raft_coalesced_entries_total",
+        "ricochet_raft_coalesced_commands_total",
+    ] {
+        assert!(book.contains(name), "{name} is not documented");
+    }
     let _one = ONE_CLUSTER.lock().await;
     let Some(etcd) = etcd_or_skip("a_leader_coalesces_only_while_every_member").await else {
         return;
@@ -179,5 +189,7 @@ async fn a_leader_coalesces_only_while_every_member_registers_the_level() {
     // The level restored: coalescing resumes within the pass's 10 s.
     put(&etcd, &key, &current).await;
     let resumed = until_coalescing(&c, t, m, "the level restored").await;
-    eprintln!("leader {leader}: stopped coalescing {stopped:?} after {old}'s level 2, resumed {resumed:?} after level 3");
+    eprintln!(
+        "leader {leader}: stopped coalescing {stopped:?} after {old}'s level 2, resumed {resumed:?} after level 3"
+    );
 }

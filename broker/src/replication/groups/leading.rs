@@ -340,8 +340,8 @@ fn unready_with(
     };
     let members = record
         .members
-            .iter()
-            .chain(record.leaving.iter().map(|(b, _)| b))
-            .map(String::as_str);
+        .iter()
+        .chain(record.leaving.iter().map(|(b, _)| b))
+        .map(String::as_str);
     gate::behind(members, levels, needed).map(|b| b.to_string())
 }
