@@ -96,6 +96,14 @@ fn describe() {
     );
     describe_counter!("ricochet_messages_acked_total", "Messages acknowledged.");
     describe_tiered();
+    describe_counter!(
+        "ricochet_raft_coalesced_entries_total",
+        "Raft entries a replicated topic's leader proposed carrying several queued writes at once (coalesced)."
+    );
+    describe_counter!(
+        "ricochet_raft_coalesced_commands_total",
+        "Writes (partition commands) carried by the coalesced Raft entries."
+    );
     describe_gauge!(
         "ricochet_backlog_messages",
         "Messages of the main topic not yet acknowledged by the subscription."
@@ -226,6 +234,32 @@ impl TopicMetrics {
             ),
             quota_refusals: counter!("ricochet_backlog_quota_refusals_total", "topic" => t),
         }
+    }
+}
+
+/// A replicated topic's leader's coalesced Raft entries
+/// (`PartitionCommand::Sequence`): entries proposed and the commands they
+/// carried, labelled by topic.
+#[derive(Debug, Clone)]
+pub struct RaftCounters {
+    entries: Counter,
+    commands: Counter,
+}
+
+impl RaftCounters {
+    /// Handles for `topic`.
+    pub fn new(topic: &str) -> Self {
+        let t = topic.to_owned();
+        Self {
+            entries: counter!("ricochet_raft_coalesced_entries_total", "topic" => t.clone()),
+            commands: counter!("ricochet_raft_coalesced_commands_total", "topic" => t),
+        }
+    }
+
+    /// One coalesced entry carrying `commands` commands was proposed.
+    pub fn coalesced(&self, commands: usize) {
+        self.entries.increment(1);
+        self.commands.increment(commands as u64);
     }
 }
 

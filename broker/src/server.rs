@@ -296,6 +296,12 @@ impl Broker {
                 crate::replication::seal::every(self.core.config.segment_max_age),
                 self.core.shutdown.clone(),
             );
+            // Whether each group's members all apply a coalesced entry,
+            // re-read on its own clock.
+            crate::replication::coalescing::spawn_level_pass(
+                groups.clone(),
+                self.core.shutdown.clone(),
+            );
         }
         if let (Some(groups), Some(t)) = (self.node.groups(), &self.tiered) {
             // The replicated topics this broker leads, by their policies.

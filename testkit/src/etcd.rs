@@ -236,13 +236,26 @@ pub async fn spawn_cluster(
     ttl: Duration,
     base: &SpawnOptions,
 ) -> Vec<ClusterBroker> {
+    spawn_cluster_each(etcd, name, n, root, ttl, base, |_, o| o).await
+}
+
+/// [`spawn_cluster`], broker `i`'s options from `each(i, base)` (its own
+/// metrics address, say).
+pub async fn spawn_cluster_each(
+    etcd: &EtcdProcess,
+    name: &str,
+    n: usize,
+    root: &Path,
+    ttl: Duration,
+    base: &SpawnOptions,
+    each: impl Fn(usize, SpawnOptions) -> SpawnOptions,
+) -> Vec<ClusterBroker> {
     let mut brokers = Vec::with_capacity(n);
     for i in 0..n {
         let addr = free_addr();
         let id = format!("b{i}");
         let dir = root.join(&id);
-        let options = base
-            .clone()
+        let options = each(i, base.clone())
             .listen(addr)
             .start_timeout(Duration::from_secs(60))
             .args([

@@ -29,7 +29,7 @@ pub mod raw;
 pub mod wire;
 
 pub use clock::{now_ms, now_us};
-pub use etcd::{ClusterBroker, EtcdProcess, etcd_or_skip, spawn_cluster};
+pub use etcd::{ClusterBroker, EtcdProcess, etcd_or_skip, spawn_cluster, spawn_cluster_each};
 pub use fake_cluster::{FakeAnswer, FakeCluster};
 pub use fault_proxy::{Direction, FaultProxy};
 pub use history::{History, Place, Violation};

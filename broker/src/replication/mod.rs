@@ -24,6 +24,7 @@
 
 mod append_view;
 mod apply;
+pub mod coalescing;
 pub mod factor;
 pub mod gate;
 pub mod groups;

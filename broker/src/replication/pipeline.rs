@@ -97,6 +97,8 @@ pub(super) struct Pipeline {
     poisoned: Arc<AtomicBool>,
     /// Every member applies a `Sequence`: queued commands may be coalesced.
     coalesce: Arc<AtomicBool>,
+    /// The coalesced entries' counters, once named ([`Pipeline::count_as`]).
+    counters: std::sync::OnceLock<crate::metrics::RaftCounters>,
     queue: Mutex<Option<Queue>>,
     progress: watch::Sender<Progress>,
 }
@@ -120,6 +122,7 @@ impl Pipeline {
             timeout,
             poisoned,
             coalesce: Arc::default(),
+            counters: std::sync::OnceLock::new(),
             queue: Mutex::new(None),
             progress: watch::Sender::new(Progress::default()),
         }
@@ -153,9 +156,15 @@ impl Pipeline {
 
     /// Whether queued commands may be coalesced into one entry (every
     /// member of the group advertises [`super::gate::COALESCED`]); off
-    /// until set.
-    pub(super) fn set_coalescing(&self, on: bool) {
-        self.coalesce.store(on, Ordering::Release);
+    /// until set. Returns the previous setting.
+    pub(super) fn set_coalescing(&self, on: bool) -> bool {
+        self.coalesce.swap(on, Ordering::AcqRel)
+    }
+
+    /// Counts this queue's coalesced entries in `topic`'s series (see
+    /// [`crate::metrics::RaftCounters`]); the first call wins.
+    pub(super) fn count_as(&self, topic: &str) {
+        let _ = self.counters.set(crate::metrics::RaftCounters::new(topic));
     }
 
     fn queue(
@@ -201,6 +210,7 @@ impl Pipeline {
             timeout: self.timeout,
             poisoned: self.poisoned.clone(),
             coalesce: self.coalesce.clone(),
+            counters: self.counters.get().cloned(),
             progress: self.progress.clone(),
         };
         handle.spawn(task.run(rx));
@@ -252,6 +262,7 @@ struct Proposer {
     timeout: Duration,
     poisoned: Arc<AtomicBool>,
     coalesce: Arc<AtomicBool>,
+    counters: Option<crate::metrics::RaftCounters>,
     progress: watch::Sender<Progress>,
 }
 
@@ -368,9 +379,15 @@ impl Proposer {
                 }
             }
         };
+        let carried = commands.len();
         drop(commands);
         match self.partition.node().submit(entry).await {
             Ok(reply) => {
+                if carried > 1
+                    && let Some(c) = &self.counters
+                {
+                    c.coalesced(carried);
+                }
                 let timeout = self.timeout;
                 in_flight.push_back(Box::pin(async move {
                     (waiters, tokio::time::timeout(timeout, reply).await)

@@ -12,8 +12,8 @@
 //! proposes the seal while a member of the group does not advertise that
 //! it applies it ([`super::gate`]: a rolling upgrade); the segment then
 //! stays active, and the leader logs once which member holds it back.
-//! The same pass re-reads, every [`LEVELS_EVERY`], whether each group's
-//! members all apply a coalesced entry (`ReplicatedStorage::set_coalescing`).
+//! (Whether a group's members all apply a coalesced entry is re-read on
+//! its own clock: [`super::coalescing`].)
 
 use super::gate;
 use super::groups::Groups;
@@ -24,9 +24,6 @@ use tokio_util::sync::CancellationToken;
 
 /// At most one WARN about a failing seal this often.
 const WARN_EVERY: Duration = Duration::from_secs(30);
-
-/// How often the pass re-reads the members' levels for coalescing.
-const LEVELS_EVERY: Duration = Duration::from_secs(10);
 
 /// How often the leader's pass looks for segments to seal: a tenth of
 /// `segment_max_age`, between 100 ms and a minute (a replicated topic's
@@ -63,20 +60,10 @@ pub async fn seal_if_due(
 pub fn spawn_seal_pass(groups: Arc<Groups>, every: Duration, stop: CancellationToken) {
     tokio::spawn(async move {
         let mut warned: Option<Instant> = None;
-        let mut levels_read: Option<Instant> = None;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(every) => {}
                 _ = stop.cancelled() => break,
-            }
-            // Whether each group's members (still) all apply a coalesced
-            // entry: a member may have been replaced by an older build.
-            if levels_read.is_none_or(|r| r.elapsed() >= LEVELS_EVERY) {
-                levels_read = Some(Instant::now());
-                for (topic, storage) in groups.served() {
-                    let ready = groups.unready_for(&topic, gate::COALESCED).await;
-                    storage.set_coalescing(ready.is_none());
-                }
             }
             for (topic, storage) in groups.served() {
                 if let Err(e) = seal_if_due(&topic, &storage, &groups).await

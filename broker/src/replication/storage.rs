@@ -130,9 +130,18 @@ impl ReplicatedStorage {
 
     /// Whether writes queued together may be proposed as one coalesced
     /// entry (`PartitionCommand::Sequence`): only while every member of the
-    /// group advertises [`super::gate::COALESCED`]; off until set.
-    pub fn set_coalescing(&self, on: bool) {
-        self.pipeline.set_coalescing(on);
+    /// group advertises [`super::gate::COALESCED`]; off until set. Returns
+    /// the previous setting.
+    pub fn set_coalescing(&self, on: bool) -> bool {
+        self.pipeline.set_coalescing(on)
+    }
+
+    /// Counts the coalesced entries this storage's write queue proposes in
+    /// `topic`'s series (`ricochet_raft_coalesced_entries_total` and
+    /// `ricochet_raft_coalesced_commands_total`); set before the first
+    /// write (the queue's task takes the counters when it starts).
+    pub fn count_as(&self, topic: &str) {
+        self.pipeline.count_as(topic);
     }
 
     /// Refuses every later write (this broker stopped leading the group).

@@ -23,6 +23,7 @@ mod producer_resend;
 mod receipts;
 mod reconnect;
 mod replicated;
+mod replicated_coalescing;
 mod replicated_members;
 mod replicated_moves;
 mod replicated_offload;

@@ -24,7 +24,7 @@ use super::replicated_trim::{segments, trickle};
 
 /// Writes `value` at `key` (no lease: the broker's next refresh of its
 /// registration puts it back under its lease).
-async fn put(etcd: &ricochet_testkit::EtcdProcess, key: &str, value: &str) {
+pub(crate) async fn put(etcd: &ricochet_testkit::EtcdProcess, key: &str, value: &str) {
     etcd.kv()
         .await
         .put(ricochet_cluster::proto::PutRequest {

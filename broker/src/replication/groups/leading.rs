@@ -145,11 +145,12 @@ impl Groups {
         if let Some(rt) = self.runtime.handle() {
             storage = storage.with_raft_runtime(rt);
         }
+        storage.count_as(name.as_str());
         self.core
             .open_replicated(&name, Arc::new(storage.clone()), record.replicas)
             .await?;
         // Coalesced entries only once every member is known to apply them
-        // (re-checked by the seal pass, `seal::spawn_seal_pass`).
+        // (re-checked every 10 s: `coalescing::spawn_level_pass`).
         let coalesce = self.unready_in(record, gate::COALESCED).await.is_none();
         storage.set_coalescing(coalesce);
         crate::util::lock(&self.serving).insert(topic.to_owned(), storage);
@@ -263,16 +264,44 @@ impl Groups {
 
     /// [`Groups::unready_for`] the group of `record`.
     async fn unready_in(&self, record: &GroupRecord, needed: u32) -> Option<String> {
-        let levels = match self.cluster.group_commands().await {
-            Ok(l) => l,
-            Err(e) => return Some(format!("cannot read the members' registrations: {e}")),
+        let levels = self.cluster.group_commands().await;
+        unready_with(record, &levels, needed)
+    }
+
+    /// Sets, for every replicated topic served here, whether its write
+    /// queue may coalesce (every member of its group advertises
+    /// [`gate::COALESCED`]), from one read of the registrations for all;
+    /// a change is logged (see [`super::super::coalescing`]).
+    pub async fn recheck_coalescing(&self) {
+        let served = self.served();
+        if served.is_empty() {
+            return;
+        }
+        let levels = self.cluster.group_commands().await;
+        let records: Vec<Option<GroupRecord>> = {
+            let started = self.started.lock().await;
+            served
+                .iter()
+                .map(|(t, _)| started.get(t).map(|m| m.record.clone()))
+                .collect()
         };
-        let members = record
-            .members
-            .iter()
-            .chain(record.leaving.iter().map(|(b, _)| b))
-            .map(String::as_str);
-        super::super::gate::behind(members, &levels, needed).map(|b| b.to_string())
+        for ((topic, storage), record) in served.into_iter().zip(records) {
+            let unready = match record {
+                Some(r) => unready_with(&r, &levels, gate::COALESCED),
+                None => Some("this broker holds no member of the group".to_owned()),
+            };
+            let on = unready.is_none();
+            if storage.set_coalescing(on) != on {
+                match unready {
+                    Some(why) => {
+                        tracing::warn!(%topic, reason = %why, "replicated topic: its leader stops coalescing writes into one entry until every member advertises the level");
+                    }
+                    None => {
+                        tracing::info!(%topic, "replicated topic: every member advertises the coalesced entry again; its leader coalesces queued writes");
+                    }
+                }
+            }
+        }
     }
 
     /// Whether `topic`'s leader may propose a command of level `needed`
@@ -294,4 +323,25 @@ impl Groups {
         }
         proposes
     }
+}
+
+/// Why a command of level `needed` may not be proposed to the group of
+/// `record` given the registrations `levels` (the first member, or member
+/// being moved out, not advertising it; or the registrations could not be
+/// read); `None`: it may.
+fn unready_with(
+    record: &GroupRecord,
+    levels: &ricochet_cluster::Result<Vec<(String, u32)>>,
+    needed: u32,
+) -> Option<String> {
+    let levels = match levels {
+        Ok(l) => l,
+        Err(e) => return Some(format!("cannot read the members' registrations: {e}")),
+    };
+    let members = record
+        .members
+        .iter()
+        .chain(record.leaving.iter().map(|(b, _)| b))
+        .map(String::as_str);
+    gate::behind(members, levels, needed).map(|b| b.to_string())
 }
