@@ -66,8 +66,16 @@ mod backend {
         if !environment_sets("background_thread") {
             let _ = tikv_jemalloc_ctl::background_thread::write(true);
         }
+        let (background_thread, dirty, muzzy) = settings();
         format!(
-            "allocator jemalloc background_thread={:?} dirty_decay_ms={:?} muzzy_decay_ms={:?}",
+            "allocator jemalloc background_thread={background_thread:?} dirty_decay_ms={dirty:?} muzzy_decay_ms={muzzy:?}"
+        )
+    }
+
+    /// jemalloc's background threads and arena 0's dirty and muzzy decays,
+    /// read back.
+    pub(super) fn settings() -> (Option<bool>, Option<isize>, Option<isize>) {
+        (
             tikv_jemalloc_ctl::background_thread::read().ok(),
             read_decay(b"arena.0.dirty_decay_ms\0"),
             read_decay(b"arena.0.muzzy_decay_ms\0"),
@@ -95,5 +103,25 @@ mod backend {
     fn read_decay(name: &[u8]) -> Option<isize> {
         // SAFETY: reads an `ssize_t` option by a NUL-terminated name.
         unsafe { raw::read::<isize>(name) }.ok()
+    }
+}
+
+#[cfg(all(test, feature = "jemalloc"))]
+mod tests {
+    /// `configure` leaves jemalloc as the broker binary's `on` leaves it:
+    /// background threads on, dirty decay 1000 ms (jemalloc's own: off and
+    /// 10 000 ms), muzzy 0. (Run without `_RJEM_MALLOC_CONF`, which would
+    /// win.)
+    #[test]
+    fn configure_sets_the_binarys_jemalloc_settings() {
+        if std::env::var_os("_RJEM_MALLOC_CONF").is_some() {
+            println!("skipped: _RJEM_MALLOC_CONF is set");
+            return;
+        }
+        super::configure();
+        assert_eq!(
+            super::backend::settings(),
+            (Some(true), Some(1000), Some(0))
+        );
     }
 }
