@@ -21,7 +21,7 @@ use tonic::transport::Channel;
 
 // The same allocator as the broker binary (and its huge pages off: `main`).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: ricochet_benches::allocator::Global = ricochet_benches::allocator::GLOBAL;
 
 const PRODUCERS: usize = 4;
 const BATCH: usize = 100;
@@ -183,6 +183,7 @@ async fn run(mode: Durability, messages: usize) {
 fn main() {
     // As the broker binary does at start (transparent huge pages off).
     ricochet_broker::process::disable_transparent_huge_pages();
+    eprintln!("{}", ricochet_benches::allocator::configure());
     // `cargo bench` passes `--bench`; nothing else to parse.
     let messages: usize = std::env::var("RICOCHET_BENCH_MESSAGES")
         .ok()

@@ -55,9 +55,9 @@ use ricochet_broker::Durability;
 use ricochet_client::{Client, Consumer, InitialPosition, Message, SubscriptionType};
 use ricochet_testkit::InProcessBroker;
 
-// The same allocator as the broker binary.
+// The same allocator as the broker binary (jemalloc with the feature).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: ricochet_benches::allocator::Global = ricochet_benches::allocator::GLOBAL;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -101,6 +101,7 @@ impl Variant {
 fn main() -> Result<(), BoxError> {
     // As the broker binary does at start (every later fault obeys it).
     ricochet_broker::process::disable_transparent_huge_pages();
+    eprintln!("{}", ricochet_benches::allocator::configure());
     if std::env::var_os("BURSTS_TRACE").is_some() {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("ricochet::burst=trace"));

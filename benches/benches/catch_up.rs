@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: ricochet_benches::allocator::Global = ricochet_benches::allocator::GLOBAL;
 
 const BATCH: u64 = 64;
 const PAYLOAD: usize = 16 << 10;
@@ -116,6 +116,7 @@ fn has_snap(dir: &Path) -> bool {
 fn main() {
     // As the broker binary does at start (mimalloc would ask for huge pages).
     ricochet_broker::process::disable_transparent_huge_pages();
+    eprintln!("{}", ricochet_benches::allocator::configure());
     let mib: u64 = std::env::var("RICOCHET_BENCH_MIB")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -39,9 +39,9 @@ use ricochet_client::tracker::DelayTracker;
 use ricochet_client::{Client, InitialPosition, SubscriptionType};
 use ricochet_testkit::InProcessBroker;
 
-// The same allocator as the broker binary.
+// The same allocator as the broker binary (jemalloc with the feature).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: ricochet_benches::allocator::Global = ricochet_benches::allocator::GLOBAL;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -52,6 +52,7 @@ fn quick() -> bool {
 fn main() -> Result<(), BoxError> {
     // As the broker binary does at start (every later fault obeys it).
     ricochet_broker::process::disable_transparent_huge_pages();
+    eprintln!("{}", ricochet_benches::allocator::configure());
     // Criterion-style filters may be passed by `cargo bench`; ignore them.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

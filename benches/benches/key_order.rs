@@ -33,7 +33,7 @@ use ricochet_testkit::InProcessBroker;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: ricochet_benches::allocator::Global = ricochet_benches::allocator::GLOBAL;
 
 /// This process's resident set (`VmRSS`), in bytes.
 fn rss() -> u64 {
@@ -57,6 +57,7 @@ fn env_usize(name: &str, default: usize) -> usize {
 fn main() -> Result<(), BoxError> {
     // As the broker binary does at start (mimalloc would ask for huge pages).
     ricochet_broker::process::disable_transparent_huge_pages();
+    eprintln!("{}", ricochet_benches::allocator::configure());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

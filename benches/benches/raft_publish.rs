@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: ricochet_benches::allocator::Global = ricochet_benches::allocator::GLOBAL;
 
 const BATCH: u64 = 100;
 const IN_FLIGHT: usize = 16;
@@ -143,6 +143,7 @@ async fn run_store(messages: u64) -> f64 {
 fn main() {
     // As the broker binary does at start (mimalloc would ask for huge pages).
     ricochet_broker::process::disable_transparent_huge_pages();
+    eprintln!("{}", ricochet_benches::allocator::configure());
     let messages: u64 = std::env::var("RICOCHET_BENCH_MESSAGES")
         .ok()
         .and_then(|v| v.parse().ok())

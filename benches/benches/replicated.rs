@@ -44,7 +44,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: ricochet_benches::allocator::Global = ricochet_benches::allocator::GLOBAL;
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -196,6 +196,7 @@ async fn figures(c: &Client, topic: &str, s: &Setup) -> Figures {
 async fn main() {
     // As the broker binary does at start (mimalloc would ask for huge pages).
     ricochet_broker::process::disable_transparent_huge_pages();
+    eprintln!("{}", ricochet_benches::allocator::configure());
     if std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())

@@ -74,9 +74,9 @@ use crate::redeliver_loop::{Fail, redeliver_loop};
 use crate::scheduler::scheduler_lateness;
 use crate::short::short_delay_lateness;
 
-// The same allocator as the broker binary.
+// The same allocator as the broker binary (jemalloc with the feature).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: ricochet_benches::allocator::Global = ricochet_benches::allocator::GLOBAL;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -98,6 +98,7 @@ fn quick() -> bool {
 fn main() -> Result<(), BoxError> {
     // As the broker binary does at start (mimalloc would ask for huge pages).
     ricochet_broker::process::disable_transparent_huge_pages();
+    eprintln!("{}", ricochet_benches::allocator::configure());
     // Criterion-style filters may be passed by `cargo bench`; ignore them.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
