@@ -95,6 +95,31 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// A cursor at the start of `buf`, past the head of a one-variant map
+    /// whose variant is `name` (serde's encoding of an enum variant);
+    /// `None` when `buf` does not start so.
+    fn variant(buf: &'a [u8], name: &str) -> Option<Self> {
+        let mut c = Cursor { buf, at: 0 };
+        (c.head()? == Head::Map(1) && c.text()? == name).then_some(c)
+    }
+
+    /// An array of byte strings, as slices of the buffer.
+    fn byte_strings(&mut self) -> Option<Vec<&'a [u8]>> {
+        let Head::Array(n) = self.head()? else {
+            return None;
+        };
+        // Each one takes at least its head's byte: a count beyond what is
+        // left is not believed.
+        let mut list = Vec::with_capacity(n.min(self.buf.len() - self.at));
+        for _ in 0..n {
+            let Head::Bytes(len) = self.head()? else {
+                return None;
+            };
+            list.push(self.take(len)?);
+        }
+        Some(list)
+    }
+
     fn uint(&mut self) -> Option<u64> {
         match self.head()? {
             Head::Uint(v) => Some(v),
@@ -118,13 +143,7 @@ impl<'a> AppendView<'a> {
     /// when the bytes are not one in the form the broker writes (decode
     /// them as a `PartitionCommand` then).
     pub fn parse(command: &'a [u8]) -> Option<Self> {
-        let mut c = Cursor {
-            buf: command,
-            at: 0,
-        };
-        if c.head()? != Head::Map(1) || c.text()? != "Append" {
-            return None;
-        }
+        let mut c = Cursor::variant(command, "Append")?;
         let Head::Map(fields) = c.head()? else {
             return None;
         };
@@ -136,21 +155,7 @@ impl<'a> AppendView<'a> {
             match c.text()? {
                 "topic" if topic.is_none() => topic = Some(c.text()?),
                 "first_id" if first_id.is_none() => first_id = Some(c.uint()?),
-                "entries" if entries.is_none() => {
-                    let Head::Array(n) = c.head()? else {
-                        return None;
-                    };
-                    // Each entry takes at least its head's byte: a count
-                    // beyond what is left is not believed.
-                    let mut list = Vec::with_capacity(n.min(c.buf.len() - c.at));
-                    for _ in 0..n {
-                        let Head::Bytes(len) = c.head()? else {
-                            return None;
-                        };
-                        list.push(c.take(len)?);
-                    }
-                    entries = Some(list);
-                }
+                "entries" if entries.is_none() => entries = Some(c.byte_strings()?),
                 "producer" if producer.is_none() => {
                     producer = Some(match c.head()? {
                         Head::Null => None,
@@ -180,23 +185,8 @@ impl<'a> AppendView<'a> {
 ///
 /// [`PartitionCommand::Sequence`]: super::PartitionCommand::Sequence
 pub(crate) fn sequence(command: &[u8]) -> Option<Vec<&[u8]>> {
-    let mut c = Cursor {
-        buf: command,
-        at: 0,
-    };
-    if c.head()? != Head::Map(1) || c.text()? != "Sequence" {
-        return None;
-    }
-    let Head::Array(n) = c.head()? else {
-        return None;
-    };
-    let mut list = Vec::with_capacity(n.min(c.buf.len() - c.at));
-    for _ in 0..n {
-        let Head::Bytes(len) = c.head()? else {
-            return None;
-        };
-        list.push(c.take(len)?);
-    }
+    let mut c = Cursor::variant(command, "Sequence")?;
+    let list = c.byte_strings()?;
     (c.at == command.len()).then_some(list)
 }
 
