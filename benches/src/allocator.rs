@@ -37,35 +37,20 @@ mod backend {
     }
 }
 
+/// The broker binary's own tuning code, this very file of the broker crate
+/// (its allocator module is the binary's, not the library's).
+/// (`eager`'s decay is the binary's only.)
+#[cfg(feature = "jemalloc")]
+#[path = "../../broker/src/jemalloc_tuning.rs"]
+#[allow(dead_code)]
+mod jemalloc_tuning;
+
 #[cfg(feature = "jemalloc")]
 mod backend {
-    use tikv_jemalloc_ctl::raw;
-
-    /// The variable jemalloc reads its options from (`tikv-jemalloc-sys`
-    /// builds it with the `_rjem_` prefix).
-    const CONF_ENV: &str = "_RJEM_MALLOC_CONF";
-
-    /// The broker binary's `DIRTY_DECAY_MS_ON` and `MUZZY_DECAY_MS`.
-    const DIRTY_DECAY_MS: isize = 1000;
-    const MUZZY_DECAY_MS: isize = 0;
-
-    fn environment_sets(option: &str) -> bool {
-        std::env::var(CONF_ENV).is_ok_and(|conf| {
-            conf.split(',')
-                .any(|kv| kv.split(':').next().map(str::trim) == Some(option))
-        })
-    }
+    use super::jemalloc_tuning as tuning;
 
     pub(super) fn configure() -> String {
-        if !environment_sets("dirty_decay_ms") {
-            set_decay("dirty", DIRTY_DECAY_MS);
-        }
-        if !environment_sets("muzzy_decay_ms") {
-            set_decay("muzzy", MUZZY_DECAY_MS);
-        }
-        if !environment_sets("background_thread") {
-            let _ = tikv_jemalloc_ctl::background_thread::write(true);
-        }
+        tuning::apply(tuning::DIRTY_DECAY_MS_ON);
         let (background_thread, dirty, muzzy) = settings();
         format!(
             "allocator jemalloc background_thread={background_thread:?} dirty_decay_ms={dirty:?} muzzy_decay_ms={muzzy:?}"
@@ -75,34 +60,7 @@ mod backend {
     /// jemalloc's background threads and arena 0's dirty and muzzy decays,
     /// read back.
     pub(super) fn settings() -> (Option<bool>, Option<isize>, Option<isize>) {
-        (
-            tikv_jemalloc_ctl::background_thread::read().ok(),
-            read_decay(b"arena.0.dirty_decay_ms\0"),
-            read_decay(b"arena.0.muzzy_decay_ms\0"),
-        )
-    }
-
-    /// Sets the `kind` decay of the arenas created from now on and of
-    /// those that exist.
-    #[allow(unsafe_code)]
-    fn set_decay(kind: &str, ms: isize) {
-        let default = format!("arenas.{kind}_decay_ms\0");
-        // SAFETY: the option is an `ssize_t`, written as one; the name is
-        // NUL-terminated.
-        let _ = unsafe { raw::write(default.as_bytes(), ms) };
-        let arenas = tikv_jemalloc_ctl::arenas::narenas::read().unwrap_or(1);
-        for i in 0..arenas {
-            let name = format!("arena.{i}.{kind}_decay_ms\0");
-            // SAFETY: as above; an arena not created yet answers EFAULT and
-            // gets the default set above when it is.
-            let _ = unsafe { raw::write(name.as_bytes(), ms) };
-        }
-    }
-
-    #[allow(unsafe_code)]
-    fn read_decay(name: &[u8]) -> Option<isize> {
-        // SAFETY: reads an `ssize_t` option by a NUL-terminated name.
-        unsafe { raw::read::<isize>(name) }.ok()
+        tuning::settings()
     }
 }
 

@@ -169,88 +169,31 @@ mod backend {
 #[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
 mod backend {
     use super::{IdleMemory, Settings};
-    use tikv_jemalloc_ctl::raw;
+    use crate::jemalloc_tuning::{self as tuning, DIRTY_DECAY_MS_EAGER, DIRTY_DECAY_MS_ON};
 
     #[global_allocator]
     static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-    /// The variable jemalloc reads its options from (`tikv-jemalloc-sys`
-    /// builds it with the `_rjem_` prefix): an option it names is left as
-    /// it says.
-    const CONF_ENV: &str = "_RJEM_MALLOC_CONF";
-
-    /// The dirty decay of `--return-idle-memory on`: a page freed to an
-    /// arena is given back to the system (`madvise(MADV_DONTNEED)`) by a
-    /// background thread over about this long, whichever thread freed it
-    /// (jemalloc's own default: 10 s, and no background thread).
-    const DIRTY_DECAY_MS_ON: isize = 1000;
-
-    /// The dirty decay of `eager`: every page goes back as it is freed.
-    const DIRTY_DECAY_MS_EAGER: isize = 0;
-
-    /// The muzzy decay (pages given back lazily, `MADV_FREE`): 0, jemalloc's
-    /// own default on Linux, so dirty pages are purged outright.
-    const MUZZY_DECAY_MS: isize = 0;
-
-    /// Whether `_RJEM_MALLOC_CONF` sets `option`.
-    fn environment_sets(option: &str) -> bool {
-        std::env::var(CONF_ENV).is_ok_and(|conf| {
-            conf.split(',')
-                .any(|kv| kv.split(':').next().map(str::trim) == Some(option))
-        })
-    }
 
     /// Sets the allocator's defaults for `mode`, before the runtime starts:
     /// with `on`, background purging threads and a dirty decay of
     /// [`DIRTY_DECAY_MS_ON`]; with `eager`, of [`DIRTY_DECAY_MS_EAGER`];
     /// with `off`, jemalloc's own. What `_RJEM_MALLOC_CONF` sets is kept.
     pub(crate) fn set_allocator_defaults(mode: IdleMemory) {
-        let dirty = match mode {
-            IdleMemory::Off => return,
-            IdleMemory::On => DIRTY_DECAY_MS_ON,
-            IdleMemory::Eager => DIRTY_DECAY_MS_EAGER,
-        };
-        if !environment_sets("dirty_decay_ms") {
-            set_decay("dirty", dirty);
-        }
-        if !environment_sets("muzzy_decay_ms") {
-            set_decay("muzzy", MUZZY_DECAY_MS);
-        }
-        if !environment_sets("background_thread") {
-            // A failure (a platform without them) leaves purging to the
-            // threads that allocate, which is only slower to give back.
-            let _ = tikv_jemalloc_ctl::background_thread::write(true);
-        }
-    }
-
-    /// Sets the `kind` (`dirty` or `muzzy`) decay of the arenas created
-    /// from now on and of those that exist (arena 0 at least: jemalloc
-    /// creates the others as threads first allocate).
-    #[allow(unsafe_code)]
-    fn set_decay(kind: &str, ms: isize) {
-        let default = format!("arenas.{kind}_decay_ms\0");
-        // SAFETY: the option is an `ssize_t`, written as one; the name is
-        // NUL-terminated.
-        let _ = unsafe { raw::write(default.as_bytes(), ms) };
-        let arenas = tikv_jemalloc_ctl::arenas::narenas::read().unwrap_or(1);
-        for i in 0..arenas {
-            let name = format!("arena.{i}.{kind}_decay_ms\0");
-            // SAFETY: as above. An arena not created yet answers EFAULT
-            // and gets the default set above when it is.
-            let _ = unsafe { raw::write(name.as_bytes(), ms) };
+        match mode {
+            IdleMemory::Off => {}
+            IdleMemory::On => tuning::apply(DIRTY_DECAY_MS_ON),
+            IdleMemory::Eager => tuning::apply(DIRTY_DECAY_MS_EAGER),
         }
     }
 
     /// The allocator's settings, for the start log line.
-    #[allow(unsafe_code)]
     pub(crate) fn allocator_settings() -> Settings {
-        // SAFETY: reads `ssize_t` options by NUL-terminated names.
-        let decay = |name: &[u8]| unsafe { raw::read::<isize>(name) }.ok().map(|v| v as i64);
+        let (background_thread, dirty, muzzy) = tuning::settings();
         Settings {
             allocator: "jemalloc",
-            background_thread: tikv_jemalloc_ctl::background_thread::read().ok(),
-            dirty_decay_ms: decay(b"arena.0.dirty_decay_ms\0"),
-            muzzy_decay_ms: decay(b"arena.0.muzzy_decay_ms\0"),
+            background_thread,
+            dirty_decay_ms: dirty.map(|v| v as i64),
+            muzzy_decay_ms: muzzy.map(|v| v as i64),
             ..Settings::default()
         }
     }

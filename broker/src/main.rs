@@ -14,6 +14,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod allocator;
+#[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
+mod jemalloc_tuning;
 use allocator::{IdleMemory, allocator_settings, return_idle_memory, set_allocator_defaults};
 
 /// The Ricochet message broker.
