@@ -100,15 +100,37 @@ fn append(group: &str, leader: u64, term: u64) -> RaftRequest {
 /// `me` in term 0 made with `role`'s token: refused by Raft (a lower
 /// term), it answers the receiver's own vote and changes nothing.
 async fn term_of(raw: &mut ReplicationClient<Channel>, group: &str, me: u64, role: &str) -> u64 {
+    probed_term(raw, group, me, |r| with_token(r, role)).await
+}
+
+/// The term broker `raw` is in for `group`, asked with a term-0 vote of
+/// node `me` (a request `dress` adds the caller's identity to). A member
+/// starts its replica when it next reads the group records (every
+/// 500 ms), so a follower the leader did not need for its majority may
+/// not host the group yet: NOT_FOUND for it is asked again, for up to
+/// 30 s; anything else fails the test.
+async fn probed_term(
+    raw: &mut ReplicationClient<Channel>,
+    group: &str,
+    me: u64,
+    dress: impl Fn(RaftRequest) -> tonic::Request<RaftRequest>,
+) -> u64 {
     let probe = VoteRequest::<u64>::new(Vote::new(0, me), None);
-    let reply = raw
-        .vote(with_token(
-            request(group, me, encode(&probe).unwrap()),
-            role,
-        ))
-        .await
-        .expect("a broker's own token speaking for its own node is let through")
-        .into_inner();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let reply = loop {
+        match raw
+            .vote(dress(request(group, me, encode(&probe).unwrap())))
+            .await
+        {
+            Ok(reply) => break reply.into_inner(),
+            Err(e) if e.code() == tonic::Code::NotFound && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                panic!("a broker's own identity speaking for its own node is let through: {e:?}")
+            }
+        }
+    };
     assert!(reply.error.is_empty(), "the probe vote is answered");
     let resp: VoteResponse<u64> = decode(&reply.body).unwrap();
     assert!(!resp.vote_granted, "a term-0 vote is never granted");
@@ -453,15 +475,7 @@ async fn a_broker_whose_certificate_names_its_role_speaks_raft_only_for_itself()
     let third_role = format!("broker-{third}");
     let follower_url = &brokers[(victim + 1) % 3].1;
     let mut as_third = f.replication(follower_url, &third_role).await;
-    let probe = |me: u64| {
-        let v = VoteRequest::<u64>::new(Vote::new(0, me), None);
-        tonic::Request::new(request(&group, me, encode(&v).unwrap()))
-    };
-    let term = |reply: ricochet_replication::proto::RaftReply| {
-        let resp: VoteResponse<u64> = decode(&reply.body).unwrap();
-        resp.vote.leader_id().term
-    };
-    let before = term(as_third.vote(probe(third_node)).await.unwrap().into_inner());
+    let before = probed_term(&mut as_third, &group, third_node, tonic::Request::new).await;
     let forged = before + 1_000;
     let denied = |e: tonic::Status, role: &str| refused_for(e, role, &first);
     let e = as_third
@@ -480,7 +494,7 @@ async fn a_broker_whose_certificate_names_its_role_speaks_raft_only_for_itself()
         .await
         .unwrap_err();
     denied(e, "admin");
-    let after = term(as_third.vote(probe(third_node)).await.unwrap().into_inner());
+    let after = probed_term(&mut as_third, &group, third_node, tonic::Request::new).await;
     println!("peerid (certificates): term {before} before and {after} after (forged {forged})");
     assert!(after < forged && after - before < 10, "{before} -> {after}");
     assert_eq!(settled_leader(&c, t, &ids).await, first);
