@@ -445,6 +445,15 @@ fn a_parked_reconsume_later_costs_a_few_bytes_of_tier_frame() {
     );
     let report = sled.verify();
     assert_eq!(report.problem_count, 0, "{:?}", report.problems);
+    // The same in the layouts before, for comparison.
+    sled.rewrite_in_old_layouts(LIVE_RETRY);
+    let (frames, index, chunks) = sled.stored_bytes(LIVE_RETRY);
+    println!(
+        "the same in the layouts before: tier frames {:.1} B, reference index {:.1} B, schedule chunks {:.1} B",
+        per(frames),
+        per(index),
+        per(chunks)
+    );
 }
 
 /// A store written before the compact layouts (plain frames of full
