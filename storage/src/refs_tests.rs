@@ -315,3 +315,202 @@ fn a_move_of_references_is_one_frame_and_one_index_key_trimmed_in_part() {
     let report = f.sled.verify();
     assert_eq!(report.problem_count, 0, "{:?}", report.problems);
 }
+
+/// What a parked `reconsume_later` costs in sled, as the live bench parks
+/// them: 1 024 messages of 100 B retried in one move for 1 h, due a few
+/// ms apart, each with the broker's record of one attempt. Prints the
+/// bytes per parked retry of the tier's frames, the reference index and
+/// the schedule's chunks; the frames hold a few bytes per reference
+/// (`sled_store::ref_frame`), not the reference's ~60-byte record.
+#[test]
+fn a_parked_reconsume_later_costs_a_few_bytes_of_tier_frame() {
+    const LIVE: &str = "persistent://public/default/live";
+    const LIVE_RETRY: &str = "persistent://public/default/live-s-RETRY";
+    const N: u64 = 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = segments::LogSettings {
+        segment_entries: 16_384,
+        max_bytes: 64 << 20,
+        max_age: std::time::Duration::from_secs(3600),
+    };
+    let sled = Arc::new(SledStorage::open(dir.path(), 16_384, 8 << 20).unwrap());
+    let store = LogStorage::with(
+        sled.clone(),
+        segments::SegmentLog::open(dir.path(), settings, true).unwrap(),
+    )
+    .unwrap();
+    for (name, kind) in [(LIVE, TopicKind::Normal), (LIVE_RETRY, TopicKind::Retry)] {
+        store
+            .put_topic(&TopicRecord {
+                name: name.into(),
+                created_ms: 0,
+                kind,
+                replicas: 1,
+                trimmed_below: 0,
+            })
+            .unwrap();
+    }
+    let message = |i: u64| Message {
+        payload: vec![b'x'; 100],
+        publish_time_ms: 1_765_000_000_000,
+        producer_name: "bench-0".into(),
+        sequence_id: i,
+        ..Default::default()
+    };
+    let entries: Vec<Vec<u8>> = (0..N).map(|i| message(i).encode_to_vec()).collect();
+    store.append(LIVE, 0, &entries, None).unwrap();
+    store
+        .put_subscription(&SubscriptionRecord::new(
+            7,
+            LIVE,
+            "s",
+            ricochet_proto::SubscriptionType::Shared,
+            0,
+        ))
+        .unwrap();
+    let now = 1_765_000_000_000u64;
+    let copies: Vec<Message> = (0..N)
+        .map(|i| {
+            let mut m = message(i);
+            m.properties.insert(props::REAL_TOPIC.into(), LIVE.into());
+            m.properties
+                .insert(props::ORIGIN_MESSAGE_ID.into(), format!("{LIVE}:{i}"));
+            m.properties
+                .insert(props::RECONSUME_TIMES.into(), "1".into());
+            m.properties
+                .insert(props::DELAY_TIME.into(), "3600000".into());
+            m.deliver_at_ms = now + 3_600_000 + i / 8;
+            m
+        })
+        .collect();
+    let items = copies
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let mut failures = FailureRecord::default();
+            failures.push(AttemptRecord {
+                time_ms: now + i as u64 / 8,
+                delivery_count: 1,
+                consumer: "bench".into(),
+                reason: ricochet_policy::FailureReason::Nack,
+                detail: String::new(),
+            });
+            MoveItem {
+                from: TierEntry::main(i as u64).of(7),
+                from_schedule: None,
+                payload: m.encode_to_vec(),
+                target_entry_id: i as u64,
+                failures,
+                arrival: Arrival::Retry {
+                    due_ms: m.deliver_at_ms,
+                },
+                source: Some((LIVE.to_owned(), i as u64)),
+            }
+        })
+        .collect();
+    let sub = store.list_subscriptions(LIVE).unwrap().remove(0);
+    store
+        .move_messages(&TierMove {
+            target_topic: LIVE_RETRY.into(),
+            subscription: sub,
+            items,
+        })
+        .unwrap();
+    let (frames, index, chunks) = sled.stored_bytes(LIVE_RETRY);
+    let per = |b: usize| b as f64 / N as f64;
+    println!(
+        "per parked reconsume_later: tier frames {:.1} B, reference index {:.1} B, schedule chunks {:.1} B",
+        per(frames),
+        per(index),
+        per(chunks)
+    );
+    // Every entry still reads back as the copy it stands for.
+    let ids: Vec<u64> = (0..N).collect();
+    let back: Vec<Message> = store
+        .read_many(LIVE_RETRY, &ids)
+        .unwrap()
+        .into_iter()
+        .map(|b| Message::decode(b.unwrap().as_slice()).unwrap())
+        .collect();
+    assert_eq!(back, copies);
+    assert!(
+        per(frames) < 8.0,
+        "{:.1} B of frame per reference",
+        per(frames)
+    );
+    assert!(
+        per(index) < 4.0,
+        "{:.1} B of index per reference",
+        per(index)
+    );
+    let report = sled.verify();
+    assert_eq!(report.problem_count, 0, "{:?}", report.problems);
+    // The same in the layouts before, for comparison.
+    sled.rewrite_in_old_layouts(LIVE_RETRY);
+    let (frames, index, chunks) = sled.stored_bytes(LIVE_RETRY);
+    println!(
+        "the same in the layouts before: tier frames {:.1} B, reference index {:.1} B, schedule chunks {:.1} B",
+        per(frames),
+        per(index),
+        per(chunks)
+    );
+}
+
+/// A store written before the compact layouts (plain frames of full
+/// reference records, 16-byte index pairs, fixed chunk headers) reads,
+/// takes new retries and trims as before: the upgrade needs no
+/// conversion, and old and new layouts stand side by side.
+#[test]
+fn a_store_in_the_layouts_before_reads_grows_and_trims_as_before() {
+    let f = fixture();
+    let mut own = copy(9, 1);
+    own.properties.insert("why".into(), "mine".into());
+    let mut items: Vec<(TierEntry, Message, bool)> = (10..20)
+        .map(|i| (TierEntry::main(i), copy(i, 1), true))
+        .collect();
+    items.push((TierEntry::main(9), own.clone(), true));
+    retry(&f, 0, items);
+    let before = f.sled.stored_bytes(RETRY);
+    f.sled.rewrite_in_old_layouts(RETRY);
+    let old = f.sled.stored_bytes(RETRY);
+    // Plain references take some 60 bytes more each, fixed pairs 14 more.
+    assert!(old.0 > before.0 + 10 * 40, "{old:?} against {before:?}");
+    assert!(old.1 > before.1 + 10 * 10, "{old:?} against {before:?}");
+    assert!(old.2 > before.2 + 11 * 20, "{old:?} against {before:?}");
+    let mut want: Vec<Message> = (10..20).map(|i| copy(i, 1)).collect();
+    want.push(own);
+    let ids: Vec<u64> = (0..11).collect();
+    assert_eq!(read(&f, &ids), want);
+    assert!(raw(&f, &ids[..10]).iter().all(|e| is_ref(e)));
+    assert_eq!(f.store.lowest_reference(T).unwrap(), Some(10));
+    let report = f.sled.verify();
+    assert_eq!(report.problem_count, 0, "{:?}", report.problems);
+    // New retries land in the new layouts beside the old ones.
+    retry(&f, 11, vec![(TierEntry::main(3), copy(3, 1), true)]);
+    want.push(copy(3, 1));
+    let ids: Vec<u64> = (0..12).collect();
+    assert_eq!(read(&f, &ids), want);
+    assert_eq!(f.store.lowest_reference(T).unwrap(), Some(3));
+    // Retention drops entries 0..16: references into them become copies,
+    // in old and new frames alike; the old group keeps its other four.
+    f.store.trim(T, 16).unwrap();
+    let stored = raw(&f, &ids);
+    assert_eq!(
+        stored.iter().map(|e| is_ref(e)).collect::<Vec<_>>(),
+        [
+            false, false, false, false, false, false, true, true, true, true, false, false
+        ]
+    );
+    assert_eq!(read(&f, &ids), want);
+    assert_eq!(f.store.lowest_reference(T).unwrap(), Some(16));
+    let pairs: Vec<(u64, u64)> = f
+        .sled
+        .references_below(7, u64::MAX)
+        .unwrap()
+        .iter()
+        .map(|i| (i.source, i.target))
+        .collect();
+    assert_eq!(pairs, vec![(16, 6), (17, 7), (18, 8), (19, 9)]);
+    let report = f.sled.verify();
+    assert_eq!(report.problem_count, 0, "{:?}", report.problems);
+}

@@ -1,7 +1,11 @@
 //! A log value: a run of consecutive entries of one producer batch (or one
 //! moved message), keyed by the first entry's id. Layout: `u32 count`, then
 //! per entry `u32 len` and its bytes; a removed entry (dead-letter purge)
-//! keeps its slot with the length `u32::MAX`.
+//! keeps its slot with the length `u32::MAX`. A value holding retry-tier
+//! references is written in a compact form instead when that is shorter
+//! ([`super::ref_frame`]); every reader here gives entries back in their
+//! plain form whichever layout a value has, so stores written before the
+//! compact form read as they did.
 //!
 //! A batch is cut into runs of at most [`MAX_VALUE`] stored bytes
 //! ([`runs`]), so that a sled leaf of such values stays under sled's blob
@@ -10,7 +14,10 @@
 //! every reader finds an entry in the value with the greatest first id at or
 //! below it, whatever the runs' lengths.
 
+use super::ref_frame;
+use crate::refs::is_ref;
 use crate::{StorageError, StorageResult as Result};
+use std::borrow::Cow;
 
 const GONE: u32 = u32::MAX;
 
@@ -61,21 +68,32 @@ fn corrupt() -> StorageError {
     StorageError::Corrupt("truncated log frame".into())
 }
 
+/// The value of `entries`: compact ([`ref_frame`]) when they hold retry
+/// references that can be, else plain. Never longer than
+/// [`encode_plain`]'s, so [`runs`]' bound holds for both.
 pub fn encode(entries: &[Vec<u8>]) -> Vec<u8> {
-    let size = 4 + entries.iter().map(|e| 4 + e.len()).sum::<usize>();
-    let mut out = Vec::with_capacity(size);
-    out.extend_from_slice(&(entries.len() as u32).to_be_bytes());
-    for e in entries {
-        out.extend_from_slice(&(e.len() as u32).to_be_bytes());
-        out.extend_from_slice(e);
-    }
-    out
+    let slots: Vec<Option<&[u8]>> = entries.iter().map(|e| Some(e.as_slice())).collect();
+    encode_borrowed(&slots)
 }
 
-/// A frame of `slots`, each an entry or `None` for a removed one.
+/// A frame of `slots`, each an entry or `None` for a removed one (compact
+/// when it can be, as [`encode`]).
 pub fn encode_slots(slots: &[Option<Vec<u8>>]) -> Vec<u8> {
-    let size = 4 + slots.iter().flatten().map(|e| 4 + e.len()).sum::<usize>();
-    let mut out = Vec::with_capacity(size + 4 * slots.len());
+    let slots: Vec<Option<&[u8]>> = slots.iter().map(Option::as_deref).collect();
+    encode_borrowed(&slots)
+}
+
+fn encode_borrowed(slots: &[Option<&[u8]>]) -> Vec<u8> {
+    let plain_len = 4 + slots
+        .iter()
+        .map(|e| 4 + e.map_or(0, <[u8]>::len))
+        .sum::<usize>();
+    if slots.iter().flatten().any(|e| is_ref(e))
+        && let Some(compact) = ref_frame::encode(slots).filter(|c| c.len() < plain_len)
+    {
+        return compact;
+    }
+    let mut out = Vec::with_capacity(plain_len);
     out.extend_from_slice(&(slots.len() as u32).to_be_bytes());
     for e in slots {
         match e {
@@ -89,6 +107,30 @@ pub fn encode_slots(slots: &[Option<Vec<u8>>]) -> Vec<u8> {
     out
 }
 
+/// The plain layout of `slots` (`u32` count, then `u32` length and bytes
+/// per entry, `u32::MAX` for a removed one), whatever they hold: what every
+/// frame was before the compact form, kept for tests of stores written
+/// then.
+#[cfg(test)]
+pub fn encode_plain(slots: &[Option<&[u8]>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(slots.len() as u32).to_be_bytes());
+    for e in slots {
+        match e {
+            Some(e) => {
+                out.extend_from_slice(&(e.len() as u32).to_be_bytes());
+                out.extend_from_slice(e);
+            }
+            None => out.extend_from_slice(&GONE.to_be_bytes()),
+        }
+    }
+    out
+}
+
+fn is_compact(b: &[u8]) -> bool {
+    b.starts_with(&ref_frame::MARKER)
+}
+
 fn u32_at(b: &[u8], at: usize) -> Result<u32> {
     let bytes: [u8; 4] = b
         .get(at..at + 4)
@@ -98,12 +140,16 @@ fn u32_at(b: &[u8], at: usize) -> Result<u32> {
     Ok(u32::from_be_bytes(bytes))
 }
 
+/// An entry id and its bytes (`None` once removed): borrowed from the
+/// value, or rebuilt from a compact reference.
+pub type Slot<'a> = (u64, Option<Cow<'a, [u8]>>);
+
 /// Entries in the frame (ids from `first`), as `(id, Some(bytes))`, or
 /// `None` for a removed slot.
-/// An entry id and its bytes (`None` once removed).
-pub type Slot<'a> = (u64, Option<&'a [u8]>);
-
 pub fn slots(first: u64, b: &[u8]) -> Result<Vec<Slot<'_>>> {
+    if is_compact(b) {
+        return ref_frame::slots(first, b);
+    }
     let n = u32_at(b, 0)? as usize;
     let mut at = 4;
     // Each slot takes at least 4 bytes: a damaged count cannot over-allocate.
@@ -111,21 +157,22 @@ pub fn slots(first: u64, b: &[u8]) -> Result<Vec<Slot<'_>>> {
     for i in 0..n {
         let len = u32_at(b, at)?;
         at += 4;
+        let id = first.wrapping_add(i as u64);
         if len == GONE {
-            out.push((first + i as u64, None));
+            out.push((id, None));
         } else {
             let e = b
                 .get(at..at.saturating_add(len as usize))
                 .ok_or_else(corrupt)?;
             at += len as usize;
-            out.push((first + i as u64, Some(e)));
+            out.push((id, Some(Cow::Borrowed(e))));
         }
     }
     Ok(out)
 }
 
 /// The live entries of a frame whose first id is `first`.
-pub fn entries(first: u64, b: &[u8]) -> Result<impl Iterator<Item = (u64, &[u8])>> {
+pub fn entries(first: u64, b: &[u8]) -> Result<impl Iterator<Item = (u64, Cow<'_, [u8]>)>> {
     Ok(slots(first, b)?
         .into_iter()
         .filter_map(|(id, e)| e.map(|e| (id, e))))
@@ -133,6 +180,9 @@ pub fn entries(first: u64, b: &[u8]) -> Result<impl Iterator<Item = (u64, &[u8])
 
 /// Number of slots (live or removed): the ids the frame covers.
 pub fn count(b: &[u8]) -> Result<u32> {
+    if is_compact(b) {
+        return u32::try_from(ref_frame::count(b)?).map_err(|_| corrupt());
+    }
     u32_at(b, 0)
 }
 
@@ -147,18 +197,11 @@ pub fn without(first: u64, b: &[u8], id: u64) -> Result<Option<Vec<u8>>> {
     if !slots.iter().any(|(i, e)| *i == id && e.is_some()) {
         return Ok(None);
     }
-    let mut out = Vec::with_capacity(b.len());
-    out.extend_from_slice(&(slots.len() as u32).to_be_bytes());
-    for (i, e) in slots {
-        match e {
-            Some(e) if i != id => {
-                out.extend_from_slice(&(e.len() as u32).to_be_bytes());
-                out.extend_from_slice(e);
-            }
-            _ => out.extend_from_slice(&GONE.to_be_bytes()),
-        }
-    }
-    Ok(Some(out))
+    let kept: Vec<Option<&[u8]>> = slots
+        .iter()
+        .map(|(i, e)| e.as_deref().filter(|_| *i != id))
+        .collect();
+    Ok(Some(encode_borrowed(&kept)))
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ mod meta;
 mod moves;
 mod open;
 mod reads;
+mod ref_frame;
 mod refs;
 mod returns;
 mod sched;
@@ -344,7 +345,7 @@ impl LogStore for SledStorage {
                         continue;
                     }
                     bytes += entry.len();
-                    out.push((id, entry.to_vec()));
+                    out.push((id, entry.into_owned()));
                     if out.len() >= max || bytes >= max_bytes {
                         return Ok(out);
                     }
@@ -364,7 +365,7 @@ impl LogStore for SledStorage {
         let (k, v) = kv?;
         Ok(frame::entries(read_be(&k)?, unseal(&k, &v)?)?
             .find(|(i, _)| *i == id)
-            .map(|(_, e)| e.to_vec()))
+            .map(|(_, e)| e.into_owned()))
     }
 
     fn read_many(&self, topic: &str, ids: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {

@@ -3,13 +3,16 @@
 //! one key per tier move (not per reference: sled keeps some 45 bytes of
 //! page metadata in memory per stored key, and parked retries are what
 //! piles up): `x:<sub id><lowest source entry><its tier entry>`
-//! (big-endian), whose sealed value lists the move's `(source entry, tier
-//! entry)` pairs, 16 bytes each. A key with an empty value (the layout
-//! before) is a group of the one pair its key names. The index is written
-//! in the tier move's transaction; replacing references with copies
-//! removes their pairs (a group losing its lowest pair is stored again
-//! under its new lowest, so the first key always names the lowest
-//! reference) in the same transaction.
+//! (big-endian) and a layout byte [`COMPACT`], whose sealed value lists the
+//! move's `(source entry, tier entry)` pairs as zigzag varints of their
+//! differences from the previous pair (from `(0, 0)`): some 2 bytes a pair
+//! for a move of consecutive entries. Keys without the layout byte are the
+//! layouts before, still read: their value lists the pairs 16 bytes each
+//! (big-endian), or is empty for a group of the one pair the key names. The
+//! index is written in the tier move's transaction; replacing references
+//! with copies removes their pairs (a group losing its lowest pair is
+//! stored again under its new lowest, so the first key always names the
+//! lowest reference) in the same transaction.
 
 use super::codec::{be, read_be, seal, unseal};
 use super::*;
@@ -19,7 +22,9 @@ use crate::refs::{Indexed, RetryRef, Settle, is_ref};
 pub(super) const INDEX_PREFIX: &[u8] = b"x:";
 /// Prefix, subscription id, source entry, tier entry.
 pub(super) const INDEX_KEY_LEN: usize = 2 + 24;
-/// Bytes per listed pair.
+/// The layout byte ending the key of a group whose pairs are varints.
+const COMPACT: u8 = 2;
+/// Bytes per listed pair in the fixed layout.
 const PAIR_LEN: usize = 16;
 
 fn index_key(sub_id: u64, source: u64, target: u64) -> [u8; INDEX_KEY_LEN] {
@@ -31,12 +36,42 @@ fn index_key(sub_id: u64, source: u64, target: u64) -> [u8; INDEX_KEY_LEN] {
     k
 }
 
+/// A key past every index key of subscription `sub_id`, either layout.
+fn index_end(sub_id: u64) -> [u8; INDEX_KEY_LEN + 1] {
+    let mut k = [0xFF; INDEX_KEY_LEN + 1];
+    k[..INDEX_KEY_LEN].copy_from_slice(&index_key(sub_id, u64::MAX, u64::MAX));
+    k
+}
+
+fn zigzag(d: i64) -> u64 {
+    ((d << 1) ^ (d >> 63)) as u64
+}
+
+fn unzigzag(z: u64) -> i64 {
+    ((z >> 1) as i64) ^ -((z & 1) as i64)
+}
+
 /// The pairs an index value lists (`key`'s own pair for an empty one).
 fn pairs_of(key: &[u8], body: &[u8]) -> Result<Vec<(u64, u64)>> {
+    let bad = || StorageError::Corrupt("bad retry reference index entry".into());
+    if key.len() == INDEX_KEY_LEN + 1 && key[INDEX_KEY_LEN] == COMPACT {
+        let mut rest = body;
+        let mut prev = (0u64, 0u64);
+        let mut out = Vec::new();
+        while !rest.is_empty() {
+            let mut next = || {
+                prost::encoding::decode_varint(&mut rest)
+                    .map(|z| unzigzag(z) as u64)
+                    .map_err(|_| bad())
+            };
+            let (ds, dt) = (next()?, next()?);
+            prev = (prev.0.wrapping_add(ds), prev.1.wrapping_add(dt));
+            out.push(prev);
+        }
+        return if out.is_empty() { Err(bad()) } else { Ok(out) };
+    }
     if key.len() != INDEX_KEY_LEN || !body.len().is_multiple_of(PAIR_LEN) {
-        return Err(StorageError::Corrupt(
-            "bad retry reference index entry".into(),
-        ));
+        return Err(bad());
     }
     if body.is_empty() {
         return Ok(vec![(read_be(&key[10..18])?, read_be(&key[18..])?)]);
@@ -51,25 +86,43 @@ pub(super) fn check_index(key: &[u8], body: &[u8]) -> Result<()> {
     pairs_of(key, body).map(|_| ())
 }
 
-/// The key and value of a group of `pairs` (at least one).
-fn group_entry(sub_id: u64, pairs: &[(u64, u64)]) -> ([u8; INDEX_KEY_LEN], Vec<u8>) {
+/// The key and value of a group of `pairs` (at least one), compact.
+fn group_entry(sub_id: u64, pairs: &[(u64, u64)]) -> (GroupKey, Vec<u8>) {
     let (source, target) = pairs.iter().min().copied().unwrap_or_default();
-    let key = index_key(sub_id, source, target);
-    let mut body = Vec::with_capacity(pairs.len() * PAIR_LEN);
-    for (s, t) in pairs {
-        body.extend_from_slice(&be(*s));
-        body.extend_from_slice(&be(*t));
+    let mut key = [COMPACT; INDEX_KEY_LEN + 1];
+    key[..INDEX_KEY_LEN].copy_from_slice(&index_key(sub_id, source, target));
+    let mut body = Vec::with_capacity(pairs.len() * 2 + 16);
+    let mut prev = (0u64, 0u64);
+    for &(s, t) in pairs {
+        prost::encoding::encode_varint(zigzag(s.wrapping_sub(prev.0) as i64), &mut body);
+        prost::encoding::encode_varint(zigzag(t.wrapping_sub(prev.1) as i64), &mut body);
+        prev = (s, t);
     }
     let sealed = seal(&key, &body);
     (key, sealed)
 }
 
+/// The key of an index group (compact layout).
+type GroupKey = [u8; INDEX_KEY_LEN + 1];
+
+/// A group in the fixed layout (16 bytes a pair), as the index was stored
+/// before the compact one (for tests of stores written then).
+#[cfg(test)]
+pub(super) fn group_entry_fixed(sub_id: u64, pairs: &[(u64, u64)]) -> (Vec<u8>, Vec<u8>) {
+    let (source, target) = pairs.iter().min().copied().unwrap_or_default();
+    let key = index_key(sub_id, source, target);
+    let mut body = Vec::new();
+    for (s, t) in pairs {
+        body.extend_from_slice(&be(*s));
+        body.extend_from_slice(&be(*t));
+    }
+    let sealed = seal(&key, &body);
+    (key.to_vec(), sealed)
+}
+
 /// The index entry a tier move writes for the references among `items`
 /// (one for the whole move), if any.
-pub(super) fn index_of_move(
-    sub_id: u64,
-    items: &[MoveItem],
-) -> Option<([u8; INDEX_KEY_LEN], Vec<u8>)> {
+pub(super) fn index_of_move(sub_id: u64, items: &[MoveItem]) -> Option<(GroupKey, Vec<u8>)> {
     let pairs: Vec<(u64, u64)> = items
         .iter()
         .filter(|i| matches!(i.arrival, Arrival::Retry { .. }))
@@ -110,7 +163,7 @@ impl SledStorage {
     pub fn lowest_reference_of(&self, sub_id: u64) -> Result<Option<Indexed>> {
         let first = self
             .meta
-            .range(index_key(sub_id, 0, 0)..=index_key(sub_id, u64::MAX, u64::MAX))
+            .range(index_key(sub_id, 0, 0).to_vec()..=index_end(sub_id).to_vec())
             .next();
         match first {
             None => Ok(None),
@@ -223,12 +276,61 @@ impl SledStorage {
         (frames, index)
     }
 
+    /// Bytes of the stored values (sealed) of `topic`'s frames, of the
+    /// index entries and of the schedule's chunks (for tests of what a
+    /// parked retry costs).
+    #[cfg(test)]
+    pub(crate) fn stored_bytes(&self, topic: &str) -> (usize, usize, usize) {
+        let sum = |it: &mut dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>| {
+            it.map(|kv| kv.unwrap().1.len()).sum::<usize>()
+        };
+        let frames = self
+            .segments_of(topic)
+            .unwrap()
+            .iter()
+            .map(|(_, t)| sum(&mut t.iter()))
+            .sum();
+        let index = sum(&mut self.meta.scan_prefix(INDEX_PREFIX));
+        let chunks = sum(&mut self.sched.iter());
+        (frames, index, chunks)
+    }
+
+    /// Stores `topic`'s frames, every index group and every schedule chunk
+    /// again in the layouts written before the compact ones (plain frames,
+    /// 16-byte index pairs, fixed chunk headers): the store as an older
+    /// broker left it, for tests of the upgrade.
+    #[cfg(test)]
+    pub(crate) fn rewrite_in_old_layouts(&self, topic: &str) {
+        for (_, tree) in self.segments_of(topic).unwrap() {
+            for kv in tree.iter() {
+                let (k, v) = kv.unwrap();
+                let slots = frame::slots(read_be(&k).unwrap(), unseal(&k, &v).unwrap()).unwrap();
+                let slots: Vec<Option<&[u8]>> = slots.iter().map(|(_, e)| e.as_deref()).collect();
+                tree.insert(&k, seal(&k, &frame::encode_plain(&slots)))
+                    .unwrap();
+            }
+        }
+        for kv in self.meta.scan_prefix(INDEX_PREFIX) {
+            let (k, v) = kv.unwrap();
+            let pairs = pairs_of(&k, unseal(&k, &v).unwrap()).unwrap();
+            let sub_id = read_be(&k[2..10]).unwrap();
+            let (fixed, value) = group_entry_fixed(sub_id, &pairs);
+            self.meta.remove(&k).unwrap();
+            self.meta.insert(fixed, value).unwrap();
+        }
+        for kv in self.sched.iter() {
+            let (k, v) = kv.unwrap();
+            let chunk = sched::read_chunk(&k, &v).unwrap();
+            self.sched.insert(&k, seal(&k, &chunk.encode_v1())).unwrap();
+        }
+    }
+
     /// Drops every index entry of subscription `sub_id` (deleted).
     pub fn forget_references_of(&self, sub_id: u64) -> Result<()> {
         let mut batch = Batch::default();
         for k in self
             .meta
-            .range(index_key(sub_id, 0, 0)..=index_key(sub_id, u64::MAX, u64::MAX))
+            .range(index_key(sub_id, 0, 0).to_vec()..=index_end(sub_id).to_vec())
             .keys()
         {
             batch.remove(k?);
@@ -252,11 +354,11 @@ fn with_copies(key: &[u8; 8], value: &[u8], copies: &[(u64, &[u8])]) -> Option<V
     let entries: Vec<Option<Vec<u8>>> = slots
         .into_iter()
         .map(|(id, e)| match (e, copies.iter().find(|(t, _)| *t == id)) {
-            (Some(e), Some((_, copy))) if is_ref(e) => {
+            (Some(e), Some((_, copy))) if is_ref(&e) => {
                 changed = true;
                 Some(copy.to_vec())
             }
-            (e, _) => e.map(<[u8]>::to_vec),
+            (e, _) => e.map(std::borrow::Cow::into_owned),
         })
         .collect();
     changed.then(|| seal(key, &frame::encode_slots(&entries)))

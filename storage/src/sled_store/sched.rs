@@ -15,12 +15,16 @@
 //! due-time bucket, each with its exact due time and its failure record
 //! inline when that is at most [`INLINE_MAX`] bytes, else in `sched_big`
 //! under the entry's own 25-byte schedule key: a chunk value stays under
-//! `CHUNK_ENTRIES * (INLINE_MAX + 33) + 5` bytes (about 35 KiB), well under
+//! `CHUNK_ENTRIES * (INLINE_MAX + 46) + 5` bytes (about 36 KiB), well under
 //! sled's blob threshold, whatever the burst (10 000 nacks due at once are
 //! some 160 chunks). Every chunk carries its entry count, and each entry
 //! the head of its record (count, hold: what a subscription's start needs,
 //! read without decoding the record); it is sealed with a CRC-32C of key
-//! and body like every other value.
+//! and body like every other value. Item headers are varints, due time and
+//! entry id as differences from the previous item's ([`CHUNK_V2`], some 7
+//! bytes for a parked retry); chunks stored with the fixed 33-byte headers
+//! of [`CHUNK_V1`] read as before and are written in the new layout when
+//! next changed.
 //!
 //! Upgrade: a store written before keeps one key per entry in `schedule`;
 //! [`SledStorage::upgrade_schedule`] moves them into chunks at open, in one
@@ -34,6 +38,7 @@
 
 use super::codec::{read_be, seal, unseal};
 use super::*;
+use prost::encoding::{decode_varint, encode_varint};
 use sled::transaction::TransactionalTree;
 
 /// Width of a due-time bucket, ms.
@@ -49,7 +54,11 @@ pub(super) const TX_BATCH: usize = 1024;
 /// (in unit tests a small round, so that their stores take several).
 pub(super) const UPGRADE_ROUND: usize = if cfg!(test) { 1024 } else { 65_536 };
 
+/// The first chunk layout: fixed-width item headers ([`ITEM_HEADER`]).
 const CHUNK_V1: u8 = 1;
+/// The layout written now: item headers as varints, due time and entry id
+/// as differences from the previous item's ([`encode`](Chunk::encode)).
+const CHUNK_V2: u8 = 2;
 
 /// Result inside a sled transaction.
 pub(super) type TxResult<T> = std::result::Result<T, ConflictableTransactionError<StorageError>>;
@@ -109,15 +118,66 @@ pub(super) struct ItemRef<'a> {
     pub body: &'a [u8],
 }
 
-/// Bytes of an item before its record: due time, entry id, slot, count,
-/// hold, record length.
+/// Bytes of an item before its record in a [`CHUNK_V1`] chunk: due time,
+/// entry id, slot, count, hold, record length.
 const ITEM_HEADER: usize = 8 + 8 + 1 + 4 + 8 + 4;
+/// The fewest bytes of an item header in a [`CHUNK_V2`] chunk: six
+/// varints of one byte.
+const ITEM_HEADER_V2_MIN: usize = 6;
+
+fn zigzag(d: i64) -> u64 {
+    ((d << 1) ^ (d >> 63)) as u64
+}
+
+fn unzigzag(z: u64) -> i64 {
+    ((z >> 1) as i64) ^ -((z & 1) as i64)
+}
+
+fn slot_of(b: u64) -> Option<Slot> {
+    match b {
+        0 => Some(Slot::Empty),
+        1 => Some(Slot::Inline),
+        2 => Some(Slot::Big),
+        _ => None,
+    }
+}
 
 /// Calls `f` with each item of chunk body `body`, in stored order, checking
 /// the layout (not the records).
 pub(super) fn visit<'a>(body: &'a [u8], mut f: impl FnMut(ItemRef<'a>)) -> Result<()> {
     let bad = || StorageError::Corrupt("bad schedule chunk".into());
     let n = chunk_count(body)?;
+    if body[0] == CHUNK_V2 {
+        if n > ((body.len() - 5) / ITEM_HEADER_V2_MIN) as u64 {
+            return Err(bad());
+        }
+        let mut rest = &body[5..];
+        let varint = |rest: &mut &'a [u8]| decode_varint(rest).map_err(|_| bad());
+        let (mut due_ms, mut entry_id) = (0u64, 0u64);
+        for _ in 0..n {
+            due_ms = due_ms.wrapping_add(unzigzag(varint(&mut rest)?) as u64);
+            entry_id = entry_id.wrapping_add(unzigzag(varint(&mut rest)?) as u64);
+            let slot = slot_of(varint(&mut rest)?).ok_or_else(bad)?;
+            let count = u32::try_from(varint(&mut rest)?).map_err(|_| bad())?;
+            let hold_until_ms = varint(&mut rest)?;
+            let len = usize::try_from(varint(&mut rest)?).map_err(|_| bad())?;
+            if rest.len() < len || (slot != Slot::Inline && len != 0) {
+                return Err(bad());
+            }
+            f(ItemRef {
+                due_ms,
+                entry_id,
+                slot,
+                head: FailureHead {
+                    count,
+                    hold_until_ms,
+                },
+                body: &rest[..len],
+            });
+            rest = &rest[len..];
+        }
+        return if rest.is_empty() { Ok(()) } else { Err(bad()) };
+    }
     // Each item takes at least its header (a chunk may hold more than
     // `CHUNK_ENTRIES` items only when one entry id is scheduled at several
     // times of one bucket, which the broker does not write).
@@ -179,7 +239,9 @@ pub(super) struct Chunk {
 /// The entry count a chunk body records (its header only).
 pub(super) fn chunk_count(body: &[u8]) -> Result<u64> {
     match body {
-        [CHUNK_V1, a, b, c, d, ..] => Ok(u64::from(u32::from_be_bytes([*a, *b, *c, *d]))),
+        [CHUNK_V1 | CHUNK_V2, a, b, c, d, ..] => {
+            Ok(u64::from(u32::from_be_bytes([*a, *b, *c, *d])))
+        }
         _ => Err(StorageError::Corrupt("bad schedule chunk header".into())),
     }
 }
@@ -199,10 +261,35 @@ impl Chunk {
         Ok(Self { items })
     }
 
+    /// The stored form ([`CHUNK_V2`]): format byte, `u32` item count, then
+    /// per item varints of the due time's and entry id's differences from
+    /// the previous item's (zigzag; from 0 for the first), slot, count,
+    /// hold and record length, then the record. A parked retry's header
+    /// takes some 7 bytes instead of [`CHUNK_V1`]'s 33.
     pub(super) fn encode(&self) -> Vec<u8> {
-        let size: usize = self.items.iter().map(|i| ITEM_HEADER + i.body.len()).sum();
+        let size: usize = self.items.iter().map(|i| 12 + i.body.len()).sum();
         let mut out = Vec::with_capacity(5 + size);
-        out.push(CHUNK_V1);
+        out.push(CHUNK_V2);
+        out.extend_from_slice(&(self.items.len() as u32).to_be_bytes());
+        let (mut due_ms, mut entry_id) = (0u64, 0u64);
+        for i in &self.items {
+            encode_varint(zigzag(i.due_ms.wrapping_sub(due_ms) as i64), &mut out);
+            encode_varint(zigzag(i.entry_id.wrapping_sub(entry_id) as i64), &mut out);
+            (due_ms, entry_id) = (i.due_ms, i.entry_id);
+            encode_varint(i.slot as u64, &mut out);
+            encode_varint(u64::from(i.head.count), &mut out);
+            encode_varint(i.head.hold_until_ms, &mut out);
+            encode_varint(i.body.len() as u64, &mut out);
+            out.extend_from_slice(&i.body);
+        }
+        out
+    }
+
+    /// The [`CHUNK_V1`] form, as chunks were stored before (for tests of
+    /// stores written then).
+    #[cfg(test)]
+    pub(super) fn encode_v1(&self) -> Vec<u8> {
+        let mut out = vec![CHUNK_V1];
         out.extend_from_slice(&(self.items.len() as u32).to_be_bytes());
         for i in &self.items {
             out.extend_from_slice(&be(i.due_ms));

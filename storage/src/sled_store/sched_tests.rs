@@ -246,3 +246,112 @@ fn a_damaged_chunk_is_reported_by_the_verify_pass_and_refused_on_read() {
     let report = s.verify();
     assert_eq!(report.problem_count, 1, "{:?}", report.problems);
 }
+
+/// Chunks stored with the fixed 33-byte item headers (`CHUNK_V1`, every
+/// store written before the varint layout) read as before, through every
+/// reader and after a reopen, and a chunk changed later is written in the
+/// new layout beside the old ones.
+#[test]
+fn chunks_with_fixed_headers_read_as_before_and_are_rewritten_compact() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+    let held: Vec<(ScheduleKey, FailureRecord)> = (0..300u64)
+        .map(|i| {
+            let due_ms = 10_000 + i * 7;
+            let k = ScheduleKey {
+                due_ms,
+                message: main(1 + i % 2, i),
+            };
+            (k, record(1 + (i % 3) as u32, due_ms))
+        })
+        .collect();
+    s.put_held(&held, &[]).unwrap();
+    let mut big = record(64, 10_000);
+    for a in &mut big.attempts {
+        a.detail = "x".repeat(40);
+    }
+    let bk = ScheduleKey {
+        due_ms: 10_000,
+        message: main(1, 999),
+    };
+    s.put_held(&[(bk, big.clone())], &[]).unwrap();
+    let bare = ScheduleKey {
+        due_ms: 12_345,
+        message: main(3, 5),
+    };
+    s.put_schedule(&[(bare, true)]).unwrap();
+    let reads = |s: &SledStorage| {
+        let due = s.scheduled(None, u64::MAX, 10_000).unwrap();
+        let records: Vec<Option<FailureRecord>> = due
+            .iter()
+            .map(|k| s.failure(k.message, Some(k.due_ms)).unwrap())
+            .collect();
+        let report = s.verify();
+        assert_eq!(report.problem_count, 0, "{:?}", report.problems);
+        (due, records)
+    };
+    let want = reads(&s);
+    assert_eq!(want.0.len(), 302);
+    let stored = |s: &SledStorage| -> Vec<(sled::IVec, sled::IVec)> {
+        s.sched.iter().map(|kv| kv.unwrap()).collect()
+    };
+    let compact: usize = stored(&s).iter().map(|(_, v)| v.len()).sum();
+    // The store as it was written before: every chunk in the old layout.
+    for (k, v) in stored(&s) {
+        let chunk = read_chunk(&k, &v).unwrap();
+        s.sched.insert(&k, seal(&k, &chunk.encode_v1())).unwrap();
+    }
+    let old: usize = stored(&s).iter().map(|(_, v)| v.len()).sum();
+    assert!(old > compact + 300 * 20, "{old} B old against {compact} B");
+    assert_eq!(reads(&s), want);
+    drop(s);
+    let s = reopen(dir.path());
+    assert_eq!(reads(&s), want);
+    // One more entry: its chunk is written anew, in the new layout, and
+    // holds the old entries beside it.
+    let extra = ScheduleKey {
+        due_ms: 10_001,
+        message: main(1, 998),
+    };
+    s.put_held(&[(extra, record(1, 10_001))], &[]).unwrap();
+    let layouts: Vec<(u8, bool)> = stored(&s)
+        .iter()
+        .map(|(k, v)| {
+            (
+                unseal(k, v).unwrap()[0],
+                k.as_ref() == &chunk_key(&extra)[..],
+            )
+        })
+        .collect();
+    assert!(layouts.contains(&(CHUNK_V2, true)), "{layouts:?}");
+    assert!(layouts.contains(&(CHUNK_V1, false)), "{layouts:?}");
+    let (mut due, mut records) = want;
+    let at = due.iter().position(|k| k.key() > extra.key()).unwrap();
+    due.insert(at, extra);
+    records.insert(at, Some(record(1, 10_001)));
+    assert_eq!(reads(&s), (due, records));
+}
+
+/// A chunk of parked retries (consecutive ids, due a few ms apart) spends
+/// a few bytes per entry besides its record, not 33.
+#[test]
+fn a_chunk_of_parked_retries_has_small_item_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SledStorage::open(dir.path(), 64, 8 << 20).unwrap();
+    let now = 1_765_000_000_000u64;
+    let held: Vec<(ScheduleKey, FailureRecord)> = (0..CHUNK_ENTRIES)
+        .map(|i| {
+            let k = ScheduleKey {
+                due_ms: now + 3_600_000 + i / 8,
+                message: main(1, 64 + i),
+            };
+            (k, record(1, 0))
+        })
+        .collect();
+    s.put_held(&held, &[]).unwrap();
+    let stored: Vec<usize> = s.sched.iter().map(|kv| kv.unwrap().1.len()).collect();
+    assert_eq!(stored.len(), 1);
+    let records: usize = held.iter().map(|(_, r)| encode_failures(r).len()).sum();
+    let per_item = (stored[0] - 5 - 5 - records) as f64 / CHUNK_ENTRIES as f64;
+    assert!(per_item < 10.0, "{per_item:.1} B of header per item");
+}

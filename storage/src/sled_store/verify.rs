@@ -420,10 +420,10 @@ fn check_value(tree: &str, k: &[u8], v: &[u8]) -> Result<u64> {
             let first = read_be(k)?;
             let mut n = 0;
             for (id, entry) in frame::entries(first, body)? {
-                if crate::refs::is_ref(entry) {
-                    crate::refs::RetryRef::parse(entry)?;
+                if crate::refs::is_ref(&entry) {
+                    crate::refs::RetryRef::parse(&entry)?;
                 } else {
-                    ricochet_proto::Message::decode(entry).map_err(|e| {
+                    ricochet_proto::Message::decode(&*entry).map_err(|e| {
                         StorageError::Corrupt(format!("entry {id} does not decode: {e}"))
                     })?;
                 }
