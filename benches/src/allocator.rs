@@ -1,8 +1,8 @@
 //! The allocator of the benches that set a `#[global_allocator]` (the
 //! in-process brokers and the clients of `bursts`, `retry_scheduler`,
-//! `client_e2e`, ...): mimalloc, the broker binary's default, or jemalloc
-//! with this crate's `jemalloc` feature, configured as the binary built with
-//! its `jemalloc` feature and `--return-idle-memory on` configures it
+//! `client_e2e`, ...): jemalloc, the broker binary's default (this crate's
+//! default `jemalloc` feature), or mimalloc with `--no-default-features`;
+//! jemalloc configured as the binary with `--return-idle-memory on` configures it
 //! (`broker/src/allocator.rs`, crate-private there): background purging
 //! threads, a 1 s dirty decay, a 0 muzzy decay, and what `_RJEM_MALLOC_CONF`
 //! sets left alone. The binary's idle-worker hook (mimalloc's collect,

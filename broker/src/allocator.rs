@@ -1,6 +1,7 @@
 //! The broker binary's memory allocator and what `--return-idle-memory`
-//! does to it: mimalloc by default, jemalloc with the `jemalloc` feature,
-//! the system allocator with `system-alloc` (which wins over both). Owns
+//! does to it: jemalloc by default (the `jemalloc` feature), mimalloc when
+//! built with `--no-default-features`, the system allocator with
+//! `system-alloc` (which wins over both). Owns
 //! the `#[global_allocator]`, the settings applied before the runtime
 //! starts, the hook that runs as a runtime worker goes idle, and the
 //! settings read back for the start log line. The broker library sets no
@@ -95,7 +96,7 @@ pub(crate) fn return_idle_memory(_mode: IdleMemory) -> Option<impl Fn() + Send +
     None::<fn()>
 }
 
-/// mimalloc (the default).
+/// mimalloc (`--no-default-features`).
 #[cfg(not(any(feature = "system-alloc", feature = "jemalloc")))]
 mod backend {
     use super::{IdleMemory, Settings};

@@ -64,18 +64,18 @@ struct Args {
     /// [tls], which the console is served with too).
     #[arg(long)]
     console_allow_remote: bool,
-    /// `on` (the default): a runtime worker going idle gives what it freed
-    /// back to the system, at most once a second (mimalloc's own 1 s purge
-    /// delay); `eager`: that, and every page the allocator frees goes back
-    /// at once (mimalloc's purge delay 0, unless MIMALLOC_PURGE_DELAY sets
-    /// it): the least memory after a burst of failures (about a third less
-    /// per parked retry) for about a quarter to a third less throughput on
-    /// the paths that churn memory; `off`: the allocator's own defaults,
-    /// and no collect on idle workers. Built with `--features jemalloc`:
-    /// `on` starts jemalloc's background purging threads with a 1 s dirty
-    /// decay (and flushes an idle worker's cache), `eager` a 0 decay, `off`
+    /// On jemalloc (the default build): `on` (the default) starts
+    /// jemalloc's background purging threads with a 1 s dirty decay and
+    /// flushes an idle runtime worker's cache at most once a second;
+    /// `eager` a 0 decay (every freed page goes back at once); `off`
     /// jemalloc's own (no background threads, 10 s); `_RJEM_MALLOC_CONF`
-    /// still wins.
+    /// still wins. Built with `--no-default-features` (mimalloc): `on`: a
+    /// runtime worker going idle gives what it freed back to the system,
+    /// at most once a second (mimalloc's own 1 s purge delay); `eager`:
+    /// that, and mimalloc's purge delay 0 (unless MIMALLOC_PURGE_DELAY sets
+    /// it), for about a quarter to a third less throughput on the paths
+    /// that churn memory; `off`: mimalloc's own defaults, and no collect on
+    /// idle workers.
     #[arg(
         long,
         value_name = "ON|EAGER|OFF",

@@ -2,10 +2,10 @@
 //! INFO, not one per message; the binary writes JSON when asked, and plain
 //! text without colour codes when its output is not a terminal; its start
 //! lines say what the book says, and which allocator settings are in force
-//! (mimalloc's own purge delay by default and with
-//! `--return-idle-memory off`, 0 with `eager`, the environment's
-//! `MIMALLOC_PURGE_DELAY` still winning; built with `jemalloc`, its
-//! background threads and decay times, `_RJEM_MALLOC_CONF` still winning).
+//! (by default jemalloc's background threads and decay times,
+//! `_RJEM_MALLOC_CONF` still winning; built with `--no-default-features`,
+//! mimalloc's own purge delay with `on` and `off`, 0 with `eager`, the
+//! environment's `MIMALLOC_PURGE_DELAY` still winning).
 
 #[path = "it/common/mod.rs"]
 mod common;
