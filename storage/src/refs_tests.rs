@@ -21,22 +21,25 @@ struct Fixture {
     _dir: tempfile::TempDir,
 }
 
-/// `T` in the log (segments of 16 entries) with 48 messages `m0..m47`
-/// and subscription `s` (id 7).
-fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
+/// A store in `dir` with segments of `segment_entries` entries, and
+/// `topic` with its retry tier `retry`.
+fn store_with(
+    dir: &tempfile::TempDir,
+    segment_entries: u64,
+    (topic, retry): (&str, &str),
+) -> (LogStorage, Arc<SledStorage>) {
     let settings = segments::LogSettings {
-        segment_entries: 16,
+        segment_entries,
         max_bytes: 64 << 20,
         max_age: std::time::Duration::from_secs(3600),
     };
-    let sled = Arc::new(SledStorage::open(dir.path(), 16, 8 << 20).unwrap());
+    let sled = Arc::new(SledStorage::open(dir.path(), segment_entries, 8 << 20).unwrap());
     let store = LogStorage::with(
         sled.clone(),
         segments::SegmentLog::open(dir.path(), settings, true).unwrap(),
     )
     .unwrap();
-    for (name, kind) in [(T, TopicKind::Normal), (RETRY, TopicKind::Retry)] {
+    for (name, kind) in [(topic, TopicKind::Normal), (retry, TopicKind::Retry)] {
         store
             .put_topic(&TopicRecord {
                 name: name.into(),
@@ -47,6 +50,14 @@ fn fixture() -> Fixture {
             })
             .unwrap();
     }
+    (store, sled)
+}
+
+/// `T` in the log (segments of 16 entries) with 48 messages `m0..m47`
+/// and subscription `s` (id 7).
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, sled) = store_with(&dir, 16, (T, RETRY));
     // One batch per segment.
     for first in [0, 16, 32] {
         let entries: Vec<Vec<u8>> = (first..first + 16)
@@ -328,28 +339,7 @@ fn a_parked_reconsume_later_costs_a_few_bytes_of_tier_frame() {
     const LIVE_RETRY: &str = "persistent://public/default/live-s-RETRY";
     const N: u64 = 1024;
     let dir = tempfile::tempdir().unwrap();
-    let settings = segments::LogSettings {
-        segment_entries: 16_384,
-        max_bytes: 64 << 20,
-        max_age: std::time::Duration::from_secs(3600),
-    };
-    let sled = Arc::new(SledStorage::open(dir.path(), 16_384, 8 << 20).unwrap());
-    let store = LogStorage::with(
-        sled.clone(),
-        segments::SegmentLog::open(dir.path(), settings, true).unwrap(),
-    )
-    .unwrap();
-    for (name, kind) in [(LIVE, TopicKind::Normal), (LIVE_RETRY, TopicKind::Retry)] {
-        store
-            .put_topic(&TopicRecord {
-                name: name.into(),
-                created_ms: 0,
-                kind,
-                replicas: 1,
-                trimmed_below: 0,
-            })
-            .unwrap();
-    }
+    let (store, sled) = store_with(&dir, 16_384, (LIVE, LIVE_RETRY));
     let message = |i: u64| Message {
         payload: vec![b'x'; 100],
         publish_time_ms: 1_765_000_000_000,

@@ -93,18 +93,7 @@ fn encode_borrowed(slots: &[Option<&[u8]>]) -> Vec<u8> {
     {
         return compact;
     }
-    let mut out = Vec::with_capacity(plain_len);
-    out.extend_from_slice(&(slots.len() as u32).to_be_bytes());
-    for e in slots {
-        match e {
-            Some(e) => {
-                out.extend_from_slice(&(e.len() as u32).to_be_bytes());
-                out.extend_from_slice(e);
-            }
-            None => out.extend_from_slice(&GONE.to_be_bytes()),
-        }
-    }
-    out
+    plain(slots, plain_len)
 }
 
 /// The plain layout of `slots` (`u32` count, then `u32` length and bytes
@@ -113,7 +102,12 @@ fn encode_borrowed(slots: &[Option<&[u8]>]) -> Vec<u8> {
 /// then.
 #[cfg(test)]
 pub fn encode_plain(slots: &[Option<&[u8]>]) -> Vec<u8> {
-    let mut out = Vec::new();
+    plain(slots, 0)
+}
+
+/// The plain layout of `slots`, in a buffer of `capacity` bytes.
+fn plain(slots: &[Option<&[u8]>], capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity);
     out.extend_from_slice(&(slots.len() as u32).to_be_bytes());
     for e in slots {
         match e {
