@@ -134,9 +134,7 @@ fn u32_at(b: &[u8], at: usize) -> Result<u32> {
     Ok(u32::from_be_bytes(bytes))
 }
 
-/// An entry id and its bytes (`None` once removed): borrowed from the
-/// value, or rebuilt from a compact reference.
-pub type Slot<'a> = (u64, Option<Cow<'a, [u8]>>);
+pub use super::ref_frame::Slot;
 
 /// Entries in the frame (ids from `first`), as `(id, Some(bytes))`, or
 /// `None` for a removed slot.

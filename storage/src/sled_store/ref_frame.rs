@@ -114,9 +114,14 @@ fn header(b: &[u8]) -> Result<(&str, u64, &[u8])> {
     Ok((topic, n, rest))
 }
 
+/// An entry id and its bytes (`None` once removed): borrowed from the
+/// value, or rebuilt from a compact reference (the slot of every frame
+/// layout; [`super::frame`] uses it).
+pub type Slot<'a> = (u64, Option<Cow<'a, [u8]>>);
+
 /// Slots of a compact value: each entry in its plain form (a reference
 /// rebuilt, an entry stored whole borrowed).
-pub fn slots(first: u64, b: &[u8]) -> Result<Vec<(u64, Option<Cow<'_, [u8]>>)>> {
+pub fn slots(first: u64, b: &[u8]) -> Result<Vec<Slot<'_>>> {
     let (topic, n, mut rest) = header(b)?;
     // Each slot takes at least one byte: a damaged count cannot over-allocate.
     let mut out = Vec::with_capacity((n as usize).min(rest.len()));
