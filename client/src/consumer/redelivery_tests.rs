@@ -344,19 +344,26 @@ async fn a_broker_held_nack_goes_at_once_with_its_delay_and_waiter() {
 async fn a_broker_held_nack_loses_the_time_it_waited_in_the_queue() {
     let (_, a, _, ka, _) = setup();
     let mut f = InFlight::new(None, None);
+    held_nack_that_waited(&mut f, ka, &a).await;
+    let ready = f.take_ready();
+    assert_eq!(ready[0].0.delay_ms, 993);
+}
+
+/// Nacks `id` with a 1 s broker hold, the call made 7 ms before the
+/// driver plans it (time paused); returns the call's instant.
+async fn held_nack_that_waited(f: &mut InFlight, key: Key, id: &MessageId) -> Instant {
     let called = Instant::now();
     tokio::time::advance(MS * 7).await;
     f.nack(
-        ka,
-        &a,
+        key,
+        id,
         NackPlan::BrokerHold(MS * 1000),
         None,
         called,
         None,
         None,
     );
-    let ready = f.take_ready();
-    assert_eq!(ready[0].0.delay_ms, 993);
+    called
 }
 
 /// Every hold the broker serves is readied with its end, from the nack
@@ -366,17 +373,7 @@ async fn a_broker_held_nack_loses_the_time_it_waited_in_the_queue() {
 async fn broker_held_holds_are_readied_with_their_ends() {
     let (ids, a, b, ka, kb) = setup();
     let mut f = InFlight::new(None, None);
-    let called = Instant::now();
-    tokio::time::advance(MS * 7).await;
-    f.nack(
-        ka,
-        &a,
-        NackPlan::BrokerHold(MS * 1000),
-        None,
-        called,
-        None,
-        None,
-    );
+    let called = held_nack_that_waited(&mut f, ka, &a).await;
     f.nack(kb, &b, NackPlan::SendNow, None, called, None, None);
     let due: Vec<_> = f.take_failures().iter().map(|r| r.due).collect();
     assert_eq!(due, vec![Some(called + MS * 1000), None]);
