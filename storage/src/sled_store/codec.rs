@@ -215,6 +215,25 @@ pub fn read_be(bytes: &[u8]) -> Result<u64> {
     Ok(u64::from_be_bytes(arr))
 }
 
+/// Appends `value` as the zigzag varint of its difference from `*prev`
+/// (wrapping), and makes it `*prev`: runs of close numbers (entry ids, due
+/// times) take a byte or two each. The compact layouts of schedule
+/// chunks, reference frames and the reference index use it.
+pub fn put_delta(out: &mut Vec<u8>, value: u64, prev: &mut u64) {
+    let d = value.wrapping_sub(*prev) as i64;
+    prost::encoding::encode_varint(((d << 1) ^ (d >> 63)) as u64, out);
+    *prev = value;
+}
+
+/// Reads a value [`put_delta`] wrote after `*prev`, and makes it `*prev`
+/// (`None`: `rest` ends inside the varint).
+pub fn take_delta(rest: &mut &[u8], prev: &mut u64) -> Option<u64> {
+    let z = prost::encoding::decode_varint(rest).ok()?;
+    let d = ((z >> 1) as i64) ^ -((z & 1) as i64);
+    *prev = prev.wrapping_add(d as u64);
+    Some(*prev)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,6 +20,7 @@
 //! marker: read as the plain layout's `u32` slot count it would be over
 //! four billion slots of at least four bytes each.
 
+use super::codec::{put_delta, take_delta};
 use crate::refs::{RetryRef, is_ref};
 use crate::{StorageError, StorageResult as Result};
 use prost::encoding::{decode_varint, encode_varint};
@@ -34,14 +35,6 @@ const WHOLE: u64 = 2;
 
 fn corrupt(what: &str) -> StorageError {
     StorageError::Corrupt(format!("compact reference frame: {what}"))
-}
-
-fn zigzag(d: i64) -> u64 {
-    ((d << 1) ^ (d >> 63)) as u64
-}
-
-fn unzigzag(z: u64) -> i64 {
-    ((z >> 1) as i64) ^ -((z & 1) as i64)
 }
 
 /// A reference's numbers, when it can be stored compactly under `topic`.
@@ -82,8 +75,7 @@ pub fn encode(slots: &[Option<&[u8]>]) -> Option<Vec<u8>> {
             Some(n) => {
                 encode_varint(REF, &mut out);
                 for (v, p) in n.iter().zip(prev.iter_mut()) {
-                    encode_varint(zigzag(v.wrapping_sub(*p) as i64), &mut out);
-                    *p = *v;
+                    put_delta(&mut out, *v, p);
                 }
                 any = true;
             }
@@ -132,7 +124,7 @@ pub fn slots(first: u64, b: &[u8]) -> Result<Vec<Slot<'_>>> {
             GONE => None,
             REF => {
                 for p in prev.iter_mut() {
-                    *p = p.wrapping_add(unzigzag(varint(&mut rest)?) as u64);
+                    take_delta(&mut rest, p).ok_or_else(|| corrupt("truncated varint"))?;
                 }
                 let r = RetryRef {
                     source_topic: topic.to_owned(),

@@ -14,7 +14,7 @@
 //! stored again under its new lowest, so the first key always names the
 //! lowest reference) in the same transaction.
 
-use super::codec::{be, read_be, seal, unseal};
+use super::codec::{be, put_delta, read_be, seal, take_delta, unseal};
 use super::*;
 use crate::refs::{Indexed, RetryRef, Settle, is_ref};
 
@@ -43,30 +43,17 @@ fn index_end(sub_id: u64) -> [u8; INDEX_KEY_LEN + 1] {
     k
 }
 
-fn zigzag(d: i64) -> u64 {
-    ((d << 1) ^ (d >> 63)) as u64
-}
-
-fn unzigzag(z: u64) -> i64 {
-    ((z >> 1) as i64) ^ -((z & 1) as i64)
-}
-
 /// The pairs an index value lists (`key`'s own pair for an empty one).
 fn pairs_of(key: &[u8], body: &[u8]) -> Result<Vec<(u64, u64)>> {
     let bad = || StorageError::Corrupt("bad retry reference index entry".into());
     if key.len() == INDEX_KEY_LEN + 1 && key[INDEX_KEY_LEN] == COMPACT {
         let mut rest = body;
-        let mut prev = (0u64, 0u64);
+        let (mut source, mut target) = (0u64, 0u64);
         let mut out = Vec::new();
         while !rest.is_empty() {
-            let mut next = || {
-                prost::encoding::decode_varint(&mut rest)
-                    .map(|z| unzigzag(z) as u64)
-                    .map_err(|_| bad())
-            };
-            let (ds, dt) = (next()?, next()?);
-            prev = (prev.0.wrapping_add(ds), prev.1.wrapping_add(dt));
-            out.push(prev);
+            let s = take_delta(&mut rest, &mut source).ok_or_else(bad)?;
+            let t = take_delta(&mut rest, &mut target).ok_or_else(bad)?;
+            out.push((s, t));
         }
         return if out.is_empty() { Err(bad()) } else { Ok(out) };
     }
@@ -92,11 +79,10 @@ fn group_entry(sub_id: u64, pairs: &[(u64, u64)]) -> (GroupKey, Vec<u8>) {
     let mut key = [COMPACT; INDEX_KEY_LEN + 1];
     key[..INDEX_KEY_LEN].copy_from_slice(&index_key(sub_id, source, target));
     let mut body = Vec::with_capacity(pairs.len() * 2 + 16);
-    let mut prev = (0u64, 0u64);
+    let (mut prev_source, mut prev_target) = (0u64, 0u64);
     for &(s, t) in pairs {
-        prost::encoding::encode_varint(zigzag(s.wrapping_sub(prev.0) as i64), &mut body);
-        prost::encoding::encode_varint(zigzag(t.wrapping_sub(prev.1) as i64), &mut body);
-        prev = (s, t);
+        put_delta(&mut body, s, &mut prev_source);
+        put_delta(&mut body, t, &mut prev_target);
     }
     let sealed = seal(&key, &body);
     (key, sealed)

@@ -36,7 +36,7 @@
 //! once. (It used transactions of 1 024 entries, each removing what it
 //! added, and took 176 s at 5 million entries.)
 
-use super::codec::{read_be, seal, unseal};
+use super::codec::{put_delta, read_be, seal, take_delta, unseal};
 use super::*;
 use prost::encoding::{decode_varint, encode_varint};
 use sled::transaction::TransactionalTree;
@@ -125,14 +125,6 @@ const ITEM_HEADER: usize = 8 + 8 + 1 + 4 + 8 + 4;
 /// varints of one byte.
 const ITEM_HEADER_V2_MIN: usize = 6;
 
-fn zigzag(d: i64) -> u64 {
-    ((d << 1) ^ (d >> 63)) as u64
-}
-
-fn unzigzag(z: u64) -> i64 {
-    ((z >> 1) as i64) ^ -((z & 1) as i64)
-}
-
 fn slot_of(b: u64) -> Option<Slot> {
     match b {
         0 => Some(Slot::Empty),
@@ -155,8 +147,8 @@ pub(super) fn visit<'a>(body: &'a [u8], mut f: impl FnMut(ItemRef<'a>)) -> Resul
         let varint = |rest: &mut &'a [u8]| decode_varint(rest).map_err(|_| bad());
         let (mut due_ms, mut entry_id) = (0u64, 0u64);
         for _ in 0..n {
-            due_ms = due_ms.wrapping_add(unzigzag(varint(&mut rest)?) as u64);
-            entry_id = entry_id.wrapping_add(unzigzag(varint(&mut rest)?) as u64);
+            take_delta(&mut rest, &mut due_ms).ok_or_else(bad)?;
+            take_delta(&mut rest, &mut entry_id).ok_or_else(bad)?;
             let slot = slot_of(varint(&mut rest)?).ok_or_else(bad)?;
             let count = u32::try_from(varint(&mut rest)?).map_err(|_| bad())?;
             let hold_until_ms = varint(&mut rest)?;
@@ -273,9 +265,8 @@ impl Chunk {
         out.extend_from_slice(&(self.items.len() as u32).to_be_bytes());
         let (mut due_ms, mut entry_id) = (0u64, 0u64);
         for i in &self.items {
-            encode_varint(zigzag(i.due_ms.wrapping_sub(due_ms) as i64), &mut out);
-            encode_varint(zigzag(i.entry_id.wrapping_sub(entry_id) as i64), &mut out);
-            (due_ms, entry_id) = (i.due_ms, i.entry_id);
+            put_delta(&mut out, i.due_ms, &mut due_ms);
+            put_delta(&mut out, i.entry_id, &mut entry_id);
             encode_varint(i.slot as u64, &mut out);
             encode_varint(u64::from(i.head.count), &mut out);
             encode_varint(i.head.hold_until_ms, &mut out);
