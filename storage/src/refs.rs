@@ -21,6 +21,7 @@ use super::{Arrival, StorageError, StorageResult as Result, TierMove};
 use crate::prelude::*;
 use prost::Message as _;
 use ricochet_proto::{Message, props};
+use std::collections::BTreeMap;
 
 /// The bytes every reference record starts with.
 pub const MAGIC: &[u8] = b"\x00RREF";
@@ -144,27 +145,34 @@ impl super::LogStorage {
             return Ok(None);
         }
         let mut candidates: Vec<(usize, u64)> = Vec::new();
+        // Retries of retries, by the tier topic they came from: (item, entry).
+        let mut through: BTreeMap<&str, Vec<(usize, u64)>> = BTreeMap::new();
         for (i, item) in mv.items.iter().enumerate() {
             let (Arrival::Retry { .. }, Some((from, entry))) = (&item.arrival, &item.source) else {
                 continue;
             };
-            let source = if from == topic {
-                Some(*entry)
-            } else if self.logged(from) {
-                None
-            } else {
-                // A retry of a retry: the reference it came through names
-                // the entry (a copy there stays a copy).
-                let raw = self.sled.read_one(from, *entry)?;
-                raw.as_deref()
+            if from == topic {
+                candidates.push((i, *entry));
+            } else if !self.logged(from) {
+                through.entry(from.as_str()).or_default().push((i, *entry));
+            }
+        }
+        // A retry of a retry: the reference it came through names the
+        // entry (a copy there stays a copy). Read per tier topic together,
+        // so each stored frame is read and split once, not once per item.
+        for (from, items) in through {
+            let ids: Vec<u64> = items.iter().map(|(_, e)| *e).collect();
+            for ((i, _), raw) in items.into_iter().zip(self.sled.read_many(from, &ids)?) {
+                let source = raw
+                    .as_deref()
                     .map(RetryRef::parse)
                     .transpose()?
                     .flatten()
                     .filter(|r| &r.source_topic == topic)
-                    .map(|r| r.source_entry)
-            };
-            if let Some(s) = source {
-                candidates.push((i, s));
+                    .map(|r| r.source_entry);
+                if let Some(s) = source {
+                    candidates.push((i, s));
+                }
             }
         }
         if candidates.is_empty() {

@@ -201,6 +201,50 @@ fn a_retry_of_a_retry_refers_to_the_topic_entry() {
     assert_eq!(read(&f, &[1]), vec![again]);
 }
 
+/// One move of several retries of retries, out of entry order, beside a
+/// first retry: each refers to its own topic entry, and one whose first
+/// retry was kept as a copy stays a copy.
+#[test]
+fn a_move_of_many_retries_of_retries_refers_each_to_its_own_entry() {
+    let f = fixture();
+    let mut own = copy(6, 1);
+    own.properties.insert("why".into(), "mine".into());
+    retry(
+        &f,
+        0,
+        vec![
+            (TierEntry::main(5), copy(5, 1), true),
+            (TierEntry::main(6), own, true),
+            (TierEntry::main(7), copy(7, 1), true),
+        ],
+    );
+    let again = |entry: u64| {
+        let mut m = read(&f, &[entry]).remove(0);
+        m.properties
+            .insert(props::RECONSUME_TIMES.into(), "2".into());
+        m.deliver_at_ms = 99_000 + entry;
+        m
+    };
+    let (a0, a1, a2) = (again(0), again(1), again(2));
+    retry(
+        &f,
+        3,
+        vec![
+            (TierEntry::retry(2), a2.clone(), true),
+            (TierEntry::main(8), copy(8, 1), true),
+            (TierEntry::retry(0), a0.clone(), true),
+            (TierEntry::retry(1), a1.clone(), true),
+        ],
+    );
+    let stored = raw(&f, &[3, 4, 5, 6]);
+    let source = |b: &[u8]| RetryRef::parse(b).unwrap().map(|r| r.source_entry);
+    assert_eq!(
+        stored.iter().map(|b| source(b)).collect::<Vec<_>>(),
+        [Some(7), Some(8), Some(5), None]
+    );
+    assert_eq!(read(&f, &[3, 4, 5, 6]), vec![a2, copy(8, 1), a0, a1]);
+}
+
 #[test]
 fn copies_old_and_with_properties_of_their_own_read_beside_references() {
     let f = fixture();

@@ -136,31 +136,59 @@ fn u32_at(b: &[u8], at: usize) -> Result<u32> {
 
 pub use super::ref_frame::Slot;
 
+/// Walks every slot of a plain value in order, giving `visit` the slot's
+/// index and its bytes (`None` once removed); the whole value is checked.
+/// Returns the slot count.
+fn walk_plain<'a>(b: &'a [u8], mut visit: impl FnMut(u64, Option<&'a [u8]>)) -> Result<u32> {
+    let n = u32_at(b, 0)?;
+    let mut at = 4;
+    for i in 0..n {
+        let len = u32_at(b, at)?;
+        at += 4;
+        if len == GONE {
+            visit(i.into(), None);
+        } else {
+            let e = b
+                .get(at..at.saturating_add(len as usize))
+                .ok_or_else(corrupt)?;
+            at += len as usize;
+            visit(i.into(), Some(e));
+        }
+    }
+    Ok(n)
+}
+
 /// Entries in the frame (ids from `first`), as `(id, Some(bytes))`, or
 /// `None` for a removed slot.
 pub fn slots(first: u64, b: &[u8]) -> Result<Vec<Slot<'_>>> {
     if is_compact(b) {
         return ref_frame::slots(first, b);
     }
-    let n = u32_at(b, 0)? as usize;
-    let mut at = 4;
     // Each slot takes at least 4 bytes: a damaged count cannot over-allocate.
-    let mut out = Vec::with_capacity(n.min(b.len() / 4));
-    for i in 0..n {
-        let len = u32_at(b, at)?;
-        at += 4;
-        let id = first.wrapping_add(i as u64);
-        if len == GONE {
-            out.push((id, None));
-        } else {
-            let e = b
-                .get(at..at.saturating_add(len as usize))
-                .ok_or_else(corrupt)?;
-            at += len as usize;
-            out.push((id, Some(Cow::Borrowed(e))));
-        }
-    }
+    let mut out = Vec::with_capacity((u32_at(b, 0)? as usize).min(b.len() / 4));
+    walk_plain(b, |i, e| {
+        out.push((first.wrapping_add(i), e.map(Cow::Borrowed)))
+    })?;
     Ok(out)
+}
+
+/// Entry `id` of the frame whose first id is `first` (`None` when removed
+/// or not in the frame). Only that entry is rebuilt when the frame is
+/// compact; the whole frame is still checked.
+pub fn entry(first: u64, b: &[u8], id: u64) -> Result<Option<Cow<'_, [u8]>>> {
+    if is_compact(b) {
+        return ref_frame::entry(first, b, id);
+    }
+    let Some(want) = id.checked_sub(first) else {
+        return Ok(None);
+    };
+    let mut found = None;
+    walk_plain(b, |i, e| {
+        if i == want {
+            found = e.map(Cow::Borrowed);
+        }
+    })?;
+    Ok(found)
 }
 
 /// The live entries of a frame whose first id is `first`.
@@ -209,11 +237,19 @@ mod tests {
             got,
             vec![(10, b"a".to_vec()), (11, vec![]), (12, b"ccc".to_vec())]
         );
+        let one = |b: &[u8], id| super::entry(10, b, id).unwrap().map(|e| e.to_vec());
+        assert_eq!(one(&f, 12), Some(b"ccc".to_vec()));
+        assert_eq!(one(&f, 11), Some(vec![]));
+        assert_eq!((one(&f, 9), one(&f, 13)), (None, None));
         let g = super::without(10, &f, 11).unwrap().unwrap();
         assert_eq!(super::count(&g).unwrap(), 3);
         assert_eq!(super::live(&g).unwrap(), 2);
         assert!(super::without(10, &g, 11).unwrap().is_none());
+        assert_eq!(one(&g, 11), None, "a removed entry reads as none");
+        assert_eq!(one(&g, 12), Some(b"ccc".to_vec()));
         assert!(super::entries(0, &f[..5]).is_err());
+        // A damaged frame is corrupt even when the entry asked for is whole.
+        assert!(super::entry(10, &f[..f.len() - 1], 10).is_err());
     }
 
     /// Runs keep the entries in order, each sealed frame within the limit

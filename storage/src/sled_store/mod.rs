@@ -363,9 +363,7 @@ impl LogStore for SledStorage {
             return Ok(None);
         };
         let (k, v) = kv?;
-        Ok(frame::entries(read_be(&k)?, unseal(&k, &v)?)?
-            .find(|(i, _)| *i == id)
-            .map(|(_, e)| e.into_owned()))
+        Ok(frame::entry(read_be(&k)?, unseal(&k, &v)?, id)?.map(|e| e.into_owned()))
     }
 
     fn read_many(&self, topic: &str, ids: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {

@@ -111,43 +111,92 @@ fn header(b: &[u8]) -> Result<(&str, u64, &[u8])> {
 /// layout; [`super::frame`] uses it).
 pub type Slot<'a> = (u64, Option<Cow<'a, [u8]>>);
 
-/// Slots of a compact value: each entry in its plain form (a reference
-/// rebuilt, an entry stored whole borrowed).
-pub fn slots(first: u64, b: &[u8]) -> Result<Vec<Slot<'_>>> {
+/// One slot of a compact value as stored, before a reference is rebuilt.
+enum Stored<'a> {
+    Gone,
+    /// A reference's source entry, `RECONSUMETIMES`, `DELAY_TIME` and due
+    /// time.
+    Ref([u64; 4]),
+    Whole(&'a [u8]),
+}
+
+impl<'a> Stored<'a> {
+    /// The slot in its plain form: a reference rebuilt under `topic`.
+    fn plain(self, topic: &str) -> Option<Cow<'a, [u8]>> {
+        match self {
+            Stored::Gone => None,
+            Stored::Ref([entry, times, delay, at]) => Some(Cow::Owned(
+                RetryRef {
+                    source_topic: topic.to_owned(),
+                    source_entry: entry,
+                    reconsume_times: times.to_string(),
+                    delay_time: delay.to_string(),
+                    deliver_at_ms: at,
+                }
+                .to_bytes(),
+            )),
+            Stored::Whole(e) => Some(Cow::Borrowed(e)),
+        }
+    }
+}
+
+/// Walks every slot of a compact value in order, giving `visit` the
+/// frame's topic, the slot's index and the slot as stored; the whole value
+/// is checked (a damaged one is corrupt whichever slot is wanted). Returns
+/// the slot count.
+fn walk<'a>(b: &'a [u8], mut visit: impl FnMut(&'a str, u64, Stored<'a>)) -> Result<u64> {
     let (topic, n, mut rest) = header(b)?;
-    // Each slot takes at least one byte: a damaged count cannot over-allocate.
-    let mut out = Vec::with_capacity((n as usize).min(rest.len()));
     let mut prev = [0u64; 4];
     for i in 0..n {
-        let id = first.wrapping_add(i);
         let slot = match varint(&mut rest)? {
-            GONE => None,
+            GONE => Stored::Gone,
             REF => {
                 for p in prev.iter_mut() {
                     take_delta(&mut rest, p).ok_or_else(|| corrupt("truncated varint"))?;
                 }
-                let r = RetryRef {
-                    source_topic: topic.to_owned(),
-                    source_entry: prev[0],
-                    reconsume_times: prev[1].to_string(),
-                    delay_time: prev[2].to_string(),
-                    deliver_at_ms: prev[3],
-                };
-                Some(Cow::Owned(r.to_bytes()))
+                Stored::Ref(prev)
             }
             h => {
                 let len = usize::try_from(h - WHOLE).unwrap_or(usize::MAX);
                 let e = rest.get(..len).ok_or_else(|| corrupt("truncated entry"))?;
                 rest = &rest[len..];
-                Some(Cow::Borrowed(e))
+                Stored::Whole(e)
             }
         };
-        out.push((id, slot));
+        visit(topic, i, slot);
     }
     if !rest.is_empty() {
         return Err(corrupt("bytes after the last slot"));
     }
+    Ok(n)
+}
+
+/// Slots of a compact value: each entry in its plain form (a reference
+/// rebuilt, an entry stored whole borrowed).
+pub fn slots(first: u64, b: &[u8]) -> Result<Vec<Slot<'_>>> {
+    let (_, n, rest) = header(b)?;
+    // Each slot takes at least one byte: a damaged count cannot over-allocate.
+    let mut out = Vec::with_capacity((n as usize).min(rest.len()));
+    walk(b, |topic, i, slot| {
+        out.push((first.wrapping_add(i), slot.plain(topic)))
+    })?;
     Ok(out)
+}
+
+/// Entry `id` of a compact value whose first id is `first`, in its plain
+/// form (`None` when removed or not in the value). Only that entry is
+/// rebuilt: reading one reference of a frame costs one, not the frame's.
+pub fn entry(first: u64, b: &[u8], id: u64) -> Result<Option<Cow<'_, [u8]>>> {
+    let Some(want) = id.checked_sub(first) else {
+        return Ok(None);
+    };
+    let mut found = None;
+    walk(b, |topic, i, slot| {
+        if i == want {
+            found = slot.plain(topic);
+        }
+    })?;
+    Ok(found)
 }
 
 /// The slot count of a compact value.
@@ -183,6 +232,12 @@ mod tests {
             })
             .collect();
         assert_eq!(back, slots, "every slot reads back byte for byte");
+        // One entry at a time reads the same, and nothing outside the frame.
+        let one = |id| entry(100, &compact, id).unwrap().map(Cow::into_owned);
+        let each: Vec<Option<Vec<u8>>> = (0..slots.len() as u64).map(|i| one(100 + i)).collect();
+        assert_eq!(each, slots, "each slot read alone reads back byte for byte");
+        assert_eq!(one(99), None);
+        assert_eq!(one(100 + slots.len() as u64), None);
         assert_eq!(count(&compact).unwrap(), slots.len() as u64);
         compact
     }
@@ -247,10 +302,13 @@ mod tests {
         let compact = encode(&borrowed).unwrap();
         for cut in MARKER.len()..compact.len() {
             assert!(self::slots(0, &compact[..cut]).is_err(), "cut at {cut}");
+            // Even when the slot asked for is whole before the cut.
+            assert!(entry(0, &compact[..cut], 0).is_err(), "cut at {cut}");
         }
         let mut longer = compact.clone();
         longer.push(0);
         assert!(self::slots(0, &longer).is_err());
+        assert!(entry(0, &longer, 0).is_err());
         // A count far beyond the bytes.
         let mut huge = MARKER.to_vec();
         encode_varint(1, &mut huge);
