@@ -104,9 +104,14 @@ enum Kind {
     Reconsume,
     /// A nack with a 1 h delay the broker holds, in place.
     Nack,
+    /// A retry of a retry: each message `reconsume_later(10 ms)` first
+    /// (untimed), then received from the retry tier and
+    /// `reconsume_later(1 h)` again; the second pass is the one measured.
+    ReconsumeAgain,
 }
 
-/// `RS_LIVE_KIND=reconsume|nack` (a comma list runs each); `reconsume` by default.
+/// `RS_LIVE_KIND=reconsume|nack|reconsume2` (a comma list runs each);
+/// `reconsume` by default.
 fn kinds() -> Vec<Kind> {
     std::env::var("RS_LIVE_KIND")
         .unwrap_or_else(|_| "reconsume".into())
@@ -114,6 +119,7 @@ fn kinds() -> Vec<Kind> {
         .filter_map(|k| match k.trim() {
             "reconsume" => Some(Kind::Reconsume),
             "nack" => Some(Kind::Nack),
+            "reconsume2" => Some(Kind::ReconsumeAgain),
             _ => None,
         })
         .collect()
@@ -281,6 +287,9 @@ async fn park(target: &Target, kind: Kind, n: usize) -> Result<Row, BoxError> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (after_publish, _) = rss_now();
 
+    if kind == Kind::ReconsumeAgain {
+        first_retries(&mut c, url, n).await?;
+    }
     let before = retry_tier_entries(url).await?;
     let scheduled_before = scheduled(url).await?;
     let t = Instant::now();
@@ -317,17 +326,7 @@ async fn park(target: &Target, kind: Kind, n: usize) -> Result<Row, BoxError> {
             continue;
         }
         for m in batch {
-            c.send(consume_request::Request::ReconsumeLater(
-                ricochet_proto::ReconsumeLater {
-                    request_id: 0,
-                    id: m.id,
-                    delay: Some(reconsume_later::Delay::DelayMs(HOUR_MS)),
-                    properties: Default::default(),
-                    detail: String::new(),
-                    waited_us: 0,
-                },
-            ))
-            .await?;
+            c.send(reconsume(m.id, HOUR_MS)).await?;
         }
     }
     let deadline = Instant::now() + Duration::from_secs(1_800);
@@ -335,7 +334,7 @@ async fn park(target: &Target, kind: Kind, n: usize) -> Result<Row, BoxError> {
         // Each frame is confirmed once its counts are durable.
         c.confirmed(frames, Duration::from_secs(1_800)).await?;
     }
-    if kind == Kind::Reconsume {
+    if kind != Kind::Nack {
         loop {
             let s = retry_tier_entries(url).await? - before;
             if s >= n as u64 {
@@ -351,7 +350,13 @@ async fn park(target: &Target, kind: Kind, n: usize) -> Result<Row, BoxError> {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (parked_rss, hwm) = rss_now();
     // Every retry parked (durably: sync mode), checked once the RSS is read.
-    let now_scheduled = scheduled(url).await? - scheduled_before;
+    // (A retry of a retry replaces its first retry in the schedule.)
+    let now_scheduled = scheduled(url).await?
+        - if kind == Kind::ReconsumeAgain {
+            0
+        } else {
+            scheduled_before
+        };
     if now_scheduled != n as u64 {
         return Err(format!("{now_scheduled} of {n} retries scheduled").into());
     }
@@ -384,6 +389,43 @@ async fn park(target: &Target, kind: Kind, n: usize) -> Result<Row, BoxError> {
         hwm,
         restart: None,
     })
+}
+
+/// A `reconsume_later` of `id` with `delay_ms`, no confirmation asked.
+fn reconsume(id: Option<ricochet_proto::MessageId>, delay_ms: u64) -> consume_request::Request {
+    consume_request::Request::ReconsumeLater(ricochet_proto::ReconsumeLater {
+        request_id: 0,
+        id,
+        delay: Some(reconsume_later::Delay::DelayMs(delay_ms)),
+        properties: Default::default(),
+        detail: String::new(),
+        waited_us: 0,
+    })
+}
+
+/// The untimed first pass of [`Kind::ReconsumeAgain`]: all `n` received
+/// and retried after 10 ms, then left due (no permits) in the retry tier.
+async fn first_retries(c: &mut RawConsumer, url: &str, n: usize) -> Result<(), BoxError> {
+    c.flow(n).await?;
+    let mut retried = 0usize;
+    while retried < n {
+        let Some(batch) = c.messages(Duration::from_secs(60)).await? else {
+            return Err(format!("only {retried} of {n} messages arrived").into());
+        };
+        retried += batch.len();
+        for m in batch {
+            c.send(reconsume(m.id, 10)).await?;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(1_800);
+    while retry_tier_entries(url).await? < n as u64 {
+        if Instant::now() > deadline {
+            return Err("the first retries were not all parked after 30 min".into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(())
 }
 
 /// One line per `verify_on_start` mode: the ranges over its restarts.
