@@ -4,7 +4,9 @@
 //! 1 h `reconsume_later` (pipelined frames, no confirmation awaited), or
 //! with `RS_LIVE_KIND=nack` nacked with a 1 h delay the broker holds (in
 //! place, NATS' `NakWithDelay`; one confirmed frame per delivered batch);
-//! `RS_LIVE_KIND=reconsume,nack` runs both; `RS_LIVE_NACK_FRAME=k` sends
+//! with `RS_LIVE_KIND=reconsume2` a retry of a retry (each retried once
+//! after 10 ms, then `reconsume_later(1 h)` from the retry tier, that pass
+//! timed); `RS_LIVE_KIND=reconsume,nack` runs both; `RS_LIVE_NACK_FRAME=k` sends
 //! the nacks in frames of `k` messages instead (a client that fails its
 //! messages a few at a time); the
 //! broker's resident memory idle, after publishing and once the retries are
