@@ -262,6 +262,7 @@ impl Driver {
         match r.response {
             Some(consume_response::Response::Messages(batch)) => {
                 tracing::trace!(target: "ricochet::burst", n = batch.messages.len(), "client: a frame of messages decoded");
+                let mut messages = Vec::with_capacity(batch.messages.len());
                 for m in batch.messages {
                     let Some(msg) = Message::from_proto(m, self.epoch, |t| self.ids.intern(t))
                     else {
@@ -273,17 +274,15 @@ impl Driver {
                         continue;
                     };
                     self.inflight.delivered(key);
-                    if self
-                        .out
-                        .send(Delivery {
-                            epoch: self.epoch,
-                            item: Ok(msg),
-                            local: false,
-                        })
-                        .is_err()
-                    {
-                        break;
-                    }
+                    messages.push(msg);
+                }
+                // One send per frame (see `Delivery`).
+                if !messages.is_empty() {
+                    let _ = self.out.send(Delivery {
+                        epoch: self.epoch,
+                        item: Ok(messages),
+                        local: false,
+                    });
                 }
             }
             Some(consume_response::Response::Result(r)) => self.on_result(r),
@@ -757,15 +756,12 @@ impl Driver {
         let here = self
             .inflight
             .fire_nacks(until, self.cfg.nack_lead, &self.ids, covered);
-        for msg in here {
-            let delivery = Delivery {
+        if !here.is_empty() {
+            let _ = self.out.send(Delivery {
                 epoch: self.epoch,
-                item: Ok(msg),
+                item: Ok(here),
                 local: true,
-            };
-            if self.out.send(delivery).is_err() {
-                break;
-            }
+            });
         }
     }
 
