@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ricochet_proto::reconsume_later;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::shared::{Cmd, Reply, Shared};
@@ -36,7 +36,7 @@ use crate::message::{Message, MessageId};
 /// [`Consumer::acker`](super::Consumer::acker) for other tasks.
 #[derive(Debug, Clone)]
 pub struct Acker {
-    pub(super) tx: mpsc::UnboundedSender<Cmd>,
+    pub(super) tx: super::commands::CmdTx,
     pub(super) shared: Arc<Shared>,
     /// On a partitioned topic: the partitions' ackers, which every call
     /// goes to (by the topic in the message id).
@@ -63,6 +63,15 @@ impl Acker {
         self.tx.send(cmd).map_err(|_| Error::closed())
     }
 
+    /// Queues a plain ack: it wakes the driver only when the driver has no
+    /// ack flush armed or the group's room is used up (`commands`).
+    fn send_quiet(&self, cmd: Cmd) -> Result<()> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(Error::closed());
+        }
+        self.tx.send_quiet(cmd).map_err(|_| Error::closed())
+    }
+
     /// Fails for a message of an earlier stream.
     fn current(&self, msg: &Message) -> Result<()> {
         if msg.epoch == self.shared.epoch.load(Ordering::Acquire) {
@@ -86,6 +95,13 @@ impl Acker {
         let this = self.target(&msg.id)?;
         let this = &this;
         this.current(msg)?;
+        if !this.shared.receipts {
+            return this.send_quiet(Cmd::Ack {
+                id: msg.id.clone(),
+                epoch: Some(msg.epoch),
+                reply: None,
+            });
+        }
         this.settle(|reply| Cmd::Ack {
             id: msg.id.clone(),
             epoch: Some(msg.epoch),
@@ -99,6 +115,13 @@ impl Acker {
     pub async fn ack_id(&self, id: &MessageId) -> Result<()> {
         let this = self.target(id)?;
         let this = &this;
+        if !this.shared.receipts {
+            return this.send_quiet(Cmd::Ack {
+                id: id.clone(),
+                epoch: None,
+                reply: None,
+            });
+        }
         this.settle(|reply| Cmd::Ack {
             id: id.clone(),
             epoch: None,

@@ -52,7 +52,7 @@ pub(super) fn spawn(
     reconnect: Reconnector,
 ) -> Consumer {
     let cfg = Arc::new(cfg);
-    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+    let (cmd_tx, cmd_rx) = super::commands::channel();
     let (out_tx, out_rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         topic: subscribed.topic.clone(),
@@ -123,7 +123,7 @@ struct Driver {
     topic: String,
     cfg: Arc<ConsumerConfig>,
     shared: Arc<Shared>,
-    rx: mpsc::UnboundedReceiver<Cmd>,
+    rx: super::commands::CmdRx,
     out: mpsc::UnboundedSender<Delivery>,
     conn: Option<Conn>,
     epoch: u64,
@@ -163,6 +163,16 @@ impl Driver {
             } else {
                 None
             };
+            // Plain acks may wait in the queue unwoken while a group is
+            // armed, up to its room: taken at the next wake, at the latest
+            // at the flush deadline (`commands`).
+            let quiet_room = match self.acks.deadline() {
+                Some(_) if self.conn.is_some() => {
+                    self.cfg.ack_group_max.saturating_sub(self.acks.unsent())
+                }
+                _ => 0,
+            };
+            self.rx.allow_quiet(quiet_room);
             let event = tokio::select! {
                 biased;
                 r = next_frame(self.conn.as_mut().map(|c| &mut c.inbound)) => Event::Response(r),
@@ -194,9 +204,11 @@ impl Driver {
                     }
                 }
                 Event::Response(Ok(None)) => {
+                    self.take_queued(rx_open);
                     self.lost("the broker ended the consumer stream".into())
                 }
                 Event::Response(Err(s)) => {
+                    self.take_queued(rx_open);
                     let e = self.client.stream_broke(s);
                     self.lost(e.to_string());
                 }
@@ -209,9 +221,20 @@ impl Driver {
                     rx_open = false;
                     self.start_close(None);
                 }
-                Event::AckFlush => self.flush_acks(),
-                Event::NackDue => self.fire_nacks(Instant::now()),
-                Event::AckTimeout => self.fire_ack_timeouts(),
+                // Quiet acks first (`commands`): they make this flush, and
+                // a message acked is never timed out or redelivered.
+                Event::AckFlush => {
+                    self.take_queued(rx_open);
+                    self.flush_acks();
+                }
+                Event::NackDue => {
+                    self.take_queued(rx_open);
+                    self.fire_nacks(Instant::now());
+                }
+                Event::AckTimeout => {
+                    self.take_queued(rx_open);
+                    self.fire_ack_timeouts();
+                }
                 Event::Reconnect => self.reconnect().await,
                 Event::CloseDeadline => {
                     let r = self.confirmed("the broker did not confirm them in time");
@@ -246,8 +269,8 @@ impl Driver {
     fn take_queued(&mut self, rx_open: bool) {
         for _ in 0..if rx_open { 1024 } else { 0 } {
             match self.rx.try_recv() {
-                Ok(cmd) => self.on_cmd(cmd),
-                Err(_) => break,
+                Some(cmd) => self.on_cmd(cmd),
+                None => break,
             }
         }
         // Acks someone awaits (ack receipts) go once every command queued

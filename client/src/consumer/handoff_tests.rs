@@ -22,10 +22,10 @@ fn consumer(
 ) -> (
     Consumer,
     mpsc::UnboundedSender<Delivery>,
-    mpsc::UnboundedReceiver<Cmd>,
+    super::commands::CmdRx,
     Arc<Shared>,
 ) {
-    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+    let (cmd_tx, cmd_rx) = super::commands::channel();
     let (out_tx, out_rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         topic: "t".into(),
@@ -59,7 +59,9 @@ fn message(entry_id: u64, epoch: u64) -> Message {
             topic: "t".into(),
             entry_id,
         }),
-        payload: (0..=255u8).map(|b| b.wrapping_add(entry_id as u8)).collect(),
+        payload: (0..=255u8)
+            .map(|b| b.wrapping_add(entry_id as u8))
+            .collect(),
         properties: [("k".to_string(), format!("v{entry_id}"))].into(),
         delivery_count: u32::try_from(entry_id % 3).unwrap(),
         ..Default::default()
@@ -75,9 +77,9 @@ fn frame(ids: std::ops::Range<u64>, epoch: u64, local: bool) -> Delivery {
     }
 }
 
-fn flows(cmds: &mut mpsc::UnboundedReceiver<Cmd>) -> Vec<u32> {
+fn flows(cmds: &mut super::commands::CmdRx) -> Vec<u32> {
     let mut out = Vec::new();
-    while let Ok(c) = cmds.try_recv() {
+    while let Some(c) = cmds.try_recv() {
         if let Cmd::Flow(n) = c {
             out.push(n);
         }

@@ -66,6 +66,7 @@
 mod acker;
 mod acks;
 mod builder;
+mod commands;
 mod config;
 mod driver;
 mod local;
