@@ -67,27 +67,34 @@ pub(super) fn channel() -> (CmdTx, CmdRx) {
     (CmdTx(inner.clone()), CmdRx(inner))
 }
 
+/// The driver is gone: a command was not queued (and is dropped, its
+/// caller's reply with it).
+#[derive(Debug)]
+pub(super) struct Closed;
+
 /// The handles' end (cloned with each handle).
 #[derive(Debug)]
 pub(super) struct CmdTx(Arc<Inner>);
 
 impl CmdTx {
-    /// Queues `cmd` and wakes the driver; `Err` once the driver is gone.
-    pub(super) fn send(&self, cmd: Cmd) -> Result<(), Cmd> {
+    /// Queues `cmd` and wakes the driver; [`Closed`] once the driver is gone.
+    pub(super) fn send(&self, cmd: Cmd) -> Result<(), Closed> {
         self.push(cmd, false)
     }
 
     /// Queues `cmd`, waking the driver only if the room it allowed for
     /// quiet commands is used up (see the module docs).
-    pub(super) fn send_quiet(&self, cmd: Cmd) -> Result<(), Cmd> {
+    pub(super) fn send_quiet(&self, cmd: Cmd) -> Result<(), Closed> {
         self.push(cmd, true)
     }
 
-    fn push(&self, cmd: Cmd, quiet: bool) -> Result<(), Cmd> {
+    fn push(&self, cmd: Cmd, quiet: bool) -> Result<(), Closed> {
         let wake = {
             let mut st = self.0.lock();
             if st.closed {
-                return Err(cmd);
+                drop(st);
+                drop(cmd);
+                return Err(Closed);
             }
             st.queue.push_back(cmd);
             if quiet && st.quiet < st.quiet_room {

@@ -475,17 +475,15 @@ impl Stream for Consumer {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        loop {
-            let polled = match &mut this.merged {
-                Some(m) => m.poll_next(cx),
-                None => this.poll_own(cx),
-            };
-            match polled {
-                Poll::Pending => this.idle(),
-                Poll::Ready(_) => this.idle_told = false,
-            }
-            return polled;
+        let polled = match &mut this.merged {
+            Some(m) => m.poll_next(cx),
+            None => this.poll_own(cx),
+        };
+        match polled {
+            Poll::Pending => this.idle(),
+            Poll::Ready(_) => this.idle_told = false,
         }
+        polled
     }
 }
 

@@ -202,7 +202,12 @@ async fn quiet_acks_go_with_their_group_at_its_deadline() {
     let start = Instant::now();
     let mut seen = Vec::new();
     loop {
-        let s = env.client.admin().subscription_stats(&t, "s").await.unwrap();
+        let s = env
+            .client
+            .admin()
+            .subscription_stats(&t, "s")
+            .await
+            .unwrap();
         if seen.last() != Some(&s.unacked) {
             seen.push(s.unacked);
         }
