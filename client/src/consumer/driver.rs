@@ -52,7 +52,7 @@ pub(super) fn spawn(
     reconnect: Reconnector,
 ) -> Consumer {
     let cfg = Arc::new(cfg);
-    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+    let (cmd_tx, cmd_rx) = super::commands::channel();
     let (out_tx, out_rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         topic: subscribed.topic.clone(),
@@ -123,7 +123,7 @@ struct Driver {
     topic: String,
     cfg: Arc<ConsumerConfig>,
     shared: Arc<Shared>,
-    rx: mpsc::UnboundedReceiver<Cmd>,
+    rx: super::commands::CmdRx,
     out: mpsc::UnboundedSender<Delivery>,
     conn: Option<Conn>,
     epoch: u64,
@@ -163,6 +163,16 @@ impl Driver {
             } else {
                 None
             };
+            // Plain acks may wait in the queue unwoken while a group is
+            // armed, up to its room: taken at the next wake, at the latest
+            // at the flush deadline (`commands`).
+            let quiet_room = match self.acks.deadline() {
+                Some(_) if self.conn.is_some() => {
+                    self.cfg.ack_group_max.saturating_sub(self.acks.unsent())
+                }
+                _ => 0,
+            };
+            self.rx.allow_quiet(quiet_room);
             let event = tokio::select! {
                 biased;
                 r = next_frame(self.conn.as_mut().map(|c| &mut c.inbound)) => Event::Response(r),
@@ -194,9 +204,11 @@ impl Driver {
                     }
                 }
                 Event::Response(Ok(None)) => {
+                    self.take_queued(rx_open);
                     self.lost("the broker ended the consumer stream".into())
                 }
                 Event::Response(Err(s)) => {
+                    self.take_queued(rx_open);
                     let e = self.client.stream_broke(s);
                     self.lost(e.to_string());
                 }
@@ -209,9 +221,20 @@ impl Driver {
                     rx_open = false;
                     self.start_close(None);
                 }
-                Event::AckFlush => self.flush_acks(),
-                Event::NackDue => self.fire_nacks(Instant::now()),
-                Event::AckTimeout => self.fire_ack_timeouts(),
+                // Quiet acks first (`commands`): they make this flush, and
+                // a message acked is never timed out or redelivered.
+                Event::AckFlush => {
+                    self.take_queued(rx_open);
+                    self.flush_acks();
+                }
+                Event::NackDue => {
+                    self.take_queued(rx_open);
+                    self.fire_nacks(Instant::now());
+                }
+                Event::AckTimeout => {
+                    self.take_queued(rx_open);
+                    self.fire_ack_timeouts();
+                }
                 Event::Reconnect => self.reconnect().await,
                 Event::CloseDeadline => {
                     let r = self.confirmed("the broker did not confirm them in time");
@@ -246,8 +269,8 @@ impl Driver {
     fn take_queued(&mut self, rx_open: bool) {
         for _ in 0..if rx_open { 1024 } else { 0 } {
             match self.rx.try_recv() {
-                Ok(cmd) => self.on_cmd(cmd),
-                Err(_) => break,
+                Some(cmd) => self.on_cmd(cmd),
+                None => break,
             }
         }
         // Acks someone awaits (ack receipts) go once every command queued
@@ -262,6 +285,7 @@ impl Driver {
         match r.response {
             Some(consume_response::Response::Messages(batch)) => {
                 tracing::trace!(target: "ricochet::burst", n = batch.messages.len(), "client: a frame of messages decoded");
+                let mut messages = Vec::with_capacity(batch.messages.len());
                 for m in batch.messages {
                     let Some(msg) = Message::from_proto(m, self.epoch, |t| self.ids.intern(t))
                     else {
@@ -273,17 +297,15 @@ impl Driver {
                         continue;
                     };
                     self.inflight.delivered(key);
-                    if self
-                        .out
-                        .send(Delivery {
-                            epoch: self.epoch,
-                            item: Ok(msg),
-                            local: false,
-                        })
-                        .is_err()
-                    {
-                        break;
-                    }
+                    messages.push(msg);
+                }
+                // One send per frame (see `Delivery`).
+                if !messages.is_empty() {
+                    let _ = self.out.send(Delivery {
+                        epoch: self.epoch,
+                        item: Ok(messages),
+                        local: false,
+                    });
                 }
             }
             Some(consume_response::Response::Result(r)) => self.on_result(r),
@@ -757,15 +779,12 @@ impl Driver {
         let here = self
             .inflight
             .fire_nacks(until, self.cfg.nack_lead, &self.ids, covered);
-        for msg in here {
-            let delivery = Delivery {
+        if !here.is_empty() {
+            let _ = self.out.send(Delivery {
                 epoch: self.epoch,
-                item: Ok(msg),
+                item: Ok(here),
                 local: true,
-            };
-            if self.out.send(delivery).is_err() {
-                break;
-            }
+            });
         }
     }
 

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 
 use crate::ids::Key;
 use crate::message::Message;
+use crate::tracker::IdBuildHasher;
 
 /// A nacked message kept for local redelivery.
 #[derive(Debug)]
@@ -28,7 +29,7 @@ struct Copy {
 /// The copies kept by one consumer stream.
 #[derive(Debug)]
 pub(super) struct LocalCopies {
-    copies: HashMap<Key, Copy>,
+    copies: HashMap<Key, Copy, IdBuildHasher>,
     /// Payload bytes held (the sum over `copies`).
     bytes: usize,
     /// At most this many payload bytes held; zero keeps none.
@@ -39,7 +40,7 @@ impl LocalCopies {
     /// Copies whose payloads total at most `budget` bytes (zero: none).
     pub(super) fn new(budget: usize) -> Self {
         Self {
-            copies: HashMap::new(),
+            copies: HashMap::default(),
             bytes: 0,
             budget,
         }
@@ -80,12 +81,16 @@ impl LocalCopies {
 
     /// Drops the copy of `key` (settled, or sent to the broker).
     pub(super) fn forget(&mut self, key: &Key) {
-        self.remove(key);
+        // Called for every delivery and settle; most consumers keep no
+        // copies, so skip hashing the key then.
+        if !self.copies.is_empty() {
+            self.remove(key);
+        }
     }
 
     /// Drops every copy (the stream ended: the broker redelivers).
     pub(super) fn clear(&mut self) {
-        self.copies = HashMap::new();
+        self.copies = HashMap::default();
         self.bytes = 0;
     }
 

@@ -66,6 +66,7 @@
 mod acker;
 mod acks;
 mod builder;
+mod commands;
 mod config;
 mod driver;
 mod local;
@@ -141,6 +142,8 @@ use shared::{ACTIVE_NO, ACTIVE_YES, Cmd, Delivery};
 #[derive(Debug)]
 pub struct Consumer {
     rx: mpsc::UnboundedReceiver<Delivery>,
+    /// The rest of the frame taken last from `rx`, not yet handed out.
+    buffered: Buffered,
     acker: Acker,
     /// On a partitioned topic, the partitions' merged deliveries (`rx` is
     /// then unused).
@@ -150,10 +153,30 @@ pub struct Consumer {
     idle_told: bool,
 }
 
+/// The messages of the frame a [`Consumer`] took last from its driver,
+/// with the stream generation and kind they came with.
+#[derive(Debug)]
+struct Buffered {
+    messages: std::vec::IntoIter<Message>,
+    epoch: u64,
+    local: bool,
+}
+
+impl Default for Buffered {
+    fn default() -> Self {
+        Self {
+            messages: Vec::new().into_iter(),
+            epoch: 0,
+            local: false,
+        }
+    }
+}
+
 impl Consumer {
     fn new(rx: mpsc::UnboundedReceiver<Delivery>, acker: Acker) -> Self {
         Self {
             rx,
+            buffered: Buffered::default(),
             acker,
             merged: None,
             idle_told: false,
@@ -163,6 +186,7 @@ impl Consumer {
     fn partitioned(merged: partitioned::Merged, acker: Acker) -> Self {
         Self {
             rx: mpsc::unbounded_channel().1,
+            buffered: Buffered::default(),
             acker,
             merged: Some(merged),
             idle_told: false,
@@ -197,29 +221,52 @@ impl Consumer {
         }
     }
 
-    /// Filters a delivery taken from the queue: drops messages of an old
-    /// stream, counts consumption for flow permits.
-    fn accept(&self, d: Delivery) -> Option<Result<Message>> {
-        match d.item {
-            Ok(m) => {
-                if d.epoch != self.acker.shared.epoch.load(Ordering::Acquire) {
-                    return None;
+    /// Filters a message as the application takes it: drops messages of
+    /// an old stream, counts consumption for flow permits.
+    fn accept(&self, m: Message, epoch: u64, local: bool) -> Option<Message> {
+        if epoch != self.acker.shared.epoch.load(Ordering::Acquire) {
+            return None;
+        }
+        if !local {
+            self.consumed(1);
+        }
+        if self.acker.shared.track_taken {
+            // The ack timeout runs from here (Pulsar's rule): a
+            // message waiting in the prefetch queue cannot time out.
+            let _ = self.acker.tx.send(Cmd::Taken {
+                id: m.id.clone(),
+                epoch,
+                at: Instant::now(),
+            });
+        }
+        Some(m)
+    }
+
+    /// The next message of this (unpartitioned) consumer: from the frame
+    /// taken last, else from the driver's queue.
+    fn poll_own(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Message>>> {
+        loop {
+            if let Some(m) = self.buffered.messages.next() {
+                let (epoch, local) = (self.buffered.epoch, self.buffered.local);
+                match self.accept(m, epoch, local) {
+                    Some(m) => return Poll::Ready(Some(Ok(m))),
+                    None => continue,
                 }
-                if !d.local {
-                    self.consumed(1);
-                }
-                if self.acker.shared.track_taken {
-                    // The ack timeout runs from here (Pulsar's rule): a
-                    // message waiting in the prefetch queue cannot time out.
-                    let _ = self.acker.tx.send(Cmd::Taken {
-                        id: m.id.clone(),
-                        epoch: d.epoch,
-                        at: Instant::now(),
-                    });
-                }
-                Some(Ok(m))
             }
-            Err(e) => Some(Err(e)),
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(d)) => match d.item {
+                    Ok(messages) => {
+                        self.buffered = Buffered {
+                            messages: messages.into_iter(),
+                            epoch: d.epoch,
+                            local: d.local,
+                        };
+                    }
+                    Err(e) => return Poll::Ready(Some(Err(e))),
+                },
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
         }
     }
 
@@ -428,22 +475,18 @@ impl Stream for Consumer {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        loop {
-            let polled = match &mut this.merged {
-                Some(m) => m.poll_next(cx),
-                None => match this.rx.poll_recv(cx) {
-                    Poll::Ready(Some(d)) => match this.accept(d) {
-                        Some(item) => Poll::Ready(Some(item)),
-                        None => continue,
-                    },
-                    other => other.map(|_| None),
-                },
-            };
-            match polled {
-                Poll::Pending => this.idle(),
-                Poll::Ready(_) => this.idle_told = false,
-            }
-            return polled;
+        let polled = match &mut this.merged {
+            Some(m) => m.poll_next(cx),
+            None => this.poll_own(cx),
+        };
+        match polled {
+            Poll::Pending => this.idle(),
+            Poll::Ready(_) => this.idle_told = false,
         }
+        polled
     }
 }
+
+#[cfg(test)]
+#[path = "handoff_tests.rs"]
+mod handoff_tests;

@@ -246,7 +246,7 @@ pub(crate) async fn subscribe(
     }
     // The outer acker's own channel is never used: every call goes to a
     // partition's acker.
-    let (tx, _) = mpsc::unbounded_channel();
+    let (tx, _) = super::commands::channel();
     let acker = Acker {
         tx,
         shared,

@@ -23,7 +23,7 @@ use super::local::LocalCopies;
 use super::shared::Reply;
 use crate::ids::{Key, TopicIds};
 use crate::message::{Message, MessageId};
-use crate::tracker::DelayTracker;
+use crate::tracker::{DelayTracker, IdBuildHasher};
 
 /// What to do with a nacked message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,13 +144,15 @@ struct AckTimeouts {
 #[derive(Debug)]
 pub(super) struct InFlight {
     /// Received on this stream and not yet settled by the application.
-    outstanding: HashSet<Key>,
+    /// FxHash, as the trackers' maps: every delivered message is inserted
+    /// and every settled one removed.
+    outstanding: HashSet<Key, IdBuildHasher>,
     /// With an ack timeout only.
     ack_timeouts: Option<AckTimeouts>,
     /// Nacks held for their delay.
     nacks: DelayTracker<Key>,
     /// The reasons given with held nacks.
-    nack_details: HashMap<Key, String>,
+    nack_details: HashMap<Key, String, IdBuildHasher>,
     /// Failures to send in the next `Redeliver` request, with who waits
     /// for the broker's confirmation (ack receipts).
     ready: Vec<Ready>,
@@ -167,7 +169,7 @@ impl InFlight {
     /// both are given.
     pub(super) fn new(ack_timeout: Option<Duration>, tick: Option<Duration>) -> Self {
         Self {
-            outstanding: HashSet::new(),
+            outstanding: HashSet::default(),
             ack_timeouts: ack_timeout.zip(tick).map(|(timeout, tick)| AckTimeouts {
                 timeout,
                 tracker: DelayTracker::new(tick),
@@ -175,7 +177,7 @@ impl InFlight {
             // Finer than tokio's 1 ms timer, so the rounding up here adds
             // at most a quarter of a millisecond to the timer's own.
             nacks: DelayTracker::new(Duration::from_micros(250)),
-            nack_details: HashMap::new(),
+            nack_details: HashMap::default(),
             ready: Vec::new(),
             counts_ahead: false,
             local: LocalCopies::new(0),
@@ -449,12 +451,12 @@ impl InFlight {
     /// The stream broke: the broker redelivers everything, forget it all.
     /// Returns who waited for nacks that were not sent.
     pub(super) fn clear(&mut self) -> Vec<Reply> {
-        self.outstanding = HashSet::new();
+        self.outstanding = HashSet::default();
         if let Some(t) = &mut self.ack_timeouts {
             t.tracker.clear();
         }
         self.nacks.clear();
-        self.nack_details = HashMap::new();
+        self.nack_details = HashMap::default();
         self.local.clear();
         self.ready.drain(..).filter_map(|r| r.reply).collect()
     }

@@ -111,12 +111,17 @@ pub(super) enum Cmd {
     Close(Reply),
 }
 
-/// A message (or the error that ended the consumer) for the application,
-/// tagged with the stream generation it arrived on.
+/// The messages of one frame (or the error that ended the consumer) for
+/// the application, tagged with the stream generation they arrived on.
+///
+/// A frame's messages go as one item, not one each: the driver makes one
+/// channel send per frame and the application's handle takes them from its
+/// own buffer (`Consumer::buffered`), still checking each against the
+/// current generation and counting each for flow permits as it is taken.
 pub(super) struct Delivery {
     pub(super) epoch: u64,
-    pub(super) item: Result<Message>,
-    /// Redelivered by the client itself: it took no flow permit.
+    pub(super) item: Result<Vec<Message>>,
+    /// Redelivered by the client itself: they took no flow permit.
     pub(super) local: bool,
 }
 
@@ -124,6 +129,7 @@ impl std::fmt::Debug for Delivery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Delivery")
             .field("epoch", &self.epoch)
+            .field("messages", &self.item.as_ref().map_or(0, Vec::len))
             .finish_non_exhaustive()
     }
 }

@@ -3,6 +3,8 @@
 //! empty queue, on a plain and on a partitioned topic; turned off, they wait
 //! for the window. Under key order, a consumer taking one message at a time
 //! of a single key is not held to one message per `ack_group_time`.
+//! Plain acks that waited in the command queue without waking the driver
+//! (`consumer/commands.rs`) go with their group at its deadline.
 
 use crate::common;
 
@@ -161,4 +163,59 @@ async fn one_key_in_order_is_not_held_to_one_message_per_group_window() {
         c.ack(&m).await.unwrap();
     }
     c.close().await.unwrap();
+}
+
+/// Five plain acks made while the application stays busy (it never waits
+/// on the queue, so nothing else wakes the driver): the first arms the
+/// group's flush, the other four, made 50 ms later, wait quietly in the
+/// command queue, and the flush at the deadline takes them first, so all
+/// five go in one frame. The broker's unacked count goes from 5 to 0 with nothing in
+/// between (a flush without the queued four would leave 4 for a window).
+#[tokio::test]
+async fn quiet_acks_go_with_their_group_at_its_deadline() {
+    let env = start().await;
+    let t = topic("ag-quiet");
+    publish(&env, &t, 5, "").await;
+    let mut c = env
+        .client
+        .consumer(&t)
+        .subscription("s")
+        .subscription_type(SubscriptionType::Exclusive)
+        .initial_position(InitialPosition::Earliest)
+        .ack_group_time(Duration::from_millis(400))
+        .ack_flush_on_idle(false)
+        .subscribe()
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.push(recv(&mut c, T).await);
+    }
+    assert_eq!(unacked_settles(&env, &t, 5, T).await, 5);
+    // The first ack arms the flush; once the driver is back waiting, the
+    // other four queue without waking it.
+    c.ack(&got[0]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for m in &got[1..] {
+        c.ack(m).await.unwrap();
+    }
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let s = env
+            .client
+            .admin()
+            .subscription_stats(&t, "s")
+            .await
+            .unwrap();
+        if seen.last() != Some(&s.unacked) {
+            seen.push(s.unacked);
+        }
+        if s.unacked == 0 || start.elapsed() > T {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(seen, vec![5, 0], "unacked counts seen, in order");
+    drop(c);
 }
