@@ -48,7 +48,7 @@ pub(super) struct Early {
     pub msg: Box<Message>,
     /// A retry-tier message's failure record, read with it.
     pub failure: Option<FailureRecord>,
-    bytes: usize,
+    pub bytes: usize,
 }
 
 /// Messages read ahead of their due times, by entry and by due time.
@@ -71,7 +71,7 @@ impl Prefetched {
         self.by_entry.contains_key(entry)
     }
 
-    fn insert(&mut self, entry: TierEntry, early: Early) {
+    pub fn insert(&mut self, entry: TierEntry, early: Early) {
         self.remove(&entry);
         self.bytes += early.bytes;
         self.by_due.insert((early.due_ms, entry));
@@ -113,6 +113,33 @@ impl Prefetched {
             .map(|(due, _)| due.saturating_add(STALE_AFTER_MS))
     }
 
+    /// How many messages are held due by `until_ms`, counting up to `cap`.
+    pub fn count_due_by(&self, until_ms: u64, cap: usize) -> usize {
+        self.by_due
+            .iter()
+            .take_while(|(due, _)| *due <= until_ms)
+            .take(cap)
+            .count()
+    }
+
+    /// Takes out the messages held due by `until_ms`.
+    pub fn take_due_by(&mut self, until_ms: u64) -> Vec<(TierEntry, Early)> {
+        let mut out = Vec::new();
+        while let Some(&(due, entry)) = self.by_due.first()
+            && due <= until_ms
+        {
+            if let Some(early) = self.remove(&entry) {
+                out.push((entry, early));
+            }
+        }
+        out
+    }
+
+    /// The earliest due time held, if any.
+    pub fn first_due(&self) -> Option<u64> {
+        self.by_due.first().map(|(due, _)| *due)
+    }
+
     /// How many messages are held.
     pub fn len(&self) -> usize {
         self.by_entry.len()
@@ -145,7 +172,11 @@ impl SubscriptionActor {
         let mut next = first;
         while let Some(f) = next.take() {
             match f {
-                crate::scheduler::Fired::Due(keys) => self.on_fired(keys),
+                crate::scheduler::Fired::Due(keys) => {
+                    if let Some(keys) = self.fire_staged(keys) {
+                        self.on_fired(keys);
+                    }
+                }
                 crate::scheduler::Fired::Soon(keys) => self.announced(keys),
             }
             next = fired.try_recv().ok();
@@ -163,6 +194,7 @@ impl SubscriptionActor {
     /// subscription does not keep them until its next burst.
     pub(super) fn sweep_prefetched(&mut self) {
         let now = self.deps.clock.now_ms();
+        self.unstage_stale(now);
         self.deliveries
             .prefetched
             .drop_stale(now.saturating_sub(STALE_AFTER_MS).saturating_add(1));
@@ -207,6 +239,7 @@ impl SubscriptionActor {
                 || self.deliveries.ready.contains_key(&entry)
                 || self.deliveries.due.contains_key(&entry)
                 || self.deliveries.prefetched.contains(&entry)
+                || self.deliveries.staged.contains(&entry)
             {
                 continue;
             }

@@ -70,8 +70,12 @@ pub struct SubscriptionStats {
     /// The outage breaker, if the subscription has one.
     pub breaker: Option<super::BreakerStats>,
     /// Messages read ahead of their schedule entries' due times and held
-    /// in memory until they fire (see `subscription/prefetch.rs`).
+    /// in memory until they fire (see `subscription/prefetch.rs`), staged
+    /// ones included.
     pub read_ahead_of_due: u64,
+    /// Of those, built for their consumer just before their due time, to be
+    /// sent when they fire (see `subscription/stage.rs`).
+    pub staged_for_due: u64,
     /// The most commands (consumer requests, admin calls, durable-write
     /// notices) seen waiting in the actor's queue at once since it started.
     pub queued_commands_peak: u64,
@@ -235,7 +239,9 @@ impl SubscriptionActor {
             scheduled_by_due: Vec::new(),
             key_order: self.key_order_stats(),
             breaker: self.breaker_stats(),
-            read_ahead_of_due: self.deliveries.prefetched.len() as u64,
+            read_ahead_of_due: (self.deliveries.prefetched.len() + self.deliveries.staged.len())
+                as u64,
+            staged_for_due: self.deliveries.staged.len() as u64,
             queued_commands_peak: self.queue_peak as u64,
         };
         StatsSnapshot {

@@ -1,0 +1,363 @@
+//! Staging a burst for its due instant: [`STAGE_LEAD_MS`] before
+//! messages read ahead of their schedule entries ([`super::prefetch`]) come
+//! due, they are taken out of the prefetch buffer and built into what
+//! dispatch would hand their consumer (ids and delivery counts set, in
+//! dispatch order), so that when the scheduler fires their entries the
+//! actor checks them and sends, rather than taking the entries in, loading
+//! them into the read-ahead, assigning and building the messages then.
+//!
+//! Nothing staged goes out before its schedule entry fires: a staged
+//! message is sent only for an entry of a [`Fired::Due`] with its due time,
+//! and the scheduler never fires early. Staging changes nothing the rest of
+//! the actor sees: a staged message stays held or scheduled, its consumer's
+//! permits and unacked count untouched until it is sent. At the fire
+//! everything dispatch would look at is checked again: the message neither
+//! acked (an ack, a purge, a move to a tier) nor in flight, the same
+//! consumer still the only one dispatch would hand it to, with the permits
+//! and room under the unacked cap for all of them, nothing waiting ahead of
+//! them (the read-ahead, fired entries, the log), no key order, no breaker.
+//! If any check fails, or the fire holds an entry that was not staged, the
+//! fired entries' staged messages go back to the prefetch buffer and the
+//! fired entries take the ordinary way (`on_fired`, `load_due`,
+//! `dispatch`); the others stay staged, checked again when they fire.
+//! Memory only: nothing is written, so a crash loses nothing (the schedule
+//! is unchanged).
+//!
+//! [`Fired::Due`]: crate::scheduler::Fired::Due
+
+use super::SubscriptionActor;
+use super::delivery::InFlight;
+use super::prefetch::{Early, STALE_AFTER_MS};
+use super::requests::{ConsumerEvent, ConsumerId};
+use crate::storage::{FailureRecord, ScheduleKey, TierEntry, TierId};
+use ricochet_proto::{Message, SubscriptionType};
+use std::collections::BTreeMap;
+
+/// How long before their due time messages read ahead are staged: wide
+/// enough for tokio's 1 ms timer and a busy actor, short enough that few
+/// acks or permit changes land in between.
+pub(super) const STAGE_LEAD_MS: u64 = 5;
+
+/// A message built for its consumer, waiting for its entry to fire.
+#[derive(Debug)]
+struct StagedMsg {
+    due_ms: u64,
+    msg: Message,
+    /// A retry-tier message's failure record, read ahead with it.
+    failure: Option<FailureRecord>,
+    bytes: usize,
+}
+
+/// Messages staged for one consumer, in dispatch order.
+#[derive(Debug, Default)]
+pub(super) struct Staged {
+    consumer: Option<ConsumerId>,
+    by_entry: BTreeMap<TierEntry, StagedMsg>,
+    /// The earliest due time staged (ms), when staged.
+    first_due_ms: Option<u64>,
+    /// No staging before this (ms): an attempt that staged nothing is not
+    /// made again at every turn of the actor.
+    not_before_ms: u64,
+    /// Sent, their in-flight entries and metrics still to be recorded
+    /// (after the actor yielded to the consumer's stream): entry, due time,
+    /// delivery count.
+    sent: Vec<(TierEntry, u64, u32)>,
+    sent_to: Option<ConsumerId>,
+    /// When they fired, µs (their lateness).
+    sent_at_us: u64,
+}
+
+impl Staged {
+    pub fn contains(&self, entry: &TierEntry) -> bool {
+        self.by_entry.contains_key(entry)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_entry.len()
+    }
+
+    fn first_due(&self) -> Option<u64> {
+        self.first_due_ms.filter(|_| !self.by_entry.is_empty())
+    }
+}
+
+impl SubscriptionActor {
+    /// When to stage next: [`STAGE_LEAD_MS`] before the earliest message
+    /// read ahead is due, unless messages are staged already.
+    pub(super) fn stage_wake_ms(&self) -> Option<u64> {
+        let s = &self.deliveries.staged;
+        if !s.by_entry.is_empty() {
+            return None;
+        }
+        let first = self.deliveries.prefetched.first_due()?;
+        Some(first.saturating_sub(STAGE_LEAD_MS).max(s.not_before_ms))
+    }
+
+    /// When the prefetch buffer or the staged messages next hold a message
+    /// whose entry did not fire [`STALE_AFTER_MS`] after its due time.
+    pub(super) fn read_ahead_stale_at(&self) -> Option<u64> {
+        let staged = self
+            .deliveries
+            .staged
+            .first_due()
+            .map(|d| d.saturating_add(STALE_AFTER_MS));
+        match (self.deliveries.prefetched.stale_at(), staged) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The consumer dispatch would hand every message due now to, if it is
+    /// one (and so the order and the consumer are dispatch's), with nothing
+    /// waiting ahead of them.
+    fn staging_target(&self) -> Option<ConsumerId> {
+        if self.rec.key_order.is_some()
+            || self.breaker_budget().is_some()
+            || !self.deliveries.ready.is_empty()
+            || !self.deliveries.due.is_empty()
+            || self.read_pos < self.topic.durable_end()
+        {
+            return None;
+        }
+        match self.rec.sub_type {
+            SubscriptionType::Exclusive | SubscriptionType::Failover => self.consumers.active(),
+            SubscriptionType::Shared if self.consumers.len() == 1 => {
+                self.consumers.iter().next().map(|c| c.id)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `consumer` may take `n` more messages, `retry` of them from
+    /// the retry tier.
+    fn has_room(&self, consumer: ConsumerId, n: usize, retry: bool) -> bool {
+        self.consumers.get(consumer).is_some_and(|c| {
+            c.permits as usize >= n
+                && c.unacked + n <= self.deps.max_unacked_per_consumer
+                && (c.retry || !retry)
+        })
+    }
+
+    /// Stages the messages read ahead that are due within
+    /// [`STAGE_LEAD_MS`], if their consumer has room for all of them.
+    pub(super) fn stage_due(&mut self) {
+        let now = self.deps.clock.now_ms();
+        self.deliveries.staged.not_before_ms = now.saturating_add(1);
+        if !self.deliveries.staged.by_entry.is_empty() {
+            return;
+        }
+        let Some(consumer) = self.staging_target() else {
+            return;
+        };
+        let until = now.saturating_add(STAGE_LEAD_MS);
+        let cap = self.deps.max_unacked_per_consumer.saturating_add(1);
+        let n = self.deliveries.prefetched.count_due_by(until, cap);
+        if n == 0 || !self.has_room(consumer, n, false) {
+            return;
+        }
+        let taken = self.deliveries.prefetched.take_due_by(until);
+        let retry = taken.iter().any(|(e, _)| e.tier == TierId::Retry);
+        if retry && !self.has_room(consumer, n, true) {
+            for (entry, early) in taken {
+                self.deliveries.prefetched.insert(entry, early);
+            }
+            return;
+        }
+        for (entry, early) in taken {
+            if self.rec.is_acked(entry) || self.deliveries.in_flight.contains_key(&entry) {
+                // Left to the fire's ordinary way, which drops it.
+                self.deliveries.prefetched.insert(entry, early);
+                continue;
+            }
+            let mut msg = *early.msg;
+            let id = self.wire_ref(entry);
+            msg.id = Some(ricochet_proto::MessageId {
+                topic: id.topic,
+                entry_id: id.entry_id,
+            });
+            self.deliveries.staged.by_entry.insert(
+                entry,
+                StagedMsg {
+                    due_ms: early.due_ms,
+                    msg,
+                    failure: early.failure,
+                    bytes: early.bytes,
+                },
+            );
+        }
+        if !self.deliveries.staged.by_entry.is_empty() {
+            self.deliveries.staged.consumer = Some(consumer);
+            self.deliveries.staged.first_due_ms = self
+                .deliveries
+                .staged
+                .by_entry
+                .values()
+                .map(|s| s.due_ms)
+                .min();
+            tracing::trace!(target: "ricochet::burst", n = self.deliveries.staged.len(), "actor: staged for the due instant");
+        }
+    }
+
+    /// Puts the staged messages back into the prefetch buffer.
+    pub(super) fn unstage(&mut self) {
+        let staged = std::mem::take(&mut self.deliveries.staged.by_entry);
+        for (entry, s) in staged {
+            self.put_back(entry, s);
+        }
+        self.deliveries.staged.consumer = None;
+    }
+
+    /// Puts the staged messages of `keys` back into the prefetch buffer
+    /// (the others stay staged, checked again when they fire).
+    fn unstage_keys(&mut self, keys: &[ScheduleKey]) {
+        for k in keys {
+            let entry = k.message.entry();
+            if let Some(s) = self.deliveries.staged.by_entry.remove(&entry) {
+                self.put_back(entry, s);
+            }
+        }
+        if self.deliveries.staged.by_entry.is_empty() {
+            self.deliveries.staged.consumer = None;
+        }
+    }
+
+    fn put_back(&mut self, entry: TierEntry, s: StagedMsg) {
+        self.deliveries.prefetched.insert(
+            entry,
+            Early {
+                due_ms: s.due_ms,
+                msg: Box::new(s.msg),
+                failure: s.failure,
+                bytes: s.bytes,
+            },
+        );
+    }
+
+    /// Unstages what is staged once its first entry is stale (it did not
+    /// fire: acked, moved or unscheduled meanwhile); the prefetch buffer's
+    /// sweep then drops it.
+    pub(super) fn unstage_stale(&mut self, now_ms: u64) {
+        if self
+            .deliveries
+            .staged
+            .first_due()
+            .is_some_and(|d| d.saturating_add(STALE_AFTER_MS) <= now_ms)
+        {
+            self.unstage();
+        }
+    }
+
+    /// Sends the staged messages of fired entries `keys`, if every one of
+    /// them is staged and still goes out as dispatch would send it now;
+    /// otherwise unstages those of `keys` and hands `keys` back for the
+    /// ordinary way.
+    pub(super) fn fire_staged(&mut self, keys: Vec<ScheduleKey>) -> Option<Vec<ScheduleKey>> {
+        self.finish_staged_send();
+        let staged = &self.deliveries.staged;
+        let Some(consumer) = staged.consumer else {
+            return Some(keys);
+        };
+        let all_staged = keys.iter().all(|k| {
+            staged
+                .by_entry
+                .get(&k.message.entry())
+                .is_some_and(|s| s.due_ms == k.due_ms)
+        });
+        let retry = keys.iter().any(|k| k.message.tier == TierId::Retry);
+        if !all_staged
+            || self.staging_target() != Some(consumer)
+            || !self.has_room(consumer, keys.len(), retry)
+            || keys.iter().any(|k| {
+                let e = k.message.entry();
+                self.rec.is_acked(e) || self.deliveries.in_flight.contains_key(&e)
+            })
+        {
+            self.unstage_keys(&keys);
+            return Some(keys);
+        }
+        tracing::trace!(target: "ricochet::burst", n = keys.len(), "actor: due entries in");
+        let now_us = self.deps.clock.now_us();
+        let whole = keys.len() == self.deliveries.staged.by_entry.len();
+        let taken: Vec<(TierEntry, StagedMsg)> = if whole {
+            std::mem::take(&mut self.deliveries.staged.by_entry)
+                .into_iter()
+                .collect()
+        } else {
+            let mut t: Vec<_> = keys
+                .iter()
+                .filter_map(|k| {
+                    let e = k.message.entry();
+                    self.deliveries.staged.by_entry.remove(&e).map(|s| (e, s))
+                })
+                .collect();
+            t.sort_unstable_by_key(|(e, _)| *e);
+            t
+        };
+        let mut msgs = Vec::with_capacity(taken.len());
+        let mut sent = Vec::with_capacity(taken.len());
+        for (entry, s) in taken {
+            if let Some(f) = s.failure {
+                self.deliveries.failures.entry(entry).or_insert(f);
+            }
+            let mut msg = s.msg;
+            msg.delivery_count = self.deliveries.delivery_count(entry);
+            sent.push((entry, s.due_ms, msg.delivery_count));
+            msgs.push(msg);
+        }
+        if let Some(c) = self.consumers.get_mut(consumer) {
+            c.permits -= msgs.len() as u32;
+            c.unacked += msgs.len();
+        }
+        let bytes: usize = msgs.iter().map(|m| m.payload.len()).sum();
+        self.metrics.dispatched.increment(msgs.len() as u64);
+        self.metrics.dispatched_bytes.increment(bytes as u64);
+        tracing::trace!(target: "ricochet::burst", n = msgs.len(), "actor: messages handed to a consumer's stream");
+        self.consumers.send(consumer, ConsumerEvent::Messages(msgs));
+        if self.deliveries.staged.by_entry.is_empty() {
+            self.deliveries.staged.consumer = None;
+        }
+        if self.rec.sub_type == SubscriptionType::Shared {
+            self.dispatcher.sent_to_only_consumer();
+        }
+        self.deliveries.staged.sent = sent;
+        self.deliveries.staged.sent_to = Some(consumer);
+        self.deliveries.staged.sent_at_us = now_us;
+        None
+    }
+
+    /// Whether staged messages were sent and their bookkeeping waits
+    /// ([`Self::finish_staged_send`]).
+    pub(super) fn staged_sent(&self) -> bool {
+        self.deliveries.staged.sent_to.is_some()
+    }
+
+    /// Records the staged messages just sent as in flight, with the metrics
+    /// a fire and a dispatch record; run once the consumer's stream had its
+    /// turn, before the actor handles anything else.
+    pub(super) fn finish_staged_send(&mut self) {
+        let Some(consumer) = self.deliveries.staged.sent_to.take() else {
+            return;
+        };
+        let now_us = self.deliveries.staged.sent_at_us;
+        for (entry, due_ms, count) in std::mem::take(&mut self.deliveries.staged.sent) {
+            if entry.tier == TierId::Retry {
+                self.metrics.retries_fired.increment(1);
+            }
+            let late = now_us.saturating_sub(due_ms.saturating_mul(1000)) as f64 / 1e6;
+            self.metrics.retry_lateness.record(late);
+            self.metrics.delivery_count.record(f64::from(count));
+            self.deliveries.in_flight.insert(
+                entry,
+                InFlight {
+                    consumer,
+                    bucket: None,
+                    due_ms: Some(due_ms),
+                },
+            );
+        }
+        self.advance_holds();
+        self.deliveries
+            .prefetched
+            .drop_stale((now_us / 1000).saturating_sub(STALE_AFTER_MS));
+    }
+}
