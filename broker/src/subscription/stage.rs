@@ -25,13 +25,13 @@
 //!
 //! [`Fired::Due`]: crate::scheduler::Fired::Due
 
+use super::EntryMap;
 use super::SubscriptionActor;
 use super::delivery::InFlight;
 use super::prefetch::{Early, STALE_AFTER_MS};
 use super::requests::{ConsumerEvent, ConsumerId};
 use crate::storage::{FailureRecord, ScheduleKey, TierEntry, TierId};
 use ricochet_proto::{Message, SubscriptionType};
-use std::collections::BTreeMap;
 
 /// How long before their due time messages read ahead are staged: wide
 /// enough for tokio's 1 ms timer and a busy actor, short enough that few
@@ -52,7 +52,12 @@ struct StagedMsg {
 #[derive(Debug, Default)]
 pub(super) struct Staged {
     consumer: Option<ConsumerId>,
-    by_entry: BTreeMap<TierEntry, StagedMsg>,
+    /// In dispatch order (by entry), each taken out as it is sent: a
+    /// vector and an index rather than a B-tree, whose removals moved the
+    /// node's other messages (some 300 B each) at the instant.
+    msgs: Vec<Option<(TierEntry, StagedMsg)>>,
+    /// Where each staged entry's message is in `msgs`.
+    index: EntryMap<u32>,
     /// The earliest due time staged (ms), when staged.
     first_due_ms: Option<u64>,
     /// No staging before this (ms): an attempt that staged nothing is not
@@ -69,15 +74,63 @@ pub(super) struct Staged {
 
 impl Staged {
     pub fn contains(&self, entry: &TierEntry) -> bool {
-        self.by_entry.contains_key(entry)
+        self.index.contains_key(entry)
     }
 
     pub fn len(&self) -> usize {
-        self.by_entry.len()
+        self.index.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.index.is_empty()
     }
 
     fn first_due(&self) -> Option<u64> {
-        self.first_due_ms.filter(|_| !self.by_entry.is_empty())
+        self.first_due_ms.filter(|_| !self.is_empty())
+    }
+
+    /// The staged message of `entry`.
+    fn get(&self, entry: &TierEntry) -> Option<&StagedMsg> {
+        let i = *self.index.get(entry)?;
+        self.msgs[i as usize].as_ref().map(|(_, s)| s)
+    }
+
+    /// Stages `msgs` (nothing is staged).
+    fn set(&mut self, mut msgs: Vec<(TierEntry, StagedMsg)>) {
+        msgs.sort_unstable_by_key(|(e, _)| *e);
+        self.first_due_ms = msgs.iter().map(|(_, s)| s.due_ms).min();
+        self.index = msgs
+            .iter()
+            .enumerate()
+            .map(|(i, (e, _))| (*e, i as u32))
+            .collect();
+        self.msgs = msgs.into_iter().map(Some).collect();
+    }
+
+    /// Takes the staged messages of `entries` out, in dispatch order.
+    fn take(&mut self, entries: impl Iterator<Item = TierEntry>) -> Vec<(TierEntry, StagedMsg)> {
+        let mut at: Vec<u32> = entries.filter_map(|e| self.index.remove(&e)).collect();
+        if self.index.is_empty() {
+            // All of them, already in order.
+            return std::mem::take(&mut self.msgs)
+                .into_iter()
+                .flatten()
+                .collect();
+        }
+        at.sort_unstable();
+        at.into_iter()
+            .filter_map(|i| self.msgs[i as usize].take())
+            .collect()
+    }
+
+    /// Takes every staged message out.
+    fn take_all(&mut self) -> Vec<(TierEntry, StagedMsg)> {
+        self.index.clear();
+        self.consumer = None;
+        std::mem::take(&mut self.msgs)
+            .into_iter()
+            .flatten()
+            .collect()
     }
 }
 
@@ -86,7 +139,7 @@ impl SubscriptionActor {
     /// read ahead is due, unless messages are staged already.
     pub(super) fn stage_wake_ms(&self) -> Option<u64> {
         let s = &self.deliveries.staged;
-        if !s.by_entry.is_empty() {
+        if !s.is_empty() {
             return None;
         }
         let first = self.deliveries.prefetched.first_due()?;
@@ -143,7 +196,7 @@ impl SubscriptionActor {
     pub(super) fn stage_due(&mut self) {
         let now = self.deps.clock.now_ms();
         self.deliveries.staged.not_before_ms = now.saturating_add(1);
-        if !self.deliveries.staged.by_entry.is_empty() {
+        if !self.deliveries.staged.is_empty() {
             return;
         }
         let Some(consumer) = self.staging_target() else {
@@ -163,6 +216,7 @@ impl SubscriptionActor {
             }
             return;
         }
+        let mut staged = Vec::with_capacity(taken.len());
         for (entry, early) in taken {
             if self.rec.is_acked(entry) || self.deliveries.in_flight.contains_key(&entry) {
                 // Left to the fire's ordinary way, which drops it.
@@ -175,7 +229,7 @@ impl SubscriptionActor {
                 topic: id.topic,
                 entry_id: id.entry_id,
             });
-            self.deliveries.staged.by_entry.insert(
+            staged.push((
                 entry,
                 StagedMsg {
                     due_ms: early.due_ms,
@@ -183,40 +237,33 @@ impl SubscriptionActor {
                     failure: early.failure,
                     bytes: early.bytes,
                 },
-            );
+            ));
         }
-        if !self.deliveries.staged.by_entry.is_empty() {
+        if !staged.is_empty() {
+            self.deliveries.staged.set(staged);
             self.deliveries.staged.consumer = Some(consumer);
-            self.deliveries.staged.first_due_ms = self
-                .deliveries
-                .staged
-                .by_entry
-                .values()
-                .map(|s| s.due_ms)
-                .min();
             tracing::trace!(target: "ricochet::burst", n = self.deliveries.staged.len(), "actor: staged for the due instant");
         }
     }
 
     /// Puts the staged messages back into the prefetch buffer.
     pub(super) fn unstage(&mut self) {
-        let staged = std::mem::take(&mut self.deliveries.staged.by_entry);
-        for (entry, s) in staged {
+        for (entry, s) in self.deliveries.staged.take_all() {
             self.put_back(entry, s);
         }
-        self.deliveries.staged.consumer = None;
     }
 
     /// Puts the staged messages of `keys` back into the prefetch buffer
     /// (the others stay staged, checked again when they fire).
     fn unstage_keys(&mut self, keys: &[ScheduleKey]) {
-        for k in keys {
-            let entry = k.message.entry();
-            if let Some(s) = self.deliveries.staged.by_entry.remove(&entry) {
-                self.put_back(entry, s);
-            }
+        let taken = self
+            .deliveries
+            .staged
+            .take(keys.iter().map(|k| k.message.entry()));
+        for (entry, s) in taken {
+            self.put_back(entry, s);
         }
-        if self.deliveries.staged.by_entry.is_empty() {
+        if self.deliveries.staged.is_empty() {
             self.deliveries.staged.consumer = None;
         }
     }
@@ -259,7 +306,6 @@ impl SubscriptionActor {
         };
         let all_staged = keys.iter().all(|k| {
             staged
-                .by_entry
                 .get(&k.message.entry())
                 .is_some_and(|s| s.due_ms == k.due_ms)
         });
@@ -277,22 +323,10 @@ impl SubscriptionActor {
         }
         tracing::trace!(target: "ricochet::burst", n = keys.len(), "actor: due entries in");
         let now_us = self.deps.clock.now_us();
-        let whole = keys.len() == self.deliveries.staged.by_entry.len();
-        let taken: Vec<(TierEntry, StagedMsg)> = if whole {
-            std::mem::take(&mut self.deliveries.staged.by_entry)
-                .into_iter()
-                .collect()
-        } else {
-            let mut t: Vec<_> = keys
-                .iter()
-                .filter_map(|k| {
-                    let e = k.message.entry();
-                    self.deliveries.staged.by_entry.remove(&e).map(|s| (e, s))
-                })
-                .collect();
-            t.sort_unstable_by_key(|(e, _)| *e);
-            t
-        };
+        let taken = self
+            .deliveries
+            .staged
+            .take(keys.iter().map(|k| k.message.entry()));
         let mut msgs = Vec::with_capacity(taken.len());
         let mut sent = Vec::with_capacity(taken.len());
         for (entry, s) in taken {
@@ -313,7 +347,7 @@ impl SubscriptionActor {
         self.metrics.dispatched_bytes.increment(bytes as u64);
         tracing::trace!(target: "ricochet::burst", n = msgs.len(), "actor: messages handed to a consumer's stream");
         self.consumers.send(consumer, ConsumerEvent::Messages(msgs));
-        if self.deliveries.staged.by_entry.is_empty() {
+        if self.deliveries.staged.is_empty() {
             self.deliveries.staged.consumer = None;
         }
         if self.rec.sub_type == SubscriptionType::Shared {
@@ -359,5 +393,49 @@ impl SubscriptionActor {
         self.deliveries
             .prefetched
             .drop_stale((now_us / 1000).saturating_sub(STALE_AFTER_MS));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn staged(ids: &[u64]) -> Staged {
+        let mut s = Staged::default();
+        let msgs = ids
+            .iter()
+            .map(|&id| {
+                let msg = StagedMsg {
+                    due_ms: 100 + id,
+                    msg: Message::default(),
+                    failure: None,
+                    bytes: 0,
+                };
+                (TierEntry::main(id), msg)
+            })
+            .collect();
+        s.set(msgs);
+        s
+    }
+
+    fn ids(taken: &[(TierEntry, StagedMsg)]) -> Vec<u64> {
+        taken.iter().map(|(e, _)| e.entry_id).collect()
+    }
+
+    #[test]
+    fn staged_messages_are_taken_in_dispatch_order_whatever_order_they_fire_in() {
+        let mut s = staged(&[4, 0, 3, 1, 2]);
+        assert_eq!(s.first_due(), Some(100));
+        let fired = [3, 1].map(TierEntry::main);
+        assert_eq!(ids(&s.take(fired.into_iter())), vec![1, 3]);
+        assert_eq!(s.len(), 3);
+        assert!(!s.contains(&TierEntry::main(1)));
+        assert!(s.get(&TierEntry::main(1)).is_none());
+        assert_eq!(s.get(&TierEntry::main(4)).unwrap().due_ms, 104);
+        // Not staged: nothing taken for it.
+        let fired = [2, 9, 0, 4].map(TierEntry::main);
+        assert_eq!(ids(&s.take(fired.into_iter())), vec![0, 2, 4]);
+        assert!(s.is_empty());
+        assert_eq!(s.first_due(), None);
     }
 }
