@@ -38,25 +38,34 @@ use ricochet_proto::{Message, SubscriptionType};
 /// acks or permit changes land in between.
 pub(super) const STAGE_LEAD_MS: u64 = 5;
 
-/// A message built for its consumer, waiting for its entry to fire.
+/// What is kept beside a staged message.
 #[derive(Debug)]
-struct StagedMsg {
+struct Meta {
+    entry: TierEntry,
     due_ms: u64,
-    msg: Message,
     /// A retry-tier message's failure record, read ahead with it.
     failure: Option<FailureRecord>,
     bytes: usize,
+}
+
+/// Staged messages taken out to be sent (or put back), in dispatch order.
+#[derive(Debug, Default)]
+struct Taken {
+    meta: Vec<Meta>,
+    msgs: Vec<Message>,
 }
 
 /// Messages staged for one consumer, in dispatch order.
 #[derive(Debug, Default)]
 pub(super) struct Staged {
     consumer: Option<ConsumerId>,
-    /// In dispatch order (by entry), each taken out as it is sent: a
-    /// vector and an index rather than a B-tree, whose removals moved the
-    /// node's other messages (some 300 B each) at the instant.
-    msgs: Vec<Option<(TierEntry, StagedMsg)>>,
-    /// Where each staged entry's message is in `msgs`.
+    /// In dispatch order (by entry): the messages as they will be sent (a
+    /// burst that fires whole is sent as this vector, without a copy) and,
+    /// beside them, what else is kept of each. A message sent on its own
+    /// (its entry fired with a part of the burst) is left empty here.
+    meta: Vec<Meta>,
+    msgs: Vec<Message>,
+    /// Where each entry still staged is in `meta` and `msgs`.
     index: EntryMap<u32>,
     /// The earliest due time staged (ms), when staged.
     first_due_ms: Option<u64>,
@@ -89,48 +98,64 @@ impl Staged {
         self.first_due_ms.filter(|_| !self.is_empty())
     }
 
-    /// The staged message of `entry`.
-    fn get(&self, entry: &TierEntry) -> Option<&StagedMsg> {
+    /// The due time `entry` is staged for.
+    fn due_of(&self, entry: &TierEntry) -> Option<u64> {
         let i = *self.index.get(entry)?;
-        self.msgs[i as usize].as_ref().map(|(_, s)| s)
+        Some(self.meta[i as usize].due_ms)
     }
 
-    /// Stages `msgs` (nothing is staged).
-    fn set(&mut self, mut msgs: Vec<(TierEntry, StagedMsg)>) {
-        msgs.sort_unstable_by_key(|(e, _)| *e);
-        self.first_due_ms = msgs.iter().map(|(_, s)| s.due_ms).min();
-        self.index = msgs
+    /// Stages `staged` (nothing is staged).
+    fn set(&mut self, mut staged: Vec<(Meta, Message)>) {
+        staged.sort_unstable_by_key(|(m, _)| m.entry);
+        self.first_due_ms = staged.iter().map(|(m, _)| m.due_ms).min();
+        self.index = staged
             .iter()
             .enumerate()
-            .map(|(i, (e, _))| (*e, i as u32))
+            .map(|(i, (m, _))| (m.entry, i as u32))
             .collect();
-        self.msgs = msgs.into_iter().map(Some).collect();
+        (self.meta, self.msgs) = staged.into_iter().unzip();
     }
 
     /// Takes the staged messages of `entries` out, in dispatch order.
-    fn take(&mut self, entries: impl Iterator<Item = TierEntry>) -> Vec<(TierEntry, StagedMsg)> {
+    fn take(&mut self, entries: impl Iterator<Item = TierEntry>) -> Taken {
+        let before = self.index.len();
         let mut at: Vec<u32> = entries.filter_map(|e| self.index.remove(&e)).collect();
-        if self.index.is_empty() {
-            // All of them, already in order.
-            return std::mem::take(&mut self.msgs)
-                .into_iter()
-                .flatten()
-                .collect();
+        if self.index.is_empty() && before == self.msgs.len() {
+            // The whole burst, none sent before: as staged.
+            return Taken {
+                meta: std::mem::take(&mut self.meta),
+                msgs: std::mem::take(&mut self.msgs),
+            };
         }
         at.sort_unstable();
-        at.into_iter()
-            .filter_map(|i| self.msgs[i as usize].take())
-            .collect()
+        let mut out = Taken {
+            meta: Vec::with_capacity(at.len()),
+            msgs: Vec::with_capacity(at.len()),
+        };
+        for i in at {
+            let i = i as usize;
+            let m = &mut self.meta[i];
+            out.meta.push(Meta {
+                entry: m.entry,
+                due_ms: m.due_ms,
+                failure: m.failure.take(),
+                bytes: m.bytes,
+            });
+            out.msgs.push(std::mem::take(&mut self.msgs[i]));
+        }
+        if self.index.is_empty() {
+            self.meta = Vec::new();
+            self.msgs = Vec::new();
+        }
+        out
     }
 
     /// Takes every staged message out.
-    fn take_all(&mut self) -> Vec<(TierEntry, StagedMsg)> {
-        self.index.clear();
+    fn take_all(&mut self) -> Taken {
+        let left: Vec<TierEntry> = self.index.keys().copied().collect();
+        let taken = self.take(left.into_iter());
         self.consumer = None;
-        std::mem::take(&mut self.msgs)
-            .into_iter()
-            .flatten()
-            .collect()
+        taken
     }
 }
 
@@ -229,15 +254,13 @@ impl SubscriptionActor {
                 topic: id.topic,
                 entry_id: id.entry_id,
             });
-            staged.push((
+            let meta = Meta {
                 entry,
-                StagedMsg {
-                    due_ms: early.due_ms,
-                    msg,
-                    failure: early.failure,
-                    bytes: early.bytes,
-                },
-            ));
+                due_ms: early.due_ms,
+                failure: early.failure,
+                bytes: early.bytes,
+            };
+            staged.push((meta, msg));
         }
         if !staged.is_empty() {
             self.deliveries.staged.set(staged);
@@ -248,9 +271,8 @@ impl SubscriptionActor {
 
     /// Puts the staged messages back into the prefetch buffer.
     pub(super) fn unstage(&mut self) {
-        for (entry, s) in self.deliveries.staged.take_all() {
-            self.put_back(entry, s);
-        }
+        let taken = self.deliveries.staged.take_all();
+        self.put_back(taken);
     }
 
     /// Puts the staged messages of `keys` back into the prefetch buffer
@@ -260,24 +282,24 @@ impl SubscriptionActor {
             .deliveries
             .staged
             .take(keys.iter().map(|k| k.message.entry()));
-        for (entry, s) in taken {
-            self.put_back(entry, s);
-        }
+        self.put_back(taken);
         if self.deliveries.staged.is_empty() {
             self.deliveries.staged.consumer = None;
         }
     }
 
-    fn put_back(&mut self, entry: TierEntry, s: StagedMsg) {
-        self.deliveries.prefetched.insert(
-            entry,
-            Early {
-                due_ms: s.due_ms,
-                msg: Box::new(s.msg),
-                failure: s.failure,
-                bytes: s.bytes,
-            },
-        );
+    fn put_back(&mut self, taken: Taken) {
+        for (m, msg) in taken.meta.into_iter().zip(taken.msgs) {
+            self.deliveries.prefetched.insert(
+                m.entry,
+                Early {
+                    due_ms: m.due_ms,
+                    msg: Box::new(msg),
+                    failure: m.failure,
+                    bytes: m.bytes,
+                },
+            );
+        }
     }
 
     /// Unstages what is staged once its first entry is stale (it did not
@@ -304,11 +326,9 @@ impl SubscriptionActor {
         let Some(consumer) = staged.consumer else {
             return Some(keys);
         };
-        let all_staged = keys.iter().all(|k| {
-            staged
-                .get(&k.message.entry())
-                .is_some_and(|s| s.due_ms == k.due_ms)
-        });
+        let all_staged = keys
+            .iter()
+            .all(|k| staged.due_of(&k.message.entry()) == Some(k.due_ms));
         let retry = keys.iter().any(|k| k.message.tier == TierId::Retry);
         if !all_staged
             || self.staging_target() != Some(consumer)
@@ -327,16 +347,14 @@ impl SubscriptionActor {
             .deliveries
             .staged
             .take(keys.iter().map(|k| k.message.entry()));
-        let mut msgs = Vec::with_capacity(taken.len());
-        let mut sent = Vec::with_capacity(taken.len());
-        for (entry, s) in taken {
-            if let Some(f) = s.failure {
-                self.deliveries.failures.entry(entry).or_insert(f);
+        let Taken { mut meta, mut msgs } = taken;
+        let mut sent = Vec::with_capacity(msgs.len());
+        for (m, msg) in meta.iter_mut().zip(msgs.iter_mut()) {
+            if let Some(f) = m.failure.take() {
+                self.deliveries.failures.entry(m.entry).or_insert(f);
             }
-            let mut msg = s.msg;
-            msg.delivery_count = self.deliveries.delivery_count(entry);
-            sent.push((entry, s.due_ms, msg.delivery_count));
-            msgs.push(msg);
+            msg.delivery_count = self.deliveries.delivery_count(m.entry);
+            sent.push((m.entry, m.due_ms, msg.delivery_count));
         }
         if let Some(c) = self.consumers.get_mut(consumer) {
             c.permits -= msgs.len() as u32;
@@ -402,24 +420,36 @@ mod tests {
 
     fn staged(ids: &[u64]) -> Staged {
         let mut s = Staged::default();
-        let msgs = ids
+        let staged = ids
             .iter()
             .map(|&id| {
-                let msg = StagedMsg {
+                let meta = Meta {
+                    entry: TierEntry::main(id),
                     due_ms: 100 + id,
-                    msg: Message::default(),
                     failure: None,
                     bytes: 0,
                 };
-                (TierEntry::main(id), msg)
+                let msg = Message {
+                    payload: format!("m{id}").into_bytes(),
+                    ..Message::default()
+                };
+                (meta, msg)
             })
             .collect();
-        s.set(msgs);
+        s.set(staged);
         s
     }
 
-    fn ids(taken: &[(TierEntry, StagedMsg)]) -> Vec<u64> {
-        taken.iter().map(|(e, _)| e.entry_id).collect()
+    fn ids(taken: &Taken) -> Vec<u64> {
+        let ids: Vec<u64> = taken.meta.iter().map(|m| m.entry.entry_id).collect();
+        let payloads: Vec<String> = ids.iter().map(|id| format!("m{id}")).collect();
+        let got: Vec<String> = taken
+            .msgs
+            .iter()
+            .map(|m| String::from_utf8(m.payload.clone()).unwrap())
+            .collect();
+        assert_eq!(got, payloads, "each message beside its entry");
+        ids
     }
 
     #[test]
@@ -430,12 +460,17 @@ mod tests {
         assert_eq!(ids(&s.take(fired.into_iter())), vec![1, 3]);
         assert_eq!(s.len(), 3);
         assert!(!s.contains(&TierEntry::main(1)));
-        assert!(s.get(&TierEntry::main(1)).is_none());
-        assert_eq!(s.get(&TierEntry::main(4)).unwrap().due_ms, 104);
+        assert_eq!(s.due_of(&TierEntry::main(1)), None);
+        assert_eq!(s.due_of(&TierEntry::main(4)), Some(104));
         // Not staged: nothing taken for it.
         let fired = [2, 9, 0, 4].map(TierEntry::main);
         assert_eq!(ids(&s.take(fired.into_iter())), vec![0, 2, 4]);
         assert!(s.is_empty());
         assert_eq!(s.first_due(), None);
+        // Fired whole: as staged.
+        let mut s = staged(&[7, 5, 6]);
+        let fired = [6, 7, 5].map(TierEntry::main);
+        assert_eq!(ids(&s.take(fired.into_iter())), vec![5, 6, 7]);
+        assert!(s.is_empty());
     }
 }
