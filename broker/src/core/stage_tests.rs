@@ -214,3 +214,20 @@ async fn staging_writes_nothing_and_a_restart_loses_nothing() {
     assert_eq!(entry_ids(&got), (0..N as u64).collect::<Vec<_>>());
     assert!(got.iter().all(|m| m.delivery_count == 1));
 }
+
+/// A burst larger than [`STAGE_MAX`] due within the staging lead is not
+/// staged: it goes out the ordinary way, at its due time.
+///
+/// [`STAGE_MAX`]: crate::subscription::STAGE_MAX
+#[tokio::test(start_paused = true)]
+async fn a_burst_larger_than_the_staging_bound_takes_the_ordinary_way() {
+    const N: usize = crate::subscription::STAGE_MAX + 1;
+    let h = harness().await;
+    let (mut c, first) = h.shared_burst(N, 2 * N as u32).await;
+    let (due_us, due_ms) = nack_for_a_second(&h, &mut c, &first).await;
+    wait_to_just_before(&h, &mut c, due_ms).await;
+    assert_eq!(staged(&h, &c).await, 0, "not staged");
+    let got = receive(&mut c, N).await;
+    assert!(h.clock.now_us() >= due_us);
+    assert_eq!(got.len(), N);
+}

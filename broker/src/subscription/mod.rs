@@ -59,6 +59,8 @@ pub use requests::{
     ConsumerEvent, ConsumerId, ConsumerRequest, ConsumerSpec, ConsumerTx, FailedItem, MessageRef,
     MessageState, MessageStatus, Outcome, PolicyInfo,
 };
+#[cfg(test)]
+pub(crate) use stage::STAGE_MAX;
 pub use stats::{ConsumerStats, DueBucket, SubscriptionStats};
 pub use tiers::BrokerLink;
 
