@@ -78,6 +78,14 @@ pub(super) struct Staged {
     /// No staging before this (ms): an attempt that staged nothing is not
     /// made again at every turn of the actor.
     not_before_ms: u64,
+    /// The earliest due time read ahead when more than [`STAGE_MAX`] were
+    /// due within the lead: no attempt again (no wake, no count) until the
+    /// earliest changes (a piece fired, or another message came first),
+    /// since until then the count within the lead can only grow.
+    over_bound_first_due: Option<u64>,
+    /// Times the messages due within the lead were counted.
+    #[cfg(test)]
+    pub counts: u64,
     /// Sent, their in-flight entries and metrics still to be recorded
     /// (after the actor yielded to the consumer's stream): entry, due time,
     /// delivery count.
@@ -102,6 +110,21 @@ impl Staged {
 
     fn first_due(&self) -> Option<u64> {
         self.first_due_ms.filter(|_| !self.is_empty())
+    }
+
+    /// When to try staging next, given the earliest due time read ahead:
+    /// [`STAGE_LEAD_MS`] before it, not before `not_before_ms`; never while
+    /// messages are staged, nor while that earliest is the one a burst over
+    /// the bound was counted at.
+    fn wake_ms(&self, prefetched_first_due: Option<u64>) -> Option<u64> {
+        if !self.is_empty() {
+            return None;
+        }
+        let first = prefetched_first_due?;
+        if self.over_bound_first_due == Some(first) {
+            return None;
+        }
+        Some(first.saturating_sub(STAGE_LEAD_MS).max(self.not_before_ms))
     }
 
     /// The due time `entry` is staged for.
@@ -169,12 +192,9 @@ impl SubscriptionActor {
     /// When to stage next: [`STAGE_LEAD_MS`] before the earliest message
     /// read ahead is due, unless messages are staged already.
     pub(super) fn stage_wake_ms(&self) -> Option<u64> {
-        let s = &self.deliveries.staged;
-        if !s.is_empty() {
-            return None;
-        }
-        let first = self.deliveries.prefetched.first_due()?;
-        Some(first.saturating_sub(STAGE_LEAD_MS).max(s.not_before_ms))
+        self.deliveries
+            .staged
+            .wake_ms(self.deliveries.prefetched.first_due())
     }
 
     /// When the prefetch buffer or the staged messages next hold a message
@@ -234,11 +254,20 @@ impl SubscriptionActor {
             return;
         };
         let until = now.saturating_add(STAGE_LEAD_MS);
+        #[cfg(test)]
+        {
+            self.deliveries.staged.counts += 1;
+        }
         let n = self
             .deliveries
             .prefetched
             .count_due_by(until, STAGE_MAX + 1);
-        if n == 0 || n > STAGE_MAX || !self.has_room(consumer, n, false) {
+        if n > STAGE_MAX {
+            self.deliveries.staged.over_bound_first_due = self.deliveries.prefetched.first_due();
+            tracing::trace!(target: "ricochet::burst", n, "actor: over the staging bound");
+            return;
+        }
+        if n == 0 || !self.has_room(consumer, n, false) {
             return;
         }
         let taken = self.deliveries.prefetched.take_due_by(until);
@@ -334,18 +363,34 @@ impl SubscriptionActor {
         let Some(consumer) = staged.consumer else {
             return Some(keys);
         };
-        let all_staged = keys
+        let staged_n = keys
             .iter()
-            .all(|k| staged.due_of(&k.message.entry()) == Some(k.due_ms));
+            .filter(|k| staged.due_of(&k.message.entry()) == Some(k.due_ms))
+            .count();
         let retry = keys.iter().any(|k| k.message.tier == TierId::Retry);
-        if !all_staged
-            || self.staging_target() != Some(consumer)
-            || !self.has_room(consumer, keys.len(), retry)
-            || keys.iter().any(|k| {
-                let e = k.message.entry();
-                self.rec.is_acked(e) || self.deliveries.in_flight.contains_key(&e)
-            })
-        {
+        let declined = if staged_n < keys.len() {
+            Some("not all staged")
+        } else if self.staging_target() != Some(consumer) {
+            Some("target")
+        } else if !self.has_room(consumer, keys.len(), retry) {
+            Some("room")
+        } else if keys.iter().any(|k| {
+            let e = k.message.entry();
+            self.rec.is_acked(e) || self.deliveries.in_flight.contains_key(&e)
+        }) {
+            Some("acked or in flight")
+        } else {
+            None
+        };
+        if let Some(why) = declined {
+            tracing::trace!(
+                target: "ricochet::burst",
+                why,
+                fired = keys.len(),
+                staged_of_them = staged_n,
+                still_staged = staged.len(),
+                "actor: staged messages not sent, the ordinary way"
+            );
             self.unstage_keys(&keys);
             return Some(keys);
         }
@@ -458,6 +503,23 @@ mod tests {
             .collect();
         assert_eq!(got, payloads, "each message beside its entry");
         ids
+    }
+
+    #[test]
+    fn the_wake_skips_a_burst_over_the_bound_until_its_earliest_due_time_changes() {
+        let mut s = Staged {
+            not_before_ms: 97,
+            ..Staged::default()
+        };
+        assert_eq!(s.wake_ms(None), None);
+        assert_eq!(s.wake_ms(Some(100)), Some(97), "not before");
+        assert_eq!(s.wake_ms(Some(110)), Some(105), "the lead");
+        s.over_bound_first_due = Some(110);
+        assert_eq!(s.wake_ms(Some(110)), None, "counted over the bound");
+        assert_eq!(s.wake_ms(Some(111)), Some(106), "a piece fired");
+        assert_eq!(s.wake_ms(Some(104)), Some(99), "another came first");
+        let s = staged(&[1]);
+        assert_eq!(s.wake_ms(Some(100)), None, "staged already");
     }
 
     #[test]

@@ -76,6 +76,10 @@ pub struct SubscriptionStats {
     /// Of those, built for their consumer just before their due time, to be
     /// sent when they fire (see `subscription/stage.rs`).
     pub staged_for_due: u64,
+    /// Times the actor counted the messages read ahead due within the
+    /// staging lead (tests of the stage wake's cost).
+    #[cfg(test)]
+    pub stage_counts: u64,
     /// The most commands (consumer requests, admin calls, durable-write
     /// notices) seen waiting in the actor's queue at once since it started.
     pub queued_commands_peak: u64,
@@ -242,6 +246,8 @@ impl SubscriptionActor {
             read_ahead_of_due: (self.deliveries.prefetched.len() + self.deliveries.staged.len())
                 as u64,
             staged_for_due: self.deliveries.staged.len() as u64,
+            #[cfg(test)]
+            stage_counts: self.deliveries.staged.counts,
             queued_commands_peak: self.queue_peak as u64,
         };
         StatsSnapshot {
