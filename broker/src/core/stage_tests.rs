@@ -236,3 +236,44 @@ async fn a_burst_larger_than_the_staging_bound_takes_the_ordinary_way() {
     assert!(h.clock.now_us() >= due_us);
     assert_eq!(got.len(), N);
 }
+
+/// A fire that holds staged messages and others read ahead after the burst
+/// was staged (here nacked since, held to the same instant, their entries
+/// between the staged ones; under load,
+/// the later part of a piece that fires past the lead the burst was staged
+/// with): all go out together in dispatch order, the staged ones as staged
+/// and the others built at the fire, not the whole piece the ordinary way.
+#[tokio::test(start_paused = true)]
+async fn a_fire_of_staged_and_unstaged_messages_sends_them_together() {
+    const N: usize = 20;
+    let h = harness().await;
+    let (mut c, first) = h.shared_burst(N, 2 * N as u32).await;
+    // The even entries staged, the odd ones between them nacked later.
+    let (even, odd): (Vec<Message>, Vec<Message>) = first
+        .iter()
+        .cloned()
+        .partition(|m| m.id.as_ref().unwrap().entry_id % 2 == 0);
+    let (due_us, due_ms) = nack_for_a_second(&h, &mut c, &even).await;
+    wait_to_just_before(&h, &mut c, due_ms).await;
+    assert_eq!(staged(&h, &c).await, N as u64 / 2);
+    let hold = Duration::from_micros(due_us - h.clock.now_us());
+    let rid = c.nack_all_held(&odd, hold);
+    assert!(c.done(rid).await.is_ok());
+    let reads = h.storage.entries_read_by_id();
+    let got = c.messages().await;
+    assert!(h.clock.now_us() >= due_us);
+    assert_eq!(
+        entry_ids(&got),
+        (0..N as u64).collect::<Vec<_>>(),
+        "in one frame, in order"
+    );
+    assert!(got.iter().all(|m| m.delivery_count == 1));
+    assert_eq!(h.storage.entries_read_by_id(), reads, "all read ahead");
+    let stats = c.handle.stats(h.storage.clone()).await.unwrap();
+    assert_eq!(
+        stats.sent_staged,
+        N as u64 / 2,
+        "the staged half sent as staged"
+    );
+    assert_eq!(stats.consumers[0].unacked, N as u64);
+}

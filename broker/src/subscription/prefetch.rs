@@ -85,6 +85,12 @@ impl Prefetched {
         Some(early)
     }
 
+    /// Whether a message is held for `entry`'s schedule entry due at
+    /// `due_ms`.
+    pub fn holds(&self, entry: &TierEntry, due_ms: u64) -> bool {
+        self.by_entry.get(entry).is_some_and(|e| e.due_ms == due_ms)
+    }
+
     /// The message prefetched for `entry`'s schedule entry due at `due_ms`
     /// (one prefetched for another due time is dropped: stale).
     pub fn take(&mut self, entry: TierEntry, due_ms: u64) -> Option<Early> {

@@ -16,10 +16,14 @@
 //! consumer still the only one dispatch would hand it to, with the permits
 //! and room under the unacked cap for all of them, nothing waiting ahead of
 //! them (the read-ahead, fired entries, the log), no key order, no breaker.
-//! If any check fails, or the fire holds an entry that was not staged, the
-//! fired entries' staged messages go back to the prefetch buffer and the
-//! fired entries take the ordinary way (`on_fired`, `load_due`,
-//! `dispatch`); the others stay staged, checked again when they fire.
+//! Fired entries that were not staged but are read ahead for their due
+//! time (a piece that fires past the lead the burst was staged with, or
+//! entries scheduled after it was staged) are built at the fire and sent
+//! with the staged ones, in dispatch order. If any check fails, or the fire
+//! holds an entry not read ahead, the fired entries' staged messages go
+//! back to the prefetch buffer and the fired entries take the ordinary way
+//! (`on_fired`, `load_due`, `dispatch`); the others stay staged, checked
+//! again when they fire.
 //! Memory only: nothing is written, so a crash loses nothing (the schedule
 //! is unchanged).
 //!
@@ -61,6 +65,33 @@ struct Taken {
     msgs: Vec<Message>,
 }
 
+impl Taken {
+    /// Merges `built` (messages built at the fire) into these, in dispatch
+    /// (entry) order.
+    fn merge(self, mut built: Vec<(Meta, Message)>) -> Taken {
+        built.sort_unstable_by_key(|(m, _)| m.entry);
+        let n = self.meta.len() + built.len();
+        let mut out = Taken {
+            meta: Vec::with_capacity(n),
+            msgs: Vec::with_capacity(n),
+        };
+        let mut a = self.meta.into_iter().zip(self.msgs).peekable();
+        let mut b = built.into_iter().peekable();
+        loop {
+            let next = match (a.peek(), b.peek()) {
+                (Some((x, _)), Some((y, _))) if x.entry < y.entry => a.next(),
+                (Some(_), None) => a.next(),
+                _ => b.next(),
+            };
+            let Some((m, msg)) = next else {
+                return out;
+            };
+            out.meta.push(m);
+            out.msgs.push(msg);
+        }
+    }
+}
+
 /// Messages staged for one consumer, in dispatch order.
 #[derive(Debug, Default)]
 pub(super) struct Staged {
@@ -86,6 +117,9 @@ pub(super) struct Staged {
     /// Times the messages due within the lead were counted.
     #[cfg(test)]
     pub counts: u64,
+    /// Messages sent as staged (not built at the fire).
+    #[cfg(test)]
+    pub sent_staged: u64,
     /// Sent, their in-flight entries and metrics still to be recorded
     /// (after the actor yielded to the consumer's stream): entry, due time,
     /// delivery count.
@@ -285,25 +319,31 @@ impl SubscriptionActor {
                 self.deliveries.prefetched.insert(entry, early);
                 continue;
             }
-            let mut msg = *early.msg;
-            let id = self.wire_ref(entry);
-            msg.id = Some(ricochet_proto::MessageId {
-                topic: id.topic,
-                entry_id: id.entry_id,
-            });
-            let meta = Meta {
-                entry,
-                due_ms: early.due_ms,
-                failure: early.failure,
-                bytes: early.bytes,
-            };
-            staged.push((meta, msg));
+            staged.push(self.build(entry, early));
         }
         if !staged.is_empty() {
             self.deliveries.staged.set(staged);
             self.deliveries.staged.consumer = Some(consumer);
             tracing::trace!(target: "ricochet::burst", n = self.deliveries.staged.len(), "actor: staged for the due instant");
         }
+    }
+
+    /// What dispatch would hand a consumer for `entry`, read ahead as
+    /// `early` (its delivery count is set when it is sent).
+    fn build(&self, entry: TierEntry, early: Early) -> (Meta, Message) {
+        let mut msg = *early.msg;
+        let id = self.wire_ref(entry);
+        msg.id = Some(ricochet_proto::MessageId {
+            topic: id.topic,
+            entry_id: id.entry_id,
+        });
+        let meta = Meta {
+            entry,
+            due_ms: early.due_ms,
+            failure: early.failure,
+            bytes: early.bytes,
+        };
+        (meta, msg)
     }
 
     /// Puts the staged messages back into the prefetch buffer.
@@ -363,13 +403,26 @@ impl SubscriptionActor {
         let Some(consumer) = staged.consumer else {
             return Some(keys);
         };
-        let staged_n = keys
-            .iter()
-            .filter(|k| staged.due_of(&k.message.entry()) == Some(k.due_ms))
-            .count();
+        // Fired entries not staged but read ahead for this due time (the
+        // piece reaches past the lead the burst was staged with, or they
+        // came after it was staged) are built now and sent with the others.
+        let mut unstaged = Vec::new();
+        let mut not_read = 0;
+        for k in &keys {
+            let e = k.message.entry();
+            if staged.due_of(&e) == Some(k.due_ms) {
+                continue;
+            }
+            if self.deliveries.prefetched.holds(&e, k.due_ms) {
+                unstaged.push(*k);
+            } else {
+                not_read += 1;
+            }
+        }
+        let staged_n = keys.len() - unstaged.len() - not_read;
         let retry = keys.iter().any(|k| k.message.tier == TierId::Retry);
-        let declined = if staged_n < keys.len() {
-            Some("not all staged")
+        let declined = if not_read > 0 {
+            Some("not all read ahead")
         } else if self.staging_target() != Some(consumer) {
             Some("target")
         } else if !self.has_room(consumer, keys.len(), retry) {
@@ -394,12 +447,26 @@ impl SubscriptionActor {
             self.unstage_keys(&keys);
             return Some(keys);
         }
-        tracing::trace!(target: "ricochet::burst", n = keys.len(), "actor: due entries in");
+        tracing::trace!(target: "ricochet::burst", n = keys.len(), staged = staged_n, "actor: due entries in");
         let now_us = self.deps.clock.now_us();
-        let taken = self
+        let mut taken = self
             .deliveries
             .staged
             .take(keys.iter().map(|k| k.message.entry()));
+        if !unstaged.is_empty() {
+            let mut built = Vec::with_capacity(unstaged.len());
+            for k in unstaged {
+                let entry = k.message.entry();
+                if let Some(early) = self.deliveries.prefetched.take(entry, k.due_ms) {
+                    built.push(self.build(entry, early));
+                }
+            }
+            taken = taken.merge(built);
+        }
+        #[cfg(test)]
+        {
+            self.deliveries.staged.sent_staged += staged_n as u64;
+        }
         let Taken { mut meta, mut msgs } = taken;
         let mut sent = Vec::with_capacity(msgs.len());
         for (m, msg) in meta.iter_mut().zip(msgs.iter_mut()) {

@@ -80,6 +80,10 @@ pub struct SubscriptionStats {
     /// staging lead (tests of the stage wake's cost).
     #[cfg(test)]
     pub stage_counts: u64,
+    /// Messages sent as they were staged (tests of a fire that holds
+    /// messages staged and not).
+    #[cfg(test)]
+    pub sent_staged: u64,
     /// The most commands (consumer requests, admin calls, durable-write
     /// notices) seen waiting in the actor's queue at once since it started.
     pub queued_commands_peak: u64,
@@ -248,6 +252,8 @@ impl SubscriptionActor {
             staged_for_due: self.deliveries.staged.len() as u64,
             #[cfg(test)]
             stage_counts: self.deliveries.staged.counts,
+            #[cfg(test)]
+            sent_staged: self.deliveries.staged.sent_staged,
             queued_commands_peak: self.queue_peak as u64,
         };
         StatsSnapshot {
