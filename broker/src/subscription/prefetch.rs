@@ -179,13 +179,17 @@ impl SubscriptionActor {
         while let Some(f) = next.take() {
             match f {
                 crate::scheduler::Fired::Due(keys) => {
+                    let (keys, after) = gather_due(keys, fired);
                     if let Some(keys) = self.fire_staged(keys) {
                         self.on_fired(keys);
                     }
+                    next = after;
                 }
-                crate::scheduler::Fired::Soon(keys) => self.announced(keys),
+                crate::scheduler::Fired::Soon(keys) => {
+                    self.announced(keys);
+                    next = fired.try_recv().ok();
+                }
             }
-            next = fired.try_recv().ok();
         }
     }
 
@@ -326,9 +330,58 @@ impl SubscriptionActor {
     }
 }
 
+/// `keys` and the entries of every `Due` queued right behind them (pieces
+/// of a burst fired meanwhile, all due now): taken as one, so that a burst
+/// staged whole goes out in one send, not one per piece; what came next,
+/// if anything did.
+fn gather_due(
+    mut keys: Vec<ScheduleKey>,
+    fired: &mut tokio::sync::mpsc::UnboundedReceiver<crate::scheduler::Fired>,
+) -> (Vec<ScheduleKey>, Option<crate::scheduler::Fired>) {
+    loop {
+        match fired.try_recv() {
+            Ok(crate::scheduler::Fired::Due(more)) => keys.extend(more),
+            Ok(other) => return (keys, Some(other)),
+            Err(_) => return (keys, None),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::Fired;
+
+    fn key(id: u64) -> ScheduleKey {
+        ScheduleKey {
+            due_ms: 100,
+            message: TierEntry::main(id).of(1),
+        }
+    }
+
+    fn ids(keys: &[ScheduleKey]) -> Vec<u64> {
+        keys.iter().map(|k| k.message.entry().entry_id).collect()
+    }
+
+    #[test]
+    fn pieces_fired_back_to_back_are_taken_as_one() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for f in [
+            Fired::Due(vec![key(2), key(3)]),
+            Fired::Due(vec![key(4)]),
+            Fired::Soon(vec![key(9)]),
+            Fired::Due(vec![key(5)]),
+        ] {
+            tx.send(f).unwrap();
+        }
+        let (keys, after) = gather_due(vec![key(1)], &mut rx);
+        assert_eq!(ids(&keys), vec![1, 2, 3, 4]);
+        assert!(matches!(after, Some(Fired::Soon(k)) if ids(&k) == vec![9]));
+        // The later piece waits behind the announcement.
+        let (keys, after) = gather_due(Vec::new(), &mut rx);
+        assert_eq!(ids(&keys), vec![5]);
+        assert!(after.is_none());
+    }
 
     fn early(due_ms: u64, bytes: usize) -> Early {
         Early {
