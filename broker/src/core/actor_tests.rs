@@ -243,6 +243,10 @@ impl TestConsumer {
         }
     }
 
+    pub(super) fn id(&self) -> ConsumerId {
+        self.id
+    }
+
     /// Grants more flow permits.
     pub(super) fn flow(&self, permits: u32) {
         self.handle

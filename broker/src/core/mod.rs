@@ -18,6 +18,8 @@ mod moves;
 #[cfg(test)]
 mod prefetch_tests;
 mod replicated;
+#[cfg(test)]
+mod stage_tests;
 
 pub use hooks::{Hooks, Placement, ReservedNames, TopicOpened};
 

@@ -62,6 +62,9 @@ pub(super) struct Deliveries {
     /// Messages of schedule entries about to fire, read ahead of their due
     /// times ([`super::prefetch`]).
     pub prefetched: super::prefetch::Prefetched,
+    /// Messages read ahead and built for their consumer just before their
+    /// due time ([`super::stage`]).
+    pub staged: super::stage::Staged,
 }
 
 /// A nack counted ahead of its redelivery.

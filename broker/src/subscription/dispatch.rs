@@ -120,6 +120,12 @@ impl Dispatcher {
         out
     }
 
+    /// Messages went to a Shared subscription's only consumer without
+    /// [`Self::assign`] (staged ones): where it would leave the round-robin.
+    pub fn sent_to_only_consumer(&mut self) {
+        self.rr = 0;
+    }
+
     /// A message of key bucket `b` was settled (acked, failed or given back).
     pub fn release(&mut self, b: u16) {
         if let Some(entry) = self.buckets.get_mut(&b) {

@@ -25,7 +25,8 @@
 //! Map: [`handle`] (the API), [`requests`] (the consumer boundary),
 //! [`consumers`], [`dispatch`], [`delivery`], [`acks`], [`intake`] (failure
 //! requests), [`failure`] (the planner), [`tiers`] (moves), [`read_ahead`],
-//! [`prefetch`] (a burst read before it is due), [`replay`], [`policy`],
+//! [`prefetch`] (a burst read before it is due), [`stage`] (and built for its
+//! consumer before its instant), [`replay`], [`policy`],
 //! [`stats`], [`key_order`], [`breaker`] (the outage breaker).
 
 mod acks;
@@ -44,6 +45,7 @@ mod read_ahead;
 mod replay;
 mod requests;
 mod retention;
+mod stage;
 mod stats;
 mod tiers;
 
@@ -57,6 +59,8 @@ pub use requests::{
     ConsumerEvent, ConsumerId, ConsumerRequest, ConsumerSpec, ConsumerTx, FailedItem, MessageRef,
     MessageState, MessageStatus, Outcome, PolicyInfo,
 };
+#[cfg(test)]
+pub(crate) use stage::STAGE_MAX;
 pub use stats::{ConsumerStats, DueBucket, SubscriptionStats};
 pub use tiers::BrokerLink;
 
@@ -303,7 +307,8 @@ impl SubscriptionActor {
             }
             let poison_at = self.key_order_wake();
             let holds_at = self.holds_wake_ms();
-            let stale_at = self.deliveries.prefetched.stale_at();
+            let stale_at = self.read_ahead_stale_at();
+            let stage_at = self.stage_wake_ms();
             tokio::select! {
                 cmd = rx.recv() => {
                     // `None`: every handle is gone.
@@ -329,6 +334,7 @@ impl SubscriptionActor {
                 () = key_order::sleep_until_ms(&self.deps.clock, poison_at) => {}
                 () = key_order::sleep_until_ms(&self.deps.clock, holds_at) => self.advance_holds(),
                 () = key_order::sleep_until_ms(&self.deps.clock, stale_at) => self.sweep_prefetched(),
+                () = key_order::sleep_until_ms(&self.deps.clock, stage_at) => self.stage_due(),
             }
             self.after_turn().await;
         }
@@ -338,6 +344,11 @@ impl SubscriptionActor {
     /// What follows each turn of the actor: dispatch, read-ahead,
     /// persistence.
     async fn after_turn(&mut self) {
+        if self.staged_sent() {
+            // Staged messages went out: the stream writes them first.
+            tokio::task::yield_now().await;
+            self.finish_staged_send();
+        }
         self.key_order_tick().await;
         let sent = self.dispatch();
         self.prefetch_step();

@@ -48,7 +48,7 @@ pub(super) struct Early {
     pub msg: Box<Message>,
     /// A retry-tier message's failure record, read with it.
     pub failure: Option<FailureRecord>,
-    bytes: usize,
+    pub bytes: usize,
 }
 
 /// Messages read ahead of their due times, by entry and by due time.
@@ -71,7 +71,7 @@ impl Prefetched {
         self.by_entry.contains_key(entry)
     }
 
-    fn insert(&mut self, entry: TierEntry, early: Early) {
+    pub fn insert(&mut self, entry: TierEntry, early: Early) {
         self.remove(&entry);
         self.bytes += early.bytes;
         self.by_due.insert((early.due_ms, entry));
@@ -83,6 +83,12 @@ impl Prefetched {
         self.by_due.remove(&(early.due_ms, *entry));
         self.bytes -= early.bytes;
         Some(early)
+    }
+
+    /// Whether a message is held for `entry`'s schedule entry due at
+    /// `due_ms`.
+    pub fn holds(&self, entry: &TierEntry, due_ms: u64) -> bool {
+        self.by_entry.get(entry).is_some_and(|e| e.due_ms == due_ms)
     }
 
     /// The message prefetched for `entry`'s schedule entry due at `due_ms`
@@ -111,6 +117,33 @@ impl Prefetched {
         self.by_due
             .first()
             .map(|(due, _)| due.saturating_add(STALE_AFTER_MS))
+    }
+
+    /// How many messages are held due by `until_ms`, counting up to `cap`.
+    pub fn count_due_by(&self, until_ms: u64, cap: usize) -> usize {
+        self.by_due
+            .iter()
+            .take_while(|(due, _)| *due <= until_ms)
+            .take(cap)
+            .count()
+    }
+
+    /// Takes out the messages held due by `until_ms`.
+    pub fn take_due_by(&mut self, until_ms: u64) -> Vec<(TierEntry, Early)> {
+        let mut out = Vec::new();
+        while let Some(&(due, entry)) = self.by_due.first()
+            && due <= until_ms
+        {
+            if let Some(early) = self.remove(&entry) {
+                out.push((entry, early));
+            }
+        }
+        out
+    }
+
+    /// The earliest due time held, if any.
+    pub fn first_due(&self) -> Option<u64> {
+        self.by_due.first().map(|(due, _)| *due)
     }
 
     /// How many messages are held.
@@ -145,10 +178,18 @@ impl SubscriptionActor {
         let mut next = first;
         while let Some(f) = next.take() {
             match f {
-                crate::scheduler::Fired::Due(keys) => self.on_fired(keys),
-                crate::scheduler::Fired::Soon(keys) => self.announced(keys),
+                crate::scheduler::Fired::Due(keys) => {
+                    let (keys, after) = gather_due(keys, fired);
+                    if let Some(keys) = self.fire_staged(keys) {
+                        self.on_fired(keys);
+                    }
+                    next = after;
+                }
+                crate::scheduler::Fired::Soon(keys) => {
+                    self.announced(keys);
+                    next = fired.try_recv().ok();
+                }
             }
-            next = fired.try_recv().ok();
         }
     }
 
@@ -163,6 +204,7 @@ impl SubscriptionActor {
     /// subscription does not keep them until its next burst.
     pub(super) fn sweep_prefetched(&mut self) {
         let now = self.deps.clock.now_ms();
+        self.unstage_stale(now);
         self.deliveries
             .prefetched
             .drop_stale(now.saturating_sub(STALE_AFTER_MS).saturating_add(1));
@@ -207,6 +249,7 @@ impl SubscriptionActor {
                 || self.deliveries.ready.contains_key(&entry)
                 || self.deliveries.due.contains_key(&entry)
                 || self.deliveries.prefetched.contains(&entry)
+                || self.deliveries.staged.contains(&entry)
             {
                 continue;
             }
@@ -287,9 +330,58 @@ impl SubscriptionActor {
     }
 }
 
+/// `keys` and the entries of every `Due` queued right behind them (pieces
+/// of a burst fired meanwhile, all due now): taken as one, so that a burst
+/// staged whole goes out in one send, not one per piece; what came next,
+/// if anything did.
+fn gather_due(
+    mut keys: Vec<ScheduleKey>,
+    fired: &mut tokio::sync::mpsc::UnboundedReceiver<crate::scheduler::Fired>,
+) -> (Vec<ScheduleKey>, Option<crate::scheduler::Fired>) {
+    loop {
+        match fired.try_recv() {
+            Ok(crate::scheduler::Fired::Due(more)) => keys.extend(more),
+            Ok(other) => return (keys, Some(other)),
+            Err(_) => return (keys, None),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::Fired;
+
+    fn key(id: u64) -> ScheduleKey {
+        ScheduleKey {
+            due_ms: 100,
+            message: TierEntry::main(id).of(1),
+        }
+    }
+
+    fn ids(keys: &[ScheduleKey]) -> Vec<u64> {
+        keys.iter().map(|k| k.message.entry().entry_id).collect()
+    }
+
+    #[test]
+    fn pieces_fired_back_to_back_are_taken_as_one() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for f in [
+            Fired::Due(vec![key(2), key(3)]),
+            Fired::Due(vec![key(4)]),
+            Fired::Soon(vec![key(9)]),
+            Fired::Due(vec![key(5)]),
+        ] {
+            tx.send(f).unwrap();
+        }
+        let (keys, after) = gather_due(vec![key(1)], &mut rx);
+        assert_eq!(ids(&keys), vec![1, 2, 3, 4]);
+        assert!(matches!(after, Some(Fired::Soon(k)) if ids(&k) == vec![9]));
+        // The later piece waits behind the announcement.
+        let (keys, after) = gather_due(Vec::new(), &mut rx);
+        assert_eq!(ids(&keys), vec![5]);
+        assert!(after.is_none());
+    }
 
     fn early(due_ms: u64, bytes: usize) -> Early {
         Early {

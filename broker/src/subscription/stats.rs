@@ -70,8 +70,20 @@ pub struct SubscriptionStats {
     /// The outage breaker, if the subscription has one.
     pub breaker: Option<super::BreakerStats>,
     /// Messages read ahead of their schedule entries' due times and held
-    /// in memory until they fire (see `subscription/prefetch.rs`).
+    /// in memory until they fire (see `subscription/prefetch.rs`), staged
+    /// ones included.
     pub read_ahead_of_due: u64,
+    /// Of those, built for their consumer just before their due time, to be
+    /// sent when they fire (see `subscription/stage.rs`).
+    pub staged_for_due: u64,
+    /// Times the actor counted the messages read ahead due within the
+    /// staging lead (tests of the stage wake's cost).
+    #[cfg(test)]
+    pub stage_counts: u64,
+    /// Messages sent as they were staged (tests of a fire that holds
+    /// messages staged and not).
+    #[cfg(test)]
+    pub sent_staged: u64,
     /// The most commands (consumer requests, admin calls, durable-write
     /// notices) seen waiting in the actor's queue at once since it started.
     pub queued_commands_peak: u64,
@@ -235,7 +247,13 @@ impl SubscriptionActor {
             scheduled_by_due: Vec::new(),
             key_order: self.key_order_stats(),
             breaker: self.breaker_stats(),
-            read_ahead_of_due: self.deliveries.prefetched.len() as u64,
+            read_ahead_of_due: (self.deliveries.prefetched.len() + self.deliveries.staged.len())
+                as u64,
+            staged_for_due: self.deliveries.staged.len() as u64,
+            #[cfg(test)]
+            stage_counts: self.deliveries.staged.counts,
+            #[cfg(test)]
+            sent_staged: self.deliveries.staged.sent_staged,
             queued_commands_peak: self.queue_peak as u64,
         };
         StatsSnapshot {
