@@ -12,9 +12,6 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::EntryMap;
 
-/// Messages buffered ahead of dispatch.
-pub(super) const READ_AHEAD: usize = 1_000;
-
 /// A message ready to be dispatched. Its message is boxed: the read-ahead
 /// is a B-tree taken from the front, and a removal there shifts the node's
 /// other values, which were some 200 B each unboxed (a burst of 1 000 moved
@@ -91,6 +88,17 @@ pub struct Held {
 }
 
 impl Deliveries {
+    /// Records a message of a schedule entry due at `due_ms` as sent to
+    /// `consumer` (a staged one, [`super::stage`]: no key bucket).
+    pub fn sent_when_due(&mut self, entry: TierEntry, consumer: ConsumerId, due_ms: u64) {
+        let sent = InFlight {
+            consumer,
+            bucket: None,
+            due_ms: Some(due_ms),
+        };
+        self.in_flight.insert(entry, sent);
+    }
+
     /// Whether a message was ever handed out, so an ack or a failure for it
     /// makes sense: in flight, acked, or failed before (it then has a
     /// failure record and may be waiting for its redelivery).

@@ -24,8 +24,8 @@
 //! Messages without a key are not ordered (they flow as without the mode).
 
 use super::SubscriptionActor;
-use super::delivery::READ_AHEAD;
 use super::failure::Failure;
+use super::read_ahead::READ_AHEAD;
 use crate::error::{BrokerError, Result};
 use crate::events::{EventKind, FailureEvent};
 use crate::storage::{

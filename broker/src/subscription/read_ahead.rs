@@ -6,12 +6,16 @@
 //! instead of the read-ahead.
 
 use super::SubscriptionActor;
-use super::delivery::{Pending, READ_AHEAD};
+use super::delivery::Pending;
 use crate::error::Result;
 use crate::storage::{ScheduleKey, StorageError, SubMessage, TierEntry, TierId};
 use prost::Message as _;
 use ricochet_proto::Message;
 
+/// Messages buffered ahead of dispatch.
+pub(super) const READ_AHEAD: usize = 1_000;
+// Staging takes at most twice what is read ahead.
+const _: () = assert!(super::stage::STAGE_MAX == 2 * READ_AHEAD);
 /// Most bytes read from the log in one read-ahead step.
 const READ_AHEAD_BYTES: usize = 8 * 1024 * 1024;
 

@@ -31,7 +31,6 @@
 
 use super::EntryMap;
 use super::SubscriptionActor;
-use super::delivery::InFlight;
 use super::prefetch::{Early, STALE_AFTER_MS};
 use super::requests::{ConsumerEvent, ConsumerId};
 use crate::storage::{FailureRecord, ScheduleKey, TierEntry, TierId};
@@ -45,8 +44,10 @@ pub(super) const STAGE_LEAD_MS: u64 = 5;
 /// Most messages staged at once: more due within [`STAGE_LEAD_MS`] take
 /// the ordinary way. In the 10 000 `reconsume_later` burst, staging several
 /// thousand that then went the ordinary way all the same made rounds
-/// slower (session 22), where the 1 000 burst gains.
-pub(crate) const STAGE_MAX: usize = 2 * super::delivery::READ_AHEAD;
+/// slower (session 22), where the 1 000 burst gains. Twice the read-ahead
+/// (1 000 messages; `read_ahead.rs` asserts the relation, so this module
+/// need not depend on it).
+pub(crate) const STAGE_MAX: usize = 2_000;
 
 /// What is kept beside a staged message.
 #[derive(Debug)]
@@ -518,14 +519,7 @@ impl SubscriptionActor {
             let late = now_us.saturating_sub(due_ms.saturating_mul(1000)) as f64 / 1e6;
             self.metrics.retry_lateness.record(late);
             self.metrics.delivery_count.record(f64::from(count));
-            self.deliveries.in_flight.insert(
-                entry,
-                InFlight {
-                    consumer,
-                    bucket: None,
-                    due_ms: Some(due_ms),
-                },
-            );
+            self.deliveries.sent_when_due(entry, consumer, due_ms);
         }
         self.advance_holds();
         self.deliveries
