@@ -154,6 +154,16 @@ fn read(f: &Fixture, ids: &[u64]) -> Vec<Message> {
         .collect()
 }
 
+/// Retry entry `entry` as the actor retries it a second time: read back
+/// (resolved), `RECONSUMETIMES` 2, due at 99 000 + `entry`.
+fn retried_again(f: &Fixture, entry: u64) -> Message {
+    let mut m = read(f, &[entry]).remove(0);
+    m.properties
+        .insert(props::RECONSUME_TIMES.into(), "2".into());
+    m.deliver_at_ms = 99_000 + entry;
+    m
+}
+
 #[test]
 fn a_retry_stores_a_reference_that_reads_back_as_the_copy() {
     let f = fixture();
@@ -190,11 +200,7 @@ fn a_retry_of_a_retry_refers_to_the_topic_entry() {
     let f = fixture();
     retry(&f, 0, vec![(TierEntry::main(5), copy(5, 1), true)]);
     // The actor reads retry entry 0 (resolved) and retries it again.
-    let mut again = read(&f, &[0]).remove(0);
-    again
-        .properties
-        .insert(props::RECONSUME_TIMES.into(), "2".into());
-    again.deliver_at_ms = 99_000;
+    let again = retried_again(&f, 0);
     retry(&f, 1, vec![(TierEntry::retry(0), again.clone(), true)]);
     let r = RetryRef::parse(&raw(&f, &[1])[0]).unwrap().unwrap();
     assert_eq!((r.source_topic.as_str(), r.source_entry), (T, 5));
@@ -218,13 +224,7 @@ fn a_move_of_many_retries_of_retries_refers_each_to_its_own_entry() {
             (TierEntry::main(7), copy(7, 1), true),
         ],
     );
-    let again = |entry: u64| {
-        let mut m = read(&f, &[entry]).remove(0);
-        m.properties
-            .insert(props::RECONSUME_TIMES.into(), "2".into());
-        m.deliver_at_ms = 99_000 + entry;
-        m
-    };
+    let again = |entry| retried_again(&f, entry);
     let (a0, a1, a2) = (again(0), again(1), again(2));
     retry(
         &f,

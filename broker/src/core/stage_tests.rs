@@ -50,6 +50,17 @@ async fn wait_to_just_before(h: &Harness, c: &mut TestConsumer, due_ms: u64) {
     );
 }
 
+/// `n` messages to the only consumer of a Shared subscription, all nacked
+/// for a second and staged by 2 ms before their due time (nothing out
+/// before it): the consumer and the due time (µs).
+async fn staged_burst(h: &Harness, n: usize) -> (TestConsumer, u64) {
+    let (mut c, first) = h.shared_burst(n, 2 * n as u32).await;
+    let (due_us, due_ms) = nack_for_a_second(h, &mut c, &first).await;
+    wait_to_just_before(h, &mut c, due_ms).await;
+    assert_eq!(staged(h, &c).await, n as u64, "staged before its due time");
+    (c, due_us)
+}
+
 fn entry_ids(msgs: &[Message]) -> Vec<u64> {
     msgs.iter()
         .map(|m| m.id.as_ref().unwrap().entry_id)
@@ -60,10 +71,7 @@ fn entry_ids(msgs: &[Message]) -> Vec<u64> {
 async fn a_staged_burst_goes_out_when_it_fires_never_before() {
     const N: usize = 300;
     let h = harness().await;
-    let (mut c, first) = h.shared_burst(N, 2 * N as u32).await;
-    let (due_us, due_ms) = nack_for_a_second(&h, &mut c, &first).await;
-    wait_to_just_before(&h, &mut c, due_ms).await;
-    assert_eq!(staged(&h, &c).await, N as u64, "staged before its due time");
+    let (mut c, due_us) = staged_burst(&h, N).await;
     let reads = h.storage.entries_read_by_id();
     let mut got = Vec::new();
     while got.len() < N {
@@ -122,10 +130,7 @@ async fn an_ack_after_staging_wins() {
 async fn a_consumer_leaving_after_staging_gets_nothing() {
     const N: usize = 10;
     let h = harness().await;
-    let (mut c1, first) = h.shared_burst(N, 2 * N as u32).await;
-    let (due_us, due_ms) = nack_for_a_second(&h, &mut c1, &first).await;
-    wait_to_just_before(&h, &mut c1, due_ms).await;
-    assert_eq!(staged(&h, &c1).await, N as u64);
+    let (c1, due_us) = staged_burst(&h, N).await;
     let mut c2 = h.consumer(SubscriptionType::Shared, None).await;
     c1.handle.request(c1.id(), ConsumerRequest::Close).unwrap();
     let got = tokio::time::timeout(Duration::from_secs(10), receive(&mut c2, N))
@@ -142,10 +147,7 @@ async fn a_consumer_leaving_after_staging_gets_nothing() {
 async fn a_consumer_joining_after_staging_shares_the_burst() {
     const N: usize = 10;
     let h = harness().await;
-    let (mut c1, first) = h.shared_burst(N, 2 * N as u32).await;
-    let (due_us, due_ms) = nack_for_a_second(&h, &mut c1, &first).await;
-    wait_to_just_before(&h, &mut c1, due_ms).await;
-    assert_eq!(staged(&h, &c1).await, N as u64);
+    let (mut c1, due_us) = staged_burst(&h, N).await;
     let mut c2 = h.consumer(SubscriptionType::Shared, None).await;
     let wait = Duration::from_secs(10);
     let one = c1.messages_within(wait).await.expect("some for the first");
