@@ -57,19 +57,21 @@ impl Acker {
     }
 
     fn send(&self, cmd: Cmd) -> Result<()> {
-        if self.shared.closed.load(Ordering::Acquire) {
-            return Err(Error::closed());
-        }
-        self.tx.send(cmd).map_err(|_| Error::closed())
+        self.queue(cmd, false)
     }
 
-    /// Queues a plain ack: it wakes the driver only when the driver has no
-    /// ack flush armed or the group's room is used up (`commands`).
-    fn send_quiet(&self, cmd: Cmd) -> Result<()> {
+    /// Queues `cmd`; a `quiet` one wakes the driver only when it has no ack
+    /// flush armed or the group's room is used up (`commands`).
+    fn queue(&self, cmd: Cmd, quiet: bool) -> Result<()> {
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(Error::closed());
         }
-        self.tx.send_quiet(cmd).map_err(|_| Error::closed())
+        let queued = if quiet {
+            self.tx.send_quiet(cmd)
+        } else {
+            self.tx.send(cmd)
+        };
+        queued.map_err(|_| Error::closed())
     }
 
     /// Fails for a message of an earlier stream.
@@ -83,10 +85,20 @@ impl Acker {
 
     /// Sends a settle command; with ack receipts, waits for the broker.
     async fn settle(&self, make: impl FnOnce(Option<Reply>) -> Cmd) -> Result<()> {
+        self.settle_as(make, false).await
+    }
+
+    /// [`Self::settle`] for a plain ack: without receipts it is queued
+    /// quietly (`commands`).
+    async fn settle_ack(&self, make: impl FnOnce(Option<Reply>) -> Cmd) -> Result<()> {
+        self.settle_as(make, true).await
+    }
+
+    async fn settle_as(&self, make: impl FnOnce(Option<Reply>) -> Cmd, quiet: bool) -> Result<()> {
         if self.shared.receipts {
             self.request(|reply| make(Some(reply))).await
         } else {
-            self.send(make(None))
+            self.queue(make(None), quiet)
         }
     }
 
@@ -95,14 +107,7 @@ impl Acker {
         let this = self.target(&msg.id)?;
         let this = &this;
         this.current(msg)?;
-        if !this.shared.receipts {
-            return this.send_quiet(Cmd::Ack {
-                id: msg.id.clone(),
-                epoch: Some(msg.epoch),
-                reply: None,
-            });
-        }
-        this.settle(|reply| Cmd::Ack {
+        this.settle_ack(|reply| Cmd::Ack {
             id: msg.id.clone(),
             epoch: Some(msg.epoch),
             reply,
@@ -115,14 +120,7 @@ impl Acker {
     pub async fn ack_id(&self, id: &MessageId) -> Result<()> {
         let this = self.target(id)?;
         let this = &this;
-        if !this.shared.receipts {
-            return this.send_quiet(Cmd::Ack {
-                id: id.clone(),
-                epoch: None,
-                reply: None,
-            });
-        }
-        this.settle(|reply| Cmd::Ack {
+        this.settle_ack(|reply| Cmd::Ack {
             id: id.clone(),
             epoch: None,
             reply,

@@ -176,6 +176,8 @@ impl Driver {
             let event = tokio::select! {
                 biased;
                 r = next_frame(self.conn.as_mut().map(|c| &mut c.inbound)) => Event::Response(r),
+                // Before every timer: queued commands (quiet acks among
+                // them, `commands`) are taken before a timer acts.
                 c = self.rx.recv(), if rx_open => Event::Cmd(c),
                 _ = sleep_opt(self.acks.deadline()) => Event::AckFlush,
                 _ = sleep_opt(nack_due) => Event::NackDue,
@@ -221,20 +223,12 @@ impl Driver {
                     rx_open = false;
                     self.start_close(None);
                 }
-                // Quiet acks first (`commands`): they make this flush, and
-                // a message acked is never timed out or redelivered.
-                Event::AckFlush => {
-                    self.take_queued(rx_open);
-                    self.flush_acks();
-                }
-                Event::NackDue => {
-                    self.take_queued(rx_open);
-                    self.fire_nacks(Instant::now());
-                }
-                Event::AckTimeout => {
-                    self.take_queued(rx_open);
-                    self.fire_ack_timeouts();
-                }
+                // No command is queued when a timer wins: the biased select
+                // takes queued ones first (quiet acks make this flush, and a
+                // message acked is never timed out or redelivered).
+                Event::AckFlush => self.flush_acks(),
+                Event::NackDue => self.fire_nacks(Instant::now()),
+                Event::AckTimeout => self.fire_ack_timeouts(),
                 Event::Reconnect => self.reconnect().await,
                 Event::CloseDeadline => {
                     let r = self.confirmed("the broker did not confirm them in time");
