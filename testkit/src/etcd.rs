@@ -252,25 +252,26 @@ pub async fn spawn_cluster_each(
 ) -> Vec<ClusterBroker> {
     let mut brokers = Vec::with_capacity(n);
     for i in 0..n {
-        let addr = free_addr();
         let id = format!("b{i}");
         let dir = root.join(&id);
-        let options = each(i, base.clone())
-            .listen(addr)
-            .start_timeout(Duration::from_secs(60))
-            .args([
-                "--cluster",
-                name,
-                "--etcd",
-                etcd.url(),
-                "--advertise",
-                &format!("http://{addr}"),
-                "--broker-id",
-                &id,
-                "--lease-ttl",
-                &format!("{}s", ttl.as_secs()),
-            ]);
-        let process = BrokerProcess::spawn(&dir, &options).await;
+        let (process, addr, options) = BrokerProcess::spawn_on_free_addr(&dir, |addr| {
+            each(i, base.clone())
+                .listen(addr)
+                .start_timeout(Duration::from_secs(60))
+                .args([
+                    "--cluster",
+                    name,
+                    "--etcd",
+                    etcd.url(),
+                    "--advertise",
+                    &format!("http://{addr}"),
+                    "--broker-id",
+                    &id,
+                    "--lease-ttl",
+                    &format!("{}s", ttl.as_secs()),
+                ])
+        })
+        .await;
         brokers.push(ClusterBroker {
             process: Some(process),
             dir,

@@ -238,6 +238,9 @@ pub struct BrokerProcess {
 /// The last [`TAIL_LINES`] lines the broker printed on stdout.
 type LogTail = std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>;
 
+/// How many addresses [`BrokerProcess::spawn_on_free_addr`] tries.
+pub const PORT_ATTEMPTS: usize = 4;
+
 /// How many of the broker's last log lines a failed stop shows.
 const TAIL_LINES: usize = 40;
 
@@ -247,6 +250,38 @@ impl BrokerProcess {
     /// binding); returns once it listens. Panics if it cannot be started or does not listen in
     /// time.
     pub async fn spawn(dir: &Path, options: &SpawnOptions) -> Self {
+        Self::try_spawn(dir, options)
+            .await
+            .unwrap_or_else(|| panic!("the broker exited before listening (see its stderr)"))
+    }
+
+    /// [`BrokerProcess::spawn`] on an address chosen ahead by
+    /// [`crate::free_addr`]: `options(addr)` builds the options for it. Such a
+    /// port is free when chosen but another process (a client's outgoing
+    /// connection, say) can take it before the broker binds it; a broker that
+    /// exits before listening is started again on a fresh address, up to
+    /// [`PORT_ATTEMPTS`] times. Returns the process and the address it
+    /// listens on.
+    pub async fn spawn_on_free_addr(
+        dir: &Path,
+        options: impl Fn(SocketAddr) -> SpawnOptions,
+    ) -> (Self, SocketAddr, SpawnOptions) {
+        for attempt in 1..=PORT_ATTEMPTS {
+            let addr = crate::free_addr();
+            let chosen = options(addr);
+            if let Some(process) = Self::try_spawn(dir, &chosen).await {
+                return (process, addr, chosen);
+            }
+            eprintln!(
+                "testkit: the broker on {addr} exited before listening (attempt {attempt} of {PORT_ATTEMPTS})"
+            );
+        }
+        panic!("the broker exited before listening {PORT_ATTEMPTS} times (see its stderr)")
+    }
+
+    /// [`BrokerProcess::spawn`], but `None` when the broker exits before it
+    /// listens (a port taken, a store refused) instead of a panic.
+    pub async fn try_spawn(dir: &Path, options: &SpawnOptions) -> Option<Self> {
         let bin = broker_bin(options.bin.as_deref());
         let mut child = Command::new(&bin)
             .arg("--data-dir")
@@ -281,11 +316,11 @@ impl BrokerProcess {
                 options.start_timeout
             )
         })
-        .unwrap_or_else(|_| panic!("the broker exited before listening (see its stderr)"));
+        .ok()?;
         if !addr.is_empty() {
             process.url = format!("http://{addr}");
         }
-        process
+        Some(process)
     }
 
     /// `http://127.0.0.1:PORT`.

@@ -5,7 +5,7 @@
 use crate::common;
 use common::*;
 use ricochet_proto::*;
-use ricochet_testkit::{BrokerProcess, free_addr};
+use ricochet_testkit::BrokerProcess;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -85,8 +85,8 @@ fn value(m: &HashMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
 #[tokio::test]
 async fn retry_and_dead_letter_series_move_with_a_scripted_scenario() {
     let dir = tempfile::tempdir().unwrap();
-    let metrics = free_addr();
-    let broker = BrokerProcess::spawn(dir.path(), &options().metrics_listen(metrics)).await;
+    let (broker, metrics, _) =
+        BrokerProcess::spawn_on_free_addr(dir.path(), |a| options().metrics_listen(a)).await;
     let url = broker.url();
 
     let policy = DeadLetterPolicyConfig {
@@ -244,8 +244,8 @@ const ONLY_WITH_A_BREAKER: [&str; 2] = ["ricochet_breaker_state", "ricochet_brea
 #[tokio::test]
 async fn breaker_state_and_trips_are_exported() {
     let dir = tempfile::tempdir().unwrap();
-    let metrics = free_addr();
-    let broker = BrokerProcess::spawn(dir.path(), &options().metrics_listen(metrics)).await;
+    let (broker, metrics, _) =
+        BrokerProcess::spawn_on_free_addr(dir.path(), |a| options().metrics_listen(a)).await;
     let url = broker.url();
     let _c = RawConsumer::simple(url, "guarded", "s", SubscriptionType::Shared).await;
     let mut admin = ricochet_proto::admin_client::AdminClient::new(channel(url).await);
@@ -395,8 +395,8 @@ fn documented_metrics() -> Vec<String> {
 #[tokio::test]
 async fn queue_gauges_are_rebuilt_after_a_kill() {
     let dir = tempfile::tempdir().unwrap();
-    let metrics = free_addr();
-    let broker = BrokerProcess::spawn(dir.path(), &options().metrics_listen(metrics)).await;
+    let (broker, metrics, _) =
+        BrokerProcess::spawn_on_free_addr(dir.path(), |a| options().metrics_listen(a)).await;
     let url = broker.url();
     let opts = || SubOpts {
         sub_type: SubscriptionType::Shared,
@@ -482,12 +482,13 @@ async fn limit_rejections_and_connections_are_counted() {
         "max_connections = 3\nmax_topics_per_namespace = 1\nmax_subscriptions_per_topic = 1\n",
     )
     .unwrap();
-    let metrics = free_addr();
-    let opts = options()
-        .metrics_listen(metrics)
-        .args(["--config".into(), config.into_os_string()]);
     let data = dir.path().join("data");
-    let broker = BrokerProcess::spawn(&data, &opts).await;
+    let (broker, metrics, _) = BrokerProcess::spawn_on_free_addr(&data, |a| {
+        options()
+            .metrics_listen(a)
+            .args(["--config".into(), config.clone().into_os_string()])
+    })
+    .await;
     let url = broker.url();
     let _c = RawConsumer::simple(url, "only", "s", SubscriptionType::Shared).await;
     let e = RawConsumer::subscribe(url, "only", "s2", SubOpts::default())
@@ -554,8 +555,8 @@ async fn limit_rejections_and_connections_are_counted() {
 #[tokio::test]
 async fn key_order_gauges_and_stats_follow_a_blocked_key() {
     let dir = tempfile::tempdir().unwrap();
-    let metrics = free_addr();
-    let broker = BrokerProcess::spawn(dir.path(), &options().metrics_listen(metrics)).await;
+    let (broker, metrics, _) =
+        BrokerProcess::spawn_on_free_addr(dir.path(), |a| options().metrics_listen(a)).await;
     let url = broker.url();
     let mut c = RawConsumer::simple(url, "ordered", "s", SubscriptionType::Exclusive).await;
     ricochet_proto::admin_client::AdminClient::new(channel(url).await)
@@ -656,14 +657,9 @@ async fn a_throttled_consumer_stream_is_counted_and_logged() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("broker.toml");
     std::fs::write(&config, "max_pending_requests_per_consumer = 16\n").unwrap();
-    let metrics = free_addr();
-    let broker = BrokerProcess::spawn(
-        &dir.path().join("data"),
-        &options()
-            .metrics_listen(metrics)
-            .config(&config)
-            .rust_log("info"),
-    )
+    let (broker, metrics, _) = BrokerProcess::spawn_on_free_addr(&dir.path().join("data"), |a| {
+        options().metrics_listen(a).config(&config).rust_log("info")
+    })
     .await;
     let url = broker.url();
     const TOPIC: &str = "persistent://public/default/flood";

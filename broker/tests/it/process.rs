@@ -19,3 +19,29 @@ async fn the_broker_process_runs_without_transparent_huge_pages() {
         .map(str::trim);
     assert_eq!(thp, Some("0"), "{status}");
 }
+
+/// A port chosen ahead can be taken by another process before the broker
+/// binds it (CI saw `Address already in use` for a cluster broker): the
+/// harness starts the broker again on a fresh address instead of failing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_whose_chosen_port_was_taken_is_started_on_another() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to take");
+    let taken_addr = taken.local_addr().expect("its address");
+    let calls = AtomicUsize::new(0);
+    let (broker, addr, _) = ricochet_testkit::BrokerProcess::spawn_on_free_addr(dir.path(), |a| {
+        // The first address handed out is already taken by this test.
+        let a = if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            taken_addr
+        } else {
+            a
+        };
+        ricochet_testkit::SpawnOptions::new().listen(a)
+    })
+    .await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "one retry");
+    assert_ne!(addr, taken_addr);
+    assert_eq!(broker.url(), format!("http://{addr}"));
+    drop(taken);
+}
