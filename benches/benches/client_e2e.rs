@@ -11,7 +11,8 @@
 //!    for the timer alone and end to end through the broker;
 //! 5. the cost of ack receipts: consume + ack of a stored backlog with
 //!    receipts off and on (acks pipelined, up to 10 000 awaiting their
-//!    receipt), in both durability modes;
+//!    receipt), in both durability modes, and receipts off with a 30 s ack
+//!    timeout (each take told to the consumer's driver);
 //! 6. one producer, many in flight: 200 000 messages (100 B, then 1 KiB) on
 //!    a fresh topic, at most 256 sends awaiting their receipt, both modes;
 //! 7. the producer's queue bound: the same with 20 000 sends awaiting their
@@ -110,8 +111,13 @@ fn main() -> Result<(), BoxError> {
         rt.block_on(async {
             for durability in [Durability::Sync, Durability::Interval] {
                 for (receipts, group) in [(false, 100), (true, 100), (true, 5)] {
-                    ack_receipts(durability, receipts, Duration::from_millis(group)).await?;
+                    ack_receipts(durability, receipts, Duration::from_millis(group), None)
+                        .await?;
                 }
+                // With an ack timeout each take is told to the consumer's
+                // driver too.
+                let timeout = Some(Duration::from_secs(30));
+                ack_receipts(durability, false, Duration::from_millis(100), timeout).await?;
             }
             Ok::<_, BoxError>(())
         })?;
@@ -247,6 +253,7 @@ async fn ack_receipts(
     durability: Durability,
     receipts: bool,
     group: Duration,
+    ack_timeout: Option<Duration>,
 ) -> Result<(), BoxError> {
     use futures::StreamExt;
     let n: usize = if quick() { 20_000 } else { 200_000 };
@@ -267,6 +274,7 @@ async fn ack_receipts(
         .initial_position(InitialPosition::Earliest)
         .ack_receipts(receipts)
         .ack_group_time(group)
+        .ack_timeout(ack_timeout.unwrap_or_default())
         .subscribe()
         .await?;
     let start = Instant::now();
@@ -288,8 +296,9 @@ async fn ack_receipts(
     let took = start.elapsed();
     consumer.close().await?;
     println!(
-        "consume + ack {durability:?}, receipts {}, ack group {group:?}: {n} x 100 B in {took:.2?}, {:.0} msg/s",
+        "consume + ack {durability:?}, receipts {}, ack group {group:?}{}: {n} x 100 B in {took:.2?}, {:.0} msg/s",
         if receipts { "on " } else { "off" },
+        ack_timeout.map_or(String::new(), |t| format!(", ack timeout {t:?}")),
         n as f64 / took.as_secs_f64()
     );
     producer.close().await?;

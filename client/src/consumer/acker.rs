@@ -13,7 +13,7 @@ use ricochet_proto::reconsume_later;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::shared::{Cmd, Reply, Shared};
+use super::shared::{Cmd, Reply, Shared, TakenTracking};
 use crate::error::{Error, Result};
 use crate::message::{Message, MessageId};
 
@@ -182,7 +182,7 @@ impl Acker {
     pub async fn extend_ack_deadline(&self, msg: &Message) -> Result<()> {
         let this = self.target(&msg.id)?;
         let this = &this;
-        if !this.shared.track_taken {
+        if this.shared.track_taken == TakenTracking::Off {
             return Ok(());
         }
         this.send(Cmd::Taken {

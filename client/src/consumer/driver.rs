@@ -20,7 +20,9 @@ use super::acks::AckGroup;
 use super::builder::Conn;
 use super::redelivery::{InFlight, plan_nack};
 use super::requests::{Checking, Pending, PendingMove, Requests};
-use super::shared::{ACTIVE_NO, ACTIVE_UNKNOWN, ACTIVE_YES, Cmd, Delivery, Reply, Shared};
+use super::shared::{
+    ACTIVE_NO, ACTIVE_UNKNOWN, ACTIVE_YES, Cmd, Delivery, Reply, Shared, TakenTracking,
+};
 use super::{Acker, Consumer, ConsumerConfig};
 use crate::client::{Client, next_frame, sleep_opt};
 use crate::error::{Error, Result};
@@ -64,7 +66,7 @@ pub(super) fn spawn(
         refill_threshold: (cfg.receiver_queue_size / 2).max(1),
         active: AtomicU8::new(ACTIVE_UNKNOWN),
         closed: AtomicBool::new(false),
-        track_taken: cfg.ack_timeout.is_some(),
+        track_taken: TakenTracking::of(cfg.ack_timeout, cfg.ack_group_time),
         receipts: cfg.ack_receipts,
         keeps_copies: cfg.local_budget() > 0,
         request_timeout: client.config().request_timeout,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::shared::{ACTIVE_UNKNOWN, Cmd, Delivery, Shared};
+use super::shared::{ACTIVE_UNKNOWN, Cmd, Delivery, Shared, TakenTracking};
 use super::{Acker, Consumer, SubscriptionType};
 use crate::error::Error;
 use crate::message::Message;
@@ -19,6 +19,19 @@ use crate::message::Message;
 /// receiver and the state they share. Permits go back every `refill`.
 fn consumer(
     refill: u32,
+) -> (
+    Consumer,
+    mpsc::UnboundedSender<Delivery>,
+    super::commands::CmdRx,
+    Arc<Shared>,
+) {
+    consumer_tracking(refill, TakenTracking::Off)
+}
+
+/// [`consumer`], telling its driver of takes as `tracking` says.
+fn consumer_tracking(
+    refill: u32,
+    tracking: TakenTracking,
 ) -> (
     Consumer,
     mpsc::UnboundedSender<Delivery>,
@@ -37,7 +50,7 @@ fn consumer(
         refill_threshold: refill,
         active: AtomicU8::new(ACTIVE_UNKNOWN),
         closed: AtomicBool::new(false),
-        track_taken: false,
+        track_taken: tracking,
         receipts: false,
         keeps_copies: false,
         request_timeout: Duration::from_secs(5),
@@ -157,4 +170,67 @@ async fn an_error_comes_after_the_frame_before_it() {
     assert!(c.receive().await.is_err(), "the error");
     let end = c.receive().await.unwrap_err();
     assert_eq!(end.kind(), crate::ErrorKind::Closed, "{end}");
+}
+
+/// Counts its wakes.
+struct Wakes(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Wakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// With an ack timeout longer than the ack group window a take is a quiet
+/// command: while the driver allows quiet ones (a group armed) it is queued
+/// without waking it. With a shorter timeout the first take wakes it (one
+/// wake until the driver waits again). Either
+/// way each take reaches the driver, in order, with its stream generation.
+#[tokio::test]
+async fn a_take_wakes_the_driver_only_when_its_ack_timeout_could_pass_unseen() {
+    use std::future::Future;
+    for (tracking, wakes) in [(TakenTracking::Quiet, 0), (TakenTracking::Wakes, 1)] {
+        let (mut c, out, mut cmds, _) = consumer_tracking(1000, tracking);
+        let count = Arc::new(Wakes(Default::default()));
+        let waker = std::task::Waker::from(count.clone());
+        cmds.allow_quiet(10);
+        {
+            // The driver waits on its queue.
+            let mut recv = std::pin::pin!(cmds.recv());
+            let polled = recv
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(&waker));
+            assert!(polled.is_pending());
+        }
+        out.send(frame(0..3, 1, false)).unwrap();
+        for _ in 0..3 {
+            c.receive().await.unwrap();
+        }
+        assert_eq!(count.0.load(Ordering::SeqCst), wakes, "{tracking:?}");
+        let mut taken = Vec::new();
+        while let Some(cmd) = cmds.try_recv() {
+            if let Cmd::Taken { id, epoch, .. } = cmd {
+                taken.push((id.entry_id(), epoch));
+            }
+        }
+        assert_eq!(taken, [(0, 1), (1, 1), (2, 1)], "{tracking:?}");
+    }
+}
+
+#[test]
+fn takes_are_quiet_only_when_the_ack_timeout_outlasts_the_ack_group_window() {
+    let ms = Duration::from_millis;
+    assert_eq!(TakenTracking::of(None, ms(100)), TakenTracking::Off);
+    assert_eq!(
+        TakenTracking::of(Some(ms(101)), ms(100)),
+        TakenTracking::Quiet
+    );
+    assert_eq!(
+        TakenTracking::of(Some(ms(100)), ms(100)),
+        TakenTracking::Wakes
+    );
+    assert_eq!(
+        TakenTracking::of(Some(ms(10)), ms(100)),
+        TakenTracking::Wakes
+    );
 }

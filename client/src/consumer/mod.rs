@@ -94,7 +94,7 @@ pub use ricochet_proto::{InitialPosition, SubscriptionType};
 
 use crate::error::{Error, Result};
 use crate::message::{Message, MessageId};
-use shared::{ACTIVE_NO, ACTIVE_YES, Cmd, Delivery};
+use shared::{ACTIVE_NO, ACTIVE_YES, Cmd, Delivery, TakenTracking};
 
 /// Receives messages from one subscription; see the [module docs](self).
 ///
@@ -230,14 +230,20 @@ impl Consumer {
         if !local {
             self.consumed(1);
         }
-        if self.acker.shared.track_taken {
+        let tracking = self.acker.shared.track_taken;
+        if tracking != TakenTracking::Off {
             // The ack timeout runs from here (Pulsar's rule): a
             // message waiting in the prefetch queue cannot time out.
-            let _ = self.acker.tx.send(Cmd::Taken {
+            let taken = Cmd::Taken {
                 id: m.id.clone(),
                 epoch,
                 at: Instant::now(),
-            });
+            };
+            let _ = if tracking == TakenTracking::Quiet {
+                self.acker.tx.send_quiet(taken)
+            } else {
+                self.acker.tx.send(taken)
+            };
         }
         Some(m)
     }

@@ -30,7 +30,7 @@ use futures::stream::{SelectAll, Stream, StreamExt};
 use ricochet_proto::partitions::partition_name;
 use tokio::sync::mpsc;
 
-use super::shared::{ACTIVE_UNKNOWN, Shared};
+use super::shared::{ACTIVE_UNKNOWN, Shared, TakenTracking};
 use super::{Acker, Consumer, ConsumerConfig};
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -219,7 +219,7 @@ pub(crate) async fn subscribe(
         refill_threshold: u32::MAX,
         active: AtomicU8::new(ACTIVE_UNKNOWN),
         closed: AtomicBool::new(false),
-        track_taken: cfg.ack_timeout.is_some(),
+        track_taken: TakenTracking::of(cfg.ack_timeout, cfg.ack_group_time),
         receipts: cfg.ack_receipts,
         keeps_copies: false,
         request_timeout: client.config().request_timeout,

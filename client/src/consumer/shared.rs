@@ -36,8 +36,9 @@ pub(super) struct Shared {
     /// Whether this consumer is the active one (`ACTIVE_*`).
     pub(super) active: AtomicU8,
     pub(super) closed: AtomicBool,
-    /// Whether taking a message starts its ack timeout.
-    pub(super) track_taken: bool,
+    /// Whether taking a message starts its ack timeout, and how the driver
+    /// hears of it.
+    pub(super) track_taken: TakenTracking,
     /// Whether settling waits for the broker's durable confirmation.
     pub(super) receipts: bool,
     /// Whether a nack carries a copy of its message, for a local
@@ -48,6 +49,34 @@ pub(super) struct Shared {
     /// found then), set once before the driver stops: a `close` that finds
     /// the driver gone answers with it.
     pub(super) outcome: OnceLock<Result<()>>,
+}
+
+/// How taking a message reaches the driver, which starts its ack timeout
+/// from the moment it was taken (Pulsar's rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TakenTracking {
+    /// No ack timeout: the driver is not told.
+    Off,
+    /// Each take wakes the driver.
+    Wakes,
+    /// A take is a quiet command (`commands`), like a plain ack: it waits
+    /// unwoken only while an ack group is armed, so at most the ack group
+    /// window. The ack timeout is longer than that window, so the take is
+    /// registered before its deadline (which runs from the take itself)
+    /// could pass.
+    Quiet,
+}
+
+impl TakenTracking {
+    /// The tracking an ack timeout of `ack_timeout` and an ack group window
+    /// of `group` need.
+    pub(super) fn of(ack_timeout: Option<Duration>, group: Duration) -> Self {
+        match ack_timeout {
+            None => Self::Off,
+            Some(t) if t > group => Self::Quiet,
+            Some(_) => Self::Wakes,
+        }
+    }
 }
 
 /// Where the broker's confirmation of one request goes.
