@@ -111,8 +111,7 @@ fn main() -> Result<(), BoxError> {
         rt.block_on(async {
             for durability in [Durability::Sync, Durability::Interval] {
                 for (receipts, group) in [(false, 100), (true, 100), (true, 5)] {
-                    ack_receipts(durability, receipts, Duration::from_millis(group), None)
-                        .await?;
+                    ack_receipts(durability, receipts, Duration::from_millis(group), None).await?;
                 }
                 // With an ack timeout each take is told to the consumer's
                 // driver too.

@@ -15,29 +15,23 @@ use super::{Acker, Consumer, SubscriptionType};
 use crate::error::Error;
 use crate::message::Message;
 
-/// A consumer on hand-made channels: the deliveries' sender, the commands'
-/// receiver and the state they share. Permits go back every `refill`.
-fn consumer(
-    refill: u32,
-) -> (
+/// A consumer on hand-made channels, the deliveries' sender, the commands'
+/// receiver and the state they share.
+type Harness = (
     Consumer,
     mpsc::UnboundedSender<Delivery>,
     super::commands::CmdRx,
     Arc<Shared>,
-) {
+);
+
+/// A consumer on hand-made channels (no ack timeout). Permits go back every
+/// `refill`.
+fn consumer(refill: u32) -> Harness {
     consumer_tracking(refill, TakenTracking::Off)
 }
 
 /// [`consumer`], telling its driver of takes as `tracking` says.
-fn consumer_tracking(
-    refill: u32,
-    tracking: TakenTracking,
-) -> (
-    Consumer,
-    mpsc::UnboundedSender<Delivery>,
-    super::commands::CmdRx,
-    Arc<Shared>,
-) {
+fn consumer_tracking(refill: u32, tracking: TakenTracking) -> Harness {
     let (cmd_tx, cmd_rx) = super::commands::channel();
     let (out_tx, out_rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
