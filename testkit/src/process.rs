@@ -260,8 +260,8 @@ impl BrokerProcess {
     /// port is free when chosen but another process (a client's outgoing
     /// connection, say) can take it before the broker binds it; a broker that
     /// exits before listening is started again on a fresh address, up to
-    /// [`PORT_ATTEMPTS`] times. Returns the process and the address it
-    /// listens on.
+    /// [`PORT_ATTEMPTS`] times. Returns the process, the address it listens
+    /// on and the options it was started with.
     pub async fn spawn_on_free_addr(
         dir: &Path,
         options: impl Fn(SocketAddr) -> SpawnOptions,

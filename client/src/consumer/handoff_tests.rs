@@ -178,8 +178,8 @@ impl std::task::Wake for Wakes {
 /// With an ack timeout longer than the ack group window a take is a quiet
 /// command: while the driver allows quiet ones (a group armed) it is queued
 /// without waking it. With a shorter timeout the first take wakes it (one
-/// wake until the driver waits again). Either
-/// way each take reaches the driver, in order, with its stream generation.
+/// wake until the driver waits again). Either way each take reaches the
+/// driver, in order, with its stream generation.
 #[tokio::test]
 async fn a_take_wakes_the_driver_only_when_its_ack_timeout_could_pass_unseen() {
     use std::future::Future;
