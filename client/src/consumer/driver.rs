@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::acks::AckGroup;
-use super::builder::Conn;
+use super::conn::Conn;
 use super::redelivery::{InFlight, plan_nack};
 use super::requests::{Checking, Pending, PendingMove, Requests};
 use super::shared::{
@@ -821,7 +821,7 @@ impl Driver {
             })
         };
         // Each broker-held hold is set again from its end when the
-        // transport takes the frame (`builder::stamped`).
+        // transport takes the frame (`conn::stamped`).
         conn.send_redeliver(
             Redeliver {
                 request_id,

@@ -9,7 +9,7 @@ use ricochet_policy::{DeadLetterPolicy, PolicySpec};
 use ricochet_proto::{CheckAcks, Flow, Subscribed, consume_request};
 use tokio::time::Instant;
 
-use super::super::builder::{Conn, open_stream};
+use super::super::conn::{Conn, open_stream};
 use super::super::requests::Pending;
 use super::super::shared::Delivery;
 use super::Driver;

@@ -68,6 +68,7 @@ mod acks;
 mod builder;
 mod commands;
 mod config;
+mod conn;
 mod driver;
 mod local;
 mod partitioned;

@@ -116,7 +116,7 @@ pub(super) struct Ready {
     /// For a hold the broker serves: when it ends, on this client's clock.
     /// The hold in `failure` is what was left when it was readied; the
     /// frame carries what is left when the transport takes it
-    /// (`builder::stamped`), so the time the request waits in this client
+    /// (`conn::stamped`), so the time the request waits in this client
     /// is not served again by the broker.
     pub due: Option<Instant>,
     /// Who waits for the broker's confirmation (ack receipts).

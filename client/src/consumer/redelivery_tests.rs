@@ -368,7 +368,7 @@ async fn held_nack_that_waited(f: &mut InFlight, key: Key, id: &MessageId) -> In
 
 /// Every hold the broker serves is readied with its end, from the nack
 /// call, so the frame can carry what is left when the transport takes it
-/// (`builder::stamped`); failures without a hold carry none.
+/// (`conn::stamped`); failures without a hold carry none.
 #[tokio::test(start_paused = true)]
 async fn broker_held_holds_are_readied_with_their_ends() {
     let (ids, a, b, ka, kb) = setup();
