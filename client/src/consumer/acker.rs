@@ -62,7 +62,7 @@ impl Acker {
 
     /// Queues `cmd`; a `quiet` one wakes the driver only when it has no ack
     /// flush armed or the group's room is used up (`commands`).
-    fn queue(&self, cmd: Cmd, quiet: bool) -> Result<()> {
+    pub(super) fn queue(&self, cmd: Cmd, quiet: bool) -> Result<()> {
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(Error::closed());
         }

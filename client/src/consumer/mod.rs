@@ -240,11 +240,7 @@ impl Consumer {
                 epoch,
                 at: Instant::now(),
             };
-            let _ = if tracking == TakenTracking::Quiet {
-                self.acker.tx.send_quiet(taken)
-            } else {
-                self.acker.tx.send(taken)
-            };
+            let _ = self.acker.queue(taken, tracking == TakenTracking::Quiet);
         }
         Some(m)
     }
