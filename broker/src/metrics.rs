@@ -26,6 +26,12 @@ const DELAY_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0,
     7200.0,
 ];
+/// Buckets (seconds) for the replication latencies
+/// (`ricochet_replication::latency`): an `fdatasync` to a leader's commit
+/// on loopback is 0.1–10 ms; a stalled peer shows in the top ones.
+const RAFT_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
 /// Buckets for delivery counts.
 const COUNT_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0];
 
@@ -64,6 +70,14 @@ pub fn install_prometheus_secured(addr: SocketAddr, token: Option<Vec<u8>>) -> R
                 COUNT_BUCKETS,
             )
         })
+        // A prefix matcher is consulted before any suffix matcher, so these
+        // buckets, not the delay ones, apply to the Raft `_seconds`.
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Prefix("ricochet_raft_".into()),
+                RAFT_BUCKETS,
+            )
+        })
         .map_err(|e| BrokerError::Config(format!("metrics buckets: {e}")))?;
     match token {
         None => builder
@@ -96,6 +110,7 @@ fn describe() {
     );
     describe_counter!("ricochet_messages_acked_total", "Messages acknowledged.");
     describe_tiered();
+    describe_replication();
     describe_counter!(
         "ricochet_raft_coalesced_entries_total",
         "Raft entries a replicated topic's leader proposed carrying several queued writes at once (coalesced)."
@@ -442,6 +457,27 @@ fn serve_with_token(builder: PrometheusBuilder, addr: SocketAddr, token: Vec<u8>
 /// depend on where they differ.
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The replication latency histograms (`ricochet_replication::latency`).
+fn describe_replication() {
+    use ricochet_replication::latency;
+    describe_histogram!(
+        latency::LOG_APPEND,
+        "A Raft log append on this broker (leader or follower) until durable: in sync mode written and fdatasynced."
+    );
+    describe_histogram!(
+        latency::APPEND_ENTRIES,
+        "An AppendEntries with entries from this broker as leader to one follower (label peer), until its answer."
+    );
+    describe_histogram!(
+        latency::APPLY,
+        "One batch of committed Raft entries applied to this broker's state."
+    );
+    describe_histogram!(
+        latency::COMMIT,
+        "A write this broker proposed as leader, from the proposal to committed by a majority and applied here."
+    );
 }
 
 /// Tiered storage's series (`crate::storage::tiered`).

@@ -11,12 +11,14 @@
 //! [`proto`]), [`ReplicaNode`], which starts a group's Raft on one
 //! broker ([`node`]), and snapshot files ([`snapshot`]: a state machine's
 //! applied state, so the log can be purged and a member far behind, or
-//! new, catches up from it). The broker's side — which commands exist and how
+//! new, catches up from it), and the latency histograms it exports
+//! ([`latency`]). The broker's side — which commands exist and how
 //! they are applied through its `Storage` trait — lives in
 //! `ricochet_broker::replication`.
 
 mod codec;
 mod error;
+pub mod latency;
 pub mod log_store;
 pub mod network;
 pub mod node;

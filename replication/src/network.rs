@@ -573,7 +573,14 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             })
             .sum::<usize>()
             + 256;
-        self.call(Rpc::Append, &rpc, size, &option).await
+        if rpc.entries.is_empty() {
+            return self.call(Rpc::Append, &rpc, size, &option).await;
+        }
+        let started = std::time::Instant::now();
+        let answer = self.call(Rpc::Append, &rpc, size, &option).await;
+        metrics::histogram!(crate::latency::APPEND_ENTRIES, "peer" => self.target.to_string())
+            .record(started.elapsed());
+        answer
     }
 
     async fn install_snapshot(

@@ -340,8 +340,12 @@ impl ReplicaNode {
     /// decides how long to wait), and never answers `Ok` for a command the
     /// group did not commit.
     pub async fn write(&self, command: Vec<u8>) -> Result<Vec<u8>> {
+        let started = std::time::Instant::now();
         match self.raft.client_write(Command(command.into())).await {
-            Ok(r) => Ok(r.data.0),
+            Ok(r) => {
+                crate::latency::record(crate::latency::COMMIT, started);
+                Ok(r.data.0)
+            }
             Err(RaftError::APIError(e)) => Err(write_error(&self.group, e)),
             Err(RaftError::Fatal(f)) => Err(ReplicationError::Stopped {
                 group: self.group.clone(),
@@ -362,6 +366,7 @@ impl ReplicaNode {
         &self,
         command: Vec<u8>,
     ) -> Result<impl std::future::Future<Output = Result<Vec<u8>>> + Send + 'static> {
+        let started = std::time::Instant::now();
         let rx = self
             .raft
             .client_write_ff(Command(command.into()))
@@ -373,7 +378,10 @@ impl ReplicaNode {
         let group = self.group.clone();
         Ok(async move {
             match rx.await {
-                Ok(Ok(r)) => Ok(r.data.0),
+                Ok(Ok(r)) => {
+                    crate::latency::record(crate::latency::COMMIT, started);
+                    Ok(r.data.0)
+                }
                 Ok(Err(e)) => Err(write_error(&group, e)),
                 Err(_) => Err(ReplicationError::Stopped {
                     group,

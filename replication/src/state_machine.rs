@@ -371,6 +371,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let applying = self.applying.clone();
         let _applying = applying.lock().await;
+        let started = std::time::Instant::now();
         let mut replies = Vec::new();
         let mut last = None;
         let mut membership = None;
@@ -400,6 +401,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 current.1 = m;
             }
         }
+        crate::latency::record(crate::latency::APPLY, started);
         Ok(replies)
     }
 

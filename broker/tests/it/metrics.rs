@@ -227,12 +227,17 @@ const ONLY_WHEN_THROTTLED: [&str; 2] = [
     "ricochet_consumer_streams_throttled",
 ];
 
-/// Documented series only a replicated topic's leader produces, when it
-/// coalesces queued writes into one Raft entry (checked in the client's
-/// `replicated_coalescing`, against a cluster of brokers and etcd).
-const ONLY_WHEN_REPLICATED: [&str; 2] = [
+/// Documented series only replicated topics produce: a leader's coalesced
+/// Raft entries (checked in the client's `replicated_coalescing`) and the
+/// replication latencies (`replicated_latency`), both against a cluster of
+/// brokers and etcd.
+const ONLY_WHEN_REPLICATED: [&str; 6] = [
     "ricochet_raft_coalesced_entries_total",
     "ricochet_raft_coalesced_commands_total",
+    "ricochet_raft_log_append_seconds",
+    "ricochet_raft_append_entries_seconds",
+    "ricochet_raft_apply_seconds",
+    "ricochet_raft_commit_seconds",
 ];
 
 /// Deployed series only a subscription with an outage breaker exports

@@ -24,6 +24,7 @@ mod receipts;
 mod reconnect;
 mod replicated;
 mod replicated_coalescing;
+mod replicated_latency;
 mod replicated_members;
 mod replicated_moves;
 mod replicated_offload;

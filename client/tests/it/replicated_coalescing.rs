@@ -29,8 +29,8 @@ const EACH: usize = 200;
 /// debug build) on a loaded machine.
 const NOTICED: Duration = Duration::from_secs(30);
 
-/// The leader's `/metrics` text.
-async fn scrape(addr: SocketAddr) -> String {
+/// A broker's `/metrics` text.
+pub(super) async fn scrape(addr: SocketAddr) -> String {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await

@@ -226,6 +226,7 @@ impl LogStore {
         let sync = self.durability == Durability::Sync;
         let files = self.files.clone();
         let recent = self.recent.clone();
+        let started = std::time::Instant::now();
         tokio::task::spawn_blocking(move || {
             let file = {
                 let mut log = lock(&files);
@@ -249,7 +250,9 @@ impl LogStore {
         .await
         .map_err(joined)
         .and_then(|r| r)
-        .map_err(|e| write_err(&e))
+        .map_err(|e| write_err(&e))?;
+        crate::latency::record(crate::latency::LOG_APPEND, started);
+        Ok(())
     }
 
     /// The stored bytes (an entry's CBOR) of the entries held in
