@@ -4,8 +4,9 @@
 //! `AppendEntries` to each of the two followers (label `peer`); every
 //! member reports its log appends and applies. Their buckets are the
 //! replication ones (from 0.1 ms), not the retry-delay ones every other
-//! `_seconds` series has. Etcd and three brokers as child processes, each
-//! with its own metrics address.
+//! `_seconds` series has, and they are what the shipped dashboard's
+//! replication panels plot. Etcd and three brokers as child processes,
+//! each with its own metrics address.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -108,6 +109,19 @@ async fn each_member_exports_where_a_replicated_writes_time_goes() {
                     .collect::<Vec<_>>()
                     .join("\n")
             );
+            // So is every replication series the shipped dashboard plots.
+            let dashboard = include_str!("../../../deploy/grafana/ricochet-dashboard.json");
+            let plotted: BTreeSet<&str> = dashboard
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("ricochet_raft_"))
+                .collect();
+            assert!(plotted.len() >= 3, "the dashboard plots {plotted:?}");
+            for name in &plotted {
+                assert!(
+                    texts.iter().any(|t| t.lines().any(|l| l.starts_with(name))),
+                    "the dashboard plots {name}, which no member exports"
+                );
+            }
             let sum: f64 = lead
                 .lines()
                 .find_map(|l| l.strip_prefix("ricochet_raft_commit_seconds_sum "))
