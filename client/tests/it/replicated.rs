@@ -35,6 +35,23 @@ pub(crate) async fn client(url: &str) -> Client {
         .unwrap()
 }
 
+/// Creates `topic` with factor 3 through the first of `brokers` (the
+/// harness names them `b0`, `b1`, ...) and waits until it has a stable
+/// leader: the members' ids, and the leader's index among them.
+pub(crate) async fn create_r3(
+    brokers: &[ricochet_testkit::ClusterBroker],
+    topic: &str,
+) -> (Vec<String>, usize) {
+    let c0 = client(&brokers[0].url()).await;
+    c0.admin().create_replicated_topic(topic, 3).await.unwrap();
+    let ids: Vec<String> = (0..brokers.len()).map(|i| format!("b{i}")).collect();
+    let (leader, _) = stable_leader(&brokers[0].url(), topic, &ids, Duration::from_secs(20))
+        .await
+        .expect("a leader");
+    let at = ids.iter().position(|m| *m == leader).unwrap();
+    (ids, at)
+}
+
 /// The member (id, URL) leading `topic` after `leader` of the group `ids`
 /// was killed: [`stable_leader`] among the others, asked of `url`, within
 /// 30 s.

@@ -16,7 +16,7 @@ use ricochet_client::Client;
 use ricochet_testkit::{SpawnOptions, etcd_or_skip, free_addr};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::replicated::{ONE_CLUSTER, client, stable_leader};
+use super::replicated::{ONE_CLUSTER, client, create_r3};
 use super::replicated_upgrade::put;
 
 /// Producers writing at once in a burst, and messages each (unbatched:
@@ -137,13 +137,8 @@ async fn a_leader_coalesces_only_while_every_member_registers_the_level() {
     )
     .await;
     let t = "coalesced";
-    let c0 = client(&brokers[0].url()).await;
-    c0.admin().create_replicated_topic(t, 3).await.unwrap();
-    let ids: Vec<String> = (0..3).map(|i| format!("b{i}")).collect();
-    let (leader, _) = stable_leader(&brokers[0].url(), t, &ids, Duration::from_secs(20))
-        .await
-        .expect("a leader");
-    let at = ids.iter().position(|m| *m == leader).unwrap();
+    let (ids, at) = create_r3(&brokers, t).await;
+    let leader = &ids[at];
     let c = client(&brokers[at].url()).await;
     let m = metrics[at];
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use ricochet_testkit::{SpawnOptions, etcd_or_skip, free_addr};
 
-use super::replicated::{ONE_CLUSTER, client, stable_leader};
+use super::replicated::{ONE_CLUSTER, client, create_r3};
 use super::replicated_coalescing::scrape;
 
 /// The `_count` of histogram `name` in a `/metrics` text, summed over the
@@ -67,13 +67,8 @@ async fn each_member_exports_where_a_replicated_writes_time_goes() {
     )
     .await;
     let t = "latency";
-    let c0 = client(&brokers[0].url()).await;
-    c0.admin().create_replicated_topic(t, 3).await.unwrap();
-    let ids: Vec<String> = (0..3).map(|i| format!("b{i}")).collect();
-    let (leader, _) = stable_leader(&brokers[0].url(), t, &ids, Duration::from_secs(20))
-        .await
-        .expect("a leader");
-    let at = ids.iter().position(|m| *m == leader).unwrap();
+    let (ids, at) = create_r3(&brokers, t).await;
+    let leader = &ids[at];
     let c = client(&brokers[at].url()).await;
     let before = count(&scrape(metrics[at]).await, "ricochet_raft_commit_seconds");
     let p = c.producer(t).batching(false).create().await.unwrap();

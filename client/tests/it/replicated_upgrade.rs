@@ -19,7 +19,7 @@ use ricochet_proto::TieredOffloadRequest;
 use ricochet_proto::tiered_client::TieredClient;
 use ricochet_testkit::{SpawnOptions, etcd_or_skip, spawn_cluster};
 
-use super::replicated::{ONE_CLUSTER, client, stable_leader};
+use super::replicated::{ONE_CLUSTER, client, create_r3};
 use super::replicated_trim::{segments, trickle};
 
 /// Writes `value` at `key` (no lease: the broker's next refresh of its
@@ -68,13 +68,8 @@ async fn a_member_registered_without_the_seal_level_holds_the_groups_age_seals_b
     )
     .await;
     let t = "gated";
-    let c0 = client(&brokers[0].url()).await;
-    c0.admin().create_replicated_topic(t, 3).await.unwrap();
-    let ids: Vec<String> = (0..3).map(|i| format!("b{i}")).collect();
-    let (leader, _) = stable_leader(&brokers[0].url(), t, &ids, Duration::from_secs(20))
-        .await
-        .expect("a leader");
-    let at = ids.iter().position(|m| *m == leader).unwrap();
+    let (ids, at) = create_r3(&brokers, t).await;
+    let leader = &ids[at];
     // A follower's registration, rewritten to the form a broker from
     // before the level writes: no `group_commands`.
     let old = &ids[(at + 1) % 3];
