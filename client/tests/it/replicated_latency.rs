@@ -17,9 +17,9 @@ use ricochet_testkit::{SpawnOptions, etcd_or_skip, free_addr};
 use super::replicated::{ONE_CLUSTER, client, create_r3};
 use super::replicated_coalescing::scrape;
 
-/// The `_count` of histogram `name` in a `/metrics` text, summed over the
-/// series whose labels contain `label` (an empty `label`: all of them), by
-/// the label set of each series.
+/// The `_count` of each series of histogram `name` in a `/metrics` text
+/// whose line contains `label` (an empty `label`: every series), with the
+/// series (name and labels).
 fn counts(text: &str, name: &str, label: &str) -> Vec<(String, u64)> {
     let prefix = format!("{name}_count");
     text.lines()
